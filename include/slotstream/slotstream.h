@@ -1,0 +1,203 @@
+// slotstream public API: move many device streams over one one-sided-RDMA connection (UCX) to a
+// passive receiver that hands each device's messages, complete and in order, to a sink.
+//
+//   Sender: connect -> device(D) per filler thread -> send()/send_with() -> finish()
+//   Receiver: start(options with a sink factory) -> ... -> stop()/wait()
+//
+// Everything here is independent of the UCX transport underneath (shm, tcp, rc/dc/ud).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "slotstream/status.h"
+
+namespace slotstream {
+
+enum class Transport { kAuto, kShm, kTcp };
+std::optional<Transport> parse_transport(std::string_view text);
+const char* transport_name(Transport t);
+
+// Defaults chosen for the paper's workload (12 cameras of 640x480x3 = 921,600-byte frames at
+// 25 fps): one frame fits one block with its header, and 32 blocks keep more than two frames per
+// camera in flight, so a receiver that is briefly slow does not stall the cameras. 32 MiB of
+// receiver memory per sender.
+inline constexpr uint32_t kDefaultBlocks = 32;
+inline constexpr uint32_t kDefaultBlockSize = 1u << 20;
+inline constexpr uint32_t kMinBlockSize = 64;
+inline constexpr uint32_t kMaxBlockSize = 64u << 20;
+inline constexpr uint32_t kMaxBlocks = 4096;
+inline constexpr const char* kDefaultProtocol = "status_byte";
+
+// Sender names become directory names on the receiver: 1-64 characters of [A-Za-z0-9._-], not
+// starting with '.'. Returns the reason when invalid.
+std::optional<std::string> invalid_sender_name(std::string_view name);
+
+// The protocols this build knows, for --help and the benchmark.
+struct ProtocolInfo {
+  std::string name;
+  std::string summary;
+};
+std::vector<ProtocolInfo> protocols();
+
+// ------------------------------------------------------------------------------------ Sender
+
+struct SenderOptions {
+  std::string host;
+  uint16_t port = 0;
+  std::string name;                       // see invalid_sender_name()
+  std::string protocol = kDefaultProtocol;
+  Transport transport = Transport::kAuto;
+  uint32_t blocks = kDefaultBlocks;
+  uint32_t block_size = kDefaultBlockSize;
+  std::string token;                      // empty: no authentication
+  std::vector<uint16_t> devices;          // every device this sender will use
+};
+
+struct SenderStats {
+  uint64_t messages = 0;
+  uint64_t bytes = 0;                     // payload bytes
+  uint64_t blocks = 0;                    // blocks transmitted
+  uint64_t status_reads = 0;              // synchronisations (status-array reads)
+  uint64_t held_skips = 0;                // receiver blocks skipped because they were held
+  std::map<uint16_t, uint64_t> per_device;
+};
+
+class Sender;
+
+// One device's stream. Threading: use each DeviceStream from one thread at a time (a filler
+// thread); different devices may be filled concurrently. Fillers make no UCX calls.
+class DeviceStream {
+ public:
+  // Writes `payload_offset`-relative bytes of the message into `dst` (the free space of a send
+  // block). Called once per fragment, in order.
+  using FillFn = std::function<Status(uint64_t payload_offset, std::span<std::byte> dst)>;
+
+  // Sends one message (copied into send blocks, fragmented if larger than one block).
+  Status send(std::span<const std::byte> message);
+  // Sends one message of `length` bytes produced in place by `fill` (no intermediate copy).
+  Status send_with(uint64_t length, const FillFn& fill);
+  uint16_t device() const { return device_; }
+
+ private:
+  friend class Sender;
+  DeviceStream(Sender& sender, uint16_t device) : sender_(sender), device_(device) {}
+  Sender& sender_;
+  uint16_t device_;
+  uint32_t next_packet_ = 0;
+};
+
+class Sender {
+ public:
+  // Connects, authenticates and sets up the protocol. *out is set only on success.
+  static Status connect(const SenderOptions& options, std::unique_ptr<Sender>* out);
+  ~Sender();
+
+  // A handle per device declared in SenderOptions::devices (nullptr for others).
+  DeviceStream* device(uint16_t device);
+  // Waits until every message is in a receiver block and stored by the receiver, then closes.
+  // Call after all fillers have returned. Any thread.
+  Status finish();
+  SenderStats stats() const;
+  Transport transport() const;
+  uint32_t blocks() const;
+  uint32_t block_size() const;
+
+  struct Impl;
+
+ private:
+  friend class DeviceStream;
+  explicit Sender(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------------- Receiver
+
+// Where one sender's messages go. Calls for one device come in message order:
+// begin, append..., commit (or abort). A failing call has no effect and is retried later with
+// the same arguments, so a sink can report a full disk and the data waits in the receiver's
+// block (back-pressure) instead of being lost. Threading: one sender's sink is called from one
+// thread only.
+class MessageSink {
+ public:
+  virtual ~MessageSink() = default;
+  virtual Status begin(uint16_t device) = 0;
+  virtual Status append(uint16_t device, std::span<const std::byte> data) = 0;
+  virtual Status commit(uint16_t device) = 0;
+  virtual void abort(uint16_t device) = 0;
+};
+
+struct SenderInfo {
+  std::string name;
+  std::string peer;              // control connection's remote address
+  std::string protocol;
+  Transport transport = Transport::kShm;
+  uint32_t blocks = 0;
+  uint32_t block_size = 0;
+  std::vector<uint16_t> devices;
+};
+
+struct SessionReport {
+  SenderInfo sender;
+  bool finished = false;         // true: clean FIN; false: lost (peer died) or stopped
+  std::string reason;            // why it ended, when not finished
+  uint64_t messages = 0;         // complete messages stored
+  uint64_t bytes = 0;
+  uint64_t gaps = 0;             // missing packets
+  uint64_t duplicates = 0;
+  uint64_t unknown_device = 0;   // blocks for devices the sender did not declare
+  uint64_t out_of_window = 0;    // packet numbers far outside the reorder window
+  uint64_t bad_headers = 0;
+  uint64_t partial_discarded = 0;
+  double seconds = 0;
+};
+
+struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
+  uint32_t index = 0;
+  uint32_t from_ms = 0;
+  uint32_t to_ms = 0;
+};
+
+struct ReceiverOptions {
+  std::string host = "0.0.0.0";
+  uint16_t port = 0;
+  Transport transport = Transport::kAuto;  // which transports senders may use
+  std::string token;                       // empty: no authentication
+  // Creates the sink for a newly accepted sender.
+  std::function<Status(const SenderInfo&, std::unique_ptr<MessageSink>*)> make_sink;
+  // Called (from the session's thread) when a sender's session ends.
+  std::function<void(const SessionReport&)> on_session_end;
+  // Called when a connection is refused or a sink reports an error (for logs/CLI).
+  std::function<void(const std::string&)> on_event;
+  std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
+};
+
+class Receiver {
+ public:
+  // Binds the control listener and starts serving. *out is set only on success.
+  static Status start(ReceiverOptions options, std::unique_ptr<Receiver>* out);
+  ~Receiver();  // stops
+  std::string listen_address() const;
+  // Stops accepting, ends every session (discarding partial messages). Any thread.
+  void stop();
+  // Number of accepted sessions that have ended.
+  uint64_t sessions_ended() const;
+  // Blocks until `sessions_ended() >= n` or stop() was called.
+  void wait_sessions(uint64_t n);
+
+  struct Impl;
+
+ private:
+  explicit Receiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slotstream

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what slotstream needs to build and test on Debian (bookworm). Idempotent; run as root.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config libucx-dev ucx-utils libcli11-dev
+      nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev libgtest-dev python3 python3-pytest)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,81 @@
+// Small public helpers: status names, transport names, sender-name validation, protocol list.
+#include <fstream>
+
+#include <unistd.h>
+
+#include "common.h"
+#include "protocol/protocol.h"
+#include "slotstream/slotstream.h"
+
+namespace slotstream {
+
+const char* code_name(Code code) {
+  switch (code) {
+    case Code::kOk: return "ok";
+    case Code::kInProgress: return "in progress";
+    case Code::kInvalidArgument: return "invalid argument";
+    case Code::kConnectFailed: return "connect failed";
+    case Code::kProtocolError: return "protocol error";
+    case Code::kVersionMismatch: return "version mismatch";
+    case Code::kRefused: return "refused";
+    case Code::kAuthFailed: return "authentication failed";
+    case Code::kPeerGone: return "peer gone";
+    case Code::kTransportError: return "transport error";
+    case Code::kIoError: return "I/O error";
+    case Code::kTimeout: return "timeout";
+    case Code::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  if (is_ok()) return "ok";
+  return std::string(code_name(code_)) + ": " + message_;
+}
+
+std::optional<Transport> parse_transport(std::string_view text) {
+  if (text == "auto") return Transport::kAuto;
+  if (text == "shm") return Transport::kShm;
+  if (text == "tcp") return Transport::kTcp;
+  return std::nullopt;
+}
+
+const char* transport_name(Transport t) {
+  switch (t) {
+    case Transport::kAuto: return "auto";
+    case Transport::kShm: return "shm";
+    case Transport::kTcp: return "tcp";
+  }
+  return "?";
+}
+
+std::optional<std::string> invalid_sender_name(std::string_view name) {
+  if (name.empty()) return "sender name is empty";
+  if (name.size() > 64) return "sender name is longer than 64 characters";
+  if (name[0] == '.') return "sender name must not start with '.'";
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
+    if (!ok) return "sender name may only contain letters, digits, '.', '_' and '-'";
+  }
+  return std::nullopt;
+}
+
+std::vector<ProtocolInfo> protocols() {
+  std::vector<ProtocolInfo> out;
+  for (const auto* d : protocol::all()) out.push_back({std::string(d->name), std::string(d->summary)});
+  return out;
+}
+
+std::string host_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return id + "@" + host;
+}
+
+fabric::Wire to_wire(Transport t) { return t == Transport::kTcp ? fabric::Wire::kTcp : fabric::Wire::kShm; }
+
+}  // namespace slotstream

@@ -1,0 +1,16 @@
+// Internal helpers shared by the sender and the receiver.
+#pragma once
+
+#include <string>
+
+#include "fabric/fabric.h"
+#include "slotstream/slotstream.h"
+
+namespace slotstream {
+
+// Identifies this machine (boot id + host name): equal on both ends means shared memory works.
+std::string host_id();
+// A resolved transport (never kAuto) as the fabric's wire.
+fabric::Wire to_wire(Transport t);
+
+}  // namespace slotstream

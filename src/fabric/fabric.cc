@@ -1,0 +1,324 @@
+#include "fabric/fabric.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace slotstream::fabric {
+namespace {
+
+Status from_ucs(ucs_status_t st, const char* what) {
+  if (st == UCS_OK) return Status::ok();
+  if (st == UCS_INPROGRESS) return {Code::kInProgress, what};
+  Code code = Code::kTransportError;
+  switch (st) {
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+      code = Code::kPeerGone;
+      break;
+    case UCS_ERR_CANCELED:
+      code = Code::kCancelled;
+      break;
+    default:
+      break;
+  }
+  return {code, std::string(what) + ": " + ucs_status_string(st)};
+}
+
+// The UCX transport list for a wire. "self" is always needed for loopback within a process.
+const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" : "tcp,self"; }
+
+}  // namespace
+
+const char* wire_name(Wire wire) { return wire == Wire::kShm ? "shm" : "tcp"; }
+
+// ---------------------------------------------------------------------------------- Context
+Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return from_ucs(st, "ucp_config_read");
+  // The user's UCX_TLS, if set, wins (that is how one runs on rc/dc/ud); otherwise we pick.
+  if (getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", tls_for(wire));
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;  // regions are mapped from set-up threads
+  ucp_context_h handle = nullptr;
+  st = ucp_init(&params, config, &handle);
+  ucp_config_release(config);
+  if (st != UCS_OK) return from_ucs(st, "ucp_init");
+  out->reset(new Context(handle, wire));
+  return Status::ok();
+}
+
+Context::~Context() { ucp_cleanup(handle_); }
+
+// ----------------------------------------------------------------------------- MemoryRegion
+Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = nullptr;
+  params.length = length;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h mem = nullptr;
+  ucs_status_t st = ucp_mem_map(ctx.handle(), &params, &mem);
+  if (st != UCS_OK) return from_ucs(st, "ucp_mem_map (is /dev/shm large enough?)");
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  st = ucp_mem_query(mem, &attr);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(ctx.handle(), mem);
+    return from_ucs(st, "ucp_mem_query");
+  }
+  std::memset(attr.address, 0, length);
+  out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length));
+  return Status::ok();
+}
+
+MemoryRegion::~MemoryRegion() { ucp_mem_unmap(ctx_.handle(), mem_); }
+
+Status MemoryRegion::pack_rkey(std::vector<uint8_t>* out) const {
+  void* buf = nullptr;
+  size_t len = 0;
+  ucs_status_t st = ucp_rkey_pack(ctx_.handle(), mem_, &buf, &len);
+  if (st != UCS_OK) return from_ucs(st, "ucp_rkey_pack");
+  out->assign(static_cast<uint8_t*>(buf), static_cast<uint8_t*>(buf) + len);
+  ucp_rkey_buffer_release(buf);
+  return Status::ok();
+}
+
+// -------------------------------------------------------------------------------- RemoteKey
+Status RemoteKey::unpack(Endpoint& ep, std::span<const uint8_t> packed, std::unique_ptr<RemoteKey>* out) {
+  ucp_rkey_h rkey = nullptr;
+  ucs_status_t st = ucp_ep_rkey_unpack(ep.handle(), packed.data(), &rkey);
+  if (st != UCS_OK) return from_ucs(st, "ucp_ep_rkey_unpack");
+  out->reset(new RemoteKey(rkey));
+  return Status::ok();
+}
+
+RemoteKey::~RemoteKey() { ucp_rkey_destroy(handle_); }
+
+// ---------------------------------------------------------------------------------- Request
+Request::~Request() {
+  // Abandoning a running request: UCX frees it when it completes.
+  if (req_ != nullptr) ucp_request_free(req_);
+}
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    if (req_ != nullptr) ucp_request_free(req_);
+    req_ = other.req_;
+    other.req_ = nullptr;
+  }
+  return *this;
+}
+
+Status Request::check() {
+  if (req_ == nullptr) return Status::ok();
+  ucs_status_t st = ucp_request_check_status(req_);
+  if (st == UCS_INPROGRESS) return {Code::kInProgress, "request"};
+  ucp_request_free(req_);
+  req_ = nullptr;
+  return from_ucs(st, "operation failed");
+}
+
+Status Request::wait(Worker& worker, const Liveness& alive) {
+  auto next_check = std::chrono::steady_clock::now();
+  for (unsigned spins = 0;; ++spins) {
+    Status st = check();
+    if (st.code() != Code::kInProgress) return st;
+    worker.progress();
+    if (alive && (spins & 255) == 0 && std::chrono::steady_clock::now() >= next_check) {
+      SLOTSTREAM_RETURN_IF_ERROR(alive());
+      next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+    }
+  }
+}
+
+namespace {
+Status track(ucs_status_ptr_t ptr, const char* what, Request* req) {
+  if (ptr == nullptr) return Status::ok();
+  if (UCS_PTR_IS_ERR(ptr)) return from_ucs(UCS_PTR_STATUS(ptr), what);
+  *req = Request(ptr);
+  return Status::ok();
+}
+}  // namespace
+
+// --------------------------------------------------------------------------------- Endpoint
+void Endpoint::on_error(void* arg, ucp_ep* /*ep*/, int status) {
+  auto* self = static_cast<Endpoint*>(arg);
+  self->failed_ = true;
+  spdlog::debug("endpoint error: {}", ucs_status_string(static_cast<ucs_status_t>(status)));
+}
+
+Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
+                        std::unique_ptr<Endpoint>* out) {
+  std::unique_ptr<Endpoint> ep(new Endpoint(worker));
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  // Peer-failure handling makes UCX drop shared-memory transports for RMA (they have no peer
+  // failure handler), so on shm we go without; a dead receiver is noticed through the control
+  // socket instead (see Liveness). On tcp it turns a dead peer into an endpoint error.
+  params.err_mode = worker.context().wire() == Wire::kTcp ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  params.err_handler.cb = [](void* arg, ucp_ep_h e, ucs_status_t st) { on_error(arg, e, st); };
+  params.err_handler.arg = ep.get();
+  ucs_status_t st = ucp_ep_create(worker.handle(), &params, &ep->handle_);
+  if (st != UCS_OK) return from_ucs(st, "ucp_ep_create");
+  *out = std::move(ep);
+  return Status::ok();
+}
+
+Endpoint::~Endpoint() {
+  if (handle_ == nullptr) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(handle_, &param);
+  if (req != nullptr && UCS_PTR_IS_PTR(req)) {
+    for (int i = 0; i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) {
+      worker_.progress();
+    }
+    ucp_request_free(req);
+  }
+}
+
+Status Endpoint::flush(const Liveness& alive) {
+  ucp_request_param_t param{};
+  Request req;
+  SLOTSTREAM_RETURN_IF_ERROR(track(ucp_ep_flush_nbx(handle_, &param), "ucp_ep_flush_nbx", &req));
+  return req.wait(worker_, alive);
+}
+
+Status Endpoint::put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {
+  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  ucp_request_param_t param{};
+  return track(ucp_put_nbx(handle_, src, length, remote_addr, rkey.handle(), &param), "ucp_put_nbx", req);
+}
+
+Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {
+  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  ucp_request_param_t param{};
+  return track(ucp_get_nbx(handle_, dst, length, remote_addr, rkey.handle(), &param), "ucp_get_nbx", req);
+}
+
+Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, const void* data,
+                         size_t data_len, Request* req) {
+  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  ucp_request_param_t param{};
+  return track(ucp_am_send_nbx(handle_, id, header, header_len, data, data_len, &param),
+               "ucp_am_send_nbx", req);
+}
+
+// ----------------------------------------------------------------------------------- Worker
+Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Worker>* out) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = shared ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SINGLE;
+  if (wakeup) {
+    params.field_mask |= UCP_WORKER_PARAM_FIELD_EVENTS;
+    params.events = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TAG_SEND |
+                    UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+  }
+  ucp_worker_h handle = nullptr;
+  ucs_status_t st = ucp_worker_create(ctx.handle(), &params, &handle);
+  if (st != UCS_OK) return from_ucs(st, "ucp_worker_create");
+  std::unique_ptr<Worker> w(new Worker(ctx, handle));
+
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  st = ucp_worker_get_address(handle, &addr, &addr_len);
+  if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_address");
+  auto* bytes = reinterpret_cast<uint8_t*>(addr);
+  w->address_.assign(bytes, bytes + addr_len);
+  ucp_worker_release_address(handle, addr);
+
+  if (wakeup) {
+    st = ucp_worker_get_efd(handle, &w->event_fd_);
+    if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_efd");
+  }
+  *out = std::move(w);
+  return Status::ok();
+}
+
+Worker::~Worker() { ucp_worker_destroy(handle_); }
+
+unsigned Worker::progress() { return ucp_worker_progress(handle_); }
+
+Status Worker::fence() { return from_ucs(ucp_worker_fence(handle_), "ucp_worker_fence"); }
+
+Status Worker::wait_for_event() {
+  if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
+  // Drain everything first; arm only when UCX says it is idle (UCS_ERR_BUSY means: progress more).
+  while (progress() != 0) {
+  }
+  ucs_status_t st = ucp_worker_arm(handle_);
+  if (st == UCS_ERR_BUSY) return Status::ok();
+  if (st != UCS_OK) return from_ucs(st, "ucp_worker_arm");
+  pollfd pfd{event_fd_, POLLIN, 0};
+  int rc = ::poll(&pfd, 1, 1000);
+  if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("poll: ") + strerror(errno)};
+  return Status::ok();
+}
+
+void Worker::signal() { ucp_worker_signal(handle_); }
+
+Status Worker::set_am_handler(unsigned id, AmHandler handler) {
+  am_handlers_.push_back(std::make_unique<AmHandler>(std::move(handler)));
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.arg = am_handlers_.back().get();
+  param.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t length,
+                const ucp_am_recv_param_t* recv) -> ucs_status_t {
+    auto& fn = *static_cast<AmHandler*>(arg);
+    // Protocols in slotstream send small notifications only; rendezvous data is not expected.
+    if (recv->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;
+    fn({static_cast<const std::byte*>(header), header_len}, {static_cast<const std::byte*>(data), length},
+       nullptr);
+    return UCS_OK;
+  };
+  return from_ucs(ucp_worker_set_am_recv_handler(handle_, &param), "ucp_worker_set_am_recv_handler");
+}
+
+// --------------------------------------------------------------------------- ProgressThread
+struct ProgressThread::Impl {
+  Worker& worker;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  explicit Impl(Worker& w) : worker(w) {
+    thread = std::thread([this] {
+      while (!stop.load(std::memory_order_acquire)) {
+        Status st = worker.wait_for_event();
+        if (!st.is_ok()) {
+          spdlog::error("receiver progress thread: {}", st.to_string());
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+    });
+  }
+};
+
+ProgressThread::ProgressThread(Worker& worker) : impl_(std::make_unique<Impl>(worker)) {}
+
+ProgressThread::~ProgressThread() {
+  impl_->stop.store(true, std::memory_order_release);
+  impl_->worker.signal();
+  impl_->thread.join();
+}
+
+}  // namespace slotstream::fabric

@@ -1,0 +1,195 @@
+// The UCX boundary. Only src/fabric/*.cc includes <ucp/api/ucp.h>; everything above speaks these
+// RAII types. Each wrapper owns one UCX handle and destroys it in its destructor.
+//
+// Threading: a Context is shared. A Worker created with `shared = false` belongs to exactly one
+// thread (the sender's sending thread); `shared = true` (the receiver's) may be used by its
+// progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their Worker.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slotstream/status.h"
+
+struct ucp_context;
+struct ucp_worker;
+struct ucp_ep;
+struct ucp_mem;
+struct ucp_rkey;
+
+namespace slotstream::fabric {
+
+// Which UCX transports a context may use. The protocols never look at this; only the fabric
+// does, to configure UCX.
+enum class Wire { kShm, kTcp };
+const char* wire_name(Wire wire);
+
+// Called periodically inside blocking waits; a non-ok result aborts the wait with that status.
+// This is how a sender notices a dead receiver on shared memory, where UCX never reports it.
+using Liveness = std::function<Status()>;
+
+class Context {
+ public:
+  static Status create(Wire wire, std::unique_ptr<Context>* out);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  ucp_context* handle() const { return handle_; }
+  Wire wire() const { return wire_; }
+
+ private:
+  Context(ucp_context* handle, Wire wire) : handle_(handle), wire_(wire) {}
+  ucp_context* handle_;
+  Wire wire_;
+};
+
+class Worker;
+
+// Registered memory. `allocate` lets UCX allocate it (UCP_MEM_MAP_ALLOCATE): on shared memory
+// that is what makes remote puts/gets land without the owner's CPU (see docs/design.md).
+class MemoryRegion {
+ public:
+  static Status allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out);
+  ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  uint64_t remote_address() const { return reinterpret_cast<uint64_t>(data_); }
+  // Packed remote key for a peer to unpack.
+  Status pack_rkey(std::vector<uint8_t>* out) const;
+
+ private:
+  MemoryRegion(Context& ctx, ucp_mem* mem, std::byte* data, size_t size)
+      : ctx_(ctx), mem_(mem), data_(data), size_(size) {}
+  Context& ctx_;
+  ucp_mem* mem_;
+  std::byte* data_;
+  size_t size_;
+};
+
+class Endpoint;
+
+class RemoteKey {
+ public:
+  static Status unpack(Endpoint& ep, std::span<const uint8_t> packed, std::unique_ptr<RemoteKey>* out);
+  ~RemoteKey();
+  RemoteKey(const RemoteKey&) = delete;
+  RemoteKey& operator=(const RemoteKey&) = delete;
+  ucp_rkey* handle() const { return handle_; }
+
+ private:
+  explicit RemoteKey(ucp_rkey* handle) : handle_(handle) {}
+  ucp_rkey* handle_;
+};
+
+// An outstanding non-blocking operation. Empty when the operation completed inside the call.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(void* req) : req_(req) {}  // adopts a UCX request pointer (fabric.cc only)
+  ~Request();
+  Request(Request&& other) noexcept : req_(other.req_) { other.req_ = nullptr; }
+  Request& operator=(Request&& other) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  bool pending() const { return req_ != nullptr; }
+  // Ok when complete, kInProgress while running, an error if it failed. Frees it when done.
+  Status check();
+  // Progresses `worker` until complete; `alive` is consulted about every millisecond.
+  Status wait(Worker& worker, const Liveness& alive);
+
+ private:
+  void* req_ = nullptr;
+};
+
+class Endpoint {
+ public:
+  // Connects to a peer worker address obtained out of band.
+  static Status create(Worker& worker, std::span<const uint8_t> remote_address,
+                       std::unique_ptr<Endpoint>* out);
+  ~Endpoint();  // force-closes; flush first if data matters
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  ucp_ep* handle() const { return handle_; }
+  // Set by UCX's error callback (e.g. tcp "Endpoint timeout" when the peer died).
+  bool failed() const { return failed_; }
+  // Blocks until every operation on this endpoint is remotely complete.
+  Status flush(const Liveness& alive);
+
+  // One-sided operations. `*req` receives the pending operation if it did not complete inline;
+  // the source buffer of a put must stay untouched until then.
+  Status put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
+  Status get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
+  // Two-sided active message (used by protocols that notify the receiver).
+  Status am_send(unsigned id, const void* header, size_t header_len, const void* data,
+                 size_t data_len, Request* req);
+
+ private:
+  Endpoint(Worker& worker) : worker_(worker) {}
+  static void on_error(void* arg, ucp_ep* ep, int status);
+  Worker& worker_;
+  ucp_ep* handle_ = nullptr;
+  bool failed_ = false;
+};
+
+// Receives an active message: (header, data). Runs on the thread that progresses the worker.
+using AmHandler = std::function<void(std::span<const std::byte> header, std::span<const std::byte> data,
+                                     Endpoint* reply_ep)>;
+
+class Worker {
+ public:
+  // shared: several threads call into it (receiver); wakeup: usable with wait_for_event().
+  static Status create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Worker>* out);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  ucp_worker* handle() const { return handle_; }
+  Context& context() const { return ctx_; }
+  const std::vector<uint8_t>& address() const { return address_; }
+
+  unsigned progress();
+  // Orders every put/get issued before it before every one issued after it.
+  Status fence();
+  // Blocks until the worker has an event or `signal()` is called; for the progress thread.
+  Status wait_for_event();
+  void signal();
+
+  // Registers an active-message handler for `id`.
+  Status set_am_handler(unsigned id, AmHandler handler);
+
+ private:
+  Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}
+  Context& ctx_;
+  ucp_worker* handle_;
+  std::vector<uint8_t> address_;
+  int event_fd_ = -1;
+  std::vector<std::unique_ptr<AmHandler>> am_handlers_;
+};
+
+// Drives a shared worker from its own thread, sleeping in the kernel while there is nothing to
+// do (so an idle receiver costs no CPU). Needed wherever UCX emulates RMA in software (tcp);
+// on a real RNIC or on shared memory it only serves connection wire-up.
+class ProgressThread {
+ public:
+  explicit ProgressThread(Worker& worker);
+  ~ProgressThread();
+  ProgressThread(const ProgressThread&) = delete;
+  ProgressThread& operator=(const ProgressThread&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slotstream::fabric

@@ -1,0 +1,63 @@
+// The out-of-band TCP control connection: framed messages (wire/control.h) with deadlines, and
+// the liveness check that tells a sender its receiver is gone (EOF) without reading data.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slotstream/status.h"
+#include "wire/control.h"
+
+namespace slotstream::net {
+
+using Millis = std::chrono::milliseconds;
+
+// Parses "HOST:PORT" (HOST may be a name, an IPv4 address or [IPv6]).
+Status parse_host_port(const std::string& text, std::string* host, uint16_t* port);
+
+class ControlSocket {
+ public:
+  explicit ControlSocket(int fd) : fd_(fd) {}
+  ~ControlSocket();
+  ControlSocket(const ControlSocket&) = delete;
+  ControlSocket& operator=(const ControlSocket&) = delete;
+
+  static Status connect(const std::string& host, uint16_t port, Millis timeout,
+                        std::unique_ptr<ControlSocket>* out);
+
+  Status send(wire::MsgType type, std::span<const uint8_t> body);
+  // Reads one frame; kTimeout if none within `timeout`, kPeerGone on EOF, kProtocolError on a
+  // bad length prefix.
+  Status receive(Millis timeout, wire::Frame* out);
+  // Reads one frame that must be of `type` (a REFUSE is turned into its Status).
+  Status expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body);
+  // Non-blocking: kPeerGone if the peer closed (or reset) the connection, ok if still open,
+  // kInProgress if a frame is waiting to be read.
+  Status check_alive();
+  std::string peer() const;
+  int fd() const { return fd_; }
+
+ private:
+  Status read_exact(uint8_t* p, size_t n, std::chrono::steady_clock::time_point deadline);
+  int fd_;
+};
+
+class Listener {
+ public:
+  ~Listener();
+  static Status open(const std::string& host, uint16_t port, std::unique_ptr<Listener>* out);
+  // Waits up to `timeout` for a connection; ok with *out == nullptr on timeout.
+  Status accept(Millis timeout, std::unique_ptr<ControlSocket>* out);
+  std::string address() const;  // "HOST:PORT" with the bound port
+
+ private:
+  explicit Listener(int fd, std::string host) : fd_(fd), host_(std::move(host)) {}
+  int fd_;
+  std::string host_;
+};
+
+}  // namespace slotstream::net

@@ -1,0 +1,21 @@
+#include <array>
+
+#include "protocol/protocol.h"
+#include "protocol/status_byte.h"
+
+namespace slotstream::protocol {
+namespace {
+// Every protocol of this build, in the order --help and the benchmark list them.
+const std::array<const Descriptor*, 1> kAll = {&kStatusByte};
+}  // namespace
+
+std::span<const Descriptor* const> all() { return kAll; }
+
+const Descriptor* find(std::string_view name) {
+  for (const Descriptor* d : kAll) {
+    if (d->name == name) return d;
+  }
+  return nullptr;
+}
+
+}  // namespace slotstream::protocol

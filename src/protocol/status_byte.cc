@@ -1,0 +1,175 @@
+#include "protocol/status_byte.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "wire/codec.h"
+
+namespace slotstream::protocol {
+namespace {
+
+// The value written into a receiver status byte after a block's data. Static so the source of
+// the put outlives any transport that completes it later (tcp).
+const uint8_t kFullByte = kFull;
+
+// A sender that finds every receiver block busy re-reads the status array. The paper spins;
+// we spin too for the first reads (the common case is a receiver that frees a block within
+// microseconds) and then back off, so that a receiver stalled on a full disk does not cost a
+// whole sender core.
+constexpr uint32_t kSpinReads = 64;
+constexpr auto kMaxBackoff = std::chrono::microseconds(200);
+
+size_t status_offset(const Geometry& g) { return size_t(g.blocks) * g.block_size; }
+
+class StatusByteSender final : public SenderProtocol {
+ public:
+  StatusByteSender(SenderFabric& fabric, uint64_t blocks_addr, uint64_t status_addr,
+                   std::unique_ptr<fabric::RemoteKey> rkey)
+      : fabric_(fabric), blocks_addr_(blocks_addr), status_addr_(status_addr),
+        rkey_(std::move(rkey)), cache_(fabric.geometry.blocks) {}
+
+  Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
+    int64_t j = cache_.pick(&counters_.held_skips);
+    for (uint32_t reads = 0; j < 0; ++reads) {
+      if (reads >= kSpinReads) {
+        auto pause = std::min(kMaxBackoff, std::chrono::microseconds(reads - kSpinReads + 1));
+        std::this_thread::sleep_for(pause);
+      }
+      SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
+      j = cache_.pick(&counters_.held_skips);
+    }
+    const auto& g = fabric_.geometry;
+    // paper §3.2.2: two writes — the data (no completion of its own), then the status byte.
+    SLOTSTREAM_RETURN_IF_ERROR(
+        fabric_.endpoint.put(src, length, blocks_addr_ + uint64_t(j) * g.block_size, *rkey_, data_req));
+    // The fence is what lets the receiver trust a status byte of 1: the data is there first.
+    SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
+    fabric::Request status_req;  // fire and forget; errors surface at the next flush/read
+    SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put(&kFullByte, 1, status_addr_ + j, *rkey_, &status_req));
+    cache_.mark_full(static_cast<uint32_t>(j));
+    ++counters_.blocks;
+    return Status::ok();
+  }
+
+  Status finish_st() override { return fabric_.endpoint.flush(fabric_.alive); }
+
+  SenderCounters counters() const override { return counters_; }
+
+ private:
+  // paper §3.2.6: no free block in the cache — read all status bytes at once (blocking).
+  Status synchronise_st() {
+    ++counters_.status_reads;
+    // Ordered after our own earlier status puts, so the read cannot see them as still empty.
+    SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
+    auto raw = cache_.raw();
+    fabric::Request req;
+    SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.get(raw.data(), raw.size(), status_addr_, *rkey_, &req));
+    SLOTSTREAM_RETURN_IF_ERROR(req.wait(fabric_.worker, fabric_.alive));
+    return fabric_.alive ? fabric_.alive() : Status::ok();
+  }
+
+  SenderFabric& fabric_;
+  uint64_t blocks_addr_;
+  uint64_t status_addr_;
+  std::unique_ptr<fabric::RemoteKey> rkey_;
+  StatusCache cache_;
+  SenderCounters counters_;
+};
+
+class StatusByteReceiver final : public ReceiverProtocol {
+ public:
+  StatusByteReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> region,
+                     std::vector<uint8_t> rkey)
+      : geometry_(fabric.geometry), region_(std::move(region)), rkey_(std::move(rkey)),
+        hold_wanted_(geometry_.blocks, false) {}
+
+  std::vector<uint8_t> setup() const override {
+    wire::Writer w;
+    w.u64(region_->remote_address());
+    w.u64(region_->remote_address() + status_offset(geometry_));
+    w.blob32(rkey_);
+    return std::move(w.buffer());
+  }
+
+  void poll_full(std::vector<uint32_t>* out) override {
+    for (uint32_t i = 0; i < geometry_.blocks; ++i) {
+      // Acquire: the block's data (written before the status byte, behind a fence) is visible.
+      if (status(i).load(std::memory_order_acquire) == kFull) out->push_back(i);
+    }
+  }
+
+  std::span<const std::byte> block(uint32_t index) const override {
+    return {region_->data() + size_t(index) * geometry_.block_size, geometry_.block_size};
+  }
+
+  void release(uint32_t index) override {
+    // paper §3.2.5 step 3; §3.3: a block wanted held goes straight to 2.
+    status(index).store(hold_wanted_[index] ? kHeld : kEmpty, std::memory_order_release);
+  }
+
+  bool set_hold(uint32_t index, bool held) override {
+    hold_wanted_[index] = held;
+    // Compare-and-swap: the sender may be writing 1 into this very byte right now. If it wins,
+    // the block is full and the hold applies when it is released.
+    uint8_t expected = held ? kEmpty : kHeld;
+    status(index).compare_exchange_strong(expected, held ? kHeld : kEmpty, std::memory_order_acq_rel);
+    return true;
+  }
+
+ private:
+  std::atomic_ref<uint8_t> status(uint32_t i) const {
+    auto* base = reinterpret_cast<uint8_t*>(region_->data() + status_offset(geometry_));
+    return std::atomic_ref<uint8_t>(base[i]);
+  }
+
+  Geometry geometry_;
+  std::unique_ptr<fabric::MemoryRegion> region_;
+  std::vector<uint8_t> rkey_;
+  std::vector<bool> hold_wanted_;
+};
+
+Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::unique_ptr<SenderProtocol>* out) {
+  wire::Reader r(setup);
+  uint64_t blocks_addr = r.u64();
+  uint64_t status_addr = r.u64();
+  std::vector<uint8_t> packed = r.blob32(setup.size());
+  if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed status_byte set-up from receiver"};
+  std::unique_ptr<fabric::RemoteKey> rkey;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
+  out->reset(new StatusByteSender(fabric, blocks_addr, status_addr, std::move(rkey)));
+  return Status::ok();
+}
+
+Status make_receiver(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out) {
+  const Geometry& g = fabric.geometry;
+  std::unique_ptr<fabric::MemoryRegion> region;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, status_offset(g) + g.blocks, &region));
+  std::vector<uint8_t> rkey;
+  SLOTSTREAM_RETURN_IF_ERROR(region->pack_rkey(&rkey));
+  out->reset(new StatusByteReceiver(fabric, std::move(region), std::move(rkey)));
+  return Status::ok();
+}
+
+}  // namespace
+
+int64_t StatusCache::pick(uint64_t* held_skips) {
+  const uint32_t n = size();
+  for (uint32_t k = 0; k < n; ++k) {
+    uint32_t i = (cursor_ + k) % n;
+    if (status_[i] == kEmpty) return i;
+    if (status_[i] == kHeld) ++*held_skips;
+  }
+  return -1;
+}
+
+const Descriptor kStatusByte = {
+    "status_byte",
+    "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender writes "
+    "data, fence, status byte, and reads the status array only when out of free blocks",
+    /*receiver_progress=*/false,
+    make_sender,
+    make_receiver,
+};
+
+}  // namespace slotstream::protocol

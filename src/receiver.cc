@@ -1,0 +1,450 @@
+// The receiver: accepts senders on the control socket, gives each its own block region, and
+// runs one consumer thread per sender that polls that region's status bytes (paper §3.2.5) and
+// hands complete messages to the sender's sink. The receiver makes no network operation on the
+// data path; on transports where UCX emulates RMA in software (tcp), a progress thread serves
+// the sender's puts and gets.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common.h"
+#include "fabric/fabric.h"
+#include "net/auth.h"
+#include "net/control_socket.h"
+#include "protocol/protocol.h"
+#include "slotstream/slotstream.h"
+#include "stream/delivery.h"
+#include "wire/control.h"
+
+namespace slotstream {
+
+using Clock = std::chrono::steady_clock;
+using net::Millis;
+
+namespace {
+
+constexpr Millis kHelloTimeout{5000};
+constexpr Millis kStallRetry{100};
+// After FIN, how long the receiver waits for blocks it was told about before calling them lost.
+constexpr Millis kFinGrace{1000};
+// After a sender died, let the progress thread apply what already arrived before the last drain.
+constexpr Millis kLostGrace{50};
+constexpr uint32_t kMaxDevices = 4096;
+
+struct Refusal {
+  Code code;
+  std::string message;
+};
+
+}  // namespace
+
+// UCX context + shared worker for one wire, created when the first sender asks for it.
+struct WireFabric {
+  std::unique_ptr<fabric::Context> context;
+  std::unique_ptr<fabric::Worker> worker;
+  std::unique_ptr<fabric::ProgressThread> progress;
+};
+
+struct Receiver::Impl {
+  ReceiverOptions options;
+  std::unique_ptr<net::Listener> listener;
+  std::string my_host_id = host_id();
+  std::atomic<bool> stopping{false};
+  std::thread accept_thread;
+
+  std::mutex mutex;  // guards everything below
+  std::condition_variable ended_cv;
+  uint64_t ended = 0;
+  std::set<std::string> active_names;
+  std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
+  std::list<std::thread> sessions;
+
+  void accept_loop();
+  void serve(std::unique_ptr<net::ControlSocket> control);
+  Status wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out);
+  void event(const std::string& text) {
+    if (options.on_event) options.on_event(text);
+  }
+};
+
+// ------------------------------------------------------------------------------ one session
+
+namespace {
+
+class Session {
+ public:
+  Session(Receiver::Impl& rx, std::unique_ptr<net::ControlSocket> control)
+      : rx_(rx), control_(std::move(control)) {
+    report_.sender.peer = control_->peer();
+  }
+
+  void run();
+
+ private:
+  // Returns a refusal to send, or nullopt when accepted.
+  std::optional<Refusal> handshake();
+  void consume();
+  void apply_holds(Clock::time_point start);
+  void hold_all(bool held);
+
+  Receiver::Impl& rx_;
+  std::unique_ptr<net::ControlSocket> control_;
+  std::unique_ptr<protocol::ReceiverProtocol> proto_;
+  std::unique_ptr<MessageSink> sink_;
+  std::unique_ptr<stream::Delivery> delivery_;
+  protocol::Geometry geometry_;
+  SessionReport report_;
+  bool name_registered_ = false;
+  std::vector<bool> hold_active_;
+};
+
+std::optional<Refusal> Session::handshake() {
+  wire::Frame frame;
+  if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
+    return Refusal{st.code(), "no valid hello: " + st.message()};
+  }
+  if (frame.type != wire::MsgType::kHello) {
+    return Refusal{Code::kProtocolError, "expected hello, got message type " + std::to_string(int(frame.type))};
+  }
+  wire::Hello hello;
+  if (Status st = wire::decode(frame.body, &hello); !st.is_ok()) return Refusal{st.code(), st.message()};
+
+  const protocol::Descriptor* desc = protocol::find(hello.protocol);
+  if (!desc) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
+  if (hello.block_size < kMinBlockSize || hello.block_size > kMaxBlockSize || hello.blocks < 1 ||
+      hello.blocks > kMaxBlocks) {
+    return Refusal{Code::kRefused, "unsupported block geometry " + std::to_string(hello.blocks) + " x " +
+                                       std::to_string(hello.block_size) + " B"};
+  }
+  if (auto why = invalid_sender_name(hello.name)) return Refusal{Code::kRefused, "invalid sender name: " + *why};
+  if (hello.devices.empty() || hello.devices.size() > kMaxDevices) {
+    return Refusal{Code::kRefused, "a sender must declare 1.." + std::to_string(kMaxDevices) + " devices"};
+  }
+
+  // Transport: what the sender asked for, within what this receiver allows.
+  Transport allowed = rx_.options.transport;
+  bool same_host = hello.host_id == rx_.my_host_id;
+  Transport chosen;
+  switch (hello.transport) {
+    case wire::WireTransport::kShm: chosen = Transport::kShm; break;
+    case wire::WireTransport::kTcp: chosen = Transport::kTcp; break;
+    default: chosen = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
+  }
+  if (allowed != Transport::kAuto && chosen != allowed) {
+    return Refusal{Code::kRefused, std::string("this receiver only accepts transport ") + transport_name(allowed)};
+  }
+  if (chosen == Transport::kShm && !same_host) {
+    return Refusal{Code::kRefused, "transport shm needs sender and receiver on one host; use tcp"};
+  }
+
+  if (!rx_.options.token.empty()) {
+    net::Nonce nonce;
+    if (Status st = net::make_nonce(&nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+    if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok()) {
+      return Refusal{st.code(), st.message()};
+    }
+    std::vector<uint8_t> mac;
+    if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
+      return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
+    }
+    if (!net::mac_equal(mac, net::auth_mac(rx_.options.token, nonce, hello.name))) {
+      return Refusal{Code::kAuthFailed, "authentication failed: wrong token"};
+    }
+  }
+
+  {
+    std::lock_guard lock(rx_.mutex);
+    if (rx_.active_names.contains(hello.name)) {
+      return Refusal{Code::kRefused, "sender name '" + hello.name + "' is already connected"};
+    }
+    rx_.active_names.insert(hello.name);
+    name_registered_ = true;
+  }
+
+  SenderInfo& info = report_.sender;
+  info.name = hello.name;
+  info.protocol = hello.protocol;
+  info.transport = chosen;
+  info.blocks = hello.blocks;
+  info.block_size = hello.block_size;
+  info.devices = hello.devices;
+  geometry_ = {hello.blocks, hello.block_size};
+
+  WireFabric* wf = nullptr;
+  if (Status st = rx_.wire_fabric(to_wire(chosen), desc->receiver_progress, &wf); !st.is_ok()) {
+    return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
+  }
+  protocol::ReceiverFabric rf{*wf->context, *wf->worker, geometry_};
+  if (Status st = desc->make_receiver(rf, &proto_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot allocate " + std::to_string(uint64_t(hello.blocks) * hello.block_size) +
+                                  " bytes of blocks: " + st.message()};
+  }
+  if (Status st = rx_.options.make_sink(info, &sink_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
+  }
+  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices, geometry_);
+
+  wire::Accept accept;
+  accept.transport = chosen == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
+  accept.worker_address = wf->worker->address();
+  accept.setup = proto_->setup();
+  if (Status st = control_->send(wire::MsgType::kAccept, wire::encode(accept)); !st.is_ok()) {
+    return Refusal{st.code(), st.message()};
+  }
+  return std::nullopt;
+}
+
+void Session::hold_all(bool held) {
+  for (uint32_t i = 0; i < geometry_.blocks; ++i) {
+    if (!hold_active_[i]) proto_->set_hold(i, held);
+  }
+}
+
+void Session::apply_holds(Clock::time_point start) {
+  auto ms = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
+  for (const HoldSpec& h : rx_.options.holds) {
+    if (h.index >= geometry_.blocks) continue;
+    bool want = ms >= h.from_ms && ms < h.to_ms;
+    if (want != hold_active_[h.index]) {
+      hold_active_[h.index] = want;
+      proto_->set_hold(h.index, want);
+    }
+  }
+}
+
+void Session::consume() {
+  const auto start = Clock::now();
+  hold_active_.assign(geometry_.blocks, false);
+  std::optional<wire::Fin> fin;
+  Clock::time_point fin_deadline{};
+  bool stalled = false;
+  std::string last_error;
+  uint32_t idle = 0;
+  auto next_check = Clock::now();
+
+  auto finish_lost = [&](const std::string& why) {
+    std::this_thread::sleep_for(kLostGrace);
+    // Blocks already marked full hold complete data: keep them (the sink may still fail).
+    size_t consumed = 1;
+    while (consumed > 0) {
+      if (!delivery_->pass(&consumed).is_ok()) break;
+    }
+    delivery_->abort_partials();
+    report_.reason = why;
+  };
+
+  for (;;) {
+    if (rx_.stopping.load(std::memory_order_acquire)) {
+      delivery_->abort_partials();
+      report_.reason = "receiver stopped";
+      return;
+    }
+    if (!rx_.options.holds.empty()) apply_holds(start);
+
+    size_t consumed = 0;
+    Status st = delivery_->pass(&consumed);
+    if (!st.is_ok()) {
+      // Stop accepting: the data stays in its block, the empty ones are marked held (paper
+      // status 2), and the sender waits until the sink works again.
+      if (!stalled || st.message() != last_error) {
+        rx_.event("sender " + report_.sender.name + ": cannot store data, holding blocks until it can: " +
+                  st.to_string());
+      }
+      if (!stalled) hold_all(true);
+      stalled = true;
+      last_error = st.message();
+      std::this_thread::sleep_for(kStallRetry);
+    } else if (stalled) {
+      stalled = false;
+      hold_all(false);
+      rx_.event("sender " + report_.sender.name + ": storing again");
+    }
+
+    if (fin) {
+      bool complete = !delivery_->has_open_message();
+      for (auto [d, n] : fin->messages) complete = complete && delivery_->messages(d) >= n;
+      if (complete || (consumed == 0 && !stalled && Clock::now() > fin_deadline)) {
+        uint64_t missing = 0;
+        for (auto [d, n] : fin->messages) {
+          uint64_t got = delivery_->messages(d);
+          if (got < n) missing += n - got;
+        }
+        delivery_->abort_partials();
+        wire::FinAck ack;
+        ack.ok = missing == 0;
+        ack.stored = delivery_->counters().messages;
+        ack.message = missing == 0 ? "all stored" : std::to_string(missing) + " messages did not arrive";
+        (void)control_->send(wire::MsgType::kFinAck, wire::encode(ack));
+        report_.finished = missing == 0;
+        if (missing) report_.reason = ack.message;
+        return;
+      }
+      if (consumed > 0 || stalled) fin_deadline = Clock::now() + kFinGrace;
+    }
+
+    // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"): spin briefly,
+    // then sleep with exponential back-off up to 1 ms, so an idle receiver costs ~no CPU.
+    if (consumed > 0) {
+      idle = 0;
+    } else if (++idle > 64) {
+      auto us = std::min<uint32_t>(1000, 1u << std::min<uint32_t>(idle - 64, 10));
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
+    if (consumed == 0 || Clock::now() >= next_check) {
+      next_check = Clock::now() + Millis(1);
+      Status alive = control_->check_alive();
+      if (alive.code() == Code::kPeerGone) {
+        finish_lost("connection closed mid-stream");
+        return;
+      }
+      if (alive.code() == Code::kInProgress && !fin) {
+        std::vector<uint8_t> body;
+        wire::Fin f;
+        Status rs = control_->expect(wire::MsgType::kFin, Millis(1000), &body);
+        if (rs.is_ok()) rs = wire::decode(body, &f);
+        if (!rs.is_ok()) {
+          finish_lost("bad control message: " + rs.message());
+          return;
+        }
+        fin = std::move(f);
+        fin_deadline = Clock::now() + kFinGrace;
+      }
+    }
+  }
+}
+
+void Session::run() {
+  const auto start = Clock::now();
+  if (auto refusal = handshake()) {
+    std::string who = report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
+    rx_.event("refused sender " + who + ": " + refusal->message);
+    wire::Refuse r{refusal->code, refusal->message};
+    (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
+    if (name_registered_) {
+      std::lock_guard lock(rx_.mutex);
+      rx_.active_names.erase(report_.sender.name);
+    }
+    return;
+  }
+  consume();
+  const auto& c = delivery_->counters();
+  report_.messages = c.messages;
+  report_.bytes = c.bytes;
+  report_.gaps = c.gaps;
+  report_.duplicates = c.duplicates;
+  report_.unknown_device = c.unknown_device;
+  report_.out_of_window = c.out_of_window;
+  report_.bad_headers = c.bad_headers;
+  report_.partial_discarded = c.partial_discarded + c.broken_messages;
+  report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Free this sender's region before anyone hears that it has ended.
+  delivery_.reset();
+  sink_.reset();
+  proto_.reset();
+  control_.reset();
+  if (rx_.options.on_session_end) rx_.options.on_session_end(report_);
+  std::lock_guard lock(rx_.mutex);
+  rx_.active_names.erase(report_.sender.name);
+  ++rx_.ended;
+  rx_.ended_cv.notify_all();
+}
+
+}  // namespace
+
+// --------------------------------------------------------------------------------- receiver
+
+Status Receiver::Impl::wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out) {
+  std::lock_guard lock(mutex);
+  auto& wf = wires[wire];
+  if (!wf) {
+    auto fresh = std::make_unique<WireFabric>();
+    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(wire, &fresh->context));
+    SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
+    wf = std::move(fresh);
+  }
+  // Software-emulated RMA (tcp) needs the target to progress; so do two-sided protocols.
+  if (!wf->progress && (needs_progress || wire == fabric::Wire::kTcp)) {
+    wf->progress = std::make_unique<fabric::ProgressThread>(*wf->worker);
+  }
+  *out = wf.get();
+  return Status::ok();
+}
+
+void Receiver::Impl::serve(std::unique_ptr<net::ControlSocket> control) {
+  Session session(*this, std::move(control));
+  session.run();
+}
+
+void Receiver::Impl::accept_loop() {
+  while (!stopping.load(std::memory_order_acquire)) {
+    std::unique_ptr<net::ControlSocket> control;
+    if (Status st = listener->accept(Millis(100), &control); !st.is_ok()) {
+      event("accept failed: " + st.to_string());
+      std::this_thread::sleep_for(Millis(100));
+      continue;
+    }
+    if (!control) continue;
+    std::lock_guard lock(mutex);
+    sessions.emplace_back([this, c = std::move(control)]() mutable { serve(std::move(c)); });
+  }
+}
+
+Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Receiver::~Receiver() { stop(); }
+
+Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) {
+  if (!options.make_sink) return {Code::kInvalidArgument, "ReceiverOptions::make_sink is required"};
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  SLOTSTREAM_RETURN_IF_ERROR(net::Listener::open(impl->options.host, impl->options.port, &impl->listener));
+  // Bring up the transports we allow now, so a UCX problem shows at start, not at first sender.
+  for (fabric::Wire w : {fabric::Wire::kShm, fabric::Wire::kTcp}) {
+    Transport t = w == fabric::Wire::kShm ? Transport::kShm : Transport::kTcp;
+    if (impl->options.transport != Transport::kAuto && impl->options.transport != t) continue;
+    WireFabric* wf = nullptr;
+    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, false, &wf));
+  }
+  std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
+  Impl* im = rx->impl_.get();
+  im->accept_thread = std::thread([im] { im->accept_loop(); });
+  *out = std::move(rx);
+  return Status::ok();
+}
+
+std::string Receiver::listen_address() const { return impl_->listener->address(); }
+
+void Receiver::stop() {
+  Impl& im = *impl_;
+  if (im.stopping.exchange(true)) {
+    if (im.accept_thread.joinable()) im.accept_thread.join();
+    return;
+  }
+  if (im.accept_thread.joinable()) im.accept_thread.join();
+  std::list<std::thread> sessions;
+  {
+    std::lock_guard lock(im.mutex);
+    sessions.swap(im.sessions);
+    im.ended_cv.notify_all();
+  }
+  for (auto& t : sessions) t.join();
+  std::lock_guard lock(im.mutex);
+  im.wires.clear();  // progress threads stop, workers and contexts are destroyed
+}
+
+uint64_t Receiver::sessions_ended() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->ended;
+}
+
+void Receiver::wait_sessions(uint64_t n) {
+  std::unique_lock lock(impl_->mutex);
+  impl_->ended_cv.wait(lock, [&] { return impl_->ended >= n || impl_->stopping.load(); });
+}
+
+}  // namespace slotstream

@@ -1,0 +1,312 @@
+// The sender: control handshake, the fabric, the send ring, and the one sending thread that owns
+// the UCX worker (paper §3.2.4). Filler threads reach it only through DeviceStream.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common.h"
+#include "fabric/fabric.h"
+#include "net/auth.h"
+#include "net/control_socket.h"
+#include "protocol/protocol.h"
+#include "slotstream/slotstream.h"
+#include "stream/fragment.h"
+#include "stream/send_ring.h"
+#include "wire/block_header.h"
+#include "wire/control.h"
+
+namespace slotstream {
+
+using Clock = std::chrono::steady_clock;
+using net::Millis;
+
+namespace {
+constexpr Millis kHandshakeTimeout{10000};
+constexpr auto kLivenessInterval = Millis(1);
+
+wire::WireTransport to_wire_transport(Transport t) {
+  switch (t) {
+    case Transport::kShm: return wire::WireTransport::kShm;
+    case Transport::kTcp: return wire::WireTransport::kTcp;
+    default: return wire::WireTransport::kAuto;
+  }
+}
+
+Status validate(const SenderOptions& o) {
+  if (auto why = invalid_sender_name(o.name)) return {Code::kInvalidArgument, *why + " ('" + o.name + "')"};
+  if (o.block_size < kMinBlockSize || o.block_size > kMaxBlockSize) {
+    return {Code::kInvalidArgument, "block size must be " + std::to_string(kMinBlockSize) + ".." +
+                                        std::to_string(kMaxBlockSize) + " bytes"};
+  }
+  if (o.blocks < 1 || o.blocks > kMaxBlocks) {
+    return {Code::kInvalidArgument, "blocks must be 1.." + std::to_string(kMaxBlocks)};
+  }
+  if (o.devices.empty()) return {Code::kInvalidArgument, "no devices declared"};
+  if (!protocol::find(o.protocol)) return {Code::kInvalidArgument, "unknown protocol '" + o.protocol + "'"};
+  return Status::ok();
+}
+
+}  // namespace
+
+struct Sender::Impl {
+  SenderOptions options;
+  Transport transport = Transport::kShm;
+  std::unique_ptr<net::ControlSocket> control;
+  std::unique_ptr<fabric::Context> context;
+  std::unique_ptr<fabric::Worker> worker;
+  std::unique_ptr<fabric::Endpoint> endpoint;
+  std::unique_ptr<fabric::MemoryRegion> local;
+  std::unique_ptr<stream::SendRing> ring;
+  std::unique_ptr<protocol::SenderFabric> proto_fabric;
+  std::unique_ptr<protocol::SenderProtocol> proto;
+  std::map<uint16_t, std::unique_ptr<DeviceStream>> devices;
+  std::map<uint16_t, std::atomic<uint64_t>> messages;  // completed send()s per device
+  std::atomic<uint64_t> bytes{0};
+
+  std::thread sending_thread;
+  std::atomic<bool> finishing{false};
+  std::mutex error_mutex;
+  Status error;  // first error of the sending thread
+  std::atomic<bool> failed{false};
+  bool finished = false;
+  Clock::time_point next_liveness{};
+
+  Status handshake();
+  Status setup_fabric(const wire::Accept& accept);
+  void sending_loop_st();
+  Status alive_st();
+  void fail(Status st) {
+    std::lock_guard lock(error_mutex);
+    if (error.is_ok()) error = std::move(st);
+    failed.store(true);
+    if (ring) ring->abort();
+  }
+  Status first_error() {
+    std::lock_guard lock(error_mutex);
+    return error;
+  }
+};
+
+Status Sender::Impl::handshake() {
+  wire::Hello hello;
+  hello.protocol = options.protocol;
+  hello.blocks = options.blocks;
+  hello.block_size = options.block_size;
+  hello.transport = to_wire_transport(options.transport);
+  hello.host_id = host_id();
+  hello.name = options.name;
+  hello.devices = options.devices;
+  SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kHello, wire::encode(hello)));
+
+  wire::Frame frame;
+  SLOTSTREAM_RETURN_IF_ERROR(control->receive(kHandshakeTimeout, &frame));
+  if (frame.type == wire::MsgType::kChallenge) {
+    if (frame.body.size() != wire::kNonceSize) return {Code::kProtocolError, "malformed challenge"};
+    if (options.token.empty()) {
+      return {Code::kAuthFailed, "authentication failed: the receiver requires a token (--token-file)"};
+    }
+    auto mac = net::auth_mac(options.token, frame.body, options.name);
+    SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kAuth, mac));
+    SLOTSTREAM_RETURN_IF_ERROR(control->receive(kHandshakeTimeout, &frame));
+  }
+  if (frame.type == wire::MsgType::kRefuse) {
+    wire::Refuse refuse;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &refuse));
+    return {refuse.code, "receiver refused: " + refuse.message};
+  }
+  if (frame.type != wire::MsgType::kAccept) {
+    return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type))};
+  }
+  wire::Accept accept;
+  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &accept));
+  return setup_fabric(accept);
+}
+
+Status Sender::Impl::setup_fabric(const wire::Accept& accept) {
+  transport = accept.transport == wire::WireTransport::kTcp ? Transport::kTcp : Transport::kShm;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(to_wire(transport), &context));
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/false, &worker));
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*worker, accept.worker_address, &endpoint));
+  const size_t local_size = size_t(options.blocks) * options.block_size;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(*context, local_size, &local));
+  ring = std::make_unique<stream::SendRing>(local->data(), options.blocks, options.block_size);
+  proto_fabric.reset(new protocol::SenderFabric{*worker, *endpoint, {options.blocks, options.block_size},
+                                                [this] { return alive_st(); }});
+  return protocol::find(options.protocol)->make_sender(*proto_fabric, accept.setup, &proto);
+}
+
+// Rate-limited: one poll() of the control socket per millisecond at most.
+Status Sender::Impl::alive_st() {
+  auto now = Clock::now();
+  if (now < next_liveness) return Status::ok();
+  next_liveness = now + kLivenessInterval;
+  if (endpoint->failed()) return {Code::kPeerGone, "receiver unreachable (transport error)"};
+  Status st = control->check_alive();
+  if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection (did it die?)"};
+  return Status::ok();
+}
+
+void Sender::Impl::sending_loop_st() {
+  std::deque<std::pair<uint64_t, fabric::Request>> inflight;
+  auto reap = [&]() -> Status {
+    while (!inflight.empty()) {
+      Status st = inflight.front().second.check();
+      if (st.code() == Code::kInProgress) break;
+      SLOTSTREAM_RETURN_IF_ERROR(st);
+      ring->release(inflight.front().first);
+      inflight.pop_front();
+    }
+    return Status::ok();
+  };
+  auto run = [&]() -> Status {
+    for (uint64_t ticket = 0;;) {
+      int64_t len = ring->wait_filled(ticket, std::chrono::microseconds(1000));
+      if (len < 0) {  // idle: nothing filled yet
+        worker->progress();
+        SLOTSTREAM_RETURN_IF_ERROR(reap());
+        SLOTSTREAM_RETURN_IF_ERROR(alive_st());
+        if (finishing.load(std::memory_order_acquire) && ticket == ring->claimed()) break;
+        continue;
+      }
+      if (len == 0) {  // a filler gave up on this block: nothing to send
+        ring->release(ticket++);
+        continue;
+      }
+      fabric::Request req;
+      SLOTSTREAM_RETURN_IF_ERROR(proto->transmit_st(ring->block(ticket), size_t(len), &req));
+      if (req.pending()) {
+        inflight.emplace_back(ticket, std::move(req));
+      } else {
+        ring->release(ticket);
+      }
+      ++ticket;
+      SLOTSTREAM_RETURN_IF_ERROR(reap());
+      if ((ticket & 63) == 0) SLOTSTREAM_RETURN_IF_ERROR(alive_st());
+    }
+    for (auto& [t, req] : inflight) SLOTSTREAM_RETURN_IF_ERROR(req.wait(*worker, [this] { return alive_st(); }));
+    inflight.clear();
+    return proto->finish_st();
+  };
+  Status st = run();
+  if (!st.is_ok()) fail(st);
+}
+
+Sender::Sender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Sender::~Sender() {
+  if (impl_->sending_thread.joinable()) {
+    impl_->fail({Code::kCancelled, "sender closed before finish()"});
+    impl_->finishing.store(true);
+    impl_->sending_thread.join();
+  }
+}
+
+Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* out) {
+  SLOTSTREAM_RETURN_IF_ERROR(validate(options));
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(options.host, options.port, Millis(5000), &impl->control));
+  SLOTSTREAM_RETURN_IF_ERROR(impl->handshake());
+  std::unique_ptr<Sender> sender(new Sender(std::move(impl)));
+  Impl& im = *sender->impl_;
+  for (uint16_t d : options.devices) {
+    im.devices[d].reset(new DeviceStream(*sender, d));
+    im.messages[d] = 0;
+  }
+  im.sending_thread = std::thread([&im] { im.sending_loop_st(); });
+  *out = std::move(sender);
+  return Status::ok();
+}
+
+DeviceStream* Sender::device(uint16_t device) {
+  auto it = impl_->devices.find(device);
+  return it == impl_->devices.end() ? nullptr : it->second.get();
+}
+
+Status Sender::finish() {
+  Impl& im = *impl_;
+  if (im.finished) return im.first_error();
+  im.finished = true;
+  im.finishing.store(true, std::memory_order_release);
+  im.sending_thread.join();
+  SLOTSTREAM_RETURN_IF_ERROR(im.first_error());
+
+  wire::Fin fin;
+  for (auto& [d, n] : im.messages) fin.messages[d] = n.load();
+  SLOTSTREAM_RETURN_IF_ERROR(im.control->send(wire::MsgType::kFin, wire::encode(fin)));
+  // The receiver answers once everything is stored; a full disk may make that take a while.
+  std::vector<uint8_t> body;
+  for (;;) {
+    Status st = im.control->expect(wire::MsgType::kFinAck, Millis(1000), &body);
+    if (st.is_ok()) break;
+    if (st.code() != Code::kTimeout) {
+      if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};
+      return st;
+    }
+  }
+  wire::FinAck ack;
+  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(body, &ack));
+  if (!ack.ok) return {Code::kIoError, "receiver reported: " + ack.message};
+  return Status::ok();
+}
+
+SenderStats Sender::stats() const {
+  SenderStats s;
+  for (auto& [d, n] : impl_->messages) {
+    s.per_device[d] = n.load();
+    s.messages += s.per_device[d];
+  }
+  s.bytes = impl_->bytes.load();
+  if (impl_->proto && !impl_->sending_thread.joinable()) {
+    auto c = impl_->proto->counters();
+    s.blocks = c.blocks;
+    s.status_reads = c.status_reads;
+    s.held_skips = c.held_skips;
+  }
+  return s;
+}
+
+Transport Sender::transport() const { return impl_->transport; }
+uint32_t Sender::blocks() const { return impl_->options.blocks; }
+uint32_t Sender::block_size() const { return impl_->options.block_size; }
+
+// ----------------------------------------------------------------------------- DeviceStream
+
+Status DeviceStream::send(std::span<const std::byte> message) {
+  return send_with(message.size(), [&](uint64_t offset, std::span<std::byte> dst) {
+    std::memcpy(dst.data(), message.data() + offset, dst.size());
+    return Status::ok();
+  });
+}
+
+Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
+  Sender::Impl& im = *sender_.impl_;
+  const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
+  const uint64_t n = stream::fragment_count(length, capacity);
+  for (uint64_t i = 0; i < n; ++i) {
+    stream::Fragment f = stream::fragment_at(length, capacity, i);
+    stream::SendRing::Slot slot;
+    if (Status st = im.ring->claim(&slot); !st.is_ok()) {
+      Status err = im.first_error();
+      return err.is_ok() ? st : err;
+    }
+    // paper §3.2.3: fill the payload, write device and packet number, then mark the block full.
+    Status st = fill(f.offset, slot.block.subspan(wire::kBlockHeaderSize, f.length));
+    if (!st.is_ok()) {
+      im.ring->commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
+      return st;
+    }
+    wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
+    wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
+    im.ring->commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
+  }
+  im.messages[device_].fetch_add(1, std::memory_order_relaxed);
+  im.bytes.fetch_add(length, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+}  // namespace slotstream

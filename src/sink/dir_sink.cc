@@ -1,0 +1,140 @@
+#include "sink/dir_sink.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace slotstream::sink {
+namespace fs = std::filesystem;
+namespace {
+
+Status io_error(const std::string& what, int err) {
+  std::string hint = err == ENOSPC ? " (disk full: free space; the data waits in the receiver)" : "";
+  return {Code::kIoError, what + ": " + strerror(err) + hint};
+}
+
+// "0000000042.bin" -> 42; anything else -> -1.
+int64_t parse_seq(const std::string& name) {
+  if (name.size() != 14 || name.compare(10, 4, ".bin") != 0) return -1;
+  int64_t v = 0;
+  for (int i = 0; i < 10; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+DirSink::~DirSink() {
+  for (auto& [d, dev] : devices_) {
+    if (dev.fd >= 0) abort(d);
+  }
+}
+
+std::string DirSink::file_name(uint64_t seq) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%010llu.bin", static_cast<unsigned long long>(seq));
+  return buf;
+}
+
+uint64_t DirSink::next_seq_on_disk(const fs::path& device_dir) {
+  uint64_t next = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(device_dir, ec)) {
+    int64_t seq = parse_seq(entry.path().filename().string());
+    if (seq >= 0 && uint64_t(seq) + 1 > next) next = seq + 1;
+  }
+  return next;
+}
+
+fs::path DirSink::temp_path(const Device& d) const { return d.dir / ("." + file_name(d.next_seq) + ".part"); }
+
+Status DirSink::open_device(uint16_t device, Device** out) {
+  auto it = devices_.find(device);
+  if (it != devices_.end()) {
+    *out = &it->second;
+    return Status::ok();
+  }
+  Device dev;
+  dev.dir = dir_ / ("device-" + std::to_string(device));
+  std::error_code ec;
+  fs::create_directories(dev.dir, ec);
+  if (ec) return {Code::kIoError, "cannot create " + dev.dir.string() + ": " + ec.message()};
+  // Temp files of an earlier run that died mid-message are never complete messages.
+  for (const auto& entry : fs::directory_iterator(dev.dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.size() > 5 && name[0] == '.' && name.ends_with(".part")) fs::remove(entry.path(), ec);
+  }
+  dev.next_seq = next_seq_on_disk(dev.dir);
+  *out = &devices_.emplace(device, std::move(dev)).first->second;
+  return Status::ok();
+}
+
+Status DirSink::begin(uint16_t device) {
+  Device* dev = nullptr;
+  SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
+  if (dev->fd >= 0) abort(device);
+  fs::path tmp = temp_path(*dev);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
+  dev->fd = fd;
+  dev->offset = 0;
+  return Status::ok();
+}
+
+Status DirSink::append(uint16_t device, std::span<const std::byte> data) {
+  Device& dev = devices_.at(device);
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(dev.fd, data.data() + done, data.size() - done, off_t(dev.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : ENOSPC;
+      // Undo a partial write so the retry starts from the same state.
+      if (ftruncate(dev.fd, off_t(dev.offset)) != 0) { /* the retry overwrites it anyway */ }
+      return io_error("cannot write " + temp_path(dev).string(), err);
+    }
+    done += size_t(n);
+  }
+  dev.offset += data.size();
+  return Status::ok();
+}
+
+Status DirSink::commit(uint16_t device) {
+  Device& dev = devices_.at(device);
+  fs::path tmp = temp_path(dev);
+  fs::path final_path = dev.dir / file_name(dev.next_seq);
+  if (::close(dev.fd) != 0 && errno != EINTR) {
+    int err = errno;
+    dev.fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    return io_error("cannot close " + tmp.string(), err);
+  }
+  dev.fd = -1;
+  // Never overwrite: a file that appeared under our name since start-up stops us.
+  if (::link(tmp.c_str(), final_path.c_str()) != 0) {
+    int err = errno;
+    dev.fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    if (err == EEXIST) {
+      return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
+    }
+    return io_error("cannot rename " + tmp.string(), err);
+  }
+  ::unlink(tmp.c_str());
+  ++dev.next_seq;
+  return Status::ok();
+}
+
+void DirSink::abort(uint16_t device) {
+  auto it = devices_.find(device);
+  if (it == devices_.end() || it->second.fd < 0) return;
+  ::close(it->second.fd);
+  it->second.fd = -1;
+  std::error_code ec;
+  fs::remove(temp_path(it->second), ec);
+}
+
+}  // namespace slotstream::sink

@@ -1,0 +1,52 @@
+// Stores each message as one file: ROOT/<sender>/device-<D>/<SEQ>.bin (paper §3.2.7: "data from
+// the same sensing device are stored in the same directory ... arranged sequentially by packet
+// number"). SEQ is the per-device message number, zero-padded to 10 digits.
+//
+// A message is written to a hidden temp file (.<SEQ>.bin.part) and renamed when complete, so a
+// reader never sees a half-written message. A sender that reconnects continues after the
+// highest SEQ already on disk; nothing is overwritten. Leftover temp files of a crashed run are
+// removed when a device directory is first opened.
+//
+// Writes use explicit offsets, so a failed append (disk full) can be retried with the same
+// data and leaves no trace — the MessageSink contract that lets the receiver back-pressure.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "slotstream/slotstream.h"
+
+namespace slotstream::sink {
+
+class DirSink final : public MessageSink {
+ public:
+  // `dir` is ROOT/<sender>; it is created if missing.
+  explicit DirSink(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  ~DirSink() override;
+
+  Status begin(uint16_t device) override;
+  Status append(uint16_t device, std::span<const std::byte> data) override;
+  Status commit(uint16_t device) override;
+  void abort(uint16_t device) override;
+
+  static std::string file_name(uint64_t seq);  // "0000000042.bin"
+  // Highest SEQ + 1 among the complete message files in `device_dir` (0 if none).
+  static uint64_t next_seq_on_disk(const std::filesystem::path& device_dir);
+
+ private:
+  struct Device {
+    std::filesystem::path dir;
+    uint64_t next_seq = 0;
+    int fd = -1;            // open temp file of the message in progress
+    uint64_t offset = 0;
+  };
+  Status open_device(uint16_t device, Device** out);
+  std::filesystem::path temp_path(const Device& d) const;
+
+  std::filesystem::path dir_;
+  std::map<uint16_t, Device> devices_;
+};
+
+}  // namespace slotstream::sink

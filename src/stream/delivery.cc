@@ -1,0 +1,156 @@
+#include "stream/delivery.h"
+
+#include <algorithm>
+
+namespace slotstream::stream {
+
+Delivery::Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices,
+                   protocol::Geometry geometry)
+    : proto_(proto), sink_(sink), geometry_(geometry) {
+  for (uint16_t d : devices) devices_[d];
+}
+
+Status Delivery::apply(const Entry& e, Stage stage) {
+  const wire::BlockHeader& h = e.header;
+  DeviceState& dev = devices_[h.device];
+  auto payload = proto_.block(e.index).subspan(wire::kBlockHeaderSize, h.payload_length);
+  auto fail = [&](Status st, Stage at) {
+    pending_ = Pending{e, at};
+    return st;
+  };
+  if (stage == Stage::kBegin) {
+    if (h.first()) {
+      if (dev.open) {  // the previous message never got its last fragment
+        sink_.abort(h.device);
+        dev.open = false;
+        ++counters_.broken_messages;
+      }
+      if (Status st = sink_.begin(h.device); !st.is_ok()) return fail(st, Stage::kBegin);
+      dev.open = true;
+      dev.open_bytes = 0;
+    } else if (!dev.open) {
+      ++counters_.broken_messages;  // a tail fragment whose message start was lost
+      return Status::ok();
+    }
+    stage = Stage::kAppend;
+  }
+  if (stage == Stage::kAppend) {
+    if (Status st = sink_.append(h.device, payload); !st.is_ok()) return fail(st, Stage::kAppend);
+    dev.open_bytes += payload.size();
+    stage = Stage::kCommit;
+  }
+  if (h.last()) {
+    if (Status st = sink_.commit(h.device); !st.is_ok()) return fail(st, Stage::kCommit);
+    dev.open = false;
+    ++dev.messages;
+    ++counters_.messages;
+    counters_.bytes += dev.open_bytes;
+  }
+  return Status::ok();
+}
+
+Status Delivery::pass(size_t* consumed) {
+  *consumed = 0;
+  auto deliver = [&](const Entry& e, Stage stage) -> Status {
+    SLOTSTREAM_RETURN_IF_ERROR(apply(e, stage));
+    proto_.release(e.index);
+    ++devices_[e.header.device].expected;
+    ++*consumed;
+    return Status::ok();
+  };
+  if (pending_) {
+    Pending p = *pending_;
+    pending_.reset();
+    SLOTSTREAM_RETURN_IF_ERROR(deliver(p.entry, p.stage));
+  }
+
+  full_.clear();
+  proto_.poll_full(&full_);
+  entries_.clear();
+  const size_t capacity = geometry_.block_size - wire::kBlockHeaderSize;
+  for (uint32_t i : full_) {
+    auto head = proto_.block(i).first<wire::kBlockHeaderSize>();
+    auto h = wire::decode_block_header(head, capacity);
+    if (!h) {
+      ++counters_.bad_headers;
+      proto_.release(i);
+      ++*consumed;
+    } else if (!devices_.contains(h->device)) {
+      ++counters_.unknown_device;  // counted, never written as data
+      proto_.release(i);
+      ++*consumed;
+    } else {
+      entries_.push_back({i, *h});
+    }
+  }
+  // Per device, nearest packet first: consecutive packets then deliver in one pass.
+  std::sort(entries_.begin(), entries_.end(), [&](const Entry& a, const Entry& b) {
+    if (a.header.device != b.header.device) return a.header.device < b.header.device;
+    uint32_t exp = devices_[a.header.device].expected;
+    return wire::packet_distance(exp, a.header.packet) < wire::packet_distance(exp, b.header.packet);
+  });
+
+  const int64_t window = Delivery::window(geometry_);
+  std::map<uint16_t, int64_t> waiting;  // device -> distance of its nearest waiting packet
+  std::map<uint16_t, bool> progressed;
+  for (const Entry& e : entries_) {
+    DeviceState& dev = devices_[e.header.device];
+    int64_t dist = wire::packet_distance(dev.expected, e.header.packet);
+    if (dist < 0) {
+      ++counters_.duplicates;
+      proto_.release(e.index);
+      ++*consumed;
+    } else if (dist >= window) {
+      ++counters_.out_of_window;
+      proto_.release(e.index);
+      ++*consumed;
+    } else if (dist == 0) {
+      SLOTSTREAM_RETURN_IF_ERROR(deliver(e, Stage::kBegin));
+      progressed[e.header.device] = true;
+    } else if (!waiting.contains(e.header.device)) {
+      waiting[e.header.device] = dist;
+    }
+  }
+  for (auto& [d, dev] : devices_) {
+    auto w = waiting.find(d);
+    if (progressed[d] || w == waiting.end()) {
+      dev.stuck_passes = 0;
+      continue;
+    }
+    if (++dev.stuck_passes < 2) continue;
+    // Two passes without the expected packet while a later one waits: a real gap.
+    counters_.gaps += static_cast<uint64_t>(w->second);
+    dev.expected += static_cast<uint32_t>(w->second);
+    dev.stuck_passes = 0;
+    if (dev.open) {
+      sink_.abort(d);
+      dev.open = false;
+      ++counters_.broken_messages;
+    }
+  }
+  return Status::ok();
+}
+
+uint64_t Delivery::abort_partials() {
+  uint64_t n = 0;
+  for (auto& [d, dev] : devices_) {
+    if (!dev.open) continue;
+    sink_.abort(d);
+    dev.open = false;
+    ++n;
+  }
+  pending_.reset();
+  counters_.partial_discarded += n;
+  return n;
+}
+
+bool Delivery::has_open_message() const {
+  return std::any_of(devices_.begin(), devices_.end(), [](const auto& kv) { return kv.second.open; });
+}
+
+uint64_t Delivery::messages(uint16_t device) const {
+  auto it = devices_.find(device);
+  return it == devices_.end() ? 0 : it->second.messages;
+}
+
+}  // namespace slotstream::stream

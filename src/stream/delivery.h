@@ -1,0 +1,87 @@
+// Receiver side of the stream layer: turns the protocol's full blocks into complete, in-order
+// messages per device and hands them to a MessageSink.
+//
+// Ordering (paper §3.4: "arranges the data in sequence based on the packet number"): the sender
+// writes each device's packets in order, and every status byte is fenced after the previous
+// one, so when packet p+1 is visible, packet p is visible too — at worst one scan later (a scan
+// may read p's byte just before it flips). A block ahead of its device's expected packet is
+// therefore left in place (not copied) and picked up on the next pass. If a device makes no
+// progress over two consecutive passes while a later packet waits, the missing packets can
+// only be a gap: they are counted, the broken message is discarded and delivery moves on.
+//
+// Threading: one consumer thread per connected sender.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "protocol/protocol.h"
+#include "slotstream/slotstream.h"
+#include "wire/block_header.h"
+
+namespace slotstream::stream {
+
+struct DeliveryCounters {
+  uint64_t messages = 0;
+  uint64_t bytes = 0;            // payload bytes of complete messages
+  uint64_t gaps = 0;             // packets that never arrived
+  uint64_t duplicates = 0;
+  uint64_t unknown_device = 0;
+  uint64_t out_of_window = 0;
+  uint64_t bad_headers = 0;
+  uint64_t broken_messages = 0;  // discarded because a fragment was missing
+  uint64_t partial_discarded = 0;
+};
+
+class Delivery {
+ public:
+  Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices,
+           protocol::Geometry geometry);
+
+  // One pass over the blocks that are full now. `*consumed` = blocks released. A sink error is
+  // returned as is; the block stays full (back-pressure) and the next pass retries it exactly
+  // where it failed.
+  Status pass(size_t* consumed);
+  // Discards every partially received message (the sender is gone). Returns how many.
+  uint64_t abort_partials();
+  bool has_open_message() const;
+  uint64_t messages(uint16_t device) const;
+  const DeliveryCounters& counters() const { return counters_; }
+
+  // Packets further ahead than this are not believed (a corrupt or hostile header).
+  static uint32_t window(const protocol::Geometry& g) { return 4 * (g.blocks < 64 ? 64 : g.blocks); }
+
+ private:
+  struct DeviceState {
+    uint32_t expected = 0;
+    bool open = false;
+    uint64_t open_bytes = 0;
+    uint64_t messages = 0;
+    uint32_t stuck_passes = 0;
+  };
+  struct Entry {
+    uint32_t index;
+    wire::BlockHeader header;
+  };
+  enum class Stage { kBegin, kAppend, kCommit };
+
+  // Applies one in-order fragment from `stage` on; on error records where to resume.
+  Status apply(const Entry& e, Stage stage);
+
+  protocol::ReceiverProtocol& proto_;
+  MessageSink& sink_;
+  protocol::Geometry geometry_;
+  std::map<uint16_t, DeviceState> devices_;
+  DeliveryCounters counters_;
+  struct Pending {
+    Entry entry;
+    Stage stage;
+  };
+  std::optional<Pending> pending_;
+  std::vector<uint32_t> full_;      // scratch, reused across passes
+  std::vector<Entry> entries_;
+};
+
+}  // namespace slotstream::stream

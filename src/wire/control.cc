@@ -1,0 +1,157 @@
+#include "wire/control.h"
+
+#include <algorithm>
+
+#include "wire/codec.h"
+
+namespace slotstream::wire {
+namespace {
+
+constexpr size_t kMaxBlob = kMaxFrame;
+
+Status malformed(const char* what) { return {Code::kProtocolError, std::string("malformed ") + what}; }
+
+// Every decoder ends here: the body must be consumed exactly.
+Status finish(const Reader& r, const char* what) {
+  if (!r.ok()) return {Code::kProtocolError, std::string("truncated ") + what};
+  if (!r.at_end()) return {Code::kProtocolError, std::string("trailing bytes after ") + what};
+  return Status::ok();
+}
+
+bool valid_transport(uint8_t t) { return t <= static_cast<uint8_t>(WireTransport::kTcp); }
+
+}  // namespace
+
+std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body) {
+  Writer w;
+  w.u32(static_cast<uint32_t>(body.size() + 1));
+  w.u8(static_cast<uint8_t>(type));
+  w.bytes(body);
+  return std::move(w.buffer());
+}
+
+std::vector<uint8_t> encode(const Hello& m) {
+  Writer w;
+  w.bytes(kMagic);
+  w.u16(m.version);
+  w.str8(m.protocol);
+  w.u32(m.blocks);
+  w.u32(m.block_size);
+  w.u8(static_cast<uint8_t>(m.transport));
+  w.str8(m.host_id);
+  w.str8(m.name);
+  w.u16(static_cast<uint16_t>(m.devices.size()));
+  for (uint16_t d : m.devices) w.u16(d);
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, Hello* out) {
+  Reader r(body);
+  auto magic = r.bytes(kMagic.size());
+  if (!r.ok() || !std::equal(magic.begin(), magic.end(), kMagic.begin())) {
+    return {Code::kProtocolError, "bad magic (not a slotstream sender)"};
+  }
+  Hello h;
+  h.version = r.u16();
+  if (r.ok() && h.version != kProtocolVersion) {
+    return {Code::kVersionMismatch, "unsupported version " + std::to_string(h.version) +
+                                        " (this receiver speaks version " +
+                                        std::to_string(kProtocolVersion) + ")"};
+  }
+  h.protocol = r.str8();
+  h.blocks = r.u32();
+  h.block_size = r.u32();
+  uint8_t t = r.u8();
+  if (r.ok() && !valid_transport(t)) return malformed("hello: unknown transport code");
+  h.transport = static_cast<WireTransport>(t);
+  h.host_id = r.str8();
+  h.name = r.str8();
+  uint16_t n = r.u16();
+  for (uint16_t i = 0; i < n && r.ok(); ++i) h.devices.push_back(r.u16());
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "hello"));
+  *out = std::move(h);
+  return Status::ok();
+}
+
+std::vector<uint8_t> encode(const Accept& m) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(m.transport));
+  w.blob32(m.worker_address);
+  w.blob32(m.setup);
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, Accept* out) {
+  Reader r(body);
+  Accept a;
+  uint8_t t = r.u8();
+  if (r.ok() && (t == 0 || !valid_transport(t))) return malformed("accept: transport");
+  a.transport = static_cast<WireTransport>(t);
+  a.worker_address = r.blob32(kMaxBlob);
+  a.setup = r.blob32(kMaxBlob);
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "accept"));
+  *out = std::move(a);
+  return Status::ok();
+}
+
+std::vector<uint8_t> encode(const Refuse& m) {
+  Writer w;
+  w.u16(static_cast<uint16_t>(m.code));
+  w.str16(m.message);
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, Refuse* out) {
+  Reader r(body);
+  Refuse m;
+  uint16_t code = r.u16();
+  m.code = code <= static_cast<uint16_t>(Code::kCancelled) ? static_cast<Code>(code) : Code::kRefused;
+  m.message = r.str16();
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "refuse"));
+  *out = std::move(m);
+  return Status::ok();
+}
+
+std::vector<uint8_t> encode(const Fin& m) {
+  Writer w;
+  w.u16(static_cast<uint16_t>(m.messages.size()));
+  for (auto [dev, n] : m.messages) {
+    w.u16(dev);
+    w.u64(n);
+  }
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, Fin* out) {
+  Reader r(body);
+  Fin m;
+  uint16_t n = r.u16();
+  for (uint16_t i = 0; i < n && r.ok(); ++i) {
+    uint16_t dev = r.u16();
+    m.messages[dev] = r.u64();
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "fin"));
+  *out = std::move(m);
+  return Status::ok();
+}
+
+std::vector<uint8_t> encode(const FinAck& m) {
+  Writer w;
+  w.u8(m.ok ? 1 : 0);
+  w.u64(m.stored);
+  w.str16(m.message);
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, FinAck* out) {
+  Reader r(body);
+  FinAck m;
+  m.ok = r.u8() == 1;
+  m.stored = r.u64();
+  m.message = r.str16();
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "fin_ack"));
+  *out = std::move(m);
+  return Status::ok();
+}
+
+}  // namespace slotstream::wire

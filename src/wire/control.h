@@ -1,0 +1,102 @@
+// Control messages exchanged over the out-of-band TCP socket. The socket carries connection
+// set-up, then stays open only as a liveness signal (EOF = the peer is gone) and for the final
+// FIN / FIN_ACK.
+//
+// Frame:   u32 LE length (of type + body, 1..kMaxFrame) | u8 type | body
+// Session: sender -> HELLO
+//          receiver -> CHALLENGE (only with a token) ; sender -> AUTH
+//          receiver -> ACCEPT | REFUSE
+//          ... data moves over UCX ...
+//          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
+//
+// HELLO:     magic "SLST" | u16 version | str8 protocol | u32 blocks | u32 block_size |
+//            u8 transport (0 auto, 1 shm, 2 tcp) | str8 host id | str8 sender name |
+//            u16 n | n x u16 device
+// CHALLENGE: 32-byte nonce
+// AUTH:      32-byte HMAC-SHA256(token, "slotstream-auth-v1" | nonce | sender name)
+// ACCEPT:    u8 transport (1 shm, 2 tcp) | blob32 worker address | blob32 protocol set-up
+// REFUSE:    u16 code | str16 message
+// FIN:       u16 n | n x (u16 device, u64 messages)
+// FIN_ACK:   u8 ok | u64 messages stored | str16 message
+//
+// The version covers the control messages and the block header together; a receiver refuses
+// any other version rather than guessing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slotstream/status.h"
+
+namespace slotstream::wire {
+
+inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kMaxFrame = 64 * 1024;
+inline constexpr size_t kNonceSize = 32;
+inline constexpr size_t kMacSize = 32;
+
+enum class MsgType : uint8_t {
+  kHello = 1, kChallenge = 2, kAuth = 3, kAccept = 4, kRefuse = 5, kFin = 6, kFinAck = 7,
+};
+
+enum class WireTransport : uint8_t { kAuto = 0, kShm = 1, kTcp = 2 };
+
+struct Hello {
+  uint16_t version = kProtocolVersion;
+  std::string protocol;
+  uint32_t blocks = 0;
+  uint32_t block_size = 0;
+  WireTransport transport = WireTransport::kAuto;
+  std::string host_id;
+  std::string name;
+  std::vector<uint16_t> devices;
+};
+
+struct Accept {
+  WireTransport transport = WireTransport::kShm;
+  std::vector<uint8_t> worker_address;
+  std::vector<uint8_t> setup;  // protocol-specific (region addresses, packed keys)
+};
+
+struct Refuse {
+  Code code = Code::kRefused;
+  std::string message;
+};
+
+struct Fin {
+  std::map<uint16_t, uint64_t> messages;  // per device
+};
+
+struct FinAck {
+  bool ok = false;
+  uint64_t stored = 0;
+  std::string message;
+};
+
+struct Frame {
+  MsgType type;
+  std::vector<uint8_t> body;
+};
+
+std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body);
+
+std::vector<uint8_t> encode(const Hello& m);
+std::vector<uint8_t> encode(const Accept& m);
+std::vector<uint8_t> encode(const Refuse& m);
+std::vector<uint8_t> encode(const Fin& m);
+std::vector<uint8_t> encode(const FinAck& m);
+
+// Decoders return a kProtocolError Status naming what is wrong (e.g. "bad magic").
+Status decode(std::span<const uint8_t> body, Hello* out);
+Status decode(std::span<const uint8_t> body, Accept* out);
+Status decode(std::span<const uint8_t> body, Refuse* out);
+Status decode(std::span<const uint8_t> body, Fin* out);
+Status decode(std::span<const uint8_t> body, FinAck* out);
+
+}  // namespace slotstream::wire

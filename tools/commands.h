@@ -1,0 +1,57 @@
+// The slotstream CLI's subcommands. Each parses nothing itself: main.cc fills the options with
+// CLI11 and calls run_*; they return the process exit code (0 ok, 1 runtime error, 2 usage).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "slotstream/slotstream.h"
+
+namespace slotstream::tools {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;
+inline constexpr int kExitUsage = 2;
+
+struct RecvArgs {
+  std::string listen;
+  std::string out;
+  std::string transport = "auto";
+  std::string token_file;
+  uint64_t exit_after = 0;
+  std::vector<std::string> holds;  // INDEX:FROM_MS:TO_MS
+};
+int run_recv(const RecvArgs& args);
+
+struct SendArgs {
+  std::string to;
+  std::string name;
+  std::string protocol = kDefaultProtocol;
+  std::string transport = "auto";
+  uint32_t blocks = kDefaultBlocks;
+  uint32_t block_size = kDefaultBlockSize;
+  std::string token_file;
+  bool json = false;
+  std::vector<std::string> files;      // D=PATH
+  std::vector<std::string> dirs;       // D=DIR
+  std::string synthetic;               // D0-D1:FPS:WxHxC
+  double duration = 0;
+};
+int run_send(const SendArgs& args);
+
+int run_verify(const std::string& dir);
+
+struct DemoArgs {
+  double seconds = 10;
+  uint32_t cameras = 12;
+  std::string transport = "shm";
+  std::string out;
+  bool keep = false;
+};
+int run_demo(const DemoArgs& args, const std::string& self_exe);
+
+// Prints "slotstream <cmd>: error: <message>" to stderr.
+void print_error(const char* cmd, const std::string& message);
+
+}  // namespace slotstream::tools

@@ -1,0 +1,102 @@
+// slotstream command-line tool: thin — parses arguments, then calls the library via commands.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "commands.h"
+
+using namespace slotstream;
+using namespace slotstream::tools;
+
+namespace {
+
+std::string protocol_help() {
+  std::string s = "flow-control protocol:";
+  for (const auto& p : protocols()) s += "\n  " + p.name + ": " + p.summary;
+  return s;
+}
+
+std::string self_exe(const char* argv0) {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return argv0;
+  buf[n] = '\0';
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);
+  CLI::App app{
+      "slotstream — stream many devices' data over one one-sided RDMA connection (UCX: shared memory, tcp, "
+      "InfiniBand/RoCE) with the status-byte-assisted transmission mechanism."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "slotstream 0.1.0");
+
+  RecvArgs recv;
+  auto* r = app.add_subcommand("recv", "Run a passive receiver: store every complete message as "
+                                       "OUT/<SENDER>/device-<D>/<SEQ>.bin, until SIGINT/SIGTERM.");
+  r->add_option("--listen", recv.listen, "control address HOST:PORT (port 0 picks a free one)")->required();
+  r->add_option("--out", recv.out, "output directory (created if missing)")->required();
+  r->add_option("--transport", recv.transport, "transports senders may use: shm, tcp or auto (both)")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+      ->default_str("auto");
+  r->add_option("--token-file", recv.token_file, "require senders to prove they know this shared secret");
+  r->add_option("--exit-after-senders", recv.exit_after, "exit after K accepted senders have ended");
+  r->add_option("--hold-block", recv.holds,
+                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
+                "sender connects (testing and benchmarks)");
+
+  SendArgs send;
+  auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
+  s->add_option("--to", send.to, "receiver control address HOST:PORT")->required();
+  s->add_option("--name", send.name, "sender name, the receiver's directory for this sender (default: host name)");
+  s->add_option("--protocol", send.protocol, protocol_help())->default_str(kDefaultProtocol);
+  s->add_option("--transport", send.transport, "shm, tcp, or auto (shm when both ends share a host)")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+      ->default_str("auto");
+  s->add_option("--blocks", send.blocks,
+                "number of blocks N (default 32: >2 frames in flight per camera for 12 cameras)")
+      ->default_str(std::to_string(kDefaultBlocks));
+  s->add_option("--block-size", send.block_size,
+                "bytes per block incl. its 16-byte header (default 1 MiB: one 640x480x3 frame per block)")
+      ->default_str(std::to_string(kDefaultBlockSize));
+  s->add_option("--token-file", send.token_file, "shared secret the receiver asks for");
+  s->add_flag("--json", send.json, "print one JSON summary object on stdout");
+  s->add_option("--file", send.files, "D=PATH: the file is one message of device D (repeatable, in order)");
+  s->add_option("--dir", send.dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
+  s->add_option("--synthetic", send.synthetic,
+                "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
+  s->add_option("--duration", send.duration, "seconds of synthetic frames");
+
+  std::string verify_dir;
+  auto* v = app.add_subcommand("verify", "Check every received synthetic frame under DIR (content and order).");
+  v->add_option("DIR", verify_dir, "receiver output directory (or a sender's subdirectory)")->required();
+
+  DemoArgs demo;
+  auto* d = app.add_subcommand("demo", "Start a receiver, stream synthetic 640x480x3 cameras at 25 fps into it, "
+                                       "verify every frame and print a summary.");
+  d->add_option("--seconds", demo.seconds, "how long to stream")->default_str("10");
+  d->add_option("--cameras", demo.cameras, "number of cameras")->default_str("12");
+  d->add_option("--transport", demo.transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}))->default_str("shm");
+  d->add_option("--out", demo.out, "output directory (default: a fresh temporary directory, removed afterwards)");
+  d->add_flag("--keep", demo.keep, "keep the received frames");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+  if (*r) return run_recv(recv);
+  if (*s) return run_send(send);
+  if (*v) return run_verify(verify_dir);
+  if (*d) return run_demo(demo, self_exe(argv[0]));
+  return kExitUsage;
+}

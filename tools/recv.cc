@@ -1,0 +1,132 @@
+// `slotstream recv`: the passive receiver daemon.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+
+#include "commands.h"
+#include "net/auth.h"
+#include "net/control_socket.h"
+#include "sink/dir_sink.h"
+
+namespace slotstream::tools {
+namespace fs = std::filesystem;
+
+void print_error(const char* cmd, const std::string& message) {
+  std::fprintf(stderr, "slotstream %s: error: %s\n", cmd, message.c_str());
+}
+
+namespace {
+
+bool parse_hold(const std::string& text, HoldSpec* out) {
+  unsigned idx = 0, from = 0, to = 0;
+  char extra;
+  if (std::sscanf(text.c_str(), "%u:%u:%u%c", &idx, &from, &to, &extra) != 3 || from > to) return false;
+  *out = {idx, from, to};
+  return true;
+}
+
+std::mutex g_print_mutex;
+
+void print_line(FILE* f, const std::string& line) {
+  std::lock_guard lock(g_print_mutex);
+  std::fprintf(f, "%s\n", line.c_str());
+  std::fflush(f);
+}
+
+std::string session_line(const SessionReport& r) {
+  char buf[512];
+  if (r.finished) {
+    std::snprintf(buf, sizeof buf,
+                  "sender %s finished: messages=%llu bytes=%llu gaps=%llu duplicates=%llu unknown_device=%llu "
+                  "out_of_window=%llu transport=%s seconds=%.2f",
+                  r.sender.name.c_str(), (unsigned long long)r.messages, (unsigned long long)r.bytes,
+                  (unsigned long long)r.gaps, (unsigned long long)r.duplicates,
+                  (unsigned long long)r.unknown_device, (unsigned long long)r.out_of_window,
+                  transport_name(r.sender.transport), r.seconds);
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "sender %s lost: kept %llu complete messages, discarded %llu partial (%s); gaps=%llu "
+                  "duplicates=%llu unknown_device=%llu out_of_window=%llu",
+                  r.sender.name.c_str(), (unsigned long long)r.messages,
+                  (unsigned long long)r.partial_discarded, r.reason.c_str(), (unsigned long long)r.gaps,
+                  (unsigned long long)r.duplicates, (unsigned long long)r.unknown_device,
+                  (unsigned long long)r.out_of_window);
+  }
+  return buf;
+}
+
+}  // namespace
+
+int run_recv(const RecvArgs& args) {
+  ReceiverOptions opt;
+  if (Status st = net::parse_host_port(args.listen, &opt.host, &opt.port); !st.is_ok()) {
+    print_error("recv", "--listen: " + st.message());
+    return kExitUsage;
+  }
+  opt.transport = *parse_transport(args.transport);
+  for (const auto& h : args.holds) {
+    HoldSpec spec;
+    if (!parse_hold(h, &spec)) {
+      print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
+      return kExitUsage;
+    }
+    opt.holds.push_back(spec);
+  }
+  if (!args.token_file.empty()) {
+    if (Status st = net::read_token_file(args.token_file, &opt.token); !st.is_ok()) {
+      print_error("recv", st.message());
+      return kExitUsage;
+    }
+  }
+  std::error_code ec;
+  fs::path out = args.out;
+  fs::create_directories(out, ec);
+  if (ec || !fs::is_directory(out)) {
+    print_error("recv", "cannot create output directory '" + args.out + "': " +
+                            (ec ? ec.message() : "not a directory"));
+    return kExitError;
+  }
+  if (::access(out.c_str(), W_OK | X_OK) != 0) {
+    print_error("recv", "output directory '" + args.out + "' is not writable");
+    return kExitError;
+  }
+
+  opt.make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+    *sink = std::make_unique<sink::DirSink>(out / info.name);
+    return Status::ok();
+  };
+  opt.on_session_end = [](const SessionReport& r) { print_line(stdout, session_line(r)); };
+  opt.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+
+  // Signals are taken synchronously by the main thread; every other thread inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  std::unique_ptr<Receiver> rx;
+  if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
+    print_error("recv", st.to_string());
+    return kExitError;
+  }
+  print_line(stdout, "listening on " + rx->listen_address());
+
+  for (;;) {
+    timespec tick{0, 100 * 1000 * 1000};
+    int sig = sigtimedwait(&sigs, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      print_line(stderr, std::string("slotstream recv: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+                             ", shutting down (partial messages are discarded)");
+      break;
+    }
+    if (args.exit_after > 0 && rx->sessions_ended() >= args.exit_after) break;
+  }
+  rx->stop();
+  return kExitOk;
+}
+
+}  // namespace slotstream::tools

@@ -1,0 +1,238 @@
+// `slotstream verify` (check received synthetic frames) and `slotstream demo` (receiver + 12
+// cameras + verify, as two real processes over UCX).
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "synthetic.h"
+
+namespace slotstream::tools {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct VerifyResult {
+  uint64_t frames = 0;
+  uint64_t devices = 0;
+  std::vector<std::string> problems;
+};
+
+bool read_file(const fs::path& p, std::vector<std::byte>* out) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  out->resize(size_t(in.tellg()));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(out->data()), std::streamsize(out->size()));
+  return bool(in);
+}
+
+VerifyResult verify_tree(const fs::path& root) {
+  VerifyResult r;
+  std::error_code ec;
+  std::vector<fs::path> device_dirs;
+  if (root.filename().string().starts_with("device-")) device_dirs.push_back(root);
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_directory() && it->path().filename().string().starts_with("device-")) device_dirs.push_back(it->path());
+  }
+  if (ec) r.problems.push_back("cannot list " + root.string() + ": " + ec.message());
+  std::vector<std::byte> data;
+  for (const auto& dir : device_dirs) {
+    uint32_t device = uint32_t(std::stoul(dir.filename().string().substr(7)));
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      std::string name = e.path().filename().string();
+      if (name.starts_with(".")) r.problems.push_back(e.path().string() + ": leftover temporary file");
+      else files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    ++r.devices;
+    int64_t prev = -1;
+    for (const auto& f : files) {
+      if (!read_file(f, &data)) {
+        r.problems.push_back(f.string() + ": cannot read");
+        continue;
+      }
+      std::string why;
+      auto id = check_synthetic(data, &why);
+      if (!id) {
+        r.problems.push_back(f.string() + ": " + why);
+      } else if (id->device != device) {
+        r.problems.push_back(f.string() + ": frame of device " + std::to_string(id->device) + " in device-" + std::to_string(device));
+      } else if (prev >= 0 && id->frame != uint64_t(prev) + 1 && id->frame != 0) {
+        r.problems.push_back(f.string() + ": frame " + std::to_string(id->frame) + " follows frame " + std::to_string(prev));
+      } else {
+        ++r.frames;
+      }
+      if (id) prev = id->frame;
+    }
+  }
+  return r;
+}
+
+// Runs a child process; its stdout is returned as a pipe fd (if capture), stderr inherited.
+pid_t spawn(const std::vector<std::string>& argv, int* stdout_fd) {
+  int fds[2] = {-1, -1};
+  if (stdout_fd && pipe2(fds, O_CLOEXEC) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (stdout_fd) dup2(fds[1], STDOUT_FILENO);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  if (stdout_fd) {
+    close(fds[1]);
+    *stdout_fd = fds[0];
+  }
+  return pid;
+}
+
+// Reads one line from fd with a timeout (ms). Empty on timeout/EOF.
+std::string read_line(int fd, int timeout_ms) {
+  std::string line;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char c;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    if (read(fd, &c, 1) != 1) break;
+    if (c == '\n') return line;
+    line += c;
+  }
+  return line;
+}
+
+std::string read_all(int fd) {
+  std::string s;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) s.append(buf, size_t(n));
+  return s;
+}
+
+double cpu_of(const rusage& ru) {
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+}  // namespace
+
+int run_verify(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    print_error("verify", "'" + dir + "' is not a directory");
+    return kExitUsage;
+  }
+  VerifyResult r = verify_tree(dir);
+  for (const auto& p : r.problems) std::fprintf(stderr, "slotstream verify: %s\n", p.c_str());
+  std::printf("verified %llu frames in %llu devices%s\n", (unsigned long long)r.frames, (unsigned long long)r.devices,
+              r.problems.empty() ? "" : (", " + std::to_string(r.problems.size()) + " problems").c_str());
+  return r.problems.empty() && r.frames > 0 ? kExitOk : kExitError;
+}
+
+int run_demo(const DemoArgs& a, const std::string& self) {
+  if (a.cameras < 1 || a.cameras > 1024 || a.seconds <= 0) {
+    print_error("demo", "--cameras must be 1..1024 and --seconds > 0");
+    return kExitUsage;
+  }
+  fs::path out = a.out;
+  bool temp = out.empty();
+  if (temp) {
+    char tmpl[] = "/tmp/slotstream-demo-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+      print_error("demo", std::string("cannot create a temporary directory: ") + strerror(errno));
+      return kExitError;
+    }
+    out = tmpl;
+  }
+  std::printf("slotstream demo: %u cameras x 640x480x3 @ 25 fps for %.0f s over %s, into %s\n", a.cameras, a.seconds,
+              a.transport.c_str(), out.c_str());
+  std::fflush(stdout);
+
+  int rx_out = -1;
+  pid_t rx = spawn({self, "recv", "--listen", "127.0.0.1:0", "--out", out.string(), "--transport", a.transport,
+                    "--exit-after-senders", "1"},
+                   &rx_out);
+  std::string line = read_line(rx_out, 15000);
+  const std::string prefix = "listening on ";
+  if (rx < 0 || !line.starts_with(prefix)) {
+    print_error("demo", "the receiver did not start (got '" + line + "')");
+    if (rx > 0) kill(rx, SIGKILL), waitpid(rx, nullptr, 0);
+    return kExitError;
+  }
+  std::string addr = line.substr(prefix.size());
+
+  int tx_out = -1;
+  std::string cams = "0-" + std::to_string(a.cameras - 1) + ":25:640x480x3";
+  char dur[32];
+  std::snprintf(dur, sizeof dur, "%g", a.seconds);
+  pid_t tx = spawn({self, "send", "--to", addr, "--name", "demo", "--transport", a.transport, "--synthetic", cams,
+                    "--duration", dur, "--json"},
+                   &tx_out);
+  // Progress while the cameras run.
+  std::string tx_json;
+  std::thread reader([&] { tx_json = read_all(tx_out); });
+  auto t0 = std::chrono::steady_clock::now();
+  rusage tx_ru{}, rx_ru{};
+  int tx_status = 0, rx_status = 0;
+  for (;;) {
+    pid_t p = wait4(tx, &tx_status, WNOHANG, &tx_ru);
+    if (p == tx) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    static int last = -1;
+    if (int(t) != last && int(t) % 2 == 0) {
+      last = int(t);
+      std::printf("  streaming... %2d s\n", last);
+      std::fflush(stdout);
+    }
+  }
+  reader.join();
+  std::string rx_summary = read_line(rx_out, 10000);
+  if (wait4(rx, &rx_status, WNOHANG, &rx_ru) == 0) {
+    // Give the receiver a moment to exit on its own, then stop it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (wait4(rx, &rx_status, WNOHANG, &rx_ru) == 0) {
+      kill(rx, SIGTERM);
+      wait4(rx, &rx_status, 0, &rx_ru);
+    }
+  }
+
+  bool ok = WIFEXITED(tx_status) && WEXITSTATUS(tx_status) == 0;
+  nlohmann::json j = nlohmann::json::parse(tx_json, nullptr, false);
+  VerifyResult v = verify_tree(out);
+  uint64_t sent = j.is_object() ? j.value("messages", 0ull) : 0;
+  std::printf("\nreceiver: %s\n", rx_summary.c_str());
+  if (j.is_object()) {
+    std::printf("sent:     %llu frames, %.1f MB in %.2f s = %.1f MB/s over %s (sender CPU %.2f s, receiver CPU %.2f s)\n",
+                (unsigned long long)sent, j.value("bytes", 0ull) / 1e6, j.value("seconds", 0.0),
+                j.value("mb_per_s", 0.0), j.value("transport", "?").c_str(), cpu_of(tx_ru), cpu_of(rx_ru));
+  }
+  std::printf("verified: %llu of %llu frames intact and in order in %llu device directories\n",
+              (unsigned long long)v.frames, (unsigned long long)sent, (unsigned long long)v.devices);
+  for (size_t i = 0; i < v.problems.size() && i < 10; ++i) std::printf("  problem: %s\n", v.problems[i].c_str());
+  ok = ok && v.problems.empty() && v.frames == sent && sent > 0;
+  std::printf("%s\n", ok ? "demo OK: zero loss" : "demo FAILED");
+  if (temp && !a.keep) fs::remove_all(out);
+  else std::printf("frames kept in %s\n", out.c_str());
+  return ok ? kExitOk : kExitError;
+}
+
+}  // namespace slotstream::tools
