@@ -21,6 +21,7 @@ struct RecvArgs {
   std::string token_file;
   uint64_t exit_after = 0;
   std::vector<std::string> holds;  // INDEX:FROM_MS:TO_MS
+  bool discard = false;
 };
 int run_recv(const RecvArgs& args);
 

@@ -43,7 +43,13 @@ int main(int argc, char** argv) {
   auto* r = app.add_subcommand("recv", "Run a passive receiver: store every complete message as "
                                        "OUT/<SENDER>/device-<D>/<SEQ>.bin, until SIGINT/SIGTERM.");
   r->add_option("--listen", recv.listen, "control address HOST:PORT (port 0 picks a free one)")->required();
-  r->add_option("--out", recv.out, "output directory (created if missing)")->required();
+  auto* out_opt = r->add_option("--out", recv.out, "output directory (created if missing)");
+  auto* discard_opt = r->add_flag("--discard", recv.discard,
+                                  "store nothing, only count complete messages (to measure the transport)");
+  out_opt->excludes(discard_opt);
+  r->callback([&] {
+    if (recv.out.empty() && !recv.discard) throw CLI::RequiredError("--out (or --discard)");
+  });
   r->add_option("--transport", recv.transport, "transports senders may use: shm, tcp or auto (both)")
       ->check(CLI::IsMember({"auto", "shm", "tcp"}))
       ->default_str("auto");

@@ -10,6 +10,7 @@
 #include "net/auth.h"
 #include "net/control_socket.h"
 #include "sink/dir_sink.h"
+#include "sink/null_sink.h"
 
 namespace slotstream::tools {
 namespace fs = std::filesystem;
@@ -81,23 +82,29 @@ int run_recv(const RecvArgs& args) {
       return kExitUsage;
     }
   }
-  std::error_code ec;
   fs::path out = args.out;
-  fs::create_directories(out, ec);
-  if (ec || !fs::is_directory(out)) {
-    print_error("recv", "cannot create output directory '" + args.out + "': " +
-                            (ec ? ec.message() : "not a directory"));
-    return kExitError;
+  if (args.discard) {
+    opt.make_sink = [](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
+      *sink = std::make_unique<sink::NullSink>();
+      return Status::ok();
+    };
+  } else {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec || !fs::is_directory(out)) {
+      print_error("recv", "cannot create output directory '" + args.out + "': " +
+                              (ec ? ec.message() : "not a directory"));
+      return kExitError;
+    }
+    if (::access(out.c_str(), W_OK | X_OK) != 0) {
+      print_error("recv", "output directory '" + args.out + "' is not writable");
+      return kExitError;
+    }
+    opt.make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+      *sink = std::make_unique<sink::DirSink>(out / info.name);
+      return Status::ok();
+    };
   }
-  if (::access(out.c_str(), W_OK | X_OK) != 0) {
-    print_error("recv", "output directory '" + args.out + "' is not writable");
-    return kExitError;
-  }
-
-  opt.make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-    *sink = std::make_unique<sink::DirSink>(out / info.name);
-    return Status::ok();
-  };
   opt.on_session_end = [](const SessionReport& r) { print_line(stdout, session_line(r)); };
   opt.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
 
