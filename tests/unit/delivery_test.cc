@@ -1,0 +1,184 @@
+// Delivery over a fake in-memory block array: pure stream logic, no UCX.
+#include "stream/delivery.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+namespace slotstream::stream {
+namespace {
+
+using protocol::Geometry;
+
+constexpr uint32_t kBlockSize = 64;  // 48 bytes of payload per block
+
+class FakeBlocks : public protocol::ReceiverProtocol {
+ public:
+  explicit FakeBlocks(uint32_t n) : data_(n * kBlockSize), status_(n, 0) {}
+  std::vector<uint8_t> setup() const override { return {}; }
+  void poll_full(std::vector<uint32_t>* out) override {
+    for (uint32_t i = 0; i < status_.size(); ++i) {
+      if (status_[i] == 1) out->push_back(i);
+    }
+  }
+  std::span<const std::byte> block(uint32_t i) const override { return {data_.data() + i * kBlockSize, kBlockSize}; }
+  void release(uint32_t i) override { status_[i] = 0; }
+  bool set_hold(uint32_t, bool) override { return false; }
+
+  // What a sender's put + status byte would leave behind.
+  void put(uint32_t index, uint16_t device, uint32_t packet, uint8_t flags, const std::string& payload) {
+    wire::encode_block_header({flags, device, packet, uint32_t(payload.size())},
+                              std::span(data_.data() + index * kBlockSize, kBlockSize).first<16>());
+    std::memcpy(data_.data() + index * kBlockSize + 16, payload.data(), payload.size());
+    status_[index] = 1;
+  }
+  uint8_t status(uint32_t i) const { return status_[i]; }
+
+ private:
+  std::vector<std::byte> data_;
+  std::vector<uint8_t> status_;
+};
+
+class RecordingSink : public MessageSink {
+ public:
+  Status begin(uint16_t d) override {
+    if (fail_next) return fail();
+    current[d].clear();
+    return Status::ok();
+  }
+  Status append(uint16_t d, std::span<const std::byte> data) override {
+    if (fail_next) return fail();
+    current[d].append(reinterpret_cast<const char*>(data.data()), data.size());
+    return Status::ok();
+  }
+  Status commit(uint16_t d) override {
+    if (fail_next) return fail();
+    messages[d].push_back(current[d]);
+    return Status::ok();
+  }
+  void abort(uint16_t d) override {
+    current[d].clear();
+    ++aborts;
+  }
+  Status fail() {
+    --fail_next;
+    return {Code::kIoError, "disk full"};
+  }
+  int fail_next = 0;
+  int aborts = 0;
+  std::map<uint16_t, std::string> current;
+  std::map<uint16_t, std::vector<std::string>> messages;
+};
+
+constexpr uint8_t kOnly = wire::kFirstFragment | wire::kLastFragment;
+
+struct Fixture {
+  FakeBlocks blocks{8};
+  RecordingSink sink;
+  Delivery delivery{blocks, sink, {0, 1}, Geometry{8, kBlockSize}};
+  size_t pass() {
+    size_t n = 0;
+    EXPECT_TRUE(delivery.pass(&n).is_ok());
+    return n;
+  }
+};
+
+TEST(Delivery, ReordersByPacketNumberWhateverTheBlockPosition) {
+  Fixture f;
+  f.blocks.put(0, 0, 1, kOnly, "second");
+  f.blocks.put(5, 0, 0, kOnly, "first");
+  f.blocks.put(3, 1, 0, kOnly, "other device");
+  EXPECT_EQ(f.pass(), 3u);
+  EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(f.sink.messages[1], (std::vector<std::string>{"other device"}));
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(f.blocks.status(i), 0) << "block " << i << " not released";
+}
+
+TEST(Delivery, ReassemblesFragmentsAndNeverExposesHalfAMessage) {
+  Fixture f;
+  f.blocks.put(2, 0, 0, wire::kFirstFragment, "aaa");
+  f.blocks.put(4, 0, 1, 0, "bbb");
+  f.pass();
+  EXPECT_TRUE(f.sink.messages[0].empty());  // not complete yet
+  EXPECT_TRUE(f.delivery.has_open_message());
+  f.blocks.put(1, 0, 2, wire::kLastFragment, "c");
+  f.pass();
+  EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"aaabbbc"}));
+  EXPECT_EQ(f.delivery.counters().bytes, 7u);
+}
+
+TEST(Delivery, WaitsOnePassForALaterPacketThenCountsAGap) {
+  Fixture f;
+  f.blocks.put(0, 0, 1, kOnly, "late");
+  EXPECT_EQ(f.pass(), 0u);  // packet 0 may still be landing: the block stays put
+  EXPECT_EQ(f.blocks.status(0), 1);
+  EXPECT_EQ(f.delivery.counters().gaps, 0u);
+  f.pass();  // second pass without packet 0: it is a gap
+  EXPECT_EQ(f.delivery.counters().gaps, 1u);
+  f.pass();
+  EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"late"}));
+}
+
+TEST(Delivery, AGapInsideAMessageDiscardsThatMessage) {
+  Fixture f;
+  f.blocks.put(0, 0, 0, wire::kFirstFragment, "head");
+  f.pass();
+  f.blocks.put(1, 0, 2, wire::kLastFragment, "tail");  // packet 1 never comes
+  f.pass();
+  f.pass();
+  f.pass();
+  EXPECT_TRUE(f.sink.messages[0].empty());
+  EXPECT_EQ(f.delivery.counters().gaps, 1u);
+  EXPECT_GE(f.delivery.counters().broken_messages, 1u);
+  EXPECT_GE(f.sink.aborts, 1);
+}
+
+TEST(Delivery, CountsDuplicatesUnknownDevicesOutOfWindowAndBadHeaders) {
+  Fixture f;
+  f.blocks.put(0, 0, 0, kOnly, "x");
+  f.pass();
+  f.blocks.put(1, 0, 0, kOnly, "x again");     // duplicate
+  f.blocks.put(2, 9, 0, kOnly, "who?");        // device 9 was never declared
+  f.blocks.put(3, 1, 1u << 30, kOnly, "far");  // packet far outside the window
+  f.blocks.put(4, 1, 0, kOnly, "ok");
+  f.blocks.put(5, 1, 1, kOnly, "garbage");
+  const_cast<std::byte*>(f.blocks.block(5).data())[0] = std::byte{0x7f};  // corrupt header
+  EXPECT_EQ(f.pass(), 5u);
+  const auto& c = f.delivery.counters();
+  EXPECT_EQ(c.duplicates, 1u);
+  EXPECT_EQ(c.unknown_device, 1u);
+  EXPECT_EQ(c.out_of_window, 1u);
+  EXPECT_EQ(c.bad_headers, 1u);
+  EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"x"}));
+  EXPECT_EQ(f.sink.messages[1], (std::vector<std::string>{"ok"}));
+  EXPECT_EQ(f.sink.messages.count(9), 0u);
+}
+
+TEST(Delivery, SinkFailureKeepsTheBlockAndRetriesWithoutDuplicating) {
+  Fixture f;
+  f.blocks.put(0, 0, 0, wire::kFirstFragment, "abc");
+  f.blocks.put(1, 0, 1, wire::kLastFragment, "def");
+  f.sink.fail_next = 2;  // begin fails, then append fails
+  size_t n = 0;
+  EXPECT_EQ(f.delivery.pass(&n).code(), Code::kIoError);
+  EXPECT_EQ(f.blocks.status(0), 1);  // still full: back-pressure, nothing lost
+  EXPECT_EQ(f.delivery.pass(&n).code(), Code::kIoError);
+  EXPECT_EQ(f.blocks.status(0), 1);
+  EXPECT_TRUE(f.delivery.pass(&n).is_ok());
+  f.pass();
+  EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"abcdef"}));
+}
+
+TEST(Delivery, AbortPartialsDiscardsOpenMessages) {
+  Fixture f;
+  f.blocks.put(0, 0, 0, wire::kFirstFragment, "half");
+  f.pass();
+  EXPECT_EQ(f.delivery.abort_partials(), 1u);
+  EXPECT_EQ(f.sink.aborts, 1);
+  EXPECT_FALSE(f.delivery.has_open_message());
+  EXPECT_EQ(f.delivery.counters().partial_discarded, 1u);
+}
+
+}  // namespace
+}  // namespace slotstream::stream

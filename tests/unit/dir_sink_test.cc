@@ -1,0 +1,97 @@
+#include "sink/dir_sink.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace slotstream::sink {
+namespace {
+namespace fs = std::filesystem;
+
+std::span<const std::byte> bytes(const std::string& s) { return std::as_bytes(std::span(s)); }
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class DirSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("dir_sink_test_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void write(DirSink& s, uint16_t d, const std::string& msg) {
+    ASSERT_TRUE(s.begin(d).is_ok());
+    ASSERT_TRUE(s.append(d, bytes(msg)).is_ok());
+    ASSERT_TRUE(s.commit(d).is_ok());
+  }
+  fs::path root_;
+};
+
+TEST_F(DirSinkTest, WritesNumberedFilesPerDevice) {
+  DirSink s(root_ / "cam");
+  write(s, 3, "zero");
+  write(s, 3, "one");
+  write(s, 4, "");
+  EXPECT_EQ(slurp(root_ / "cam/device-3/0000000000.bin"), "zero");
+  EXPECT_EQ(slurp(root_ / "cam/device-3/0000000001.bin"), "one");
+  EXPECT_TRUE(fs::exists(root_ / "cam/device-4/0000000000.bin"));
+  EXPECT_EQ(fs::file_size(root_ / "cam/device-4/0000000000.bin"), 0u);
+}
+
+TEST_F(DirSinkTest, IncompleteMessageIsInvisibleAndAbortLeavesNothing) {
+  DirSink s(root_ / "cam");
+  ASSERT_TRUE(s.begin(0).is_ok());
+  ASSERT_TRUE(s.append(0, bytes("half")).is_ok());
+  for (const auto& e : fs::directory_iterator(root_ / "cam/device-0")) {
+    EXPECT_EQ(e.path().filename().string()[0], '.') << "visible before commit: " << e.path();
+  }
+  s.abort(0);
+  EXPECT_TRUE(fs::is_empty(root_ / "cam/device-0"));
+}
+
+TEST_F(DirSinkTest, ReconnectContinuesAfterTheLastCompleteFileAndCleansTempFiles) {
+  {
+    DirSink s(root_ / "cam");
+    write(s, 0, "a");
+    write(s, 0, "b");
+    ASSERT_TRUE(s.begin(0).is_ok());  // dies mid-message: its temp file stays behind
+    ASSERT_TRUE(s.append(0, bytes("partial")).is_ok());
+  }
+  std::ofstream(root_ / "cam/device-0/.0000000002.bin.part") << "crash leftover";
+  DirSink again(root_ / "cam");
+  write(again, 0, "c");
+  EXPECT_EQ(slurp(root_ / "cam/device-0/0000000000.bin"), "a");
+  EXPECT_EQ(slurp(root_ / "cam/device-0/0000000001.bin"), "b");
+  EXPECT_EQ(slurp(root_ / "cam/device-0/0000000002.bin"), "c");
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(root_ / "cam/device-0")) n += e.path().filename().string()[0] == '.';
+  EXPECT_EQ(n, 0u);
+}
+
+TEST_F(DirSinkTest, NeverOverwritesAnExistingFile) {
+  DirSink s(root_ / "cam");
+  write(s, 0, "mine");
+  fs::create_directories(root_ / "cam/device-0");
+  std::ofstream(root_ / "cam/device-0/0000000001.bin") << "someone else's";
+  ASSERT_TRUE(s.begin(0).is_ok());
+  ASSERT_TRUE(s.append(0, bytes("new")).is_ok());
+  Status st = s.commit(0);
+  EXPECT_EQ(st.code(), Code::kIoError);
+  EXPECT_NE(st.message().find("refusing to overwrite"), std::string::npos);
+  EXPECT_EQ(slurp(root_ / "cam/device-0/0000000001.bin"), "someone else's");
+}
+
+TEST(DirSinkNames, FileNamesArePaddedToTenDigits) {
+  EXPECT_EQ(DirSink::file_name(0), "0000000000.bin");
+  EXPECT_EQ(DirSink::file_name(1234567890), "1234567890.bin");
+}
+
+}  // namespace
+}  // namespace slotstream::sink
