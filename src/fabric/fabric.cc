@@ -38,7 +38,35 @@ Status from_ucs(ucs_status_t st, const char* what) {
 // The UCX transport list for a wire. "self" is always needed for loopback within a process.
 const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" : "tcp,self"; }
 
+struct AtomicCounters {
+  std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
+      am_sends{0}, am_received{0}, outstanding{0}, max_outstanding{0}, completions{0};
+};
+AtomicCounters g_counters;
+
+void raise_max(std::atomic<uint64_t>& max, uint64_t value) {
+  uint64_t seen = max.load(std::memory_order_relaxed);
+  while (value > seen && !max.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+void op_started() { raise_max(g_counters.max_outstanding, g_counters.outstanding.fetch_add(1) + 1); }
+void op_finished() { g_counters.outstanding.fetch_sub(1); }
+
 }  // namespace
+
+Counters counters() {
+  const auto& c = g_counters;
+  return {c.endpoints.load(), c.registered_max.load(), c.puts.load(),        c.gets.load(),
+          c.am_sends.load(),  c.am_received.load(),    c.max_outstanding.load(), c.completions.load()};
+}
+
+void reset_counters() {
+  auto& c = g_counters;
+  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.completions}) a->store(0);
+  c.registered_max.store(c.registered_now.load());
+  c.max_outstanding.store(c.outstanding.load());
+}
 
 const char* wire_name(Wire wire) { return wire == Wire::kShm ? "shm" : "tcp"; }
 
@@ -83,11 +111,15 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
     return from_ucs(st, "ucp_mem_query");
   }
   std::memset(attr.address, 0, length);
+  raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
   out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length));
   return Status::ok();
 }
 
-MemoryRegion::~MemoryRegion() { ucp_mem_unmap(ctx_.handle(), mem_); }
+MemoryRegion::~MemoryRegion() {
+  ucp_mem_unmap(ctx_.handle(), mem_);
+  g_counters.registered_now.fetch_sub(size_);
+}
 
 Status MemoryRegion::pack_rkey(std::vector<uint8_t>* out) const {
   void* buf = nullptr;
@@ -113,12 +145,18 @@ RemoteKey::~RemoteKey() { ucp_rkey_destroy(handle_); }
 // ---------------------------------------------------------------------------------- Request
 Request::~Request() {
   // Abandoning a running request: UCX frees it when it completes.
-  if (req_ != nullptr) ucp_request_free(req_);
+  if (req_ != nullptr) {
+    ucp_request_free(req_);
+    op_finished();
+  }
 }
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
-    if (req_ != nullptr) ucp_request_free(req_);
+    if (req_ != nullptr) {
+      ucp_request_free(req_);
+      op_finished();
+    }
     req_ = other.req_;
     other.req_ = nullptr;
   }
@@ -131,6 +169,8 @@ Status Request::check() {
   if (st == UCS_INPROGRESS) return {Code::kInProgress, "request"};
   ucp_request_free(req_);
   req_ = nullptr;
+  op_finished();
+  g_counters.completions.fetch_add(1, std::memory_order_relaxed);
   return from_ucs(st, "operation failed");
 }
 
@@ -151,6 +191,7 @@ namespace {
 Status track(ucs_status_ptr_t ptr, const char* what, Request* req) {
   if (ptr == nullptr) return Status::ok();
   if (UCS_PTR_IS_ERR(ptr)) return from_ucs(UCS_PTR_STATUS(ptr), what);
+  op_started();
   *req = Request(ptr);
   return Status::ok();
 }
@@ -178,6 +219,7 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
   params.err_handler.arg = ep.get();
   ucs_status_t st = ucp_ep_create(worker.handle(), &params, &ep->handle_);
   if (st != UCS_OK) return from_ucs(st, "ucp_ep_create");
+  g_counters.endpoints.fetch_add(1, std::memory_order_relaxed);
   *out = std::move(ep);
   return Status::ok();
 }
@@ -206,12 +248,14 @@ Status Endpoint::flush(const Liveness& alive) {
 Status Endpoint::put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {
   if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
   ucp_request_param_t param{};
+  g_counters.puts.fetch_add(1, std::memory_order_relaxed);
   return track(ucp_put_nbx(handle_, src, length, remote_addr, rkey.handle(), &param), "ucp_put_nbx", req);
 }
 
 Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {
   if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
   ucp_request_param_t param{};
+  g_counters.gets.fetch_add(1, std::memory_order_relaxed);
   return track(ucp_get_nbx(handle_, dst, length, remote_addr, rkey.handle(), &param), "ucp_get_nbx", req);
 }
 
@@ -219,6 +263,7 @@ Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, con
                          size_t data_len, Request* req) {
   if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
   ucp_request_param_t param{};
+  g_counters.am_sends.fetch_add(1, std::memory_order_relaxed);
   return track(ucp_am_send_nbx(handle_, id, header, header_len, data, data_len, &param),
                "ucp_am_send_nbx", req);
 }
@@ -286,6 +331,7 @@ Status Worker::set_am_handler(unsigned id, AmHandler handler) {
   param.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t length,
                 const ucp_am_recv_param_t* recv) -> ucs_status_t {
     auto& fn = *static_cast<AmHandler*>(arg);
+    g_counters.am_received.fetch_add(1, std::memory_order_relaxed);
     // Protocols in slotstream send small notifications only; rendezvous data is not expected.
     if (recv->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;
     fn({static_cast<const std::byte*>(header), header_len}, {static_cast<const std::byte*>(data), length},

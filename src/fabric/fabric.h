@@ -24,6 +24,21 @@ struct ucp_rkey;
 
 namespace slotstream::fabric {
 
+// What this process asked of UCX, counted where the calls are made (for the benchmark's
+// resource experiment). Process-wide; reset_counters() starts a new measurement.
+struct Counters {
+  uint64_t endpoints = 0;          // endpoints created
+  uint64_t registered_bytes = 0;   // largest amount of memory registered at once
+  uint64_t puts = 0;
+  uint64_t gets = 0;
+  uint64_t am_sends = 0;
+  uint64_t am_received = 0;        // two-sided messages handled (receives consumed)
+  uint64_t max_outstanding = 0;    // most operations in flight at once (tracked requests)
+  uint64_t completions = 0;        // requests whose completion had to be polled
+};
+Counters counters();
+void reset_counters();
+
 // Which UCX transports a context may use. The protocols never look at this; only the fabric
 // does, to configure UCX.
 enum class Wire { kShm, kTcp };

@@ -57,7 +57,12 @@ class SenderProtocol {
   // Called once after the last transmit: everything must be remotely complete on return.
   virtual Status finish_st() = 0;
   virtual SenderCounters counters() const = 0;
+  // Synchronisation-control latency samples in ns (benchmark, paper §4.2.1), at most
+  // kMaxSyncSamples; what one sample means is the protocol's to document.
+  virtual std::vector<uint64_t> sync_latencies_ns() const { return {}; }
 };
+
+inline constexpr size_t kMaxSyncSamples = 1 << 20;
 
 // Threading: one consumer thread per connected sender calls these; set_hold may also be
 // called from that thread only.

@@ -55,6 +55,8 @@ class StatusByteSender final : public SenderProtocol {
   Status finish_st() override { return fabric_.endpoint.flush(fabric_.alive); }
 
   SenderCounters counters() const override { return counters_; }
+  // One sample = one status-array read: from issuing the get to its completion.
+  std::vector<uint64_t> sync_latencies_ns() const override { return sync_ns_; }
 
  private:
   // paper §3.2.6: no free block in the cache — read all status bytes at once (blocking).
@@ -63,9 +65,13 @@ class StatusByteSender final : public SenderProtocol {
     // Ordered after our own earlier status puts, so the read cannot see them as still empty.
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
     auto raw = cache_.raw();
+    const auto t0 = std::chrono::steady_clock::now();
     fabric::Request req;
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.get(raw.data(), raw.size(), status_addr_, *rkey_, &req));
     SLOTSTREAM_RETURN_IF_ERROR(req.wait(fabric_.worker, fabric_.alive));
+    if (sync_ns_.size() < kMaxSyncSamples) {
+      sync_ns_.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    }
     return fabric_.alive ? fabric_.alive() : Status::ok();
   }
 
@@ -75,6 +81,7 @@ class StatusByteSender final : public SenderProtocol {
   std::unique_ptr<fabric::RemoteKey> rkey_;
   StatusCache cache_;
   SenderCounters counters_;
+  std::vector<uint64_t> sync_ns_;
 };
 
 class StatusByteReceiver final : public ReceiverProtocol {
