@@ -60,7 +60,15 @@ struct Receiver::Impl {
   std::mutex mutex;  // guards everything below
   std::condition_variable ended_cv;
   uint64_t ended = 0;
-  std::set<std::string> active_names;
+  // A sender is one group of connections (lanes); its name is taken while any lane is live.
+  struct Group {
+    std::string name;
+    uint16_t lanes = 1;
+    uint16_t live = 0;   // registered lanes not yet ended
+    uint16_t ended = 0;
+    SessionReport report;
+  };
+  std::map<uint64_t, Group> groups;
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
   std::list<std::thread> sessions;
 
@@ -70,7 +78,60 @@ struct Receiver::Impl {
   void event(const std::string& text) {
     if (options.on_event) options.on_event(text);
   }
+  // Takes the sender name for this group (nullopt), or says why not.
+  std::optional<std::string> register_lane(const wire::Hello& hello);
+  // A registered lane ended; reports the sender once all its lanes have.
+  void lane_ended(uint64_t group, const SessionReport& report);
 };
+
+std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello) {
+  std::lock_guard lock(mutex);
+  for (const auto& [id, g] : groups) {
+    if (g.name == hello.name && id != hello.group && g.live > 0) {
+      return "sender name '" + hello.name + "' is already connected";
+    }
+  }
+  Group& g = groups[hello.group];
+  if (g.live == 0 && g.ended == 0) {
+    g.name = hello.name;
+    g.lanes = hello.lanes;
+  } else if (g.name != hello.name || g.lanes != hello.lanes) {
+    return "connection does not match its sender group";
+  }
+  ++g.live;
+  return std::nullopt;
+}
+
+void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
+  std::unique_lock lock(mutex);
+  Group& g = groups[group];
+  --g.live;
+  SessionReport& a = g.report;
+  if (g.ended == 0) {
+    a = r;
+  } else {
+    a.finished = a.finished && r.finished;
+    if (a.reason.empty()) a.reason = r.reason;
+    a.messages += r.messages;
+    a.bytes += r.bytes;
+    a.gaps += r.gaps;
+    a.duplicates += r.duplicates;
+    a.unknown_device += r.unknown_device;
+    a.out_of_window += r.out_of_window;
+    a.bad_headers += r.bad_headers;
+    a.partial_discarded += r.partial_discarded;
+    a.seconds = std::max(a.seconds, r.seconds);
+    a.sender.devices.insert(a.sender.devices.end(), r.sender.devices.begin(), r.sender.devices.end());
+  }
+  if (++g.ended < g.lanes) return;
+  SessionReport done = std::move(a);
+  groups.erase(group);
+  lock.unlock();
+  if (options.on_session_end) options.on_session_end(done);
+  lock.lock();
+  ++ended;
+  ended_cv.notify_all();
+}
 
 // ------------------------------------------------------------------------------ one session
 
@@ -94,12 +155,14 @@ class Session {
 
   Receiver::Impl& rx_;
   std::unique_ptr<net::ControlSocket> control_;
+  const protocol::Descriptor* desc_ = nullptr;
   std::unique_ptr<protocol::ReceiverProtocol> proto_;
   std::unique_ptr<MessageSink> sink_;
   std::unique_ptr<stream::Delivery> delivery_;
   protocol::Geometry geometry_;
   SessionReport report_;
-  bool name_registered_ = false;
+  bool registered_ = false;  // counted in its sender group (must report when it ends)
+  uint64_t group_ = 0;
   std::vector<bool> hold_active_;
 };
 
@@ -116,6 +179,7 @@ std::optional<Refusal> Session::handshake() {
 
   const protocol::Descriptor* desc = protocol::find(hello.protocol);
   if (!desc) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
+  desc_ = desc;
   if (hello.block_size < kMinBlockSize || hello.block_size > kMaxBlockSize || hello.blocks < 1 ||
       hello.blocks > kMaxBlocks) {
     return Refusal{Code::kRefused, "unsupported block geometry " + std::to_string(hello.blocks) + " x " +
@@ -157,14 +221,9 @@ std::optional<Refusal> Session::handshake() {
     }
   }
 
-  {
-    std::lock_guard lock(rx_.mutex);
-    if (rx_.active_names.contains(hello.name)) {
-      return Refusal{Code::kRefused, "sender name '" + hello.name + "' is already connected"};
-    }
-    rx_.active_names.insert(hello.name);
-    name_registered_ = true;
-  }
+  if (auto why = rx_.register_lane(hello)) return Refusal{Code::kRefused, *why};
+  group_ = hello.group;
+  registered_ = true;
 
   SenderInfo& info = report_.sender;
   info.name = hello.name;
@@ -212,7 +271,9 @@ void Session::apply_holds(Clock::time_point start) {
     bool want = ms >= h.from_ms && ms < h.to_ms;
     if (want != hold_active_[h.index]) {
       hold_active_[h.index] = want;
-      proto_->set_hold(h.index, want);
+      // A protocol without per-block status (sliding window) cannot mark the block
+      // unavailable; the closest the receiver can do is keep it unprocessed for that time.
+      if (!proto_->set_hold(h.index, want)) delivery_->set_blocked(h.index, want);
     }
   }
 }
@@ -266,13 +327,14 @@ void Session::consume() {
     }
 
     if (fin) {
-      bool complete = !delivery_->has_open_message();
-      for (auto [d, n] : fin->messages) complete = complete && delivery_->messages(d) >= n;
+      // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
+      bool complete = desc_->reference || !delivery_->has_open_message();
+      for (auto [d, n] : fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
       if (complete || (consumed == 0 && !stalled && Clock::now() > fin_deadline)) {
         uint64_t missing = 0;
         for (auto [d, n] : fin->messages) {
           uint64_t got = delivery_->messages(d);
-          if (got < n) missing += n - got;
+          if (got < n && !desc_->reference) missing += n - got;
         }
         delivery_->abort_partials();
         wire::FinAck ack;
@@ -291,7 +353,7 @@ void Session::consume() {
     // then sleep with exponential back-off up to 1 ms, so an idle receiver costs ~no CPU.
     if (consumed > 0) {
       idle = 0;
-    } else if (++idle > 64) {
+    } else if (++idle > 64 && !rx_.options.busy_poll) {
       auto us = std::min<uint32_t>(1000, 1u << std::min<uint32_t>(idle - 64, 10));
       std::this_thread::sleep_for(std::chrono::microseconds(us));
     }
@@ -325,9 +387,9 @@ void Session::run() {
     rx_.event("refused sender " + who + ": " + refusal->message);
     wire::Refuse r{refusal->code, refusal->message};
     (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
-    if (name_registered_) {
-      std::lock_guard lock(rx_.mutex);
-      rx_.active_names.erase(report_.sender.name);
+    if (registered_) {
+      report_.reason = "refused: " + refusal->message;
+      rx_.lane_ended(group_, report_);
     }
     return;
   }
@@ -347,11 +409,7 @@ void Session::run() {
   sink_.reset();
   proto_.reset();
   control_.reset();
-  if (rx_.options.on_session_end) rx_.options.on_session_end(report_);
-  std::lock_guard lock(rx_.mutex);
-  rx_.active_names.erase(report_.sender.name);
-  ++rx_.ended;
-  rx_.ended_cv.notify_all();
+  rx_.lane_ended(group_, report_);
 }
 
 }  // namespace

@@ -47,61 +47,76 @@ Status validate(const SenderOptions& o) {
   }
   if (o.devices.empty()) return {Code::kInvalidArgument, "no devices declared"};
   if (!protocol::find(o.protocol)) return {Code::kInvalidArgument, "unknown protocol '" + o.protocol + "'"};
+  if (protocol::find(o.protocol)->reference && !o.allow_reference) {
+    return {Code::kInvalidArgument, "'" + o.protocol + "' is a benchmark reference, not a protocol for data"};
+  }
   return Status::ok();
 }
 
 }  // namespace
 
-struct Sender::Impl {
-  SenderOptions options;
-  Transport transport = Transport::kShm;
+// One connection to the receiver: control socket, UCX endpoint, send ring, protocol and the
+// sending thread that owns the lane's worker. Most protocols use one lane for every device;
+// one that cannot share a connection between devices (sliding window) gets one lane per device.
+struct Lane {
+  Sender::Impl& owner;
+  uint16_t index = 0;
+  std::vector<uint16_t> devices;
   std::unique_ptr<net::ControlSocket> control;
-  std::unique_ptr<fabric::Context> context;
   std::unique_ptr<fabric::Worker> worker;
   std::unique_ptr<fabric::Endpoint> endpoint;
   std::unique_ptr<fabric::MemoryRegion> local;
   std::unique_ptr<stream::SendRing> ring;
   std::unique_ptr<protocol::SenderFabric> proto_fabric;
   std::unique_ptr<protocol::SenderProtocol> proto;
+  std::thread sending_thread;
+  std::atomic<bool> finishing{false};
+  Clock::time_point next_liveness{};
+
+  explicit Lane(Sender::Impl& o) : owner(o) {}
+  Status handshake(wire::Hello hello);
+  Status setup_fabric(const wire::Accept& accept);
+  void sending_loop_st();
+  Status alive_st();
+  Status fin();
+};
+
+struct Sender::Impl {
+  SenderOptions options;
+  Transport transport = Transport::kShm;
+  std::unique_ptr<fabric::Context> context;  // shared by the lanes
+  std::vector<std::unique_ptr<Lane>> lanes;
+  std::map<uint16_t, Lane*> lane_of;
   std::map<uint16_t, std::unique_ptr<DeviceStream>> devices;
   std::map<uint16_t, std::atomic<uint64_t>> messages;  // completed send()s per device
   std::atomic<uint64_t> bytes{0};
 
-  std::thread sending_thread;
-  std::atomic<bool> finishing{false};
   std::mutex error_mutex;
-  Status error;  // first error of the sending thread
-  std::atomic<bool> failed{false};
+  Status error;  // first error of any sending thread
   bool finished = false;
-  Clock::time_point next_liveness{};
 
-  Status handshake();
-  Status setup_fabric(const wire::Accept& accept);
-  void sending_loop_st();
-  Status alive_st();
   void fail(Status st) {
     std::lock_guard lock(error_mutex);
     if (error.is_ok()) error = std::move(st);
-    failed.store(true);
-    if (ring) ring->abort();
+    for (auto& lane : lanes) {
+      if (lane->ring) lane->ring->abort();
+    }
   }
   Status first_error() {
     std::lock_guard lock(error_mutex);
     return error;
   }
+  void join_all() {
+    for (auto& lane : lanes) {
+      lane->finishing.store(true, std::memory_order_release);
+      if (lane->sending_thread.joinable()) lane->sending_thread.join();
+    }
+  }
 };
 
-Status Sender::Impl::handshake() {
-  wire::Hello hello;
-  hello.protocol = options.protocol;
-  hello.blocks = options.blocks;
-  hello.block_size = options.block_size;
-  hello.transport = to_wire_transport(options.transport);
-  hello.host_id = host_id();
-  hello.name = options.name;
-  hello.devices = options.devices;
+Status Lane::handshake(wire::Hello hello) {
+  const SenderOptions& options = owner.options;
   SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kHello, wire::encode(hello)));
-
   wire::Frame frame;
   SLOTSTREAM_RETURN_IF_ERROR(control->receive(kHandshakeTimeout, &frame));
   if (frame.type == wire::MsgType::kChallenge) {
@@ -126,13 +141,20 @@ Status Sender::Impl::handshake() {
   return setup_fabric(accept);
 }
 
-Status Sender::Impl::setup_fabric(const wire::Accept& accept) {
-  transport = accept.transport == wire::WireTransport::kTcp ? Transport::kTcp : Transport::kShm;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(to_wire(transport), &context));
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/false, &worker));
+Status Lane::setup_fabric(const wire::Accept& accept) {
+  const SenderOptions& options = owner.options;
+  Transport t = accept.transport == wire::WireTransport::kTcp ? Transport::kTcp : Transport::kShm;
+  if (!owner.context) {
+    owner.transport = t;
+    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(to_wire(t), &owner.context));
+  } else if (t != owner.transport) {
+    return {Code::kProtocolError, "receiver chose different transports for one sender's connections"};
+  }
+  fabric::Context& context = *owner.context;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(context, /*shared=*/false, /*wakeup=*/false, &worker));
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*worker, accept.worker_address, &endpoint));
   const size_t local_size = size_t(options.blocks) * options.block_size;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(*context, local_size, &local));
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(context, local_size, &local));
   ring = std::make_unique<stream::SendRing>(local->data(), options.blocks, options.block_size);
   proto_fabric.reset(new protocol::SenderFabric{*worker, *endpoint, {options.blocks, options.block_size},
                                                 [this] { return alive_st(); }});
@@ -140,17 +162,17 @@ Status Sender::Impl::setup_fabric(const wire::Accept& accept) {
 }
 
 // Rate-limited: one poll() of the control socket per millisecond at most.
-Status Sender::Impl::alive_st() {
+Status Lane::alive_st() {
   auto now = Clock::now();
   if (now < next_liveness) return Status::ok();
   next_liveness = now + kLivenessInterval;
-  if (endpoint->failed()) return {Code::kPeerGone, "receiver unreachable (transport error)"};
+  if (endpoint->failed()) return {Code::kPeerGone, "receiver unreachable (transport error: did it die?)"};
   Status st = control->check_alive();
   if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection (did it die?)"};
   return Status::ok();
 }
 
-void Sender::Impl::sending_loop_st() {
+void Lane::sending_loop_st() {
   std::deque<std::pair<uint64_t, fabric::Request>> inflight;
   auto reap = [&]() -> Status {
     while (!inflight.empty()) {
@@ -192,32 +214,81 @@ void Sender::Impl::sending_loop_st() {
     return proto->finish_st();
   };
   Status st = run();
-  if (!st.is_ok()) fail(st);
+  if (!st.is_ok()) owner.fail(st);
+}
+
+// Tells the receiver how many messages of each device it must have, and waits until it has
+// stored them all (a full disk may make that take a while).
+Status Lane::fin() {
+  wire::Fin fin;
+  for (uint16_t d : devices) fin.messages[d] = owner.messages[d].load();
+  SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kFin, wire::encode(fin)));
+  std::vector<uint8_t> body;
+  for (;;) {
+    Status st = control->expect(wire::MsgType::kFinAck, Millis(1000), &body);
+    if (st.is_ok()) break;
+    if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};
+    if (st.code() != Code::kTimeout) return st;
+  }
+  wire::FinAck ack;
+  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(body, &ack));
+  if (!ack.ok) return {Code::kIoError, "receiver reported: " + ack.message};
+  return Status::ok();
 }
 
 Sender::Sender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Sender::~Sender() {
-  if (impl_->sending_thread.joinable()) {
-    impl_->fail({Code::kCancelled, "sender closed before finish()"});
-    impl_->finishing.store(true);
-    impl_->sending_thread.join();
-  }
+  if (!impl_->finished) impl_->fail({Code::kCancelled, "sender closed before finish()"});
+  impl_->join_all();
 }
 
 Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* out) {
   SLOTSTREAM_RETURN_IF_ERROR(validate(options));
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
-  SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(options.host, options.port, Millis(5000), &impl->control));
-  SLOTSTREAM_RETURN_IF_ERROR(impl->handshake());
-  std::unique_ptr<Sender> sender(new Sender(std::move(impl)));
+  const protocol::Descriptor* desc = protocol::find(options.protocol);
+  std::unique_ptr<Sender> sender(new Sender(std::make_unique<Impl>()));
   Impl& im = *sender->impl_;
+  im.options = options;
+
+  // Group the devices into lanes (connections).
+  std::vector<std::vector<uint16_t>> groups;
+  if (desc->connection_per_device) {
+    for (uint16_t d : options.devices) groups.push_back({d});
+  } else {
+    groups.push_back(options.devices);
+  }
+  if (groups.size() > 65535) return {Code::kInvalidArgument, "too many connections"};
+  uint64_t group_id = 0;
+  if (Status st = net::make_nonce_u64(&group_id); !st.is_ok()) return st;
+
+  wire::Hello hello;
+  hello.protocol = options.protocol;
+  hello.blocks = options.blocks;
+  hello.block_size = options.block_size;
+  hello.transport = to_wire_transport(options.transport);
+  hello.host_id = host_id();
+  hello.name = options.name;
+  hello.group = group_id;
+  hello.lanes = static_cast<uint16_t>(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    auto lane = std::make_unique<Lane>(im);
+    lane->index = static_cast<uint16_t>(i);
+    lane->devices = groups[i];
+    SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(options.host, options.port, Millis(5000), &lane->control));
+    hello.lane = lane->index;
+    hello.devices = lane->devices;
+    SLOTSTREAM_RETURN_IF_ERROR(lane->handshake(hello));
+    for (uint16_t d : lane->devices) im.lane_of[d] = lane.get();
+    im.lanes.push_back(std::move(lane));
+  }
   for (uint16_t d : options.devices) {
     im.devices[d].reset(new DeviceStream(*sender, d));
     im.messages[d] = 0;
   }
-  im.sending_thread = std::thread([&im] { im.sending_loop_st(); });
+  for (auto& lane : im.lanes) {
+    Lane* l = lane.get();
+    l->sending_thread = std::thread([l] { l->sending_loop_st(); });
+  }
   *out = std::move(sender);
   return Status::ok();
 }
@@ -231,26 +302,9 @@ Status Sender::finish() {
   Impl& im = *impl_;
   if (im.finished) return im.first_error();
   im.finished = true;
-  im.finishing.store(true, std::memory_order_release);
-  im.sending_thread.join();
+  im.join_all();
   SLOTSTREAM_RETURN_IF_ERROR(im.first_error());
-
-  wire::Fin fin;
-  for (auto& [d, n] : im.messages) fin.messages[d] = n.load();
-  SLOTSTREAM_RETURN_IF_ERROR(im.control->send(wire::MsgType::kFin, wire::encode(fin)));
-  // The receiver answers once everything is stored; a full disk may make that take a while.
-  std::vector<uint8_t> body;
-  for (;;) {
-    Status st = im.control->expect(wire::MsgType::kFinAck, Millis(1000), &body);
-    if (st.is_ok()) break;
-    if (st.code() != Code::kTimeout) {
-      if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};
-      return st;
-    }
-  }
-  wire::FinAck ack;
-  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(body, &ack));
-  if (!ack.ok) return {Code::kIoError, "receiver reported: " + ack.message};
+  for (auto& lane : im.lanes) SLOTSTREAM_RETURN_IF_ERROR(lane->fin());
   return Status::ok();
 }
 
@@ -261,12 +315,17 @@ SenderStats Sender::stats() const {
     s.messages += s.per_device[d];
   }
   s.bytes = impl_->bytes.load();
-  if (impl_->proto && !impl_->sending_thread.joinable()) {
-    auto c = impl_->proto->counters();
-    s.blocks = c.blocks;
-    s.status_reads = c.status_reads;
-    s.held_skips = c.held_skips;
+  if (!impl_->finished) return s;  // protocol counters belong to the sending threads until then
+  for (auto& lane : impl_->lanes) {
+    if (!lane->proto) continue;
+    auto c = lane->proto->counters();
+    s.blocks += c.blocks;
+    s.status_reads += c.status_reads;
+    s.held_skips += c.held_skips;
+    auto samples = lane->proto->sync_latencies_ns();
+    s.sync_latencies_ns.insert(s.sync_latencies_ns.end(), samples.begin(), samples.end());
   }
+  s.connections = impl_->lanes.size();
   return s;
 }
 
@@ -285,24 +344,25 @@ Status DeviceStream::send(std::span<const std::byte> message) {
 
 Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
   Sender::Impl& im = *sender_.impl_;
+  stream::SendRing& ring = *im.lane_of.at(device_)->ring;
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);
   for (uint64_t i = 0; i < n; ++i) {
     stream::Fragment f = stream::fragment_at(length, capacity, i);
     stream::SendRing::Slot slot;
-    if (Status st = im.ring->claim(&slot); !st.is_ok()) {
+    if (Status st = ring.claim(&slot); !st.is_ok()) {
       Status err = im.first_error();
       return err.is_ok() ? st : err;
     }
     // paper §3.2.3: fill the payload, write device and packet number, then mark the block full.
     Status st = fill(f.offset, slot.block.subspan(wire::kBlockHeaderSize, f.length));
     if (!st.is_ok()) {
-      im.ring->commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
+      ring.commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
       return st;
     }
     wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
-    im.ring->commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
+    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
   }
   im.messages[device_].fetch_add(1, std::memory_order_relaxed);
   im.bytes.fetch_add(length, std::memory_order_relaxed);

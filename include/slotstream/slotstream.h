@@ -60,6 +60,7 @@ struct SenderOptions {
   uint32_t block_size = kDefaultBlockSize;
   std::string token;                      // empty: no authentication
   std::vector<uint16_t> devices;          // every device this sender will use
+  bool allow_reference = false;           // benchmark only: permit reference "protocols"
 };
 
 struct SenderStats {
@@ -68,7 +69,9 @@ struct SenderStats {
   uint64_t blocks = 0;                    // blocks transmitted
   uint64_t status_reads = 0;              // synchronisations (status-array reads)
   uint64_t held_skips = 0;                // receiver blocks skipped because they were held
+  uint64_t connections = 0;               // control connections (lanes) used
   std::map<uint16_t, uint64_t> per_device;
+  std::vector<uint64_t> sync_latencies_ns;  // the protocol's synchronisation samples
 };
 
 class Sender;
@@ -104,7 +107,8 @@ class Sender {
   // A handle per device declared in SenderOptions::devices (nullptr for others).
   DeviceStream* device(uint16_t device);
   // Waits until every message is in a receiver block and stored by the receiver, then closes.
-  // Call after all fillers have returned. Any thread.
+  // Call after all fillers have returned. Any thread. Protocol counters in stats() are filled
+  // in after this.
   Status finish();
   SenderStats stats() const;
   Transport transport() const;
@@ -178,6 +182,7 @@ struct ReceiverOptions {
   // Called when a connection is refused or a sink reports an error (for logs/CLI).
   std::function<void(const std::string&)> on_event;
   std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
+  bool busy_poll = false;                  // never sleep when idle (latency measurements)
 };
 
 class Receiver {

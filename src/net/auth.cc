@@ -16,6 +16,13 @@ Status make_nonce(Nonce* out) {
   return Status::ok();
 }
 
+Status make_nonce_u64(uint64_t* out) {
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out), sizeof *out) != 1) {
+    return {Code::kAuthFailed, "cannot generate a random identifier"};
+  }
+  return Status::ok();
+}
+
 Mac auth_mac(const std::string& token, std::span<const uint8_t> nonce, const std::string& sender_name) {
   static constexpr char kLabel[] = "slotstream-auth-v1";
   std::string msg(kLabel);

@@ -18,6 +18,8 @@ using Nonce = std::array<uint8_t, wire::kNonceSize>;
 using Mac = std::array<uint8_t, wire::kMacSize>;
 
 Status make_nonce(Nonce* out);
+// A random 64-bit identifier (a sender's connection group).
+Status make_nonce_u64(uint64_t* out);
 Mac auth_mac(const std::string& token, std::span<const uint8_t> nonce, const std::string& sender_name);
 // Constant-time comparison.
 bool mac_equal(std::span<const uint8_t> a, std::span<const uint8_t> b);

@@ -86,10 +86,16 @@ struct Descriptor {
   std::string_view summary;
   // True when the receiver must run UCX progress for this protocol even where RMA itself is
   // one-sided (two-sided notifications or ACKs).
-  bool receiver_progress;
+  bool receiver_progress = false;
+  // True when devices cannot share a connection (the paper's sliding window, §2.3): the sender
+  // then opens one connection per device.
+  bool connection_per_device = false;
+  // A benchmark reference that moves bytes but delivers no messages (ucx_raw_put): not offered
+  // by `slotstream send`, and its receiver confirms FIN without counting messages.
+  bool reference = false;
   Status (*make_sender)(SenderFabric& fabric, std::span<const uint8_t> setup,
-                        std::unique_ptr<SenderProtocol>* out);
-  Status (*make_receiver)(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out);
+                        std::unique_ptr<SenderProtocol>* out) = nullptr;
+  Status (*make_receiver)(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out) = nullptr;
 };
 
 // The registry: every protocol this build has, in a fixed order.

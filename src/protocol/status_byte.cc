@@ -171,12 +171,14 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
 }
 
 const Descriptor kStatusByte = {
-    "status_byte",
-    "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender writes "
-    "data, fence, status byte, and reads the status array only when out of free blocks",
-    /*receiver_progress=*/false,
-    make_sender,
-    make_receiver,
+    .name = "status_byte",
+    .summary = "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
+               "writes data, fence, status byte, and reads the status array only when out of free blocks",
+    .receiver_progress = false,
+    .connection_per_device = false,
+    .reference = false,
+    .make_sender = make_sender,
+    .make_receiver = make_receiver,
 };
 
 }  // namespace slotstream::protocol

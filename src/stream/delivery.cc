@@ -69,6 +69,10 @@ Status Delivery::pass(size_t* consumed) {
   entries_.clear();
   const size_t capacity = geometry_.block_size - wire::kBlockHeaderSize;
   for (uint32_t i : full_) {
+    if (!blocked_.empty()) {
+      auto b = blocked_.find(i);
+      if (b != blocked_.end() && b->second) continue;
+    }
     auto head = proto_.block(i).first<wire::kBlockHeaderSize>();
     auto h = wire::decode_block_header(head, capacity);
     if (!h) {
@@ -117,7 +121,9 @@ Status Delivery::pass(size_t* consumed) {
       dev.stuck_passes = 0;
       continue;
     }
-    if (++dev.stuck_passes < 2) continue;
+    // A blocked block may hold the expected packet: no gap can be concluded meanwhile.
+    bool any_blocked = std::any_of(blocked_.begin(), blocked_.end(), [](const auto& b) { return b.second; });
+    if (any_blocked || ++dev.stuck_passes < 2) continue;
     // Two passes without the expected packet while a later one waits: a real gap.
     counters_.gaps += static_cast<uint64_t>(w->second);
     dev.expected += static_cast<uint32_t>(w->second);

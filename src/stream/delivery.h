@@ -47,6 +47,9 @@ class Delivery {
   // Discards every partially received message (the sender is gone). Returns how many.
   uint64_t abort_partials();
   bool has_open_message() const;
+  // Leaves block `index` unprocessed while blocked (holding a block in protocols that have no
+  // per-block hold of their own).
+  void set_blocked(uint32_t index, bool blocked) { blocked_[index] = blocked; }
   uint64_t messages(uint16_t device) const;
   const DeliveryCounters& counters() const { return counters_; }
 
@@ -80,6 +83,7 @@ class Delivery {
     Stage stage;
   };
   std::optional<Pending> pending_;
+  std::map<uint32_t, bool> blocked_;
   std::vector<uint32_t> full_;      // scratch, reused across passes
   std::vector<Entry> entries_;
 };

@@ -42,6 +42,9 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.str8(m.name);
   w.u16(static_cast<uint16_t>(m.devices.size()));
   for (uint16_t d : m.devices) w.u16(d);
+  w.u64(m.group);
+  w.u16(m.lane);
+  w.u16(m.lanes);
   return std::move(w.buffer());
 }
 
@@ -68,7 +71,11 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
   h.name = r.str8();
   uint16_t n = r.u16();
   for (uint16_t i = 0; i < n && r.ok(); ++i) h.devices.push_back(r.u16());
+  h.group = r.u64();
+  h.lane = r.u16();
+  h.lanes = r.u16();
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "hello"));
+  if (h.lanes == 0 || h.lane >= h.lanes) return malformed("hello: lane numbers");
   *out = std::move(h);
   return Status::ok();
 }

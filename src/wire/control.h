@@ -11,7 +11,9 @@
 //
 // HELLO:     magic "SLST" | u16 version | str8 protocol | u32 blocks | u32 block_size |
 //            u8 transport (0 auto, 1 shm, 2 tcp) | str8 host id | str8 sender name |
-//            u16 n | n x u16 device
+//            u16 n | n x u16 device | u64 group | u16 lane | u16 lanes
+//            (a sender whose protocol needs one connection per device opens `lanes`
+//            connections with the same random `group`; each declares its own devices)
 // CHALLENGE: 32-byte nonce
 // AUTH:      32-byte HMAC-SHA256(token, "slotstream-auth-v1" | nonce | sender name)
 // ACCEPT:    u8 transport (1 shm, 2 tcp) | blob32 worker address | blob32 protocol set-up
@@ -56,6 +58,9 @@ struct Hello {
   std::string host_id;
   std::string name;
   std::vector<uint16_t> devices;
+  uint64_t group = 0;
+  uint16_t lane = 0;
+  uint16_t lanes = 1;
 };
 
 struct Accept {

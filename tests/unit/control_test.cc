@@ -14,6 +14,9 @@ Hello sample_hello() {
   h.host_id = "boot@host";
   h.name = "edge-1";
   h.devices = {0, 7, 65535};
+  h.group = 0x1122334455667788ull;
+  h.lane = 2;
+  h.lanes = 3;
   return h;
 }
 
@@ -26,6 +29,16 @@ TEST(Control, HelloRoundTrips) {
   EXPECT_EQ(out.transport, WireTransport::kTcp);
   EXPECT_EQ(out.name, "edge-1");
   EXPECT_EQ(out.devices, (std::vector<uint16_t>{0, 7, 65535}));
+  EXPECT_EQ(out.group, 0x1122334455667788ull);
+  EXPECT_EQ(out.lane, 2);
+  EXPECT_EQ(out.lanes, 3);
+}
+
+TEST(Control, HelloRejectsALaneOutsideItsGroup) {
+  Hello h = sample_hello();
+  h.lane = 3;  // of 3 lanes: 0..2
+  Hello out;
+  EXPECT_EQ(decode(encode(h), &out).code(), Code::kProtocolError);
 }
 
 TEST(Control, HelloLayoutStartsWithMagicAndVersion) {

@@ -180,5 +180,19 @@ TEST(Delivery, AbortPartialsDiscardsOpenMessages) {
   EXPECT_EQ(f.delivery.counters().partial_discarded, 1u);
 }
 
+TEST(Delivery, ABlockedBlockStaysUnprocessedWithoutCountingAGap) {
+  Fixture f;
+  f.blocks.put(3, 0, 0, kOnly, "held back");
+  f.blocks.put(4, 0, 1, kOnly, "next");
+  f.delivery.set_blocked(3, true);
+  for (int i = 0; i < 4; ++i) f.pass();
+  EXPECT_EQ(f.blocks.status(3), 1);
+  EXPECT_TRUE(f.sink.messages[0].empty());
+  EXPECT_EQ(f.delivery.counters().gaps, 0u);
+  f.delivery.set_blocked(3, false);
+  f.pass();
+  EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"held back", "next"}));
+}
+
 }  // namespace
 }  // namespace slotstream::stream
