@@ -63,7 +63,9 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
 
 std::vector<ProtocolInfo> protocols() {
   std::vector<ProtocolInfo> out;
-  for (const auto* d : protocol::all()) out.push_back({std::string(d->name), std::string(d->summary)});
+  for (const auto* d : protocol::all()) {
+    if (!d->reference) out.push_back({std::string(d->name), std::string(d->summary)});
+  }
   return out;
 }
 

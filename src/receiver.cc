@@ -3,6 +3,7 @@
 // hands complete messages to the sender's sink. The receiver makes no network operation on the
 // data path; on transports where UCX emulates RMA in software (tcp), a progress thread serves
 // the sender's puts and gets.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -35,6 +36,9 @@ constexpr Millis kFinGrace{1000};
 // After a sender died, let the progress thread apply what already arrived before the last drain.
 constexpr Millis kLostGrace{50};
 constexpr uint32_t kMaxDevices = 4096;
+constexpr auto kSpinIdle = std::chrono::microseconds(200);
+constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
+constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
 
 struct Refusal {
   Code code;
@@ -285,7 +289,7 @@ void Session::consume() {
   Clock::time_point fin_deadline{};
   bool stalled = false;
   std::string last_error;
-  uint32_t idle = 0;
+  auto last_work = Clock::now();
   auto next_check = Clock::now();
 
   auto finish_lost = [&](const std::string& why) {
@@ -349,15 +353,18 @@ void Session::consume() {
       if (consumed > 0 || stalled) fin_deadline = Clock::now() + kFinGrace;
     }
 
-    // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"): spin briefly,
-    // then sleep with exponential back-off up to 1 ms, so an idle receiver costs ~no CPU.
+    // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"). While data
+    // flows the receiver keeps polling (a sleeping receiver stalls a sender whose blocks are all
+    // full); once idle for kSpinIdle it sleeps, longer the longer it has been idle, up to
+    // kMaxIdleSleep — so an idle receiver costs ~no CPU and a burst is picked up within ~1 ms.
+    const auto now = Clock::now();
     if (consumed > 0) {
-      idle = 0;
-    } else if (++idle > 64 && !rx_.options.busy_poll) {
-      auto us = std::min<uint32_t>(1000, 1u << std::min<uint32_t>(idle - 64, 10));
-      std::this_thread::sleep_for(std::chrono::microseconds(us));
+      last_work = now;
+    } else if (!rx_.options.busy_poll && now - last_work > kSpinIdle) {
+      auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, kMaxIdleSleep);
+      std::this_thread::sleep_for(nap);
     }
-    if (consumed == 0 || Clock::now() >= next_check) {
+    if (Clock::now() >= next_check) {
       next_check = Clock::now() + Millis(1);
       Status alive = control_->check_alive();
       if (alive.code() == Code::kPeerGone) {

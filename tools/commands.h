@@ -52,6 +52,9 @@ struct DemoArgs {
 };
 int run_demo(const DemoArgs& args, const std::string& self_exe);
 
+// "INDEX:FROM_MS:TO_MS" with FROM <= TO.
+bool parse_hold_spec(const std::string& text, HoldSpec* out);
+
 // Prints "slotstream <cmd>: error: <message>" to stderr.
 void print_error(const char* cmd, const std::string& message);
 

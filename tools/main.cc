@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "bench_peer.h"
 #include "commands.h"
 
 using namespace slotstream;
@@ -94,6 +95,39 @@ int main(int argc, char** argv) {
   d->add_option("--out", demo.out, "output directory (default: a fresh temporary directory, removed afterwards)");
   d->add_flag("--keep", demo.keep, "keep the received frames");
 
+  BenchRecvArgs brecv;
+  BenchSendArgs bsend;
+  auto* bp = app.add_subcommand("bench-peer", "A measuring process for `slotstream bench` (docs/bench-peer.md); "
+                                              "not meant to be run by hand.");
+  bp->group("");  // hidden from the top-level help
+  bp->require_subcommand(1);
+  auto* bpr = bp->add_subcommand("recv", "receiver peer: discards data, prints one JSON line per sender");
+  bpr->add_option("--listen", brecv.listen, "HOST:PORT")->required();
+  bpr->add_option("--transport", brecv.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bpr->add_flag("--busy-poll", brecv.busy_poll, "never sleep when idle");
+  bpr->add_option("--hold-block", brecv.holds, "INDEX:FROM_MS:TO_MS");
+  bpr->add_option("--sessions", brecv.sessions, "exit after K senders")->check(CLI::PositiveNumber);
+  bpr->add_flag("--tcp-socket", brecv.tcp_socket, "plain TCP reference instead of slotstream");
+  auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
+  bps->add_option("--to", bsend.to, "HOST:PORT")->required();
+  bps->add_option("--transport", bsend.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bps->add_option("--protocol", bsend.protocol);
+  bps->add_option("--blocks", bsend.blocks)->check(CLI::Range(1u, kMaxBlocks));
+  bps->add_option("--size", bsend.size, "payload bytes per message (block size = SIZE + 16)")->required();
+  bps->add_option("--count", bsend.count, "messages per device");
+  bps->add_option("--devices", bsend.devices);
+  bps->add_option("--fps", bsend.fps, "messages per second per device (default: back to back)");
+  bps->add_option("--gap-us", bsend.gap_us, "pause after each message");
+  bps->add_flag("--tcp-socket", bsend.tcp_socket, "plain TCP reference instead of slotstream");
+
+  std::vector<std::string> bench_args;
+  auto* b = app.add_subcommand("bench", "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
+                                        "resources, held_block, cameras, all) side by side with raw UCX and TCP; "
+                                        "`slotstream bench --help` for the options.");
+  b->prefix_command();  // everything after `bench` goes to the orchestrator
+  b->set_help_flag();
+  b->allow_extras();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -104,5 +138,8 @@ int main(int argc, char** argv) {
   if (*s) return run_send(send);
   if (*v) return run_verify(verify_dir);
   if (*d) return run_demo(demo, self_exe(argv[0]));
+  if (*bpr) return run_bench_recv(brecv);
+  if (*bps) return run_bench_send(bsend);
+  if (*b) return run_bench(b->remaining(), self_exe(argv[0]));
   return kExitUsage;
 }

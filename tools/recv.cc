@@ -19,15 +19,15 @@ void print_error(const char* cmd, const std::string& message) {
   std::fprintf(stderr, "slotstream %s: error: %s\n", cmd, message.c_str());
 }
 
-namespace {
-
-bool parse_hold(const std::string& text, HoldSpec* out) {
+bool parse_hold_spec(const std::string& text, HoldSpec* out) {
   unsigned idx = 0, from = 0, to = 0;
   char extra;
   if (std::sscanf(text.c_str(), "%u:%u:%u%c", &idx, &from, &to, &extra) != 3 || from > to) return false;
   *out = {idx, from, to};
   return true;
 }
+
+namespace {
 
 std::mutex g_print_mutex;
 
@@ -70,7 +70,7 @@ int run_recv(const RecvArgs& args) {
   opt.transport = *parse_transport(args.transport);
   for (const auto& h : args.holds) {
     HoldSpec spec;
-    if (!parse_hold(h, &spec)) {
+    if (!parse_hold_spec(h, &spec)) {
       print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
       return kExitUsage;
     }

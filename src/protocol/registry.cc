@@ -2,11 +2,12 @@
 
 #include "protocol/protocol.h"
 #include "protocol/status_byte.h"
+#include "protocol/ucx_raw_put.h"
 
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 1> kAll = {&kStatusByte};
+const std::array<const Descriptor*, 2> kAll = {&kStatusByte, &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }

@@ -1,0 +1,84 @@
+#include "protocol/ucx_raw_put.h"
+
+#include "wire/codec.h"
+
+namespace slotstream::protocol {
+namespace {
+
+class RawPutSender final : public SenderProtocol {
+ public:
+  RawPutSender(SenderFabric& fabric, uint64_t blocks_addr, std::unique_ptr<fabric::RemoteKey> rkey)
+      : fabric_(fabric), blocks_addr_(blocks_addr), rkey_(std::move(rkey)) {}
+
+  Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
+    const auto& g = fabric_.geometry;
+    uint64_t dst = blocks_addr_ + (counters_.blocks % g.blocks) * uint64_t(g.block_size);
+    SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put(src, length, dst, *rkey_, data_req));
+    if (++counters_.blocks % kRawPutFlushEvery == 0) return fabric_.endpoint.flush(fabric_.alive);
+    return Status::ok();
+  }
+  Status finish_st() override { return fabric_.endpoint.flush(fabric_.alive); }
+  SenderCounters counters() const override { return counters_; }
+
+ private:
+  SenderFabric& fabric_;
+  uint64_t blocks_addr_;
+  std::unique_ptr<fabric::RemoteKey> rkey_;
+  SenderCounters counters_;
+};
+
+class RawPutReceiver final : public ReceiverProtocol {
+ public:
+  RawPutReceiver(std::unique_ptr<fabric::MemoryRegion> region, std::vector<uint8_t> rkey)
+      : region_(std::move(region)), rkey_(std::move(rkey)) {}
+  std::vector<uint8_t> setup() const override {
+    wire::Writer w;
+    w.u64(region_->remote_address());
+    w.blob32(rkey_);
+    return std::move(w.buffer());
+  }
+  void poll_full(std::vector<uint32_t>*) override {}  // nothing is ever announced
+  std::span<const std::byte> block(uint32_t) const override { return {}; }
+  void release(uint32_t) override {}
+  bool set_hold(uint32_t, bool) override { return false; }
+
+ private:
+  std::unique_ptr<fabric::MemoryRegion> region_;
+  std::vector<uint8_t> rkey_;
+};
+
+Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::unique_ptr<SenderProtocol>* out) {
+  wire::Reader r(setup);
+  uint64_t addr = r.u64();
+  std::vector<uint8_t> packed = r.blob32(setup.size());
+  if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed ucx_raw_put set-up from receiver"};
+  std::unique_ptr<fabric::RemoteKey> rkey;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
+  out->reset(new RawPutSender(fabric, addr, std::move(rkey)));
+  return Status::ok();
+}
+
+Status make_receiver(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out) {
+  const Geometry& g = fabric.geometry;
+  std::unique_ptr<fabric::MemoryRegion> region;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, size_t(g.blocks) * g.block_size, &region));
+  std::vector<uint8_t> rkey;
+  SLOTSTREAM_RETURN_IF_ERROR(region->pack_rkey(&rkey));
+  out->reset(new RawPutReceiver(std::move(region), std::move(rkey)));
+  return Status::ok();
+}
+
+}  // namespace
+
+const Descriptor kUcxRawPut = {
+    .name = "ucx_raw_put",
+    .summary = "benchmark reference: raw puts rotating over the receiver's blocks, no flow control, "
+               "nothing delivered",
+    .receiver_progress = false,
+    .connection_per_device = false,
+    .reference = true,
+    .make_sender = make_sender,
+    .make_receiver = make_receiver,
+};
+
+}  // namespace slotstream::protocol

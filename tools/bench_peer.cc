@@ -1,0 +1,435 @@
+// `slotstream bench-peer recv|send`: the two measuring processes behind `slotstream bench`
+// (contract: docs/bench-peer.md). Each prints JSON; the orchestrator (bench/) does the rest.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_peer.h"
+#include "commands.h"
+#include "fabric/fabric.h"
+#include "net/control_socket.h"
+
+namespace slotstream::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC on Linux: shared by both peers
+using nlohmann::json;
+
+uint64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+struct Usage {
+  double cpu_seconds;
+  long peak_rss_kb;
+};
+Usage usage() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return {ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6, ru.ru_maxrss};
+}
+
+json resources_json(uint64_t connections) {
+  fabric::Counters c = fabric::counters();
+  return {{"endpoints", c.endpoints},     {"registered_bytes", c.registered_bytes}, {"puts", c.puts},
+          {"gets", c.gets},               {"am_sends", c.am_sends},                 {"am_received", c.am_received},
+          {"max_outstanding", c.max_outstanding}, {"completions", c.completions},  {"connections", connections}};
+}
+
+void print_json(const json& j) {
+  static std::mutex m;
+  std::lock_guard lock(m);
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+// What the receiver peer records for one sender (all of its connections).
+struct Recording {
+  std::mutex mutex;
+  std::vector<uint64_t> arrivals_ns;
+  std::vector<uint64_t> latencies_ns;
+  uint64_t connections = 0;
+  double cpu_start = 0;
+  void message(uint64_t stamp) {
+    uint64_t t = now_ns();
+    std::lock_guard lock(mutex);
+    arrivals_ns.push_back(t);
+    latencies_ns.push_back(stamp != 0 && t > stamp ? t - stamp : 0);
+  }
+};
+
+// Assembles nothing; reads the send stamp from each message's first 8 bytes.
+class StampSink final : public MessageSink {
+ public:
+  explicit StampSink(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {}
+  Status begin(uint16_t device) override {
+    auto& st = state_[device];
+    st = {};
+    return Status::ok();
+  }
+  Status append(uint16_t device, std::span<const std::byte> data) override {
+    auto& st = state_[device];
+    for (size_t i = 0; i < data.size() && st.have < 8; ++i, ++st.have) {
+      st.stamp |= uint64_t(std::to_integer<uint8_t>(data[i])) << (8 * st.have);
+    }
+    return Status::ok();
+  }
+  Status commit(uint16_t device) override {
+    rec_->message(state_[device].stamp);
+    return Status::ok();
+  }
+  void abort(uint16_t) override {}
+
+ private:
+  struct State {
+    uint64_t stamp = 0;
+    int have = 0;
+  };
+  std::map<uint16_t, State> state_;
+  std::shared_ptr<Recording> rec_;
+};
+
+json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
+                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec) {
+  Usage u = usage();
+  std::lock_guard lock(rec.mutex);
+  return {{"event", "session"},       {"sender", name},
+          {"protocol", protocol},     {"transport", transport},
+          {"messages", messages},     {"bytes", bytes},
+          {"seconds", seconds},       {"arrivals_ns", rec.arrivals_ns},
+          {"latencies_ns", rec.latencies_ns}, {"gaps", gaps},
+          {"lost", lost},             {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
+          {"peak_rss_kb", u.peak_rss_kb}, {"resources", resources_json(rec.connections)}};
+}
+
+// --------------------------------------------------------------------- plain TCP reference
+
+Status read_full(int fd, void* p, size_t n, bool* eof) {
+  size_t off = 0;
+  while (off < n) {
+    ssize_t r = ::recv(fd, static_cast<char*>(p) + off, n - off, 0);
+    if (r == 0) { *eof = true; return Status::ok(); }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return {Code::kIoError, std::string("recv: ") + strerror(errno)};
+    off += size_t(r);
+  }
+  return Status::ok();
+}
+
+Status write_full(int fd, const void* p, size_t n) {
+  size_t off = 0;
+  while (off < n) {
+    ssize_t r = ::send(fd, static_cast<const char*>(p) + off, n - off, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return {Code::kIoError, std::string("send: ") + strerror(errno)};
+    off += size_t(r);
+  }
+  return Status::ok();
+}
+
+int blocking(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+int recv_tcp_socket(net::Listener& listener, const BenchRecvArgs& a) {
+  for (uint64_t s = 0; s < a.sessions; ++s) {
+    std::unique_ptr<net::ControlSocket> conn;
+    while (!conn) {
+      if (Status st = listener.accept(net::Millis(1000), &conn); !st.is_ok()) {
+        print_error("bench-peer", st.to_string());
+        return kExitError;
+      }
+    }
+    int fd = blocking(conn->fd());
+    Recording rec;
+    rec.connections = 1;
+    rec.cpu_start = usage().cpu_seconds;
+    auto t0 = Clock::now();
+    uint64_t messages = 0, bytes = 0;
+    std::vector<std::byte> buf;
+    for (;;) {
+      uint32_t len = 0;
+      bool eof = false;
+      if (Status st = read_full(fd, &len, 4, &eof); !st.is_ok() || eof) break;
+      buf.resize(len);
+      if (Status st = read_full(fd, buf.data(), len, &eof); !st.is_ok() || eof) break;
+      uint64_t stamp = 0;
+      if (len >= 8) std::memcpy(&stamp, buf.data(), 8);
+      rec.message(stamp);
+      ++messages;
+      bytes += len;
+    }
+    uint8_t ack = 1;
+    (void)write_full(fd, &ack, 1);  // tells the sender everything was read
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    print_json(session_json("tcp", "tcp_socket", "tcp", messages, bytes, secs, false, 0, rec));
+  }
+  return kExitOk;
+}
+
+// Fills one message: the send stamp, then a fixed pattern (the same for every protocol).
+void fill_payload(uint64_t offset, std::span<std::byte> dst, uint64_t stamp) {
+  std::memset(dst.data(), 0xA5, dst.size());
+  for (uint64_t i = offset; i < 8 && i - offset < dst.size(); ++i) dst[i - offset] = std::byte(stamp >> (8 * i));
+}
+
+json sender_json(const BenchSendArgs& a, const std::string& protocol, const std::string& transport, uint64_t messages,
+                 uint64_t bytes, double secs, double cpu, const std::vector<uint64_t>& sync,
+                 const std::vector<uint64_t>& send_times, uint64_t connections) {
+  return {{"event", "sender"},
+          {"protocol", protocol},
+          {"transport", transport},
+          {"messages", messages},
+          {"bytes", bytes},
+          {"seconds", secs},
+          {"mb_per_s", secs > 0 ? bytes / 1e6 / secs : 0.0},
+          {"cpu_seconds", cpu},
+          {"peak_rss_kb", usage().peak_rss_kb},
+          {"sync_latencies_ns", sync},
+          {"send_times_ns", send_times},
+          {"size", a.size},
+          {"blocks", a.blocks},
+          {"resources", resources_json(connections)}};
+}
+
+// Paces message k of a run: fps spacing and/or a fixed gap after each message.
+class Pacer {
+ public:
+  explicit Pacer(const BenchSendArgs& a) : a_(a), t0_(Clock::now()) {}
+  void before(uint64_t k) const {
+    if (a_.fps > 0) {
+      std::this_thread::sleep_until(t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / a_.fps)));
+    }
+  }
+  void after() const {
+    if (a_.gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(a_.gap_us));
+  }
+
+ private:
+  const BenchSendArgs& a_;
+  Clock::time_point t0_;
+};
+
+int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t port) {
+  std::unique_ptr<net::ControlSocket> conn;
+  if (Status st = net::ControlSocket::connect(host, port, net::Millis(5000), &conn); !st.is_ok()) {
+    print_error("bench-peer", st.message());
+    return kExitError;
+  }
+  int fd = blocking(conn->fd());
+  std::vector<std::byte> msg(a.size);
+  std::vector<uint64_t> send_times;
+  const double cpu0 = usage().cpu_seconds;
+  auto t0 = Clock::now();
+  Pacer pacer(a);
+  for (uint64_t k = 0; k < a.count; ++k) {
+    pacer.before(k);
+    for (uint32_t d = 0; d < a.devices; ++d) {
+      uint64_t stamp = now_ns();
+      send_times.push_back(stamp);
+      fill_payload(0, msg, stamp);
+      uint32_t len = uint32_t(a.size);
+      if (Status st = write_full(fd, &len, 4); !st.is_ok()) return print_error("bench-peer", st.message()), kExitError;
+      if (Status st = write_full(fd, msg.data(), msg.size()); !st.is_ok()) return print_error("bench-peer", st.message()), kExitError;
+    }
+    pacer.after();
+  }
+  shutdown(fd, SHUT_WR);
+  uint8_t ack = 0;
+  bool eof = false;
+  (void)read_full(fd, &ack, 1, &eof);
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  uint64_t messages = a.count * a.devices;
+  print_json(sender_json(a, "tcp_socket", "tcp", messages, messages * a.size, secs, usage().cpu_seconds - cpu0, {},
+                         send_times, 1));
+  return ack == 1 ? kExitOk : kExitError;
+}
+
+}  // namespace
+
+void print_json_line(const std::string& line);
+
+int run_bench_recv(const BenchRecvArgs& a) {
+  ReceiverOptions opt;
+  if (Status st = net::parse_host_port(a.listen, &opt.host, &opt.port); !st.is_ok()) {
+    print_error("bench-peer", "--listen: " + st.message());
+    return kExitUsage;
+  }
+  if (a.tcp_socket) {
+    std::unique_ptr<net::Listener> listener;
+    if (Status st = net::Listener::open(opt.host, opt.port, &listener); !st.is_ok()) {
+      print_error("bench-peer", st.message());
+      return kExitError;
+    }
+    print_json_line("listening on " + listener->address());
+    return recv_tcp_socket(*listener, a);
+  }
+  opt.transport = *parse_transport(a.transport);
+  opt.busy_poll = a.busy_poll;
+  for (const auto& h : a.holds) {
+    HoldSpec spec;
+    if (!parse_hold_spec(h, &spec)) {
+      print_error("bench-peer", "--hold-block expects INDEX:FROM_MS:TO_MS, got '" + h + "'");
+      return kExitUsage;
+    }
+    opt.holds.push_back(spec);
+  }
+  std::mutex m;
+  std::map<std::string, std::shared_ptr<Recording>> recordings;
+  opt.make_sink = [&](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+    std::lock_guard lock(m);
+    auto& rec = recordings[info.name];
+    if (!rec) {
+      rec = std::make_shared<Recording>();
+      rec->cpu_start = usage().cpu_seconds;
+      fabric::reset_counters();
+    }
+    ++rec->connections;
+    *sink = std::make_unique<StampSink>(rec);
+    return Status::ok();
+  };
+  opt.on_session_end = [&](const SessionReport& r) {
+    std::shared_ptr<Recording> rec;
+    {
+      std::lock_guard lock(m);
+      rec = recordings[r.sender.name];
+      recordings.erase(r.sender.name);
+    }
+    if (!rec) return;
+    print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
+                            r.seconds, !r.finished, r.gaps, *rec));
+  };
+  opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
+  std::unique_ptr<Receiver> rx;
+  if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
+    print_error("bench-peer", st.to_string());
+    return kExitError;
+  }
+  print_json_line("listening on " + rx->listen_address());
+  rx->wait_sessions(a.sessions);
+  rx->stop();
+  return kExitOk;
+}
+
+int run_bench_send(const BenchSendArgs& a) {
+  std::string host;
+  uint16_t port = 0;
+  if (Status st = net::parse_host_port(a.to, &host, &port); !st.is_ok()) {
+    print_error("bench-peer", "--to: " + st.message());
+    return kExitUsage;
+  }
+  if (a.size < 8 || a.count == 0 || a.devices == 0 || a.devices > 4096) {
+    print_error("bench-peer", "--size must be >= 8, --count >= 1, --devices 1..4096");
+    return kExitUsage;
+  }
+  if (a.tcp_socket) return send_tcp_socket(a, host, port);
+
+  SenderOptions opt;
+  opt.host = host;
+  opt.port = port;
+  opt.name = "bench";
+  opt.protocol = a.protocol;
+  opt.transport = *parse_transport(a.transport);
+  opt.blocks = a.blocks;
+  opt.block_size = uint32_t(a.size + 16);
+  opt.allow_reference = true;
+  for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
+
+  fabric::reset_counters();
+  const double cpu0 = usage().cpu_seconds;
+  std::unique_ptr<Sender> sender;
+  if (Status st = Sender::connect(opt, &sender); !st.is_ok()) {
+    print_error("bench-peer", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  std::vector<std::vector<uint64_t>> send_times(a.devices);
+  std::mutex err_mutex;
+  Status first_error;
+  auto t0 = Clock::now();
+  std::vector<std::thread> fillers;
+  for (uint32_t d = 0; d < a.devices; ++d) {
+    fillers.emplace_back([&, d] {
+      DeviceStream* dev = sender->device(uint16_t(d));
+      Pacer pacer(a);
+      for (uint64_t k = 0; k < a.count; ++k) {
+        pacer.before(k);
+        uint64_t stamp = now_ns();
+        send_times[d].push_back(stamp);
+        Status st = dev->send_with(a.size, [&](uint64_t off, std::span<std::byte> dst) {
+          fill_payload(off, dst, stamp);
+          return Status::ok();
+        });
+        if (!st.is_ok()) {
+          std::lock_guard lock(err_mutex);
+          if (first_error.is_ok()) first_error = st;
+          return;
+        }
+        pacer.after();
+      }
+    });
+  }
+  for (auto& t : fillers) t.join();
+  Status st = sender->finish();
+  if (first_error.is_ok()) first_error = st;
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!first_error.is_ok()) {
+    print_error("bench-peer", first_error.message());
+    return kExitError;
+  }
+  SenderStats s = sender->stats();
+  std::vector<uint64_t> all_times;
+  for (auto& v : send_times) all_times.insert(all_times.end(), v.begin(), v.end());
+  print_json(sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
+                         usage().cpu_seconds - cpu0, s.sync_latencies_ns, all_times, s.connections));
+  return kExitOk;
+}
+
+void print_json_line(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+int run_bench(const std::vector<std::string>& args, const std::string& self_exe) {
+  // The orchestrator lives in the source tree next to the build directory.
+  std::filesystem::path exe(self_exe);
+  std::filesystem::path script;
+  for (auto dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir / "bench/slotstream_bench.py")) {
+      script = dir / "bench/slotstream_bench.py";
+      break;
+    }
+  }
+  if (script.empty()) {
+    print_error("bench", "cannot find bench/slotstream_bench.py above " + exe.parent_path().string() +
+                             " (run the binary from its build directory in the source tree)");
+    return kExitError;
+  }
+  std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  std::vector<std::string> argv = {python, script.string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& s : argv) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+  setenv("SLOTSTREAM_BIN", self_exe.c_str(), 1);
+  execvp(cargv[0], cargv.data());
+  print_error("bench", "cannot run " + python + ": " + strerror(errno));
+  return kExitError;
+}
+
+}  // namespace slotstream::tools

@@ -1,0 +1,39 @@
+// `slotstream bench-peer` and `slotstream bench` (see docs/bench-peer.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace slotstream::tools {
+
+struct BenchRecvArgs {
+  std::string listen;
+  std::string transport = "auto";
+  bool busy_poll = false;
+  std::vector<std::string> holds;
+  uint64_t sessions = 1;
+  bool tcp_socket = false;
+};
+int run_bench_recv(const BenchRecvArgs& args);
+
+struct BenchSendArgs {
+  std::string to;
+  std::string transport = "auto";
+  std::string protocol = "status_byte";
+  uint32_t blocks = 3;
+  uint64_t size = 0;
+  uint64_t count = 1000;
+  uint32_t devices = 1;
+  double fps = 0;
+  uint64_t gap_us = 0;
+  bool tcp_socket = false;
+};
+int run_bench_send(const BenchSendArgs& args);
+
+// `slotstream bench ARGS...`: runs the orchestrator bench/slotstream_bench.py with this binary.
+int run_bench(const std::vector<std::string>& args, const std::string& self_exe);
+
+void print_json_line(const std::string& line);
+
+}  // namespace slotstream::tools
