@@ -24,6 +24,7 @@ const char* code_name(Code code) {
     case Code::kIoError: return "I/O error";
     case Code::kTimeout: return "timeout";
     case Code::kCancelled: return "cancelled";
+    case Code::kBusy: return "busy";
   }
   return "unknown";
 }

@@ -3,7 +3,11 @@
 // hands complete messages to the sender's sink. The receiver makes no network operation on the
 // data path; on transports where UCX emulates RMA in software (tcp), a progress thread serves
 // the sender's puts and gets.
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -36,6 +40,7 @@ constexpr Millis kFinGrace{1000};
 // After a sender died, let the progress thread apply what already arrived before the last drain.
 constexpr Millis kLostGrace{50};
 constexpr uint32_t kMaxDevices = 4096;
+constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 constexpr auto kSpinIdle = std::chrono::microseconds(200);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
 constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
@@ -73,6 +78,7 @@ struct Receiver::Impl {
     SessionReport report;
   };
   std::map<uint64_t, Group> groups;
+  std::map<const void*, SessionReport> live;  // published by each session
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
   std::list<std::thread> sessions;
 
@@ -82,11 +88,31 @@ struct Receiver::Impl {
   void event(const std::string& text) {
     if (options.on_event) options.on_event(text);
   }
+  wire::CapacityInfo capacity();
   // Takes the sender name for this group (nullopt), or says why not.
   std::optional<std::string> register_lane(const wire::Hello& hello);
   // A registered lane ended; reports the sender once all its lanes have.
   void lane_ended(uint64_t group, const SessionReport& report);
 };
+
+wire::CapacityInfo Receiver::Impl::capacity() {
+  wire::CapacityInfo c;
+  {
+    std::lock_guard lock(mutex);
+    c.senders = static_cast<uint32_t>(live.size());
+  }
+  if (options.backlog_bytes) c.backlog_bytes = options.backlog_bytes();
+  double load1 = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load1) != 1) load1 = 0;
+    std::fclose(f);
+  }
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  c.load_milli = static_cast<uint32_t>(load1 * 1000 / (cpus > 0 ? cpus : 1));
+  struct statvfs vfs {};
+  if (statvfs("/dev/shm", &vfs) == 0) c.shm_free_bytes = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+  return c;
+}
 
 std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello) {
   std::lock_guard lock(mutex);
@@ -156,6 +182,8 @@ class Session {
   void consume();
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
+  void fill_report(Clock::time_point start);
+  void publish(Clock::time_point start);
 
   Receiver::Impl& rx_;
   std::unique_ptr<net::ControlSocket> control_;
@@ -166,6 +194,8 @@ class Session {
   protocol::Geometry geometry_;
   SessionReport report_;
   bool registered_ = false;  // counted in its sender group (must report when it ends)
+  bool held_all_ = false;
+  bool capacity_only_ = false;  // the connection only asked for capacity
   uint64_t group_ = 0;
   std::vector<bool> hold_active_;
 };
@@ -175,8 +205,14 @@ std::optional<Refusal> Session::handshake() {
   if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
     return Refusal{st.code(), "no valid hello: " + st.message()};
   }
-  if (frame.type != wire::MsgType::kHello) {
+  if (frame.type != wire::MsgType::kHello && frame.type != wire::MsgType::kCapacityRequest) {
     return Refusal{Code::kProtocolError, "expected hello, got message type " + std::to_string(int(frame.type))};
+  }
+  if (frame.type == wire::MsgType::kCapacityRequest) {
+    if (Status st = wire::decode_capacity_request(frame.body); !st.is_ok()) return Refusal{st.code(), st.message()};
+    capacity_only_ = true;
+    (void)control_->send(wire::MsgType::kCapacity, wire::encode(rx_.capacity()));
+    return std::nullopt;
   }
   wire::Hello hello;
   if (Status st = wire::decode(frame.body, &hello); !st.is_ok()) return Refusal{st.code(), st.message()};
@@ -266,6 +302,32 @@ void Session::hold_all(bool held) {
   for (uint32_t i = 0; i < geometry_.blocks; ++i) {
     if (!hold_active_[i]) proto_->set_hold(i, held);
   }
+  held_all_ = held;
+}
+
+void Session::fill_report(Clock::time_point start) {
+  const auto& c = delivery_->counters();
+  report_.messages = c.messages;
+  report_.bytes = c.bytes;
+  report_.gaps = c.gaps;
+  report_.duplicates = c.duplicates;
+  report_.unknown_device = c.unknown_device;
+  report_.out_of_window = c.out_of_window;
+  report_.bad_headers = c.bad_headers;
+  report_.partial_discarded = c.partial_discarded + c.broken_messages;
+  report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report_.held_blocks = held_all_ ? geometry_.blocks
+                                  : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
+  report_.per_device.clear();
+  for (const auto& [d, dc] : delivery_->per_device()) {
+    report_.per_device[d] = DeviceStats{dc.messages, dc.bytes, dc.gaps, dc.duplicates};
+  }
+}
+
+void Session::publish(Clock::time_point start) {
+  fill_report(start);
+  std::lock_guard lock(rx_.mutex);
+  rx_.live[this] = report_;
 }
 
 void Session::apply_holds(Clock::time_point start) {
@@ -289,7 +351,10 @@ void Session::consume() {
   Clock::time_point fin_deadline{};
   bool stalled = false;
   std::string last_error;
+  bool logged_stall = false;
+  auto next_busy_log = Clock::now();
   auto last_work = Clock::now();
+  auto next_publish = Clock::now();
   auto next_check = Clock::now();
 
   auto finish_lost = [&](const std::string& why) {
@@ -316,41 +381,28 @@ void Session::consume() {
     if (!st.is_ok()) {
       // Stop accepting: the data stays in its block, the empty ones are marked held (paper
       // status 2), and the sender waits until the sink works again.
-      if (!stalled || st.message() != last_error) {
-        rx_.event("sender " + report_.sender.name + ": cannot store data, holding blocks until it can: " +
-                  st.to_string());
+      // Log each new reason once. Worker back-pressure comes and goes with every message a
+      // slow worker finishes: log it at most every kBusyLogInterval (the metrics count stalls).
+      const bool busy = st.code() == Code::kBusy;
+      const bool news = !stalled ? !busy || Clock::now() >= next_busy_log
+                                 : st.message() != last_error && !busy;
+      if (news) {
+        rx_.event("sender " + report_.sender.name + ": holding blocks until this clears: " + st.to_string());
+        if (busy) next_busy_log = Clock::now() + kBusyLogInterval;
+        logged_stall = true;
       }
-      if (!stalled) hold_all(true);
+      if (!stalled) {
+        hold_all(true);
+        ++report_.stalls;
+      }
       stalled = true;
       last_error = st.message();
       std::this_thread::sleep_for(kStallRetry);
     } else if (stalled) {
       stalled = false;
       hold_all(false);
-      rx_.event("sender " + report_.sender.name + ": storing again");
-    }
-
-    if (fin) {
-      // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
-      bool complete = desc_->reference || !delivery_->has_open_message();
-      for (auto [d, n] : fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
-      if (complete || (consumed == 0 && !stalled && Clock::now() > fin_deadline)) {
-        uint64_t missing = 0;
-        for (auto [d, n] : fin->messages) {
-          uint64_t got = delivery_->messages(d);
-          if (got < n && !desc_->reference) missing += n - got;
-        }
-        delivery_->abort_partials();
-        wire::FinAck ack;
-        ack.ok = missing == 0;
-        ack.stored = delivery_->counters().messages;
-        ack.message = missing == 0 ? "all stored" : std::to_string(missing) + " messages did not arrive";
-        (void)control_->send(wire::MsgType::kFinAck, wire::encode(ack));
-        report_.finished = missing == 0;
-        if (missing) report_.reason = ack.message;
-        return;
-      }
-      if (consumed > 0 || stalled) fin_deadline = Clock::now() + kFinGrace;
+      if (logged_stall) rx_.event("sender " + report_.sender.name + ": storing again");
+      logged_stall = false;
     }
 
     // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"). While data
@@ -366,6 +418,10 @@ void Session::consume() {
     }
     if (Clock::now() >= next_check) {
       next_check = Clock::now() + Millis(1);
+      if (Clock::now() >= next_publish) {
+        next_publish = Clock::now() + Millis(100);
+        publish(start);
+      }
       Status alive = control_->check_alive();
       if (alive.code() == Code::kPeerGone) {
         finish_lost("connection closed mid-stream");
@@ -400,17 +456,13 @@ void Session::run() {
     }
     return;
   }
+  if (capacity_only_) return;
   consume();
-  const auto& c = delivery_->counters();
-  report_.messages = c.messages;
-  report_.bytes = c.bytes;
-  report_.gaps = c.gaps;
-  report_.duplicates = c.duplicates;
-  report_.unknown_device = c.unknown_device;
-  report_.out_of_window = c.out_of_window;
-  report_.bad_headers = c.bad_headers;
-  report_.partial_discarded = c.partial_discarded + c.broken_messages;
-  report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  fill_report(start);
+  {
+    std::lock_guard lock(rx_.mutex);
+    rx_.live.erase(this);
+  }
   // Free this sender's region before anyone hears that it has ended.
   delivery_.reset();
   sink_.reset();
@@ -500,6 +552,30 @@ void Receiver::stop() {
   for (auto& t : sessions) t.join();
   std::lock_guard lock(im.mutex);
   im.wires.clear();  // progress threads stop, workers and contexts are destroyed
+}
+
+std::vector<SessionReport> Receiver::live_sessions() const {
+  std::lock_guard lock(impl_->mutex);
+  std::vector<SessionReport> out;
+  for (const auto& [k, r] : impl_->live) out.push_back(r);
+  return out;
+}
+
+size_t Receiver::live_count() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->live.size();
+}
+
+Status query_capacity(const std::string& host, uint16_t port, Capacity* out) {
+  std::unique_ptr<net::ControlSocket> control;
+  SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(host, port, Millis(2000), &control));
+  SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kCapacityRequest, wire::encode_capacity_request()));
+  std::vector<uint8_t> body;
+  SLOTSTREAM_RETURN_IF_ERROR(control->expect(wire::MsgType::kCapacity, Millis(2000), &body));
+  wire::CapacityInfo c;
+  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(body, &c));
+  *out = {c.senders, c.backlog_bytes, c.load_milli / 1000.0, c.shm_free_bytes};
+  return Status::ok();
 }
 
 uint64_t Receiver::sessions_ended() const {

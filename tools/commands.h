@@ -22,6 +22,15 @@ struct RecvArgs {
   uint64_t exit_after = 0;
   std::vector<std::string> holds;  // INDEX:FROM_MS:TO_MS
   bool discard = false;
+  std::string worker;                   // command, one per device
+  std::string worker_runtime = "process";
+  std::string worker_cpus;
+  std::string worker_memory;
+  std::string worker_image = "localhost/slotstream:latest";
+  uint64_t backlog_messages = 0;
+  uint64_t backlog_bytes = 0;
+  bool keep_processed = false;
+  std::string metrics;                  // HOST:PORT
 };
 int run_recv(const RecvArgs& args);
 

@@ -56,6 +56,21 @@ int main(int argc, char** argv) {
       ->default_str("auto");
   r->add_option("--token-file", recv.token_file, "require senders to prove they know this shared secret");
   r->add_option("--exit-after-senders", recv.exit_after, "exit after K accepted senders have ended");
+  r->add_option("--worker", recv.worker,
+                "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
+                "message arrives; contract in docs/workers.md (example: workers/checksum.sh)");
+  r->add_option("--worker-runtime", recv.worker_runtime, "process (default) or podman (a container per worker)")
+      ->check(CLI::IsMember({"process", "podman"}));
+  r->add_option("--worker-cpus", recv.worker_cpus, "podman: CPU share per worker, e.g. 0.5");
+  r->add_option("--worker-memory", recv.worker_memory, "podman: memory limit per worker, e.g. 256m");
+  r->add_option("--worker-image", recv.worker_image, "podman: image (build it with `make image`)")
+      ->default_str("localhost/slotstream:latest");
+  r->add_option("--backlog-messages", recv.backlog_messages,
+                "hold blocks (back-pressure) while a device has this many unprocessed messages");
+  r->add_option("--backlog-bytes", recv.backlog_bytes,
+                "hold blocks (back-pressure) while a device has this many unprocessed bytes");
+  r->add_flag("--keep-processed", recv.keep_processed, "keep message files the worker has finished");
+  r->add_option("--metrics", recv.metrics, "serve Prometheus /metrics and /health on HOST:PORT");
   r->add_option("--hold-block", recv.holds,
                 "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
                 "sender connects (testing and benchmarks)");

@@ -11,6 +11,8 @@
 #include "net/control_socket.h"
 #include "sink/dir_sink.h"
 #include "sink/null_sink.h"
+#include "metrics.h"
+#include "pipeline/worker_manager.h"
 
 namespace slotstream::tools {
 namespace fs = std::filesystem;
@@ -83,6 +85,16 @@ int run_recv(const RecvArgs& args) {
     }
   }
   fs::path out = args.out;
+  const bool use_workers = !args.worker.empty();
+  if (use_workers && args.discard) {
+    print_error("recv", "--worker needs --out (workers read the stored files)");
+    return kExitUsage;
+  }
+  if (!use_workers && (args.backlog_bytes || args.backlog_messages)) {
+    print_error("recv", "--backlog-messages/--backlog-bytes need --worker (nothing else consumes the backlog)");
+    return kExitUsage;
+  }
+  std::unique_ptr<pipeline::WorkerManager> workers;
   if (args.discard) {
     opt.make_sink = [](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
       *sink = std::make_unique<sink::NullSink>();
@@ -100,12 +112,37 @@ int run_recv(const RecvArgs& args) {
       print_error("recv", "output directory '" + args.out + "' is not writable");
       return kExitError;
     }
-    opt.make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-      *sink = std::make_unique<sink::DirSink>(out / info.name);
-      return Status::ok();
-    };
+    if (use_workers) {
+      pipeline::WorkerOptions wo;
+      wo.out = out;
+      wo.command = args.worker;
+      wo.runtime = args.worker_runtime == "podman" ? pipeline::Runtime::kPodman : pipeline::Runtime::kProcess;
+      wo.image = args.worker_image;
+      wo.cpus = args.worker_cpus;
+      wo.memory = args.worker_memory;
+      wo.backlog_messages = args.backlog_messages;
+      wo.backlog_bytes = args.backlog_bytes;
+      wo.keep_processed = args.keep_processed;
+      wo.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+      workers = std::make_unique<pipeline::WorkerManager>(std::move(wo));
+      pipeline::WorkerManager* wm = workers.get();
+      opt.backlog_bytes = [wm] { return wm->total_backlog_bytes(); };
+      opt.make_sink = [out, wm](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+        *sink = pipeline::make_pipeline_sink(out / info.name, info.name, *wm);
+        return Status::ok();
+      };
+    } else {
+      opt.make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+        *sink = std::make_unique<sink::DirSink>(out / info.name);
+        return Status::ok();
+      };
+    }
   }
-  opt.on_session_end = [](const SessionReport& r) { print_line(stdout, session_line(r)); };
+  MetricsState metrics_state;
+  opt.on_session_end = [&metrics_state](const SessionReport& r) {
+    metrics_state.session_ended(r);
+    print_line(stdout, session_line(r));
+  };
   opt.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
 
   // Signals are taken synchronously by the main thread; every other thread inherits the mask.
@@ -120,6 +157,15 @@ int run_recv(const RecvArgs& args) {
     print_error("recv", st.to_string());
     return kExitError;
   }
+  std::unique_ptr<MetricsServer> metrics;
+  if (!args.metrics.empty()) {
+    if (Status st = MetricsServer::start(args.metrics, *rx, metrics_state, workers.get(), &metrics); !st.is_ok()) {
+      print_error("recv", "--metrics: " + st.message());
+      rx->stop();
+      return kExitError;
+    }
+    print_line(stderr, "slotstream recv: metrics on http://" + metrics->address() + "/metrics");
+  }
   print_line(stdout, "listening on " + rx->listen_address());
 
   for (;;) {
@@ -133,6 +179,8 @@ int run_recv(const RecvArgs& args) {
     if (args.exit_after > 0 && rx->sessions_ended() >= args.exit_after) break;
   }
   rx->stop();
+  metrics.reset();
+  if (workers) workers->stop();
   return kExitOk;
 }
 

@@ -149,6 +149,13 @@ struct SenderInfo {
   std::vector<uint16_t> devices;
 };
 
+struct DeviceStats {
+  uint64_t messages = 0;
+  uint64_t bytes = 0;
+  uint64_t gaps = 0;
+  uint64_t duplicates = 0;
+};
+
 struct SessionReport {
   SenderInfo sender;
   bool finished = false;         // true: clean FIN; false: lost (peer died) or stopped
@@ -161,7 +168,10 @@ struct SessionReport {
   uint64_t out_of_window = 0;    // packet numbers far outside the reorder window
   uint64_t bad_headers = 0;
   uint64_t partial_discarded = 0;
+  uint64_t held_blocks = 0;      // blocks held right now (back-pressure, --hold-block)
+  uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
   double seconds = 0;
+  std::map<uint16_t, DeviceStats> per_device;
 };
 
 struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
@@ -183,7 +193,19 @@ struct ReceiverOptions {
   std::function<void(const std::string&)> on_event;
   std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
   bool busy_poll = false;                  // never sleep when idle (latency measurements)
+  // Unprocessed bytes waiting for workers, reported to capacity queries (optional).
+  std::function<uint64_t()> backlog_bytes;
 };
+
+// What a receiver reports to `send --to A,B,C` when asked for its capacity.
+struct Capacity {
+  uint32_t senders = 0;           // connections served now
+  uint64_t backlog_bytes = 0;     // unprocessed bytes waiting for workers
+  double load = 0;                // 1-minute load average per CPU
+  uint64_t shm_free_bytes = 0;    // free space in /dev/shm (where shm regions live)
+};
+// Asks a receiver's control port for its capacity (2 s deadline).
+Status query_capacity(const std::string& host, uint16_t port, Capacity* out);
 
 class Receiver {
  public:
@@ -195,6 +217,10 @@ class Receiver {
   void stop();
   // Number of accepted sessions that have ended.
   uint64_t sessions_ended() const;
+  // Counters of the connections being served now (refreshed every ~100 ms). Any thread.
+  std::vector<SessionReport> live_sessions() const;
+  // For capacity queries: connections served now.
+  size_t live_count() const;
   // Blocks until `sessions_ended() >= n` or stop() was called.
   void wait_sessions(uint64_t n);
 

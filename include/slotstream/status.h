@@ -24,6 +24,7 @@ enum class Code {
   kIoError,         // local file system (disk full, permissions)
   kTimeout,
   kCancelled,       // shutdown was requested
+  kBusy,            // not now: the data waits and the call is retried (e.g. worker backlog)
 };
 
 const char* code_name(Code code);

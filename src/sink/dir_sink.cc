@@ -124,6 +124,7 @@ Status DirSink::commit(uint16_t device) {
     return io_error("cannot rename " + tmp.string(), err);
   }
   ::unlink(tmp.c_str());
+  dev.last = {dev.next_seq, dev.offset};
   ++dev.next_seq;
   return Status::ok();
 }

@@ -31,6 +31,13 @@ class DirSink final : public MessageSink {
   Status commit(uint16_t device) override;
   void abort(uint16_t device) override;
 
+  struct Committed {
+    uint64_t seq = 0;
+    uint64_t bytes = 0;
+  };
+  // The message file the last successful commit() of `device` created.
+  Committed last_committed(uint16_t device) const { return devices_.at(device).last; }
+
   static std::string file_name(uint64_t seq);  // "0000000042.bin"
   // Highest SEQ + 1 among the complete message files in `device_dir` (0 if none).
   static uint64_t next_seq_on_disk(const std::filesystem::path& device_dir);
@@ -41,6 +48,7 @@ class DirSink final : public MessageSink {
     uint64_t next_seq = 0;
     int fd = -1;            // open temp file of the message in progress
     uint64_t offset = 0;
+    Committed last;
   };
   Status open_device(uint16_t device, Device** out);
   std::filesystem::path temp_path(const Device& d) const;

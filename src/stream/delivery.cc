@@ -42,7 +42,8 @@ Status Delivery::apply(const Entry& e, Stage stage) {
   if (h.last()) {
     if (Status st = sink_.commit(h.device); !st.is_ok()) return fail(st, Stage::kCommit);
     dev.open = false;
-    ++dev.messages;
+    ++dev.counters.messages;
+    dev.counters.bytes += dev.open_bytes;
     ++counters_.messages;
     counters_.bytes += dev.open_bytes;
   }
@@ -102,6 +103,7 @@ Status Delivery::pass(size_t* consumed) {
     int64_t dist = wire::packet_distance(dev.expected, e.header.packet);
     if (dist < 0) {
       ++counters_.duplicates;
+      ++dev.counters.duplicates;
       proto_.release(e.index);
       ++*consumed;
     } else if (dist >= window) {
@@ -126,6 +128,7 @@ Status Delivery::pass(size_t* consumed) {
     if (any_blocked || ++dev.stuck_passes < 2) continue;
     // Two passes without the expected packet while a later one waits: a real gap.
     counters_.gaps += static_cast<uint64_t>(w->second);
+    dev.counters.gaps += static_cast<uint64_t>(w->second);
     dev.expected += static_cast<uint32_t>(w->second);
     dev.stuck_passes = 0;
     if (dev.open) {
@@ -156,7 +159,13 @@ bool Delivery::has_open_message() const {
 
 uint64_t Delivery::messages(uint16_t device) const {
   auto it = devices_.find(device);
-  return it == devices_.end() ? 0 : it->second.messages;
+  return it == devices_.end() ? 0 : it->second.counters.messages;
+}
+
+std::map<uint16_t, DeviceCounters> Delivery::per_device() const {
+  std::map<uint16_t, DeviceCounters> out;
+  for (const auto& [d, dev] : devices_) out[d] = dev.counters;
+  return out;
 }
 
 }  // namespace slotstream::stream

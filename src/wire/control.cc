@@ -112,7 +112,7 @@ Status decode(std::span<const uint8_t> body, Refuse* out) {
   Reader r(body);
   Refuse m;
   uint16_t code = r.u16();
-  m.code = code <= static_cast<uint16_t>(Code::kCancelled) ? static_cast<Code>(code) : Code::kRefused;
+  m.code = code <= static_cast<uint16_t>(Code::kBusy) ? static_cast<Code>(code) : Code::kRefused;
   m.message = r.str16();
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "refuse"));
   *out = std::move(m);
@@ -159,6 +159,47 @@ Status decode(std::span<const uint8_t> body, FinAck* out) {
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "fin_ack"));
   *out = std::move(m);
   return Status::ok();
+}
+
+std::vector<uint8_t> encode(const CapacityInfo& m) {
+  Writer w;
+  w.u32(m.senders);
+  w.u64(m.backlog_bytes);
+  w.u32(m.load_milli);
+  w.u64(m.shm_free_bytes);
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, CapacityInfo* out) {
+  Reader r(body);
+  CapacityInfo m;
+  m.senders = r.u32();
+  m.backlog_bytes = r.u64();
+  m.load_milli = r.u32();
+  m.shm_free_bytes = r.u64();
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "capacity"));
+  *out = m;
+  return Status::ok();
+}
+
+std::vector<uint8_t> encode_capacity_request() {
+  Writer w;
+  w.bytes(kMagic);
+  w.u16(kProtocolVersion);
+  return std::move(w.buffer());
+}
+
+Status decode_capacity_request(std::span<const uint8_t> body) {
+  Reader r(body);
+  auto magic = r.bytes(kMagic.size());
+  if (!r.ok() || !std::equal(magic.begin(), magic.end(), kMagic.begin())) {
+    return {Code::kProtocolError, "bad magic (not a slotstream sender)"};
+  }
+  uint16_t version = r.u16();
+  if (r.ok() && version != kProtocolVersion) {
+    return {Code::kVersionMismatch, "unsupported version " + std::to_string(version)};
+  }
+  return finish(r, "capacity request");
 }
 
 }  // namespace slotstream::wire

@@ -8,6 +8,7 @@
 //          receiver -> ACCEPT | REFUSE
 //          ... data moves over UCX ...
 //          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
+// Or, instead of HELLO, a capacity query: CAPACITY_REQ ; receiver -> CAPACITY, then close.
 //
 // HELLO:     magic "SLST" | u16 version | str8 protocol | u32 blocks | u32 block_size |
 //            u8 transport (0 auto, 1 shm, 2 tcp) | str8 host id | str8 sender name |
@@ -20,6 +21,9 @@
 // REFUSE:    u16 code | str16 message
 // FIN:       u16 n | n x (u16 device, u64 messages)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
+// CAPACITY_REQ: magic "SLST" | u16 version
+// CAPACITY:  u32 connected senders | u64 worker backlog bytes | u32 load (1-min load average per
+//            CPU, x1000) | u64 free bytes in /dev/shm
 //
 // The version covers the control messages and the block header together; a receiver refuses
 // any other version rather than guessing.
@@ -45,6 +49,7 @@ inline constexpr size_t kMacSize = 32;
 
 enum class MsgType : uint8_t {
   kHello = 1, kChallenge = 2, kAuth = 3, kAccept = 4, kRefuse = 5, kFin = 6, kFinAck = 7,
+  kCapacityRequest = 8, kCapacity = 9,
 };
 
 enum class WireTransport : uint8_t { kAuto = 0, kShm = 1, kTcp = 2 };
@@ -84,6 +89,13 @@ struct FinAck {
   std::string message;
 };
 
+struct CapacityInfo {
+  uint32_t senders = 0;
+  uint64_t backlog_bytes = 0;
+  uint32_t load_milli = 0;
+  uint64_t shm_free_bytes = 0;
+};
+
 struct Frame {
   MsgType type;
   std::vector<uint8_t> body;
@@ -96,6 +108,8 @@ std::vector<uint8_t> encode(const Accept& m);
 std::vector<uint8_t> encode(const Refuse& m);
 std::vector<uint8_t> encode(const Fin& m);
 std::vector<uint8_t> encode(const FinAck& m);
+std::vector<uint8_t> encode(const CapacityInfo& m);
+std::vector<uint8_t> encode_capacity_request();
 
 // Decoders return a kProtocolError Status naming what is wrong (e.g. "bad magic").
 Status decode(std::span<const uint8_t> body, Hello* out);
@@ -103,5 +117,7 @@ Status decode(std::span<const uint8_t> body, Accept* out);
 Status decode(std::span<const uint8_t> body, Refuse* out);
 Status decode(std::span<const uint8_t> body, Fin* out);
 Status decode(std::span<const uint8_t> body, FinAck* out);
+Status decode(std::span<const uint8_t> body, CapacityInfo* out);
+Status decode_capacity_request(std::span<const uint8_t> body);
 
 }  // namespace slotstream::wire

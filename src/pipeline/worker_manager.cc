@@ -1,0 +1,288 @@
+#include "pipeline/worker_manager.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <string_view>
+
+#include "sink/dir_sink.h"
+
+namespace slotstream::pipeline {
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr auto kSupervisePeriod = 100ms;
+constexpr auto kMaxBackoff = std::chrono::milliseconds(30000);
+constexpr auto kStableRun = 10s;  // a worker that ran this long starts its back-off afresh
+constexpr auto kStopGrace = 3s;
+
+std::string worker_name(const std::string& sender, uint16_t device) {
+  return "slotstream-" + sender + "-device-" + std::to_string(device);
+}
+}  // namespace
+
+WorkerManager::WorkerManager(WorkerOptions options) : options_(std::move(options)) {
+  supervisor_ = std::thread([this] { supervise(); });
+}
+
+WorkerManager::~WorkerManager() { stop(); }
+
+std::vector<std::string> WorkerManager::argv_for(const std::string& sender, uint16_t device) const {
+  const std::string dev = std::to_string(device);
+  if (options_.runtime == Runtime::kProcess) return {"/bin/sh", "-c", options_.command};
+  fs::path base = fs::absolute(options_.out) / sender;
+  std::vector<std::string> a = {"podman", "--runtime", "runc", "run", "--rm", "--replace",
+                                "--name", worker_name(sender, device), "--network", "none",
+                                "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
+                                "-v", (base / ("device-" + dev)).string() + ":/data/device:ro",
+                                "-v", (base / ("worker-" + dev)).string() + ":/data/worker",
+                                "-e", "SLOTSTREAM_DEVICE_DIR=/data/device", "-e", "SLOTSTREAM_WORKER_DIR=/data/worker",
+                                "-e", "SLOTSTREAM_SENDER=" + sender, "-e", "SLOTSTREAM_DEVICE=" + dev};
+  if (!options_.cpus.empty()) a.insert(a.end(), {"--cpus", options_.cpus});
+  if (!options_.memory.empty()) a.insert(a.end(), {"--memory", options_.memory});
+  a.insert(a.end(), {"--entrypoint", "/bin/sh", options_.image, "-c", options_.command});
+  return a;
+}
+
+WorkerManager::Worker& WorkerManager::worker_locked(const std::string& sender, uint16_t device) {
+  auto [it, fresh] = workers_.try_emplace({sender, device});
+  Worker& w = it->second;
+  if (fresh) {
+    w.sender = sender;
+    w.device = device;
+    w.device_dir = options_.out / sender / ("device-" + std::to_string(device));
+    w.worker_dir = options_.out / sender / ("worker-" + std::to_string(device));
+    std::error_code ec;
+    fs::create_directories(w.worker_dir, ec);
+    // Messages of an earlier run that the worker has not finished are backlog too.
+    refresh_locked(w);
+    for (const auto& e : fs::directory_iterator(w.device_dir, ec)) {
+      std::string n = e.path().filename().string();
+      if (n.size() != 14 || !n.ends_with(".bin") || n[0] == '.') continue;
+      uint64_t seq = std::strtoull(n.c_str(), nullptr, 10);
+      if (int64_t(seq) > w.done) w.pending.emplace_back(seq, e.file_size(ec));
+    }
+    std::sort(w.pending.begin(), w.pending.end());
+    for (auto& [s, b] : w.pending) w.pending_bytes += b;
+  }
+  return w;
+}
+
+void WorkerManager::start_locked(Worker& w) {
+  std::error_code ec;
+  fs::create_directories(w.worker_dir, ec);
+  auto argv = argv_for(w.sender, w.device);
+  std::string log = (w.worker_dir / "worker.log").string();
+  std::string dev_dir = fs::absolute(w.device_dir).string(), wrk_dir = fs::absolute(w.worker_dir).string();
+  // Everything the child needs is prepared before fork(): after it, only async-signal-safe calls.
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!std::string_view(*e).starts_with("SLOTSTREAM_")) env.emplace_back(*e);
+  }
+  env.push_back("SLOTSTREAM_DEVICE_DIR=" + dev_dir);
+  env.push_back("SLOTSTREAM_WORKER_DIR=" + wrk_dir);
+  env.push_back("SLOTSTREAM_SENDER=" + w.sender);
+  env.push_back("SLOTSTREAM_DEVICE=" + std::to_string(w.device));
+  std::vector<char*> args, envp;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0) dup2(null, STDIN_FILENO);
+    sigprocmask(SIG_SETMASK, &none, nullptr);  // the receiver blocks SIGINT/SIGTERM; workers must not
+    execvpe(args[0], args.data(), envp.data());
+    static const char kMsg[] = "slotstream: cannot start the worker command\n";
+    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing left to tell */ }
+    _exit(127);
+  }
+  if (pid < 0) {
+    event("cannot start worker for " + w.sender + " device " + std::to_string(w.device) + ": " + strerror(errno));
+    w.restart_at = Clock::now() + w.backoff;
+    return;
+  }
+  setpgid(pid, pid);
+  w.pid = pid;
+  w.started = Clock::now();
+  event("worker " + worker_name(w.sender, w.device) + " started (pid " + std::to_string(pid) + ", log " + log + ")");
+}
+
+void WorkerManager::refresh_locked(Worker& w) {
+  std::ifstream in(w.worker_dir / "done");
+  int64_t done = -1;
+  if (!(in >> done) || done <= w.done) return;
+  w.done = done;
+  while (!w.pending.empty() && int64_t(w.pending.front().first) <= done) {
+    auto [seq, bytes] = w.pending.front();
+    w.pending.pop_front();
+    w.pending_bytes -= bytes;
+    ++w.processed;
+    if (!options_.keep_processed) {
+      std::error_code ec;
+      fs::remove(w.device_dir / sink::DirSink::file_name(seq), ec);
+    }
+  }
+}
+
+void WorkerManager::stored(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (stopping_) return;
+  Worker& w = worker_locked(sender, device);
+  if (int64_t(seq) > w.done && (w.pending.empty() || w.pending.back().first < seq)) {
+    w.pending.emplace_back(seq, bytes);
+    w.pending_bytes += bytes;
+  }
+  if (w.pid < 0 && w.restart_at == Clock::time_point{}) start_locked(w);
+}
+
+bool WorkerManager::over_limit(const std::string& sender, uint16_t device, std::string* why) {
+  std::lock_guard lock(mutex_);
+  auto it = workers_.find({sender, device});
+  if (it == workers_.end()) return false;
+  Worker& w = it->second;
+  refresh_locked(w);
+  const uint64_t n = w.pending.size();
+  if (options_.backlog_messages && n >= options_.backlog_messages) {
+    *why = "device " + std::to_string(device) + " has " + std::to_string(n) +
+           " unprocessed messages (--backlog-messages " + std::to_string(options_.backlog_messages) + ")";
+    return true;
+  }
+  if (options_.backlog_bytes && w.pending_bytes >= options_.backlog_bytes) {
+    *why = "device " + std::to_string(device) + " has " + std::to_string(w.pending_bytes) +
+           " unprocessed bytes (--backlog-bytes " + std::to_string(options_.backlog_bytes) + ")";
+    return true;
+  }
+  return false;
+}
+
+std::vector<WorkerStats> WorkerManager::stats() const {
+  std::lock_guard lock(mutex_);
+  std::vector<WorkerStats> out;
+  for (const auto& [key, w] : workers_) {
+    out.push_back({w.sender, w.device, w.pending.size(), w.pending_bytes, w.processed, w.restarts, w.pid > 0});
+  }
+  return out;
+}
+
+uint64_t WorkerManager::total_backlog_bytes() const {
+  std::lock_guard lock(mutex_);
+  uint64_t total = 0;
+  for (const auto& [key, w] : workers_) total += w.pending_bytes;
+  return total;
+}
+
+void WorkerManager::supervise() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, kSupervisePeriod);
+    if (stopping_) break;
+    const auto now = Clock::now();
+    for (auto& [key, w] : workers_) {
+      refresh_locked(w);
+      if (w.pid > 0) {
+        int status = 0;
+        if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+        std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                            : "killed by signal " + std::to_string(WTERMSIG(status));
+        w.pid = -1;
+        w.backoff = now - w.started > kStableRun ? std::chrono::milliseconds(500)
+                                                 : std::min<std::chrono::milliseconds>(kMaxBackoff, w.backoff * 2);
+        w.restart_at = now + w.backoff;
+        event("worker " + worker_name(w.sender, w.device) + " " + how + "; restarting in " +
+              std::to_string(w.backoff.count()) + " ms at the first unprocessed message");
+      } else if (w.restart_at != Clock::time_point{} && now >= w.restart_at) {
+        w.restart_at = {};
+        ++w.restarts;
+        start_locked(w);
+      }
+    }
+  }
+}
+
+void WorkerManager::stop() {
+  std::vector<pid_t> pids;
+  std::vector<std::string> names;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [key, w] : workers_) {
+      if (w.pid > 0) {
+        pids.push_back(w.pid);
+        names.push_back(worker_name(w.sender, w.device));
+      }
+    }
+  }
+  wake_.notify_all();
+  supervisor_.join();
+  for (pid_t p : pids) kill(-p, SIGTERM);
+  auto deadline = Clock::now() + kStopGrace;
+  for (pid_t p : pids) {
+    while (waitpid(p, nullptr, WNOHANG) == 0) {
+      if (Clock::now() > deadline) {
+        kill(-p, SIGKILL);
+        waitpid(p, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  if (options_.runtime == Runtime::kPodman) {
+    for (const auto& n : names) {
+      std::string cmd = "podman rm -f " + n + " >/dev/null 2>&1";
+      if (std::system(cmd.c_str()) != 0) { /* already gone */ }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ the sink
+
+namespace {
+
+class PipelineSink final : public MessageSink {
+ public:
+  PipelineSink(fs::path dir, std::string sender, WorkerManager& manager)
+      : files_(std::move(dir)), sender_(std::move(sender)), manager_(manager) {}
+  Status begin(uint16_t device) override {
+    std::string why;
+    if (manager_.over_limit(sender_, device, &why)) return {Code::kBusy, "worker backlog: " + why};
+    return files_.begin(device);
+  }
+  Status append(uint16_t device, std::span<const std::byte> data) override { return files_.append(device, data); }
+  Status commit(uint16_t device) override {
+    SLOTSTREAM_RETURN_IF_ERROR(files_.commit(device));
+    auto last = files_.last_committed(device);
+    manager_.stored(sender_, device, last.seq, last.bytes);
+    return Status::ok();
+  }
+  void abort(uint16_t device) override { files_.abort(device); }
+
+ private:
+  sink::DirSink files_;
+  std::string sender_;
+  WorkerManager& manager_;
+};
+
+}  // namespace
+
+std::unique_ptr<MessageSink> make_pipeline_sink(fs::path sender_dir, std::string sender, WorkerManager& manager) {
+  return std::make_unique<PipelineSink>(std::move(sender_dir), std::move(sender), manager);
+}
+
+}  // namespace slotstream::pipeline

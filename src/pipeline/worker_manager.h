@@ -1,0 +1,105 @@
+// Per-device processing workers (paper §3.2.7; contract in docs/workers.md): one worker per
+// (sender, device), started when that device's first message is stored, restarted with
+// back-off when it dies, and the source of each device's backlog for back-pressure.
+//
+// Threading: every public method may be called from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "slotstream/slotstream.h"
+
+namespace slotstream::pipeline {
+
+enum class Runtime { kProcess, kPodman };
+
+struct WorkerOptions {
+  std::filesystem::path out;                 // the receiver's output directory
+  std::string command;                       // run by /bin/sh -c
+  Runtime runtime = Runtime::kProcess;
+  std::string image = "localhost/slotstream:latest";  // podman
+  std::string cpus;                          // podman --cpus (empty: no limit)
+  std::string memory;                        // podman --memory (empty: no limit)
+  uint64_t backlog_messages = 0;             // 0: no limit
+  uint64_t backlog_bytes = 0;                // 0: no limit
+  bool keep_processed = false;               // keep message files the worker has finished
+  std::function<void(const std::string&)> on_event;
+};
+
+struct WorkerStats {
+  std::string sender;
+  uint16_t device = 0;
+  uint64_t backlog_messages = 0;
+  uint64_t backlog_bytes = 0;
+  uint64_t processed = 0;    // messages the worker recorded as done since the receiver started
+  uint64_t restarts = 0;
+  bool running = false;
+};
+
+class WorkerManager {
+ public:
+  explicit WorkerManager(WorkerOptions options);
+  ~WorkerManager();  // stops every worker
+
+  // Message file `seq` of `bytes` bytes was stored for (sender, device).
+  void stored(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes);
+  // True (and the reason) while the device's unprocessed backlog is over a limit.
+  bool over_limit(const std::string& sender, uint16_t device, std::string* why);
+  std::vector<WorkerStats> stats() const;
+  uint64_t total_backlog_bytes() const;
+  void stop();
+
+  // The argv that runs one worker (exposed for tests and for the docs).
+  std::vector<std::string> argv_for(const std::string& sender, uint16_t device) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Worker {
+    std::string sender;
+    uint16_t device = 0;
+    std::filesystem::path device_dir, worker_dir;
+    pid_t pid = -1;
+    Clock::time_point started{}, restart_at{};
+    std::chrono::milliseconds backoff{250};  // doubled before each restart: first wait 0.5 s
+    uint64_t restarts = 0;
+    uint64_t processed = 0;
+    int64_t done = -1;                             // last SEQ the worker recorded
+    std::deque<std::pair<uint64_t, uint64_t>> pending;  // (seq, bytes) not yet processed
+    uint64_t pending_bytes = 0;
+  };
+
+  Worker& worker_locked(const std::string& sender, uint16_t device);
+  void start_locked(Worker& w);
+  void refresh_locked(Worker& w);  // reads `done`, forgets and deletes processed messages
+  void supervise();
+  void event(const std::string& text) const {
+    if (options_.on_event) options_.on_event(text);
+  }
+
+  WorkerOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::map<std::pair<std::string, uint16_t>, Worker> workers_;
+  bool stopping_ = false;
+  std::thread supervisor_;
+};
+
+// The receiver's sink when workers run: stores like DirSink, tells the manager, and refuses
+// (kBusy, retried: the data waits in its block) while the device's backlog is over its limit.
+std::unique_ptr<MessageSink> make_pipeline_sink(std::filesystem::path sender_dir, std::string sender,
+                                                WorkerManager& manager);
+
+}  // namespace slotstream::pipeline
