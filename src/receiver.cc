@@ -405,6 +405,29 @@ void Session::consume() {
       logged_stall = false;
     }
 
+    if (fin) {
+      // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
+      bool complete = desc_->reference || !delivery_->has_open_message();
+      for (auto [d, n] : fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
+      if (complete || (consumed == 0 && !stalled && Clock::now() > fin_deadline)) {
+        uint64_t missing = 0;
+        for (auto [d, n] : fin->messages) {
+          uint64_t got = delivery_->messages(d);
+          if (got < n && !desc_->reference) missing += n - got;
+        }
+        delivery_->abort_partials();
+        wire::FinAck ack;
+        ack.ok = missing == 0;
+        ack.stored = delivery_->counters().messages;
+        ack.message = missing == 0 ? "all stored" : std::to_string(missing) + " messages did not arrive";
+        (void)control_->send(wire::MsgType::kFinAck, wire::encode(ack));
+        report_.finished = missing == 0;
+        if (missing) report_.reason = ack.message;
+        return;
+      }
+      if (consumed > 0 || stalled) fin_deadline = Clock::now() + kFinGrace;
+    }
+
     // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"). While data
     // flows the receiver keeps polling (a sleeping receiver stalls a sender whose blocks are all
     // full); once idle for kSpinIdle it sleeps, longer the longer it has been idle, up to
