@@ -473,6 +473,7 @@ void Session::run() {
     rx_.event("refused sender " + who + ": " + refusal->message);
     wire::Refuse r{refusal->code, refusal->message};
     (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
+    control_->drain_and_close(Millis(200));
     if (registered_) {
       report_.reason = "refused: " + refusal->message;
       rx_.lane_ended(group_, report_);

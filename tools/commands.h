@@ -37,6 +37,7 @@ int run_recv(const RecvArgs& args);
 struct SendArgs {
   std::string to;
   std::string name;
+  bool name_given = false;  // an explicit --name, even empty, is used as given
   std::string protocol = kDefaultProtocol;
   std::string transport = "auto";
   uint32_t blocks = kDefaultBlocks;

@@ -150,7 +150,10 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUsage;
   }
   if (*r) return run_recv(recv);
-  if (*s) return run_send(send);
+  if (*s) {
+    send.name_given = s->count("--name") > 0;
+    return run_send(send);
+  }
   if (*v) return run_verify(verify_dir);
   if (*d) return run_demo(demo, self_exe(argv[0]));
   if (*bpr) return run_bench_recv(brecv);

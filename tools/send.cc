@@ -193,7 +193,7 @@ int run_send(const SendArgs& a) {
     print_error("send", st.message());
     return kExitUsage;
   }
-  opt.name = a.name.empty() ? default_name() : a.name;
+  opt.name = a.name_given ? a.name : default_name();
   if (auto why = invalid_sender_name(opt.name)) {
     print_error("send", "--name: " + *why);
     return kExitUsage;

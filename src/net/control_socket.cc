@@ -183,6 +183,22 @@ Status ControlSocket::check_alive() {
   return n > 0 ? Status{Code::kInProgress, "frame pending"} : Status::ok();
 }
 
+void ControlSocket::drain_and_close(Millis wait) {
+  if (fd_ < 0) return;
+  ::shutdown(fd_, SHUT_WR);
+  auto deadline = Clock::now() + wait;
+  char buf[4096];
+  for (size_t total = 0; total < (1u << 20) && Clock::now() < deadline;) {
+    pollfd pfd{fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, remaining_ms(deadline)) <= 0) break;
+    ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    total += size_t(n);
+  }
+  ::close(fd_);
+  fd_ = -1;
+}
+
 std::string ControlSocket::peer() const {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;

@@ -39,6 +39,9 @@ class ControlSocket {
   // kInProgress if a frame is waiting to be read.
   Status check_alive();
   std::string peer() const;
+  // Ends our side and discards what the peer still sends for up to `wait`, so that a reply
+  // (REFUSE) is not destroyed by a reset when unread garbage is pending.
+  void drain_and_close(Millis wait);
   int fd() const { return fd_; }
 
  private:
