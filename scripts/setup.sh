@@ -2,7 +2,8 @@
 # Installs what slotstream needs to build and test on Debian (bookworm). Idempotent; run as root.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libucx-dev ucx-utils libcli11-dev
-      nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev libgtest-dev python3 python3-pytest python3-matplotlib)
+      nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev libgtest-dev python3 python3-pytest python3-matplotlib
+      ffmpeg curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

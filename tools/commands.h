@@ -46,6 +46,8 @@ struct SendArgs {
   bool json = false;
   std::vector<std::string> files;      // D=PATH
   std::vector<std::string> dirs;       // D=DIR
+  std::vector<std::string> videos;     // D=SOURCE (file, or lavfi:GRAPH for an ffmpeg test pattern)
+  bool realtime = false;               // videos at their own frame rate
   std::string synthetic;               // D0-D1:FPS:WxHxC
   double duration = 0;
 };

@@ -77,7 +77,9 @@ int main(int argc, char** argv) {
 
   SendArgs send;
   auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
-  s->add_option("--to", send.to, "receiver control address HOST:PORT")->required();
+  s->add_option("--to", send.to,
+                "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used")
+      ->required();
   s->add_option("--name", send.name, "sender name, the receiver's directory for this sender (default: host name)");
   s->add_option("--protocol", send.protocol, protocol_help())->default_str(kDefaultProtocol);
   s->add_option("--transport", send.transport, "shm, tcp, or auto (shm when both ends share a host)")
@@ -93,6 +95,11 @@ int main(int argc, char** argv) {
   s->add_flag("--json", send.json, "print one JSON summary object on stdout");
   s->add_option("--file", send.files, "D=PATH: the file is one message of device D (repeatable, in order)");
   s->add_option("--dir", send.dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
+  s->add_option("--video", send.videos,
+                "D=SOURCE: decode a video file (or lavfi:GRAPH, an ffmpeg test pattern such as "
+                "lavfi:testsrc=size=640x480:rate=25:duration=4) with ffmpeg into raw 640x480 RGB frames, "
+                "one message per frame (repeatable)");
+  s->add_flag("--realtime", send.realtime, "send videos at their own frame rate (default: as fast as possible)");
   s->add_option("--synthetic", send.synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
   s->add_option("--duration", send.duration, "seconds of synthetic frames");

@@ -1,7 +1,9 @@
 // `slotstream send`: one filler thread per device feeds the library's DeviceStream.
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -37,10 +40,12 @@ struct Synthetic {
 // What each device sends, in order.
 struct Plan {
   std::map<uint16_t, std::vector<fs::path>> files;
+  std::map<uint16_t, std::string> videos;
   std::optional<Synthetic> synthetic;
   std::vector<uint16_t> devices() const {
     std::vector<uint16_t> d;
     for (auto& [dev, _] : files) d.push_back(dev);
+    for (auto& [dev, _] : videos) d.push_back(dev);
     if (synthetic) {
       for (uint32_t i = synthetic->first; i <= synthetic->last; ++i) d.push_back(uint16_t(i));
     }
@@ -114,12 +119,24 @@ Status build_plan(const SendArgs& a, Plan* plan) {
     auto& list = plan->files[d];
     list.insert(list.end(), entries.begin(), entries.end());
   }
+  for (const auto& spec : a.videos) {
+    uint16_t d;
+    std::string source;
+    SLOTSTREAM_RETURN_IF_ERROR(split_assignment("--video", spec, &d, &source));
+    if (plan->files.contains(d) || plan->videos.contains(d)) {
+      return {Code::kInvalidArgument, "device " + std::to_string(d) + " has more than one video or file source"};
+    }
+    if (!source.starts_with("lavfi:") && !fs::exists(source)) {
+      return {Code::kInvalidArgument, "--video: '" + source + "' does not exist"};
+    }
+    plan->videos[d] = source;
+  }
   if (!a.synthetic.empty()) {
     Synthetic s;
     SLOTSTREAM_RETURN_IF_ERROR(parse_synthetic(a.synthetic, &s));
     if (a.duration <= 0) return {Code::kInvalidArgument, "--synthetic needs --duration SEC (> 0)"};
     for (uint32_t i = s.first; i <= s.last; ++i) {
-      if (plan->files.contains(uint16_t(i))) {
+      if (plan->files.contains(uint16_t(i)) || plan->videos.contains(uint16_t(i))) {
         return {Code::kInvalidArgument, "device " + std::to_string(i) + " is both synthetic and a file source"};
       }
     }
@@ -127,8 +144,8 @@ Status build_plan(const SendArgs& a, Plan* plan) {
   } else if (a.duration > 0) {
     return {Code::kInvalidArgument, "--duration only applies to --synthetic"};
   }
-  if (plan->files.empty() && !plan->synthetic) {
-    return {Code::kInvalidArgument, "nothing to send: give --file D=PATH, --dir D=DIR or --synthetic SPEC"};
+  if (plan->files.empty() && plan->videos.empty() && !plan->synthetic) {
+    return {Code::kInvalidArgument, "nothing to send: give --file D=PATH, --dir D=DIR, --video D=SOURCE or --synthetic SPEC"};
   }
   return Status::ok();
 }
@@ -168,6 +185,67 @@ Status send_synthetic(DeviceStream& dev, const Synthetic& s, double duration) {
   return Status::ok();
 }
 
+// Decodes a video with an ffmpeg subprocess into raw 640x480 rgb24 frames, one message each.
+constexpr int kVideoWidth = 640, kVideoHeight = 480;
+constexpr size_t kVideoFrame = size_t(kVideoWidth) * kVideoHeight * 3;
+
+Status send_video(DeviceStream& dev, const std::string& source, bool realtime) {
+  std::vector<std::string> argv = {"ffmpeg", "-v", "error", "-nostdin"};
+  if (realtime) argv.push_back("-re");
+  if (source.starts_with("lavfi:")) {
+    argv.insert(argv.end(), {"-f", "lavfi", "-i", source.substr(6)});
+  } else {
+    argv.insert(argv.end(), {"-i", source});
+  }
+  argv.insert(argv.end(), {"-vf", "scale=640:480", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"});
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return {Code::kIoError, std::string("pipe: ") + strerror(errno)};
+  std::vector<char*> args;
+  for (auto& s : argv) args.push_back(s.data());
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    execvp(args[0], args.data());
+    static const char kMsg[] = "slotstream send: cannot run ffmpeg (apt-get install ffmpeg)\n";
+    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing more to say */ }
+    _exit(127);
+  }
+  ::close(fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    return {Code::kIoError, std::string("fork: ") + strerror(errno)};
+  }
+  std::vector<std::byte> frame(kVideoFrame);
+  Status result;
+  uint64_t frames = 0;
+  for (;;) {
+    size_t got = 0;
+    while (got < frame.size()) {
+      ssize_t n = ::read(fds[0], frame.data() + got, frame.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    if (got == 0) break;  // end of the video
+    if (got < frame.size()) {
+      result = {Code::kIoError, "video '" + source + "' ended mid-frame"};
+      break;
+    }
+    if (result = dev.send(frame); !result.is_ok()) break;
+    ++frames;
+  }
+  ::close(fds[0]);
+  if (!result.is_ok()) kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (result.is_ok() && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+    result = {Code::kIoError, "ffmpeg failed on '" + source + "' (exit " + std::to_string(WEXITSTATUS(status)) + ")"};
+  }
+  if (result.is_ok() && frames == 0) result = {Code::kIoError, "video '" + source + "' has no frames"};
+  return result;
+}
+
 double cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -182,11 +260,58 @@ std::string default_name() {
 
 }  // namespace
 
+// `--to A,B,C`: asks every receiver for its capacity and picks the least loaded one — fewest
+// unprocessed worker bytes, then lowest load per CPU, then fewest connected senders.
+Status choose_receiver(const std::string& list, std::string* host, uint16_t* port) {
+  std::vector<std::string> addrs;
+  for (size_t pos = 0; pos <= list.size();) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > pos) addrs.push_back(list.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  if (addrs.empty()) return {Code::kInvalidArgument, "--to: no address"};
+  for (const auto& a : addrs) {
+    SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(a, host, port));
+  }
+  if (addrs.size() == 1) return Status::ok();
+  struct Candidate {
+    std::string addr, host;
+    uint16_t port;
+    Capacity cap;
+  };
+  std::vector<Candidate> ok;
+  std::string report;
+  for (const auto& a : addrs) {
+    Candidate c{a, "", 0, {}};
+    (void)net::parse_host_port(a, &c.host, &c.port);
+    if (Status st = query_capacity(c.host, c.port, &c.cap); !st.is_ok()) {
+      report += "\n  " + a + ": unavailable (" + st.message() + ")";
+      continue;
+    }
+    char line[256];
+    std::snprintf(line, sizeof line, "\n  %s: backlog %llu B, load %.2f per CPU, %u senders, %llu MB free in /dev/shm",
+                  a.c_str(), (unsigned long long)c.cap.backlog_bytes, c.cap.load, c.cap.senders,
+                  (unsigned long long)(c.cap.shm_free_bytes >> 20));
+    report += line;
+    ok.push_back(c);
+  }
+  if (ok.empty()) return {Code::kConnectFailed, "no receiver answered:" + report};
+  auto best = std::min_element(ok.begin(), ok.end(), [](const Candidate& x, const Candidate& y) {
+    return std::tie(x.cap.backlog_bytes, x.cap.load, x.cap.senders) < std::tie(y.cap.backlog_bytes, y.cap.load, y.cap.senders);
+  });
+  std::fprintf(stderr, "slotstream send: using %s, the least loaded (fewest unprocessed bytes, then load, then senders):%s\n",
+               best->addr.c_str(), report.c_str());
+  *host = best->host;
+  *port = best->port;
+  return Status::ok();
+}
+
 int run_send(const SendArgs& a) {
   SenderOptions opt;
-  if (Status st = net::parse_host_port(a.to, &opt.host, &opt.port); !st.is_ok()) {
-    print_error("send", "--to: " + st.message());
-    return kExitUsage;
+  if (Status st = choose_receiver(a.to, &opt.host, &opt.port); !st.is_ok()) {
+    print_error("send", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   Plan plan;
   if (Status st = build_plan(a, &plan); !st.is_ok()) {
@@ -232,6 +357,9 @@ int run_send(const SendArgs& a) {
         if (!st.is_ok()) return record(st);
       }
     });
+  }
+  for (auto& [d, source] : plan.videos) {
+    fillers.emplace_back([&, dev = sender->device(d), &source = source] { record(send_video(*dev, source, a.realtime)); });
   }
   if (plan.synthetic) {
     for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
