@@ -1,0 +1,177 @@
+"""The edge pipeline: per-device workers, back-pressure through held blocks, restarts, metrics."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from conftest import BIN, REPO, send, seq_name, sha256
+
+CHECKSUM = f"sh {REPO / 'workers' / 'checksum.sh'}"
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def done_of(worker_dir):
+    try:
+        return int((worker_dir / "done").read_text())
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def metrics(addr):
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def metric(text, name, **labels):
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(name + " ")):
+            return float(line.split()[-1])
+    return None
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_frame_processed_once_in_order(receiver, tmp_path):
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--worker", CHECKSUM, "--keep-processed")
+    send(rx.addr, "--name", "cams", "--synthetic", "0-2:50:64x48x3", "--duration", 1)
+    for d in range(3):
+        w = out / "cams" / f"worker-{d}"
+        wait_for(lambda: done_of(w) == 49, 20, f"worker {d} to finish")
+        results = sorted(os.listdir(w / "results"))
+        assert results == [f"{i:010d}.json" for i in range(50)]
+        for i in range(50):
+            r = json.loads((w / "results" / f"{i:010d}.json").read_text())
+            assert r["seq"] == i and r["device"] == d
+            assert r["sha256"] == sha256(out / "cams" / f"device-{d}" / seq_name(i))
+
+
+def test_processed_files_are_removed(receiver, tmp_path):
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--worker", CHECKSUM)
+    send(rx.addr, "--name", "cams", "--synthetic", "0:50:64x48x3", "--duration", 0.5)
+    dev = out / "cams" / "device-0"
+    wait_for(lambda: done_of(out / "cams" / "worker-0") == 24, 20, "worker")
+    wait_for(lambda: os.listdir(dev) == [], 5, "processed files to be removed")
+
+
+SLOW_WORKER = """
+seq=$(cat "$SLOTSTREAM_WORKER_DIR/done" 2>/dev/null || echo -1)
+while :; do
+  n=$(printf %010d $((seq+1)))
+  [ -f "$SLOTSTREAM_DEVICE_DIR/$n.bin" ] || { sleep 0.02; continue; }
+  sleep 0.05
+  seq=$((seq+1)); echo $seq > "$SLOTSTREAM_WORKER_DIR/done.tmp"; mv "$SLOTSTREAM_WORKER_DIR/done.tmp" "$SLOTSTREAM_WORKER_DIR/done"
+done
+"""
+
+
+def test_slow_worker_throttles_the_sender_with_bounded_backlog(receiver, tmp_path):
+    out = tmp_path / "out"
+    script = tmp_path / "slow.sh"
+    script.write_text(SLOW_WORKER)
+    port = free_port()
+    rx = receiver("--out", out, "--worker", f"sh {script}", "--backlog-messages", 4,
+                  "--metrics", f"127.0.0.1:{port}")
+    tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "cam", "--blocks", "4", "--block-size", "8192",
+                           "--synthetic", "0:400:32x32x3", "--duration", "0.1", "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    backlog, held = [], []
+    while tx.poll() is None:
+        text = metrics(f"127.0.0.1:{port}")
+        b = metric(text, "slotstream_worker_backlog_messages", sender="cam", device="0")
+        if b is not None:
+            backlog.append(b)
+        h = metric(text, "slotstream_held_blocks", sender="cam")
+        if h is not None:
+            held.append(h)
+        time.sleep(0.1)
+    assert tx.returncode == 0, tx.stderr.read().decode()
+    j = json.loads(tx.stdout.read())
+    assert j["messages"] == 40
+    # 40 messages through a worker doing 20 per second: the sender was held back.
+    assert max(backlog) <= 4 + 1, f"backlog grew past its limit: {max(backlog)}"
+    assert max(held) > 0, "no block was ever held"
+    w = out / "cam" / "worker-0"
+    wait_for(lambda: done_of(w) == 39, 20, "the worker to catch up")
+    text = metrics(f"127.0.0.1:{port}")
+    assert metric(text, "slotstream_messages_total", sender="cam", device="0") == 40
+    assert metric(text, "slotstream_stalls_total", sender="cam") >= 1
+
+
+def test_killed_worker_restarts_and_skips_nothing(receiver, tmp_path):
+    out = tmp_path / "out"
+    port = free_port()
+    rx = receiver("--out", out, "--worker", CHECKSUM, "--keep-processed", "--metrics", f"127.0.0.1:{port}")
+    tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "cam", "--synthetic", "0:50:64x48x3",
+                           "--duration", "3"], stderr=subprocess.PIPE)
+    w = out / "cam" / "worker-0"
+    wait_for(lambda: done_of(w) >= 10, 20, "the worker to start processing")
+    # The worker's own processes (sh -c COMMAND and the script), not the receiver's command line.
+    pattern = "^(/bin/)?sh .*" + str(REPO / "workers" / "checksum.sh")
+    pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    assert pids, "worker process not found"
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    assert tx.wait(timeout=30) == 0
+    wait_for(lambda: done_of(w) == 149, 30, "the restarted worker to finish")
+    results = sorted(os.listdir(w / "results"))
+    assert results == [f"{i:010d}.json" for i in range(150)], "a message was skipped or processed twice"
+    text = metrics(f"127.0.0.1:{port}")
+    assert metric(text, "slotstream_worker_restarts_total", sender="cam", device="0") >= 1
+    _, _, err = rx.stop()
+    assert "killed by signal 9" in err and "restarting" in err
+
+
+def test_metrics_and_health(receiver, tmp_path):
+    port = free_port()
+    rx = receiver("--out", tmp_path / "out", "--metrics", f"127.0.0.1:{port}")
+    send(rx.addr, "--name", "m", "--synthetic", "0-1:50:32x32x3", "--duration", 0.2)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+        assert r.status == 200 and r.read() == b"ok\n"
+    text = metrics(f"127.0.0.1:{port}")
+    assert metric(text, "slotstream_messages_total", sender="m", device="1") == 10
+    assert metric(text, "slotstream_gaps_total", sender="m", device="0") == 0
+    assert metric(text, "slotstream_sessions_ended_total") == 1
+    assert "# TYPE slotstream_held_blocks gauge" in text
+
+
+def test_send_to_a_list_picks_a_live_receiver(receiver, tmp_path):
+    a = receiver("--out", tmp_path / "a")
+    f = tmp_path / "f.bin"
+    f.write_bytes(os.urandom(1000))
+    p = send(f"127.0.0.1:1,{a.addr}", "--name", "pick", "--file", f"0={f}")
+    assert f"using {a.addr}" in p.stderr.decode()
+    assert "127.0.0.1:1: unavailable" in p.stderr.decode()
+    assert sha256(tmp_path / "a" / "pick" / "device-0" / seq_name(0)) == sha256(f)
+
+
+def test_video_test_pattern_one_message_per_frame(receiver, tmp_path):
+    if subprocess.run(["which", "ffmpeg"], capture_output=True).returncode:
+        pytest.fail("ffmpeg is missing: run scripts/setup.sh")
+    out = tmp_path / "out"
+    rx = receiver("--out", out)
+    p = send(rx.addr, "--name", "vid", "--video", "3=lavfi:testsrc=size=640x480:rate=25:duration=1", "--json")
+    assert json.loads(p.stdout)["messages"] == 25
+    files = sorted(os.listdir(out / "vid" / "device-3"))
+    assert files == [seq_name(i) for i in range(25)]
+    assert all((out / "vid" / "device-3" / n).stat().st_size == 640 * 480 * 3 for n in files)
