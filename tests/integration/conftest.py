@@ -60,9 +60,14 @@ class Receiver:
         return self.proc.returncode, out.decode(), err.decode()
 
     def kill(self):
+        """Stops the receiver (gracefully first, so that it stops its workers too)."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
 
 
 @pytest.fixture
