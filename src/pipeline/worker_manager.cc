@@ -150,7 +150,14 @@ void WorkerManager::stored(const std::string& sender, uint16_t device, uint64_t 
     w.pending.emplace_back(seq, bytes);
     w.pending_bytes += bytes;
   }
-  if (w.pid < 0 && w.restart_at == Clock::time_point{}) start_locked(w);
+  if (w.pid < 0 && w.restart_at == Clock::time_point{} && w.restarts == 0 && !w.ever_started) {
+    // Workers are forked by the supervisor thread only: PR_SET_PDEATHSIG fires when the
+    // *thread* that forked exits, and session threads end with their sender.
+    w.ever_started = true;
+    w.restart_at = Clock::now();
+    w.first_start = true;
+    wake_.notify_one();
+  }
 }
 
 bool WorkerManager::over_limit(const std::string& sender, uint16_t device, std::string* why) {
@@ -210,7 +217,8 @@ void WorkerManager::supervise() {
               std::to_string(w.backoff.count()) + " ms at the first unprocessed message");
       } else if (w.restart_at != Clock::time_point{} && now >= w.restart_at) {
         w.restart_at = {};
-        ++w.restarts;
+        if (!w.first_start) ++w.restarts;
+        w.first_start = false;
         start_locked(w);
       }
     }

@@ -75,6 +75,8 @@ class WorkerManager {
     Clock::time_point started{}, restart_at{};
     std::chrono::milliseconds backoff{250};  // doubled before each restart: first wait 0.5 s
     uint64_t restarts = 0;
+    bool ever_started = false;   // the first start has been requested
+    bool first_start = false;    // the pending start is the first one (not a restart)
     uint64_t processed = 0;
     int64_t done = -1;                             // last SEQ the worker recorded
     std::deque<std::pair<uint64_t, uint64_t>> pending;  // (seq, bytes) not yet processed
