@@ -260,9 +260,13 @@ Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& 
 }
 
 Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, const void* data,
-                         size_t data_len, Request* req) {
+                         size_t data_len, bool want_reply, Request* req) {
   if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
   ucp_request_param_t param{};
+  if (want_reply) {
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+  }
   g_counters.am_sends.fetch_add(1, std::memory_order_relaxed);
   return track(ucp_am_send_nbx(handle_, id, header, header_len, data, data_len, &param),
                "ucp_am_send_nbx", req);
@@ -321,6 +325,13 @@ Status Worker::wait_for_event() {
 
 void Worker::signal() { ucp_worker_signal(handle_); }
 
+Status Worker::am_reply(ReplyEp to, unsigned id, const void* header, size_t header_len, Request* req) {
+  if (!to) return {Code::kPeerGone, "no reply endpoint"};
+  ucp_request_param_t param{};
+  g_counters.am_sends.fetch_add(1, std::memory_order_relaxed);
+  return track(ucp_am_send_nbx(to.ep, id, header, header_len, nullptr, 0, &param), "ucp_am_send_nbx (reply)", req);
+}
+
 Status Worker::set_am_handler(unsigned id, AmHandler handler) {
   am_handlers_.push_back(std::make_unique<AmHandler>(std::move(handler)));
   ucp_am_handler_param_t param{};
@@ -334,8 +345,9 @@ Status Worker::set_am_handler(unsigned id, AmHandler handler) {
     g_counters.am_received.fetch_add(1, std::memory_order_relaxed);
     // Protocols in slotstream send small notifications only; rendezvous data is not expected.
     if (recv->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;
-    fn({static_cast<const std::byte*>(header), header_len}, {static_cast<const std::byte*>(data), length},
-       nullptr);
+    ReplyEp reply;
+    if (recv->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) reply.ep = recv->reply_ep;
+    fn({static_cast<const std::byte*>(header), header_len}, {static_cast<const std::byte*>(data), length}, reply);
     return UCS_OK;
   };
   return from_ucs(ucp_worker_set_am_recv_handler(handle_, &param), "ucp_worker_set_am_recv_handler");

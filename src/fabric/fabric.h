@@ -145,9 +145,10 @@ class Endpoint {
   // the source buffer of a put must stay untouched until then.
   Status put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
   Status get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
-  // Two-sided active message (used by protocols that notify the receiver).
+  // Two-sided active message (used by protocols that notify the receiver). The header must
+  // stay valid until the request completes. `want_reply` lets the receiver answer (ReplyEp).
   Status am_send(unsigned id, const void* header, size_t header_len, const void* data,
-                 size_t data_len, Request* req);
+                 size_t data_len, bool want_reply, Request* req);
 
  private:
   Endpoint(Worker& worker) : worker_(worker) {}
@@ -157,9 +158,16 @@ class Endpoint {
   bool failed_ = false;
 };
 
-// Receives an active message: (header, data). Runs on the thread that progresses the worker.
+// The endpoint an active message came from, to answer it (valid while the sender is connected).
+struct ReplyEp {
+  ucp_ep* ep = nullptr;
+  explicit operator bool() const { return ep != nullptr; }
+};
+
+// Receives an active message: (header, data, where to reply). Runs on the thread that
+// progresses the worker.
 using AmHandler = std::function<void(std::span<const std::byte> header, std::span<const std::byte> data,
-                                     Endpoint* reply_ep)>;
+                                     ReplyEp reply)>;
 
 class Worker {
  public:
@@ -182,6 +190,9 @@ class Worker {
 
   // Registers an active-message handler for `id`.
   Status set_am_handler(unsigned id, AmHandler handler);
+  // Sends an active message back on a ReplyEp (any thread of a shared worker). The header must
+  // stay valid until the request completes.
+  Status am_reply(ReplyEp to, unsigned id, const void* header, size_t header_len, Request* req);
 
  private:
   Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}

@@ -1,13 +1,14 @@
 #include <array>
 
 #include "protocol/protocol.h"
+#include "protocol/sliding_window.h"
 #include "protocol/status_byte.h"
 #include "protocol/ucx_raw_put.h"
 
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 2> kAll = {&kStatusByte, &kUcxRawPut};
+const std::array<const Descriptor*, 3> kAll = {&kStatusByte, &kSlidingWindow, &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }
