@@ -438,6 +438,8 @@ void Session::consume() {
     } else if (!rx_.options.busy_poll && now - last_work > kSpinIdle) {
       auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, kMaxIdleSleep);
       std::this_thread::sleep_for(nap);
+    } else if (!rx_.options.busy_poll) {
+      std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
     }
     if (Clock::now() >= next_check) {
       next_check = Clock::now() + Millis(1);

@@ -64,6 +64,19 @@ class SenderProtocol {
 
 inline constexpr size_t kMaxSyncSamples = 1 << 20;
 
+// How a sender waits for the receiver (free blocks, ACKs): spin for the first polls — the
+// common case is a receiver that frees a block within microseconds — then sleep, longer each
+// time up to 200 µs, so that a stalled receiver (full disk, slow worker) does not cost a core.
+// Every protocol uses the same policy, so none is favoured in a comparison.
+class PollBackoff {
+ public:
+  void pause();
+  void reset() { polls_ = 0; }
+
+ private:
+  uint32_t polls_ = 0;
+};
+
 // Threading: one consumer thread per connected sender calls these; set_hold may also be
 // called from that thread only.
 class ReceiverProtocol {

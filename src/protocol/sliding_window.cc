@@ -63,11 +63,7 @@ class SlidingWindowSender final : public SenderProtocol {
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     // The window is full: the head waits for the oldest block's ACK (in order, Figure 1c/d).
-    for (unsigned spins = 0; window_.full(); ++spins) {
-      fabric_.worker.progress();
-      if ((spins & 255) == 0) SLOTSTREAM_RETURN_IF_ERROR(fabric_.alive());
-      if (fabric_.endpoint.failed()) return {Code::kPeerGone, "receiver unreachable"};
-    }
+    SLOTSTREAM_RETURN_IF_ERROR(wait_st([this] { return !window_.full(); }));
     const uint32_t i = window_.push();
     SLOTSTREAM_RETURN_IF_ERROR(
         fabric_.endpoint.put(src, length, pool_ + uint64_t(i) * fabric_.geometry.block_size, *rkey_, data_req));
@@ -86,11 +82,7 @@ class SlidingWindowSender final : public SenderProtocol {
 
   Status finish_st() override {
     // Everything is delivered once every block is ACKed.
-    for (unsigned spins = 0; !window_.empty(); ++spins) {
-      fabric_.worker.progress();
-      if ((spins & 255) == 0) SLOTSTREAM_RETURN_IF_ERROR(fabric_.alive());
-      if (fabric_.endpoint.failed()) return {Code::kPeerGone, "receiver unreachable"};
-    }
+    SLOTSTREAM_RETURN_IF_ERROR(wait_st([this] { return window_.empty(); }));
     return fabric_.endpoint.flush(fabric_.alive);
   }
 
@@ -104,6 +96,17 @@ class SlidingWindowSender final : public SenderProtocol {
 
  private:
   uint32_t window_in_blocks() const { return fabric_.geometry.blocks; }
+
+  // Polls for ACKs (they are handled inside progress) until `done`.
+  template <typename Pred>
+  Status wait_st(Pred done) {
+    for (PollBackoff backoff; !done(); backoff.pause()) {
+      if (fabric_.worker.progress() != 0) backoff.reset();
+      SLOTSTREAM_RETURN_IF_ERROR(fabric_.alive());
+      if (fabric_.endpoint.failed()) return {Code::kPeerGone, "receiver unreachable"};
+    }
+    return Status::ok();
+  }
 
   SenderFabric& fabric_;
   uint64_t pool_;

@@ -13,13 +13,6 @@ namespace {
 // the put outlives any transport that completes it later (tcp).
 const uint8_t kFullByte = kFull;
 
-// A sender that finds every receiver block busy re-reads the status array. The paper spins;
-// we spin too for the first reads (the common case is a receiver that frees a block within
-// microseconds) and then back off, so that a receiver stalled on a full disk does not cost a
-// whole sender core.
-constexpr uint32_t kSpinReads = 64;
-constexpr auto kMaxBackoff = std::chrono::microseconds(200);
-
 size_t status_offset(const Geometry& g) { return size_t(g.blocks) * g.block_size; }
 
 class StatusByteSender final : public SenderProtocol {
@@ -31,11 +24,7 @@ class StatusByteSender final : public SenderProtocol {
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     int64_t j = cache_.pick(&counters_.held_skips);
-    for (uint32_t reads = 0; j < 0; ++reads) {
-      if (reads >= kSpinReads) {
-        auto pause = std::min(kMaxBackoff, std::chrono::microseconds(reads - kSpinReads + 1));
-        std::this_thread::sleep_for(pause);
-      }
+    for (PollBackoff backoff; j < 0; backoff.pause()) {
       SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
       j = cache_.pick(&counters_.held_skips);
     }

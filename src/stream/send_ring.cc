@@ -45,14 +45,25 @@ int64_t SendRing::wait_filled(uint64_t ticket, std::chrono::microseconds timeout
     if (s.turn.load(std::memory_order_acquire) != ticket) return -1;
     return s.length.load(std::memory_order_acquire);
   };
-  for (int i = 0; i < 256; ++i) {
-    if (int64_t len = filled(); len >= 0) return len;
-    if (i > 32) std::this_thread::yield();
+  // Spin while data is flowing (a filler is about to commit: sleeping would cost a futex wake
+  // per block), but only briefly on a connection that has gone idle, so an idle sending thread
+  // costs ~nothing — there is one per connection, and a baseline may use one per device.
+  const auto spin_until = std::chrono::steady_clock::now() + spin_budget_;
+  for (int i = 0;; ++i) {
+    if (int64_t len = filled(); len >= 0) {
+      spin_budget_ = kBusySpin;
+      return len;
+    }
+    if ((i & 15) == 15 && std::chrono::steady_clock::now() >= spin_until) break;
+    // On a machine with fewer cores than busy threads, spinning without yielding would keep
+    // the very filler we wait for off the CPU.
+    if (i >= 16) std::this_thread::yield();
   }
   std::unique_lock lock(mutex_);
   sender_waiting_.store(true, std::memory_order_seq_cst);
-  filled_.wait_for(lock, timeout, [&] { return filled() >= 0; });
+  bool got = filled_.wait_for(lock, timeout, [&] { return filled() >= 0; });
   sender_waiting_.store(false, std::memory_order_relaxed);
+  spin_budget_ = got ? kBusySpin : kIdleSpin;
   return filled();
 }
 

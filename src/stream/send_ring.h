@@ -56,12 +56,16 @@ class SendRing {
     std::atomic<int64_t> length;   // -1 while not filled, else bytes filled
   };
 
+  static constexpr std::chrono::microseconds kBusySpin{50};
+  static constexpr std::chrono::microseconds kIdleSpin{2};
+
   std::byte* base_;
   uint32_t blocks_;
   uint32_t block_size_;
   std::unique_ptr<SlotState[]> slots_;
   std::atomic<uint64_t> next_ticket_{0};
   std::atomic<bool> aborted_{false};
+  std::chrono::microseconds spin_budget_ = kIdleSpin;  // sending thread only
 
   // Sleeping is rare (ring full, or the sending thread idle); these are only touched then.
   std::mutex mutex_;
