@@ -62,6 +62,7 @@ struct Recording {
   std::vector<uint64_t> latencies_ns;
   uint64_t connections = 0;
   double cpu_start = 0;
+  uint64_t start_ns = 0;  // when the receiver accepted the sender (its --hold-block clock starts then)
   void message(uint64_t stamp) {
     uint64_t t = now_ns();
     std::lock_guard lock(mutex);
@@ -111,7 +112,8 @@ json session_json(const std::string& name, const std::string& protocol, const st
           {"seconds", seconds},       {"arrivals_ns", rec.arrivals_ns},
           {"latencies_ns", rec.latencies_ns}, {"gaps", gaps},
           {"lost", lost},             {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
-          {"peak_rss_kb", u.peak_rss_kb}, {"resources", resources_json(rec.connections)}};
+          {"peak_rss_kb", u.peak_rss_kb}, {"session_start_ns", rec.start_ns},
+          {"resources", resources_json(rec.connections)}};
 }
 
 // --------------------------------------------------------------------- plain TCP reference
@@ -160,6 +162,7 @@ int recv_tcp_socket(net::Listener& listener, const BenchRecvArgs& a) {
     Recording rec;
     rec.connections = 1;
     rec.cpu_start = usage().cpu_seconds;
+    rec.start_ns = now_ns();
     auto t0 = Clock::now();
     uint64_t messages = 0, bytes = 0;
     std::vector<std::byte> buf;
@@ -298,6 +301,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
     if (!rec) {
       rec = std::make_shared<Recording>();
       rec->cpu_start = usage().cpu_seconds;
+      rec->start_ns = now_ns();
       fabric::reset_counters();
     }
     ++rec->connections;

@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""slotstream bench: the status-byte paper's evaluation (section 4), side by side with the
+sliding-window baseline, the raw UCX put ceiling and plain TCP sockets, on every transport.
+
+Every measurement starts two real processes (`slotstream bench-peer recv` and `... send`,
+docs/bench-peer.md) and records what they report. Results are tidy records in
+OUT/results.json; plots are drawn from that file alone (bench/plot.py).
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import select
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
+
+PROTOCOLS = ["status_byte", "sliding_window"]
+REFERENCES = ["ucx_raw_put", "tcp_socket"]
+TRANSPORTS = ["shm", "tcp"]
+FULL_SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 8 << 20]
+QUICK_SIZES = [64, 256, 4096, 65536, 1 << 20]
+SYNC_BLOCKS = [3, 8, 16, 32, 64, 128]
+PAPER_BLOCKS = 3       # paper section 4.2: three blocks per side
+DEFAULT_BLOCKS = 32    # slotstream's default (`slotstream send --help`)
+CAMERA_FRAME = 640 * 480 * 3
+
+
+class PeerError(RuntimeError):
+    pass
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def read_line(proc, timeout):
+    deadline = time.monotonic() + timeout
+    buf = b""
+    fd = proc.stdout.fileno()
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if not r:
+            if proc.poll() is not None:
+                break
+            continue
+        c = os.read(fd, 1)
+        if not c:
+            break
+        if c == b"\n":
+            return buf.decode()
+        buf += c
+    return buf.decode()
+
+
+def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_us=0, busy_poll=False,
+             hold=None, timeout=300):
+    """One measurement: a receiver peer and a sender peer; returns (sender, receiver) JSON."""
+    tcp_socket = protocol == "tcp_socket"
+    rx_cmd = [BIN, "bench-peer", "recv", "--listen", "127.0.0.1:0", "--transport", transport]
+    if busy_poll:
+        rx_cmd.append("--busy-poll")
+    if hold:
+        rx_cmd += ["--hold-block", hold]
+    if tcp_socket:
+        rx_cmd.append("--tcp-socket")
+    rx = subprocess.Popen(rx_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = read_line(rx, 20)
+        if not line.startswith("listening on "):
+            raise PeerError(f"receiver peer did not start: {line!r} {rx.stderr.read().decode()[:500]}")
+        addr = line.split()[-1]
+        tx_cmd = [BIN, "bench-peer", "send", "--to", addr, "--transport", transport, "--protocol", protocol,
+                  "--blocks", str(blocks), "--size", str(size), "--count", str(count), "--devices", str(devices)]
+        if fps:
+            tx_cmd += ["--fps", str(fps)]
+        if gap_us:
+            tx_cmd += ["--gap-us", str(gap_us)]
+        if tcp_socket:
+            tx_cmd = [c for c in tx_cmd if c not in ("--protocol", protocol)] + ["--tcp-socket"]
+        try:
+            tx = subprocess.run(tx_cmd, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise PeerError(f"sender peer timed out after {timeout} s: {' '.join(tx_cmd)}")
+        if tx.returncode != 0:
+            raise PeerError(f"sender peer failed ({tx.returncode}): {tx.stderr.decode()[:500]}")
+        sender = json.loads(tx.stdout)
+        line = read_line(rx, 30)
+        if not line.startswith("{"):
+            raise PeerError(f"receiver peer gave no report: {line!r}")
+        return sender, json.loads(line)
+    finally:
+        if rx.poll() is None:
+            rx.terminate()
+        try:
+            rx.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rx.kill()
+
+
+def pct(values, q):
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+class Results:
+    def __init__(self, out, argv):
+        self.out = out
+        self.records = []
+        self.samples = {}
+        self.errors = []
+        self.config = {
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "slotstream": subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.strip(),
+            "ucx": self._ucx_version(),
+            "command": " ".join(["slotstream", "bench", *argv]),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    @staticmethod
+    def _ucx_version():
+        try:
+            out = subprocess.run(["ucx_info", "-v"], capture_output=True, text=True, timeout=10).stdout
+            return out.splitlines()[0].strip("# ").strip() if out else "unknown"
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+
+    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0):
+        self.records.append({"experiment": experiment, "protocol": protocol, "transport": transport,
+                             "size_bytes": int(size), "blocks": int(blocks), "metric": metric,
+                             "value": float(value), "unit": unit, "repeat": int(repeat)})
+
+    def sample(self, experiment, key, data):
+        self.samples.setdefault(experiment, {})[key] = data
+
+    def error(self, what, err):
+        log(f"  ! {what}: {err}")
+        self.errors.append({"what": what, "error": str(err)})
+
+    def save(self):
+        doc = {"config": self.config, "records": self.records, "samples": self.samples, "errors": self.errors}
+        (self.out / "results.json").write_text(json.dumps(doc, indent=1))
+
+
+class Progress:
+    def __init__(self, total, name):
+        self.total, self.done, self.t0, self.name = max(total, 1), 0, time.monotonic(), name
+
+    def step(self, what):
+        self.done += 1
+        el = time.monotonic() - self.t0
+        eta = el / self.done * (self.total - self.done)
+        log(f"[{self.name} {self.done}/{self.total} {el:5.0f}s, ~{eta:4.0f}s left] {what}")
+
+
+# ---------------------------------------------------------------------------- experiments
+
+def throughput_count(size, cfg):
+    """Transfers per round: the paper's 1,000, fewer for large sizes to bound the run time."""
+    return max(4, min(1000, cfg.round_bytes // size))
+
+
+def exp_throughput(res, cfg):
+    """Fig. 13-14 (throughput) and Fig. 15 (CPU) from the same runs."""
+    protocols = cfg.protocols + REFERENCES
+    runs = [(t, p, s, b) for t in cfg.transports for b in cfg.block_sets for s in cfg.sizes for p in protocols
+            if not (p == "tcp_socket" and t != "tcp")]
+    prog = Progress(len(runs), "throughput")
+    for t, p, s, b in runs:
+        count = throughput_count(s, cfg)
+        try:
+            snd, rcv = run_pair(t, p, s, count * cfg.repeats, b)
+        except PeerError as e:
+            res.error(f"throughput {p} {t} {s} B {b} blocks", e)
+            prog.step(f"{t} {p} {s} B x{b}: FAILED")
+            continue
+        # Each round of `count` consecutive transfers: from its first send to its last arrival
+        # (ucx_raw_put delivers nothing, so its rounds are timed by the sender's own sends).
+        sends = snd["send_times_ns"]
+        arrivals = rcv["arrivals_ns"]
+        rates = []
+        for r in range(cfg.repeats):
+            first = sends[r * count]
+            if arrivals:
+                last = arrivals[min(len(arrivals), (r + 1) * count) - 1]
+            else:
+                last = sends[(r + 1) * count] if (r + 1) * count < len(sends) else first + snd["seconds"] * 1e9 / cfg.repeats
+            secs = max(last - first, 1) / 1e9
+            rates.append(count * s / secs / 1e6)
+        if p == "ucx_raw_put":  # no arrivals: use the whole run, flush included
+            rates = [snd["bytes"] / snd["seconds"] / 1e6] * cfg.repeats
+        for r, rate in enumerate(rates):
+            res.add("throughput", p, t, s, b, "throughput", rate, "MB/s", r)
+        res.add("cpu", p, t, s, b, "cpu_sender", 100 * snd["cpu_seconds"] / snd["seconds"], "% of one core")
+        res.add("cpu", p, t, s, b, "cpu_receiver", 100 * rcv["cpu_seconds"] / max(rcv["seconds"], 1e-9),
+                "% of one core")
+        # A faster protocol is busier per second; CPU per byte moved compares the work itself.
+        mb = max(snd["bytes"], 1) / 1e6
+        res.add("cpu", p, t, s, b, "cpu_sender_per_mb", 1e3 * snd["cpu_seconds"] / mb, "ms/MB")
+        res.add("cpu", p, t, s, b, "cpu_receiver_per_mb", 1e3 * rcv["cpu_seconds"] / mb, "ms/MB")
+        prog.step(f"{t} {p:14} {s:>8} B x{b:<3} {statistics.median(rates):9.1f} MB/s")
+    # Every figure as a ratio to the UCX ceiling measured in the same run.
+    ceiling = {}
+    for rec in res.records:
+        if rec["experiment"] == "throughput" and rec["protocol"] == "ucx_raw_put":
+            ceiling.setdefault((rec["transport"], rec["size_bytes"], rec["blocks"]), []).append(rec["value"])
+    for (t, p, s, b), vals in group(res, "throughput", "throughput").items():
+        c = ceiling.get((t, s, b))
+        if c and p != "ucx_raw_put":
+            res.add("throughput", p, t, s, b, "throughput_ratio_to_ucx", statistics.median(vals) / statistics.median(c), "ratio")
+
+
+def group(res, experiment, metric):
+    out = {}
+    for rec in res.records:
+        if rec["experiment"] == experiment and rec["metric"] == metric:
+            out.setdefault((rec["transport"], rec["protocol"], rec["size_bytes"], rec["blocks"]), []).append(rec["value"])
+    return out
+
+
+def exp_latency(res, cfg):
+    """Fig. 12: one block in flight at a time; one-way time from the sender's stamp to the
+    message being complete at a busy-polling receiver."""
+    protocols = cfg.protocols + REFERENCES
+    runs = [(t, p, s) for t in cfg.transports for s in cfg.sizes for p in protocols
+            if not (p == "tcp_socket" and t != "tcp") and p != "ucx_raw_put"]
+    prog = Progress(len(runs), "latency")
+    for t, p, s in runs:
+        # The gap lets each message arrive before the next is sent (no queueing).
+        gap = int(200 + s / (100 if t == "tcp" else 1000))
+        try:
+            snd, rcv = run_pair(t, p, s, cfg.latency_runs, PAPER_BLOCKS, gap_us=gap, busy_poll=True)
+        except PeerError as e:
+            res.error(f"latency {p} {t} {s} B", e)
+            prog.step(f"{t} {p} {s} B: FAILED")
+            continue
+        lat = [x / 1000 for x in rcv["latencies_ns"] if x > 0]
+        if not lat:
+            res.error(f"latency {p} {t} {s} B", "no samples")
+            continue
+        for metric, v in (("latency_mean", statistics.mean(lat)), ("latency_p50", pct(lat, 50)),
+                          ("latency_p99", pct(lat, 99))):
+            res.add("latency", p, t, s, PAPER_BLOCKS, metric, v, "us")
+        prog.step(f"{t} {p:14} {s:>8} B mean {statistics.mean(lat):9.1f} us")
+
+
+def exp_sync_latency(res, cfg):
+    """Fig. 10-11: synchronisation-control latency vs number of blocks."""
+    runs = [(t, p, b) for t in cfg.transports for b in cfg.sync_blocks for p in cfg.protocols]
+    prog = Progress(len(runs), "sync_latency")
+    size = 4096
+    for t, p, b in runs:
+        try:
+            snd, _ = run_pair(t, p, size, cfg.sync_count, b)
+        except PeerError as e:
+            res.error(f"sync_latency {p} {t} {b} blocks", e)
+            prog.step(f"{t} {p} {b} blocks: FAILED")
+            continue
+        lat = [x / 1000 for x in snd["sync_latencies_ns"]]
+        if not lat:
+            res.error(f"sync_latency {p} {t} {b} blocks", "the protocol never synchronised")
+            continue
+        for metric, v in (("sync_latency_p50", pct(lat, 50)), ("sync_latency_p99", pct(lat, 99)),
+                          ("sync_latency_mean", statistics.mean(lat)), ("sync_operations", len(lat))):
+            res.add("sync_latency", p, t, size, b, metric, v, "count" if metric == "sync_operations" else "us")
+        if b == PAPER_BLOCKS:
+            res.sample("sync_latency", f"{p}/{t}/{b}", lat[:5000])
+        prog.step(f"{t} {p:14} {b:>3} blocks p50 {pct(lat, 50):8.2f} us ({len(lat)} samples)")
+
+
+def time_bins(times_ns, sizes, t0, bin_ms, span_ms):
+    bins = [0.0] * int(span_ms / bin_ms)
+    for t, s in zip(times_ns, sizes):
+        i = int((t - t0) / 1e6 / bin_ms)
+        if 0 <= i < len(bins):
+            bins[i] += s
+    return [b / (bin_ms / 1000) / 1e6 for b in bins]  # MB/s
+
+
+def exp_held_block(res, cfg):
+    """Fig. 18: the receiver holds block 3 from 100 ms to 200 ms; throughput in 10 ms bins."""
+    prog = Progress(len(cfg.transports) * len(cfg.protocols), "held_block")
+    size, blocks, fps, count = 65536, 8, 2000, 1000  # 131 MB/s offered for 0.5 s
+    for t in cfg.transports:
+        for p in cfg.protocols:
+            try:
+                snd, rcv = run_pair(t, p, size, count, blocks, fps=fps, hold="3:100:200")
+            except PeerError as e:
+                res.error(f"held_block {p} {t}", e)
+                prog.step(f"{t} {p}: FAILED")
+                continue
+            t0 = rcv["session_start_ns"]
+            mbps = time_bins(rcv["arrivals_ns"], [size] * len(rcv["arrivals_ns"]), t0, 10, 500)
+            res.sample("held_block", f"{p}/{t}", {"bin_ms": 10, "mb_per_s": mbps})
+            during = statistics.mean(mbps[11:20])
+            before = statistics.mean(mbps[3:10])
+            res.add("held_block", p, t, size, blocks, "throughput_during_hold", during, "MB/s")
+            res.add("held_block", p, t, size, blocks, "throughput_before_hold", before, "MB/s")
+            res.add("held_block", p, t, size, blocks, "messages_lost", count - rcv["messages"], "count")
+            prog.step(f"{t} {p:14} before {before:7.1f} MB/s, during hold {during:7.1f} MB/s")
+
+
+def exp_cameras(res, cfg):
+    """Fig. 19: 12 cameras, 25 fps, 640x480x3, one connection (status byte) vs one per camera."""
+    prog = Progress(len(cfg.transports) * len(cfg.protocols), "cameras")
+    cams, fps = 12, 25
+    count = int(cfg.camera_seconds * fps)
+    for t in cfg.transports:
+        for p in cfg.protocols:
+            try:
+                snd, rcv = run_pair(t, p, CAMERA_FRAME, count, DEFAULT_BLOCKS, devices=cams, fps=fps,
+                                    timeout=cfg.camera_seconds * 10 + 60)
+            except PeerError as e:
+                res.error(f"cameras {p} {t}", e)
+                prog.step(f"{t} {p}: FAILED")
+                continue
+            arr = rcv["arrivals_ns"]
+            t0 = min(snd["send_times_ns"])
+            span = cfg.camera_seconds * 1000
+            mbps = time_bins(arr, [CAMERA_FRAME] * len(arr), t0, 100, span)
+            steady = mbps[1:-1] or mbps
+            mean = statistics.mean(steady)
+            cov = statistics.pstdev(steady) / mean if mean else 0.0
+            res.sample("cameras", f"{p}/{t}", {"bin_ms": 100, "mb_per_s": mbps})
+            for metric, v, unit in (
+                    ("throughput_mean", mean, "MB/s"), ("throughput_cov", cov, "ratio"),
+                    ("frames_lost", cams * count - rcv["messages"], "count"),
+                    ("cpu_sender", 100 * snd["cpu_seconds"] / snd["seconds"], "% of one core"),
+                    ("cpu_receiver", 100 * rcv["cpu_seconds"] / max(rcv["seconds"], 1e-9), "% of one core"),
+                    ("peak_rss_sender", snd["peak_rss_kb"] / 1024, "MiB"),
+                    ("peak_rss_receiver", rcv["peak_rss_kb"] / 1024, "MiB")):
+                res.add("cameras", p, t, CAMERA_FRAME, DEFAULT_BLOCKS, metric, v, unit)
+            for side, peer in (("sender", snd), ("receiver", rcv)):
+                for k, v in peer["resources"].items():
+                    res.add("resources", p, t, CAMERA_FRAME, DEFAULT_BLOCKS, f"{side}_{k}", v, "count")
+            prog.step(f"{t} {p:14} {mean:7.1f} MB/s, CoV {cov:.3f}, lost {cams * count - rcv['messages']}")
+
+
+def exp_resources(res, cfg):
+    """Fig. 16-17: what each protocol asks of the transport, counted in the code paths, for one
+    device at the paper's 3 blocks (the 12-camera case is recorded by `cameras`)."""
+    prog = Progress(len(cfg.transports) * len(cfg.protocols), "resources")
+    size = 65536
+    for t in cfg.transports:
+        for p in cfg.protocols:
+            try:
+                snd, rcv = run_pair(t, p, size, 1000, PAPER_BLOCKS)
+            except PeerError as e:
+                res.error(f"resources {p} {t}", e)
+                prog.step(f"{t} {p}: FAILED")
+                continue
+            for side, peer in (("sender", snd), ("receiver", rcv)):
+                for k, v in peer["resources"].items():
+                    res.add("resources", p, t, size, PAPER_BLOCKS, f"{side}_{k}", v, "count")
+            prog.step(f"{t} {p:14} sender {snd['resources']}")
+
+
+EXPERIMENTS = {
+    # name: (paper figures, what it measures, function)
+    "sync_latency": ("Fig. 10-11", "synchronisation-control latency vs number of blocks", exp_sync_latency),
+    "latency": ("Fig. 12", "one-block transmission latency, 64 B to 8 MiB", exp_latency),
+    "throughput": ("Fig. 13-14", "throughput 64 B to 8 MiB, 3 blocks and the default 32", exp_throughput),
+    "cpu": ("Fig. 15", "sender and receiver CPU during the throughput runs", exp_throughput),
+    "resources": ("Fig. 16-17", "endpoints, registered memory, operations and completions per side", exp_resources),
+    "held_block": ("Fig. 18", "block 3 held from 100 to 200 ms: throughput over time", exp_held_block),
+    "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3: throughput stability, CPU, memory", exp_cameras),
+}
+
+
+def main(argv):
+    epilog = "experiments:\n" + "\n".join(f"  {n:13} {f:11} {d}" for n, (f, d, _) in EXPERIMENTS.items())
+    epilog += "\n  all           everything above, on every transport, plus OUT/report.md"
+    ap = argparse.ArgumentParser(prog="slotstream bench", description=__doc__, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated (default: %(default)s)")
+    ap.add_argument("--transport", choices=TRANSPORTS, help="one transport (default: every one this host has)")
+    ap.add_argument("--sizes", help="comma-separated message sizes in bytes")
+    ap.add_argument("--blocks", type=int, help="block count for throughput (default: 3 and 32)")
+    ap.add_argument("--repeats", type=int, help="rounds of consecutive transfers (default 10; quick 3)")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes, rounds and seconds (~2 minutes)")
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: seconds, not minutes
+    ap.add_argument("--out", required=True, help="directory for results.json, plots and report.md")
+    a = ap.parse_args(argv)
+
+    cfg = argparse.Namespace()
+    cfg.protocols = [p for p in a.protocols.split(",") if p]
+    cfg.transports = [a.transport] if a.transport else TRANSPORTS
+    quick = a.quick or a.tiny
+    cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
+    cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
+    cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)
+    cfg.round_bytes = (1 << 20) if a.tiny else (8 << 20) if quick else (32 << 20)
+    cfg.latency_runs = 20 if a.tiny else 100
+    cfg.sync_blocks = [3, 32] if a.tiny else [3, 16, 128] if quick else SYNC_BLOCKS
+    cfg.sync_count = 500 if a.tiny else 5000
+    cfg.camera_seconds = 1 if a.tiny else 3 if a.quick else 10
+    if a.tiny:
+        cfg.sizes = cfg.sizes[:2] if not a.sizes else cfg.sizes
+        cfg.block_sets = cfg.block_sets[:1]
+
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = Results(out, argv)
+    names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
+    done_funcs = set()
+    t0 = time.monotonic()
+    for name in names:
+        fn = EXPERIMENTS[name][2]
+        if fn in done_funcs:
+            continue  # throughput and cpu come from the same runs
+        done_funcs.add(fn)
+        log(f"== {name}: {EXPERIMENTS[name][1]}")
+        fn(res, cfg)
+        res.save()
+    res.save()
+    log(f"== measured in {time.monotonic() - t0:.0f} s; results in {out / 'results.json'}")
+    plot = subprocess.run([sys.executable, str(HERE / "plot.py"), str(out / "results.json"),
+                           *(["--report"] if a.experiment == "all" else [])])
+    if plot.returncode != 0:
+        log("plotting failed (is python3-matplotlib installed? scripts/setup.sh installs it)")
+        return 1
+    return 1 if res.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
