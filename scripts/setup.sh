@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libucx-dev ucx-utils libcli11-dev
       nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev libgtest-dev python3 python3-pytest python3-matplotlib
-      ffmpeg curl)
+      python3-yaml python3-venv ffmpeg curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -13,4 +13,14 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Offline Kubernetes manifest validation (tests/integration/test_deploy.py), from PyPI into a
+# venv of the build tree so the system Python stays untouched.
+venv=build/tools-venv
+cd "$(dirname "$0")/.."
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+  echo "setup: installing kubernetes-validate into $venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate
 fi

@@ -23,6 +23,7 @@ struct RecvArgs {
   std::vector<std::string> holds;  // INDEX:FROM_MS:TO_MS
   bool discard = false;
   std::string worker;                   // command, one per device
+  std::string worker_dir;               // where workers record progress (default: --out)
   std::string worker_runtime = "process";
   std::string worker_cpus;
   std::string worker_memory;

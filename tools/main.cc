@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   r->add_option("--worker", recv.worker,
                 "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
                 "message arrives; contract in docs/workers.md (example: workers/checksum.sh)");
+  r->add_option("--worker-dir", recv.worker_dir,
+                "where workers keep worker-<D>/done per sender (default: --out). Without --worker: the workers "
+                "run elsewhere (e.g. Kubernetes pods) and are only watched for backlog and clean-up");
   r->add_option("--worker-runtime", recv.worker_runtime, "process (default) or podman (a container per worker)")
       ->check(CLI::IsMember({"process", "podman"}));
   r->add_option("--worker-cpus", recv.worker_cpus, "podman: CPU share per worker, e.g. 0.5");

@@ -85,13 +85,13 @@ int run_recv(const RecvArgs& args) {
     }
   }
   fs::path out = args.out;
-  const bool use_workers = !args.worker.empty();
+  const bool use_workers = !args.worker.empty() || !args.worker_dir.empty();
   if (use_workers && args.discard) {
     print_error("recv", "--worker needs --out (workers read the stored files)");
     return kExitUsage;
   }
   if (!use_workers && (args.backlog_bytes || args.backlog_messages)) {
-    print_error("recv", "--backlog-messages/--backlog-bytes need --worker (nothing else consumes the backlog)");
+    print_error("recv", "--backlog-messages/--backlog-bytes need --worker or --worker-dir (nothing else consumes the backlog)");
     return kExitUsage;
   }
   std::unique_ptr<pipeline::WorkerManager> workers;
@@ -115,6 +115,7 @@ int run_recv(const RecvArgs& args) {
     if (use_workers) {
       pipeline::WorkerOptions wo;
       wo.out = out;
+      wo.progress = args.worker_dir;
       wo.command = args.worker;
       wo.runtime = args.worker_runtime == "podman" ? pipeline::Runtime::kPodman : pipeline::Runtime::kProcess;
       wo.image = args.worker_image;

@@ -29,6 +29,7 @@ std::string worker_name(const std::string& sender, uint16_t device) {
 }  // namespace
 
 WorkerManager::WorkerManager(WorkerOptions options) : options_(std::move(options)) {
+  if (options_.progress.empty()) options_.progress = options_.out;
   supervisor_ = std::thread([this] { supervise(); });
 }
 
@@ -58,9 +59,9 @@ WorkerManager::Worker& WorkerManager::worker_locked(const std::string& sender, u
     w.sender = sender;
     w.device = device;
     w.device_dir = options_.out / sender / ("device-" + std::to_string(device));
-    w.worker_dir = options_.out / sender / ("worker-" + std::to_string(device));
+    w.worker_dir = options_.progress / sender / ("worker-" + std::to_string(device));
     std::error_code ec;
-    fs::create_directories(w.worker_dir, ec);
+    if (!options_.command.empty()) fs::create_directories(w.worker_dir, ec);
     // Messages of an earlier run that the worker has not finished are backlog too.
     refresh_locked(w);
     for (const auto& e : fs::directory_iterator(w.device_dir, ec)) {
@@ -150,7 +151,7 @@ void WorkerManager::stored(const std::string& sender, uint16_t device, uint64_t 
     w.pending.emplace_back(seq, bytes);
     w.pending_bytes += bytes;
   }
-  if (w.pid < 0 && w.restart_at == Clock::time_point{} && w.restarts == 0 && !w.ever_started) {
+  if (!options_.command.empty() && w.pid < 0 && w.restart_at == Clock::time_point{} && !w.ever_started) {
     // Workers are forked by the supervisor thread only: PR_SET_PDEATHSIG fires when the
     // *thread* that forked exits, and session threads end with their sender.
     w.ever_started = true;

@@ -28,7 +28,9 @@ enum class Runtime { kProcess, kPodman };
 
 struct WorkerOptions {
   std::filesystem::path out;                 // the receiver's output directory
-  std::string command;                       // run by /bin/sh -c
+  std::filesystem::path progress;            // where workers keep worker-<D>/done (default: out)
+  std::string command;                       // run by /bin/sh -c; empty: workers run elsewhere
+                                             // (e.g. pods) and are only watched
   Runtime runtime = Runtime::kProcess;
   std::string image = "localhost/slotstream:latest";  // podman
   std::string cpus;                          // podman --cpus (empty: no limit)

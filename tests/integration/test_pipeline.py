@@ -1,5 +1,6 @@
 """The edge pipeline: per-device workers, back-pressure through held blocks, restarts, metrics."""
 import json
+import shutil
 import os
 import pathlib
 import signal
@@ -175,3 +176,45 @@ def test_video_test_pattern_one_message_per_frame(receiver, tmp_path):
     files = sorted(os.listdir(out / "vid" / "device-3"))
     assert files == [seq_name(i) for i in range(25)]
     assert all((out / "vid" / "device-3" / n).stat().st_size == 640 * 480 * 3 for n in files)
+
+
+def test_external_workers_are_watched_for_back_pressure(receiver, tmp_path):
+    # Workers that run elsewhere (Kubernetes pods) only record progress; the receiver holds
+    # blocks while they lag and removes what they have finished.
+    out, progress = tmp_path / "out", tmp_path / "progress"
+    rx = receiver("--out", out, "--worker-dir", progress, "--backlog-messages", 3)
+    tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "ext", "--blocks", "2", "--block-size", "4096",
+                           "--synthetic", "0:200:16x16x3", "--duration", "0.05"], stderr=subprocess.PIPE)
+    dev = out / "ext" / "device-0"
+    wait_for(lambda: dev.exists() and len(os.listdir(dev)) >= 3, 10, "three messages")
+    time.sleep(0.5)
+    assert tx.poll() is None, "the sender finished although nobody processed anything"
+    assert len([n for n in os.listdir(dev) if not n.startswith(".")]) == 3
+    w = progress / "ext" / "worker-0"
+    w.mkdir(parents=True)
+    (w / "done").write_text("9\n")  # the external worker finished everything up to SEQ 9
+    assert tx.wait(timeout=20) == 0
+    wait_for(lambda: not (dev / seq_name(0)).exists(), 5, "processed messages to be removed")
+
+
+def test_h264_worker_encodes_segments_of_every_frame(receiver, tmp_path):
+    for tool in ("ffmpeg", "ffprobe"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} is missing: run scripts/setup.sh")
+    out = tmp_path / "out"
+    worker = f"SLOTSTREAM_SEGMENT_FRAMES=25 SLOTSTREAM_IDLE_SECONDS=1 sh {REPO / 'workers' / 'h264.sh'}"
+    rx = receiver("--out", out, "--worker", worker)
+    send(rx.addr, "--name", "vid", "--video", "0=lavfi:testsrc=size=640x480:rate=25:duration=2.4")
+    w = out / "vid" / "worker-0"
+    wait_for(lambda: done_of(w) == 59, 60, "the encoder to finish all 60 frames")
+    segs = sorted(os.listdir(w / "segments"))
+    assert segs == ["0000000000.mp4", "0000000025.mp4", "0000000050.mp4"]
+    frames = []
+    for s in segs:
+        p = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-count_frames", "-show_entries",
+                            "stream=codec_name,nb_read_frames", "-of", "csv=p=0", str(w / "segments" / s)],
+                           capture_output=True, text=True, timeout=60)
+        codec, n = p.stdout.strip().split(",")
+        assert codec == "h264"
+        frames.append(int(n))
+    assert frames == [25, 25, 10]
