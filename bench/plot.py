@@ -239,8 +239,10 @@ def report(doc, records, out, made):
           "busy-polling receiver; one message in flight at a time.\n",
           table(records, "latency", "latency_mean", "{:.1f}"), "p99:\n\n", table(records, "latency", "latency_p99", "{:.1f}"),
           "## Throughput, MB/s (Fig. 13-14)\n",
-          "Median over rounds; a round is `count` consecutive transfers (1,000, fewer for large messages so a "
-          "round moves at most a fixed number of bytes), timed from its first send to its last arrival.\n"]
+          "Median over rounds; a round is `count` consecutive transfers (1,000; for large messages fewer, so "
+          "that a round moves a bounded number of bytes, but at least two passes over every block), timed "
+          "from its first send to its last arrival. A first round per run warms the blocks up and is not "
+          "counted. ucx_raw_put delivers nothing: its rounds are timed by the sender (flush included).\n"]
     for b in sorted({r["blocks"] for r in records if r["experiment"] == "throughput"}):
         md += [f"### {b} blocks\n", table(records, "throughput", "throughput", blocks=b),
                "Ratio to ucx_raw_put:\n\n", table(records, "throughput", "throughput_ratio_to_ucx", "{:.2f}", blocks=b)]
