@@ -318,10 +318,7 @@ void Session::fill_report(Clock::time_point start) {
   report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report_.held_blocks = held_all_ ? geometry_.blocks
                                   : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
-  report_.per_device.clear();
-  for (const auto& [d, dc] : delivery_->per_device()) {
-    report_.per_device[d] = DeviceStats{dc.messages, dc.bytes, dc.gaps, dc.duplicates};
-  }
+  report_.per_device = delivery_->per_device();
 }
 
 void Session::publish(Clock::time_point start) {

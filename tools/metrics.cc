@@ -28,17 +28,20 @@ void family(std::ostringstream& o, const char* name, const char* type, const cha
 
 }  // namespace
 
-void MetricsState::session_ended(const SessionReport& r) {
-  std::lock_guard lock(mutex_);
-  auto& t = ended_[r.sender.name];
+void MetricsState::Totals::add(const SessionReport& r) {
   for (const auto& [d, s] : r.per_device) {
-    auto& acc = t.per_device[d];
+    auto& acc = per_device[d];
     acc.messages += s.messages;
     acc.bytes += s.bytes;
     acc.gaps += s.gaps;
     acc.duplicates += s.duplicates;
   }
-  t.stalls += r.stalls;
+  stalls += r.stalls;
+}
+
+void MetricsState::session_ended(const SessionReport& r) {
+  std::lock_guard lock(mutex_);
+  ended_[r.sender.name].add(r);
   ++sessions_ended_;
 }
 
@@ -51,17 +54,7 @@ std::string MetricsState::render(const Receiver& rx, const pipeline::WorkerManag
     ended = sessions_ended_;
   }
   auto live = rx.live_sessions();
-  for (const auto& r : live) {
-    auto& t = totals[r.sender.name];
-    for (const auto& [d, s] : r.per_device) {
-      auto& acc = t.per_device[d];
-      acc.messages += s.messages;
-      acc.bytes += s.bytes;
-      acc.gaps += s.gaps;
-      acc.duplicates += s.duplicates;
-    }
-    t.stalls += r.stalls;
-  }
+  for (const auto& r : live) totals[r.sender.name].add(r);
   std::ostringstream o;
   struct Counter {
     const char* name;

@@ -25,6 +25,7 @@ class MetricsState {
   struct Totals {
     std::map<uint16_t, DeviceStats> per_device;
     uint64_t stalls = 0;
+    void add(const SessionReport& r);
   };
   mutable std::mutex mutex_;
   std::map<std::string, Totals> ended_;

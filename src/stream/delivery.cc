@@ -162,8 +162,8 @@ uint64_t Delivery::messages(uint16_t device) const {
   return it == devices_.end() ? 0 : it->second.counters.messages;
 }
 
-std::map<uint16_t, DeviceCounters> Delivery::per_device() const {
-  std::map<uint16_t, DeviceCounters> out;
+std::map<uint16_t, DeviceStats> Delivery::per_device() const {
+  std::map<uint16_t, DeviceStats> out;
   for (const auto& [d, dev] : devices_) out[d] = dev.counters;
   return out;
 }

@@ -35,13 +35,6 @@ struct DeliveryCounters {
   uint64_t partial_discarded = 0;
 };
 
-struct DeviceCounters {
-  uint64_t messages = 0;
-  uint64_t bytes = 0;
-  uint64_t gaps = 0;
-  uint64_t duplicates = 0;
-};
-
 class Delivery {
  public:
   Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices,
@@ -58,7 +51,7 @@ class Delivery {
   // per-block hold of their own).
   void set_blocked(uint32_t index, bool blocked) { blocked_[index] = blocked; }
   uint64_t messages(uint16_t device) const;
-  std::map<uint16_t, DeviceCounters> per_device() const;
+  std::map<uint16_t, DeviceStats> per_device() const;
   const DeliveryCounters& counters() const { return counters_; }
 
   // Packets further ahead than this are not believed (a corrupt or hostile header).
@@ -70,7 +63,7 @@ class Delivery {
     bool open = false;
     uint64_t open_bytes = 0;
     uint32_t stuck_passes = 0;
-    DeviceCounters counters;
+    DeviceStats counters;
   };
   struct Entry {
     uint32_t index;
