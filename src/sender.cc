@@ -71,6 +71,7 @@ struct Lane {
   std::unique_ptr<protocol::SenderProtocol> proto;
   std::thread sending_thread;
   std::atomic<bool> finishing{false};
+  std::atomic<uint64_t> held_skips_live{0};  // for progress displays while sending
   Clock::time_point next_liveness{};
 
   explicit Lane(Sender::Impl& o) : owner(o) {}
@@ -207,7 +208,10 @@ void Lane::sending_loop_st() {
       }
       ++ticket;
       SLOTSTREAM_RETURN_IF_ERROR(reap());
-      if ((ticket & 63) == 0) SLOTSTREAM_RETURN_IF_ERROR(alive_st());
+      if ((ticket & 63) == 0) {
+        SLOTSTREAM_RETURN_IF_ERROR(alive_st());
+        held_skips_live.store(proto->counters().held_skips, std::memory_order_relaxed);
+      }
     }
     for (auto& [t, req] : inflight) SLOTSTREAM_RETURN_IF_ERROR(req.wait(*worker, [this] { return alive_st(); }));
     inflight.clear();
@@ -315,7 +319,10 @@ SenderStats Sender::stats() const {
     s.messages += s.per_device[d];
   }
   s.bytes = impl_->bytes.load();
-  if (!impl_->finished) return s;  // protocol counters belong to the sending threads until then
+  if (!impl_->finished) {  // protocol counters belong to the sending threads until then
+    for (auto& lane : impl_->lanes) s.held_skips += lane->held_skips_live.load(std::memory_order_relaxed);
+    return s;
+  }
   for (auto& lane : impl_->lanes) {
     if (!lane->proto) continue;
     auto c = lane->proto->counters();

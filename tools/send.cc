@@ -376,8 +376,9 @@ int run_send(const SendArgs& a) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
         auto s = sender->stats();
         double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-        std::fprintf(stderr, "\r%llu messages, %.1f MB, %.1f MB/s   ", (unsigned long long)s.messages, s.bytes / 1e6,
-                     secs > 0 ? s.bytes / 1e6 / secs : 0.0);
+        std::fprintf(stderr, "\r%llu messages, %.1f MB, %.1f MB/s, %llu held-block skips   ",
+                     (unsigned long long)s.messages, s.bytes / 1e6, secs > 0 ? s.bytes / 1e6 / secs : 0.0,
+                     (unsigned long long)s.held_skips);
       }
       std::fprintf(stderr, "\n");
     });

@@ -69,6 +69,7 @@ struct SenderStats {
   uint64_t blocks = 0;                    // blocks transmitted
   uint64_t status_reads = 0;              // synchronisations (status-array reads)
   uint64_t held_skips = 0;                // receiver blocks skipped because they were held
+                                          // (while sending: updated every 64 blocks)
   uint64_t connections = 0;               // control connections (lanes) used
   std::map<uint16_t, uint64_t> per_device;
   std::vector<uint64_t> sync_latencies_ns;  // the protocol's synchronisation samples

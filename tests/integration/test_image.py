@@ -80,3 +80,19 @@ def test_worker_sees_its_device_read_only(receiver, tmp_path):
         time.sleep(0.2)
     assert (w / "ro").read_text().strip() == "readonly"
     assert sorted((w / "ls").read_text().split()) == ["device", "worker"]
+
+
+def test_twelve_cameras_and_a_video_processed_in_containers(receiver, tmp_path):
+    # 12 synthetic cameras and one ffmpeg test-pattern video, each device in its own container,
+    # every frame processed once and in order.
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--worker", "sh /opt/slotstream/workers/checksum.sh", "--worker-runtime", "podman",
+                  "--worker-cpus", "0.5", "--worker-memory", "128m", "--keep-processed")
+    send(rx.addr, "--name", "cams", "--synthetic", "0-11:25:64x48x3", "--duration", 1)
+    send(rx.addr, "--name", "video", "--video", "0=lavfi:testsrc=size=640x480:rate=25:duration=1")
+    for sender, devices in (("cams", range(12)), ("video", [0])):
+        for d in devices:
+            w = out / sender / f"worker-{d}"
+            wait_done(w / "done", 24, 180)
+            results = sorted(os.listdir(w / "results"))
+            assert results == [f"{i:010d}.json" for i in range(25)], (sender, d)

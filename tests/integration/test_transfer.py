@@ -151,3 +151,13 @@ def test_only_block_held_then_released_is_reused(receiver, tmp_path, transport):
     assert j["held_skips"] > 0
     assert j["seconds"] >= 0.25, "data moved while the only block was held"
     assert_device(out, "one", 0, files)
+
+
+def test_progress_line_only_on_a_terminal(receiver, tmp_path):
+    rx = receiver("--out", tmp_path / "out")
+    quiet = send(rx.addr, "--name", "quiet", "--synthetic", "0:25:32x32x3", "--duration", 0.6)
+    assert quiet.stderr == b"", "progress output without a terminal"
+    cmd = f"{BIN} send --to {rx.addr} --name tty --synthetic 0:25:32x32x3 --duration 1.2"
+    t = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, timeout=60)
+    assert t.returncode == 0, t.stdout
+    assert b"messages" in t.stdout and b"MB/s" in t.stdout and b"held-block skips" in t.stdout
