@@ -42,47 +42,71 @@ bool read_file(const fs::path& p, std::vector<std::byte>* out) {
   return bool(in);
 }
 
-VerifyResult verify_tree(const fs::path& root) {
-  VerifyResult r;
-  std::error_code ec;
-  std::vector<fs::path> device_dirs;
-  if (root.filename().string().starts_with("device-")) device_dirs.push_back(root);
-  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_directory() && it->path().filename().string().starts_with("device-")) device_dirs.push_back(it->path());
+// Checks synthetic frames directory by directory and remembers where each device's frame
+// sequence stands, so that the demo can run it repeatedly while frames arrive.
+class Verifier {
+ public:
+  // Checks every complete frame file under `root`; with `consume`, deletes each file once
+  // checked (the demo's stand-in for a processing worker, which also keeps the page cache from
+  // filling with frames the disk must then absorb). `final`: temporary files left are problems.
+  void scan(const fs::path& root, bool consume, bool final) {
+    std::error_code ec;
+    std::vector<fs::path> device_dirs;
+    if (root.filename().string().starts_with("device-")) device_dirs.push_back(root);
+    for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (it->is_directory() && it->path().filename().string().starts_with("device-")) device_dirs.push_back(it->path());
+    }
+    if (ec) r_.problems.push_back("cannot list " + root.string() + ": " + ec.message());
+    for (const auto& dir : device_dirs) check_dir(dir, consume, final);
+    r_.devices = prev_.size();
   }
-  if (ec) r.problems.push_back("cannot list " + root.string() + ": " + ec.message());
-  std::vector<std::byte> data;
-  for (const auto& dir : device_dirs) {
+  const VerifyResult& result() const { return r_; }
+
+ private:
+  void check_dir(const fs::path& dir, bool consume, bool final) {
     uint32_t device = uint32_t(std::stoul(dir.filename().string().substr(7)));
+    std::error_code ec;
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       std::string name = e.path().filename().string();
-      if (name.starts_with(".")) r.problems.push_back(e.path().string() + ": leftover temporary file");
-      else files.push_back(e.path());
+      if (!name.starts_with(".")) files.push_back(e.path());
+      else if (final) r_.problems.push_back(e.path().string() + ": leftover temporary file");
     }
     std::sort(files.begin(), files.end());
-    ++r.devices;
-    int64_t prev = -1;
+    int64_t& prev = prev_.try_emplace(dir, -1).first->second;
     for (const auto& f : files) {
-      if (!read_file(f, &data)) {
-        r.problems.push_back(f.string() + ": cannot read");
+      if (!read_file(f, &data_)) {
+        r_.problems.push_back(f.string() + ": cannot read");
         continue;
       }
       std::string why;
-      auto id = check_synthetic(data, &why);
+      auto id = check_synthetic(data_, &why);
       if (!id) {
-        r.problems.push_back(f.string() + ": " + why);
+        r_.problems.push_back(f.string() + ": " + why);
       } else if (id->device != device) {
-        r.problems.push_back(f.string() + ": frame of device " + std::to_string(id->device) + " in device-" + std::to_string(device));
+        r_.problems.push_back(f.string() + ": frame of device " + std::to_string(id->device) + " in device-" +
+                              std::to_string(device));
       } else if (prev >= 0 && id->frame != uint64_t(prev) + 1 && id->frame != 0) {
-        r.problems.push_back(f.string() + ": frame " + std::to_string(id->frame) + " follows frame " + std::to_string(prev));
+        r_.problems.push_back(f.string() + ": frame " + std::to_string(id->frame) + " follows frame " +
+                              std::to_string(prev));
       } else {
-        ++r.frames;
+        ++r_.frames;
       }
       if (id) prev = id->frame;
+      if (consume) fs::remove(f, ec);
     }
   }
-  return r;
+
+  std::map<fs::path, int64_t> prev_;  // device directory -> last frame number seen
+  VerifyResult r_;
+  std::vector<std::byte> data_;
+};
+
+VerifyResult verify_tree(const fs::path& root) {
+  Verifier v;
+  v.scan(root, /*consume=*/false, /*final=*/true);
+  return v.result();
 }
 
 // Runs a child process; its stdout is returned as a pipe fd (if capture), stderr inherited.
@@ -189,6 +213,8 @@ int run_demo(const DemoArgs& a, const std::string& self) {
   // Progress while the cameras run.
   std::string tx_json;
   std::thread reader([&] { tx_json = read_all(tx_out); });
+  // Verify (and, unless --keep, remove) frames while they arrive, like a processing worker.
+  Verifier verifier;
   auto t0 = std::chrono::steady_clock::now();
   rusage tx_ru{}, rx_ru{};
   int tx_status = 0, rx_status = 0;
@@ -196,6 +222,7 @@ int run_demo(const DemoArgs& a, const std::string& self) {
     pid_t p = wait4(tx, &tx_status, WNOHANG, &tx_ru);
     if (p == tx) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (!a.keep) verifier.scan(out, /*consume=*/true, /*final=*/false);
     double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     static int last = -1;
     if (int(t) != last && int(t) % 2 == 0) {
@@ -217,7 +244,8 @@ int run_demo(const DemoArgs& a, const std::string& self) {
 
   bool ok = WIFEXITED(tx_status) && WEXITSTATUS(tx_status) == 0;
   nlohmann::json j = nlohmann::json::parse(tx_json, nullptr, false);
-  VerifyResult v = verify_tree(out);
+  verifier.scan(out, /*consume=*/!a.keep, /*final=*/true);
+  const VerifyResult& v = verifier.result();
   uint64_t sent = j.is_object() ? j.value("messages", 0ull) : 0;
   std::printf("\nreceiver: %s\n", rx_summary.c_str());
   if (j.is_object()) {
