@@ -161,3 +161,9 @@ def test_progress_line_only_on_a_terminal(receiver, tmp_path):
     t = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, timeout=60)
     assert t.returncode == 0, t.stdout
     assert b"messages" in t.stdout and b"MB/s" in t.stdout and b"held-block skips" in t.stdout
+
+
+def test_demo_runs_and_verifies():
+    p = subprocess.run([BIN, "demo", "--seconds", "1", "--cameras", "3"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "verified: 75 of 75 frames" in p.stdout and "demo OK: zero loss" in p.stdout
