@@ -96,3 +96,7 @@ def test_twelve_cameras_and_a_video_processed_in_containers(receiver, tmp_path):
             wait_done(w / "done", 24, 180)
             results = sorted(os.listdir(w / "results"))
             assert results == [f"{i:010d}.json" for i in range(25)], (sender, d)
+    _, _, err = rx.stop(timeout=60)
+    names = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
+    assert "slotstream-cams-device" not in names and "slotstream-video-device" not in names, \
+        "worker containers left behind"
