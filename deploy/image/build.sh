@@ -28,11 +28,13 @@ recipe="bookworm minbase ${packages[*]} -${gpu_only[*]} v2"
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot, podman import): sudo make image"
 need=()
 for p in podman runc debootstrap; do command -v "$p" >/dev/null || need+=("$p"); done
+# catatonit: the `--init` of the worker's podman command line (deploy/image/README.md).
+[ -x /usr/libexec/podman/catatonit ] || [ -x /usr/bin/catatonit ] || need+=(catatonit)
 if ((${#need[@]})); then
   command -v apt-get >/dev/null || die "missing ${need[*]} and no apt-get to install them"
   say "installing ${need[*]} (apt)"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -x build/slotstream ] || die "build/slotstream is missing: build it first (bash scripts/build.sh)"
 ls workers/*.sh >/dev/null 2>&1 || die "no workers/*.sh to install"
