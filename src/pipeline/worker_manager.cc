@@ -39,7 +39,9 @@ std::vector<std::string> WorkerManager::argv_for(const std::string& sender, uint
   const std::string dev = std::to_string(device);
   if (options_.runtime == Runtime::kProcess) return {"/bin/sh", "-c", options_.command};
   fs::path base = fs::absolute(options_.out) / sender;
-  std::vector<std::string> a = {"podman", "--runtime", "runc", "run", "--rm", "--replace",
+  // --init: a tiny init as PID 1 forwards SIGTERM (a shell as PID 1 ignores it, so every stop
+  // would wait out the timeout); it needs catatonit, which scripts/setup.sh installs.
+  std::vector<std::string> a = {"podman", "--runtime", "runc", "run", "--rm", "--replace", "--init",
                                 "--name", worker_name(sender, device), "--network", "none",
                                 "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
                                 "-v", (base / ("device-" + dev)).string() + ":/data/device:ro",
@@ -245,8 +247,9 @@ void WorkerManager::stop() {
   for (pid_t p : pids) kill(-p, SIGTERM);
   if (options_.runtime == Runtime::kPodman && !names.empty()) {
     // Stopping the podman clients does not remove their containers: one `podman rm` stops
-    // (1 s grace) and removes them all at once, instead of one slow call per worker.
-    std::string cmd = "podman rm -f -t 1";
+    // (1 s grace) and removes them all at once, instead of one slow call per worker. -i: podman
+    // 4.3 removes none of them if one name is missing (a worker between restarts) without it.
+    std::string cmd = "podman rm -f -i -t 1";
     for (const auto& n : names) cmd += " " + n;
     cmd += " >/dev/null 2>&1";
     if (std::system(cmd.c_str()) != 0) { /* already gone */ }
