@@ -1,70 +1,322 @@
-"""The Kubernetes manifests validate offline and keep what a receiver node needs."""
+"""The Kubernetes manifests (deploy/kubernetes) validate offline and keep what a receiver node needs.
+
+No cluster and no kubectl are needed: every plain manifest is checked against the Kubernetes 1.33
+schemas with `kubernetes-validate --strict` (installed by scripts/setup.sh into build/tools-venv).
+Where kubectl happens to be installed, the Kustomize renderings are validated as well.
+"""
 import os
-import pathlib
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
+import yaml  # python3-yaml, installed by scripts/setup.sh
 
-from conftest import REPO
+from conftest import BIN, REPO
 
+K8S_VERSION = "1.33.0"
 MANIFESTS = REPO / "deploy" / "kubernetes"
 VENV_TOOL = REPO / "build" / "tools-venv" / "bin" / "kubernetes-validate"
+IMAGE = "localhost/slotstream:latest"  # what `make image` (deploy/image/build.sh) names it
+RDMA = "rdma/hca_shared_devices_a"
 
 
 def validator():
+    """The kubernetes-validate command: build/tools-venv, PATH, or the module in this Python."""
     if VENV_TOOL.exists():
-        return str(VENV_TOOL)
+        return [str(VENV_TOOL)]
     found = shutil.which("kubernetes-validate")
-    if not found:
-        pytest.fail("kubernetes-validate is missing: run scripts/setup.sh (it installs it into build/tools-venv)")
-    return found
+    if found:
+        return [found]
+    if subprocess.run([sys.executable, "-c", "import kubernetes_validate"], capture_output=True).returncode == 0:
+        return [sys.executable, "-m", "kubernetes_validate"]
+    pytest.fail("kubernetes-validate is missing: run `bash scripts/setup.sh` "
+                "(it installs it from PyPI into build/tools-venv)")
+
+
+def validate(*files):
+    return subprocess.run([*validator(), "--strict", "-k", K8S_VERSION, *map(str, files)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def manifest_files():
+    """Every Kubernetes manifest; kustomization.yaml files are Kustomize's, not Kubernetes objects."""
+    return sorted(f for f in MANIFESTS.rglob("*.yaml") if f.name != "kustomization.yaml")
 
 
 def documents():
-    import yaml  # python3-yaml, installed by scripts/setup.sh
     docs = {}
-    for f in sorted(MANIFESTS.glob("*.yaml")):
-        if f.name == "kustomization.yaml":
-            continue
+    for f in manifest_files():
         for d in yaml.safe_load_all(f.read_text()):
-            docs[(d["kind"], d["metadata"]["name"])] = d
+            if d:
+                docs[(d["kind"], d["metadata"]["name"])] = d
     return docs
 
 
+def pod(kind, name):
+    return documents()[(kind, name)]["spec"]["template"]["spec"]
+
+
+def receiver():
+    return pod("DaemonSet", "slotstream-receiver")
+
+
+def worker():
+    return pod("StatefulSet", "slotstream-worker")
+
+
+def option(args, name):
+    """The value of `--name VALUE` or `--name=VALUE` in a container's args."""
+    for i, a in enumerate(args):
+        if a == name:
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+# ------------------------------------------------------------------------------ schemas
+
 def test_every_manifest_validates_strictly():
-    files = [str(f) for f in sorted(MANIFESTS.glob("*.yaml")) if f.name != "kustomization.yaml"]
-    assert len(files) >= 5
-    p = subprocess.run([validator(), "--strict", "-k", "1.33.0", *files], capture_output=True, text=True, timeout=120)
+    files = manifest_files()
+    assert len(files) >= 5, files
+    p = validate(*files)
     assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("passed") >= len(files), p.stdout
 
 
-def test_kustomization_lists_every_manifest():
-    import yaml
-    k = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
-    listed = set(k["resources"])
-    present = {f.name for f in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == present
+def test_strict_validation_catches_a_misspelt_field(tmp_path):
+    # Proves the validator is not vacuous: an unknown field in a pod spec must fail.
+    bad = tmp_path / "bad.yaml"
+    d = documents()[("DaemonSet", "slotstream-receiver")]
+    d["spec"]["template"]["spec"]["hostNetwrok"] = d["spec"]["template"]["spec"].pop("hostNetwork")
+    bad.write_text(yaml.safe_dump(d))
+    p = validate(bad)
+    assert p.returncode != 0, p.stdout + p.stderr
 
+
+def kustomizations():
+    return sorted(MANIFESTS.rglob("kustomization.yaml"))
+
+
+def test_kustomizations_list_every_manifest():
+    listed = set()
+    for k in kustomizations():
+        spec = yaml.safe_load(k.read_text())
+        assert spec["kind"] in ("Kustomization", "Component"), k
+        for r in spec.get("resources", []):
+            target = (k.parent / r).resolve()
+            assert target.exists(), f"{k}: resource {r} does not exist"
+            if target.is_file():
+                listed.add(target)
+    assert listed == {f.resolve() for f in manifest_files()}
+
+
+def kustomize(directory):
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: the Kustomize rendering is not checked (the plain manifests are)")
+    p = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 and "unknown command" in p.stderr:
+        pytest.skip(f"this kubectl cannot render Kustomize: {p.stderr.strip()}")
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def rendered(directory, tmp_path):
+    """Kustomize's output for a directory, validated strictly; its objects by (kind, name)."""
+    text = kustomize(directory)
+    out = tmp_path / "rendered.yaml"
+    out.write_text(text)
+    v = validate(out)
+    assert v.returncode == 0, v.stdout + v.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
+    for d in docs.values():
+        assert d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "slotstream", d["metadata"]["name"]
+        assert d["metadata"].get("namespace", "slotstream") == "slotstream"
+    return docs
+
+
+def test_kustomize_base_renders_and_validates(tmp_path):
+    docs = rendered(MANIFESTS, tmp_path)
+    assert sorted(k for k, _ in docs) == ["ConfigMap", "DaemonSet", "Namespace", "Service", "StatefulSet"]
+
+
+def test_kustomize_worker_overlay_renders_one_more_pair(tmp_path):
+    docs = rendered(MANIFESTS / "examples" / "workers-edge-c-on-edge-d", tmp_path)
+    (sts,) = docs.values()
+    assert sts["metadata"]["name"] == "slotstream-worker-edge-c-on-edge-d"
+    assert sts["spec"]["replicas"] == 8
+    assert sts["spec"]["selector"]["matchLabels"]["slotstream.io/sender"] == "edge-c"
+    spec = sts["spec"]["template"]["spec"]
+    assert spec["nodeSelector"]["kubernetes.io/hostname"] == "edge-d"
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["SLOTSTREAM_SENDER"] == "edge-c"
+    # Still only its own device, read-only.
+    data = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}["streams"]
+    assert data["readOnly"] is True and "$(SLOTSTREAM_DEVICE)" in data["subPathExpr"]
+
+
+def test_kustomize_tcp_only_component(tmp_path):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(MANIFESTS, overlay)  # kustomize refuses absolute paths
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{base}]\ncomponents: [{base}/components/tcp-only]\n")
+    docs = rendered(overlay, tmp_path)
+    cm = docs[("ConfigMap", "slotstream")]["data"]
+    assert cm["UCX_TLS"] == "tcp,sm,self"
+    assert "UCX_NET_DEVICES" not in cm and "UCX_IB_GID_INDEX" not in cm
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]
+    assert rx["nodeSelector"] == {"slotstream.io/receiver": "true"}
+    res = rx["containers"][0]["resources"]
+    assert RDMA not in res["requests"] and RDMA not in res["limits"]
+    assert rx["hostNetwork"] is True
+
+
+# ----------------------------------------------------------------------- the receiver
 
 def test_receiver_has_what_rdma_needs():
-    rx = documents()[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]
+    rx = receiver()
     assert rx["hostNetwork"] is True
+    assert rx["nodeSelector"]["slotstream.io/rdma"] == "true"
     c = rx["containers"][0]
     assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
-    assert c["resources"]["requests"]["rdma/hca_shared_devices_a"] == 1
-    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert c["image"] == "localhost/slotstream:latest"
-    assert any(a.startswith("--metrics=") for a in c["args"])
+    assert c["resources"]["requests"][RDMA] == 1
+    assert c["resources"]["limits"][RDMA] == 1  # extended resources: request == limit
     vols = {v["name"]: v for v in rx["volumes"]}
-    assert vols["streams"]["hostPath"]["path"] == "/var/lib/slotstream/streams"
     assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert vols["dshm"]["emptyDir"]["sizeLimit"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["dshm"]["mountPath"] == "/dev/shm"
 
 
-def test_workers_mount_their_data_read_only():
-    w = documents()[("StatefulSet", "slotstream-worker")]["spec"]["template"]["spec"]
-    mounts = {m["name"]: m for m in w["containers"][0]["volumeMounts"]}
-    assert mounts["streams"]["readOnly"] is True
-    assert not mounts["workers"].get("readOnly", False)
-    assert w["containers"][0]["resources"]["limits"]["memory"]
+def test_receiver_runs_recv_with_the_expected_options():
+    c = receiver()["containers"][0]
+    assert c["image"] == IMAGE
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    args = c["args"]
+    assert args[0] == "recv"
+    assert option(args, "--listen") == "0.0.0.0:7000"
+    assert option(args, "--out") == "/data/streams"
+    assert option(args, "--metrics") == "0.0.0.0:9100"
+    assert option(args, "--transport") == "auto"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"control": 7000, "metrics": 9100}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health"
+        assert c[probe]["httpGet"]["port"] == 9100
+
+
+def test_receiver_command_and_options_work_with_this_binary():
+    """The wrapper passes the args to slotstream, and every option exists in `recv --help`."""
+    c = receiver()["containers"][0]
+    assert c["command"][:2] == ["/bin/sh", "-c"]
+    script = c["command"][2].replace("/usr/local/bin/slotstream", BIN)
+    p = subprocess.run(["/bin/sh", "-c", script, *c["command"][3:], "recv", "--help"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert "memlock soft=" in p.stderr
+    for a in c["args"]:
+        if a.startswith("--"):
+            assert re.search(rf"(^|[\s,]){re.escape(a.split('=')[0])}\b", p.stdout), f"recv has no option {a}"
+
+
+def test_receiver_stores_on_the_node():
+    rx = receiver()
+    c = rx["containers"][0]
+    vols = {v["name"]: v for v in rx["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert vols["streams"]["hostPath"]["path"] == "/var/lib/slotstream/streams"
+    assert mounts["streams"]["mountPath"] == option(c["args"], "--out")
+    assert not mounts["streams"].get("readOnly", False)
+    # The workers' progress: read (never written) by the receiver, for back-pressure and clean-up.
+    assert vols["workers"]["hostPath"]["path"] == "/var/lib/slotstream/workers"
+    assert mounts["workers"]["mountPath"] == option(c["args"], "--worker-dir")
+    assert mounts["workers"]["readOnly"] is True
+
+
+# ------------------------------------------------------------------------- the workers
+
+def test_workers_mount_only_their_device_read_only():
+    w = worker()
+    c = w["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in w["volumes"]}
+    # Same node directories as the receiver's.
+    rx_vols = {v["name"]: v for v in receiver()["volumes"]}
+    assert vols["streams"]["hostPath"]["path"] == rx_vols["streams"]["hostPath"]["path"]
+    assert vols["workers"]["hostPath"]["path"] == rx_vols["workers"]["hostPath"]["path"]
+    data = mounts["streams"]
+    assert data["readOnly"] is True
+    assert data["subPathExpr"] == "$(SLOTSTREAM_SENDER)/device-$(SLOTSTREAM_DEVICE)"
+    assert data["mountPath"] == env["SLOTSTREAM_DEVICE_DIR"]["value"]
+    progress = mounts["workers"]
+    assert not progress.get("readOnly", False)
+    assert progress["subPathExpr"] == "$(SLOTSTREAM_SENDER)/worker-$(SLOTSTREAM_DEVICE)"
+    assert progress["mountPath"] == env["SLOTSTREAM_WORKER_DIR"]["value"]
+    # The device number is the pod's ordinal.
+    assert env["SLOTSTREAM_DEVICE"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert c["image"] == IMAGE and c["imagePullPolicy"] == "IfNotPresent"
+    assert w["shareProcessNamespace"] is True  # the shell is not PID 1: SIGTERM stops it
+
+
+def test_worker_scripts_exist_in_the_repository():
+    for w in [worker()]:
+        for a in w["containers"][0]["args"]:
+            if a.startswith("/opt/slotstream/workers/"):
+                assert (REPO / "workers" / a.rsplit("/", 1)[1]).exists(), a
+
+
+def test_worker_wrapper_waits_for_data_then_runs_the_worker(tmp_path):
+    c = worker()["containers"][0]
+    script = c["command"][2].replace("/data/device", str(tmp_path / "device")) \
+                            .replace("/data/worker", str(tmp_path / "worker"))
+    (tmp_path / "device").mkdir()
+    (tmp_path / "worker").mkdir()
+    p = subprocess.Popen(["/bin/sh", "-c", script, "worker", "echo", "started"], stdout=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=1.5)  # no message yet: still waiting
+        (tmp_path / "device" / "0000000000.bin").write_bytes(b"x")
+        out, _ = p.communicate(timeout=5)
+        assert out.strip() == "started"
+    finally:
+        p.kill()
+
+
+# --------------------------------------------------------------------- everything else
+
+def test_every_container_has_requests_and_limits():
+    for (kind, name), d in documents().items():
+        if kind not in ("DaemonSet", "StatefulSet", "Deployment", "Job"):
+            continue
+        spec = d["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            for section in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][section]), f"{name}/{c['name']} {section}"
+
+
+def test_every_object_is_labelled_and_selectors_match():
+    for (kind, name), d in documents().items():
+        assert d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "slotstream", name
+        if "template" in d.get("spec", {}):
+            selector = d["spec"]["selector"]["matchLabels"]
+            labels = d["spec"]["template"]["metadata"]["labels"]
+            assert selector.items() <= labels.items(), name
+
+
+def test_service_and_configmap_tell_senders_where_receivers_are():
+    docs = documents()
+    svc = docs[("Service", "slotstream-receivers")]["spec"]
+    assert svc["clusterIP"] == "None"
+    rx_labels = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["metadata"]["labels"]
+    assert svc["selector"].items() <= rx_labels.items()
+    assert {p["port"] for p in svc["ports"]} == {7000, 9100}
+    cm = docs[("ConfigMap", "slotstream")]["data"]
+    assert re.fullmatch(r"[\w.-]+:\d+(,[\w.-]+:\d+)+", cm["SLOTSTREAM_RECEIVERS"]), cm["SLOTSTREAM_RECEIVERS"]
+    refs = [e["configMapRef"]["name"] for e in receiver()["containers"][0]["envFrom"]]
+    assert "slotstream" in refs
