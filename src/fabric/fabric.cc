@@ -102,7 +102,7 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
   params.flags = UCP_MEM_MAP_ALLOCATE;
   ucp_mem_h mem = nullptr;
   ucs_status_t st = ucp_mem_map(ctx.handle(), &params, &mem);
-  if (st != UCS_OK) return from_ucs(st, "ucp_mem_map (is /dev/shm large enough?)");
+  if (st != UCS_OK) return from_ucs(st, "ucp_mem_map (out of shared memory? UCX allocates SysV segments or /dev/shm files for it)");
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   st = ucp_mem_query(mem, &attr);
