@@ -218,6 +218,10 @@ void Lane::sending_loop_st() {
     return proto->finish_st();
   };
   Status st = run();
+  // A transport error on tcp (e.g. "Endpoint timeout") is how UCX reports a dead receiver: say so.
+  if (st.code() == Code::kPeerGone && st.message().find("receiver") == std::string::npos) {
+    st = {Code::kPeerGone, "lost the receiver (did it die?): " + st.message()};
+  }
   if (!st.is_ok()) owner.fail(st);
 }
 

@@ -101,6 +101,10 @@ def test_checksum_worker_in_a_container(tmp_path, container):
         r = json.loads((worker / "results" / f"{i:010d}.json").read_text())
         assert r == {"device": 7, "seq": i, "bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
     assert sorted(os.listdir(worker / "results")) == [f"{i:010d}.json" for i in range(5)]
+    # --rm removal after a detached container stops is asynchronous: give it a few seconds.
+    deadline = time.monotonic() + 10
+    while subprocess.run(["podman", "container", "exists", name]).returncode == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
     gone = subprocess.run(["podman", "container", "exists", name]).returncode
     assert gone != 0, "podman stop on a --rm container removes it"
 
