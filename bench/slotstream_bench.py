@@ -12,7 +12,9 @@ import json
 import os
 import pathlib
 import platform
+import re
 import select
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,8 +34,26 @@ DEFAULT_BLOCKS = 32    # slotstream's default (`slotstream send --help`)
 CAMERA_FRAME = 640 * 480 * 3
 
 
+# What slotstream asks UCX for on each transport (src/fabric: tls_for); ucx_perftest gets the same.
+UCX_TLS = {"shm": "posix,sysv,self", "tcp": "tcp,self"}
+
+
 class PeerError(RuntimeError):
     pass
+
+
+def host_transports():
+    """The transports of TRANSPORTS that this host's UCX offers (`ucx_info -d`); all of them when
+    ucx_info cannot say, so that a missing transport fails loudly in a peer instead of silently."""
+    try:
+        out = subprocess.run(["ucx_info", "-d"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return TRANSPORTS
+    have = set(re.findall(r"Transport:\s*(\S+)", out))
+    if not have:
+        return TRANSPORTS
+    found = [t for t in TRANSPORTS if have & set(UCX_TLS[t].split(",")) - {"self"}]
+    return found or TRANSPORTS
 
 
 def log(msg):
@@ -95,15 +115,68 @@ def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_u
         sender = json.loads(tx.stdout)
         line = read_line(rx, 30)
         if not line.startswith("{"):
-            raise PeerError(f"receiver peer gave no report: {line!r}")
+            raise PeerError(f"receiver peer gave no report within 30 s: {line!r}")
         return sender, json.loads(line)
+    except PeerError as e:
+        # The receiver's side of the story often names the cause (e.g. out of shared memory).
+        stop(rx)
+        err = rx.stderr.read().decode(errors="replace").strip()[-500:]
+        raise PeerError(f"{e}; receiver peer stderr: {err!r}" if err else str(e)) from None
+    except ValueError as e:  # JSON
+        raise PeerError(f"a peer printed malformed JSON: {e}") from None
     finally:
-        if rx.poll() is None:
-            rx.terminate()
+        stop(rx)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def perftest_latency(transport, size, iters, rank, timeout=120):
+    """The UCX one-way put latency ceiling for one size: `ucx_perftest -t ucp_put_lat` (a put
+    ping-pong, both sides polling the last byte of the buffer; it reports half the round trip).
+    Returns (percentile at `rank`, mean) in µs. The bench-peer's ucx_raw_put delivers nothing the
+    receiver could time, so the latency reference is UCX's own tool, same transport and size."""
+    env = dict(os.environ, UCX_TLS=UCX_TLS[transport])
+    args = ["-t", "ucp_put_lat", "-s", str(size), "-n", str(iters), "-w", "10", "-R", str(rank)]
+    last = ""
+    for _ in range(3):  # the port can be taken between free_port() and the server's bind
+        port = str(free_port())
+        srv = subprocess.Popen(["ucx_perftest", "-p", port, *args], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            rx.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            rx.kill()
+            out = ""
+            for _ in range(40):  # the server listens a moment after it starts
+                time.sleep(0.1)
+                try:
+                    cli = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", port, *args], env=env,
+                                         capture_output=True, text=True, timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise PeerError(f"ucx_perftest timed out after {timeout} s ({transport}, {size} B)")
+                out = cli.stdout + cli.stderr
+                if cli.returncode == 0 or srv.poll() is not None:
+                    break
+            m = re.search(r"^Final:\s+\d+\s+([\d.]+)\s+([\d.]+)", out, re.M)
+            if m:
+                return float(m.group(1)), float(m.group(2))
+            last = out[-500:]
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+            srv.wait(timeout=10)
+    raise PeerError(f"ucx_perftest gave no result ({transport}, {size} B): {last!r}")
 
 
 def pct(values, q):
@@ -238,12 +311,26 @@ def group(res, experiment, metric):
 
 def exp_latency(res, cfg):
     """Fig. 12: one block in flight at a time; one-way time from the sender's stamp to the
-    message being complete at a busy-polling receiver."""
+    message being complete at a busy-polling receiver. The UCX ceiling is ucx_perftest's put
+    latency (see perftest_latency)."""
     protocols = cfg.protocols + REFERENCES
     runs = [(t, p, s) for t in cfg.transports for s in cfg.sizes for p in protocols
-            if not (p == "tcp_socket" and t != "tcp") and p != "ucx_raw_put"]
+            if not (p == "tcp_socket" and t != "tcp")]
     prog = Progress(len(runs), "latency")
     for t, p, s in runs:
+        if p == "ucx_raw_put":
+            try:
+                p50, mean = perftest_latency(t, s, cfg.latency_runs, 50)
+                p99, _ = perftest_latency(t, s, cfg.latency_runs, 99)
+            except (PeerError, OSError) as e:
+                res.error(f"latency {p} {t} {s} B (ucx_perftest)", e)
+                prog.step(f"{t} {p} {s} B: FAILED")
+                continue
+            # ucx_perftest puts into one buffer: blocks = 1.
+            for metric, v in (("latency_mean", mean), ("latency_p50", p50), ("latency_p99", p99)):
+                res.add("latency", p, t, s, 1, metric, v, "us")
+            prog.step(f"{t} {p:14} {s:>8} B mean {mean:9.1f} us (ucx_perftest ucp_put_lat)")
+            continue
         # The gap lets each message arrive before the next is sent (no queueing).
         gap = int(200 + s / (100 if t == "tcp" else 1000))
         try:
@@ -255,11 +342,20 @@ def exp_latency(res, cfg):
         lat = [x / 1000 for x in rcv["latencies_ns"] if x > 0]
         if not lat:
             res.error(f"latency {p} {t} {s} B", "no samples")
+            prog.step(f"{t} {p} {s} B: no samples")
             continue
         for metric, v in (("latency_mean", statistics.mean(lat)), ("latency_p50", pct(lat, 50)),
                           ("latency_p99", pct(lat, 99))):
             res.add("latency", p, t, s, PAPER_BLOCKS, metric, v, "us")
-        prog.step(f"{t} {p:14} {s:>8} B mean {statistics.mean(lat):9.1f} us")
+        res.sample("latency", f"{p}/{t}/{s}", [round(x, 3) for x in lat])
+        prog.step(f"{t} {p:14} {s:>8} B mean {statistics.mean(lat):9.1f} us, median {pct(lat, 50):9.1f} us")
+    # Every figure as a multiple of the UCX ceiling measured in the same run (1.0 = the ceiling).
+    for metric in ("latency_mean", "latency_p50"):
+        vals = group(res, "latency", metric)
+        for (t, p, s, b), v in vals.items():
+            c = vals.get((t, "ucx_raw_put", s, 1))
+            if c and p != "ucx_raw_put" and c[0] > 0:
+                res.add("latency", p, t, s, b, f"{metric}_ratio_to_ucx", v[0] / c[0], "ratio")
 
 
 def exp_sync_latency(res, cfg):
@@ -337,14 +433,23 @@ def exp_cameras(res, cfg):
             span = cfg.camera_seconds * 1000
             # 200 ms bins hold exactly 5 frame periods of every camera: what varies from bin to bin
             # is delivery, not the cameras' own 40 ms rhythm.
-            mbps = time_bins(arr, [CAMERA_FRAME] * len(arr), t0, 200, span)
-            steady = mbps[1:-1] or mbps
+            # Statistics over the cameras' running time; the plotted series goes on until the last
+            # frame arrived, so that a backlog drained after the cameras stopped is visible.
+            nbins = int(span / 200)
+            plotted = max(span, (max(arr, default=t0) - t0) / 1e6 + 200)
+            mbps = time_bins(arr, [CAMERA_FRAME] * len(arr), t0, 200, plotted)
+            steady = mbps[1:nbins - 1] or mbps[:nbins]
+            frame_ms = sorted(x / 1e6 for x in rcv["latencies_ns"] if x > 0)
             mean = statistics.mean(steady)
             cov = statistics.pstdev(steady) / mean if mean else 0.0
             res.sample("cameras", f"{p}/{t}", {"bin_ms": 200, "mb_per_s": mbps})
             for metric, v, unit in (
                     ("throughput_mean", mean, "MB/s"), ("throughput_cov", cov, "ratio"),
                     ("frames_lost", cams * count - rcv["messages"], "count"),
+                    # A frame's time from its send stamp to complete at the receiver: bins can hide
+                    # late frames that still land in the right 200 ms; these do not.
+                    ("frame_latency_p50", pct(frame_ms, 50), "ms"),
+                    ("frame_latency_p99", pct(frame_ms, 99), "ms"),
                     ("cpu_sender", 100 * snd["cpu_seconds"] / snd["seconds"], "% of one core"),
                     ("cpu_receiver", 100 * rcv["cpu_seconds"] / max(rcv["seconds"], 1e-9), "% of one core"),
                     ("peak_rss_sender", snd["peak_rss_kb"] / 1024, "MiB"),
@@ -405,7 +510,7 @@ def main(argv):
 
     cfg = argparse.Namespace()
     cfg.protocols = [p for p in a.protocols.split(",") if p]
-    cfg.transports = [a.transport] if a.transport else TRANSPORTS
+    cfg.transports = [a.transport] if a.transport else host_transports()
     quick = a.quick or a.tiny
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
@@ -422,6 +527,7 @@ def main(argv):
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = Results(out, argv)
+    res.config["settings"] = {k: v for k, v in vars(cfg).items()}
     names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
     done_funcs = set()
     t0 = time.monotonic()
