@@ -11,7 +11,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STYLE = {"status_byte": "-o", "sliding_window": "-s", "ucx_raw_put": "--", "tcp_socket": ":"}
+# One colour per protocol in every figure; the references are dashed/dotted and grey-black.
+STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
+         "sliding_window": dict(color="tab:orange", ls="-", marker="s"),
+         "ucx_raw_put": dict(color="black", ls="--", marker="^"),
+         "tcp_socket": dict(color="tab:gray", ls=":", marker="v")}
+ORDER = ["status_byte", "sliding_window", "ucx_raw_put", "tcp_socket"]
+
+
+def style(protocol):
+    return STYLE.get(protocol, dict(ls="-", marker="."))
+
+
+def proto_key(p):
+    return (ORDER.index(p) if p in ORDER else len(ORDER), p)
 
 
 def load(path):
@@ -38,6 +51,9 @@ def series(values, fixed_blocks=None, x="size"):
     return {k: sorted(v) for k, v in out.items()}
 
 
+CAMERA_FRAME = 640 * 480 * 3
+
+
 def human(n):
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
@@ -46,22 +62,41 @@ def human(n):
     return f"{n:g} GiB"
 
 
-def line_plot(path, title, data, xlabel, ylabel, logx=True, logy=True):
+def size_ticks(ax, xs):
+    ticks = sorted(set(xs))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([human(x).replace(" ", "") for x in ticks], rotation=45, fontsize=7)
+    ax.minorticks_off()
+
+
+def line_plot(path, title, data, xlabel, ylabel, logx=True, logy=True, sizes=True):
+    """One panel per transport (their scales differ by orders of magnitude), one line per protocol."""
     if not data:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for (p, t), pts in sorted(data.items()):
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, STYLE.get(p, "-"), label=f"{p} ({t})", markersize=4)
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    transports = sorted({t for _, t in data})
+    fig, axes = plt.subplots(1, len(transports), figsize=(5.2 * len(transports), 4.2), squeeze=False)
+    for ax, t in zip(axes[0], transports):
+        xs_all = []
+        for p in sorted({p for p, tt in data if tt == t}, key=proto_key):
+            xs, ys = zip(*data[(p, t)])
+            xs_all += xs
+            ax.plot(xs, ys, label=p, markersize=4, **style(p))
+        if logx:
+            ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        if sizes:
+            size_ticks(ax, xs_all)
+        elif logx:
+            ax.set_xticks(sorted(set(xs_all)))
+            ax.set_xticklabels([str(x) for x in sorted(set(xs_all))])
+            ax.minorticks_off()
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -70,83 +105,138 @@ def line_plot(path, title, data, xlabel, ylabel, logx=True, logy=True):
 
 def figures(doc, records, out):
     made = {}
+    samples = doc.get("samples", {})
     sync = pick(records, "sync_latency", "sync_latency_p50")
     made["fig10_sync_latency.png"] = line_plot(
-        out / "fig10_sync_latency.png", "Synchronisation-control latency (median) vs blocks",
-        series(sync, x="blocks") if False else {k: v for k, v in _by_blocks(sync).items()},
-        "blocks", "latency (µs)", logx=True, logy=True)
-    samples = doc.get("samples", {}).get("sync_latency", {})
-    if samples:
-        fig, axes = plt.subplots(1, len(samples), figsize=(4 * len(samples), 3.4), squeeze=False)
-        for ax, (key, vals) in zip(axes[0], sorted(samples.items())):
-            ax.hist(vals, bins=50, color="tab:blue" if key.startswith("status") else "tab:orange")
-            ax.set_title(key.replace("/", ", ") + " blocks", fontsize=9)
-            ax.set_xlabel("µs")
-        fig.suptitle("Synchronisation latency distribution, 3 blocks (Fig. 11)")
-        fig.tight_layout()
-        fig.savefig(out / "fig11_sync_histogram.png", dpi=110)
-        plt.close(fig)
-        made["fig11_sync_histogram.png"] = "fig11_sync_histogram.png"
-    lat = pick(records, "latency", "latency_mean")
-    made["fig12_latency.png"] = line_plot(out / "fig12_latency.png", "One-block transmission latency (mean)",
-                                          series(lat), "message size (bytes)", "latency (µs)")
+        out / "fig10_sync_latency.png", "Synchronisation-control latency (median) vs blocks (Fig. 10)",
+        _by_blocks(sync), "blocks", "latency (µs)", sizes=False)
+    if samples.get("sync_latency"):
+        made["fig11_sync_distribution.png"] = sync_distribution(out / "fig11_sync_distribution.png",
+                                                                samples["sync_latency"])
+    for metric, name, what in (("latency_mean", "fig12_latency.png", "mean"),
+                               ("latency_p50", "fig12_latency_median.png", "median")):
+        made[name] = line_plot(out / name, f"One-block transmission latency ({what}) (Fig. 12)",
+                               series(pick(records, "latency", metric)), "message size", "latency (µs)")
     thr = pick(records, "throughput", "throughput")
-    blocks = sorted({k[2] for k in thr})
-    for i, b in enumerate(blocks):
+    for i, b in enumerate(sorted({k[2] for k in thr})):
         name = f"fig{13 + min(i, 1)}_throughput_{b}_blocks.png"
-        made[name] = line_plot(out / name, f"Throughput, {b} blocks", series(thr, fixed_blocks=b),
-                               "message size (bytes)", "MB/s")
+        made[name] = line_plot(out / name, f"Throughput, {b} blocks (Fig. 13-14)", series(thr, fixed_blocks=b),
+                               "message size", "MB/s")
     for side in ("sender", "receiver"):
         cpu = pick(records, "cpu", f"cpu_{side}")
-        if cpu:
-            b = min(k[2] for k in cpu)
-            made[f"fig15_cpu_{side}.png"] = line_plot(out / f"fig15_cpu_{side}.png",
-                                                      f"{side.capitalize()} CPU during throughput, {b} blocks",
-                                                      series(cpu, fixed_blocks=b), "message size (bytes)",
-                                                      "% of one core", logy=False)
+        for b in sorted({k[2] for k in cpu}):
+            name = f"fig15_cpu_{side}_{b}_blocks.png"
+            made[name] = line_plot(out / name, f"{side.capitalize()} CPU during throughput, {b} blocks (Fig. 15)",
+                                   series(cpu, fixed_blocks=b), "message size", "% of one core", logy=False)
     res = [r for r in records if r["experiment"] == "resources"]
-    if res:
-        metrics = sorted({r["metric"] for r in res})
-        keys = sorted({(r["protocol"], r["transport"], r["size_bytes"]) for r in res})
-        fig, ax = plt.subplots(figsize=(max(8, len(metrics) * 0.6), 4.5))
+    for fig_no, side in ((16, "sender"), (17, "receiver")):
+        rows = [r for r in res if r["metric"].startswith(side + "_")]
+        if rows:
+            name = f"fig{fig_no}_resources_{side}.png"
+            made[name] = resources_plot(out / name, f"Transport resources, {side} (Fig. {fig_no})", rows, side)
+    for exp, fig_no, title in (("held_block", 18, "Block 3 held from 100 to 200 ms"),
+                               ("cameras", 19, "12 cameras x 25 fps x 640x480x3")):
+        if samples.get(exp):
+            name = f"fig{fig_no}_{exp}.png"
+            made[name] = over_time(out / name, f"{title} (Fig. {fig_no})", samples[exp], hold=exp == "held_block")
+    return {k: v for k, v in made.items() if v}
+
+
+def sync_distribution(path, samples):
+    """Fig. 11: each sample in the order taken (the paper's 'latency vs number of transmissions'),
+    and its histogram on log-spaced bins (the tails span four decades)."""
+    keys = sorted(samples, key=lambda k: (k.split("/")[1], proto_key(k.split("/")[0])))
+    fig, axes = plt.subplots(2, len(keys), figsize=(3.6 * len(keys), 6), squeeze=False)
+    for col, key in enumerate(keys):
+        p, t, b = key.split("/")
+        vals = [max(v, 1e-3) for v in samples[key]]
+        colour = style(p).get("color")
+        top, bottom = axes[0][col], axes[1][col]
+        top.plot(range(len(vals)), vals, ".", markersize=1.5, color=colour)
+        top.set_yscale("log")
+        top.set_title(f"{p}, {t}, {b} blocks", fontsize=9)
+        top.set_xlabel("sample (in order)", fontsize=8)
+        top.set_ylabel("µs", fontsize=8)
+        lo, hi = min(vals), max(vals)
+        bins = [lo * (hi / lo) ** (i / 40) for i in range(41)] if hi > lo else 10
+        bottom.hist(vals, bins=bins, color=colour)
+        bottom.set_xscale("log")
+        bottom.set_xlabel("µs", fontsize=8)
+        bottom.set_ylabel("samples", fontsize=8)
+        for ax in (top, bottom):
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelsize=7)
+    fig.suptitle("Synchronisation-control latency distribution (Fig. 11)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def resources_plot(path, title, rows, side):
+    """Bars per counter, one panel per transport; registered memory in MiB so it shares the axis."""
+    transports = sorted({r["transport"] for r in rows})
+    fig, axes = plt.subplots(len(transports), 1, figsize=(12, 3.6 * len(transports)), squeeze=False)
+    for ax, t in zip(axes[:, 0], transports):
+        rt = [r for r in rows if r["transport"] == t]
+        metrics = sorted({r["metric"] for r in rt})
+        keys = sorted({(r["protocol"], r["size_bytes"]) for r in rt}, key=lambda k: (proto_key(k[0]), k[1]))
         width = 0.8 / max(len(keys), 1)
-        for i, key in enumerate(keys):
+        for i, (p, s) in enumerate(keys):
             vals = []
             for m in metrics:
-                v = [r["value"] for r in res if (r["protocol"], r["transport"], r["size_bytes"]) == key and r["metric"] == m]
-                vals.append(max(v[0], 0.5) if v else 0.5)
-            ax.bar([j + i * width for j in range(len(metrics))], vals, width,
-                   label=f"{key[0]} ({key[1]}, {'12 cameras' if key[2] == 921600 else human(key[2])})")
-        ax.set_xticks([j + 0.4 for j in range(len(metrics))])
-        ax.set_xticklabels(metrics, rotation=60, ha="right", fontsize=7)
+                v = [r["value"] for r in rt if (r["protocol"], r["size_bytes"], r["metric"]) == (p, s, m)]
+                v = v[0] if v else 0
+                vals.append(v / 2**20 if m.endswith("registered_bytes") else v)
+            bars = ax.bar([j + i * width for j in range(len(metrics))], [v if v > 0 else 0.05 for v in vals], width,
+                          color=style(p).get("color"), alpha=1.0 if s != CAMERA_FRAME else 0.5,
+                          hatch=None if s != CAMERA_FRAME else "//",
+                          label=f"{p}, {'12 cameras' if s == CAMERA_FRAME else '1 device, ' + human(s)}")
+            for bar, v in zip(bars, vals):
+                if v == 0:  # a log axis has no zero: a stub at its floor, labelled 0
+                    ax.text(bar.get_x() + bar.get_width() / 2, 0.055, "0", ha="center", va="bottom", fontsize=6)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(metrics))])
+        ax.set_xticklabels([m[len(side) + 1:].replace("registered_bytes", "registered MiB") for m in metrics],
+                           rotation=30, ha="right", fontsize=8)
         ax.set_yscale("log")
-        ax.set_title("Transport resources per side (Fig. 16-17)")
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / "fig16_resources.png", dpi=110)
-        plt.close(fig)
-        made["fig16_resources.png"] = "fig16_resources.png"
-    for exp, fig_no, title in (("held_block", 18, "Block 3 held 100-200 ms"), ("cameras", 19, "12 cameras, 25 fps")):
-        s = doc.get("samples", {}).get(exp, {})
-        if not s:
-            continue
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for key, d in sorted(s.items()):
+        ax.set_ylim(0.04, None)
+        ax.set_title(t, fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def over_time(path, title, samples, hold=False):
+    """Throughput per time bin, one panel per transport."""
+    transports = sorted({k.split("/")[1] for k in samples})
+    fig, axes = plt.subplots(len(transports), 1, figsize=(8.5, 3.3 * len(transports)), squeeze=False, sharex=True)
+    for ax, t in zip(axes[:, 0], transports):
+        for key in sorted((k for k in samples if k.split("/")[1] == t), key=lambda k: proto_key(k.split("/")[0])):
+            d = samples[key]
+            p = key.split("/")[0]
             xs = [i * d["bin_ms"] for i in range(len(d["mb_per_s"]))]
-            ax.plot(xs, d["mb_per_s"], STYLE.get(key.split("/")[0], "-"), label=key.replace("/", ", "), markersize=2)
-        if exp == "held_block":
+            st = dict(style(p), marker=None)
+            # Wider status_byte line: where both protocols deliver the same rate they overlap exactly.
+            ax.step(xs, d["mb_per_s"], where="post", label=p, color=st.get("color"), ls=st["ls"],
+                    lw=3 if p == "status_byte" else 1.3, alpha=0.8 if p == "status_byte" else 1.0)
+        ax.set_ylim(bottom=0)
+        if hold:
             ax.axvspan(100, 200, color="grey", alpha=0.2, label="block 3 held")
-        ax.set_xlabel("time (ms)")
-        ax.set_ylabel(f"MB/s per {s[next(iter(s))]['bin_ms']} ms bin")
-        ax.set_title(f"{title} (Fig. {fig_no})")
+        bin_ms = samples[next(iter(samples))]["bin_ms"]
+        ax.set_ylabel(f"MB/s ({bin_ms} ms bins)")
+        ax.set_title(t, fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"fig{fig_no}_{exp}.png"
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        made[name] = name
-    return {k: v for k, v in made.items() if v}
+    axes[-1][0].set_xlabel("time (ms)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 def _by_blocks(values):
@@ -156,19 +246,25 @@ def _by_blocks(values):
     return {k: sorted(v) for k, v in out.items()}
 
 
-def table(records, experiment, metric, unit_fmt="{:.1f}", blocks=None):
+def table(records, experiment, metric, unit_fmt="{:.1f}", blocks=None, by_blocks=True):
+    """Rows: (blocks, size) — or size alone when by_blocks is False, for tables whose columns ran
+    with different block counts (the latency ceiling uses one buffer); columns: protocol (transport),
+    grouped by transport."""
     vals = pick(records, experiment, metric)
     if blocks is not None:
         vals = {k: v for k, v in vals.items() if k[2] == blocks}
     if not vals:
         return ""
-    cols = sorted({(p, t) for p, t, _, _ in vals})
-    rows = sorted({(b, s) for _, _, b, s in vals})
-    lines = ["| size | blocks | " + " | ".join(f"{p} ({t})" for p, t in cols) + " |",
-             "|---|---|" + "---|" * len(cols)]
+    if not by_blocks:
+        vals = {(p, t, "", s): v for (p, t, b, s), v in vals.items()}
+    cols = sorted({(p, t) for p, t, _, _ in vals}, key=lambda c: (c[1], proto_key(c[0])))
+    rows = sorted({(b, s) for _, _, b, s in vals}, key=lambda r: (str(r[0]).zfill(6), r[1]))
+    head = "| size | blocks | " if by_blocks else "| size | "
+    lines = [head + " | ".join(f"{p} ({t})" for p, t in cols) + " |",
+             "|---|" + ("---|" if by_blocks else "") + "---|" * len(cols)]
     for b, s in rows:
         cells = [unit_fmt.format(vals[(p, t, b, s)]) if (p, t, b, s) in vals else "–" for p, t in cols]
-        lines.append(f"| {human(s)} | {b} | " + " | ".join(cells) + " |")
+        lines.append(f"| {human(s)} | " + (f"{b} | " if by_blocks else "") + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -212,8 +308,13 @@ def targets(records):
                     median_of(records, "cameras", "frames_lost", protocol=p, transport=t)) for p in ("status_byte", "sliding_window")}
         if all(v[0] is not None for v in cams.values()):
             (c1, l1), (c2, l2) = cams["status_byte"], cams["sliding_window"]
-            row("cameras: zero loss, status_byte CoV lower", t, f"CoV {c1:.3f} vs {c2:.3f}; lost {l1:.0f} / {l2:.0f}",
-                c1 < c2 and l1 == 0 and l2 == 0)
+            tie = " (equal: both protocols delivered the same bytes in every bin)" if round(c1, 3) == round(c2, 3) else ""
+            row("cameras: zero loss, status_byte CoV lower", t,
+                f"CoV {c1:.3f} vs {c2:.3f}{tie}; lost {l1:.0f} / {l2:.0f}", c1 < c2 and l1 == 0 and l2 == 0)
+            f = [median_of(records, "cameras", "frame_latency_p99", protocol=p, transport=t) for p in ("status_byte", "sliding_window")]
+            if all(v is not None for v in f):
+                row("cameras: frame delivery latency p99 (not an issue target; finer than bins)", t,
+                    f"{f[0]:.1f} vs {f[1]:.1f} ms", None)
             rx = median_of(records, "cameras", "cpu_receiver", protocol="status_byte", transport=t)
             row("status_byte receiver CPU during 12 cameras (passive receiver)", t, f"{rx:.1f}% of one core", None)
     return "\n".join(lines) + "\n"
@@ -221,9 +322,13 @@ def targets(records):
 
 def report(doc, records, out, made):
     c = doc["config"]
+    settings = c.get("settings", {})
     md = [f"# slotstream bench report\n",
           f"`{c['command']}` on {c['host']} ({c['cpus']} CPUs, kernel {c['kernel']}), {c['slotstream']}, "
           f"UCX {c['ucx']}, {c['date']}.\n",
+          ("Settings: " + "; ".join(f"{k} = {v}" for k, v in settings.items()) + ".\n") if settings else "",
+          "`tcp_socket` (plain TCP over loopback) has no shared-memory variant: it is measured once, "
+          "listed under the tcp transport, and is the TCP/IP reference for both.\n",
           "Every number comes from two real processes over real UCX (or plain TCP for `tcp_socket`); "
           "records are in `results.json`, figures are drawn from it by `bench/plot.py`.\n",
           "## Targets\n", targets(records),
@@ -235,9 +340,19 @@ def report(doc, records, out, made):
           table(records, "sync_latency", "sync_latency_p50", "{:.2f}"), "p99:\n\n",
           table(records, "sync_latency", "sync_latency_p99", "{:.2f}"),
           "## One-block transmission latency, µs (Fig. 12)\n",
-          "Mean of one-way times: sender's stamp before filling the block until the message is complete at a "
-          "busy-polling receiver; one message in flight at a time.\n",
-          table(records, "latency", "latency_mean", "{:.1f}"), "p99:\n\n", table(records, "latency", "latency_p99", "{:.1f}"),
+          "One-way times: the sender's stamp before filling the block until the message is complete at a "
+          "busy-polling receiver; one message in flight at a time (the sender waits 200 µs plus the size's "
+          "wire time after each). ucx_raw_put is `ucx_perftest -t ucp_put_lat` on the same transport and size "
+          "(half a put ping-pong round trip, both sides polling memory; one buffer, so blocks = 1); the "
+          "bench-peer's raw put loop delivers nothing a receiver could time. A scheduler stall of either "
+          "process lands in these numbers in full, so read the mean next to the median.\n",
+          "Mean:\n\n", table(records, "latency", "latency_mean", "{:.1f}", by_blocks=False),
+          "Median:\n\n", table(records, "latency", "latency_p50", "{:.1f}", by_blocks=False),
+          "p99:\n\n", table(records, "latency", "latency_p99", "{:.1f}", by_blocks=False),
+          "Mean as a multiple of ucx_raw_put's mean (1.0 = the ceiling):\n\n",
+          table(records, "latency", "latency_mean_ratio_to_ucx", "{:.1f}", by_blocks=False),
+          "Median as a multiple of ucx_raw_put's median:\n\n",
+          table(records, "latency", "latency_p50_ratio_to_ucx", "{:.1f}", by_blocks=False),
           "## Throughput, MB/s (Fig. 13-14)\n",
           "Median over rounds; a round is `count` consecutive transfers (1,000; for large messages fewer, so "
           "that a round moves a bounded number of bytes, but at least two passes over every block), timed "
@@ -270,7 +385,12 @@ def report(doc, records, out, made):
     md += ["## Held block (Fig. 18)\n", table(records, "held_block", "throughput_before_hold"),
            "During the hold:\n\n", table(records, "held_block", "throughput_during_hold"),
            "## Twelve cameras (Fig. 19)\n"]
-    for m in ("throughput_mean", "throughput_cov", "frames_lost", "cpu_sender", "cpu_receiver", "peak_rss_sender", "peak_rss_receiver"):
+    md.append("Throughput in 200 ms bins (5 frame periods of every camera) over the cameras' running time, "
+              "first and last bin left out; CoV = population standard deviation / mean of those bins. "
+              "frames_lost = frames sent - frames complete at the receiver. frame_latency = send stamp to "
+              "frame complete at the receiver.\n")
+    for m in ("throughput_mean", "throughput_cov", "frames_lost", "frame_latency_p50", "frame_latency_p99",
+              "cpu_sender", "cpu_receiver", "peak_rss_sender", "peak_rss_receiver"):
         md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}")]
     md.append("## Figures\n")
     md += [f"![{n}]({n})\n" for n in sorted(made)]
