@@ -1,48 +1,84 @@
 """`slotstream bench`: a tiny run of every experiment produces well-formed records and plots.
 Benchmarks measure; nothing here asserts a speed."""
 import json
+import shutil
 import subprocess
+import sys
 
-from conftest import BIN
+from conftest import BIN, REPO
 
 KEYS = {"experiment": str, "protocol": str, "transport": str, "size_bytes": int, "blocks": int, "metric": str,
         "value": float, "unit": str, "repeat": int}
 EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras"]
+FIGURES = ["fig10_sync_latency.png", "fig11_sync_distribution.png", "fig12_latency.png", "fig12_latency_median.png",
+           "fig13_throughput_3_blocks.png", "fig15_cpu_sender_3_blocks.png", "fig15_cpu_receiver_3_blocks.png",
+           "fig16_resources_sender.png", "fig17_resources_receiver.png", "fig18_held_block.png", "fig19_cameras.png"]
 
 
 def test_tiny_run_of_every_experiment(tmp_path):
     out = tmp_path / "bench"
-    p = subprocess.run([BIN, "bench", "all", "--tiny", "--transport", "shm", "--out", str(out)],
-                       capture_output=True, text=True, timeout=240)
+    p = subprocess.run([BIN, "bench", "all", "--tiny", "--out", str(out)], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "[throughput " in p.stdout, "no progress output"
+    assert "[throughput " in p.stdout and "left]" in p.stdout, "no progress output with an ETA"
     doc = json.loads((out / "results.json").read_text())
-    for key in ("host", "ucx", "slotstream", "command", "date"):
+    for key in ("host", "ucx", "slotstream", "command", "date", "settings"):
         assert doc["config"].get(key), key
     assert doc["errors"] == []
     for rec in doc["records"]:
         assert set(rec) == set(KEYS), rec
         for k, t in KEYS.items():
             assert isinstance(rec[k], t), (k, rec)
-    seen = {(r["experiment"], r["protocol"]) for r in doc["records"]}
-    for exp in EXPERIMENTS:
-        for proto in ("status_byte", "sliding_window"):
-            assert (exp, proto) in seen, f"{exp} has no record for {proto}"
-    assert ("throughput", "ucx_raw_put") in seen, "the UCX ceiling is missing"
-    assert ("throughput", "tcp_socket") not in seen, "plain TCP is a reference for the tcp transport only"
-    assert any(r["metric"] == "throughput" and r["unit"] == "MB/s" for r in doc["records"])
+    transports = set(doc["config"]["settings"]["transports"])
+    assert transports, "no transport found on this host"
+    seen = {(r["experiment"], r["protocol"], r["transport"]) for r in doc["records"]}
+    for t in transports:
+        for exp in EXPERIMENTS:
+            for proto in ("status_byte", "sliding_window"):
+                assert (exp, proto, t) in seen, f"{exp} has no record for {proto} on {t}"
+        for exp in ("throughput", "latency"):
+            assert (exp, "ucx_raw_put", t) in seen, f"{exp}: the UCX ceiling is missing on {t}"
+    if "tcp" in transports:
+        for exp in ("throughput", "latency"):
+            assert (exp, "tcp_socket", "tcp") in seen, f"{exp}: the plain TCP reference is missing"
+    assert not any(p == "tcp_socket" and t != "tcp" for _, p, t in seen), "tcp_socket is listed under tcp only"
+    metrics = {(r["experiment"], r["metric"]) for r in doc["records"]}
+    for m in (("throughput", "throughput_ratio_to_ucx"), ("latency", "latency_mean_ratio_to_ucx"),
+              ("cpu", "cpu_sender"), ("cpu", "cpu_receiver"), ("cameras", "throughput_cov"),
+              ("cameras", "frames_lost"), ("held_block", "throughput_during_hold")):
+        assert m in metrics, m
+    assert all(r["unit"] == "MB/s" for r in doc["records"] if r["metric"] == "throughput")
     assert all(r["value"] == 0 for r in doc["records"] if r["metric"] in ("frames_lost", "messages_lost"))
-    for png in ("fig10_sync_latency.png", "fig12_latency.png", "fig13_throughput_3_blocks.png",
-                "fig18_held_block.png", "fig19_cameras.png", "fig16_resources.png"):
+    for png in FIGURES:
         assert (out / png).stat().st_size > 1000, png
     report = (out / "report.md").read_text()
-    assert "## Targets" in report and "fig19_cameras.png" in report
+    assert "## Targets" in report
+    for png in FIGURES:
+        assert png in report, png
+
+    # Anyone can re-plot from results.json alone.
+    again = tmp_path / "replot"
+    again.mkdir()
+    shutil.copy(out / "results.json", again)
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "plot.py"), str(again / "results.json"), "--report"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (again / "report.md").exists() and (again / "fig19_cameras.png").exists()
+
+
+def test_a_failing_peer_is_an_error_record_not_a_hang(tmp_path):
+    out = tmp_path / "bench"
+    p = subprocess.run([BIN, "bench", "resources", "--tiny", "--transport", "shm", "--protocols", "no_such_protocol",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["errors"] and "no_such_protocol" in doc["errors"][0]["what"]
+    assert "sender peer failed" in doc["errors"][0]["error"]
 
 
 def test_bench_help_lists_experiments():
     p = subprocess.run([BIN, "bench", "--help"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0
-    for exp in EXPERIMENTS:
+    for exp in EXPERIMENTS + ["all"]:
         assert exp in p.stdout
 
 
