@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -332,8 +333,13 @@ Status Worker::am_reply(ReplyEp to, unsigned id, const void* header, size_t head
   return track(ucp_am_send_nbx(to.ep, id, header, header_len, nullptr, 0, &param), "ucp_am_send_nbx (reply)", req);
 }
 
+bool Worker::has_am_handler(unsigned id) const {
+  return std::find(am_ids_.begin(), am_ids_.end(), id) != am_ids_.end();
+}
+
 Status Worker::set_am_handler(unsigned id, AmHandler handler) {
   am_handlers_.push_back(std::make_unique<AmHandler>(std::move(handler)));
+  if (!has_am_handler(id)) am_ids_.push_back(id);
   ucp_am_handler_param_t param{};
   param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                      UCP_AM_HANDLER_PARAM_FIELD_ARG;

@@ -188,8 +188,11 @@ class Worker {
   Status wait_for_event();
   void signal();
 
-  // Registers an active-message handler for `id`.
+  // Registers an active-message handler for `id` (one per id per worker: a later one replaces it).
   Status set_am_handler(unsigned id, AmHandler handler);
+  // Whether a handler for `id` was registered on this worker (protocols whose receivers share
+  // one worker register their handler once).
+  bool has_am_handler(unsigned id) const;
   // Sends an active message back on a ReplyEp (any thread of a shared worker). The header must
   // stay valid until the request completes.
   Status am_reply(ReplyEp to, unsigned id, const void* header, size_t header_len, Request* req);
@@ -201,6 +204,7 @@ class Worker {
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;
+  std::vector<unsigned> am_ids_;  // ids with a handler, for has_am_handler()
 };
 
 // Drives a shared worker from its own thread, sleeping in the kernel while there is nothing to
