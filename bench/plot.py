@@ -226,6 +226,9 @@ def over_time(path, title, samples, hold=False):
         ax.set_ylim(bottom=0)
         if hold:
             ax.axvspan(100, 200, color="grey", alpha=0.2, label="block 3 held")
+        stops = {samples[k].get("stop_ms") for k in samples if k.split("/")[1] == t} - {None}
+        if stops:
+            ax.axvline(max(stops), color="grey", ls="--", lw=1, label="cameras stop")
         bin_ms = samples[next(iter(samples))]["bin_ms"]
         ax.set_ylabel(f"MB/s ({bin_ms} ms bins)")
         ax.set_title(t, fontsize=10)
@@ -387,9 +390,12 @@ def report(doc, records, out, made):
            "## Twelve cameras (Fig. 19)\n"]
     md.append("Throughput in 200 ms bins (5 frame periods of every camera) over the cameras' running time, "
               "first and last bin left out; CoV = population standard deviation / mean of those bins. "
-              "frames_lost = frames sent - frames complete at the receiver. frame_latency = send stamp to "
+              "frames_lost = frames sent - frames complete at the receiver; last_frame_after_stop = seconds from the "
+              "cameras' last frame period to the last frame complete (a backlog; the figure shows it after the "
+              "dashed line). frame_latency = send stamp to "
               "frame complete at the receiver.\n")
-    for m in ("throughput_mean", "throughput_cov", "frames_lost", "frame_latency_p50", "frame_latency_p99",
+    for m in ("throughput_mean", "throughput_cov", "frames_lost", "last_frame_after_stop", "frame_latency_p50",
+              "frame_latency_p99",
               "cpu_sender", "cpu_receiver", "peak_rss_sender", "peak_rss_receiver"):
         md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}")]
     md.append("## Figures\n")
