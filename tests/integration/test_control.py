@@ -1,0 +1,221 @@
+"""Bad control input over a raw TCP socket (docs/cli-contract.md, "Control wire"): each is refused with a REFUSE
+frame naming the problem or the connection is closed; the receiver says so on stderr and keeps serving."""
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+from conftest import assert_device, make_files, run_send
+
+MAGIC = b"SLST"
+HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK = range(1, 8)
+MAX_FRAME = 65536
+
+
+# ------------------------------------------------------------------ a tiny encoder / decoder
+
+def frame(msg_type, body):
+    return struct.pack("<IB", len(body) + 1, msg_type) + body
+
+
+def str8(b):
+    return bytes([len(b)]) + b
+
+
+def hello_body(magic=MAGIC, version=1, protocol=b"status_byte", blocks=4, block_size=4096, transport=0,
+               host=b"host", name=b"raw", devices=(0,), group=0, lane=0, lanes=1):
+    body = magic + struct.pack("<H", version) + str8(protocol)
+    body += struct.pack("<IIB", blocks, block_size, transport)
+    body += str8(host) + str8(name)
+    body += struct.pack("<H", len(devices)) + b"".join(struct.pack("<H", d) for d in devices)
+    body += struct.pack("<QHH", group, lane, lanes)
+    return body
+
+
+def hello(**kw):
+    return frame(HELLO, hello_body(**kw))
+
+
+def read_frames(data):
+    """[(type, body)] of the complete frames in data."""
+    frames = []
+    while len(data) >= 5:
+        length, msg_type = struct.unpack("<IB", data[:5])
+        if length < 1 or len(data) < 4 + length:
+            break
+        frames.append((msg_type, data[5:4 + length]))
+        data = data[4 + length:]
+    return frames
+
+
+def decode_refuse(body):
+    code, mlen = struct.unpack("<HH", body[:4])
+    msg = body[4:4 + mlen]
+    assert len(msg) == mlen, f"REFUSE message truncated: {body!r}"
+    return code, msg.decode("utf-8")
+
+
+def connect(addr):
+    host, port = addr.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def read_until_closed(s, timeout):
+    """Everything the peer sends until it closes (or timeout); (data, closed)."""
+    s.settimeout(0.5)
+    data, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+def exchange(addr, payload, timeout=15):
+    """Sends raw bytes; returns the REFUSE message, or None when the receiver just closed the connection."""
+    with connect(addr) as s:
+        try:
+            s.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            return None
+        data, closed = read_until_closed(s, timeout)
+    frames = read_frames(data)
+    assert closed or frames, f"the receiver neither answered nor closed within {timeout} s"
+    if not frames:
+        assert data == b"", f"receiver sent a partial frame: {data!r}"
+        return None
+    msg_type, body = frames[0]
+    assert msg_type == REFUSE, f"expected REFUSE (5), got type {msg_type}: {body!r}"
+    return decode_refuse(body)[1]
+
+
+def still_serves(rx, tmp_path, name="after"):
+    f = make_files(tmp_path / "good", [5000], name)
+    run_send(rx.addr, "--name", name, "--file", f"0={f[0]}")
+    assert_device(rx_out(rx), name, 0, f)
+
+
+def rx_out(rx):
+    return rx.argv[rx.argv.index("--out") + 1]
+
+
+def assert_refused_on_stderr(rx, needles, timeout=10):
+    """The receiver printed a `refused`/`bad` line on stderr, mentioning one of needles (if any)."""
+    _, line = rx.stderr.wait_for(r"(?i)refused|bad", timeout)
+    if needles:
+        assert any(n.lower() in line.lower() for n in needles), f"stderr line {line!r} mentions none of {needles}"
+
+
+# Each case: payload, words of which the refusal (REFUSE message and receiver's stderr line) names one.
+CASES = {
+    "wrong_magic": (hello(magic=b"XXXX"), ["magic"]),
+    "wrong_version": (hello(version=9), ["version"]),
+    "version_zero": (hello(version=0), ["version"]),
+    "unknown_protocol": (hello(protocol=b"nope"), ["protocol"]),
+    "garbage_frame": (frame(HELLO, b"\x00\x01garbage-garbage-garbage"), []),
+    "garbage_bytes": (bytes(range(7, 200)) * 3, []),
+    "http_request": (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", []),
+    "oversized_length": (struct.pack("<I", 0xFFFFFFF0) + b"\x01" + b"x" * 64, ["length", "large", "size", "frame"]),
+    "length_just_over_max": (struct.pack("<IB", MAX_FRAME + 1, HELLO) + b"x" * 64, ["length", "large", "size", "frame"]),
+    "zero_length": (struct.pack("<I", 0) + b"x" * 16, []),
+    "not_a_hello_first": (frame(FIN, b"\x00\x00"), []),
+    "unknown_type": (frame(200, b"hello"), []),
+    "truncated_hello_body": (frame(HELLO, hello_body()[:-6]), ["truncated", "short", "hello"]),
+    "bad_geometry": (hello(block_size=10), ["block", "geometry", "size"]),
+    "no_devices": (hello(devices=()), ["device"]),
+}
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_hello_is_refused_and_receiver_keeps_serving(start_receiver, tmp_path, case):
+    payload, needles = CASES[case]
+    rx = start_receiver(tmp_path / "out")
+    msg = exchange(rx.addr, payload)
+    if msg is not None and needles:
+        assert any(n in msg.lower() for n in needles), f"REFUSE {msg!r} mentions none of {needles}"
+    assert_refused_on_stderr(rx, needles)
+    assert rx.poll() is None, "receiver exited"
+    still_serves(rx, tmp_path)
+    assert os.listdir(rx_out(rx)) == ["after"], "a refused connection left something in the output directory"
+
+
+@pytest.mark.deadline(60)
+def test_truncated_hello_then_close(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    with connect(rx.addr) as s:
+        s.sendall(hello()[:10])
+    assert_refused_on_stderr(rx, [])
+    still_serves(rx, tmp_path)
+
+
+@pytest.mark.deadline(60)
+def test_connect_and_close_without_a_byte(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    for _ in range(5):
+        connect(rx.addr).close()
+    still_serves(rx, tmp_path)
+
+
+@pytest.mark.deadline(60)
+def test_stalled_hello_is_not_kept_forever(start_receiver, tmp_path):
+    # The frame never completes and the socket stays open: the receiver must give up on it, not wait forever,
+    # and must serve others meanwhile.
+    rx = start_receiver(tmp_path / "out")
+    with connect(rx.addr) as s:
+        s.sendall(hello()[:-6])
+        still_serves(rx, tmp_path, "meanwhile")
+        data, closed = read_until_closed(s, 20)
+    assert closed, "the receiver kept a stalled hello open for 20 s"
+    frames = read_frames(data)
+    if frames:
+        assert frames[0][0] == REFUSE
+    assert_refused_on_stderr(rx, [])
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("name", ["../x", "a/b", ".", "..", "", "x/../../y", "a\x00b"])
+def test_bad_sender_name_in_raw_hello_is_refused(start_receiver, tmp_path, name):
+    out = tmp_path / "out"
+    rx = start_receiver(out)
+    before = sorted(p for p in tmp_path.rglob("*") if out not in p.parents and p != out)
+    msg = exchange(rx.addr, hello(name=name.encode()))
+    assert msg is not None, "no REFUSE for an invalid sender name"
+    assert "name" in msg.lower(), msg
+    assert_refused_on_stderr(rx, ["name"])
+    assert sorted(p for p in tmp_path.rglob("*") if out not in p.parents and p != out) == before
+    assert not out.exists() or os.listdir(out) == []
+    still_serves(rx, tmp_path)
+
+
+@pytest.mark.deadline(60)
+def test_token_receiver_challenges_and_refuses_a_bad_mac(start_receiver, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    rx = start_receiver(tmp_path / "out", None, "--token-file", token)
+    with connect(rx.addr) as s:
+        s.sendall(hello(name=b"mallory"))
+        s.settimeout(10)
+        data = b""
+        while not read_frames(data):
+            chunk = s.recv(65536)
+            assert chunk, "connection closed instead of a CHALLENGE"
+            data += chunk
+        msg_type, body = read_frames(data)[0]
+        assert msg_type == CHALLENGE, f"expected CHALLENGE (2) from a token receiver, got {msg_type}"
+        assert len(body) >= 16, f"challenge nonce too short: {len(body)} bytes"
+        s.sendall(frame(AUTH, b"\x00" * 32))
+        data, _ = read_until_closed(s, 10)
+    frames = read_frames(data)
+    assert frames, "no answer to a wrong AUTH"
+    assert frames[0][0] == REFUSE, f"wrong AUTH answered with type {frames[0][0]}"
+    assert "authentication failed" in decode_refuse(frames[0][1])[1]
+    assert_refused_on_stderr(rx, ["authentication failed"])
