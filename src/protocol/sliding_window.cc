@@ -52,8 +52,23 @@ class SlidingWindowSender final : public SenderProtocol {
  public:
   SlidingWindowSender(SenderFabric& fabric, uint64_t pool, uint64_t session, std::unique_ptr<fabric::RemoteKey> rkey)
       : fabric_(fabric), pool_(pool), rkey_(std::move(rkey)), window_(fabric.geometry.blocks),
-        notify_(fabric.geometry.blocks), notified_at_ns_(fabric.geometry.blocks, 0) {
-    for (auto& n : notify_) n.session = session;
+        notify_(new Notify[fabric.geometry.blocks]), notify_req_(fabric.geometry.blocks),
+        notified_at_ns_(fabric.geometry.blocks, 0) {
+    for (uint32_t i = 0; i < fabric.geometry.blocks; ++i) notify_[i] = Notify{session, 0, 0};
+  }
+
+  // The Sender destroys its protocol before its endpoint, whose close still progresses the
+  // worker: unhook the ACK handler (it points at this object), and leave the notification
+  // headers to UCX if a notification is still queued (only when the receiver stopped answering).
+  ~SlidingWindowSender() override {
+    (void)fabric_.worker.set_am_handler(kAckAm, [](std::span<const std::byte>, std::span<const std::byte>,
+                                                   fabric::ReplyEp) {});
+    for (auto& r : notify_req_) {
+      if (r.check().code() == Code::kInProgress) {
+        (void)notify_.release();
+        break;
+      }
+    }
   }
 
   Status init() {
@@ -104,9 +119,11 @@ class SlidingWindowSender final : public SenderProtocol {
     notify_[i].index = i;
     notify_[i].length = static_cast<uint32_t>(length);
     notified_at_ns_[i] = now_ns();
-    fabric::Request note;  // its header (notify_[i]) stays valid until the block is ACKed
+    // Its header, notify_[i], stays untouched until the block is ACKed, so the slot's previous
+    // notification has completed by now.
+    notify_req_[i] = fabric::Request();
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.am_send(kNotifyAm, &notify_[i], sizeof(Notify), nullptr, 0,
-                                                        /*want_reply=*/true, &note));
+                                                        /*want_reply=*/true, &notify_req_[i]));
     bump(g_stats.notifications_sent);
     ++counters_.blocks;
     return Status::ok();
@@ -167,8 +184,9 @@ class SlidingWindowSender final : public SenderProtocol {
   uint64_t pool_;
   std::unique_ptr<fabric::RemoteKey> rkey_;
   WindowTracker window_;
-  std::vector<Notify> notify_;            // per slot: the AM header, alive while the slot is in flight
-  std::vector<uint64_t> notified_at_ns_;  // per slot: when its notification was posted
+  std::unique_ptr<Notify[]> notify_;            // per slot: the AM header, alive while in flight
+  std::vector<fabric::Request> notify_req_;     // per slot: its notification, if not sent inline
+  std::vector<uint64_t> notified_at_ns_;        // per slot: when its notification was posted
   SenderCounters counters_;
   uint64_t acks_ = 0;
   std::vector<uint64_t> sync_ns_;
