@@ -11,10 +11,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <list>
 #include <map>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "common.h"
@@ -40,6 +40,9 @@ constexpr Millis kFinGrace{1000};
 // After a sender died, let the progress thread apply what already arrived before the last drain.
 constexpr Millis kLostGrace{50};
 constexpr uint32_t kMaxDevices = 4096;
+// Connections served at once (handshakes included). Each costs a thread; beyond this a new
+// connection is refused at once instead of growing the process without bound.
+constexpr size_t kMaxConnections = 1024;
 constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 constexpr auto kSpinIdle = std::chrono::microseconds(200);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
@@ -80,9 +83,21 @@ struct Receiver::Impl {
   std::map<uint64_t, Group> groups;
   std::map<const void*, SessionReport> live;  // published by each session
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
-  std::list<std::thread> sessions;
+  // One thread per connection. A finished thread puts its id in `finished` and the accept loop
+  // joins it: a thread that is never joined keeps its stack mapping, and a receiver that serves
+  // reconnecting senders for days would run out of mappings (vm.max_map_count) and abort.
+  std::map<uint64_t, std::thread> sessions;
+  std::vector<uint64_t> finished;
+  uint64_t next_session = 0;
+  // Receiver memory (blocks) promised to senders now, against options.max_memory.
+  uint64_t memory_in_use = 0;
 
   void accept_loop();
+  void start_session(std::unique_ptr<net::ControlSocket> control);
+  void reap_sessions();
+  // Reserves `bytes` of the memory budget, or says why not.
+  std::optional<std::string> reserve_memory(uint64_t bytes);
+  void release_memory(uint64_t bytes);
   void serve(std::unique_ptr<net::ControlSocket> control);
   Status wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out);
   void event(const std::string& text) {
@@ -130,6 +145,23 @@ std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hell
   }
   ++g.live;
   return std::nullopt;
+}
+
+std::optional<std::string> Receiver::Impl::reserve_memory(uint64_t bytes) {
+  std::lock_guard lock(mutex);
+  const uint64_t budget = options.max_memory;
+  if (bytes <= budget && memory_in_use <= budget - bytes) {
+    memory_in_use += bytes;
+    return std::nullopt;
+  }
+  return "not enough receiver memory: this connection asks for " + format_bytes(bytes) + ", " +
+         format_bytes(memory_in_use) + " of the receiver's " + format_bytes(budget) +
+         " budget are in use (recv --max-memory; fewer or smaller blocks on the sender)";
+}
+
+void Receiver::Impl::release_memory(uint64_t bytes) {
+  std::lock_guard lock(mutex);
+  memory_in_use -= bytes;
 }
 
 void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
@@ -197,6 +229,7 @@ class Session {
   bool held_all_ = false;
   bool capacity_only_ = false;  // the connection only asked for capacity
   uint64_t group_ = 0;
+  uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
   std::vector<bool> hold_active_;
 };
 
@@ -273,6 +306,11 @@ std::optional<Refusal> Session::handshake() {
   info.block_size = hello.block_size;
   info.devices = hello.devices;
   geometry_ = {hello.blocks, hello.block_size};
+
+  // Nothing is allocated for a sender before it is authenticated and fits the memory budget.
+  const uint64_t region = uint64_t(hello.blocks) * hello.block_size + hello.blocks;
+  if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
+  reserved_bytes_ = region;
 
   WireFabric* wf = nullptr;
   if (Status st = rx_.wire_fabric(to_wire(chosen), desc->receiver_progress, &wf); !st.is_ok()) {
@@ -473,6 +511,8 @@ void Session::run() {
     wire::Refuse r{refusal->code, refusal->message};
     (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
     control_->drain_and_close(Millis(200));
+    proto_.reset();
+    if (reserved_bytes_) rx_.release_memory(reserved_bytes_);
     if (registered_) {
       report_.reason = "refused: " + refusal->message;
       rx_.lane_ended(group_, report_);
@@ -491,6 +531,7 @@ void Session::run() {
   sink_.reset();
   proto_.reset();
   control_.reset();
+  rx_.release_memory(reserved_bytes_);
   rx_.lane_ended(group_, report_);
 }
 
@@ -522,16 +563,58 @@ void Receiver::Impl::serve(std::unique_ptr<net::ControlSocket> control) {
 
 void Receiver::Impl::accept_loop() {
   while (!stopping.load(std::memory_order_acquire)) {
+    reap_sessions();
     std::unique_ptr<net::ControlSocket> control;
     if (Status st = listener->accept(Millis(100), &control); !st.is_ok()) {
       event("accept failed: " + st.to_string());
       std::this_thread::sleep_for(Millis(100));
       continue;
     }
-    if (!control) continue;
-    std::lock_guard lock(mutex);
-    sessions.emplace_back([this, c = std::move(control)]() mutable { serve(std::move(c)); });
+    if (control) start_session(std::move(control));
   }
+}
+
+void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) {
+  std::string refused;
+  {
+    std::lock_guard lock(mutex);
+    if (sessions.size() < kMaxConnections) {
+      const uint64_t id = next_session++;
+      try {
+        sessions.emplace(id, std::thread([this, id, c = std::move(control)]() mutable {
+          serve(std::move(c));
+          std::lock_guard done(mutex);
+          finished.push_back(id);
+        }));
+        return;
+      } catch (const std::system_error& e) {
+        // Out of threads or memory: this connection is closed (the lambda owned it); every
+        // stream already being served goes on.
+        refused = std::string("cannot start a thread for a new connection (") + e.what() + "); closed it";
+      }
+    } else {
+      refused = "refused a connection: " + std::to_string(kMaxConnections) + " connections are being served";
+    }
+  }
+  if (control) {
+    wire::Refuse r{Code::kBusy, "receiver busy: too many connections, try again later"};
+    (void)control->send(wire::MsgType::kRefuse, wire::encode(r));
+  }
+  event(refused);
+}
+
+void Receiver::Impl::reap_sessions() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard lock(mutex);
+    for (uint64_t id : finished) {
+      auto it = sessions.find(id);
+      done.push_back(std::move(it->second));
+      sessions.erase(it);
+    }
+    finished.clear();
+  }
+  for (auto& t : done) t.join();  // each has returned from serve() already
 }
 
 Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -540,6 +623,7 @@ Receiver::~Receiver() { stop(); }
 
 Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) {
   if (!options.make_sink) return {Code::kInvalidArgument, "ReceiverOptions::make_sink is required"};
+  if (options.max_memory == 0) options.max_memory = default_max_memory();
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   SLOTSTREAM_RETURN_IF_ERROR(net::Listener::open(impl->options.host, impl->options.port, &impl->listener));
@@ -566,13 +650,14 @@ void Receiver::stop() {
     return;
   }
   if (im.accept_thread.joinable()) im.accept_thread.join();
-  std::list<std::thread> sessions;
+  std::map<uint64_t, std::thread> sessions;
   {
     std::lock_guard lock(im.mutex);
     sessions.swap(im.sessions);
+    im.finished.clear();
     im.ended_cv.notify_all();
   }
-  for (auto& t : sessions) t.join();
+  for (auto& [id, t] : sessions) t.join();
   std::lock_guard lock(im.mutex);
   im.wires.clear();  // progress threads stop, workers and contexts are destroyed
 }

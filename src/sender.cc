@@ -94,7 +94,9 @@ struct Sender::Impl {
 
   std::mutex error_mutex;
   Status error;  // first error of any sending thread
-  bool finished = false;
+  std::atomic<bool> finishing{false};  // finish() was called (any thread)
+  // The sending threads have been joined: their protocol counters may be read (stats()).
+  std::atomic<bool> joined{false};
 
   void fail(Status st) {
     std::lock_guard lock(error_mutex);
@@ -247,7 +249,7 @@ Status Lane::fin() {
 Sender::Sender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Sender::~Sender() {
-  if (!impl_->finished) impl_->fail({Code::kCancelled, "sender closed before finish()"});
+  if (!impl_->finishing.load()) impl_->fail({Code::kCancelled, "sender closed before finish()"});
   impl_->join_all();
 }
 
@@ -308,9 +310,9 @@ DeviceStream* Sender::device(uint16_t device) {
 
 Status Sender::finish() {
   Impl& im = *impl_;
-  if (im.finished) return im.first_error();
-  im.finished = true;
+  if (im.finishing.exchange(true)) return im.first_error();
   im.join_all();
+  im.joined.store(true, std::memory_order_release);
   SLOTSTREAM_RETURN_IF_ERROR(im.first_error());
   for (auto& lane : im.lanes) SLOTSTREAM_RETURN_IF_ERROR(lane->fin());
   return Status::ok();
@@ -323,7 +325,7 @@ SenderStats Sender::stats() const {
     s.messages += s.per_device[d];
   }
   s.bytes = impl_->bytes.load();
-  if (!impl_->finished) {  // protocol counters belong to the sending threads until then
+  if (!impl_->joined.load(std::memory_order_acquire)) {  // the sending threads own protocol counters
     for (auto& lane : impl_->lanes) s.held_skips += lane->held_skips_live.load(std::memory_order_relaxed);
     return s;
   }

@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "shm", "tcp"}))
       ->default_str("auto");
   r->add_option("--token-file", recv.token_file, "require senders to prove they know this shared secret");
+  r->add_option("--max-memory", recv.max_memory,
+                "SIZE (e.g. 4G): most memory for all senders' blocks together; a sender that would pass it is "
+                "refused before anything is allocated (default: a quarter of this machine's or container's memory)");
   r->add_option("--exit-after-senders", recv.exit_after, "exit after K accepted senders have ended");
   r->add_option("--worker", recv.worker,
                 "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "

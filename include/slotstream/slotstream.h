@@ -41,6 +41,14 @@ inline constexpr const char* kDefaultProtocol = "status_byte";
 // starting with '.'. Returns the reason when invalid.
 std::optional<std::string> invalid_sender_name(std::string_view name);
 
+// "4G", "512M", "64KiB", "1048576": a byte count with an optional binary unit (K, M, G, T =
+// 2^10..2^40; "KiB"/"KB"/"K" alike). nullopt when malformed or too large.
+std::optional<uint64_t> parse_size(std::string_view text);
+
+// The receiver's default memory budget for all senders' blocks: a quarter of the physical memory,
+// or of the container's memory limit when that is lower.
+uint64_t default_max_memory();
+
 // The protocols this build knows, for --help and the benchmark.
 struct ProtocolInfo {
   std::string name;
@@ -194,6 +202,9 @@ struct ReceiverOptions {
   std::function<void(const std::string&)> on_event;
   std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
   bool busy_poll = false;                  // never sleep when idle (latency measurements)
+  // Most bytes of blocks given to all connected senders together (0: default_max_memory()). A
+  // sender that would pass it is refused before anything is allocated.
+  uint64_t max_memory = 0;
   // Unprocessed bytes waiting for workers, reported to capacity queries (optional).
   std::function<uint64_t()> backlog_bytes;
 };
