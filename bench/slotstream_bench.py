@@ -370,7 +370,7 @@ def exp_sync_latency(res, cfg):
             res.error(f"sync_latency {p} {t} {b} blocks", e)
             prog.step(f"{t} {p} {b} blocks: FAILED")
             continue
-        lat = [x / 1000 for x in snd["sync_latencies_ns"]]
+        lat = [x / 1000 for x in snd["wait_samples_ns"]]
         if not lat:
             res.error(f"sync_latency {p} {t} {b} blocks", "the protocol never synchronised")
             continue

@@ -209,8 +209,14 @@ class Session {
   void run();
 
  private:
-  // Returns a refusal to send, or nullopt when accepted.
+  // Returns a refusal to send, or nullopt when accepted. In order: read_hello, check_hello,
+  // authenticate, set_up (allocates and sends ACCEPT), connect (SETUP -> READY).
   std::optional<Refusal> handshake();
+  std::optional<Refusal> read_hello(wire::Hello* hello);
+  std::optional<Refusal> check_hello(const wire::Hello& hello);
+  std::optional<Refusal> authenticate(const wire::Hello& hello);
+  std::optional<Refusal> set_up(const wire::Hello& hello);
+  std::optional<Refusal> connect();
   void consume();
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
@@ -220,6 +226,13 @@ class Session {
   Receiver::Impl& rx_;
   std::unique_ptr<net::ControlSocket> control_;
   const protocol::Descriptor* desc_ = nullptr;
+  protocol::Options options_;
+  Transport transport_ = Transport::kShm;
+  WireFabric* wire_ = nullptr;
+  std::vector<uint8_t> hello_bytes_;      // as received: the authentication proofs cover them
+  std::optional<net::Nonce> my_nonce_;    // set when the sender was challenged (token)
+  net::Nonce sender_nonce_{};
+  std::unique_ptr<fabric::Endpoint> to_sender_;  // Descriptor::receiver_endpoint; outlives proto_
   std::unique_ptr<protocol::ReceiverProtocol> proto_;
   std::unique_ptr<MessageSink> sink_;
   std::unique_ptr<stream::Delivery> delivery_;
@@ -234,12 +247,19 @@ class Session {
 };
 
 std::optional<Refusal> Session::handshake() {
+  wire::Hello hello;
+  if (auto r = read_hello(&hello)) return r;
+  if (capacity_only_) return std::nullopt;
+  if (auto r = check_hello(hello)) return r;
+  if (auto r = authenticate(hello)) return r;
+  if (auto r = set_up(hello)) return r;
+  return connect();
+}
+
+std::optional<Refusal> Session::read_hello(wire::Hello* hello) {
   wire::Frame frame;
   if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
     return Refusal{st.code(), "no valid hello: " + st.message()};
-  }
-  if (frame.type != wire::MsgType::kHello && frame.type != wire::MsgType::kCapacityRequest) {
-    return Refusal{Code::kProtocolError, "expected hello, got message type " + std::to_string(int(frame.type))};
   }
   if (frame.type == wire::MsgType::kCapacityRequest) {
     if (Status st = wire::decode_capacity_request(frame.body); !st.is_ok()) return Refusal{st.code(), st.message()};
@@ -247,12 +267,23 @@ std::optional<Refusal> Session::handshake() {
     (void)control_->send(wire::MsgType::kCapacity, wire::encode(rx_.capacity()));
     return std::nullopt;
   }
-  wire::Hello hello;
-  if (Status st = wire::decode(frame.body, &hello); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (frame.type != wire::MsgType::kHello) {
+    return Refusal{Code::kProtocolError, "expected hello, got message type " + std::to_string(int(frame.type))};
+  }
+  if (Status st = wire::decode(frame.body, hello); !st.is_ok()) return Refusal{st.code(), st.message()};
+  hello_bytes_ = std::move(frame.body);
+  sender_nonce_ = hello->nonce;
+  return std::nullopt;
+}
 
-  const protocol::Descriptor* desc = protocol::find(hello.protocol);
-  if (!desc) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
-  desc_ = desc;
+// Everything about a hello that can be judged without the token: nothing is allocated yet.
+std::optional<Refusal> Session::check_hello(const wire::Hello& hello) {
+  desc_ = protocol::find(hello.protocol);
+  if (!desc_) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
+  if (Status st = protocol::Options::parse(hello.options, &options_); !st.is_ok()) {
+    return Refusal{Code::kRefused, st.message()};
+  }
+  if (Status st = protocol::check_options(*desc_, options_); !st.is_ok()) return Refusal{Code::kRefused, st.message()};
   if (hello.block_size < kMinBlockSize || hello.block_size > kMaxBlockSize || hello.blocks < 1 ||
       hello.blocks > kMaxBlocks) {
     return Refusal{Code::kRefused, "unsupported block geometry " + std::to_string(hello.blocks) + " x " +
@@ -264,36 +295,41 @@ std::optional<Refusal> Session::handshake() {
   }
 
   // Transport: what the sender asked for, within what this receiver allows.
-  Transport allowed = rx_.options.transport;
-  bool same_host = hello.host_id == rx_.my_host_id;
-  Transport chosen;
+  const Transport allowed = rx_.options.transport;
+  const bool same_host = hello.host_id == rx_.my_host_id;
   switch (hello.transport) {
-    case wire::WireTransport::kShm: chosen = Transport::kShm; break;
-    case wire::WireTransport::kTcp: chosen = Transport::kTcp; break;
-    default: chosen = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
+    case wire::WireTransport::kShm: transport_ = Transport::kShm; break;
+    case wire::WireTransport::kTcp: transport_ = Transport::kTcp; break;
+    default: transport_ = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
   }
-  if (allowed != Transport::kAuto && chosen != allowed) {
+  if (allowed != Transport::kAuto && transport_ != allowed) {
     return Refusal{Code::kRefused, std::string("this receiver only accepts transport ") + transport_name(allowed)};
   }
-  if (chosen == Transport::kShm && !same_host) {
+  if (transport_ == Transport::kShm && !same_host) {
     return Refusal{Code::kRefused, "transport shm needs sender and receiver on one host; use tcp"};
   }
+  return std::nullopt;
+}
 
-  if (!rx_.options.token.empty()) {
-    net::Nonce nonce;
-    if (Status st = net::make_nonce(&nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
-    if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok()) {
-      return Refusal{st.code(), st.message()};
-    }
-    std::vector<uint8_t> mac;
-    if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
-      return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
-    }
-    if (!net::mac_equal(mac, net::auth_mac(rx_.options.token, nonce, hello.name))) {
-      return Refusal{Code::kAuthFailed, "authentication failed: wrong token"};
-    }
+// With a token: the sender proves it over our nonce and every byte of its hello (net/auth.h).
+std::optional<Refusal> Session::authenticate(const wire::Hello& hello) {
+  report_.sender.name = hello.name;
+  if (rx_.options.token.empty()) return std::nullopt;
+  net::Nonce nonce;
+  if (Status st = net::make_nonce(&nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+  std::vector<uint8_t> mac;
+  if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
+    return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
   }
+  if (!net::mac_equal(mac, net::proof(rx_.options.token, "sender-hello", {nonce, sender_nonce_, hello_bytes_}))) {
+    return Refusal{Code::kAuthFailed, "authentication failed: wrong token (or the hello was altered on the way)"};
+  }
+  my_nonce_ = nonce;
+  return std::nullopt;
+}
 
+std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
   if (auto why = rx_.register_lane(hello)) return Refusal{Code::kRefused, *why};
   group_ = hello.group;
   registered_ = true;
@@ -301,44 +337,76 @@ std::optional<Refusal> Session::handshake() {
   SenderInfo& info = report_.sender;
   info.name = hello.name;
   info.protocol = hello.protocol;
-  info.transport = chosen;
+  info.transport = transport_;
   info.blocks = hello.blocks;
   info.block_size = hello.block_size;
   info.devices = hello.devices;
   geometry_ = {hello.blocks, hello.block_size};
 
   // Nothing is allocated for a sender before it is authenticated and fits the memory budget.
-  const uint64_t region = uint64_t(hello.blocks) * hello.block_size + hello.blocks;
+  const uint64_t region = geometry_.bytes() + geometry_.blocks;
   if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
   reserved_bytes_ = region;
 
-  WireFabric* wf = nullptr;
-  if (Status st = rx_.wire_fabric(to_wire(chosen), desc->receiver_progress, &wf); !st.is_ok()) {
+  if (Status st = rx_.wire_fabric(to_wire(transport_), desc_->receiver_progress, &wire_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
   }
-  protocol::ReceiverFabric rf{*wf->context, *wf->worker, geometry_};
-  if (Status st = desc->make_receiver(rf, &proto_); !st.is_ok()) {
-    return Refusal{st.code(), "cannot allocate " + std::to_string(uint64_t(hello.blocks) * hello.block_size) +
-                                  " bytes of blocks: " + st.message()};
+  protocol::ReceiverFabric rf{*wire_->context, *wire_->worker, geometry_};
+  if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
   }
   if (Status st = rx_.options.make_sink(info, &sink_); !st.is_ok()) {
     return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
   }
-  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices, geometry_);
+  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
 
   wire::Accept accept;
-  accept.transport = chosen == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
-  accept.worker_address = wf->worker->address();
+  accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
+  accept.worker_address = wire_->worker->address();
   accept.setup = proto_->setup();
+  if (my_nonce_) {
+    auto mac = net::proof(rx_.options.token, "receiver-accept",
+                          {*my_nonce_, sender_nonce_, hello_bytes_, wire::signed_part(accept)});
+    accept.proof.assign(mac.begin(), mac.end());
+  }
   if (Status st = control_->send(wire::MsgType::kAccept, wire::encode(accept)); !st.is_ok()) {
     return Refusal{st.code(), st.message()};
   }
   return std::nullopt;
 }
 
+// The sender's half of the set-up (SETUP), then READY.
+std::optional<Refusal> Session::connect() {
+  std::vector<uint8_t> body;
+  if (Status st = control_->expect(wire::MsgType::kSetup, kHelloTimeout, &body); !st.is_ok()) {
+    return Refusal{st.code(), "no set-up from the sender: " + st.message()};
+  }
+  wire::Setup setup;
+  if (Status st = wire::decode(body, &setup); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (my_nonce_) {
+    auto mac = net::proof(rx_.options.token, "sender-setup", {*my_nonce_, sender_nonce_, wire::signed_part(setup)});
+    if (!net::mac_equal(setup.proof, mac)) {
+      return Refusal{Code::kAuthFailed, "authentication failed: the sender's set-up is not signed with the token"};
+    }
+  }
+  if (desc_->receiver_endpoint) {
+    if (Status st = fabric::Endpoint::create(*wire_->worker, setup.worker_address, &to_sender_); !st.is_ok()) {
+      return Refusal{st.code(), "cannot reach the sender's memory: " + st.message()};
+    }
+  }
+  if (Status st = proto_->connect({to_sender_.get(), setup.setup}); !st.is_ok()) {
+    return Refusal{st.code(), "sender set-up rejected: " + st.message()};
+  }
+  if (Status st = control_->send(wire::MsgType::kReady, {}); !st.is_ok()) return Refusal{st.code(), st.message()};
+  return std::nullopt;
+}
+
 void Session::hold_all(bool held) {
-  for (uint32_t i = 0; i < geometry_.blocks; ++i) {
-    if (!hold_active_[i]) proto_->set_hold(i, held);
+  // Without per-block holds the records simply stay unreleased while the sink refuses them.
+  if (desc_->holds) {
+    for (uint32_t i = 0; i < geometry_.blocks; ++i) {
+      if (!hold_active_[i]) proto_->set_hold(i, held);
+    }
   }
   held_all_ = held;
 }
@@ -374,7 +442,11 @@ void Session::apply_holds(Clock::time_point start) {
       hold_active_[h.index] = want;
       // A protocol without per-block status (sliding window) cannot mark the block
       // unavailable; the closest the receiver can do is keep it unprocessed for that time.
-      if (!proto_->set_hold(h.index, want)) delivery_->set_blocked(h.index, want);
+      if (desc_->holds) {
+        proto_->set_hold(h.index, want);
+      } else {
+        delivery_->set_blocked(h.index, want);
+      }
     }
   }
 }
@@ -411,6 +483,7 @@ void Session::consume() {
     }
     if (!rx_.options.holds.empty()) apply_holds(start);
 
+    const bool progressed = proto_->progress();
     size_t consumed = 0;
     Status st = delivery_->pass(&consumed);
     if (!st.is_ok()) {
@@ -468,11 +541,11 @@ void Session::consume() {
     // full); once idle for kSpinIdle it sleeps, longer the longer it has been idle, up to
     // kMaxIdleSleep — so an idle receiver costs ~no CPU and a burst is picked up within ~1 ms.
     const auto now = Clock::now();
-    if (consumed > 0) {
+    if (consumed > 0 || progressed) {
       last_work = now;
     } else if (!rx_.options.busy_poll && now - last_work > kSpinIdle) {
       auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, kMaxIdleSleep);
-      std::this_thread::sleep_for(nap);
+      proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(nap));
     } else if (!rx_.options.busy_poll) {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
     }
@@ -511,7 +584,10 @@ void Session::run() {
     wire::Refuse r{refusal->code, refusal->message};
     (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
     control_->drain_and_close(Millis(200));
+    delivery_.reset();
+    sink_.reset();
     proto_.reset();
+    to_sender_.reset();
     if (reserved_bytes_) rx_.release_memory(reserved_bytes_);
     if (registered_) {
       report_.reason = "refused: " + refusal->message;
@@ -530,6 +606,7 @@ void Session::run() {
   delivery_.reset();
   sink_.reset();
   proto_.reset();
+  to_sender_.reset();
   control_.reset();
   rx_.release_memory(reserved_bytes_);
   rx_.lane_ended(group_, report_);

@@ -193,7 +193,7 @@ void fill_payload(uint64_t offset, std::span<std::byte> dst, uint64_t stamp) {
 }
 
 json sender_json(const BenchSendArgs& a, const std::string& protocol, const std::string& transport, uint64_t messages,
-                 uint64_t bytes, double secs, double cpu, const std::vector<uint64_t>& sync,
+                 uint64_t bytes, double secs, double cpu, const SenderStats& stats,
                  const std::vector<uint64_t>& send_times, uint64_t connections) {
   return {{"event", "sender"},
           {"protocol", protocol},
@@ -204,7 +204,12 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"mb_per_s", secs > 0 ? bytes / 1e6 / secs : 0.0},
           {"cpu_seconds", cpu},
           {"peak_rss_kb", usage().peak_rss_kb},
-          {"sync_latencies_ns", sync},
+          {"wait_samples_ns", stats.wait_samples_ns},
+          {"sync_op_samples_ns", stats.sync_op_samples_ns},
+          {"waits", stats.waits},
+          {"wait_ns", stats.wait_ns},
+          {"sync_operations", stats.sync_operations},
+          {"protocol_counters", stats.protocol_counters},
           {"send_times_ns", send_times},
           {"size", a.size},
           {"blocks", a.blocks},
@@ -259,8 +264,8 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
   (void)read_full(fd, &ack, 1, &eof);
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   uint64_t messages = a.count * a.devices;
-  print_json(sender_json(a, "tcp_socket", "tcp", messages, messages * a.size, secs, usage().cpu_seconds - cpu0, {},
-                         send_times, 1));
+  print_json(sender_json(a, "tcp_socket", "tcp", messages, messages * a.size, secs, usage().cpu_seconds - cpu0,
+                         SenderStats{}, send_times, 1));
   return ack == 1 ? kExitOk : kExitError;
 }
 
@@ -400,7 +405,7 @@ int run_bench_send(const BenchSendArgs& a) {
   std::vector<uint64_t> all_times;
   for (auto& v : send_times) all_times.insert(all_times.end(), v.begin(), v.end());
   print_json(sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
-                         usage().cpu_seconds - cpu0, s.sync_latencies_ns, all_times, s.connections));
+                         usage().cpu_seconds - cpu0, s, all_times, s.connections));
   return kExitOk;
 }
 

@@ -62,7 +62,7 @@ struct SenderOptions {
   std::string host;
   uint16_t port = 0;
   std::string name;                       // see invalid_sender_name()
-  std::string protocol = kDefaultProtocol;
+  std::string protocol = kDefaultProtocol;   // NAME or NAME:key=value,... (e.g. "carc:budget=2M")
   Transport transport = Transport::kAuto;
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;
@@ -74,13 +74,19 @@ struct SenderOptions {
 struct SenderStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;                     // payload bytes
-  uint64_t blocks = 0;                    // blocks transmitted
-  uint64_t status_reads = 0;              // synchronisations (status-array reads)
+  uint64_t records = 0;                   // records (block header + payload) transmitted
+  uint64_t sync_operations = 0;           // status-array reads, ACKs, credit updates...
   uint64_t held_skips = 0;                // receiver blocks skipped because they were held
-                                          // (while sending: updated every 64 blocks)
+                                          // (while sending: updated every 64 records)
+  // Times the sender found no free receiver space and waited, and their total duration: the
+  // synchronisation-control latency, measured the same way for every protocol.
+  uint64_t waits = 0;
+  uint64_t wait_ns = 0;
   uint64_t connections = 0;               // control connections (lanes) used
   std::map<uint16_t, uint64_t> per_device;
-  std::vector<uint64_t> sync_latencies_ns;  // the protocol's synchronisation samples
+  std::vector<uint64_t> wait_samples_ns;     // one per wait
+  std::vector<uint64_t> sync_op_samples_ns;  // one per synchronisation operation (its own cost)
+  std::map<std::string, uint64_t> protocol_counters;  // the protocol's own, by name
 };
 
 class Sender;
