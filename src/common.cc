@@ -64,10 +64,12 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   return std::nullopt;
 }
 
-std::vector<ProtocolInfo> protocols() {
+std::vector<ProtocolInfo> protocols(bool with_references) {
   std::vector<ProtocolInfo> out;
   for (const auto* d : protocol::all()) {
-    if (!d->reference) out.push_back({std::string(d->name), std::string(d->summary)});
+    if (d->reference && !with_references) continue;
+    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference,
+                   d->holds, d->connection_per_device, d->receiver_progress});
   }
   return out;
 }

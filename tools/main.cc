@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "bench_peer.h"
@@ -17,9 +18,31 @@ using namespace slotstream::tools;
 namespace {
 
 std::string protocol_help() {
-  std::string s = "flow-control protocol:";
-  for (const auto& p : protocols()) s += "\n  " + p.name + ": " + p.summary;
+  std::string s = "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`):";
+  for (const auto& p : protocols()) {
+    s += "\n  " + p.name + ": " + p.summary;
+    if (!p.options.empty()) s += "\n    options: " + p.options;
+  }
   return s;
+}
+
+int run_protocols(bool json) {
+  auto list = protocols(/*with_references=*/true);
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : list) {
+      out.push_back({{"name", p.name}, {"summary", p.summary}, {"options", p.options}, {"reference", p.reference},
+                     {"holds", p.holds}, {"connection_per_device", p.connection_per_device},
+                     {"receiver_progress", p.receiver_progress}});
+    }
+    std::printf("%s\n", out.dump(1).c_str());
+    return kExitOk;
+  }
+  for (const auto& p : list) {
+    std::printf("%s%s\n  %s\n", p.name.c_str(), p.reference ? " (benchmark reference)" : "", p.summary.c_str());
+    if (!p.options.empty()) std::printf("  options: %s\n", p.options.c_str());
+  }
+  return kExitOk;
 }
 
 std::string self_exe(const char* argv0) {
@@ -110,6 +133,11 @@ int main(int argc, char** argv) {
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
   s->add_option("--duration", send.duration, "seconds of synthetic frames");
 
+  bool protocols_json = false;
+  auto* pl = app.add_subcommand("protocols", "List the flow-control protocols of this build, their options and the "
+                                             "benchmark references.");
+  pl->add_flag("--json", protocols_json, "one JSON array (what `slotstream bench` reads)");
+
   std::string verify_dir;
   auto* v = app.add_subcommand("verify", "Check every received synthetic frame under DIR (content and order).");
   v->add_option("DIR", verify_dir, "receiver output directory (or a sender's subdirectory)")->required();
@@ -168,6 +196,7 @@ int main(int argc, char** argv) {
     return run_send(send);
   }
   if (*v) return run_verify(verify_dir);
+  if (*pl) return run_protocols(protocols_json);
   if (*d) return run_demo(demo, self_exe(argv[0]));
   if (*bpr) return run_bench_recv(brecv);
   if (*bps) return run_bench_send(bsend);

@@ -49,12 +49,18 @@ std::optional<uint64_t> parse_size(std::string_view text);
 // or of the container's memory limit when that is lower.
 uint64_t default_max_memory();
 
-// The protocols this build knows, for --help and the benchmark.
+// The protocols this build knows, for --help, `slotstream protocols` and the benchmark.
 struct ProtocolInfo {
   std::string name;
   std::string summary;
+  std::string options;             // the options it takes (NAME:key=value,...), for people
+  bool reference = false;          // a benchmark reference, not a protocol for data
+  bool holds = false;              // the receiver can hold single blocks (back-pressure, paper §3.3)
+  bool connection_per_device = false;
+  bool receiver_progress = false;  // the receiver's CPU takes part in every transfer
 };
-std::vector<ProtocolInfo> protocols();
+// Every protocol; references (benchmark ceilings) only when asked.
+std::vector<ProtocolInfo> protocols(bool with_references = false);
 
 // ------------------------------------------------------------------------------------ Sender
 

@@ -171,6 +171,8 @@ class ReceiverProtocol {
 struct Descriptor {
   std::string_view name;
   std::string_view summary;
+  // The options it takes, for --help: "key=VALUE: meaning; key2=...". Empty: none.
+  std::string_view options_help;
   // The receiver's UCX worker must be progressed even where RMA itself is one-sided (two-sided
   // notifications or ACKs): a progress thread runs, and progress() is called by the consumer.
   bool receiver_progress = false;

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from conftest import (BIN, HEADER, TRANSPORTS, assert_device, hidden, make_files, parse_finished, run_send,
+from conftest import (BIN, HEADER, PROTOCOLS, TRANSPORTS, assert_device, hidden, make_files, parse_finished, run_send,
                       seq_name, sha256, tree)
 
 BLOCK = 65536
@@ -27,7 +27,8 @@ def expected_tree(sender, per_device):
 
 @pytest.mark.deadline(60)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_edge_sizes_three_devices_files_and_dir(start_receiver, tmp_path, transport):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_edge_sizes_three_devices_files_and_dir(start_receiver, tmp_path, transport, protocol):
     out = tmp_path / "out"
     src = tmp_path / "src"
     rx = start_receiver(out, transport, "--exit-after-senders", 1)
@@ -43,7 +44,8 @@ def test_edge_sizes_three_devices_files_and_dir(start_receiver, tmp_path, transp
     dev2 = [ddir / n for n in sorted(names)]
     per_device = {0: dev0, 1: dev1, 2: dev2}
 
-    p = run_send(rx.addr, "--name", "edge", "--transport", transport, "--block-size", BLOCK, "--blocks", 8,
+    p = run_send(rx.addr, "--name", "edge", "--transport", transport, "--protocol", protocol,
+                 "--block-size", BLOCK, "--blocks", 8,
                  *file_args(0, dev0), *file_args(1, dev1), "--dir", f"2={ddir}", timeout=45)
     assert p.returncode == 0
 
