@@ -134,6 +134,10 @@ class SenderProtocol {
 class PollBackoff {
  public:
   void pause();
+  // The same policy, but the sleeps are spent in `worker`'s event wait (a worker created with a
+  // wake-up fd, Descriptor::sender_wakeup): an operation of the peer that reaches this worker
+  // (tcp: a receiver's get or put) ends the sleep at once and is answered.
+  void pause(fabric::Worker& worker);
   void reset() { polls_ = 0; }
 
  private:
@@ -187,9 +191,11 @@ struct Descriptor {
   bool holds = false;
   // The receiver reaches into the sender's memory: it gets an endpoint to the sender's worker
   // with the SETUP, and the sender's worker must answer (on tcp: the sending thread progresses
-  // it while idle).
+  // it while idle, and after FIN until the receiver has let go and closed the connection).
   bool receiver_endpoint = false;
-  // The sender's worker is created with a wake-up file descriptor (protocols that sleep on it).
+  // The sender's worker is created with a wake-up file descriptor (protocols that sleep on it),
+  // and the idle sending thread sleeps on it too (woken by a filler's commit or by anything that
+  // reaches the worker): a peer's operation that needs this worker is answered at once.
   bool sender_wakeup = false;
   // Rejects options the protocol does not take (nullptr: it takes none).
   Status (*check_options)(const Options& options) = nullptr;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "protocol/buffered_read.h"
 #include "protocol/protocol.h"
 #include "protocol/sliding_window.h"
 #include "protocol/status_byte.h"
@@ -11,7 +12,7 @@
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 3> kAll = {&kStatusByte, &kSlidingWindow, &kUcxRawPut};
+const std::array<const Descriptor*, 4> kAll = {&kStatusByte, &kSlidingWindow, &kBufferedRead, &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }
@@ -28,11 +29,20 @@ Status check_options(const Descriptor& d, const Options& options) {
   return options.check_known(d.name, {});
 }
 
+namespace {
+constexpr uint32_t kSpinPolls = 64;
+constexpr uint32_t kMaxSleepUs = 200;
+}  // namespace
+
 void PollBackoff::pause() {
-  constexpr uint32_t kSpinPolls = 64;
-  constexpr uint32_t kMaxSleepUs = 200;
   if (++polls_ <= kSpinPolls) return;
   std::this_thread::sleep_for(std::chrono::microseconds(std::min(kMaxSleepUs, polls_ - kSpinPolls)));
+}
+
+void PollBackoff::pause(fabric::Worker& worker) {
+  if (++polls_ <= kSpinPolls) return;
+  const std::chrono::microseconds t(std::min(kMaxSleepUs, polls_ - kSpinPolls));
+  if (!worker.wait_for_event(t).is_ok()) std::this_thread::sleep_for(t);  // no wake-up fd
 }
 
 void add_sample(std::vector<uint64_t>& samples, uint64_t ns) {
