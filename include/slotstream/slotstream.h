@@ -193,6 +193,7 @@ struct SessionReport {
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
+  std::map<std::string, uint64_t> protocol_counters;  // the receiver half's own, by name (protocol.h)
 };
 
 struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
@@ -214,6 +215,9 @@ struct ReceiverOptions {
   std::function<void(const std::string&)> on_event;
   std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
   bool busy_poll = false;                  // never sleep when idle (latency measurements)
+  // One consumer thread serves every sender in turn, one pass each, instead of a thread per
+  // sender (the thesis's single receiver; `bench fan_in`).
+  bool round_robin = false;
   // Most bytes of blocks given to all connected senders together (0: default_max_memory()). A
   // sender that would pass it is refused before anything is allocated.
   uint64_t max_memory = 0;

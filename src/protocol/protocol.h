@@ -144,8 +144,10 @@ class PollBackoff {
   uint32_t polls_ = 0;
 };
 
-// Threading: one consumer thread per connected sender calls every method (the session thread,
-// which also ran make_receiver and connect).
+// Threading: one thread at a time per connected sender: its session thread runs make_receiver,
+// connect and the destructor; the consumer loop (poll, release, progress, wait, ...) runs on that
+// thread too, or, with ReceiverOptions::round_robin, on the receiver's one round-robin consumer
+// thread (handed over under a mutex: never two threads at once).
 class ReceiverProtocol {
  public:
   virtual ~ReceiverProtocol() = default;
