@@ -11,12 +11,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fan_in_experiments import fan_in_table, plot_fan_in  # noqa: E402
+
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "sliding_window": dict(color="tab:orange", ls="-", marker="s"),
+         "buffered_read": dict(color="tab:green", ls="-", marker="D"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
          "tcp_socket": dict(color="tab:gray", ls=":", marker="v")}
-ORDER = ["status_byte", "sliding_window", "ucx_raw_put", "tcp_socket"]
+ORDER = ["status_byte", "sliding_window", "buffered_read", "ucx_raw_put", "tcp_socket"]
 
 
 def style(protocol):
@@ -122,6 +125,12 @@ def figures(doc, records, out):
         name = f"fig{13 + min(i, 1)}_throughput_{b}_blocks.png"
         made[name] = line_plot(out / name, f"Throughput, {b} blocks (Fig. 13-14)", series(thr, fixed_blocks=b),
                                "message size", "MB/s")
+    per_read = pick(records, "throughput", "bytes_per_read")
+    for b in sorted({k[2] for k in per_read}):
+        name = f"fig13_bytes_per_read_{b}_blocks.png"
+        made[name] = line_plot(out / name, f"Mean bytes per read (receiver-driven protocols), {b} blocks",
+                               series(per_read, fixed_blocks=b), "message size", "bytes per read")
+    made["fig_fan_in.png"] = plot_fan_in(records, out, plt, style)
     for side in ("sender", "receiver"):
         cpu = pick(records, "cpu", f"cpu_{side}")
         for b in sorted({k[2] for k in cpu}):
@@ -385,6 +394,10 @@ def report(doc, records, out, made):
                 cells.append(f"{v[0]:.0f}" if v else "–")
             md.append(f"| {m} | " + " | ".join(cells) + " |")
         md.append("")
+    md += ["## Mean bytes per read (buffered_read)\n",
+           "The receiver's data gets and their bytes (protocol counters): reads batch everything the sender "
+           "wrote since the last one.\n", table(records, "throughput", "bytes_per_read", "{:.0f}")]
+    md += ["## Fan-in: N senders into one receiver\n", fan_in_table(records)]
     md += ["## Held block (Fig. 18)\n", table(records, "held_block", "throughput_before_hold"),
            "During the hold:\n\n", table(records, "held_block", "throughput_during_hold"),
            "## Twelve cameras (Fig. 19)\n"]

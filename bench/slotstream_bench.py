@@ -23,7 +23,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
 
-PROTOCOLS = ["status_byte", "sliding_window"]
+PROTOCOLS = ["status_byte", "sliding_window", "buffered_read"]
 REFERENCES = ["ucx_raw_put", "tcp_socket"]
 TRANSPORTS = ["shm", "tcp"]
 FULL_SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 8 << 20]
@@ -289,6 +289,10 @@ def exp_throughput(res, cfg):
         mb = max(snd["bytes"], 1) / 1e6
         res.add("cpu", p, t, s, b, "cpu_sender_per_mb", 1e3 * snd["cpu_seconds"] / mb, "ms/MB")
         res.add("cpu", p, t, s, b, "cpu_receiver_per_mb", 1e3 * rcv["cpu_seconds"] / mb, "ms/MB")
+        # Receiver-driven protocols (buffered_read) batch by themselves: the mean bytes per read.
+        counters = rcv.get("protocol_counters", {})
+        if counters.get("reads"):
+            res.add("throughput", p, t, s, b, "bytes_per_read", counters["bytes_read"] / counters["reads"], "bytes")
         prog.step(f"{t} {p:14} {s:>8} B x{b:<3} {statistics.median(rates):9.1f} MB/s")
     # Every figure as a ratio to the UCX ceiling measured in the same run.
     ceiling = {}
@@ -483,6 +487,8 @@ def exp_resources(res, cfg):
             prog.step(f"{t} {p:14} sender {snd['resources']}")
 
 
+from fan_in_experiments import exp_fan_in  # noqa: E402  (bench/fan_in_experiments.py)
+
 EXPERIMENTS = {
     # name: (paper figures, what it measures, function)
     "sync_latency": ("Fig. 10-11", "synchronisation-control latency vs number of blocks", exp_sync_latency),
@@ -492,6 +498,7 @@ EXPERIMENTS = {
     "resources": ("Fig. 16-17", "endpoints, registered memory, operations and completions per side", exp_resources),
     "held_block": ("Fig. 18", "block 3 held from 100 to 200 ms: throughput over time", exp_held_block),
     "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3: throughput stability, CPU, memory", exp_cameras),
+    "fan_in": ("thesis", "1-12 senders into one receiver: a thread per sender vs one round-robin thread", exp_fan_in),
 }
 
 
@@ -523,6 +530,8 @@ def main(argv):
     cfg.sync_blocks = [3, 32] if a.tiny else [3, 16, 128] if quick else SYNC_BLOCKS
     cfg.sync_count = 500 if a.tiny else 5000
     cfg.camera_seconds = 0.4 if a.tiny else 3 if a.quick else 10
+    cfg.quick = quick
+    cfg.fan_in_senders, cfg.fan_in_sizes = ([2], [512]) if a.tiny else (None, None)
     if a.tiny:
         # One size (the 256 B target point): the test checks records and plots, not curves,
         # and must stay well under a minute on every transport of a 2-core machine.

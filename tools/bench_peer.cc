@@ -103,10 +103,12 @@ class StampSink final : public MessageSink {
 };
 
 json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
-                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec) {
+                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec,
+                  const std::map<std::string, uint64_t>& counters = {}) {
   Usage u = usage();
   std::lock_guard lock(rec.mutex);
   return {{"event", "session"},       {"sender", name},
+          {"protocol_counters", counters},
           {"protocol", protocol},     {"transport", transport},
           {"messages", messages},     {"bytes", bytes},
           {"seconds", seconds},       {"arrivals_ns", rec.arrivals_ns},
@@ -290,6 +292,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
   }
   opt.transport = *parse_transport(a.transport);
   opt.busy_poll = a.busy_poll;
+  opt.round_robin = a.round_robin;
   for (const auto& h : a.holds) {
     HoldSpec spec;
     if (!parse_hold_spec(h, &spec)) {
@@ -322,7 +325,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
     }
     if (!rec) return;
     print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
-                            r.seconds, !r.finished, r.gaps, *rec));
+                            r.seconds, !r.finished, r.gaps, *rec, r.protocol_counters));
   };
   opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
   std::unique_ptr<Receiver> rx;
@@ -352,7 +355,7 @@ int run_bench_send(const BenchSendArgs& a) {
   SenderOptions opt;
   opt.host = host;
   opt.port = port;
-  opt.name = "bench";
+  opt.name = a.name;
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
   opt.blocks = a.blocks;

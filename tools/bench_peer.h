@@ -14,11 +14,13 @@ struct BenchRecvArgs {
   std::vector<std::string> holds;
   uint64_t sessions = 1;
   bool tcp_socket = false;
+  bool round_robin = false;  // one consumer thread for every sender (ReceiverOptions::round_robin)
 };
 int run_bench_recv(const BenchRecvArgs& args);
 
 struct BenchSendArgs {
   std::string to;
+  std::string name = "bench";  // distinct names let several senders share one receiver (fan-in)
   std::string transport = "auto";
   std::string protocol = "status_byte";
   uint32_t blocks = 3;

@@ -9,10 +9,13 @@ from conftest import BIN, REPO
 
 KEYS = {"experiment": str, "protocol": str, "transport": str, "size_bytes": int, "blocks": int, "metric": str,
         "value": float, "unit": str, "repeat": int}
-EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras"]
+EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras", "fan_in"]
+# What the records are named: fan_in records say which receiver served the senders.
+RECORD_EXPERIMENTS = [e for e in EXPERIMENTS if e != "fan_in"] + ["fan_in_threads", "fan_in_round_robin"]
 FIGURES = ["fig10_sync_latency.png", "fig11_sync_distribution.png", "fig12_latency.png", "fig12_latency_median.png",
            "fig13_throughput_3_blocks.png", "fig15_cpu_sender_3_blocks.png", "fig15_cpu_receiver_3_blocks.png",
-           "fig16_resources_sender.png", "fig17_resources_receiver.png", "fig18_held_block.png", "fig19_cameras.png"]
+           "fig16_resources_sender.png", "fig17_resources_receiver.png", "fig18_held_block.png", "fig19_cameras.png",
+           "fig13_bytes_per_read_3_blocks.png", "fig_fan_in.png"]
 
 
 def test_tiny_run_of_every_experiment(tmp_path):
@@ -25,15 +28,17 @@ def test_tiny_run_of_every_experiment(tmp_path):
         assert doc["config"].get(key), key
     assert doc["errors"] == []
     for rec in doc["records"]:
-        assert set(rec) == set(KEYS), rec
+        # fan_in records also say how many senders fed the receiver.
+        extra = {"senders"} if rec["experiment"].startswith("fan_in_") else set()
+        assert set(rec) == set(KEYS) | extra, rec
         for k, t in KEYS.items():
             assert isinstance(rec[k], t), (k, rec)
     transports = set(doc["config"]["settings"]["transports"])
     assert transports, "no transport found on this host"
     seen = {(r["experiment"], r["protocol"], r["transport"]) for r in doc["records"]}
     for t in transports:
-        for exp in EXPERIMENTS:
-            for proto in ("status_byte", "sliding_window"):
+        for exp in RECORD_EXPERIMENTS:
+            for proto in ("status_byte", "sliding_window", "buffered_read"):
                 assert (exp, proto, t) in seen, f"{exp} has no record for {proto} on {t}"
         for exp in ("throughput", "latency"):
             assert (exp, "ucx_raw_put", t) in seen, f"{exp}: the UCX ceiling is missing on {t}"
@@ -44,7 +49,8 @@ def test_tiny_run_of_every_experiment(tmp_path):
     metrics = {(r["experiment"], r["metric"]) for r in doc["records"]}
     for m in (("throughput", "throughput_ratio_to_ucx"), ("latency", "latency_mean_ratio_to_ucx"),
               ("cpu", "cpu_sender"), ("cpu", "cpu_receiver"), ("cameras", "throughput_cov"),
-              ("cameras", "frames_lost"), ("held_block", "throughput_during_hold")):
+              ("cameras", "frames_lost"), ("held_block", "throughput_during_hold"), ("throughput", "bytes_per_read"),
+              ("fan_in_round_robin", "ratio_to_threads")):
         assert m in metrics, m
     assert all(r["unit"] == "MB/s" for r in doc["records"] if r["metric"] == "throughput")
     assert all(r["value"] == 0 for r in doc["records"] if r["metric"] in ("frames_lost", "messages_lost"))
