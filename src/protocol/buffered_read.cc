@@ -17,7 +17,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 static_assert(std::endian::native == std::endian::little, "ring counters and entry prefixes are stored as-is");
-static_assert(RingLayout::kHeadOffset >= RingLayout::kTailOffset + 8 && RingLayout::kDataOffset >= RingLayout::kHeadOffset + 8);
+static_assert(RingLayout::kWaitOffset == RingLayout::kTailOffset + 8, "tail and wait flag are read together");
+static_assert(RingLayout::kHeadOffset >= RingLayout::kWaitOffset + 8 && RingLayout::kDataOffset >= RingLayout::kHeadOffset + 8);
 
 // Busy sender: its worker is progressed every this many records, so that the receiver's gets and
 // head writes are answered where UCX emulates them (tcp) even when the sending thread never idles.
@@ -114,6 +115,7 @@ class BufferedReadSender final : public SenderProtocol {
   // Everything is delivered once the receiver has freed it all (its head reached our tail).
   // Until then the ring must stay and, over tcp, the worker must answer the receiver's gets.
   Status finish_st() override {
+    if (head_ == tail_) return Status::ok();
     return wait_st([&]() -> Status {
       SLOTSTREAM_RETURN_IF_ERROR(reload_head_st());
       return head_ == tail_ ? Status::ok() : Status{Code::kInProgress, ""};
@@ -146,15 +148,25 @@ class BufferedReadSender final : public SenderProtocol {
 
   // Polls `check` (kInProgress: not yet) with the common back-off, progressing the worker (tcp:
   // that applies the receiver's head writes and answers its gets) and sleeping on its event fd.
+  // Meanwhile the wait flag asks the receiver for its head (it writes it back otherwise only when
+  // a quarter of the ring is free).
   template <typename Check>
   Status wait_st(Check check) {
+    Status st = check();
+    if (st.code() != Code::kInProgress) return st;
+    word(region_->data(), RingLayout::kWaitOffset).store(1, std::memory_order_release);
     for (PollBackoff backoff;; backoff.pause(fabric_.worker)) {
-      Status st = check();
-      if (st.code() != Code::kInProgress) return st;
+      st = check();
+      if (st.code() != Code::kInProgress) break;
       if (fabric_.worker.progress() != 0) backoff.reset();
-      SLOTSTREAM_RETURN_IF_ERROR(fabric_.alive());
-      if (fabric_.endpoint.failed()) return {Code::kPeerGone, "receiver unreachable"};
+      if (st = fabric_.alive(); !st.is_ok()) break;
+      if (fabric_.endpoint.failed()) {
+        st = {Code::kPeerGone, "receiver unreachable"};
+        break;
+      }
     }
+    word(region_->data(), RingLayout::kWaitOffset).store(0, std::memory_order_release);
+    return st;
   }
 
   SenderFabric& fabric_;
@@ -177,7 +189,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
                        std::unique_ptr<fabric::MemoryRegion> registration)
       : worker_(fabric.worker), settings_(settings), geometry_(fabric.geometry),
         capacity_(RingLayout::capacity(fabric.geometry)), mirror_(std::move(mirror)),
-        registration_(std::move(registration)), tail_buf_(new uint64_t(0)), head_buf_(new uint64_t(0)) {}
+        registration_(std::move(registration)), tail_buf_(new uint64_t[2]{0, 0}), head_buf_(new uint64_t(0)) {}
 
   ~BufferedReadReceiver() override {
     // A get still running writes into the mirror (a head write reads head_buf_): give them a
@@ -244,8 +256,8 @@ class BufferedReadReceiver final : public ReceiverProtocol {
 
   void release(uint64_t id) override {
     if (!tracker_.release(id)) return;
-    // Written back now and then: once a quarter of the ring is free, or when a tail read finds
-    // nothing new (the sender may be waiting for exactly this space; see advance_st).
+    // Written back now and then: once a quarter of the ring is free, or when the sender says it
+    // waits (on_tail_st).
     if (tracker_.head() - published_ >= capacity_ / 4) publish_head_st();
   }
 
@@ -321,7 +333,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
     ++tail_reads_;
     tail_issued_ = issued_at_ = Clock::now();
     tail_pending_ = true;
-    if (!endpoint_->get(tail_buf_.get(), 8, ring_ + RingLayout::kTailOffset, *rkey_, &tail_req_).is_ok()) fail_st();
+    if (!endpoint_->get(tail_buf_.get(), 16, ring_ + RingLayout::kTailOffset, *rkey_, &tail_req_).is_ok()) fail_st();
   }
 
   // [requested_, tail_seen_) in gets of at most max_read bytes, each split where the ring wraps;
@@ -359,7 +371,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
         if (!st.is_ok()) return fail_st();
         add_sample(stats_.sync_op_samples_ns,
                    std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - tail_issued_).count());
-        on_tail_st(*tail_buf_);
+        on_tail_st(tail_buf_[0], tail_buf_[1] != 0);
       }
     }
     while (!inflight_.empty()) {
@@ -379,16 +391,13 @@ class BufferedReadReceiver final : public ReceiverProtocol {
     }
   }
 
-  void on_tail_st(uint64_t tail) {
+  void on_tail_st(uint64_t tail, bool sender_waits) {
     // The sender can have written at most a ring's worth past the head we gave it.
     if (tail < tail_seen_ || tail % 8 != 0 || tail - tracker_.head() > capacity_) return fail_st();
-    if (tail == tail_seen_) {
-      ++tail_unchanged_;
-      // Nothing new: the sender may be waiting for space we freed and have not written back.
-      if (tracker_.head() > published_) publish_head_st();
-      return;
-    }
+    if (tail == tail_seen_) ++tail_unchanged_;
     tail_seen_ = tail;
+    // The sender waits for space (or to finish): give it what we freed since the last write.
+    if (sender_waits && tracker_.head() > published_) publish_head_st();
   }
 
   // Entries that arrived whole become records. Each is checked against what the sender could
@@ -438,7 +447,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
   uint64_t published_ = 0;      // the head the sender knows
   bool broken_ = false;
 
-  std::unique_ptr<uint64_t> tail_buf_;  // a tail read lands here
+  std::unique_ptr<uint64_t[]> tail_buf_;  // a tail read lands here: tail, wait flag
   fabric::Request tail_req_;
   bool tail_pending_ = false;
   Clock::time_point tail_issued_{};

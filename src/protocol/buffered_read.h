@@ -4,7 +4,8 @@
 // The *receiver* pulls: it reads the sender's tail until it moves, then fetches the whole new span
 // [read pointer, tail) with one RDMA get (two where it passes the end of the ring), so reads batch
 // by themselves. It frees records in any order; its `head` advances over the freed prefix and is
-// written back into the sender's ring now and then, not per record.
+// written back into the sender's ring now and then, not per record: when a quarter of the ring is
+// free again, or when the sender says (a flag next to its tail) that it waits for the head.
 //
 //   sender ring (UCX-allocated)                        receiver (mirrored local copy)
 //   [tail][head][ e e e e e e ..... ]   <== get tail    read_pointer, cached tail, head
@@ -28,6 +29,8 @@ namespace slotstream::protocol {
 //
 //   sender region, allocated by UCX and handed to the receiver in SETUP:
 //     offset   0  u64 tail   written by the sender: every entry before it is complete
+//     offset   8  u64 wait   written by the sender: 1 while it waits for the head (ring full, or
+//                            finishing), else 0 — read with the tail, one 16-byte get
 //     offset  64  u64 head   written by the receiver: every entry before it is free again
 //     offset 128  data       `capacity` bytes of entries (capacity is a multiple of 8)
 //   entry at position p (p is a multiple of 8):
@@ -40,6 +43,7 @@ namespace slotstream::protocol {
 struct RingLayout {
   static constexpr uint8_t kRingVersion = 1;
   static constexpr uint64_t kTailOffset = 0;
+  static constexpr uint64_t kWaitOffset = 8;   // next to the tail: both come with one read
   static constexpr uint64_t kHeadOffset = 64;  // its own cache line: written by the other side
   static constexpr uint64_t kDataOffset = 128;
   static constexpr uint64_t kPrefix = 8;

@@ -66,7 +66,7 @@ class Pair {
     }
     return out;
   }
-  // `n` passes of the receiver's loop (a pass whose tail read finds nothing new writes the head).
+  // `n` passes of the receiver's loop, releasing nothing.
   void pump(int n) {
     std::vector<Record> out;
     for (int i = 0; i < n; ++i) {
@@ -97,9 +97,9 @@ class Pair {
     if (alive_budget_ < 0) return Status::ok();
     if (alive_budget_ == 0) return {Code::kTimeout, "test: the sender would wait for space"};
     --alive_budget_;
-    // A waiting sender on tcp gets the receiver's head write through its worker; let the
-    // receiver act meanwhile (same thread).
-    receiver_worker_->progress();
+    // One thread plays both sides: while the sender waits, the receiver runs a pass (it sees the
+    // sender's wait flag and writes back what it freed).
+    pump(1);
     return Status::ok();
   }
 
@@ -164,10 +164,10 @@ TEST_P(BufferedRead, OutOfOrderFreesMoveTheHeadOnlyOverTheFreedPrefix) {
   Status st = send();
   EXPECT_EQ(st.code(), Code::kTimeout) << "the sender found room although record 0 was never freed: " << st.to_string();
   EXPECT_EQ(p.tx->stats().waits, 1u);
-  // Free 0: the head passes all four, is written back at the next read that finds nothing new,
-  // and the sender goes on.
+  EXPECT_EQ(p.counter("head_writes"), 0u) << "the sender asked, but the head had not moved: nothing to write";
+  // Free 0: the head passes all four — a whole ring free — and goes back at once.
   p.rx->release(got[0].id);
-  p.pump(50);
+  EXPECT_EQ(p.counter("head_writes"), 1u);
   p.limit_waits(100000);
   st = send();
   EXPECT_TRUE(st.is_ok()) << st.to_string();
@@ -257,8 +257,7 @@ TEST_P(BufferedRead, FinishWaitsUntilTheReceiverFreedEverything) {
   std::vector<Record> got = p.poll_until(1, p.tcp());
   ASSERT_EQ(got.size(), 1u);
   p.rx->release(got[0].id);
-  p.pump(50);  // a read that finds nothing new writes the head back
-  p.limit_waits(100000);
+  p.limit_waits(100000);  // finish raises the wait flag: the next pass writes the head back
   EXPECT_TRUE(p.tx->finish_st().is_ok());
 }
 
@@ -301,6 +300,7 @@ class HandRing : public testing::Test {
     std::memcpy(data + (pos + 8) % capacity_, record.data(), record.size());
   }
   void tail(uint64_t t) { std::memcpy(region_->data() + RingLayout::kTailOffset, &t, 8); }
+  void waiting(uint64_t w) { std::memcpy(region_->data() + RingLayout::kWaitOffset, &w, 8); }
   uint64_t head() const {
     uint64_t h;
     std::memcpy(&h, region_->data() + RingLayout::kHeadOffset, 8);
@@ -335,7 +335,10 @@ TEST_F(HandRing, EntriesLaidOutAsDocumentedAreRead) {
   EXPECT_EQ(bytes_of(recs[1]), "abc");
   rx_->release(recs[1].id);
   rx_->release(recs[0].id);
-  EXPECT_TRUE(poll().empty());  // nothing new: the head goes back with this read
+  EXPECT_TRUE(poll().empty());
+  EXPECT_EQ(head(), 0u) << "32 of 288 bytes free and the sender does not wait: not written yet";
+  waiting(1);  // the flag next to the tail (offset 8) asks for the head
+  EXPECT_TRUE(poll().empty());
   EXPECT_EQ(head(), 32u) << "the receiver writes its head at offset 64 of the sender's region";
   EXPECT_EQ(errors(), 0u);
 }

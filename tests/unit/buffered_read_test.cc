@@ -36,6 +36,7 @@ TEST(RingLayout, CapacityHoldsOneFullBlockEntryPerBlockAndIsAMultipleOfEight) {
 TEST(RingLayout, LayoutOffsetsArePinned) {
   // The wire format (buffered_read.h): tail, head on its own cache line, data.
   EXPECT_EQ(RingLayout::kTailOffset, 0u);
+  EXPECT_EQ(RingLayout::kWaitOffset, 8u);
   EXPECT_EQ(RingLayout::kHeadOffset, 64u);
   EXPECT_EQ(RingLayout::kDataOffset, 128u);
   EXPECT_EQ(RingLayout::kPrefix, 8u);
