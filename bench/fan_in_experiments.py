@@ -16,12 +16,14 @@ import time
 
 FULL_SENDERS = [1, 2, 4, 8, 12]
 QUICK_SENDERS = [1, 4, 12]
-FULL_SIZES = [16, 512, 8192]        # the thesis's three message sizes
+FULL_SIZES = [48, 512, 8192]        # the thesis: 16, 512, 8192 B; 48 B is the smallest with a 64-byte block
 QUICK_SIZES = [512]
 MODES = ["threads", "round_robin"]
-SENDER_BYTES = 4 << 20              # payload per sender per point (quick: a quarter)
-MAX_MESSAGES = 50_000               # per sender: bounds the small-message points
-RING_BYTES = 1 << 20                # receiver memory per sender: blocks = RING_BYTES / block size
+SENDER_BYTES = 8 << 20              # payload per sender per point (quick: a quarter)
+MAX_MESSAGES = 200_000              # per sender: bounds the small-message points
+RING_BYTES = 256 << 10              # receiver memory per sender: blocks = RING_BYTES / block size
+# (each sender streams several times its receiver memory, so that the point measures streaming,
+# not one fill of the ring)
 
 
 def _add(res, experiment, protocol, transport, size, blocks, metric, value, unit, senders):
