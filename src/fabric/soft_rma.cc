@@ -114,6 +114,7 @@ void SoftRma::finish_op(SoftOp& op, const Status& st) {
   if (op.send_req != nullptr) {
     if (ucp_request_check_status(op.send_req) == UCS_INPROGRESS) {
       replies_.push_back({op.send_req, std::move(op.header)});  // its header is read until it is sent
+      reply_count_.store(replies_.size(), std::memory_order_relaxed);
     } else {
       ucp_request_free(op.send_req);
     }
@@ -148,6 +149,7 @@ Status SoftRma::send_op(Endpoint& ep, unsigned id, std::shared_ptr<SoftOp> op, c
     op->send_req = p;
   } else if (p != nullptr) {
     replies_.push_back({p, std::move(op->header)});  // answered already, its message still being sent
+    reply_count_.store(replies_.size(), std::memory_order_relaxed);
   }
   if (!op->awaits_reply && p == nullptr) finish_op(*op, Status::ok());  // sent inside the call
   *out = std::move(op);
@@ -218,6 +220,7 @@ void SoftRma::forget(SoftOp* op) {
 }
 
 void SoftRma::reap() {
+  if (reply_count_.load(std::memory_order_relaxed) == 0) return;  // every progress call: stay cheap
   std::lock_guard lock(mutex_);
   for (auto it = replies_.begin(); it != replies_.end();) {
     if (ucp_request_check_status(it->req) == UCS_INPROGRESS) {
@@ -227,6 +230,7 @@ void SoftRma::reap() {
     ucp_request_free(it->req);
     it = replies_.erase(it);
   }
+  reply_count_.store(replies_.size(), std::memory_order_relaxed);
 }
 
 void SoftRma::reply(void* reply_ep, unsigned id, const void* header, size_t header_len, const void* data,
@@ -245,6 +249,7 @@ void SoftRma::reply(void* reply_ep, unsigned id, const void* header, size_t head
   if (p == nullptr) return;
   std::lock_guard lock(mutex_);
   replies_.push_back({p, std::move(copy)});
+  reply_count_.store(replies_.size(), std::memory_order_relaxed);
 }
 
 void SoftRma::on_get_request(const void* header, size_t header_len, void* reply_ep) {

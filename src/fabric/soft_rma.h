@@ -95,6 +95,7 @@ class SoftRma {
     std::unique_ptr<uint8_t[]> header;
   };
   std::list<Reply> replies_;  // replies still being sent
+  std::atomic<size_t> reply_count_{0};  // replies_.size(), read without the lock by reap()
 };
 
 }  // namespace slotstream::fabric
