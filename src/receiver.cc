@@ -99,7 +99,7 @@ struct Receiver::Impl {
   std::optional<std::string> reserve_memory(uint64_t bytes);
   void release_memory(uint64_t bytes);
   void serve(std::unique_ptr<net::ControlSocket> control);
-  Status wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out);
+  Status wire_fabric(fabric::Wire wire, WireFabric** out);
   void event(const std::string& text) {
     if (options.on_event) options.on_event(text);
   }
@@ -218,6 +218,8 @@ class Session {
   std::optional<Refusal> set_up(const wire::Hello& hello);
   std::optional<Refusal> connect();
   void consume();
+  // The UCX worker this session's protocol uses: its own, or the transport's shared one.
+  fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *wire_->worker; }
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
   void fill_report(Clock::time_point start);
@@ -232,7 +234,10 @@ class Session {
   std::vector<uint8_t> hello_bytes_;      // as received: the authentication proofs cover them
   std::optional<net::Nonce> my_nonce_;    // set when the sender was challenged (token)
   net::Nonce sender_nonce_{};
-  std::unique_ptr<fabric::Endpoint> to_sender_;  // Descriptor::receiver_endpoint; outlives proto_
+  // Declared in the order they must be created; destroyed in reverse (protocol, then the
+  // endpoint back to the sender, then the session's own worker).
+  std::unique_ptr<fabric::Worker> own_worker_;    // Descriptor::receiver_progress
+  std::unique_ptr<fabric::Endpoint> to_sender_;   // Descriptor::receiver_endpoint
   std::unique_ptr<protocol::ReceiverProtocol> proto_;
   std::unique_ptr<MessageSink> sink_;
   std::unique_ptr<stream::Delivery> delivery_;
@@ -348,10 +353,19 @@ std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
   if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
   reserved_bytes_ = region;
 
-  if (Status st = rx_.wire_fabric(to_wire(transport_), desc_->receiver_progress, &wire_); !st.is_ok()) {
+  if (Status st = rx_.wire_fabric(to_wire(transport_), &wire_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
   }
-  protocol::ReceiverFabric rf{*wire_->context, *wire_->worker, geometry_};
+  // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
+  // own that only this session's thread progresses — as an RDMA receiver polls its own
+  // completion queue — instead of contending with every other session for the shared one.
+  if (desc_->receiver_progress) {
+    if (Status st = fabric::Worker::create(*wire_->context, /*shared=*/false, /*wakeup=*/true, &own_worker_);
+        !st.is_ok()) {
+      return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
+    }
+  }
+  protocol::ReceiverFabric rf{*wire_->context, worker(), geometry_};
   if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
     return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
   }
@@ -362,7 +376,7 @@ std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
 
   wire::Accept accept;
   accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
-  accept.worker_address = wire_->worker->address();
+  accept.worker_address = worker().address();
   accept.setup = proto_->setup();
   if (my_nonce_) {
     auto mac = net::proof(rx_.options.token, "receiver-accept",
@@ -390,7 +404,7 @@ std::optional<Refusal> Session::connect() {
     }
   }
   if (desc_->receiver_endpoint) {
-    if (Status st = fabric::Endpoint::create(*wire_->worker, setup.worker_address, &to_sender_); !st.is_ok()) {
+    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, &to_sender_); !st.is_ok()) {
       return Refusal{st.code(), "cannot reach the sender's memory: " + st.message()};
     }
   }
@@ -588,6 +602,7 @@ void Session::run() {
     sink_.reset();
     proto_.reset();
     to_sender_.reset();
+    own_worker_.reset();
     if (reserved_bytes_) rx_.release_memory(reserved_bytes_);
     if (registered_) {
       report_.reason = "refused: " + refusal->message;
@@ -607,6 +622,7 @@ void Session::run() {
   sink_.reset();
   proto_.reset();
   to_sender_.reset();
+  own_worker_.reset();
   control_.reset();
   rx_.release_memory(reserved_bytes_);
   rx_.lane_ended(group_, report_);
@@ -616,7 +632,7 @@ void Session::run() {
 
 // --------------------------------------------------------------------------------- receiver
 
-Status Receiver::Impl::wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out) {
+Status Receiver::Impl::wire_fabric(fabric::Wire wire, WireFabric** out) {
   std::lock_guard lock(mutex);
   auto& wf = wires[wire];
   if (!wf) {
@@ -625,8 +641,9 @@ Status Receiver::Impl::wire_fabric(fabric::Wire wire, bool needs_progress, WireF
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
     wf = std::move(fresh);
   }
-  // Software-emulated RMA (tcp) needs the target to progress; so do two-sided protocols.
-  if (!wf->progress && (needs_progress || wire == fabric::Wire::kTcp)) {
+  // Software-emulated RMA (tcp) needs the target to progress. (Protocols whose receiver takes
+  // part in transfers progress a worker of their own session.)
+  if (!wf->progress && wire == fabric::Wire::kTcp) {
     wf->progress = std::make_unique<fabric::ProgressThread>(*wf->worker);
   }
   *out = wf.get();
@@ -709,7 +726,7 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
     Transport t = w == fabric::Wire::kShm ? Transport::kShm : Transport::kTcp;
     if (impl->options.transport != Transport::kAuto && impl->options.transport != t) continue;
     WireFabric* wf = nullptr;
-    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, false, &wf));
+    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, &wf));
   }
   std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
   Impl* im = rx->impl_.get();

@@ -419,6 +419,9 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
       ring.commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
       return st;
     }
+    if (const uint32_t every = im.options.skip_packet_every; every && next_packet_ % (every + 1) == every) {
+      ++next_packet_;  // testing aid: this packet number is never sent (SenderOptions)
+    }
     wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
     ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));

@@ -75,6 +75,10 @@ struct SenderOptions {
   std::string token;                      // empty: no authentication
   std::vector<uint16_t> devices;          // every device this sender will use
   bool allow_reference = false;           // benchmark only: permit reference "protocols"
+  // Testing aid (like ReceiverOptions::holds): after every N packets of a device one packet
+  // number is left out, as if its block had been lost, so that gap detection can be tested end
+  // to end. 0: never.
+  uint32_t skip_packet_every = 0;
 };
 
 struct SenderStats {
