@@ -1,4 +1,5 @@
 // Small public helpers: status names, transport names, sender-name validation, protocol list.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -72,6 +73,30 @@ std::vector<ProtocolInfo> protocols(bool with_references) {
                    d->holds, d->connection_per_device, d->receiver_progress});
   }
   return out;
+}
+
+void SessionReport::merge(const SessionReport& lane) {
+  finished = finished && lane.finished;
+  if (reason.empty()) reason = lane.reason;
+  messages += lane.messages;
+  bytes += lane.bytes;
+  gaps += lane.gaps;
+  duplicates += lane.duplicates;
+  unknown_device += lane.unknown_device;
+  out_of_window += lane.out_of_window;
+  bad_headers += lane.bad_headers;
+  partial_discarded += lane.partial_discarded;
+  held_blocks += lane.held_blocks;
+  stalls += lane.stalls;
+  seconds = std::max(seconds, lane.seconds);
+  sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
+  for (const auto& [d, s] : lane.per_device) {
+    DeviceStats& acc = per_device[d];
+    acc.messages += s.messages;
+    acc.bytes += s.bytes;
+    acc.gaps += s.gaps;
+    acc.duplicates += s.duplicates;
+  }
 }
 
 std::string host_id() {

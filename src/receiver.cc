@@ -81,7 +81,8 @@ struct Receiver::Impl {
     SessionReport report;
   };
   std::map<uint64_t, Group> groups;
-  std::map<const void*, SessionReport> live;  // published by each session
+  // Published by each session (connection) about every 100 ms, with its sender group.
+  std::map<const void*, std::pair<uint64_t, SessionReport>> live;
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
   // One thread per connection. A finished thread puts its id in `finished` and the accept loop
   // joins it: a thread that is never joined keeps its stack mapping, and a receiver that serves
@@ -168,25 +169,13 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
   std::unique_lock lock(mutex);
   Group& g = groups[group];
   --g.live;
-  SessionReport& a = g.report;
   if (g.ended == 0) {
-    a = r;
+    g.report = r;
   } else {
-    a.finished = a.finished && r.finished;
-    if (a.reason.empty()) a.reason = r.reason;
-    a.messages += r.messages;
-    a.bytes += r.bytes;
-    a.gaps += r.gaps;
-    a.duplicates += r.duplicates;
-    a.unknown_device += r.unknown_device;
-    a.out_of_window += r.out_of_window;
-    a.bad_headers += r.bad_headers;
-    a.partial_discarded += r.partial_discarded;
-    a.seconds = std::max(a.seconds, r.seconds);
-    a.sender.devices.insert(a.sender.devices.end(), r.sender.devices.begin(), r.sender.devices.end());
+    g.report.merge(r);
   }
   if (++g.ended < g.lanes) return;
-  SessionReport done = std::move(a);
+  SessionReport done = std::move(g.report);
   groups.erase(group);
   lock.unlock();
   if (options.on_session_end) options.on_session_end(done);
@@ -444,7 +433,7 @@ void Session::fill_report(Clock::time_point start) {
 void Session::publish(Clock::time_point start) {
   fill_report(start);
   std::lock_guard lock(rx_.mutex);
-  rx_.live[this] = report_;
+  rx_.live[this] = {group_, report_};
 }
 
 void Session::apply_holds(Clock::time_point start) {
@@ -759,13 +748,18 @@ void Receiver::stop() {
 std::vector<SessionReport> Receiver::live_sessions() const {
   std::lock_guard lock(impl_->mutex);
   std::vector<SessionReport> out;
-  for (const auto& [k, r] : impl_->live) out.push_back(r);
+  std::map<uint64_t, SessionReport> senders;  // by group: one report per sender
+  for (const auto& [session, live] : impl_->live) {
+    auto [it, fresh] = senders.try_emplace(live.first, live.second);
+    if (!fresh) it->second.merge(live.second);
+  }
+  for (auto& [group, r] : senders) out.push_back(std::move(r));
   return out;
 }
 
 size_t Receiver::live_count() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->live.size();
+  return impl_->live.size();  // connections
 }
 
 Status query_capacity(const std::string& host, uint16_t port, Capacity* out) {

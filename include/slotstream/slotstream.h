@@ -197,6 +197,11 @@ struct SessionReport {
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
+
+  // Adds another connection (lane) of the same sender: every counter summed, devices and
+  // per-device counters merged, finished only if both are, the first reason kept, the longer
+  // duration. What the receiver's final report and its live counters both use.
+  void merge(const SessionReport& lane);
 };
 
 struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
@@ -245,7 +250,8 @@ class Receiver {
   void stop();
   // Number of accepted sessions that have ended.
   uint64_t sessions_ended() const;
-  // Counters of the connections being served now (refreshed every ~100 ms). Any thread.
+  // Counters of the senders being served now, one report per sender (its connections merged;
+  // refreshed every ~100 ms). Any thread.
   std::vector<SessionReport> live_sessions() const;
   // For capacity queries: connections served now.
   size_t live_count() const;
