@@ -190,7 +190,7 @@ def test_stalled_hello_is_not_kept_forever(start_receiver, tmp_path):
 
 
 @pytest.mark.deadline(60)
-@pytest.mark.parametrize("name", ["../x", "a/b", ".", "..", "", "x/../../y", "a\x00b"])
+@pytest.mark.parametrize("name", ["../x", "a/b", ".", "..", "", "x/../../y", "a\x00b", "-rf", "--help"])
 def test_bad_sender_name_in_raw_hello_is_refused(start_receiver, tmp_path, name):
     out = tmp_path / "out"
     rx = start_receiver(out)
