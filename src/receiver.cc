@@ -73,14 +73,21 @@ struct Receiver::Impl {
   std::condition_variable ended_cv;
   uint64_t ended = 0;
   // A sender is one group of connections (lanes); its name is taken while any lane is live.
+  // Its connections must carry one name and the sender's random group id, each its own lane
+  // number and devices no other lane has: two senders that pick the same name or id are never
+  // merged into one.
   struct Group {
     std::string name;
+    uint64_t wire_group = 0;     // the id the sender chose (HELLO)
     uint16_t lanes = 1;
-    uint16_t live = 0;   // registered lanes not yet ended
+    std::vector<bool> lane_taken;
+    std::set<uint16_t> devices;  // of every lane so far
+    uint16_t live = 0;           // registered lanes not yet ended
     uint16_t ended = 0;
     SessionReport report;
   };
-  std::map<uint64_t, Group> groups;
+  std::map<uint64_t, Group> groups;  // by an id of the receiver's own
+  uint64_t next_group = 1;
   // Published by each session (connection) about every 100 ms, with its sender group.
   std::map<const void*, std::pair<uint64_t, SessionReport>> live;
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
@@ -105,8 +112,8 @@ struct Receiver::Impl {
     if (options.on_event) options.on_event(text);
   }
   wire::CapacityInfo capacity();
-  // Takes the sender name for this group (nullopt), or says why not.
-  std::optional<std::string> register_lane(const wire::Hello& hello);
+  // Takes the sender name for this connection's group (nullopt, *group set), or says why not.
+  std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group);
   // A registered lane ended; reports the sender once all its lanes have.
   void lane_ended(uint64_t group, const SessionReport& report);
 };
@@ -130,21 +137,33 @@ wire::CapacityInfo Receiver::Impl::capacity() {
   return c;
 }
 
-std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello) {
+std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello, uint64_t* group) {
   std::lock_guard lock(mutex);
-  for (const auto& [id, g] : groups) {
-    if (g.name == hello.name && id != hello.group && g.live > 0) {
-      return "sender name '" + hello.name + "' is already connected";
-    }
+  auto it = std::find_if(groups.begin(), groups.end(),
+                         [&](const auto& kv) { return kv.second.name == hello.name && kv.second.live > 0; });
+  if (it != groups.end() && it->second.wire_group != hello.group) {
+    return "sender name '" + hello.name + "' is already connected";
   }
-  Group& g = groups[hello.group];
-  if (g.live == 0 && g.ended == 0) {
-    g.name = hello.name;
-    g.lanes = hello.lanes;
-  } else if (g.name != hello.name || g.lanes != hello.lanes) {
-    return "connection does not match its sender group";
+  if (it == groups.end()) {
+    Group fresh;
+    fresh.name = hello.name;
+    fresh.wire_group = hello.group;
+    fresh.lanes = hello.lanes;
+    fresh.lane_taken.assign(hello.lanes, false);
+    it = groups.emplace(next_group++, std::move(fresh)).first;
   }
+  Group& g = it->second;
+  if (g.lanes != hello.lanes) return "connection does not match its sender group (lane count)";
+  if (g.lane_taken[hello.lane]) {
+    return "lane " + std::to_string(hello.lane) + " of sender '" + hello.name + "' is already connected";
+  }
+  for (uint16_t d : hello.devices) {
+    if (g.devices.contains(d)) return "device " + std::to_string(d) + " is already sent on another connection";
+  }
+  g.lane_taken[hello.lane] = true;
+  g.devices.insert(hello.devices.begin(), hello.devices.end());
   ++g.live;
+  *group = it->first;
   return std::nullopt;
 }
 
@@ -174,7 +193,9 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
   } else {
     g.report.merge(r);
   }
-  if (++g.ended < g.lanes) return;
+  // Report once every lane has ended — or once none is live any more (a sender that died while
+  // connecting its lanes never opens the rest).
+  if (++g.ended < g.lanes && g.live > 0) return;
   SessionReport done = std::move(g.report);
   groups.erase(group);
   lock.unlock();
@@ -324,8 +345,7 @@ std::optional<Refusal> Session::authenticate(const wire::Hello& hello) {
 }
 
 std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
-  if (auto why = rx_.register_lane(hello)) return Refusal{Code::kRefused, *why};
-  group_ = hello.group;
+  if (auto why = rx_.register_lane(hello, &group_)) return Refusal{Code::kRefused, *why};
   registered_ = true;
 
   SenderInfo& info = report_.sender;
