@@ -218,3 +218,36 @@ def test_h264_worker_encodes_segments_of_every_frame(receiver, tmp_path):
         assert codec == "h264"
         frames.append(int(n))
     assert frames == [25, 25, 10]
+
+
+def running(pattern):
+    """pids of processes whose whole command line starts with `pattern` (not the shells that mention it)."""
+    return subprocess.run(["pgrep", "-f", "^" + pattern], capture_output=True, text=True).stdout.split()
+
+
+def test_a_killed_receiver_leaves_no_worker_process_behind(receiver, tmp_path):
+    # A compound worker command: a background child, a pipeline, and a double-forked stray. The receiver dies by
+    # SIGKILL (no clean-up code of its own runs); every one of them must go with it.
+    marker = f"98765{os.getpid() % 1000:03d}"
+    command = (f"sleep {marker}1 & sleep {marker}2 | cat & (sleep {marker}3 &) ; "
+               f"sh {REPO / 'workers' / 'checksum.sh'}")
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--worker", command)
+    send(rx.addr, "--name", "cam", "--synthetic", "0:25:16x16x1", "--duration", "0.2")
+    wait_for(lambda: len(running(f"sleep {marker}")) == 3, 20, "the worker's three sleeps")
+    rx.sigkill()
+    rx.wait(10)
+    wait_for(lambda: running(f"sleep {marker}") == [], 10, "the worker's processes to end")
+
+
+def test_a_worker_whose_command_ends_takes_its_children_along(receiver, tmp_path):
+    # The command itself exits (and is restarted), leaving a background child: that child must not pile up.
+    marker = f"97531{os.getpid() % 1000:03d}"
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--worker", f"sleep {marker} & exit 3")
+    send(rx.addr, "--name", "cam", "--synthetic", "0:25:16x16x1", "--duration", "0.2")
+    _, line = rx.stderr.wait_for(r"exited with status 3", 20)
+    time.sleep(1.0)
+    assert len(running(f"sleep {marker}")) <= 1, "background children of ended worker commands keep running"
+    rx.stop()
+    wait_for(lambda: running(f"sleep {marker}") == [], 10, "the worker's processes to end")
