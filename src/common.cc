@@ -98,6 +98,8 @@ void SessionReport::merge(const SessionReport& lane) {
     acc.bytes += s.bytes;
     acc.gaps += s.gaps;
     acc.duplicates += s.duplicates;
+    acc.pauses += s.pauses;
+    acc.paused = acc.paused || s.paused;
   }
 }
 

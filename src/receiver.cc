@@ -258,6 +258,7 @@ class Session {
   bool capacity_only_ = false;  // the connection only asked for capacity
   uint64_t group_ = 0;
   uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
+  std::map<uint16_t, Clock::time_point> next_pause_log_;
   std::vector<bool> hold_active_;
 };
 
@@ -382,6 +383,19 @@ std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
     return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
   }
   delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
+  delivery_->set_pause_handler([this](uint16_t device, bool paused) {
+    // Tell the sender to stop (or resume) filling this one device; the others keep flowing.
+    (void)control_->send(wire::MsgType::kPause, wire::encode(wire::Pause{device, paused}));
+    if (!paused) return;
+    ++report_.stalls;
+    // A slow worker pauses its device again and again: say so at most every kBusyLogInterval
+    // per device (the metrics count every pause).
+    if (auto& next = next_pause_log_[device]; Clock::now() >= next) {
+      next = Clock::now() + kBusyLogInterval;
+      rx_.event("sender " + report_.sender.name + ": device " + std::to_string(device) +
+                " paused while its worker catches up (the other devices keep flowing)");
+    }
+  });
 
   wire::Accept accept;
   accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
@@ -540,7 +554,7 @@ void Session::consume() {
       // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
       bool complete = desc_->reference || !delivery_->has_open_message();
       for (auto [d, n] : fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
-      if (complete || (consumed == 0 && !stalled && Clock::now() > fin_deadline)) {
+      if (complete || (consumed == 0 && !stalled && !delivery_->any_paused() && Clock::now() > fin_deadline)) {
         uint64_t missing = 0;
         for (auto [d, n] : fin->messages) {
           uint64_t got = delivery_->messages(d);
@@ -556,7 +570,7 @@ void Session::consume() {
         if (missing) report_.reason = ack.message;
         return;
       }
-      if (consumed > 0 || stalled) fin_deadline = Clock::now() + kFinGrace;
+      if (consumed > 0 || stalled || delivery_->any_paused()) fin_deadline = Clock::now() + kFinGrace;
     }
 
     // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"). While data

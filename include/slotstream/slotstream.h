@@ -179,6 +179,8 @@ struct DeviceStats {
   uint64_t bytes = 0;
   uint64_t gaps = 0;
   uint64_t duplicates = 0;
+  uint64_t pauses = 0;   // times the device was paused because its sink was busy (worker backlog)
+  bool paused = false;   // paused right now
 };
 
 struct SessionReport {
