@@ -159,8 +159,9 @@ def test_sender_killed_mid_message_keeps_complete_ones(start_receiver, spawn, tm
     assert v.returncode == 0, f"a kept file is not a complete frame: {v.stderr}"
     assert re.search(rf"verified {kept} frames", v.stdout), v.stdout
     for d in (0, 1):
-        for f in os.listdir(out / "big" / f"device-{d}"):
-            assert (out / "big" / f"device-{d}" / f).stat().st_size == 1000 * 1000 * 3, f
+        dev = out / "big" / f"device-{d}"
+        for f in (os.listdir(dev) if dev.exists() else []):  # a slow lane may have completed none
+            assert (dev / f).stat().st_size == 1000 * 1000 * 3, f
 
     # The receiver keeps serving: a new sender, and the same name again (its region was freed).
     g = make_files(tmp_path / "src", [200_000, 5], "after")
