@@ -7,7 +7,7 @@
 #   P/lib/pkgconfig/slotstream.pc            pkg-config --cflags --libs slotstream
 #   P/share/slotstream/bench/                `slotstream bench`'s orchestrator and plots
 #   P/share/slotstream/workers/              example processing workers (docs/workers.md)
-#   P/share/slotstream/examples/             hello_stream.cc
+#   P/share/slotstream/examples/             hello_stream.cc and the Python examples
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -29,6 +29,7 @@ install(FILES bench/slotstream_bench.py bench/plot.py bench/README.md DESTINATIO
 install(PROGRAMS workers/checksum.sh workers/h264.sh DESTINATION ${slotstream_share}/workers)
 install(FILES workers/README.md DESTINATION ${slotstream_share}/workers)
 install(FILES examples/hello_stream.cc DESTINATION ${slotstream_share}/examples)
+install(DIRECTORY examples/python DESTINATION ${slotstream_share}/examples PATTERN __pycache__ EXCLUDE)
 
 # The CMake package. A static libslotstream would have to export UCX, spdlog and OpenSSL as link
 # dependencies; the shared one keeps them inside, which is why only it is installed this way.

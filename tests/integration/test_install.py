@@ -41,7 +41,7 @@ def test_installed_layout(prefix):
                 "lib/cmake/slotstream/slotstreamTargets.cmake", "lib/pkgconfig/slotstream.pc",
                 "share/slotstream/bench/slotstream_bench.py", "share/slotstream/bench/plot.py",
                 "share/slotstream/workers/checksum.sh", "share/slotstream/workers/h264.sh",
-                "share/slotstream/examples/hello_stream.cc"]:
+                "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py"]:
         assert (prefix / rel).exists(), rel
     assert os.access(prefix / "share/slotstream/workers/checksum.sh", os.X_OK)
     libs = sorted(p.name for p in (prefix / "lib").glob("libslotstream*"))
