@@ -558,12 +558,28 @@ class PyReceiver {
 }  // namespace
 
 namespace {
+
+// __enter__ returns the object; __exit__ calls `on_success` when the block ended normally and
+// `on_exception` otherwise, and never suppresses the exception.
+template <typename T, void (T::*on_success)(), void (T::*on_exception)()>
+void def_context_manager(nb::class_<T>& cls, const char* enter_signature) {
+  cls.def("__enter__", [](nb::handle self) { return self; }, nb::sig(enter_signature))
+      .def("__exit__",
+           [](T& self, nb::handle exc_type, nb::handle, nb::handle) {
+             (self.*(exc_type.is_none() ? on_success : on_exception))();
+             return false;
+           },
+           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none(),
+           nb::sig("def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, "
+                   "tb: types.TracebackType | None) -> bool"));
+}
+
 void bind_sender(nb::module_& m) {
-  nb::class_<PySender>(m, "Sender",
+  nb::class_<PySender> cls(m, "Sender",
                        "A connection to a slotstream receiver that carries the messages of several devices.\n\n"
                        "Use it as a context manager: leaving the block normally waits until the receiver has\n"
-                       "stored every message (finish()); leaving it by an exception abandons the connection.")
-      .def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, uint32_t,
+                       "stored every message (finish()); leaving it by an exception abandons the connection.");
+  cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, uint32_t,
                     uint32_t, const std::vector<int>&, std::optional<std::string>>(),
            "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
            "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
@@ -572,7 +588,7 @@ void bind_sender(nb::module_& m) {
            "and declares `devices`, the device numbers send() will use. Raises slotstream.Error\n"
            "subclasses (ConnectFailed, Refused, InvalidArgument, ...) with the library's message.")
       .def("send", &PySender::send, "device"_a, "data"_a,
-           nb::sig("def send(self, device: int, data: typing_extensions.Buffer) -> None"),
+           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) -> None"),
            "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
            "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
            "every block is in flight. Thread-safe.")
@@ -590,20 +606,9 @@ void bind_sender(nb::module_& m) {
       .def_prop_ro("devices", [](const PySender& s) {
         return std::vector<int>(s.options().devices.begin(), s.options().devices.end());
       })
-      .def_prop_ro("closed", &PySender::is_closed)
-      .def("__enter__", [](nb::handle self) { return self; }, nb::sig("def __enter__(self) -> Sender"))
-      .def("__exit__",
-           [](PySender& s, nb::handle exc_type, nb::handle, nb::handle) {
-             if (exc_type.is_none()) {
-               s.finish();
-             } else {
-               s.close();
-             }
-             return false;
-           },
-           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none(),
-           nb::sig("def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, "
-                   "tb: types.TracebackType | None) -> bool"));
+      .def_prop_ro("closed", &PySender::is_closed);
+  // Leaving the block normally waits for the receiver; leaving it by an exception abandons.
+  def_context_manager<PySender, &PySender::finish, &PySender::close>(cls, "def __enter__(self) -> Sender");
 }
 
 }  // namespace
@@ -617,11 +622,11 @@ NB_MODULE(_slotstream, m) {
                     "A received message's bytes, owned by this object; read it through memoryview().");
   bind_sender(m);
 
-  nb::class_<PyReceiver>(m, "Receiver",
+  nb::class_<PyReceiver> receiver(m, "Receiver",
                          "A passive receiver: senders connect to `listen` and their messages arrive, complete\n"
                          "and in order per device, either at `callback(sender, device, seq, data)` or by iterating\n"
-                         "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.")
-      .def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
+                         "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.");
+  receiver.def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
                     std::optional<uint64_t>, size_t>(),
            "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
            "exit_after_senders"_a = nb::none(), "max_queue"_a = 8,
@@ -646,20 +651,9 @@ NB_MODULE(_slotstream, m) {
            "Reports of the sender sessions that have ended: sender, finished, reason, messages, bytes, gaps, ...")
       .def("live", &PyReceiver::live, nb::sig("def live(self) -> list[dict[str, typing.Any]]"),
            "Counters of the sessions being served now.")
-      .def("events", &PyReceiver::events, "Recent receiver events (refused senders, back-pressure), oldest first.")
-      .def("__enter__", [](nb::handle self) { return self; }, nb::sig("def __enter__(self) -> Receiver"))
-      .def("__exit__",
-           [](PyReceiver& r, nb::handle exc_type, nb::handle, nb::handle) {
-             if (exc_type.is_none()) {
-               r.close();
-             } else {
-               r.stop();  // do not hide the exception that left the block
-             }
-             return false;
-           },
-           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none(),
-           nb::sig("def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, "
-                   "tb: types.TracebackType | None) -> bool"));
+      .def("events", &PyReceiver::events, "Recent receiver events (refused senders, back-pressure), oldest first.");
+  // Leaving the block by an exception stops without raising the callback's: it would hide that one.
+  def_context_manager<PyReceiver, &PyReceiver::close, &PyReceiver::stop>(receiver, "def __enter__(self) -> Receiver");
 
   m.def("close_all", [] {
     for (PyReceiver* r : std::vector<PyReceiver*>(PyReceiver::live_receivers().begin(), PyReceiver::live_receivers().end())) {
