@@ -299,7 +299,9 @@ struct RxShared {
   std::deque<std::string> events;
   bool closing = false;
   bool failed = false;  // the callback raised: deliver nothing more
-  // Callback mode only; set before the receiver starts, then only read (with the GIL held).
+  bool callback_mode = false;  // set before the receiver starts
+  // Callback mode only: read with the GIL held; dropped when the receiver has stopped, which
+  // breaks the cycle of a callback that refers to its own Receiver.
   nb::object callback;
   nb::object error;  // the callback's exception, raised by wait()/close(); touched with the GIL
 
@@ -342,7 +344,7 @@ class PySink final : public MessageSink {
       if (shared_.closing) return {Code::kCancelled, "receiver closing"};
       if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
       seq = shared_.next_seq[key];
-      if (!shared_.callback.is_valid()) {
+      if (!shared_.callback_mode) {
         if (!shared_.changed.wait_for(lock, kQueueWait, [&] {
               return shared_.queue.size() < shared_.max_queue || shared_.closing;
             })) {
@@ -422,7 +424,8 @@ class PyReceiver {
     o.token = token.value_or("");
     RxShared* shared = shared_.get();
     shared->max_queue = max_queue;
-    if (!callback.is_none()) shared->callback = callback;
+    shared->callback_mode = !callback.is_none();
+    if (shared->callback_mode) shared->callback = callback;
     o.make_sink = [shared](const SenderInfo& info, std::unique_ptr<MessageSink>* out) {
       *out = std::make_unique<PySink>(*shared, info.name);
       return Status::ok();
@@ -463,14 +466,17 @@ class PyReceiver {
       shared_->closing = true;
       shared_->changed.notify_all();
     }
-    nb::gil_scoped_release nogil;  // session threads may be waiting for the GIL (callback)
-    shared_->stop_receiver();
-    std::thread stopper;
     {
-      std::lock_guard lock(shared_->mutex);
-      stopper = std::move(shared_->stopper);
+      nb::gil_scoped_release nogil;  // session threads may be waiting for the GIL (callback)
+      shared_->stop_receiver();
+      std::thread stopper;
+      {
+        std::lock_guard lock(shared_->mutex);
+        stopper = std::move(shared_->stopper);
+      }
+      if (stopper.joinable()) stopper.join();
     }
-    if (stopper.joinable()) stopper.join();
+    shared_->callback = nb::object();  // no session thread is left to call it
   }
 
   void close() {
@@ -481,7 +487,7 @@ class PyReceiver {
   // Iterator mode: the next (sender, device, seq, memoryview); StopIteration once
   // exit_after_senders have ended (or the receiver was closed) and every queued message is out.
   nb::tuple next() {
-    if (shared_->callback.is_valid()) {
+    if (shared_->callback_mode) {
       check({Code::kInvalidArgument, "this Receiver delivers to its callback; iterate one made without a callback"});
     }
     std::optional<Delivered> item;
