@@ -1,6 +1,6 @@
 # `cmake --install build --prefix P`: what a user of an installed slotstream gets.
 #
-#   P/bin/slotstream                         the CLI (finds its library through RUNPATH $ORIGIN/../lib)
+#   P/bin/slotstream                         the CLI (the library linked in: one self-contained binary)
 #   P/lib/libslotstream.so.0.1               the library (SONAME libslotstream.so.0.1)
 #   P/include/slotstream/*.h                 the public API
 #   P/lib/cmake/slotstream/                  find_package(slotstream CONFIG) -> slotstream::slotstream
@@ -13,9 +13,6 @@ include(CMakePackageConfigHelpers)
 
 set(slotstream_share ${CMAKE_INSTALL_DATADIR}/slotstream)
 
-# The installed CLI finds libslotstream relative to itself, so the prefix can move.
-file(RELATIVE_PATH bin_to_lib /P/${CMAKE_INSTALL_BINDIR} /P/${CMAKE_INSTALL_LIBDIR})
-set_target_properties(slotstream_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${bin_to_lib}")
 # `slotstream bench` looks for its orchestrator here, relative to the binary (tools/bench_peer.cc).
 file(RELATIVE_PATH bin_to_bench /P/${CMAKE_INSTALL_BINDIR} /P/${slotstream_share}/bench)
 target_compile_definitions(slotstream_cli PRIVATE SLOTSTREAM_BENCH_FROM_BIN="${bin_to_bench}")
