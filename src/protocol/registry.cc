@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "protocol/credit.h"
 #include "protocol/protocol.h"
 #include "protocol/sliding_window.h"
 #include "protocol/status_byte.h"
@@ -11,7 +12,7 @@
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 3> kAll = {&kStatusByte, &kSlidingWindow, &kUcxRawPut};
+const std::array<const Descriptor*, 4> kAll = {&kStatusByte, &kSlidingWindow, &kCredit, &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }
