@@ -21,15 +21,6 @@ uint64_t now_ns() {
 // Active-message id of the credit update (receiver -> sender), on the sender's own worker.
 constexpr unsigned kCreditAm = 21;
 
-// The credit update's AM header, little-endian, 16 bytes (pinned by tests/unit/credit_test.cc):
-//   u64 released      messages the receiver has released in all (cumulative, wraps at 2^64),
-//                     as SDP's BSDH carries the sequence number of the last message received
-//   u64 generated_ns  when the receiver sent it (its CLOCK_MONOTONIC), for the ACK latency
-struct CreditUpdate {
-  uint64_t released;
-  uint64_t generated_ns;
-};
-static_assert(sizeof(CreditUpdate) == 16, "fixed AM layout");
 static_assert(std::endian::native == std::endian::little, "AM headers are copied as little-endian structs");
 
 // Set-up bytes from the receiver (ACCEPT): u64 tag of this session's messages.

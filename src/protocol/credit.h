@@ -77,6 +77,23 @@ class AckBatcher {
   uint64_t acked_;
 };
 
+// The credit update, receiver -> sender: the header of an active message, little-endian, 16 bytes
+// (copied as this struct; pinned by tests/unit/credit_test.cc):
+//
+//   0          8              16
+//   +----------+--------------+
+//   | released | generated_ns |
+//   +----------+--------------+
+//
+//   released      messages the receiver has released in all (cumulative, wraps at 2^64) — as
+//                 SDP's BSDH header carries the sequence number of the last message received
+//   generated_ns  when the receiver sent it (its CLOCK_MONOTONIC), for the update's latency
+struct CreditUpdate {
+  uint64_t released;
+  uint64_t generated_ns;
+};
+static_assert(sizeof(CreditUpdate) == 16, "fixed AM layout");
+
 extern const Descriptor kCredit;
 
 }  // namespace slotstream::protocol
