@@ -308,7 +308,7 @@ Status Endpoint::tag_send(const void* src, size_t length, uint64_t tag, Request*
 TagReceive::~TagReceive() { reset(); }
 
 void TagReceive::reset() {
-  done_ = false;
+  unexpected_ = false;
   if (req_ == nullptr) return;
   // Still posted: withdraw it so UCX never writes into memory its owner is about to free. (A
   // receive already being filled completes on its own; the owner must have waited for that.)
@@ -319,9 +319,9 @@ void TagReceive::reset() {
 }
 
 TagReceive::TagReceive(TagReceive&& other) noexcept
-    : req_(other.req_), worker_(other.worker_), done_(other.done_), length_(other.length_) {
+    : req_(other.req_), worker_(other.worker_), unexpected_(other.unexpected_) {
   other.req_ = nullptr;
-  other.done_ = false;
+  other.unexpected_ = false;
 }
 
 TagReceive& TagReceive::operator=(TagReceive&& other) noexcept {
@@ -329,19 +329,14 @@ TagReceive& TagReceive::operator=(TagReceive&& other) noexcept {
     reset();
     req_ = other.req_;
     worker_ = other.worker_;
-    done_ = other.done_;
-    length_ = other.length_;
+    unexpected_ = other.unexpected_;
     other.req_ = nullptr;
-    other.done_ = false;
+    other.unexpected_ = false;
   }
   return *this;
 }
 
 Status TagReceive::check(size_t* length) {
-  if (done_) {
-    *length = length_;
-    return Status::ok();
-  }
   if (req_ == nullptr) return {Code::kInvalidArgument, "no receive posted"};
   ucp_tag_recv_info_t info{};
   ucs_status_t st = ucp_tag_recv_request_test(req_, &info);
@@ -354,8 +349,6 @@ Status TagReceive::check(size_t* length) {
   op_finished();
   g_counters.completions.fetch_add(1, std::memory_order_relaxed);
   if (st != UCS_OK) return from_ucs(st, "tag receive");
-  done_ = true;
-  length_ = info.length;
   *length = info.length;
   return Status::ok();
 }
@@ -426,24 +419,23 @@ Status Worker::am_reply(ReplyEp to, unsigned id, const void* header, size_t head
 
 Status Worker::tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out) {
   *out = TagReceive();
-  ucp_tag_recv_info_t info{};
+  // Always a request, also when the message is already here: then it is complete at once and
+  // check() reads its length (the immediate-completion path of UCX 1.13 left the length unset).
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-  param.recv_info.tag_info = &info;
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   g_counters.tag_receives.fetch_add(1, std::memory_order_relaxed);
   ucs_status_ptr_t p = ucp_tag_recv_nbx(handle_, dst, length, tag, ~uint64_t(0), &param);
-  if (p == nullptr) {
-    // Completed inside the call: the message was already waiting in UCX's unexpected queue,
-    // i.e. it was sent before this receive was posted.
-    g_counters.tag_unexpected.fetch_add(1, std::memory_order_relaxed);
-    out->done_ = true;
-    out->length_ = info.length;
-    return Status::ok();
-  }
   if (UCS_PTR_IS_ERR(p)) return from_ucs(UCS_PTR_STATUS(p), "ucp_tag_recv_nbx");
+  if (p == nullptr) return {Code::kTransportError, "ucp_tag_recv_nbx returned no request"};
   op_started();
   out->req_ = p;
   out->worker_ = handle_;
+  // Complete already: it matched a message that was waiting in UCX's unexpected queue, i.e.
+  // one sent before this receive was posted.
+  if (ucp_request_check_status(p) != UCS_INPROGRESS) {
+    out->unexpected_ = true;
+    g_counters.tag_unexpected.fetch_add(1, std::memory_order_relaxed);
+  }
   return Status::ok();
 }
 

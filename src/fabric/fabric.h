@@ -201,13 +201,13 @@ class TagReceive {
   TagReceive(const TagReceive&) = delete;
   TagReceive& operator=(const TagReceive&) = delete;
 
-  // Posted and not yet seen complete.
+  // Posted and not yet seen complete by check().
   bool pending() const { return req_ != nullptr; }
-  // Complete (check() says how long): seen complete, or completed inside tag_recv.
-  bool done() const { return done_; }
-  // Ok with `*length` = the message's size once a message arrived (also when it completed inside
-  // tag_recv), kInProgress while posted, an error otherwise (kTransportError "...truncated" when
-  // the message was longer than the buffer; kCancelled after cancel()). Frees the request once done.
+  // Its message was already waiting in UCX when the receive was posted (sent before it).
+  bool was_unexpected() const { return unexpected_; }
+  // Ok with `*length` = the message's size once it arrived, kInProgress while posted, an error
+  // otherwise (kTransportError "...truncated" when the message was longer than the buffer;
+  // kCancelled after cancel()). Frees the request once done; pending() is false from then on.
   Status check(size_t* length);
   // Asks UCX to withdraw the receive (completes it as cancelled unless data is already arriving).
   void cancel();
@@ -217,8 +217,7 @@ class TagReceive {
   void reset();  // cancels and frees a posted receive
   void* req_ = nullptr;
   ucp_worker* worker_ = nullptr;
-  bool done_ = false;   // completed inside tag_recv
-  size_t length_ = 0;   // its length then
+  bool unexpected_ = false;
 };
 
 class Worker {

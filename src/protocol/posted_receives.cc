@@ -94,19 +94,16 @@ PostedReceives::~PostedReceives() {
 
 ReceiveQueue::Outcome PostedReceives::check(uint32_t i, uint32_t* length) {
   fabric::TagReceive& r = receives_[i];
-  if (!r.pending() && !r.done()) {
+  if (!r.pending()) {
     // Not posted at all: re-posting it failed earlier. Try again; until it works the receives
     // posted after it wait, so that their messages cannot overtake the one meant for it.
     if (!post(i).is_ok()) return ReceiveQueue::Outcome::kPending;
   }
-  if (r.done()) {
-    // Completed inside tag_recv: the message was there before its receive was posted.
-    ++unexpected_;
-  }
+  const bool unexpected = r.was_unexpected();
   size_t len = 0;
   Status st = r.check(&len);
   if (st.code() == Code::kInProgress) return ReceiveQueue::Outcome::kPending;
-  r = fabric::TagReceive();
+  if (unexpected) ++unexpected_;  // sent before its receive was posted
   if (!st.is_ok()) {
     // Longer than a buffer (only a sender that ignores the geometry) or a transport error: the
     // message is lost (the stream layer sees a gap) and the buffer goes back into service.
