@@ -183,6 +183,7 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
     a.bad_headers += r.bad_headers;
     a.partial_discarded += r.partial_discarded;
     a.seconds = std::max(a.seconds, r.seconds);
+    for (const auto& [k, v] : r.protocol_counters) a.protocol_counters[k] += v;
     a.sender.devices.insert(a.sender.devices.end(), r.sender.devices.begin(), r.sender.devices.end());
   }
   if (++g.ended < g.lanes) return;
@@ -425,6 +426,7 @@ void Session::fill_report(Clock::time_point start) {
   report_.held_blocks = held_all_ ? geometry_.blocks
                                   : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
   report_.per_device = delivery_->per_device();
+  report_.protocol_counters = proto_->stats().counters;
 }
 
 void Session::publish(Clock::time_point start) {

@@ -193,6 +193,9 @@ struct SessionReport {
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
+  // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes),
+  // summed over the sender's connections; documented where each protocol counts them.
+  std::map<std::string, uint64_t> protocol_counters;
 };
 
 struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
