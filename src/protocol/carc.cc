@@ -276,7 +276,8 @@ Status make_receiver(ReceiverFabric& fabric, const Options& options, std::unique
   if (options.has("budget")) {
     SLOTSTREAM_RETURN_IF_ERROR(options.size("budget", 0, &budget));
     if (budget < block) {
-      return {Code::kInvalidArgument, "carc budget " + text_size(budget) + " is smaller than one block (" +
+      // A refusal, like any other geometry the receiver does not take (the sender exits 1).
+      return {Code::kRefused, "carc budget " + text_size(budget) + " is smaller than one block (" +
                                           text_size(block) + "): a record could never be sent; use a larger "
                                           "budget or a smaller --block-size"};
     }

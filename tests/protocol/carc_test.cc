@@ -73,7 +73,7 @@ TEST_P(Carc, ManyBuffersOfSmallMessagesAreLimitedByTheBuffers) {
 TEST_P(Carc, ABudgetBelowOneBlockIsRefusedWithAReason) {
   FabricPair p;
   Status st = p.open(GetParam(), "carc", "budget=2K", {4, 4096});
-  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(st.code(), Code::kRefused);
   EXPECT_NE(st.message().find("smaller than one block"), std::string::npos) << st.message();
 }
 
