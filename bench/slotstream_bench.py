@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+import cache_experiments
+
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
 
@@ -82,7 +84,7 @@ def read_line(proc, timeout):
 
 
 def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_us=0, busy_poll=False,
-             hold=None, timeout=300):
+             hold=None, timeout=300, rx_args=()):
     """One measurement: a receiver peer and a sender peer; returns (sender, receiver) JSON."""
     tcp_socket = protocol == "tcp_socket"
     rx_cmd = [BIN, "bench-peer", "recv", "--listen", "127.0.0.1:0", "--transport", transport]
@@ -92,6 +94,7 @@ def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_u
         rx_cmd += ["--hold-block", hold]
     if tcp_socket:
         rx_cmd.append("--tcp-socket")
+    rx_cmd += list(rx_args)
     rx = subprocess.Popen(rx_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         line = read_line(rx, 20)
@@ -210,10 +213,11 @@ class Results:
         except (OSError, subprocess.TimeoutExpired):
             return "unknown"
 
-    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0):
+    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0, **dimensions):
+        """One tidy record; `dimensions`: an experiment's own axes (e.g. cache: devices, window_bytes)."""
         self.records.append({"experiment": experiment, "protocol": protocol, "transport": transport,
                              "size_bytes": int(size), "blocks": int(blocks), "metric": metric,
-                             "value": float(value), "unit": unit, "repeat": int(repeat)})
+                             "value": float(value), "unit": unit, "repeat": int(repeat), **dimensions})
 
     def sample(self, experiment, key, data):
         self.samples.setdefault(experiment, {})[key] = data
@@ -492,6 +496,8 @@ EXPERIMENTS = {
     "resources": ("Fig. 16-17", "endpoints, registered memory, operations and completions per side", exp_resources),
     "held_block": ("Fig. 18", "block 3 held from 100 to 200 ms: throughput over time", exp_held_block),
     "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3: throughput stability, CPU, memory", exp_cameras),
+    "cache": ("CARC slides", "receiver processing x devices x in-flight data: carc, credit (cache_experiments.py)",
+              cache_experiments.exp_cache),
 }
 
 
@@ -515,6 +521,7 @@ def main(argv):
     cfg.protocols = [p for p in a.protocols.split(",") if p]
     cfg.transports = [a.transport] if a.transport else host_transports()
     quick = a.quick or a.tiny
+    cfg.quick, cfg.tiny = quick, a.tiny
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
     cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)
