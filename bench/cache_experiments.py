@@ -62,17 +62,28 @@ def cache_share(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
 
 
 def settings(cfg, quick, tiny):
-    """The sweep; quick and tiny stay bounded (a minute, seconds)."""
+    """The sweep: points (transport, processing ns/B, devices, in-flight bytes) and runs per point.
+    Full: ~360 runs, about 6 minutes here; quick: shm only, ~24 runs (a minute); tiny: seconds."""
     c = cache_share() or FALLBACK_CACHE
     l2 = cache_levels().get(2, (1 << 20, 1))[0]
+    block = MESSAGE + 16
+    within_l2 = max(l2 // 2, 2 * block)
+
+    def grid(transports, process, devices, windows):
+        return [(t, x, d, w) for t in transports for x in process for d in devices for w in windows]
+
     if tiny:
-        return dict(cache=c, windows=[c // 4, c], process=[1.0], devices=[2], run_bytes=8 << 20,
-                    transports=cfg.transports, runs=1)
-    if quick:
-        return dict(cache=c, windows=[c // 4, c, 4 * c], process=[1.0], devices=[1, 12], run_bytes=96 << 20,
-                    transports=cfg.transports[:1], runs=1)
-    return dict(cache=c, windows=[max(l2 // 2, 2 * 65536), c // 4, c // 2, c, 2 * c, 4 * c], process=[0.0, 1.0, 3.0],
-                devices=[1, 4, 12], run_bytes=256 << 20, transports=cfg.transports, runs=3)
+        points, run_bytes, runs = grid(cfg.transports, [1.0], [2], [c // 4, c]), 8 << 20, 1
+    elif quick:
+        points, run_bytes, runs = grid(cfg.transports[:1], [2.0], [1, 12], [c // 4, c, 4 * c]), 96 << 20, 1
+    else:
+        # shm is where the receiver's cache decides (the sender's CPU writes into it); over tcp the
+        # transport is usually the slower side, so fewer points.
+        points = grid([t for t in cfg.transports if t == "shm"], [0.0, 2.0], [1, 4, 12],
+                      [within_l2, c // 4, c, 4 * c])
+        points += grid([t for t in cfg.transports if t != "shm"], [2.0], [1, 12], [c // 4, c, 4 * c])
+        run_bytes, runs = 128 << 20, 3
+    return dict(cache=c, l2=l2, points=points, run_bytes=run_bytes, runs=runs)
 
 
 def geometry(protocol, window, devices, cache):
@@ -92,10 +103,10 @@ def exp_cache(res, cfg):
     from slotstream_bench import PeerError, Progress, run_pair  # the orchestrator runs this module's function
     s = settings(cfg, cfg.quick, cfg.tiny)
     res.config.setdefault("cache_experiment", {}).update(
-        {k: s[k] for k in ("cache", "windows", "process", "devices", "run_bytes", "runs")})
+        {k: s[k] for k in ("cache", "l2", "run_bytes", "runs")}, points=len(s["points"]))
     protocols = [p for p in PROTOCOLS if p in ALWAYS or p in cfg.protocols]
-    runs = [(t, x, d, w, p, r) for t in s["transports"] for x in s["process"] for d in s["devices"]
-            for w in s["windows"] for p in protocols for r in range(s["runs"])]
+    # Runs of one point one after the other: min/median/max over them says how noisy the point is.
+    runs = [(t, x, d, w, p, r) for t, x, d, w in s["points"] for r in range(s["runs"]) for p in protocols]
     prog = Progress(len(runs), "cache")
     for t, x, d, w, p, r in runs:
         spec, blocks = geometry(p, w, d, s["cache"])
