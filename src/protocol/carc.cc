@@ -187,21 +187,16 @@ class CarcReceiver final : public ReceiverProtocol {
 
   uint64_t max_records() const override { return geometry_.blocks; }
 
-  // sync_ops: counter puts. counters: budget_bytes, counter_puts, put_failures,
-  // max_unreleased_bytes (received and not yet processed: what CARC bounds by the budget),
-  // max_unreleased_records, unexpected_messages (should stay 0), failed_receives, repost_failures.
+  // sync_ops: counter puts. counters: budget_bytes, counter_puts, put_failures, and the receive
+  // side's (PostedReceives::counters; max_unreleased_bytes = received and not yet processed: what
+  // CARC bounds by the budget).
   ProtocolStats stats() const override {
     ProtocolStats s;
     s.sync_ops = puts_;
-    const ReceiveQueue& q = receives_->queue();
-    s.counters = {{"budget_bytes", budget_},
-                  {"counter_puts", puts_},
-                  {"put_failures", put_failures_},
-                  {"max_unreleased_bytes", q.max_unreleased_bytes()},
-                  {"max_unreleased_records", q.max_unreleased()},
-                  {"unexpected_messages", receives_->unexpected()},
-                  {"failed_receives", receives_->failed()},
-                  {"repost_failures", receives_->repost_failures()}};
+    s.counters = receives_->counters();
+    s.counters["budget_bytes"] = budget_;
+    s.counters["counter_puts"] = puts_;
+    s.counters["put_failures"] = put_failures_;
     return s;
   }
 

@@ -166,20 +166,14 @@ class CreditReceiver final : public ReceiverProtocol {
   uint64_t max_records() const override { return geometry_.blocks; }
 
   // counters: credit_updates_sent (= sync_ops), update_send_failures, ack_batch (credits per
-  // update), unexpected_messages (sent without a posted receive: should stay 0), failed_receives,
-  // repost_failures, max_unreleased_records, max_unreleased_bytes (received, not yet released).
+  // update), and the receive side's (PostedReceives::counters).
   ProtocolStats stats() const override {
     ProtocolStats s;
     s.sync_ops = updates_sent_;
-    const ReceiveQueue& q = receives_->queue();
-    s.counters = {{"credit_updates_sent", updates_sent_},
-                  {"update_send_failures", update_failures_},
-                  {"ack_batch", batcher_.batch()},
-                  {"unexpected_messages", receives_->unexpected()},
-                  {"failed_receives", receives_->failed()},
-                  {"repost_failures", receives_->repost_failures()},
-                  {"max_unreleased_records", q.max_unreleased()},
-                  {"max_unreleased_bytes", q.max_unreleased_bytes()}};
+    s.counters = receives_->counters();
+    s.counters["credit_updates_sent"] = updates_sent_;
+    s.counters["update_send_failures"] = update_failures_;
+    s.counters["ack_batch"] = batcher_.batch();
     return s;
   }
 

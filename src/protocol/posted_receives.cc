@@ -129,6 +129,14 @@ void PostedReceives::poll(std::vector<Record>* out) {
   }
 }
 
+std::map<std::string, uint64_t> PostedReceives::counters() const {
+  return {{"unexpected_messages", unexpected_},
+          {"failed_receives", failed_},
+          {"repost_failures", repost_failures_},
+          {"max_unreleased_records", queue_.max_unreleased()},
+          {"max_unreleased_bytes", queue_.max_unreleased_bytes()}};
+}
+
 std::optional<uint32_t> PostedReceives::release(uint64_t id) {
   if (id >= geometry_.blocks) return std::nullopt;
   const auto i = static_cast<uint32_t>(id);

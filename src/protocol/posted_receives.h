@@ -16,8 +16,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "protocol/protocol.h"
@@ -120,6 +122,9 @@ class PostedReceives {
   uint64_t repost_failures() const { return repost_failures_; }
   // Records the consumer released (their buffers re-posted).
   uint64_t released() const { return released_; }
+  // The above, for ProtocolStats::counters: unexpected_messages (should stay 0), failed_receives,
+  // repost_failures, max_unreleased_records, max_unreleased_bytes (received, not yet released).
+  std::map<std::string, uint64_t> counters() const;
 
  private:
   PostedReceives(ReceiverFabric& fabric, uint64_t tag, std::unique_ptr<fabric::MemoryRegion> region);
