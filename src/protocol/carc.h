@@ -32,7 +32,7 @@
 namespace slotstream::protocol {
 
 // The sender's budget, independent of UCX so it can be unit-tested. Counters are cumulative and
-// modular (they may wrap at 2^64).
+// modular (they may wrap at 2^64). Threading: the sending thread only.
 class ByteBudget {
  public:
   ByteBudget(uint64_t budget, uint32_t buffers, uint64_t start_bytes = 0, uint64_t start_records = 0)
@@ -81,7 +81,7 @@ bool decode_processed(std::span<const std::byte, kProcessedWordSize> in, uint64_
 // The receiving core's share of its last-level cache, from a sysfs cache directory
 // (/sys/devices/system/cpu/cpu0/cache): the highest-level data or unified cache's size divided
 // by the CPUs that share it. 0 when the directory says nothing usable. `how` (optional) says
-// what was found, for logs and --help.
+// what was found, for logs and --help. Any thread.
 uint64_t cache_share_bytes(const std::string& cache_dir, std::string* how = nullptr);
 
 extern const Descriptor kCarc;

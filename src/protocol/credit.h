@@ -34,6 +34,7 @@ namespace slotstream::protocol {
 
 // The sender's credits, independent of UCX so it can be unit-tested. Counts are cumulative and
 // modular (they may wrap at 2^64): `sent` messages, of which the receiver has `released`.
+// Threading: the sending thread only (credit updates are handled inside its worker progress).
 class CreditAccount {
  public:
   explicit CreditAccount(uint32_t credits, uint64_t start = 0) : credits_(credits), sent_(start), released_(start) {}
@@ -55,6 +56,7 @@ class CreditAccount {
 };
 
 // The receiver's side: when to return credits (SDP §2.1: after half of them have been used).
+// Threading: the receiver's consumer thread only.
 class AckBatcher {
  public:
   // batch = credits / 2, at least 1 (one credit must still come back one by one).

@@ -147,7 +147,7 @@ class PostedReceives {
 };
 
 // Tags for tagged messages: unique within this process (one per receiving session), so the
-// receiver's shared worker can tell its senders' messages apart.
+// receiver's shared worker can tell its senders' messages apart. Any thread.
 uint64_t next_receive_tag();
 
 }  // namespace slotstream::protocol
