@@ -277,7 +277,10 @@ void Lane::sending_loop_st() {
   };
   auto run = [&]() -> Status {
     for (uint64_t ticket = 0;;) {
-      int64_t len = ring->wait_filled(ticket, std::chrono::microseconds(1000));
+      // With transfers still in flight (tcp puts, rendezvous sends) only their completion — which
+      // needs this thread to progress the worker — can free a block for the fillers: look again
+      // soon. Idle, a millisecond.
+      int64_t len = ring->wait_filled(ticket, std::chrono::microseconds(inflight.empty() ? 1000 : 20));
       if (len < 0) {  // idle: nothing filled yet
         worker->progress();
         SLOTSTREAM_RETURN_IF_ERROR(proto->idle_st());
