@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,9 @@ class MetricsServer {
  public:
   static Status start(const std::string& address, const Receiver& rx, const MetricsState& state,
                       const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out);
+  // Serves what `render` returns (called on the server's thread) on /metrics.
+  static Status start(const std::string& address, std::function<std::string()> render,
+                      std::unique_ptr<MetricsServer>* out);
   ~MetricsServer();
   const std::string& address() const { return address_; }
 

@@ -57,17 +57,22 @@ size_t RdSender::on_ack(uint32_t ack, uint32_t credits, uint64_t sack, int64_t n
 }
 
 void RdSender::due(int64_t now_ns, std::vector<const std::vector<std::byte>*>* out) {
+  // Only the datagrams the acknowledgement can speak about (the cumulative ack and the 64 after
+  // it) are timed: beyond that the sender cannot tell a lost datagram from one held behind a
+  // hole, and retransmitting all of those would flood a receiver that already has them. They
+  // come into view as the holes fill.
+  const size_t in_view = std::min<size_t>(unacked_.size(), 65);
   // Fast retransmit: a hole with at least three acknowledged datagrams after it (as TCP's three
   // duplicate acks), at most once per smoothed round trip.
   size_t sacked_after = 0;
-  for (size_t i = unacked_.size(); i-- > 0;) {
+  for (size_t i = in_view; i-- > 0;) {
     Entry& e = unacked_[i];
     if (e.sacked) {
       ++sacked_after;
       continue;
     }
     const bool timed_out = e.deadline_ns <= now_ns;
-    const bool fast = sacked_after >= 3 && now_ns - e.last_sent_ns >= std::max(srtt_, o_.rto_min_ns);
+    const bool fast = sacked_after >= 3 && now_ns - e.last_sent_ns >= (srtt_ > 0 ? srtt_ : o_.rto_min_ns);
     if (!timed_out && !fast) continue;
     ++e.retransmits;
     ++stats_.retransmits;
@@ -104,8 +109,8 @@ bool RdSender::failed(int64_t now_ns) const {
 
 int64_t RdSender::next_timer_ns() const {
   int64_t t = INT64_MAX;
-  for (const Entry& e : unacked_) {
-    if (!e.sacked) t = std::min(t, e.deadline_ns);
+  for (size_t i = 0; i < std::min<size_t>(unacked_.size(), 65); ++i) {
+    if (!unacked_[i].sacked) t = std::min(t, unacked_[i].deadline_ns);
   }
   return t;
 }

@@ -37,6 +37,8 @@ constexpr int64_t kFinishedMemory = 10'000 * kMs;
 // UDP batches handled before timers are looked at again.
 constexpr int kBatchesPerTurn = 16;
 constexpr size_t kMaxSessions = 1024;
+// "Never" for timers, far enough from INT64_MAX that adding it to a clock reading cannot overflow.
+constexpr int64_t kNoTimeout = int64_t(1) << 60;
 
 std::span<const uint8_t> as_u8(std::span<const std::byte> s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
@@ -283,7 +285,10 @@ struct DatagramReceiver::Impl {
     if (o.make_store) {
       if (Status st = o.make_store(hello->name, &store); !st.is_ok()) return refuse(conn, from, hello->name, st.message());
     }
-    auto s = std::make_shared<Session>(o.message_timeout_ns);
+    // Timers are for the unreliable service: over RD and RC every segment arrives, however long
+    // retransmission takes, so a message waits for its last segment.
+    const int64_t timeout = proto->service == Service::kUD ? o.message_timeout_ns : kNoTimeout;
+    auto s = std::make_shared<Session>(timeout);
     s->addr = from;
     s->qp = source_qp;
     s->conn = conn;
@@ -297,7 +302,7 @@ struct DatagramReceiver::Impl {
     uint32_t stag = 1;  // STag 0 names nothing
     for (uint16_t d : hello->devices) {
       if (s->order.contains(d)) continue;
-      s->order.emplace(d, DeviceOrder(o.message_timeout_ns));
+      s->order.emplace(d, DeviceOrder(timeout));
       s->devices[d];
       if (proto->data_op == Opcode::kSend) {
         s->queues.post(d, hello->ring, hello->max_message);

@@ -280,14 +280,21 @@ struct DatagramSender::Impl {
         return {Code::kConnectFailed, "no slotstream datagram receiver answered at " + where + " within " +
                                           std::to_string(o.handshake_timeout_ns / 1'000'000'000) + " s"};
       }
+      auto failed = [&](const Status& st) -> Status {
+        if (st.code() == Code::kPeerGone && !tcp) {
+          return {Code::kConnectFailed, "nothing listens at " + where + " (port unreachable): is `slotstream recv "
+                                        "--transport udp` running there?"};
+        }
+        return {Code::kConnectFailed, "no receiver at " + where + ": " + st.message()};
+      };
       if (!tcp) {
         Status st = send_control(payload);  // repeated: a datagram may be lost
-        if (!st.is_ok()) return {Code::kConnectFailed, "no receiver at " + where + ": " + st.message()};
+        if (!st.is_ok()) return failed(st);
       }
       const int64_t until = std::min(deadline, now + kHelloInterval);
       while (!accepted && !refused && now_ns() < until) {
         Status st = progress(int(std::max<int64_t>(1, (until - now_ns()) / kMs)));
-        if (!st.is_ok()) return {Code::kConnectFailed, "no receiver at " + where + ": " + st.message()};
+        if (!st.is_ok()) return failed(st);
       }
     }
     if (refused) return {Code::kRefused, "receiver refused: " + *refused};

@@ -102,6 +102,23 @@ TEST(RdSender, FastRetransmitAfterThreeLaterAcks) {
   EXPECT_TRUE(due.empty());
 }
 
+TEST(RdSender, TimesOnlyWhatTheAckCanSpeakAbout) {
+  RdSender::Options o;
+  o.initial_credits = 512;
+  o.rto_initial_ns = 10 * kMs;
+  RdSender s(o);
+  for (uint32_t i = 0; i < 200; ++i) s.sent(dg(i), 0);
+  s.on_ack(0, 512, ~0ull, 1 * kMs);  // 0 is missing; 1..64 arrived; nothing known beyond
+  std::vector<const std::vector<std::byte>*> due;
+  s.due(100 * kMs, &due);
+  ASSERT_EQ(due.size(), 1u);  // the hole only, not the 135 datagrams behind the sack window
+  EXPECT_EQ(tag_of(*due[0]), 0u);
+  due.clear();
+  s.on_ack(65, 512, 0, 101 * kMs);  // the hole filled; 65.. come into view, none acknowledged yet
+  s.due(102 * kMs, &due);
+  EXPECT_EQ(due.size(), 65u);  // long overdue and not acknowledged: missing
+}
+
 TEST(RdSender, IgnoresStaleAndImpossibleAcks) {
   RdSender s;
   s.sent(dg(0), 0);
