@@ -431,21 +431,31 @@ Status DatagramSender::connect(const SenderOptions& o, std::unique_ptr<DatagramS
   return Status::ok();
 }
 
+namespace {
+
+// A lower layer's "port unreachable" names the socket call; the user wants to know who is gone.
+Status peer_named(Status st, const Address& peer) {
+  if (st.code() != Code::kPeerGone || st.message().starts_with("receiver")) return st;
+  return {Code::kPeerGone, "the receiver at " + peer.str() + " is gone (" + st.message() + ")"};
+}
+
+}  // namespace
+
 Status DatagramSender::send(uint16_t device, std::span<const std::byte> message) {
   std::lock_guard lock(impl_->mu);
-  return impl_->send_message(device, message);
+  return peer_named(impl_->send_message(device, message), impl_->peer);
 }
 
 Status DatagramSender::send_with(uint16_t device, uint64_t length, const FillFn& fill) {
   std::vector<std::byte> buf(length);
   SLOTSTREAM_RETURN_IF_ERROR(fill(0, buf));
   std::lock_guard lock(impl_->mu);
-  return impl_->send_message(device, buf);
+  return peer_named(impl_->send_message(device, buf), impl_->peer);
 }
 
 Status DatagramSender::finish(FinAck* report) {
   std::lock_guard lock(impl_->mu);
-  return impl_->finish(report);
+  return peer_named(impl_->finish(report), impl_->peer);
 }
 
 SenderStats DatagramSender::stats() const {

@@ -4,17 +4,15 @@
 
 namespace slotstream::dgram {
 
-PortSet::PortSet() : ranges_{{1, 52}, {54, 65535}} {}
-
 bool PortSet::parse(const std::string& spec, PortSet* out, std::string* error) {
   PortSet p;
-  p.ranges_.clear();
+  p.all_but_dns_ = false;
   if (spec.empty()) {
     *out = PortSet();
     return true;
   }
   if (spec == "all") {
-    p.ranges_.push_back({1, 65535});
+    p.ranges_.push_back({0, 65535});
     *out = p;
     return true;
   }
@@ -48,11 +46,16 @@ bool PortSet::parse(const std::string& spec, PortSet* out, std::string* error) {
   return true;
 }
 
-bool PortSet::contains(uint16_t port) const {
+bool PortSet::listed(uint16_t port) const {
   for (const Range& r : ranges_) {
     if (port >= r.lo && port <= r.hi) return true;
   }
   return false;
+}
+
+bool PortSet::applies(uint16_t local, uint16_t remote) const {
+  if (all_but_dns_) return local != 53 && remote != 53;
+  return listed(local) || listed(remote);
 }
 
 }  // namespace slotstream::dgram
