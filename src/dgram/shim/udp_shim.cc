@@ -143,8 +143,10 @@ __attribute__((constructor)) void shim_init() {
 __attribute__((destructor)) void shim_report() {
   const Config& c = config();
   if (c.log.empty()) return;
-  char line[512];
   const Counters& k = g_counters;
+  // Programs that never touched a UDP socket (shells, helpers a program starts) say nothing.
+  if (k.wrapped + k.unwrapped + k.passed + k.dropped_crc + k.dropped_malformed + k.emsgsize == 0) return;
+  char line[512];
   int n = std::snprintf(line, sizeof line,
                         "slotstream_udp pid=%d wrapped=%llu unwrapped=%llu passed=%llu dropped_crc=%llu "
                         "dropped_malformed=%llu emsgsize=%llu injected_loss=%llu injected_corrupt=%llu "
