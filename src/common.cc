@@ -1,4 +1,7 @@
 // Small public helpers: status names, transport names, sender-name validation, protocol list.
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <fstream>
 
 #include <unistd.h>
@@ -62,12 +65,38 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   return std::nullopt;
 }
 
-std::vector<ProtocolInfo> protocols() {
+std::vector<ProtocolInfo> protocols(bool with_references) {
   std::vector<ProtocolInfo> out;
   for (const auto* d : protocol::all()) {
-    if (!d->reference) out.push_back({std::string(d->name), std::string(d->summary)});
+    if (d->reference && !with_references) continue;
+    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference,
+                   d->holds, d->connection_per_device, d->receiver_progress});
   }
   return out;
+}
+
+void SessionReport::merge(const SessionReport& lane) {
+  finished = finished && lane.finished;
+  if (reason.empty()) reason = lane.reason;
+  messages += lane.messages;
+  bytes += lane.bytes;
+  gaps += lane.gaps;
+  duplicates += lane.duplicates;
+  unknown_device += lane.unknown_device;
+  out_of_window += lane.out_of_window;
+  bad_headers += lane.bad_headers;
+  partial_discarded += lane.partial_discarded;
+  held_blocks += lane.held_blocks;
+  stalls += lane.stalls;
+  seconds = std::max(seconds, lane.seconds);
+  sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
+  for (const auto& [d, s] : lane.per_device) {
+    DeviceStats& acc = per_device[d];
+    acc.messages += s.messages;
+    acc.bytes += s.bytes;
+    acc.gaps += s.gaps;
+    acc.duplicates += s.duplicates;
+  }
 }
 
 std::string host_id() {
@@ -77,6 +106,52 @@ std::string host_id() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   return id + "@" + host;
+}
+
+std::optional<uint64_t> parse_size(std::string_view text) {
+  uint64_t value = 0;
+  size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    if (value > (UINT64_MAX - 9) / 10) return std::nullopt;
+    value = value * 10 + uint64_t(text[i] - '0');
+  }
+  if (i == 0) return std::nullopt;
+  std::string unit(text.substr(i));
+  for (char& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
+  int shift = 0;
+  if (!unit.empty() && unit != "b") {
+    const std::string_view prefixes = "kmgt";
+    const size_t p = prefixes.find(unit[0]);
+    const std::string_view rest = std::string_view(unit).substr(1);
+    if (p == std::string_view::npos || (rest != "" && rest != "b" && rest != "ib")) return std::nullopt;
+    shift = 10 * int(p + 1);
+  }
+  if (shift && value > (UINT64_MAX >> shift)) return std::nullopt;
+  return value << shift;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+uint64_t default_max_memory() {
+  uint64_t physical = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
+  // In a container the cgroup's limit is what the OOM killer enforces (v2, then v1).
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    uint64_t limit = 0;
+    if (in >> limit && limit > 0 && limit < physical) physical = limit;
+  }
+  return physical / 4;
 }
 
 fabric::Wire to_wire(Transport t) { return t == Transport::kTcp ? fabric::Wire::kTcp : fabric::Wire::kShm; }

@@ -12,5 +12,7 @@ namespace slotstream {
 std::string host_id();
 // A resolved transport (never kAuto) as the fabric's wire.
 fabric::Wire to_wire(Transport t);
+// "1.5 GiB", "640 KiB", "12 B": for messages a person reads.
+std::string format_bytes(uint64_t bytes);
 
 }  // namespace slotstream

@@ -11,10 +11,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <list>
 #include <map>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "common.h"
@@ -40,6 +40,9 @@ constexpr Millis kFinGrace{1000};
 // After a sender died, let the progress thread apply what already arrived before the last drain.
 constexpr Millis kLostGrace{50};
 constexpr uint32_t kMaxDevices = 4096;
+// Connections served at once (handshakes included). Each costs a thread; beyond this a new
+// connection is refused at once instead of growing the process without bound.
+constexpr size_t kMaxConnections = 1024;
 constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 constexpr auto kSpinIdle = std::chrono::microseconds(200);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
@@ -78,13 +81,26 @@ struct Receiver::Impl {
     SessionReport report;
   };
   std::map<uint64_t, Group> groups;
-  std::map<const void*, SessionReport> live;  // published by each session
+  // Published by each session (connection) about every 100 ms, with its sender group.
+  std::map<const void*, std::pair<uint64_t, SessionReport>> live;
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
-  std::list<std::thread> sessions;
+  // One thread per connection. A finished thread puts its id in `finished` and the accept loop
+  // joins it: a thread that is never joined keeps its stack mapping, and a receiver that serves
+  // reconnecting senders for days would run out of mappings (vm.max_map_count) and abort.
+  std::map<uint64_t, std::thread> sessions;
+  std::vector<uint64_t> finished;
+  uint64_t next_session = 0;
+  // Receiver memory (blocks) promised to senders now, against options.max_memory.
+  uint64_t memory_in_use = 0;
 
   void accept_loop();
+  void start_session(std::unique_ptr<net::ControlSocket> control);
+  void reap_sessions();
+  // Reserves `bytes` of the memory budget, or says why not.
+  std::optional<std::string> reserve_memory(uint64_t bytes);
+  void release_memory(uint64_t bytes);
   void serve(std::unique_ptr<net::ControlSocket> control);
-  Status wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out);
+  Status wire_fabric(fabric::Wire wire, WireFabric** out);
   void event(const std::string& text) {
     if (options.on_event) options.on_event(text);
   }
@@ -132,29 +148,34 @@ std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hell
   return std::nullopt;
 }
 
+std::optional<std::string> Receiver::Impl::reserve_memory(uint64_t bytes) {
+  std::lock_guard lock(mutex);
+  const uint64_t budget = options.max_memory;
+  if (bytes <= budget && memory_in_use <= budget - bytes) {
+    memory_in_use += bytes;
+    return std::nullopt;
+  }
+  return "not enough receiver memory: this connection asks for " + format_bytes(bytes) + ", " +
+         format_bytes(memory_in_use) + " of the receiver's " + format_bytes(budget) +
+         " budget are in use (recv --max-memory; fewer or smaller blocks on the sender)";
+}
+
+void Receiver::Impl::release_memory(uint64_t bytes) {
+  std::lock_guard lock(mutex);
+  memory_in_use -= bytes;
+}
+
 void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
   std::unique_lock lock(mutex);
   Group& g = groups[group];
   --g.live;
-  SessionReport& a = g.report;
   if (g.ended == 0) {
-    a = r;
+    g.report = r;
   } else {
-    a.finished = a.finished && r.finished;
-    if (a.reason.empty()) a.reason = r.reason;
-    a.messages += r.messages;
-    a.bytes += r.bytes;
-    a.gaps += r.gaps;
-    a.duplicates += r.duplicates;
-    a.unknown_device += r.unknown_device;
-    a.out_of_window += r.out_of_window;
-    a.bad_headers += r.bad_headers;
-    a.partial_discarded += r.partial_discarded;
-    a.seconds = std::max(a.seconds, r.seconds);
-    a.sender.devices.insert(a.sender.devices.end(), r.sender.devices.begin(), r.sender.devices.end());
+    g.report.merge(r);
   }
   if (++g.ended < g.lanes) return;
-  SessionReport done = std::move(a);
+  SessionReport done = std::move(g.report);
   groups.erase(group);
   lock.unlock();
   if (options.on_session_end) options.on_session_end(done);
@@ -177,9 +198,17 @@ class Session {
   void run();
 
  private:
-  // Returns a refusal to send, or nullopt when accepted.
+  // Returns a refusal to send, or nullopt when accepted. In order: read_hello, check_hello,
+  // authenticate, set_up (allocates and sends ACCEPT), connect (SETUP -> READY).
   std::optional<Refusal> handshake();
+  std::optional<Refusal> read_hello(wire::Hello* hello);
+  std::optional<Refusal> check_hello(const wire::Hello& hello);
+  std::optional<Refusal> authenticate(const wire::Hello& hello);
+  std::optional<Refusal> set_up(const wire::Hello& hello);
+  std::optional<Refusal> connect();
   void consume();
+  // The UCX worker this session's protocol uses: its own, or the transport's shared one.
+  fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *wire_->worker; }
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
   void fill_report(Clock::time_point start);
@@ -188,6 +217,16 @@ class Session {
   Receiver::Impl& rx_;
   std::unique_ptr<net::ControlSocket> control_;
   const protocol::Descriptor* desc_ = nullptr;
+  protocol::Options options_;
+  Transport transport_ = Transport::kShm;
+  WireFabric* wire_ = nullptr;
+  std::vector<uint8_t> hello_bytes_;      // as received: the authentication proofs cover them
+  std::optional<net::Nonce> my_nonce_;    // set when the sender was challenged (token)
+  net::Nonce sender_nonce_{};
+  // Declared in the order they must be created; destroyed in reverse (protocol, then the
+  // endpoint back to the sender, then the session's own worker).
+  std::unique_ptr<fabric::Worker> own_worker_;    // Descriptor::receiver_progress
+  std::unique_ptr<fabric::Endpoint> to_sender_;   // Descriptor::receiver_endpoint
   std::unique_ptr<protocol::ReceiverProtocol> proto_;
   std::unique_ptr<MessageSink> sink_;
   std::unique_ptr<stream::Delivery> delivery_;
@@ -197,16 +236,24 @@ class Session {
   bool held_all_ = false;
   bool capacity_only_ = false;  // the connection only asked for capacity
   uint64_t group_ = 0;
+  uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
   std::vector<bool> hold_active_;
 };
 
 std::optional<Refusal> Session::handshake() {
+  wire::Hello hello;
+  if (auto r = read_hello(&hello)) return r;
+  if (capacity_only_) return std::nullopt;
+  if (auto r = check_hello(hello)) return r;
+  if (auto r = authenticate(hello)) return r;
+  if (auto r = set_up(hello)) return r;
+  return connect();
+}
+
+std::optional<Refusal> Session::read_hello(wire::Hello* hello) {
   wire::Frame frame;
   if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
     return Refusal{st.code(), "no valid hello: " + st.message()};
-  }
-  if (frame.type != wire::MsgType::kHello && frame.type != wire::MsgType::kCapacityRequest) {
-    return Refusal{Code::kProtocolError, "expected hello, got message type " + std::to_string(int(frame.type))};
   }
   if (frame.type == wire::MsgType::kCapacityRequest) {
     if (Status st = wire::decode_capacity_request(frame.body); !st.is_ok()) return Refusal{st.code(), st.message()};
@@ -214,12 +261,23 @@ std::optional<Refusal> Session::handshake() {
     (void)control_->send(wire::MsgType::kCapacity, wire::encode(rx_.capacity()));
     return std::nullopt;
   }
-  wire::Hello hello;
-  if (Status st = wire::decode(frame.body, &hello); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (frame.type != wire::MsgType::kHello) {
+    return Refusal{Code::kProtocolError, "expected hello, got message type " + std::to_string(int(frame.type))};
+  }
+  if (Status st = wire::decode(frame.body, hello); !st.is_ok()) return Refusal{st.code(), st.message()};
+  hello_bytes_ = std::move(frame.body);
+  sender_nonce_ = hello->nonce;
+  return std::nullopt;
+}
 
-  const protocol::Descriptor* desc = protocol::find(hello.protocol);
-  if (!desc) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
-  desc_ = desc;
+// Everything about a hello that can be judged without the token: nothing is allocated yet.
+std::optional<Refusal> Session::check_hello(const wire::Hello& hello) {
+  desc_ = protocol::find(hello.protocol);
+  if (!desc_) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
+  if (Status st = protocol::Options::parse(hello.options, &options_); !st.is_ok()) {
+    return Refusal{Code::kRefused, st.message()};
+  }
+  if (Status st = protocol::check_options(*desc_, options_); !st.is_ok()) return Refusal{Code::kRefused, st.message()};
   if (hello.block_size < kMinBlockSize || hello.block_size > kMaxBlockSize || hello.blocks < 1 ||
       hello.blocks > kMaxBlocks) {
     return Refusal{Code::kRefused, "unsupported block geometry " + std::to_string(hello.blocks) + " x " +
@@ -231,36 +289,41 @@ std::optional<Refusal> Session::handshake() {
   }
 
   // Transport: what the sender asked for, within what this receiver allows.
-  Transport allowed = rx_.options.transport;
-  bool same_host = hello.host_id == rx_.my_host_id;
-  Transport chosen;
+  const Transport allowed = rx_.options.transport;
+  const bool same_host = hello.host_id == rx_.my_host_id;
   switch (hello.transport) {
-    case wire::WireTransport::kShm: chosen = Transport::kShm; break;
-    case wire::WireTransport::kTcp: chosen = Transport::kTcp; break;
-    default: chosen = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
+    case wire::WireTransport::kShm: transport_ = Transport::kShm; break;
+    case wire::WireTransport::kTcp: transport_ = Transport::kTcp; break;
+    default: transport_ = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
   }
-  if (allowed != Transport::kAuto && chosen != allowed) {
+  if (allowed != Transport::kAuto && transport_ != allowed) {
     return Refusal{Code::kRefused, std::string("this receiver only accepts transport ") + transport_name(allowed)};
   }
-  if (chosen == Transport::kShm && !same_host) {
+  if (transport_ == Transport::kShm && !same_host) {
     return Refusal{Code::kRefused, "transport shm needs sender and receiver on one host; use tcp"};
   }
+  return std::nullopt;
+}
 
-  if (!rx_.options.token.empty()) {
-    net::Nonce nonce;
-    if (Status st = net::make_nonce(&nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
-    if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok()) {
-      return Refusal{st.code(), st.message()};
-    }
-    std::vector<uint8_t> mac;
-    if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
-      return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
-    }
-    if (!net::mac_equal(mac, net::auth_mac(rx_.options.token, nonce, hello.name))) {
-      return Refusal{Code::kAuthFailed, "authentication failed: wrong token"};
-    }
+// With a token: the sender proves it over our nonce and every byte of its hello (net/auth.h).
+std::optional<Refusal> Session::authenticate(const wire::Hello& hello) {
+  report_.sender.name = hello.name;
+  if (rx_.options.token.empty()) return std::nullopt;
+  net::Nonce nonce;
+  if (Status st = net::make_nonce(&nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+  std::vector<uint8_t> mac;
+  if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
+    return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
   }
+  if (!net::mac_equal(mac, net::proof(rx_.options.token, "sender-hello", {nonce, sender_nonce_, hello_bytes_}))) {
+    return Refusal{Code::kAuthFailed, "authentication failed: wrong token (or the hello was altered on the way)"};
+  }
+  my_nonce_ = nonce;
+  return std::nullopt;
+}
 
+std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
   if (auto why = rx_.register_lane(hello)) return Refusal{Code::kRefused, *why};
   group_ = hello.group;
   registered_ = true;
@@ -268,39 +331,85 @@ std::optional<Refusal> Session::handshake() {
   SenderInfo& info = report_.sender;
   info.name = hello.name;
   info.protocol = hello.protocol;
-  info.transport = chosen;
+  info.transport = transport_;
   info.blocks = hello.blocks;
   info.block_size = hello.block_size;
   info.devices = hello.devices;
   geometry_ = {hello.blocks, hello.block_size};
 
-  WireFabric* wf = nullptr;
-  if (Status st = rx_.wire_fabric(to_wire(chosen), desc->receiver_progress, &wf); !st.is_ok()) {
+  // Nothing is allocated for a sender before it is authenticated and fits the memory budget.
+  const uint64_t region = geometry_.bytes() + geometry_.blocks;
+  if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
+  reserved_bytes_ = region;
+
+  if (Status st = rx_.wire_fabric(to_wire(transport_), &wire_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
   }
-  protocol::ReceiverFabric rf{*wf->context, *wf->worker, geometry_};
-  if (Status st = desc->make_receiver(rf, &proto_); !st.is_ok()) {
-    return Refusal{st.code(), "cannot allocate " + std::to_string(uint64_t(hello.blocks) * hello.block_size) +
-                                  " bytes of blocks: " + st.message()};
+  // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
+  // own that only this session's thread progresses — as an RDMA receiver polls its own
+  // completion queue — instead of contending with every other session for the shared one.
+  if (desc_->receiver_progress) {
+    if (Status st = fabric::Worker::create(*wire_->context, /*shared=*/false, /*wakeup=*/true, &own_worker_);
+        !st.is_ok()) {
+      return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
+    }
+  }
+  protocol::ReceiverFabric rf{*wire_->context, worker(), geometry_};
+  if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
   }
   if (Status st = rx_.options.make_sink(info, &sink_); !st.is_ok()) {
     return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
   }
-  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices, geometry_);
+  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
 
   wire::Accept accept;
-  accept.transport = chosen == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
-  accept.worker_address = wf->worker->address();
+  accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
+  accept.worker_address = worker().address();
   accept.setup = proto_->setup();
+  if (my_nonce_) {
+    auto mac = net::proof(rx_.options.token, "receiver-accept",
+                          {*my_nonce_, sender_nonce_, hello_bytes_, wire::signed_part(accept)});
+    accept.proof.assign(mac.begin(), mac.end());
+  }
   if (Status st = control_->send(wire::MsgType::kAccept, wire::encode(accept)); !st.is_ok()) {
     return Refusal{st.code(), st.message()};
   }
   return std::nullopt;
 }
 
+// The sender's half of the set-up (SETUP), then READY.
+std::optional<Refusal> Session::connect() {
+  std::vector<uint8_t> body;
+  if (Status st = control_->expect(wire::MsgType::kSetup, kHelloTimeout, &body); !st.is_ok()) {
+    return Refusal{st.code(), "no set-up from the sender: " + st.message()};
+  }
+  wire::Setup setup;
+  if (Status st = wire::decode(body, &setup); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (my_nonce_) {
+    auto mac = net::proof(rx_.options.token, "sender-setup", {*my_nonce_, sender_nonce_, wire::signed_part(setup)});
+    if (!net::mac_equal(setup.proof, mac)) {
+      return Refusal{Code::kAuthFailed, "authentication failed: the sender's set-up is not signed with the token"};
+    }
+  }
+  if (desc_->receiver_endpoint) {
+    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, &to_sender_); !st.is_ok()) {
+      return Refusal{st.code(), "cannot reach the sender's memory: " + st.message()};
+    }
+  }
+  if (Status st = proto_->connect({to_sender_.get(), setup.setup}); !st.is_ok()) {
+    return Refusal{st.code(), "sender set-up rejected: " + st.message()};
+  }
+  if (Status st = control_->send(wire::MsgType::kReady, {}); !st.is_ok()) return Refusal{st.code(), st.message()};
+  return std::nullopt;
+}
+
 void Session::hold_all(bool held) {
-  for (uint32_t i = 0; i < geometry_.blocks; ++i) {
-    if (!hold_active_[i]) proto_->set_hold(i, held);
+  // Without per-block holds the records simply stay unreleased while the sink refuses them.
+  if (desc_->holds) {
+    for (uint32_t i = 0; i < geometry_.blocks; ++i) {
+      if (!hold_active_[i]) proto_->set_hold(i, held);
+    }
   }
   held_all_ = held;
 }
@@ -324,7 +433,7 @@ void Session::fill_report(Clock::time_point start) {
 void Session::publish(Clock::time_point start) {
   fill_report(start);
   std::lock_guard lock(rx_.mutex);
-  rx_.live[this] = report_;
+  rx_.live[this] = {group_, report_};
 }
 
 void Session::apply_holds(Clock::time_point start) {
@@ -336,7 +445,11 @@ void Session::apply_holds(Clock::time_point start) {
       hold_active_[h.index] = want;
       // A protocol without per-block status (sliding window) cannot mark the block
       // unavailable; the closest the receiver can do is keep it unprocessed for that time.
-      if (!proto_->set_hold(h.index, want)) delivery_->set_blocked(h.index, want);
+      if (desc_->holds) {
+        proto_->set_hold(h.index, want);
+      } else {
+        delivery_->set_blocked(h.index, want);
+      }
     }
   }
 }
@@ -373,6 +486,7 @@ void Session::consume() {
     }
     if (!rx_.options.holds.empty()) apply_holds(start);
 
+    const bool progressed = proto_->progress();
     size_t consumed = 0;
     Status st = delivery_->pass(&consumed);
     if (!st.is_ok()) {
@@ -430,11 +544,11 @@ void Session::consume() {
     // full); once idle for kSpinIdle it sleeps, longer the longer it has been idle, up to
     // kMaxIdleSleep — so an idle receiver costs ~no CPU and a burst is picked up within ~1 ms.
     const auto now = Clock::now();
-    if (consumed > 0) {
+    if (consumed > 0 || progressed) {
       last_work = now;
     } else if (!rx_.options.busy_poll && now - last_work > kSpinIdle) {
       auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, kMaxIdleSleep);
-      std::this_thread::sleep_for(nap);
+      proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(nap));
     } else if (!rx_.options.busy_poll) {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
     }
@@ -473,6 +587,12 @@ void Session::run() {
     wire::Refuse r{refusal->code, refusal->message};
     (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
     control_->drain_and_close(Millis(200));
+    delivery_.reset();
+    sink_.reset();
+    proto_.reset();
+    to_sender_.reset();
+    own_worker_.reset();
+    if (reserved_bytes_) rx_.release_memory(reserved_bytes_);
     if (registered_) {
       report_.reason = "refused: " + refusal->message;
       rx_.lane_ended(group_, report_);
@@ -490,7 +610,10 @@ void Session::run() {
   delivery_.reset();
   sink_.reset();
   proto_.reset();
+  to_sender_.reset();
+  own_worker_.reset();
   control_.reset();
+  rx_.release_memory(reserved_bytes_);
   rx_.lane_ended(group_, report_);
 }
 
@@ -498,7 +621,7 @@ void Session::run() {
 
 // --------------------------------------------------------------------------------- receiver
 
-Status Receiver::Impl::wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out) {
+Status Receiver::Impl::wire_fabric(fabric::Wire wire, WireFabric** out) {
   std::lock_guard lock(mutex);
   auto& wf = wires[wire];
   if (!wf) {
@@ -507,8 +630,9 @@ Status Receiver::Impl::wire_fabric(fabric::Wire wire, bool needs_progress, WireF
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
     wf = std::move(fresh);
   }
-  // Software-emulated RMA (tcp) needs the target to progress; so do two-sided protocols.
-  if (!wf->progress && (needs_progress || wire == fabric::Wire::kTcp)) {
+  // Software-emulated RMA (tcp) needs the target to progress. (Protocols whose receiver takes
+  // part in transfers progress a worker of their own session.)
+  if (!wf->progress && wire == fabric::Wire::kTcp) {
     wf->progress = std::make_unique<fabric::ProgressThread>(*wf->worker);
   }
   *out = wf.get();
@@ -522,16 +646,58 @@ void Receiver::Impl::serve(std::unique_ptr<net::ControlSocket> control) {
 
 void Receiver::Impl::accept_loop() {
   while (!stopping.load(std::memory_order_acquire)) {
+    reap_sessions();
     std::unique_ptr<net::ControlSocket> control;
     if (Status st = listener->accept(Millis(100), &control); !st.is_ok()) {
       event("accept failed: " + st.to_string());
       std::this_thread::sleep_for(Millis(100));
       continue;
     }
-    if (!control) continue;
-    std::lock_guard lock(mutex);
-    sessions.emplace_back([this, c = std::move(control)]() mutable { serve(std::move(c)); });
+    if (control) start_session(std::move(control));
   }
+}
+
+void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) {
+  std::string refused;
+  {
+    std::lock_guard lock(mutex);
+    if (sessions.size() < kMaxConnections) {
+      const uint64_t id = next_session++;
+      try {
+        sessions.emplace(id, std::thread([this, id, c = std::move(control)]() mutable {
+          serve(std::move(c));
+          std::lock_guard done(mutex);
+          finished.push_back(id);
+        }));
+        return;
+      } catch (const std::system_error& e) {
+        // Out of threads or memory: this connection is closed (the lambda owned it); every
+        // stream already being served goes on.
+        refused = std::string("cannot start a thread for a new connection (") + e.what() + "); closed it";
+      }
+    } else {
+      refused = "refused a connection: " + std::to_string(kMaxConnections) + " connections are being served";
+    }
+  }
+  if (control) {
+    wire::Refuse r{Code::kBusy, "receiver busy: too many connections, try again later"};
+    (void)control->send(wire::MsgType::kRefuse, wire::encode(r));
+  }
+  event(refused);
+}
+
+void Receiver::Impl::reap_sessions() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard lock(mutex);
+    for (uint64_t id : finished) {
+      auto it = sessions.find(id);
+      done.push_back(std::move(it->second));
+      sessions.erase(it);
+    }
+    finished.clear();
+  }
+  for (auto& t : done) t.join();  // each has returned from serve() already
 }
 
 Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -540,6 +706,7 @@ Receiver::~Receiver() { stop(); }
 
 Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) {
   if (!options.make_sink) return {Code::kInvalidArgument, "ReceiverOptions::make_sink is required"};
+  if (options.max_memory == 0) options.max_memory = default_max_memory();
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   SLOTSTREAM_RETURN_IF_ERROR(net::Listener::open(impl->options.host, impl->options.port, &impl->listener));
@@ -548,7 +715,7 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
     Transport t = w == fabric::Wire::kShm ? Transport::kShm : Transport::kTcp;
     if (impl->options.transport != Transport::kAuto && impl->options.transport != t) continue;
     WireFabric* wf = nullptr;
-    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, false, &wf));
+    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, &wf));
   }
   std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
   Impl* im = rx->impl_.get();
@@ -566,13 +733,14 @@ void Receiver::stop() {
     return;
   }
   if (im.accept_thread.joinable()) im.accept_thread.join();
-  std::list<std::thread> sessions;
+  std::map<uint64_t, std::thread> sessions;
   {
     std::lock_guard lock(im.mutex);
     sessions.swap(im.sessions);
+    im.finished.clear();
     im.ended_cv.notify_all();
   }
-  for (auto& t : sessions) t.join();
+  for (auto& [id, t] : sessions) t.join();
   std::lock_guard lock(im.mutex);
   im.wires.clear();  // progress threads stop, workers and contexts are destroyed
 }
@@ -580,13 +748,18 @@ void Receiver::stop() {
 std::vector<SessionReport> Receiver::live_sessions() const {
   std::lock_guard lock(impl_->mutex);
   std::vector<SessionReport> out;
-  for (const auto& [k, r] : impl_->live) out.push_back(r);
+  std::map<uint64_t, SessionReport> senders;  // by group: one report per sender
+  for (const auto& [session, live] : impl_->live) {
+    auto [it, fresh] = senders.try_emplace(live.first, live.second);
+    if (!fresh) it->second.merge(live.second);
+  }
+  for (auto& [group, r] : senders) out.push_back(std::move(r));
   return out;
 }
 
 size_t Receiver::live_count() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->live.size();
+  return impl_->live.size();  // connections
 }
 
 Status query_capacity(const std::string& host, uint16_t port, Capacity* out) {

@@ -36,7 +36,8 @@ wire::WireTransport to_wire_transport(Transport t) {
   }
 }
 
-Status validate(const SenderOptions& o) {
+// Checks the options and resolves the protocol ("NAME[:key=value,...]").
+Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
   if (auto why = invalid_sender_name(o.name)) return {Code::kInvalidArgument, *why + " ('" + o.name + "')"};
   if (o.block_size < kMinBlockSize || o.block_size > kMaxBlockSize) {
     return {Code::kInvalidArgument, "block size must be " + std::to_string(kMinBlockSize) + ".." +
@@ -46,11 +47,14 @@ Status validate(const SenderOptions& o) {
     return {Code::kInvalidArgument, "blocks must be 1.." + std::to_string(kMaxBlocks)};
   }
   if (o.devices.empty()) return {Code::kInvalidArgument, "no devices declared"};
-  if (!protocol::find(o.protocol)) return {Code::kInvalidArgument, "unknown protocol '" + o.protocol + "'"};
-  if (protocol::find(o.protocol)->reference && !o.allow_reference) {
-    return {Code::kInvalidArgument, "'" + o.protocol + "' is a benchmark reference, not a protocol for data"};
+  std::string name;
+  SLOTSTREAM_RETURN_IF_ERROR(protocol::Options::parse_spec(o.protocol, &name, proto_options));
+  *desc = protocol::find(name);
+  if (!*desc) return {Code::kInvalidArgument, "unknown protocol '" + name + "'"};
+  if ((*desc)->reference && !o.allow_reference) {
+    return {Code::kInvalidArgument, "'" + name + "' is a benchmark reference, not a protocol for data"};
   }
-  return Status::ok();
+  return protocol::check_options(**desc, *proto_options);
 }
 
 }  // namespace
@@ -75,7 +79,7 @@ struct Lane {
   Clock::time_point next_liveness{};
 
   explicit Lane(Sender::Impl& o) : owner(o) {}
-  Status handshake(wire::Hello hello);
+  Status handshake(const wire::Hello& hello);
   Status setup_fabric(const wire::Accept& accept);
   void sending_loop_st();
   Status alive_st();
@@ -84,6 +88,8 @@ struct Lane {
 
 struct Sender::Impl {
   SenderOptions options;
+  const protocol::Descriptor* desc = nullptr;
+  protocol::Options proto_options;
   Transport transport = Transport::kShm;
   std::unique_ptr<fabric::Context> context;  // shared by the lanes
   std::vector<std::unique_ptr<Lane>> lanes;
@@ -94,7 +100,9 @@ struct Sender::Impl {
 
   std::mutex error_mutex;
   Status error;  // first error of any sending thread
-  bool finished = false;
+  std::atomic<bool> finishing{false};  // finish() was called (any thread)
+  // The sending threads have been joined: their protocol counters may be read (stats()).
+  std::atomic<bool> joined{false};
 
   void fail(Status st) {
     std::lock_guard lock(error_mutex);
@@ -115,17 +123,23 @@ struct Sender::Impl {
   }
 };
 
-Status Lane::handshake(wire::Hello hello) {
+// HELLO, then CHALLENGE/AUTH when the receiver asks, ACCEPT (verified when we have a token),
+// our SETUP, READY (wire/control.h, net/auth.h).
+Status Lane::handshake(const wire::Hello& hello) {
   const SenderOptions& options = owner.options;
-  SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kHello, wire::encode(hello)));
+  const std::vector<uint8_t> hello_bytes = wire::encode(hello);
+  SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kHello, hello_bytes));
   wire::Frame frame;
   SLOTSTREAM_RETURN_IF_ERROR(control->receive(kHandshakeTimeout, &frame));
+  std::optional<net::Nonce> receiver_nonce;
   if (frame.type == wire::MsgType::kChallenge) {
     if (frame.body.size() != wire::kNonceSize) return {Code::kProtocolError, "malformed challenge"};
     if (options.token.empty()) {
       return {Code::kAuthFailed, "authentication failed: the receiver requires a token (--token-file)"};
     }
-    auto mac = net::auth_mac(options.token, frame.body, options.name);
+    receiver_nonce.emplace();
+    std::copy(frame.body.begin(), frame.body.end(), receiver_nonce->begin());
+    auto mac = net::proof(options.token, "sender-hello", {*receiver_nonce, hello.nonce, hello_bytes});
     SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kAuth, mac));
     SLOTSTREAM_RETURN_IF_ERROR(control->receive(kHandshakeTimeout, &frame));
   }
@@ -139,7 +153,32 @@ Status Lane::handshake(wire::Hello hello) {
   }
   wire::Accept accept;
   SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &accept));
-  return setup_fabric(accept);
+  if (!options.token.empty()) {
+    // Our data goes only to a receiver that proves it has the token too.
+    if (!receiver_nonce) {
+      return {Code::kAuthFailed, "authentication failed: the receiver did not ask for the token, so it cannot prove "
+                                 "it is the receiver you share it with (start it with --token-file)"};
+    }
+    auto mac = net::proof(options.token, "receiver-accept",
+                          {*receiver_nonce, hello.nonce, hello_bytes, wire::signed_part(accept)});
+    if (!net::mac_equal(accept.proof, mac)) {
+      return {Code::kAuthFailed, "authentication failed: the receiver's answer is not signed with the token"};
+    }
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(setup_fabric(accept));
+
+  wire::Setup setup;
+  setup.worker_address = worker->address();
+  setup.setup = proto->setup();
+  if (receiver_nonce) {
+    auto mac = net::proof(options.token, "sender-setup", {*receiver_nonce, hello.nonce, wire::signed_part(setup)});
+    setup.proof.assign(mac.begin(), mac.end());
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kSetup, wire::encode(setup)));
+  std::vector<uint8_t> body;
+  Status st = control->expect(wire::MsgType::kReady, kHandshakeTimeout, &body);
+  if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
+  return Status::ok();
 }
 
 Status Lane::setup_fabric(const wire::Accept& accept) {
@@ -152,14 +191,14 @@ Status Lane::setup_fabric(const wire::Accept& accept) {
     return {Code::kProtocolError, "receiver chose different transports for one sender's connections"};
   }
   fabric::Context& context = *owner.context;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(context, /*shared=*/false, /*wakeup=*/false, &worker));
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(context, /*shared=*/false, owner.desc->sender_wakeup, &worker));
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*worker, accept.worker_address, &endpoint));
   const size_t local_size = size_t(options.blocks) * options.block_size;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(context, local_size, &local));
   ring = std::make_unique<stream::SendRing>(local->data(), options.blocks, options.block_size);
-  proto_fabric.reset(new protocol::SenderFabric{*worker, *endpoint, {options.blocks, options.block_size},
+  proto_fabric.reset(new protocol::SenderFabric{context, *worker, *endpoint, {options.blocks, options.block_size},
                                                 [this] { return alive_st(); }});
-  return protocol::find(options.protocol)->make_sender(*proto_fabric, accept.setup, &proto);
+  return owner.desc->make_sender(*proto_fabric, accept.setup, owner.proto_options, &proto);
 }
 
 // Rate-limited: one poll() of the control socket per millisecond at most.
@@ -190,6 +229,7 @@ void Lane::sending_loop_st() {
       int64_t len = ring->wait_filled(ticket, std::chrono::microseconds(1000));
       if (len < 0) {  // idle: nothing filled yet
         worker->progress();
+        SLOTSTREAM_RETURN_IF_ERROR(proto->idle_st());
         SLOTSTREAM_RETURN_IF_ERROR(reap());
         SLOTSTREAM_RETURN_IF_ERROR(alive_st());
         if (finishing.load(std::memory_order_acquire) && ticket == ring->claimed()) break;
@@ -210,7 +250,7 @@ void Lane::sending_loop_st() {
       SLOTSTREAM_RETURN_IF_ERROR(reap());
       if ((ticket & 63) == 0) {
         SLOTSTREAM_RETURN_IF_ERROR(alive_st());
-        held_skips_live.store(proto->counters().held_skips, std::memory_order_relaxed);
+        held_skips_live.store(proto->held_skips_st(), std::memory_order_relaxed);
       }
     }
     for (auto& [t, req] : inflight) SLOTSTREAM_RETURN_IF_ERROR(req.wait(*worker, [this] { return alive_st(); }));
@@ -247,16 +287,19 @@ Status Lane::fin() {
 Sender::Sender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Sender::~Sender() {
-  if (!impl_->finished) impl_->fail({Code::kCancelled, "sender closed before finish()"});
+  if (!impl_->finishing.load()) impl_->fail({Code::kCancelled, "sender closed before finish()"});
   impl_->join_all();
 }
 
 Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* out) {
-  SLOTSTREAM_RETURN_IF_ERROR(validate(options));
-  const protocol::Descriptor* desc = protocol::find(options.protocol);
+  const protocol::Descriptor* desc = nullptr;
+  protocol::Options proto_options;
+  SLOTSTREAM_RETURN_IF_ERROR(validate(options, &desc, &proto_options));
   std::unique_ptr<Sender> sender(new Sender(std::make_unique<Impl>()));
   Impl& im = *sender->impl_;
   im.options = options;
+  im.desc = desc;
+  im.proto_options = proto_options;
 
   // Group the devices into lanes (connections).
   std::vector<std::vector<uint16_t>> groups;
@@ -270,7 +313,8 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   if (Status st = net::make_nonce_u64(&group_id); !st.is_ok()) return st;
 
   wire::Hello hello;
-  hello.protocol = options.protocol;
+  hello.protocol = std::string(desc->name);
+  hello.options = proto_options.text();
   hello.blocks = options.blocks;
   hello.block_size = options.block_size;
   hello.transport = to_wire_transport(options.transport);
@@ -285,6 +329,7 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
     SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(options.host, options.port, Millis(5000), &lane->control));
     hello.lane = lane->index;
     hello.devices = lane->devices;
+    SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&hello.nonce));
     SLOTSTREAM_RETURN_IF_ERROR(lane->handshake(hello));
     for (uint16_t d : lane->devices) im.lane_of[d] = lane.get();
     im.lanes.push_back(std::move(lane));
@@ -308,9 +353,9 @@ DeviceStream* Sender::device(uint16_t device) {
 
 Status Sender::finish() {
   Impl& im = *impl_;
-  if (im.finished) return im.first_error();
-  im.finished = true;
+  if (im.finishing.exchange(true)) return im.first_error();
   im.join_all();
+  im.joined.store(true, std::memory_order_release);
   SLOTSTREAM_RETURN_IF_ERROR(im.first_error());
   for (auto& lane : im.lanes) SLOTSTREAM_RETURN_IF_ERROR(lane->fin());
   return Status::ok();
@@ -323,18 +368,21 @@ SenderStats Sender::stats() const {
     s.messages += s.per_device[d];
   }
   s.bytes = impl_->bytes.load();
-  if (!impl_->finished) {  // protocol counters belong to the sending threads until then
+  if (!impl_->joined.load(std::memory_order_acquire)) {  // the sending threads own protocol counters
     for (auto& lane : impl_->lanes) s.held_skips += lane->held_skips_live.load(std::memory_order_relaxed);
     return s;
   }
   for (auto& lane : impl_->lanes) {
     if (!lane->proto) continue;
-    auto c = lane->proto->counters();
-    s.blocks += c.blocks;
-    s.status_reads += c.status_reads;
+    protocol::ProtocolStats c = lane->proto->stats();
+    s.records += c.records;
+    s.sync_operations += c.sync_ops;
     s.held_skips += c.held_skips;
-    auto samples = lane->proto->sync_latencies_ns();
-    s.sync_latencies_ns.insert(s.sync_latencies_ns.end(), samples.begin(), samples.end());
+    s.waits += c.waits;
+    s.wait_ns += c.wait_ns;
+    s.wait_samples_ns.insert(s.wait_samples_ns.end(), c.wait_samples_ns.begin(), c.wait_samples_ns.end());
+    s.sync_op_samples_ns.insert(s.sync_op_samples_ns.end(), c.sync_op_samples_ns.begin(), c.sync_op_samples_ns.end());
+    for (const auto& [k, v] : c.counters) s.protocol_counters[k] += v;
   }
   s.connections = impl_->lanes.size();
   return s;
@@ -370,6 +418,9 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
     if (!st.is_ok()) {
       ring.commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
       return st;
+    }
+    if (const uint32_t every = im.options.skip_packet_every; every && next_packet_ % (every + 1) == every) {
+      ++next_packet_;  // testing aid: this packet number is never sent (SenderOptions)
     }
     wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());

@@ -43,9 +43,18 @@ Usage usage() {
 
 json resources_json(uint64_t connections) {
   fabric::Counters c = fabric::counters();
-  return {{"endpoints", c.endpoints},     {"registered_bytes", c.registered_bytes}, {"puts", c.puts},
-          {"gets", c.gets},               {"am_sends", c.am_sends},                 {"am_received", c.am_received},
-          {"max_outstanding", c.max_outstanding}, {"completions", c.completions},  {"connections", connections}};
+  return {{"endpoints", c.endpoints},
+          {"registered_bytes", c.registered_bytes},
+          {"puts", c.puts},
+          {"gets", c.gets},
+          {"am_sends", c.am_sends},
+          {"am_received", c.am_received},
+          {"max_outstanding", c.max_outstanding},
+          {"completions", c.completions},
+          {"progress_calls", c.progress_calls},
+          {"progress_useful", c.progress_useful},
+          {"progress_seconds", c.progress_ns / 1e9},
+          {"connections", connections}};
 }
 
 void print_json(const json& j) {
@@ -193,7 +202,7 @@ void fill_payload(uint64_t offset, std::span<std::byte> dst, uint64_t stamp) {
 }
 
 json sender_json(const BenchSendArgs& a, const std::string& protocol, const std::string& transport, uint64_t messages,
-                 uint64_t bytes, double secs, double cpu, const std::vector<uint64_t>& sync,
+                 uint64_t bytes, double secs, double cpu, const SenderStats& stats,
                  const std::vector<uint64_t>& send_times, uint64_t connections) {
   return {{"event", "sender"},
           {"protocol", protocol},
@@ -204,7 +213,12 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"mb_per_s", secs > 0 ? bytes / 1e6 / secs : 0.0},
           {"cpu_seconds", cpu},
           {"peak_rss_kb", usage().peak_rss_kb},
-          {"sync_latencies_ns", sync},
+          {"wait_samples_ns", stats.wait_samples_ns},
+          {"sync_op_samples_ns", stats.sync_op_samples_ns},
+          {"waits", stats.waits},
+          {"wait_ns", stats.wait_ns},
+          {"sync_operations", stats.sync_operations},
+          {"protocol_counters", stats.protocol_counters},
           {"send_times_ns", send_times},
           {"size", a.size},
           {"blocks", a.blocks},
@@ -259,8 +273,8 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
   (void)read_full(fd, &ack, 1, &eof);
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   uint64_t messages = a.count * a.devices;
-  print_json(sender_json(a, "tcp_socket", "tcp", messages, messages * a.size, secs, usage().cpu_seconds - cpu0, {},
-                         send_times, 1));
+  print_json(sender_json(a, "tcp_socket", "tcp", messages, messages * a.size, secs, usage().cpu_seconds - cpu0,
+                         SenderStats{}, send_times, 1));
   return ack == 1 ? kExitOk : kExitError;
 }
 
@@ -353,10 +367,9 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.blocks = a.blocks;
   opt.block_size = uint32_t(a.size + 16);
   opt.allow_reference = true;
+  opt.skip_packet_every = a.skip_packet_every;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
 
-  fabric::reset_counters();
-  const double cpu0 = usage().cpu_seconds;
   std::unique_ptr<Sender> sender;
   if (Status st = Sender::connect(opt, &sender); !st.is_ok()) {
     print_error("bench-peer", st.message());
@@ -365,13 +378,19 @@ int run_bench_send(const BenchSendArgs& a) {
   std::vector<std::vector<uint64_t>> send_times(a.devices);
   std::mutex err_mutex;
   Status first_error;
-  auto t0 = Clock::now();
+  // CPU, UCX counters and elapsed time all start here, after the connection is set up: the
+  // same window for every figure (connecting is not what the experiments measure).
+  fabric::reset_counters();
+  const double cpu0 = usage().cpu_seconds;
+  const auto t0 = Clock::now();
+  const auto stop_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));
   std::vector<std::thread> fillers;
   for (uint32_t d = 0; d < a.devices; ++d) {
     fillers.emplace_back([&, d] {
       DeviceStream* dev = sender->device(uint16_t(d));
       Pacer pacer(a);
       for (uint64_t k = 0; k < a.count; ++k) {
+        if (a.seconds > 0 && Clock::now() >= stop_at) break;
         pacer.before(k);
         uint64_t stamp = now_ns();
         send_times[d].push_back(stamp);
@@ -400,7 +419,7 @@ int run_bench_send(const BenchSendArgs& a) {
   std::vector<uint64_t> all_times;
   for (auto& v : send_times) all_times.insert(all_times.end(), v.begin(), v.end());
   print_json(sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
-                         usage().cpu_seconds - cpu0, s.sync_latencies_ns, all_times, s.connections));
+                         usage().cpu_seconds - cpu0, s, all_times, s.connections));
   return kExitOk;
 }
 

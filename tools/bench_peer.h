@@ -27,6 +27,8 @@ struct BenchSendArgs {
   uint32_t devices = 1;
   double fps = 0;
   uint64_t gap_us = 0;
+  double seconds = 0;              // stop sending after this long (0: after --count)
+  uint32_t skip_packet_every = 0;  // testing aid: SenderOptions::skip_packet_every
   bool tcp_socket = false;
 };
 int run_bench_send(const BenchSendArgs& args);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct RecvArgs {
   uint64_t backlog_bytes = 0;
   bool keep_processed = false;
   std::string metrics;                  // HOST:PORT
+  std::optional<std::string> max_memory;  // SIZE (default: default_max_memory())
 };
 int run_recv(const RecvArgs& args);
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "bench_peer.h"
@@ -18,9 +19,31 @@ using namespace slotstream::tools;
 namespace {
 
 std::string protocol_help() {
-  std::string s = "flow-control protocol:";
-  for (const auto& p : protocols()) s += "\n  " + p.name + ": " + p.summary;
+  std::string s = "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`):";
+  for (const auto& p : protocols()) {
+    s += "\n  " + p.name + ": " + p.summary;
+    if (!p.options.empty()) s += "\n    options: " + p.options;
+  }
   return s;
+}
+
+int run_protocols(bool json) {
+  auto list = protocols(/*with_references=*/true);
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : list) {
+      out.push_back({{"name", p.name}, {"summary", p.summary}, {"options", p.options}, {"reference", p.reference},
+                     {"holds", p.holds}, {"connection_per_device", p.connection_per_device},
+                     {"receiver_progress", p.receiver_progress}});
+    }
+    std::printf("%s\n", out.dump(1).c_str());
+    return kExitOk;
+  }
+  for (const auto& p : list) {
+    std::printf("%s%s\n  %s\n", p.name.c_str(), p.reference ? " (benchmark reference)" : "", p.summary.c_str());
+    if (!p.options.empty()) std::printf("  options: %s\n", p.options.c_str());
+  }
+  return kExitOk;
 }
 
 std::string self_exe(const char* argv0) {
@@ -58,6 +81,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
       ->default_str("auto");
   r->add_option("--token-file", recv.token_file, "require senders to prove they know this shared secret");
+  r->add_option("--max-memory", recv.max_memory,
+                "SIZE (e.g. 4G): most memory for all senders' blocks together; a sender that would pass it is "
+                "refused before anything is allocated (default: a quarter of this machine's or container's memory)");
   r->add_option("--exit-after-senders", recv.exit_after, "exit after K accepted senders have ended");
   r->add_option("--worker", recv.worker,
                 "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
@@ -114,6 +140,11 @@ int main(int argc, char** argv) {
   DgramArgs dgram;
   add_dgram_options(r, s, &dgram);
 
+  bool protocols_json = false;
+  auto* pl = app.add_subcommand("protocols", "List the flow-control protocols of this build, their options and the "
+                                             "benchmark references.");
+  pl->add_flag("--json", protocols_json, "one JSON array (what `slotstream bench` reads)");
+
   std::string verify_dir;
   auto* v = app.add_subcommand("verify", "Check every received synthetic frame under DIR (content and order).");
   v->add_option("DIR", verify_dir, "receiver output directory (or a sender's subdirectory)")->required();
@@ -150,6 +181,9 @@ int main(int argc, char** argv) {
   bps->add_option("--devices", bsend.devices);
   bps->add_option("--fps", bsend.fps, "messages per second per device (default: back to back)");
   bps->add_option("--gap-us", bsend.gap_us, "pause after each message");
+  bps->add_option("--seconds", bsend.seconds, "stop after this many seconds (--count is then an upper bound)");
+  bps->add_option("--skip-packet-every", bsend.skip_packet_every,
+                  "testing aid: leave out one packet number after every N (the receiver must report gaps)");
   bps->add_flag("--tcp-socket", bsend.tcp_socket, "plain TCP reference instead of slotstream");
 
   DgramPeerArgs dpeer;
@@ -176,6 +210,7 @@ int main(int argc, char** argv) {
   }
   if (*dp) return run_dgram_peer(dp, dpeer);
   if (*v) return run_verify(verify_dir);
+  if (*pl) return run_protocols(protocols_json);
   if (*d) return run_demo(demo, self_exe(argv[0]));
   if (*bpr) return run_bench_recv(brecv);
   if (*bps) return run_bench_send(bsend);

@@ -112,6 +112,14 @@ int run_recv(const RecvArgs& args) {
     }
     opt.holds.push_back(spec);
   }
+  if (args.max_memory) {
+    auto bytes = parse_size(*args.max_memory);
+    if (!bytes || *bytes == 0) {
+      print_error("recv", "--max-memory expects a size such as 512M or 4G, got '" + *args.max_memory + "'");
+      return kExitUsage;
+    }
+    opt.max_memory = *bytes;
+  }
   if (!args.token_file.empty()) {
     if (Status st = net::read_token_file(args.token_file, &opt.token); !st.is_ok()) {
       print_error("recv", st.message());

@@ -402,9 +402,12 @@ int run_send(const SendArgs& a) {
     j["protocol"] = opt.protocol;
     j["blocks"] = opt.blocks;
     j["block_size"] = opt.block_size;
-    j["blocks_sent"] = s.blocks;
-    j["status_reads"] = s.status_reads;
+    j["records_sent"] = s.records;
+    j["sync_operations"] = s.sync_operations;
+    j["waits"] = s.waits;
+    j["wait_seconds"] = s.wait_ns / 1e9;
     j["held_skips"] = s.held_skips;
+    j["protocol_counters"] = s.protocol_counters;
     std::printf("%s\n", j.dump().c_str());
   }
   return kExitOk;

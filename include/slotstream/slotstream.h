@@ -41,12 +41,26 @@ inline constexpr const char* kDefaultProtocol = "status_byte";
 // starting with '.'. Returns the reason when invalid.
 std::optional<std::string> invalid_sender_name(std::string_view name);
 
-// The protocols this build knows, for --help and the benchmark.
+// "4G", "512M", "64KiB", "1048576": a byte count with an optional binary unit (K, M, G, T =
+// 2^10..2^40; "KiB"/"KB"/"K" alike). nullopt when malformed or too large.
+std::optional<uint64_t> parse_size(std::string_view text);
+
+// The receiver's default memory budget for all senders' blocks: a quarter of the physical memory,
+// or of the container's memory limit when that is lower.
+uint64_t default_max_memory();
+
+// The protocols this build knows, for --help, `slotstream protocols` and the benchmark.
 struct ProtocolInfo {
   std::string name;
   std::string summary;
+  std::string options;             // the options it takes (NAME:key=value,...), for people
+  bool reference = false;          // a benchmark reference, not a protocol for data
+  bool holds = false;              // the receiver can hold single blocks (back-pressure, paper §3.3)
+  bool connection_per_device = false;
+  bool receiver_progress = false;  // the receiver's CPU takes part in every transfer
 };
-std::vector<ProtocolInfo> protocols();
+// Every protocol; references (benchmark ceilings) only when asked.
+std::vector<ProtocolInfo> protocols(bool with_references = false);
 
 // ------------------------------------------------------------------------------------ Sender
 
@@ -54,25 +68,35 @@ struct SenderOptions {
   std::string host;
   uint16_t port = 0;
   std::string name;                       // see invalid_sender_name()
-  std::string protocol = kDefaultProtocol;
+  std::string protocol = kDefaultProtocol;   // NAME or NAME:key=value,... (e.g. "carc:budget=2M")
   Transport transport = Transport::kAuto;
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;
   std::string token;                      // empty: no authentication
   std::vector<uint16_t> devices;          // every device this sender will use
   bool allow_reference = false;           // benchmark only: permit reference "protocols"
+  // Testing aid (like ReceiverOptions::holds): after every N packets of a device one packet
+  // number is left out, as if its block had been lost, so that gap detection can be tested end
+  // to end. 0: never.
+  uint32_t skip_packet_every = 0;
 };
 
 struct SenderStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;                     // payload bytes
-  uint64_t blocks = 0;                    // blocks transmitted
-  uint64_t status_reads = 0;              // synchronisations (status-array reads)
+  uint64_t records = 0;                   // records (block header + payload) transmitted
+  uint64_t sync_operations = 0;           // status-array reads, ACKs, credit updates...
   uint64_t held_skips = 0;                // receiver blocks skipped because they were held
-                                          // (while sending: updated every 64 blocks)
+                                          // (while sending: updated every 64 records)
+  // Times the sender found no free receiver space and waited, and their total duration: the
+  // synchronisation-control latency, measured the same way for every protocol.
+  uint64_t waits = 0;
+  uint64_t wait_ns = 0;
   uint64_t connections = 0;               // control connections (lanes) used
   std::map<uint16_t, uint64_t> per_device;
-  std::vector<uint64_t> sync_latencies_ns;  // the protocol's synchronisation samples
+  std::vector<uint64_t> wait_samples_ns;     // one per wait
+  std::vector<uint64_t> sync_op_samples_ns;  // one per synchronisation operation (its own cost)
+  std::map<std::string, uint64_t> protocol_counters;  // the protocol's own, by name
 };
 
 class Sender;
@@ -173,6 +197,11 @@ struct SessionReport {
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
+
+  // Adds another connection (lane) of the same sender: every counter summed, devices and
+  // per-device counters merged, finished only if both are, the first reason kept, the longer
+  // duration. What the receiver's final report and its live counters both use.
+  void merge(const SessionReport& lane);
 };
 
 struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
@@ -194,6 +223,9 @@ struct ReceiverOptions {
   std::function<void(const std::string&)> on_event;
   std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
   bool busy_poll = false;                  // never sleep when idle (latency measurements)
+  // Most bytes of blocks given to all connected senders together (0: default_max_memory()). A
+  // sender that would pass it is refused before anything is allocated.
+  uint64_t max_memory = 0;
   // Unprocessed bytes waiting for workers, reported to capacity queries (optional).
   std::function<uint64_t()> backlog_bytes;
 };
@@ -218,7 +250,8 @@ class Receiver {
   void stop();
   // Number of accepted sessions that have ended.
   uint64_t sessions_ended() const;
-  // Counters of the connections being served now (refreshed every ~100 ms). Any thread.
+  // Counters of the senders being served now, one report per sender (its connections merged;
+  // refreshed every ~100 ms). Any thread.
   std::vector<SessionReport> live_sessions() const;
   // For capacity queries: connections served now.
   size_t live_count() const;

@@ -6,6 +6,7 @@
 // progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their Worker.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,6 +36,12 @@ struct Counters {
   uint64_t am_received = 0;        // two-sided messages handled (receives consumed)
   uint64_t max_outstanding = 0;    // most operations in flight at once (tracked requests)
   uint64_t completions = 0;        // requests whose completion had to be polled
+  // ucp_worker_progress calls (by any thread: a sending thread, a consumer, a progress thread)
+  // and the time spent inside them: the CPU a side gives to its transport. Zero on a receiver
+  // that takes no part in transfers (status_byte on shared memory).
+  uint64_t progress_calls = 0;
+  uint64_t progress_useful = 0;    // calls that found something to do
+  uint64_t progress_ns = 0;
 };
 Counters counters();
 void reset_counters();
@@ -184,8 +191,9 @@ class Worker {
   unsigned progress();
   // Orders every put/get issued before it before every one issued after it.
   Status fence();
-  // Blocks until the worker has an event or `signal()` is called; for the progress thread.
-  Status wait_for_event();
+  // Blocks until the worker has an event, `signal()` is called or `timeout` passes (a worker
+  // created with wakeup). Progresses first: returns at once if there was work.
+  Status wait_for_event(std::chrono::microseconds timeout = std::chrono::seconds(1));
   void signal();
 
   // Registers an active-message handler for `id` (one per id per worker: a later one replaces it).

@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace slotstream::net {
 
@@ -23,15 +24,20 @@ Status make_nonce_u64(uint64_t* out) {
   return Status::ok();
 }
 
-Mac auth_mac(const std::string& token, std::span<const uint8_t> nonce, const std::string& sender_name) {
-  static constexpr char kLabel[] = "slotstream-auth-v1";
-  std::string msg(kLabel);
-  msg.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
-  msg.append(sender_name);
+Mac proof(const std::string& token, std::string_view label,
+          std::initializer_list<std::span<const uint8_t>> parts) {
+  static constexpr std::string_view kDomain = "slotstream-auth-v2";
+  std::vector<uint8_t> msg(kDomain.begin(), kDomain.end());
+  msg.push_back(static_cast<uint8_t>(label.size()));
+  msg.insert(msg.end(), label.begin(), label.end());
+  for (auto part : parts) {
+    // Length-prefixed, so that moving bytes from one part to the next changes the MAC.
+    for (int i = 0; i < 4; ++i) msg.push_back(static_cast<uint8_t>(part.size() >> (8 * i)));
+    msg.insert(msg.end(), part.begin(), part.end());
+  }
   Mac mac{};
   unsigned len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
-       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac.data(), &len);
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(), msg.size(), mac.data(), &len);
   return mac;
 }
 

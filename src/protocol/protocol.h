@@ -1,21 +1,33 @@
 // The interface every flow-control protocol implements, and the registry that lists them.
 //
-// A protocol decides *where* in the receiver a filled send block goes and how the two sides
-// agree that a receiver block is free again. It does not know about devices, fragments, files
-// or which UCX transport is underneath: the stream layer (src/stream) and the fabric
-// (src/fabric) handle those.
+// A protocol decides *where* in the receiver the sender's data goes and how the two sides agree
+// that receiver memory is free again. It does not know about devices, fragments, files or which
+// UCX transport is underneath: the stream layer (src/stream) and the fabric (src/fabric) do.
 //
-//   sender:   SenderProtocol::transmit_st(block) for each filled local block, in ring order
-//   receiver: ReceiverProtocol::poll_full() -> block(i) -> release(i) (or keep it held)
+//   set-up:   receiver make_receiver -> setup() bytes (ACCEPT) -> sender make_sender(those bytes)
+//             -> sender setup() bytes (SETUP) -> receiver connect(those bytes [, endpoint back])
+//   sender:   transmit_st(record) for each filled local block, in ring order; idle_st() when
+//             nothing is waiting; finish_st() once at the end
+//   receiver: poll(records) -> the stream layer consumes each record -> release(id)
+//
+// What the sender hands to transmit_st is one *record*: a 16-byte block header
+// (wire/block_header.h) and its payload, at most one block. Block protocols put each record in
+// a block of its own (status_byte, sliding_window, credit); ring protocols pack records back to
+// back (packed_ring, buffered_read). Every record keeps its header, so device, packet number and
+// length survive any packing.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "fabric/fabric.h"
+#include "protocol/options.h"
 #include "slotstream/status.h"
 
 namespace slotstream::protocol {
@@ -23,10 +35,12 @@ namespace slotstream::protocol {
 struct Geometry {
   uint32_t blocks = 0;
   uint32_t block_size = 0;  // bytes, header included
+  uint64_t bytes() const { return uint64_t(blocks) * block_size; }
 };
 
 // What a sender-side protocol works with. Owned by the Sender; valid for the protocol's life.
 struct SenderFabric {
+  fabric::Context& context;
   fabric::Worker& worker;
   fabric::Endpoint& endpoint;
   Geometry geometry;
@@ -36,33 +50,82 @@ struct SenderFabric {
 // What a receiver-side protocol works with, for one connected sender.
 struct ReceiverFabric {
   fabric::Context& context;
-  fabric::Worker& worker;
+  fabric::Worker& worker;  // shared by every sender of this transport (MULTI-threaded)
   Geometry geometry;
 };
 
-struct SenderCounters {
-  uint64_t blocks = 0;
-  uint64_t status_reads = 0;  // synchronisations
-  uint64_t held_skips = 0;
+// The sender's half of the set-up (SETUP). `endpoint` reaches the sender's worker; it is set only
+// for protocols that ask for it (Descriptor::receiver_endpoint) and outlives the protocol.
+struct PeerSetup {
+  fabric::Endpoint* endpoint = nullptr;
+  std::span<const uint8_t> setup;
 };
 
-// Threading: every method is called from the sender's one sending thread (suffix _st).
+// One unit of received data: a block header and its payload, exactly. `id` names it to
+// release(); `slot` is the receiver block it lies in (block protocols: its index; ring
+// protocols: its offset / block size), for holds and tests.
+struct Record {
+  uint64_t id = 0;
+  uint32_t slot = 0;
+  std::span<const std::byte> bytes;
+};
+
+inline constexpr size_t kMaxSamples = 1 << 20;
+
+// What a protocol did, reported through the interface (benchmark, `send --json`). The common
+// fields mean the same for every protocol, so that a comparison compares like with like.
+struct ProtocolStats {
+  uint64_t records = 0;      // sender: records transmitted
+  uint64_t sync_ops = 0;     // synchronisation operations: status reads, ACKs, credit updates...
+  uint64_t held_skips = 0;   // sender: receiver blocks skipped because they were held
+  // Sender: times transmit_st found no free receiver space and waited, and for how long in all
+  // (fence, reads, polling and back-off included) — the paper's synchronisation-control latency,
+  // measured the same way for every protocol.
+  uint64_t waits = 0;
+  uint64_t wait_ns = 0;
+  std::vector<uint64_t> wait_samples_ns;     // one per wait (at most kMaxSamples)
+  std::vector<uint64_t> sync_op_samples_ns;  // one per synchronisation operation: what it costs
+  std::map<std::string, uint64_t> counters;  // the protocol's own, by name (documented where counted)
+};
+
+// Measures the sender's waits for receiver space the one way every protocol uses:
+//   if (no space) { WaitTimer w(stats_); ...wait... }
+class WaitTimer {
+ public:
+  explicit WaitTimer(ProtocolStats& stats) : stats_(stats), t0_(std::chrono::steady_clock::now()) {}
+  ~WaitTimer();
+  WaitTimer(const WaitTimer&) = delete;
+  WaitTimer& operator=(const WaitTimer&) = delete;
+
+ private:
+  ProtocolStats& stats_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// Appends a sample unless `samples` already holds kMaxSamples.
+void add_sample(std::vector<uint64_t>& samples, uint64_t ns);
+
+// Threading: every method but setup() is called from the sender's one sending thread (suffix
+// _st); make_sender and setup() run on the connecting thread before that thread starts.
 class SenderProtocol {
  public:
   virtual ~SenderProtocol() = default;
-  // Moves `length` bytes of the local send block at `src` into some receiver block and makes
-  // it visible there. May block (e.g. for free receiver blocks). If the data transfer is still
-  // running on return, `*data_req` holds it and `src` must stay untouched until it completes.
+  // Bytes the receiver needs to reach into this sender (sent in SETUP; most protocols: none).
+  virtual std::vector<uint8_t> setup() const { return {}; }
+  // Moves the `length`-byte record at `src` (a local send block) into receiver memory and makes
+  // it visible there. May block for receiver space. If the data transfer is still running on
+  // return, `*data_req` holds it and `src` must stay untouched until it completes.
   virtual Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) = 0;
+  // Nothing is waiting to be transmitted right now (the sending thread polls about every ms while
+  // idle, more often while data flows). Protocols that coalesce or expect credits act here.
+  virtual Status idle_st() { return Status::ok(); }
   // Called once after the last transmit: everything must be remotely complete on return.
   virtual Status finish_st() = 0;
-  virtual SenderCounters counters() const = 0;
-  // Synchronisation-control latency samples in ns (benchmark, paper §4.2.1), at most
-  // kMaxSyncSamples; what one sample means is the protocol's to document.
-  virtual std::vector<uint64_t> sync_latencies_ns() const { return {}; }
+  // Everything, samples included: after the sending thread has ended.
+  virtual ProtocolStats stats() const = 0;
+  // Cheap, for progress displays while sending (stats().held_skips).
+  virtual uint64_t held_skips_st() const { return 0; }
 };
-
-inline constexpr size_t kMaxSyncSamples = 1 << 20;
 
 // How a sender waits for the receiver (free blocks, ACKs): spin for the first polls — the
 // common case is a receiver that frees a block within microseconds — then sleep, longer each
@@ -77,42 +140,69 @@ class PollBackoff {
   uint32_t polls_ = 0;
 };
 
-// Threading: one consumer thread per connected sender calls these; set_hold may also be
-// called from that thread only.
+// Threading: one consumer thread per connected sender calls every method (the session thread,
+// which also ran make_receiver and connect).
 class ReceiverProtocol {
  public:
   virtual ~ReceiverProtocol() = default;
-  // Bytes the sender needs to find and reach this receiver's blocks (sent in ACCEPT).
+  // Bytes the sender needs to find and reach this receiver's memory (sent in ACCEPT).
   virtual std::vector<uint8_t> setup() const = 0;
-  // Appends the indices of blocks whose content is complete and not yet released.
-  virtual void poll_full(std::vector<uint32_t>* out) = 0;
-  virtual std::span<const std::byte> block(uint32_t index) const = 0;
-  // The receiver is done with block `index` (status 0, or 2 if a hold is wanted).
-  virtual void release(uint32_t index) = 0;
-  // Marks an empty block unavailable (paper status 2) or available again. Returns false if
-  // the protocol cannot hold individual blocks.
-  virtual bool set_hold(uint32_t index, bool held) = 0;
+  // The sender's SETUP. Protocols without a sender half accept only an empty one.
+  virtual Status connect(const PeerSetup& peer);
+  // Appends every record that is complete and not yet released.
+  virtual void poll(std::vector<Record>* out) = 0;
+  // The receiver is done with record `id`; its memory may be reused by the sender.
+  virtual void release(uint64_t id) = 0;
+  // Marks receiver block `slot` unavailable (paper status 2) or available again. Only called
+  // when Descriptor::holds.
+  virtual void set_hold(uint32_t /*slot*/, bool /*held*/) {}
+  // Called on every pass of the consumer loop, before poll(): protocols whose notifications
+  // arrive through the UCX worker progress it here (the receiver polling its own completion
+  // queue). Returns whether it found work.
+  virtual bool progress() { return false; }
+  // The consumer found nothing to do: wait up to `max` (default: sleep). A protocol that is
+  // notified of new data may return as soon as it is.
+  virtual void wait(std::chrono::microseconds max);
+  // Most records that can be unreleased at once (the stream layer's reorder window).
+  virtual uint64_t max_records() const = 0;
+  virtual ProtocolStats stats() const { return {}; }
 };
 
 struct Descriptor {
   std::string_view name;
   std::string_view summary;
-  // True when the receiver must run UCX progress for this protocol even where RMA itself is
-  // one-sided (two-sided notifications or ACKs).
+  // The options it takes, for --help: "key=VALUE: meaning; key2=...". Empty: none.
+  std::string_view options_help;
+  // The receiver's UCX worker must be progressed even where RMA itself is one-sided (two-sided
+  // notifications or ACKs): a progress thread runs, and progress() is called by the consumer.
   bool receiver_progress = false;
-  // True when devices cannot share a connection (the paper's sliding window, §2.3): the sender
-  // then opens one connection per device.
+  // Devices cannot share a connection (the paper's sliding window, §2.3): the sender opens one
+  // connection per device.
   bool connection_per_device = false;
   // A benchmark reference that moves bytes but delivers no messages (ucx_raw_put): not offered
   // by `slotstream send`, and its receiver confirms FIN without counting messages.
   bool reference = false;
-  Status (*make_sender)(SenderFabric& fabric, std::span<const uint8_t> setup,
+  // The receiver can hold individual blocks (paper status 2). Without it, the receiver applies
+  // back-pressure by leaving records unprocessed.
+  bool holds = false;
+  // The receiver reaches into the sender's memory: it gets an endpoint to the sender's worker
+  // with the SETUP, and the sender's worker must answer (on tcp: the sending thread progresses
+  // it while idle).
+  bool receiver_endpoint = false;
+  // The sender's worker is created with a wake-up file descriptor (protocols that sleep on it).
+  bool sender_wakeup = false;
+  // Rejects options the protocol does not take (nullptr: it takes none).
+  Status (*check_options)(const Options& options) = nullptr;
+  Status (*make_sender)(SenderFabric& fabric, std::span<const uint8_t> setup, const Options& options,
                         std::unique_ptr<SenderProtocol>* out) = nullptr;
-  Status (*make_receiver)(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out) = nullptr;
+  Status (*make_receiver)(ReceiverFabric& fabric, const Options& options,
+                          std::unique_ptr<ReceiverProtocol>* out) = nullptr;
 };
 
 // The registry: every protocol this build has, in a fixed order.
 std::span<const Descriptor* const> all();
 const Descriptor* find(std::string_view name);
+// `options` against the protocol's check_options (none allowed without one).
+Status check_options(const Descriptor& d, const Options& options);
 
 }  // namespace slotstream::protocol

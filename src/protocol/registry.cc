@@ -16,6 +16,18 @@ const std::array<const Descriptor*, 3> kAll = {&kStatusByte, &kSlidingWindow, &k
 
 std::span<const Descriptor* const> all() { return kAll; }
 
+const Descriptor* find(std::string_view name) {
+  for (const Descriptor* d : kAll) {
+    if (d->name == name) return d;
+  }
+  return nullptr;
+}
+
+Status check_options(const Descriptor& d, const Options& options) {
+  if (d.check_options) return d.check_options(options);
+  return options.check_known(d.name, {});
+}
+
 void PollBackoff::pause() {
   constexpr uint32_t kSpinPolls = 64;
   constexpr uint32_t kMaxSleepUs = 200;
@@ -23,11 +35,22 @@ void PollBackoff::pause() {
   std::this_thread::sleep_for(std::chrono::microseconds(std::min(kMaxSleepUs, polls_ - kSpinPolls)));
 }
 
-const Descriptor* find(std::string_view name) {
-  for (const Descriptor* d : kAll) {
-    if (d->name == name) return d;
-  }
-  return nullptr;
+void add_sample(std::vector<uint64_t>& samples, uint64_t ns) {
+  if (samples.size() < kMaxSamples) samples.push_back(ns);
 }
+
+WaitTimer::~WaitTimer() {
+  const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+  ++stats_.waits;
+  stats_.wait_ns += ns;
+  add_sample(stats_.wait_samples_ns, ns);
+}
+
+Status ReceiverProtocol::connect(const PeerSetup& peer) {
+  if (!peer.setup.empty()) return {Code::kProtocolError, "unexpected set-up bytes from the sender"};
+  return Status::ok();
+}
+
+void ReceiverProtocol::wait(std::chrono::microseconds max) { std::this_thread::sleep_for(max); }
 
 }  // namespace slotstream::protocol

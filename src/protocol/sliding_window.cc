@@ -1,14 +1,12 @@
 #include "protocol/sliding_window.h"
 
-#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <map>
-#include <mutex>
 #include <thread>
 
+#include "net/auth.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
@@ -25,7 +23,7 @@ constexpr unsigned kNotifyAm = 11;  // sender -> receiver: "block index, length"
 constexpr unsigned kAckAm = 12;     // receiver -> sender: "block index processed"
 
 // AM headers, little-endian (the structs are copied as they are, hence the endian assert).
-//   Notify: u64 session | u32 block index | u32 length      (session: see Dispatch below)
+//   Notify: u64 session | u32 block index | u32 length      (session: random, from the set-up)
 //   Ack:    u32 block index | u32 zero | u64 generated-at ns (receiver's CLOCK_MONOTONIC)
 struct Notify {
   uint64_t session;
@@ -40,20 +38,11 @@ struct Ack {
 static_assert(sizeof(Notify) == 16 && sizeof(Ack) == 16, "fixed AM layouts");
 static_assert(std::endian::native == std::endian::little, "AM headers are copied as little-endian structs");
 
-struct AtomicStats {
-  std::atomic<uint64_t> notifications_sent{0}, acks_received{0}, acks_ignored{0}, window_full_waits{0},
-      window_full_wait_ns{0}, head_blocked_acks{0}, notifications_received{0}, notifications_dropped{0},
-      acks_sent{0}, ack_send_failures{0};
-};
-AtomicStats g_stats;
-void bump(std::atomic<uint64_t>& a, uint64_t by = 1) { a.fetch_add(by, std::memory_order_relaxed); }
-
 class SlidingWindowSender final : public SenderProtocol {
  public:
   SlidingWindowSender(SenderFabric& fabric, uint64_t pool, uint64_t session, std::unique_ptr<fabric::RemoteKey> rkey)
       : fabric_(fabric), pool_(pool), rkey_(std::move(rkey)), window_(fabric.geometry.blocks),
-        notify_(new Notify[fabric.geometry.blocks]), notify_req_(fabric.geometry.blocks),
-        notified_at_ns_(fabric.geometry.blocks, 0) {
+        notify_(new Notify[fabric.geometry.blocks]), notify_req_(fabric.geometry.blocks) {
     for (uint32_t i = 0; i < fabric.geometry.blocks; ++i) notify_[i] = Notify{session, 0, 0};
   }
 
@@ -94,10 +83,8 @@ class SlidingWindowSender final : public SenderProtocol {
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     // The window is full: the head waits for the oldest block's ACK (in order, Figure 1c/d).
     if (window_.full()) {
-      const uint64_t t0 = now_ns();
+      WaitTimer wait(stats_);
       SLOTSTREAM_RETURN_IF_ERROR(wait_st([this] { return !window_.full(); }));
-      bump(g_stats.window_full_waits);
-      bump(g_stats.window_full_wait_ns, now_ns() - t0);
     }
     const uint32_t i = window_.push();
     // RmWrite, paper §2.3: RDMA Write-with-Immediate into the block at the tail. UCP has no
@@ -118,14 +105,13 @@ class SlidingWindowSender final : public SenderProtocol {
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
     notify_[i].index = i;
     notify_[i].length = static_cast<uint32_t>(length);
-    notified_at_ns_[i] = now_ns();
     // Its header, notify_[i], stays untouched until the block is ACKed, so the slot's previous
     // notification has completed by now.
     notify_req_[i] = fabric::Request();
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.am_send(kNotifyAm, &notify_[i], sizeof(Notify), nullptr, 0,
                                                         /*want_reply=*/true, &notify_req_[i]));
-    bump(g_stats.notifications_sent);
-    ++counters_.blocks;
+    ++stats_.counters["notifications_sent"];
+    ++stats_.records;
     return Status::ok();
   }
 
@@ -135,17 +121,11 @@ class SlidingWindowSender final : public SenderProtocol {
     return fabric_.endpoint.flush(fabric_.alive);
   }
 
-  SenderCounters counters() const override {
-    SenderCounters c = counters_;
-    c.status_reads = acks_;  // the baseline's synchronisation messages are its ACKs
-    return c;
-  }
-  // One sample = one ACK: from the receiver generating it (after processing the block) until
-  // the sender handles it. Both ends read CLOCK_MONOTONIC, so samples mean something only when
-  // sender and receiver share a host (the benchmark's case); across hosts use
-  // ack_round_trips_ns(), which never mixes clocks.
-  std::vector<uint64_t> sync_latencies_ns() const override { return sync_ns_; }
-  const std::vector<uint64_t>& ack_round_trips_ns() const { return rtt_ns_; }
+  // sync_ops: ACKs handled. sync_op_samples_ns: one per ACK, from the receiver generating it
+  // (after processing the block) until the sender handles it — including the time it waits for
+  // the sender to poll, which it does only while the window is full (see init()). Both ends read
+  // CLOCK_MONOTONIC: meaningful when sender and receiver share a host (the benchmark's case).
+  ProtocolStats stats() const override { return stats_; }
 
  private:
   // Runs inside worker progress, i.e. on the sending thread (see init()).
@@ -153,20 +133,18 @@ class SlidingWindowSender final : public SenderProtocol {
     const uint64_t now = now_ns();
     Ack ack;
     if (header.size() != sizeof(Ack)) {
-      bump(g_stats.acks_ignored);
+      ++stats_.counters["acks_ignored"];
       return;
     }
     std::memcpy(&ack, header.data(), sizeof ack);
     if (ack.index >= fabric_.geometry.blocks || !window_.awaiting_ack(ack.index)) {
-      bump(g_stats.acks_ignored);  // stray or duplicate: must not free a block in flight
+      ++stats_.counters["acks_ignored"];  // stray or duplicate: must not free a block in flight
       return;
     }
-    if (sync_ns_.size() < kMaxSyncSamples && now > ack.generated_ns) sync_ns_.push_back(now - ack.generated_ns);
-    if (rtt_ns_.size() < kMaxSyncSamples) rtt_ns_.push_back(now - notified_at_ns_[ack.index]);
-    ++acks_;
-    bump(g_stats.acks_received);
+    if (now > ack.generated_ns) add_sample(stats_.sync_op_samples_ns, now - ack.generated_ns);
+    ++stats_.sync_ops;
     // RmFree: the head moves over the acknowledged prefix only.
-    if (window_.ack(ack.index) == 0) bump(g_stats.head_blocked_acks);
+    if (window_.ack(ack.index) == 0) ++stats_.counters["head_blocked_acks"];
   }
 
   // Polls for ACKs (they are handled inside progress) until `done`.
@@ -186,48 +164,33 @@ class SlidingWindowSender final : public SenderProtocol {
   WindowTracker window_;
   std::unique_ptr<Notify[]> notify_;            // per slot: the AM header, alive while in flight
   std::vector<fabric::Request> notify_req_;     // per slot: its notification, if not sent inline
-  std::vector<uint64_t> notified_at_ns_;        // per slot: when its notification was posted
-  SenderCounters counters_;
-  uint64_t acks_ = 0;
-  std::vector<uint64_t> sync_ns_;
-  std::vector<uint64_t> rtt_ns_;
+  ProtocolStats stats_;
 };
 
-// The receiver's worker is shared by every connected sender and UCX allows one handler per AM
-// id per worker, so notifications are routed by the session id the receiver handed out in its
-// set-up blob and the sender echoes in each notification.
-class SlidingWindowReceiver;
-struct Dispatch {
-  std::mutex mutex;
-  std::map<uint64_t, SlidingWindowReceiver*> sessions;
-  uint64_t next_session = 1;
-};
-Dispatch& dispatch() {
-  static Dispatch d;
-  return d;
-}
-
+// The receiver side. Its worker is this session's own (Descriptor::receiver_progress), progressed
+// only by the session's consumer thread: notifications are handled inside progress() on that
+// thread, so nothing here needs a lock.
 class SlidingWindowReceiver final : public ReceiverProtocol {
  public:
-  SlidingWindowReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> pool, std::vector<uint8_t> rkey)
+  SlidingWindowReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> pool, std::vector<uint8_t> rkey,
+                        uint64_t session)
       : worker_(fabric.worker), geometry_(fabric.geometry), pool_(std::move(pool)), rkey_(std::move(rkey)),
-        notified_(fabric.geometry.blocks, false) {
-    Dispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
-    session_ = d.next_session++;
-    d.sessions[session_] = this;
+        session_(session), notified_(fabric.geometry.blocks, false) {}
+
+  Status init() {
+    return worker_.set_am_handler(kNotifyAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
+                                                    fabric::ReplyEp reply) { notified(header, reply); });
   }
+
   ~SlidingWindowReceiver() override {
-    {
-      Dispatch& d = dispatch();
-      std::lock_guard lock(d.mutex);
-      d.sessions.erase(session_);
-    }
-    // An ACK's header must outlive its request. Give the last ones a moment (the progress
-    // thread completes them); a header whose ACK is still stuck (sender gone) is leaked rather
-    // than freed under UCX.
+    // The worker outlives us (it belongs to the session): unhook the handler first.
+    (void)worker_.set_am_handler(kNotifyAm, [](std::span<const std::byte>, std::span<const std::byte>,
+                                               fabric::ReplyEp) {});
+    // An ACK's header must outlive its request. Give the last ones a moment to leave; a header
+    // whose ACK is still stuck (sender gone) is leaked rather than freed under UCX.
     const auto deadline = Clock::now() + std::chrono::milliseconds(50);
     while (!acks_.empty() && Clock::now() < deadline) {
+      worker_.progress();
       reap_acks();
       if (!acks_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -242,62 +205,78 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
     return std::move(w.buffer());
   }
 
-  // Progress thread: a notification ("write with immediate" completion) arrived.
-  void notified(const Notify& n, fabric::ReplyEp reply) {
-    std::lock_guard lock(mutex_);
-    if (n.index >= geometry_.blocks || n.length > geometry_.block_size || notified_[n.index]) {
-      bump(g_stats.notifications_dropped);
+  // The receiver polls its own completion queue, as an RDMA receiver polls its CQ: the consumer
+  // progresses the session's worker on every pass; notifications are handled inside.
+  bool progress() override { return worker_.progress() != 0; }
+
+  // Idle: sleep in the kernel until the worker has an event (a notification arrives) or `max`.
+  void wait(std::chrono::microseconds max) override { (void)worker_.wait_for_event(max); }
+
+  // Notified blocks not yet released, in arrival order.
+  void poll(std::vector<Record>* out) override {
+    for (uint32_t i : ready_) {
+      out->push_back({i, i, {pool_->data() + size_t(i) * geometry_.block_size, geometry_.block_size}});
+    }
+  }
+
+  uint64_t max_records() const override { return geometry_.blocks; }
+
+  ProtocolStats stats() const override {
+    ProtocolStats s;
+    s.sync_ops = acks_sent_;
+    s.counters = {{"notifications_received", notifications_},
+                  {"notifications_dropped", dropped_},
+                  {"acks_sent", acks_sent_},
+                  {"ack_send_failures", ack_failures_}};
+    return s;
+  }
+
+  void release(uint64_t id) override {
+    const auto index = static_cast<uint32_t>(id);
+    // Only a notified block is ACKed: a second ACK for a slot could free the sender's next block
+    // in that slot before it was ever processed.
+    if (index >= geometry_.blocks || !notified_[index]) return;
+    notified_[index] = false;
+    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+      if (*it == index) {
+        ready_.erase(it);
+        break;
+      }
+    }
+    // The ACK, two-sided, right after processing (paper: "the receiver sends an ACK
+    // notification"). If it cannot leave at once (e.g. the shared-memory FIFO to the sender is
+    // full), the next progress() pushes it.
+    auto ack = std::make_unique<Ack>(Ack{index, 0, now_ns()});
+    fabric::Request req;
+    if (worker_.am_reply(reply_, kAckAm, ack.get(), sizeof(Ack), &req).is_ok()) {
+      ++acks_sent_;
+    } else {
+      ++ack_failures_;
+    }
+    if (req.pending()) acks_.push_back({std::move(req), std::move(ack)});
+    reap_acks();
+  }
+
+ private:
+  // Inside progress(): a notification ("write with immediate" completion) arrived.
+  void notified(std::span<const std::byte> header, fabric::ReplyEp reply) {
+    Notify n;
+    if (header.size() != sizeof(Notify)) {
+      ++dropped_;
+      return;
+    }
+    std::memcpy(&n, header.data(), sizeof n);
+    if (n.session != session_ || n.index >= geometry_.blocks || n.length > geometry_.block_size ||
+        notified_[n.index]) {
+      ++dropped_;
       return;
     }
     reply_ = reply;
     notified_[n.index] = true;
     ready_.push_back(n.index);
+    ++notifications_;
   }
 
-  // Notified blocks not yet released, in arrival order.
-  void poll_full(std::vector<uint32_t>* out) override {
-    std::lock_guard lock(mutex_);
-    out->insert(out->end(), ready_.begin(), ready_.end());
-  }
-
-  std::span<const std::byte> block(uint32_t index) const override {
-    return {pool_->data() + size_t(index) * geometry_.block_size, geometry_.block_size};
-  }
-
-  void release(uint32_t index) override {
-    fabric::ReplyEp reply;
-    {
-      std::lock_guard lock(mutex_);
-      // Only a notified block is ACKed: a second ACK for a slot could free the sender's next
-      // block in that slot before it was ever processed.
-      if (index >= geometry_.blocks || !notified_[index]) return;
-      notified_[index] = false;
-      for (auto it = ready_.begin(); it != ready_.end(); ++it) {
-        if (*it == index) {
-          ready_.erase(it);
-          break;
-        }
-      }
-      reply = reply_;
-    }
-    // The ACK, two-sided, right after processing (paper: "the receiver sends an ACK
-    // notification"). Sent without holding mutex_: the progress thread takes the worker's
-    // lock, then ours.
-    auto ack = std::make_unique<Ack>(Ack{index, 0, now_ns()});
-    fabric::Request req;
-    if (worker_.am_reply(reply, kAckAm, ack.get(), sizeof(Ack), &req).is_ok()) {
-      bump(g_stats.acks_sent);
-      if (req.pending()) acks_.push_back({std::move(req), std::move(ack)});
-    } else {
-      bump(g_stats.ack_send_failures);
-    }
-    reap_acks();
-  }
-
-  // No per-block status: a block cannot be marked unavailable (the paper's point, §3.3).
-  bool set_hold(uint32_t, bool) override { return false; }
-
- private:
   void reap_acks() {
     while (!acks_.empty() && acks_.front().first.check().code() != Code::kInProgress) acks_.pop_front();
   }
@@ -306,33 +285,19 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   Geometry geometry_;
   std::unique_ptr<fabric::MemoryRegion> pool_;
   std::vector<uint8_t> rkey_;
-  uint64_t session_ = 0;
-  std::mutex mutex_;  // guards ready_, notified_ and reply_: the progress thread writes them
+  uint64_t session_;
   std::deque<uint32_t> ready_;
   std::vector<bool> notified_;
   fabric::ReplyEp reply_;
-  std::deque<std::pair<fabric::Request, std::unique_ptr<Ack>>> acks_;  // consumer thread only
+  uint64_t notifications_ = 0;
+  uint64_t dropped_ = 0;
+  uint64_t acks_sent_ = 0;
+  uint64_t ack_failures_ = 0;
+  std::deque<std::pair<fabric::Request, std::unique_ptr<Ack>>> acks_;
 };
 
-void on_notify(std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
-  if (header.size() != sizeof(Notify)) {
-    bump(g_stats.notifications_dropped);
-    return;
-  }
-  bump(g_stats.notifications_received);
-  Notify n;
-  std::memcpy(&n, header.data(), sizeof n);
-  Dispatch& d = dispatch();
-  std::lock_guard lock(d.mutex);
-  auto it = d.sessions.find(n.session);
-  if (it == d.sessions.end()) {
-    bump(g_stats.notifications_dropped);  // a session that already ended
-    return;
-  }
-  it->second->notified(n, reply);
-}
-
-Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::unique_ptr<SenderProtocol>* out) {
+Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
+                   std::unique_ptr<SenderProtocol>* out) {
   wire::Reader r(setup);
   uint64_t pool = r.u64();
   uint64_t session = r.u64();
@@ -346,20 +311,19 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::un
   return Status::ok();
 }
 
-Status make_receiver(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out) {
+Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
-  {
-    Dispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
-    if (!fabric.worker.has_am_handler(kNotifyAm)) {
-      SLOTSTREAM_RETURN_IF_ERROR(fabric.worker.set_am_handler(kNotifyAm, on_notify));
-    }
-  }
   std::unique_ptr<fabric::MemoryRegion> pool;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, size_t(g.blocks) * g.block_size, &pool));
   std::vector<uint8_t> rkey;
   SLOTSTREAM_RETURN_IF_ERROR(pool->pack_rkey(&rkey));
-  out->reset(new SlidingWindowReceiver(fabric, std::move(pool), std::move(rkey)));
+  // The session id the sender echoes in every notification: a notification that carries another
+  // one is not for this window and is dropped (counted).
+  uint64_t session = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce_u64(&session));
+  auto receiver = std::make_unique<SlidingWindowReceiver>(fabric, std::move(pool), std::move(rkey), session);
+  SLOTSTREAM_RETURN_IF_ERROR(receiver->init());
+  *out = std::move(receiver);
   return Status::ok();
 }
 
@@ -385,43 +349,14 @@ bool WindowTracker::awaiting_ack(uint32_t index) const {
   return pos < in_flight() && !acked_[index];
 }
 
-SlidingWindowStats sliding_window_stats() {
-  const AtomicStats& s = g_stats;
-  SlidingWindowStats out;
-  out.notifications_sent = s.notifications_sent.load();
-  out.acks_received = s.acks_received.load();
-  out.acks_ignored = s.acks_ignored.load();
-  out.window_full_waits = s.window_full_waits.load();
-  out.window_full_wait_ns = s.window_full_wait_ns.load();
-  out.head_blocked_acks = s.head_blocked_acks.load();
-  out.notifications_received = s.notifications_received.load();
-  out.notifications_dropped = s.notifications_dropped.load();
-  out.acks_sent = s.acks_sent.load();
-  out.ack_send_failures = s.ack_send_failures.load();
-  return out;
-}
-
-void reset_sliding_window_stats() {
-  AtomicStats& s = g_stats;
-  for (auto* a : {&s.notifications_sent, &s.acks_received, &s.acks_ignored, &s.window_full_waits,
-                  &s.window_full_wait_ns, &s.head_blocked_acks, &s.notifications_received,
-                  &s.notifications_dropped, &s.acks_sent, &s.ack_send_failures}) {
-    a->store(0);
-  }
-}
-
-std::vector<uint64_t> sliding_window_ack_round_trips_ns(const SenderProtocol& sender) {
-  if (auto* sw = dynamic_cast<const SlidingWindowSender*>(&sender)) return sw->ack_round_trips_ns();
-  return {};
-}
-
 const Descriptor kSlidingWindow = {
     .name = "sliding_window",
     .summary = "paper §2.3 baseline: head/tail window, put + notification (emulated write-with-immediate), "
                "ACK per block by two-sided send, in-order release, one connection per device",
     .receiver_progress = true,
     .connection_per_device = true,
-    .reference = false,
+    // No per-block status: a block cannot be marked unavailable (the paper's point, §3.3).
+    .holds = false,
     .make_sender = make_sender,
     .make_receiver = make_receiver,
 };

@@ -45,31 +45,6 @@ class WindowTracker {
   uint64_t tail_ = 0;
 };
 
-// What the baseline did, for the benchmark (paper §4.2.1, Fig. 10-11, 16-17). Process-wide
-// totals over every sliding_window sender and receiver in this process, since start or the last
-// reset_sliding_window_stats(); the sender fields stay 0 in a receiver process and vice versa.
-struct SlidingWindowStats {
-  // sender
-  uint64_t notifications_sent = 0;   // emulated write-with-immediate: one AM per block
-  uint64_t acks_received = 0;        // ACKs for a block in flight (stray/duplicate ones excluded)
-  uint64_t acks_ignored = 0;         // malformed, stray or duplicate ACKs
-  uint64_t window_full_waits = 0;    // transmit_st calls that found the window full and waited
-  uint64_t window_full_wait_ns = 0;  // total time spent in those waits
-  uint64_t head_blocked_acks = 0;    // ACKs that freed nothing: an older block was still unacked
-  // receiver
-  uint64_t notifications_received = 0;
-  uint64_t notifications_dropped = 0;  // unknown session or out-of-range block
-  uint64_t acks_sent = 0;              // ACK AMs posted (two-sided: a receive consumed at the sender)
-  uint64_t ack_send_failures = 0;      // the sender had gone
-};
-SlidingWindowStats sliding_window_stats();
-void reset_sliding_window_stats();
-
-// Per-block ACK round trip of one sliding_window sender, in ns: from posting the block's
-// notification to handling its ACK (includes the receiver's processing time). Empty for any
-// other protocol. At most kMaxSyncSamples.
-std::vector<uint64_t> sliding_window_ack_round_trips_ns(const SenderProtocol& sender);
-
 extern const Descriptor kSlidingWindow;
 
 }  // namespace slotstream::protocol

@@ -23,10 +23,15 @@ class StatusByteSender final : public SenderProtocol {
         rkey_(std::move(rkey)), cache_(fabric.geometry.blocks) {}
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
-    int64_t j = cache_.pick(&counters_.held_skips);
-    for (PollBackoff backoff; j < 0; backoff.pause()) {
-      SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
-      j = cache_.pick(&counters_.held_skips);
+    int64_t j = cache_.pick(&stats_.held_skips);
+    if (j < 0) {
+      // paper §3.2.6: no free block in the cache. The sender is blocked from here until a block
+      // is free: status reads, their fences and back-off all count as this one wait.
+      WaitTimer wait(stats_);
+      for (PollBackoff backoff; j < 0; backoff.pause()) {
+        SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
+        j = cache_.pick(&stats_.held_skips);
+      }
     }
     const auto& g = fabric_.geometry;
     // paper §3.2.2: two writes — the data (no completion of its own), then the status byte.
@@ -37,20 +42,20 @@ class StatusByteSender final : public SenderProtocol {
     fabric::Request status_req;  // fire and forget; errors surface at the next flush/read
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put(&kFullByte, 1, status_addr_ + j, *rkey_, &status_req));
     cache_.mark_full(static_cast<uint32_t>(j));
-    ++counters_.blocks;
+    ++stats_.records;
     return Status::ok();
   }
 
   Status finish_st() override { return fabric_.endpoint.flush(fabric_.alive); }
 
-  SenderCounters counters() const override { return counters_; }
-  // One sample = one status-array read: from issuing the get to its completion.
-  std::vector<uint64_t> sync_latencies_ns() const override { return sync_ns_; }
+  // sync_op_samples_ns: one status-array read each, from issuing the get to its completion.
+  ProtocolStats stats() const override { return stats_; }
+  uint64_t held_skips_st() const override { return stats_.held_skips; }
 
  private:
-  // paper §3.2.6: no free block in the cache — read all status bytes at once (blocking).
+  // paper §3.2.6: read all status bytes at once (one RDMA get, blocking).
   Status synchronise_st() {
-    ++counters_.status_reads;
+    ++stats_.sync_ops;
     // Ordered after our own earlier status puts, so the read cannot see them as still empty.
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
     auto raw = cache_.raw();
@@ -58,9 +63,8 @@ class StatusByteSender final : public SenderProtocol {
     fabric::Request req;
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.get(raw.data(), raw.size(), status_addr_, *rkey_, &req));
     SLOTSTREAM_RETURN_IF_ERROR(req.wait(fabric_.worker, fabric_.alive));
-    if (sync_ns_.size() < kMaxSyncSamples) {
-      sync_ns_.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-    }
+    add_sample(stats_.sync_op_samples_ns,
+               std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     return fabric_.alive ? fabric_.alive() : Status::ok();
   }
 
@@ -69,8 +73,7 @@ class StatusByteSender final : public SenderProtocol {
   uint64_t status_addr_;
   std::unique_ptr<fabric::RemoteKey> rkey_;
   StatusCache cache_;
-  SenderCounters counters_;
-  std::vector<uint64_t> sync_ns_;
+  ProtocolStats stats_;
 };
 
 class StatusByteReceiver final : public ReceiverProtocol {
@@ -88,30 +91,30 @@ class StatusByteReceiver final : public ReceiverProtocol {
     return std::move(w.buffer());
   }
 
-  void poll_full(std::vector<uint32_t>* out) override {
+  void poll(std::vector<Record>* out) override {
     for (uint32_t i = 0; i < geometry_.blocks; ++i) {
       // Acquire: the block's data (written before the status byte, behind a fence) is visible.
-      if (status(i).load(std::memory_order_acquire) == kFull) out->push_back(i);
+      if (status(i).load(std::memory_order_acquire) == kFull) {
+        out->push_back({i, i, {region_->data() + size_t(i) * geometry_.block_size, geometry_.block_size}});
+      }
     }
   }
 
-  std::span<const std::byte> block(uint32_t index) const override {
-    return {region_->data() + size_t(index) * geometry_.block_size, geometry_.block_size};
-  }
-
-  void release(uint32_t index) override {
+  void release(uint64_t id) override {
+    const auto index = static_cast<uint32_t>(id);
     // paper §3.2.5 step 3; §3.3: a block wanted held goes straight to 2.
     status(index).store(hold_wanted_[index] ? kHeld : kEmpty, std::memory_order_release);
   }
 
-  bool set_hold(uint32_t index, bool held) override {
+  void set_hold(uint32_t index, bool held) override {
     hold_wanted_[index] = held;
     // Compare-and-swap: the sender may be writing 1 into this very byte right now. If it wins,
     // the block is full and the hold applies when it is released.
     uint8_t expected = held ? kEmpty : kHeld;
     status(index).compare_exchange_strong(expected, held ? kHeld : kEmpty, std::memory_order_acq_rel);
-    return true;
   }
+
+  uint64_t max_records() const override { return geometry_.blocks; }
 
  private:
   std::atomic_ref<uint8_t> status(uint32_t i) const {
@@ -125,7 +128,8 @@ class StatusByteReceiver final : public ReceiverProtocol {
   std::vector<bool> hold_wanted_;
 };
 
-Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::unique_ptr<SenderProtocol>* out) {
+Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
+                   std::unique_ptr<SenderProtocol>* out) {
   wire::Reader r(setup);
   uint64_t blocks_addr = r.u64();
   uint64_t status_addr = r.u64();
@@ -137,7 +141,7 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::un
   return Status::ok();
 }
 
-Status make_receiver(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out) {
+Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
   std::unique_ptr<fabric::MemoryRegion> region;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, status_offset(g) + g.blocks, &region));
@@ -163,9 +167,7 @@ const Descriptor kStatusByte = {
     .name = "status_byte",
     .summary = "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
                "writes data, fence, status byte, and reads the status array only when out of free blocks",
-    .receiver_progress = false,
-    .connection_per_device = false,
-    .reference = false,
+    .holds = true,
     .make_sender = make_sender,
     .make_receiver = make_receiver,
 };

@@ -12,19 +12,19 @@ class RawPutSender final : public SenderProtocol {
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     const auto& g = fabric_.geometry;
-    uint64_t dst = blocks_addr_ + (counters_.blocks % g.blocks) * uint64_t(g.block_size);
+    uint64_t dst = blocks_addr_ + (stats_.records % g.blocks) * uint64_t(g.block_size);
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put(src, length, dst, *rkey_, data_req));
-    if (++counters_.blocks % kRawPutFlushEvery == 0) return fabric_.endpoint.flush(fabric_.alive);
+    if (++stats_.records % kRawPutFlushEvery == 0) return fabric_.endpoint.flush(fabric_.alive);
     return Status::ok();
   }
   Status finish_st() override { return fabric_.endpoint.flush(fabric_.alive); }
-  SenderCounters counters() const override { return counters_; }
+  ProtocolStats stats() const override { return stats_; }
 
  private:
   SenderFabric& fabric_;
   uint64_t blocks_addr_;
   std::unique_ptr<fabric::RemoteKey> rkey_;
-  SenderCounters counters_;
+  ProtocolStats stats_;
 };
 
 class RawPutReceiver final : public ReceiverProtocol {
@@ -37,17 +37,17 @@ class RawPutReceiver final : public ReceiverProtocol {
     w.blob32(rkey_);
     return std::move(w.buffer());
   }
-  void poll_full(std::vector<uint32_t>*) override {}  // nothing is ever announced
-  std::span<const std::byte> block(uint32_t) const override { return {}; }
-  void release(uint32_t) override {}
-  bool set_hold(uint32_t, bool) override { return false; }
+  void poll(std::vector<Record>*) override {}  // nothing is ever announced
+  void release(uint64_t) override {}
+  uint64_t max_records() const override { return 1; }
 
  private:
   std::unique_ptr<fabric::MemoryRegion> region_;
   std::vector<uint8_t> rkey_;
 };
 
-Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::unique_ptr<SenderProtocol>* out) {
+Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
+                   std::unique_ptr<SenderProtocol>* out) {
   wire::Reader r(setup);
   uint64_t addr = r.u64();
   std::vector<uint8_t> packed = r.blob32(setup.size());
@@ -58,7 +58,7 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, std::un
   return Status::ok();
 }
 
-Status make_receiver(ReceiverFabric& fabric, std::unique_ptr<ReceiverProtocol>* out) {
+Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
   std::unique_ptr<fabric::MemoryRegion> region;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, size_t(g.blocks) * g.block_size, &region));
@@ -74,8 +74,6 @@ const Descriptor kUcxRawPut = {
     .name = "ucx_raw_put",
     .summary = "benchmark reference: raw puts rotating over the receiver's blocks, no flow control, "
                "nothing delivered",
-    .receiver_progress = false,
-    .connection_per_device = false,
     .reference = true,
     .make_sender = make_sender,
     .make_receiver = make_receiver,

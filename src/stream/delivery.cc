@@ -4,16 +4,15 @@
 
 namespace slotstream::stream {
 
-Delivery::Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices,
-                   protocol::Geometry geometry)
-    : proto_(proto), sink_(sink), geometry_(geometry) {
+Delivery::Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices)
+    : proto_(proto), sink_(sink) {
   for (uint16_t d : devices) devices_[d];
 }
 
 Status Delivery::apply(const Entry& e, Stage stage) {
   const wire::BlockHeader& h = e.header;
   DeviceState& dev = devices_[h.device];
-  auto payload = proto_.block(e.index).subspan(wire::kBlockHeaderSize, h.payload_length);
+  auto payload = e.record.bytes.subspan(wire::kBlockHeaderSize, h.payload_length);
   auto fail = [&](Status st, Stage at) {
     pending_ = Pending{e, at};
     return st;
@@ -54,7 +53,7 @@ Status Delivery::pass(size_t* consumed) {
   *consumed = 0;
   auto deliver = [&](const Entry& e, Stage stage) -> Status {
     SLOTSTREAM_RETURN_IF_ERROR(apply(e, stage));
-    proto_.release(e.index);
+    proto_.release(e.record.id);
     ++devices_[e.header.device].expected;
     ++*consumed;
     return Status::ok();
@@ -65,27 +64,29 @@ Status Delivery::pass(size_t* consumed) {
     SLOTSTREAM_RETURN_IF_ERROR(deliver(p.entry, p.stage));
   }
 
-  full_.clear();
-  proto_.poll_full(&full_);
+  records_.clear();
+  proto_.poll(&records_);
   entries_.clear();
-  const size_t capacity = geometry_.block_size - wire::kBlockHeaderSize;
-  for (uint32_t i : full_) {
+  for (const protocol::Record& rec : records_) {
     if (!blocked_.empty()) {
-      auto b = blocked_.find(i);
+      auto b = blocked_.find(rec.slot);
       if (b != blocked_.end() && b->second) continue;
     }
-    auto head = proto_.block(i).first<wire::kBlockHeaderSize>();
-    auto h = wire::decode_block_header(head, capacity);
+    std::optional<wire::BlockHeader> h;
+    if (rec.bytes.size() >= wire::kBlockHeaderSize) {
+      h = wire::decode_block_header(rec.bytes.first<wire::kBlockHeaderSize>(),
+                                    rec.bytes.size() - wire::kBlockHeaderSize);
+    }
     if (!h) {
       ++counters_.bad_headers;
-      proto_.release(i);
+      proto_.release(rec.id);
       ++*consumed;
     } else if (!devices_.contains(h->device)) {
       ++counters_.unknown_device;  // counted, never written as data
-      proto_.release(i);
+      proto_.release(rec.id);
       ++*consumed;
     } else {
-      entries_.push_back({i, *h});
+      entries_.push_back({rec, *h});
     }
   }
   // Per device, nearest packet first: consecutive packets then deliver in one pass.
@@ -95,7 +96,7 @@ Status Delivery::pass(size_t* consumed) {
     return wire::packet_distance(exp, a.header.packet) < wire::packet_distance(exp, b.header.packet);
   });
 
-  const int64_t window = Delivery::window(geometry_);
+  const auto window = static_cast<int64_t>(Delivery::window(proto_.max_records()));
   std::map<uint16_t, int64_t> waiting;  // device -> distance of its nearest waiting packet
   std::map<uint16_t, bool> progressed;
   for (const Entry& e : entries_) {
@@ -104,11 +105,11 @@ Status Delivery::pass(size_t* consumed) {
     if (dist < 0) {
       ++counters_.duplicates;
       ++dev.counters.duplicates;
-      proto_.release(e.index);
+      proto_.release(e.record.id);
       ++*consumed;
     } else if (dist >= window) {
       ++counters_.out_of_window;
-      proto_.release(e.index);
+      proto_.release(e.record.id);
       ++*consumed;
     } else if (dist == 0) {
       SLOTSTREAM_RETURN_IF_ERROR(deliver(e, Stage::kBegin));

@@ -1,5 +1,6 @@
-// Receiver side of the stream layer: turns the protocol's full blocks into complete, in-order
-// messages per device and hands them to a MessageSink.
+// Receiver side of the stream layer: turns the protocol's records (a block header and its
+// payload, in a block of its own or packed in a ring) into complete, in-order messages per
+// device and hands them to a MessageSink.
 //
 // Ordering (paper §3.4: "arranges the data in sequence based on the packet number"): the sender
 // writes each device's packets in order, and every status byte is fenced after the previous
@@ -37,25 +38,25 @@ struct DeliveryCounters {
 
 class Delivery {
  public:
-  Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices,
-           protocol::Geometry geometry);
+  Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices);
 
-  // One pass over the blocks that are full now. `*consumed` = blocks released. A sink error is
-  // returned as is; the block stays full (back-pressure) and the next pass retries it exactly
-  // where it failed.
+  // One pass over the records complete now. `*consumed` = records released. A sink error is
+  // returned as is; the record stays unreleased (back-pressure) and the next pass retries it
+  // exactly where it failed.
   Status pass(size_t* consumed);
   // Discards every partially received message (the sender is gone). Returns how many.
   uint64_t abort_partials();
   bool has_open_message() const;
-  // Leaves block `index` unprocessed while blocked (holding a block in protocols that have no
-  // per-block hold of their own).
-  void set_blocked(uint32_t index, bool blocked) { blocked_[index] = blocked; }
+  // Leaves records in receiver block `slot` unprocessed while blocked (holding a block in
+  // protocols that have no per-block hold of their own).
+  void set_blocked(uint32_t slot, bool blocked) { blocked_[slot] = blocked; }
   uint64_t messages(uint16_t device) const;
   std::map<uint16_t, DeviceStats> per_device() const;
   const DeliveryCounters& counters() const { return counters_; }
 
-  // Packets further ahead than this are not believed (a corrupt or hostile header).
-  static uint32_t window(const protocol::Geometry& g) { return 4 * (g.blocks < 64 ? 64 : g.blocks); }
+  // Packets further ahead than this are not believed (a corrupt or hostile header): four times
+  // what the protocol can have unreleased at once.
+  static uint64_t window(uint64_t max_records) { return 4 * (max_records < 64 ? 64 : max_records); }
 
  private:
   struct DeviceState {
@@ -66,7 +67,7 @@ class Delivery {
     DeviceStats counters;
   };
   struct Entry {
-    uint32_t index;
+    protocol::Record record;
     wire::BlockHeader header;
   };
   enum class Stage { kBegin, kAppend, kCommit };
@@ -76,7 +77,6 @@ class Delivery {
 
   protocol::ReceiverProtocol& proto_;
   MessageSink& sink_;
-  protocol::Geometry geometry_;
   std::map<uint16_t, DeviceState> devices_;
   DeliveryCounters counters_;
   struct Pending {
@@ -85,7 +85,7 @@ class Delivery {
   };
   std::optional<Pending> pending_;
   std::map<uint32_t, bool> blocked_;
-  std::vector<uint32_t> full_;      // scratch, reused across passes
+  std::vector<protocol::Record> records_;  // scratch, reused across passes
   std::vector<Entry> entries_;
 };
 

@@ -20,6 +20,9 @@ Status finish(const Reader& r, const char* what) {
 
 bool valid_transport(uint8_t t) { return t <= static_cast<uint8_t>(WireTransport::kTcp); }
 
+// A proof is absent (no token) or one MAC.
+bool valid_proof(const std::vector<uint8_t>& proof) { return proof.empty() || proof.size() == kMacSize; }
+
 }  // namespace
 
 std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body) {
@@ -35,6 +38,7 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.bytes(kMagic);
   w.u16(m.version);
   w.str8(m.protocol);
+  w.str16(m.options);
   w.u32(m.blocks);
   w.u32(m.block_size);
   w.u8(static_cast<uint8_t>(m.transport));
@@ -45,6 +49,7 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.u64(m.group);
   w.u16(m.lane);
   w.u16(m.lanes);
+  w.bytes(m.nonce);
   return std::move(w.buffer());
 }
 
@@ -62,6 +67,7 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
                                         std::to_string(kProtocolVersion) + ")"};
   }
   h.protocol = r.str8();
+  h.options = r.str16();
   h.blocks = r.u32();
   h.block_size = r.u32();
   uint8_t t = r.u8();
@@ -74,18 +80,27 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
   h.group = r.u64();
   h.lane = r.u16();
   h.lanes = r.u16();
+  auto nonce = r.bytes(kNonceSize);
+  if (r.ok()) std::copy(nonce.begin(), nonce.end(), h.nonce.begin());
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "hello"));
   if (h.lanes == 0 || h.lane >= h.lanes) return malformed("hello: lane numbers");
   *out = std::move(h);
   return Status::ok();
 }
 
-std::vector<uint8_t> encode(const Accept& m) {
+std::vector<uint8_t> signed_part(const Accept& m) {
   Writer w;
   w.u8(static_cast<uint8_t>(m.transport));
   w.blob32(m.worker_address);
   w.blob32(m.setup);
   return std::move(w.buffer());
+}
+
+std::vector<uint8_t> encode(const Accept& m) {
+  std::vector<uint8_t> b = signed_part(m);
+  b.push_back(static_cast<uint8_t>(m.proof.size()));
+  b.insert(b.end(), m.proof.begin(), m.proof.end());
+  return b;
 }
 
 Status decode(std::span<const uint8_t> body, Accept* out) {
@@ -96,8 +111,38 @@ Status decode(std::span<const uint8_t> body, Accept* out) {
   a.transport = static_cast<WireTransport>(t);
   a.worker_address = r.blob32(kMaxBlob);
   a.setup = r.blob32(kMaxBlob);
+  auto proof = r.bytes(r.u8());
+  a.proof.assign(proof.begin(), proof.end());
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "accept"));
+  if (!valid_proof(a.proof)) return malformed("accept: proof length");
   *out = std::move(a);
+  return Status::ok();
+}
+
+std::vector<uint8_t> signed_part(const Setup& m) {
+  Writer w;
+  w.blob32(m.worker_address);
+  w.blob32(m.setup);
+  return std::move(w.buffer());
+}
+
+std::vector<uint8_t> encode(const Setup& m) {
+  std::vector<uint8_t> b = signed_part(m);
+  b.push_back(static_cast<uint8_t>(m.proof.size()));
+  b.insert(b.end(), m.proof.begin(), m.proof.end());
+  return b;
+}
+
+Status decode(std::span<const uint8_t> body, Setup* out) {
+  Reader r(body);
+  Setup m;
+  m.worker_address = r.blob32(kMaxBlob);
+  m.setup = r.blob32(kMaxBlob);
+  auto proof = r.bytes(r.u8());
+  m.proof.assign(proof.begin(), proof.end());
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "setup"));
+  if (!valid_proof(m.proof)) return malformed("setup: proof length");
+  *out = std::move(m);
   return Status::ok();
 }
 

@@ -6,18 +6,25 @@
 // Session: sender -> HELLO
 //          receiver -> CHALLENGE (only with a token) ; sender -> AUTH
 //          receiver -> ACCEPT | REFUSE
+//          sender -> SETUP (its own worker address and protocol set-up: protocols whose receiver
+//                           reaches into the sender's memory, e.g. buffered_read)
+//          receiver -> READY | REFUSE
 //          ... data moves over UCX ...
 //          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
 // Or, instead of HELLO, a capacity query: CAPACITY_REQ ; receiver -> CAPACITY, then close.
 //
-// HELLO:     magic "SLST" | u16 version | str8 protocol | u32 blocks | u32 block_size |
-//            u8 transport (0 auto, 1 shm, 2 tcp) | str8 host id | str8 sender name |
-//            u16 n | n x u16 device | u64 group | u16 lane | u16 lanes
+// HELLO:     magic "SLST" | u16 version | str8 protocol | str16 protocol options ("k=v,k=v") |
+//            u32 blocks | u32 block_size | u8 transport (0 auto, 1 shm, 2 tcp) | str8 host id |
+//            str8 sender name | u16 n | n x u16 device | u64 group | u16 lane | u16 lanes |
+//            32-byte sender nonce
 //            (a sender whose protocol needs one connection per device opens `lanes`
 //            connections with the same random `group`; each declares its own devices)
-// CHALLENGE: 32-byte nonce
-// AUTH:      32-byte HMAC-SHA256(token, "slotstream-auth-v1" | nonce | sender name)
-// ACCEPT:    u8 transport (1 shm, 2 tcp) | blob32 worker address | blob32 protocol set-up
+// CHALLENGE: 32-byte receiver nonce
+// AUTH:      32-byte sender proof   (net/auth.h: an HMAC over the whole HELLO and both nonces)
+// ACCEPT:    u8 transport (1 shm, 2 tcp) | blob32 worker address | blob32 protocol set-up |
+//            blob8 receiver proof (empty without a token; else an HMAC over HELLO and this ACCEPT)
+// SETUP:     blob32 worker address | blob32 protocol set-up | blob8 sender proof (as ACCEPT's)
+// READY:     (empty)
 // REFUSE:    u16 code | str16 message
 // FIN:       u16 n | n x (u16 device, u64 messages)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
@@ -25,8 +32,9 @@
 // CAPACITY:  u32 connected senders | u64 worker backlog bytes | u32 load (1-min load average per
 //            CPU, x1000) | u64 free bytes in /dev/shm
 //
-// The version covers the control messages and the block header together; a receiver refuses
-// any other version rather than guessing.
+// A receiver refuses any other control version rather than guessing (no silent forward
+// compatibility). Version 2 added protocol options, SETUP/READY and mutual authentication over
+// the whole handshake; the block header (wire/block_header.h) carries its own version.
 #pragma once
 
 #include <array>
@@ -42,14 +50,14 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
 
 enum class MsgType : uint8_t {
   kHello = 1, kChallenge = 2, kAuth = 3, kAccept = 4, kRefuse = 5, kFin = 6, kFinAck = 7,
-  kCapacityRequest = 8, kCapacity = 9,
+  kCapacityRequest = 8, kCapacity = 9, kSetup = 10, kReady = 11,
 };
 
 enum class WireTransport : uint8_t { kAuto = 0, kShm = 1, kTcp = 2 };
@@ -57,6 +65,7 @@ enum class WireTransport : uint8_t { kAuto = 0, kShm = 1, kTcp = 2 };
 struct Hello {
   uint16_t version = kProtocolVersion;
   std::string protocol;
+  std::string options;  // protocol options, "key=value,..." (protocol/options.h)
   uint32_t blocks = 0;
   uint32_t block_size = 0;
   WireTransport transport = WireTransport::kAuto;
@@ -66,12 +75,21 @@ struct Hello {
   uint64_t group = 0;
   uint16_t lane = 0;
   uint16_t lanes = 1;
+  std::array<uint8_t, kNonceSize> nonce{};  // the sender's, for the receiver's proof
 };
 
 struct Accept {
   WireTransport transport = WireTransport::kShm;
   std::vector<uint8_t> worker_address;
   std::vector<uint8_t> setup;  // protocol-specific (region addresses, packed keys)
+  std::vector<uint8_t> proof;  // empty, or kMacSize bytes when the receiver has a token
+};
+
+// The sender's half of the set-up, after ACCEPT.
+struct Setup {
+  std::vector<uint8_t> worker_address;
+  std::vector<uint8_t> setup;
+  std::vector<uint8_t> proof;
 };
 
 struct Refuse {
@@ -105,6 +123,10 @@ std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body);
 
 std::vector<uint8_t> encode(const Hello& m);
 std::vector<uint8_t> encode(const Accept& m);
+std::vector<uint8_t> encode(const Setup& m);
+// The bytes a proof covers: the message's encoding without its proof field.
+std::vector<uint8_t> signed_part(const Accept& m);
+std::vector<uint8_t> signed_part(const Setup& m);
 std::vector<uint8_t> encode(const Refuse& m);
 std::vector<uint8_t> encode(const Fin& m);
 std::vector<uint8_t> encode(const FinAck& m);
@@ -114,6 +136,7 @@ std::vector<uint8_t> encode_capacity_request();
 // Decoders return a kProtocolError Status naming what is wrong (e.g. "bad magic").
 Status decode(std::span<const uint8_t> body, Hello* out);
 Status decode(std::span<const uint8_t> body, Accept* out);
+Status decode(std::span<const uint8_t> body, Setup* out);
 Status decode(std::span<const uint8_t> body, Refuse* out);
 Status decode(std::span<const uint8_t> body, Fin* out);
 Status decode(std::span<const uint8_t> body, FinAck* out);

@@ -2,6 +2,7 @@
 
 Helpers (import them with `from conftest import ...`):
   BIN, REPO, TRANSPORTS, HEADER     where the binary is; the transports every data test runs on
+  PROTOCOLS                         every protocol of this build for data (`slotstream protocols --json`)
   start_receiver (fixture)          start_receiver(out, transport=None, *extra) -> Receiver (killed at test end)
   receiver (fixture)                receiver(*args) -> Receiver, the raw-argument form
   spawn (fixture)                   spawn(argv) -> Proc, a background process killed at test end
@@ -11,6 +12,7 @@ Helpers (import them with `from conftest import ...`):
   sha256(path), seq_name(i), tree(dir), make_files(dir, sizes, tag)
 """
 import hashlib
+import json
 import os
 import pathlib
 import re
@@ -26,6 +28,18 @@ BIN = os.environ.get("SLOTSTREAM_BIN", str(REPO / "build" / "slotstream"))
 TRANSPORTS = ["shm", "tcp"]
 HEADER = 16  # bytes of block header per block (docs: block_size - 16 is the largest one-block payload)
 START_TIMEOUT = 10.0  # seconds for `listening on HOST:PORT`
+
+
+def _protocols():
+    """The data protocols the binary registers (benchmark references excluded); [] without a binary."""
+    try:
+        out = subprocess.run([BIN, "protocols", "--json"], capture_output=True, text=True, timeout=20).stdout
+        return [p["name"] for p in json.loads(out) if not p["reference"]]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+
+
+PROTOCOLS = _protocols()
 
 
 def pytest_configure(config):

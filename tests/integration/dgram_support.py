@@ -34,13 +34,16 @@ def _ip(*args, check=True):
 
 
 @contextlib.contextmanager
-def netns(tag="n"):
+def netns(tag="n", mtu=None):
+    """A namespace with lo up. With `mtu`, lo carries Ethernet-sized packets and no segmentation offload: TCP
+    then sends one packet per MSS instead of a few 64 KiB ones, so a loss rule sees what a wire would."""
     name = _unique(tag)
     r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=20)
     if r.returncode != 0:
         pytest.skip(f"cannot create a network namespace (needs root and iproute2): {r.stderr.strip()}")
     try:
-        _ip("-n", name, "link", "set", "lo", "up")
+        extra = ["mtu", str(mtu), "gso_max_size", str(mtu), "gso_max_segs", "1"] if mtu else []
+        _ip("-n", name, "link", "set", "lo", "up", *extra)
         yield name
     finally:
         subprocess.run(["ip", "netns", "pids", name], capture_output=True)

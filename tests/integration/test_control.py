@@ -10,7 +10,8 @@ import pytest
 from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
-HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK = range(1, 8)
+HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
+VERSION = 2
 MAX_FRAME = 65536
 
 
@@ -24,14 +25,18 @@ def str8(b):
     return bytes([len(b)]) + b
 
 
-def hello_body(magic=MAGIC, version=1, protocol=b"status_byte", blocks=4, block_size=4096, transport=0,
-               host=b"host", name=b"raw", devices=(0,), group=0, lane=0, lanes=1):
-    body = magic + struct.pack("<H", version) + str8(protocol)
+def str16(b):
+    return struct.pack("<H", len(b)) + b
+
+
+def hello_body(magic=MAGIC, version=VERSION, protocol=b"status_byte", options=b"", blocks=4, block_size=4096,
+               transport=0, host=b"host", name=b"raw", devices=(0,), group=0, lane=0, lanes=1, nonce=b"\x11" * 32):
+    body = magic + struct.pack("<H", version) + str8(protocol) + str16(options)
     body += struct.pack("<IIB", blocks, block_size, transport)
     body += str8(host) + str8(name)
     body += struct.pack("<H", len(devices)) + b"".join(struct.pack("<H", d) for d in devices)
     body += struct.pack("<QHH", group, lane, lanes)
-    return body
+    return body + nonce
 
 
 def hello(**kw):
@@ -119,6 +124,9 @@ CASES = {
     "wrong_magic": (hello(magic=b"XXXX"), ["magic"]),
     "wrong_version": (hello(version=9), ["version"]),
     "version_zero": (hello(version=0), ["version"]),
+    "version_one": (hello(version=1), ["version"]),  # the pre-2 layout is refused by its version, not misread
+    "unknown_protocol_option": (hello(options=b"nope=1"), ["option"]),
+    "malformed_protocol_options": (hello(options=b"budget"), ["option"]),
     "unknown_protocol": (hello(protocol=b"nope"), ["protocol"]),
     "garbage_frame": (frame(HELLO, b"\x00\x01garbage-garbage-garbage"), []),
     "garbage_bytes": (bytes(range(7, 200)) * 3, []),
@@ -219,3 +227,140 @@ def test_token_receiver_challenges_and_refuses_a_bad_mac(start_receiver, tmp_pat
     assert frames[0][0] == REFUSE, f"wrong AUTH answered with type {frames[0][0]}"
     assert "authentication failed" in decode_refuse(frames[0][1])[1]
     assert_refused_on_stderr(rx, ["authentication failed"])
+
+
+# ------------------------------------------------------------------ mutual authentication (version 2)
+
+def recv_frame(s, buf=b""):
+    """(type, body, rest) of the next complete frame on socket s."""
+    while True:
+        frames = read_frames(buf)
+        if frames:
+            t, body = frames[0]
+            return t, body, buf[4 + 1 + len(body):]
+        chunk = s.recv(65536)
+        assert chunk, "peer closed the connection"
+        buf += chunk
+
+
+class Proxy:
+    """A TCP man in the middle between a sender and a receiver that rewrites the sender's first frame."""
+
+    def __init__(self, target, rewrite):
+        import threading
+        self.target, self.rewrite = target, rewrite
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import threading
+        c, _ = self.listener.accept()
+        r = connect(self.target)
+        t, body, rest = recv_frame(c)
+        r.sendall(frame(t, self.rewrite(body)) + rest)
+
+        def pump(a, b):
+            try:
+                while True:
+                    d = a.recv(65536)
+                    if not d:
+                        break
+                    b.sendall(d)
+            except OSError:
+                pass
+            for x in (a, b):
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        threading.Thread(target=pump, args=(r, c), daemon=True).start()
+        pump(c, r)
+
+
+def add_device(hello):
+    """The HELLO with device 9 added to its device list (re-encoded as a proxy would)."""
+    off = 4 + 2
+    off += 1 + hello[off]                                   # protocol
+    off += 2 + struct.unpack_from("<H", hello, off)[0]      # options
+    off += 4 + 4 + 1                                        # blocks, block size, transport
+    off += 1 + hello[off]                                   # host id
+    off += 1 + hello[off]                                   # name
+    n = struct.unpack_from("<H", hello, off)[0]
+    devices = hello[off + 2:off + 2 + 2 * n]
+    return hello[:off] + struct.pack("<H", n + 1) + devices + struct.pack("<H", 9) + hello[off + 2 + 2 * n:]
+
+
+@pytest.mark.deadline(60)
+def test_a_proxy_that_adds_a_device_to_an_authenticated_hello_is_refused(start_receiver, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    rx = start_receiver(tmp_path / "out", None, "--token-file", token)
+    proxy = Proxy(rx.addr, add_device)
+    f = make_files(tmp_path / "src", [4000], "p")
+    p = run_send(proxy.addr, "--name", "proxied", "--token-file", token, "--file", f"0={f[0]}", check=False)
+    assert p.returncode == 1, f"an altered hello was accepted: exit {p.returncode} {p.stderr}"
+    assert "authentication failed" in p.stderr, p.stderr
+    assert_refused_on_stderr(rx, ["authentication failed"])
+    assert not (tmp_path / "out" / "proxied").exists()
+    # The same sender straight to the receiver is fine: the MAC, not the token, failed.
+    run_send(rx.addr, "--name", "direct", "--token-file", token, "--file", f"0={f[0]}")
+    assert_device(tmp_path / "out", "direct", 0, f)
+
+
+@pytest.mark.deadline(60)
+def test_a_sender_with_a_token_refuses_a_receiver_without_one(start_receiver, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    rx = start_receiver(tmp_path / "out")
+    f = make_files(tmp_path / "src", [4000], "t")
+    p = run_send(rx.addr, "--name", "careful", "--token-file", token, "--file", f"0={f[0]}", check=False)
+    assert p.returncode == 1, f"a sender with a token streamed to an unauthenticated receiver: {p.stderr}"
+    assert "did not ask for the token" in p.stderr, p.stderr
+    assert not (tmp_path / "out" / "careful" / "device-0").exists(), "data reached the receiver"
+
+
+@pytest.mark.deadline(60)
+def test_a_sender_refuses_a_receiver_that_cannot_prove_the_token(tmp_path):
+    # A fake receiver: it challenges, ignores the answer, and accepts with a made-up proof.
+    import threading
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    seen = []
+
+    def fake():
+        c, _ = listener.accept()
+        with c:
+            t, body, rest = recv_frame(c)
+            seen.append(t)
+            c.sendall(frame(CHALLENGE, os.urandom(32)))
+            t, body, rest = recv_frame(c, rest)
+            seen.append(t)
+            accept = bytes([1]) + struct.pack("<I", 4) + b"addr" + struct.pack("<I", 0) + bytes([32]) + os.urandom(32)
+            c.sendall(frame(ACCEPT, accept))
+            try:
+                while True:
+                    d = c.recv(65536)
+                    if not d:
+                        break
+                    seen.extend(f[0] for f in read_frames(d))
+            except OSError:
+                pass
+
+    th = threading.Thread(target=fake, daemon=True)
+    th.start()
+    f = make_files(tmp_path / "src", [100], "x")
+    p = run_send(f"127.0.0.1:{listener.getsockname()[1]}", "--name", "victim", "--token-file", token,
+                 "--file", f"0={f[0]}", check=False)
+    th.join(10)
+    assert p.returncode == 1, f"sender trusted an unproven receiver: {p.stderr}"
+    assert "not signed with the token" in p.stderr, p.stderr
+    assert seen[:2] == [HELLO, AUTH], seen
+    assert SETUP not in seen, "the sender went on with its set-up after a bad proof"

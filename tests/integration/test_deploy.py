@@ -209,6 +209,30 @@ def test_receiver_runs_recv_with_the_expected_options():
         assert c[probe]["httpGet"]["port"] == 9100
 
 
+def test_receiver_requires_a_token_and_bounds_its_memory():
+    """Senders must authenticate, and all their blocks together fit the pod's shared memory and memory limit."""
+    rx = receiver()
+    c = rx["containers"][0]
+    token = option(c["args"], "--token-file")
+    assert token, "the receiver serves any sender: no --token-file"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in rx["volumes"]}
+    mount = next((m for m in mounts.values() if token.startswith(m["mountPath"].rstrip("/") + "/")), None)
+    assert mount and mount.get("readOnly"), f"{token} is not on a read-only mount"
+    assert vols[mount["name"]]["secret"]["secretName"], "the token does not come from a Secret"
+    budget = option(c["args"], "--max-memory")
+    assert budget, "no --max-memory: one hello can ask for more memory than the pod has"
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+
+    def size(text):
+        m = re.fullmatch(r"(\d+)([KMG]i?)?B?", text)
+        assert m, f"unexpected size {text!r}"
+        return int(m.group(1)) * units.get(m.group(2) or "", 1)
+
+    assert size(budget) < size(vols["dshm"]["emptyDir"]["sizeLimit"]), "budget does not fit the shared memory"
+    assert size(budget) < size(c["resources"]["limits"]["memory"]), "budget does not fit the memory limit"
+
+
 def test_receiver_command_and_options_work_with_this_binary():
     """The wrapper passes the args to slotstream, and every option exists in `recv --help`."""
     c = receiver()["containers"][0]

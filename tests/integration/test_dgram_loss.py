@@ -125,7 +125,7 @@ def test_real_loss_from_nftables(tmp_path, protocol, transport):
     """2 % of the UDP and TCP packets arriving in the test's own namespace are dropped by an nftables rule:
     UD loses (and counts) messages, RD and RC (TCP) retransmit and deliver all of them."""
     srcs = files(tmp_path, n=20, size=30_000)
-    with netns("loss") as ns:
+    with netns("loss", mtu=1500) as ns:
         nft_loss(ns, 2)
         rx = DgramReceiver(tmp_path / "out", "--partial", "keep", "--message-timeout", 100, ns=ns)
         try:

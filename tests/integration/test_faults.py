@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import (TRANSPORTS, LOST_RE, assert_device, hidden, make_files, parse_finished, run_send,
+from conftest import (PROTOCOLS, TRANSPORTS, LOST_RE, assert_device, hidden, make_files, parse_finished, run_send,
                       run_verify, send_argv, seq_name, sha256, tree, wait_until)
 
 ERROR_PREFIX = "slotstream send: error:"
@@ -102,10 +102,11 @@ def test_token_authentication(start_receiver, tmp_path, transport):
 
 @pytest.mark.deadline(60)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_receiver_killed_sender_exits_quickly(start_receiver, spawn, tmp_path, transport):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_receiver_killed_sender_exits_quickly(start_receiver, spawn, tmp_path, transport, protocol):
     out = tmp_path / "out"
     rx = start_receiver(out, transport)
-    tx = spawn(send_argv(rx.addr, "--name", "cams", "--transport", transport,
+    tx = spawn(send_argv(rx.addr, "--name", "cams", "--transport", transport, "--protocol", protocol,
                          "--synthetic", "0-3:25:320x240x3", "--duration", 10))
     wait_until(lambda: count_bins(out) >= 8 or tx.poll() is not None, 15, "frames to flow")
     assert tx.poll() is None, f"sender ended early: {tx.stderr.text}"
@@ -127,10 +128,12 @@ def test_receiver_killed_sender_exits_quickly(start_receiver, spawn, tmp_path, t
 
 @pytest.mark.deadline(90)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_sender_killed_mid_message_keeps_complete_ones(start_receiver, spawn, tmp_path, transport):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_sender_killed_mid_message_keeps_complete_ones(start_receiver, spawn, tmp_path, transport, protocol):
     out = tmp_path / "out"
     rx = start_receiver(out, transport)
-    tx = spawn(send_argv(rx.addr, "--name", "big", "--transport", transport, "--block-size", 65536,
+    tx = spawn(send_argv(rx.addr, "--name", "big", "--transport", transport, "--protocol", protocol,
+                         "--block-size", 65536,
                          "--blocks", 8, "--synthetic", "0-1:50:1000x1000x3", "--duration", 10))
     # 3 MB frames in 64 KiB blocks: ~46 blocks each, so a kill almost surely lands mid-message.
     wait_until(lambda: count_bins(out) >= 3 or tx.poll() is not None, 20, "some complete frames")
@@ -160,7 +163,7 @@ def test_sender_killed_mid_message_keeps_complete_ones(start_receiver, spawn, tm
 
     # The receiver keeps serving: a new sender, and the same name again (its region was freed).
     g = make_files(tmp_path / "src", [200_000, 5], "after")
-    run_send(rx.addr, "--name", "after", "--transport", transport, "--block-size", 65536,
+    run_send(rx.addr, "--name", "after", "--transport", transport, "--protocol", protocol, "--block-size", 65536,
              *[a for x in g for a in ("--file", f"0={x}")])
     assert_device(out, "after", 0, g)
     again = run_send(rx.addr, "--name", "big", "--transport", transport, "--synthetic", "0:25:16x16x1",
@@ -184,12 +187,14 @@ def small_tmpfs(tmp_path):
 
 @pytest.mark.deadline(120)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_disk_full_back_pressures_without_loss(small_tmpfs, start_receiver, spawn, tmp_path, transport):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_disk_full_back_pressures_without_loss(small_tmpfs, start_receiver, spawn, tmp_path, transport, protocol):
     out = small_tmpfs / "out"
     rx = start_receiver(out, transport, "--exit-after-senders", 1)
     n, size = 8, 750_000  # 6 MB through a 2 MB disk
     src = make_files(tmp_path / "src", [size] * n, "m")
-    tx = spawn(send_argv(rx.addr, "--name", "f", "--transport", transport, "--block-size", 65536, "--blocks", 8,
+    tx = spawn(send_argv(rx.addr, "--name", "f", "--transport", transport, "--protocol", protocol,
+                         "--block-size", 65536, "--blocks", 8,
                          *[a for x in src for a in ("--file", f"0={x}")]))
     dev = out / "f" / "device-0"
 

@@ -11,14 +11,31 @@
 namespace slotstream::net {
 namespace {
 
-TEST(Auth, MacDependsOnTokenNonceAndName) {
-  Nonce n1{}, n2{};
-  n2[0] = 1;
-  Mac base = auth_mac("secret", n1, "cam");
-  EXPECT_TRUE(mac_equal(base, auth_mac("secret", n1, "cam")));
-  EXPECT_FALSE(mac_equal(base, auth_mac("Secret", n1, "cam")));
-  EXPECT_FALSE(mac_equal(base, auth_mac("secret", n2, "cam")));
-  EXPECT_FALSE(mac_equal(base, auth_mac("secret", n1, "cam2")));
+TEST(Auth, ProofDependsOnTokenLabelAndEveryByteOfEveryPart) {
+  const std::vector<uint8_t> a = {1, 2, 3}, b = {4, 5}, b2 = {4, 6};
+  Mac base = proof("secret", "sender-hello", {a, b});
+  EXPECT_TRUE(mac_equal(base, proof("secret", "sender-hello", {a, b})));
+  EXPECT_FALSE(mac_equal(base, proof("Secret", "sender-hello", {a, b})));
+  EXPECT_FALSE(mac_equal(base, proof("secret", "receiver-accept", {a, b})));
+  EXPECT_FALSE(mac_equal(base, proof("secret", "sender-hello", {a, b2})));
+  EXPECT_FALSE(mac_equal(base, proof("secret", "sender-hello", {b, a})));
+  // Parts are length-prefixed: the same bytes split differently give another proof.
+  const std::vector<uint8_t> a_and_4 = {1, 2, 3, 4}, just5 = {5};
+  EXPECT_FALSE(mac_equal(base, proof("secret", "sender-hello", {a_and_4, just5})));
+}
+
+TEST(Auth, ProofMatchesHmacSha256OfTheDocumentedMessage) {
+  // HMAC-SHA256("k", "slotstream-auth-v2" | 0x01 "x" | 00000001 "y"), computed independently with
+  // python3 -c 'import hmac,hashlib;print(hmac.new(b"k",b"slotstream-auth-v2\x01x\x01\x00\x00\x00y",hashlib.sha256).hexdigest())'
+  const std::vector<uint8_t> y = {'y'};
+  Mac m = proof("k", "x", {y});
+  std::string hex;
+  for (uint8_t c : m) {
+    static const char* d = "0123456789abcdef";
+    hex += d[c >> 4];
+    hex += d[c & 15];
+  }
+  EXPECT_EQ(hex, "a690ccc4e9d5348d878499020316f252d527a245667dd0a940316e6ebf38269a");
 }
 
 TEST(Auth, NoncesDiffer) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace slotstream::wire {
 namespace {
 
@@ -17,6 +19,8 @@ Hello sample_hello() {
   h.group = 0x1122334455667788ull;
   h.lane = 2;
   h.lanes = 3;
+  h.options = "budget=2M";
+  for (size_t i = 0; i < h.nonce.size(); ++i) h.nonce[i] = uint8_t(i * 7);
   return h;
 }
 
@@ -32,6 +36,8 @@ TEST(Control, HelloRoundTrips) {
   EXPECT_EQ(out.group, 0x1122334455667788ull);
   EXPECT_EQ(out.lane, 2);
   EXPECT_EQ(out.lanes, 3);
+  EXPECT_EQ(out.options, "budget=2M");
+  EXPECT_EQ(out.nonce, sample_hello().nonce);
 }
 
 TEST(Control, HelloRejectsALaneOutsideItsGroup) {
@@ -45,8 +51,15 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 1);  // version, little-endian
+  EXPECT_EQ(b[4], 2);  // version, little-endian
   EXPECT_EQ(b[5], 0);
+  // ... the protocol name, then its options, and the sender's nonce last.
+  EXPECT_EQ(b[6], 11);
+  EXPECT_EQ(std::string(b.begin() + 7, b.begin() + 18), "status_byte");
+  EXPECT_EQ(b[18], 9);
+  EXPECT_EQ(b[19], 0);
+  EXPECT_EQ(std::string(b.begin() + 20, b.begin() + 29), "budget=2M");
+  EXPECT_TRUE(std::equal(b.end() - 32, b.end(), sample_hello().nonce.begin()));
 }
 
 TEST(Control, HelloRejectsBadMagicVersionTruncationAndTrailingBytes) {
@@ -74,7 +87,7 @@ TEST(Control, HelloRejectsBadMagicVersionTruncationAndTrailingBytes) {
   EXPECT_FALSE(decode(bad, &out).is_ok());
 
   bad = b;
-  bad[4 + 2 + 1 + 11 + 8] = 7;  // transport code after magic, version, protocol, blocks, size
+  bad[4 + 2 + 1 + 11 + 2 + 9 + 8] = 7;  // transport code after magic, version, protocol, options, blocks, size
   EXPECT_FALSE(decode(bad, &out).is_ok());
 }
 
@@ -87,11 +100,31 @@ TEST(Control, FrameHasLengthPrefix) {
 }
 
 TEST(Control, OtherMessagesRoundTrip) {
-  Accept a{WireTransport::kShm, {1, 2, 3}, {9, 8}};
+  Accept a{WireTransport::kShm, {1, 2, 3}, {9, 8}, {}};
   Accept a2;
   ASSERT_TRUE(decode(encode(a), &a2).is_ok());
   EXPECT_EQ(a2.worker_address, a.worker_address);
   EXPECT_EQ(a2.setup, a.setup);
+  EXPECT_TRUE(a2.proof.empty());
+  a.proof.assign(kMacSize, 0x5a);
+  ASSERT_TRUE(decode(encode(a), &a2).is_ok());
+  EXPECT_EQ(a2.proof, a.proof);
+  // The proof covers everything before it: the signed part is the encoding minus the proof.
+  auto signed_bytes = signed_part(a);
+  auto whole = encode(a);
+  EXPECT_TRUE(std::equal(signed_bytes.begin(), signed_bytes.end(), whole.begin()));
+  EXPECT_EQ(whole.size(), signed_bytes.size() + 1 + kMacSize);
+  a.proof.assign(5, 1);  // neither empty nor a MAC
+  EXPECT_EQ(decode(encode(a), &a2).code(), Code::kProtocolError);
+
+  wire::Setup su{{4, 5}, {6}, std::vector<uint8_t>(kMacSize, 1)}, su2;
+  ASSERT_TRUE(decode(encode(su), &su2).is_ok());
+  EXPECT_EQ(su2.worker_address, su.worker_address);
+  EXPECT_EQ(su2.setup, su.setup);
+  EXPECT_EQ(su2.proof, su.proof);
+  auto su_bytes = encode(su);
+  su_bytes.pop_back();
+  EXPECT_FALSE(decode(su_bytes, &su2).is_ok());
 
   Fin f;
   f.messages = {{0, 10}, {3, 1ull << 40}};

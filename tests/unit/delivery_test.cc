@@ -9,22 +9,20 @@
 namespace slotstream::stream {
 namespace {
 
-using protocol::Geometry;
-
 constexpr uint32_t kBlockSize = 64;  // 48 bytes of payload per block
 
 class FakeBlocks : public protocol::ReceiverProtocol {
  public:
   explicit FakeBlocks(uint32_t n) : data_(n * kBlockSize), status_(n, 0) {}
   std::vector<uint8_t> setup() const override { return {}; }
-  void poll_full(std::vector<uint32_t>* out) override {
+  void poll(std::vector<protocol::Record>* out) override {
     for (uint32_t i = 0; i < status_.size(); ++i) {
-      if (status_[i] == 1) out->push_back(i);
+      if (status_[i] == 1) out->push_back({i, i, block(i)});
     }
   }
-  std::span<const std::byte> block(uint32_t i) const override { return {data_.data() + i * kBlockSize, kBlockSize}; }
-  void release(uint32_t i) override { status_[i] = 0; }
-  bool set_hold(uint32_t, bool) override { return false; }
+  std::span<std::byte> block(uint32_t i) { return {data_.data() + i * kBlockSize, kBlockSize}; }
+  void release(uint64_t i) override { status_[i] = 0; }
+  uint64_t max_records() const override { return status_.size(); }
 
   // What a sender's put + status byte would leave behind.
   void put(uint32_t index, uint16_t device, uint32_t packet, uint8_t flags, const std::string& payload) {
@@ -76,7 +74,7 @@ constexpr uint8_t kOnly = wire::kFirstFragment | wire::kLastFragment;
 struct Fixture {
   FakeBlocks blocks{8};
   RecordingSink sink;
-  Delivery delivery{blocks, sink, {0, 1}, Geometry{8, kBlockSize}};
+  Delivery delivery{blocks, sink, {0, 1}};
   size_t pass() {
     size_t n = 0;
     EXPECT_TRUE(delivery.pass(&n).is_ok());
@@ -143,7 +141,7 @@ TEST(Delivery, CountsDuplicatesUnknownDevicesOutOfWindowAndBadHeaders) {
   f.blocks.put(3, 1, 1u << 30, kOnly, "far");  // packet far outside the window
   f.blocks.put(4, 1, 0, kOnly, "ok");
   f.blocks.put(5, 1, 1, kOnly, "garbage");
-  const_cast<std::byte*>(f.blocks.block(5).data())[0] = std::byte{0x7f};  // corrupt header
+  f.blocks.block(5)[0] = std::byte{0x7f};  // corrupt header
   EXPECT_EQ(f.pass(), 5u);
   const auto& c = f.delivery.counters();
   EXPECT_EQ(c.duplicates, 1u);

@@ -1,0 +1,163 @@
+// Every registered protocol, over real UCX on every transport this machine has (shared memory
+// and tcp): a receiver and a sender in one process, several devices filled concurrently, sizes
+// from empty to several blocks, many more messages than blocks (wrap-around), each message
+// compared byte for byte and in order. A new protocol is tested here by registering it.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protocol/protocol.h"
+#include "slotstream/slotstream.h"
+
+namespace slotstream {
+namespace {
+
+// Keeps every message in memory, per device, in order.
+class MemorySink : public MessageSink {
+ public:
+  explicit MemorySink(std::map<uint16_t, std::vector<std::string>>& out) : out_(out) {}
+  Status begin(uint16_t device) override {
+    current_[device].clear();
+    return Status::ok();
+  }
+  Status append(uint16_t device, std::span<const std::byte> d) override {
+    current_[device].append(reinterpret_cast<const char*>(d.data()), d.size());
+    return Status::ok();
+  }
+  Status commit(uint16_t device) override {
+    out_[device].push_back(std::move(current_[device]));
+    current_[device].clear();
+    return Status::ok();
+  }
+  void abort(uint16_t device) override { current_[device].clear(); }
+
+ private:
+  std::map<uint16_t, std::vector<std::string>>& out_;
+  std::map<uint16_t, std::string> current_;
+};
+
+// Message i of device d: its length follows `sizes`, its bytes depend on (d, i, offset).
+std::string message(uint16_t d, size_t i, size_t length) {
+  std::string m(length, '\0');
+  std::mt19937 rng(uint32_t(d * 1000003 + i));
+  for (auto& c : m) c = char(rng());
+  return m;
+}
+
+struct Case {
+  std::string protocol;
+  Transport transport;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.protocol << " over " << transport_name(c.transport); }
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  return info.param.protocol + "_" + transport_name(info.param.transport);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const auto* d : protocol::all()) {
+    if (d->reference) continue;  // delivers nothing by design
+    for (Transport t : {Transport::kShm, Transport::kTcp}) out.push_back({std::string(d->name), t});
+  }
+  return out;
+}
+
+class EveryProtocol : public testing::TestWithParam<Case> {
+ protected:
+  // Streams `per_device` messages on each device with the given sizes (cycled) and checks them.
+  void stream(uint32_t blocks, uint32_t block_size, const std::vector<size_t>& sizes, size_t per_device,
+              std::vector<uint16_t> devices) {
+    std::mutex m;
+    std::map<uint16_t, std::vector<std::string>> received;
+    ReceiverOptions ro;
+    ro.host = "127.0.0.1";
+    ro.transport = GetParam().transport;
+    ro.make_sink = [&](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
+      std::lock_guard lock(m);
+      *sink = std::make_unique<MemorySink>(received);
+      return Status::ok();
+    };
+    std::vector<SessionReport> reports;
+    ro.on_session_end = [&](const SessionReport& r) {
+      std::lock_guard lock(m);
+      reports.push_back(r);
+    };
+    std::unique_ptr<Receiver> rx;
+    ASSERT_TRUE(Receiver::start(ro, &rx).is_ok());
+    const std::string addr = rx->listen_address();
+
+    SenderOptions so;
+    so.host = "127.0.0.1";
+    so.port = uint16_t(std::stoi(addr.substr(addr.rfind(':') + 1)));
+    so.name = "proto-test";
+    so.protocol = GetParam().protocol;
+    so.transport = GetParam().transport;
+    so.blocks = blocks;
+    so.block_size = block_size;
+    so.devices = devices;
+    std::unique_ptr<Sender> tx;
+    Status st = Sender::connect(so, &tx);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+
+    std::vector<std::thread> fillers;
+    std::vector<Status> errors(devices.size());
+    for (size_t k = 0; k < devices.size(); ++k) {
+      fillers.emplace_back([&, k] {
+        const uint16_t d = devices[k];
+        for (size_t i = 0; i < per_device && errors[k].is_ok(); ++i) {
+          std::string msg = message(d, i, sizes[(i + k) % sizes.size()]);
+          errors[k] = tx->device(d)->send(std::as_bytes(std::span(msg)));
+        }
+      });
+    }
+    for (auto& t : fillers) t.join();
+    for (const Status& e : errors) ASSERT_TRUE(e.is_ok()) << e.to_string();
+    st = tx->finish();
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    rx->wait_sessions(1);
+    rx->stop();
+
+    const uint32_t capacity = block_size - 16;
+    uint64_t fragments = 0;
+    for (size_t k = 0; k < devices.size(); ++k) {
+      const uint16_t d = devices[k];
+      ASSERT_EQ(received[d].size(), per_device) << "device " << d;
+      for (size_t i = 0; i < per_device; ++i) {
+        const size_t len = sizes[(i + k) % sizes.size()];
+        fragments += len == 0 ? 1 : (len + capacity - 1) / capacity;
+        ASSERT_EQ(received[d][i], message(d, i, len)) << "device " << d << " message " << i;
+      }
+    }
+    SenderStats s = tx->stats();
+    EXPECT_EQ(s.messages, per_device * devices.size());
+    EXPECT_EQ(s.records, fragments) << "one record per fragment";
+    EXPECT_EQ(s.waits, s.wait_samples_ns.size());
+    ASSERT_EQ(reports.size(), 1u);
+    EXPECT_TRUE(reports[0].finished) << reports[0].reason;
+    EXPECT_EQ(reports[0].gaps, 0u);
+    EXPECT_EQ(reports[0].duplicates, 0u);
+  }
+};
+
+TEST_P(EveryProtocol, SizesFromEmptyToSeveralBlocksOnThreeDevicesWrapAround) {
+  const uint32_t bs = 4096, cap = bs - 16;
+  stream(4, bs, {0, 1, 100, cap - 1, cap, cap + 1, 3 * cap + 7}, 120, {0, 5, 65535});
+}
+
+TEST_P(EveryProtocol, ManySmallMessagesInTinyBlocks) {
+  stream(3, 64, {1, 8, 47, 48, 49}, 400, {1, 2});
+}
+
+TEST_P(EveryProtocol, OneDeviceOneBlock) { stream(1, 1024, {10, 1008, 3000}, 60, {7}); }
+
+INSTANTIATE_TEST_SUITE_P(Registered, EveryProtocol, testing::ValuesIn(cases()), case_name);
+
+}  // namespace
+}  // namespace slotstream
