@@ -95,16 +95,7 @@ std::string protocol_list() {
 // ------------------------------------------------------------------------------------ recv
 
 std::string report_line(const dgram::SessionReport& r) {
-  dgram::DeviceReport t;
-  for (const auto& [_, d] : r.devices) {
-    t.sent += d.sent;
-    t.complete += d.complete;
-    t.partial += d.partial;
-    t.dropped += d.dropped;
-    t.lost += d.lost;
-    t.retired += d.retired;
-    t.valid_bytes += d.valid_bytes;
-  }
+  const dgram::DeviceReport t = dgram::device_totals(r);
   const auto& c = r.counters;
   std::ostringstream o;
   if (r.finished) {
@@ -135,134 +126,87 @@ std::string label(const std::string& s) {
   return out;
 }
 
-// Counters of ended sessions (Prometheus counters never go back) plus the live ones.
-class DgramMetrics {
- public:
-  void ended(const dgram::SessionReport& r) {
-    std::lock_guard lock(mu_);
-    add(totals_[r.name], r);
-    ++ended_;
-  }
-
-  std::string render(const dgram::DatagramReceiver& rx) const {
-    std::map<std::string, Totals> totals;
-    uint64_t ended;
-    {
-      std::lock_guard lock(mu_);
-      totals = totals_;
-      ended = ended_;
-    }
-    const auto live = rx.live_sessions();
-    for (const auto& r : live) add(totals[r.name], r);
-    std::ostringstream o;
-    struct DeviceCounter {
-      const char* name;
-      const char* help;
-      uint64_t dgram::DeviceReport::*field;
-    };
-    for (DeviceCounter c :
-         {DeviceCounter{"slotstream_messages_total", "Complete messages stored.", &dgram::DeviceReport::complete},
-          DeviceCounter{"slotstream_bytes_total", "Valid bytes of stored messages (complete and partial).",
-                        &dgram::DeviceReport::valid_bytes},
-          DeviceCounter{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
-                        &dgram::DeviceReport::partial},
-          DeviceCounter{"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &dgram::DeviceReport::dropped},
-          DeviceCounter{"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &dgram::DeviceReport::lost},
-          DeviceCounter{"slotstream_dgram_retired_total",
-                        "Incomplete messages displaced by a newer MSN on their STag (counted in dropped).",
-                        &dgram::DeviceReport::retired}}) {
-      o << "# HELP " << c.name << ' ' << c.help << "\n# TYPE " << c.name << " counter\n";
-      for (const auto& [sender, t] : totals) {
-        for (const auto& [d, r] : t.devices) {
-          o << c.name << "{sender=\"" << label(sender) << "\",device=\"" << d << "\"} " << r.*c.field << '\n';
-        }
+// /metrics for the datagram receiver: ended sessions' counters (Prometheus counters never go back)
+// plus the live ones, from one snapshot.
+std::string render_metrics(const dgram::DatagramReceiver& rx) {
+  const dgram::DatagramReceiver::Snapshot snap = rx.snapshot();
+  std::map<std::string, dgram::SessionReport> totals = snap.ended;
+  for (const auto& r : snap.live) dgram::accumulate(&totals[r.name], r);
+  std::ostringstream o;
+  struct DeviceCounter {
+    const char* name;
+    const char* help;
+    uint64_t dgram::DeviceReport::*field;
+  };
+  for (DeviceCounter c :
+       {DeviceCounter{"slotstream_messages_total", "Complete messages stored.", &dgram::DeviceReport::complete},
+        DeviceCounter{"slotstream_bytes_total", "Valid bytes of stored messages (complete and partial).",
+                      &dgram::DeviceReport::valid_bytes},
+        DeviceCounter{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
+                      &dgram::DeviceReport::partial},
+        DeviceCounter{"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &dgram::DeviceReport::dropped},
+        DeviceCounter{"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &dgram::DeviceReport::lost},
+        DeviceCounter{"slotstream_dgram_retired_total",
+                      "Incomplete messages displaced by a newer MSN on their STag (counted in dropped).",
+                      &dgram::DeviceReport::retired}}) {
+    o << "# HELP " << c.name << ' ' << c.help << "\n# TYPE " << c.name << " counter\n";
+    for (const auto& [sender, t] : totals) {
+      for (const auto& [d, r] : t.devices) {
+        o << c.name << "{sender=\"" << label(sender) << "\",device=\"" << d << "\"} " << r.*c.field << '\n';
       }
     }
-    struct Counter {
-      const char* name;
-      const char* help;
-      uint64_t dgram::DatagramCounters::*field;
-    };
-    const dgram::DatagramCounters none = rx.unattributed();
-    for (Counter c : {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.",
-                              &dgram::DatagramCounters::datagrams},
-                      Counter{"slotstream_dgram_crc_errors_total", "Datagrams that failed their CRC32C: never delivered.",
-                              &dgram::DatagramCounters::crc_errors},
-                      Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.",
-                              &dgram::DatagramCounters::malformed},
-                      Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.",
-                              &dgram::DatagramCounters::truncated},
-                      Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.",
-                              &dgram::DatagramCounters::stale},
-                      Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.",
-                              &dgram::DatagramCounters::duplicates},
-                      Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.",
-                              &dgram::DatagramCounters::out_of_bounds},
-                      Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.",
-                              &dgram::DatagramCounters::no_buffer},
-                      Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.",
-                              &dgram::DatagramCounters::unknown},
-                      Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.",
-                              &dgram::DatagramCounters::rd_duplicates},
-                      Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.",
-                              &dgram::DatagramCounters::rd_beyond_window},
-                      Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.",
-                              &dgram::DatagramCounters::acks_sent},
-                      Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.",
-                              &dgram::DatagramCounters::injected_loss},
-                      Counter{"slotstream_dgram_injected_corrupt_total", "Datagrams corrupted by --inject-corrupt.",
-                              &dgram::DatagramCounters::injected_corrupt},
-                      Counter{"slotstream_dgram_injected_duplicate_total", "Datagrams duplicated by --inject-duplicate.",
-                              &dgram::DatagramCounters::injected_duplicate},
-                      Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
-                              &dgram::DatagramCounters::injected_reorder}}) {
-      o << "# HELP " << c.name << ' ' << c.help << " (sender=\"\": no session's)\n# TYPE " << c.name << " counter\n";
-      for (const auto& [sender, t] : totals) o << c.name << "{sender=\"" << label(sender) << "\"} " << t.counters.*c.field << '\n';
-      o << c.name << "{sender=\"\"} " << none.*c.field << '\n';
-    }
-    o << "# HELP slotstream_connection_info One per connected sender.\n# TYPE slotstream_connection_info gauge\n";
-    for (const auto& r : live) {
-      o << "slotstream_connection_info{sender=\"" << label(r.name) << "\",protocol=\"" << r.protocol
-        << "\",transport=\"" << (r.protocol == "dgram_rc" ? "tcp" : "udp") << "\"} 1\n";
-    }
-    o << "# HELP slotstream_sessions_ended_total Sender sessions that have ended.\n"
-         "# TYPE slotstream_sessions_ended_total counter\nslotstream_sessions_ended_total "
-      << ended << '\n';
-    return o.str();
   }
-
- private:
-  struct Totals {
-    std::map<uint16_t, dgram::DeviceReport> devices;
-    dgram::DatagramCounters counters;
+  struct Counter {
+    const char* name;
+    const char* help;
+    uint64_t dgram::DatagramCounters::*field;
   };
-  static void add(Totals& t, const dgram::SessionReport& r) {
-    for (const auto& [d, x] : r.devices) {
-      auto& a = t.devices[d];
-      a.sent += x.sent;
-      a.complete += x.complete;
-      a.partial += x.partial;
-      a.dropped += x.dropped;
-      a.lost += x.lost;
-      a.retired += x.retired;
-      a.valid_bytes += x.valid_bytes;
-    }
-    const auto& c = r.counters;
-    auto& a = t.counters;
-    for (auto f : {&dgram::DatagramCounters::datagrams, &dgram::DatagramCounters::bytes,
-                   &dgram::DatagramCounters::crc_errors, &dgram::DatagramCounters::malformed,
-                   &dgram::DatagramCounters::truncated, &dgram::DatagramCounters::stale,
-                   &dgram::DatagramCounters::duplicates, &dgram::DatagramCounters::out_of_bounds,
-                   &dgram::DatagramCounters::no_buffer, &dgram::DatagramCounters::unknown,
-                   &dgram::DatagramCounters::rd_duplicates, &dgram::DatagramCounters::rd_beyond_window,
-                   &dgram::DatagramCounters::acks_sent}) {
-      a.*f += c.*f;
-    }
+  for (Counter c : {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.",
+                            &dgram::DatagramCounters::datagrams},
+                    Counter{"slotstream_dgram_crc_errors_total", "Datagrams that failed their CRC32C: never delivered.",
+                            &dgram::DatagramCounters::crc_errors},
+                    Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.",
+                            &dgram::DatagramCounters::malformed},
+                    Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.",
+                            &dgram::DatagramCounters::truncated},
+                    Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.",
+                            &dgram::DatagramCounters::stale},
+                    Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.",
+                            &dgram::DatagramCounters::duplicates},
+                    Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.",
+                            &dgram::DatagramCounters::out_of_bounds},
+                    Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.",
+                            &dgram::DatagramCounters::no_buffer},
+                    Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.",
+                            &dgram::DatagramCounters::unknown},
+                    Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.",
+                            &dgram::DatagramCounters::rd_duplicates},
+                    Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.",
+                            &dgram::DatagramCounters::rd_beyond_window},
+                    Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.",
+                            &dgram::DatagramCounters::acks_sent},
+                    Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.",
+                            &dgram::DatagramCounters::injected_loss},
+                    Counter{"slotstream_dgram_injected_corrupt_total", "Datagrams corrupted by --inject-corrupt.",
+                            &dgram::DatagramCounters::injected_corrupt},
+                    Counter{"slotstream_dgram_injected_duplicate_total", "Datagrams duplicated by --inject-duplicate.",
+                            &dgram::DatagramCounters::injected_duplicate},
+                    Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
+                            &dgram::DatagramCounters::injected_reorder}}) {
+    o << "# HELP " << c.name << ' ' << c.help << " (sender=\"\": no session's)\n# TYPE " << c.name << " counter\n";
+    for (const auto& [sender, t] : totals) o << c.name << "{sender=\"" << label(sender) << "\"} " << t.counters.*c.field << '\n';
+    o << c.name << "{sender=\"\"} " << snap.unattributed.*c.field << '\n';
   }
-  mutable std::mutex mu_;
-  std::map<std::string, Totals> totals_;
-  uint64_t ended_ = 0;
-};
+  o << "# HELP slotstream_connection_info One per connected sender.\n# TYPE slotstream_connection_info gauge\n";
+  for (const auto& r : snap.live) {
+    o << "slotstream_connection_info{sender=\"" << label(r.name) << "\",protocol=\"" << r.protocol
+      << "\",transport=\"" << (r.protocol == "dgram_rc" ? "tcp" : "udp") << "\"} 1\n";
+  }
+  o << "# HELP slotstream_sessions_ended_total Sender sessions that have ended.\n"
+       "# TYPE slotstream_sessions_ended_total counter\nslotstream_sessions_ended_total "
+    << snap.sessions_ended << '\n';
+  return o.str();
+}
 
 // ------------------------------------------------------------------------------------ send
 
@@ -378,11 +322,7 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
       return Status::ok();
     };
   }
-  DgramMetrics metrics_state;
-  o.on_session_end = [&metrics_state](const dgram::SessionReport& r) {
-    metrics_state.ended(r);
-    print_line(stdout, report_line(r));
-  };
+  o.on_session_end = [](const dgram::SessionReport& r) { print_line(stdout, report_line(r)); };
   o.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
 
   const sigset_t sigs = block_stop_signals();
@@ -394,7 +334,7 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   std::unique_ptr<MetricsServer> metrics;
   if (!args.metrics.empty()) {
     const dgram::DatagramReceiver* r = rx.get();
-    Status st = MetricsServer::start(args.metrics, [r, &metrics_state] { return metrics_state.render(*r); }, &metrics);
+    Status st = MetricsServer::start(args.metrics, [r] { return render_metrics(*r); }, &metrics);
     if (!st.is_ok()) {
       print_error("recv", "--metrics: " + st.message());
       return kExitError;

@@ -89,17 +89,7 @@ int run_peer_recv(const DgramPeerArgs& a) {
       samples.erase(r.name);
     }
     nlohmann::json j;
-    dgram::DeviceReport t;
-    for (const auto& [_, d] : r.devices) {
-      t.sent += d.sent;
-      t.bytes_sent += d.bytes_sent;
-      t.complete += d.complete;
-      t.partial += d.partial;
-      t.dropped += d.dropped;
-      t.lost += d.lost;
-      t.retired += d.retired;
-      t.valid_bytes += d.valid_bytes;
-    }
+    const dgram::DeviceReport t = dgram::device_totals(r);
     j["name"] = r.name;
     j["protocol"] = r.protocol;
     j["finished"] = r.finished;

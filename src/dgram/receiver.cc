@@ -62,6 +62,37 @@ void count_decode_error(DatagramCounters& c, DecodeError e) {
 
 }  // namespace
 
+namespace {
+
+void add_device(DeviceReport* a, const DeviceReport& x) {
+  for (auto f : {&DeviceReport::sent, &DeviceReport::bytes_sent, &DeviceReport::complete, &DeviceReport::partial,
+                 &DeviceReport::dropped, &DeviceReport::lost, &DeviceReport::retired, &DeviceReport::valid_bytes}) {
+    a->*f += x.*f;
+  }
+}
+
+}  // namespace
+
+DeviceReport device_totals(const SessionReport& r) {
+  DeviceReport t;
+  for (const auto& [_, d] : r.devices) add_device(&t, d);
+  return t;
+}
+
+void accumulate(SessionReport* into, const SessionReport& r) {
+  for (const auto& [d, x] : r.devices) add_device(&into->devices[d], x);
+  DatagramCounters& a = into->counters;
+  const DatagramCounters& c = r.counters;
+  for (auto f : {&DatagramCounters::datagrams, &DatagramCounters::bytes, &DatagramCounters::crc_errors,
+                 &DatagramCounters::malformed, &DatagramCounters::truncated, &DatagramCounters::stale,
+                 &DatagramCounters::duplicates, &DatagramCounters::out_of_bounds, &DatagramCounters::no_buffer,
+                 &DatagramCounters::unknown, &DatagramCounters::rd_duplicates, &DatagramCounters::rd_beyond_window,
+                 &DatagramCounters::acks_sent, &DatagramCounters::injected_loss, &DatagramCounters::injected_corrupt,
+                 &DatagramCounters::injected_duplicate, &DatagramCounters::injected_reorder}) {
+    a.*f += c.*f;
+  }
+}
+
 std::string valid_ranges_json(const RangeSet& valid) {
   std::string s = "[";
   bool first = true;
@@ -168,8 +199,7 @@ struct DatagramReceiver::Impl {
   std::atomic<uint64_t> backlog{0};
 
   mutable std::mutex snap_mu;
-  std::vector<SessionReport> snapshot;
-  DatagramCounters snapshot_unattributed;
+  Snapshot snap;
 
   void event(const std::string& s) {
     if (o.on_event) o.on_event(s);
@@ -612,7 +642,17 @@ struct DatagramReceiver::Impl {
     }
     if (s->conn) s->conn->session.reset();
     sessions.erase(it);
-    if (o.on_session_end) o.on_session_end(report(*s, ok, reason));
+    SessionReport r = report(*s, ok, reason);
+    {
+      std::lock_guard lock(snap_mu);
+      SessionReport& sum = snap.ended[r.name];
+      sum.name = r.name;
+      sum.protocol = r.protocol;
+      accumulate(&sum, r);
+      ++snap.sessions_ended;
+      publish_locked();
+    }
+    if (o.on_session_end) o.on_session_end(r);
     ++ended;
   }
 
@@ -763,17 +803,20 @@ struct DatagramReceiver::Impl {
   }
 
   void publish() {
-    std::vector<SessionReport> snap;
-    for (const auto& s : sessions) snap.push_back(report(*s, false, ""));
     std::lock_guard lock(snap_mu);
-    snapshot = std::move(snap);
-    snapshot_unattributed = unattributed_counters;
+    publish_locked();
+  }
+
+  void publish_locked() {
+    snap.live.clear();
+    for (const auto& s : sessions) snap.live.push_back(report(*s, false, ""));
+    snap.unattributed = unattributed_counters;
     if (faults) {
       const auto& f = faults->stats();
-      snapshot_unattributed.injected_loss = f.dropped;
-      snapshot_unattributed.injected_corrupt = f.corrupted;
-      snapshot_unattributed.injected_duplicate = f.duplicated;
-      snapshot_unattributed.injected_reorder = f.reordered;
+      snap.unattributed.injected_loss = f.dropped;
+      snap.unattributed.injected_corrupt = f.corrupted;
+      snap.unattributed.injected_duplicate = f.duplicated;
+      snap.unattributed.injected_reorder = f.reordered;
     }
   }
 
@@ -863,12 +906,12 @@ uint64_t DatagramReceiver::sessions_ended() const { return impl_->ended.load(); 
 
 std::vector<SessionReport> DatagramReceiver::live_sessions() const {
   std::lock_guard lock(impl_->snap_mu);
-  return impl_->snapshot;
+  return impl_->snap.live;
 }
 
-DatagramCounters DatagramReceiver::unattributed() const {
+DatagramReceiver::Snapshot DatagramReceiver::snapshot() const {
   std::lock_guard lock(impl_->snap_mu);
-  return impl_->snapshot_unattributed;
+  return impl_->snap;
 }
 
 }  // namespace slotstream::dgram

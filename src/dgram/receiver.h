@@ -119,8 +119,16 @@ class DatagramReceiver {
   uint64_t sessions_ended() const;
   // Sessions being served now (refreshed about every 100 ms).
   std::vector<SessionReport> live_sessions() const;
-  // Datagrams that belonged to no session.
-  DatagramCounters unattributed() const;
+
+  // Everything a metrics endpoint shows, taken at one instant: a session that ends moves from
+  // `live` to `ended` at once, so a counter never shows it twice or not at all.
+  struct Snapshot {
+    std::vector<SessionReport> live;
+    std::map<std::string, SessionReport> ended;  // per sender name, every ended session summed
+    uint64_t sessions_ended = 0;
+    DatagramCounters unattributed;                // datagrams that belonged to no session
+  };
+  Snapshot snapshot() const;
 
   struct Impl;
 
@@ -128,6 +136,11 @@ class DatagramReceiver {
   explicit DatagramReceiver(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Adds r's device and datagram counters to *into (names and reasons are left as they are).
+void accumulate(SessionReport* into, const SessionReport& r);
+// Every device of r summed.
+DeviceReport device_totals(const SessionReport& r);
 
 // Writes the valid ranges as the `<SEQ>.valid` JSON text: [[offset, length], ...].
 std::string valid_ranges_json(const RangeSet& valid);
