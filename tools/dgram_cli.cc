@@ -454,9 +454,13 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
   if (total.complete != s.messages) {
     std::fprintf(stderr,
                  "slotstream send: the receiver stored %llu of %llu messages complete (%llu partial, %llu dropped, "
-                 "%llu lost)\n",
+                 "%llu lost)%s\n",
                  (unsigned long long)total.complete, (unsigned long long)s.messages, (unsigned long long)total.partial,
-                 (unsigned long long)total.dropped, (unsigned long long)total.lost);
+                 (unsigned long long)total.dropped, (unsigned long long)total.lost,
+                 total.dropped > 0 && !proto->over_tcp() && proto->service == dgram::Service::kUD
+                     ? "; a message not complete within the receiver's --message-timeout of its first segment is "
+                       "given up (UD has no retransmission: raise the timeout, or use dgram_rd)"
+                     : "");
   }
   if (a.json) {
     nlohmann::json j;

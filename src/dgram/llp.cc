@@ -277,7 +277,9 @@ Status FramedStream::read_available() {
     in_.erase(in_.begin(), in_.begin() + ptrdiff_t(in_pos_));
     in_pos_ = 0;
   }
-  for (;;) {
+  // At most 1 MiB per call: a sender faster than we parse would otherwise keep this loop reading (and
+  // the buffer growing) without a frame ever being handled.
+  for (int reads = 0; reads < 16; ++reads) {
     const size_t old = in_.size();
     in_.resize(old + 65536);
     ssize_t n = ::recv(fd_.get(), in_.data() + old, 65536, 0);
@@ -292,6 +294,7 @@ Status FramedStream::read_available() {
     eof_ = true;
     return {Code::kPeerGone, std::string("TCP connection lost: ") + strerror(errno)};
   }
+  return Status::ok();
 }
 
 bool FramedStream::next_frame(std::span<const std::byte>* frame) {

@@ -126,7 +126,7 @@ class FramedStream {
   Status flush(int timeout_ms = 10000);
   bool has_output() const { return out_pos_ < out_.size(); }
   size_t pending() const { return out_.size() - out_pos_; }
-  // Reads what is available without blocking. kPeerGone at EOF/reset (after the last frame).
+  // Reads what is available (up to 1 MiB) without blocking. kPeerGone at EOF/reset (after the last frame).
   Status read_available();
   // The next complete frame, if one is buffered (valid until the next read_available()).
   bool next_frame(std::span<const std::byte>* frame);

@@ -2,8 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 namespace slotstream::dgram {
+
+Buffer::Buffer(size_t capacity) : capacity_(capacity) {
+  // calloc(0) may return nullptr; keep a valid pointer for empty messages.
+  p_.reset(static_cast<std::byte*>(std::calloc(capacity ? capacity : 1, 1)));
+  if (!p_) throw std::bad_alloc();
+}
 
 uint64_t RangeSet::add(uint64_t offset, uint64_t length) {
   if (length == 0) return 0;
@@ -74,10 +81,7 @@ Placed Assembly::place(uint64_t offset, std::span<const std::byte> payload, bool
     length_known_ = true;
     length_ = end;
   }
-  if (data_.size() < end) {
-    // Grow geometrically (a message arrives in many segments), never past the capacity.
-    data_.resize(std::min<uint64_t>(capacity, std::max<uint64_t>(end, data_.size() * 2)));
-  }
+  if (data_.capacity() < capacity) data_ = Buffer(capacity);
   const uint64_t fresh = valid_.add(offset, payload.size());
   if (!payload.empty()) std::memcpy(data_.data() + offset, payload.data(), payload.size());
   if (fresh == 0 && !payload.empty()) return Placed::kDuplicate;
@@ -92,7 +96,8 @@ Completion Assembly::finish(uint32_t key, Outcome outcome, int64_t now_ns) {
   c.length_known = length_known_;
   c.length = length_known_ ? length_ : valid_.end();
   c.valid = std::move(valid_);
-  data_.resize(c.length);
+  if (data_.capacity() < c.length) data_ = Buffer(c.length);  // nothing was placed (an empty message)
+  data_.set_size(c.length);
   c.data = std::move(data_);
   c.first_ns = first_ns_;
   c.done_ns = now_ns;

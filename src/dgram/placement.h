@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -39,6 +41,33 @@ class RangeSet {
   uint64_t bytes_ = 0;
 };
 
+// A zero-filled byte buffer of fixed capacity from calloc: a large one comes from the kernel as untouched
+// zero pages, so a region the size of the largest message costs only the pages a message writes (a
+// growing std::vector would zero, copy and fault it over and over: ~90 ms stalls at 50 MB).
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t capacity);
+  std::byte* data() { return p_.get(); }
+  const std::byte* data() const { return p_.get(); }
+  size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  void set_size(size_t n) { size_ = n <= capacity_ ? n : capacity_; }
+  std::byte& operator[](size_t i) { return p_.get()[i]; }
+  const std::byte& operator[](size_t i) const { return p_.get()[i]; }
+  const std::byte* begin() const { return data(); }
+  const std::byte* end() const { return data() + size_; }
+  operator std::span<const std::byte>() const { return {data(), size_}; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> p_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
 enum class Outcome {
   kComplete,    // every byte up to the last segment's end arrived
   kIncomplete,  // the message's timer fired first (patent: "or the timeout value for that DDP message reaches zero")
@@ -54,7 +83,7 @@ struct Completion {
   bool length_known = false;  // the last segment arrived
   uint64_t length = 0;        // message length if known, else the end of the highest valid byte
   RangeSet valid;
-  std::vector<std::byte> data;  // `length` bytes; bytes outside `valid` are zero
+  Buffer data;                  // `length` bytes; bytes outside `valid` are zero
   int64_t first_ns = 0;         // first segment's arrival
   int64_t done_ns = 0;
 };
@@ -88,7 +117,7 @@ class Assembly {
   bool length_known_ = false;
   uint64_t length_ = 0;
   RangeSet valid_;
-  std::vector<std::byte> data_;
+  Buffer data_;  // allocated at the first segment, the region's (message's) capacity
 };
 
 }  // namespace slotstream::dgram

@@ -53,7 +53,7 @@ std::optional<Completion> TaggedTarget::take_written(uint32_t stag, uint32_t msn
   c.msn = msn;
   c.length = length;
   c.length_known = true;
-  c.data.resize(length);
+  c.data.set_size(length);
   return c;
 }
 

@@ -93,7 +93,7 @@ TEST(Assembly, PartialHasZeroHolesAndItsHighestValidEnd) {
   EXPECT_FALSE(c.length_known);
   EXPECT_EQ(c.length, 16u);
   EXPECT_EQ(c.valid.ranges(), (std::vector<R>{{0, 4}, {12, 4}}));
-  EXPECT_EQ(c.data, (std::vector<std::byte>{std::byte{9}, std::byte{9}, std::byte{9}, std::byte{9}, {}, {}, {}, {}, {}, {},
+  EXPECT_EQ(std::vector<std::byte>(c.data.begin(), c.data.end()), (std::vector<std::byte>{std::byte{9}, std::byte{9}, std::byte{9}, std::byte{9}, {}, {}, {}, {}, {}, {},
                                             {}, {}, std::byte{9}, std::byte{9}, std::byte{9}, std::byte{9}}));
 }
 
