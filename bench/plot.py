@@ -5,11 +5,14 @@ import argparse
 import json
 import pathlib
 import statistics
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
 
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
@@ -160,6 +163,7 @@ def figures(doc, records, out):
         if samples.get(exp):
             fig_no = name[3:5]
             made[name] = over_time(out / name, f"{title} (Fig. {fig_no})", samples[exp], hold=exp == "held_block")
+    made.update(dgram_plot.figures(sys.modules[__name__], records, out))
     return {k: v for k, v in made.items() if v}
 
 
@@ -491,6 +495,7 @@ def report(doc, records, out, made):
                   "peak_rss_sender", "peak_rss_receiver"):
             md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
                                         by_blocks=False, variant=variant)]
+    md += dgram_plot.report_sections(sys.modules[__name__], records)
     md.append("## Figures\n")
     md += [f"![{n}]({n})\n" for n in sorted(made)]
     if doc.get("errors"):

@@ -459,6 +459,13 @@ struct DatagramReceiver::Impl {
     return false;
   }
 
+  // The target now holds (or just finished) the segment's message, so its timer will finish it: the
+  // device's order may wait for it. A message that found no receive buffer is not held anywhere; if
+  // none of its segments ever is, it counts as lost.
+  static bool held(Placed p) {
+    return p == Placed::kPlaced || p == Placed::kCompleted || p == Placed::kDuplicate || p == Placed::kOutOfBounds;
+  }
+
   void count_placed(Session& s, Placed p, size_t bytes) {
     switch (p) {
       case Placed::kPlaced:
@@ -488,9 +495,9 @@ struct DatagramReceiver::Impl {
           return;
         }
         if (!admit(s, *device, h.msn)) return;
-        s.order.at(*device).seen(h.msn, now);
-        count_placed(s, s.tagged.write_record(h.stag, h.msn, h.offset, seg.payload, h.last, now, &done),
-                     seg.payload.size());
+        const Placed p = s.tagged.write_record(h.stag, h.msn, h.offset, seg.payload, h.last, now, &done);
+        count_placed(s, p, seg.payload.size());
+        if (held(p)) s.order.at(*device).seen(h.msn, now);
         break;
       }
       case Opcode::kWrite: {
@@ -528,9 +535,9 @@ struct DatagramReceiver::Impl {
           }
           done.push_back(std::move(*c));
         } else {
-          s.order.at(*device).seen(h.msn, now);
-          count_placed(s, s.queues.place(h.queue, h.msn, h.offset, seg.payload, h.last, now, &done),
-                       seg.payload.size());
+          const Placed p = s.queues.place(h.queue, h.msn, h.offset, seg.payload, h.last, now, &done);
+          count_placed(s, p, seg.payload.size());
+          if (held(p)) s.order.at(*device).seen(h.msn, now);
         }
         break;
       }
