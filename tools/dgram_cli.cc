@@ -117,15 +117,6 @@ std::string report_line(const dgram::SessionReport& r) {
   return o.str();
 }
 
-std::string label(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 // /metrics for the datagram receiver: ended sessions' counters (Prometheus counters never go back)
 // plus the live ones, from one snapshot.
 std::string render_metrics(const dgram::DatagramReceiver& rx) {
@@ -399,34 +390,13 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
   const double cpu0 = cpu_seconds();
   std::mutex err_mutex;
   Status first_error;
-  auto record = [&](Status st) {
+  const std::function<void(Status)> record = [&](Status st) {
     std::lock_guard lock(err_mutex);
     if (first_error.is_ok() && !st.is_ok()) first_error = std::move(st);
   };
   // One filler thread per device, as `send` does over UCX.
-  std::vector<std::thread> fillers;
-  for (auto& [dev, paths] : plan.files) {
-    fillers.emplace_back([&, dev = dev, &paths = paths] {
-      DgramOut out(*tx, dev);
-      for (const auto& p : paths) {
-        if (Status st = send_file(out, p); !st.is_ok()) return record(st);
-      }
-    });
-  }
-  for (auto& [dev, source] : plan.videos) {
-    fillers.emplace_back([&, dev = dev, &source = source] {
-      DgramOut out(*tx, dev);
-      record(send_video(out, source, a.realtime));
-    });
-  }
-  if (plan.synthetic) {
-    for (uint32_t dev = plan.synthetic->first; dev <= plan.synthetic->last; ++dev) {
-      fillers.emplace_back([&, dev] {
-        DgramOut out(*tx, uint16_t(dev));
-        record(send_synthetic(out, *plan.synthetic, a.duration));
-      });
-    }
-  }
+  std::vector<std::thread> fillers = start_fillers(
+      plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); }, record);
   for (auto& t : fillers) t.join();
   dgram::FinAck report;
   Status st = first_error;

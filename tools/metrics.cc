@@ -11,7 +11,6 @@
 #include "net/control_socket.h"
 
 namespace slotstream::tools {
-namespace {
 
 std::string label(const std::string& sender) {
   std::string out;
@@ -21,6 +20,8 @@ std::string label(const std::string& sender) {
   }
   return out;
 }
+
+namespace {
 
 void family(std::ostringstream& o, const char* name, const char* type, const char* help) {
   o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';

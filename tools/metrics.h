@@ -15,6 +15,9 @@
 
 namespace slotstream::tools {
 
+// A Prometheus label value: quotes and backslashes escaped.
+std::string label(const std::string& value);
+
 // Counters of senders that have ended (Prometheus counters never go back), plus the live ones
 // read from the Receiver at scrape time.
 class MetricsState {

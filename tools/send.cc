@@ -234,6 +234,27 @@ Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
   return result;
 }
 
+std::vector<std::thread> start_fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for,
+                                       const std::function<void(Status)>& record) {
+  std::vector<std::thread> fillers;
+  for (auto& [d, paths] : plan.files) {
+    fillers.emplace_back([&, out = out_for(d), &paths = paths] {
+      for (const auto& p : paths) {
+        if (Status st = send_file(*out, p); !st.is_ok()) return record(st);
+      }
+    });
+  }
+  for (auto& [d, source] : plan.videos) {
+    fillers.emplace_back([&, out = out_for(d), &source = source] { record(send_video(*out, source, a.realtime)); });
+  }
+  if (plan.synthetic) {
+    for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
+      fillers.emplace_back([&, out = out_for(uint16_t(d))] { record(send_synthetic(*out, *plan.synthetic, a.duration)); });
+    }
+  }
+  return fillers;
+}
+
 double cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -331,34 +352,13 @@ int run_send(const SendArgs& a) {
 
   std::mutex err_mutex;
   Status first_error;
-  std::vector<std::thread> fillers;
-  auto record = [&](Status st) {
+  const std::function<void(Status)> record = [&](Status st) {
     std::lock_guard lock(err_mutex);
     if (first_error.is_ok() && !st.is_ok()) first_error = std::move(st);
   };
-  for (auto& [d, paths] : plan.files) {
-    fillers.emplace_back([&, dev = sender->device(d), &paths = paths] {
-      for (const auto& p : paths) {
-        StreamOut out(*dev);
-        Status st = send_file(out, p);
-        if (!st.is_ok()) return record(st);
-      }
-    });
-  }
-  for (auto& [d, source] : plan.videos) {
-    fillers.emplace_back([&, dev = sender->device(d), &source = source] {
-      StreamOut out(*dev);
-      record(send_video(out, source, a.realtime));
-    });
-  }
-  if (plan.synthetic) {
-    for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
-      fillers.emplace_back([&, dev = sender->device(uint16_t(d))] {
-        StreamOut out(*dev);
-        record(send_synthetic(out, *plan.synthetic, a.duration));
-      });
-    }
-  }
+  std::vector<std::thread> fillers = start_fillers(
+      plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<StreamOut>(*sender->device(d)); },
+      record);
 
   // Live progress on a terminal only.
   std::atomic<bool> done{false};

@@ -25,6 +25,7 @@
 #include "dgram/tagged.h"
 #include "dgram/wire.h"
 #include "slotstream/slotstream.h"
+#include "wire/codec.h"
 
 namespace slotstream::dgram {
 namespace {
@@ -46,11 +47,7 @@ std::span<const uint8_t> as_u8(std::span<const std::byte> s) {
 std::span<const std::byte> as_bytes(const std::vector<uint8_t>& v) {
   return {reinterpret_cast<const std::byte*>(v.data()), v.size()};
 }
-uint64_t get_le(const std::byte* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t(std::to_integer<uint8_t>(p[i])) << (8 * i);
-  return v;
-}
+using wire::get_le;
 
 void count_decode_error(DatagramCounters& c, DecodeError e) {
   if (e == DecodeError::kCrc) {

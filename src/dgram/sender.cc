@@ -16,6 +16,7 @@
 #include "dgram/protocols.h"
 #include "dgram/rd.h"
 #include "dgram/wire.h"
+#include "wire/codec.h"
 
 namespace slotstream::dgram {
 namespace {
@@ -348,8 +349,8 @@ struct DatagramSender::Impl {
     if (proto->data_op == Opcode::kWrite) {
       // The notification: "completing a send/recv operation after the successful RDMA Write".
       std::byte note[12];
-      for (int i = 0; i < 4; ++i) note[i] = std::byte(stag >> (8 * i));
-      for (int i = 0; i < 8; ++i) note[4 + i] = std::byte(uint64_t(m.size()) >> (8 * i));
+      wire::put_le(note, stag, 4);
+      wire::put_le(note + 4, m.size(), 8);
       SegmentHeader n;
       n.service = Service::kRC;
       n.opcode = Opcode::kSend;

@@ -3,18 +3,14 @@
 #include <cstring>
 
 #include "dgram/crc32c.h"
+#include "wire/codec.h"
 
 namespace slotstream::dgram {
 namespace {
 
-void put_le(std::byte* p, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-uint64_t get_le(const std::byte* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t(std::to_integer<uint8_t>(p[i])) << (8 * i);
-  return v;
-}
+using wire::get_le;
+using wire::put_le;
+
 uint8_t byte_at(const std::byte* p, size_t i) { return std::to_integer<uint8_t>(p[i]); }
 
 bool known_opcode(uint8_t op) {
