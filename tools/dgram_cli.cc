@@ -388,18 +388,10 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
   }
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
-  std::mutex err_mutex;
-  Status first_error;
-  const std::function<void(Status)> record = [&](Status st) {
-    std::lock_guard lock(err_mutex);
-    if (first_error.is_ok() && !st.is_ok()) first_error = std::move(st);
-  };
   // One filler thread per device, as `send` does over UCX.
-  std::vector<std::thread> fillers = start_fillers(
-      plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); }, record);
-  for (auto& t : fillers) t.join();
+  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
   dgram::FinAck report;
-  Status st = first_error;
+  Status st = fillers.join();
   Status fin = tx->finish(&report);
   if (st.is_ok()) st = fin;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();

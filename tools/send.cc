@@ -234,25 +234,39 @@ Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
   return result;
 }
 
-std::vector<std::thread> start_fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for,
-                                       const std::function<void(Status)>& record) {
-  std::vector<std::thread> fillers;
+Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for) {
   for (auto& [d, paths] : plan.files) {
-    fillers.emplace_back([&, out = out_for(d), &paths = paths] {
+    threads_.emplace_back([this, out = out_for(d), &paths = paths] {
       for (const auto& p : paths) {
         if (Status st = send_file(*out, p); !st.is_ok()) return record(st);
       }
     });
   }
   for (auto& [d, source] : plan.videos) {
-    fillers.emplace_back([&, out = out_for(d), &source = source] { record(send_video(*out, source, a.realtime)); });
+    threads_.emplace_back([this, &a, out = out_for(d), &source = source] {
+      record(send_video(*out, source, a.realtime));
+    });
   }
   if (plan.synthetic) {
     for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
-      fillers.emplace_back([&, out = out_for(uint16_t(d))] { record(send_synthetic(*out, *plan.synthetic, a.duration)); });
+      threads_.emplace_back([this, &plan, &a, out = out_for(uint16_t(d))] {
+        record(send_synthetic(*out, *plan.synthetic, a.duration));
+      });
     }
   }
-  return fillers;
+}
+
+void Fillers::record(Status st) {
+  std::lock_guard lock(mutex_);
+  if (first_error_.is_ok() && !st.is_ok()) first_error_ = std::move(st);
+}
+
+Status Fillers::join() {
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  std::lock_guard lock(mutex_);
+  return first_error_;
 }
 
 double cpu_seconds() {
@@ -350,15 +364,9 @@ int run_send(const SendArgs& a) {
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
 
-  std::mutex err_mutex;
-  Status first_error;
-  const std::function<void(Status)> record = [&](Status st) {
-    std::lock_guard lock(err_mutex);
-    if (first_error.is_ok() && !st.is_ok()) first_error = std::move(st);
-  };
-  std::vector<std::thread> fillers = start_fillers(
-      plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<StreamOut>(*sender->device(d)); },
-      record);
+  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
+    return std::make_unique<StreamOut>(*sender->device(d));
+  });
 
   // Live progress on a terminal only.
   std::atomic<bool> done{false};
@@ -376,8 +384,7 @@ int run_send(const SendArgs& a) {
       std::fprintf(stderr, "\n");
     });
   }
-  for (auto& t : fillers) t.join();
-  Status st = first_error;
+  Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
   done.store(true);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <map>
 #include <optional>
@@ -63,12 +64,21 @@ Status send_file(MessageOut& dev, const std::filesystem::path& path);
 Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration);
 Status send_video(MessageOut& dev, const std::string& source, bool realtime);
 
-// One filler thread per device of the plan, each sending through its own out_for(device); the first error
-// of any goes to record (called from the filler threads). The caller joins the threads; plan, a, out_for
-// and record must outlive them.
+// One filler thread per device of the plan, each sending through its own out_for(device). join() waits
+// for all of them and returns the first error any met. plan and a must outlive the threads.
 using OutFactory = std::function<std::unique_ptr<MessageOut>(uint16_t device)>;
-std::vector<std::thread> start_fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for,
-                                       const std::function<void(Status)>& record);
+class Fillers {
+ public:
+  Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for);
+  ~Fillers() { (void)join(); }
+  Status join();
+
+ private:
+  void record(Status st);
+  std::mutex mutex_;
+  Status first_error_;
+  std::vector<std::thread> threads_;
+};
 
 double cpu_seconds();        // this process's user + system time
 std::string default_name();  // the sender name when --name is not given: the host name
