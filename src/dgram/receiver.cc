@@ -304,8 +304,15 @@ struct DatagramReceiver::Impl {
     if (hello->segment_size == 0 || hello->segment_size > kMaxSegmentPayload) {
       return refuse(conn, from, hello->name, "segment size " + std::to_string(hello->segment_size) + " B");
     }
-    for (auto& s : sessions) {
-      if (s->hello.name == hello->name) return refuse(conn, from, hello->name, "already connected");
+    for (auto it = sessions.begin(); it != sessions.end(); ++it) {
+      if ((*it)->hello.name != hello->name) continue;
+      // A UDP sender that died cannot say so: if the old session has gone quiet, a sender restarted under
+      // the same name takes over (what the old one stored stays; the new one numbers on from it).
+      const int64_t quiet = now_ns() - (*it)->last_heard_ns;
+      if ((*it)->conn || quiet < replace_after_ns()) return refuse(conn, from, hello->name, "already connected");
+      end_session(it, false, "lost: silent for " + std::to_string(quiet / 1'000'000) +
+                                 " ms and replaced by a new session of the same name");
+      break;
     }
     if (sessions.size() >= kMaxSessions) return refuse(conn, from, hello->name, "too many senders");
     std::unique_ptr<MessageStore> store;
@@ -350,6 +357,8 @@ struct DatagramReceiver::Impl {
     event("sender " + hello->name + " connected from " + from.str() + " (" + proto->name + ")");
     reply(s.get(), s->accept);
   }
+
+  int64_t replace_after_ns() const { return std::max<int64_t>(1'000'000'000, 2 * o.message_timeout_ns); }
 
   void on_fin(Session& s, std::span<const std::byte> payload) {
     auto fin = decode_fin(as_u8(payload));

@@ -12,6 +12,8 @@
 //     keep_partial), dropped, or lost.
 //   - FIN (how many messages each device sent) is answered with FIN_ACK once every message is
 //     accounted for and stored.
+//   - a sender name is one session at a time; a new UDP session may replace an old one of the same name
+//     that has been silent for max(1 s, 2 x message timeout) (a sender that died and was restarted).
 // Threading: a network thread (sockets, placement, timers) and a storing thread (the stores);
 // the public functions may be called from any thread.
 #pragma once

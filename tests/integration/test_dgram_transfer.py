@@ -149,3 +149,31 @@ def test_receiver_gone_mid_stream(tmp_path):
         sender.kill()
         raise AssertionError("sender did not notice its receiver died")
     assert sender.returncode == 1 and "gone" in err, err
+
+
+def test_a_name_is_one_session_and_a_dead_senders_name_can_be_reused(tmp_path):
+    """A second sender under a live sender's name is refused; once the first has died (SIGKILL: it cannot say so
+    over UDP) and been silent for a second, a restarted sender takes its name over and numbers on after what the
+    first one stored."""
+    rx = DgramReceiver(tmp_path / "out")
+    first = subprocess.Popen([BIN, "send", "--to", rx.addr, "--transport", "udp", "--name", "cam", "--synthetic",
+                              "0:25:64x64x3", "--duration", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)
+        p, _ = dgram_send(rx.addr, "--name", "cam", "--synthetic", "0:25:64x64x3", "--duration", "1", check=False)
+        assert p.returncode == 1 and "already connected" in p.stderr, p.stderr
+    finally:
+        first.kill()
+        first.wait(10)
+    time.sleep(1.5)  # silent long enough to be replaced; anything of it still in flight is stored by now
+    stored = len(os.listdir(tmp_path / "out/cam/device-0"))
+    assert stored > 0
+    _, j = dgram_send(rx.addr, "--name", "cam", "--synthetic", "0:25:64x64x3", "--duration", "1")
+    assert accounted(j)["complete"] == 25
+    lost, fin = rx.finished(2)
+    assert "lost:" in lost["line"] and "replaced" in lost["line"], lost["line"]
+    assert "finished:" in fin["line"]
+    rx.stop()
+    names = sorted(os.listdir(tmp_path / "out/cam/device-0"))
+    assert len(names) == stored + 25 and names[-1] == f"{stored + 24:010d}.bin"
+    assert run_verify(tmp_path / "out").returncode == 0
