@@ -30,6 +30,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr const char* kGroup = "Datagram transport (--transport udp, docs/design.md)";
+// How long a receiver told to exit after K senders stays to answer repeated FINs (the sender repeats every
+// 200 ms until it hears a FIN_ACK).
+constexpr int64_t kLinger = 1'000'000'000;
 
 // Options of the UCX path that mean nothing to the datagram transport.
 constexpr const char* kUcxOnlyRecv[] = {"--token-file", "--hold-block",     "--worker",           "--worker-dir",
@@ -333,7 +336,10 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
     print_line(stderr, "slotstream recv: metrics on http://" + metrics->address() + "/metrics");
   }
   print_line(stdout, "listening on " + rx->listen_address());
-  wait_for_stop(sigs, [&] { return args.exit_after > 0 && rx->sessions_ended() >= args.exit_after; });
+  // After the last sender, linger while FINs are still being repeated (a lost FIN_ACK), then exit.
+  wait_for_stop(sigs, [&] {
+    return args.exit_after > 0 && rx->sessions_ended() >= args.exit_after && rx->since_last_fin_ack_ns() > kLinger;
+  });
   rx->stop();
   metrics.reset();
   return kExitOk;

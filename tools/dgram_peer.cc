@@ -123,7 +123,8 @@ int run_peer_recv(const DgramPeerArgs& a) {
     return kExitError;
   }
   print_line(stdout, "listening on " + rx->listen_address());
-  wait_for_stop(sigs, [&] { return rx->sessions_ended() >= a.sessions; });
+  // Linger while FINs are repeated (a lost FIN_ACK): see DatagramReceiver::since_last_fin_ack_ns.
+  wait_for_stop(sigs, [&] { return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack_ns() > 1'000'000'000; });
   rx->stop();
   return kExitOk;
 }

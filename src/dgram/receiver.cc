@@ -173,6 +173,7 @@ struct DatagramReceiver::Impl {
 
   std::atomic<bool> stopping{false};
   std::atomic<uint64_t> ended{0};
+  std::atomic<int64_t> last_fin_ack_ns{0};
   std::thread net_thread, store_thread;
 
   // Network thread state.
@@ -385,6 +386,7 @@ struct DatagramReceiver::Impl {
     for (const auto& f : finished) {
       if (!conn && f.qp == source_qp && f.addr == from) {
         send_udp(control_segment(Service::kUD, 0, f.fin_ack), from);
+        last_fin_ack_ns = now_ns();
         return true;
       }
     }
@@ -649,6 +651,7 @@ struct DatagramReceiver::Impl {
       }
       auto payload = encode_control(ack);
       reply(s.get(), payload);
+      last_fin_ack_ns = now_ns();
       if (!s->conn) finished.push_back({s->addr, s->qp, payload, now_ns() + kFinishedMemory});
     } else {
       event("sender " + s->hello.name + " " + reason);
@@ -916,6 +919,8 @@ void DatagramReceiver::stop() {
 }
 
 uint64_t DatagramReceiver::sessions_ended() const { return impl_->ended.load(); }
+
+int64_t DatagramReceiver::since_last_fin_ack_ns() const { return now_ns() - impl_->last_fin_ack_ns.load(); }
 
 std::vector<SessionReport> DatagramReceiver::live_sessions() const {
   std::lock_guard lock(impl_->snap_mu);

@@ -119,6 +119,10 @@ class DatagramReceiver {
   // Ends every session (their reports say "stopped") and the threads. Any thread.
   void stop();
   uint64_t sessions_ended() const;
+  // Nanoseconds since a FIN was last answered. A receiver about to exit after its last sender waits until
+  // this passes a second or so: the FIN_ACK may have been lost, and the sender repeats its FIN until it
+  // hears one (a closed port would answer it with "port unreachable" instead).
+  int64_t since_last_fin_ack_ns() const;
   // Sessions being served now (refreshed about every 100 ms).
   std::vector<SessionReport> live_sessions() const;
 
