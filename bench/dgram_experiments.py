@@ -32,6 +32,12 @@ LOSS_LEVELS = [0, 0.1, 0.5, 1, 5]
 SEGMENT = 8192        # the CLI's default segment (one datagram); loopback's MTU is 64 KiB
 MTU_SEGMENT = 1408    # an Ethernet-sized segment for the loss experiment (the patent's 1.5 KB MTU)
 MESSAGE_TIMEOUT_MS = 100
+# The loss experiment sends back to back: a ring of 32 STags comes round again within milliseconds, before a
+# 100 ms timer has given up on an incomplete message, and the newer MSN retires it (patent: discarded, not
+# delivered). So that the figure shows partial placement rather than ring reuse, it runs with the largest
+# ring a receiver grants and a 20 ms timer (loopback reorders nothing for that long); retirement is recorded.
+LOSS_RING = 256
+LOSS_TIMEOUT_MS = 20
 
 sb = None  # the orchestrator module (bench/slotstream_bench.py): run_pair, read_line, stop, pct, Progress, ...
 
@@ -65,10 +71,10 @@ def in_ns(ns, argv):
 
 
 def run_dgram_pair(protocol, size, count, *, gap_us=0, partial="drop", segment=SEGMENT, ns=None, max_seconds=60,
-                   timeout=180):
+                   timeout=180, ring=32, message_timeout_ms=MESSAGE_TIMEOUT_MS):
     """One measurement: `slotstream dgram-peer recv` and `... send`; returns (sender, receiver) JSON."""
     rx = subprocess.Popen(in_ns(ns, [sb.BIN, "dgram-peer", "recv", "--listen", "127.0.0.1:0", "--partial", partial,
-                                     "--message-timeout", MESSAGE_TIMEOUT_MS]),
+                                     "--message-timeout", message_timeout_ms]),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         line = sb.read_line(rx, 20)
@@ -76,7 +82,7 @@ def run_dgram_pair(protocol, size, count, *, gap_us=0, partial="drop", segment=S
             raise sb.PeerError(f"dgram receiver peer did not start: {line!r}")
         tx_cmd = in_ns(ns, [sb.BIN, "dgram-peer", "send", "--to", line.split()[-1], "--protocol", protocol,
                             "--size", size, "--count", count, "--segment-size", segment, "--gap-us", gap_us,
-                            "--max-seconds", max_seconds])
+                            "--max-seconds", max_seconds, "--blocks", ring])
         try:
             tx = subprocess.run(tx_cmd, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -270,7 +276,8 @@ def exp_loss(res, cfg):
                     count = max(10, budget // s)
                     try:
                         snd, rcv = run_dgram_pair(p, s, count, partial="keep", segment=MTU_SEGMENT, ns=ns.name,
-                                                  max_seconds=seconds, timeout=seconds + 120)
+                                                  max_seconds=seconds, timeout=seconds + 120, ring=LOSS_RING,
+                                                  message_timeout_ms=LOSS_TIMEOUT_MS)
                     except sb.PeerError as e:
                         res.error(f"loss {p} {s} B {level}%", e)
                         prog.step(f"{level}% {p} {s} B: FAILED")
@@ -281,7 +288,8 @@ def exp_loss(res, cfg):
                     for metric, v, unit in (("goodput", goodput, "MB/s"),
                                             ("valid_fraction", rcv["valid_bytes"] / sent_bytes, "ratio"),
                                             ("complete_fraction", rcv["complete"] / max(rcv["sent"], 1), "ratio"),
-                                            ("partial_fraction", rcv["partial"] / max(rcv["sent"], 1), "ratio")):
+                                            ("partial_fraction", rcv["partial"] / max(rcv["sent"], 1), "ratio"),
+                                            ("retired_fraction", rcv["retired"] / max(rcv["sent"], 1), "ratio")):
                         res.add("loss", p, LLP[p], s, 1, metric, v, unit, variant=variant)
                     prog.step(f"{level:>4g}% {p:13} {s:>7} B goodput {goodput:8.1f} MB/s, valid "
                               f"{rcv['valid_bytes'] / sent_bytes:6.1%}, complete {rcv['complete']}/{rcv['sent']}")
