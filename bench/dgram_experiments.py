@@ -311,7 +311,12 @@ def free_port(kind=socket.SOCK_DGRAM):
 
 
 def shim_path():
-    return pathlib.Path(sb.BIN).resolve().parent / "libslotstream_udp.so"
+    """libslotstream_udp.so: next to the binary in a build tree, in ../lib of an installed one."""
+    bindir = pathlib.Path(sb.BIN).resolve().parent
+    for p in (bindir / "libslotstream_udp.so", bindir.parent / "lib" / "libslotstream_udp.so"):
+        if p.exists():
+            return p
+    return bindir / "libslotstream_udp.so"
 
 
 def app_env(mode_, port):

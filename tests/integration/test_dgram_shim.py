@@ -264,18 +264,20 @@ def test_iperf3_loss_matches_the_injected_rate(tmp_path):
     srv = subprocess.Popen(["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port), "--json"],
                            env=shim_env(log, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)
-    cli = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-u", "-b", "40M", "-l", "1400", "-t", "2",
-                          "--json"], env=shim_env(log, port, SLOTSTREAM_UDP_INJECT_LOSS=5, SLOTSTREAM_UDP_INJECT_SEED=8),
+    cli = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-u", "-b", "20M", "-l", "1400", "-w", "4M",
+                          "-t", "3", "--json"],
+                         env=shim_env(log, port, SLOTSTREAM_UDP_INJECT_LOSS=5, SLOTSTREAM_UDP_INJECT_SEED=8),
                          capture_output=True, text=True, timeout=40)
     out, err = srv.communicate(timeout=30)
     assert cli.returncode == 0, cli.stderr + cli.stdout[-500:]
     s = json.loads(out)["end"]["sum"]
     injected = total(log, "injected_loss")
     assert s["packets"] > 5000
-    # iperf3 counts sequence gaps; the shim counts what it dropped. The last few datagrams' fate can be
-    # outside iperf3's accounting window, hence a small tolerance.
-    assert abs(s["lost_packets"] - injected) <= 3, (s, injected)
-    assert 4.0 < s["lost_percent"] < 6.0, s
+    # iperf3 counts sequence gaps; the shim counts what it dropped. Every injected loss is among iperf3's
+    # (the last few datagrams' fate can fall outside its window); a busy machine may add a few real ones
+    # (a full socket buffer), never many.
+    assert injected - 3 <= s["lost_packets"] <= injected + s["packets"] // 100 + 3, (s, injected)
+    assert 4.0 < s["lost_percent"] < 6.5, s
     assert total(log, "dropped_crc") == 0
 
 
