@@ -368,13 +368,8 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     return kExitUsage;
   }
   Plan plan;
-  if (Status st = build_plan(a, &plan); !st.is_ok()) {
+  if (Status st = plan_send(a, &plan, &o.name); !st.is_ok()) {
     print_error("send", st.message());
-    return kExitUsage;
-  }
-  o.name = a.name_given ? a.name : default_name();
-  if (auto why = invalid_sender_name(o.name)) {
-    print_error("send", "--name: " + *why);
     return kExitUsage;
   }
   if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {

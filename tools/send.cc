@@ -234,6 +234,13 @@ Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
   return result;
 }
 
+Status plan_send(const SendArgs& a, Plan* plan, std::string* name) {
+  SLOTSTREAM_RETURN_IF_ERROR(build_plan(a, plan));
+  *name = a.name_given ? a.name : default_name();
+  if (auto why = invalid_sender_name(*name)) return {Code::kInvalidArgument, "--name: " + *why};
+  return Status::ok();
+}
+
 Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for) {
   for (auto& [d, paths] : plan.files) {
     threads_.emplace_back([this, out = out_for(d), &paths = paths] {
@@ -335,13 +342,8 @@ int run_send(const SendArgs& a) {
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   Plan plan;
-  if (Status st = build_plan(a, &plan); !st.is_ok()) {
+  if (Status st = plan_send(a, &plan, &opt.name); !st.is_ok()) {
     print_error("send", st.message());
-    return kExitUsage;
-  }
-  opt.name = a.name_given ? a.name : default_name();
-  if (auto why = invalid_sender_name(opt.name)) {
-    print_error("send", "--name: " + *why);
     return kExitUsage;
   }
   opt.protocol = a.protocol;

@@ -34,6 +34,8 @@ struct Plan {
 };
 
 Status build_plan(const SendArgs& a, Plan* plan);
+// build_plan and the sender name (--name, or the host name), checked; kInvalidArgument says what is wrong.
+Status plan_send(const SendArgs& a, Plan* plan, std::string* name);
 
 // `--video` decodes into raw 640x480 rgb24 frames, one message each.
 inline constexpr int kVideoWidth = 640, kVideoHeight = 480;
