@@ -5,6 +5,7 @@ import argparse
 import json
 import pathlib
 import statistics
+import sys
 
 import matplotlib
 
@@ -12,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import cache_experiments  # noqa: E402
+import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
 
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
@@ -166,6 +168,7 @@ def figures(doc, records, out):
             made[name] = over_time(out / name, f"{title} (Fig. {fig_no})", samples[exp], hold=exp == "held_block")
     for name in cache_experiments.plot(records, out, style, proto_key, human, plt):
         made[name] = name
+    made.update(dgram_plot.figures(sys.modules[__name__], records, out))
     return {k: v for k, v in made.items() if v}
 
 
@@ -498,6 +501,7 @@ def report(doc, records, out, made):
             md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
                                         by_blocks=False, variant=variant)]
     md += cache_experiments.report(records, human)
+    md += dgram_plot.report_sections(sys.modules[__name__], records)
     md.append("## Figures\n")
     md += [f"![{n}]({n})\n" for n in sorted(made)]
     if doc.get("errors"):

@@ -579,6 +579,10 @@ EXPERIMENTS = {
 }
 
 
+import dgram_experiments  # noqa: E402  (bench/dgram_experiments.py: the datagram transport's experiments)
+dgram_experiments.register(EXPERIMENTS, sys.modules[__name__])
+
+
 def check_cpu(res, cpus):
     """No process can use more than all the machine's cores: a figure above that is a measuring bug."""
     for rec in res.records:
@@ -618,6 +622,7 @@ def main(argv):
     cfg.runs = a.runs or (1 if quick else 3)
     cfg.quick, cfg.tiny = quick, a.tiny
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
+    cfg.quick, cfg.tiny, cfg.sizes_given = a.quick, a.tiny, bool(a.sizes)
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
     cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)
     cfg.round_bytes = (1 << 20) if a.tiny else (8 << 20) if quick else (32 << 20)

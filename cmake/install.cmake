@@ -2,6 +2,7 @@
 #
 #   P/bin/slotstream                         the CLI (the library linked in: one self-contained binary)
 #   P/lib/libslotstream.so.0.1               the library (SONAME libslotstream.so.0.1)
+#   P/lib/libslotstream_udp.so               the datagram preload shim (LD_PRELOAD, docs/design.md)
 #   P/include/slotstream/*.h                 the public API
 #   P/lib/cmake/slotstream/                  find_package(slotstream CONFIG) -> slotstream::slotstream
 #   P/lib/pkgconfig/slotstream.pc            pkg-config --cflags --libs slotstream
@@ -22,7 +23,11 @@ install(TARGETS slotstream EXPORT slotstreamTargets
 install(TARGETS slotstream_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY include/slotstream DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
-install(FILES bench/slotstream_bench.py bench/plot.py bench/README.md DESTINATION ${slotstream_share}/bench)
+install(TARGETS slotstream_udp LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# Every module of the orchestrator: an experiment family added in its own file is installed without
+# a list to keep in step (an installed `slotstream bench` failed once on a module left out).
+install(DIRECTORY bench/ DESTINATION ${slotstream_share}/bench
+        FILES_MATCHING PATTERN "*.py" PATTERN "README.md" PATTERN __pycache__ EXCLUDE)
 install(PROGRAMS workers/checksum.sh workers/h264.sh DESTINATION ${slotstream_share}/workers)
 install(FILES workers/README.md DESTINATION ${slotstream_share}/workers)
 install(FILES examples/hello_stream.cc DESTINATION ${slotstream_share}/examples)

@@ -40,12 +40,14 @@ def test_installed_layout(prefix):
                 "lib/cmake/slotstream/slotstreamConfig.cmake", "lib/cmake/slotstream/slotstreamConfigVersion.cmake",
                 "lib/cmake/slotstream/slotstreamTargets.cmake", "lib/pkgconfig/slotstream.pc",
                 "share/slotstream/bench/slotstream_bench.py", "share/slotstream/bench/plot.py",
+                "share/slotstream/bench/dgram_experiments.py", "share/slotstream/bench/dgram_plot.py",
                 "share/slotstream/workers/checksum.sh", "share/slotstream/workers/h264.sh",
                 "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py"]:
         assert (prefix / rel).exists(), rel
     assert os.access(prefix / "share/slotstream/workers/checksum.sh", os.X_OK)
     libs = sorted(p.name for p in (prefix / "lib").glob("libslotstream*"))
-    assert libs == ["libslotstream.so", "libslotstream.so.0.1", "libslotstream.so.0.1.0"], libs
+    # ... and the datagram transport's preload shim (LD_PRELOAD=P/lib/libslotstream_udp.so).
+    assert libs == ["libslotstream.so", "libslotstream.so.0.1", "libslotstream.so.0.1.0", "libslotstream_udp.so"], libs
     assert "Library soname: [libslotstream.so.0.1]" in elf_dynamic(prefix / "lib/libslotstream.so.0.1.0")
     assert "libslotstream" not in elf_dynamic(prefix / "bin/slotstream"), "the CLI is one self-contained binary"
     assert not list(prefix.rglob("*.a")), "no static library is installed (it would leak UCX to consumers)"
