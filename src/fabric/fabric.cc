@@ -41,7 +41,7 @@ const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" :
 
 struct AtomicCounters {
   std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
-      am_sends{0}, am_received{0}, outstanding{0}, max_outstanding{0}, completions{0};
+      am_sends{0}, am_received{0}, outstanding{0}, max_outstanding{0}, completions{0}, event_sleeps{0};
 };
 AtomicCounters g_counters;
 
@@ -59,12 +59,15 @@ void op_finished() { g_counters.outstanding.fetch_sub(1); }
 Counters counters() {
   const auto& c = g_counters;
   return {c.endpoints.load(), c.registered_max.load(), c.puts.load(),        c.gets.load(),
-          c.am_sends.load(),  c.am_received.load(),    c.max_outstanding.load(), c.completions.load()};
+          c.am_sends.load(),  c.am_received.load(),    c.max_outstanding.load(), c.completions.load(),
+          c.event_sleeps.load()};
 }
 
 void reset_counters() {
   auto& c = g_counters;
-  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.completions}) a->store(0);
+  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.completions, &c.event_sleeps}) {
+    a->store(0);
+  }
   c.registered_max.store(c.registered_now.load());
   c.max_outstanding.store(c.outstanding.load());
 }
@@ -321,6 +324,19 @@ Status Worker::wait_for_event() {
   pollfd pfd{event_fd_, POLLIN, 0};
   int rc = ::poll(&pfd, 1, 1000);
   if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("poll: ") + strerror(errno)};
+  return Status::ok();
+}
+
+Status Worker::sleep(std::chrono::microseconds max) {
+  if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
+  ucs_status_t st = ucp_worker_arm(handle_);
+  if (st == UCS_ERR_BUSY) return Status::ok();  // events are waiting: progress them
+  if (st != UCS_OK) return from_ucs(st, "ucp_worker_arm");
+  g_counters.event_sleeps.fetch_add(1, std::memory_order_relaxed);
+  pollfd pfd{event_fd_, POLLIN, 0};
+  const timespec ts{static_cast<time_t>(max.count() / 1000000), static_cast<long>(max.count() % 1000000) * 1000};
+  int rc = ::ppoll(&pfd, 1, &ts, nullptr);
+  if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("ppoll: ") + strerror(errno)};
   return Status::ok();
 }
 

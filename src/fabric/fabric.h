@@ -6,6 +6,7 @@
 // progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their Worker.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,6 +36,7 @@ struct Counters {
   uint64_t am_received = 0;        // two-sided messages handled (receives consumed)
   uint64_t max_outstanding = 0;    // most operations in flight at once (tracked requests)
   uint64_t completions = 0;        // requests whose completion had to be polled
+  uint64_t event_sleeps = 0;       // sleeps on a worker's wake-up fd (Worker::sleep: the "interrupt")
 };
 Counters counters();
 void reset_counters();
@@ -186,6 +188,12 @@ class Worker {
   Status fence();
   // Blocks until the worker has an event or `signal()` is called; for the progress thread.
   Status wait_for_event();
+  // Sleeps on the wake-up fd until the worker has an event, signal() is called or `max` passes;
+  // returns at once if an event is already there. Unlike wait_for_event() it does not progress
+  // first: the caller progresses until idle and checks its condition, then sleeps (the standard
+  // UCX pattern, so that an event handled during progress is never slept over). The sending
+  // thread of a protocol that waits for the receiver's "interrupt" (nic_assisted) uses it.
+  Status sleep(std::chrono::microseconds max);
   void signal();
 
   // Registers an active-message handler for `id` (one per id per worker: a later one replaces it).

@@ -119,6 +119,10 @@ class SenderProtocol {
   // Nothing is waiting to be transmitted right now (the sending thread polls about every ms while
   // idle, more often while data flows). Protocols that coalesce or expect credits act here.
   virtual Status idle_st() { return Status::ok(); }
+  // Whether records taken by transmit_st are held back (coalesced, queued) and idle_st() acts on
+  // them: the sending thread then calls idle_st() again within ~50 µs instead of after its ~1 ms
+  // idle period (a progress engine that runs while the application does something else).
+  virtual bool holding_st() const { return false; }
   // Called once after the last transmit: everything must be remotely complete on return.
   virtual Status finish_st() = 0;
   // Everything, samples included: after the sending thread has ended.
