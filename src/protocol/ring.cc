@@ -377,8 +377,8 @@ class RingReceiver final : public ReceiverProtocol {
 
   ProtocolStats stats() const override {
     ProtocolStats s;
-    s.sync_ops = acks_sent_;
     std::lock_guard lock(mutex_);
+    s.sync_ops = acks_sent_;
     s.counters = {{"notices_received", notices_},
                   {"segments", segments_},
                   {"records_unpacked", records_},
