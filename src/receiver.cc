@@ -181,6 +181,8 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
     a.unknown_device += r.unknown_device;
     a.out_of_window += r.out_of_window;
     a.bad_headers += r.bad_headers;
+    a.buffer_held_bytes += r.buffer_held_bytes;
+    a.buffer_useful_bytes += r.buffer_useful_bytes;
     a.partial_discarded += r.partial_discarded;
     a.seconds = std::max(a.seconds, r.seconds);
     a.sender.devices.insert(a.sender.devices.end(), r.sender.devices.begin(), r.sender.devices.end());
@@ -420,6 +422,8 @@ void Session::fill_report(Clock::time_point start) {
   report_.unknown_device = c.unknown_device;
   report_.out_of_window = c.out_of_window;
   report_.bad_headers = c.bad_headers;
+  report_.buffer_held_bytes = c.buffer_held_bytes;
+  report_.buffer_useful_bytes = c.buffer_useful_bytes;
   report_.partial_discarded = c.partial_discarded + c.broken_messages;
   report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report_.held_blocks = held_all_ ? geometry_.blocks

@@ -88,7 +88,8 @@ class StampSink final : public MessageSink {
     return Status::ok();
   }
   Status commit(uint16_t device) override {
-    rec_->message(state_[device].stamp);
+    // Messages shorter than the 8-byte stamp carry none: latency 0 (not measured).
+    rec_->message(state_[device].have == 8 ? state_[device].stamp : 0);
     return Status::ok();
   }
   void abort(uint16_t) override {}
@@ -103,7 +104,8 @@ class StampSink final : public MessageSink {
 };
 
 json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
-                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec) {
+                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec,
+                  uint64_t buffer_held = 0, uint64_t buffer_useful = 0) {
   Usage u = usage();
   std::lock_guard lock(rec.mutex);
   return {{"event", "session"},       {"sender", name},
@@ -113,6 +115,7 @@ json session_json(const std::string& name, const std::string& protocol, const st
           {"latencies_ns", rec.latencies_ns}, {"gaps", gaps},
           {"lost", lost},             {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
           {"peak_rss_kb", u.peak_rss_kb}, {"session_start_ns", rec.start_ns},
+          {"buffer_held_bytes", buffer_held}, {"buffer_useful_bytes", buffer_useful},
           {"resources", resources_json(rec.connections)}};
 }
 
@@ -213,6 +216,7 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"send_times_ns", send_times},
           {"size", a.size},
           {"blocks", a.blocks},
+          {"block_size", a.block_size ? a.block_size : a.size + 16},
           {"resources", resources_json(connections)}};
 }
 
@@ -322,7 +326,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
     }
     if (!rec) return;
     print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
-                            r.seconds, !r.finished, r.gaps, *rec));
+                            r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_bytes, r.buffer_useful_bytes));
   };
   opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
   std::unique_ptr<Receiver> rx;
@@ -343,8 +347,12 @@ int run_bench_send(const BenchSendArgs& a) {
     print_error("bench-peer", "--to: " + st.message());
     return kExitUsage;
   }
-  if (a.size < 8 || a.count == 0 || a.devices == 0 || a.devices > 4096) {
-    print_error("bench-peer", "--size must be >= 8, --count >= 1, --devices 1..4096");
+  if (a.size < 1 || a.count == 0 || a.devices == 0 || a.devices > 4096) {
+    print_error("bench-peer", "--size must be >= 1, --count >= 1, --devices 1..4096");
+    return kExitUsage;
+  }
+  if (a.compute_us != 0 && a.burst == 0) {
+    print_error("bench-peer", "--compute-us needs --burst");
     return kExitUsage;
   }
   if (a.tcp_socket) return send_tcp_socket(a, host, port);
@@ -356,7 +364,7 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
   opt.blocks = a.blocks;
-  opt.block_size = uint32_t(a.size + 16);
+  opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + 16);
   opt.allow_reference = true;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
 
@@ -368,6 +376,7 @@ int run_bench_send(const BenchSendArgs& a) {
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::vector<std::vector<uint64_t>> send_times(a.devices);
+  std::vector<std::vector<uint64_t>> burst_ends(a.devices);
   std::mutex err_mutex;
   Status first_error;
   auto t0 = Clock::now();
@@ -389,6 +398,14 @@ int run_bench_send(const BenchSendArgs& a) {
           if (first_error.is_ok()) first_error = st;
           return;
         }
+        if (a.burst && (k + 1) % a.burst == 0) {
+          // SDP Fig. 5: computation between bursts, on the application's thread (a busy loop:
+          // the CPU is the application's, not the library's).
+          burst_ends[d].push_back(now_ns());
+          const auto until = Clock::now() + std::chrono::microseconds(a.compute_us);
+          while (Clock::now() < until) {
+          }
+        }
         pacer.after();
       }
     });
@@ -404,8 +421,15 @@ int run_bench_send(const BenchSendArgs& a) {
   SenderStats s = sender->stats();
   std::vector<uint64_t> all_times;
   for (auto& v : send_times) all_times.insert(all_times.end(), v.begin(), v.end());
-  print_json(sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
-                         usage().cpu_seconds - cpu0, s, all_times, s.connections));
+  json out = sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
+                         usage().cpu_seconds - cpu0, s, all_times, s.connections);
+  if (a.burst) {
+    std::vector<uint64_t> ends;
+    for (auto& v : burst_ends) ends.insert(ends.end(), v.begin(), v.end());
+    out["burst_ends_ns"] = ends;
+    out["compute_us"] = a.compute_us;
+  }
+  print_json(out);
   return kExitOk;
 }
 

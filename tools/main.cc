@@ -169,11 +169,15 @@ int main(int argc, char** argv) {
   bps->add_option("--transport", bsend.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
   bps->add_option("--protocol", bsend.protocol);
   bps->add_option("--blocks", bsend.blocks)->check(CLI::Range(1u, kMaxBlocks));
-  bps->add_option("--size", bsend.size, "payload bytes per message (block size = SIZE + 16)")->required();
+  bps->add_option("--size", bsend.size, "payload bytes per message (block size SIZE + 16 unless --block-size)")->required();
   bps->add_option("--count", bsend.count, "messages per device");
   bps->add_option("--devices", bsend.devices);
   bps->add_option("--fps", bsend.fps, "messages per second per device (default: back to back)");
   bps->add_option("--gap-us", bsend.gap_us, "pause after each message");
+  bps->add_option("--block-size", bsend.block_size, "block size (default SIZE + 16: one message per block)")
+      ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
+  bps->add_option("--burst", bsend.burst, "messages per burst (with --compute-us)");
+  bps->add_option("--compute-us", bsend.compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend.tcp_socket, "plain TCP reference instead of slotstream");
 
   std::vector<std::string> bench_args;

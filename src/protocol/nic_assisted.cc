@@ -194,10 +194,10 @@ class NicAssistedSender final : public SenderProtocol {
     link_->reap();
     if (!core_->holding()) return Status::ok();
     fabric_.worker.progress();
-    SLOTSTREAM_RETURN_IF_ERROR(drain_st(false));
+    SLOTSTREAM_RETURN_IF_ERROR(drain_st(false, true));
     if (!core_->holding()) return Status::ok();
     SLOTSTREAM_RETURN_IF_ERROR(interrupt_wait_st());
-    return drain_st(true);
+    return drain_st(true, true);
   }
 
   bool holding_st() const override { return core_->holding(); }
@@ -218,8 +218,9 @@ class NicAssistedSender final : public SenderProtocol {
 
   // sync_ops: ACKs that granted credits; sync_op_samples_ns: per such ACK, from the receiver
   // sending it until the sender handled it. Counters: NicAssistedCore::Counters, plus
-  // interrupts (sleeps on the wake-up fd that ended with a credit), interrupt_writes (segments
-  // written right after one), notices_sent, acks_ignored.
+  // interrupt_sleeps (sleeps on the wake-up fd), interrupts (those that ended with a credit),
+  // interrupt_writes (segments written right after one), idle_writes (segments written from
+  // idle_st, i.e. while the application sent nothing), notices_sent, acks_ignored.
   ProtocolStats stats() const override {
     ProtocolStats s = stats_;
     const auto& c = core_->counters();
@@ -233,6 +234,7 @@ class NicAssistedSender final : public SenderProtocol {
     s.counters["interrupt_sleeps"] = sleeps_;
     s.counters["interrupts"] = interrupts_;
     s.counters["interrupt_writes"] = interrupt_writes_;
+    s.counters["idle_writes"] = idle_writes_;
     s.counters["notices_sent"] = link_->notices();
     s.counters["acks_ignored"] = acks_ignored_ + link_->acks_ignored();
     return s;
@@ -261,10 +263,11 @@ class NicAssistedSender final : public SenderProtocol {
     return check_alive();
   }
 
-  Status drain_st(bool after_interrupt) {
+  Status drain_st(bool after_interrupt, bool idle = false) {
     uint64_t writes = 0;
     SLOTSTREAM_RETURN_IF_ERROR(core_->drain(&writes));
     if (after_interrupt) interrupt_writes_ += writes;
+    if (idle) idle_writes_ += writes;
     return Status::ok();
   }
 
@@ -280,7 +283,7 @@ class NicAssistedSender final : public SenderProtocol {
   std::unique_ptr<fabric::MemoryRegion> buffer_;
   std::unique_ptr<NicAssistedCore> core_;
   ProtocolStats stats_;
-  uint64_t sleeps_ = 0, interrupts_ = 0, interrupt_writes_ = 0, acks_ignored_ = 0;
+  uint64_t sleeps_ = 0, interrupts_ = 0, interrupt_writes_ = 0, idle_writes_ = 0, acks_ignored_ = 0;
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options& options,

@@ -162,7 +162,7 @@ class PackedRingSender final : public SenderProtocol {
 
   // sync_ops: ACKs that moved the head. sync_op_samples_ns: per such ACK, from the receiver
   // sending it until the sender handled it (both ends read CLOCK_MONOTONIC; one host).
-  // Counters: see PackedRingCore::Counters; idle_flush_writes: coalesced writes made from
+  // Counters: see PackedRingCore::Counters; idle_writes: coalesced writes made from
   // idle_st (flush=idle only); notices_sent; acks_ignored (stale or bogus).
   ProtocolStats stats() const override {
     ProtocolStats s = stats_;
@@ -172,7 +172,7 @@ class PackedRingSender final : public SenderProtocol {
     s.counters["coalesced_writes"] = c.coalesced_writes;
     s.counters["coalesced_bytes"] = c.coalesced_bytes;
     s.counters["wrap_markers"] = c.wrap_markers;
-    s.counters["idle_flush_writes"] = idle_flush_writes_;
+    s.counters["idle_writes"] = idle_writes_;
     s.counters["notices_sent"] = link_->notices();
     s.counters["acks_ignored"] = acks_ignored_ + link_->acks_ignored();
     return s;
@@ -191,7 +191,7 @@ class PackedRingSender final : public SenderProtocol {
   Status flush_st(bool from_idle) {
     uint64_t writes = 0;
     SLOTSTREAM_RETURN_IF_ERROR(core_->flush(&writes));
-    if (from_idle) idle_flush_writes_ += writes;
+    if (from_idle) idle_writes_ += writes;
     return Status::ok();
   }
 
@@ -207,7 +207,7 @@ class PackedRingSender final : public SenderProtocol {
   std::unique_ptr<fabric::MemoryRegion> buffer_;
   std::unique_ptr<PackedRingCore> core_;
   ProtocolStats stats_;
-  uint64_t idle_flush_writes_ = 0;
+  uint64_t idle_writes_ = 0;
   uint64_t acks_ignored_ = 0;
 };
 

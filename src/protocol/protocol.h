@@ -61,9 +61,11 @@ struct PeerSetup {
   std::span<const uint8_t> setup;
 };
 
-// One unit of received data: a block header and its payload, exactly. `id` names it to
-// release(); `slot` is the receiver block it lies in (block protocols: its index; ring
-// protocols: its offset / block size), for holds and tests.
+// One unit of received data: a block header and its payload, at the start of `bytes`. `bytes` is
+// the receiver memory the record holds until it is released — block protocols hand out the whole
+// block, ring protocols exactly the record — which is what buffer utilisation measures. `id`
+// names it to release(); `slot` is the receiver block it lies in (block protocols: its index;
+// ring protocols: its offset / block size), for holds and tests.
 struct Record {
   uint64_t id = 0;
   uint32_t slot = 0;

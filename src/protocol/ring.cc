@@ -257,7 +257,11 @@ Status RingLink::notify(uint64_t position, uint32_t length, uint32_t flags) {
   Pending& p = pending_.back();
   Status st = fabric_.endpoint.am_send(kRingNoticeAm, &p.notice, sizeof(RingNotice), nullptr, 0,
                                        /*want_reply=*/true, &p.req);
-  if (!p.req.pending()) pending_.pop_back();  // sent inline: UCX no longer needs the header
+  if (!p.req.pending()) {
+    pending_.pop_back();  // sent inline: UCX no longer needs the header
+  } else {
+    fabric_.worker.progress();  // queued (e.g. the receiver's FIFO is full): push it along now
+  }
   SLOTSTREAM_RETURN_IF_ERROR(st);
   ++notices_;
   if (pending_.size() > 64) reap();

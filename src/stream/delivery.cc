@@ -67,7 +67,9 @@ Status Delivery::pass(size_t* consumed) {
   records_.clear();
   proto_.poll(&records_);
   entries_.clear();
+  uint64_t held = 0, useful = 0;
   for (const protocol::Record& rec : records_) {
+    held += rec.bytes.size();
     if (!blocked_.empty()) {
       auto b = blocked_.find(rec.slot);
       if (b != blocked_.end() && b->second) continue;
@@ -87,8 +89,11 @@ Status Delivery::pass(size_t* consumed) {
       ++*consumed;
     } else {
       entries_.push_back({rec, *h});
+      useful += h->payload_length;
     }
   }
+  counters_.buffer_held_bytes += held;
+  counters_.buffer_useful_bytes += useful;
   // Per device, nearest packet first: consecutive packets then deliver in one pass.
   std::sort(entries_.begin(), entries_.end(), [&](const Entry& a, const Entry& b) {
     if (a.header.device != b.header.device) return a.header.device < b.header.device;

@@ -34,6 +34,10 @@ struct DeliveryCounters {
   uint64_t bad_headers = 0;
   uint64_t broken_messages = 0;  // discarded because a fragment was missing
   uint64_t partial_discarded = 0;
+  // Buffer utilisation (SDP Fig. 6), sampled on every pass that found records: receiver memory
+  // held by unreleased records (Record::bytes) and the payload bytes in them, summed.
+  uint64_t buffer_held_bytes = 0;
+  uint64_t buffer_useful_bytes = 0;
 };
 
 class Delivery {

@@ -82,6 +82,17 @@ struct Fixture {
   }
 };
 
+TEST(Delivery, BufferUtilisationIsPayloadOverTheMemoryRecordsHold) {
+  Fixture f;
+  f.blocks.put(0, 0, 0, kOnly, std::string(16, 'a'));
+  f.blocks.put(1, 0, 1, kOnly, std::string(8, 'b'));
+  f.pass();
+  EXPECT_EQ(f.delivery.counters().buffer_held_bytes, 2 * kBlockSize);
+  EXPECT_EQ(f.delivery.counters().buffer_useful_bytes, 24u);
+  f.pass();  // nothing held: no sample
+  EXPECT_EQ(f.delivery.counters().buffer_held_bytes, 2 * kBlockSize);
+}
+
 TEST(Delivery, ReordersByPacketNumberWhateverTheBlockPosition) {
   Fixture f;
   f.blocks.put(0, 0, 1, kOnly, "second");
