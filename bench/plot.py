@@ -14,9 +14,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "sliding_window": dict(color="tab:orange", ls="-", marker="s"),
+         "credit": dict(color="tab:red", ls="-", marker="D"),
+         "packed_ring": dict(color="tab:green", ls="-", marker="P"),
+         "packed_ring:flush=idle": dict(color="tab:green", ls="--", marker="x"),
+         "nic_assisted": dict(color="tab:purple", ls="-", marker="*"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
          "tcp_socket": dict(color="tab:gray", ls=":", marker="v")}
-ORDER = ["status_byte", "sliding_window", "ucx_raw_put", "tcp_socket"]
+ORDER = ["status_byte", "sliding_window", "credit", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
+         "ucx_raw_put", "tcp_socket"]
 
 
 def style(protocol):
@@ -134,6 +139,7 @@ def figures(doc, records, out):
         if rows:
             name = f"fig{fig_no}_resources_{side}.png"
             made[name] = resources_plot(out / name, f"Transport resources, {side} (Fig. {fig_no})", rows, side)
+    made.update(sdp_figures(records, out))
     for exp, fig_no, title in (("held_block", 18, "Block 3 held from 100 to 200 ms"),
                                ("cameras", 19, "12 cameras x 25 fps x 640x480x3")):
         if samples.get(exp):
@@ -398,12 +404,134 @@ def report(doc, records, out, made):
               "frame_latency_p99",
               "cpu_sender", "cpu_receiver", "peak_rss_sender", "peak_rss_receiver"):
         md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}")]
+    md += sdp_report(records)
     md.append("## Figures\n")
     md += [f"![{n}]({n})\n" for n in sorted(made)]
     if doc.get("errors"):
         md.append("## Errors\n")
         md += [f"- {e['what']}: {e['error']}" for e in doc["errors"]]
     (out / "report.md").write_text("\n".join(md) + "\n")
+
+
+# ------------------------------------------------------------ the SDP paper (bench/ring_experiments.py)
+
+def _geometries(records, experiment, prefix):
+    return sorted({int(r["metric"].rsplit("_bs", 1)[1]) for r in records
+                   if r["experiment"] == experiment and r["metric"].startswith(prefix + "_bs")})
+
+
+def sdp_figures(records, out):
+    """SDP Fig. 4b (throughput), 6 (buffer utilisation) per buffer size, and Fig. 5 (progress)."""
+    made = {}
+    for bs in _geometries(records, "small_messages", "throughput"):
+        name = f"sdp_fig4b_throughput_{bs // 1024}k_buffers.png"
+        made[name] = line_plot(out / name, f"Small messages: throughput, 8 x {human(bs)} buffers (SDP Fig. 4b)",
+                               series(pick(records, "small_messages", f"throughput_bs{bs}")), "message size", "MB/s")
+        name = f"sdp_fig6_utilisation_{bs // 1024}k_buffers.png"
+        made[name] = line_plot(out / name, f"Buffer utilisation, 8 x {human(bs)} buffers (SDP Fig. 6)",
+                               series(pick(records, "small_messages", f"buffer_utilisation_bs{bs}")), "message size",
+                               "useful bytes / buffer held (%)", logy=False)
+    prog = pick(records, "progress", "iteration_time")
+    if prog:
+        made["sdp_fig5_progress.png"] = line_plot(
+            out / "sdp_fig5_progress.png", "Communication progress: 100 x 4 KiB per burst (SDP Fig. 5)",
+            series(prog), "computation between bursts (µs)", "iteration time (µs)", logx=False, logy=False, sizes=False)
+    return {k: v for k, v in made.items() if v}
+
+
+def spread_table(records, experiment, metric, fmt="{:.1f}", xlabel="size", xfmt=human):
+    """Rows: x (size_bytes); columns: protocol (transport); cells: median (min-max) over runs."""
+    vals = {}
+    for r in records:
+        if r["experiment"] == experiment and r["metric"] == metric:
+            vals.setdefault((r["protocol"], r["transport"], r["size_bytes"]), []).append(r["value"])
+    if not vals:
+        return ""
+    cols = sorted({(p, t) for p, t, _ in vals}, key=lambda c: (c[1], proto_key(c[0])))
+    rows = sorted({s for _, _, s in vals})
+    lines = [f"| {xlabel} | " + " | ".join(f"{p} ({t})" for p, t in cols) + " |", "|---|" + "---|" * len(cols)]
+    for s in rows:
+        cells = []
+        for p, t in cols:
+            v = vals.get((p, t, s))
+            if not v:
+                cells.append("–")
+            elif len(v) == 1:
+                cells.append(fmt.format(v[0]))
+            else:
+                cells.append(f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}–{fmt.format(max(v))})")
+        lines.append(f"| {xfmt(s)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sdp_claims(records):
+    """The SDP paper's claims next to this run's medians."""
+    lines = ["| SDP claim | transport | measured (median over runs) |", "|---|---|---|"]
+    transports = sorted({r["transport"] for r in records if r["experiment"] in ("small_messages", "progress")})
+    for t in transports:
+        for p in ("packed_ring", "nic_assisted"):
+            ratios = []
+            for s in (256, 1024, 4096):
+                a = median_of(records, "small_messages", "throughput_bs8192", protocol=p, transport=t, size_bytes=s)
+                c = median_of(records, "small_messages", "throughput_bs8192", protocol="credit", transport=t, size_bytes=s)
+                if a and c:
+                    ratios.append(f"{human(s)}: {a / c:.1f}x")
+            if ratios:
+                lines.append(f"| {p} ≈ 10x credit at 256 B–4 KiB (Fig. 4b; 8 KiB buffers) | {t} | {', '.join(ratios)} |")
+        u = [r["value"] for r in records if r["experiment"] == "small_messages" and r["protocol"] == "credit"
+             and r["transport"] == t and r["metric"] == "buffer_utilisation_bs32768"]
+        u8 = [r["value"] for r in records if r["experiment"] == "small_messages" and r["protocol"] == "credit"
+              and r["transport"] == t and r["metric"] == "buffer_utilisation_bs32768" and r["size_bytes"] <= 8192]
+        if u:
+            lines.append(f"| credit at most 25 % utilisation with 32 KiB buffers (Fig. 6b, messages up to 8 KiB) | {t} | "
+                         f"max {max(u8) if u8 else float('nan'):.1f} % up to 8 KiB; {max(u):.1f} % over all sizes |")
+        comp = sorted({r["size_bytes"] for r in records if r["experiment"] == "progress" and r["transport"] == t})
+        it = {p: {c: median_of(records, "progress", "iteration_time", protocol=p, transport=t, size_bytes=c) for c in comp}
+              for p in ("credit", "packed_ring", "nic_assisted", "packed_ring:flush=idle")}
+        if comp and all(it["credit"].values()):
+            for p, claim in (("packed_ring", "packed_ring falls behind credit past a computation threshold (Fig. 5)"),
+                             ("nic_assisted", "nic_assisted does not fall behind credit (Fig. 5)"),
+                             ("packed_ring:flush=idle", "(not in the paper) packed_ring with the fix")):
+                if not all(it[p].values()):
+                    continue
+                behind = [c for c in comp if it[p][c] > it["credit"][c]]
+                lines.append(f"| {claim} | {t} | behind credit at {', '.join(f'{c} µs' for c in behind) or 'no point'}; "
+                             f"at {comp[-1]} µs: {it[p][comp[-1]] / it['credit'][comp[-1]]:.2f}x credit's time |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def sdp_report(records):
+    if not any(r["experiment"] in ("small_messages", "progress") for r in records):
+        return []
+    md = ["## The SDP paper: small messages and progress (SDP Fig. 4b, 5, 6)\n",
+          "Protocols: credit (SDP §2), packed_ring (§3; `:flush=idle` is the fix for §3.2's flaw), nic_assisted "
+          "(§4), and this project's status_byte and sliding_window — those this build registers. 8 buffers "
+          "(blocks) as in the paper's 64 KiB and 256 KiB SDP buffers. Cells: median (min–max) over runs.\n",
+          sdp_claims(records)]
+    for bs in _geometries(records, "small_messages", "throughput"):
+        md += [f"### Throughput, MB/s, 8 x {human(bs)} buffers (Fig. 4b)\n",
+               "One device sends messages of one size back to back; from the first send after a tenth of the run "
+               "(warm-up) to the last arrival.\n",
+               spread_table(records, "small_messages", f"throughput_bs{bs}", "{:.2f}"),
+               f"### Buffer utilisation, %, 8 x {human(bs)} buffers (Fig. 6)\n",
+               "Payload bytes / receiver memory held by records not yet released (a whole buffer per message "
+               "for block protocols, the record itself in a ring), summed over the receiver's passes.\n",
+               spread_table(records, "small_messages", f"buffer_utilisation_bs{bs}", "{:.1f}")]
+        share = spread_table(records, "small_messages", f"coalesced_share_bs{bs}", "{:.0f}")
+        if share:
+            md += ["Share of messages that were coalesced (ring protocols), %:\n\n", share]
+    if any(r["experiment"] == "progress" for r in records):
+        us = lambda c: f"{c} µs"  # noqa: E731
+        md += ["### Communication progress (Fig. 5)\n",
+               "Bursts of 100 x 4 KiB, a busy computation after each (x), 8 x 8 KiB buffers. The paper's test is a "
+               "ping-pong; slotstream streams one way, so the reply is computed from measured times: iteration = "
+               "max(end of sends + C, last arrival + C) - first send (the peer replies once it has the whole burst "
+               "and has computed too). Tail delay: from a burst's last send returning to its last message "
+               "arriving — the data a design holds back while the application computes.\n",
+               "Iteration time, µs:\n\n", spread_table(records, "progress", "iteration_time", "{:.0f}", "compute", us),
+               "Burst tail delay (median over bursts), µs:\n\n",
+               spread_table(records, "progress", "burst_tail_delay_p50", "{:.0f}", "compute", us)]
+    return md
 
 
 def main():

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+import ring_experiments  # bench/ is the script's directory, first on sys.path
+
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
 
@@ -82,8 +84,9 @@ def read_line(proc, timeout):
 
 
 def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_us=0, busy_poll=False,
-             hold=None, timeout=300):
-    """One measurement: a receiver peer and a sender peer; returns (sender, receiver) JSON."""
+             hold=None, timeout=300, extra=()):
+    """One measurement: a receiver peer and a sender peer; returns (sender, receiver) JSON. `extra`:
+    more sender-peer arguments (docs/bench-peer.md)."""
     tcp_socket = protocol == "tcp_socket"
     rx_cmd = [BIN, "bench-peer", "recv", "--listen", "127.0.0.1:0", "--transport", transport]
     if busy_poll:
@@ -104,6 +107,7 @@ def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_u
             tx_cmd += ["--fps", str(fps)]
         if gap_us:
             tx_cmd += ["--gap-us", str(gap_us)]
+        tx_cmd += list(extra)
         if tcp_socket:
             tx_cmd = [c for c in tx_cmd if c not in ("--protocol", protocol)] + ["--tcp-socket"]
         try:
@@ -493,11 +497,12 @@ EXPERIMENTS = {
     "held_block": ("Fig. 18", "block 3 held from 100 to 200 ms: throughput over time", exp_held_block),
     "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3: throughput stability, CPU, memory", exp_cameras),
 }
+EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
 
 
 def main(argv):
-    epilog = "experiments:\n" + "\n".join(f"  {n:13} {f:11} {d}" for n, (f, d, _) in EXPERIMENTS.items())
-    epilog += "\n  all           everything above, on every transport, plus OUT/report.md"
+    epilog = "experiments:\n" + "\n".join(f"  {n:15} {f:14} {d}" for n, (f, d, _) in EXPERIMENTS.items())
+    epilog += "\n  all             everything above, on every transport, plus OUT/report.md"
     ap = argparse.ArgumentParser(prog="slotstream bench", description=__doc__, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
@@ -515,6 +520,7 @@ def main(argv):
     cfg.protocols = [p for p in a.protocols.split(",") if p]
     cfg.transports = [a.transport] if a.transport else host_transports()
     quick = a.quick or a.tiny
+    cfg.mode = "tiny" if a.tiny else "quick" if a.quick else "full"
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
     cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)

@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> bench_args;
   auto* b = app.add_subcommand("bench", "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
-                                        "resources, held_block, cameras, all) side by side with raw UCX and TCP; "
+                                        "resources, held_block, cameras; the SDP paper's small_messages, progress; all) side by "
+                                        "side with raw UCX and TCP; "
                                         "`slotstream bench --help` for the options.");
   b->prefix_command();  // everything after `bench` goes to the orchestrator
   b->set_help_flag();

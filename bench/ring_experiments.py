@@ -1,0 +1,173 @@
+"""The SDP paper's experiments (sdp-rdma-flow-control-paper, §5.2), for `slotstream bench`:
+
+  small_messages  Fig. 4b and 6: throughput 1 B - 64 KiB and buffer utilisation on 8 KiB and 32 KiB
+                  buffers (8 of them, the paper's 64 KiB and 256 KiB SDP buffers)
+  progress        Fig. 5: 4 KiB messages in bursts of 100 with computation between the bursts
+
+Each runs over a list of protocols; whatever of it this build registers (`slotstream protocols
+--json`) is measured, so credit appears as soon as it is built. Records use the orchestrator's
+schema; the geometry goes into the metric name (e.g. `throughput_bs8192`).
+"""
+import json
+import statistics
+import subprocess
+
+# The paper's designs (credit §2, packed_ring §3 and its fix, nic_assisted §4) and this
+# project's block protocols, in plot order.
+SMALL_PROTOCOLS = ["credit", "packed_ring", "nic_assisted", "status_byte", "sliding_window"]
+PROGRESS_PROTOCOLS = ["credit", "packed_ring", "packed_ring:flush=idle", "nic_assisted", "status_byte",
+                      "sliding_window"]
+
+SDP_BUFFERS = 8                   # Fig. 6: 64 KiB = 8 x 8 KiB, 256 KiB = 8 x 32 KiB
+GEOMETRIES = [8192, 32768]        # buffer (block) sizes
+SMALL_SIZES = {"full": [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536],
+               "quick": [1, 64, 256, 1024, 4096, 65536],
+               "tiny": [256]}
+# Messages per point: the byte budget, within [lo, hi] messages (1 B messages are bounded by
+# count, 64 KiB ones by bytes).
+SMALL_BUDGET = {"full": (32 << 20, 500, 20000), "quick": (8 << 20, 200, 5000), "tiny": (1 << 20, 100, 1000)}
+
+PROGRESS_SIZE = 4096
+PROGRESS_BURST = 100
+PROGRESS_COMPUTE_US = {"full": [0, 100, 250, 500, 750, 1000, 1500, 2000], "quick": [0, 250, 1000, 2000],
+                       "tiny": [0, 1000]}
+PROGRESS_BURSTS = {"full": 30, "quick": 10, "tiny": 3}
+
+
+def mode(cfg):
+    """full, quick or tiny (the orchestrator's --quick / --tiny)."""
+    return getattr(cfg, "mode", "full")
+
+
+def runs(cfg):
+    """Independent runs per point (min/median/max in the report); the orchestrator's --runs wins."""
+    n = getattr(cfg, "runs", None)
+    return n if n else {"full": 3, "quick": 1, "tiny": 1}[mode(cfg)]
+
+
+def registered(binary):
+    try:
+        out = subprocess.run([binary, "protocols", "--json"], capture_output=True, text=True, timeout=20).stdout
+        return {p["name"] for p in json.loads(out) if not p["reference"]}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return set()
+
+
+def available(wanted, binary):
+    have = registered(binary)
+    return [p for p in wanted if p.split(":")[0] in have]
+
+
+def geometry_metric(metric, block_size):
+    return f"{metric}_bs{block_size}"
+
+
+# --------------------------------------------------------------------------- small_messages
+
+def exp_small_messages(res, cfg, run_pair, progress, peer_error, binary):
+    """Fig. 4b (throughput) and Fig. 6 (buffer utilisation): one device streams messages of one
+    size back to back into 8 buffers of 8 KiB or 32 KiB; throughput from the first send (after a
+    tenth of the run, for warm-up) to the last arrival; utilisation = payload bytes / receiver
+    memory held by unreleased records, summed over the receiver's passes."""
+    m = mode(cfg)
+    protocols = available(SMALL_PROTOCOLS, binary)
+    sizes = SMALL_SIZES[m]
+    geometries = GEOMETRIES[:1] if m == "tiny" else GEOMETRIES
+    budget, lo, hi = SMALL_BUDGET[m]
+    points = [(t, bs, s, p, r) for t in cfg.transports for bs in geometries for s in sizes for p in protocols
+              for r in range(runs(cfg))]
+    prog = progress(len(points), "small_messages")
+    for t, bs, s, p, r in points:
+        count = max(lo, min(hi, budget // s))
+        try:
+            snd, rcv = run_pair(t, p, s, count, SDP_BUFFERS, extra=["--block-size", str(bs)])
+        except peer_error as e:
+            res.error(f"small_messages {p} {t} {s} B bs {bs}", e)
+            prog.step(f"{t} {p} {s} B bs {bs}: FAILED")
+            continue
+        sends, arrivals = snd["send_times_ns"], rcv["arrivals_ns"]
+        first = len(sends) // 10
+        if len(arrivals) != len(sends) or len(sends) - first < 2:
+            res.error(f"small_messages {p} {t} {s} B bs {bs}", f"{len(arrivals)} of {len(sends)} messages arrived")
+            prog.step(f"{t} {p} {s} B bs {bs}: incomplete")
+            continue
+        rate = (len(sends) - first) * s / (max(arrivals[-1] - sends[first], 1) / 1e9) / 1e6
+        held = rcv.get("buffer_held_bytes", 0)
+        util = rcv.get("buffer_useful_bytes", 0) / held if held else 0.0
+        res.add("small_messages", p, t, s, SDP_BUFFERS, geometry_metric("throughput", bs), rate, "MB/s", r)
+        res.add("small_messages", p, t, s, SDP_BUFFERS, geometry_metric("buffer_utilisation", bs), 100 * util, "%", r)
+        c = snd.get("protocol_counters", {})
+        if "coalesced_records" in c:
+            res.add("small_messages", p, t, s, SDP_BUFFERS, geometry_metric("coalesced_share", bs),
+                    100 * c["coalesced_records"] / max(1, snd.get("messages", 1)), "%", r)
+        prog.step(f"{t} {p:22} {s:>6} B bs {bs:>5} {rate:9.2f} MB/s, utilisation {100 * util:5.1f} %")
+
+
+# --------------------------------------------------------------------------------- progress
+
+def progress_model(snd, rcv, compute_us):
+    """Per burst i: s = its first send, e = when its last send returned (the application starts to
+    compute), d = when its last message arrived. The paper's benchmark is a ping-pong: after its
+    computation the application waits for the peer's reply, which the peer sends once it has the
+    whole burst and has done the same computation. slotstream streams one way, so that reply is
+    computed: iteration = max(e + C, d + C) - s. d is measured under the protocol's real
+    behaviour; the next burst starts when the computation ends — which is also when SDP's recv()
+    would have flushed what the packed ring held back. Returns (iteration times µs, tail delays µs)."""
+    sends, arrivals, ends = snd["send_times_ns"], rcv["arrivals_ns"], snd["burst_ends_ns"]
+    c = compute_us * 1000
+    iterations, tails = [], []
+    for i, e in enumerate(ends):
+        last = (i + 1) * PROGRESS_BURST - 1
+        if last >= len(arrivals):
+            break
+        s, d = sends[i * PROGRESS_BURST], arrivals[last]
+        iterations.append((max(e + c, d + c) - s) / 1000)
+        tails.append(max(0, d - e) / 1000)
+    return iterations, tails
+
+
+def exp_progress(res, cfg, run_pair, progress, peer_error, binary):
+    """Fig. 5: bursts of 100 x 4 KiB, a busy computation of C µs after each, 8 buffers of 8 KiB."""
+    m = mode(cfg)
+    protocols = available(PROGRESS_PROTOCOLS, binary)
+    bursts = PROGRESS_BURSTS[m]
+    points = [(t, c, p, r) for t in cfg.transports for c in PROGRESS_COMPUTE_US[m] for p in protocols
+              for r in range(runs(cfg))]
+    prog = progress(len(points), "progress")
+    for t, c, p, r in points:
+        try:
+            snd, rcv = run_pair(t, p, PROGRESS_SIZE, PROGRESS_BURST * bursts, SDP_BUFFERS,
+                                extra=["--block-size", "8192", "--burst", str(PROGRESS_BURST), "--compute-us", str(c)])
+        except peer_error as e:
+            res.error(f"progress {p} {t} compute {c} us", e)
+            prog.step(f"{t} {p} compute {c} us: FAILED")
+            continue
+        iterations, tails = progress_model(snd, rcv, c)
+        if len(iterations) < bursts:
+            res.error(f"progress {p} {t} compute {c} us", f"{rcv['messages']} messages arrived")
+            prog.step(f"{t} {p} compute {c} us: incomplete")
+            continue
+        # size_bytes carries the computation (µs) so that records of one point stay apart.
+        res.add("progress", p, t, c, SDP_BUFFERS, "iteration_time", statistics.mean(iterations), "us", r)
+        res.add("progress", p, t, c, SDP_BUFFERS, "total_time", sum(iterations) / 1000, "ms", r)
+        res.add("progress", p, t, c, SDP_BUFFERS, "burst_tail_delay_p50", statistics.median(tails), "us", r)
+        res.add("progress", p, t, c, SDP_BUFFERS, "stream_seconds", snd["seconds"], "s", r)
+        prog.step(f"{t} {p:22} compute {c:>5} us: iteration {statistics.mean(iterations):8.0f} us, "
+                  f"tail delay {statistics.median(tails):8.0f} us")
+
+
+# name: (paper figures, what it measures, function(res, cfg, run_pair, progress, peer_error, binary)).
+EXPERIMENTS = {
+    "small_messages": ("SDP Fig. 4b, 6", "throughput and buffer utilisation 1 B-64 KiB on 8 KiB / 32 KiB buffers",
+                       exp_small_messages),
+    "progress": ("SDP Fig. 5", "bursts of 100 x 4 KiB with computation between: communication progress",
+                 exp_progress),
+}
+
+
+def experiments(run_pair, progress, peer_error, binary):
+    """EXPERIMENTS as the orchestrator lists them, each an exp(res, cfg) bound to its measuring helpers
+    (run_pair, the Progress class, PeerError, the slotstream binary)."""
+    def bind(fn):
+        return lambda res, cfg: fn(res, cfg, run_pair, progress, peer_error, binary)
+    return {name: (figures, what, bind(fn)) for name, (figures, what, fn) in EXPERIMENTS.items()}
