@@ -11,7 +11,7 @@ NicAssistedCore::NicAssistedCore(RingWire& wire, uint64_t ring_bytes, uint64_t w
                                  uint32_t slot_size, std::span<std::byte> buffer)
     : wire_(wire), space_(ring_bytes), window_(window), initial_(ring_bytes / window), queue_memory_(queue),
       slot_size_(slot_size), slots_(static_cast<uint32_t>(queue.size() / slot_size)), slot_puts_(slots_),
-      buffer_(buffer.size()), buffer_memory_(buffer) {}
+      buffer_(buffer) {}
 
 Status NicAssistedCore::transmit(const std::byte* src, uint32_t length, fabric::Request* req, Outcome* out) {
   // Nothing waits before this record and a credit is there: it leaves now (a posted send whose
@@ -38,14 +38,10 @@ Status NicAssistedCore::transmit(const std::byte* src, uint32_t length, fabric::
     }
   }
   // ...then the software-handled part, where records wait to coalesce with later ones.
-  SLOTSTREAM_RETURN_IF_ERROR(reclaim());
-  if (!buffer_.fits(length)) {
-    *out = Outcome::kFull;
-    return Status::ok();
-  }
-  std::memcpy(buffer_memory_.data() + buffer_.append(length), src, length);
-  ++counters_.coalesced_records;
-  *out = Outcome::kCoalesced;
+  bool added = false;
+  SLOTSTREAM_RETURN_IF_ERROR(buffer_.add(src, length, &added));
+  counters_.coalesced_records += added;
+  *out = added ? Outcome::kCoalesced : Outcome::kFull;
   return Status::ok();
 }
 
@@ -70,19 +66,15 @@ Status NicAssistedCore::drain(uint64_t* writes) {
       SLOTSTREAM_RETURN_IF_ERROR(pad(padding));
       continue;
     }
-    size_t count = 0;
-    const uint64_t bytes = buffer_.run(std::min({window_, space_.to_end(), kMaxSegment}), &count);
+    uint64_t bytes = 0;
+    SLOTSTREAM_RETURN_IF_ERROR(buffer_.write_run(wire_, space_, window_, &bytes, &counters_));
     if (bytes == 0) break;  // cannot happen: a record is at most one block <= W and fits before the end
-    fabric::Request req;
-    SLOTSTREAM_RETURN_IF_ERROR(write_segment(buffer_memory_.data() + buffer_.front_offset(), bytes, &req));
-    buffer_puts_.add(std::move(req));
-    buffer_.sent(bytes, count);
+    ++used_;  // the segment's credit
+    ++counters_.credits_used;
     ++n;
-    ++counters_.coalesced_writes;
-    counters_.coalesced_bytes += bytes;
   }
   if (writes) *writes = n;
-  return reclaim();
+  return Status::ok();
 }
 
 bool NicAssistedCore::on_grant(uint64_t granted) {
@@ -107,13 +99,6 @@ Status NicAssistedCore::pad(uint64_t length) {
   return wire_.pad(space_.take(length), static_cast<uint32_t>(length));
 }
 
-Status NicAssistedCore::reclaim() {
-  if (!buffer_.empty() || buffer_.front_offset() == 0) return Status::ok();
-  bool done = false;
-  SLOTSTREAM_RETURN_IF_ERROR(buffer_puts_.all_done(&done));
-  if (done) buffer_.reset();
-  return Status::ok();
-}
 
 // ------------------------------------------------------------------------------ over UCX
 namespace {
@@ -151,13 +136,12 @@ Status window_for(const NicOptions& o, const Geometry& g, uint64_t* window) {
   return Status::ok();
 }
 
-class NicAssistedSender final : public SenderProtocol {
+class NicAssistedSender final : public RingSender {
  public:
-  explicit NicAssistedSender(SenderFabric& fabric) : fabric_(fabric) {}
+  explicit NicAssistedSender(SenderFabric& fabric) : RingSender(fabric) {}
 
   Status init(const RingSetup& setup, uint64_t window, uint64_t slots, uint64_t buffer_bytes) {
-    SLOTSTREAM_RETURN_IF_ERROR(RingLink::create(
-        fabric_, setup, [this](const RingAck& ack, uint64_t now) { on_ack(ack, now); }, &link_));
+    SLOTSTREAM_RETURN_IF_ERROR(connect(setup));
     const uint32_t slot_size = fabric_.geometry.block_size;
     SLOTSTREAM_RETURN_IF_ERROR(link_->allocate(slots * slot_size, &queue_));
     SLOTSTREAM_RETURN_IF_ERROR(link_->allocate(buffer_bytes, &buffer_));
@@ -216,41 +200,26 @@ class NicAssistedSender final : public SenderProtocol {
     return fabric_.endpoint.flush(fabric_.alive);
   }
 
-  // sync_ops: ACKs that granted credits; sync_op_samples_ns: per such ACK, from the receiver
-  // sending it until the sender handled it. Counters: NicAssistedCore::Counters, plus
-  // interrupt_sleeps (sleeps on the wake-up fd), interrupts (those that ended with a credit),
-  // interrupt_writes (segments written right after one), idle_writes (segments written from
-  // idle_st, i.e. while the application sent nothing), notices_sent, acks_ignored.
+  // sync_ops: ACKs that granted credits. Counters: RingSender::ring_stats (coalesced_*: the
+  // software-handled buffer), queued_records, credits_used, interrupt_sleeps (sleeps on the
+  // wake-up fd), interrupts (those that ended with a credit), interrupt_writes (segments written
+  // right after one).
   ProtocolStats stats() const override {
-    ProtocolStats s = stats_;
     const auto& c = core_->counters();
-    s.counters["direct_writes"] = c.direct_writes;
+    ProtocolStats s = ring_stats(c);
     s.counters["queued_records"] = c.queued_records;
-    s.counters["coalesced_records"] = c.coalesced_records;
-    s.counters["coalesced_writes"] = c.coalesced_writes;
-    s.counters["coalesced_bytes"] = c.coalesced_bytes;
-    s.counters["wrap_markers"] = c.wrap_markers;
     s.counters["credits_used"] = c.credits_used;
     s.counters["interrupt_sleeps"] = sleeps_;
     s.counters["interrupts"] = interrupts_;
     s.counters["interrupt_writes"] = interrupt_writes_;
-    s.counters["idle_writes"] = idle_writes_;
-    s.counters["notices_sent"] = link_->notices();
-    s.counters["acks_ignored"] = acks_ignored_ + link_->acks_ignored();
     return s;
   }
 
  private:
-  void on_ack(const RingAck& ack, uint64_t now) {
-    if (!core_ || !core_->on_grant(ack.credits)) {
-      ++acks_ignored_;
-      return;
-    }
-    ++stats_.sync_ops;
-    if (now > ack.generated_ns) add_sample(stats_.sync_op_samples_ns, now - ack.generated_ns);
-  }
+  bool apply_ack(const RingAck& ack) override { return core_ && core_->on_grant(ack.credits); }
 
-  // Progresses until idle; if no credit came, sleeps on the wake-up fd (the interrupt).
+  // Progresses until idle; if no credit came, sleeps on the wake-up fd (the interrupt). Checks
+  // liveness: every wait for the receiver passes here.
   Status interrupt_wait_st() {
     while (fabric_.worker.progress() != 0) {
     }
@@ -271,19 +240,10 @@ class NicAssistedSender final : public SenderProtocol {
     return Status::ok();
   }
 
-  Status check_alive() {
-    SLOTSTREAM_RETURN_IF_ERROR(fabric_.alive());
-    if (fabric_.endpoint.failed()) return {Code::kPeerGone, "receiver unreachable"};
-    return Status::ok();
-  }
-
-  SenderFabric& fabric_;
-  std::unique_ptr<RingLink> link_;
   std::unique_ptr<fabric::MemoryRegion> queue_;
   std::unique_ptr<fabric::MemoryRegion> buffer_;
   std::unique_ptr<NicAssistedCore> core_;
-  ProtocolStats stats_;
-  uint64_t sleeps_ = 0, interrupts_ = 0, interrupt_writes_ = 0, idle_writes_ = 0, acks_ignored_ = 0;
+  uint64_t sleeps_ = 0, interrupts_ = 0, interrupt_writes_ = 0;
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options& options,
@@ -299,12 +259,9 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
                                   "options"};
   }
   const uint64_t slots = o.queue ? o.queue : ring.bytes / window;
-  const uint64_t buffer = o.buffer ? o.buffer : ring.bytes;
   if (slots > 65536) return {Code::kInvalidArgument, "nic_assisted: queue=" + std::to_string(slots) + " is over 65536"};
-  if (buffer < fabric.geometry.block_size) {
-    return {Code::kInvalidArgument, "nic_assisted: buffer=" + std::to_string(buffer) + " is smaller than one block (" +
-                                        std::to_string(fabric.geometry.block_size) + " B)"};
-  }
+  uint64_t buffer = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(sender_buffer_size("nic_assisted", o.buffer, fabric.geometry, &buffer));
   auto sender = std::make_unique<NicAssistedSender>(fabric);
   SLOTSTREAM_RETURN_IF_ERROR(sender->init(ring, window, slots, buffer));
   *out = std::move(sender);

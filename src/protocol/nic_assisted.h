@@ -59,13 +59,8 @@ class NicAssistedCore {
   uint64_t credits() const { return initial_ + granted_ - used_; }
   const RingSpace& space() const { return space_; }
 
-  struct Counters {
-    uint64_t direct_writes = 0;      // records written straight from their send block
+  struct Counters : RingCounters {  // coalesced_*: the software-handled buffer
     uint64_t queued_records = 0;     // records posted in the send queue (one segment each)
-    uint64_t coalesced_records = 0;  // records copied into the software-handled buffer
-    uint64_t coalesced_writes = 0;   // segments that carried coalesced records
-    uint64_t coalesced_bytes = 0;
-    uint64_t wrap_markers = 0;
     uint64_t credits_used = 0;
   };
   const Counters& counters() const { return counters_; }
@@ -73,7 +68,6 @@ class NicAssistedCore {
  private:
   Status pad(uint64_t length);
   Status write_segment(const std::byte* src, uint64_t length, fabric::Request* req);
-  Status reclaim();
 
   RingWire& wire_;
   RingSpace space_;
@@ -91,9 +85,7 @@ class NicAssistedCore {
   uint32_t head_slot_ = 0;  // slot of queue_.front()
   std::deque<Queued> queue_;
   std::vector<fabric::Request> slot_puts_;  // per slot: its last put, if still running
-  CoalesceBuffer buffer_;
-  std::span<std::byte> buffer_memory_;
-  PutTracker buffer_puts_;
+  Coalescer buffer_;
   Counters counters_;
 };
 

@@ -26,14 +26,10 @@ Status PackedRingCore::transmit(const std::byte* src, uint32_t length, fabric::R
     }
   }
   // paper §3.1: no room in the ring: copy into the sender buffer and return to the application.
-  SLOTSTREAM_RETURN_IF_ERROR(reclaim());
-  if (!buffer_.fits(length)) {
-    *out = Outcome::kFull;
-    return Status::ok();
-  }
-  std::memcpy(memory_.data() + buffer_.append(length), src, length);
-  ++counters_.coalesced_records;
-  *out = Outcome::kCoalesced;
+  bool added = false;
+  SLOTSTREAM_RETURN_IF_ERROR(buffer_.add(src, length, &added));
+  counters_.coalesced_records += added;
+  *out = added ? Outcome::kCoalesced : Outcome::kFull;
   return Status::ok();
 }
 
@@ -47,20 +43,13 @@ Status PackedRingCore::flush(uint64_t* writes) {
       continue;
     }
     // paper §3.1: "this data is sent as one large message instead of multiple small messages".
-    size_t count = 0;
-    const uint64_t bytes = buffer_.run(std::min({space_.free(), space_.to_end(), kMaxSegment}), &count);
+    uint64_t bytes = 0;
+    SLOTSTREAM_RETURN_IF_ERROR(buffer_.write_run(wire_, space_, space_.free(), &bytes, &counters_));
     if (bytes == 0) break;
-    fabric::Request req;
-    SLOTSTREAM_RETURN_IF_ERROR(wire_.write(memory_.data() + buffer_.front_offset(), static_cast<uint32_t>(bytes),
-                                           space_.take(bytes), &req));
-    buffer_puts_.add(std::move(req));
-    buffer_.sent(bytes, count);
     ++n;
-    ++counters_.coalesced_writes;
-    counters_.coalesced_bytes += bytes;
   }
   if (writes) *writes = n;
-  return reclaim();
+  return Status::ok();
 }
 
 Status PackedRingCore::pad(uint64_t length) {
@@ -69,13 +58,6 @@ Status PackedRingCore::pad(uint64_t length) {
   return Status::ok();
 }
 
-Status PackedRingCore::reclaim() {
-  if (!buffer_.empty() || buffer_.front_offset() == 0) return Status::ok();
-  bool done = false;
-  SLOTSTREAM_RETURN_IF_ERROR(buffer_puts_.all_done(&done));
-  if (done) buffer_.reset();
-  return Status::ok();
-}
 
 // ------------------------------------------------------------------------------ over UCX
 namespace {
@@ -100,13 +82,12 @@ Status check_options(const Options& o) {
   return read_options(o, &parsed);
 }
 
-class PackedRingSender final : public SenderProtocol {
+class PackedRingSender final : public RingSender {
  public:
-  PackedRingSender(SenderFabric& fabric, Flush flush) : fabric_(fabric), flush_(flush) {}
+  PackedRingSender(SenderFabric& fabric, Flush flush) : RingSender(fabric), flush_(flush) {}
 
   Status init(const RingSetup& setup, uint64_t buffer_bytes) {
-    SLOTSTREAM_RETURN_IF_ERROR(RingLink::create(
-        fabric_, setup, [this](const RingAck& ack, uint64_t now) { on_ack(ack, now); }, &link_));
+    SLOTSTREAM_RETURN_IF_ERROR(connect(setup));
     SLOTSTREAM_RETURN_IF_ERROR(link_->allocate(buffer_bytes, &buffer_));
     core_ = std::make_unique<PackedRingCore>(*link_, setup.bytes, std::span(buffer_->data(), buffer_bytes));
     return Status::ok();
@@ -160,33 +141,11 @@ class PackedRingSender final : public SenderProtocol {
     return fabric_.endpoint.flush(fabric_.alive);
   }
 
-  // sync_ops: ACKs that moved the head. sync_op_samples_ns: per such ACK, from the receiver
-  // sending it until the sender handled it (both ends read CLOCK_MONOTONIC; one host).
-  // Counters: see PackedRingCore::Counters; idle_writes: coalesced writes made from
-  // idle_st (flush=idle only); notices_sent; acks_ignored (stale or bogus).
-  ProtocolStats stats() const override {
-    ProtocolStats s = stats_;
-    const auto& c = core_->counters();
-    s.counters["direct_writes"] = c.direct_writes;
-    s.counters["coalesced_records"] = c.coalesced_records;
-    s.counters["coalesced_writes"] = c.coalesced_writes;
-    s.counters["coalesced_bytes"] = c.coalesced_bytes;
-    s.counters["wrap_markers"] = c.wrap_markers;
-    s.counters["idle_writes"] = idle_writes_;
-    s.counters["notices_sent"] = link_->notices();
-    s.counters["acks_ignored"] = acks_ignored_ + link_->acks_ignored();
-    return s;
-  }
+  // sync_ops: ACKs that moved the head. Counters: RingSender::ring_stats.
+  ProtocolStats stats() const override { return ring_stats(core_->counters()); }
 
  private:
-  void on_ack(const RingAck& ack, uint64_t now) {
-    if (!core_ || !core_->on_ack(ack.freed)) {
-      ++acks_ignored_;
-      return;
-    }
-    ++stats_.sync_ops;
-    if (now > ack.generated_ns) add_sample(stats_.sync_op_samples_ns, now - ack.generated_ns);
-  }
+  bool apply_ack(const RingAck& ack) override { return core_ && core_->on_ack(ack.freed); }
 
   Status flush_st(bool from_idle) {
     uint64_t writes = 0;
@@ -195,20 +154,9 @@ class PackedRingSender final : public SenderProtocol {
     return Status::ok();
   }
 
-  Status check_alive() {
-    SLOTSTREAM_RETURN_IF_ERROR(fabric_.alive());
-    if (fabric_.endpoint.failed()) return {Code::kPeerGone, "receiver unreachable"};
-    return Status::ok();
-  }
-
-  SenderFabric& fabric_;
   Flush flush_;
-  std::unique_ptr<RingLink> link_;
   std::unique_ptr<fabric::MemoryRegion> buffer_;
   std::unique_ptr<PackedRingCore> core_;
-  ProtocolStats stats_;
-  uint64_t idle_writes_ = 0;
-  uint64_t acks_ignored_ = 0;
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options& options,
@@ -220,12 +168,8 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   if (ring.bytes != fabric.geometry.bytes() || ring.window != 0) {
     return {Code::kProtocolError, "the receiver's ring does not match this sender's packed_ring geometry"};
   }
-  const uint64_t buffer = o.buffer ? o.buffer : ring.bytes;
-  if (buffer < fabric.geometry.block_size) {
-    return {Code::kInvalidArgument, "packed_ring: buffer=" + std::to_string(buffer) +
-                                        " is smaller than one block (" + std::to_string(fabric.geometry.block_size) +
-                                        " B): a record could never be coalesced"};
-  }
+  uint64_t buffer = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(sender_buffer_size("packed_ring", o.buffer, fabric.geometry, &buffer));
   auto sender = std::make_unique<PackedRingSender>(fabric, o.flush);
   SLOTSTREAM_RETURN_IF_ERROR(sender->init(ring, buffer));
   *out = std::move(sender);

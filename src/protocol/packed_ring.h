@@ -27,7 +27,7 @@ class PackedRingCore {
  public:
   // `buffer`: the sender-side buffer's memory (registered by the caller).
   PackedRingCore(RingWire& wire, uint64_t ring_bytes, std::span<std::byte> buffer)
-      : wire_(wire), space_(ring_bytes), buffer_(buffer.size()), memory_(buffer) {}
+      : wire_(wire), space_(ring_bytes), buffer_(buffer) {}
 
   enum class Outcome {
     kWritten,    // written into the ring now (with *req if the put is still running)
@@ -45,26 +45,15 @@ class PackedRingCore {
   bool holding() const { return !buffer_.empty(); }
 
   const RingSpace& space() const { return space_; }
-  const CoalesceBuffer& buffer() const { return buffer_; }
-  struct Counters {
-    uint64_t direct_writes = 0;     // records written straight from their send block
-    uint64_t coalesced_records = 0; // records copied into the sender buffer
-    uint64_t coalesced_writes = 0;  // writes that carried coalesced records
-    uint64_t coalesced_bytes = 0;
-    uint64_t wrap_markers = 0;
-  };
-  const Counters& counters() const { return counters_; }
+  const RingCounters& counters() const { return counters_; }
 
  private:
   Status pad(uint64_t length);
-  Status reclaim();
 
   RingWire& wire_;
   RingSpace space_;
-  CoalesceBuffer buffer_;
-  std::span<std::byte> memory_;
-  PutTracker buffer_puts_;
-  Counters counters_;
+  Coalescer buffer_;
+  RingCounters counters_;
 };
 
 extern const Descriptor kPackedRing;

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "protocol/two_sided.h"
 #include "wire/block_header.h"
 #include "wire/codec.h"
 
@@ -190,6 +191,37 @@ Status PutTracker::all_done(bool* done) {
   return first;
 }
 
+// ------------------------------------------------------------------------------- Coalescer
+
+Status Coalescer::add(const std::byte* src, uint32_t length, bool* added) {
+  SLOTSTREAM_RETURN_IF_ERROR(reclaim());
+  *added = buffer_.fits(length);
+  if (*added) std::memcpy(memory_.data() + buffer_.append(length), src, length);
+  return Status::ok();
+}
+
+Status Coalescer::write_run(RingWire& wire, RingSpace& space, uint64_t limit, uint64_t* bytes, RingCounters* counters) {
+  size_t count = 0;
+  *bytes = buffer_.run(std::min({limit, space.to_end(), kMaxSegment}), &count);
+  if (*bytes == 0) return Status::ok();
+  fabric::Request req;
+  SLOTSTREAM_RETURN_IF_ERROR(wire.write(memory_.data() + buffer_.front_offset(), static_cast<uint32_t>(*bytes),
+                                        space.take(*bytes), &req));
+  puts_.add(std::move(req));
+  buffer_.sent(*bytes, count);
+  ++counters->coalesced_writes;
+  counters->coalesced_bytes += *bytes;
+  return reclaim();
+}
+
+Status Coalescer::reclaim() {
+  if (!buffer_.empty() || buffer_.front_offset() == 0) return Status::ok();
+  bool done = false;
+  SLOTSTREAM_RETURN_IF_ERROR(puts_.all_done(&done));
+  if (done) buffer_.reset();
+  return Status::ok();
+}
+
 // ----------------------------------------------------------------------------- set-up
 
 Status parse_ring_setup(std::span<const uint8_t> setup, RingSetup* out) {
@@ -276,23 +308,59 @@ void RingLink::reap() {
   while (!pending_.empty() && pending_.front().req.check().code() != Code::kInProgress) pending_.pop_front();
 }
 
+// ------------------------------------------------------------------------------ RingSender
+
+Status RingSender::connect(const RingSetup& setup) {
+  return RingLink::create(
+      fabric_, setup, [this](const RingAck& ack, uint64_t now) { on_ack(ack, now); }, &link_);
+}
+
+void RingSender::on_ack(const RingAck& ack, uint64_t now) {
+  if (!apply_ack(ack)) {
+    ++acks_ignored_;
+    return;
+  }
+  ++stats_.sync_ops;
+  if (now > ack.generated_ns) add_sample(stats_.sync_op_samples_ns, now - ack.generated_ns);
+}
+
+Status RingSender::check_alive() {
+  SLOTSTREAM_RETURN_IF_ERROR(fabric_.alive());
+  if (fabric_.endpoint.failed()) return {Code::kPeerGone, "receiver unreachable"};
+  return Status::ok();
+}
+
+ProtocolStats RingSender::ring_stats(const RingCounters& c) const {
+  ProtocolStats s = stats_;
+  s.counters["direct_writes"] = c.direct_writes;
+  s.counters["coalesced_records"] = c.coalesced_records;
+  s.counters["coalesced_writes"] = c.coalesced_writes;
+  s.counters["coalesced_bytes"] = c.coalesced_bytes;
+  s.counters["wrap_markers"] = c.wrap_markers;
+  s.counters["idle_writes"] = idle_writes_;
+  s.counters["notices_sent"] = link_->notices();
+  s.counters["acks_ignored"] = acks_ignored_ + link_->acks_ignored();
+  return s;
+}
+
+Status sender_buffer_size(std::string_view protocol, uint64_t option, const Geometry& g, uint64_t* out) {
+  *out = option ? option : g.bytes();
+  if (*out < g.block_size) {
+    return {Code::kInvalidArgument, std::string(protocol) + ": buffer=" + std::to_string(*out) +
+                                        " is smaller than one block (" + std::to_string(g.block_size) +
+                                        " B): a record could never be coalesced"};
+  }
+  return Status::ok();
+}
+
 // ---------------------------------------------------------------------------- the receiver
 
 namespace {
 
 class RingReceiver;
-
-// The receiver's worker is shared by every connected sender and UCX takes one handler per AM id
-// per worker, so notices are routed by the session id the receiver handed out in its set-up.
-struct RingDispatch {
-  std::mutex mutex;
-  std::map<uint64_t, RingReceiver*> sessions;
-  uint64_t next_session = 1;
-  std::atomic<uint64_t> stray{0};  // notices no receiver could take (malformed, or a session that ended)
-};
-RingDispatch& dispatch() {
-  static RingDispatch d;
-  return d;
+SessionRouter<RingReceiver>& router() {
+  static SessionRouter<RingReceiver> r;
+  return r;
 }
 
 class RingReceiver final : public ReceiverProtocol {
@@ -301,27 +369,10 @@ class RingReceiver final : public ReceiverProtocol {
                std::vector<uint8_t> rkey)
       : worker_(fabric.worker), block_size_(fabric.geometry.block_size), window_(window), ring_(std::move(ring)),
         rkey_(std::move(rkey)), ledger_(fabric.geometry.bytes(), window) {
-    RingDispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
-    session_ = d.next_session++;
-    d.sessions[session_] = this;
+    session_ = router().add(this);
   }
 
-  ~RingReceiver() override {
-    {
-      RingDispatch& d = dispatch();
-      std::lock_guard lock(d.mutex);
-      d.sessions.erase(session_);
-    }
-    // An ACK's header must outlive its request: give the last ones a moment; one still stuck
-    // (the sender is gone) is leaked rather than freed under UCX.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(50);
-    while (!acks_.empty() && Clock::now() < deadline) {
-      reap_acks();
-      if (!acks_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    for (auto& a : acks_) (void)a.second.release();
-  }
+  ~RingReceiver() override { router().remove(session_); }
 
   std::vector<uint8_t> setup() const override {
     wire::Writer w;
@@ -391,7 +442,7 @@ class RingReceiver final : public ReceiverProtocol {
                   {"acks_sent", acks_sent_},
                   {"ack_send_failures", ack_failures_},
                   {"bad_releases", bad_releases_},
-                  {"stray_notices_in_process", dispatch().stray.load()}};
+                  {"stray_notices_in_process", router().strays()}};
     for (const auto& [v, n] : dropped_) s.counters[std::string("notices_dropped_") + RingLedger::verdict_name(v)] = n;
     return s;
   }
@@ -435,31 +486,18 @@ class RingReceiver final : public ReceiverProtocol {
       std::lock_guard lock(mutex_);
       reply = reply_;
     }
-    auto ack = std::make_unique<RingAck>(RingAck{ledger_.head(), ledger_.granted(), now_ns()});
-    fabric::Request req;
+    const RingAck ack{ledger_.head(), ledger_.granted(), now_ns()};
     // Sent without holding mutex_: the progress thread takes the worker's lock, then ours.
-    Status st = worker_.am_reply(reply, kRingAckAm, ack.get(), sizeof(RingAck), &req);
-    {
-      std::lock_guard lock(mutex_);
-      if (st.is_ok()) {
-        ++acks_sent_;
-        acked_head_ = ack->freed;
-        acked_credits_ = ack->credits;
-      } else {
-        ++ack_failures_;  // retried on the next pass; fails for good only when the sender is gone
-      }
+    const bool sent = acks_.send(worker_, reply, kRingAckAm, ack).is_ok();
+    std::lock_guard lock(mutex_);
+    if (sent) {
+      ++acks_sent_;
+      acked_head_ = ack.freed;
+      acked_credits_ = ack.credits;
+    } else {
+      ++ack_failures_;  // retried on the next pass; fails for good only when the sender is gone
     }
-    if (req.pending()) {
-      // Queued, not sent: our own progress() pushes it; wake the progress thread too.
-      acks_.push_back({std::move(req), std::move(ack)});
-      worker_.signal();
-    }
-    reap_acks();
-    return st.is_ok();
-  }
-
-  void reap_acks() {
-    while (!acks_.empty() && acks_.front().first.check().code() != Code::kInProgress) acks_.pop_front();
+    return sent;
   }
 
   fabric::Worker& worker_;
@@ -486,32 +524,24 @@ class RingReceiver final : public ReceiverProtocol {
   uint64_t acked_head_ = 0;
   uint64_t acked_credits_ = 0;
   uint64_t bad_releases_ = 0;
-  std::deque<std::pair<fabric::Request, std::unique_ptr<RingAck>>> acks_;
+  ReplyQueue<RingAck> acks_;
 };
 
 void on_notice(std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
-  RingDispatch& d = dispatch();
   if (header.size() != sizeof(RingNotice)) {
-    ++d.stray;
+    router().stray();
     return;
   }
   RingNotice n;
   std::memcpy(&n, header.data(), sizeof n);
-  std::lock_guard lock(d.mutex);
-  auto it = d.sessions.find(n.session);
-  if (it == d.sessions.end()) {
-    ++d.stray;  // a session that already ended
-    return;
-  }
-  it->second->noticed(n, reply);
+  router().route(n.session, [&](RingReceiver& r) { r.noticed(n, reply); });
 }
 
 }  // namespace
 
 Status make_ring_receiver(ReceiverFabric& fabric, uint64_t window, std::unique_ptr<ReceiverProtocol>* out) {
   {
-    RingDispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
+    std::lock_guard lock(router().mutex());
     if (!fabric.worker.has_am_handler(kRingNoticeAm)) {
       SLOTSTREAM_RETURN_IF_ERROR(fabric.worker.set_am_handler(kRingNoticeAm, on_notice));
     }

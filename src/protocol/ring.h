@@ -50,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "protocol/protocol.h"
@@ -213,6 +214,15 @@ class RingWire {
   virtual Status pad(uint64_t position, uint32_t length) = 0;
 };
 
+// What every ring sender core counts (its stats() reports them by these names).
+struct RingCounters {
+  uint64_t direct_writes = 0;      // records written straight from their send block
+  uint64_t coalesced_records = 0;  // records copied into the sender-side (coalescing) buffer
+  uint64_t coalesced_writes = 0;   // writes that carried coalesced records
+  uint64_t coalesced_bytes = 0;
+  uint64_t wrap_markers = 0;
+};
+
 // Requests for puts from a sender-side buffer: the buffer may be reused once all completed.
 class PutTracker {
  public:
@@ -222,6 +232,27 @@ class PutTracker {
 
  private:
   std::vector<fabric::Request> pending_;
+};
+
+// A sender-side buffer with its memory: records are copied in and written out, in runs of whole
+// records, at the ring's tail. Shared by packed_ring's sender buffer and nic_assisted's
+// software-handled buffer; when to write (space, credits) is theirs to decide.
+class Coalescer {
+ public:
+  explicit Coalescer(std::span<std::byte> memory) : buffer_(memory.size()), memory_(memory) {}
+  bool empty() const { return buffer_.empty(); }
+  uint32_t front_length() const { return buffer_.front_length(); }
+  // Copies the record in; *added is false when the buffer has no room for it.
+  Status add(const std::byte* src, uint32_t length, bool* added);
+  // Writes the longest run of whole records that fits in `limit`, the ring's end and kMaxSegment
+  // at the ring's tail (one write); *bytes: how much (0: the first record does not fit).
+  Status write_run(RingWire& wire, RingSpace& space, uint64_t limit, uint64_t* bytes, RingCounters* counters);
+
+ private:
+  Status reclaim();
+  CoalesceBuffer buffer_;
+  std::span<std::byte> memory_;
+  PutTracker puts_;
 };
 
 // ------------------------------------------------------------------------------- over UCX
@@ -270,6 +301,34 @@ class RingLink final : public RingWire {
   uint64_t notices_ = 0;
   uint64_t acks_ignored_ = 0;
 };
+
+// What both ring senders share over UCX: the link, ACK handling and statistics, liveness.
+class RingSender : public SenderProtocol {
+ protected:
+  explicit RingSender(SenderFabric& fabric) : fabric_(fabric) {}
+  // Connects the link: each ACK goes to apply_ack(), which says whether it changed anything.
+  Status connect(const RingSetup& setup);
+  virtual bool apply_ack(const RingAck& ack) = 0;
+  Status check_alive();
+  // stats_ plus the counters every ring sender reports: the core's, idle_writes (segments written
+  // from idle_st, i.e. while the application sent nothing), notices_sent, acks_ignored (stale or
+  // bogus). sync_ops: ACKs that changed something; sync_op_samples_ns: per such ACK, from the
+  // receiver sending it until the sender handled it (both ends read CLOCK_MONOTONIC; one host).
+  ProtocolStats ring_stats(const RingCounters& c) const;
+
+  SenderFabric& fabric_;
+  std::unique_ptr<RingLink> link_;
+  ProtocolStats stats_;
+  uint64_t idle_writes_ = 0;
+
+ private:
+  void on_ack(const RingAck& ack, uint64_t now);
+  uint64_t acks_ignored_ = 0;
+};
+
+// The sender-side buffer's size: `option` (0: the ring's size, SDP's send buffer of the receive
+// buffer's size); at least one block, or a record could never be coalesced.
+Status sender_buffer_size(std::string_view protocol, uint64_t option, const Geometry& g, uint64_t* out);
 
 // The receiver half of both ring protocols (`window` 0: packed_ring; else nic_assisted's W).
 Status make_ring_receiver(ReceiverFabric& fabric, uint64_t window, std::unique_ptr<ReceiverProtocol>* out);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "protocol/two_sided.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
@@ -26,7 +27,7 @@ constexpr unsigned kNotifyAm = 11;  // sender -> receiver: "block index, length"
 constexpr unsigned kAckAm = 12;     // receiver -> sender: "block index processed"
 
 // AM headers, little-endian (the structs are copied as they are, hence the endian assert).
-//   Notify: u64 session | u32 block index | u32 length      (session: see Dispatch below)
+//   Notify: u64 session | u32 block index | u32 length      (session: see router() below)
 //   Ack:    u32 block index | u32 zero | u64 generated-at ns (receiver's CLOCK_MONOTONIC)
 struct Notify {
   uint64_t session;
@@ -170,20 +171,12 @@ class SlidingWindowSender final : public SenderProtocol {
   ProtocolStats stats_;
 };
 
-// The receiver's worker is shared by every connected sender and UCX allows one handler per AM
-// id per worker, so notifications are routed by the session id the receiver handed out in its
-// set-up blob and the sender echoes in each notification.
+// Notifications are routed by the session id the receiver handed out in its set-up blob and the
+// sender echoes in each notification (two_sided.h).
 class SlidingWindowReceiver;
-struct Dispatch {
-  std::mutex mutex;
-  std::map<uint64_t, SlidingWindowReceiver*> sessions;
-  uint64_t next_session = 1;
-  // Notifications no receiver could take (malformed, or for a session that already ended).
-  std::atomic<uint64_t> stray{0};
-};
-Dispatch& dispatch() {
-  static Dispatch d;
-  return d;
+SessionRouter<SlidingWindowReceiver>& router() {
+  static SessionRouter<SlidingWindowReceiver> r;
+  return r;
 }
 
 class SlidingWindowReceiver final : public ReceiverProtocol {
@@ -191,27 +184,9 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   SlidingWindowReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> pool, std::vector<uint8_t> rkey)
       : worker_(fabric.worker), geometry_(fabric.geometry), pool_(std::move(pool)), rkey_(std::move(rkey)),
         notified_(fabric.geometry.blocks, false) {
-    Dispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
-    session_ = d.next_session++;
-    d.sessions[session_] = this;
+    session_ = router().add(this);
   }
-  ~SlidingWindowReceiver() override {
-    {
-      Dispatch& d = dispatch();
-      std::lock_guard lock(d.mutex);
-      d.sessions.erase(session_);
-    }
-    // An ACK's header must outlive its request. Give the last ones a moment (the progress
-    // thread completes them); a header whose ACK is still stuck (sender gone) is leaked rather
-    // than freed under UCX.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(50);
-    while (!acks_.empty() && Clock::now() < deadline) {
-      reap_acks();
-      if (!acks_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    for (auto& a : acks_) (void)a.second.release();
-  }
+  ~SlidingWindowReceiver() override { router().remove(session_); }
 
   std::vector<uint8_t> setup() const override {
     wire::Writer w;
@@ -266,7 +241,7 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
     s.sync_ops = acks_sent_;
     s.counters = {{"notifications_received", notifications_},
                   {"notifications_dropped", dropped_},
-                  {"stray_notifications_in_process", dispatch().stray.load()},
+                  {"stray_notifications_in_process", router().strays()},
                   {"acks_sent", acks_sent_},
                   {"ack_send_failures", ack_failures_}};
     return s;
@@ -292,29 +267,12 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
     // The ACK, two-sided, right after processing (paper: "the receiver sends an ACK
     // notification"). Sent without holding mutex_: the progress thread takes the worker's
     // lock, then ours.
-    auto ack = std::make_unique<Ack>(Ack{index, 0, now_ns()});
-    fabric::Request req;
-    if (worker_.am_reply(reply, kAckAm, ack.get(), sizeof(Ack), &req).is_ok()) {
-      std::lock_guard lock(mutex_);
-      ++acks_sent_;
-    } else {
-      std::lock_guard lock(mutex_);
-      ++ack_failures_;
-    }
-    if (req.pending()) {
-      // Queued, not sent (e.g. the shared-memory FIFO to the sender is full). Our own progress()
-      // pushes it on the next pass; wake the progress thread too, which may be asleep in the
-      // kernel and would otherwise only look again after its poll timeout.
-      acks_.push_back({std::move(req), std::move(ack)});
-      worker_.signal();
-    }
-    reap_acks();
+    const bool sent = acks_.send(worker_, reply, kAckAm, Ack{index, 0, now_ns()}).is_ok();
+    std::lock_guard lock(mutex_);
+    ++(sent ? acks_sent_ : ack_failures_);
   }
 
  private:
-  void reap_acks() {
-    while (!acks_.empty() && acks_.front().first.check().code() != Code::kInProgress) acks_.pop_front();
-  }
 
   fabric::Worker& worker_;
   Geometry geometry_;
@@ -331,24 +289,17 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   uint64_t dropped_ = 0;
   uint64_t acks_sent_ = 0;
   uint64_t ack_failures_ = 0;
-  std::deque<std::pair<fabric::Request, std::unique_ptr<Ack>>> acks_;  // consumer thread only
+  ReplyQueue<Ack> acks_;  // consumer thread only
 };
 
 void on_notify(std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
-  Dispatch& d = dispatch();
   if (header.size() != sizeof(Notify)) {
-    ++d.stray;
+    router().stray();
     return;
   }
   Notify n;
   std::memcpy(&n, header.data(), sizeof n);
-  std::lock_guard lock(d.mutex);
-  auto it = d.sessions.find(n.session);
-  if (it == d.sessions.end()) {
-    ++d.stray;  // a session that already ended
-    return;
-  }
-  it->second->notified(n, reply);
+  router().route(n.session, [&](SlidingWindowReceiver& r) { r.notified(n, reply); });
 }
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
@@ -369,8 +320,7 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
 Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
   {
-    Dispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
+    std::lock_guard lock(router().mutex());
     if (!fabric.worker.has_am_handler(kNotifyAm)) {
       SLOTSTREAM_RETURN_IF_ERROR(fabric.worker.set_am_handler(kNotifyAm, on_notify));
     }

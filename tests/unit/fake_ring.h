@@ -95,4 +95,24 @@ class FakeRingReceiver {
   FakeRingWire& wire_;
 };
 
+using Records = std::vector<std::vector<std::byte>>;
+
+// Hands record `r` to a sender core (PackedRingCore, NicAssistedCore); keeps it in `sent` unless
+// the core refused it as full.
+template <class Core>
+typename Core::Outcome transmit(Core& core, const std::vector<std::byte>& r, Records* sent) {
+  typename Core::Outcome o;
+  fabric::Request req;
+  EXPECT_TRUE(core.transmit(r.data(), uint32_t(r.size()), &req, &o).is_ok());
+  if (o != Core::Outcome::kFull) sent->push_back(r);
+  return o;
+}
+
+// Everything sent arrived, intact and in order.
+inline void expect_delivered(FakeRingReceiver& rx, const Records& sent) {
+  rx.take_notices();
+  ASSERT_EQ(rx.delivered.size(), sent.size());
+  for (size_t i = 0; i < sent.size(); ++i) ASSERT_EQ(rx.delivered[i], sent[i]) << "record " << i;
+}
+
 }  // namespace slotstream::protocol::testing

@@ -22,13 +22,7 @@ struct Rig {
   Rig(uint64_t ring_bytes, uint64_t window, uint32_t slots, uint32_t slot_size, uint64_t buffer_bytes)
       : wire(ring_bytes), rx(wire, window), queue(size_t(slots) * slot_size), buffer(buffer_bytes),
         core(wire, ring_bytes, window, queue, slot_size, buffer) {}
-  Outcome send(const std::vector<std::byte>& r) {
-    Outcome o;
-    fabric::Request req;
-    EXPECT_TRUE(core.transmit(r.data(), uint32_t(r.size()), &req, &o).is_ok());
-    if (o != Outcome::kFull) sent.push_back(r);
-    return o;
-  }
+  Outcome send(const std::vector<std::byte>& r) { return testing::transmit(core, r, &sent); }
   // The receiver takes every notice (its ledger rejects a segment without a credit), releases
   // `n` records and grants what the freed space allows.
   void receive(size_t n) {
@@ -37,16 +31,12 @@ struct Rig {
     rx.ledger.grant();
     core.on_grant(rx.ledger.granted());
   }
-  void expect_all_delivered() {
-    rx.take_notices();
-    ASSERT_EQ(rx.delivered.size(), sent.size());
-    for (size_t i = 0; i < sent.size(); ++i) ASSERT_EQ(rx.delivered[i], sent[i]) << "record " << i;
-  }
+  void expect_all_delivered() { testing::expect_delivered(rx, sent); }
   FakeRingWire wire;
   FakeRingReceiver rx;
   std::vector<std::byte> queue, buffer;
   NicAssistedCore core;
-  std::vector<std::vector<std::byte>> sent;
+  testing::Records sent;
 };
 
 TEST(NicAssistedCore, CreditsThenTheSendQueueThenCoalescing) {

@@ -20,29 +20,19 @@ using Outcome = PackedRingCore::Outcome;
 struct Rig {
   Rig(uint64_t ring_bytes, uint64_t buffer_bytes)
       : wire(ring_bytes), rx(wire, 0), memory(buffer_bytes), core(wire, ring_bytes, memory) {}
-  Outcome send(const std::vector<std::byte>& r) {
-    Outcome o;
-    fabric::Request req;
-    EXPECT_TRUE(core.transmit(r.data(), uint32_t(r.size()), &req, &o).is_ok());
-    if (o != Outcome::kFull) sent.push_back(r);
-    return o;
-  }
+  Outcome send(const std::vector<std::byte>& r) { return testing::transmit(core, r, &sent); }
   // The receiver consumes everything it was told about and ACKs.
   void receive_all() {
     rx.take_notices();
     rx.release_all();
     core.on_ack(rx.ledger.head());
   }
-  void expect_all_delivered() {
-    rx.take_notices();
-    ASSERT_EQ(rx.delivered.size(), sent.size());
-    for (size_t i = 0; i < sent.size(); ++i) ASSERT_EQ(rx.delivered[i], sent[i]) << "record " << i;
-  }
+  void expect_all_delivered() { testing::expect_delivered(rx, sent); }
   FakeRingWire wire;
   FakeRingReceiver rx;
   std::vector<std::byte> memory;
   PackedRingCore core;
-  std::vector<std::vector<std::byte>> sent;
+  testing::Records sent;
 };
 
 TEST(PackedRingCore, WritesWhileThereIsRoomThenCoalescesUntilFlushed) {
