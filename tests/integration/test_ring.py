@@ -59,28 +59,28 @@ PROGRESS_CASES = [("packed_ring", False, None), ("packed_ring:flush=idle", True,
                   ("nic_assisted", True, "idle_writes")]
 
 
-@pytest.mark.deadline(60)
+@pytest.mark.deadline(90)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("spec,progresses,proof", [c for c in PROGRESS_CASES if c[0].split(":")[0] in RING_PROTOCOLS])
 def test_progress_flaw_and_its_fixes(start_receiver, spawn, tmp_path, transport, spec, progresses, proof):
     # SDP §3.2: a frame of 4 records into a ring of 2 blocks whose first block the receiver keeps
-    # for 0.4 s: the last records wait in the sender. The camera's next frame comes 2 s later.
+    # for 1 s: the last records wait in the sender. The camera's next frame comes 4 s after it.
     # packed_ring (the paper's design) sends them only with that next frame; flush=idle and
     # nic_assisted (the interrupt) send them as soon as the receiver frees space.
     out = tmp_path / "out"
-    rx = start_receiver(out, transport, "--exit-after-senders", 1, "--hold-block", "0:0:400")
+    rx = start_receiver(out, transport, "--exit-after-senders", 1, "--hold-block", "0:0:1000")
     tx = spawn(send_argv(rx.addr, "--name", "cam", "--transport", transport, "--protocol", spec, "--blocks", 2,
-                         "--block-size", 4096, "--synthetic", "0:0.5:64x64x3", "--duration", 4, "--json"))
+                         "--block-size", 4096, "--synthetic", "0:0.25:64x64x3", "--duration", 8, "--json"))
     dev = out / "cam" / "device-0"
-    seen = arrival_times(lambda i: dev / seq_name(i), 2, time.monotonic() + 20)
-    assert tx.wait(20) == 0, tx.stderr.text
+    seen = arrival_times(lambda i: dev / seq_name(i), 2, time.monotonic() + 30)
+    assert tx.wait(30) == 0, tx.stderr.text
+    c = counters(tx.stdout.lines[-1])
     assert sorted(seen) == [0, 1], f"frames that arrived: {sorted(seen)}"
     gap = seen[1] - seen[0]
     if progresses:
-        assert gap > 0.8, f"frame 0 arrived only {gap:.2f} s before frame 1: it waited for the next send"
+        assert gap > 1.5, f"frame 0 arrived only {gap:.2f} s before frame 1: it waited for the next send; {c}"
     else:
-        assert gap < 0.8, f"frame 0 arrived {gap:.2f} s before frame 1: packed_ring flushed without a call"
-    c = counters(tx.stdout.lines[-1])
+        assert gap < 1.5, f"frame 0 arrived {gap:.2f} s before frame 1: packed_ring flushed without a call; {c}"
     if proof:
         assert c[proof] > 0, c
     else:
