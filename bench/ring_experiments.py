@@ -4,13 +4,12 @@
                   buffers (8 of them, the paper's 64 KiB and 256 KiB SDP buffers)
   progress        Fig. 5: 4 KiB messages in bursts of 100 with computation between the bursts
 
-Each runs over a list of protocols; whatever of it this build registers (`slotstream protocols
---json`) is measured, so credit appears as soon as it is built. Records use the orchestrator's
-schema; the geometry goes into the metric name (e.g. `throughput_bs8192`).
+Each runs over a list of protocols; whatever of it the run has (every registered protocol, or
+--protocols) is measured, so credit appears as soon as it is built. Records use the orchestrator's
+schema; the buffer geometry and the computation are the record's `variant` (`buffers=8192`,
+`compute_us=500`). The orchestrator repeats each experiment --runs times with fresh processes.
 """
-import json
 import statistics
-import subprocess
 
 # The paper's designs (credit §2, packed_ring §3 and its fix, nic_assisted §4) and this
 # project's block protocols, in plot order.
@@ -30,8 +29,8 @@ SMALL_BUDGET = {"full": (32 << 20, 500, 20000), "quick": (8 << 20, 200, 5000), "
 PROGRESS_SIZE = 4096
 PROGRESS_BURST = 100
 PROGRESS_COMPUTE_US = {"full": [0, 100, 250, 500, 750, 1000, 1500, 2000], "quick": [0, 250, 1000, 2000],
-                       "tiny": [0, 1000]}
-PROGRESS_BURSTS = {"full": 30, "quick": 10, "tiny": 3}
+                       "tiny": [1000]}
+PROGRESS_BURSTS = {"full": 30, "quick": 10, "tiny": 2}
 
 
 def mode(cfg):
@@ -39,68 +38,61 @@ def mode(cfg):
     return getattr(cfg, "mode", "full")
 
 
-def runs(cfg):
-    """Independent runs per point (min/median/max in the report); the orchestrator's --runs wins."""
-    n = getattr(cfg, "runs", None)
-    return n if n else {"full": 3, "quick": 1, "tiny": 1}[mode(cfg)]
-
-
-def registered(binary):
-    try:
-        out = subprocess.run([binary, "protocols", "--json"], capture_output=True, text=True, timeout=20).stdout
-        return {p["name"] for p in json.loads(out) if not p["reference"]}
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return set()
-
-
-def available(wanted, binary):
-    have = registered(binary)
+def available(wanted, cfg):
+    """The protocols of `wanted` (names, or NAME:options) whose name the run has (cfg.protocols:
+    every registered one, or the user's --protocols)."""
+    have = {p.split(":")[0] for p in cfg.protocols}
     return [p for p in wanted if p.split(":")[0] in have]
 
 
-def geometry_metric(metric, block_size):
-    return f"{metric}_bs{block_size}"
+def buffers(block_size):
+    """The record variant of a buffer geometry."""
+    return f"buffers={block_size}"
+
+
+def compute(us):
+    """The record variant of a computation between bursts."""
+    return f"compute_us={us}"
 
 
 # --------------------------------------------------------------------------- small_messages
 
-def exp_small_messages(res, cfg, run_pair, progress, peer_error, binary):
+def exp_small_messages(res, cfg, run_pair, progress, peer_error):
     """Fig. 4b (throughput) and Fig. 6 (buffer utilisation): one device streams messages of one
     size back to back into 8 buffers of 8 KiB or 32 KiB; throughput from the first send (after a
     tenth of the run, for warm-up) to the last arrival; utilisation = payload bytes / receiver
     memory held by unreleased records, summed over the receiver's passes."""
     m = mode(cfg)
-    protocols = available(SMALL_PROTOCOLS, binary)
-    sizes = SMALL_SIZES[m]
+    protocols = available(SMALL_PROTOCOLS, cfg)
     geometries = GEOMETRIES[:1] if m == "tiny" else GEOMETRIES
     budget, lo, hi = SMALL_BUDGET[m]
-    points = [(t, bs, s, p, r) for t in cfg.transports for bs in geometries for s in sizes for p in protocols
-              for r in range(runs(cfg))]
-    prog = progress(len(points), "small_messages")
-    for t, bs, s, p, r in points:
+    points = [(t, bs, s, p) for t in cfg.transports for bs in geometries for s in SMALL_SIZES[m] for p in protocols]
+    prog = progress(len(points), "small_messages", res.run, cfg.runs)
+    for t, bs, s, p in points:
         count = max(lo, min(hi, budget // s))
         try:
-            snd, rcv = run_pair(t, p, s, count, SDP_BUFFERS, extra=["--block-size", str(bs)])
+            snd, rcv = run_pair(t, p, s, count, SDP_BUFFERS, tx_extra=["--block-size", str(bs)])
         except peer_error as e:
-            res.error(f"small_messages {p} {t} {s} B bs {bs}", e)
-            prog.step(f"{t} {p} {s} B bs {bs}: FAILED")
+            res.error(f"small_messages {p} {t} {s} B, {buffers(bs)}", e)
+            prog.step(f"{t} {p} {s} B {buffers(bs)}: FAILED")
             continue
         sends, arrivals = snd["send_times_ns"], rcv["arrivals_ns"]
         first = len(sends) // 10
         if len(arrivals) != len(sends) or len(sends) - first < 2:
-            res.error(f"small_messages {p} {t} {s} B bs {bs}", f"{len(arrivals)} of {len(sends)} messages arrived")
-            prog.step(f"{t} {p} {s} B bs {bs}: incomplete")
+            res.error(f"small_messages {p} {t} {s} B, {buffers(bs)}", f"{len(arrivals)} of {len(sends)} messages arrived")
+            prog.step(f"{t} {p} {s} B {buffers(bs)}: incomplete")
             continue
         rate = (len(sends) - first) * s / (max(arrivals[-1] - sends[first], 1) / 1e9) / 1e6
         held = rcv.get("buffer_held_bytes", 0)
-        util = rcv.get("buffer_useful_bytes", 0) / held if held else 0.0
-        res.add("small_messages", p, t, s, SDP_BUFFERS, geometry_metric("throughput", bs), rate, "MB/s", r)
-        res.add("small_messages", p, t, s, SDP_BUFFERS, geometry_metric("buffer_utilisation", bs), 100 * util, "%", r)
+        util = 100 * rcv.get("buffer_useful_bytes", 0) / held if held else 0.0
+        v = buffers(bs)
+        res.add("small_messages", p, t, s, SDP_BUFFERS, "throughput", rate, "MB/s", variant=v)
+        res.add("small_messages", p, t, s, SDP_BUFFERS, "buffer_utilisation", util, "%", variant=v)
         c = snd.get("protocol_counters", {})
         if "coalesced_records" in c:
-            res.add("small_messages", p, t, s, SDP_BUFFERS, geometry_metric("coalesced_share", bs),
-                    100 * c["coalesced_records"] / max(1, snd.get("messages", 1)), "%", r)
-        prog.step(f"{t} {p:22} {s:>6} B bs {bs:>5} {rate:9.2f} MB/s, utilisation {100 * util:5.1f} %")
+            res.add("small_messages", p, t, s, SDP_BUFFERS, "coalesced_share",
+                    100 * c["coalesced_records"] / max(1, snd.get("messages", 1)), "%", variant=v)
+        prog.step(f"{t} {p:22} {s:>6} B {v:14} {rate:9.2f} MB/s, utilisation {util:5.1f} %")
 
 
 # --------------------------------------------------------------------------------- progress
@@ -126,37 +118,39 @@ def progress_model(snd, rcv, compute_us):
     return iterations, tails
 
 
-def exp_progress(res, cfg, run_pair, progress, peer_error, binary):
+def exp_progress(res, cfg, run_pair, progress, peer_error):
     """Fig. 5: bursts of 100 x 4 KiB, a busy computation of C µs after each, 8 buffers of 8 KiB."""
     m = mode(cfg)
-    protocols = available(PROGRESS_PROTOCOLS, binary)
+    protocols = available(PROGRESS_PROTOCOLS, cfg)
     bursts = PROGRESS_BURSTS[m]
-    points = [(t, c, p, r) for t in cfg.transports for c in PROGRESS_COMPUTE_US[m] for p in protocols
-              for r in range(runs(cfg))]
-    prog = progress(len(points), "progress")
-    for t, c, p, r in points:
+    points = [(t, c, p) for t in cfg.transports for c in PROGRESS_COMPUTE_US[m] for p in protocols]
+    prog = progress(len(points), "progress", res.run, cfg.runs)
+    for t, c, p in points:
         try:
             snd, rcv = run_pair(t, p, PROGRESS_SIZE, PROGRESS_BURST * bursts, SDP_BUFFERS,
-                                extra=["--block-size", "8192", "--burst", str(PROGRESS_BURST), "--compute-us", str(c)])
+                                tx_extra=["--block-size", "8192", "--burst", str(PROGRESS_BURST),
+                                          "--compute-us", str(c)])
         except peer_error as e:
-            res.error(f"progress {p} {t} compute {c} us", e)
-            prog.step(f"{t} {p} compute {c} us: FAILED")
+            res.error(f"progress {p} {t} {compute(c)}", e)
+            prog.step(f"{t} {p} {compute(c)}: FAILED")
             continue
         iterations, tails = progress_model(snd, rcv, c)
         if len(iterations) < bursts:
-            res.error(f"progress {p} {t} compute {c} us", f"{rcv['messages']} messages arrived")
-            prog.step(f"{t} {p} compute {c} us: incomplete")
+            res.error(f"progress {p} {t} {compute(c)}", f"{rcv['messages']} messages arrived")
+            prog.step(f"{t} {p} {compute(c)}: incomplete")
             continue
-        # size_bytes carries the computation (µs) so that records of one point stay apart.
-        res.add("progress", p, t, c, SDP_BUFFERS, "iteration_time", statistics.mean(iterations), "us", r)
-        res.add("progress", p, t, c, SDP_BUFFERS, "total_time", sum(iterations) / 1000, "ms", r)
-        res.add("progress", p, t, c, SDP_BUFFERS, "burst_tail_delay_p50", statistics.median(tails), "us", r)
-        res.add("progress", p, t, c, SDP_BUFFERS, "stream_seconds", snd["seconds"], "s", r)
-        prog.step(f"{t} {p:22} compute {c:>5} us: iteration {statistics.mean(iterations):8.0f} us, "
+        v = compute(c)
+        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "iteration_time", statistics.mean(iterations), "us",
+                variant=v)
+        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "total_time", sum(iterations) / 1000, "ms", variant=v)
+        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "burst_tail_delay_p50", statistics.median(tails), "us",
+                variant=v)
+        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "stream_seconds", snd["seconds"], "s", variant=v)
+        prog.step(f"{t} {p:22} {v:16}: iteration {statistics.mean(iterations):8.0f} us, "
                   f"tail delay {statistics.median(tails):8.0f} us")
 
 
-# name: (paper figures, what it measures, function(res, cfg, run_pair, progress, peer_error, binary)).
+# name: (paper figures, what it measures, function(res, cfg, run_pair, progress, peer_error)).
 EXPERIMENTS = {
     "small_messages": ("SDP Fig. 4b, 6", "throughput and buffer utilisation 1 B-64 KiB on 8 KiB / 32 KiB buffers",
                        exp_small_messages),
@@ -165,9 +159,9 @@ EXPERIMENTS = {
 }
 
 
-def experiments(run_pair, progress, peer_error, binary):
+def experiments(run_pair, progress, peer_error):
     """EXPERIMENTS as the orchestrator lists them, each an exp(res, cfg) bound to its measuring helpers
-    (run_pair, the Progress class, PeerError, the slotstream binary)."""
+    (run_pair, the Progress class, PeerError)."""
     def bind(fn):
-        return lambda res, cfg: fn(res, cfg, run_pair, progress, peer_error, binary)
+        return lambda res, cfg: fn(res, cfg, run_pair, progress, peer_error)
     return {name: (figures, what, bind(fn)) for name, (figures, what, fn) in EXPERIMENTS.items()}

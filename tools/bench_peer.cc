@@ -43,9 +43,18 @@ Usage usage() {
 
 json resources_json(uint64_t connections) {
   fabric::Counters c = fabric::counters();
-  return {{"endpoints", c.endpoints},     {"registered_bytes", c.registered_bytes}, {"puts", c.puts},
-          {"gets", c.gets},               {"am_sends", c.am_sends},                 {"am_received", c.am_received},
-          {"max_outstanding", c.max_outstanding}, {"completions", c.completions},  {"connections", connections}};
+  return {{"endpoints", c.endpoints},
+          {"registered_bytes", c.registered_bytes},
+          {"puts", c.puts},
+          {"gets", c.gets},
+          {"am_sends", c.am_sends},
+          {"am_received", c.am_received},
+          {"max_outstanding", c.max_outstanding},
+          {"completions", c.completions},
+          {"progress_calls", c.progress_calls},
+          {"progress_useful", c.progress_useful},
+          {"progress_seconds", c.progress_ns / 1e9},
+          {"connections", connections}};
 }
 
 void print_json(const json& j) {
@@ -366,10 +375,9 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.blocks = a.blocks;
   opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + 16);
   opt.allow_reference = true;
+  opt.skip_packet_every = a.skip_packet_every;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
 
-  fabric::reset_counters();
-  const double cpu0 = usage().cpu_seconds;
   std::unique_ptr<Sender> sender;
   if (Status st = Sender::connect(opt, &sender); !st.is_ok()) {
     print_error("bench-peer", st.message());
@@ -379,13 +387,19 @@ int run_bench_send(const BenchSendArgs& a) {
   std::vector<std::vector<uint64_t>> burst_ends(a.devices);
   std::mutex err_mutex;
   Status first_error;
-  auto t0 = Clock::now();
+  // CPU, UCX counters and elapsed time all start here, after the connection is set up: the
+  // same window for every figure (connecting is not what the experiments measure).
+  fabric::reset_counters();
+  const double cpu0 = usage().cpu_seconds;
+  const auto t0 = Clock::now();
+  const auto stop_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));
   std::vector<std::thread> fillers;
   for (uint32_t d = 0; d < a.devices; ++d) {
     fillers.emplace_back([&, d] {
       DeviceStream* dev = sender->device(uint16_t(d));
       Pacer pacer(a);
       for (uint64_t k = 0; k < a.count; ++k) {
+        if (a.seconds > 0 && Clock::now() >= stop_at) break;
         pacer.before(k);
         uint64_t stamp = now_ns();
         send_times[d].push_back(stamp);

@@ -174,6 +174,9 @@ int main(int argc, char** argv) {
   bps->add_option("--devices", bsend.devices);
   bps->add_option("--fps", bsend.fps, "messages per second per device (default: back to back)");
   bps->add_option("--gap-us", bsend.gap_us, "pause after each message");
+  bps->add_option("--seconds", bsend.seconds, "stop after this many seconds (--count is then an upper bound)");
+  bps->add_option("--skip-packet-every", bsend.skip_packet_every,
+                  "testing aid: leave out one packet number after every N (the receiver must report gaps)");
   bps->add_option("--block-size", bsend.block_size, "block size (default SIZE + 16: one message per block)")
       ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
   bps->add_option("--burst", bsend.burst, "messages per burst (with --compute-us)");

@@ -35,6 +35,7 @@ void MetricsState::Totals::add(const SessionReport& r) {
     acc.bytes += s.bytes;
     acc.gaps += s.gaps;
     acc.duplicates += s.duplicates;
+    acc.pauses += s.pauses;
   }
   stalls += r.stalls;
 }
@@ -72,7 +73,20 @@ std::string MetricsState::render(const Receiver& rx, const pipeline::WorkerManag
       }
     }
   }
-  family(o, "slotstream_stalls_total", "counter", "Times the receiver held blocks because it could not store.");
+  family(o, "slotstream_device_pauses_total", "counter", "Times a device was paused because its worker was behind.");
+  for (const auto& [sender, t] : totals) {
+    for (const auto& [d, s] : t.per_device) {
+      o << "slotstream_device_pauses_total{sender=\"" << label(sender) << "\",device=\"" << d << "\"} " << s.pauses << '\n';
+    }
+  }
+  family(o, "slotstream_device_paused", "gauge", "1 while the device is paused (its worker is behind).");
+  for (const auto& r : live) {
+    for (const auto& [d, s] : r.per_device) {
+      o << "slotstream_device_paused{sender=\"" << label(r.sender.name) << "\",device=\"" << d << "\"} " << (s.paused ? 1 : 0)
+        << '\n';
+    }
+  }
+  family(o, "slotstream_stalls_total", "counter", "Times the receiver refused data (a full disk, or a device paused).");
   for (const auto& [sender, t] : totals) o << "slotstream_stalls_total{sender=\"" << label(sender) << "\"} " << t.stalls << '\n';
   family(o, "slotstream_held_blocks", "gauge", "Receiver blocks held (status 2) right now.");
   for (const auto& r : live) o << "slotstream_held_blocks{sender=\"" << label(r.sender.name) << "\"} " << r.held_blocks << '\n';

@@ -41,7 +41,8 @@ const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" :
 
 struct AtomicCounters {
   std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
-      am_sends{0}, am_received{0}, outstanding{0}, max_outstanding{0}, completions{0}, event_sleeps{0};
+      am_sends{0}, am_received{0}, outstanding{0}, max_outstanding{0}, completions{0}, progress_calls{0},
+      progress_useful{0}, progress_ns{0};
 };
 AtomicCounters g_counters;
 
@@ -58,14 +59,16 @@ void op_finished() { g_counters.outstanding.fetch_sub(1); }
 
 Counters counters() {
   const auto& c = g_counters;
-  return {c.endpoints.load(), c.registered_max.load(), c.puts.load(),        c.gets.load(),
-          c.am_sends.load(),  c.am_received.load(),    c.max_outstanding.load(), c.completions.load(),
-          c.event_sleeps.load()};
+  return {c.endpoints.load(),      c.registered_max.load(),  c.puts.load(),
+          c.gets.load(),           c.am_sends.load(),        c.am_received.load(),
+          c.max_outstanding.load(), c.completions.load(),    c.progress_calls.load(),
+          c.progress_useful.load(), c.progress_ns.load()};
 }
 
 void reset_counters() {
   auto& c = g_counters;
-  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.completions, &c.event_sleeps}) {
+  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.completions, &c.progress_calls,
+                  &c.progress_useful, &c.progress_ns}) {
     a->store(0);
   }
   c.registered_max.store(c.registered_now.load());
@@ -309,34 +312,32 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
 
 Worker::~Worker() { ucp_worker_destroy(handle_); }
 
-unsigned Worker::progress() { return ucp_worker_progress(handle_); }
+unsigned Worker::progress() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const unsigned n = ucp_worker_progress(handle_);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  g_counters.progress_calls.fetch_add(1, std::memory_order_relaxed);
+  g_counters.progress_ns.fetch_add(uint64_t(ns), std::memory_order_relaxed);
+  if (n != 0) g_counters.progress_useful.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
 
 Status Worker::fence() { return from_ucs(ucp_worker_fence(handle_), "ucp_worker_fence"); }
 
-Status Worker::wait_for_event() {
+Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
   // Drain everything first; arm only when UCX says it is idle (UCS_ERR_BUSY means: progress more).
-  while (progress() != 0) {
-  }
+  bool worked = false;
+  while (progress() != 0) worked = true;
+  if (worked) return Status::ok();
   ucs_status_t st = ucp_worker_arm(handle_);
   if (st == UCS_ERR_BUSY) return Status::ok();
   if (st != UCS_OK) return from_ucs(st, "ucp_worker_arm");
   pollfd pfd{event_fd_, POLLIN, 0};
-  int rc = ::poll(&pfd, 1, 1000);
+  // poll() counts milliseconds: round up, so that a short wait still sleeps instead of spinning.
+  const int ms = int(std::min<int64_t>((timeout.count() + 999) / 1000, INT32_MAX));
+  int rc = ::poll(&pfd, 1, ms);
   if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("poll: ") + strerror(errno)};
-  return Status::ok();
-}
-
-Status Worker::sleep(std::chrono::microseconds max) {
-  if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
-  ucs_status_t st = ucp_worker_arm(handle_);
-  if (st == UCS_ERR_BUSY) return Status::ok();  // events are waiting: progress them
-  if (st != UCS_OK) return from_ucs(st, "ucp_worker_arm");
-  g_counters.event_sleeps.fetch_add(1, std::memory_order_relaxed);
-  pollfd pfd{event_fd_, POLLIN, 0};
-  const timespec ts{static_cast<time_t>(max.count() / 1000000), static_cast<long>(max.count() % 1000000) * 1000};
-  int rc = ::ppoll(&pfd, 1, &ts, nullptr);
-  if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("ppoll: ") + strerror(errno)};
   return Status::ok();
 }
 

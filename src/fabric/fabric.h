@@ -36,7 +36,12 @@ struct Counters {
   uint64_t am_received = 0;        // two-sided messages handled (receives consumed)
   uint64_t max_outstanding = 0;    // most operations in flight at once (tracked requests)
   uint64_t completions = 0;        // requests whose completion had to be polled
-  uint64_t event_sleeps = 0;       // sleeps on a worker's wake-up fd (Worker::sleep: the "interrupt")
+  // ucp_worker_progress calls (by any thread: a sending thread, a consumer, a progress thread)
+  // and the time spent inside them: the CPU a side gives to its transport. Zero on a receiver
+  // that takes no part in transfers (status_byte on shared memory).
+  uint64_t progress_calls = 0;
+  uint64_t progress_useful = 0;    // calls that found something to do
+  uint64_t progress_ns = 0;
 };
 Counters counters();
 void reset_counters();
@@ -186,14 +191,9 @@ class Worker {
   unsigned progress();
   // Orders every put/get issued before it before every one issued after it.
   Status fence();
-  // Blocks until the worker has an event or `signal()` is called; for the progress thread.
-  Status wait_for_event();
-  // Sleeps on the wake-up fd until the worker has an event, signal() is called or `max` passes;
-  // returns at once if an event is already there. Unlike wait_for_event() it does not progress
-  // first: the caller progresses until idle and checks its condition, then sleeps (the standard
-  // UCX pattern, so that an event handled during progress is never slept over). The sending
-  // thread of a protocol that waits for the receiver's "interrupt" (nic_assisted) uses it.
-  Status sleep(std::chrono::microseconds max);
+  // Blocks until the worker has an event, `signal()` is called or `timeout` passes (a worker
+  // created with wakeup). Progresses first: returns at once if there was work.
+  Status wait_for_event(std::chrono::microseconds timeout = std::chrono::seconds(1));
   void signal();
 
   // Registers an active-message handler for `id` (one per id per worker: a later one replaces it).

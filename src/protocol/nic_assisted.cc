@@ -104,7 +104,7 @@ Status NicAssistedCore::pad(uint64_t length) {
 namespace {
 
 // How long the sending thread sleeps on the wake-up fd at most before it looks at its liveness
-// check and at new records again.
+// check and at new records again (Worker::wait_for_event rounds to whole milliseconds).
 constexpr auto kInterruptWait = std::chrono::microseconds(1000);
 
 struct NicOptions {
@@ -218,14 +218,13 @@ class NicAssistedSender final : public RingSender {
  private:
   bool apply_ack(const RingAck& ack) override { return core_ && core_->on_grant(ack.credits); }
 
-  // Progresses until idle; if no credit came, sleeps on the wake-up fd (the interrupt). Checks
-  // liveness: every wait for the receiver passes here.
+  // Unless a credit is there, sleeps on the wake-up fd (the interrupt) — wait_for_event progresses
+  // first and returns at once if that found work (an ACK handled) — then handles what woke it.
+  // Checks liveness: every wait for the receiver passes here.
   Status interrupt_wait_st() {
-    while (fabric_.worker.progress() != 0) {
-    }
     if (core_->credits() > 0) return Status::ok();
     ++sleeps_;
-    SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.sleep(kInterruptWait));
+    SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.wait_for_event(kInterruptWait));
     while (fabric_.worker.progress() != 0) {
     }
     if (core_->credits() > 0) ++interrupts_;

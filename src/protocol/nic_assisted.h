@@ -11,10 +11,10 @@
 // Asynchronous interrupt scheme (§4.2). The send buffer has a NIC-handled part — segments posted
 // in a send queue that leave, in order, as soon as a credit arrives — and a software-handled part
 // where the records beyond it coalesce. When the queue holds data, the sending thread sleeps on the
-// UCX worker's wake-up fd (Descriptor::sender_wakeup, fabric::Worker::sleep): a credit arriving is
-// the "interrupt" that wakes it, and it flushes the queue and then the coalesced data. So data
-// leaves while the application computes (the progress that §3's design lacks), and without a
-// polling loop.
+// UCX worker's wake-up fd (Descriptor::sender_wakeup, fabric::Worker::wait_for_event): a credit
+// arriving is the "interrupt" that wakes it, and it flushes the queue and then the coalesced data.
+// So data leaves while the application computes (the progress that §3's design lacks), and
+// without a polling loop.
 //
 // Emulation on UCX: IB's hardware flow control holds a posted send until the peer posts a receive;
 // UCP has nothing like it, so the queue holds the segments in sender memory and the sending thread

@@ -1,18 +1,14 @@
 #include "protocol/ring.h"
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <bit>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <string>
-#include <thread>
 
-#include "protocol/two_sided.h"
+#include "net/auth.h"
+#include "protocol/reply_queue.h"
 #include "wire/block_header.h"
 #include "wire/codec.h"
 
@@ -357,22 +353,29 @@ Status sender_buffer_size(std::string_view protocol, uint64_t option, const Geom
 
 namespace {
 
-class RingReceiver;
-SessionRouter<RingReceiver>& router() {
-  static SessionRouter<RingReceiver> r;
-  return r;
-}
-
+// The receiver side. Its worker is this session's own (Descriptor::receiver_progress), progressed
+// only by the session's consumer thread: notices are handled inside progress() on that thread,
+// so nothing here needs a lock.
 class RingReceiver final : public ReceiverProtocol {
  public:
   RingReceiver(ReceiverFabric& fabric, uint64_t window, std::unique_ptr<fabric::MemoryRegion> ring,
-               std::vector<uint8_t> rkey)
+               std::vector<uint8_t> rkey, uint64_t session)
       : worker_(fabric.worker), block_size_(fabric.geometry.block_size), window_(window), ring_(std::move(ring)),
-        rkey_(std::move(rkey)), ledger_(fabric.geometry.bytes(), window) {
-    session_ = router().add(this);
+        rkey_(std::move(rkey)), session_(session), ledger_(fabric.geometry.bytes(), window), acks_(fabric.worker) {}
+
+  Status init() {
+    return worker_.set_am_handler(kRingNoticeAm, [this](std::span<const std::byte> header,
+                                                        std::span<const std::byte>, fabric::ReplyEp reply) {
+      noticed(header, reply);
+    });
   }
 
-  ~RingReceiver() override { router().remove(session_); }
+  // The worker outlives us (it belongs to the session): unhook the handler first (acks_, which
+  // lets its last ACKs leave, goes after).
+  ~RingReceiver() override {
+    (void)worker_.set_am_handler(kRingNoticeAm, [](std::span<const std::byte>, std::span<const std::byte>,
+                                                   fabric::ReplyEp) {});
+  }
 
   std::vector<uint8_t> setup() const override {
     wire::Writer w;
@@ -384,18 +387,7 @@ class RingReceiver final : public ReceiverProtocol {
     return std::move(w.buffer());
   }
 
-  // Whichever thread progresses the worker: a notice (the "write with immediate" completion).
-  void noticed(const RingNotice& n, fabric::ReplyEp reply) {
-    {
-      std::lock_guard lock(mutex_);
-      reply_ = reply;
-      queue_.push_back(n);
-      ++notices_;
-    }
-    arrived_.notify_one();
-  }
-
-  // The receiver polls its own completion queue (its notices come through worker progress), and
+  // The receiver polls its own completion queue (notices are handled inside worker progress) and
   // returns freed space: one ACK per pass of the consumer loop that freed something — SDP's
   // receiver ACKs once per recv() call, after copying out what it could.
   bool progress() override {
@@ -404,19 +396,11 @@ class RingReceiver final : public ReceiverProtocol {
     return did;
   }
 
-  void wait(std::chrono::microseconds max) override {
-    std::unique_lock lock(mutex_);
-    arrived_.wait_for(lock, max, [&] { return notices_ != polled_notices_; });
-  }
+  // Idle: sleep in the kernel until the worker has an event (a notice arrives) or `max`.
+  void wait(std::chrono::microseconds max) override { (void)worker_.wait_for_event(max); }
 
+  // Records handed out and not released yet, in ring order.
   void poll(std::vector<Record>* out) override {
-    std::deque<RingNotice> fresh;
-    {
-      std::lock_guard lock(mutex_);
-      fresh.swap(queue_);
-      polled_notices_ = notices_;
-    }
-    for (const RingNotice& n : fresh) take(n);
     while (!live_.empty() && ledger_.released(live_.front().id)) live_.pop_front();
     for (const Record& r : live_) {
       if (!ledger_.released(r.id)) out->push_back(r);
@@ -432,30 +416,41 @@ class RingReceiver final : public ReceiverProtocol {
 
   ProtocolStats stats() const override {
     ProtocolStats s;
-    std::lock_guard lock(mutex_);
     s.sync_ops = acks_sent_;
     s.counters = {{"notices_received", notices_},
+                  {"notices_malformed", malformed_},
                   {"segments", segments_},
                   {"records_unpacked", records_},
                   {"multi_record_segments", multi_record_segments_},
                   {"wrap_markers", wraps_},
                   {"acks_sent", acks_sent_},
                   {"ack_send_failures", ack_failures_},
-                  {"bad_releases", bad_releases_},
-                  {"stray_notices_in_process", router().strays()}};
+                  {"bad_releases", bad_releases_}};
     for (const auto& [v, n] : dropped_) s.counters[std::string("notices_dropped_") + RingLedger::verdict_name(v)] = n;
     return s;
   }
 
  private:
-  // One notice, in ring order: checked against the ledger, then its records found.
-  void take(const RingNotice& n) {
+  // Inside progress(): a notice (the "write with immediate" completion), in ring order — checked
+  // against the ledger, then its records found. One that breaks a rule was never written by a
+  // correct sender: taking it could overwrite records not yet processed, so it is dropped.
+  void noticed(std::span<const std::byte> header, fabric::ReplyEp reply) {
+    RingNotice n;
+    if (header.size() != sizeof(RingNotice)) {
+      ++malformed_;
+      return;
+    }
+    std::memcpy(&n, header.data(), sizeof n);
+    if (n.session != session_) {
+      ++malformed_;
+      return;
+    }
+    ++notices_;
+    reply_ = reply;
     const bool padding = n.flags & kNoticePadding;
     RingLedger::Verdict v = (n.flags & ~kNoticePadding) ? RingLedger::Verdict::kBadPadding
                                                          : ledger_.accept(n.position, n.length, padding);
     if (v != RingLedger::Verdict::kOk) {
-      // Never written by a correct sender: taking it could overwrite records not yet processed.
-      std::lock_guard lock(mutex_);
       ++dropped_[v];
       return;
     }
@@ -471,7 +466,6 @@ class RingReceiver final : public ReceiverProtocol {
       const uint64_t id = ledger_.add_record(position, static_cast<uint32_t>(s.size()));
       live_.push_back({id, static_cast<uint32_t>((position % ledger_.bytes()) / block_size_), s});
     }
-    std::lock_guard lock(mutex_);
     ++segments_;
     records_ += spans_.size();
     if (spans_.size() > 1) ++multi_record_segments_;
@@ -480,24 +474,16 @@ class RingReceiver final : public ReceiverProtocol {
   bool send_ack() {
     ledger_.grant();
     const bool due = window_ ? ledger_.granted() != acked_credits_ : ledger_.head() != acked_head_;
-    if (!due) return false;
-    fabric::ReplyEp reply;
-    {
-      std::lock_guard lock(mutex_);
-      reply = reply_;
-    }
+    if (!due || !reply_) return false;
     const RingAck ack{ledger_.head(), ledger_.granted(), now_ns()};
-    // Sent without holding mutex_: the progress thread takes the worker's lock, then ours.
-    const bool sent = acks_.send(worker_, reply, kRingAckAm, ack).is_ok();
-    std::lock_guard lock(mutex_);
-    if (sent) {
-      ++acks_sent_;
-      acked_head_ = ack.freed;
-      acked_credits_ = ack.credits;
-    } else {
+    if (!acks_.send(reply_, kRingAckAm, ack).is_ok()) {
       ++ack_failures_;  // retried on the next pass; fails for good only when the sender is gone
+      return false;
     }
-    return sent;
+    ++acks_sent_;
+    acked_head_ = ack.freed;
+    acked_credits_ = ack.credits;
+    return true;
   }
 
   fabric::Worker& worker_;
@@ -505,53 +491,34 @@ class RingReceiver final : public ReceiverProtocol {
   uint64_t window_;
   std::unique_ptr<fabric::MemoryRegion> ring_;
   std::vector<uint8_t> rkey_;
-  uint64_t session_ = 0;
-
-  mutable std::mutex mutex_;  // guards what noticed() writes (any thread progressing the worker) and the counters
-  std::condition_variable arrived_;
-  std::deque<RingNotice> queue_;
-  fabric::ReplyEp reply_;
-  uint64_t notices_ = 0;
-  uint64_t polled_notices_ = 0;
-  std::map<RingLedger::Verdict, uint64_t> dropped_;
-  uint64_t segments_ = 0, records_ = 0, multi_record_segments_ = 0, wraps_ = 0;
-  uint64_t acks_sent_ = 0, ack_failures_ = 0;
-
-  // Consumer thread only.
+  uint64_t session_;
   RingLedger ledger_;
   std::deque<Record> live_;  // records handed out and not yet known released, in ring order
   std::vector<std::span<const std::byte>> spans_;  // scratch
+  fabric::ReplyEp reply_;
   uint64_t acked_head_ = 0;
   uint64_t acked_credits_ = 0;
-  uint64_t bad_releases_ = 0;
+  uint64_t notices_ = 0, malformed_ = 0, segments_ = 0, records_ = 0, multi_record_segments_ = 0, wraps_ = 0;
+  uint64_t acks_sent_ = 0, ack_failures_ = 0, bad_releases_ = 0;
+  std::map<RingLedger::Verdict, uint64_t> dropped_;
   ReplyQueue<RingAck> acks_;
 };
-
-void on_notice(std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
-  if (header.size() != sizeof(RingNotice)) {
-    router().stray();
-    return;
-  }
-  RingNotice n;
-  std::memcpy(&n, header.data(), sizeof n);
-  router().route(n.session, [&](RingReceiver& r) { r.noticed(n, reply); });
-}
 
 }  // namespace
 
 Status make_ring_receiver(ReceiverFabric& fabric, uint64_t window, std::unique_ptr<ReceiverProtocol>* out) {
-  {
-    std::lock_guard lock(router().mutex());
-    if (!fabric.worker.has_am_handler(kRingNoticeAm)) {
-      SLOTSTREAM_RETURN_IF_ERROR(fabric.worker.set_am_handler(kRingNoticeAm, on_notice));
-    }
-  }
   // The ring is exactly the blocks x block_size the receiver's memory budget reserved.
   std::unique_ptr<fabric::MemoryRegion> ring;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, fabric.geometry.bytes(), &ring));
   std::vector<uint8_t> rkey;
   SLOTSTREAM_RETURN_IF_ERROR(ring->pack_rkey(&rkey));
-  out->reset(new RingReceiver(fabric, window, std::move(ring), std::move(rkey)));
+  // The session id the sender echoes in every notice: one that carries another is not for this
+  // ring and is dropped (counted).
+  uint64_t session = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce_u64(&session));
+  auto receiver = std::make_unique<RingReceiver>(fabric, window, std::move(ring), std::move(rkey), session);
+  SLOTSTREAM_RETURN_IF_ERROR(receiver->init());
+  *out = std::move(receiver);
   return Status::ok();
 }
 

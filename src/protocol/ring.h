@@ -27,8 +27,8 @@
 //   Notice (sender -> receiver, id kRingNoticeAm), 24 bytes:
 //     byte 0         8          16        20       24
 //         | session  | position | length  | flags  |
-//     session  u64  which receiver: the receiver worker is shared by every sender, so notices are
-//                   routed by the id the receiver handed out in its set-up (ACCEPT)
+//     session  u64  the random id the receiver handed out in its set-up (ACCEPT); a notice that
+//                   carries another one is not for this ring and is dropped
 //     position u64  where the segment starts; must equal the receiver's tail
 //     length   u32  segment bytes (records back to back), or padding bytes
 //     flags    u32  bit 0: wrap marker (no data; length = R - position % R); other bits zero

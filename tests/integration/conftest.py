@@ -9,6 +9,7 @@ Helpers (import them with `from conftest import ...`):
   run_send(addr, *args, ...)        `slotstream send` to completion (text CompletedProcess)
   send(addr, *args, ...)            the same with bytes output (kept for older tests)
   wait_for_line(reader, pattern)    next line on a LineReader matching a regex
+  metrics_address(rx)               HOST:PORT of a receiver's --metrics 127.0.0.1:0
   sha256(path), seq_name(i), tree(dir), make_files(dir, sizes, tag)
 """
 import hashlib
@@ -203,6 +204,13 @@ class LineReader:
 
     def join(self, timeout=5.0):
         self._thread.join(timeout)
+
+
+def metrics_address(rx, timeout=10.0):
+    """HOST:PORT of a receiver started with `--metrics 127.0.0.1:0` (from its start-up line on stderr). A port picked
+    in advance can be taken by another process before the receiver binds it."""
+    _, line = rx.stderr.wait_for(r"metrics on http://", timeout)
+    return re.search(r"http://([^/\s]+)/metrics", line).group(1)
 
 
 def wait_for_line(reader, pattern, timeout=10.0, start=0):

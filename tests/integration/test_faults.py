@@ -2,6 +2,7 @@
 keeps serving."""
 import os
 import re
+import shutil
 import subprocess
 import time
 
@@ -222,4 +223,23 @@ def test_disk_full_back_pressures_without_loss(small_tmpfs, start_receiver, spaw
     assert report["messages"] == n and report["gaps"] == 0, report
     assert rx.wait(15) == 0
     assert tree(out) == [], f"left in the output: {tree(out)}"
+    assert hidden(out) == []
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_output_removed_mid_stream_is_made_again(start_receiver, spawn, tmp_path, transport):
+    # Someone deletes the receiver's output while a sender streams: the receiver makes the directories again and
+    # goes on storing (it used to refuse every later message and stall the sender for good).
+    out = tmp_path / "out"
+    rx = start_receiver(out, transport)
+    tx = spawn(send_argv(rx.addr, "--name", "cams", "--transport", transport,
+                         "--synthetic", "0-1:25:64x48x3", "--duration", 3))
+    wait_until(lambda: count_bins(out) >= 6, 15, "frames to flow")
+    shutil.rmtree(out)
+    assert tx.wait(30) == 0, f"sender failed after the output was removed: {tx.stderr.text}"
+    report = parse_finished(rx.stdout.next_line(15))
+    assert report["messages"] == 150 and report["gaps"] == 0, report
+    kept = count_bins(out)
+    assert 0 < kept < 150, f"{kept} frames on disk after the removal"
     assert hidden(out) == []
