@@ -10,6 +10,7 @@ schema; the buffer geometry and the computation are the record's `variant` (`buf
 `compute_us=500`). The orchestrator repeats each experiment --runs times with fresh processes.
 """
 import statistics
+import subprocess
 
 # The paper's designs (credit §2, packed_ring §3 and its fix, nic_assisted §4) and this
 # project's block protocols, in plot order.
@@ -31,6 +32,12 @@ PROGRESS_BURST = 100
 PROGRESS_COMPUTE_US = {"full": [0, 100, 250, 500, 750, 1000, 1500, 2000], "quick": [0, 250, 1000, 2000],
                        "tiny": [1000]}
 PROGRESS_BURSTS = {"full": 30, "quick": 10, "tiny": 2}
+# The receiver's own work per byte (bench-peer recv --process-ns-per-byte: it reads every byte, then
+# computes). The paper's coalesced tail exists only if the receiver drains slower than the sender
+# bursts — SDP's recv() copies every message out of its buffer and sends an ACK; here a receiver
+# that only counts messages drains a burst faster than the sender fills it. None: no processing;
+# 1.0 ns/byte: a receiver at ~1 GB/s, slower than a 4 KiB burst leaves the sender on this machine.
+PROGRESS_RECEIVERS = [None, 1.0]
 
 
 def mode(cfg):
@@ -50,14 +57,23 @@ def buffers(block_size):
     return f"buffers={block_size}"
 
 
-def compute(us):
-    """The record variant of a computation between bursts."""
-    return f"compute_us={us}"
+def compute(us, rx_ns_per_byte=None):
+    """The record variant of a computation between bursts (and of the receiver's processing)."""
+    return f"compute_us={us}" + (f";rx_ns_per_byte={rx_ns_per_byte:g}" if rx_ns_per_byte is not None else "")
+
+
+def receiver_processing(binary):
+    """Whether this build's receiver peer can process what it gets (--process-ns-per-byte)."""
+    try:
+        out = subprocess.run([binary, "bench-peer", "recv", "--help"], capture_output=True, text=True, timeout=20)
+        return "--process-ns-per-byte" in out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 # --------------------------------------------------------------------------- small_messages
 
-def exp_small_messages(res, cfg, run_pair, progress, peer_error):
+def exp_small_messages(res, cfg, run_pair, progress, peer_error, binary):
     """Fig. 4b (throughput) and Fig. 6 (buffer utilisation): one device streams messages of one
     size back to back into 8 buffers of 8 KiB or 32 KiB; throughput from the first send (after a
     tenth of the run, for warm-up) to the last arrival; utilisation = payload bytes / receiver
@@ -118,39 +134,46 @@ def progress_model(snd, rcv, compute_us):
     return iterations, tails
 
 
-def exp_progress(res, cfg, run_pair, progress, peer_error):
-    """Fig. 5: bursts of 100 x 4 KiB, a busy computation of C µs after each, 8 buffers of 8 KiB."""
+def exp_progress(res, cfg, run_pair, progress, peer_error, binary):
+    """Fig. 5: bursts of 100 x 4 KiB, C µs of computation after each (the application makes no
+    library call; the sender peer sleeps, see docs/bench-peer.md), 8 buffers of 8 KiB; with a
+    receiver that only counts, and (where the build has it) one that processes ~1 GB/s."""
     m = mode(cfg)
     protocols = available(PROGRESS_PROTOCOLS, cfg)
     bursts = PROGRESS_BURSTS[m]
-    points = [(t, c, p) for t in cfg.transports for c in PROGRESS_COMPUTE_US[m] for p in protocols]
+    receivers = PROGRESS_RECEIVERS if receiver_processing(binary) else PROGRESS_RECEIVERS[:1]
+    if m == "tiny":
+        receivers = receivers[-1:]
+    points = [(t, r, c, p) for t in cfg.transports for r in receivers for c in PROGRESS_COMPUTE_US[m]
+              for p in protocols]
     prog = progress(len(points), "progress", res.run, cfg.runs)
-    for t, c, p in points:
+    for t, r, c, p in points:
+        v = compute(c, r)
         try:
             snd, rcv = run_pair(t, p, PROGRESS_SIZE, PROGRESS_BURST * bursts, SDP_BUFFERS,
+                                rx_extra=[] if r is None else ["--process-ns-per-byte", str(r)],
                                 tx_extra=["--block-size", "8192", "--burst", str(PROGRESS_BURST),
                                           "--compute-us", str(c)])
         except peer_error as e:
-            res.error(f"progress {p} {t} {compute(c)}", e)
-            prog.step(f"{t} {p} {compute(c)}: FAILED")
+            res.error(f"progress {p} {t} {v}", e)
+            prog.step(f"{t} {p} {v}: FAILED")
             continue
         iterations, tails = progress_model(snd, rcv, c)
         if len(iterations) < bursts:
-            res.error(f"progress {p} {t} {compute(c)}", f"{rcv['messages']} messages arrived")
-            prog.step(f"{t} {p} {compute(c)}: incomplete")
+            res.error(f"progress {p} {t} {v}", f"{rcv['messages']} messages arrived")
+            prog.step(f"{t} {p} {v}: incomplete")
             continue
-        v = compute(c)
         res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "iteration_time", statistics.mean(iterations), "us",
                 variant=v)
         res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "total_time", sum(iterations) / 1000, "ms", variant=v)
         res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "burst_tail_delay_p50", statistics.median(tails), "us",
                 variant=v)
         res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "stream_seconds", snd["seconds"], "s", variant=v)
-        prog.step(f"{t} {p:22} {v:16}: iteration {statistics.mean(iterations):8.0f} us, "
+        prog.step(f"{t} {p:22} {v:32}: iteration {statistics.mean(iterations):8.0f} us, "
                   f"tail delay {statistics.median(tails):8.0f} us")
 
 
-# name: (paper figures, what it measures, function(res, cfg, run_pair, progress, peer_error)).
+# name: (paper figures, what it measures, function(res, cfg, run_pair, progress, peer_error[, binary])).
 EXPERIMENTS = {
     "small_messages": ("SDP Fig. 4b, 6", "throughput and buffer utilisation 1 B-64 KiB on 8 KiB / 32 KiB buffers",
                        exp_small_messages),
@@ -159,9 +182,9 @@ EXPERIMENTS = {
 }
 
 
-def experiments(run_pair, progress, peer_error):
+def experiments(run_pair, progress, peer_error, binary):
     """EXPERIMENTS as the orchestrator lists them, each an exp(res, cfg) bound to its measuring helpers
-    (run_pair, the Progress class, PeerError)."""
+    (run_pair, the Progress class, PeerError, the slotstream binary)."""
     def bind(fn):
-        return lambda res, cfg: fn(res, cfg, run_pair, progress, peer_error)
+        return lambda res, cfg: fn(res, cfg, run_pair, progress, peer_error, binary)
     return {name: (figures, what, bind(fn)) for name, (figures, what, fn) in EXPERIMENTS.items()}

@@ -573,7 +573,7 @@ EXPERIMENTS = {
     "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3, default and equal memory: stability, CPU, memory",
                 exp_cameras),
 }
-EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError))  # the SDP paper's
+EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
 
 
 def check_cpu(res, cpus):
