@@ -629,9 +629,13 @@ def sdp_report(records):
                "(warm-up) to the last arrival.\n",
                table(records, "small_messages", "throughput", "{:.2f}", by_blocks=False, **where),
                f"### Buffer utilisation, %, 8 x {human(bs)} buffers (Fig. 6)\n",
-               "Payload bytes / receiver memory held by records not yet released (a whole buffer per message "
-               "for block protocols, the record itself in a ring), summed over the receiver's passes.\n",
-               table(records, "small_messages", "buffer_utilisation", "{:.1f}", by_blocks=False, **where)]
+               "Payload bytes held in the receiver's buffer / the buffer's size (8 buffers), time-averaged over "
+               "the session — the paper's \"percentage usage of the buffer space\": it grows with how much data "
+               "waits in the buffer (a receiver slower than the sender) and with how densely it is packed.\n",
+               table(records, "small_messages", "buffer_utilisation", "{:.1f}", by_blocks=False, **where),
+               "Packing, %: payload bytes / buffer memory held by records (a whole buffer per message for block "
+               "protocols, the record itself in a ring) — what the design wastes, whatever the occupancy:\n\n",
+               table(records, "small_messages", "packing", "{:.1f}", by_blocks=False, **where)]
         share = table(records, "small_messages", "coalesced_share", "{:.0f}", by_blocks=False, **where)
         if share:
             md += ["Share of messages that were coalesced (ring protocols), %:\n\n", share]

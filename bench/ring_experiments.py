@@ -76,8 +76,9 @@ def receiver_processing(binary):
 def exp_small_messages(res, cfg, run_pair, progress, peer_error, binary):
     """Fig. 4b (throughput) and Fig. 6 (buffer utilisation): one device streams messages of one
     size back to back into 8 buffers of 8 KiB or 32 KiB; throughput from the first send (after a
-    tenth of the run, for warm-up) to the last arrival; utilisation = payload bytes / receiver
-    memory held by unreleased records, summed over the receiver's passes."""
+    tenth of the run, for warm-up) to the last arrival; utilisation = payload bytes held in the
+    receiver's buffer / the buffer's size, time-averaged over the session (the paper's "percentage
+    usage of the buffer space"); packing = payload bytes / buffer memory held by records."""
     m = mode(cfg)
     protocols = available(SMALL_PROTOCOLS, cfg)
     geometries = GEOMETRIES[:1] if m == "tiny" else GEOMETRIES
@@ -99,15 +100,20 @@ def exp_small_messages(res, cfg, run_pair, progress, peer_error, binary):
             prog.step(f"{t} {p} {s} B {buffers(bs)}: incomplete")
             continue
         rate = (len(sends) - first) * s / (max(arrivals[-1] - sends[first], 1) / 1e9) / 1e6
-        held = rcv.get("buffer_held_bytes", 0)
-        util = 100 * rcv.get("buffer_useful_bytes", 0) / held if held else 0.0
+        # SDP Fig. 6: the share of the whole buffer (8 x its size) that holds useful data, on
+        # average; packing: the useful share of the buffer memory that is held at all.
+        held, useful = rcv.get("buffer_held_avg", 0.0), rcv.get("buffer_useful_avg", 0.0)
+        util = 100 * useful / (SDP_BUFFERS * bs)
         v = buffers(bs)
         res.add("small_messages", p, t, s, SDP_BUFFERS, "throughput", rate, "MB/s", variant=v)
         res.add("small_messages", p, t, s, SDP_BUFFERS, "buffer_utilisation", util, "%", variant=v)
+        if held > 0:
+            res.add("small_messages", p, t, s, SDP_BUFFERS, "packing", 100 * useful / held, "%", variant=v)
         c = snd.get("protocol_counters", {})
         if "coalesced_records" in c:
+            records = sum(c.get(k, 0) for k in ("direct_writes", "queued_records", "coalesced_records"))
             res.add("small_messages", p, t, s, SDP_BUFFERS, "coalesced_share",
-                    100 * c["coalesced_records"] / max(1, snd.get("messages", 1)), "%", variant=v)
+                    100 * c["coalesced_records"] / max(1, records), "%", variant=v)
         prog.step(f"{t} {p:22} {s:>6} B {v:14} {rate:9.2f} MB/s, utilisation {util:5.1f} %")
 
 

@@ -115,7 +115,7 @@ class StampSink final : public MessageSink {
 
 json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
                   uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec,
-                  uint64_t buffer_held = 0, uint64_t buffer_useful = 0) {
+                  double buffer_held = 0, double buffer_useful = 0) {
   Usage u = usage();
   std::lock_guard lock(rec.mutex);
   return {{"event", "session"},       {"sender", name},
@@ -125,7 +125,7 @@ json session_json(const std::string& name, const std::string& protocol, const st
           {"latencies_ns", rec.latencies_ns}, {"gaps", gaps},
           {"lost", lost},             {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
           {"peak_rss_kb", u.peak_rss_kb}, {"session_start_ns", rec.start_ns},
-          {"buffer_held_bytes", buffer_held}, {"buffer_useful_bytes", buffer_useful},
+          {"buffer_held_avg", buffer_held}, {"buffer_useful_avg", buffer_useful},
           {"resources", resources_json(rec.connections)}};
 }
 
@@ -336,7 +336,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
     }
     if (!rec) return;
     print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
-                            r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_bytes, r.buffer_useful_bytes));
+                            r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg));
   };
   opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
   std::unique_ptr<Receiver> rx;

@@ -197,10 +197,10 @@ struct SessionReport {
   uint64_t partial_discarded = 0;
   uint64_t held_blocks = 0;      // blocks held right now (back-pressure, --hold-block)
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
-  // Buffer utilisation (SDP Fig. 6): summed over the consumer's passes, receiver memory held by
-  // unreleased records and the payload bytes in it (useful / held).
-  uint64_t buffer_held_bytes = 0;
-  uint64_t buffer_useful_bytes = 0;
+  // Buffer utilisation (SDP Fig. 6): receiver memory held by records not yet released, and the
+  // payload bytes in it, on average over the session (bytes; time-weighted).
+  double buffer_held_avg = 0;
+  double buffer_useful_avg = 0;
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
 
