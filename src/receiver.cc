@@ -47,6 +47,11 @@ constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 constexpr auto kSpinIdle = std::chrono::microseconds(200);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
 constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
+// A sender idle for a second or more (a camera that stopped, a quiet night) is looked at every
+// 20 ms: hundreds of idle connections then cost ~nothing, and the first message after the pause
+// waits at most that long.
+constexpr auto kLongIdle = std::chrono::seconds(1);
+constexpr auto kLongIdleSleep = std::chrono::milliseconds(20);
 
 struct Refusal {
   Code code;
@@ -580,12 +585,14 @@ void Session::consume() {
     // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"). While data
     // flows the receiver keeps polling (a sleeping receiver stalls a sender whose blocks are all
     // full); once idle for kSpinIdle it sleeps, longer the longer it has been idle, up to
-    // kMaxIdleSleep — so an idle receiver costs ~no CPU and a burst is picked up within ~1 ms.
+    // kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle) — so an idle receiver costs ~no CPU
+    // and a burst is picked up within ~1 ms (20 ms after a long pause).
     const auto now = Clock::now();
     if (consumed > 0 || progressed) {
       last_work = now;
     } else if (!rx_.options.busy_poll && now - last_work > kSpinIdle) {
-      auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, kMaxIdleSleep);
+      const Clock::duration cap = now - last_work > kLongIdle ? Clock::duration(kLongIdleSleep) : kMaxIdleSleep;
+      auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, cap);
       proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(nap));
     } else if (!rx_.options.busy_poll) {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block

@@ -455,21 +455,26 @@ void print_json_line(const std::string& line) {
   std::fflush(stdout);
 }
 
+#ifndef SLOTSTREAM_BENCH_FROM_BIN  // set by cmake/install.cmake from the install directories
+#define SLOTSTREAM_BENCH_FROM_BIN "../share/slotstream/bench"
+#endif
+
 int run_bench(const std::vector<std::string>& args, const std::string& self_exe) {
-  // The orchestrator lives in the source tree next to the build directory.
+  // The orchestrator is installed beside the binary (P/bin -> P/share/slotstream/bench, set by
+  // cmake/install.cmake); a binary in a build directory finds it in the source tree above it.
   std::filesystem::path exe(self_exe);
-  std::filesystem::path script;
-  for (auto dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
-    if (std::filesystem::exists(dir / "bench/slotstream_bench.py")) {
-      script = dir / "bench/slotstream_bench.py";
-      break;
-    }
+  std::filesystem::path script = exe.parent_path() / SLOTSTREAM_BENCH_FROM_BIN / "slotstream_bench.py";
+  for (auto dir = exe.parent_path(); !std::filesystem::exists(script) && !dir.empty() && dir != dir.root_path();
+       dir = dir.parent_path()) {
+    script = dir / "bench/slotstream_bench.py";
   }
-  if (script.empty()) {
-    print_error("bench", "cannot find bench/slotstream_bench.py above " + exe.parent_path().string() +
-                             " (run the binary from its build directory in the source tree)");
+  if (!std::filesystem::exists(script)) {
+    print_error("bench", "cannot find slotstream_bench.py in " + exe.parent_path().string() + "/" +
+                             SLOTSTREAM_BENCH_FROM_BIN + " (an installed slotstream) nor in a bench/ directory above " +
+                             exe.parent_path().string() + " (a build directory in the source tree)");
     return kExitError;
   }
+  script = std::filesystem::weakly_canonical(script);
   std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   std::vector<std::string> argv = {python, script.string()};
   argv.insert(argv.end(), args.begin(), args.end());

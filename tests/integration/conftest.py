@@ -265,8 +265,8 @@ class Proc:
 class Receiver(Proc):
     """`slotstream recv --listen 127.0.0.1:0 ARGS`, started and ready (its `listening on` line read)."""
 
-    def __init__(self, args, start_timeout=START_TIMEOUT):
-        super().__init__([BIN, "recv", "--listen", "127.0.0.1:0", *args])
+    def __init__(self, args, start_timeout=START_TIMEOUT, listen="127.0.0.1:0", binary=None):
+        super().__init__([binary or BIN, "recv", "--listen", listen, *args])
         try:
             _, line = self.stdout.wait_for(r"", start_timeout)
         except AssertionError:
@@ -299,11 +299,11 @@ class Receiver(Proc):
 
 @pytest.fixture
 def receiver():
-    """receiver(*args) -> Receiver; every receiver is stopped at test end."""
+    """receiver(*args, listen="127.0.0.1:0") -> Receiver; every receiver is stopped at test end."""
     started = []
 
-    def start(*args):
-        r = Receiver([str(a) for a in args])
+    def start(*args, listen="127.0.0.1:0"):
+        r = Receiver([str(a) for a in args], listen=listen)
         started.append(r)
         return r
 
