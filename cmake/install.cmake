@@ -22,7 +22,8 @@ install(TARGETS slotstream EXPORT slotstreamTargets
 install(TARGETS slotstream_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY include/slotstream DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
-install(FILES bench/slotstream_bench.py bench/plot.py bench/README.md DESTINATION ${slotstream_share}/bench)
+install(FILES bench/slotstream_bench.py bench/plot.py bench/ring_experiments.py bench/README.md
+        DESTINATION ${slotstream_share}/bench)
 install(PROGRAMS workers/checksum.sh workers/h264.sh DESTINATION ${slotstream_share}/workers)
 install(FILES workers/README.md DESTINATION ${slotstream_share}/workers)
 install(FILES examples/hello_stream.cc DESTINATION ${slotstream_share}/examples)
