@@ -11,16 +11,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+import cache_experiments  # noqa: E402
+
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "sliding_window": dict(color="tab:orange", ls="-", marker="s"),
          "credit": dict(color="tab:red", ls="-", marker="D"),
+         "carc": dict(color="tab:brown", ls="-", marker="h"),
          "packed_ring": dict(color="tab:green", ls="-", marker="P"),
          "packed_ring:flush=idle": dict(color="tab:green", ls="--", marker="x"),
          "nic_assisted": dict(color="tab:purple", ls="-", marker="*"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
          "tcp_socket": dict(color="tab:gray", ls=":", marker="v")}
-ORDER = ["status_byte", "sliding_window", "credit", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
+ORDER = ["status_byte", "sliding_window", "credit", "carc", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
          "ucx_raw_put", "tcp_socket"]
 
 
@@ -166,6 +169,8 @@ def figures(doc, records, out):
         if samples.get(exp):
             fig_no = name[3:5]
             made[name] = over_time(out / name, f"{title} (Fig. {fig_no})", samples[exp], hold=exp == "held_block")
+    for name in cache_experiments.plot(records, out, style, proto_key, human, plt):
+        made[name] = name
     return {k: v for k, v in made.items() if v}
 
 
@@ -497,6 +502,7 @@ def report(doc, records, out, made):
                   "peak_rss_sender", "peak_rss_receiver"):
             md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
                                         by_blocks=False, variant=variant)]
+    md += cache_experiments.report(records, human)
     md += sdp_report(records)
     md.append("## Figures\n")
     md += [f"![{n}]({n})\n" for n in sorted(made)]

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+import cache_experiments
 import ring_experiments  # bench/ is the script's directory, first on sys.path
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -232,13 +233,15 @@ class Results:
 
     run = 0  # the independent run (process pairs started afresh) being measured
 
-    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0, variant=""):
+    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0, variant="",
+            **dimensions):
         """One tidy record. `run`: which independent run; `repeat`: a round within that run's process pair
-        (throughput); `variant`: a setting of the experiment beyond protocol/transport/size/blocks."""
+        (throughput); `variant`: a setting of the experiment beyond protocol/transport/size/blocks;
+        `dimensions`: an experiment's own axes (e.g. cache: devices, window_bytes)."""
         self.records.append({"experiment": experiment, "protocol": protocol, "transport": transport,
                              "size_bytes": int(size), "blocks": int(blocks), "metric": metric,
                              "value": float(value), "unit": unit, "run": self.run, "repeat": int(repeat),
-                             "variant": variant})
+                             "variant": variant, **dimensions})
 
     def sample(self, experiment, key, data):
         """Raw samples for the figures, from the first run only (the records carry every run)."""
@@ -572,6 +575,8 @@ EXPERIMENTS = {
                    exp_held_block),
     "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3, default and equal memory: stability, CPU, memory",
                 exp_cameras),
+    "cache": ("CARC slides", "receiver processing x devices x in-flight data: carc, credit (cache_experiments.py)",
+              cache_experiments.exp_cache),
 }
 EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
 
@@ -614,6 +619,7 @@ def main(argv):
     quick = a.quick or a.tiny
     cfg.mode = "tiny" if a.tiny else "quick" if a.quick else "full"
     cfg.runs = a.runs or (1 if quick else 3)
+    cfg.quick, cfg.tiny = quick, a.tiny
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
     cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)

@@ -93,6 +93,7 @@ void SessionReport::merge(const SessionReport& lane) {
   held_blocks += lane.held_blocks;
   stalls += lane.stalls;
   seconds = std::max(seconds, lane.seconds);
+  for (const auto& [k, v] : lane.protocol_counters) protocol_counters[k] += v;
   sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
   for (const auto& [d, s] : lane.per_device) {
     DeviceStats& acc = per_device[d];

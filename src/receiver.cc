@@ -471,6 +471,7 @@ void Session::fill_report(Clock::time_point start) {
   report_.held_blocks = held_all_ ? geometry_.blocks
                                   : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
   report_.per_device = delivery_->per_device();
+  report_.protocol_counters = proto_->stats().counters;
 }
 
 void Session::publish(Clock::time_point start) {

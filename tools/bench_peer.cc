@@ -50,6 +50,9 @@ json resources_json(uint64_t connections) {
           {"gets", c.gets},
           {"am_sends", c.am_sends},
           {"am_received", c.am_received},
+          {"tag_sends", c.tag_sends},
+          {"tag_receives", c.tag_receives},
+          {"tag_unexpected", c.tag_unexpected},
           {"max_outstanding", c.max_outstanding},
           {"completions", c.completions},
           {"progress_calls", c.progress_calls},
@@ -65,11 +68,45 @@ void print_json(const json& j) {
   std::fflush(stdout);
 }
 
+// The receiver's processing of every byte it gets (--process-ns-per-byte, the cache experiment):
+// a read of every byte — a sum the compiler cannot drop, bound by where the data sits (cache or
+// DRAM) — then `ns_per_byte` of compute (a spin). The read's time per byte is the cache-miss
+// proxy (these VMs have no hardware counters); the spin is the application's own work.
+struct Processing {
+  double ns_per_byte = 0;
+  uint64_t bytes = 0;
+  uint64_t read_ns = 0;   // reading every byte
+  uint64_t total_ns = 0;  // reading plus compute
+  uint64_t checksum = 0;
+  void run(std::span<const std::byte> data) {
+    const auto t0 = Clock::now();
+    uint64_t sum = 0;
+    size_t i = 0;
+    for (; i + 8 <= data.size(); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, data.data() + i, 8);
+      sum += w;
+    }
+    for (; i < data.size(); ++i) sum += std::to_integer<uint8_t>(data[i]);
+    const auto t1 = Clock::now();
+    const auto until = t1 + std::chrono::nanoseconds(uint64_t(ns_per_byte * double(data.size())));
+    while (Clock::now() < until) {
+    }
+    checksum += sum;
+    bytes += data.size();
+    read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    total_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(until, t1) - t0).count();
+  }
+};
+
 // What the receiver peer records for one sender (all of its connections).
 struct Recording {
   std::mutex mutex;
   std::vector<uint64_t> arrivals_ns;
   std::vector<uint64_t> latencies_ns;
+  // --process-ns-per-byte: one per connection (its sink's), added up when the sender has ended.
+  std::vector<std::shared_ptr<Processing>> processing;
+  std::map<std::string, uint64_t> protocol_counters;
   uint64_t connections = 0;
   double cpu_start = 0;
   uint64_t start_ns = 0;  // when the receiver accepted the sender (its --hold-block clock starts then)
@@ -84,7 +121,8 @@ struct Recording {
 // Assembles nothing; reads the send stamp from each message's first 8 bytes.
 class StampSink final : public MessageSink {
  public:
-  explicit StampSink(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {}
+  StampSink(std::shared_ptr<Recording> rec, std::shared_ptr<Processing> processing)
+      : rec_(std::move(rec)), processing_(std::move(processing)) {}
   Status begin(uint16_t device) override {
     auto& st = state_[device];
     st = {};
@@ -95,6 +133,8 @@ class StampSink final : public MessageSink {
     for (size_t i = 0; i < data.size() && st.have < 8; ++i, ++st.have) {
       st.stamp |= uint64_t(std::to_integer<uint8_t>(data[i])) << (8 * st.have);
     }
+    // Before the record is released: carc's budget comes back only after this.
+    if (processing_) processing_->run(data);
     return Status::ok();
   }
   Status commit(uint16_t device) override {
@@ -111,6 +151,7 @@ class StampSink final : public MessageSink {
   };
   std::map<uint16_t, State> state_;
   std::shared_ptr<Recording> rec_;
+  std::shared_ptr<Processing> processing_;
 };
 
 json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
@@ -118,7 +159,21 @@ json session_json(const std::string& name, const std::string& protocol, const st
                   double buffer_held = 0, double buffer_useful = 0) {
   Usage u = usage();
   std::lock_guard lock(rec.mutex);
+  json process = nullptr;
+  if (!rec.processing.empty()) {
+    Processing p{rec.processing.front()->ns_per_byte};
+    for (const auto& c : rec.processing) {
+      p.bytes += c->bytes;
+      p.read_ns += c->read_ns;
+      p.total_ns += c->total_ns;
+      p.checksum += c->checksum;
+    }
+    process = {{"ns_per_byte", p.ns_per_byte}, {"bytes", p.bytes}, {"read_ns", p.read_ns}, {"total_ns", p.total_ns},
+               {"read_ns_per_byte", p.bytes ? double(p.read_ns) / double(p.bytes) : 0.0},
+               {"checksum", p.checksum}};
+  }
   return {{"event", "session"},       {"sender", name},
+          {"process", process},       {"protocol_counters", rec.protocol_counters},
           {"protocol", protocol},     {"transport", transport},
           {"messages", messages},     {"bytes", bytes},
           {"seconds", seconds},       {"arrivals_ns", rec.arrivals_ns},
@@ -324,7 +379,13 @@ int run_bench_recv(const BenchRecvArgs& a) {
       fabric::reset_counters();
     }
     ++rec->connections;
-    *sink = std::make_unique<StampSink>(rec);
+    std::shared_ptr<Processing> processing;
+    if (a.process_ns_per_byte >= 0) {
+      processing = std::make_shared<Processing>(Processing{a.process_ns_per_byte});
+      std::lock_guard rl(rec->mutex);
+      rec->processing.push_back(processing);
+    }
+    *sink = std::make_unique<StampSink>(rec, processing);
     return Status::ok();
   };
   opt.on_session_end = [&](const SessionReport& r) {
@@ -335,6 +396,10 @@ int run_bench_recv(const BenchRecvArgs& a) {
       recordings.erase(r.sender.name);
     }
     if (!rec) return;
+    {
+      std::lock_guard lock(rec->mutex);
+      rec->protocol_counters = r.protocol_counters;
+    }
     print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
                             r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg));
   };

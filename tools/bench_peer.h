@@ -14,6 +14,9 @@ struct BenchRecvArgs {
   std::vector<std::string> holds;
   uint64_t sessions = 1;
   bool tcp_socket = false;
+  // Receiver "processing": read every byte, then this many ns per byte of compute (0: read only;
+  // negative: no processing).
+  double process_ns_per_byte = -1;
 };
 int run_bench_recv(const BenchRecvArgs& args);
 

@@ -164,6 +164,8 @@ int main(int argc, char** argv) {
   bpr->add_option("--hold-block", brecv.holds, "INDEX:FROM_MS:TO_MS");
   bpr->add_option("--sessions", brecv.sessions, "exit after K senders")->check(CLI::PositiveNumber);
   bpr->add_flag("--tcp-socket", brecv.tcp_socket, "plain TCP reference instead of slotstream");
+  bpr->add_option("--process-ns-per-byte", brecv.process_ns_per_byte,
+                  "processing: read every byte, then spin this many ns per byte")->check(CLI::NonNegativeNumber);
   auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
   bps->add_option("--to", bsend.to, "HOST:PORT")->required();
   bps->add_option("--transport", bsend.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));

@@ -203,6 +203,9 @@ struct SessionReport {
   double buffer_useful_avg = 0;
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
+  // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes),
+  // summed over the sender's connections; documented where each protocol counts them.
+  std::map<std::string, uint64_t> protocol_counters;
 
   // Adds another connection (lane) of the same sender: every counter summed, devices and
   // per-device counters merged, finished only if both are, the first reason kept, the longer
