@@ -21,6 +21,7 @@ import sys
 import time
 
 import cache_experiments
+import ring_experiments  # bench/ is the script's directory, first on sys.path
 
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
@@ -577,6 +578,7 @@ EXPERIMENTS = {
     "cache": ("CARC slides", "receiver processing x devices x in-flight data: carc, credit (cache_experiments.py)",
               cache_experiments.exp_cache),
 }
+EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
 
 
 import dgram_experiments  # noqa: E402  (bench/dgram_experiments.py: the datagram transport's experiments)
@@ -592,8 +594,8 @@ def check_cpu(res, cpus):
 
 
 def main(argv):
-    epilog = "experiments:\n" + "\n".join(f"  {n:13} {f:11} {d}" for n, (f, d, _) in EXPERIMENTS.items())
-    epilog += "\n  all           everything above, on every transport, plus OUT/report.md"
+    epilog = "experiments:\n" + "\n".join(f"  {n:15} {f:14} {d}" for n, (f, d, _) in EXPERIMENTS.items())
+    epilog += "\n  all             everything above, on every transport, plus OUT/report.md"
     ap = argparse.ArgumentParser(prog="slotstream bench", description=__doc__, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
@@ -619,6 +621,7 @@ def main(argv):
         cfg.registry.setdefault(p, {"connection_per_device": False, "reference": False})
     cfg.transports = [a.transport] if a.transport else host_transports()
     quick = a.quick or a.tiny
+    cfg.mode = "tiny" if a.tiny else "quick" if a.quick else "full"
     cfg.runs = a.runs or (1 if quick else 3)
     cfg.quick, cfg.tiny = quick, a.tiny
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -137,7 +138,8 @@ class StampSink final : public MessageSink {
     return Status::ok();
   }
   Status commit(uint16_t device) override {
-    rec_->message(state_[device].stamp);
+    // Messages shorter than the 8-byte stamp carry none: latency 0 (not measured).
+    rec_->message(state_[device].have == 8 ? state_[device].stamp : 0);
     return Status::ok();
   }
   void abort(uint16_t) override {}
@@ -153,7 +155,8 @@ class StampSink final : public MessageSink {
 };
 
 json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
-                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec) {
+                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec,
+                  double buffer_held = 0, double buffer_useful = 0) {
   Usage u = usage();
   std::lock_guard lock(rec.mutex);
   json process = nullptr;
@@ -177,6 +180,7 @@ json session_json(const std::string& name, const std::string& protocol, const st
           {"latencies_ns", rec.latencies_ns}, {"gaps", gaps},
           {"lost", lost},             {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
           {"peak_rss_kb", u.peak_rss_kb}, {"session_start_ns", rec.start_ns},
+          {"buffer_held_avg", buffer_held}, {"buffer_useful_avg", buffer_useful},
           {"resources", resources_json(rec.connections)}};
 }
 
@@ -277,6 +281,7 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"send_times_ns", send_times},
           {"size", a.size},
           {"blocks", a.blocks},
+          {"block_size", a.block_size ? a.block_size : a.size + 16},
           {"resources", resources_json(connections)}};
 }
 
@@ -396,7 +401,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
       rec->protocol_counters = r.protocol_counters;
     }
     print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
-                            r.seconds, !r.finished, r.gaps, *rec));
+                            r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg));
   };
   opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
   std::unique_ptr<Receiver> rx;
@@ -417,8 +422,12 @@ int run_bench_send(const BenchSendArgs& a) {
     print_error("bench-peer", "--to: " + st.message());
     return kExitUsage;
   }
-  if (a.size < 8 || a.count == 0 || a.devices == 0 || a.devices > 4096) {
-    print_error("bench-peer", "--size must be >= 8, --count >= 1, --devices 1..4096");
+  if (a.size < 1 || a.count == 0 || a.devices == 0 || a.devices > 4096) {
+    print_error("bench-peer", "--size must be >= 1, --count >= 1, --devices 1..4096");
+    return kExitUsage;
+  }
+  if (a.compute_us != 0 && a.burst == 0) {
+    print_error("bench-peer", "--compute-us needs --burst");
     return kExitUsage;
   }
   if (a.tcp_socket) return send_tcp_socket(a, host, port);
@@ -430,7 +439,7 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
   opt.blocks = a.blocks;
-  opt.block_size = uint32_t(a.size + 16);
+  opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + 16);
   opt.allow_reference = true;
   opt.skip_packet_every = a.skip_packet_every;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
@@ -441,6 +450,7 @@ int run_bench_send(const BenchSendArgs& a) {
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::vector<std::vector<uint64_t>> send_times(a.devices);
+  std::vector<std::vector<uint64_t>> burst_ends(a.devices);
   std::mutex err_mutex;
   Status first_error;
   // CPU, UCX counters and elapsed time all start here, after the connection is set up: the
@@ -468,6 +478,16 @@ int run_bench_send(const BenchSendArgs& a) {
           if (first_error.is_ok()) first_error = st;
           return;
         }
+        if (a.burst && (k + 1) % a.burst == 0) {
+          // SDP Fig. 5: the application computes between bursts and makes no library call. It
+          // sleeps rather than spins: sender and receiver share this machine's cores, and a busy
+          // loop took the core the sending thread and the receiver need (status_byte's last
+          // message of a burst then arrived up to the whole computation late), which the paper's
+          // separate nodes never had. Timer slack 1 ns keeps the sleep close to C.
+          burst_ends[d].push_back(now_ns());
+          prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+          std::this_thread::sleep_until(Clock::now() + std::chrono::microseconds(a.compute_us));
+        }
         pacer.after();
       }
     });
@@ -483,8 +503,15 @@ int run_bench_send(const BenchSendArgs& a) {
   SenderStats s = sender->stats();
   std::vector<uint64_t> all_times;
   for (auto& v : send_times) all_times.insert(all_times.end(), v.begin(), v.end());
-  print_json(sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
-                         usage().cpu_seconds - cpu0, s, all_times, s.connections));
+  json out = sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
+                         usage().cpu_seconds - cpu0, s, all_times, s.connections);
+  if (a.burst) {
+    std::vector<uint64_t> ends;
+    for (auto& v : burst_ends) ends.insert(ends.end(), v.begin(), v.end());
+    out["burst_ends_ns"] = ends;
+    out["compute_us"] = a.compute_us;
+  }
+  print_json(out);
   return kExitOk;
 }
 

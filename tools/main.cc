@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
   bps->add_option("--transport", bsend.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
   bps->add_option("--protocol", bsend.protocol);
   bps->add_option("--blocks", bsend.blocks)->check(CLI::Range(1u, kMaxBlocks));
-  bps->add_option("--size", bsend.size, "payload bytes per message (block size = SIZE + 16)")->required();
+  bps->add_option("--size", bsend.size, "payload bytes per message (block size SIZE + 16 unless --block-size)")->required();
   bps->add_option("--count", bsend.count, "messages per device");
   bps->add_option("--devices", bsend.devices);
   bps->add_option("--fps", bsend.fps, "messages per second per device (default: back to back)");
@@ -186,6 +186,10 @@ int main(int argc, char** argv) {
   bps->add_option("--seconds", bsend.seconds, "stop after this many seconds (--count is then an upper bound)");
   bps->add_option("--skip-packet-every", bsend.skip_packet_every,
                   "testing aid: leave out one packet number after every N (the receiver must report gaps)");
+  bps->add_option("--block-size", bsend.block_size, "block size (default SIZE + 16: one message per block)")
+      ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
+  bps->add_option("--burst", bsend.burst, "messages per burst (with --compute-us)");
+  bps->add_option("--compute-us", bsend.compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend.tcp_socket, "plain TCP reference instead of slotstream");
 
   DgramPeerArgs dpeer;
@@ -193,7 +197,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> bench_args;
   auto* b = app.add_subcommand("bench", "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
-                                        "resources, held_block, cameras, all) side by side with raw UCX and TCP; "
+                                        "resources, held_block, cameras; the SDP paper's small_messages, progress; all) side by "
+                                        "side with raw UCX and TCP; "
                                         "`slotstream bench --help` for the options.");
   b->prefix_command();  // everything after `bench` goes to the orchestrator
   b->set_help_flag();

@@ -197,6 +197,10 @@ struct SessionReport {
   uint64_t partial_discarded = 0;
   uint64_t held_blocks = 0;      // blocks held right now (back-pressure, --hold-block)
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
+  // Buffer utilisation (SDP Fig. 6): receiver memory held by records not yet released, and the
+  // payload bytes in it, on average over the session (bytes; time-weighted).
+  double buffer_held_avg = 0;
+  double buffer_useful_avg = 0;
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
   // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes),
