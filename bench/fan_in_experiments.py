@@ -19,6 +19,8 @@ QUICK_SENDERS = [1, 4, 12]
 FULL_SIZES = [48, 512, 8192]        # the thesis: 16, 512, 8192 B; 48 B is the smallest with a 64-byte block
 QUICK_SIZES = [512]
 MODES = ["threads", "round_robin"]
+PROTOCOLS = ["buffered_read", "status_byte"]
+ALWAYS = ("buffered_read",)         # the thesis's protocol; the others only when in --protocols
 SENDER_BYTES = 8 << 20              # payload per sender per point (quick: a quarter)
 MAX_MESSAGES = 100_000              # per sender: bounds the small-message points
 RING_BYTES = 256 << 10              # receiver memory per sender: blocks = RING_BYTES / block size
@@ -27,9 +29,8 @@ RING_BYTES = 256 << 10              # receiver memory per sender: blocks = RING_
 
 
 def _add(res, experiment, protocol, transport, size, blocks, metric, value, unit, senders):
-    """A result record with the number of senders as a field of its own."""
-    res.add(experiment, protocol, transport, size, blocks, metric, value, unit)
-    res.records[-1]["senders"] = int(senders)
+    """A result record with the number of senders as a dimension of its own."""
+    res.add(experiment, protocol, transport, size, blocks, metric, value, unit, senders=int(senders))
 
 
 def _sb():
@@ -101,15 +102,16 @@ def exp_fan_in(res, cfg):
     counts = getattr(cfg, "fan_in_senders", None) or (QUICK_SENDERS if quick else FULL_SENDERS)
     sizes = getattr(cfg, "fan_in_sizes", None) or (QUICK_SIZES if quick else FULL_SIZES)
     per_sender = SENDER_BYTES // (4 if quick else 1) // (16 if getattr(cfg, "fan_in_sizes", None) else 1)
-    runs = [(t, p, s, n, m) for t in cfg.transports for p in cfg.protocols for s in sizes for n in counts
+    protocols = [p for p in PROTOCOLS if p in ALWAYS or p in cfg.protocols]
+    runs = [(t, p, s, n, m) for t in cfg.transports for p in protocols for s in sizes for n in counts
             for m in MODES]
-    prog = sb.Progress(len(runs), "fan_in")
+    prog = sb.Progress(len(runs), "fan_in", res.run, cfg.runs)
     for t, p, s, n, m in runs:
         count = max(100, min(MAX_MESSAGES, per_sender // s))
         try:
             snd, rcv = run_fan_in(t, p, s, n, m, count)
         except sb.PeerError as e:
-            res.error(f"fan_in {p} {t} {s} B x{n} {m}", e)
+            res.error(f"fan_in {p} {t} {s} B x{n} {m} (run {res.run})", e)
             prog.step(f"{t} {p} {s} B x{n} {m}: FAILED")
             continue
         first = min(x["send_times_ns"][0] for x in snd if x["send_times_ns"])
@@ -142,10 +144,10 @@ def exp_fan_in(res, cfg):
             _add(res, experiment, p, t, s, b, "bytes_per_read", read_bytes / reads, "bytes", n)
         prog.step(f"{t} {p:14} {s:>5} B x{n:<2} {m:11} {steady * s / window / 1e6:9.1f} MB/s (all running; "
                   f"{total / span / 1e6:.1f} first send to last arrival)")
-    # The thesis's comparison in one number per point: round robin as a fraction of threads.
+    # The thesis's comparison in one number per point (this run): round robin as a fraction of threads.
     thr = {}
     for rec in res.records:
-        if rec["experiment"].startswith("fan_in_") and rec["metric"] == "throughput":
+        if rec["experiment"].startswith("fan_in_") and rec["metric"] == "throughput" and rec["run"] == res.run:
             thr[(rec["experiment"], rec["protocol"], rec["transport"], rec["size_bytes"], rec["senders"])] = rec["value"]
     for (e, p, t, s, n), v in thr.items():
         base = thr.get(("fan_in_threads", p, t, s, n))

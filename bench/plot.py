@@ -5,21 +5,30 @@ import argparse
 import json
 import pathlib
 import statistics
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+import cache_experiments  # noqa: E402
+import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
 from fan_in_experiments import fan_in_table, plot_fan_in  # noqa: E402
 
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "sliding_window": dict(color="tab:orange", ls="-", marker="s"),
-         "buffered_read": dict(color="tab:green", ls="-", marker="D"),
+         "credit": dict(color="tab:red", ls="-", marker="D"),
+         "carc": dict(color="tab:brown", ls="-", marker="h"),
+         "packed_ring": dict(color="tab:green", ls="-", marker="P"),
+         "packed_ring:flush=idle": dict(color="tab:green", ls="--", marker="x"),
+         "nic_assisted": dict(color="tab:purple", ls="-", marker="*"),
+         "buffered_read": dict(color="tab:olive", ls="-", marker="d"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
          "tcp_socket": dict(color="tab:gray", ls=":", marker="v")}
-ORDER = ["status_byte", "sliding_window", "buffered_read", "ucx_raw_put", "tcp_socket"]
+ORDER = ["status_byte", "sliding_window", "credit", "carc", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
+         "buffered_read", "ucx_raw_put", "tcp_socket"]
 
 
 def style(protocol):
@@ -35,12 +44,30 @@ def load(path):
     return doc, doc["records"]
 
 
-def pick(records, experiment, metric):
+def per_run(records, experiment, metric, **where):
+    """{(protocol, transport, blocks, size): [value of run 0, run 1, ...]}: within a run the median
+    over its rounds (throughput), across runs one value each."""
     out = {}
     for r in records:
-        if r["experiment"] == experiment and r["metric"] == metric:
-            out.setdefault((r["protocol"], r["transport"], r["blocks"], r["size_bytes"]), []).append(r["value"])
-    return {k: statistics.median(v) for k, v in out.items()}
+        if r["experiment"] != experiment or r["metric"] != metric:
+            continue
+        if any(r.get(k, "") != v for k, v in where.items()):
+            continue
+        key = (r["protocol"], r["transport"], r["blocks"], r["size_bytes"])
+        out.setdefault(key, {}).setdefault(r.get("run", 0), []).append(r["value"])
+    return {k: [statistics.median(v) for _, v in sorted(runs.items())] for k, runs in out.items()}
+
+
+def pick(records, experiment, metric, **where):
+    """The median over runs of each point (what the figures draw)."""
+    return {k: statistics.median(v) for k, v in per_run(records, experiment, metric, **where).items()}
+
+
+def spread_text(values, fmt):
+    """'median' for one run, 'median [min–max]' for several."""
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
 
 
 def series(values, fixed_blocks=None, x="size"):
@@ -109,10 +136,10 @@ def line_plot(path, title, data, xlabel, ylabel, logx=True, logy=True, sizes=Tru
 def figures(doc, records, out):
     made = {}
     samples = doc.get("samples", {})
-    sync = pick(records, "sync_latency", "sync_latency_p50")
+    sync = pick(records, "sync_latency", "sync_wait_p50")
     made["fig10_sync_latency.png"] = line_plot(
-        out / "fig10_sync_latency.png", "Synchronisation-control latency (median) vs blocks (Fig. 10)",
-        _by_blocks(sync), "blocks", "latency (µs)", sizes=False)
+        out / "fig10_sync_latency.png", "Sender wait for a free block, median per wait, vs blocks (Fig. 10)",
+        _by_blocks(sync), "blocks", "wait (µs)", sizes=False)
     if samples.get("sync_latency"):
         made["fig11_sync_distribution.png"] = sync_distribution(out / "fig11_sync_distribution.png",
                                                                 samples["sync_latency"])
@@ -137,17 +164,24 @@ def figures(doc, records, out):
             name = f"fig15_cpu_{side}_{b}_blocks.png"
             made[name] = line_plot(out / name, f"{side.capitalize()} CPU during throughput, {b} blocks (Fig. 15)",
                                    series(cpu, fixed_blocks=b), "message size", "% of one core", logy=False)
-    res = [r for r in records if r["experiment"] == "resources"]
+    res = [r for r in records if r["experiment"] == "resources" and r.get("run", 0) == 0]
     for fig_no, side in ((16, "sender"), (17, "receiver")):
         rows = [r for r in res if r["metric"].startswith(side + "_")]
         if rows:
             name = f"fig{fig_no}_resources_{side}.png"
             made[name] = resources_plot(out / name, f"Transport resources, {side} (Fig. {fig_no})", rows, side)
-    for exp, fig_no, title in (("held_block", 18, "Block 3 held from 100 to 200 ms"),
-                               ("cameras", 19, "12 cameras x 25 fps x 640x480x3")):
+    made.update(sdp_figures(records, out))
+    for exp, name, title in (("held_block", "fig18_held_block.png", "3 blocks, saturated; block 3 held 100-200 ms"),
+                             ("cameras_per_connection", "fig19_cameras.png",
+                              "12 cameras x 25 fps x 640x480x3, 32 blocks per connection"),
+                             ("cameras_equal_memory", "fig19_cameras_equal_memory.png",
+                              "12 cameras, the same memory for every protocol (36 frame blocks)")):
         if samples.get(exp):
-            name = f"fig{fig_no}_{exp}.png"
+            fig_no = name[3:5]
             made[name] = over_time(out / name, f"{title} (Fig. {fig_no})", samples[exp], hold=exp == "held_block")
+    for name in cache_experiments.plot(records, out, style, proto_key, human, plt):
+        made[name] = name
+    made.update(dgram_plot.figures(sys.modules[__name__], records, out))
     return {k: v for k, v in made.items() if v}
 
 
@@ -234,7 +268,7 @@ def over_time(path, title, samples, hold=False):
                     lw=3 if p == "status_byte" else 1.3, alpha=0.8 if p == "status_byte" else 1.0)
         ax.set_ylim(bottom=0)
         if hold:
-            ax.axvspan(100, 200, color="grey", alpha=0.2, label="block 3 held")
+            ax.axvspan(100, 200, color="grey", alpha=0.2, label="block 3 (index 2) held")
         stops = {samples[k].get("stop_ms") for k in samples if k.split("/")[1] == t} - {None}
         if stops:
             ax.axvline(max(stops), color="grey", ls="--", lw=1, label="cameras stop")
@@ -258,11 +292,11 @@ def _by_blocks(values):
     return {k: sorted(v) for k, v in out.items()}
 
 
-def table(records, experiment, metric, unit_fmt="{:.1f}", blocks=None, by_blocks=True):
+def table(records, experiment, metric, unit_fmt="{:.1f}", blocks=None, by_blocks=True, **where):
     """Rows: (blocks, size) — or size alone when by_blocks is False, for tables whose columns ran
     with different block counts (the latency ceiling uses one buffer); columns: protocol (transport),
-    grouped by transport."""
-    vals = pick(records, experiment, metric)
+    grouped by transport. A cell is the median over runs, with [min–max] when there were several."""
+    vals = per_run(records, experiment, metric, **where)
     if blocks is not None:
         vals = {k: v for k, v in vals.items() if k[2] == blocks}
     if not vals:
@@ -275,61 +309,104 @@ def table(records, experiment, metric, unit_fmt="{:.1f}", blocks=None, by_blocks
     lines = [head + " | ".join(f"{p} ({t})" for p, t in cols) + " |",
              "|---|" + ("---|" if by_blocks else "") + "---|" * len(cols)]
     for b, s in rows:
-        cells = [unit_fmt.format(vals[(p, t, b, s)]) if (p, t, b, s) in vals else "–" for p, t in cols]
+        cells = [spread_text(vals[(p, t, b, s)], unit_fmt) if (p, t, b, s) in vals else "–" for p, t in cols]
         lines.append(f"| {human(s)} | " + (f"{b} | " if by_blocks else "") + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def median_of(records, experiment, metric, **where):
-    v = [r["value"] for r in records if r["experiment"] == experiment and r["metric"] == metric
-         and all(r[k] == x for k, x in where.items())]
-    return statistics.median(v) if v else None
+def runs_of(records, experiment, metric, **where):
+    """One value per run for the single point `where` selects (median over its rounds)."""
+    by_run = {}
+    for r in records:
+        if r["experiment"] == experiment and r["metric"] == metric and all(r.get(k) == x for k, x in where.items()):
+            by_run.setdefault(r.get("run", 0), []).append(r["value"])
+    return [statistics.median(v) for _, v in sorted(by_run.items())]
+
+
+def ratio_runs(num, den):
+    """Per-run ratios of two points measured in the same runs."""
+    return [a / b for a, b in zip(num, den) if b]
+
+
+class Targets:
+    """Each target judged on the median over runs; a target whose min–max range crosses its
+    threshold says so."""
+
+    def __init__(self):
+        self.lines = ["| target | transport | median [min–max] over runs | met (median)? |", "|---|---|---|---|"]
+
+    def row(self, name, t, values, fmt, threshold=None, lower_is_better=False, detail=""):
+        if not values:
+            return
+        med = statistics.median(values)
+        text = spread_text(values, fmt) + (f" {detail}" if detail else "")
+        if threshold is None:
+            verdict = "n/a"
+        else:
+            ok = (med <= threshold) if lower_is_better else (med >= threshold)
+            crosses = (min(values) <= threshold <= max(values)) and len(values) > 1
+            verdict = ("yes" if ok else "no") + (" (the spread crosses the target)" if crosses else "")
+        self.lines.append(f"| {name} | {t} | {text} | {verdict} |")
+
+    def text(self):
+        return "\n".join(self.lines) + "\n"
 
 
 def targets(records):
-    lines = ["| target (issue 3) | transport | measured | met? |", "|---|---|---|---|"]
+    tg = Targets()
     transports = sorted({r["transport"] for r in records})
-
-    def row(name, t, text, ok):
-        lines.append(f"| {name} | {t} | {text} | {'yes' if ok else 'no' if ok is not None else 'n/a'} |")
-
+    sb, sw = "status_byte", "sliding_window"
     for t in transports:
-        sb = median_of(records, "throughput", "throughput", protocol="status_byte", transport=t, size_bytes=256, blocks=3)
-        sw = median_of(records, "throughput", "throughput", protocol="sliding_window", transport=t, size_bytes=256, blocks=3)
-        if sb and sw:
-            row("status_byte / sliding_window throughput at 256 B ≥ 4.6x", t, f"{sb / sw:.2f}x ({sb:.1f} vs {sw:.1f} MB/s)", sb / sw >= 4.6)
-        ratios = [r for r in records if r["experiment"] == "throughput" and r["metric"] == "throughput_ratio_to_ucx"
-                  and r["protocol"] == "status_byte" and r["transport"] == t and r["size_bytes"] >= 65536]
-        if ratios:
-            worst = min(r["value"] for r in ratios)
-            row("status_byte ≥ 90% of ucx_raw_put at ≥ 64 KiB", t,
-                f"worst {worst:.0%} (of {len(ratios)} size/block settings)", worst >= 0.9)
-        a = median_of(records, "sync_latency", "sync_latency_p50", protocol="status_byte", transport=t, blocks=3)
-        b = median_of(records, "sync_latency", "sync_latency_p50", protocol="sliding_window", transport=t, blocks=3)
-        if a and b:
-            row("sync latency, 3 blocks: status_byte ≥ 10x lower", t, f"{b / a:.1f}x ({a:.2f} vs {b:.2f} µs)", b / a >= 10)
-        cs = [median_of(records, "cpu", "cpu_sender", protocol=p, transport=t, blocks=3) for p in ("status_byte", "sliding_window")]
-        if all(cs):
-            row("sender CPU: status_byte ≤ 0.8x sliding_window (3 blocks, % of a core, median over sizes)", t,
-                f"{cs[0] / cs[1]:.2f}x ({cs[0]:.0f}% vs {cs[1]:.0f}%)", cs[0] / cs[1] <= 0.8)
-        cm = [median_of(records, "cpu", "cpu_sender_per_mb", protocol=p, transport=t, blocks=3) for p in ("status_byte", "sliding_window")]
-        if all(cm):
-            row("sender CPU per MB moved: status_byte ≤ 0.8x sliding_window (3 blocks, median over sizes)", t,
-                f"{cm[0] / cm[1]:.2f}x ({cm[0]:.2f} vs {cm[1]:.2f} ms/MB)", cm[0] / cm[1] <= 0.8)
-        cams = {p: (median_of(records, "cameras", "throughput_cov", protocol=p, transport=t),
-                    median_of(records, "cameras", "frames_lost", protocol=p, transport=t)) for p in ("status_byte", "sliding_window")}
-        if all(v[0] is not None for v in cams.values()):
-            (c1, l1), (c2, l2) = cams["status_byte"], cams["sliding_window"]
-            tie = " (equal: both protocols delivered the same bytes in every bin)" if round(c1, 3) == round(c2, 3) else ""
-            row("cameras: zero loss, status_byte CoV lower", t,
-                f"CoV {c1:.3f} vs {c2:.3f}{tie}; lost {l1:.0f} / {l2:.0f}", c1 < c2 and l1 == 0 and l2 == 0)
-            f = [median_of(records, "cameras", "frame_latency_p99", protocol=p, transport=t) for p in ("status_byte", "sliding_window")]
-            if all(v is not None for v in f):
-                row("cameras: frame delivery latency p99 (not an issue target; finer than bins)", t,
-                    f"{f[0]:.1f} vs {f[1]:.1f} ms", None)
-            rx = median_of(records, "cameras", "cpu_receiver", protocol="status_byte", transport=t)
-            row("status_byte receiver CPU during 12 cameras (passive receiver)", t, f"{rx:.1f}% of one core", None)
-    return "\n".join(lines) + "\n"
+        a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=256, blocks=3)
+        b = runs_of(records, "throughput", "throughput", protocol=sw, transport=t, size_bytes=256, blocks=3)
+        tg.row("status_byte / sliding_window throughput at 256 B, 3 blocks ≥ 4.6x", t, ratio_runs(a, b), "{:.2f}x", 4.6)
+        sizes = sorted({r["size_bytes"] for r in records if r["experiment"] == "throughput" and r["size_bytes"] >= 65536})
+        for bl in sorted({r["blocks"] for r in records if r["experiment"] == "throughput"}):
+            worst = []
+            for run in sorted({r.get("run", 0) for r in records}):
+                vals = [r["value"] for r in records if r["experiment"] == "throughput"
+                        and r["metric"] == "throughput_ratio_to_ucx" and r["protocol"] == sb and r["transport"] == t
+                        and r["size_bytes"] in sizes and r["blocks"] == bl and r.get("run", 0) == run]
+                if vals:
+                    worst.append(min(vals))
+            tg.row(f"status_byte ≥ 90% of ucx_raw_put at every size ≥ 64 KiB ({bl} blocks; worst size per run)", t,
+                   [100 * w for w in worst], "{:.0f}%", 90)
+        a = runs_of(records, "sync_latency", "sync_wait_p50", protocol=sb, transport=t, blocks=3)
+        b = runs_of(records, "sync_latency", "sync_wait_p50", protocol=sw, transport=t, blocks=3)
+        tg.row("sync latency (sender wait per full window, median), 3 blocks: status_byte ≥ 10x lower", t,
+               ratio_runs(b, a), "{:.1f}x", 10)
+        b128 = runs_of(records, "sync_latency", "sync_wait_p99", protocol=sw, transport=t, blocks=128)
+        tg.row("sliding_window sync wait p99 at 128 blocks < 10 ms (the ACK stall)", t, [v / 1000 for v in b128],
+               "{:.2f} ms", 10, lower_is_better=True)
+        for metric, label in (("cpu_sender", "% of a core"), ("cpu_sender_per_mb", "per MB moved")):
+            ratios = []
+            for run in sorted({r.get("run", 0) for r in records}):
+                med = {}
+                for p in (sb, sw):
+                    vals = [r["value"] for r in records if (r["experiment"], r["metric"], r["protocol"], r["transport"],
+                                                            r["blocks"], r.get("run", 0)) == ("cpu", metric, p, t, 3, run)]
+                    if vals:
+                        med[p] = statistics.median(vals)
+                if len(med) == 2 and med[sw]:
+                    ratios.append(med[sb] / med[sw])
+            tg.row(f"sender CPU {label}: status_byte ≤ 0.8x sliding_window (3 blocks, median over sizes)", t,
+                   ratios, "{:.2f}x", 0.8, lower_is_better=True)
+        for variant in ("per_connection", "equal_memory"):
+            c1 = runs_of(records, "cameras", "throughput_cov", protocol=sb, transport=t, variant=variant)
+            c2 = runs_of(records, "cameras", "throughput_cov", protocol=sw, transport=t, variant=variant)
+            l1 = runs_of(records, "cameras", "frames_lost", protocol=sb, transport=t, variant=variant)
+            l2 = runs_of(records, "cameras", "frames_lost", protocol=sw, transport=t, variant=variant)
+            if c1 and c2:
+                tg.row(f"cameras ({variant.replace('_', ' ')}): status_byte CoV (lower is better)", t, c1, "{:.3f}",
+                       None, detail=f"vs sliding_window {spread_text(c2, '{:.3f}')}; frames lost "
+                                    f"{spread_text(l1, '{:.0f}')} vs {spread_text(l2, '{:.0f}')}")
+            rx = runs_of(records, "cameras", "cpu_receiver", protocol=sb, transport=t, variant=variant)
+            tg.row(f"status_byte receiver CPU, 12 cameras ({variant.replace('_', ' ')})", t, rx, "{:.1f}%")
+        hb = runs_of(records, "held_block", "during_over_before", protocol=sb, transport=t)
+        hw = runs_of(records, "held_block", "during_over_before", protocol=sw, transport=t)
+        tg.row("held block (3 blocks, saturated): status_byte throughput during / before the hold", t, hb, "{:.2f}",
+               None, detail=f"(sliding_window {spread_text(hw, '{:.2f}')})" if hw else "")
+    return tg.text()
 
 
 def report(doc, records, out, made):
@@ -343,14 +420,24 @@ def report(doc, records, out, made):
           "listed under the tcp transport, and is the TCP/IP reference for both.\n",
           "Every number comes from two real processes over real UCX (or plain TCP for `tcp_socket`); "
           "records are in `results.json`, figures are drawn from it by `bench/plot.py`.\n",
+          f"Runs: {c.get('settings', {}).get('runs', 1)} independent runs (fresh processes each); every cell is "
+          "the median over runs with [min–max] when there were several; a target is met when its median "
+          "meets it.\n",
           "## Targets\n", targets(records),
           "## Synchronisation-control latency (Fig. 10-11)\n",
-          "status_byte: the time of one status-array read (RDMA get of all N status bytes, from issue to "
-          "completion) when the sender ran out of free blocks. sliding_window: from the receiver generating an "
-          "ACK (after processing a block) until the sender's ACK handler sees it (CLOCK_MONOTONIC on both "
-          "sides, one host). 4 KiB messages.\n",
-          table(records, "sync_latency", "sync_latency_p50", "{:.2f}"), "p99:\n\n",
-          table(records, "sync_latency", "sync_latency_p99", "{:.2f}"),
+          "The same quantity for every protocol: each time the sender finds no free receiver block it is "
+          "blocked until one is free; one sample per such wait, from the moment it found none until it has one "
+          "(status_byte: fences, status-array reads and back-off; sliding_window: polling for ACKs). 4 KiB "
+          "messages, back to back.\n",
+          "Median wait (µs):\n\n", table(records, "sync_latency", "sync_wait_p50", "{:.2f}"),
+          "p99 wait (µs):\n\n", table(records, "sync_latency", "sync_wait_p99", "{:.2f}"),
+          "Waits per run:\n\n", table(records, "sync_latency", "sync_waits", "{:.0f}"),
+          "What one synchronisation operation costs, median (µs) — status_byte: one status-array read (RDMA get "
+          "of all N bytes, issue to completion); sliding_window: one ACK from its generation at the receiver to "
+          "its handling by the sender, which polls only while its window is full (so this includes time the ACK "
+          "waits to be picked up):\n\n",
+          table(records, "sync_latency", "sync_op_p50", "{:.2f}"),
+          "Synchronisation operations per run:\n\n", table(records, "sync_latency", "sync_operations", "{:.0f}"),
           "## One-block transmission latency, µs (Fig. 12)\n",
           "One-way times: the sender's stamp before filling the block until the message is complete at a "
           "busy-polling receiver; one message in flight at a time (the sender waits 200 µs plus the size's "
@@ -373,15 +460,24 @@ def report(doc, records, out, made):
     for b in sorted({r["blocks"] for r in records if r["experiment"] == "throughput"}):
         md += [f"### {b} blocks\n", table(records, "throughput", "throughput", blocks=b),
                "Ratio to ucx_raw_put:\n\n", table(records, "throughput", "throughput_ratio_to_ucx", "{:.2f}", blocks=b)]
-    md += ["## CPU, % of one core (Fig. 15)\n", "Per process, user+system time from getrusage over the run.\n",
+    md += ["## CPU, % of one core (Fig. 15)\n",
+           "Per process, user+system time (getrusage, all threads) over the measured window: for the sender from "
+           "the first message after the connection was set up until everything was confirmed stored; for the "
+           "receiver over its session. At most 100% x CPUs.\n",
            "Sender:\n\n", table(records, "cpu", "cpu_sender", "{:.0f}"),
            "Receiver:\n\n", table(records, "cpu", "cpu_receiver", "{:.0f}"),
+           "Time inside UCX progress (ucp_worker_progress), summed over the process's threads, as % of the "
+           "run's wall time (a thread preempted inside a call counts too: not CPU), sender:\n\n",
+           table(records, "cpu", "progress_sender", "{:.1f}"),
+           "Receiver (0: the receiver took no part in the transfers):\n\n",
+           table(records, "cpu", "progress_receiver", "{:.1f}"),
            "Sender CPU per MB moved (ms/MB):\n\n", table(records, "cpu", "cpu_sender_per_mb", "{:.2f}"),
            "Receiver CPU per MB moved (ms/MB):\n\n", table(records, "cpu", "cpu_receiver_per_mb", "{:.2f}"),
            "## Resources (Fig. 16-17)\n",
            "Counted where slotstream calls UCX (src/fabric): endpoints, registered bytes, puts, gets, active messages "
-           "sent and received, most operations in flight, completions polled, control connections.\n"]
-    res = [r for r in records if r["experiment"] == "resources"]
+           "sent and received, most operations in flight, completions polled, progress calls (all, and those that "
+           "found work) and the time in them, control connections. First run.\n"]
+    res = [r for r in records if r["experiment"] == "resources" and r.get("run", 0) == 0]
     if res:
         keys = sorted({(r["protocol"], r["transport"], r["size_bytes"]) for r in res})
         metrics = sorted({r["metric"] for r in res})
@@ -398,25 +494,191 @@ def report(doc, records, out, made):
            "The receiver's data gets and their bytes (protocol counters): reads batch everything the sender "
            "wrote since the last one.\n", table(records, "throughput", "bytes_per_read", "{:.0f}")]
     md += ["## Fan-in: N senders into one receiver\n", fan_in_table(records)]
-    md += ["## Held block (Fig. 18)\n", table(records, "held_block", "throughput_before_hold"),
-           "During the hold:\n\n", table(records, "held_block", "throughput_during_hold"),
+    md += ["## Held block (Fig. 18)\n",
+           "Three receiver blocks, 64 KiB messages sent back to back (saturated, as in the paper's Fig. 18), the "
+           "receiver holds block 3 (index 2) from 100 to 200 ms after the sender connected. A protocol that can "
+           "skip a held block keeps going on the other two; one that frees in order stops at the held one.\n",
+           "Before the hold (MB/s):\n\n", table(records, "held_block", "throughput_before_hold"),
+           "During the hold (MB/s):\n\n", table(records, "held_block", "throughput_during_hold"),
+           "During / before:\n\n", table(records, "held_block", "during_over_before", "{:.2f}"),
            "## Twelve cameras (Fig. 19)\n"]
     md.append("Throughput in 200 ms bins (5 frame periods of every camera) over the cameras' running time, "
               "first and last bin left out; CoV = population standard deviation / mean of those bins. "
               "frames_lost = frames sent - frames complete at the receiver; last_frame_after_stop = seconds from the "
               "cameras' last frame period to the last frame complete (a backlog; the figure shows it after the "
-              "dashed line). frame_latency = send stamp to "
-              "frame complete at the receiver.\n")
-    for m in ("throughput_mean", "throughput_cov", "frames_lost", "last_frame_after_stop", "frame_latency_p50",
-              "frame_latency_p99",
-              "cpu_sender", "cpu_receiver", "peak_rss_sender", "peak_rss_receiver"):
-        md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}")]
+              "dashed line). frame_latency = send stamp to frame complete at the receiver. Two settings: "
+              "slotstream's default of 32 blocks per connection (a protocol with one connection per camera then "
+              "holds 12 times the memory), and equal memory (36 frame blocks in total: 3 per camera's "
+              "connection, or 36 on one shared connection).\n")
+    for variant in ("per_connection", "equal_memory"):
+        md.append(f"### {variant.replace('_', ' ')}\n")
+        for m in ("receiver_blocks_total", "throughput_mean", "throughput_cov", "frames_lost", "last_frame_after_stop",
+                  "frame_latency_p50", "frame_latency_p99", "cpu_sender", "cpu_receiver", "progress_receiver",
+                  "peak_rss_sender", "peak_rss_receiver"):
+            md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
+                                        by_blocks=False, variant=variant)]
+    md += cache_experiments.report(records, human)
+    md += sdp_report(records)
+    md += dgram_plot.report_sections(sys.modules[__name__], records)
     md.append("## Figures\n")
     md += [f"![{n}]({n})\n" for n in sorted(made)]
     if doc.get("errors"):
         md.append("## Errors\n")
         md += [f"- {e['what']}: {e['error']}" for e in doc["errors"]]
     (out / "report.md").write_text("\n".join(md) + "\n")
+
+
+# ------------------------------------------------------------ the SDP paper (bench/ring_experiments.py)
+
+def _settings(variant):
+    """'compute_us=500;rx_ns_per_byte=1' -> {'compute_us': '500', 'rx_ns_per_byte': '1'}."""
+    return dict(kv.split("=", 1) for kv in variant.split(";") if "=" in kv)
+
+
+def _variants(records, experiment, prefix):
+    """The numeric values of an experiment's `prefix=N` variants, sorted."""
+    return sorted({int(r["variant"].split("=", 1)[1]) for r in records
+                   if r["experiment"] == experiment and r.get("variant", "").startswith(prefix + "=")
+                   and ";" not in r["variant"]})
+
+
+def _receivers(records):
+    """The progress experiment's receiver settings: None (counts only) or its ns per byte."""
+    return sorted({_settings(r["variant"]).get("rx_ns_per_byte") for r in records if r["experiment"] == "progress"},
+                  key=lambda x: (x is not None, float(x or 0)))
+
+
+def _receiver_text(rx):
+    return "receiver counts messages" if rx is None else f"receiver processes every byte ({rx} ns/byte)"
+
+
+def _by_compute(records, metric, rx=None):
+    """{(protocol, transport): [(compute µs, [value per run])...]} for one receiver setting."""
+    variants = sorted({r["variant"] for r in records if r["experiment"] == "progress"
+                       and _settings(r["variant"]).get("rx_ns_per_byte") == rx},
+                      key=lambda v: int(_settings(v)["compute_us"]))
+    out = {}
+    for variant in variants:
+        c = int(_settings(variant)["compute_us"])
+        for (p, t, _, _), v in per_run(records, "progress", metric, variant=variant).items():
+            out.setdefault((p, t), []).append((c, v))
+    return out
+
+
+def sdp_figures(records, out):
+    """SDP Fig. 4b (throughput) and 6 (buffer utilisation) per buffer size, and Fig. 5 (progress)."""
+    made = {}
+    for bs in _variants(records, "small_messages", "buffers"):
+        where = {"variant": f"buffers={bs}"}
+        name = f"sdp_fig4b_throughput_{bs // 1024}k_buffers.png"
+        made[name] = line_plot(out / name, f"Small messages: throughput, 8 x {human(bs)} buffers (SDP Fig. 4b)",
+                               series(pick(records, "small_messages", "throughput", **where)), "message size", "MB/s")
+        name = f"sdp_fig6_utilisation_{bs // 1024}k_buffers.png"
+        made[name] = line_plot(out / name, f"Buffer utilisation, 8 x {human(bs)} buffers (SDP Fig. 6)",
+                               series(pick(records, "small_messages", "buffer_utilisation", **where)),
+                               "message size", "useful bytes / buffer held (%)", logy=False)
+    for rx in _receivers(records):
+        prog = {k: [(c, statistics.median(v)) for c, v in pts]
+                for k, pts in _by_compute(records, "iteration_time", rx).items()}
+        name = "sdp_fig5_progress.png" if rx is None else "sdp_fig5_progress_processing_receiver.png"
+        made[name] = line_plot(
+            out / name, f"Communication progress: 100 x 4 KiB per burst, {_receiver_text(rx)} (SDP Fig. 5)",
+            prog, "computation between bursts (µs)", "iteration time (µs)", logx=False, logy=False, sizes=False)
+    return {k: v for k, v in made.items() if v}
+
+
+def _compute_table(records, metric, fmt, rx=None):
+    """Rows: computation; columns: protocol (transport); cells: median [min–max] over runs."""
+    data = _by_compute(records, metric, rx)
+    if not data:
+        return ""
+    cols = sorted(data, key=lambda c: (c[1], proto_key(c[0])))
+    rows = sorted({c for pts in data.values() for c, _ in pts})
+    lines = ["| compute | " + " | ".join(f"{p} ({t})" for p, t in cols) + " |", "|---|" + "---|" * len(cols)]
+    for c in rows:
+        cells = [spread_text(dict(data[k]).get(c), fmt) if c in dict(data[k]) else "–" for k in cols]
+        lines.append(f"| {c} µs | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sdp_claims(records):
+    """The SDP paper's claims next to this run (median [min–max] over runs of per-run ratios)."""
+    tg = Targets()
+    transports = sorted({r["transport"] for r in records if r["experiment"] in ("small_messages", "progress")})
+    small = {"experiment": "small_messages", "metric": "throughput", "variant": "buffers=8192"}
+    for t in transports:
+        for p in ("packed_ring", "nic_assisted"):
+            for s in (256, 1024, 4096):
+                num = runs_of(records, protocol=p, transport=t, size_bytes=s, **small)
+                den = runs_of(records, protocol="credit", transport=t, size_bytes=s, **small)
+                tg.row(f"{p} ≈ 10x credit's throughput, {human(s)} (Fig. 4b; 8 x 8 KiB)", t, ratio_runs(num, den),
+                       "{:.1f}x", threshold=10)
+        util = per_run(records, "small_messages", "buffer_utilisation", variant="buffers=32768")
+        mine = {s: v for (p, tt, _, s), v in util.items() if p == "credit" and tt == t and s <= 8192}
+        if mine:
+            worst = max(mine, key=lambda s: statistics.median(mine[s]))
+            tg.row("credit at most 25 % utilisation with 32 KiB buffers (Fig. 6b; messages up to 8 KiB)", t,
+                   mine[worst], "{:.1f} %", threshold=25, lower_is_better=True, detail=f"(highest: {human(worst)})")
+        for rx in _receivers(records):
+            comp = sorted({c for pts in _by_compute(records, "iteration_time", rx).values() for c, _ in pts})
+            if not comp:
+                continue
+            last = [r["variant"] for r in records if r["experiment"] == "progress"
+                    and _settings(r["variant"]).get("rx_ns_per_byte") == rx
+                    and int(_settings(r["variant"])["compute_us"]) == comp[-1]][0]
+            for p, claim in (("packed_ring", "packed_ring slower than credit"), ("nic_assisted", "nic_assisted not "
+                             "slower than credit"), ("packed_ring:flush=idle", "packed_ring:flush=idle (the fix) vs credit")):
+                num = runs_of(records, "progress", "iteration_time", protocol=p, transport=t, variant=last)
+                den = runs_of(records, "progress", "iteration_time", protocol="credit", transport=t, variant=last)
+                tg.row(f"{claim} at {comp[-1]} µs of computation, {_receiver_text(rx)} (Fig. 5)", t,
+                       ratio_runs(num, den), "{:.2f}x credit's time",
+                       threshold=None if p.endswith("idle") else 1.0, lower_is_better=p != "packed_ring")
+    return tg.text() if len(tg.lines) > 2 else "(credit is not in this run: the paper's claims compare with it.)\n"
+
+
+def sdp_report(records):
+    if not any(r["experiment"] in ("small_messages", "progress") for r in records):
+        return []
+    md = ["## The SDP paper: small messages and progress (SDP Fig. 4b, 5, 6)\n",
+          "Protocols: credit (SDP §2), packed_ring (§3; `:flush=idle` is the fix for §3.2's flaw), nic_assisted "
+          "(§4), and this project's status_byte and sliding_window — those of the run. 8 buffers (blocks) as in "
+          "the paper's 64 KiB and 256 KiB SDP buffers. Cells: median [min–max] over runs.\n",
+          sdp_claims(records)]
+    for bs in _variants(records, "small_messages", "buffers"):
+        where = {"variant": f"buffers={bs}"}
+        md += [f"### Throughput, MB/s, 8 x {human(bs)} buffers (Fig. 4b)\n",
+               "One device sends messages of one size back to back; from the first send after a tenth of the run "
+               "(warm-up) to the last arrival.\n",
+               table(records, "small_messages", "throughput", "{:.2f}", by_blocks=False, **where),
+               f"### Buffer utilisation, %, 8 x {human(bs)} buffers (Fig. 6)\n",
+               "Payload bytes held in the receiver's buffer / the buffer's size (8 buffers), time-averaged over "
+               "the session — the paper's \"percentage usage of the buffer space\": it grows with how much data "
+               "waits in the buffer (a receiver slower than the sender) and with how densely it is packed.\n",
+               table(records, "small_messages", "buffer_utilisation", "{:.1f}", by_blocks=False, **where),
+               "Packing, %: payload bytes / buffer memory held by records (a whole buffer per message for block "
+               "protocols, the record itself in a ring) — what the design wastes, whatever the occupancy:\n\n",
+               table(records, "small_messages", "packing", "{:.1f}", by_blocks=False, **where)]
+        share = table(records, "small_messages", "coalesced_share", "{:.0f}", by_blocks=False, **where)
+        if share:
+            md += ["Share of messages that were coalesced (ring protocols), %:\n\n", share]
+    if any(r["experiment"] == "progress" for r in records):
+        md += ["### Communication progress (Fig. 5)\n",
+               "Bursts of 100 x 4 KiB, C µs of computation after each (the application calls nothing; emulated by "
+               "a sleep, since a busy loop on this 2-core machine takes the CPU the sender's library and the "
+               "receiver need), 8 x 8 KiB buffers. The paper's test is a "
+               "ping-pong; slotstream streams one way, so the reply is computed from measured times: iteration = "
+               "max(end of sends + C, last arrival + C) - first send (the peer replies once it has the whole burst "
+               "and has computed too). Tail delay: from a burst's last send returning to its last message "
+               "arriving — the data a design holds back while the application computes.\n",
+               "Two receivers: one that only counts messages (it drains a burst faster than the sender fills the "
+               "ring here), and one that processes every byte at ~1 GB/s, slower than the burst — the paper's "
+               "precondition for the flaw of §3.2 (SDP's recv() copies every message out and ACKs).\n"]
+        for rx in _receivers(records):
+            md += [f"#### {_receiver_text(rx).capitalize()}\n",
+                   "Iteration time, µs:\n\n", _compute_table(records, "iteration_time", "{:.0f}", rx),
+                   "Burst tail delay (median over bursts), µs:\n\n",
+                   _compute_table(records, "burst_tail_delay_p50", "{:.0f}", rx)]
+    return md
 
 
 def main():

@@ -20,10 +20,13 @@ import subprocess
 import sys
 import time
 
+import cache_experiments
+import fan_in_experiments
+import ring_experiments  # bench/ is the script's directory, first on sys.path
+
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
 
-PROTOCOLS = ["status_byte", "sliding_window", "buffered_read"]
 REFERENCES = ["ucx_raw_put", "tcp_socket"]
 TRANSPORTS = ["shm", "tcp"]
 FULL_SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 8 << 20]
@@ -40,6 +43,15 @@ UCX_TLS = {"shm": "posix,sysv,self", "tcp": "tcp,self"}
 
 class PeerError(RuntimeError):
     pass
+
+
+def registry():
+    """Every protocol of this build (`slotstream protocols --json`): name -> its entry."""
+    try:
+        out = subprocess.run([BIN, "protocols", "--json"], capture_output=True, text=True, timeout=30).stdout
+        return {p["name"]: p for p in json.loads(out)}
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        raise SystemExit(f"slotstream bench: cannot list the protocols of {BIN}: {e}")
 
 
 def host_transports():
@@ -62,27 +74,33 @@ def log(msg):
 
 # ----------------------------------------------------------------------------- measuring
 
+_pending = {}  # pid -> bytes read past the last line handed out
+
+
 def read_line(proc, timeout):
+    """The next stdout line of a peer (a report can be megabytes: read in chunks), or what came
+    before the timeout or EOF."""
     deadline = time.monotonic() + timeout
-    buf = b""
+    buf = _pending.pop(proc.pid, b"")
     fd = proc.stdout.fileno()
-    while time.monotonic() < deadline:
+    while b"\n" not in buf and time.monotonic() < deadline:
         r, _, _ = select.select([fd], [], [], 0.1)
         if not r:
             if proc.poll() is not None:
                 break
             continue
-        c = os.read(fd, 1)
-        if not c:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
             break
-        if c == b"\n":
-            return buf.decode()
-        buf += c
-    return buf.decode()
+        buf += chunk
+    line, sep, rest = buf.partition(b"\n")
+    if rest:
+        _pending[proc.pid] = rest
+    return line.decode()
 
 
 def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_us=0, busy_poll=False,
-             hold=None, timeout=300):
+             hold=None, timeout=300, seconds=0.0, rx_extra=(), tx_extra=()):
     """One measurement: a receiver peer and a sender peer; returns (sender, receiver) JSON."""
     tcp_socket = protocol == "tcp_socket"
     rx_cmd = [BIN, "bench-peer", "recv", "--listen", "127.0.0.1:0", "--transport", transport]
@@ -92,6 +110,7 @@ def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_u
         rx_cmd += ["--hold-block", hold]
     if tcp_socket:
         rx_cmd.append("--tcp-socket")
+    rx_cmd += list(rx_extra)
     rx = subprocess.Popen(rx_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         line = read_line(rx, 20)
@@ -104,6 +123,9 @@ def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_u
             tx_cmd += ["--fps", str(fps)]
         if gap_us:
             tx_cmd += ["--gap-us", str(gap_us)]
+        if seconds:
+            tx_cmd += ["--seconds", str(seconds)]
+        tx_cmd += list(tx_extra)
         if tcp_socket:
             tx_cmd = [c for c in tx_cmd if c not in ("--protocol", protocol)] + ["--tcp-socket"]
         try:
@@ -210,13 +232,22 @@ class Results:
         except (OSError, subprocess.TimeoutExpired):
             return "unknown"
 
-    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0):
+    run = 0  # the independent run (process pairs started afresh) being measured
+
+    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0, variant="",
+            **dimensions):
+        """One tidy record. `run`: which independent run; `repeat`: a round within that run's process pair
+        (throughput); `variant`: a setting of the experiment beyond protocol/transport/size/blocks;
+        `dimensions`: an experiment's own axes (e.g. cache: devices, window_bytes)."""
         self.records.append({"experiment": experiment, "protocol": protocol, "transport": transport,
                              "size_bytes": int(size), "blocks": int(blocks), "metric": metric,
-                             "value": float(value), "unit": unit, "repeat": int(repeat)})
+                             "value": float(value), "unit": unit, "run": self.run, "repeat": int(repeat),
+                             "variant": variant, **dimensions})
 
     def sample(self, experiment, key, data):
-        self.samples.setdefault(experiment, {})[key] = data
+        """Raw samples for the figures, from the first run only (the records carry every run)."""
+        if self.run == 0:
+            self.samples.setdefault(experiment, {})[key] = data
 
     def error(self, what, err):
         log(f"  ! {what}: {err}")
@@ -228,14 +259,35 @@ class Results:
 
 
 class Progress:
-    def __init__(self, total, name):
+    def __init__(self, total, name, run, runs):
         self.total, self.done, self.t0, self.name = max(total, 1), 0, time.monotonic(), name
+        self.tag = f"{name} run {run + 1}/{runs}" if runs > 1 else name
 
     def step(self, what):
         self.done += 1
         el = time.monotonic() - self.t0
         eta = el / self.done * (self.total - self.done)
-        log(f"[{self.name} {self.done}/{self.total} {el:5.0f}s, ~{eta:4.0f}s left] {what}")
+        log(f"[{self.tag} {self.done}/{self.total} {el:5.0f}s, ~{eta:4.0f}s left] {what}")
+
+
+def cpu_percent(peer):
+    """A peer's CPU (user + system, all threads) over its measured window, in % of one core."""
+    return 100 * peer["cpu_seconds"] / max(peer["seconds"], 1e-9)
+
+
+def add_cpu(res, experiment, p, t, s, b, snd, rcv, variant=""):
+    """CPU of both sides, per second and per MB moved, and the part spent progressing UCX."""
+    mb = max(snd["bytes"], 1) / 1e6
+    for side, peer in (("sender", snd), ("receiver", rcv)):
+        res.add(experiment, p, t, s, b, f"cpu_{side}", cpu_percent(peer), "% of one core", variant=variant)
+        res.add(experiment, p, t, s, b, f"cpu_{side}_per_mb", 1e3 * peer["cpu_seconds"] / mb, "ms/MB",
+                variant=variant)
+        # Time inside ucp_worker_progress summed over threads (a thread preempted inside counts
+        # too, so this is not CPU and may pass 100% with many threads).
+        prog = peer.get("resources", {}).get("progress_seconds")
+        if prog is not None:
+            res.add(experiment, p, t, s, b, f"progress_{side}", 100 * prog / max(peer["seconds"], 1e-9),
+                    "% of wall time, summed over threads", variant=variant)
 
 
 # ---------------------------------------------------------------------------- experiments
@@ -251,7 +303,8 @@ def exp_throughput(res, cfg):
     protocols = cfg.protocols + REFERENCES
     runs = [(t, p, s, b) for t in cfg.transports for b in cfg.block_sets for s in cfg.sizes for p in protocols
             if not (p == "tcp_socket" and t != "tcp")]
-    prog = Progress(len(runs), "throughput")
+    prog = Progress(len(runs), "throughput", res.run, cfg.runs)
+    ceiling = {}
     for t, p, s, b in runs:
         count = throughput_count(s, b, cfg)
         try:
@@ -259,7 +312,7 @@ def exp_throughput(res, cfg):
             # allocated blocks, the same for every protocol.
             snd, rcv = run_pair(t, p, s, count * (cfg.repeats + 1), b)
         except PeerError as e:
-            res.error(f"throughput {p} {t} {s} B {b} blocks", e)
+            res.error(f"throughput {p} {t} {s} B {b} blocks (run {res.run})", e)
             prog.step(f"{t} {p} {s} B x{b}: FAILED")
             continue
         # Each round of `count` consecutive transfers: from its first send to its last arrival
@@ -282,33 +335,26 @@ def exp_throughput(res, cfg):
                 rates.append(count * s / (max(last - first, 1) / 1e9) / 1e6)
         for r, rate in enumerate(rates):
             res.add("throughput", p, t, s, b, "throughput", rate, "MB/s", r)
-        res.add("cpu", p, t, s, b, "cpu_sender", 100 * snd["cpu_seconds"] / snd["seconds"], "% of one core")
-        res.add("cpu", p, t, s, b, "cpu_receiver", 100 * rcv["cpu_seconds"] / max(rcv["seconds"], 1e-9),
-                "% of one core")
-        # A faster protocol is busier per second; CPU per byte moved compares the work itself.
-        mb = max(snd["bytes"], 1) / 1e6
-        res.add("cpu", p, t, s, b, "cpu_sender_per_mb", 1e3 * snd["cpu_seconds"] / mb, "ms/MB")
-        res.add("cpu", p, t, s, b, "cpu_receiver_per_mb", 1e3 * rcv["cpu_seconds"] / mb, "ms/MB")
+        add_cpu(res, "cpu", p, t, s, b, snd, rcv)
         # Receiver-driven protocols (buffered_read) batch by themselves: the mean bytes per read.
         counters = rcv.get("protocol_counters", {})
         if counters.get("reads"):
             res.add("throughput", p, t, s, b, "bytes_per_read", counters["bytes_read"] / counters["reads"], "bytes")
-        prog.step(f"{t} {p:14} {s:>8} B x{b:<3} {statistics.median(rates):9.1f} MB/s")
+        median = statistics.median(rates)
+        if p == "ucx_raw_put":
+            ceiling[(t, s, b)] = median
+        prog.step(f"{t} {p:14} {s:>8} B x{b:<3} {median:9.1f} MB/s")
     # Every figure as a ratio to the UCX ceiling measured in the same run.
-    ceiling = {}
-    for rec in res.records:
-        if rec["experiment"] == "throughput" and rec["protocol"] == "ucx_raw_put":
-            ceiling.setdefault((rec["transport"], rec["size_bytes"], rec["blocks"]), []).append(rec["value"])
-    for (t, p, s, b), vals in group(res, "throughput", "throughput").items():
+    for (t, p, s, b), vals in group(res, "throughput", "throughput", run=res.run).items():
         c = ceiling.get((t, s, b))
         if c and p != "ucx_raw_put":
-            res.add("throughput", p, t, s, b, "throughput_ratio_to_ucx", statistics.median(vals) / statistics.median(c), "ratio")
+            res.add("throughput", p, t, s, b, "throughput_ratio_to_ucx", statistics.median(vals) / c, "ratio")
 
 
-def group(res, experiment, metric):
+def group(res, experiment, metric, run=None):
     out = {}
     for rec in res.records:
-        if rec["experiment"] == experiment and rec["metric"] == metric:
+        if rec["experiment"] == experiment and rec["metric"] == metric and (run is None or rec["run"] == run):
             out.setdefault((rec["transport"], rec["protocol"], rec["size_bytes"], rec["blocks"]), []).append(rec["value"])
     return out
 
@@ -320,14 +366,14 @@ def exp_latency(res, cfg):
     protocols = cfg.protocols + REFERENCES
     runs = [(t, p, s) for t in cfg.transports for s in cfg.sizes for p in protocols
             if not (p == "tcp_socket" and t != "tcp")]
-    prog = Progress(len(runs), "latency")
+    prog = Progress(len(runs), "latency", res.run, cfg.runs)
     for t, p, s in runs:
         if p == "ucx_raw_put":
             try:
                 p50, mean = perftest_latency(t, s, cfg.latency_runs, 50)
                 p99, _ = perftest_latency(t, s, cfg.latency_runs, 99)
             except (PeerError, OSError) as e:
-                res.error(f"latency {p} {t} {s} B (ucx_perftest)", e)
+                res.error(f"latency {p} {t} {s} B (ucx_perftest, run {res.run})", e)
                 prog.step(f"{t} {p} {s} B: FAILED")
                 continue
             # ucx_perftest puts into one buffer: blocks = 1.
@@ -340,12 +386,12 @@ def exp_latency(res, cfg):
         try:
             snd, rcv = run_pair(t, p, s, cfg.latency_runs, PAPER_BLOCKS, gap_us=gap, busy_poll=True)
         except PeerError as e:
-            res.error(f"latency {p} {t} {s} B", e)
+            res.error(f"latency {p} {t} {s} B (run {res.run})", e)
             prog.step(f"{t} {p} {s} B: FAILED")
             continue
         lat = [x / 1000 for x in rcv["latencies_ns"] if x > 0]
         if not lat:
-            res.error(f"latency {p} {t} {s} B", "no samples")
+            res.error(f"latency {p} {t} {s} B (run {res.run})", "no samples")
             prog.step(f"{t} {p} {s} B: no samples")
             continue
         for metric, v in (("latency_mean", statistics.mean(lat)), ("latency_p50", pct(lat, 50)),
@@ -355,7 +401,7 @@ def exp_latency(res, cfg):
         prog.step(f"{t} {p:14} {s:>8} B mean {statistics.mean(lat):9.1f} us, median {pct(lat, 50):9.1f} us")
     # Every figure as a multiple of the UCX ceiling measured in the same run (1.0 = the ceiling).
     for metric in ("latency_mean", "latency_p50"):
-        vals = group(res, "latency", metric)
+        vals = group(res, "latency", metric, run=res.run)
         for (t, p, s, b), v in vals.items():
             c = vals.get((t, "ucx_raw_put", s, 1))
             if c and p != "ucx_raw_put" and c[0] > 0:
@@ -363,27 +409,34 @@ def exp_latency(res, cfg):
 
 
 def exp_sync_latency(res, cfg):
-    """Fig. 10-11: synchronisation-control latency vs number of blocks."""
+    """Fig. 10-11: synchronisation-control latency vs number of blocks, measured the same way for
+    every protocol: each time the sender finds no free receiver block it is blocked until one is
+    free — one sample per such wait, from the moment it found none until it has one (status reads
+    or ACK polling, fences, back-off all included). What one synchronisation operation costs (a
+    status-array read, an ACK's delivery) is recorded beside it as sync_op_*."""
     runs = [(t, p, b) for t in cfg.transports for b in cfg.sync_blocks for p in cfg.protocols]
-    prog = Progress(len(runs), "sync_latency")
+    prog = Progress(len(runs), "sync_latency", res.run, cfg.runs)
     size = 4096
     for t, p, b in runs:
         try:
             snd, _ = run_pair(t, p, size, cfg.sync_count, b)
         except PeerError as e:
-            res.error(f"sync_latency {p} {t} {b} blocks", e)
+            res.error(f"sync_latency {p} {t} {b} blocks (run {res.run})", e)
             prog.step(f"{t} {p} {b} blocks: FAILED")
             continue
-        lat = [x / 1000 for x in snd["wait_samples_ns"]]
-        if not lat:
-            res.error(f"sync_latency {p} {t} {b} blocks", "the protocol never synchronised")
-            continue
-        for metric, v in (("sync_latency_p50", pct(lat, 50)), ("sync_latency_p99", pct(lat, 99)),
-                          ("sync_latency_mean", statistics.mean(lat)), ("sync_operations", len(lat))):
-            res.add("sync_latency", p, t, size, b, metric, v, "count" if metric == "sync_operations" else "us")
-        if b == PAPER_BLOCKS:
-            res.sample("sync_latency", f"{p}/{t}/{b}", lat[:5000])
-        prog.step(f"{t} {p:14} {b:>3} blocks p50 {pct(lat, 50):8.2f} us ({len(lat)} samples)")
+        waits = [x / 1000 for x in snd["wait_samples_ns"]]
+        ops = [x / 1000 for x in snd["sync_op_samples_ns"]]
+        res.add("sync_latency", p, t, size, b, "sync_waits", len(waits), "count")
+        res.add("sync_latency", p, t, size, b, "sync_operations", snd["sync_operations"], "count")
+        for name, vals in (("sync_wait", waits), ("sync_op", ops)):
+            if vals:
+                for q, v in (("p50", pct(vals, 50)), ("p99", pct(vals, 99)), ("mean", statistics.mean(vals)),
+                             ("max", max(vals))):
+                    res.add("sync_latency", p, t, size, b, f"{name}_{q}", v, "us")
+        if b == PAPER_BLOCKS and waits:
+            res.sample("sync_latency", f"{p}/{t}/{b}", waits[:5000])
+        prog.step(f"{t} {p:14} {b:>3} blocks wait p50 {pct(waits, 50):8.2f} us, p99 {pct(waits, 99):8.2f} us "
+                  f"({len(waits)} waits, {snd['sync_operations']} sync operations)")
 
 
 def time_bins(times_ns, sizes, t0, bin_ms, span_ms):
@@ -395,42 +448,65 @@ def time_bins(times_ns, sizes, t0, bin_ms, span_ms):
     return [b / (bin_ms / 1000) / 1e6 for b in bins]  # MB/s
 
 
+HELD = 2  # the paper's "block 3": receiver block index 2 of three
+
+
 def exp_held_block(res, cfg):
-    """Fig. 18: the receiver holds block 3 from 100 ms to 200 ms; throughput in 10 ms bins."""
-    prog = Progress(len(cfg.transports) * len(cfg.protocols), "held_block")
-    size, blocks, fps, count = 65536, 8, 2000, 1000  # 131 MB/s offered for 0.5 s
+    """Fig. 18: three blocks, a saturating sender (back to back), and the receiver holds block 3
+    (index 2) from 100 ms to 200 ms after the sender connected; throughput in 10 ms bins. With one
+    of three blocks unavailable, a protocol that can skip it keeps two thirds of its blocks; one
+    that must release in order stops."""
+    prog = Progress(len(cfg.transports) * len(cfg.protocols), "held_block", res.run, cfg.runs)
+    size, blocks = 65536, PAPER_BLOCKS
     for t in cfg.transports:
         for p in cfg.protocols:
             try:
-                snd, rcv = run_pair(t, p, size, count, blocks, fps=fps, hold="3:100:200")
+                snd, rcv = run_pair(t, p, size, 10_000_000, blocks, seconds=0.5, hold=f"{HELD}:100:200")
             except PeerError as e:
-                res.error(f"held_block {p} {t}", e)
+                res.error(f"held_block {p} {t} (run {res.run})", e)
                 prog.step(f"{t} {p}: FAILED")
                 continue
             t0 = rcv["session_start_ns"]
             mbps = time_bins(rcv["arrivals_ns"], [size] * len(rcv["arrivals_ns"]), t0, 10, 500)
-            res.sample("held_block", f"{p}/{t}", {"bin_ms": 10, "mb_per_s": mbps})
+            res.sample("held_block", f"{p}/{t}", {"bin_ms": 10, "mb_per_s": mbps, "held": HELD})
             during = statistics.mean(mbps[11:20])
             before = statistics.mean(mbps[3:10])
             res.add("held_block", p, t, size, blocks, "throughput_during_hold", during, "MB/s")
             res.add("held_block", p, t, size, blocks, "throughput_before_hold", before, "MB/s")
-            res.add("held_block", p, t, size, blocks, "messages_lost", count - rcv["messages"], "count")
+            res.add("held_block", p, t, size, blocks, "during_over_before", during / before if before else 0, "ratio")
+            res.add("held_block", p, t, size, blocks, "messages_lost", snd["messages"] - rcv["messages"], "count")
             prog.step(f"{t} {p:14} before {before:7.1f} MB/s, during hold {during:7.1f} MB/s")
+
+
+CAMERAS, CAMERA_FPS = 12, 25
+EQUAL_MEMORY_BLOCKS = 36  # about 3 frame blocks per camera, in total
+
+
+def camera_settings(cfg):
+    """(variant, blocks per connection) per protocol: slotstream's default of 32 blocks per
+    connection (a baseline with one connection per camera then holds 12 times the memory), and
+    the same total memory for every protocol (36 frame blocks, 3 per camera)."""
+    out = []
+    for p in cfg.protocols:
+        per_device = cfg.registry[p]["connection_per_device"]
+        out.append(("per_connection", p, DEFAULT_BLOCKS))
+        out.append(("equal_memory", p, EQUAL_MEMORY_BLOCKS // CAMERAS if per_device else EQUAL_MEMORY_BLOCKS))
+    return out
 
 
 def exp_cameras(res, cfg):
     """Fig. 19: 12 cameras, 25 fps, 640x480x3, one connection (status byte) vs one per camera."""
-    prog = Progress(len(cfg.transports) * len(cfg.protocols), "cameras")
-    cams, fps = 12, 25
-    count = int(cfg.camera_seconds * fps)
+    settings = camera_settings(cfg)
+    prog = Progress(len(cfg.transports) * len(settings), "cameras", res.run, cfg.runs)
+    count = int(cfg.camera_seconds * CAMERA_FPS)
     for t in cfg.transports:
-        for p in cfg.protocols:
+        for variant, p, blocks in settings:
             try:
-                snd, rcv = run_pair(t, p, CAMERA_FRAME, count, DEFAULT_BLOCKS, devices=cams, fps=fps,
+                snd, rcv = run_pair(t, p, CAMERA_FRAME, count, blocks, devices=CAMERAS, fps=CAMERA_FPS,
                                     timeout=cfg.camera_seconds * 10 + 60)
             except PeerError as e:
-                res.error(f"cameras {p} {t}", e)
-                prog.step(f"{t} {p}: FAILED")
+                res.error(f"cameras {p} {t} {variant} (run {res.run})", e)
+                prog.step(f"{t} {p} {variant}: FAILED")
                 continue
             arr = rcv["arrivals_ns"]
             t0 = min(snd["send_times_ns"])
@@ -446,83 +522,119 @@ def exp_cameras(res, cfg):
             frame_ms = sorted(x / 1e6 for x in rcv["latencies_ns"] if x > 0)
             mean = statistics.mean(steady)
             cov = statistics.pstdev(steady) / mean if mean else 0.0
-            res.sample("cameras", f"{p}/{t}", {"bin_ms": 200, "mb_per_s": mbps, "stop_ms": span})
+            res.sample(f"cameras_{variant}", f"{p}/{t}", {"bin_ms": 200, "mb_per_s": mbps, "stop_ms": span})
             backlog_s = max(0.0, (max(arr, default=t0) - t0) / 1e6 - span) / 1000
+            connections = snd["resources"]["connections"]
             for metric, v, unit in (
                     ("throughput_mean", mean, "MB/s"), ("throughput_cov", cov, "ratio"),
-                    ("frames_lost", cams * count - rcv["messages"], "count"),
-                    # A frame's time from its send stamp to complete at the receiver: bins can hide
-                    # late frames that still land in the right 200 ms; these do not.
+                    ("frames_lost", CAMERAS * count - rcv["messages"], "count"),
                     # How long after the cameras stopped the last frame arrived (a backlog drained).
                     ("last_frame_after_stop", backlog_s, "s"),
+                    # A frame's time from its send stamp to complete at the receiver: bins can hide
+                    # late frames that still land in the right 200 ms; these do not.
                     ("frame_latency_p50", pct(frame_ms, 50), "ms"),
                     ("frame_latency_p99", pct(frame_ms, 99), "ms"),
-                    ("cpu_sender", 100 * snd["cpu_seconds"] / snd["seconds"], "% of one core"),
-                    ("cpu_receiver", 100 * rcv["cpu_seconds"] / max(rcv["seconds"], 1e-9), "% of one core"),
+                    ("receiver_blocks_total", blocks * connections, "count"),
                     ("peak_rss_sender", snd["peak_rss_kb"] / 1024, "MiB"),
                     ("peak_rss_receiver", rcv["peak_rss_kb"] / 1024, "MiB")):
-                res.add("cameras", p, t, CAMERA_FRAME, DEFAULT_BLOCKS, metric, v, unit)
-            for side, peer in (("sender", snd), ("receiver", rcv)):
-                for k, v in peer["resources"].items():
-                    res.add("resources", p, t, CAMERA_FRAME, DEFAULT_BLOCKS, f"{side}_{k}", v, "count")
-            prog.step(f"{t} {p:14} {mean:7.1f} MB/s, CoV {cov:.3f}, lost {cams * count - rcv['messages']}")
+                res.add("cameras", p, t, CAMERA_FRAME, blocks, metric, v, unit, variant=variant)
+            add_cpu(res, "cameras", p, t, CAMERA_FRAME, blocks, snd, rcv, variant=variant)
+            if variant == "per_connection":
+                for side, peer in (("sender", snd), ("receiver", rcv)):
+                    for k, v in peer["resources"].items():
+                        res.add("resources", p, t, CAMERA_FRAME, blocks, f"{side}_{k}", v, "count")
+            prog.step(f"{t} {p:14} {variant:14} {blocks * connections:>4} blocks: {mean:7.1f} MB/s, CoV {cov:.3f}, "
+                      f"lost {CAMERAS * count - rcv['messages']}")
 
 
 def exp_resources(res, cfg):
     """Fig. 16-17: what each protocol asks of the transport, counted in the code paths, for one
     device at the paper's 3 blocks (the 12-camera case is recorded by `cameras`)."""
-    prog = Progress(len(cfg.transports) * len(cfg.protocols), "resources")
+    prog = Progress(len(cfg.transports) * len(cfg.protocols), "resources", res.run, cfg.runs)
     size = 65536
     for t in cfg.transports:
         for p in cfg.protocols:
             try:
                 snd, rcv = run_pair(t, p, size, 1000, PAPER_BLOCKS)
             except PeerError as e:
-                res.error(f"resources {p} {t}", e)
+                res.error(f"resources {p} {t} (run {res.run})", e)
                 prog.step(f"{t} {p}: FAILED")
                 continue
             for side, peer in (("sender", snd), ("receiver", rcv)):
                 for k, v in peer["resources"].items():
                     res.add("resources", p, t, size, PAPER_BLOCKS, f"{side}_{k}", v, "count")
-            prog.step(f"{t} {p:14} sender {snd['resources']}")
+            prog.step(f"{t} {p:14} receiver progress calls {rcv['resources']['progress_calls']}, "
+                      f"puts {snd['resources']['puts']}, gets {snd['resources']['gets']}")
 
 
 from fan_in_experiments import exp_fan_in  # noqa: E402  (bench/fan_in_experiments.py)
 
 EXPERIMENTS = {
     # name: (paper figures, what it measures, function)
-    "sync_latency": ("Fig. 10-11", "synchronisation-control latency vs number of blocks", exp_sync_latency),
+    "sync_latency": ("Fig. 10-11", "time the sender waits for a free block, per wait, vs number of blocks",
+                     exp_sync_latency),
     "latency": ("Fig. 12", "one-block transmission latency, 64 B to 8 MiB", exp_latency),
     "throughput": ("Fig. 13-14", "throughput 64 B to 8 MiB, 3 blocks and the default 32", exp_throughput),
     "cpu": ("Fig. 15", "sender and receiver CPU during the throughput runs", exp_throughput),
-    "resources": ("Fig. 16-17", "endpoints, registered memory, operations and completions per side", exp_resources),
-    "held_block": ("Fig. 18", "block 3 held from 100 to 200 ms: throughput over time", exp_held_block),
-    "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3: throughput stability, CPU, memory", exp_cameras),
-    "fan_in": ("thesis", "1-12 senders into one receiver: a thread per sender vs one round-robin thread", exp_fan_in),
+    "resources": ("Fig. 16-17", "endpoints, registered memory, operations, completions, progress calls per side",
+                  exp_resources),
+    "held_block": ("Fig. 18", "3 blocks, saturated; block 3 held from 100 to 200 ms: throughput over time",
+                   exp_held_block),
+    "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3, default and equal memory: stability, CPU, memory",
+                exp_cameras),
+    "cache": ("CARC slides", "receiver processing x devices x in-flight data: carc, credit (cache_experiments.py)",
+              cache_experiments.exp_cache),
+    "fan_in": ("thesis", "1-12 senders into one receiver: a thread per sender vs one round-robin thread "
+                         "(fan_in_experiments.py)", fan_in_experiments.exp_fan_in),
 }
+EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
+
+
+import dgram_experiments  # noqa: E402  (bench/dgram_experiments.py: the datagram transport's experiments)
+dgram_experiments.register(EXPERIMENTS, sys.modules[__name__])
+
+
+def check_cpu(res, cpus):
+    """No process can use more than all the machine's cores: a figure above that is a measuring bug."""
+    for rec in res.records:
+        if rec["unit"] == "% of one core" and rec["value"] > 100 * cpus * 1.02:
+            res.error(f"{rec['experiment']} {rec['protocol']} {rec['transport']} {rec['metric']} (run {rec['run']})",
+                      f"{rec['value']:.0f}% of one core on a {cpus}-CPU host: impossible, a measuring window is wrong")
 
 
 def main(argv):
-    epilog = "experiments:\n" + "\n".join(f"  {n:13} {f:11} {d}" for n, (f, d, _) in EXPERIMENTS.items())
-    epilog += "\n  all           everything above, on every transport, plus OUT/report.md"
+    epilog = "experiments:\n" + "\n".join(f"  {n:15} {f:14} {d}" for n, (f, d, _) in EXPERIMENTS.items())
+    epilog += "\n  all             everything above, on every transport, plus OUT/report.md"
     ap = argparse.ArgumentParser(prog="slotstream bench", description=__doc__, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
-    ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated (default: %(default)s)")
+    ap.add_argument("--protocols", help="comma-separated (default: every protocol of `slotstream protocols`)")
     ap.add_argument("--transport", choices=TRANSPORTS, help="one transport (default: every one this host has)")
     ap.add_argument("--sizes", help="comma-separated message sizes in bytes")
     ap.add_argument("--blocks", type=int, help="block count for throughput (default: 3 and 32)")
-    ap.add_argument("--repeats", type=int, help="rounds of consecutive transfers (default 10; quick 3)")
-    ap.add_argument("--quick", action="store_true", help="fewer sizes, rounds and seconds (~2 minutes)")
+    ap.add_argument("--repeats", type=int, help="rounds of consecutive transfers per run (default 10; quick 3)")
+    ap.add_argument("--runs", type=int, help="independent runs, each with fresh processes (default 3; quick 1); "
+                                             "the report gives min / median / max over them")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes, rounds, seconds and one run")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: seconds, not minutes
     ap.add_argument("--out", required=True, help="directory for results.json, plots and report.md")
     a = ap.parse_args(argv)
+    if a.runs is not None and a.runs < 1:
+        ap.error("--runs must be at least 1")
 
     cfg = argparse.Namespace()
-    cfg.protocols = [p for p in a.protocols.split(",") if p]
+    cfg.registry = registry()
+    data_protocols = [n for n, p in cfg.registry.items() if not p["reference"]]
+    cfg.protocols = [p for p in a.protocols.split(",") if p] if a.protocols else data_protocols
+    for p in cfg.protocols:  # an unknown one fails in its peer and is reported as an error record
+        cfg.registry.setdefault(p, {"connection_per_device": False, "reference": False})
     cfg.transports = [a.transport] if a.transport else host_transports()
     quick = a.quick or a.tiny
+    cfg.mode = "tiny" if a.tiny else "quick" if a.quick else "full"
+    cfg.runs = a.runs or (1 if quick else 3)
+    cfg.quick, cfg.tiny = quick, a.tiny
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
+    cfg.quick, cfg.tiny, cfg.sizes_given = a.quick, a.tiny, bool(a.sizes)
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
     cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)
     cfg.round_bytes = (1 << 20) if a.tiny else (8 << 20) if quick else (32 << 20)
@@ -530,7 +642,6 @@ def main(argv):
     cfg.sync_blocks = [3, 32] if a.tiny else [3, 16, 128] if quick else SYNC_BLOCKS
     cfg.sync_count = 500 if a.tiny else 5000
     cfg.camera_seconds = 0.4 if a.tiny else 3 if a.quick else 10
-    cfg.quick = quick
     cfg.fan_in_senders, cfg.fan_in_sizes = ([2], [512]) if a.tiny else (None, None)
     if a.tiny:
         # One size (the issue's 256 B target point): the test checks records and plots, not curves,
@@ -541,18 +652,23 @@ def main(argv):
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = Results(out, argv)
-    res.config["settings"] = {k: v for k, v in vars(cfg).items()}
+    res.config["settings"] = {k: v for k, v in vars(cfg).items() if k != "registry"}
     names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
-    done_funcs = set()
     t0 = time.monotonic()
-    for name in names:
-        fn = EXPERIMENTS[name][2]
-        if fn in done_funcs:
-            continue  # throughput and cpu come from the same runs
-        done_funcs.add(fn)
-        log(f"== {name}: {EXPERIMENTS[name][1]}")
-        fn(res, cfg)
-        res.save()
+    # Runs outermost: each run measures every experiment once, so that a slow phase of the machine
+    # spreads over all protocols instead of landing on one.
+    for run in range(cfg.runs):
+        res.run = run
+        done_funcs = set()
+        for name in names:
+            fn = EXPERIMENTS[name][2]
+            if fn in done_funcs:
+                continue  # throughput and cpu come from the same runs
+            done_funcs.add(fn)
+            log(f"== {name}{f' (run {run + 1} of {cfg.runs})' if cfg.runs > 1 else ''}: {EXPERIMENTS[name][1]}")
+            fn(res, cfg)
+            res.save()
+    check_cpu(res, os.cpu_count() or 1)
     res.save()
     log(f"== measured in {time.monotonic() - t0:.0f} s; results in {out / 'results.json'}")
     plot = subprocess.run([sys.executable, str(HERE / "plot.py"), str(out / "results.json"),

@@ -1,4 +1,5 @@
 // Small public helpers: status names, transport names, sender-name validation, protocol list.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -56,6 +57,8 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   if (name.empty()) return "sender name is empty";
   if (name.size() > 64) return "sender name is longer than 64 characters";
   if (name[0] == '.') return "sender name must not start with '.'";
+  // A directory named "-x" is read as an option by every shell tool a worker or an operator runs.
+  if (name[0] == '-') return "sender name must not start with '-'";
   for (char c : name) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
               c == '_' || c == '-';
@@ -72,6 +75,35 @@ std::vector<ProtocolInfo> protocols(bool with_references) {
                    d->holds, d->connection_per_device, d->receiver_progress});
   }
   return out;
+}
+
+void SessionReport::merge(const SessionReport& lane) {
+  finished = finished && lane.finished;
+  if (reason.empty()) reason = lane.reason;
+  messages += lane.messages;
+  bytes += lane.bytes;
+  gaps += lane.gaps;
+  duplicates += lane.duplicates;
+  unknown_device += lane.unknown_device;
+  out_of_window += lane.out_of_window;
+  bad_headers += lane.bad_headers;
+  buffer_held_avg += lane.buffer_held_avg;  // each lane has a buffer of its own
+  buffer_useful_avg += lane.buffer_useful_avg;
+  partial_discarded += lane.partial_discarded;
+  held_blocks += lane.held_blocks;
+  stalls += lane.stalls;
+  seconds = std::max(seconds, lane.seconds);
+  for (const auto& [k, v] : lane.protocol_counters) protocol_counters[k] += v;
+  sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
+  for (const auto& [d, s] : lane.per_device) {
+    DeviceStats& acc = per_device[d];
+    acc.messages += s.messages;
+    acc.bytes += s.bytes;
+    acc.gaps += s.gaps;
+    acc.duplicates += s.duplicates;
+    acc.pauses += s.pauses;
+    acc.paused = acc.paused || s.paused;
+  }
 }
 
 std::string host_id() {

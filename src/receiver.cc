@@ -48,6 +48,18 @@ constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 constexpr auto kSpinIdle = std::chrono::microseconds(200);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
 constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
+// A sender idle for a second or more (a camera that stopped, a quiet night) is looked at every
+// 20 ms: hundreds of idle connections then cost ~nothing, and the first message after the pause
+// waits at most that long.
+constexpr auto kLongIdle = std::chrono::seconds(1);
+constexpr auto kLongIdleSleep = std::chrono::milliseconds(20);
+
+// How long a consumer idle for `idle` sleeps before it looks again: an eighth of the idle time,
+// at least kMinIdleSleep, at most kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle).
+Clock::duration idle_nap(Clock::duration idle) {
+  const Clock::duration cap = idle > kLongIdle ? Clock::duration(kLongIdleSleep) : kMaxIdleSleep;
+  return std::clamp<Clock::duration>(idle / 8, kMinIdleSleep, cap);
+}
 
 struct Refusal {
   Code code;
@@ -74,15 +86,23 @@ struct Receiver::Impl {
   std::condition_variable ended_cv;
   uint64_t ended = 0;
   // A sender is one group of connections (lanes); its name is taken while any lane is live.
+  // Its connections must carry one name and the sender's random group id, each its own lane
+  // number and devices no other lane has: two senders that pick the same name or id are never
+  // merged into one.
   struct Group {
     std::string name;
+    uint64_t wire_group = 0;     // the id the sender chose (HELLO)
     uint16_t lanes = 1;
-    uint16_t live = 0;   // registered lanes not yet ended
+    std::vector<bool> lane_taken;
+    std::set<uint16_t> devices;  // of every lane so far
+    uint16_t live = 0;           // registered lanes not yet ended
     uint16_t ended = 0;
     SessionReport report;
   };
-  std::map<uint64_t, Group> groups;
-  std::map<const void*, SessionReport> live;  // published by each session
+  std::map<uint64_t, Group> groups;  // by an id of the receiver's own
+  uint64_t next_group = 1;
+  // Published by each session (connection) about every 100 ms, with its sender group.
+  std::map<const void*, std::pair<uint64_t, SessionReport>> live;
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
   // One thread per connection. A finished thread puts its id in `finished` and the accept loop
   // joins it: a thread that is never joined keeps its stack mapping, and a receiver that serves
@@ -100,13 +120,13 @@ struct Receiver::Impl {
   std::optional<std::string> reserve_memory(uint64_t bytes);
   void release_memory(uint64_t bytes);
   void serve(std::unique_ptr<net::ControlSocket> control);
-  Status wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out);
+  Status wire_fabric(fabric::Wire wire, WireFabric** out);
   void event(const std::string& text) {
     if (options.on_event) options.on_event(text);
   }
   wire::CapacityInfo capacity();
-  // Takes the sender name for this group (nullopt), or says why not.
-  std::optional<std::string> register_lane(const wire::Hello& hello);
+  // Takes the sender name for this connection's group (nullopt, *group set), or says why not.
+  std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group);
   // A registered lane ended; reports the sender once all its lanes have.
   void lane_ended(uint64_t group, const SessionReport& report);
 
@@ -173,7 +193,7 @@ class Receiver::Impl::RoundRobin {
       if (any) {
         last_work = now;
       } else if (!options_.busy_poll && now - last_work > kSpinIdle) {
-        std::this_thread::sleep_for(std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, kMaxIdleSleep));
+        std::this_thread::sleep_for(idle_nap(now - last_work));
       } else if (!options_.busy_poll) {
         std::this_thread::yield();
       }
@@ -207,21 +227,33 @@ wire::CapacityInfo Receiver::Impl::capacity() {
   return c;
 }
 
-std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello) {
+std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello, uint64_t* group) {
   std::lock_guard lock(mutex);
-  for (const auto& [id, g] : groups) {
-    if (g.name == hello.name && id != hello.group && g.live > 0) {
-      return "sender name '" + hello.name + "' is already connected";
-    }
+  auto it = std::find_if(groups.begin(), groups.end(),
+                         [&](const auto& kv) { return kv.second.name == hello.name && kv.second.live > 0; });
+  if (it != groups.end() && it->second.wire_group != hello.group) {
+    return "sender name '" + hello.name + "' is already connected";
   }
-  Group& g = groups[hello.group];
-  if (g.live == 0 && g.ended == 0) {
-    g.name = hello.name;
-    g.lanes = hello.lanes;
-  } else if (g.name != hello.name || g.lanes != hello.lanes) {
-    return "connection does not match its sender group";
+  if (it == groups.end()) {
+    Group fresh;
+    fresh.name = hello.name;
+    fresh.wire_group = hello.group;
+    fresh.lanes = hello.lanes;
+    fresh.lane_taken.assign(hello.lanes, false);
+    it = groups.emplace(next_group++, std::move(fresh)).first;
   }
+  Group& g = it->second;
+  if (g.lanes != hello.lanes) return "connection does not match its sender group (lane count)";
+  if (g.lane_taken[hello.lane]) {
+    return "lane " + std::to_string(hello.lane) + " of sender '" + hello.name + "' is already connected";
+  }
+  for (uint16_t d : hello.devices) {
+    if (g.devices.contains(d)) return "device " + std::to_string(d) + " is already sent on another connection";
+  }
+  g.lane_taken[hello.lane] = true;
+  g.devices.insert(hello.devices.begin(), hello.devices.end());
   ++g.live;
+  *group = it->first;
   return std::nullopt;
 }
 
@@ -246,26 +278,15 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
   std::unique_lock lock(mutex);
   Group& g = groups[group];
   --g.live;
-  SessionReport& a = g.report;
   if (g.ended == 0) {
-    a = r;
+    g.report = r;
   } else {
-    a.finished = a.finished && r.finished;
-    if (a.reason.empty()) a.reason = r.reason;
-    a.messages += r.messages;
-    a.bytes += r.bytes;
-    a.gaps += r.gaps;
-    a.duplicates += r.duplicates;
-    a.unknown_device += r.unknown_device;
-    a.out_of_window += r.out_of_window;
-    a.bad_headers += r.bad_headers;
-    a.partial_discarded += r.partial_discarded;
-    a.seconds = std::max(a.seconds, r.seconds);
-    for (const auto& [k, v] : r.protocol_counters) a.protocol_counters[k] += v;
-    a.sender.devices.insert(a.sender.devices.end(), r.sender.devices.begin(), r.sender.devices.end());
+    g.report.merge(r);
   }
-  if (++g.ended < g.lanes) return;
-  SessionReport done = std::move(a);
+  // Report once every lane has ended — or once none is live any more (a sender that died while
+  // connecting its lanes never opens the rest).
+  if (++g.ended < g.lanes && g.live > 0) return;
+  SessionReport done = std::move(g.report);
   groups.erase(group);
   lock.unlock();
   if (options.on_session_end) options.on_session_end(done);
@@ -304,6 +325,8 @@ class Session {
   void begin_consume();
   bool step();
   bool worked() const { return loop_.worked; }
+  // The UCX worker this session's protocol uses: its own, or the transport's shared one.
+  fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *wire_->worker; }
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
   void fill_report(Clock::time_point start);
@@ -318,7 +341,10 @@ class Session {
   std::vector<uint8_t> hello_bytes_;      // as received: the authentication proofs cover them
   std::optional<net::Nonce> my_nonce_;    // set when the sender was challenged (token)
   net::Nonce sender_nonce_{};
-  std::unique_ptr<fabric::Endpoint> to_sender_;  // Descriptor::receiver_endpoint; outlives proto_
+  // Declared in the order they must be created; destroyed in reverse (protocol, then the
+  // endpoint back to the sender, then the session's own worker).
+  std::unique_ptr<fabric::Worker> own_worker_;    // Descriptor::receiver_progress
+  std::unique_ptr<fabric::Endpoint> to_sender_;   // Descriptor::receiver_endpoint
   std::unique_ptr<protocol::ReceiverProtocol> proto_;
   std::unique_ptr<MessageSink> sink_;
   std::unique_ptr<stream::Delivery> delivery_;
@@ -329,6 +355,7 @@ class Session {
   bool capacity_only_ = false;  // the connection only asked for capacity
   uint64_t group_ = 0;
   uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
+  std::map<uint16_t, Clock::time_point> next_pause_log_;
   std::vector<bool> hold_active_;
   struct Loop {  // the consumer loop's state between passes
     Clock::time_point start, last_work, next_busy_log, next_publish, next_check, fin_deadline, retry_at, lost_at;
@@ -425,8 +452,7 @@ std::optional<Refusal> Session::authenticate(const wire::Hello& hello) {
 }
 
 std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
-  if (auto why = rx_.register_lane(hello)) return Refusal{Code::kRefused, *why};
-  group_ = hello.group;
+  if (auto why = rx_.register_lane(hello, &group_)) return Refusal{Code::kRefused, *why};
   registered_ = true;
 
   SenderInfo& info = report_.sender;
@@ -443,10 +469,19 @@ std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
   if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
   reserved_bytes_ = region;
 
-  if (Status st = rx_.wire_fabric(to_wire(transport_), desc_->receiver_progress, &wire_); !st.is_ok()) {
+  if (Status st = rx_.wire_fabric(to_wire(transport_), &wire_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
   }
-  protocol::ReceiverFabric rf{*wire_->context, *wire_->worker, geometry_};
+  // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
+  // own that only this session's thread progresses — as an RDMA receiver polls its own
+  // completion queue — instead of contending with every other session for the shared one.
+  if (desc_->receiver_progress) {
+    if (Status st = fabric::Worker::create(*wire_->context, /*shared=*/false, /*wakeup=*/true, &own_worker_);
+        !st.is_ok()) {
+      return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
+    }
+  }
+  protocol::ReceiverFabric rf{*wire_->context, worker(), geometry_};
   if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
     return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
   }
@@ -454,10 +489,23 @@ std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
     return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
   }
   delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
+  delivery_->set_pause_handler([this](uint16_t device, bool paused) {
+    // Tell the sender to stop (or resume) filling this one device; the others keep flowing.
+    (void)control_->send(wire::MsgType::kPause, wire::encode(wire::Pause{device, paused}));
+    if (!paused) return;
+    ++report_.stalls;
+    // A slow worker pauses its device again and again: say so at most every kBusyLogInterval
+    // per device (the metrics count every pause).
+    if (auto& next = next_pause_log_[device]; Clock::now() >= next) {
+      next = Clock::now() + kBusyLogInterval;
+      rx_.event("sender " + report_.sender.name + ": device " + std::to_string(device) +
+                " paused while its worker catches up (the other devices keep flowing)");
+    }
+  });
 
   wire::Accept accept;
   accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
-  accept.worker_address = wire_->worker->address();
+  accept.worker_address = worker().address();
   accept.setup = proto_->setup();
   if (my_nonce_) {
     auto mac = net::proof(rx_.options.token, "receiver-accept",
@@ -485,7 +533,7 @@ std::optional<Refusal> Session::connect() {
     }
   }
   if (desc_->receiver_endpoint) {
-    if (Status st = fabric::Endpoint::create(*wire_->worker, setup.worker_address, &to_sender_); !st.is_ok()) {
+    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, &to_sender_); !st.is_ok()) {
       return Refusal{st.code(), "cannot reach the sender's memory: " + st.message()};
     }
   }
@@ -515,6 +563,10 @@ void Session::fill_report(Clock::time_point start) {
   report_.unknown_device = c.unknown_device;
   report_.out_of_window = c.out_of_window;
   report_.bad_headers = c.bad_headers;
+  if (c.buffer_observed_ns > 0) {
+    report_.buffer_held_avg = c.buffer_held_byte_ns / c.buffer_observed_ns;
+    report_.buffer_useful_avg = c.buffer_useful_byte_ns / c.buffer_observed_ns;
+  }
   report_.partial_discarded = c.partial_discarded + c.broken_messages;
   report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report_.held_blocks = held_all_ ? geometry_.blocks
@@ -526,7 +578,7 @@ void Session::fill_report(Clock::time_point start) {
 void Session::publish(Clock::time_point start) {
   fill_report(start);
   std::lock_guard lock(rx_.mutex);
-  rx_.live[this] = report_;
+  rx_.live[this] = {group_, report_};
 }
 
 void Session::apply_holds(Clock::time_point start) {
@@ -556,8 +608,8 @@ void Session::begin_consume() {
 // Thread per sender: passes until the session ends, idle in between (paper §3.2.5: "sleeps for a
 // fixed time before querying again"). While data flows the receiver keeps polling (a sleeping
 // receiver stalls a sender whose blocks are all full); once idle for kSpinIdle it sleeps, longer
-// the longer it has been idle, up to kMaxIdleSleep — so an idle receiver costs ~no CPU and a burst
-// is picked up within ~1 ms.
+// the longer it has been idle (idle_nap) — so an idle receiver costs ~no CPU and a burst is picked
+// up within ~1 ms (20 ms after a long pause).
 void Session::consume() {
   begin_consume();
   while (step()) {
@@ -566,8 +618,7 @@ void Session::consume() {
     if (loop_.stalled && now < loop_.retry_at) {
       std::this_thread::sleep_until(loop_.retry_at);
     } else if (now - loop_.last_work > kSpinIdle) {
-      auto nap = std::clamp<Clock::duration>((now - loop_.last_work) / 8, kMinIdleSleep, kMaxIdleSleep);
-      proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(nap));
+      proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
     } else if (!loop_.worked) {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
     }
@@ -637,7 +688,7 @@ bool Session::step() {
     // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
     bool complete = desc_->reference || !delivery_->has_open_message();
     for (auto [d, n] : l.fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
-    if (complete || (consumed == 0 && !l.stalled && Clock::now() > l.fin_deadline)) {
+    if (complete || (consumed == 0 && !l.stalled && !delivery_->any_paused() && Clock::now() > l.fin_deadline)) {
       uint64_t missing = 0;
       for (auto [d, n] : l.fin->messages) {
         uint64_t got = delivery_->messages(d);
@@ -653,7 +704,7 @@ bool Session::step() {
       if (missing) report_.reason = ack.message;
       return false;
     }
-    if (consumed > 0 || l.stalled) l.fin_deadline = Clock::now() + kFinGrace;
+    if (consumed > 0 || l.stalled || delivery_->any_paused()) l.fin_deadline = Clock::now() + kFinGrace;
   }
 
   const auto now = Clock::now();
@@ -692,6 +743,7 @@ void Session::run() {
     sink_.reset();
     proto_.reset();
     to_sender_.reset();
+    own_worker_.reset();
     if (reserved_bytes_) rx_.release_memory(reserved_bytes_);
     if (registered_) {
       report_.reason = "refused: " + refusal->message;
@@ -720,6 +772,7 @@ void Session::run() {
   sink_.reset();
   proto_.reset();
   to_sender_.reset();
+  own_worker_.reset();
   control_.reset();
   rx_.release_memory(reserved_bytes_);
   rx_.lane_ended(group_, report_);
@@ -729,7 +782,7 @@ void Session::run() {
 
 // --------------------------------------------------------------------------------- receiver
 
-Status Receiver::Impl::wire_fabric(fabric::Wire wire, bool needs_progress, WireFabric** out) {
+Status Receiver::Impl::wire_fabric(fabric::Wire wire, WireFabric** out) {
   std::lock_guard lock(mutex);
   auto& wf = wires[wire];
   if (!wf) {
@@ -738,8 +791,9 @@ Status Receiver::Impl::wire_fabric(fabric::Wire wire, bool needs_progress, WireF
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
     wf = std::move(fresh);
   }
-  // Software-emulated RMA (tcp) needs the target to progress; so do two-sided protocols.
-  if (!wf->progress && (needs_progress || wire == fabric::Wire::kTcp)) {
+  // Software-emulated RMA (tcp) needs the target to progress. (Protocols whose receiver takes
+  // part in transfers progress a worker of their own session.)
+  if (!wf->progress && wire == fabric::Wire::kTcp) {
     wf->progress = std::make_unique<fabric::ProgressThread>(*wf->worker);
   }
   *out = wf.get();
@@ -822,7 +876,7 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
     Transport t = w == fabric::Wire::kShm ? Transport::kShm : Transport::kTcp;
     if (impl->options.transport != Transport::kAuto && impl->options.transport != t) continue;
     WireFabric* wf = nullptr;
-    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, false, &wf));
+    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, &wf));
   }
   if (impl->options.round_robin) impl->round_robin = std::make_unique<Impl::RoundRobin>(impl->options);
   std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
@@ -857,13 +911,18 @@ void Receiver::stop() {
 std::vector<SessionReport> Receiver::live_sessions() const {
   std::lock_guard lock(impl_->mutex);
   std::vector<SessionReport> out;
-  for (const auto& [k, r] : impl_->live) out.push_back(r);
+  std::map<uint64_t, SessionReport> senders;  // by group: one report per sender
+  for (const auto& [session, live] : impl_->live) {
+    auto [it, fresh] = senders.try_emplace(live.first, live.second);
+    if (!fresh) it->second.merge(live.second);
+  }
+  for (auto& [group, r] : senders) out.push_back(std::move(r));
   return out;
 }
 
 size_t Receiver::live_count() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->live.size();
+  return impl_->live.size();  // connections
 }
 
 Status query_capacity(const std::string& host, uint16_t port, Capacity* out) {

@@ -6,6 +6,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <condition_variable>
 #include <thread>
 
 #include "common.h"
@@ -29,6 +31,10 @@ constexpr Millis kHandshakeTimeout{10000};
 constexpr auto kLivenessInterval = Millis(1);
 // After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
 constexpr auto kLetGoTimeout = Millis(2000);
+// How long the sending thread waits for a filled block before calling the protocol's idle_st():
+// normally ~1 ms; while the protocol holds records back (SenderProtocol::holding_st) much sooner.
+constexpr auto kIdlePeriod = std::chrono::microseconds(1000);
+constexpr auto kHoldingIdlePeriod = std::chrono::microseconds(50);
 
 wire::WireTransport to_wire_transport(Transport t) {
   switch (t) {
@@ -85,6 +91,8 @@ struct Lane {
   Status setup_fabric(const wire::Accept& accept);
   void sending_loop_st();
   Status alive_st();
+  // A control frame from the receiver while data moves (PAUSE).
+  Status control_frame(const wire::Frame& frame);
   Status fin();
 };
 
@@ -100,6 +108,12 @@ struct Sender::Impl {
   std::map<uint16_t, std::atomic<uint64_t>> messages;  // completed send()s per device
   std::atomic<uint64_t> bytes{0};
 
+  // Devices the receiver paused (PAUSE: their worker is behind); fillers of others go on.
+  std::mutex pause_mutex;
+  std::condition_variable unpaused;
+  std::set<uint16_t> paused;
+  std::atomic<size_t> paused_count{0};  // paused.size(), read without the lock on every message
+
   std::mutex error_mutex;
   Status error;  // first error of any sending thread
   std::atomic<bool> finishing{false};  // finish() was called (any thread)
@@ -107,11 +121,32 @@ struct Sender::Impl {
   std::atomic<bool> joined{false};
 
   void fail(Status st) {
-    std::lock_guard lock(error_mutex);
-    if (error.is_ok()) error = std::move(st);
-    for (auto& lane : lanes) {
-      if (lane->ring) lane->ring->abort();
+    {
+      std::lock_guard lock(error_mutex);
+      if (error.is_ok()) error = std::move(st);
+      for (auto& lane : lanes) {
+        if (lane->ring) lane->ring->abort();
+      }
     }
+    std::lock_guard lock(pause_mutex);
+    unpaused.notify_all();
+  }
+  void set_paused(uint16_t device, bool is_paused) {
+    std::lock_guard lock(pause_mutex);
+    if (is_paused) {
+      paused.insert(device);
+    } else {
+      paused.erase(device);
+      unpaused.notify_all();
+    }
+    paused_count.store(paused.size(), std::memory_order_release);
+  }
+  // Blocks a filler while the receiver has its device paused; the first error ends the wait.
+  Status wait_unpaused(uint16_t device) {
+    if (paused_count.load(std::memory_order_acquire) == 0) return Status::ok();  // the common case
+    std::unique_lock lock(pause_mutex);
+    unpaused.wait(lock, [&] { return !paused.contains(device) || !first_error().is_ok(); });
+    return first_error();
   }
   Status first_error() {
     std::lock_guard lock(error_mutex);
@@ -216,7 +251,27 @@ Status Lane::alive_st() {
   if (endpoint->failed()) return {Code::kPeerGone, "receiver unreachable (transport error: did it die?)"};
   Status st = control->check_alive();
   if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection (did it die?)"};
+  if (st.code() == Code::kInProgress) {  // a frame is waiting
+    wire::Frame frame;
+    SLOTSTREAM_RETURN_IF_ERROR(control->receive(Millis(1000), &frame));
+    return control_frame(frame);
+  }
   return Status::ok();
+}
+
+Status Lane::control_frame(const wire::Frame& frame) {
+  if (frame.type == wire::MsgType::kPause) {
+    wire::Pause pause;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &pause));
+    owner.set_paused(pause.device, pause.paused);
+    return Status::ok();
+  }
+  if (frame.type == wire::MsgType::kRefuse) {
+    wire::Refuse refuse;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &refuse));
+    return {refuse.code, "receiver ended the connection: " + refuse.message};
+  }
+  return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type)) + " while sending"};
 }
 
 void Lane::sending_loop_st() {
@@ -233,7 +288,13 @@ void Lane::sending_loop_st() {
   };
   auto run = [&]() -> Status {
     for (uint64_t ticket = 0;;) {
-      int64_t len = ring->wait_filled(ticket, std::chrono::microseconds(1000));
+      // Idle, a millisecond. Sooner while transfers are still in flight (tcp puts, rendezvous
+      // sends: only their completion, which needs this thread to progress the worker, can free a
+      // block for the fillers) or while the protocol holds records back (holding_st: its
+      // idle_st() flushes them).
+      int64_t len = ring->wait_filled(ticket, !inflight.empty()      ? std::chrono::microseconds(20)
+                                              : proto->holding_st() ? kHoldingIdlePeriod
+                                                                    : kIdlePeriod);
       if (len < 0) {  // idle: nothing filled yet
         worker->progress();
         SLOTSTREAM_RETURN_IF_ERROR(proto->idle_st());
@@ -283,18 +344,21 @@ Status Lane::fin() {
   // so it is progressed here (the sending thread has ended) until the receiver closes the
   // connection — which it does after it freed its half of the protocol.
   const bool answer = owner.desc->receiver_endpoint;
-  std::vector<uint8_t> body;
+  wire::Frame frame;
   for (;;) {
-    Status st = control->expect(wire::MsgType::kFinAck, answer ? Millis(1) : Millis(1000), &body);
-    if (st.is_ok()) break;
+    Status st = control->receive(answer ? Millis(1) : Millis(1000), &frame);
+    if (st.code() == Code::kTimeout) {
+      if (answer) worker->progress();
+      continue;
+    }
     if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};
-    if (st.code() != Code::kTimeout) return st;
-    if (answer) worker->progress();
+    SLOTSTREAM_RETURN_IF_ERROR(st);
+    if (frame.type == wire::MsgType::kFinAck) break;
+    SLOTSTREAM_RETURN_IF_ERROR(control_frame(frame));  // a device paused while the last messages are stored
   }
   wire::FinAck ack;
-  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(body, &ack));
+  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &ack));
   if (answer) {
-    wire::Frame frame;
     for (const auto until = Clock::now() + kLetGoTimeout; Clock::now() < until;) {
       if (control->receive(Millis(1), &frame).code() == Code::kPeerGone) break;
       worker->progress();
@@ -423,6 +487,8 @@ Status DeviceStream::send(std::span<const std::byte> message) {
 
 Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
   Sender::Impl& im = *sender_.impl_;
+  // Back-pressure for this device alone (its worker on the receiver is behind).
+  SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_));
   stream::SendRing& ring = *im.lane_of.at(device_)->ring;
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);
@@ -438,6 +504,9 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
     if (!st.is_ok()) {
       ring.commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
       return st;
+    }
+    if (const uint32_t every = im.options.skip_packet_every; every && next_packet_ % (every + 1) == every) {
+      ++next_packet_;  // testing aid: this packet number is never sent (SenderOptions)
     }
     wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());

@@ -11,7 +11,6 @@
 #include "net/control_socket.h"
 
 namespace slotstream::tools {
-namespace {
 
 std::string label(const std::string& sender) {
   std::string out;
@@ -21,6 +20,8 @@ std::string label(const std::string& sender) {
   }
   return out;
 }
+
+namespace {
 
 void family(std::ostringstream& o, const char* name, const char* type, const char* help) {
   o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
@@ -35,6 +36,7 @@ void MetricsState::Totals::add(const SessionReport& r) {
     acc.bytes += s.bytes;
     acc.gaps += s.gaps;
     acc.duplicates += s.duplicates;
+    acc.pauses += s.pauses;
   }
   stalls += r.stalls;
 }
@@ -72,7 +74,20 @@ std::string MetricsState::render(const Receiver& rx, const pipeline::WorkerManag
       }
     }
   }
-  family(o, "slotstream_stalls_total", "counter", "Times the receiver held blocks because it could not store.");
+  family(o, "slotstream_device_pauses_total", "counter", "Times a device was paused because its worker was behind.");
+  for (const auto& [sender, t] : totals) {
+    for (const auto& [d, s] : t.per_device) {
+      o << "slotstream_device_pauses_total{sender=\"" << label(sender) << "\",device=\"" << d << "\"} " << s.pauses << '\n';
+    }
+  }
+  family(o, "slotstream_device_paused", "gauge", "1 while the device is paused (its worker is behind).");
+  for (const auto& r : live) {
+    for (const auto& [d, s] : r.per_device) {
+      o << "slotstream_device_paused{sender=\"" << label(r.sender.name) << "\",device=\"" << d << "\"} " << (s.paused ? 1 : 0)
+        << '\n';
+    }
+  }
+  family(o, "slotstream_stalls_total", "counter", "Times the receiver refused data (a full disk, or a device paused).");
   for (const auto& [sender, t] : totals) o << "slotstream_stalls_total{sender=\"" << label(sender) << "\"} " << t.stalls << '\n';
   family(o, "slotstream_held_blocks", "gauge", "Receiver blocks held (status 2) right now.");
   for (const auto& r : live) o << "slotstream_held_blocks{sender=\"" << label(r.sender.name) << "\"} " << r.held_blocks << '\n';
@@ -121,6 +136,11 @@ MetricsServer::~MetricsServer() {
 
 Status MetricsServer::start(const std::string& address, const Receiver& rx, const MetricsState& state,
                             const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out) {
+  return start(address, [&rx, &state, workers] { return state.render(rx, workers); }, out);
+}
+
+Status MetricsServer::start(const std::string& address, std::function<std::string()> render,
+                            std::unique_ptr<MetricsServer>* out) {
   std::string host;
   uint16_t port = 0;
   SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(address, &host, &port));
@@ -128,7 +148,7 @@ Status MetricsServer::start(const std::string& address, const Receiver& rx, cons
   SLOTSTREAM_RETURN_IF_ERROR(net::Listener::open(host, port, &server->listener_));
   server->address_ = server->listener_->address();
   MetricsServer* s = server.get();
-  s->thread_ = std::thread([s, &rx, &state, workers] {
+  s->thread_ = std::thread([s, render = std::move(render)] {
     while (!s->stop_.load()) {
       std::unique_ptr<net::ControlSocket> conn;
       if (!s->listener_->accept(net::Millis(200), &conn).is_ok() || !conn) continue;
@@ -142,7 +162,7 @@ Status MetricsServer::start(const std::string& address, const Receiver& rx, cons
       }
       std::string status = "200 OK", type = "text/plain; version=0.0.4", body;
       if (req.starts_with("GET /metrics")) {
-        body = state.render(rx, workers);
+        body = render();
       } else if (req.starts_with("GET /health")) {
         body = "ok\n";
       } else {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,9 @@
 #include "slotstream/slotstream.h"
 
 namespace slotstream::tools {
+
+// A Prometheus label value: quotes and backslashes escaped.
+std::string label(const std::string& value);
 
 // Counters of senders that have ended (Prometheus counters never go back), plus the live ones
 // read from the Receiver at scrape time.
@@ -36,6 +40,9 @@ class MetricsServer {
  public:
   static Status start(const std::string& address, const Receiver& rx, const MetricsState& state,
                       const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out);
+  // Serves what `render` returns (called on the server's thread) on /metrics.
+  static Status start(const std::string& address, std::function<std::string()> render,
+                      std::unique_ptr<MetricsServer>* out);
   ~MetricsServer();
   const std::string& address() const { return address_; }
 

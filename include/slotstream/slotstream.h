@@ -38,7 +38,7 @@ inline constexpr uint32_t kMaxBlocks = 4096;
 inline constexpr const char* kDefaultProtocol = "status_byte";
 
 // Sender names become directory names on the receiver: 1-64 characters of [A-Za-z0-9._-], not
-// starting with '.'. Returns the reason when invalid.
+// starting with '.' or '-'. Returns the reason when invalid.
 std::optional<std::string> invalid_sender_name(std::string_view name);
 
 // "4G", "512M", "64KiB", "1048576": a byte count with an optional binary unit (K, M, G, T =
@@ -75,6 +75,10 @@ struct SenderOptions {
   std::string token;                      // empty: no authentication
   std::vector<uint16_t> devices;          // every device this sender will use
   bool allow_reference = false;           // benchmark only: permit reference "protocols"
+  // Testing aid (like ReceiverOptions::holds): after every N packets of a device one packet
+  // number is left out, as if its block had been lost, so that gap detection can be tested end
+  // to end. 0: never.
+  uint32_t skip_packet_every = 0;
 };
 
 struct SenderStats {
@@ -175,6 +179,8 @@ struct DeviceStats {
   uint64_t bytes = 0;
   uint64_t gaps = 0;
   uint64_t duplicates = 0;
+  uint64_t pauses = 0;   // times the device was paused because its sink was busy (worker backlog)
+  bool paused = false;   // paused right now
 };
 
 struct SessionReport {
@@ -191,9 +197,21 @@ struct SessionReport {
   uint64_t partial_discarded = 0;
   uint64_t held_blocks = 0;      // blocks held right now (back-pressure, --hold-block)
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
+  // Buffer utilisation (SDP Fig. 6): receiver memory held by records not yet released, and the
+  // payload bytes in it, on average over the session (bytes; time-weighted).
+  double buffer_held_avg = 0;
+  double buffer_useful_avg = 0;
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
-  std::map<std::string, uint64_t> protocol_counters;  // the receiver half's own, by name (protocol.h)
+  // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes,
+  // buffered_read's reads and bytes read), summed over the sender's connections; documented where
+  // each protocol counts them (protocol.h).
+  std::map<std::string, uint64_t> protocol_counters;
+
+  // Adds another connection (lane) of the same sender: every counter summed, devices and
+  // per-device counters merged, finished only if both are, the first reason kept, the longer
+  // duration. What the receiver's final report and its live counters both use.
+  void merge(const SessionReport& lane);
 };
 
 struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
@@ -245,7 +263,8 @@ class Receiver {
   void stop();
   // Number of accepted sessions that have ended.
   uint64_t sessions_ended() const;
-  // Counters of the connections being served now (refreshed every ~100 ms). Any thread.
+  // Counters of the senders being served now, one report per sender (its connections merged;
+  // refreshed every ~100 ms). Any thread.
   std::vector<SessionReport> live_sessions() const;
   // For capacity queries: connections served now.
   size_t live_count() const;

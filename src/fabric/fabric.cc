@@ -46,7 +46,8 @@ const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" :
 
 struct AtomicCounters {
   std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
-      am_sends{0}, am_received{0}, outstanding{0}, max_outstanding{0}, completions{0};
+      am_sends{0}, am_received{0}, tag_sends{0}, tag_receives{0}, tag_unexpected{0}, outstanding{0},
+      max_outstanding{0}, completions{0}, progress_calls{0}, progress_useful{0}, progress_ns{0};
 };
 AtomicCounters g_counters;
 
@@ -61,15 +62,37 @@ void op_finished() { g_counters.outstanding.fetch_sub(1); }
 
 }  // namespace
 
+namespace internal {
+void count_am_send() { g_counters.am_sends.fetch_add(1, std::memory_order_relaxed); }
+void count_am_received() { g_counters.am_received.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace internal
+
 Counters counters() {
   const auto& c = g_counters;
-  return {c.endpoints.load(), c.registered_max.load(), c.puts.load(),        c.gets.load(),
-          c.am_sends.load(),  c.am_received.load(),    c.max_outstanding.load(), c.completions.load()};
+  Counters out;
+  out.endpoints = c.endpoints.load();
+  out.registered_bytes = c.registered_max.load();
+  out.puts = c.puts.load();
+  out.gets = c.gets.load();
+  out.am_sends = c.am_sends.load();
+  out.am_received = c.am_received.load();
+  out.tag_sends = c.tag_sends.load();
+  out.tag_receives = c.tag_receives.load();
+  out.tag_unexpected = c.tag_unexpected.load();
+  out.max_outstanding = c.max_outstanding.load();
+  out.completions = c.completions.load();
+  out.progress_calls = c.progress_calls.load();
+  out.progress_useful = c.progress_useful.load();
+  out.progress_ns = c.progress_ns.load();
+  return out;
 }
 
 void reset_counters() {
   auto& c = g_counters;
-  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.completions}) a->store(0);
+  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.tag_sends, &c.tag_receives,
+                  &c.tag_unexpected, &c.completions, &c.progress_calls, &c.progress_useful, &c.progress_ns}) {
+    a->store(0);
+  }
   c.registered_max.store(c.registered_now.load());
   c.max_outstanding.store(c.outstanding.load());
 }
@@ -86,7 +109,8 @@ Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  // TAG: the credit protocols' tagged send/receive (SDP §2: pre-posted receive buffers).
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;  // regions are mapped from set-up threads
   ucp_context_h handle = nullptr;
   st = ucp_init(&params, config, &handle);
@@ -96,7 +120,15 @@ Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
   return Status::ok();
 }
 
-Context::~Context() { ucp_cleanup(handle_); }
+Context::~Context() {
+  parked_.clear();
+  ucp_cleanup(handle_);
+}
+
+void Context::park(std::unique_ptr<MemoryRegion> region) {
+  std::lock_guard lock(parked_mutex_);
+  parked_.push_back(std::move(region));
+}
 
 bool Context::registered(uint64_t address, uint64_t length) const {
   std::lock_guard lock(regions_mutex_);
@@ -234,11 +266,20 @@ Status Request::check() {
 }
 
 Status Request::wait(Worker& worker, const Liveness& alive) {
+  // Spin first: an operation normally completes within microseconds (a status read over tcp is a
+  // round trip). One that does not (a stalled or stopped peer) is then polled with growing sleeps
+  // up to 1 ms, so that waiting for it does not cost a core.
+  constexpr unsigned kSpins = 2048;
+  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
   auto next_check = std::chrono::steady_clock::now();
+  auto sleep = std::chrono::microseconds(10);
   for (unsigned spins = 0;; ++spins) {
     Status st = check();
     if (st.code() != Code::kInProgress) return st;
-    worker.progress();
+    if (worker.progress() == 0 && spins >= kSpins) {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(kMaxSleep, sleep * 2);
+    }
     if (alive && (spins & 255) == 0 && std::chrono::steady_clock::now() >= next_check) {
       SLOTSTREAM_RETURN_IF_ERROR(alive());
       next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
@@ -340,6 +381,66 @@ Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, con
                "ucp_am_send_nbx", req);
 }
 
+Status Endpoint::tag_send(const void* src, size_t length, uint64_t tag, Request* req) {
+  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  ucp_request_param_t param{};
+  g_counters.tag_sends.fetch_add(1, std::memory_order_relaxed);
+  return track(ucp_tag_send_nbx(handle_, src, length, tag, &param), "ucp_tag_send_nbx", req);
+}
+
+// ------------------------------------------------------------------------------- TagReceive
+TagReceive::~TagReceive() { reset(); }
+
+void TagReceive::reset() {
+  unexpected_ = false;
+  if (req_ == nullptr) return;
+  // Still posted: withdraw it so UCX never writes into memory its owner is about to free. (A
+  // receive already being filled completes on its own; the owner must have waited for that.)
+  ucp_request_cancel(worker_, req_);
+  ucp_request_free(req_);
+  req_ = nullptr;
+  op_finished();
+}
+
+TagReceive::TagReceive(TagReceive&& other) noexcept
+    : req_(other.req_), worker_(other.worker_), unexpected_(other.unexpected_) {
+  other.req_ = nullptr;
+  other.unexpected_ = false;
+}
+
+TagReceive& TagReceive::operator=(TagReceive&& other) noexcept {
+  if (this != &other) {
+    reset();
+    req_ = other.req_;
+    worker_ = other.worker_;
+    unexpected_ = other.unexpected_;
+    other.req_ = nullptr;
+    other.unexpected_ = false;
+  }
+  return *this;
+}
+
+Status TagReceive::check(size_t* length) {
+  if (req_ == nullptr) return {Code::kInvalidArgument, "no receive posted"};
+  ucp_tag_recv_info_t info{};
+  ucs_status_t st = ucp_tag_recv_request_test(req_, &info);
+  if (st == UCS_INPROGRESS) return {Code::kInProgress, "tag receive"};
+  // The request was completed by whichever thread progressed the worker: order our reads of
+  // the buffer after its writes.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  ucp_request_free(req_);
+  req_ = nullptr;
+  op_finished();
+  g_counters.completions.fetch_add(1, std::memory_order_relaxed);
+  if (st != UCS_OK) return from_ucs(st, "tag receive");
+  *length = info.length;
+  return Status::ok();
+}
+
+void TagReceive::cancel() {
+  if (req_ != nullptr) ucp_request_cancel(worker_, req_);
+}
+
 // ----------------------------------------------------------------------------------- Worker
 Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Worker>* out) {
   ucp_worker_params_t params{};
@@ -381,8 +482,13 @@ Worker::~Worker() {
 }
 
 unsigned Worker::progress() {
+  const auto t0 = std::chrono::steady_clock::now();
   const unsigned n = ucp_worker_progress(handle_);
   if (soft_) soft_->reap();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  g_counters.progress_calls.fetch_add(1, std::memory_order_relaxed);
+  g_counters.progress_ns.fetch_add(uint64_t(ns), std::memory_order_relaxed);
+  if (n != 0) g_counters.progress_useful.fetch_add(1, std::memory_order_relaxed);
   return n;
 }
 
@@ -391,13 +497,16 @@ Status Worker::fence() { return from_ucs(ucp_worker_fence(handle_), "ucp_worker_
 Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
   // Drain everything first; arm only when UCX says it is idle (UCS_ERR_BUSY means: progress more).
-  while (progress() != 0) {
-  }
+  bool worked = false;
+  while (progress() != 0) worked = true;
+  if (worked) return Status::ok();
   ucs_status_t st = ucp_worker_arm(handle_);
   if (st == UCS_ERR_BUSY) return Status::ok();
   if (st != UCS_OK) return from_ucs(st, "ucp_worker_arm");
   pollfd pfd{event_fd_, POLLIN, 0};
-  const auto us = std::max<int64_t>(0, timeout.count());
+  // ppoll counts microseconds: the short waits of PollBackoff::pause(worker) sleep as long as
+  // asked (a millisecond poll() would round them up to 1 ms), and a zero timeout is not asked for.
+  const auto us = std::max<int64_t>(1, timeout.count());
   const timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
   int rc = ::ppoll(&pfd, 1, &ts, nullptr);
   if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("poll: ") + strerror(errno)};
@@ -411,6 +520,28 @@ Status Worker::am_reply(ReplyEp to, unsigned id, const void* header, size_t head
   ucp_request_param_t param{};
   g_counters.am_sends.fetch_add(1, std::memory_order_relaxed);
   return track(ucp_am_send_nbx(to.ep, id, header, header_len, nullptr, 0, &param), "ucp_am_send_nbx (reply)", req);
+}
+
+Status Worker::tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out) {
+  *out = TagReceive();
+  // Always a request, also when the message is already here: then it is complete at once and
+  // check() reads its length (the immediate-completion path of UCX 1.13 left the length unset).
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  g_counters.tag_receives.fetch_add(1, std::memory_order_relaxed);
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(handle_, dst, length, tag, ~uint64_t(0), &param);
+  if (UCS_PTR_IS_ERR(p)) return from_ucs(UCS_PTR_STATUS(p), "ucp_tag_recv_nbx");
+  if (p == nullptr) return {Code::kTransportError, "ucp_tag_recv_nbx returned no request"};
+  op_started();
+  out->req_ = p;
+  out->worker_ = handle_;
+  // Complete already: it matched a message that was waiting in UCX's unexpected queue, i.e.
+  // one sent before this receive was posted.
+  if (ucp_request_check_status(p) != UCS_INPROGRESS) {
+    out->unexpected_ = true;
+    g_counters.tag_unexpected.fetch_add(1, std::memory_order_relaxed);
+  }
+  return Status::ok();
 }
 
 bool Worker::has_am_handler(unsigned id) const {

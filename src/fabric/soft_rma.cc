@@ -51,6 +51,7 @@ ucs_status_ptr_t am_send(ucp_ep_h ep, unsigned id, const void* header, size_t he
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = flags;
+  internal::count_am_send();
   return ucp_am_send_nbx(ep, id, header, header_len, data, length, &param);
 }
 
@@ -253,6 +254,7 @@ void SoftRma::reply(void* reply_ep, unsigned id, const void* header, size_t head
 }
 
 void SoftRma::on_get_request(const void* header, size_t header_len, void* reply_ep) {
+  internal::count_am_received();
   GetReq h;
   if (!read_header(header, header_len, &h)) return;
   const bool ok = worker_.context().registered(h.address, h.length);
@@ -268,6 +270,7 @@ void SoftRma::on_get_request(const void* header, size_t header_len, void* reply_
 }
 
 void SoftRma::on_get_reply(const void* header, size_t header_len, const void* data, size_t length, bool rndv) {
+  internal::count_am_received();
   GetRep h;
   if (!read_header(header, header_len, &h)) return;
   std::lock_guard lock(mutex_);
@@ -288,6 +291,7 @@ void SoftRma::on_get_reply(const void* header, size_t header_len, const void* da
 }
 
 void SoftRma::on_put(const void* header, size_t header_len, const void* data, size_t length, bool rndv) {
+  internal::count_am_received();
   Put h;
   if (!read_header(header, header_len, &h) || rndv || h.length != length) return;
   if (!worker_.context().registered(h.address, h.length)) {
@@ -298,12 +302,14 @@ void SoftRma::on_put(const void* header, size_t header_len, const void* data, si
 }
 
 void SoftRma::on_flush_request(const void* header, size_t header_len, void* reply_ep) {
+  internal::count_am_received();
   FlushMsg h;
   if (!read_header(header, header_len, &h)) return;
   reply(reply_ep, kFlushAck, &h, sizeof h, nullptr, 0);
 }
 
 void SoftRma::on_flush_ack(const void* header, size_t header_len) {
+  internal::count_am_received();
   FlushMsg h;
   if (!read_header(header, header_len, &h)) return;
   std::lock_guard lock(mutex_);

@@ -183,6 +183,9 @@ class BufferedReadSender final : public SenderProtocol {
 
 // ---------------------------------------------------------------------------------- receiver
 
+// The active side. Its worker is this session's own (Descriptor::receiver_progress), progressed
+// only by the session's consumer thread (progress(), wait()): the gets it issues complete there,
+// and nothing here needs a lock.
 class BufferedReadReceiver final : public ReceiverProtocol {
  public:
   BufferedReadReceiver(ReceiverFabric& fabric, const Settings& settings, std::unique_ptr<MirroredBuffer> mirror,
@@ -267,6 +270,9 @@ class BufferedReadReceiver final : public ReceiverProtocol {
     const bool worked = worker_.progress() != 0;
     return worked || Clock::now() - issued_at_ < kEagerPoll;
   }
+
+  // Idle: a get's reply over tcp wakes the consumer (the worker's event fd) before `max` passes.
+  void wait(std::chrono::microseconds max) override { (void)worker_.wait_for_event(max); }
 
   uint64_t max_records() const override {
     return capacity_ / RingLayout::entry_size(wire::kBlockHeaderSize);
@@ -530,6 +536,7 @@ const Descriptor kBufferedRead = {
     .options_help = "pipeline=on|off: read the next tail while a span is read and consumed, up to 4 reads in "
                     "flight (default off, the thesis's one read at a time); max_read=SIZE: largest single get "
                     "(default 0: the whole span)",
+    .receiver_progress = true,
     .receiver_endpoint = true,
     .sender_wakeup = true,
     .check_options = check_options,

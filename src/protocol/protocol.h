@@ -61,9 +61,11 @@ struct PeerSetup {
   std::span<const uint8_t> setup;
 };
 
-// One unit of received data: a block header and its payload, exactly. `id` names it to
-// release(); `slot` is the receiver block it lies in (block protocols: its index; ring
-// protocols: its offset / block size), for holds and tests.
+// One unit of received data: a block header and its payload, at the start of `bytes`. `bytes` is
+// the receiver memory the record holds until it is released — block protocols hand out the whole
+// block, ring protocols exactly the record — which is what buffer utilisation measures. `id`
+// names it to release(); `slot` is the receiver block it lies in (block protocols: its index;
+// ring protocols: its offset / block size), for holds and tests.
 struct Record {
   uint64_t id = 0;
   uint32_t slot = 0;
@@ -119,6 +121,10 @@ class SenderProtocol {
   // Nothing is waiting to be transmitted right now (the sending thread polls about every ms while
   // idle, more often while data flows). Protocols that coalesce or expect credits act here.
   virtual Status idle_st() { return Status::ok(); }
+  // Whether records taken by transmit_st are held back (coalesced, queued) and idle_st() acts on
+  // them: the sending thread then calls idle_st() again within ~50 µs instead of after its ~1 ms
+  // idle period (a progress engine that runs while the application does something else).
+  virtual bool holding_st() const { return false; }
   // Called once after the last transmit: everything must be remotely complete on return.
   virtual Status finish_st() = 0;
   // Everything, samples included: after the sending thread has ended.
@@ -129,8 +135,9 @@ class SenderProtocol {
 
 // How a sender waits for the receiver (free blocks, ACKs): spin for the first polls — the
 // common case is a receiver that frees a block within microseconds — then sleep, longer each
-// time up to 200 µs, so that a stalled receiver (full disk, slow worker) does not cost a core.
-// Every protocol uses the same policy, so none is favoured in a comparison.
+// time up to 200 µs; a wait that has lasted that long already (about 20 ms: a receiver that is
+// stalled — a full disk, a stopped process) backs off further, to 2 ms, so that it does not cost
+// a core. Every protocol uses the same policy, so none is favoured in a comparison.
 class PollBackoff {
  public:
   void pause();
@@ -179,8 +186,9 @@ struct Descriptor {
   std::string_view summary;
   // The options it takes, for --help: "key=VALUE: meaning; key2=...". Empty: none.
   std::string_view options_help;
-  // The receiver's UCX worker must be progressed even where RMA itself is one-sided (two-sided
-  // notifications or ACKs): a progress thread runs, and progress() is called by the consumer.
+  // The receiver takes part in transfers even where RMA itself is one-sided (two-sided
+  // notifications or ACKs, gets it issues): its session gets a UCX worker of its own, progressed
+  // only by the consumer (progress(), wait()).
   bool receiver_progress = false;
   // Devices cannot share a connection (the paper's sliding window, §2.3): the sender opens one
   // connection per device.

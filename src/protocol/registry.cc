@@ -4,6 +4,10 @@
 #include <thread>
 
 #include "protocol/buffered_read.h"
+#include "protocol/carc.h"
+#include "protocol/credit.h"
+#include "protocol/nic_assisted.h"
+#include "protocol/packed_ring.h"
 #include "protocol/protocol.h"
 #include "protocol/sliding_window.h"
 #include "protocol/status_byte.h"
@@ -12,7 +16,8 @@
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 4> kAll = {&kStatusByte, &kSlidingWindow, &kBufferedRead, &kUcxRawPut};
+const std::array<const Descriptor*, 8> kAll = {&kStatusByte,  &kSlidingWindow, &kCredit,       &kCarc,
+                                               &kPackedRing,  &kNicAssisted,   &kBufferedRead, &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }
@@ -35,8 +40,12 @@ constexpr uint32_t kMaxSleepUs = 200;
 }  // namespace
 
 void PollBackoff::pause() {
+  constexpr uint32_t kStalledPolls = kSpinPolls + 300;  // ~20 ms of sleeps up to 200 µs
+  constexpr uint32_t kStalledSleepUs = 2000;
   if (++polls_ <= kSpinPolls) return;
-  std::this_thread::sleep_for(std::chrono::microseconds(std::min(kMaxSleepUs, polls_ - kSpinPolls)));
+  const uint32_t us = polls_ < kStalledPolls ? std::min(kMaxSleepUs, polls_ - kSpinPolls)
+                                             : std::min(kStalledSleepUs, kMaxSleepUs + (polls_ - kStalledPolls) * 10);
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
 void PollBackoff::pause(fabric::Worker& worker) {

@@ -1,15 +1,13 @@
 #include "protocol/sliding_window.h"
 
-#include <atomic>
 #include <bit>
-#include <condition_variable>
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <map>
-#include <mutex>
 #include <thread>
 
+#include "net/auth.h"
+#include "protocol/reply_queue.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
@@ -26,7 +24,7 @@ constexpr unsigned kNotifyAm = 11;  // sender -> receiver: "block index, length"
 constexpr unsigned kAckAm = 12;     // receiver -> sender: "block index processed"
 
 // AM headers, little-endian (the structs are copied as they are, hence the endian assert).
-//   Notify: u64 session | u32 block index | u32 length      (session: see Dispatch below)
+//   Notify: u64 session | u32 block index | u32 length      (session: random, from the set-up)
 //   Ack:    u32 block index | u32 zero | u64 generated-at ns (receiver's CLOCK_MONOTONIC)
 struct Notify {
   uint64_t session;
@@ -170,47 +168,26 @@ class SlidingWindowSender final : public SenderProtocol {
   ProtocolStats stats_;
 };
 
-// The receiver's worker is shared by every connected sender and UCX allows one handler per AM
-// id per worker, so notifications are routed by the session id the receiver handed out in its
-// set-up blob and the sender echoes in each notification.
-class SlidingWindowReceiver;
-struct Dispatch {
-  std::mutex mutex;
-  std::map<uint64_t, SlidingWindowReceiver*> sessions;
-  uint64_t next_session = 1;
-  // Notifications no receiver could take (malformed, or for a session that already ended).
-  std::atomic<uint64_t> stray{0};
-};
-Dispatch& dispatch() {
-  static Dispatch d;
-  return d;
-}
-
+// The receiver side. Its worker is this session's own (Descriptor::receiver_progress), progressed
+// only by the session's consumer thread: notifications are handled inside progress() on that
+// thread, so nothing here needs a lock.
 class SlidingWindowReceiver final : public ReceiverProtocol {
  public:
-  SlidingWindowReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> pool, std::vector<uint8_t> rkey)
+  SlidingWindowReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> pool, std::vector<uint8_t> rkey,
+                        uint64_t session)
       : worker_(fabric.worker), geometry_(fabric.geometry), pool_(std::move(pool)), rkey_(std::move(rkey)),
-        notified_(fabric.geometry.blocks, false) {
-    Dispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
-    session_ = d.next_session++;
-    d.sessions[session_] = this;
+        session_(session), notified_(fabric.geometry.blocks, false), acks_(fabric.worker) {}
+
+  Status init() {
+    return worker_.set_am_handler(kNotifyAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
+                                                    fabric::ReplyEp reply) { notified(header, reply); });
   }
+
+  // The worker outlives us (it belongs to the session): unhook the handler first (acks_, which
+  // lets its last ACKs leave, goes after).
   ~SlidingWindowReceiver() override {
-    {
-      Dispatch& d = dispatch();
-      std::lock_guard lock(d.mutex);
-      d.sessions.erase(session_);
-    }
-    // An ACK's header must outlive its request. Give the last ones a moment (the progress
-    // thread completes them); a header whose ACK is still stuck (sender gone) is leaked rather
-    // than freed under UCX.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(50);
-    while (!acks_.empty() && Clock::now() < deadline) {
-      reap_acks();
-      if (!acks_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    for (auto& a : acks_) (void)a.second.release();
+    (void)worker_.set_am_handler(kNotifyAm, [](std::span<const std::byte>, std::span<const std::byte>,
+                                               fabric::ReplyEp) {});
   }
 
   std::vector<uint8_t> setup() const override {
@@ -221,38 +198,15 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
     return std::move(w.buffer());
   }
 
-  // Whichever thread progresses the worker (this session's consumer, another session's, or the
-  // progress thread): a notification ("write with immediate" completion) arrived.
-  void notified(const Notify& n, fabric::ReplyEp reply) {
-    {
-      std::lock_guard lock(mutex_);
-      if (n.index >= geometry_.blocks || n.length > geometry_.block_size || notified_[n.index]) {
-        ++dropped_;
-        return;
-      }
-      reply_ = reply;
-      notified_[n.index] = true;
-      ready_.push_back(n.index);
-      ++notifications_;
-    }
-    arrived_.notify_one();
-  }
-
   // The receiver polls its own completion queue, as an RDMA receiver polls its CQ: the consumer
-  // progresses the worker on every pass, so a notification is taken as soon as it is there and
-  // not only when the progress thread wakes up.
+  // progresses the session's worker on every pass; notifications are handled inside.
   bool progress() override { return worker_.progress() != 0; }
 
-  // Idle: sleep until a notification arrives (notified() wakes us) or `max` passes.
-  void wait(std::chrono::microseconds max) override {
-    std::unique_lock lock(mutex_);
-    arrived_.wait_for(lock, max, [&] { return notifications_ != polled_notifications_; });
-  }
+  // Idle: sleep in the kernel until the worker has an event (a notification arrives) or `max`.
+  void wait(std::chrono::microseconds max) override { (void)worker_.wait_for_event(max); }
 
   // Notified blocks not yet released, in arrival order.
   void poll(std::vector<Record>* out) override {
-    std::lock_guard lock(mutex_);
-    polled_notifications_ = notifications_;
     for (uint32_t i : ready_) {
       out->push_back({i, i, {pool_->data() + size_t(i) * geometry_.block_size, geometry_.block_size}});
     }
@@ -262,11 +216,9 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
 
   ProtocolStats stats() const override {
     ProtocolStats s;
-    std::lock_guard lock(mutex_);
     s.sync_ops = acks_sent_;
     s.counters = {{"notifications_received", notifications_},
                   {"notifications_dropped", dropped_},
-                  {"stray_notifications_in_process", dispatch().stray.load()},
                   {"acks_sent", acks_sent_},
                   {"ack_send_failures", ack_failures_}};
     return s;
@@ -274,82 +226,60 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
 
   void release(uint64_t id) override {
     const auto index = static_cast<uint32_t>(id);
-    fabric::ReplyEp reply;
-    {
-      std::lock_guard lock(mutex_);
-      // Only a notified block is ACKed: a second ACK for a slot could free the sender's next
-      // block in that slot before it was ever processed.
-      if (index >= geometry_.blocks || !notified_[index]) return;
-      notified_[index] = false;
-      for (auto it = ready_.begin(); it != ready_.end(); ++it) {
-        if (*it == index) {
-          ready_.erase(it);
-          break;
-        }
+    // Only a notified block is ACKed: a second ACK for a slot could free the sender's next block
+    // in that slot before it was ever processed.
+    if (index >= geometry_.blocks || !notified_[index]) return;
+    notified_[index] = false;
+    for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+      if (*it == index) {
+        ready_.erase(it);
+        break;
       }
-      reply = reply_;
     }
     // The ACK, two-sided, right after processing (paper: "the receiver sends an ACK
-    // notification"). Sent without holding mutex_: the progress thread takes the worker's
-    // lock, then ours.
-    auto ack = std::make_unique<Ack>(Ack{index, 0, now_ns()});
-    fabric::Request req;
-    if (worker_.am_reply(reply, kAckAm, ack.get(), sizeof(Ack), &req).is_ok()) {
-      std::lock_guard lock(mutex_);
+    // notification"). If it cannot leave at once (e.g. the shared-memory FIFO to the sender is
+    // full), the next progress() pushes it.
+    if (acks_.send(reply_, kAckAm, Ack{index, 0, now_ns()}).is_ok()) {
       ++acks_sent_;
     } else {
-      std::lock_guard lock(mutex_);
       ++ack_failures_;
     }
-    if (req.pending()) {
-      // Queued, not sent (e.g. the shared-memory FIFO to the sender is full). Our own progress()
-      // pushes it on the next pass; wake the progress thread too, which may be asleep in the
-      // kernel and would otherwise only look again after its poll timeout.
-      acks_.push_back({std::move(req), std::move(ack)});
-      worker_.signal();
-    }
-    reap_acks();
   }
 
  private:
-  void reap_acks() {
-    while (!acks_.empty() && acks_.front().first.check().code() != Code::kInProgress) acks_.pop_front();
+  // Inside progress(): a notification ("write with immediate" completion) arrived.
+  void notified(std::span<const std::byte> header, fabric::ReplyEp reply) {
+    Notify n;
+    if (header.size() != sizeof(Notify)) {
+      ++dropped_;
+      return;
+    }
+    std::memcpy(&n, header.data(), sizeof n);
+    if (n.session != session_ || n.index >= geometry_.blocks || n.length > geometry_.block_size ||
+        notified_[n.index]) {
+      ++dropped_;
+      return;
+    }
+    reply_ = reply;
+    notified_[n.index] = true;
+    ready_.push_back(n.index);
+    ++notifications_;
   }
 
   fabric::Worker& worker_;
   Geometry geometry_;
   std::unique_ptr<fabric::MemoryRegion> pool_;
   std::vector<uint8_t> rkey_;
-  uint64_t session_ = 0;
-  mutable std::mutex mutex_;  // guards what notified() writes: any thread progressing the worker runs it
-  std::condition_variable arrived_;
+  uint64_t session_;
   std::deque<uint32_t> ready_;
   std::vector<bool> notified_;
   fabric::ReplyEp reply_;
   uint64_t notifications_ = 0;
-  uint64_t polled_notifications_ = 0;  // notifications_ as of the last poll()
   uint64_t dropped_ = 0;
   uint64_t acks_sent_ = 0;
   uint64_t ack_failures_ = 0;
-  std::deque<std::pair<fabric::Request, std::unique_ptr<Ack>>> acks_;  // consumer thread only
+  ReplyQueue<Ack> acks_;
 };
-
-void on_notify(std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
-  Dispatch& d = dispatch();
-  if (header.size() != sizeof(Notify)) {
-    ++d.stray;
-    return;
-  }
-  Notify n;
-  std::memcpy(&n, header.data(), sizeof n);
-  std::lock_guard lock(d.mutex);
-  auto it = d.sessions.find(n.session);
-  if (it == d.sessions.end()) {
-    ++d.stray;  // a session that already ended
-    return;
-  }
-  it->second->notified(n, reply);
-}
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
                    std::unique_ptr<SenderProtocol>* out) {
@@ -368,18 +298,17 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
 
 Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
-  {
-    Dispatch& d = dispatch();
-    std::lock_guard lock(d.mutex);
-    if (!fabric.worker.has_am_handler(kNotifyAm)) {
-      SLOTSTREAM_RETURN_IF_ERROR(fabric.worker.set_am_handler(kNotifyAm, on_notify));
-    }
-  }
   std::unique_ptr<fabric::MemoryRegion> pool;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, size_t(g.blocks) * g.block_size, &pool));
   std::vector<uint8_t> rkey;
   SLOTSTREAM_RETURN_IF_ERROR(pool->pack_rkey(&rkey));
-  out->reset(new SlidingWindowReceiver(fabric, std::move(pool), std::move(rkey)));
+  // The session id the sender echoes in every notification: a notification that carries another
+  // one is not for this window and is dropped (counted).
+  uint64_t session = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce_u64(&session));
+  auto receiver = std::make_unique<SlidingWindowReceiver>(fabric, std::move(pool), std::move(rkey), session);
+  SLOTSTREAM_RETURN_IF_ERROR(receiver->init());
+  *out = std::move(receiver);
   return Status::ok();
 }
 

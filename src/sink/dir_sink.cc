@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 namespace slotstream::sink {
 namespace fs = std::filesystem;
@@ -16,9 +18,11 @@ Status io_error(const std::string& what, int err) {
   return {Code::kIoError, what + ": " + strerror(err) + hint};
 }
 
-// "0000000042.bin" -> 42; anything else -> -1.
+// "0000000042.bin" (or .partial, .valid) -> 42; anything else -> -1.
 int64_t parse_seq(const std::string& name) {
-  if (name.size() != 14 || name.compare(10, 4, ".bin") != 0) return -1;
+  if (name.size() < 11 || name[10] != '.') return -1;
+  const std::string ext = name.substr(10);
+  if (ext != ".bin" && ext != ".partial" && ext != ".valid") return -1;
   int64_t v = 0;
   for (int i = 0; i < 10; ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;
@@ -79,10 +83,49 @@ Status DirSink::begin(uint16_t device) {
   SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
   if (dev->fd >= 0) abort(device);
   fs::path tmp = temp_path(*dev);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    // The directory was removed under us (someone cleaned up the output): make it again
+    // rather than refusing every message from now on.
+    SLOTSTREAM_RETURN_IF_ERROR(recreate_dir(*dev));
+    fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
   dev->fd = fd;
   dev->offset = 0;
+  return Status::ok();
+}
+
+Status DirSink::recreate_dir(Device& dev) {
+  std::error_code ec;
+  fs::create_directories(dev.dir, ec);
+  if (ec) return {Code::kIoError, "cannot create " + dev.dir.string() + ": " + ec.message()};
+  ++recreated_;
+  return Status::ok();
+}
+
+// The message's temp file was removed with its directory while the message was being written:
+// its data lives on in the open (unlinked) file. Copies it into a new temp file in the recreated
+// directory, so that the commit can link it in place.
+Status DirSink::restore_temp(Device& dev) {
+  fs::path tmp = temp_path(dev);
+  if (::access(tmp.c_str(), F_OK) == 0 || errno != ENOENT) return Status::ok();
+  SLOTSTREAM_RETURN_IF_ERROR(recreate_dir(dev));
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
+  std::vector<char> buf(1 << 20);
+  for (uint64_t off = 0; off < dev.offset;) {
+    const ssize_t n = ::pread(dev.fd, buf.data(), std::min<uint64_t>(buf.size(), dev.offset - off), off_t(off));
+    if (n <= 0 || ::pwrite(fd, buf.data(), size_t(n), off_t(off)) != n) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot restore " + tmp.string(), err);
+    }
+    off += uint64_t(n);
+  }
+  ::close(dev.fd);
+  dev.fd = fd;
   return Status::ok();
 }
 
@@ -106,18 +149,19 @@ Status DirSink::append(uint16_t device, std::span<const std::byte> data) {
 
 Status DirSink::commit(uint16_t device) {
   Device& dev = devices_.at(device);
+  SLOTSTREAM_RETURN_IF_ERROR(restore_temp(dev));
   fs::path tmp = temp_path(dev);
   fs::path final_path = dev.dir / file_name(dev.next_seq);
   if (::close(dev.fd) != 0 && errno != EINTR) {
     int err = errno;
-    dev.fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
     return io_error("cannot close " + tmp.string(), err);
   }
   dev.fd = -1;
   // Never overwrite: a file that appeared under our name since start-up stops us.
   if (::link(tmp.c_str(), final_path.c_str()) != 0) {
     int err = errno;
-    dev.fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
     if (err == EEXIST) {
       return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
     }
@@ -126,6 +170,80 @@ Status DirSink::commit(uint16_t device) {
   ::unlink(tmp.c_str());
   dev.last = {dev.next_seq, dev.offset};
   ++dev.next_seq;
+  return Status::ok();
+}
+
+Status DirSink::next_seq(uint16_t device, uint64_t* out) {
+  Device* dev = nullptr;
+  SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
+  *out = dev->next_seq;
+  return Status::ok();
+}
+
+Status DirSink::skip_to(uint16_t device, uint64_t seq) {
+  Device* dev = nullptr;
+  SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
+  if (dev->fd >= 0) return {Code::kInvalidArgument, "skip_to while a message is in progress"};
+  if (seq < dev->next_seq) {
+    return {Code::kInvalidArgument, "message " + std::to_string(seq) + " of device " + std::to_string(device) +
+                                        " is behind the next one (" + std::to_string(dev->next_seq) + ")"};
+  }
+  dev->next_seq = seq;
+  return Status::ok();
+}
+
+namespace {
+
+// Writes `data` to a hidden temp file in dir and links it as `name` (never overwriting).
+Status write_atomically(const fs::path& dir, const std::string& name, std::span<const std::byte> data) {
+  const fs::path tmp = dir / ("." + name + ".part"), final_path = dir / name;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot write " + tmp.string(), err);
+    }
+    done += size_t(n);
+  }
+  if (::close(fd) != 0 && errno != EINTR) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return io_error("cannot close " + tmp.string(), err);
+  }
+  if (::link(tmp.c_str(), final_path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    if (err == EEXIST) return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
+    return io_error("cannot rename " + tmp.string(), err);
+  }
+  ::unlink(tmp.c_str());
+  return Status::ok();
+}
+
+}  // namespace
+
+Status DirSink::store_partial(uint16_t device, std::span<const std::byte> data, std::string_view valid_json) {
+  Device* dev = nullptr;
+  SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
+  if (dev->fd >= 0) return {Code::kInvalidArgument, "store_partial while a message is in progress"};
+  char stem[16];
+  std::snprintf(stem, sizeof stem, "%010llu", static_cast<unsigned long long>(dev->next_seq));
+  const std::string valid_name = std::string(stem) + ".valid", partial_name = std::string(stem) + ".partial";
+  SLOTSTREAM_RETURN_IF_ERROR(write_atomically(
+      dev->dir, valid_name, std::span(reinterpret_cast<const std::byte*>(valid_json.data()), valid_json.size())));
+  if (Status st = write_atomically(dev->dir, partial_name, data); !st.is_ok()) {
+    std::error_code ec;
+    fs::remove(dev->dir / valid_name, ec);  // a retry writes both again
+    return st;
+  }
+  dev->last = {dev->next_seq, data.size()};
+  ++dev->next_seq;
   return Status::ok();
 }
 

@@ -67,7 +67,9 @@ Status Delivery::pass(size_t* consumed) {
   records_.clear();
   proto_.poll(&records_);
   entries_.clear();
+  uint64_t held = 0, useful = 0;
   for (const protocol::Record& rec : records_) {
+    held += rec.bytes.size();
     if (!blocked_.empty()) {
       auto b = blocked_.find(rec.slot);
       if (b != blocked_.end() && b->second) continue;
@@ -87,8 +89,19 @@ Status Delivery::pass(size_t* consumed) {
       ++*consumed;
     } else {
       entries_.push_back({rec, *h});
+      useful += h->payload_length;
     }
   }
+  const auto sampled = std::chrono::steady_clock::now();
+  if (last_pass_) {
+    const double dt = double(std::chrono::duration_cast<std::chrono::nanoseconds>(sampled - *last_pass_).count());
+    counters_.buffer_held_byte_ns += double(last_held_) * dt;
+    counters_.buffer_useful_byte_ns += double(last_useful_) * dt;
+    counters_.buffer_observed_ns += dt;
+  }
+  last_pass_ = sampled;
+  last_held_ = held;
+  last_useful_ = useful;
   // Per device, nearest packet first: consecutive packets then deliver in one pass.
   std::sort(entries_.begin(), entries_.end(), [&](const Entry& a, const Entry& b) {
     if (a.header.device != b.header.device) return a.header.device < b.header.device;
@@ -97,6 +110,7 @@ Status Delivery::pass(size_t* consumed) {
   });
 
   const auto window = static_cast<int64_t>(Delivery::window(proto_.max_records()));
+  const auto now = std::chrono::steady_clock::now();
   std::map<uint16_t, int64_t> waiting;  // device -> distance of its nearest waiting packet
   std::map<uint16_t, bool> progressed;
   for (const Entry& e : entries_) {
@@ -112,7 +126,24 @@ Status Delivery::pass(size_t* consumed) {
       proto_.release(e.record.id);
       ++*consumed;
     } else if (dist == 0) {
-      SLOTSTREAM_RETURN_IF_ERROR(deliver(e, Stage::kBegin));
+      if (dev.counters.paused && now < dev.retry_at) continue;  // its records wait in place
+      Status st = deliver(e, Stage::kBegin);
+      if (st.code() == Code::kBusy && pending_ && pending_->stage == Stage::kBegin) {
+        // Nothing of this message was started: pause the device, not the pass.
+        pending_.reset();
+        dev.retry_at = now + kBusyRetry;
+        if (!dev.counters.paused) {
+          dev.counters.paused = true;
+          ++dev.counters.pauses;
+          if (on_pause_) on_pause_(e.header.device, true);
+        }
+        continue;
+      }
+      SLOTSTREAM_RETURN_IF_ERROR(st);
+      if (dev.counters.paused) {
+        dev.counters.paused = false;
+        if (on_pause_) on_pause_(e.header.device, false);
+      }
       progressed[e.header.device] = true;
     } else if (!waiting.contains(e.header.device)) {
       waiting[e.header.device] = dist;
@@ -120,8 +151,8 @@ Status Delivery::pass(size_t* consumed) {
   }
   for (auto& [d, dev] : devices_) {
     auto w = waiting.find(d);
-    if (progressed[d] || w == waiting.end()) {
-      dev.stuck_passes = 0;
+    if (progressed[d] || w == waiting.end() || dev.counters.paused) {
+      dev.stuck_passes = 0;  // a paused device waits for its sink, not for a lost packet
       continue;
     }
     // A blocked block may hold the expected packet: no gap can be concluded meanwhile.
@@ -156,6 +187,10 @@ uint64_t Delivery::abort_partials() {
 
 bool Delivery::has_open_message() const {
   return std::any_of(devices_.begin(), devices_.end(), [](const auto& kv) { return kv.second.open; });
+}
+
+bool Delivery::any_paused() const {
+  return std::any_of(devices_.begin(), devices_.end(), [](const auto& kv) { return kv.second.counters.paused; });
 }
 
 uint64_t Delivery::messages(uint16_t device) const {

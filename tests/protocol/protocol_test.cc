@@ -63,6 +63,8 @@ struct Case {
   Transport transport;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.protocol << " over " << transport_name(c.transport); }
+
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return info.param.protocol + "_" + transport_name(info.param.transport);
 }

@@ -42,3 +42,50 @@ TEST(DefaultMaxMemory, IsAQuarterOfMemoryAtMost) {
 
 }  // namespace
 }  // namespace slotstream
+
+namespace slotstream {
+namespace {
+
+TEST(SessionReportMerge, KeepsEveryLanesDevicesAndCounters) {
+  // Two connections of one sender (one per device, as the sliding window uses).
+  SessionReport a, b;
+  a.finished = true;
+  a.messages = 3;
+  a.bytes = 300;
+  a.stalls = 1;
+  a.held_blocks = 2;
+  a.seconds = 1.5;
+  a.sender.devices = {0};
+  a.per_device[0] = {3, 300, 1, 0};
+  b.finished = false;
+  b.reason = "connection closed mid-stream";
+  b.messages = 5;
+  b.bytes = 500;
+  b.stalls = 2;
+  b.held_blocks = 1;
+  b.seconds = 2.5;
+  b.sender.devices = {7};
+  b.per_device[7] = {5, 500, 0, 2};
+  a.merge(b);
+  EXPECT_FALSE(a.finished);
+  EXPECT_EQ(a.reason, "connection closed mid-stream");
+  EXPECT_EQ(a.messages, 8u);
+  EXPECT_EQ(a.bytes, 800u);
+  EXPECT_EQ(a.stalls, 3u);
+  EXPECT_EQ(a.held_blocks, 3u);
+  EXPECT_EQ(a.seconds, 2.5);
+  EXPECT_EQ(a.sender.devices, (std::vector<uint16_t>{0, 7}));
+  ASSERT_EQ(a.per_device.size(), 2u);
+  EXPECT_EQ(a.per_device[0].messages, 3u);
+  EXPECT_EQ(a.per_device[7].messages, 5u);
+  EXPECT_EQ(a.per_device[7].duplicates, 2u);
+  // A device in both lanes (not something a sender does, but a merge must not lose it) adds up.
+  SessionReport c;
+  c.per_device[0] = {1, 10, 0, 0};
+  a.merge(c);
+  EXPECT_EQ(a.per_device[0].messages, 4u);
+  EXPECT_EQ(a.per_device[0].bytes, 310u);
+}
+
+}  // namespace
+}  // namespace slotstream
