@@ -61,6 +61,20 @@ TEST_F(SoftRmaTest, APutIsAppliedWhenFlushReturns) {
   EXPECT_EQ(std::memcmp(region_->data() + 100, text, sizeof text), 0) << "flush returned before the put landed";
 }
 
+TEST_F(SoftRmaTest, TheMessagesThatCarryAGetAreCounted) {
+  serve();
+  std::vector<std::byte> dst(64);
+  reset_counters();
+  Request r;
+  ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  const Counters c = counters();
+  EXPECT_EQ(c.gets, 1u);
+  // The request and its reply, each sent by one worker and handled by the other (one process).
+  EXPECT_GE(c.am_sends, 2u);
+  EXPECT_GE(c.am_received, 2u);
+}
+
 TEST_F(SoftRmaTest, ReadingOrWritingOutsideRegisteredMemoryIsRefusedNotServed) {
   serve();
   std::vector<std::byte> dst(64, std::byte{0x55});
