@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -362,9 +362,9 @@ class Session {
     std::optional<wire::Fin> fin;
     bool stalled = false;
     bool logged_stall = false;
-    bool worked = false;    // the last pass consumed something or the protocol progressed
+    bool worked = false;  // the last pass consumed something or the protocol progressed
     std::string last_error;
-    std::string lost;       // why the sender is gone (set: drain after lost_at, then end)
+    std::string lost;  // why the sender is gone (set: drain after lost_at, then end)
   } loop_;
 };
 
@@ -662,8 +662,7 @@ bool Session::step() {
       // Log each new reason once. Worker back-pressure comes and goes with every message a
       // slow worker finishes: log it at most every kBusyLogInterval (the metrics count stalls).
       const bool busy = st.code() == Code::kBusy;
-      const bool news = !l.stalled ? !busy || Clock::now() >= l.next_busy_log
-                                   : st.message() != l.last_error && !busy;
+      const bool news = !l.stalled ? !busy || Clock::now() >= l.next_busy_log : st.message() != l.last_error && !busy;
       if (news) {
         rx_.event("sender " + report_.sender.name + ": holding blocks until this clears: " + st.to_string());
         if (busy) l.next_busy_log = Clock::now() + kBusyLogInterval;

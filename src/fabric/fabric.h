@@ -146,7 +146,7 @@ class SoftRma;
 class Request {
  public:
   Request() = default;
-  explicit Request(void* req) : req_(req) {}  // adopts a UCX request pointer (fabric only)
+  explicit Request(void* req) : req_(req) {}     // adopts a UCX request pointer (fabric only)
   explicit Request(std::shared_ptr<SoftOp> op);  // a fabric-carried get or flush (fabric only)
   ~Request();
   Request(Request&& other) noexcept : req_(other.req_), op_(std::move(other.op_)) { other.req_ = nullptr; }

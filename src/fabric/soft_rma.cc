@@ -68,31 +68,34 @@ Status SoftRma::create(Worker& worker, std::unique_ptr<SoftRma>* out) {
     p.arg = self;
     return internal::from_ucs(ucp_worker_set_am_recv_handler(worker.handle(), &p), "ucp_worker_set_am_recv_handler");
   };
-  SLOTSTREAM_RETURN_IF_ERROR(install(kGetReq, [](void* arg, const void* h, size_t hl, void*, size_t,
-                                                 const ucp_am_recv_param_t* p) -> ucs_status_t {
-    static_cast<SoftRma*>(arg)->on_get_request(h, hl, (p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? p->reply_ep : nullptr);
-    return UCS_OK;
-  }));
-  SLOTSTREAM_RETURN_IF_ERROR(install(kGetRep, [](void* arg, const void* h, size_t hl, void* d, size_t dl,
-                                                 const ucp_am_recv_param_t* p) -> ucs_status_t {
-    static_cast<SoftRma*>(arg)->on_get_reply(h, hl, d, dl, p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
-    return UCS_OK;
-  }));
-  SLOTSTREAM_RETURN_IF_ERROR(install(kPut, [](void* arg, const void* h, size_t hl, void* d, size_t dl,
-                                              const ucp_am_recv_param_t* p) -> ucs_status_t {
-    static_cast<SoftRma*>(arg)->on_put(h, hl, d, dl, p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
-    return UCS_OK;
-  }));
-  SLOTSTREAM_RETURN_IF_ERROR(install(kFlushReq, [](void* arg, const void* h, size_t hl, void*, size_t,
-                                                   const ucp_am_recv_param_t* p) -> ucs_status_t {
-    static_cast<SoftRma*>(arg)->on_flush_request(h, hl, (p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? p->reply_ep : nullptr);
-    return UCS_OK;
-  }));
-  SLOTSTREAM_RETURN_IF_ERROR(install(kFlushAck, [](void* arg, const void* h, size_t hl, void*, size_t,
-                                                   const ucp_am_recv_param_t*) -> ucs_status_t {
-    static_cast<SoftRma*>(arg)->on_flush_ack(h, hl);
-    return UCS_OK;
-  }));
+  SLOTSTREAM_RETURN_IF_ERROR(install(
+      kGetReq, [](void* arg, const void* h, size_t hl, void*, size_t, const ucp_am_recv_param_t* p) -> ucs_status_t {
+        static_cast<SoftRma*>(arg)->on_get_request(
+            h, hl, (p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? p->reply_ep : nullptr);
+        return UCS_OK;
+      }));
+  SLOTSTREAM_RETURN_IF_ERROR(install(
+      kGetRep,
+      [](void* arg, const void* h, size_t hl, void* d, size_t dl, const ucp_am_recv_param_t* p) -> ucs_status_t {
+        static_cast<SoftRma*>(arg)->on_get_reply(h, hl, d, dl, p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+        return UCS_OK;
+      }));
+  SLOTSTREAM_RETURN_IF_ERROR(install(
+      kPut, [](void* arg, const void* h, size_t hl, void* d, size_t dl, const ucp_am_recv_param_t* p) -> ucs_status_t {
+        static_cast<SoftRma*>(arg)->on_put(h, hl, d, dl, p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+        return UCS_OK;
+      }));
+  SLOTSTREAM_RETURN_IF_ERROR(install(
+      kFlushReq, [](void* arg, const void* h, size_t hl, void*, size_t, const ucp_am_recv_param_t* p) -> ucs_status_t {
+        static_cast<SoftRma*>(arg)->on_flush_request(
+            h, hl, (p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? p->reply_ep : nullptr);
+        return UCS_OK;
+      }));
+  SLOTSTREAM_RETURN_IF_ERROR(install(
+      kFlushAck, [](void* arg, const void* h, size_t hl, void*, size_t, const ucp_am_recv_param_t*) -> ucs_status_t {
+        static_cast<SoftRma*>(arg)->on_flush_ack(h, hl);
+        return UCS_OK;
+      }));
   *out = std::move(s);
   return Status::ok();
 }
@@ -125,9 +128,8 @@ void SoftRma::finish_op(SoftOp& op, const Status& st) {
   op.state.store(st.is_ok() ? SoftOp::kDone : SoftOp::kFailed, std::memory_order_release);
 }
 
-Status SoftRma::send_op(Endpoint& ep, unsigned id, std::shared_ptr<SoftOp> op, const void* header,
-                       size_t header_len, const void* data, size_t length, uint32_t flags,
-                       std::shared_ptr<SoftOp>* out) {
+Status SoftRma::send_op(Endpoint& ep, unsigned id, std::shared_ptr<SoftOp> op, const void* header, size_t header_len,
+                        const void* data, size_t length, uint32_t flags, std::shared_ptr<SoftOp>* out) {
   op->endpoint = &ep;
   op->owner = this;
   op->header = std::make_unique<uint8_t[]>(header_len);
@@ -163,7 +165,8 @@ Status SoftRma::get(Endpoint& ep, void* dst, size_t length, uint64_t address, Re
   op->length = length;
   const GetReq h{0, address, length};
   std::shared_ptr<SoftOp> sent;
-  SLOTSTREAM_RETURN_IF_ERROR(send_op(ep, kGetReq, std::move(op), &h, sizeof h, nullptr, 0, UCP_AM_SEND_FLAG_REPLY, &sent));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      send_op(ep, kGetReq, std::move(op), &h, sizeof h, nullptr, 0, UCP_AM_SEND_FLAG_REPLY, &sent));
   *req = Request(std::move(sent));
   return Status::ok();
 }
@@ -173,7 +176,8 @@ Status SoftRma::put(Endpoint& ep, const void* src, size_t length, uint64_t addre
   op->awaits_reply = false;
   const Put h{address, length};
   std::shared_ptr<SoftOp> sent;
-  SLOTSTREAM_RETURN_IF_ERROR(send_op(ep, kPut, std::move(op), &h, sizeof h, src, length, UCP_AM_SEND_FLAG_EAGER, &sent));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      send_op(ep, kPut, std::move(op), &h, sizeof h, src, length, UCP_AM_SEND_FLAG_EAGER, &sent));
   if (sent->state.load(std::memory_order_acquire) == SoftOp::kPending) *req = Request(std::move(sent));
   return Status::ok();
 }
@@ -181,8 +185,8 @@ Status SoftRma::put(Endpoint& ep, const void* src, size_t length, uint64_t addre
 Status SoftRma::flush(Endpoint& ep, const Liveness& alive) {
   const FlushMsg h{0};
   std::shared_ptr<SoftOp> sent;
-  SLOTSTREAM_RETURN_IF_ERROR(send_op(ep, kFlushReq, std::make_shared<SoftOp>(), &h, sizeof h, nullptr, 0,
-                                     UCP_AM_SEND_FLAG_REPLY, &sent));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      send_op(ep, kFlushReq, std::make_shared<SoftOp>(), &h, sizeof h, nullptr, 0, UCP_AM_SEND_FLAG_REPLY, &sent));
   Request req(std::move(sent));
   return req.wait(worker_, alive);
 }
@@ -239,8 +243,8 @@ void SoftRma::reply(void* reply_ep, unsigned id, const void* header, size_t head
   if (reply_ep == nullptr) return;
   auto copy = std::make_unique<uint8_t[]>(header_len);
   std::memcpy(copy.get(), header, header_len);
-  ucs_status_ptr_t p = am_send(static_cast<ucp_ep_h>(reply_ep), id, copy.get(), header_len, data, length,
-                               UCP_AM_SEND_FLAG_EAGER);
+  ucs_status_ptr_t p =
+      am_send(static_cast<ucp_ep_h>(reply_ep), id, copy.get(), header_len, data, length, UCP_AM_SEND_FLAG_EAGER);
   if (UCS_PTR_IS_ERR(p)) {
     // The initiator is gone (or going): nothing to answer. This is the case UCX's own emulation
     // turns into an abort.
@@ -258,7 +262,8 @@ void SoftRma::on_get_request(const void* header, size_t header_len, void* reply_
   GetReq h;
   if (!read_header(header, header_len, &h)) return;
   const bool ok = worker_.context().registered(h.address, h.length);
-  if (!ok) spdlog::warn("fabric: refused a peer's read of {} bytes at 0x{:x}: not registered memory", h.length, h.address);
+  if (!ok)
+    spdlog::warn("fabric: refused a peer's read of {} bytes at 0x{:x}: not registered memory", h.length, h.address);
   const auto* src = reinterpret_cast<const std::byte*>(h.address);
   uint64_t offset = 0;
   do {

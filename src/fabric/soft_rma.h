@@ -48,8 +48,8 @@ struct SoftOp {
   uint64_t id = 0;
   const Endpoint* endpoint = nullptr;
   SoftRma* owner = nullptr;
-  void* send_req = nullptr;               // the message's UCX request while it is being sent
-  std::unique_ptr<uint8_t[]> header;      // the message's header, alive until it was sent
+  void* send_req = nullptr;           // the message's UCX request while it is being sent
+  std::unique_ptr<uint8_t[]> header;  // the message's header, alive until it was sent
   static constexpr int kPending = 0, kDone = 1, kFailed = 2;
 };
 
@@ -94,7 +94,7 @@ class SoftRma {
     void* req = nullptr;
     std::unique_ptr<uint8_t[]> header;
   };
-  std::list<Reply> replies_;  // replies still being sent
+  std::list<Reply> replies_;            // replies still being sent
   std::atomic<size_t> reply_count_{0};  // replies_.size(), read without the lock by reap()
 };
 

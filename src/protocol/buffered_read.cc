@@ -18,7 +18,8 @@ using Clock = std::chrono::steady_clock;
 
 static_assert(std::endian::native == std::endian::little, "ring counters and entry prefixes are stored as-is");
 static_assert(RingLayout::kWaitOffset == RingLayout::kTailOffset + 8, "tail and wait flag are read together");
-static_assert(RingLayout::kHeadOffset >= RingLayout::kWaitOffset + 8 && RingLayout::kDataOffset >= RingLayout::kHeadOffset + 8);
+static_assert(RingLayout::kHeadOffset >= RingLayout::kWaitOffset + 8 &&
+              RingLayout::kDataOffset >= RingLayout::kHeadOffset + 8);
 
 // Busy sender: its worker is progressed every this many records, so that the receiver's gets and
 // head writes are answered where UCX emulates them (tcp) even when the sending thread never idles.
@@ -37,8 +38,8 @@ uint64_t round_down8(uint64_t v) { return v / 8 * 8; }
 
 // What both halves are built from: options (same text on both ends) and the geometry.
 struct Settings {
-  bool pipeline = false;   // keep the next tail read in flight while a span is read and consumed
-  uint64_t max_read = 0;   // largest single data get, bytes (0: the whole span)
+  bool pipeline = false;  // keep the next tail read in flight while a span is read and consumed
+  uint64_t max_read = 0;  // largest single data get, bytes (0: the whole span)
 };
 
 Status parse_settings(const Options& o, Settings* out) {
@@ -67,7 +68,10 @@ class BufferedReadSender final : public SenderProtocol {
  public:
   BufferedReadSender(SenderFabric& fabric, std::unique_ptr<fabric::MemoryRegion> region, std::vector<uint8_t> rkey,
                      uint64_t capacity)
-      : fabric_(fabric), region_(std::move(region)), rkey_(std::move(rkey)), capacity_(capacity),
+      : fabric_(fabric),
+        region_(std::move(region)),
+        rkey_(std::move(rkey)),
+        capacity_(capacity),
         data_(region_->data() + RingLayout::kDataOffset) {}
 
   std::vector<uint8_t> setup() const override {
@@ -190,9 +194,14 @@ class BufferedReadReceiver final : public ReceiverProtocol {
  public:
   BufferedReadReceiver(ReceiverFabric& fabric, const Settings& settings, std::unique_ptr<MirroredBuffer> mirror,
                        std::unique_ptr<fabric::MemoryRegion> registration)
-      : worker_(fabric.worker), settings_(settings), geometry_(fabric.geometry),
-        capacity_(RingLayout::capacity(fabric.geometry)), mirror_(std::move(mirror)),
-        registration_(std::move(registration)), tail_buf_(new uint64_t[2]{0, 0}), head_buf_(new uint64_t(0)) {}
+      : worker_(fabric.worker),
+        settings_(settings),
+        geometry_(fabric.geometry),
+        capacity_(RingLayout::capacity(fabric.geometry)),
+        mirror_(std::move(mirror)),
+        registration_(std::move(registration)),
+        tail_buf_(new uint64_t[2]{0, 0}),
+        head_buf_(new uint64_t(0)) {}
 
   ~BufferedReadReceiver() override {
     // A get still running writes into the mirror (a head write reads head_buf_): give them a
@@ -203,7 +212,8 @@ class BufferedReadReceiver final : public ReceiverProtocol {
     auto done = [](fabric::Request& r) { return r.check().code() != Code::kInProgress; };
     while (Clock::now() < deadline) {
       if (tail_pending_ && done(tail_req_)) tail_pending_ = false;
-      while (!inflight_.empty() && done(inflight_.front().req[0]) && done(inflight_.front().req[1])) inflight_.pop_front();
+      while (!inflight_.empty() && done(inflight_.front().req[0]) && done(inflight_.front().req[1]))
+        inflight_.pop_front();
       if (head_req_.pending()) (void)done(head_req_);
       if (!pending()) break;
       worker_.progress();
@@ -231,8 +241,8 @@ class BufferedReadReceiver final : public ReceiverProtocol {
     std::vector<uint8_t> packed = r.blob32(peer.setup.size());
     if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed buffered_read set-up from the sender"};
     if (version != RingLayout::kRingVersion) {
-      return {Code::kVersionMismatch, "buffered_read ring version " + std::to_string(version) + " (this receiver: " +
-                                          std::to_string(RingLayout::kRingVersion) + ")"};
+      return {Code::kVersionMismatch, "buffered_read ring version " + std::to_string(version) +
+                                          " (this receiver: " + std::to_string(RingLayout::kRingVersion) + ")"};
     }
     if (capacity != capacity_) {
       return {Code::kProtocolError, "buffered_read ring of " + std::to_string(capacity) + " bytes, expected " +
@@ -252,7 +262,8 @@ class BufferedReadReceiver final : public ReceiverProtocol {
       const ReleaseTracker::Entry& e = tracker_.entry(id);
       if (e.released) continue;
       // The mirror makes a record that passes the end of the ring one contiguous span.
-      out->push_back({id, static_cast<uint32_t>((e.pos % capacity_) / block_entry),
+      out->push_back({id,
+                      static_cast<uint32_t>((e.pos % capacity_) / block_entry),
                       {mirror_->at(e.pos + RingLayout::kPrefix), e.length}});
     }
   }
@@ -274,9 +285,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
   // Idle: a get's reply over tcp wakes the consumer (the worker's event fd) before `max` passes.
   void wait(std::chrono::microseconds max) override { (void)worker_.wait_for_event(max); }
 
-  uint64_t max_records() const override {
-    return capacity_ / RingLayout::entry_size(wire::kBlockHeaderSize);
-  }
+  uint64_t max_records() const override { return capacity_ / RingLayout::entry_size(wire::kBlockHeaderSize); }
 
   // records: entries fetched. sync_ops: tail reads + head writes. sync_op_samples_ns: one per tail
   // read, issue to completion. Counters: reads / bytes_read (data gets and their bytes: the mean
@@ -358,8 +367,9 @@ class BufferedReadReceiver final : public ReceiverProtocol {
       for (int i = 0; i < n; dst += pieces[i].length, ++i) {
         ++reads_;
         bytes_read_ += pieces[i].length;
-        if (!endpoint_->get(dst, pieces[i].length, ring_ + RingLayout::kDataOffset + pieces[i].offset, *rkey_,
-                            &r.req[i]).is_ok()) {
+        if (!endpoint_
+                 ->get(dst, pieces[i].length, ring_ + RingLayout::kDataOffset + pieces[i].offset, *rkey_, &r.req[i])
+                 .is_ok()) {
           fail_st();
           return;
         }
@@ -441,16 +451,16 @@ class BufferedReadReceiver final : public ReceiverProtocol {
   const uint64_t capacity_;
   std::unique_ptr<MirroredBuffer> mirror_;
   std::unique_ptr<fabric::MemoryRegion> registration_;  // the mirror, registered as a get destination
-  fabric::Endpoint* endpoint_ = nullptr;  // to the sender's worker; outlives this object
+  fabric::Endpoint* endpoint_ = nullptr;                // to the sender's worker; outlives this object
   std::unique_ptr<fabric::RemoteKey> rkey_;
   uint64_t ring_ = 0;  // the sender's region address
 
-  ReleaseTracker tracker_;      // parsed entries; its head is the receiver's head
-  uint64_t parsed_ = 0;         // read pointer: entries before it are records
-  uint64_t arrived_ = 0;        // data before it is in the local copy
-  uint64_t requested_ = 0;      // data before it has been asked for
-  uint64_t tail_seen_ = 0;      // the cached remote tail
-  uint64_t published_ = 0;      // the head the sender knows
+  ReleaseTracker tracker_;  // parsed entries; its head is the receiver's head
+  uint64_t parsed_ = 0;     // read pointer: entries before it are records
+  uint64_t arrived_ = 0;    // data before it is in the local copy
+  uint64_t requested_ = 0;  // data before it has been asked for
+  uint64_t tail_seen_ = 0;  // the cached remote tail
+  uint64_t published_ = 0;  // the head the sender knows
   bool broken_ = false;
 
   std::unique_ptr<uint64_t[]> tail_buf_;  // a tail read lands here: tail, wait flag
@@ -475,7 +485,8 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   // UCX allocates the ring: on shared memory that is what lets the receiver's gets and head
   // writes complete without this process (UCX-NOTES, passivity).
   std::unique_ptr<fabric::MemoryRegion> region;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, RingLayout::kDataOffset + capacity, &region));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      fabric::MemoryRegion::allocate(fabric.context, RingLayout::kDataOffset + capacity, &region));
   std::vector<uint8_t> rkey;
   SLOTSTREAM_RETURN_IF_ERROR(region->pack_rkey(&rkey));
   out->reset(new BufferedReadSender(fabric, std::move(region), std::move(rkey), capacity));
@@ -492,7 +503,8 @@ Status make_receiver(ReceiverFabric& fabric, const Options& options, std::unique
   SLOTSTREAM_RETURN_IF_ERROR(MirroredBuffer::create(RingLayout::capacity(fabric.geometry), &mirror));
   // Shared memory and tcp copy into any memory; an RDMA NIC only into registered memory.
   std::unique_ptr<fabric::MemoryRegion> registration;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::map(fabric.context, mirror->data(), 2 * mirror->size(), &registration));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      fabric::MemoryRegion::map(fabric.context, mirror->data(), 2 * mirror->size(), &registration));
   out->reset(new BufferedReadReceiver(fabric, settings, std::move(mirror), std::move(registration)));
   return Status::ok();
 }
@@ -530,12 +542,14 @@ bool ReleaseTracker::release(uint64_t id) {
 
 const Descriptor kBufferedRead = {
     .name = "buffered_read",
-    .summary = "thesis (Buffered Read): a passive sender only copies into its own ring; the receiver reads the "
-               "ring's tail and pulls each new span with one RDMA get, frees out of order and writes the head back "
-               "now and then (the sender is passive on shm; over tcp its worker answers the gets)",
-    .options_help = "pipeline=on|off: read the next tail while a span is read and consumed, up to 4 reads in "
-                    "flight (default off, the thesis's one read at a time); max_read=SIZE: largest single get "
-                    "(default 0: the whole span)",
+    .summary =
+        "thesis (Buffered Read): a passive sender only copies into its own ring; the receiver reads the "
+        "ring's tail and pulls each new span with one RDMA get, frees out of order and writes the head back "
+        "now and then (the sender is passive on shm; over tcp its worker answers the gets)",
+    .options_help =
+        "pipeline=on|off: read the next tail while a span is read and consumed, up to 4 reads in "
+        "flight (default off, the thesis's one read at a time); max_read=SIZE: largest single get "
+        "(default 0: the whole span)",
     .receiver_progress = true,
     .receiver_endpoint = true,
     .sender_wakeup = true,

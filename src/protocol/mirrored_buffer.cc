@@ -10,9 +10,7 @@
 namespace slotstream::protocol {
 namespace {
 
-Status os_error(const std::string& what) {
-  return {Code::kIoError, what + ": " + std::strerror(errno)};
-}
+Status os_error(const std::string& what) { return {Code::kIoError, what + ": " + std::strerror(errno)}; }
 
 }  // namespace
 

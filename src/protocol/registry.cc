@@ -16,8 +16,8 @@
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 8> kAll = {&kStatusByte,  &kSlidingWindow, &kCredit,       &kCarc,
-                                               &kPackedRing,  &kNicAssisted,   &kBufferedRead, &kUcxRawPut};
+const std::array<const Descriptor*, 8> kAll = {&kStatusByte, &kSlidingWindow, &kCredit,       &kCarc,
+                                               &kPackedRing, &kNicAssisted,   &kBufferedRead, &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }

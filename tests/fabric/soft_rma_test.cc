@@ -30,7 +30,9 @@ class SoftRmaTest : public testing::Test {
     ep_.reset();
   }
   void serve() { progress_ = std::make_unique<ProgressThread>(*target_); }
-  Status wait(Request& r) { return r.wait(*initiator_, [] { return Status::ok(); }); }
+  Status wait(Request& r) {
+    return r.wait(*initiator_, [] { return Status::ok(); });
+  }
 
   static constexpr size_t kRegion = 1 << 20;
   std::unique_ptr<Context> ctx_;

@@ -23,7 +23,9 @@ class MemorySink : public MessageSink {
  public:
   // `threads` (guarded by `m`): every thread that ever committed a message, for round-robin checks.
   MemorySink(std::map<uint16_t, std::vector<std::string>>& out, std::mutex& m, std::set<std::thread::id>& threads)
-      : out_(out), mutex_(m), threads_(threads) {}
+      : out_(out),
+        mutex_(m),
+        threads_(threads) {}
   Status begin(uint16_t device) override {
     current_[device].clear();
     return Status::ok();

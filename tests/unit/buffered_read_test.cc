@@ -121,11 +121,11 @@ TEST(ReleaseTracker, UnknownAndRepeatedFreesChangeNothing) {
   ReleaseTracker t;
   t.push(16, 8);
   t.push(16, 8);
-  EXPECT_FALSE(t.release(5));   // never pushed
+  EXPECT_FALSE(t.release(5));  // never pushed
   EXPECT_TRUE(t.release(1));
-  EXPECT_FALSE(t.release(1));   // already freed, waiting behind 0
+  EXPECT_FALSE(t.release(1));  // already freed, waiting behind 0
   EXPECT_TRUE(t.release(0));
-  EXPECT_FALSE(t.release(0));   // already passed by the head
+  EXPECT_FALSE(t.release(0));  // already passed by the head
   EXPECT_EQ(t.head(), 32u);
 }
 
