@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import cache_experiments  # noqa: E402
 import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
+from fan_in_experiments import fan_in_table, plot_fan_in  # noqa: E402
 
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
@@ -23,11 +24,12 @@ STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "packed_ring": dict(color="tab:green", ls="-", marker="P"),
          "packed_ring:flush=idle": dict(color="tab:green", ls="--", marker="x"),
          "nic_assisted": dict(color="tab:purple", ls="-", marker="*"),
+         "buffered_read": dict(color="tab:olive", ls="-", marker="d"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
          "tcp_socket": dict(color="tab:gray", ls=":", marker="v"),
          "ucx_perftest_put_bw": dict(color="black", ls=":", marker="1")}
 ORDER = ["status_byte", "sliding_window", "credit", "carc", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
-         "ucx_raw_put", "ucx_perftest_put_bw", "tcp_socket"]
+         "buffered_read", "ucx_raw_put", "ucx_perftest_put_bw", "tcp_socket"]
 
 
 def style(protocol):
@@ -151,6 +153,12 @@ def figures(doc, records, out):
         name = f"fig{13 + min(i, 1)}_throughput_{b}_blocks.png"
         made[name] = line_plot(out / name, f"Throughput, {b} blocks (Fig. 13-14)", series(thr, fixed_blocks=b),
                                "message size", "MB/s")
+    per_read = pick(records, "throughput", "bytes_per_read")
+    for b in sorted({k[2] for k in per_read}):
+        name = f"fig13_bytes_per_read_{b}_blocks.png"
+        made[name] = line_plot(out / name, f"Mean bytes per read (receiver-driven protocols), {b} blocks",
+                               series(per_read, fixed_blocks=b), "message size", "bytes per read")
+    made["fig_fan_in.png"] = plot_fan_in(records, out, plt, style)
     for side in ("sender", "receiver"):
         cpu = pick(records, "cpu", f"cpu_{side}")
         for b in sorted({k[2] for k in cpu}):
@@ -508,6 +516,10 @@ def report(doc, records, out, made):
                 cells.append(f"{v[0]:.0f}" if v else "–")
             md.append(f"| {m} | " + " | ".join(cells) + " |")
         md.append("")
+    md += ["## Mean bytes per read (buffered_read)\n",
+           "The receiver's data gets and their bytes (protocol counters): reads batch everything the sender "
+           "wrote since the last one.\n", table(records, "throughput", "bytes_per_read", "{:.0f}")]
+    md += ["## Fan-in: N senders into one receiver\n", fan_in_table(records)]
     md += ["## Held block (Fig. 18)\n",
            "Three receiver blocks, 64 KiB messages sent back to back (saturated, as in the paper's Fig. 18), the "
            "receiver holds block 3 (index 2) from 100 to 200 ms after the sender connected. A protocol that can "

@@ -21,6 +21,7 @@ import sys
 import time
 
 import cache_experiments
+import fan_in_experiments
 import ring_experiments  # bench/ is the script's directory, first on sys.path
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -352,6 +353,10 @@ def exp_throughput(res, cfg):
         for r, rate in enumerate(rates):
             res.add("throughput", p, t, s, b, "throughput", rate, "MB/s", r)
         add_cpu(res, "cpu", p, t, s, b, snd, rcv)
+        # Receiver-driven protocols (buffered_read) batch by themselves: the mean bytes per read.
+        counters = rcv.get("protocol_counters", {})
+        if counters.get("reads"):
+            res.add("throughput", p, t, s, b, "bytes_per_read", counters["bytes_read"] / counters["reads"], "bytes")
         median = statistics.median(rates)
         if p == "ucx_raw_put":
             ceiling[(t, s, b)] = median
@@ -592,6 +597,8 @@ def exp_resources(res, cfg):
                       f"puts {snd['resources']['puts']}, gets {snd['resources']['gets']}")
 
 
+from fan_in_experiments import exp_fan_in  # noqa: E402  (bench/fan_in_experiments.py)
+
 EXPERIMENTS = {
     # name: (paper figures, what it measures, function)
     "sync_latency": ("Fig. 10-11", "time the sender waits for a free block, per wait, vs number of blocks",
@@ -607,6 +614,8 @@ EXPERIMENTS = {
                 exp_cameras),
     "cache": ("CARC slides", "receiver processing x devices x in-flight data: carc, credit (cache_experiments.py)",
               cache_experiments.exp_cache),
+    "fan_in": ("thesis", "1-12 senders into one receiver: a thread per sender vs one round-robin thread "
+                         "(fan_in_experiments.py)", fan_in_experiments.exp_fan_in),
 }
 EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
 
@@ -663,6 +672,7 @@ def main(argv):
     cfg.sync_blocks = [3, 32] if a.tiny else [3, 16, 128] if quick else SYNC_BLOCKS
     cfg.sync_count = 500 if a.tiny else 5000
     cfg.camera_seconds = 0.4 if a.tiny else 3 if a.quick else 10
+    cfg.fan_in_senders, cfg.fan_in_sizes = ([2], [512]) if a.tiny else (None, None)
     if a.tiny:
         # One size (the 256 B target point): the test checks records and plots, not curves,
         # and must stay well under a minute on every transport of a 2-core machine.

@@ -7,10 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -52,6 +53,13 @@ constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
 // waits at most that long.
 constexpr auto kLongIdle = std::chrono::seconds(1);
 constexpr auto kLongIdleSleep = std::chrono::milliseconds(20);
+
+// How long a consumer idle for `idle` sleeps before it looks again: an eighth of the idle time,
+// at least kMinIdleSleep, at most kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle).
+Clock::duration idle_nap(Clock::duration idle) {
+  const Clock::duration cap = idle > kLongIdle ? Clock::duration(kLongIdleSleep) : kMaxIdleSleep;
+  return std::clamp<Clock::duration>(idle / 8, kMinIdleSleep, cap);
+}
 
 struct Refusal {
   Code code;
@@ -121,6 +129,83 @@ struct Receiver::Impl {
   std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group);
   // A registered lane ended; reports the sender once all its lanes have.
   void lane_ended(uint64_t group, const SessionReport& report);
+
+  // ReceiverOptions::round_robin: one consumer thread passes over every session in turn. A
+  // session's own thread hands it over after the handshake and waits for it to end.
+  class RoundRobin;
+  std::unique_ptr<RoundRobin> round_robin;
+};
+
+class Receiver::Impl::RoundRobin {
+ public:
+  // One pass of a session's consumer loop: false once it ended; *worked: it did something.
+  using Step = std::function<bool(bool* worked)>;
+
+  explicit RoundRobin(const ReceiverOptions& options) : options_(options), thread_([this] { run(); }) {}
+  ~RoundRobin() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  // Runs `step` on the consumer thread until it returns false. Any thread; blocks until then.
+  void serve(const Step& step) {
+    Entry e{&step};
+    std::unique_lock lock(mutex_);
+    entries_.push_back(&e);
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return e.done; });
+  }
+
+ private:
+  struct Entry {
+    const Step* step;
+    bool done = false;
+  };
+
+  // The same idle policy as a session's own thread, over all sessions: a nap only when a whole
+  // round found nothing to do.
+  void run() {
+    std::vector<Entry*> turn;
+    auto last_work = Clock::now();
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stop_ || !entries_.empty(); });
+        if (entries_.empty()) return;  // stopping, and every session has ended
+        turn = entries_;
+      }
+      bool any = false;
+      for (Entry* e : turn) {
+        bool worked = false;
+        const bool go = (*e->step)(&worked);
+        any = any || worked;
+        if (go) continue;
+        std::lock_guard lock(mutex_);
+        entries_.erase(std::find(entries_.begin(), entries_.end(), e));
+        e->done = true;  // its thread may destroy it as soon as the lock is released
+        changed_.notify_all();
+      }
+      const auto now = Clock::now();
+      if (any) {
+        last_work = now;
+      } else if (!options_.busy_poll && now - last_work > kSpinIdle) {
+        std::this_thread::sleep_for(idle_nap(now - last_work));
+      } else if (!options_.busy_poll) {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  const ReceiverOptions& options_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<Entry*> entries_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts when everything above exists
 };
 
 wire::CapacityInfo Receiver::Impl::capacity() {
@@ -232,7 +317,14 @@ class Session {
   std::optional<Refusal> authenticate(const wire::Hello& hello);
   std::optional<Refusal> set_up(const wire::Hello& hello);
   std::optional<Refusal> connect();
+  // The consumer loop: begin_consume(), then step() until it returns false (the session ended:
+  // FIN answered, sender lost, or receiver stopping). One pass per step, so that one thread can
+  // serve several sessions in turn (ReceiverOptions::round_robin); consume() is the thread per
+  // sender with its idle policy.
   void consume();
+  void begin_consume();
+  bool step();
+  bool worked() const { return loop_.worked; }
   // The UCX worker this session's protocol uses: its own, or the transport's shared one.
   fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *wire_->worker; }
   void apply_holds(Clock::time_point start);
@@ -265,6 +357,15 @@ class Session {
   uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
   std::map<uint16_t, Clock::time_point> next_pause_log_;
   std::vector<bool> hold_active_;
+  struct Loop {  // the consumer loop's state between passes
+    Clock::time_point start, last_work, next_busy_log, next_publish, next_check, fin_deadline, retry_at, lost_at;
+    std::optional<wire::Fin> fin;
+    bool stalled = false;
+    bool logged_stall = false;
+    bool worked = false;  // the last pass consumed something or the protocol progressed
+    std::string last_error;
+    std::string lost;  // why the sender is gone (set: drain after lost_at, then end)
+  } loop_;
 };
 
 std::optional<Refusal> Session::handshake() {
@@ -498,131 +599,135 @@ void Session::apply_holds(Clock::time_point start) {
   }
 }
 
-void Session::consume() {
-  const auto start = Clock::now();
+void Session::begin_consume() {
+  loop_ = Loop{};
+  loop_.start = loop_.last_work = loop_.next_busy_log = loop_.next_publish = loop_.next_check = Clock::now();
   hold_active_.assign(geometry_.blocks, false);
-  std::optional<wire::Fin> fin;
-  Clock::time_point fin_deadline{};
-  bool stalled = false;
-  std::string last_error;
-  bool logged_stall = false;
-  auto next_busy_log = Clock::now();
-  auto last_work = Clock::now();
-  auto next_publish = Clock::now();
-  auto next_check = Clock::now();
+}
 
-  auto finish_lost = [&](const std::string& why) {
-    std::this_thread::sleep_for(kLostGrace);
-    // Blocks already marked full hold complete data: keep them (the sink may still fail).
+// Thread per sender: passes until the session ends, idle in between (paper §3.2.5: "sleeps for a
+// fixed time before querying again"). While data flows the receiver keeps polling (a sleeping
+// receiver stalls a sender whose blocks are all full); once idle for kSpinIdle it sleeps, longer
+// the longer it has been idle (idle_nap) — so an idle receiver costs ~no CPU and a burst is picked
+// up within ~1 ms (20 ms after a long pause).
+void Session::consume() {
+  begin_consume();
+  while (step()) {
+    if (rx_.options.busy_poll) continue;
+    const auto now = Clock::now();
+    if (loop_.stalled && now < loop_.retry_at) {
+      std::this_thread::sleep_until(loop_.retry_at);
+    } else if (now - loop_.last_work > kSpinIdle) {
+      proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
+    } else if (!loop_.worked) {
+      std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
+    }
+  }
+}
+
+bool Session::step() {
+  Loop& l = loop_;
+  if (rx_.stopping.load(std::memory_order_acquire)) {
+    delivery_->abort_partials();
+    report_.reason = "receiver stopped";
+    return false;
+  }
+  if (!l.lost.empty()) {
+    if (Clock::now() < l.lost_at) return true;
+    // The sender is gone. Records already complete hold whole data: keep them (the sink may
+    // still fail), then discard what is partial.
     size_t consumed = 1;
     while (consumed > 0) {
       if (!delivery_->pass(&consumed).is_ok()) break;
     }
     delivery_->abort_partials();
-    report_.reason = why;
+    report_.reason = l.lost;
+    return false;
+  }
+  // After a sender died, let the progress thread apply what already arrived before the last drain.
+  auto finish_lost = [&](const std::string& why) {
+    l.lost = why;
+    l.lost_at = Clock::now() + kLostGrace;
+    return true;
   };
+  if (!rx_.options.holds.empty()) apply_holds(l.start);
 
-  for (;;) {
-    if (rx_.stopping.load(std::memory_order_acquire)) {
-      delivery_->abort_partials();
-      report_.reason = "receiver stopped";
-      return;
-    }
-    if (!rx_.options.holds.empty()) apply_holds(start);
-
-    const bool progressed = proto_->progress();
-    size_t consumed = 0;
+  const bool progressed = proto_->progress();
+  size_t consumed = 0;
+  if (!l.stalled || Clock::now() >= l.retry_at) {
     Status st = delivery_->pass(&consumed);
     if (!st.is_ok()) {
       // Stop accepting: the data stays in its block, the empty ones are marked held (paper
-      // status 2), and the sender waits until the sink works again.
+      // status 2), and the sender waits until the sink works again; retried every kStallRetry.
       // Log each new reason once. Worker back-pressure comes and goes with every message a
       // slow worker finishes: log it at most every kBusyLogInterval (the metrics count stalls).
       const bool busy = st.code() == Code::kBusy;
-      const bool news = !stalled ? !busy || Clock::now() >= next_busy_log
-                                 : st.message() != last_error && !busy;
+      const bool news = !l.stalled ? !busy || Clock::now() >= l.next_busy_log : st.message() != l.last_error && !busy;
       if (news) {
         rx_.event("sender " + report_.sender.name + ": holding blocks until this clears: " + st.to_string());
-        if (busy) next_busy_log = Clock::now() + kBusyLogInterval;
-        logged_stall = true;
+        if (busy) l.next_busy_log = Clock::now() + kBusyLogInterval;
+        l.logged_stall = true;
       }
-      if (!stalled) {
+      if (!l.stalled) {
         hold_all(true);
         ++report_.stalls;
       }
-      stalled = true;
-      last_error = st.message();
-      std::this_thread::sleep_for(kStallRetry);
-    } else if (stalled) {
-      stalled = false;
+      l.stalled = true;
+      l.last_error = st.message();
+      l.retry_at = Clock::now() + kStallRetry;
+    } else if (l.stalled) {
+      l.stalled = false;
       hold_all(false);
-      if (logged_stall) rx_.event("sender " + report_.sender.name + ": storing again");
-      logged_stall = false;
-    }
-
-    if (fin) {
-      // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
-      bool complete = desc_->reference || !delivery_->has_open_message();
-      for (auto [d, n] : fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
-      if (complete || (consumed == 0 && !stalled && !delivery_->any_paused() && Clock::now() > fin_deadline)) {
-        uint64_t missing = 0;
-        for (auto [d, n] : fin->messages) {
-          uint64_t got = delivery_->messages(d);
-          if (got < n && !desc_->reference) missing += n - got;
-        }
-        delivery_->abort_partials();
-        wire::FinAck ack;
-        ack.ok = missing == 0;
-        ack.stored = delivery_->counters().messages;
-        ack.message = missing == 0 ? "all stored" : std::to_string(missing) + " messages did not arrive";
-        (void)control_->send(wire::MsgType::kFinAck, wire::encode(ack));
-        report_.finished = missing == 0;
-        if (missing) report_.reason = ack.message;
-        return;
-      }
-      if (consumed > 0 || stalled || delivery_->any_paused()) fin_deadline = Clock::now() + kFinGrace;
-    }
-
-    // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"). While data
-    // flows the receiver keeps polling (a sleeping receiver stalls a sender whose blocks are all
-    // full); once idle for kSpinIdle it sleeps, longer the longer it has been idle, up to
-    // kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle) — so an idle receiver costs ~no CPU
-    // and a burst is picked up within ~1 ms (20 ms after a long pause).
-    const auto now = Clock::now();
-    if (consumed > 0 || progressed) {
-      last_work = now;
-    } else if (!rx_.options.busy_poll && now - last_work > kSpinIdle) {
-      const Clock::duration cap = now - last_work > kLongIdle ? Clock::duration(kLongIdleSleep) : kMaxIdleSleep;
-      auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, cap);
-      proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(nap));
-    } else if (!rx_.options.busy_poll) {
-      std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
-    }
-    if (Clock::now() >= next_check) {
-      next_check = Clock::now() + Millis(1);
-      if (Clock::now() >= next_publish) {
-        next_publish = Clock::now() + Millis(100);
-        publish(start);
-      }
-      Status alive = control_->check_alive();
-      if (alive.code() == Code::kPeerGone) {
-        finish_lost("connection closed mid-stream");
-        return;
-      }
-      if (alive.code() == Code::kInProgress && !fin) {
-        std::vector<uint8_t> body;
-        wire::Fin f;
-        Status rs = control_->expect(wire::MsgType::kFin, Millis(1000), &body);
-        if (rs.is_ok()) rs = wire::decode(body, &f);
-        if (!rs.is_ok()) {
-          finish_lost("bad control message: " + rs.message());
-          return;
-        }
-        fin = std::move(f);
-        fin_deadline = Clock::now() + kFinGrace;
-      }
+      if (l.logged_stall) rx_.event("sender " + report_.sender.name + ": storing again");
+      l.logged_stall = false;
     }
   }
+
+  if (l.fin) {
+    // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
+    bool complete = desc_->reference || !delivery_->has_open_message();
+    for (auto [d, n] : l.fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
+    if (complete || (consumed == 0 && !l.stalled && !delivery_->any_paused() && Clock::now() > l.fin_deadline)) {
+      uint64_t missing = 0;
+      for (auto [d, n] : l.fin->messages) {
+        uint64_t got = delivery_->messages(d);
+        if (got < n && !desc_->reference) missing += n - got;
+      }
+      delivery_->abort_partials();
+      wire::FinAck ack;
+      ack.ok = missing == 0;
+      ack.stored = delivery_->counters().messages;
+      ack.message = missing == 0 ? "all stored" : std::to_string(missing) + " messages did not arrive";
+      (void)control_->send(wire::MsgType::kFinAck, wire::encode(ack));
+      report_.finished = missing == 0;
+      if (missing) report_.reason = ack.message;
+      return false;
+    }
+    if (consumed > 0 || l.stalled || delivery_->any_paused()) l.fin_deadline = Clock::now() + kFinGrace;
+  }
+
+  const auto now = Clock::now();
+  l.worked = consumed > 0 || progressed;
+  if (l.worked) l.last_work = now;
+  if (now >= l.next_check) {
+    l.next_check = now + Millis(1);
+    if (now >= l.next_publish) {
+      l.next_publish = now + Millis(100);
+      publish(l.start);
+    }
+    Status alive = control_->check_alive();
+    if (alive.code() == Code::kPeerGone) return finish_lost("connection closed mid-stream");
+    if (alive.code() == Code::kInProgress && !l.fin) {
+      std::vector<uint8_t> body;
+      wire::Fin f;
+      Status rs = control_->expect(wire::MsgType::kFin, Millis(1000), &body);
+      if (rs.is_ok()) rs = wire::decode(body, &f);
+      if (!rs.is_ok()) return finish_lost("bad control message: " + rs.message());
+      l.fin = std::move(f);
+      l.fin_deadline = Clock::now() + kFinGrace;
+    }
+  }
+  return true;
 }
 
 void Session::run() {
@@ -646,7 +751,16 @@ void Session::run() {
     return;
   }
   if (capacity_only_) return;
-  consume();
+  if (rx_.round_robin) {
+    begin_consume();
+    rx_.round_robin->serve([this](bool* worked) {
+      const bool go = step();
+      *worked = loop_.worked;
+      return go;
+    });
+  } else {
+    consume();
+  }
   fill_report(start);
   {
     std::lock_guard lock(rx_.mutex);
@@ -763,6 +877,7 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
     WireFabric* wf = nullptr;
     SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, &wf));
   }
+  if (impl->options.round_robin) impl->round_robin = std::make_unique<Impl::RoundRobin>(impl->options);
   std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
   Impl* im = rx->impl_.get();
   im->accept_thread = std::thread([im] { im->accept_loop(); });
@@ -787,6 +902,7 @@ void Receiver::stop() {
     im.ended_cv.notify_all();
   }
   for (auto& [id, t] : sessions) t.join();
+  im.round_robin.reset();  // every session it served has ended
   std::lock_guard lock(im.mutex);
   im.wires.clear();  // progress threads stop, workers and contexts are destroyed
 }

@@ -29,6 +29,8 @@ using net::Millis;
 namespace {
 constexpr Millis kHandshakeTimeout{10000};
 constexpr auto kLivenessInterval = Millis(1);
+// After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
+constexpr auto kLetGoTimeout = Millis(2000);
 // How long the sending thread waits for a filled block before calling the protocol's idle_st():
 // normally ~1 ms; while the protocol holds records back (SenderProtocol::holding_st) much sooner.
 constexpr auto kIdlePeriod = std::chrono::microseconds(1000);
@@ -231,6 +233,11 @@ Status Lane::setup_fabric(const wire::Accept& accept) {
   const size_t local_size = size_t(options.blocks) * options.block_size;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(context, local_size, &local));
   ring = std::make_unique<stream::SendRing>(local->data(), options.blocks, options.block_size);
+  if (owner.desc->sender_wakeup) {
+    // Idle, the sending thread sleeps where the peer's operations wake it (Descriptor).
+    fabric::Worker* w = worker.get();
+    ring->set_sleeper({[w](std::chrono::microseconds t) { (void)w->wait_for_event(t); }, [w] { w->signal(); }});
+  }
   proto_fabric.reset(new protocol::SenderFabric{context, *worker, *endpoint, {options.blocks, options.block_size},
                                                 [this] { return alive_st(); }});
   return owner.desc->make_sender(*proto_fabric, accept.setup, owner.proto_options, &proto);
@@ -332,10 +339,18 @@ Status Lane::fin() {
   wire::Fin fin;
   for (uint16_t d : devices) fin.messages[d] = owner.messages[d].load();
   SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kFin, wire::encode(fin)));
+  // A receiver that reaches into this sender (Descriptor::receiver_endpoint) reads from us until
+  // it has let go of our memory: where UCX emulates its reads (tcp) our worker must answer them,
+  // so it is progressed here (the sending thread has ended) until the receiver closes the
+  // connection — which it does after it freed its half of the protocol.
+  const bool answer = owner.desc->receiver_endpoint;
   wire::Frame frame;
   for (;;) {
-    Status st = control->receive(Millis(1000), &frame);
-    if (st.code() == Code::kTimeout) continue;
+    Status st = control->receive(answer ? Millis(1) : Millis(1000), &frame);
+    if (st.code() == Code::kTimeout) {
+      if (answer) worker->progress();
+      continue;
+    }
     if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};
     SLOTSTREAM_RETURN_IF_ERROR(st);
     if (frame.type == wire::MsgType::kFinAck) break;
@@ -343,6 +358,12 @@ Status Lane::fin() {
   }
   wire::FinAck ack;
   SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &ack));
+  if (answer) {
+    for (const auto until = Clock::now() + kLetGoTimeout; Clock::now() < until;) {
+      if (control->receive(Millis(1), &frame).code() == Code::kPeerGone) break;
+      worker->progress();
+    }
+  }
   if (!ack.ok) return {Code::kIoError, "receiver reported: " + ack.message};
   return Status::ok();
 }

@@ -359,6 +359,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
   }
   opt.transport = *parse_transport(a.transport);
   opt.busy_poll = a.busy_poll;
+  opt.round_robin = a.round_robin;
   for (const auto& h : a.holds) {
     HoldSpec spec;
     if (!parse_hold_spec(h, &spec)) {
@@ -435,7 +436,7 @@ int run_bench_send(const BenchSendArgs& a) {
   SenderOptions opt;
   opt.host = host;
   opt.port = port;
-  opt.name = "bench";
+  opt.name = a.name;
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
   opt.blocks = a.blocks;

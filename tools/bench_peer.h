@@ -14,6 +14,7 @@ struct BenchRecvArgs {
   std::vector<std::string> holds;
   uint64_t sessions = 1;
   bool tcp_socket = false;
+  bool round_robin = false;  // one consumer thread for every sender (ReceiverOptions::round_robin)
   // Receiver "processing": read every byte, then this many ns per byte of compute (0: read only;
   // negative: no processing).
   double process_ns_per_byte = -1;
@@ -22,6 +23,7 @@ int run_bench_recv(const BenchRecvArgs& args);
 
 struct BenchSendArgs {
   std::string to;
+  std::string name = "bench";  // distinct names let several senders share one receiver (fan-in)
   std::string transport = "auto";
   std::string protocol = "status_byte";
   uint32_t blocks = 3;

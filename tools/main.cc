@@ -171,10 +171,12 @@ int main(int argc, char** argv) {
   bpr->add_option("--hold-block", brecv.holds, "INDEX:FROM_MS:TO_MS");
   bpr->add_option("--sessions", brecv.sessions, "exit after K senders")->check(CLI::PositiveNumber);
   bpr->add_flag("--tcp-socket", brecv.tcp_socket, "plain TCP reference instead of slotstream");
+  bpr->add_flag("--round-robin", brecv.round_robin, "one consumer thread serves every sender in turn");
   bpr->add_option("--process-ns-per-byte", brecv.process_ns_per_byte,
                   "processing: read every byte, then spin this many ns per byte")->check(CLI::NonNegativeNumber);
   auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
   bps->add_option("--to", bsend.to, "HOST:PORT")->required();
+  bps->add_option("--name", bsend.name, "sender name (default bench)");
   bps->add_option("--transport", bsend.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
   bps->add_option("--protocol", bsend.protocol);
   bps->add_option("--blocks", bsend.blocks)->check(CLI::Range(1u, kMaxBlocks));

@@ -203,8 +203,9 @@ struct SessionReport {
   double buffer_useful_avg = 0;
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
-  // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes),
-  // summed over the sender's connections; documented where each protocol counts them.
+  // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes,
+  // buffered_read's reads and bytes read), summed over the sender's connections; documented where
+  // each protocol counts them (protocol.h).
   std::map<std::string, uint64_t> protocol_counters;
 
   // Adds another connection (lane) of the same sender: every counter summed, devices and
@@ -232,6 +233,9 @@ struct ReceiverOptions {
   std::function<void(const std::string&)> on_event;
   std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
   bool busy_poll = false;                  // never sleep when idle (latency measurements)
+  // One consumer thread serves every sender in turn, one pass each, instead of a thread per
+  // sender (the thesis's single receiver; `bench fan_in`).
+  bool round_robin = false;
   // Most bytes of blocks given to all connected senders together (0: default_max_memory()). A
   // sender that would pass it is refused before anything is allocated.
   uint64_t max_memory = 0;

@@ -1,5 +1,8 @@
 #include "fabric/fabric.h"
 
+#include "fabric/internal.h"
+#include "fabric/soft_rma.h"
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -14,9 +17,8 @@
 #include <spdlog/spdlog.h>
 
 namespace slotstream::fabric {
-namespace {
 
-Status from_ucs(ucs_status_t st, const char* what) {
+Status internal::from_ucs(ucs_status_t st, const char* what) {
   if (st == UCS_OK) return Status::ok();
   if (st == UCS_INPROGRESS) return {Code::kInProgress, what};
   Code code = Code::kTransportError;
@@ -35,6 +37,9 @@ Status from_ucs(ucs_status_t st, const char* what) {
   }
   return {code, std::string(what) + ": " + ucs_status_string(st)};
 }
+
+namespace {
+using internal::from_ucs;
 
 // The UCX transport list for a wire. "self" is always needed for loopback within a process.
 const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" : "tcp,self"; }
@@ -56,6 +61,11 @@ void op_started() { raise_max(g_counters.max_outstanding, g_counters.outstanding
 void op_finished() { g_counters.outstanding.fetch_sub(1); }
 
 }  // namespace
+
+namespace internal {
+void count_am_send() { g_counters.am_sends.fetch_add(1, std::memory_order_relaxed); }
+void count_am_received() { g_counters.am_received.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace internal
 
 Counters counters() {
   const auto& c = g_counters;
@@ -120,6 +130,14 @@ void Context::park(std::unique_ptr<MemoryRegion> region) {
   parked_.push_back(std::move(region));
 }
 
+bool Context::registered(uint64_t address, uint64_t length) const {
+  std::lock_guard lock(regions_mutex_);
+  for (const auto& [base, size] : regions_) {
+    if (address >= base && length <= size && address - base <= size - length) return true;
+  }
+  return false;
+}
+
 // ----------------------------------------------------------------------------- MemoryRegion
 Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
   ucp_mem_map_params_t params{};
@@ -141,10 +159,37 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
   std::memset(attr.address, 0, length);
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
   out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length));
+  {
+    std::lock_guard lock(ctx.regions_mutex_);
+    ctx.regions_.emplace_back(reinterpret_cast<uint64_t>(attr.address), length);
+  }
+  return Status::ok();
+}
+
+Status MemoryRegion::map(Context& ctx, void* address, size_t length, std::unique_ptr<MemoryRegion>* out) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = address;
+  params.length = length;
+  ucp_mem_h mem = nullptr;
+  ucs_status_t st = ucp_mem_map(ctx.handle(), &params, &mem);
+  if (st != UCS_OK) return from_ucs(st, "ucp_mem_map (registering local memory)");
+  raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
+  out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(address), length));
+  {
+    std::lock_guard lock(ctx.regions_mutex_);
+    ctx.regions_.emplace_back(reinterpret_cast<uint64_t>(address), length);
+  }
   return Status::ok();
 }
 
 MemoryRegion::~MemoryRegion() {
+  {
+    std::lock_guard lock(ctx_.regions_mutex_);
+    auto& r = ctx_.regions_;
+    auto it = std::find(r.begin(), r.end(), std::make_pair(reinterpret_cast<uint64_t>(data_), uint64_t(size_)));
+    if (it != r.end()) r.erase(it);
+  }
   ucp_mem_unmap(ctx_.handle(), mem_);
   g_counters.registered_now.fetch_sub(size_);
 }
@@ -171,27 +216,45 @@ Status RemoteKey::unpack(Endpoint& ep, std::span<const uint8_t> packed, std::uni
 RemoteKey::~RemoteKey() { ucp_rkey_destroy(handle_); }
 
 // ---------------------------------------------------------------------------------- Request
-Request::~Request() {
-  // Abandoning a running request: UCX frees it when it completes.
+Request::Request(std::shared_ptr<SoftOp> op) : op_(std::move(op)) { op_started(); }
+
+Request::~Request() { release(); }
+
+// Abandoning a running request: UCX frees it when it completes; a fabric-carried one is
+// forgotten (a late reply is dropped).
+void Request::release() {
   if (req_ != nullptr) {
     ucp_request_free(req_);
+    req_ = nullptr;
+    op_finished();
+  }
+  if (op_ != nullptr) {
+    if (op_->state.load(std::memory_order_acquire) == SoftOp::kPending) op_->owner->forget(op_.get());
+    op_.reset();
     op_finished();
   }
 }
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
-    if (req_ != nullptr) {
-      ucp_request_free(req_);
-      op_finished();
-    }
+    release();
     req_ = other.req_;
+    op_ = std::move(other.op_);
     other.req_ = nullptr;
   }
   return *this;
 }
 
 Status Request::check() {
+  if (op_ != nullptr) {
+    const int state = op_->owner->check(*op_);
+    if (state == SoftOp::kPending) return {Code::kInProgress, "request"};
+    Status st = state == SoftOp::kDone ? Status::ok() : op_->error;
+    op_.reset();
+    op_finished();
+    g_counters.completions.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
   if (req_ == nullptr) return Status::ok();
   ucs_status_t st = ucp_request_check_status(req_);
   if (st == UCS_INPROGRESS) return {Code::kInProgress, "request"};
@@ -238,6 +301,9 @@ Status track(ucs_status_ptr_t ptr, const char* what, Request* req) {
 void Endpoint::on_error(void* arg, ucp_ep* /*ep*/, int status) {
   auto* self = static_cast<Endpoint*>(arg);
   self->failed_ = true;
+  if (self->worker_.soft_) {
+    self->worker_.soft_->fail_endpoint(self, from_ucs(static_cast<ucs_status_t>(status), "peer unreachable"));
+  }
   spdlog::debug("endpoint error: {}", ucs_status_string(static_cast<ucs_status_t>(status)));
 }
 
@@ -263,6 +329,7 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
 
 Endpoint::~Endpoint() {
   if (handle_ == nullptr) return;
+  if (worker_.soft_) worker_.soft_->fail_endpoint(this, {Code::kCancelled, "endpoint closed"});
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -279,13 +346,17 @@ Status Endpoint::flush(const Liveness& alive) {
   ucp_request_param_t param{};
   Request req;
   SLOTSTREAM_RETURN_IF_ERROR(track(ucp_ep_flush_nbx(handle_, &param), "ucp_ep_flush_nbx", &req));
-  return req.wait(worker_, alive);
+  SLOTSTREAM_RETURN_IF_ERROR(req.wait(worker_, alive));
+  // Our own puts are complete once the peer has answered a flush request sent behind them.
+  if (worker_.soft_) return worker_.soft_->flush(*this, alive);
+  return Status::ok();
 }
 
 Status Endpoint::put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {
   if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
   ucp_request_param_t param{};
   g_counters.puts.fetch_add(1, std::memory_order_relaxed);
+  if (worker_.soft_) return worker_.soft_->put(*this, src, length, remote_addr, req);
   return track(ucp_put_nbx(handle_, src, length, remote_addr, rkey.handle(), &param), "ucp_put_nbx", req);
 }
 
@@ -293,6 +364,7 @@ Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& 
   if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
   ucp_request_param_t param{};
   g_counters.gets.fetch_add(1, std::memory_order_relaxed);
+  if (worker_.soft_) return worker_.soft_->get(*this, dst, length, remote_addr, req);
   return track(ucp_get_nbx(handle_, dst, length, remote_addr, rkey.handle(), &param), "ucp_get_nbx", req);
 }
 
@@ -396,15 +468,23 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
     st = ucp_worker_get_efd(handle, &w->event_fd_);
     if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_efd");
   }
+  // tcp has no one-sided transport: the fabric carries puts and gets itself (soft_rma.h).
+  if (ctx.wire() == Wire::kTcp) SLOTSTREAM_RETURN_IF_ERROR(SoftRma::create(*w, &w->soft_));
   *out = std::move(w);
   return Status::ok();
 }
 
-Worker::~Worker() { ucp_worker_destroy(handle_); }
+Worker::Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}
+
+Worker::~Worker() {
+  soft_.reset();
+  ucp_worker_destroy(handle_);
+}
 
 unsigned Worker::progress() {
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned n = ucp_worker_progress(handle_);
+  if (soft_) soft_->reap();
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   g_counters.progress_calls.fetch_add(1, std::memory_order_relaxed);
   g_counters.progress_ns.fetch_add(uint64_t(ns), std::memory_order_relaxed);
@@ -424,9 +504,11 @@ Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   if (st == UCS_ERR_BUSY) return Status::ok();
   if (st != UCS_OK) return from_ucs(st, "ucp_worker_arm");
   pollfd pfd{event_fd_, POLLIN, 0};
-  // poll() counts milliseconds: round up, so that a short wait still sleeps instead of spinning.
-  const int ms = int(std::min<int64_t>((timeout.count() + 999) / 1000, INT32_MAX));
-  int rc = ::poll(&pfd, 1, ms);
+  // ppoll counts microseconds: the short waits of PollBackoff::pause(worker) sleep as long as
+  // asked (a millisecond poll() would round them up to 1 ms), and a zero timeout is not asked for.
+  const auto us = std::max<int64_t>(1, timeout.count());
+  const timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+  int rc = ::ppoll(&pfd, 1, &ts, nullptr);
   if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("poll: ") + strerror(errno)};
   return Status::ok();
 }

@@ -70,6 +70,10 @@ class Context {
 
   ucp_context* handle() const { return handle_; }
   Wire wire() const { return wire_; }
+  // Whether [address, address + length) lies in one memory region registered through this
+  // context: what a peer may read or write where the fabric carries puts and gets (soft_rma.h).
+  // Any thread.
+  bool registered(uint64_t address, uint64_t length) const;
 
   // Keeps `region` mapped until this context goes, i.e. until after every worker of it: for
   // memory a peer may still write into after its owner gave up on it (a receive still being
@@ -79,9 +83,12 @@ class Context {
   void park(std::unique_ptr<MemoryRegion> region);
 
  private:
+  friend class MemoryRegion;
   Context(ucp_context* handle, Wire wire) : handle_(handle), wire_(wire) {}
   ucp_context* handle_;
   Wire wire_;
+  mutable std::mutex regions_mutex_;
+  std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
   std::mutex parked_mutex_;
   std::vector<std::unique_ptr<MemoryRegion>> parked_;
 };
@@ -90,9 +97,12 @@ class Worker;
 
 // Registered memory. `allocate` lets UCX allocate it (UCP_MEM_MAP_ALLOCATE): on shared memory
 // that is what makes remote puts/gets land without the owner's CPU (see docs/design.md).
+// `map` registers memory the caller owns and keeps (the local destination of gets: shared memory
+// and tcp copy into any memory, an RDMA NIC only into registered memory); it stays the caller's.
 class MemoryRegion {
  public:
   static Status allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out);
+  static Status map(Context& ctx, void* address, size_t length, std::unique_ptr<MemoryRegion>* out);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -127,25 +137,33 @@ class RemoteKey {
   ucp_rkey* handle_;
 };
 
+struct SoftOp;
+class SoftRma;
+
 // An outstanding non-blocking operation. Empty when the operation completed inside the call.
+// Dropping a pending one is allowed: UCX frees its request when it completes, and a get the
+// fabric carries itself (tcp, soft_rma.h) no longer writes its destination.
 class Request {
  public:
   Request() = default;
-  explicit Request(void* req) : req_(req) {}  // adopts a UCX request pointer (fabric.cc only)
+  explicit Request(void* req) : req_(req) {}     // adopts a UCX request pointer (fabric only)
+  explicit Request(std::shared_ptr<SoftOp> op);  // a fabric-carried get or flush (fabric only)
   ~Request();
-  Request(Request&& other) noexcept : req_(other.req_) { other.req_ = nullptr; }
+  Request(Request&& other) noexcept : req_(other.req_), op_(std::move(other.op_)) { other.req_ = nullptr; }
   Request& operator=(Request&& other) noexcept;
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
 
-  bool pending() const { return req_ != nullptr; }
+  bool pending() const { return req_ != nullptr || op_ != nullptr; }
   // Ok when complete, kInProgress while running, an error if it failed. Frees it when done.
   Status check();
   // Progresses `worker` until complete; `alive` is consulted about every millisecond.
   Status wait(Worker& worker, const Liveness& alive);
 
  private:
+  void release();
   void* req_ = nullptr;
+  std::shared_ptr<SoftOp> op_;
 };
 
 class Endpoint {
@@ -164,7 +182,8 @@ class Endpoint {
   Status flush(const Liveness& alive);
 
   // One-sided operations. `*req` receives the pending operation if it did not complete inline;
-  // the source buffer of a put must stay untouched until then.
+  // the source buffer of a put must stay untouched until then. Over tcp the fabric carries them
+  // itself (soft_rma.h); elsewhere UCX does (shared memory: the CPU copies, no peer involved).
   Status put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
   Status get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
   // Two-sided active message (used by protocols that notify the receiver). The header must
@@ -178,6 +197,7 @@ class Endpoint {
   Status tag_send(const void* src, size_t length, uint64_t tag, Request* req);
 
  private:
+  friend class SoftRma;
   Endpoint(Worker& worker) : worker_(worker) {}
   static void on_error(void* arg, ucp_ep* ep, int status);
   Worker& worker_;
@@ -242,9 +262,11 @@ class Worker {
   unsigned progress();
   // Orders every put/get issued before it before every one issued after it.
   Status fence();
-  // Blocks until the worker has an event, `signal()` is called or `timeout` passes (a worker
-  // created with wakeup). Progresses first: returns at once if there was work.
+  // Blocks until the worker has an event, `signal()` is called (also before this call: a signal
+  // is kept until the next wait) or `timeout` passes (a worker created with wakeup). Progresses
+  // first: returns at once if there was work.
   Status wait_for_event(std::chrono::microseconds timeout = std::chrono::seconds(1));
+  // Any thread.
   void signal();
 
   // Registers an active-message handler for `id` (one per id per worker: a later one replaces it).
@@ -262,9 +284,11 @@ class Worker {
   Status tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out);
 
  private:
-  Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}
+  friend class Endpoint;
+  Worker(Context& ctx, ucp_worker* handle);
   Context& ctx_;
   ucp_worker* handle_;
+  std::unique_ptr<SoftRma> soft_;  // tcp: puts and gets carried by the fabric (soft_rma.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;

@@ -141,14 +141,20 @@ class SenderProtocol {
 class PollBackoff {
  public:
   void pause();
+  // The same policy, but the sleeps are spent in `worker`'s event wait (a worker created with a
+  // wake-up fd, Descriptor::sender_wakeup): an operation of the peer that reaches this worker
+  // (tcp: a receiver's get or put) ends the sleep at once and is answered.
+  void pause(fabric::Worker& worker);
   void reset() { polls_ = 0; }
 
  private:
   uint32_t polls_ = 0;
 };
 
-// Threading: one consumer thread per connected sender calls every method (the session thread,
-// which also ran make_receiver and connect).
+// Threading: one thread at a time per connected sender: its session thread runs make_receiver,
+// connect and the destructor; the consumer loop (poll, release, progress, wait, ...) runs on that
+// thread too, or, with ReceiverOptions::round_robin, on the receiver's one round-robin consumer
+// thread (handed over under a mutex: never two threads at once).
 class ReceiverProtocol {
  public:
   virtual ~ReceiverProtocol() = default;
@@ -180,8 +186,9 @@ struct Descriptor {
   std::string_view summary;
   // The options it takes, for --help: "key=VALUE: meaning; key2=...". Empty: none.
   std::string_view options_help;
-  // The receiver's UCX worker must be progressed even where RMA itself is one-sided (two-sided
-  // notifications or ACKs): a progress thread runs, and progress() is called by the consumer.
+  // The receiver takes part in transfers even where RMA itself is one-sided (two-sided
+  // notifications or ACKs, gets it issues): its session gets a UCX worker of its own, progressed
+  // only by the consumer (progress(), wait()).
   bool receiver_progress = false;
   // Devices cannot share a connection (the paper's sliding window, §2.3): the sender opens one
   // connection per device.
@@ -194,9 +201,11 @@ struct Descriptor {
   bool holds = false;
   // The receiver reaches into the sender's memory: it gets an endpoint to the sender's worker
   // with the SETUP, and the sender's worker must answer (on tcp: the sending thread progresses
-  // it while idle).
+  // it while idle, and after FIN until the receiver has let go and closed the connection).
   bool receiver_endpoint = false;
-  // The sender's worker is created with a wake-up file descriptor (protocols that sleep on it).
+  // The sender's worker is created with a wake-up file descriptor (protocols that sleep on it),
+  // and the idle sending thread sleeps on it too (woken by a filler's commit or by anything that
+  // reaches the worker): a peer's operation that needs this worker is answered at once.
   bool sender_wakeup = false;
   // Rejects options the protocol does not take (nullptr: it takes none).
   Status (*check_options)(const Options& options) = nullptr;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "protocol/buffered_read.h"
 #include "protocol/carc.h"
 #include "protocol/credit.h"
 #include "protocol/nic_assisted.h"
@@ -15,8 +16,8 @@
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 7> kAll = {&kStatusByte, &kSlidingWindow, &kCredit,     &kCarc,
-                                               &kPackedRing, &kNicAssisted,   &kUcxRawPut};
+const std::array<const Descriptor*, 8> kAll = {&kStatusByte, &kSlidingWindow, &kCredit,       &kCarc,
+                                               &kPackedRing, &kNicAssisted,   &kBufferedRead, &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }
@@ -33,15 +34,24 @@ Status check_options(const Descriptor& d, const Options& options) {
   return options.check_known(d.name, {});
 }
 
+namespace {
+constexpr uint32_t kSpinPolls = 64;
+constexpr uint32_t kMaxSleepUs = 200;
+}  // namespace
+
 void PollBackoff::pause() {
-  constexpr uint32_t kSpinPolls = 64;
-  constexpr uint32_t kMaxSleepUs = 200;
   constexpr uint32_t kStalledPolls = kSpinPolls + 300;  // ~20 ms of sleeps up to 200 µs
   constexpr uint32_t kStalledSleepUs = 2000;
   if (++polls_ <= kSpinPolls) return;
   const uint32_t us = polls_ < kStalledPolls ? std::min(kMaxSleepUs, polls_ - kSpinPolls)
                                              : std::min(kStalledSleepUs, kMaxSleepUs + (polls_ - kStalledPolls) * 10);
   std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+void PollBackoff::pause(fabric::Worker& worker) {
+  if (++polls_ <= kSpinPolls) return;
+  const std::chrono::microseconds t(std::min(kMaxSleepUs, polls_ - kSpinPolls));
+  if (!worker.wait_for_event(t).is_ok()) std::this_thread::sleep_for(t);  // no wake-up fd
 }
 
 void add_sample(std::vector<uint64_t>& samples, uint64_t ns) {

@@ -33,6 +33,7 @@ Status SendRing::claim(Slot* out) {
 void SendRing::commit(const Slot& slot, uint32_t length) {
   slots_[slot.index].length.store(length, std::memory_order_seq_cst);  // pairs with sender_waiting_
   if (sender_waiting_.load(std::memory_order_seq_cst)) {
+    if (sleeper_.wake) return sleeper_.wake();
     std::lock_guard lock(mutex_);
     filled_.notify_one();
   }
@@ -59,9 +60,18 @@ int64_t SendRing::wait_filled(uint64_t ticket, std::chrono::microseconds timeout
     // the very filler we wait for off the CPU.
     if (i >= 16) std::this_thread::yield();
   }
-  std::unique_lock lock(mutex_);
-  sender_waiting_.store(true, std::memory_order_seq_cst);
-  bool got = filled_.wait_for(lock, timeout, [&] { return filled() >= 0; });
+  bool got = false;
+  if (sleeper_.sleep) {
+    // Either we see the fill, or the filler sees sender_waiting_ and wakes a sleep that is
+    // about to start (the wake is kept until then).
+    sender_waiting_.store(true, std::memory_order_seq_cst);
+    if (filled() < 0) sleeper_.sleep(timeout);
+    got = filled() >= 0;
+  } else {
+    std::unique_lock lock(mutex_);
+    sender_waiting_.store(true, std::memory_order_seq_cst);
+    got = filled_.wait_for(lock, timeout, [&] { return filled() >= 0; });
+  }
   sender_waiting_.store(false, std::memory_order_relaxed);
   spin_budget_ = got ? kBusySpin : kIdleSpin;
   return filled();

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -30,6 +31,17 @@ class SendRing {
   };
 
   SendRing(std::byte* base, uint32_t blocks, uint32_t block_size);
+
+  // How the sending thread sleeps in wait_filled() when nothing is filled: by default on a
+  // condition variable. A protocol whose worker must answer the peer while the sending thread is
+  // idle (Descriptor::sender_wakeup) lets it sleep in the worker's event wait instead: `sleep`
+  // waits for an event or the timeout, `wake` (a filler's commit, any thread) ends that sleep —
+  // also one that begins after the call. Set before any filler starts.
+  struct Sleeper {
+    std::function<void(std::chrono::microseconds)> sleep;
+    std::function<void()> wake;
+  };
+  void set_sleeper(Sleeper sleeper) { sleeper_ = std::move(sleeper); }
 
   // Filler side (any thread). Blocks until the next block is free; kCancelled after abort().
   Status claim(Slot* out);
@@ -73,6 +85,7 @@ class SendRing {
   std::condition_variable filled_;
   std::atomic<int> fillers_waiting_{0};
   std::atomic<bool> sender_waiting_{false};
+  Sleeper sleeper_;
 };
 
 }  // namespace slotstream::stream

@@ -6,19 +6,23 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import BIN, PROTOCOLS, REPO
 
 KEYS = {"experiment": str, "protocol": str, "transport": str, "size_bytes": int, "blocks": int, "metric": str,
         "value": float, "unit": str, "run": int, "repeat": int, "variant": str}
 EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras"]
 # Experiments with axes of their own carry them as further keys of their records.
-DIMENSIONS = {"cache": {"devices": int, "process_ns_per_byte": float, "window_bytes": int, "window_of_cache": float}}
+DIMENSIONS = {"cache": {"devices": int, "process_ns_per_byte": float, "window_bytes": int, "window_of_cache": float},
+              "fan_in_threads": {"senders": int}, "fan_in_round_robin": {"senders": int}}
 FIGURES = ["fig10_sync_latency.png", "fig11_sync_distribution.png", "fig12_latency.png", "fig12_latency_median.png",
            "fig13_throughput_3_blocks.png", "fig15_cpu_sender_3_blocks.png", "fig15_cpu_receiver_3_blocks.png",
            "fig16_resources_sender.png", "fig17_resources_receiver.png", "fig18_held_block.png", "fig19_cameras.png",
-           "fig19_cameras_equal_memory.png"]
+           "fig19_cameras_equal_memory.png", "fig13_bytes_per_read_3_blocks.png", "fig_fan_in.png"]
 
 
+@pytest.mark.deadline(300)  # every protocol in every experiment, twice: ~100 s on a quiet 2-core machine
 def test_tiny_run_of_every_experiment(tmp_path):
     out = tmp_path / "bench"
     p = subprocess.run([BIN, "bench", "all", "--tiny", "--runs", "2", "--out", str(out)], capture_output=True,
@@ -50,7 +54,8 @@ def test_tiny_run_of_every_experiment(tmp_path):
     metrics = {(r["experiment"], r["metric"]) for r in doc["records"]}
     for m in (("throughput", "throughput_ratio_to_ucx"), ("latency", "latency_mean_ratio_to_ucx"),
               ("cpu", "cpu_sender"), ("cpu", "cpu_receiver"), ("cameras", "throughput_cov"),
-              ("cameras", "frames_lost"), ("held_block", "throughput_during_hold")):
+              ("cameras", "frames_lost"), ("held_block", "throughput_during_hold"), ("throughput", "bytes_per_read"),
+              ("fan_in_round_robin", "ratio_to_threads")):
         assert m in metrics, m
     assert all(r["unit"] == "MB/s" for r in doc["records"] if r["metric"] == "throughput")
     # cache (CARC): carc and credit on every transport, their receiver's processing measured, a figure each.
@@ -64,8 +69,12 @@ def test_tiny_run_of_every_experiment(tmp_path):
     assert all(r["value"] == 0 for r in doc["records"] if r["metric"] in ("frames_lost", "messages_lost"))
     # Two independent runs: every experiment measured in each.
     assert {r["run"] for r in doc["records"]} == {0, 1}
-    for exp in EXPERIMENTS:
+    for exp in EXPERIMENTS + ["fan_in_threads", "fan_in_round_robin"]:
         assert {r["run"] for r in doc["records"] if r["experiment"] == exp} == {0, 1}, exp
+    # fan_in (buffered_read thesis): the thesis's protocol in both receiver modes on every transport.
+    for t in transports:
+        for exp in ("fan_in_threads", "fan_in_round_robin"):
+            assert (exp, "buffered_read", t) in seen, f"{exp} has no record for buffered_read on {t}"
     # CPU: at most every core, on both sides (a figure above that is a measuring-window bug).
     cpu = [r for r in doc["records"] if r["unit"] == "% of one core"]
     assert {r["metric"] for r in cpu} >= {"cpu_sender", "cpu_receiver"}

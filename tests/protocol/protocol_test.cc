@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,7 +21,11 @@ namespace {
 // Keeps every message in memory, per device, in order.
 class MemorySink : public MessageSink {
  public:
-  explicit MemorySink(std::map<uint16_t, std::vector<std::string>>& out) : out_(out) {}
+  // `threads` (guarded by `m`): every thread that ever committed a message, for round-robin checks.
+  MemorySink(std::map<uint16_t, std::vector<std::string>>& out, std::mutex& m, std::set<std::thread::id>& threads)
+      : out_(out),
+        mutex_(m),
+        threads_(threads) {}
   Status begin(uint16_t device) override {
     current_[device].clear();
     return Status::ok();
@@ -30,6 +35,10 @@ class MemorySink : public MessageSink {
     return Status::ok();
   }
   Status commit(uint16_t device) override {
+    {
+      std::lock_guard lock(mutex_);
+      threads_.insert(std::this_thread::get_id());
+    }
     out_[device].push_back(std::move(current_[device]));
     current_[device].clear();
     return Status::ok();
@@ -38,6 +47,8 @@ class MemorySink : public MessageSink {
 
  private:
   std::map<uint16_t, std::vector<std::string>>& out_;
+  std::mutex& mutex_;
+  std::set<std::thread::id>& threads_;
   std::map<uint16_t, std::string> current_;
 };
 
@@ -72,16 +83,20 @@ std::vector<Case> cases() {
 class EveryProtocol : public testing::TestWithParam<Case> {
  protected:
   // Streams `per_device` messages on each device with the given sizes (cycled) and checks them.
+  // With `senders` > 1 that many senders stream the same at once (their own names, their own
+  // sinks); `round_robin`: one receiver thread serves them all (ReceiverOptions::round_robin).
   void stream(uint32_t blocks, uint32_t block_size, const std::vector<size_t>& sizes, size_t per_device,
-              std::vector<uint16_t> devices) {
+              std::vector<uint16_t> devices, int senders = 1, bool round_robin = false) {
     std::mutex m;
-    std::map<uint16_t, std::vector<std::string>> received;
+    std::map<std::string, std::map<uint16_t, std::vector<std::string>>> received;
+    std::set<std::thread::id> sink_threads;
     ReceiverOptions ro;
     ro.host = "127.0.0.1";
     ro.transport = GetParam().transport;
-    ro.make_sink = [&](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
+    ro.round_robin = round_robin;
+    ro.make_sink = [&](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
       std::lock_guard lock(m);
-      *sink = std::make_unique<MemorySink>(received);
+      *sink = std::make_unique<MemorySink>(received[info.name], m, sink_threads);
       return Status::ok();
     };
     std::vector<SessionReport> reports;
@@ -93,56 +108,74 @@ class EveryProtocol : public testing::TestWithParam<Case> {
     ASSERT_TRUE(Receiver::start(ro, &rx).is_ok());
     const std::string addr = rx->listen_address();
 
-    SenderOptions so;
-    so.host = "127.0.0.1";
-    so.port = uint16_t(std::stoi(addr.substr(addr.rfind(':') + 1)));
-    so.name = "proto-test";
-    so.protocol = GetParam().protocol;
-    so.transport = GetParam().transport;
-    so.blocks = blocks;
-    so.block_size = block_size;
-    so.devices = devices;
-    std::unique_ptr<Sender> tx;
-    Status st = Sender::connect(so, &tx);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    std::vector<std::unique_ptr<Sender>> txs(senders);
+    for (int n = 0; n < senders; ++n) {
+      SenderOptions so;
+      so.host = "127.0.0.1";
+      so.port = uint16_t(std::stoi(addr.substr(addr.rfind(':') + 1)));
+      so.name = "proto-test-" + std::to_string(n);
+      so.protocol = GetParam().protocol;
+      so.transport = GetParam().transport;
+      so.blocks = blocks;
+      so.block_size = block_size;
+      so.devices = devices;
+      Status st = Sender::connect(so, &txs[n]);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+    }
 
     std::vector<std::thread> fillers;
-    std::vector<Status> errors(devices.size());
-    for (size_t k = 0; k < devices.size(); ++k) {
-      fillers.emplace_back([&, k] {
-        const uint16_t d = devices[k];
-        for (size_t i = 0; i < per_device && errors[k].is_ok(); ++i) {
-          std::string msg = message(d, i, sizes[(i + k) % sizes.size()]);
-          errors[k] = tx->device(d)->send(std::as_bytes(std::span(msg)));
-        }
-      });
+    std::vector<Status> errors(devices.size() * senders);
+    for (int n = 0; n < senders; ++n) {
+      for (size_t k = 0; k < devices.size(); ++k) {
+        fillers.emplace_back([&, n, k] {
+          const uint16_t d = devices[k];
+          Status& err = errors[n * devices.size() + k];
+          for (size_t i = 0; i < per_device && err.is_ok(); ++i) {
+            std::string msg = message(d, i, sizes[(i + k) % sizes.size()]);
+            err = txs[n]->device(d)->send(std::as_bytes(std::span(msg)));
+          }
+        });
+      }
     }
     for (auto& t : fillers) t.join();
     for (const Status& e : errors) ASSERT_TRUE(e.is_ok()) << e.to_string();
-    st = tx->finish();
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    rx->wait_sessions(1);
+    for (auto& tx : txs) {
+      Status st = tx->finish();
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+    }
+    rx->wait_sessions(senders);
     rx->stop();
 
     const uint32_t capacity = block_size - 16;
-    uint64_t fragments = 0;
-    for (size_t k = 0; k < devices.size(); ++k) {
-      const uint16_t d = devices[k];
-      ASSERT_EQ(received[d].size(), per_device) << "device " << d;
-      for (size_t i = 0; i < per_device; ++i) {
-        const size_t len = sizes[(i + k) % sizes.size()];
-        fragments += len == 0 ? 1 : (len + capacity - 1) / capacity;
-        ASSERT_EQ(received[d][i], message(d, i, len)) << "device " << d << " message " << i;
+    for (int n = 0; n < senders; ++n) {
+      auto& got = received["proto-test-" + std::to_string(n)];
+      uint64_t fragments = 0;
+      for (size_t k = 0; k < devices.size(); ++k) {
+        const uint16_t d = devices[k];
+        ASSERT_EQ(got[d].size(), per_device) << "sender " << n << " device " << d;
+        for (size_t i = 0; i < per_device; ++i) {
+          const size_t len = sizes[(i + k) % sizes.size()];
+          fragments += len == 0 ? 1 : (len + capacity - 1) / capacity;
+          ASSERT_EQ(got[d][i], message(d, i, len)) << "sender " << n << " device " << d << " message " << i;
+        }
       }
+      SenderStats s = txs[n]->stats();
+      EXPECT_EQ(s.messages, per_device * devices.size());
+      EXPECT_EQ(s.records, fragments) << "one record per fragment";
+      EXPECT_EQ(s.waits, s.wait_samples_ns.size());
     }
-    SenderStats s = tx->stats();
-    EXPECT_EQ(s.messages, per_device * devices.size());
-    EXPECT_EQ(s.records, fragments) << "one record per fragment";
-    EXPECT_EQ(s.waits, s.wait_samples_ns.size());
-    ASSERT_EQ(reports.size(), 1u);
-    EXPECT_TRUE(reports[0].finished) << reports[0].reason;
-    EXPECT_EQ(reports[0].gaps, 0u);
-    EXPECT_EQ(reports[0].duplicates, 0u);
+    if (round_robin) {
+      EXPECT_EQ(sink_threads.size(), 1u) << "every sender served by the one round-robin thread";
+    } else if (senders > 1) {
+      // One per connection: a thread per sender, or per device where devices cannot share one.
+      EXPECT_GE(sink_threads.size(), size_t(senders)) << "a consumer thread per sender";
+    }
+    ASSERT_EQ(reports.size(), size_t(senders));
+    for (const SessionReport& r : reports) {
+      EXPECT_TRUE(r.finished) << r.reason;
+      EXPECT_EQ(r.gaps, 0u);
+      EXPECT_EQ(r.duplicates, 0u);
+    }
   }
 };
 
@@ -156,6 +189,14 @@ TEST_P(EveryProtocol, ManySmallMessagesInTinyBlocks) {
 }
 
 TEST_P(EveryProtocol, OneDeviceOneBlock) { stream(1, 1024, {10, 1008, 3000}, 60, {7}); }
+
+TEST_P(EveryProtocol, ThreeSendersIntoOneRoundRobinConsumer) {
+  stream(4, 2048, {0, 100, 2032, 5000}, 40, {0, 1}, /*senders=*/3, /*round_robin=*/true);
+}
+
+TEST_P(EveryProtocol, ThreeSendersEachWithAConsumerThreadOfItsOwn) {
+  stream(4, 2048, {0, 100, 2032, 5000}, 40, {0, 1}, /*senders=*/3, /*round_robin=*/false);
+}
 
 INSTANTIATE_TEST_SUITE_P(Registered, EveryProtocol, testing::ValuesIn(cases()), case_name);
 
