@@ -4,6 +4,8 @@
 // compared byte for byte and in order. A new protocol is tested here by registering it.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <random>
@@ -17,10 +19,12 @@
 namespace slotstream {
 namespace {
 
-// Keeps every message in memory, per device, in order.
+// Keeps every message in memory, per device, in order. A sender with one connection per device
+// (sliding_window) has one sink per connection, each called from its own session thread: `out`
+// is shared, so it is written under `mutex`.
 class MemorySink : public MessageSink {
  public:
-  explicit MemorySink(std::map<uint16_t, std::vector<std::string>>& out) : out_(out) {}
+  MemorySink(std::map<uint16_t, std::vector<std::string>>& out, std::mutex& mutex) : out_(out), mutex_(mutex) {}
   Status begin(uint16_t device) override {
     current_[device].clear();
     return Status::ok();
@@ -30,6 +34,7 @@ class MemorySink : public MessageSink {
     return Status::ok();
   }
   Status commit(uint16_t device) override {
+    std::lock_guard lock(mutex_);
     out_[device].push_back(std::move(current_[device]));
     current_[device].clear();
     return Status::ok();
@@ -38,13 +43,14 @@ class MemorySink : public MessageSink {
 
  private:
   std::map<uint16_t, std::vector<std::string>>& out_;
+  std::mutex& mutex_;
   std::map<uint16_t, std::string> current_;
 };
 
 // Message i of device d: its length follows `sizes`, its bytes depend on (d, i, offset).
 std::string message(uint16_t d, size_t i, size_t length) {
   std::string m(length, '\0');
-  std::mt19937 rng(uint32_t(d * 1000003 + i));
+  std::mt19937 rng(uint32_t(d) * 1000003u + uint32_t(i));  // unsigned: wraps, never overflows
   for (auto& c : m) c = char(rng());
   return m;
 }
@@ -81,7 +87,7 @@ class EveryProtocol : public testing::TestWithParam<Case> {
     ro.transport = GetParam().transport;
     ro.make_sink = [&](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
       std::lock_guard lock(m);
-      *sink = std::make_unique<MemorySink>(received);
+      *sink = std::make_unique<MemorySink>(received, m);
       return Status::ok();
     };
     std::vector<SessionReport> reports;
@@ -105,6 +111,24 @@ class EveryProtocol : public testing::TestWithParam<Case> {
     std::unique_ptr<Sender> tx;
     Status st = Sender::connect(so, &tx);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
+
+    // Like `send`'s progress display: stats() from another thread all along, finish() included.
+    // Under ThreadSanitizer (scripts/sanitize.sh) this checks Sender's threading contract.
+    std::atomic<bool> watching{true};
+    std::thread watcher([&] {
+      while (watching.load()) {
+        (void)tx->stats();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+    struct StopWatching {
+      std::atomic<bool>& flag;
+      std::thread& thread;
+      ~StopWatching() {
+        flag.store(false);
+        thread.join();
+      }
+    } stop_watching{watching, watcher};
 
     std::vector<std::thread> fillers;
     std::vector<Status> errors(devices.size());
