@@ -9,25 +9,12 @@ import pytest
 
 from conftest import run_send, wait_until
 from test_control import REFUSE, connect, decode_refuse, hello, read_frames, read_until_closed
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from test_pipeline import free_port, metric
 
 
 def get(url, timeout=10):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, r.read().decode()
-
-
-def metric(text, name, **labels):
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(name + " ")):
-            return float(line.split()[-1])
-    return None
 
 
 def metrics_receiver(receiver, *extra):
