@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libucx-dev ucx-utils libcli11-dev
       nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev libgtest-dev python3 python3-pytest python3-matplotlib
       python3-yaml python3-venv ffmpeg curl
-      prometheus-cpp-dev libcivetweb-dev clang libfuzzer-14-dev
+      prometheus-cpp-dev libcivetweb-dev clang libclang-rt-14-dev libfuzzer-14-dev
       podman runc debootstrap catatonit)
 missing=()
 for p in "${pkgs[@]}"; do
