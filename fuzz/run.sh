@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, into build-fuzz/) and runs each for a bounded time.
-#   bash fuzz/run.sh [--seconds S] [--runs N] [TARGET...]     (default: every target, 10 s each)
+#   bash fuzz/run.sh [--seconds S] [--runs N] [--max-len BYTES] [TARGET...]
+#                                                  (default: every target, 10 s each)
 # Targets are the fuzz/*_fuzz.cc files (TARGET: control, block_header, delivery, options, ...).
 # Each starts from its checked-in seeds (fuzz/corpus/TARGET, read only) plus what earlier runs
 # found (build-fuzz/corpus/TARGET). A crash, leak, UB or broken invariant stops that target and
@@ -10,12 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=10
 runs=-1
+max_len=()
 targets=()
 while (($#)); do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --runs) runs="$2"; seconds=0; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --max-len) max_len=(-max_len="$2"); shift 2 ;;  # shorter inputs: more executions per second
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) targets+=("${1%_fuzz}"); shift ;;
   esac
 done
@@ -39,7 +42,7 @@ for t in "${targets[@]}"; do
   log="$build/fuzz-$t.log"
   limit=(); ((seconds > 0)) && limit=(-max_total_time="$seconds")
   # -timeout: one input may take at most 10 s; -rss_limit_mb: the default, said aloud.
-  if "$bin" "${limit[@]}" -runs="$runs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  if "$bin" "${limit[@]}" "${max_len[@]}" -runs="$runs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$art/" "$work" "fuzz/corpus/$t" >"$log" 2>&1; then
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log")
