@@ -225,6 +225,9 @@ def main():
             "duration_s": args.duration, "cameras": cameras, "fps": fps, "transport": args.transport,
             "protocol": args.protocol,
             "sender_exit": tx.returncode, "sender_messages": sent.get("messages"),
+            # Every wait and synchronisation operation keeps a latency sample (up to 2^20 of each,
+            # protocol.h kMaxSamples): the sender's memory grows by 8 bytes per sample until then.
+            "sender_waits": sent.get("waits"), "sender_sync_operations": sent.get("sync_operations"),
             "receiver_final_line": final, "receiver_messages": stored,
             "frames_scheduled": int(args.duration * fps) * cameras,
             "lost_frames": (int(args.duration * fps) * cameras - stored),
