@@ -57,6 +57,7 @@ def test_hellos_never_accepted_create_no_series(receiver):
         assert frames and frames[0][0] == REFUSE, frames
         assert "memory" in decode_refuse(frames[0][1])[1]
     _, text = get(url + "/metrics")
+    print(f"scrape after 200 refused hellos: {len(text)} bytes")
     assert "intruder" not in text
     assert metric(text, "slotstream_sessions_ended_total") == 0
     assert len(text) < 8192, f"{len(text)} bytes of metrics after 200 refused hellos"
