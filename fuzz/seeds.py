@@ -66,6 +66,18 @@ def main():
             "size-units": b"1T",
         },
     }
+    # The control stream: frames (u32 length | type | body) back to back, after one byte that
+    # picks the type expect() waits for.
+    def frame(t, body):
+        return struct.pack("<IB", len(body) + 1, t) + body
+    c = seeds["control"]
+    seeds["control_frame"] = {
+        "hello-then-fin": bytes([1]) + frame(1, c["hello"]) + frame(6, c["fin"]),
+        "refused": bytes([4]) + frame(5, c["refuse"]),
+        "accept-setup-ready": bytes([4]) + frame(4, c["accept"]) + frame(10, c["setup"]) + frame(11, b""),
+        "cut-short": bytes([9]) + frame(9, c["capacity"])[:-3],
+        "zero-length": bytes([1]) + struct.pack("<I", 0),
+    }
     rng = random.Random(13)
     seeds["delivery"] = {f"script-{i}": bytes(rng.randrange(256) for _ in range(n))
                          for i, n in enumerate((16, 64, 128, 256, 512, 1024))}
