@@ -39,7 +39,7 @@ for t in "${targets[@]}"; do
   [ -x "$bin" ] || { echo "fuzz: no target '$t' (fuzz/${t}_fuzz.cc)"; exit 2; }
   work="$build/corpus/$t"; art="$build/artifacts/$t"
   mkdir -p "$work" "$art" "fuzz/corpus/$t"
-  log="$build/fuzz-$t.log"
+  log=$(mktemp "$build/fuzz-$t.XXXXXX.log")  # one per run: runs may overlap (CI and a long campaign)
   limit=(); ((seconds > 0)) && limit=(-max_total_time="$seconds")
   # -timeout: one input may take at most 10 s; -rss_limit_mb: the default, said aloud.
   if "$bin" "${limit[@]}" "${max_len[@]}" -runs="$runs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
@@ -48,6 +48,7 @@ for t in "${targets[@]}"; do
     secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
     echo "fuzz: $t: ${execs:-?} executions in ${secs:-?} s, ${cov:-cov: ?}, no finding"
+    rm -f "$log"
   else
     echo "fuzz: $t: FINDING (input in $art/, log $log):"
     grep -E "invariant violated|ERROR: |SUMMARY: " "$log" | head -5 | sed 's/^/  /'
