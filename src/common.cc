@@ -57,6 +57,8 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   if (name.empty()) return "sender name is empty";
   if (name.size() > 64) return "sender name is longer than 64 characters";
   if (name[0] == '.') return "sender name must not start with '.'";
+  // A directory named "-x" is read as an option by every shell tool a worker or an operator runs.
+  if (name[0] == '-') return "sender name must not start with '-'";
   for (char c : name) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
               c == '_' || c == '-';
@@ -96,6 +98,8 @@ void SessionReport::merge(const SessionReport& lane) {
     acc.bytes += s.bytes;
     acc.gaps += s.gaps;
     acc.duplicates += s.duplicates;
+    acc.pauses += s.pauses;
+    acc.paused = acc.paused || s.paused;
   }
 }
 

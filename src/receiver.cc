@@ -47,6 +47,11 @@ constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 constexpr auto kSpinIdle = std::chrono::microseconds(200);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
 constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
+// A sender idle for a second or more (a camera that stopped, a quiet night) is looked at every
+// 20 ms: hundreds of idle connections then cost ~nothing, and the first message after the pause
+// waits at most that long.
+constexpr auto kLongIdle = std::chrono::seconds(1);
+constexpr auto kLongIdleSleep = std::chrono::milliseconds(20);
 
 struct Refusal {
   Code code;
@@ -73,14 +78,21 @@ struct Receiver::Impl {
   std::condition_variable ended_cv;
   uint64_t ended = 0;
   // A sender is one group of connections (lanes); its name is taken while any lane is live.
+  // Its connections must carry one name and the sender's random group id, each its own lane
+  // number and devices no other lane has: two senders that pick the same name or id are never
+  // merged into one.
   struct Group {
     std::string name;
+    uint64_t wire_group = 0;     // the id the sender chose (HELLO)
     uint16_t lanes = 1;
-    uint16_t live = 0;   // registered lanes not yet ended
+    std::vector<bool> lane_taken;
+    std::set<uint16_t> devices;  // of every lane so far
+    uint16_t live = 0;           // registered lanes not yet ended
     uint16_t ended = 0;
     SessionReport report;
   };
-  std::map<uint64_t, Group> groups;
+  std::map<uint64_t, Group> groups;  // by an id of the receiver's own
+  uint64_t next_group = 1;
   // Published by each session (connection) about every 100 ms, with its sender group.
   std::map<const void*, std::pair<uint64_t, SessionReport>> live;
   std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
@@ -105,8 +117,8 @@ struct Receiver::Impl {
     if (options.on_event) options.on_event(text);
   }
   wire::CapacityInfo capacity();
-  // Takes the sender name for this group (nullopt), or says why not.
-  std::optional<std::string> register_lane(const wire::Hello& hello);
+  // Takes the sender name for this connection's group (nullopt, *group set), or says why not.
+  std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group);
   // A registered lane ended; reports the sender once all its lanes have.
   void lane_ended(uint64_t group, const SessionReport& report);
 };
@@ -130,21 +142,33 @@ wire::CapacityInfo Receiver::Impl::capacity() {
   return c;
 }
 
-std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello) {
+std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hello, uint64_t* group) {
   std::lock_guard lock(mutex);
-  for (const auto& [id, g] : groups) {
-    if (g.name == hello.name && id != hello.group && g.live > 0) {
-      return "sender name '" + hello.name + "' is already connected";
-    }
+  auto it = std::find_if(groups.begin(), groups.end(),
+                         [&](const auto& kv) { return kv.second.name == hello.name && kv.second.live > 0; });
+  if (it != groups.end() && it->second.wire_group != hello.group) {
+    return "sender name '" + hello.name + "' is already connected";
   }
-  Group& g = groups[hello.group];
-  if (g.live == 0 && g.ended == 0) {
-    g.name = hello.name;
-    g.lanes = hello.lanes;
-  } else if (g.name != hello.name || g.lanes != hello.lanes) {
-    return "connection does not match its sender group";
+  if (it == groups.end()) {
+    Group fresh;
+    fresh.name = hello.name;
+    fresh.wire_group = hello.group;
+    fresh.lanes = hello.lanes;
+    fresh.lane_taken.assign(hello.lanes, false);
+    it = groups.emplace(next_group++, std::move(fresh)).first;
   }
+  Group& g = it->second;
+  if (g.lanes != hello.lanes) return "connection does not match its sender group (lane count)";
+  if (g.lane_taken[hello.lane]) {
+    return "lane " + std::to_string(hello.lane) + " of sender '" + hello.name + "' is already connected";
+  }
+  for (uint16_t d : hello.devices) {
+    if (g.devices.contains(d)) return "device " + std::to_string(d) + " is already sent on another connection";
+  }
+  g.lane_taken[hello.lane] = true;
+  g.devices.insert(hello.devices.begin(), hello.devices.end());
   ++g.live;
+  *group = it->first;
   return std::nullopt;
 }
 
@@ -174,7 +198,9 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
   } else {
     g.report.merge(r);
   }
-  if (++g.ended < g.lanes) return;
+  // Report once every lane has ended — or once none is live any more (a sender that died while
+  // connecting its lanes never opens the rest).
+  if (++g.ended < g.lanes && g.live > 0) return;
   SessionReport done = std::move(g.report);
   groups.erase(group);
   lock.unlock();
@@ -237,6 +263,7 @@ class Session {
   bool capacity_only_ = false;  // the connection only asked for capacity
   uint64_t group_ = 0;
   uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
+  std::map<uint16_t, Clock::time_point> next_pause_log_;
   std::vector<bool> hold_active_;
 };
 
@@ -324,8 +351,7 @@ std::optional<Refusal> Session::authenticate(const wire::Hello& hello) {
 }
 
 std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
-  if (auto why = rx_.register_lane(hello)) return Refusal{Code::kRefused, *why};
-  group_ = hello.group;
+  if (auto why = rx_.register_lane(hello, &group_)) return Refusal{Code::kRefused, *why};
   registered_ = true;
 
   SenderInfo& info = report_.sender;
@@ -362,6 +388,19 @@ std::optional<Refusal> Session::set_up(const wire::Hello& hello) {
     return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
   }
   delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
+  delivery_->set_pause_handler([this](uint16_t device, bool paused) {
+    // Tell the sender to stop (or resume) filling this one device; the others keep flowing.
+    (void)control_->send(wire::MsgType::kPause, wire::encode(wire::Pause{device, paused}));
+    if (!paused) return;
+    ++report_.stalls;
+    // A slow worker pauses its device again and again: say so at most every kBusyLogInterval
+    // per device (the metrics count every pause).
+    if (auto& next = next_pause_log_[device]; Clock::now() >= next) {
+      next = Clock::now() + kBusyLogInterval;
+      rx_.event("sender " + report_.sender.name + ": device " + std::to_string(device) +
+                " paused while its worker catches up (the other devices keep flowing)");
+    }
+  });
 
   wire::Accept accept;
   accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
@@ -520,7 +559,7 @@ void Session::consume() {
       // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
       bool complete = desc_->reference || !delivery_->has_open_message();
       for (auto [d, n] : fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
-      if (complete || (consumed == 0 && !stalled && Clock::now() > fin_deadline)) {
+      if (complete || (consumed == 0 && !stalled && !delivery_->any_paused() && Clock::now() > fin_deadline)) {
         uint64_t missing = 0;
         for (auto [d, n] : fin->messages) {
           uint64_t got = delivery_->messages(d);
@@ -536,18 +575,20 @@ void Session::consume() {
         if (missing) report_.reason = ack.message;
         return;
       }
-      if (consumed > 0 || stalled) fin_deadline = Clock::now() + kFinGrace;
+      if (consumed > 0 || stalled || delivery_->any_paused()) fin_deadline = Clock::now() + kFinGrace;
     }
 
     // Idle policy (paper §3.2.5: "sleeps for a fixed time before querying again"). While data
     // flows the receiver keeps polling (a sleeping receiver stalls a sender whose blocks are all
     // full); once idle for kSpinIdle it sleeps, longer the longer it has been idle, up to
-    // kMaxIdleSleep — so an idle receiver costs ~no CPU and a burst is picked up within ~1 ms.
+    // kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle) — so an idle receiver costs ~no CPU
+    // and a burst is picked up within ~1 ms (20 ms after a long pause).
     const auto now = Clock::now();
     if (consumed > 0 || progressed) {
       last_work = now;
     } else if (!rx_.options.busy_poll && now - last_work > kSpinIdle) {
-      auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, kMaxIdleSleep);
+      const Clock::duration cap = now - last_work > kLongIdle ? Clock::duration(kLongIdleSleep) : kMaxIdleSleep;
+      auto nap = std::clamp<Clock::duration>((now - last_work) / 8, kMinIdleSleep, cap);
       proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(nap));
     } else if (!rx_.options.busy_poll) {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block

@@ -6,6 +6,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <condition_variable>
 #include <thread>
 
 #include "common.h"
@@ -83,6 +85,8 @@ struct Lane {
   Status setup_fabric(const wire::Accept& accept);
   void sending_loop_st();
   Status alive_st();
+  // A control frame from the receiver while data moves (PAUSE).
+  Status control_frame(const wire::Frame& frame);
   Status fin();
 };
 
@@ -98,6 +102,12 @@ struct Sender::Impl {
   std::map<uint16_t, std::atomic<uint64_t>> messages;  // completed send()s per device
   std::atomic<uint64_t> bytes{0};
 
+  // Devices the receiver paused (PAUSE: their worker is behind); fillers of others go on.
+  std::mutex pause_mutex;
+  std::condition_variable unpaused;
+  std::set<uint16_t> paused;
+  std::atomic<size_t> paused_count{0};  // paused.size(), read without the lock on every message
+
   std::mutex error_mutex;
   Status error;  // first error of any sending thread
   std::atomic<bool> finishing{false};  // finish() was called (any thread)
@@ -105,11 +115,32 @@ struct Sender::Impl {
   std::atomic<bool> joined{false};
 
   void fail(Status st) {
-    std::lock_guard lock(error_mutex);
-    if (error.is_ok()) error = std::move(st);
-    for (auto& lane : lanes) {
-      if (lane->ring) lane->ring->abort();
+    {
+      std::lock_guard lock(error_mutex);
+      if (error.is_ok()) error = std::move(st);
+      for (auto& lane : lanes) {
+        if (lane->ring) lane->ring->abort();
+      }
     }
+    std::lock_guard lock(pause_mutex);
+    unpaused.notify_all();
+  }
+  void set_paused(uint16_t device, bool is_paused) {
+    std::lock_guard lock(pause_mutex);
+    if (is_paused) {
+      paused.insert(device);
+    } else {
+      paused.erase(device);
+      unpaused.notify_all();
+    }
+    paused_count.store(paused.size(), std::memory_order_release);
+  }
+  // Blocks a filler while the receiver has its device paused; the first error ends the wait.
+  Status wait_unpaused(uint16_t device) {
+    if (paused_count.load(std::memory_order_acquire) == 0) return Status::ok();  // the common case
+    std::unique_lock lock(pause_mutex);
+    unpaused.wait(lock, [&] { return !paused.contains(device) || !first_error().is_ok(); });
+    return first_error();
   }
   Status first_error() {
     std::lock_guard lock(error_mutex);
@@ -209,7 +240,27 @@ Status Lane::alive_st() {
   if (endpoint->failed()) return {Code::kPeerGone, "receiver unreachable (transport error: did it die?)"};
   Status st = control->check_alive();
   if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection (did it die?)"};
+  if (st.code() == Code::kInProgress) {  // a frame is waiting
+    wire::Frame frame;
+    SLOTSTREAM_RETURN_IF_ERROR(control->receive(Millis(1000), &frame));
+    return control_frame(frame);
+  }
   return Status::ok();
+}
+
+Status Lane::control_frame(const wire::Frame& frame) {
+  if (frame.type == wire::MsgType::kPause) {
+    wire::Pause pause;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &pause));
+    owner.set_paused(pause.device, pause.paused);
+    return Status::ok();
+  }
+  if (frame.type == wire::MsgType::kRefuse) {
+    wire::Refuse refuse;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &refuse));
+    return {refuse.code, "receiver ended the connection: " + refuse.message};
+  }
+  return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type)) + " while sending"};
 }
 
 void Lane::sending_loop_st() {
@@ -271,15 +322,17 @@ Status Lane::fin() {
   wire::Fin fin;
   for (uint16_t d : devices) fin.messages[d] = owner.messages[d].load();
   SLOTSTREAM_RETURN_IF_ERROR(control->send(wire::MsgType::kFin, wire::encode(fin)));
-  std::vector<uint8_t> body;
+  wire::Frame frame;
   for (;;) {
-    Status st = control->expect(wire::MsgType::kFinAck, Millis(1000), &body);
-    if (st.is_ok()) break;
+    Status st = control->receive(Millis(1000), &frame);
+    if (st.code() == Code::kTimeout) continue;
     if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};
-    if (st.code() != Code::kTimeout) return st;
+    SLOTSTREAM_RETURN_IF_ERROR(st);
+    if (frame.type == wire::MsgType::kFinAck) break;
+    SLOTSTREAM_RETURN_IF_ERROR(control_frame(frame));  // a device paused while the last messages are stored
   }
   wire::FinAck ack;
-  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(body, &ack));
+  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &ack));
   if (!ack.ok) return {Code::kIoError, "receiver reported: " + ack.message};
   return Status::ok();
 }
@@ -403,6 +456,8 @@ Status DeviceStream::send(std::span<const std::byte> message) {
 
 Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
   Sender::Impl& im = *sender_.impl_;
+  // Back-pressure for this device alone (its worker on the receiver is behind).
+  SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_));
   stream::SendRing& ring = *im.lane_of.at(device_)->ring;
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);

@@ -103,7 +103,9 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
   for (Counter c : {Counter{"slotstream_messages_total", "Complete messages stored.", &DeviceStats::messages},
                     Counter{"slotstream_bytes_total", "Payload bytes of complete messages.", &DeviceStats::bytes},
                     Counter{"slotstream_gaps_total", "Packets that never arrived.", &DeviceStats::gaps},
-                    Counter{"slotstream_duplicates_total", "Duplicate packets dropped.", &DeviceStats::duplicates}}) {
+                    Counter{"slotstream_duplicates_total", "Duplicate packets dropped.", &DeviceStats::duplicates},
+                    Counter{"slotstream_device_pauses_total", "Times a device was paused because its worker was behind.",
+                            &DeviceStats::pauses}}) {
     MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, s] : t.per_device) {
@@ -114,7 +116,16 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
     }
     out.push_back(std::move(f));
   }
-  MetricFamily stalls{"slotstream_stalls_total", "Times the receiver held blocks because it could not store.",
+  MetricFamily paused{"slotstream_device_paused", "1 while the device is paused (its worker is behind).",
+                      MetricType::Gauge, {}};
+  for (const SessionReport& r : live) {
+    for (const auto& [d, s] : r.per_device) {
+      paused.metric.push_back(sample({{"sender", r.sender.name}, {"device", std::to_string(d)}}, MetricType::Gauge,
+                                     s.paused ? 1 : 0));
+    }
+  }
+  out.push_back(std::move(paused));
+  MetricFamily stalls{"slotstream_stalls_total", "Times the receiver refused data (a full disk, or a device paused).",
                       MetricType::Counter, {}};
   for (const auto& [sender, t] : totals) {
     stalls.metric.push_back(sample({{"sender", sender}}, MetricType::Counter,

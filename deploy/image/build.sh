@@ -8,11 +8,18 @@
 #                         `make clean-image` deletes it)
 #   the image itself      re-imported only when the binary, the workers or the rootfs changed
 #                         (a content hash is kept in the image's label slotstream.content)
-# Environment: IMAGE (default localhost/slotstream:latest), MIRROR (default deb.debian.org).
+# Environment: IMAGE (default localhost/slotstream:latest), MIRROR (default: the mirror this host's
+# apt uses for bookworm main — a site with its own mirror or proxy builds from it — and
+# deb.debian.org only when apt names none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 image=${IMAGE:-localhost/slotstream:latest}
-mirror=${MIRROR:-http://deb.debian.org/debian}
+host_mirror() {
+  apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT) $(IDENTIFIER)' 2>/dev/null |
+    awk '$2 == "bookworm" && $3 == "main" && $4 == "Packages" { sub("/$", "", $1); print $1; exit }'
+}
+mirror=${MIRROR:-$(host_mirror)}
+mirror=${mirror:-http://deb.debian.org/debian}
 rootfs=build/image-rootfs
 t0=$SECONDS
 say() { echo "image: $*"; }

@@ -38,7 +38,7 @@ inline constexpr uint32_t kMaxBlocks = 4096;
 inline constexpr const char* kDefaultProtocol = "status_byte";
 
 // Sender names become directory names on the receiver: 1-64 characters of [A-Za-z0-9._-], not
-// starting with '.'. Returns the reason when invalid.
+// starting with '.' or '-'. Returns the reason when invalid.
 std::optional<std::string> invalid_sender_name(std::string_view name);
 
 // "4G", "512M", "64KiB", "1048576": a byte count with an optional binary unit (K, M, G, T =
@@ -179,6 +179,8 @@ struct DeviceStats {
   uint64_t bytes = 0;
   uint64_t gaps = 0;
   uint64_t duplicates = 0;
+  uint64_t pauses = 0;   // times the device was paused because its sink was busy (worker backlog)
+  bool paused = false;   // paused right now
 };
 
 struct SessionReport {

@@ -182,11 +182,20 @@ Status Request::check() {
 }
 
 Status Request::wait(Worker& worker, const Liveness& alive) {
+  // Spin first: an operation normally completes within microseconds (a status read over tcp is a
+  // round trip). One that does not (a stalled or stopped peer) is then polled with growing sleeps
+  // up to 1 ms, so that waiting for it does not cost a core.
+  constexpr unsigned kSpins = 2048;
+  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
   auto next_check = std::chrono::steady_clock::now();
+  auto sleep = std::chrono::microseconds(10);
   for (unsigned spins = 0;; ++spins) {
     Status st = check();
     if (st.code() != Code::kInProgress) return st;
-    worker.progress();
+    if (worker.progress() == 0 && spins >= kSpins) {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(kMaxSleep, sleep * 2);
+    }
     if (alive && (spins & 255) == 0 && std::chrono::steady_clock::now() >= next_check) {
       SLOTSTREAM_RETURN_IF_ERROR(alive());
       next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);

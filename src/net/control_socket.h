@@ -16,6 +16,10 @@ namespace slotstream::net {
 
 using Millis = std::chrono::milliseconds;
 
+// How long a peer that vanished without closing its control connection (host down, network cut)
+// takes to be noticed: TCP keepalive and user timeout on every control socket.
+inline constexpr std::chrono::seconds kPeerTimeout{11};
+
 // Parses "HOST:PORT" (HOST may be a name, an IPv4 address or [IPv6]).
 Status parse_host_port(const std::string& text, std::string* host, uint16_t* port);
 

@@ -78,6 +78,72 @@ WorkerManager::Worker& WorkerManager::worker_locked(const std::string& sender, u
   return w;
 }
 
+namespace {
+
+// Runs in the keeper process, after fork(): only async-signal-safe calls from here on.
+//
+// A worker command may start processes of its own (a compound shell command, a pipeline, a
+// daemon). PR_SET_PDEATHSIG reaches only the direct child, so a SIGKILLed receiver used to leave
+// those grandchildren running. The keeper starts the command in a process group of its own,
+// adopts anything that double-forks (child subreaper), and kills the whole group when the
+// command ends, when the receiver stops the worker (SIGTERM) or when the receiver dies (the
+// keeper's death signal). It then ends the way the command ended (same exit status or signal),
+// so the receiver's supervisor sees the worker's own outcome.
+[[noreturn]] void keep_worker(char* const* args, char* const* envp) {
+  constexpr int kGraceMs = 2000;  // after SIGTERM, before SIGKILL
+  sigset_t waitable, none;
+  sigemptyset(&waitable);
+  sigaddset(&waitable, SIGCHLD);
+  sigaddset(&waitable, SIGTERM);
+  sigaddset(&waitable, SIGINT);
+  sigemptyset(&none);
+  sigprocmask(SIG_BLOCK, &waitable, nullptr);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const pid_t command = fork();
+  if (command == 0) {
+    setpgid(0, 0);
+    sigprocmask(SIG_SETMASK, &none, nullptr);  // the receiver blocks SIGINT/SIGTERM; workers must not
+    execvpe(args[0], args, envp);
+    static const char kMsg[] = "slotstream: cannot start the worker command\n";
+    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing left to tell */ }
+    _exit(127);
+  }
+  if (command < 0) _exit(126);
+  setpgid(command, command);
+  int status = 0;
+  bool done = false, stopping = false;
+  timespec grace{kGraceMs / 1000, (kGraceMs % 1000) * 1000000L};
+  while (!done) {
+    siginfo_t info;
+    const int sig = stopping ? sigtimedwait(&waitable, &info, &grace) : sigwaitinfo(&waitable, &info);
+    if (sig == SIGTERM || sig == SIGINT) {
+      kill(-command, SIGTERM);
+      stopping = true;
+    } else if (sig < 0 && stopping) {
+      kill(-command, SIGKILL);  // it did not stop within the grace time
+    }
+    for (pid_t r; (r = waitpid(-1, &status, WNOHANG)) > 0;) {
+      if (r == command) done = true;
+    }
+  }
+  // Whatever the command left behind in its group goes with it; then the adopted strays.
+  kill(-command, SIGKILL);
+  int ignored;
+  while (waitpid(-1, &ignored, WNOHANG) > 0) {
+  }
+  if (WIFSIGNALED(status)) {
+    signal(WTERMSIG(status), SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, WTERMSIG(status));
+    sigprocmask(SIG_UNBLOCK, &one, nullptr);
+    kill(getpid(), WTERMSIG(status));
+  }
+  _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+}  // namespace
+
 void WorkerManager::start_locked(Worker& w) {
   std::error_code ec;
   fs::create_directories(w.worker_dir, ec);
@@ -98,12 +164,14 @@ void WorkerManager::start_locked(Worker& w) {
   args.push_back(nullptr);
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  sigset_t none;
-  sigemptyset(&none);
+  const pid_t receiver = getpid();
   pid_t pid = fork();
   if (pid == 0) {
+    // The keeper: it stays between the receiver and the worker command for the command's whole
+    // life, so that nothing the command started outlives it (see keep_worker).
     setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a receiver that dies takes its workers with it
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a receiver that dies, even by SIGKILL, stops its workers
+    if (getppid() != receiver) _exit(1);  // it died before the line above took effect
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
@@ -111,11 +179,7 @@ void WorkerManager::start_locked(Worker& w) {
     }
     int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0) dup2(null, STDIN_FILENO);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // the receiver blocks SIGINT/SIGTERM; workers must not
-    execvpe(args[0], args.data(), envp.data());
-    static const char kMsg[] = "slotstream: cannot start the worker command\n";
-    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing left to tell */ }
-    _exit(127);
+    keep_worker(args.data(), envp.data());
   }
   if (pid < 0) {
     event("cannot start worker for " + w.sender + " device " + std::to_string(w.device) + ": " + strerror(errno));

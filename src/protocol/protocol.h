@@ -129,8 +129,9 @@ class SenderProtocol {
 
 // How a sender waits for the receiver (free blocks, ACKs): spin for the first polls — the
 // common case is a receiver that frees a block within microseconds — then sleep, longer each
-// time up to 200 µs, so that a stalled receiver (full disk, slow worker) does not cost a core.
-// Every protocol uses the same policy, so none is favoured in a comparison.
+// time up to 200 µs; a wait that has lasted that long already (about 20 ms: a receiver that is
+// stalled — a full disk, a stopped process) backs off further, to 2 ms, so that it does not cost
+// a core. Every protocol uses the same policy, so none is favoured in a comparison.
 class PollBackoff {
  public:
   void pause();

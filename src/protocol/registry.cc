@@ -31,8 +31,12 @@ Status check_options(const Descriptor& d, const Options& options) {
 void PollBackoff::pause() {
   constexpr uint32_t kSpinPolls = 64;
   constexpr uint32_t kMaxSleepUs = 200;
+  constexpr uint32_t kStalledPolls = kSpinPolls + 300;  // ~20 ms of sleeps up to 200 µs
+  constexpr uint32_t kStalledSleepUs = 2000;
   if (++polls_ <= kSpinPolls) return;
-  std::this_thread::sleep_for(std::chrono::microseconds(std::min(kMaxSleepUs, polls_ - kSpinPolls)));
+  const uint32_t us = polls_ < kStalledPolls ? std::min(kMaxSleepUs, polls_ - kSpinPolls)
+                                             : std::min(kStalledSleepUs, kMaxSleepUs + (polls_ - kStalledPolls) * 10);
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
 void add_sample(std::vector<uint64_t>& samples, uint64_t ns) {

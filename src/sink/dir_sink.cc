@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 namespace slotstream::sink {
 namespace fs = std::filesystem;
@@ -79,10 +81,49 @@ Status DirSink::begin(uint16_t device) {
   SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
   if (dev->fd >= 0) abort(device);
   fs::path tmp = temp_path(*dev);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    // The directory was removed under us (someone cleaned up the output): make it again
+    // rather than refusing every message from now on.
+    SLOTSTREAM_RETURN_IF_ERROR(recreate_dir(*dev));
+    fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
   dev->fd = fd;
   dev->offset = 0;
+  return Status::ok();
+}
+
+Status DirSink::recreate_dir(Device& dev) {
+  std::error_code ec;
+  fs::create_directories(dev.dir, ec);
+  if (ec) return {Code::kIoError, "cannot create " + dev.dir.string() + ": " + ec.message()};
+  ++recreated_;
+  return Status::ok();
+}
+
+// The message's temp file was removed with its directory while the message was being written:
+// its data lives on in the open (unlinked) file. Copies it into a new temp file in the recreated
+// directory, so that the commit can link it in place.
+Status DirSink::restore_temp(Device& dev) {
+  fs::path tmp = temp_path(dev);
+  if (::access(tmp.c_str(), F_OK) == 0 || errno != ENOENT) return Status::ok();
+  SLOTSTREAM_RETURN_IF_ERROR(recreate_dir(dev));
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
+  std::vector<char> buf(1 << 20);
+  for (uint64_t off = 0; off < dev.offset;) {
+    const ssize_t n = ::pread(dev.fd, buf.data(), std::min<uint64_t>(buf.size(), dev.offset - off), off_t(off));
+    if (n <= 0 || ::pwrite(fd, buf.data(), size_t(n), off_t(off)) != n) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot restore " + tmp.string(), err);
+    }
+    off += uint64_t(n);
+  }
+  ::close(dev.fd);
+  dev.fd = fd;
   return Status::ok();
 }
 
@@ -106,18 +147,19 @@ Status DirSink::append(uint16_t device, std::span<const std::byte> data) {
 
 Status DirSink::commit(uint16_t device) {
   Device& dev = devices_.at(device);
+  SLOTSTREAM_RETURN_IF_ERROR(restore_temp(dev));
   fs::path tmp = temp_path(dev);
   fs::path final_path = dev.dir / file_name(dev.next_seq);
   if (::close(dev.fd) != 0 && errno != EINTR) {
     int err = errno;
-    dev.fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
     return io_error("cannot close " + tmp.string(), err);
   }
   dev.fd = -1;
   // Never overwrite: a file that appeared under our name since start-up stops us.
   if (::link(tmp.c_str(), final_path.c_str()) != 0) {
     int err = errno;
-    dev.fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
     if (err == EEXIST) {
       return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
     }

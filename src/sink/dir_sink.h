@@ -9,6 +9,8 @@
 //
 // Writes use explicit offsets, so a failed append (disk full) can be retried with the same
 // data and leaves no trace — the MessageSink contract that lets the receiver back-pressure.
+// A device directory removed while the receiver runs is made again (a message being written at
+// that moment is kept: its data is copied from the open file).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,9 @@ class DirSink final : public MessageSink {
   // The message file the last successful commit() of `device` created.
   Committed last_committed(uint16_t device) const { return devices_.at(device).last; }
 
+  // Times a removed device directory was made again (someone deleted the output mid-stream).
+  uint64_t recreated() const { return recreated_; }
+
   static std::string file_name(uint64_t seq);  // "0000000042.bin"
   // Highest SEQ + 1 among the complete message files in `device_dir` (0 if none).
   static uint64_t next_seq_on_disk(const std::filesystem::path& device_dir);
@@ -51,10 +56,13 @@ class DirSink final : public MessageSink {
     Committed last;
   };
   Status open_device(uint16_t device, Device** out);
+  Status recreate_dir(Device& dev);
+  Status restore_temp(Device& dev);
   std::filesystem::path temp_path(const Device& d) const;
 
   std::filesystem::path dir_;
   std::map<uint16_t, Device> devices_;
+  uint64_t recreated_ = 0;
 };
 
 }  // namespace slotstream::sink

@@ -97,6 +97,7 @@ Status Delivery::pass(size_t* consumed) {
   });
 
   const auto window = static_cast<int64_t>(Delivery::window(proto_.max_records()));
+  const auto now = std::chrono::steady_clock::now();
   std::map<uint16_t, int64_t> waiting;  // device -> distance of its nearest waiting packet
   std::map<uint16_t, bool> progressed;
   for (const Entry& e : entries_) {
@@ -112,7 +113,24 @@ Status Delivery::pass(size_t* consumed) {
       proto_.release(e.record.id);
       ++*consumed;
     } else if (dist == 0) {
-      SLOTSTREAM_RETURN_IF_ERROR(deliver(e, Stage::kBegin));
+      if (dev.counters.paused && now < dev.retry_at) continue;  // its records wait in place
+      Status st = deliver(e, Stage::kBegin);
+      if (st.code() == Code::kBusy && pending_ && pending_->stage == Stage::kBegin) {
+        // Nothing of this message was started: pause the device, not the pass.
+        pending_.reset();
+        dev.retry_at = now + kBusyRetry;
+        if (!dev.counters.paused) {
+          dev.counters.paused = true;
+          ++dev.counters.pauses;
+          if (on_pause_) on_pause_(e.header.device, true);
+        }
+        continue;
+      }
+      SLOTSTREAM_RETURN_IF_ERROR(st);
+      if (dev.counters.paused) {
+        dev.counters.paused = false;
+        if (on_pause_) on_pause_(e.header.device, false);
+      }
       progressed[e.header.device] = true;
     } else if (!waiting.contains(e.header.device)) {
       waiting[e.header.device] = dist;
@@ -120,8 +138,8 @@ Status Delivery::pass(size_t* consumed) {
   }
   for (auto& [d, dev] : devices_) {
     auto w = waiting.find(d);
-    if (progressed[d] || w == waiting.end()) {
-      dev.stuck_passes = 0;
+    if (progressed[d] || w == waiting.end() || dev.counters.paused) {
+      dev.stuck_passes = 0;  // a paused device waits for its sink, not for a lost packet
       continue;
     }
     // A blocked block may hold the expected packet: no gap can be concluded meanwhile.
@@ -156,6 +174,10 @@ uint64_t Delivery::abort_partials() {
 
 bool Delivery::has_open_message() const {
   return std::any_of(devices_.begin(), devices_.end(), [](const auto& kv) { return kv.second.open; });
+}
+
+bool Delivery::any_paused() const {
+  return std::any_of(devices_.begin(), devices_.end(), [](const auto& kv) { return kv.second.counters.paused; });
 }
 
 uint64_t Delivery::messages(uint16_t device) const {

@@ -10,10 +10,18 @@
 // progress over two consecutive passes while a later packet waits, the missing packets can
 // only be a gap: they are counted, the broken message is discarded and delivery moves on.
 //
+// Back-pressure per device: a sink that answers kBusy when a message of device D begins (its
+// worker is behind) pauses D alone — D's records stay where they are, every other device goes
+// on, D is tried again every kBusyRetry, and `on_pause` tells the session (which tells the
+// sender to stop filling D). Any other sink error stops the whole pass as before (a full disk
+// concerns every device).
+//
 // Threading: one consumer thread per connected sender.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -40,6 +48,10 @@ class Delivery {
  public:
   Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices);
 
+  static constexpr std::chrono::milliseconds kBusyRetry{100};
+  // Called when a device is paused (true) or resumes (false).
+  void set_pause_handler(std::function<void(uint16_t device, bool paused)> fn) { on_pause_ = std::move(fn); }
+
   // One pass over the records complete now. `*consumed` = records released. A sink error is
   // returned as is; the record stays unreleased (back-pressure) and the next pass retries it
   // exactly where it failed.
@@ -47,6 +59,8 @@ class Delivery {
   // Discards every partially received message (the sender is gone). Returns how many.
   uint64_t abort_partials();
   bool has_open_message() const;
+  // Whether some device is paused (its records wait for its sink).
+  bool any_paused() const;
   // Leaves records in receiver block `slot` unprocessed while blocked (holding a block in
   // protocols that have no per-block hold of their own).
   void set_blocked(uint32_t slot, bool blocked) { blocked_[slot] = blocked; }
@@ -64,6 +78,7 @@ class Delivery {
     bool open = false;
     uint64_t open_bytes = 0;
     uint32_t stuck_passes = 0;
+    std::chrono::steady_clock::time_point retry_at{};  // while paused: when to try its sink again
     DeviceStats counters;
   };
   struct Entry {
@@ -86,6 +101,7 @@ class Delivery {
   std::optional<Pending> pending_;
   std::map<uint32_t, bool> blocked_;
   std::vector<protocol::Record> records_;  // scratch, reused across passes
+  std::function<void(uint16_t, bool)> on_pause_;
   std::vector<Entry> entries_;
 };
 

@@ -187,6 +187,25 @@ Status decode(std::span<const uint8_t> body, Fin* out) {
   return Status::ok();
 }
 
+std::vector<uint8_t> encode(const Pause& m) {
+  Writer w;
+  w.u16(m.device);
+  w.u8(m.paused ? 1 : 0);
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, Pause* out) {
+  Reader r(body);
+  Pause m;
+  m.device = r.u16();
+  const uint8_t paused = r.u8();
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "pause"));
+  if (paused > 1) return malformed("pause: flag");
+  m.paused = paused == 1;
+  *out = m;
+  return Status::ok();
+}
+
 std::vector<uint8_t> encode(const FinAck& m) {
   Writer w;
   w.u8(m.ok ? 1 : 0);

@@ -10,6 +10,7 @@
 //                           reaches into the sender's memory, e.g. buffered_read)
 //          receiver -> READY | REFUSE
 //          ... data moves over UCX ...
+//          receiver -> PAUSE (any number, while data moves: one device's sink is busy)
 //          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
 // Or, instead of HELLO, a capacity query: CAPACITY_REQ ; receiver -> CAPACITY, then close.
 //
@@ -25,6 +26,8 @@
 //            blob8 receiver proof (empty without a token; else an HMAC over HELLO and this ACCEPT)
 // SETUP:     blob32 worker address | blob32 protocol set-up | blob8 sender proof (as ACCEPT's)
 // READY:     (empty)
+// PAUSE:     u16 device | u8 paused (1: stop filling this device, 0: go on) — back-pressure for
+//            one device whose worker is behind; the others keep flowing
 // REFUSE:    u16 code | str16 message
 // FIN:       u16 n | n x (u16 device, u64 messages)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
@@ -57,7 +60,7 @@ inline constexpr size_t kMacSize = 32;
 
 enum class MsgType : uint8_t {
   kHello = 1, kChallenge = 2, kAuth = 3, kAccept = 4, kRefuse = 5, kFin = 6, kFinAck = 7,
-  kCapacityRequest = 8, kCapacity = 9, kSetup = 10, kReady = 11,
+  kCapacityRequest = 8, kCapacity = 9, kSetup = 10, kReady = 11, kPause = 12,
 };
 
 enum class WireTransport : uint8_t { kAuto = 0, kShm = 1, kTcp = 2 };
@@ -101,6 +104,11 @@ struct Fin {
   std::map<uint16_t, uint64_t> messages;  // per device
 };
 
+struct Pause {
+  uint16_t device = 0;
+  bool paused = false;
+};
+
 struct FinAck {
   bool ok = false;
   uint64_t stored = 0;
@@ -129,6 +137,7 @@ std::vector<uint8_t> signed_part(const Accept& m);
 std::vector<uint8_t> signed_part(const Setup& m);
 std::vector<uint8_t> encode(const Refuse& m);
 std::vector<uint8_t> encode(const Fin& m);
+std::vector<uint8_t> encode(const Pause& m);
 std::vector<uint8_t> encode(const FinAck& m);
 std::vector<uint8_t> encode(const CapacityInfo& m);
 std::vector<uint8_t> encode_capacity_request();
@@ -139,6 +148,7 @@ Status decode(std::span<const uint8_t> body, Accept* out);
 Status decode(std::span<const uint8_t> body, Setup* out);
 Status decode(std::span<const uint8_t> body, Refuse* out);
 Status decode(std::span<const uint8_t> body, Fin* out);
+Status decode(std::span<const uint8_t> body, Pause* out);
 Status decode(std::span<const uint8_t> body, FinAck* out);
 Status decode(std::span<const uint8_t> body, CapacityInfo* out);
 Status decode_capacity_request(std::span<const uint8_t> body);

@@ -9,6 +9,7 @@ Helpers (import them with `from conftest import ...`):
   run_send(addr, *args, ...)        `slotstream send` to completion (text CompletedProcess)
   send(addr, *args, ...)            the same with bytes output (kept for older tests)
   wait_for_line(reader, pattern)    next line on a LineReader matching a regex
+  metrics_address(rx)               HOST:PORT of a receiver's --metrics 127.0.0.1:0
   sha256(path), seq_name(i), tree(dir), make_files(dir, sizes, tag)
 """
 import hashlib
@@ -205,6 +206,13 @@ class LineReader:
         self._thread.join(timeout)
 
 
+def metrics_address(rx, timeout=10.0):
+    """HOST:PORT of a receiver started with `--metrics 127.0.0.1:0` (from its start-up line on stderr). A port picked
+    in advance can be taken by another process before the receiver binds it."""
+    _, line = rx.stderr.wait_for(r"metrics on http://", timeout)
+    return re.search(r"http://([^/\s]+)/metrics", line).group(1)
+
+
 def wait_for_line(reader, pattern, timeout=10.0, start=0):
     """The first line of `reader` (a LineReader) matching regex `pattern`."""
     return reader.wait_for(pattern, timeout, start)[1]
@@ -257,8 +265,8 @@ class Proc:
 class Receiver(Proc):
     """`slotstream recv --listen 127.0.0.1:0 ARGS`, started and ready (its `listening on` line read)."""
 
-    def __init__(self, args, start_timeout=START_TIMEOUT):
-        super().__init__([BIN, "recv", "--listen", "127.0.0.1:0", *args])
+    def __init__(self, args, start_timeout=START_TIMEOUT, listen="127.0.0.1:0"):
+        super().__init__([BIN, "recv", "--listen", listen, *args])
         try:
             _, line = self.stdout.wait_for(r"", start_timeout)
         except AssertionError:
@@ -291,11 +299,11 @@ class Receiver(Proc):
 
 @pytest.fixture
 def receiver():
-    """receiver(*args) -> Receiver; every receiver is stopped at test end."""
+    """receiver(*args, listen="127.0.0.1:0") -> Receiver; every receiver is stopped at test end."""
     started = []
 
-    def start(*args):
-        r = Receiver([str(a) for a in args])
+    def start(*args, listen="127.0.0.1:0"):
+        r = Receiver([str(a) for a in args], listen=listen)
         started.append(r)
         return r
 

@@ -190,7 +190,7 @@ def test_stalled_hello_is_not_kept_forever(start_receiver, tmp_path):
 
 
 @pytest.mark.deadline(60)
-@pytest.mark.parametrize("name", ["../x", "a/b", ".", "..", "", "x/../../y", "a\x00b"])
+@pytest.mark.parametrize("name", ["../x", "a/b", ".", "..", "", "x/../../y", "a\x00b", "-rf", "--help"])
 def test_bad_sender_name_in_raw_hello_is_refused(start_receiver, tmp_path, name):
     out = tmp_path / "out"
     rx = start_receiver(out)
@@ -364,3 +364,36 @@ def test_a_sender_refuses_a_receiver_that_cannot_prove_the_token(tmp_path):
     assert "not signed with the token" in p.stderr, p.stderr
     assert seen[:2] == [HELLO, AUTH], seen
     assert SETUP not in seen, "the sender went on with its set-up after a bad proof"
+
+
+# ------------------------------------------------------------------ sender groups (lanes)
+
+def open_lane(addr, **kw):
+    """A raw connection whose HELLO the receiver accepted (ACCEPT read); the socket stays open."""
+    s = connect(addr)
+    s.sendall(hello(**kw))
+    t, body, _ = recv_frame(s)
+    return s, t, body
+
+
+@pytest.mark.deadline(60)
+def test_two_senders_with_one_name_and_group_are_not_merged(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    first, t, _ = open_lane(rx.addr, name=b"twin", group=0, lane=0, lanes=2, devices=(0,))
+    assert t == ACCEPT, f"the first lane was not accepted (type {t})"
+    try:
+        # Same name, same (documented) group 0, same lane: another sender, not a second lane of this one.
+        s, t, body = open_lane(rx.addr, name=b"twin", group=0, lane=0, lanes=2, devices=(1,))
+        s.close()
+        assert t == REFUSE and "lane 0" in decode_refuse(body)[1], (t, body)
+        # The other lane number, but a device the first lane already has.
+        s, t, body = open_lane(rx.addr, name=b"twin", group=0, lane=1, lanes=2, devices=(0,))
+        s.close()
+        assert t == REFUSE and "device 0" in decode_refuse(body)[1], (t, body)
+        # Another name may use group 0 too: ids are the sender's own, not global.
+        s, t, body = open_lane(rx.addr, name=b"other", group=0, lane=0, lanes=1, devices=(0,))
+        s.close()
+        assert t == ACCEPT, (t, body)
+    finally:
+        first.close()
+    still_serves(rx, tmp_path)

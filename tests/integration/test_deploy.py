@@ -344,3 +344,31 @@ def test_service_and_configmap_tell_senders_where_receivers_are():
     assert re.fullmatch(r"[\w.-]+:\d+(,[\w.-]+:\d+)+", cm["SLOTSTREAM_RECEIVERS"]), cm["SLOTSTREAM_RECEIVERS"]
     refs = [e["configMapRef"]["name"] for e in receiver()["containers"][0]["envFrom"]]
     assert "slotstream" in refs
+
+
+def test_image_build_uses_the_hosts_apt_mirror(tmp_path):
+    """deploy/image/build.sh takes its Debian mirror from this host's apt configuration (a site with its own
+    mirror or proxy builds from it), deb.debian.org only when apt names none, and MIRROR above both."""
+    script = (REPO / "deploy" / "image" / "build.sh").read_text()
+    func = re.search(r"^host_mirror\(\) \{.*?^\}", script, re.S | re.M).group(0)
+    pick = re.search(r"^mirror=\$\{MIRROR:-\$\(host_mirror\)\}\nmirror=.*$", script, re.M).group(0)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-get").write_text("#!/bin/sh\ncat \"$FAKE_APT\"\n")
+    (fake / "apt-get").chmod(0o755)
+
+    def mirror(apt_output, env_mirror=None):
+        listing = tmp_path / "listing"
+        listing.write_text(apt_output)
+        env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", FAKE_APT=str(listing))
+        env.pop("MIRROR", None)
+        if env_mirror:
+            env["MIRROR"] = env_mirror
+        return subprocess.run(["bash", "-c", f"{func}\n{pick}\necho $mirror"], capture_output=True, text=True,
+                              env=env, timeout=10).stdout.strip()
+
+    own = ("http://security.example/debian-security/ bookworm-security main Packages\n"
+           "http://mirror.example.org/debian/ bookworm main Packages\n")
+    assert mirror(own) == "http://mirror.example.org/debian"
+    assert mirror("") == "http://deb.debian.org/debian"
+    assert mirror(own, "http://override.example/debian") == "http://override.example/debian"

@@ -7,9 +7,9 @@ import urllib.request
 
 import pytest
 
-from conftest import run_send, wait_until
+from conftest import metrics_address, run_send, wait_until
 from test_control import REFUSE, connect, decode_refuse, hello, read_frames, read_until_closed
-from test_pipeline import free_port, metric
+from test_pipeline import metric
 
 
 def get(url, timeout=10):
@@ -18,9 +18,8 @@ def get(url, timeout=10):
 
 
 def metrics_receiver(receiver, *extra):
-    port = free_port()
-    rx = receiver("--discard", "--metrics", f"127.0.0.1:{port}", *extra)
-    return rx, f"http://127.0.0.1:{port}"
+    rx = receiver("--discard", "--metrics", "127.0.0.1:0", *extra)
+    return rx, f"http://{metrics_address(rx)}"
 
 
 @pytest.mark.deadline(60)

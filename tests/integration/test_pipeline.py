@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, REPO, send, seq_name, sha256
+from conftest import BIN, REPO, metrics_address, send, seq_name, sha256
 
 CHECKSUM = f"sh {REPO / 'workers' / 'checksum.sh'}"
 
@@ -42,13 +42,6 @@ def metric(text, name, **labels):
         if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(name + " ")):
             return float(line.split()[-1])
     return None
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_every_frame_processed_once_in_order(receiver, tmp_path):
@@ -90,39 +83,64 @@ def test_slow_worker_throttles_the_sender_with_bounded_backlog(receiver, tmp_pat
     out = tmp_path / "out"
     script = tmp_path / "slow.sh"
     script.write_text(SLOW_WORKER)
-    port = free_port()
     rx = receiver("--out", out, "--worker", f"sh {script}", "--backlog-messages", 4,
-                  "--metrics", f"127.0.0.1:{port}")
+                  "--metrics", "127.0.0.1:0")
+    maddr = metrics_address(rx)
     tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "cam", "--blocks", "4", "--block-size", "8192",
                            "--synthetic", "0:400:32x32x3", "--duration", "0.1", "--json"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    backlog, held = [], []
+    backlog, paused = [], []
     while tx.poll() is None:
-        text = metrics(f"127.0.0.1:{port}")
+        text = metrics(maddr)
         b = metric(text, "slotstream_worker_backlog_messages", sender="cam", device="0")
         if b is not None:
             backlog.append(b)
-        h = metric(text, "slotstream_held_blocks", sender="cam")
+        h = metric(text, "slotstream_device_paused", sender="cam", device="0")
         if h is not None:
-            held.append(h)
+            paused.append(h)
         time.sleep(0.1)
     assert tx.returncode == 0, tx.stderr.read().decode()
     j = json.loads(tx.stdout.read())
     assert j["messages"] == 40
     # 40 messages through a worker doing 20 per second: the sender was held back.
     assert max(backlog) <= 4 + 1, f"backlog grew past its limit: {max(backlog)}"
-    assert max(held) > 0, "no block was ever held"
+    assert max(paused) > 0, "the device was never paused"
     w = out / "cam" / "worker-0"
     wait_for(lambda: done_of(w) == 39, 20, "the worker to catch up")
-    text = metrics(f"127.0.0.1:{port}")
+    text = metrics(maddr)
     assert metric(text, "slotstream_messages_total", sender="cam", device="0") == 40
     assert metric(text, "slotstream_stalls_total", sender="cam") >= 1
+    assert metric(text, "slotstream_device_pauses_total", sender="cam", device="0") >= 1
+
+
+def test_a_slow_worker_holds_back_its_own_device_only(receiver, tmp_path):
+    # Device 0's worker does 20 messages a second; devices 1 and 2 have fast workers. Back-pressure is per device:
+    # the slow one is paused while the others are stored and processed at once — they used to wait for it.
+    out = tmp_path / "out"
+    slow = tmp_path / "slow.sh"
+    slow.write_text(SLOW_WORKER.replace("sleep 0.05", "sleep 0.25"))  # 4 messages a second
+    fast = tmp_path / "fast.sh"
+    fast.write_text(SLOW_WORKER.replace("sleep 0.05", ":"))  # as fast as the shell goes
+    script = tmp_path / "pick.sh"
+    script.write_text(f'if [ "$SLOTSTREAM_DEVICE" = 0 ]; then exec sh {slow}; else exec sh {fast}; fi\n')
+    rx = receiver("--out", out, "--worker", f"sh {script}", "--backlog-messages", 3)
+    tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "cam", "--blocks", "8", "--block-size", "8192",
+                           "--synthetic", "0-2:100:32x32x3", "--duration", "0.4"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for d in (1, 2):
+        wait_for(lambda: done_of(out / "cam" / f"worker-{d}") == 39, 30, f"device {d}'s worker to finish")
+    slow_done = done_of(out / "cam" / "worker-0")
+    assert slow_done < 30, f"device 0 ({slow_done + 1} of 40 processed) was not behind: the test proves nothing"
+    assert tx.wait(60) == 0, tx.stderr.read().decode()
+    wait_for(lambda: done_of(out / "cam" / "worker-0") == 39, 30, "device 0's worker to catch up")
+    _, _, err = rx.stop()
+    assert "device 0 paused" in err, err
 
 
 def test_killed_worker_restarts_and_skips_nothing(receiver, tmp_path):
     out = tmp_path / "out"
-    port = free_port()
-    rx = receiver("--out", out, "--worker", CHECKSUM, "--keep-processed", "--metrics", f"127.0.0.1:{port}")
+    rx = receiver("--out", out, "--worker", CHECKSUM, "--keep-processed", "--metrics", "127.0.0.1:0")
+    maddr = metrics_address(rx)
     tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "cam", "--synthetic", "0:50:64x48x3",
                            "--duration", "3"], stderr=subprocess.PIPE)
     w = out / "cam" / "worker-0"
@@ -137,19 +155,19 @@ def test_killed_worker_restarts_and_skips_nothing(receiver, tmp_path):
     wait_for(lambda: done_of(w) == 149, 30, "the restarted worker to finish")
     results = sorted(os.listdir(w / "results"))
     assert results == [f"{i:010d}.json" for i in range(150)], "a message was skipped or processed twice"
-    text = metrics(f"127.0.0.1:{port}")
+    text = metrics(maddr)
     assert metric(text, "slotstream_worker_restarts_total", sender="cam", device="0") >= 1
     _, _, err = rx.stop()
     assert "killed by signal 9" in err and "restarting" in err
 
 
 def test_metrics_and_health(receiver, tmp_path):
-    port = free_port()
-    rx = receiver("--out", tmp_path / "out", "--metrics", f"127.0.0.1:{port}")
+    rx = receiver("--out", tmp_path / "out", "--metrics", "127.0.0.1:0")
+    maddr = metrics_address(rx)
     send(rx.addr, "--name", "m", "--synthetic", "0-1:50:32x32x3", "--duration", 0.2)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+    with urllib.request.urlopen(f"http://{maddr}/health", timeout=5) as r:
         assert r.status == 200 and r.read() == b"ok\n"
-    text = metrics(f"127.0.0.1:{port}")
+    text = metrics(maddr)
     assert metric(text, "slotstream_messages_total", sender="m", device="1") == 10
     assert metric(text, "slotstream_gaps_total", sender="m", device="0") == 0
     assert metric(text, "slotstream_sessions_ended_total") == 1
@@ -218,3 +236,36 @@ def test_h264_worker_encodes_segments_of_every_frame(receiver, tmp_path):
         assert codec == "h264"
         frames.append(int(n))
     assert frames == [25, 25, 10]
+
+
+def running(pattern):
+    """pids of processes whose whole command line starts with `pattern` (not the shells that mention it)."""
+    return subprocess.run(["pgrep", "-f", "^" + pattern], capture_output=True, text=True).stdout.split()
+
+
+def test_a_killed_receiver_leaves_no_worker_process_behind(receiver, tmp_path):
+    # A compound worker command: a background child, a pipeline, and a double-forked stray. The receiver dies by
+    # SIGKILL (no clean-up code of its own runs); every one of them must go with it.
+    marker = f"98765{os.getpid() % 1000:03d}"
+    command = (f"sleep {marker}1 & sleep {marker}2 | cat & (sleep {marker}3 &) ; "
+               f"sh {REPO / 'workers' / 'checksum.sh'}")
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--worker", command)
+    send(rx.addr, "--name", "cam", "--synthetic", "0:25:16x16x1", "--duration", "0.2")
+    wait_for(lambda: len(running(f"sleep {marker}")) == 3, 20, "the worker's three sleeps")
+    rx.sigkill()
+    rx.wait(10)
+    wait_for(lambda: running(f"sleep {marker}") == [], 10, "the worker's processes to end")
+
+
+def test_a_worker_whose_command_ends_takes_its_children_along(receiver, tmp_path):
+    # The command itself exits (and is restarted), leaving a background child: that child must not pile up.
+    marker = f"97531{os.getpid() % 1000:03d}"
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--worker", f"sleep {marker} & exit 3")
+    send(rx.addr, "--name", "cam", "--synthetic", "0:25:16x16x1", "--duration", "0.2")
+    _, line = rx.stderr.wait_for(r"exited with status 3", 20)
+    time.sleep(1.0)
+    assert len(running(f"sleep {marker}")) <= 1, "background children of ended worker commands keep running"
+    rx.stop()
+    wait_for(lambda: running(f"sleep {marker}") == [], 10, "the worker's processes to end")

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import TRANSPORTS, send, seq_name, sha256
+from conftest import TRANSPORTS, metrics_address, send, seq_name, sha256
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -54,12 +54,9 @@ def test_unreleased_block_blocks_the_head(receiver, tmp_path, transport):
 def test_every_lanes_devices_reach_the_report_and_the_metrics(receiver, tmp_path):
     # One connection per device: the sender's report and the per-device counters must hold every lane's devices,
     # not only the first one's (and must not go backwards once the sender has ended).
-    import socket
     import urllib.request
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rx = receiver("--out", tmp_path / "out", "--metrics", f"127.0.0.1:{port}")
+    rx = receiver("--out", tmp_path / "out", "--metrics", "127.0.0.1:0")
+    maddr = metrics_address(rx)
     args = ["--name", "lanes", "--protocol", "sliding_window", "--blocks", 3, "--block-size", 4096]
     for d in range(3):
         for i in range(d + 2):
@@ -68,7 +65,7 @@ def test_every_lanes_devices_reach_the_report_and_the_metrics(receiver, tmp_path
             args += ["--file", f"{d}={p}"]
     send(rx.addr, *args)
     assert rx.lines(1)[0].startswith("sender lanes finished: messages=9 ")
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+    with urllib.request.urlopen(f"http://{maddr}/metrics", timeout=5) as r:
         text = r.read().decode()
     for d in range(3):
         line = f'slotstream_messages_total{{sender="lanes",device="{d}"}} {d + 2}'

@@ -59,7 +59,7 @@ TEST(Auth, TokenFileIsTrimmedAndMustNotBeEmpty) {
 
 TEST(Names, OnlySafePathComponentsAreSenderNames) {
   EXPECT_FALSE(invalid_sender_name("edge-01.cam_A"));
-  for (const char* bad : {"", ".", "..", "../x", "a/b", ".hidden", "a b", "x\\y"}) {
+  for (const char* bad : {"", ".", "..", "../x", "a/b", ".hidden", "a b", "x\\y", "-rf", "--help"}) {
     EXPECT_TRUE(invalid_sender_name(bad)) << "accepted '" << bad << "'";
   }
   EXPECT_TRUE(invalid_sender_name(std::string(65, 'a')));

@@ -142,6 +142,15 @@ TEST(Control, OtherMessagesRoundTrip) {
   EXPECT_EQ(r2.code, Code::kAuthFailed);
   EXPECT_EQ(r2.message, "authentication failed");
 
+  Pause pz{513, true}, pz2;
+  auto pb = encode(pz);
+  EXPECT_EQ(pb, (std::vector<uint8_t>{0x01, 0x02, 0x01}));  // u16 LE device, u8 flag
+  ASSERT_TRUE(decode(pb, &pz2).is_ok());
+  EXPECT_EQ(pz2.device, 513);
+  EXPECT_TRUE(pz2.paused);
+  pb[2] = 2;
+  EXPECT_FALSE(decode(pb, &pz2).is_ok());
+
   std::vector<uint8_t> garbage = {0xff, 0xff, 0xff};
   EXPECT_FALSE(decode(garbage, &a2).is_ok());
   EXPECT_FALSE(decode(garbage, &f2).is_ok());

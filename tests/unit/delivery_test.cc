@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
+#include <thread>
 #include <string>
 
 namespace slotstream::stream {
@@ -41,6 +43,7 @@ class FakeBlocks : public protocol::ReceiverProtocol {
 class RecordingSink : public MessageSink {
  public:
   Status begin(uint16_t d) override {
+    if (busy.contains(d)) return {Code::kBusy, "worker backlog"};
     if (fail_next) return fail();
     current[d].clear();
     return Status::ok();
@@ -65,6 +68,7 @@ class RecordingSink : public MessageSink {
   }
   int fail_next = 0;
   int aborts = 0;
+  std::set<uint16_t> busy;  // devices whose worker is behind
   std::map<uint16_t, std::string> current;
   std::map<uint16_t, std::vector<std::string>> messages;
 };
@@ -190,6 +194,37 @@ TEST(Delivery, ABlockedBlockStaysUnprocessedWithoutCountingAGap) {
   f.delivery.set_blocked(3, false);
   f.pass();
   EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"held back", "next"}));
+}
+
+TEST(Delivery, ABusyDevicePausesAloneAndResumesWhereItStopped) {
+  Fixture f;
+  std::vector<std::pair<uint16_t, bool>> events;
+  f.delivery.set_pause_handler([&](uint16_t d, bool paused) { events.push_back({d, paused}); });
+  f.sink.busy = {0};
+  f.blocks.put(0, 0, 0, kOnly, "d0 first");
+  f.blocks.put(1, 0, 1, kOnly, "d0 second");
+  f.blocks.put(2, 1, 0, kOnly, "d1 first");
+  f.blocks.put(3, 1, 1, kOnly, "d1 second");
+  // Device 1 flows; device 0 is paused with its blocks in place — not a stall of the pass.
+  EXPECT_EQ(f.pass(), 2u);
+  EXPECT_EQ(f.sink.messages[1], (std::vector<std::string>{"d1 first", "d1 second"}));
+  EXPECT_TRUE(f.sink.messages[0].empty());
+  EXPECT_EQ(f.blocks.status(0), 1);
+  EXPECT_EQ(f.blocks.status(1), 1);
+  EXPECT_TRUE(f.delivery.any_paused());
+  EXPECT_EQ(events, (std::vector<std::pair<uint16_t, bool>>{{0, true}}));
+  // Many passes while paused: its waiting packet is never taken for a gap.
+  for (int i = 0; i < 5; ++i) f.pass();
+  EXPECT_EQ(f.delivery.counters().gaps, 0u);
+  EXPECT_EQ(f.delivery.per_device()[0].pauses, 1u);
+  EXPECT_TRUE(f.delivery.per_device()[0].paused);
+  // The worker catches up: after the retry interval device 0 goes on, in order.
+  f.sink.busy.clear();
+  std::this_thread::sleep_for(Delivery::kBusyRetry + std::chrono::milliseconds(10));
+  f.pass();
+  EXPECT_EQ(f.sink.messages[0], (std::vector<std::string>{"d0 first", "d0 second"}));
+  EXPECT_FALSE(f.delivery.any_paused());
+  EXPECT_EQ(events.back(), (std::pair<uint16_t, bool>{0, false}));
 }
 
 }  // namespace

@@ -93,5 +93,27 @@ TEST(DirSinkNames, FileNamesArePaddedToTenDigits) {
   EXPECT_EQ(DirSink::file_name(1234567890), "1234567890.bin");
 }
 
+TEST_F(DirSinkTest, AnOutputDirectoryRemovedBetweenMessagesIsMadeAgain) {
+  DirSink s(root_ / "cam");
+  write(s, 0, "before");
+  fs::remove_all(root_);  // an operator cleans up while the receiver runs
+  write(s, 0, "after");
+  EXPECT_EQ(slurp(root_ / "cam" / "device-0" / "0000000001.bin"), "after");  // numbering goes on
+  EXPECT_EQ(s.recreated(), 1u);
+}
+
+TEST_F(DirSinkTest, AMessageWhoseDirectoryIsRemovedMidWayIsKept) {
+  DirSink s(root_ / "cam");
+  ASSERT_TRUE(s.begin(2).is_ok());
+  ASSERT_TRUE(s.append(2, bytes("first half, ")).is_ok());
+  fs::remove_all(root_ / "cam");
+  ASSERT_TRUE(s.append(2, bytes("second half")).is_ok());
+  ASSERT_TRUE(s.commit(2).is_ok());
+  EXPECT_EQ(slurp(root_ / "cam" / "device-2" / "0000000000.bin"), "first half, second half");
+  EXPECT_FALSE(fs::exists(root_ / "cam" / "device-2" / ".0000000000.bin.part"));
+  write(s, 2, "next");
+  EXPECT_EQ(slurp(root_ / "cam" / "device-2" / "0000000001.bin"), "next");
+}
+
 }  // namespace
 }  // namespace slotstream::sink
