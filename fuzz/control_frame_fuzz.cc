@@ -33,6 +33,7 @@ void decode_as_its_type(const wire::Frame& f) {
     case wire::MsgType::kSetup: { wire::Setup m; (void)wire::decode(f.body, &m); break; }
     case wire::MsgType::kRefuse: { wire::Refuse m; (void)wire::decode(f.body, &m); break; }
     case wire::MsgType::kFin: { wire::Fin m; (void)wire::decode(f.body, &m); break; }
+    case wire::MsgType::kPause: { wire::Pause m; (void)wire::decode(f.body, &m); break; }
     case wire::MsgType::kFinAck: { wire::FinAck m; (void)wire::decode(f.body, &m); break; }
     case wire::MsgType::kCapacity: { wire::CapacityInfo m; (void)wire::decode(f.body, &m); break; }
     case wire::MsgType::kCapacityRequest: (void)wire::decode_capacity_request(f.body); break;

@@ -1,7 +1,7 @@
 // Every control-message decoder (wire/control.h) on the same arbitrary body: what a hostile or
 // broken peer can put in a frame. Invariants beyond "no crash, no UB, no leak":
 //   - a failure is a kProtocolError or kVersionMismatch with a message, and leaves *out untouched;
-//   - a decoded HELLO, ACCEPT, SETUP, CAPACITY or capacity request re-encodes to exactly the body
+//   - a decoded HELLO, ACCEPT, SETUP, PAUSE, CAPACITY or capacity request re-encodes to exactly the body
 //     (nothing in the body was skipped or invented); REFUSE, FIN and FIN_ACK, whose decoders
 //     normalise (unknown codes, repeated devices, any non-1 "ok"), survive a second round trip;
 //   - a decoded HELLO has lane < lanes and the one version this build speaks.
@@ -97,6 +97,17 @@ void fin(Bytes body) {
   FUZZ_CHECK(again.messages == m.messages);
 }
 
+void pause(Bytes body) {
+  wire::Pause m{7, true};
+  Status st = wire::decode(body, &m);
+  if (!st.is_ok()) {
+    check_failure(st);
+    FUZZ_CHECK(m.device == 7 && m.paused);
+    return;
+  }
+  FUZZ_CHECK(same(wire::encode(m), body));
+}
+
 void fin_ack(Bytes body) {
   wire::FinAck m{true, 7, "untouched"};
   Status st = wire::decode(body, &m);
@@ -140,6 +151,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   setup(body);
   refuse(body);
   fin(body);
+  pause(body);
   fin_ack(body);
   capacity(body);
   capacity_request(body);

@@ -7,9 +7,10 @@
 // payload (ring protocols), and "lossy" — whether packets may be lost or made visible late.
 // Events: put a device's next fragment into a free block of the fuzzer's choice, a consumer pass,
 // a duplicate of an earlier record, a record with one header bit flipped, a record for an
-// undeclared device, a packet far beyond the reorder window or far behind it, sink failures (a full disk), holding
-// or releasing a block (set_blocked), a different poll order, and in lossy mode a lost packet or
-// a packet that becomes visible only some passes later. Then everything is drained.
+// undeclared device, a packet far beyond the reorder window or far behind it, sink failures (a
+// full disk; with FUZZ_BUSY also a busy worker, which pauses that device alone), holding or
+// releasing a block (set_blocked), a different poll order, and in lossy mode a lost packet or a
+// packet that becomes visible only some passes later. Then everything is drained.
 //
 // Invariants (any violation aborts, so libFuzzer keeps the input):
 //   - the sink sees begin / append... / commit-or-abort per device, never an append or commit
@@ -32,6 +33,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -47,6 +49,10 @@ namespace {
 
 // FUZZ_TRACE=1 in the environment: every event on stderr, to read a finding (fuzz/README.md).
 const bool kTrace = std::getenv("FUZZ_TRACE") != nullptr;
+// FUZZ_BUSY=1: the sink may also answer kBusy (per-device pause). Off by default: a paused device
+// is retried after Delivery::kBusyRetry (100 ms) of real time, which would make such inputs ~1000x
+// slower than the rest; run it as a campaign of its own (docs/hardening.md).
+const bool kBusyMode = std::getenv("FUZZ_BUSY") != nullptr;
 #define TRACE(...)                          \
   do {                                      \
     if (kTrace) std::fprintf(stderr, __VA_ARGS__); \
@@ -103,6 +109,10 @@ class CheckingSink : public slotstream::MessageSink {
  public:
   Status begin(uint16_t d) override {
     FUZZ_CHECK(!open_[d]);  // Delivery aborts an unfinished message before it begins the next
+    if (busy_next > 0) {
+      --busy_next;
+      return {Code::kBusy, "worker behind"};  // pauses this device alone
+    }
     if (failing()) return {Code::kIoError, "disk full"};
     open_[d] = true;
     current_[d].clear();
@@ -132,6 +142,7 @@ class CheckingSink : public slotstream::MessageSink {
     return std::any_of(open_.begin(), open_.end(), [](const auto& kv) { return kv.second; });
   }
   int fail_next = 0;
+  int busy_next = 0;  // begin() answers kBusy (a worker behind), only with FUZZ_BUSY set
   std::map<uint16_t, std::vector<std::string>> stored;
 
  private:
@@ -197,7 +208,13 @@ class Run {
         case 4: corrupt(); break;
         case 5: unknown_device(); break;
         case 6: far_packet(); break;
-        case 7: sink_.fail_next = in_.ConsumeIntegralInRange<int>(0, 3); break;
+        case 7:
+          if (kBusyMode && in_.ConsumeBool()) {
+            sink_.busy_next = in_.ConsumeIntegralInRange<int>(0, 3);
+          } else {
+            sink_.fail_next = in_.ConsumeIntegralInRange<int>(0, 3);
+          }
+          break;
         case 8: hold(); break;
         case 9: blocks_->rotation = in_.ConsumeIntegral<uint8_t>(); break;
         case 10: put_next(pick_device(), Fate::kLost); break;
@@ -258,7 +275,8 @@ class Run {
     size_t consumed = 0;
     Status st = delivery_->pass(&consumed);
     TRACE("pass: %zu consumed, %s\n", consumed, st.to_string().c_str());
-    FUZZ_CHECK(st.is_ok() || st.code() == Code::kIoError);  // only the sink's own error comes back
+    // Only the sink's own errors come back.
+    FUZZ_CHECK(st.is_ok() || st.code() == Code::kIoError || (kBusyMode && st.code() == Code::kBusy));
     // Late packets land now, if there is room (otherwise they wait longer).
     for (auto it = late_.begin(); it != late_.end();) {
       if (--it->passes <= 0 && !blocks_->free_slots().empty()) {
@@ -324,6 +342,7 @@ class Run {
     for (uint32_t slot : held_) delivery_->set_blocked(slot, false);
     held_.clear();
     sink_.fail_next = 0;
+    sink_.busy_next = 0;
     for (int i = 0; i < 100000; ++i) {
       bool sending = false;
       for (DeviceModel& d : devices_) {
@@ -331,6 +350,8 @@ class Run {
         sending = true;
         if (!blocks_->free_slots().empty()) put_final_fragment(d);
       }
+      // A paused device is tried again only after Delivery::kBusyRetry of real time.
+      if (delivery_->any_paused()) std::this_thread::sleep_for(Delivery::kBusyRetry / 10);
       if (!sending && late_.empty() && blocks_->empty() && i > 3) {
         pass();
         pass();

@@ -48,6 +48,7 @@ def main():
             "refuse": struct.pack("<H", 6) + s16(b"unknown sender"),
             "fin": struct.pack("<H", 2) + struct.pack("<HQ", 0, 40) + struct.pack("<HQ", 1, 41),
             "fin-ack": bytes([1]) + struct.pack("<Q", 81) + s16(b""),
+            "pause": struct.pack("<HB", 3, 1),
             "capacity": struct.pack("<IQIQ", 3, 1 << 20, 250, 1 << 30),
             "capacity-request": b"SLST" + struct.pack("<H", VERSION),
         },
@@ -73,6 +74,7 @@ def main():
     c = seeds["control"]
     seeds["control_frame"] = {
         "hello-then-fin": bytes([1]) + frame(1, c["hello"]) + frame(6, c["fin"]),
+        "pause-resume": bytes([6]) + frame(12, c["pause"]) + frame(12, struct.pack("<HB", 3, 0)) + frame(6, c["fin"]),
         "refused": bytes([4]) + frame(5, c["refuse"]),
         "accept-setup-ready": bytes([4]) + frame(4, c["accept"]) + frame(10, c["setup"]) + frame(11, b""),
         "cut-short": bytes([9]) + frame(9, c["capacity"])[:-3],
