@@ -5,18 +5,28 @@ import argparse
 import json
 import pathlib
 import statistics
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+import cache_experiments  # noqa: E402
+import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
+
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
 STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "sliding_window": dict(color="tab:orange", ls="-", marker="s"),
+         "credit": dict(color="tab:red", ls="-", marker="D"),
+         "carc": dict(color="tab:brown", ls="-", marker="h"),
+         "packed_ring": dict(color="tab:green", ls="-", marker="P"),
+         "packed_ring:flush=idle": dict(color="tab:green", ls="--", marker="x"),
+         "nic_assisted": dict(color="tab:purple", ls="-", marker="*"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
          "tcp_socket": dict(color="tab:gray", ls=":", marker="v")}
-ORDER = ["status_byte", "sliding_window", "ucx_raw_put", "tcp_socket"]
+ORDER = ["status_byte", "sliding_window", "credit", "carc", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
+         "ucx_raw_put", "tcp_socket"]
 
 
 def style(protocol):
@@ -152,6 +162,7 @@ def figures(doc, records, out):
         if rows:
             name = f"fig{fig_no}_resources_{side}.png"
             made[name] = resources_plot(out / name, f"Transport resources, {side} (Fig. {fig_no})", rows, side)
+    made.update(sdp_figures(records, out))
     for exp, name, title in (("held_block", "fig18_held_block.png", "3 blocks, saturated; block 3 held 100-200 ms"),
                              ("cameras_per_connection", "fig19_cameras.png",
                               "12 cameras x 25 fps x 640x480x3, 32 blocks per connection"),
@@ -160,6 +171,9 @@ def figures(doc, records, out):
         if samples.get(exp):
             fig_no = name[3:5]
             made[name] = over_time(out / name, f"{title} (Fig. {fig_no})", samples[exp], hold=exp == "held_block")
+    for name in cache_experiments.plot(records, out, style, proto_key, human, plt):
+        made[name] = name
+    made.update(dgram_plot.figures(sys.modules[__name__], records, out))
     return {k: v for k, v in made.items() if v}
 
 
@@ -491,12 +505,168 @@ def report(doc, records, out, made):
                   "peak_rss_sender", "peak_rss_receiver"):
             md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
                                         by_blocks=False, variant=variant)]
+    md += cache_experiments.report(records, human)
+    md += sdp_report(records)
+    md += dgram_plot.report_sections(sys.modules[__name__], records)
     md.append("## Figures\n")
     md += [f"![{n}]({n})\n" for n in sorted(made)]
     if doc.get("errors"):
         md.append("## Errors\n")
         md += [f"- {e['what']}: {e['error']}" for e in doc["errors"]]
     (out / "report.md").write_text("\n".join(md) + "\n")
+
+
+# ------------------------------------------------------------ the SDP paper (bench/ring_experiments.py)
+
+def _settings(variant):
+    """'compute_us=500;rx_ns_per_byte=1' -> {'compute_us': '500', 'rx_ns_per_byte': '1'}."""
+    return dict(kv.split("=", 1) for kv in variant.split(";") if "=" in kv)
+
+
+def _variants(records, experiment, prefix):
+    """The numeric values of an experiment's `prefix=N` variants, sorted."""
+    return sorted({int(r["variant"].split("=", 1)[1]) for r in records
+                   if r["experiment"] == experiment and r.get("variant", "").startswith(prefix + "=")
+                   and ";" not in r["variant"]})
+
+
+def _receivers(records):
+    """The progress experiment's receiver settings: None (counts only) or its ns per byte."""
+    return sorted({_settings(r["variant"]).get("rx_ns_per_byte") for r in records if r["experiment"] == "progress"},
+                  key=lambda x: (x is not None, float(x or 0)))
+
+
+def _receiver_text(rx):
+    return "receiver counts messages" if rx is None else f"receiver processes every byte ({rx} ns/byte)"
+
+
+def _by_compute(records, metric, rx=None):
+    """{(protocol, transport): [(compute µs, [value per run])...]} for one receiver setting."""
+    variants = sorted({r["variant"] for r in records if r["experiment"] == "progress"
+                       and _settings(r["variant"]).get("rx_ns_per_byte") == rx},
+                      key=lambda v: int(_settings(v)["compute_us"]))
+    out = {}
+    for variant in variants:
+        c = int(_settings(variant)["compute_us"])
+        for (p, t, _, _), v in per_run(records, "progress", metric, variant=variant).items():
+            out.setdefault((p, t), []).append((c, v))
+    return out
+
+
+def sdp_figures(records, out):
+    """SDP Fig. 4b (throughput) and 6 (buffer utilisation) per buffer size, and Fig. 5 (progress)."""
+    made = {}
+    for bs in _variants(records, "small_messages", "buffers"):
+        where = {"variant": f"buffers={bs}"}
+        name = f"sdp_fig4b_throughput_{bs // 1024}k_buffers.png"
+        made[name] = line_plot(out / name, f"Small messages: throughput, 8 x {human(bs)} buffers (SDP Fig. 4b)",
+                               series(pick(records, "small_messages", "throughput", **where)), "message size", "MB/s")
+        name = f"sdp_fig6_utilisation_{bs // 1024}k_buffers.png"
+        made[name] = line_plot(out / name, f"Buffer utilisation, 8 x {human(bs)} buffers (SDP Fig. 6)",
+                               series(pick(records, "small_messages", "buffer_utilisation", **where)),
+                               "message size", "useful bytes / buffer held (%)", logy=False)
+    for rx in _receivers(records):
+        prog = {k: [(c, statistics.median(v)) for c, v in pts]
+                for k, pts in _by_compute(records, "iteration_time", rx).items()}
+        name = "sdp_fig5_progress.png" if rx is None else "sdp_fig5_progress_processing_receiver.png"
+        made[name] = line_plot(
+            out / name, f"Communication progress: 100 x 4 KiB per burst, {_receiver_text(rx)} (SDP Fig. 5)",
+            prog, "computation between bursts (µs)", "iteration time (µs)", logx=False, logy=False, sizes=False)
+    return {k: v for k, v in made.items() if v}
+
+
+def _compute_table(records, metric, fmt, rx=None):
+    """Rows: computation; columns: protocol (transport); cells: median [min–max] over runs."""
+    data = _by_compute(records, metric, rx)
+    if not data:
+        return ""
+    cols = sorted(data, key=lambda c: (c[1], proto_key(c[0])))
+    rows = sorted({c for pts in data.values() for c, _ in pts})
+    lines = ["| compute | " + " | ".join(f"{p} ({t})" for p, t in cols) + " |", "|---|" + "---|" * len(cols)]
+    for c in rows:
+        cells = [spread_text(dict(data[k]).get(c), fmt) if c in dict(data[k]) else "–" for k in cols]
+        lines.append(f"| {c} µs | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sdp_claims(records):
+    """The SDP paper's claims next to this run (median [min–max] over runs of per-run ratios)."""
+    tg = Targets()
+    transports = sorted({r["transport"] for r in records if r["experiment"] in ("small_messages", "progress")})
+    small = {"experiment": "small_messages", "metric": "throughput", "variant": "buffers=8192"}
+    for t in transports:
+        for p in ("packed_ring", "nic_assisted"):
+            for s in (256, 1024, 4096):
+                num = runs_of(records, protocol=p, transport=t, size_bytes=s, **small)
+                den = runs_of(records, protocol="credit", transport=t, size_bytes=s, **small)
+                tg.row(f"{p} ≈ 10x credit's throughput, {human(s)} (Fig. 4b; 8 x 8 KiB)", t, ratio_runs(num, den),
+                       "{:.1f}x", threshold=10)
+        util = per_run(records, "small_messages", "buffer_utilisation", variant="buffers=32768")
+        mine = {s: v for (p, tt, _, s), v in util.items() if p == "credit" and tt == t and s <= 8192}
+        if mine:
+            worst = max(mine, key=lambda s: statistics.median(mine[s]))
+            tg.row("credit at most 25 % utilisation with 32 KiB buffers (Fig. 6b; messages up to 8 KiB)", t,
+                   mine[worst], "{:.1f} %", threshold=25, lower_is_better=True, detail=f"(highest: {human(worst)})")
+        for rx in _receivers(records):
+            comp = sorted({c for pts in _by_compute(records, "iteration_time", rx).values() for c, _ in pts})
+            if not comp:
+                continue
+            last = [r["variant"] for r in records if r["experiment"] == "progress"
+                    and _settings(r["variant"]).get("rx_ns_per_byte") == rx
+                    and int(_settings(r["variant"])["compute_us"]) == comp[-1]][0]
+            for p, claim in (("packed_ring", "packed_ring slower than credit"), ("nic_assisted", "nic_assisted not "
+                             "slower than credit"), ("packed_ring:flush=idle", "packed_ring:flush=idle (the fix) vs credit")):
+                num = runs_of(records, "progress", "iteration_time", protocol=p, transport=t, variant=last)
+                den = runs_of(records, "progress", "iteration_time", protocol="credit", transport=t, variant=last)
+                tg.row(f"{claim} at {comp[-1]} µs of computation, {_receiver_text(rx)} (Fig. 5)", t,
+                       ratio_runs(num, den), "{:.2f}x credit's time",
+                       threshold=None if p.endswith("idle") else 1.0, lower_is_better=p != "packed_ring")
+    return tg.text() if len(tg.lines) > 2 else "(credit is not in this run: the paper's claims compare with it.)\n"
+
+
+def sdp_report(records):
+    if not any(r["experiment"] in ("small_messages", "progress") for r in records):
+        return []
+    md = ["## The SDP paper: small messages and progress (SDP Fig. 4b, 5, 6)\n",
+          "Protocols: credit (SDP §2), packed_ring (§3; `:flush=idle` is the fix for §3.2's flaw), nic_assisted "
+          "(§4), and this project's status_byte and sliding_window — those of the run. 8 buffers (blocks) as in "
+          "the paper's 64 KiB and 256 KiB SDP buffers. Cells: median [min–max] over runs.\n",
+          sdp_claims(records)]
+    for bs in _variants(records, "small_messages", "buffers"):
+        where = {"variant": f"buffers={bs}"}
+        md += [f"### Throughput, MB/s, 8 x {human(bs)} buffers (Fig. 4b)\n",
+               "One device sends messages of one size back to back; from the first send after a tenth of the run "
+               "(warm-up) to the last arrival.\n",
+               table(records, "small_messages", "throughput", "{:.2f}", by_blocks=False, **where),
+               f"### Buffer utilisation, %, 8 x {human(bs)} buffers (Fig. 6)\n",
+               "Payload bytes held in the receiver's buffer / the buffer's size (8 buffers), time-averaged over "
+               "the session — the paper's \"percentage usage of the buffer space\": it grows with how much data "
+               "waits in the buffer (a receiver slower than the sender) and with how densely it is packed.\n",
+               table(records, "small_messages", "buffer_utilisation", "{:.1f}", by_blocks=False, **where),
+               "Packing, %: payload bytes / buffer memory held by records (a whole buffer per message for block "
+               "protocols, the record itself in a ring) — what the design wastes, whatever the occupancy:\n\n",
+               table(records, "small_messages", "packing", "{:.1f}", by_blocks=False, **where)]
+        share = table(records, "small_messages", "coalesced_share", "{:.0f}", by_blocks=False, **where)
+        if share:
+            md += ["Share of messages that were coalesced (ring protocols), %:\n\n", share]
+    if any(r["experiment"] == "progress" for r in records):
+        md += ["### Communication progress (Fig. 5)\n",
+               "Bursts of 100 x 4 KiB, C µs of computation after each (the application calls nothing; emulated by "
+               "a sleep, since a busy loop on this 2-core machine takes the CPU the sender's library and the "
+               "receiver need), 8 x 8 KiB buffers. The paper's test is a "
+               "ping-pong; slotstream streams one way, so the reply is computed from measured times: iteration = "
+               "max(end of sends + C, last arrival + C) - first send (the peer replies once it has the whole burst "
+               "and has computed too). Tail delay: from a burst's last send returning to its last message "
+               "arriving — the data a design holds back while the application computes.\n",
+               "Two receivers: one that only counts messages (it drains a burst faster than the sender fills the "
+               "ring here), and one that processes every byte at ~1 GB/s, slower than the burst — the paper's "
+               "precondition for the flaw of §3.2 (SDP's recv() copies every message out and ACKs).\n"]
+        for rx in _receivers(records):
+            md += [f"#### {_receiver_text(rx).capitalize()}\n",
+                   "Iteration time, µs:\n\n", _compute_table(records, "iteration_time", "{:.0f}", rx),
+                   "Burst tail delay (median over bursts), µs:\n\n",
+                   _compute_table(records, "burst_tail_delay_p50", "{:.0f}", rx)]
+    return md
 
 
 def main():

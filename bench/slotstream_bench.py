@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 
+import cache_experiments
+import ring_experiments  # bench/ is the script's directory, first on sys.path
+
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
 
@@ -230,13 +233,15 @@ class Results:
 
     run = 0  # the independent run (process pairs started afresh) being measured
 
-    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0, variant=""):
+    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0, variant="",
+            **dimensions):
         """One tidy record. `run`: which independent run; `repeat`: a round within that run's process pair
-        (throughput); `variant`: a setting of the experiment beyond protocol/transport/size/blocks."""
+        (throughput); `variant`: a setting of the experiment beyond protocol/transport/size/blocks;
+        `dimensions`: an experiment's own axes (e.g. cache: devices, window_bytes)."""
         self.records.append({"experiment": experiment, "protocol": protocol, "transport": transport,
                              "size_bytes": int(size), "blocks": int(blocks), "metric": metric,
                              "value": float(value), "unit": unit, "run": self.run, "repeat": int(repeat),
-                             "variant": variant})
+                             "variant": variant, **dimensions})
 
     def sample(self, experiment, key, data):
         """Raw samples for the figures, from the first run only (the records carry every run)."""
@@ -570,7 +575,14 @@ EXPERIMENTS = {
                    exp_held_block),
     "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3, default and equal memory: stability, CPU, memory",
                 exp_cameras),
+    "cache": ("CARC slides", "receiver processing x devices x in-flight data: carc, credit (cache_experiments.py)",
+              cache_experiments.exp_cache),
 }
+EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
+
+
+import dgram_experiments  # noqa: E402  (bench/dgram_experiments.py: the datagram transport's experiments)
+dgram_experiments.register(EXPERIMENTS, sys.modules[__name__])
 
 
 def check_cpu(res, cpus):
@@ -582,8 +594,8 @@ def check_cpu(res, cpus):
 
 
 def main(argv):
-    epilog = "experiments:\n" + "\n".join(f"  {n:13} {f:11} {d}" for n, (f, d, _) in EXPERIMENTS.items())
-    epilog += "\n  all           everything above, on every transport, plus OUT/report.md"
+    epilog = "experiments:\n" + "\n".join(f"  {n:15} {f:14} {d}" for n, (f, d, _) in EXPERIMENTS.items())
+    epilog += "\n  all             everything above, on every transport, plus OUT/report.md"
     ap = argparse.ArgumentParser(prog="slotstream bench", description=__doc__, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
@@ -609,8 +621,11 @@ def main(argv):
         cfg.registry.setdefault(p, {"connection_per_device": False, "reference": False})
     cfg.transports = [a.transport] if a.transport else host_transports()
     quick = a.quick or a.tiny
+    cfg.mode = "tiny" if a.tiny else "quick" if a.quick else "full"
     cfg.runs = a.runs or (1 if quick else 3)
+    cfg.quick, cfg.tiny = quick, a.tiny
     cfg.sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (QUICK_SIZES if quick else FULL_SIZES)
+    cfg.quick, cfg.tiny, cfg.sizes_given = a.quick, a.tiny, bool(a.sizes)
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
     cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)
     cfg.round_bytes = (1 << 20) if a.tiny else (8 << 20) if quick else (32 << 20)

@@ -3,7 +3,8 @@
 
 Seeds are valid inputs, so that the fuzzers start from the real formats: one encoding of every
 control message (wire/control.h), a few block headers (wire/block_header.h), typical protocol
-options, and for the delivery script a few fixed pseudo-random event scripts.
+options, for the delivery script a few fixed pseudo-random event scripts, and one valid datagram
+segment of every shape src/dgram/wire.h defines (control payloads too), each with its CRC32C.
 """
 import pathlib
 import random
@@ -35,6 +36,47 @@ def block_header(flags, device, packet, length, capacity):
     w0 = 1 | flags << 8 | device << 16
     check = ~(w0 ^ packet ^ length) & 0xFFFFFFFF
     return struct.pack("<I", capacity) + struct.pack("<BBHIII", 1, flags, device, packet, length, check)
+
+
+CRC32C_POLY = 0x82F63B78  # reflected
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (CRC32C_POLY if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+
+def segment(service, opcode, ddp_flags, extra, payload, rd=None):
+    """A datagram segment (src/dgram/wire.h): common header, RD header, opcode fields, payload, CRC32C."""
+    common = b"SD" + bytes([1, ddp_flags | 1, 0x40 | opcode, service]) + struct.pack("<HI", len(payload), 0x1234)
+    rdb = struct.pack("<IIIIQ", *rd) if rd else b""
+    body = common + rdb + extra + payload
+    return body + struct.pack("<I", crc32c(body))
+
+
+def dgram_seeds():
+    T, L, M = 0x80, 0x40, 0x20  # tagged, last, marker (DDP flags)
+    hello = bytes([1, 12]) + b"write_record" + bytes([3]) + b"cam" + struct.pack("<IQIH", 4, 1 << 20, 8192, 2) + \
+        struct.pack("<HH", 0, 1)
+    fin = bytes([4]) + struct.pack("<H", 1) + struct.pack("<HQQ", 0, 10, 10000)
+    return {
+        "write_record_last": segment(0, 8, T | L | M, struct.pack("<IQI", 5, 8192, 7), b"\x11" * 100),
+        "write_record_middle": segment(0, 8, T | M, struct.pack("<IQI", 5, 0, 7), b"\x22" * 64),
+        "rdma_write_rc": segment(2, 0, T, struct.pack("<IQ", 9, 4096), b"\x33" * 32),
+        "send_ud": segment(0, 3, L, struct.pack("<III", 2, 3, 0), b"hello"),
+        "send_rd": segment(1, 3, L, struct.pack("<III", 0, 0, 0), b"rd", rd=(7, 0, 0, 1, 0)),
+        "ack_rd": segment(1, 15, L, b"", b"", rd=(0, 8, 512, 2, 0b101)),
+        "control_hello": segment(0, 3, L, struct.pack("<III", 0xFFFFFFFF, 0, 0), hello),
+        "control_fin": segment(0, 3, L, struct.pack("<III", 0xFFFFFFFF, 1, 0), fin),
+        "shim_send": segment(0, 3, L, struct.pack("<III", 0, 42, 0), b"\x47" + b"\x00" * 187),
+    }
 
 
 def main():
@@ -83,6 +125,7 @@ def main():
     rng = random.Random(13)
     seeds["delivery"] = {f"script-{i}": bytes(rng.randrange(256) for _ in range(n))
                          for i, n in enumerate((16, 64, 128, 256, 512, 1024))}
+    seeds["dgram_header"] = dgram_seeds()
     for target, files in seeds.items():
         d = ROOT / target
         d.mkdir(parents=True, exist_ok=True)

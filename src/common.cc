@@ -87,10 +87,13 @@ void SessionReport::merge(const SessionReport& lane) {
   unknown_device += lane.unknown_device;
   out_of_window += lane.out_of_window;
   bad_headers += lane.bad_headers;
+  buffer_held_avg += lane.buffer_held_avg;  // each lane has a buffer of its own
+  buffer_useful_avg += lane.buffer_useful_avg;
   partial_discarded += lane.partial_discarded;
   held_blocks += lane.held_blocks;
   stalls += lane.stalls;
   seconds = std::max(seconds, lane.seconds);
+  for (const auto& [k, v] : lane.protocol_counters) protocol_counters[k] += v;
   sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
   for (const auto& [d, s] : lane.per_device) {
     DeviceStats& acc = per_device[d];

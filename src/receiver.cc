@@ -462,11 +462,16 @@ void Session::fill_report(Clock::time_point start) {
   report_.unknown_device = c.unknown_device;
   report_.out_of_window = c.out_of_window;
   report_.bad_headers = c.bad_headers;
+  if (c.buffer_observed_ns > 0) {
+    report_.buffer_held_avg = c.buffer_held_byte_ns / c.buffer_observed_ns;
+    report_.buffer_useful_avg = c.buffer_useful_byte_ns / c.buffer_observed_ns;
+  }
   report_.partial_discarded = c.partial_discarded + c.broken_messages;
   report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report_.held_blocks = held_all_ ? geometry_.blocks
                                   : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
   report_.per_device = delivery_->per_device();
+  report_.protocol_counters = proto_->stats().counters;
 }
 
 void Session::publish(Clock::time_point start) {

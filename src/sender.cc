@@ -29,6 +29,10 @@ using net::Millis;
 namespace {
 constexpr Millis kHandshakeTimeout{10000};
 constexpr auto kLivenessInterval = Millis(1);
+// How long the sending thread waits for a filled block before calling the protocol's idle_st():
+// normally ~1 ms; while the protocol holds records back (SenderProtocol::holding_st) much sooner.
+constexpr auto kIdlePeriod = std::chrono::microseconds(1000);
+constexpr auto kHoldingIdlePeriod = std::chrono::microseconds(50);
 
 wire::WireTransport to_wire_transport(Transport t) {
   switch (t) {
@@ -277,7 +281,13 @@ void Lane::sending_loop_st() {
   };
   auto run = [&]() -> Status {
     for (uint64_t ticket = 0;;) {
-      int64_t len = ring->wait_filled(ticket, std::chrono::microseconds(1000));
+      // Idle, a millisecond. Sooner while transfers are still in flight (tcp puts, rendezvous
+      // sends: only their completion, which needs this thread to progress the worker, can free a
+      // block for the fillers) or while the protocol holds records back (holding_st: its
+      // idle_st() flushes them).
+      int64_t len = ring->wait_filled(ticket, !inflight.empty()      ? std::chrono::microseconds(20)
+                                              : proto->holding_st() ? kHoldingIdlePeriod
+                                                                    : kIdlePeriod);
       if (len < 0) {  // idle: nothing filled yet
         worker->progress();
         SLOTSTREAM_RETURN_IF_ERROR(proto->idle_st());

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -49,6 +50,9 @@ json resources_json(uint64_t connections) {
           {"gets", c.gets},
           {"am_sends", c.am_sends},
           {"am_received", c.am_received},
+          {"tag_sends", c.tag_sends},
+          {"tag_receives", c.tag_receives},
+          {"tag_unexpected", c.tag_unexpected},
           {"max_outstanding", c.max_outstanding},
           {"completions", c.completions},
           {"progress_calls", c.progress_calls},
@@ -64,11 +68,45 @@ void print_json(const json& j) {
   std::fflush(stdout);
 }
 
+// The receiver's processing of every byte it gets (--process-ns-per-byte, the cache experiment):
+// a read of every byte — a sum the compiler cannot drop, bound by where the data sits (cache or
+// DRAM) — then `ns_per_byte` of compute (a spin). The read's time per byte is the cache-miss
+// proxy (these VMs have no hardware counters); the spin is the application's own work.
+struct Processing {
+  double ns_per_byte = 0;
+  uint64_t bytes = 0;
+  uint64_t read_ns = 0;   // reading every byte
+  uint64_t total_ns = 0;  // reading plus compute
+  uint64_t checksum = 0;
+  void run(std::span<const std::byte> data) {
+    const auto t0 = Clock::now();
+    uint64_t sum = 0;
+    size_t i = 0;
+    for (; i + 8 <= data.size(); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, data.data() + i, 8);
+      sum += w;
+    }
+    for (; i < data.size(); ++i) sum += std::to_integer<uint8_t>(data[i]);
+    const auto t1 = Clock::now();
+    const auto until = t1 + std::chrono::nanoseconds(uint64_t(ns_per_byte * double(data.size())));
+    while (Clock::now() < until) {
+    }
+    checksum += sum;
+    bytes += data.size();
+    read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    total_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(until, t1) - t0).count();
+  }
+};
+
 // What the receiver peer records for one sender (all of its connections).
 struct Recording {
   std::mutex mutex;
   std::vector<uint64_t> arrivals_ns;
   std::vector<uint64_t> latencies_ns;
+  // --process-ns-per-byte: one per connection (its sink's), added up when the sender has ended.
+  std::vector<std::shared_ptr<Processing>> processing;
+  std::map<std::string, uint64_t> protocol_counters;
   uint64_t connections = 0;
   double cpu_start = 0;
   uint64_t start_ns = 0;  // when the receiver accepted the sender (its --hold-block clock starts then)
@@ -83,7 +121,8 @@ struct Recording {
 // Assembles nothing; reads the send stamp from each message's first 8 bytes.
 class StampSink final : public MessageSink {
  public:
-  explicit StampSink(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {}
+  StampSink(std::shared_ptr<Recording> rec, std::shared_ptr<Processing> processing)
+      : rec_(std::move(rec)), processing_(std::move(processing)) {}
   Status begin(uint16_t device) override {
     auto& st = state_[device];
     st = {};
@@ -94,10 +133,13 @@ class StampSink final : public MessageSink {
     for (size_t i = 0; i < data.size() && st.have < 8; ++i, ++st.have) {
       st.stamp |= uint64_t(std::to_integer<uint8_t>(data[i])) << (8 * st.have);
     }
+    // Before the record is released: carc's budget comes back only after this.
+    if (processing_) processing_->run(data);
     return Status::ok();
   }
   Status commit(uint16_t device) override {
-    rec_->message(state_[device].stamp);
+    // Messages shorter than the 8-byte stamp carry none: latency 0 (not measured).
+    rec_->message(state_[device].have == 8 ? state_[device].stamp : 0);
     return Status::ok();
   }
   void abort(uint16_t) override {}
@@ -109,19 +151,36 @@ class StampSink final : public MessageSink {
   };
   std::map<uint16_t, State> state_;
   std::shared_ptr<Recording> rec_;
+  std::shared_ptr<Processing> processing_;
 };
 
 json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
-                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec) {
+                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec,
+                  double buffer_held = 0, double buffer_useful = 0) {
   Usage u = usage();
   std::lock_guard lock(rec.mutex);
+  json process = nullptr;
+  if (!rec.processing.empty()) {
+    Processing p{rec.processing.front()->ns_per_byte};
+    for (const auto& c : rec.processing) {
+      p.bytes += c->bytes;
+      p.read_ns += c->read_ns;
+      p.total_ns += c->total_ns;
+      p.checksum += c->checksum;
+    }
+    process = {{"ns_per_byte", p.ns_per_byte}, {"bytes", p.bytes}, {"read_ns", p.read_ns}, {"total_ns", p.total_ns},
+               {"read_ns_per_byte", p.bytes ? double(p.read_ns) / double(p.bytes) : 0.0},
+               {"checksum", p.checksum}};
+  }
   return {{"event", "session"},       {"sender", name},
+          {"process", process},       {"protocol_counters", rec.protocol_counters},
           {"protocol", protocol},     {"transport", transport},
           {"messages", messages},     {"bytes", bytes},
           {"seconds", seconds},       {"arrivals_ns", rec.arrivals_ns},
           {"latencies_ns", rec.latencies_ns}, {"gaps", gaps},
           {"lost", lost},             {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
           {"peak_rss_kb", u.peak_rss_kb}, {"session_start_ns", rec.start_ns},
+          {"buffer_held_avg", buffer_held}, {"buffer_useful_avg", buffer_useful},
           {"resources", resources_json(rec.connections)}};
 }
 
@@ -222,6 +281,7 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"send_times_ns", send_times},
           {"size", a.size},
           {"blocks", a.blocks},
+          {"block_size", a.block_size ? a.block_size : a.size + 16},
           {"resources", resources_json(connections)}};
 }
 
@@ -319,7 +379,13 @@ int run_bench_recv(const BenchRecvArgs& a) {
       fabric::reset_counters();
     }
     ++rec->connections;
-    *sink = std::make_unique<StampSink>(rec);
+    std::shared_ptr<Processing> processing;
+    if (a.process_ns_per_byte >= 0) {
+      processing = std::make_shared<Processing>(Processing{a.process_ns_per_byte});
+      std::lock_guard rl(rec->mutex);
+      rec->processing.push_back(processing);
+    }
+    *sink = std::make_unique<StampSink>(rec, processing);
     return Status::ok();
   };
   opt.on_session_end = [&](const SessionReport& r) {
@@ -330,8 +396,12 @@ int run_bench_recv(const BenchRecvArgs& a) {
       recordings.erase(r.sender.name);
     }
     if (!rec) return;
+    {
+      std::lock_guard lock(rec->mutex);
+      rec->protocol_counters = r.protocol_counters;
+    }
     print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
-                            r.seconds, !r.finished, r.gaps, *rec));
+                            r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg));
   };
   opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
   std::unique_ptr<Receiver> rx;
@@ -352,8 +422,12 @@ int run_bench_send(const BenchSendArgs& a) {
     print_error("bench-peer", "--to: " + st.message());
     return kExitUsage;
   }
-  if (a.size < 8 || a.count == 0 || a.devices == 0 || a.devices > 4096) {
-    print_error("bench-peer", "--size must be >= 8, --count >= 1, --devices 1..4096");
+  if (a.size < 1 || a.count == 0 || a.devices == 0 || a.devices > 4096) {
+    print_error("bench-peer", "--size must be >= 1, --count >= 1, --devices 1..4096");
+    return kExitUsage;
+  }
+  if (a.compute_us != 0 && a.burst == 0) {
+    print_error("bench-peer", "--compute-us needs --burst");
     return kExitUsage;
   }
   if (a.tcp_socket) return send_tcp_socket(a, host, port);
@@ -365,7 +439,7 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
   opt.blocks = a.blocks;
-  opt.block_size = uint32_t(a.size + 16);
+  opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + 16);
   opt.allow_reference = true;
   opt.skip_packet_every = a.skip_packet_every;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
@@ -376,6 +450,7 @@ int run_bench_send(const BenchSendArgs& a) {
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::vector<std::vector<uint64_t>> send_times(a.devices);
+  std::vector<std::vector<uint64_t>> burst_ends(a.devices);
   std::mutex err_mutex;
   Status first_error;
   // CPU, UCX counters and elapsed time all start here, after the connection is set up: the
@@ -403,6 +478,16 @@ int run_bench_send(const BenchSendArgs& a) {
           if (first_error.is_ok()) first_error = st;
           return;
         }
+        if (a.burst && (k + 1) % a.burst == 0) {
+          // SDP Fig. 5: the application computes between bursts and makes no library call. It
+          // sleeps rather than spins: sender and receiver share this machine's cores, and a busy
+          // loop took the core the sending thread and the receiver need (status_byte's last
+          // message of a burst then arrived up to the whole computation late), which the paper's
+          // separate nodes never had. Timer slack 1 ns keeps the sleep close to C.
+          burst_ends[d].push_back(now_ns());
+          prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+          std::this_thread::sleep_until(Clock::now() + std::chrono::microseconds(a.compute_us));
+        }
         pacer.after();
       }
     });
@@ -418,8 +503,15 @@ int run_bench_send(const BenchSendArgs& a) {
   SenderStats s = sender->stats();
   std::vector<uint64_t> all_times;
   for (auto& v : send_times) all_times.insert(all_times.end(), v.begin(), v.end());
-  print_json(sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
-                         usage().cpu_seconds - cpu0, s, all_times, s.connections));
+  json out = sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
+                         usage().cpu_seconds - cpu0, s, all_times, s.connections);
+  if (a.burst) {
+    std::vector<uint64_t> ends;
+    for (auto& v : burst_ends) ends.insert(ends.end(), v.begin(), v.end());
+    out["burst_ends_ns"] = ends;
+    out["compute_us"] = a.compute_us;
+  }
+  print_json(out);
   return kExitOk;
 }
 
@@ -428,21 +520,26 @@ void print_json_line(const std::string& line) {
   std::fflush(stdout);
 }
 
+#ifndef SLOTSTREAM_BENCH_FROM_BIN  // set by cmake/install.cmake from the install directories
+#define SLOTSTREAM_BENCH_FROM_BIN "../share/slotstream/bench"
+#endif
+
 int run_bench(const std::vector<std::string>& args, const std::string& self_exe) {
-  // The orchestrator lives in the source tree next to the build directory.
+  // The orchestrator is installed beside the binary (P/bin -> P/share/slotstream/bench, set by
+  // cmake/install.cmake); a binary in a build directory finds it in the source tree above it.
   std::filesystem::path exe(self_exe);
-  std::filesystem::path script;
-  for (auto dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
-    if (std::filesystem::exists(dir / "bench/slotstream_bench.py")) {
-      script = dir / "bench/slotstream_bench.py";
-      break;
-    }
+  std::filesystem::path script = exe.parent_path() / SLOTSTREAM_BENCH_FROM_BIN / "slotstream_bench.py";
+  for (auto dir = exe.parent_path(); !std::filesystem::exists(script) && !dir.empty() && dir != dir.root_path();
+       dir = dir.parent_path()) {
+    script = dir / "bench/slotstream_bench.py";
   }
-  if (script.empty()) {
-    print_error("bench", "cannot find bench/slotstream_bench.py above " + exe.parent_path().string() +
-                             " (run the binary from its build directory in the source tree)");
+  if (!std::filesystem::exists(script)) {
+    print_error("bench", "cannot find slotstream_bench.py in " + exe.parent_path().string() + "/" +
+                             SLOTSTREAM_BENCH_FROM_BIN + " (an installed slotstream) nor in a bench/ directory above " +
+                             exe.parent_path().string() + " (a build directory in the source tree)");
     return kExitError;
   }
+  script = std::filesystem::weakly_canonical(script);
   std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   std::vector<std::string> argv = {python, script.string()};
   argv.insert(argv.end(), args.begin(), args.end());

@@ -14,6 +14,9 @@ struct BenchRecvArgs {
   std::vector<std::string> holds;
   uint64_t sessions = 1;
   bool tcp_socket = false;
+  // Receiver "processing": read every byte, then this many ns per byte of compute (0: read only;
+  // negative: no processing).
+  double process_ns_per_byte = -1;
 };
 int run_bench_recv(const BenchRecvArgs& args);
 
@@ -29,6 +32,9 @@ struct BenchSendArgs {
   uint64_t gap_us = 0;
   double seconds = 0;              // stop sending after this long (0: after --count)
   uint32_t skip_packet_every = 0;  // testing aid: SenderOptions::skip_packet_every
+  uint32_t block_size = 0;  // 0: size + 16 (one message per block)
+  uint64_t burst = 0;       // with compute_us: messages per burst (SDP Fig. 5)
+  uint64_t compute_us = 0;  // busy computation after each burst
   bool tcp_socket = false;
 };
 int run_bench_send(const BenchSendArgs& args);

@@ -2,7 +2,11 @@
 // CLI11 and calls run_*; they return the process exit code (0 ok, 1 runtime error, 2 usage).
 #pragma once
 
+#include <signal.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,5 +77,13 @@ bool parse_hold_spec(const std::string& text, HoldSpec* out);
 
 // Prints "slotstream <cmd>: error: <message>" to stderr.
 void print_error(const char* cmd, const std::string& message);
+// Prints one line and flushes; lines of different threads never interleave.
+void print_line(FILE* f, const std::string& line);
+
+// recv's shared steps: the output directory exists and is writable; SIGINT/SIGTERM blocked in
+// every thread started afterwards (call before starting any) and waited for, or until done().
+Status prepare_out_dir(const std::string& dir);
+sigset_t block_stop_signals();
+void wait_for_stop(const sigset_t& sigs, const std::function<bool()>& done);
 
 }  // namespace slotstream::tools

@@ -11,6 +11,7 @@
 
 #include "bench_peer.h"
 #include "commands.h"
+#include "dgram_cli.h"
 
 using namespace slotstream;
 using namespace slotstream::tools;
@@ -74,8 +75,10 @@ int main(int argc, char** argv) {
   r->callback([&] {
     if (recv.out.empty() && !recv.discard) throw CLI::RequiredError("--out (or --discard)");
   });
-  r->add_option("--transport", recv.transport, "transports senders may use: shm, tcp or auto (both)")
-      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+  r->add_option("--transport", recv.transport,
+                "transports senders may use: shm, tcp or auto (both); udp: the datagram transport (its RC baseline "
+                "dgram_rc on TCP at the same port)")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
       ->default_str("auto");
   r->add_option("--token-file", recv.token_file, "require senders to prove they know this shared secret");
   r->add_option("--max-memory", recv.max_memory,
@@ -113,8 +116,9 @@ int main(int argc, char** argv) {
       ->required();
   s->add_option("--name", send.name, "sender name, the receiver's directory for this sender (default: host name)");
   s->add_option("--protocol", send.protocol, protocol_help())->default_str(kDefaultProtocol);
-  s->add_option("--transport", send.transport, "shm, tcp, or auto (shm when both ends share a host)")
-      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+  s->add_option("--transport", send.transport,
+                "shm, tcp, or auto (shm when both ends share a host); udp: the datagram transport")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
       ->default_str("auto");
   s->add_option("--blocks", send.blocks,
                 "number of blocks N (default 32: >2 frames in flight per camera for 12 cameras)")
@@ -134,6 +138,9 @@ int main(int argc, char** argv) {
   s->add_option("--synthetic", send.synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
   s->add_option("--duration", send.duration, "seconds of synthetic frames");
+
+  DgramArgs dgram;
+  add_dgram_options(r, s, &dgram);
 
   bool protocols_json = false;
   auto* pl = app.add_subcommand("protocols", "List the flow-control protocols of this build, their options and the "
@@ -166,12 +173,14 @@ int main(int argc, char** argv) {
   bpr->add_option("--hold-block", brecv.holds, "INDEX:FROM_MS:TO_MS");
   bpr->add_option("--sessions", brecv.sessions, "exit after K senders")->check(CLI::PositiveNumber);
   bpr->add_flag("--tcp-socket", brecv.tcp_socket, "plain TCP reference instead of slotstream");
+  bpr->add_option("--process-ns-per-byte", brecv.process_ns_per_byte,
+                  "processing: read every byte, then spin this many ns per byte")->check(CLI::NonNegativeNumber);
   auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
   bps->add_option("--to", bsend.to, "HOST:PORT")->required();
   bps->add_option("--transport", bsend.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
   bps->add_option("--protocol", bsend.protocol);
   bps->add_option("--blocks", bsend.blocks)->check(CLI::Range(1u, kMaxBlocks));
-  bps->add_option("--size", bsend.size, "payload bytes per message (block size = SIZE + 16)")->required();
+  bps->add_option("--size", bsend.size, "payload bytes per message (block size SIZE + 16 unless --block-size)")->required();
   bps->add_option("--count", bsend.count, "messages per device");
   bps->add_option("--devices", bsend.devices);
   bps->add_option("--fps", bsend.fps, "messages per second per device (default: back to back)");
@@ -179,11 +188,19 @@ int main(int argc, char** argv) {
   bps->add_option("--seconds", bsend.seconds, "stop after this many seconds (--count is then an upper bound)");
   bps->add_option("--skip-packet-every", bsend.skip_packet_every,
                   "testing aid: leave out one packet number after every N (the receiver must report gaps)");
+  bps->add_option("--block-size", bsend.block_size, "block size (default SIZE + 16: one message per block)")
+      ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
+  bps->add_option("--burst", bsend.burst, "messages per burst (with --compute-us)");
+  bps->add_option("--compute-us", bsend.compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend.tcp_socket, "plain TCP reference instead of slotstream");
+
+  DgramPeerArgs dpeer;
+  auto* dp = add_dgram_peer(app, &dpeer);
 
   std::vector<std::string> bench_args;
   auto* b = app.add_subcommand("bench", "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
-                                        "resources, held_block, cameras, all) side by side with raw UCX and TCP; "
+                                        "resources, held_block, cameras; the SDP paper's small_messages, progress; all) side by "
+                                        "side with raw UCX and TCP; "
                                         "`slotstream bench --help` for the options.");
   b->prefix_command();  // everything after `bench` goes to the orchestrator
   b->set_help_flag();
@@ -195,11 +212,12 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUsage;
   }
-  if (*r) return run_recv(recv);
+  if (*r) return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
   if (*s) {
     send.name_given = s->count("--name") > 0;
-    return run_send(send);
+    return is_dgram_send(send) ? run_dgram_send(send, dgram) : run_send(send);
   }
+  if (*dp) return run_dgram_peer(dp, dpeer);
   if (*v) return run_verify(verify_dir);
   if (*pl) return run_protocols(protocols_json);
   if (*d) return run_demo(demo, self_exe(argv[0]));

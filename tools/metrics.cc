@@ -4,7 +4,6 @@
 
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
-#include <prometheus/metric_family.h>
 
 #include <CivetServer.h>
 #include <civetweb.h>
@@ -34,13 +33,6 @@ constexpr int kRequestTimeoutMs = 250;
 // refused after authentication (memory budget, failed set-up) ends with none.
 bool accepted(const SessionReport& r) { return !r.per_device.empty(); }
 
-ClientMetric sample(std::vector<ClientMetric::Label> labels, MetricType type, double value) {
-  ClientMetric m;
-  m.label = std::move(labels);
-  (type == MetricType::Counter ? m.counter.value : m.gauge.value) = value;
-  return m;
-}
-
 int serve_health(mg_connection* conn) {
   const mg_request_info* req = mg_get_request_info(conn);
   if (!req || !req->local_uri || std::strcmp(req->local_uri, "/health") != 0) return 0;  // civetweb's turn
@@ -51,6 +43,13 @@ int serve_health(mg_connection* conn) {
 }
 
 }  // namespace
+
+ClientMetric sample(std::vector<ClientMetric::Label> labels, MetricType type, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  (type == MetricType::Counter ? m.counter.value : m.gauge.value) = value;
+  return m;
+}
 
 void MetricsState::session_ended(const SessionReport& r) {
   if (!accepted(r)) return;
@@ -185,17 +184,14 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
 
 namespace {
 
-// What the exposer scrapes: the state, read at scrape time (from civetweb's threads).
+// What the exposer scrapes: a receiver's families, read at scrape time (from civetweb's threads).
 class Collector : public prometheus::Collectable {
  public:
-  Collector(const Receiver& rx, MetricsState& state, const pipeline::WorkerManager* workers)
-      : rx_(rx), state_(state), workers_(workers) {}
-  std::vector<MetricFamily> Collect() const override { return state_.collect(rx_, workers_); }
+  explicit Collector(CollectFn collect) : collect_(std::move(collect)) {}
+  std::vector<MetricFamily> Collect() const override { return collect_(); }
 
  private:
-  const Receiver& rx_;
-  MetricsState& state_;
-  const pipeline::WorkerManager* workers_;
+  CollectFn collect_;
 };
 
 }  // namespace
@@ -204,6 +200,10 @@ MetricsServer::~MetricsServer() = default;  // the exposer stops (joins civetweb
 
 Status MetricsServer::start(const std::string& address, const Receiver& rx, MetricsState& state,
                             const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out) {
+  return start(address, [&rx, &state, workers] { return state.collect(rx, workers); }, out);
+}
+
+Status MetricsServer::start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out) {
   std::string host;
   uint16_t port = 0;
   SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(address, &host, &port));
@@ -220,7 +220,7 @@ Status MetricsServer::start(const std::string& address, const Receiver& rx, Metr
   } catch (const std::exception&) {  // civetweb could not bind
     return {Code::kInvalidArgument, "cannot serve metrics on " + address + " (in use, or not an address of this host?)"};
   }
-  auto collector = std::make_shared<Collector>(rx, state, workers);
+  auto collector = std::make_shared<Collector>(std::move(collect));
   server->exposer_->RegisterCollectable(collector);
   server->collectable_ = collector;
   const auto ports = server->exposer_->GetListeningPorts();

@@ -8,23 +8,31 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include <prometheus/metric_family.h>
+
 #include "pipeline/worker_manager.h"
 #include "slotstream/slotstream.h"
 
 namespace prometheus {
 class Exposer;
-struct MetricFamily;
 }  // namespace prometheus
 
 namespace slotstream::tools {
 
 using MetricsClock = std::chrono::steady_clock;
+// Every metric family of a receiver, read at scrape time (label values are escaped by prometheus-cpp).
+using CollectFn = std::function<std::vector<prometheus::MetricFamily>()>;
+
+// One sample of a counter or gauge family.
+prometheus::ClientMetric sample(std::vector<prometheus::ClientMetric::Label> labels, prometheus::MetricType type,
+                                double value);
 
 // Counters of senders that have ended (Prometheus counters never go back), plus the live ones
 // read from the Receiver at scrape time. Threading: any thread (one mutex).
@@ -57,6 +65,9 @@ class MetricsServer {
   // Serves /metrics and /health on HOST:PORT (port 0: any free port, see address()).
   static Status start(const std::string& address, const Receiver& rx, MetricsState& state,
                       const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out);
+  // Serves what `collect` returns on /metrics (the datagram receiver's; called on the server's
+  // threads, possibly two at once, so `collect` must be safe to call concurrently).
+  static Status start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out);
   ~MetricsServer();
   const std::string& address() const { return address_; }
 

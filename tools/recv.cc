@@ -30,14 +30,48 @@ bool parse_hold_spec(const std::string& text, HoldSpec* out) {
 }
 
 namespace {
-
 std::mutex g_print_mutex;
+}  // namespace
 
 void print_line(FILE* f, const std::string& line) {
   std::lock_guard lock(g_print_mutex);
   std::fprintf(f, "%s\n", line.c_str());
   std::fflush(f);
 }
+
+Status prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    return {Code::kIoError, "cannot create output directory '" + dir + "': " + (ec ? ec.message() : "not a directory")};
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return {Code::kIoError, "output directory '" + dir + "' is not writable"};
+  return Status::ok();
+}
+
+sigset_t block_stop_signals() {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  return sigs;
+}
+
+void wait_for_stop(const sigset_t& sigs, const std::function<bool()>& done) {
+  for (;;) {
+    timespec tick{0, 100 * 1000 * 1000};
+    int sig = sigtimedwait(&sigs, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      print_line(stderr, std::string("slotstream recv: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+                             ", shutting down (partial messages are discarded)");
+      return;
+    }
+    if (done()) return;
+  }
+}
+
+namespace {
 
 std::string session_line(const SessionReport& r) {
   char buf[512];
@@ -109,15 +143,8 @@ int run_recv(const RecvArgs& args) {
       return Status::ok();
     };
   } else {
-    std::error_code ec;
-    fs::create_directories(out, ec);
-    if (ec || !fs::is_directory(out)) {
-      print_error("recv", "cannot create output directory '" + args.out + "': " +
-                              (ec ? ec.message() : "not a directory"));
-      return kExitError;
-    }
-    if (::access(out.c_str(), W_OK | X_OK) != 0) {
-      print_error("recv", "output directory '" + args.out + "' is not writable");
+    if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
+      print_error("recv", st.message());
       return kExitError;
     }
     if (use_workers) {
@@ -155,11 +182,7 @@ int run_recv(const RecvArgs& args) {
   opt.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
 
   // Signals are taken synchronously by the main thread; every other thread inherits the mask.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  const sigset_t sigs = block_stop_signals();
 
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
@@ -177,16 +200,7 @@ int run_recv(const RecvArgs& args) {
   }
   print_line(stdout, "listening on " + rx->listen_address());
 
-  for (;;) {
-    timespec tick{0, 100 * 1000 * 1000};
-    int sig = sigtimedwait(&sigs, nullptr, &tick);
-    if (sig == SIGINT || sig == SIGTERM) {
-      print_line(stderr, std::string("slotstream recv: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-                             ", shutting down (partial messages are discarded)");
-      break;
-    }
-    if (args.exit_after > 0 && rx->sessions_ended() >= args.exit_after) break;
-  }
+  wait_for_stop(sigs, [&] { return args.exit_after > 0 && rx->sessions_ended() >= args.exit_after; });
   rx->stop();
   metrics.reset();
   if (workers) workers->stop();

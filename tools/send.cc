@@ -23,37 +23,26 @@
 #include "commands.h"
 #include "net/auth.h"
 #include "net/control_socket.h"
+#include "send_plan.h"
 #include "synthetic.h"
 
 namespace slotstream::tools {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-struct Synthetic {
-  uint32_t first = 0, last = 0;
-  double fps = 0;
-  uint64_t frame_bytes = 0;
-};
-
-// What each device sends, in order.
-struct Plan {
-  std::map<uint16_t, std::vector<fs::path>> files;
-  std::map<uint16_t, std::string> videos;
-  std::optional<Synthetic> synthetic;
-  std::vector<uint16_t> devices() const {
-    std::vector<uint16_t> d;
-    for (auto& [dev, _] : files) d.push_back(dev);
-    for (auto& [dev, _] : videos) d.push_back(dev);
-    if (synthetic) {
-      for (uint32_t i = synthetic->first; i <= synthetic->last; ++i) d.push_back(uint16_t(i));
-    }
-    std::sort(d.begin(), d.end());
-    d.erase(std::unique(d.begin(), d.end()), d.end());
-    return d;
+std::vector<uint16_t> Plan::devices() const {
+  std::vector<uint16_t> d;
+  for (auto& [dev, _] : files) d.push_back(dev);
+  for (auto& [dev, _] : videos) d.push_back(dev);
+  if (synthetic) {
+    for (uint32_t i = synthetic->first; i <= synthetic->last; ++i) d.push_back(uint16_t(i));
   }
-};
+  std::sort(d.begin(), d.end());
+  d.erase(std::unique(d.begin(), d.end()), d.end());
+  return d;
+}
+
+namespace {
 
 bool parse_device(const std::string& s, uint16_t* out) {
   if (s.empty() || s.size() > 5 || !std::all_of(s.begin(), s.end(), ::isdigit)) return false;
@@ -93,6 +82,8 @@ Status parse_synthetic(const std::string& text, Synthetic* out) {
   *out = {d0, d1, fps, bytes};
   return Status::ok();
 }
+
+}  // namespace
 
 Status build_plan(const SendArgs& a, Plan* plan) {
   for (const auto& f : a.files) {
@@ -150,7 +141,7 @@ Status build_plan(const SendArgs& a, Plan* plan) {
   return Status::ok();
 }
 
-Status send_file(DeviceStream& dev, const fs::path& path) {
+Status send_file(MessageOut& dev, const fs::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return {Code::kIoError, "cannot open '" + path.string() + "': " + strerror(errno)};
   struct stat st{};
@@ -171,7 +162,7 @@ Status send_file(DeviceStream& dev, const fs::path& path) {
   return result;
 }
 
-Status send_synthetic(DeviceStream& dev, const Synthetic& s, double duration) {
+Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration) {
   const auto t0 = Clock::now();
   const uint64_t frames = uint64_t(duration * s.fps);
   const uint32_t device = dev.device();
@@ -186,10 +177,7 @@ Status send_synthetic(DeviceStream& dev, const Synthetic& s, double duration) {
 }
 
 // Decodes a video with an ffmpeg subprocess into raw 640x480 rgb24 frames, one message each.
-constexpr int kVideoWidth = 640, kVideoHeight = 480;
-constexpr size_t kVideoFrame = size_t(kVideoWidth) * kVideoHeight * 3;
-
-Status send_video(DeviceStream& dev, const std::string& source, bool realtime) {
+Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
   std::vector<std::string> argv = {"ffmpeg", "-v", "error", "-nostdin"};
   if (realtime) argv.push_back("-re");
   if (source.starts_with("lavfi:")) {
@@ -246,6 +234,48 @@ Status send_video(DeviceStream& dev, const std::string& source, bool realtime) {
   return result;
 }
 
+Status plan_send(const SendArgs& a, Plan* plan, std::string* name) {
+  SLOTSTREAM_RETURN_IF_ERROR(build_plan(a, plan));
+  *name = a.name_given ? a.name : default_name();
+  if (auto why = invalid_sender_name(*name)) return {Code::kInvalidArgument, "--name: " + *why};
+  return Status::ok();
+}
+
+Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for) {
+  for (auto& [d, paths] : plan.files) {
+    threads_.emplace_back([this, out = out_for(d), &paths = paths] {
+      for (const auto& p : paths) {
+        if (Status st = send_file(*out, p); !st.is_ok()) return record(st);
+      }
+    });
+  }
+  for (auto& [d, source] : plan.videos) {
+    threads_.emplace_back([this, &a, out = out_for(d), &source = source] {
+      record(send_video(*out, source, a.realtime));
+    });
+  }
+  if (plan.synthetic) {
+    for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
+      threads_.emplace_back([this, &plan, &a, out = out_for(uint16_t(d))] {
+        record(send_synthetic(*out, *plan.synthetic, a.duration));
+      });
+    }
+  }
+}
+
+void Fillers::record(Status st) {
+  std::lock_guard lock(mutex_);
+  if (first_error_.is_ok() && !st.is_ok()) first_error_ = std::move(st);
+}
+
+Status Fillers::join() {
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  std::lock_guard lock(mutex_);
+  return first_error_;
+}
+
 double cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -257,8 +287,6 @@ std::string default_name() {
   gethostname(host, sizeof host - 1);
   return host;
 }
-
-}  // namespace
 
 // `--to A,B,C`: asks every receiver for its capacity and picks the least loaded one — fewest
 // unprocessed worker bytes, then lowest load per CPU, then fewest connected senders.
@@ -314,13 +342,8 @@ int run_send(const SendArgs& a) {
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   Plan plan;
-  if (Status st = build_plan(a, &plan); !st.is_ok()) {
+  if (Status st = plan_send(a, &plan, &opt.name); !st.is_ok()) {
     print_error("send", st.message());
-    return kExitUsage;
-  }
-  opt.name = a.name_given ? a.name : default_name();
-  if (auto why = invalid_sender_name(opt.name)) {
-    print_error("send", "--name: " + *why);
     return kExitUsage;
   }
   opt.protocol = a.protocol;
@@ -343,29 +366,9 @@ int run_send(const SendArgs& a) {
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
 
-  std::mutex err_mutex;
-  Status first_error;
-  std::vector<std::thread> fillers;
-  auto record = [&](Status st) {
-    std::lock_guard lock(err_mutex);
-    if (first_error.is_ok() && !st.is_ok()) first_error = std::move(st);
-  };
-  for (auto& [d, paths] : plan.files) {
-    fillers.emplace_back([&, dev = sender->device(d), &paths = paths] {
-      for (const auto& p : paths) {
-        Status st = send_file(*dev, p);
-        if (!st.is_ok()) return record(st);
-      }
-    });
-  }
-  for (auto& [d, source] : plan.videos) {
-    fillers.emplace_back([&, dev = sender->device(d), &source = source] { record(send_video(*dev, source, a.realtime)); });
-  }
-  if (plan.synthetic) {
-    for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
-      fillers.emplace_back([&, dev = sender->device(uint16_t(d))] { record(send_synthetic(*dev, *plan.synthetic, a.duration)); });
-    }
-  }
+  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
+    return std::make_unique<StreamOut>(*sender->device(d));
+  });
 
   // Live progress on a terminal only.
   std::atomic<bool> done{false};
@@ -383,8 +386,7 @@ int run_send(const SendArgs& a) {
       std::fprintf(stderr, "\n");
     });
   }
-  for (auto& t : fillers) t.join();
-  Status st = first_error;
+  Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
   done.store(true);

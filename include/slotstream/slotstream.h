@@ -197,8 +197,15 @@ struct SessionReport {
   uint64_t partial_discarded = 0;
   uint64_t held_blocks = 0;      // blocks held right now (back-pressure, --hold-block)
   uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
+  // Buffer utilisation (SDP Fig. 6): receiver memory held by records not yet released, and the
+  // payload bytes in it, on average over the session (bytes; time-weighted).
+  double buffer_held_avg = 0;
+  double buffer_useful_avg = 0;
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
+  // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes),
+  // summed over the sender's connections; documented where each protocol counts them.
+  std::map<std::string, uint64_t> protocol_counters;
 
   // Adds another connection (lane) of the same sender: every counter summed, devices and
   // per-device counters merged, finished only if both are, the first reason kept, the longer

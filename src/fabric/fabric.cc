@@ -41,8 +41,8 @@ const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" :
 
 struct AtomicCounters {
   std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
-      am_sends{0}, am_received{0}, outstanding{0}, max_outstanding{0}, completions{0}, progress_calls{0},
-      progress_useful{0}, progress_ns{0};
+      am_sends{0}, am_received{0}, tag_sends{0}, tag_receives{0}, tag_unexpected{0}, outstanding{0},
+      max_outstanding{0}, completions{0}, progress_calls{0}, progress_useful{0}, progress_ns{0};
 };
 AtomicCounters g_counters;
 
@@ -59,16 +59,28 @@ void op_finished() { g_counters.outstanding.fetch_sub(1); }
 
 Counters counters() {
   const auto& c = g_counters;
-  return {c.endpoints.load(),      c.registered_max.load(),  c.puts.load(),
-          c.gets.load(),           c.am_sends.load(),        c.am_received.load(),
-          c.max_outstanding.load(), c.completions.load(),    c.progress_calls.load(),
-          c.progress_useful.load(), c.progress_ns.load()};
+  Counters out;
+  out.endpoints = c.endpoints.load();
+  out.registered_bytes = c.registered_max.load();
+  out.puts = c.puts.load();
+  out.gets = c.gets.load();
+  out.am_sends = c.am_sends.load();
+  out.am_received = c.am_received.load();
+  out.tag_sends = c.tag_sends.load();
+  out.tag_receives = c.tag_receives.load();
+  out.tag_unexpected = c.tag_unexpected.load();
+  out.max_outstanding = c.max_outstanding.load();
+  out.completions = c.completions.load();
+  out.progress_calls = c.progress_calls.load();
+  out.progress_useful = c.progress_useful.load();
+  out.progress_ns = c.progress_ns.load();
+  return out;
 }
 
 void reset_counters() {
   auto& c = g_counters;
-  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.completions, &c.progress_calls,
-                  &c.progress_useful, &c.progress_ns}) {
+  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.tag_sends, &c.tag_receives,
+                  &c.tag_unexpected, &c.completions, &c.progress_calls, &c.progress_useful, &c.progress_ns}) {
     a->store(0);
   }
   c.registered_max.store(c.registered_now.load());
@@ -87,7 +99,8 @@ Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  // TAG: the credit protocols' tagged send/receive (SDP §2: pre-posted receive buffers).
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;  // regions are mapped from set-up threads
   ucp_context_h handle = nullptr;
   st = ucp_init(&params, config, &handle);
@@ -97,7 +110,15 @@ Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
   return Status::ok();
 }
 
-Context::~Context() { ucp_cleanup(handle_); }
+Context::~Context() {
+  parked_.clear();
+  ucp_cleanup(handle_);
+}
+
+void Context::park(std::unique_ptr<MemoryRegion> region) {
+  std::lock_guard lock(parked_mutex_);
+  parked_.push_back(std::move(region));
+}
 
 // ----------------------------------------------------------------------------- MemoryRegion
 Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
@@ -288,6 +309,66 @@ Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, con
                "ucp_am_send_nbx", req);
 }
 
+Status Endpoint::tag_send(const void* src, size_t length, uint64_t tag, Request* req) {
+  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  ucp_request_param_t param{};
+  g_counters.tag_sends.fetch_add(1, std::memory_order_relaxed);
+  return track(ucp_tag_send_nbx(handle_, src, length, tag, &param), "ucp_tag_send_nbx", req);
+}
+
+// ------------------------------------------------------------------------------- TagReceive
+TagReceive::~TagReceive() { reset(); }
+
+void TagReceive::reset() {
+  unexpected_ = false;
+  if (req_ == nullptr) return;
+  // Still posted: withdraw it so UCX never writes into memory its owner is about to free. (A
+  // receive already being filled completes on its own; the owner must have waited for that.)
+  ucp_request_cancel(worker_, req_);
+  ucp_request_free(req_);
+  req_ = nullptr;
+  op_finished();
+}
+
+TagReceive::TagReceive(TagReceive&& other) noexcept
+    : req_(other.req_), worker_(other.worker_), unexpected_(other.unexpected_) {
+  other.req_ = nullptr;
+  other.unexpected_ = false;
+}
+
+TagReceive& TagReceive::operator=(TagReceive&& other) noexcept {
+  if (this != &other) {
+    reset();
+    req_ = other.req_;
+    worker_ = other.worker_;
+    unexpected_ = other.unexpected_;
+    other.req_ = nullptr;
+    other.unexpected_ = false;
+  }
+  return *this;
+}
+
+Status TagReceive::check(size_t* length) {
+  if (req_ == nullptr) return {Code::kInvalidArgument, "no receive posted"};
+  ucp_tag_recv_info_t info{};
+  ucs_status_t st = ucp_tag_recv_request_test(req_, &info);
+  if (st == UCS_INPROGRESS) return {Code::kInProgress, "tag receive"};
+  // The request was completed by whichever thread progressed the worker: order our reads of
+  // the buffer after its writes.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  ucp_request_free(req_);
+  req_ = nullptr;
+  op_finished();
+  g_counters.completions.fetch_add(1, std::memory_order_relaxed);
+  if (st != UCS_OK) return from_ucs(st, "tag receive");
+  *length = info.length;
+  return Status::ok();
+}
+
+void TagReceive::cancel() {
+  if (req_ != nullptr) ucp_request_cancel(worker_, req_);
+}
+
 // ----------------------------------------------------------------------------------- Worker
 Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Worker>* out) {
   ucp_worker_params_t params{};
@@ -357,6 +438,28 @@ Status Worker::am_reply(ReplyEp to, unsigned id, const void* header, size_t head
   ucp_request_param_t param{};
   g_counters.am_sends.fetch_add(1, std::memory_order_relaxed);
   return track(ucp_am_send_nbx(to.ep, id, header, header_len, nullptr, 0, &param), "ucp_am_send_nbx (reply)", req);
+}
+
+Status Worker::tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out) {
+  *out = TagReceive();
+  // Always a request, also when the message is already here: then it is complete at once and
+  // check() reads its length (the immediate-completion path of UCX 1.13 left the length unset).
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  g_counters.tag_receives.fetch_add(1, std::memory_order_relaxed);
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(handle_, dst, length, tag, ~uint64_t(0), &param);
+  if (UCS_PTR_IS_ERR(p)) return from_ucs(UCS_PTR_STATUS(p), "ucp_tag_recv_nbx");
+  if (p == nullptr) return {Code::kTransportError, "ucp_tag_recv_nbx returned no request"};
+  op_started();
+  out->req_ = p;
+  out->worker_ = handle_;
+  // Complete already: it matched a message that was waiting in UCX's unexpected queue, i.e.
+  // one sent before this receive was posted.
+  if (ucp_request_check_status(p) != UCS_INPROGRESS) {
+    out->unexpected_ = true;
+    g_counters.tag_unexpected.fetch_add(1, std::memory_order_relaxed);
+  }
+  return Status::ok();
 }
 
 bool Worker::has_am_handler(unsigned id) const {

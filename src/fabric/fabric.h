@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ struct Counters {
   uint64_t gets = 0;
   uint64_t am_sends = 0;
   uint64_t am_received = 0;        // two-sided messages handled (receives consumed)
+  uint64_t tag_sends = 0;          // tagged two-sided sends (Endpoint::tag_send)
+  uint64_t tag_receives = 0;       // tagged receives posted (Worker::tag_recv)
+  uint64_t tag_unexpected = 0;     // ...of which found their message already waiting in UCX
   uint64_t max_outstanding = 0;    // most operations in flight at once (tracked requests)
   uint64_t completions = 0;        // requests whose completion had to be polled
   // ucp_worker_progress calls (by any thread: a sending thread, a consumer, a progress thread)
@@ -55,20 +59,31 @@ const char* wire_name(Wire wire);
 // This is how a sender notices a dead receiver on shared memory, where UCX never reports it.
 using Liveness = std::function<Status()>;
 
+class MemoryRegion;
+
 class Context {
  public:
   static Status create(Wire wire, std::unique_ptr<Context>* out);
-  ~Context();
+  ~Context();  // unmaps parked regions, then cleans up (every worker must be gone by then)
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   ucp_context* handle() const { return handle_; }
   Wire wire() const { return wire_; }
 
+  // Keeps `region` mapped until this context goes, i.e. until after every worker of it: for
+  // memory a peer may still write into after its owner gave up on it (a receive still being
+  // filled, a word the peer still puts into). UCX must not write into unmapped memory, and it
+  // refuses to clean up while memory is still mapped, so such memory is neither freed nor leaked.
+  // Any thread.
+  void park(std::unique_ptr<MemoryRegion> region);
+
  private:
   Context(ucp_context* handle, Wire wire) : handle_(handle), wire_(wire) {}
   ucp_context* handle_;
   Wire wire_;
+  std::mutex parked_mutex_;
+  std::vector<std::unique_ptr<MemoryRegion>> parked_;
 };
 
 class Worker;
@@ -156,6 +171,11 @@ class Endpoint {
   // stay valid until the request completes. `want_reply` lets the receiver answer (ReplyEp).
   Status am_send(unsigned id, const void* header, size_t header_len, const void* data,
                  size_t data_len, bool want_reply, Request* req);
+  // Two-sided tagged send (UCP tag matching): the message lands in the oldest receive posted on
+  // the peer's worker for `tag` (Worker::tag_recv). Posted receives are what a sender must count
+  // (credits): with none posted, UCX keeps the message in its unexpected queue (eager) or keeps
+  // it at the sender (rendezvous) until one is. `src` must stay untouched until `*req` completes.
+  Status tag_send(const void* src, size_t length, uint64_t tag, Request* req);
 
  private:
   Endpoint(Worker& worker) : worker_(worker) {}
@@ -175,6 +195,37 @@ struct ReplyEp {
 // progresses the worker.
 using AmHandler = std::function<void(std::span<const std::byte> header, std::span<const std::byte> data,
                                      ReplyEp reply)>;
+
+// A posted tagged receive into caller-owned memory (Worker::tag_recv). Destroying it while it is
+// still posted cancels it; a receive whose data is already being delivered (rendezvous under way)
+// cannot be cancelled: call cancel() and keep the memory until check() stops saying kInProgress.
+class TagReceive {
+ public:
+  TagReceive() = default;
+  ~TagReceive();
+  TagReceive(TagReceive&& other) noexcept;
+  TagReceive& operator=(TagReceive&& other) noexcept;
+  TagReceive(const TagReceive&) = delete;
+  TagReceive& operator=(const TagReceive&) = delete;
+
+  // Posted and not yet seen complete by check().
+  bool pending() const { return req_ != nullptr; }
+  // Its message was already waiting in UCX when the receive was posted (sent before it).
+  bool was_unexpected() const { return unexpected_; }
+  // Ok with `*length` = the message's size once it arrived, kInProgress while posted, an error
+  // otherwise (kTransportError "...truncated" when the message was longer than the buffer;
+  // kCancelled after cancel()). Frees the request once done; pending() is false from then on.
+  Status check(size_t* length);
+  // Asks UCX to withdraw the receive (completes it as cancelled unless data is already arriving).
+  void cancel();
+
+ private:
+  friend class Worker;
+  void reset();  // cancels and frees a posted receive
+  void* req_ = nullptr;
+  ucp_worker* worker_ = nullptr;
+  bool unexpected_ = false;
+};
 
 class Worker {
  public:
@@ -204,6 +255,11 @@ class Worker {
   // Sends an active message back on a ReplyEp (any thread of a shared worker). The header must
   // stay valid until the request completes.
   Status am_reply(ReplyEp to, unsigned id, const void* header, size_t header_len, Request* req);
+  // Posts a receive of up to `length` bytes at `dst` for messages tagged exactly `tag` (any
+  // endpoint). Receives for one tag are matched in the order they were posted, as a queue pair
+  // consumes its receive queue; their completions need not come in that order (a rendezvous
+  // message completes after a later eager one). Any thread of a shared worker.
+  Status tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out);
 
  private:
   Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}

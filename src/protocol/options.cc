@@ -101,6 +101,22 @@ Status Options::flag(std::string_view key, bool fallback, bool* out) const {
   return Status::ok();
 }
 
+Status Options::choice(std::string_view key, std::initializer_list<std::string_view> allowed,
+                       std::string_view fallback, std::string* out) const {
+  auto it = values_.find(std::string(key));
+  if (it == values_.end()) {
+    *out = std::string(fallback);
+    return Status::ok();
+  }
+  if (std::find(allowed.begin(), allowed.end(), it->second) != allowed.end()) {
+    *out = it->second;
+    return Status::ok();
+  }
+  std::string list;
+  for (auto a : allowed) list += (list.empty() ? "" : "|") + std::string(a);
+  return bad(std::string(key) + "=" + it->second + " is not one of " + list);
+}
+
 Status Options::check_known(std::string_view protocol, std::initializer_list<std::string_view> known) const {
   for (const auto& [k, v] : values_) {
     if (std::find(known.begin(), known.end(), k) != known.end()) continue;

@@ -30,6 +30,9 @@ class Options {
   Status size(std::string_view key, uint64_t fallback, uint64_t* out) const;  // "2M", "65536"
   Status number(std::string_view key, uint64_t fallback, uint64_t* out) const;
   Status flag(std::string_view key, bool fallback, bool* out) const;          // 0/1, true/false, on/off
+  // One of `allowed` (e.g. flush=call|idle); the error lists them.
+  Status choice(std::string_view key, std::initializer_list<std::string_view> allowed, std::string_view fallback,
+                std::string* out) const;
   // Every key must be one of `known`; the error lists the ones the protocol takes.
   Status check_known(std::string_view protocol, std::initializer_list<std::string_view> known) const;
 

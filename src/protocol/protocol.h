@@ -61,9 +61,11 @@ struct PeerSetup {
   std::span<const uint8_t> setup;
 };
 
-// One unit of received data: a block header and its payload, exactly. `id` names it to
-// release(); `slot` is the receiver block it lies in (block protocols: its index; ring
-// protocols: its offset / block size), for holds and tests.
+// One unit of received data: a block header and its payload, at the start of `bytes`. `bytes` is
+// the receiver memory the record holds until it is released — block protocols hand out the whole
+// block, ring protocols exactly the record — which is what buffer utilisation measures. `id`
+// names it to release(); `slot` is the receiver block it lies in (block protocols: its index;
+// ring protocols: its offset / block size), for holds and tests.
 struct Record {
   uint64_t id = 0;
   uint32_t slot = 0;
@@ -119,6 +121,10 @@ class SenderProtocol {
   // Nothing is waiting to be transmitted right now (the sending thread polls about every ms while
   // idle, more often while data flows). Protocols that coalesce or expect credits act here.
   virtual Status idle_st() { return Status::ok(); }
+  // Whether records taken by transmit_st are held back (coalesced, queued) and idle_st() acts on
+  // them: the sending thread then calls idle_st() again within ~50 µs instead of after its ~1 ms
+  // idle period (a progress engine that runs while the application does something else).
+  virtual bool holding_st() const { return false; }
   // Called once after the last transmit: everything must be remotely complete on return.
   virtual Status finish_st() = 0;
   // Everything, samples included: after the sending thread has ended.

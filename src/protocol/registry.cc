@@ -3,6 +3,10 @@
 #include <chrono>
 #include <thread>
 
+#include "protocol/carc.h"
+#include "protocol/credit.h"
+#include "protocol/nic_assisted.h"
+#include "protocol/packed_ring.h"
 #include "protocol/protocol.h"
 #include "protocol/sliding_window.h"
 #include "protocol/status_byte.h"
@@ -11,7 +15,8 @@
 namespace slotstream::protocol {
 namespace {
 // Every protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 3> kAll = {&kStatusByte, &kSlidingWindow, &kUcxRawPut};
+const std::array<const Descriptor*, 7> kAll = {&kStatusByte, &kSlidingWindow, &kCredit,     &kCarc,
+                                               &kPackedRing, &kNicAssisted,   &kUcxRawPut};
 }  // namespace
 
 std::span<const Descriptor* const> all() { return kAll; }

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "net/auth.h"
+#include "protocol/reply_queue.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
@@ -175,26 +176,18 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   SlidingWindowReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> pool, std::vector<uint8_t> rkey,
                         uint64_t session)
       : worker_(fabric.worker), geometry_(fabric.geometry), pool_(std::move(pool)), rkey_(std::move(rkey)),
-        session_(session), notified_(fabric.geometry.blocks, false) {}
+        session_(session), notified_(fabric.geometry.blocks, false), acks_(fabric.worker) {}
 
   Status init() {
     return worker_.set_am_handler(kNotifyAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
                                                     fabric::ReplyEp reply) { notified(header, reply); });
   }
 
+  // The worker outlives us (it belongs to the session): unhook the handler first (acks_, which
+  // lets its last ACKs leave, goes after).
   ~SlidingWindowReceiver() override {
-    // The worker outlives us (it belongs to the session): unhook the handler first.
     (void)worker_.set_am_handler(kNotifyAm, [](std::span<const std::byte>, std::span<const std::byte>,
                                                fabric::ReplyEp) {});
-    // An ACK's header must outlive its request. Give the last ones a moment to leave; a header
-    // whose ACK is still stuck (sender gone) is leaked rather than freed under UCX.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(50);
-    while (!acks_.empty() && Clock::now() < deadline) {
-      worker_.progress();
-      reap_acks();
-      if (!acks_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    for (auto& a : acks_) (void)a.second.release();
   }
 
   std::vector<uint8_t> setup() const override {
@@ -246,15 +239,11 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
     // The ACK, two-sided, right after processing (paper: "the receiver sends an ACK
     // notification"). If it cannot leave at once (e.g. the shared-memory FIFO to the sender is
     // full), the next progress() pushes it.
-    auto ack = std::make_unique<Ack>(Ack{index, 0, now_ns()});
-    fabric::Request req;
-    if (worker_.am_reply(reply_, kAckAm, ack.get(), sizeof(Ack), &req).is_ok()) {
+    if (acks_.send(reply_, kAckAm, Ack{index, 0, now_ns()}).is_ok()) {
       ++acks_sent_;
     } else {
       ++ack_failures_;
     }
-    if (req.pending()) acks_.push_back({std::move(req), std::move(ack)});
-    reap_acks();
   }
 
  private:
@@ -277,10 +266,6 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
     ++notifications_;
   }
 
-  void reap_acks() {
-    while (!acks_.empty() && acks_.front().first.check().code() != Code::kInProgress) acks_.pop_front();
-  }
-
   fabric::Worker& worker_;
   Geometry geometry_;
   std::unique_ptr<fabric::MemoryRegion> pool_;
@@ -293,7 +278,7 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   uint64_t dropped_ = 0;
   uint64_t acks_sent_ = 0;
   uint64_t ack_failures_ = 0;
-  std::deque<std::pair<fabric::Request, std::unique_ptr<Ack>>> acks_;
+  ReplyQueue<Ack> acks_;
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,

@@ -18,9 +18,11 @@ Status io_error(const std::string& what, int err) {
   return {Code::kIoError, what + ": " + strerror(err) + hint};
 }
 
-// "0000000042.bin" -> 42; anything else -> -1.
+// "0000000042.bin" (or .partial, .valid) -> 42; anything else -> -1.
 int64_t parse_seq(const std::string& name) {
-  if (name.size() != 14 || name.compare(10, 4, ".bin") != 0) return -1;
+  if (name.size() < 11 || name[10] != '.') return -1;
+  const std::string ext = name.substr(10);
+  if (ext != ".bin" && ext != ".partial" && ext != ".valid") return -1;
   int64_t v = 0;
   for (int i = 0; i < 10; ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;
@@ -168,6 +170,80 @@ Status DirSink::commit(uint16_t device) {
   ::unlink(tmp.c_str());
   dev.last = {dev.next_seq, dev.offset};
   ++dev.next_seq;
+  return Status::ok();
+}
+
+Status DirSink::next_seq(uint16_t device, uint64_t* out) {
+  Device* dev = nullptr;
+  SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
+  *out = dev->next_seq;
+  return Status::ok();
+}
+
+Status DirSink::skip_to(uint16_t device, uint64_t seq) {
+  Device* dev = nullptr;
+  SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
+  if (dev->fd >= 0) return {Code::kInvalidArgument, "skip_to while a message is in progress"};
+  if (seq < dev->next_seq) {
+    return {Code::kInvalidArgument, "message " + std::to_string(seq) + " of device " + std::to_string(device) +
+                                        " is behind the next one (" + std::to_string(dev->next_seq) + ")"};
+  }
+  dev->next_seq = seq;
+  return Status::ok();
+}
+
+namespace {
+
+// Writes `data` to a hidden temp file in dir and links it as `name` (never overwriting).
+Status write_atomically(const fs::path& dir, const std::string& name, std::span<const std::byte> data) {
+  const fs::path tmp = dir / ("." + name + ".part"), final_path = dir / name;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot write " + tmp.string(), err);
+    }
+    done += size_t(n);
+  }
+  if (::close(fd) != 0 && errno != EINTR) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return io_error("cannot close " + tmp.string(), err);
+  }
+  if (::link(tmp.c_str(), final_path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    if (err == EEXIST) return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
+    return io_error("cannot rename " + tmp.string(), err);
+  }
+  ::unlink(tmp.c_str());
+  return Status::ok();
+}
+
+}  // namespace
+
+Status DirSink::store_partial(uint16_t device, std::span<const std::byte> data, std::string_view valid_json) {
+  Device* dev = nullptr;
+  SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));
+  if (dev->fd >= 0) return {Code::kInvalidArgument, "store_partial while a message is in progress"};
+  char stem[16];
+  std::snprintf(stem, sizeof stem, "%010llu", static_cast<unsigned long long>(dev->next_seq));
+  const std::string valid_name = std::string(stem) + ".valid", partial_name = std::string(stem) + ".partial";
+  SLOTSTREAM_RETURN_IF_ERROR(write_atomically(
+      dev->dir, valid_name, std::span(reinterpret_cast<const std::byte*>(valid_json.data()), valid_json.size())));
+  if (Status st = write_atomically(dev->dir, partial_name, data); !st.is_ok()) {
+    std::error_code ec;
+    fs::remove(dev->dir / valid_name, ec);  // a retry writes both again
+    return st;
+  }
+  dev->last = {dev->next_seq, data.size()};
+  ++dev->next_seq;
   return Status::ok();
 }
 

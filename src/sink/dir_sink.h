@@ -44,8 +44,17 @@ class DirSink final : public MessageSink {
   uint64_t recreated() const { return recreated_; }
 
   static std::string file_name(uint64_t seq);  // "0000000042.bin"
-  // Highest SEQ + 1 among the complete message files in `device_dir` (0 if none).
+  // Highest SEQ + 1 among the message files (complete, or partial) in `device_dir` (0 if none).
   static uint64_t next_seq_on_disk(const std::filesystem::path& device_dir);
+
+  // For transports that lose messages (the datagram transport): the SEQ the next message gets,
+  // and moving it forward past messages that will never be stored, so that a message keeps its
+  // sender's number. skip_to() never moves backwards and needs no message in progress.
+  Status next_seq(uint16_t device, uint64_t* out);
+  Status skip_to(uint16_t device, uint64_t seq);
+  // Stores an incomplete message as <SEQ>.partial (holes zero-filled) beside <SEQ>.valid (the
+  // JSON list of [offset, length] ranges that arrived), both atomically, .valid first.
+  Status store_partial(uint16_t device, std::span<const std::byte> data, std::string_view valid_json);
 
  private:
   struct Device {

@@ -67,7 +67,9 @@ Status Delivery::pass(size_t* consumed) {
   records_.clear();
   proto_.poll(&records_);
   entries_.clear();
+  uint64_t held = 0, useful = 0;
   for (const protocol::Record& rec : records_) {
+    held += rec.bytes.size();
     if (!blocked_.empty()) {
       auto b = blocked_.find(rec.slot);
       if (b != blocked_.end() && b->second) continue;
@@ -87,8 +89,19 @@ Status Delivery::pass(size_t* consumed) {
       ++*consumed;
     } else {
       entries_.push_back({rec, *h});
+      useful += h->payload_length;
     }
   }
+  const auto sampled = std::chrono::steady_clock::now();
+  if (last_pass_) {
+    const double dt = double(std::chrono::duration_cast<std::chrono::nanoseconds>(sampled - *last_pass_).count());
+    counters_.buffer_held_byte_ns += double(last_held_) * dt;
+    counters_.buffer_useful_byte_ns += double(last_useful_) * dt;
+    counters_.buffer_observed_ns += dt;
+  }
+  last_pass_ = sampled;
+  last_held_ = held;
+  last_useful_ = useful;
   // Per device, nearest packet first: consecutive packets then deliver in one pass.
   std::sort(entries_.begin(), entries_.end(), [&](const Entry& a, const Entry& b) {
     if (a.header.device != b.header.device) return a.header.device < b.header.device;

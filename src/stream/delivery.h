@@ -42,6 +42,12 @@ struct DeliveryCounters {
   uint64_t bad_headers = 0;
   uint64_t broken_messages = 0;  // discarded because a fragment was missing
   uint64_t partial_discarded = 0;
+  // Buffer utilisation (SDP Fig. 6), time-weighted between passes: receiver memory held by
+  // unreleased records (Record::bytes) and the payload bytes in them, in byte-nanoseconds, and
+  // the time observed (from the first pass to the last). Averages: *_byte_ns / observed_ns.
+  double buffer_held_byte_ns = 0;
+  double buffer_useful_byte_ns = 0;
+  double buffer_observed_ns = 0;
 };
 
 class Delivery {
@@ -103,6 +109,10 @@ class Delivery {
   std::vector<protocol::Record> records_;  // scratch, reused across passes
   std::function<void(uint16_t, bool)> on_pause_;
   std::vector<Entry> entries_;
+  // What the last pass found held (buffer utilisation is integrated from one pass to the next).
+  std::optional<std::chrono::steady_clock::time_point> last_pass_;
+  uint64_t last_held_ = 0;
+  uint64_t last_useful_ = 0;
 };
 
 }  // namespace slotstream::stream

@@ -1,16 +1,10 @@
 #include "wire/block_header.h"
 
+#include "wire/codec.h"
+
 namespace slotstream::wire {
 namespace {
 
-void put_le(std::byte* p, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-uint64_t get_le(const std::byte* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t(std::to_integer<uint8_t>(p[i])) << (8 * i);
-  return v;
-}
 uint32_t check_word(const std::byte* p) {
   return ~(static_cast<uint32_t>(get_le(p, 4)) ^ static_cast<uint32_t>(get_le(p + 4, 4)) ^
            static_cast<uint32_t>(get_le(p + 8, 4)));

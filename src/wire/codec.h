@@ -12,6 +12,16 @@
 
 namespace slotstream::wire {
 
+// n (1..8) little-endian bytes at p: the fixed-layout headers' field access.
+inline void put_le(std::byte* p, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+inline uint64_t get_le(const std::byte* p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= uint64_t(std::to_integer<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
 class Writer {
  public:
   void u8(uint8_t v) { buf_.push_back(v); }

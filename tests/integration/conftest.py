@@ -265,8 +265,8 @@ class Proc:
 class Receiver(Proc):
     """`slotstream recv --listen 127.0.0.1:0 ARGS`, started and ready (its `listening on` line read)."""
 
-    def __init__(self, args, start_timeout=START_TIMEOUT, listen="127.0.0.1:0"):
-        super().__init__([BIN, "recv", "--listen", listen, *args])
+    def __init__(self, args, start_timeout=START_TIMEOUT, listen="127.0.0.1:0", binary=None):
+        super().__init__([binary or BIN, "recv", "--listen", listen, *args])
         try:
             _, line = self.stdout.wait_for(r"", start_timeout)
         except AssertionError:

@@ -11,6 +11,8 @@ from conftest import BIN, PROTOCOLS, REPO
 KEYS = {"experiment": str, "protocol": str, "transport": str, "size_bytes": int, "blocks": int, "metric": str,
         "value": float, "unit": str, "run": int, "repeat": int, "variant": str}
 EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras"]
+# Experiments with axes of their own carry them as further keys of their records.
+DIMENSIONS = {"cache": {"devices": int, "process_ns_per_byte": float, "window_bytes": int, "window_of_cache": float}}
 FIGURES = ["fig10_sync_latency.png", "fig11_sync_distribution.png", "fig12_latency.png", "fig12_latency_median.png",
            "fig13_throughput_3_blocks.png", "fig15_cpu_sender_3_blocks.png", "fig15_cpu_receiver_3_blocks.png",
            "fig16_resources_sender.png", "fig17_resources_receiver.png", "fig18_held_block.png", "fig19_cameras.png",
@@ -28,8 +30,9 @@ def test_tiny_run_of_every_experiment(tmp_path):
         assert doc["config"].get(key), key
     assert doc["errors"] == []
     for rec in doc["records"]:
-        assert set(rec) == set(KEYS), rec
-        for k, t in KEYS.items():
+        keys = dict(KEYS, **DIMENSIONS.get(rec["experiment"], {}))
+        assert set(rec) == set(keys), rec
+        for k, t in keys.items():
             assert isinstance(rec[k], t), (k, rec)
     transports = set(doc["config"]["settings"]["transports"])
     assert transports, "no transport found on this host"
@@ -50,6 +53,14 @@ def test_tiny_run_of_every_experiment(tmp_path):
               ("cameras", "frames_lost"), ("held_block", "throughput_during_hold")):
         assert m in metrics, m
     assert all(r["unit"] == "MB/s" for r in doc["records"] if r["metric"] == "throughput")
+    # cache (CARC): carc and credit on every transport, their receiver's processing measured, a figure each.
+    for t in transports:
+        for proto in ("carc", "credit"):
+            cache = [r for r in doc["records"] if (r["experiment"], r["protocol"], r["transport"]) == ("cache", proto, t)]
+            assert {r["metric"] for r in cache} >= {"throughput", "latency_p99", "read_ns_per_byte",
+                                                  "max_unprocessed_bytes"}, (proto, t)
+            assert all(r["value"] > 0 for r in cache if r["metric"] in ("throughput", "read_ns_per_byte")), cache
+        assert (out / f"fig_cache_{t}_2_devices.png").stat().st_size > 1000
     assert all(r["value"] == 0 for r in doc["records"] if r["metric"] in ("frames_lost", "messages_lost"))
     # Two independent runs: every experiment measured in each.
     assert {r["run"] for r in doc["records"]} == {0, 1}
@@ -78,6 +89,7 @@ def test_tiny_run_of_every_experiment(tmp_path):
     report = (out / "report.md").read_text()
     assert "## Targets" in report
     assert "–" in report and "[" in report, "no min–max ranges over the runs in the report"
+    assert "## Cache-aware rate control" in report
     for png in FIGURES:
         assert png in report, png
 

@@ -86,6 +86,27 @@ struct Fixture {
   }
 };
 
+TEST(Delivery, BufferUtilisationIsTimeWeightedHeldMemoryAndPayload) {
+  Fixture f;
+  f.pass();  // empty: the clock starts
+  f.blocks.put(0, 0, 0, kOnly, std::string(16, 'a'));
+  f.blocks.put(1, 0, 1, kOnly, std::string(8, 'b'));
+  f.sink.fail_next = 1;  // the records stay held through this pass...
+  size_t n = 0;
+  EXPECT_FALSE(f.delivery.pass(&n).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  f.pass();  // ...for 20 ms, then they are delivered
+  const auto& c = f.delivery.counters();
+  ASSERT_GT(c.buffer_observed_ns, 20e6);
+  // Held: two whole blocks; useful: their 24 payload bytes — for most of the observed time.
+  EXPECT_NEAR(c.buffer_held_byte_ns / c.buffer_useful_byte_ns, 2.0 * kBlockSize / 24, 1e-9);
+  EXPECT_GT(c.buffer_held_byte_ns / c.buffer_observed_ns, 0.9 * 2 * kBlockSize);
+  f.pass();
+  f.pass();  // nothing held any more: the averages fall
+  EXPECT_LT(f.delivery.counters().buffer_held_byte_ns / f.delivery.counters().buffer_observed_ns,
+            2.0 * kBlockSize);
+}
+
 TEST(Delivery, ReordersByPacketNumberWhateverTheBlockPosition) {
   Fixture f;
   f.blocks.put(0, 0, 1, kOnly, "second");

@@ -93,6 +93,36 @@ TEST(DirSinkNames, FileNamesArePaddedToTenDigits) {
   EXPECT_EQ(DirSink::file_name(1234567890), "1234567890.bin");
 }
 
+TEST_F(DirSinkTest, SkipLeavesANumberUnusedAndNeverGoesBack) {
+  DirSink s(root_ / "cam");
+  write(s, 0, "m0");
+  ASSERT_TRUE(s.skip_to(0, 3).is_ok());  // messages 1 and 2 were lost
+  write(s, 0, "m3");
+  EXPECT_TRUE(fs::exists(root_ / "cam/device-0/0000000003.bin"));
+  EXPECT_FALSE(fs::exists(root_ / "cam/device-0/0000000001.bin"));
+  EXPECT_FALSE(s.skip_to(0, 2).is_ok());
+  uint64_t next = 0;
+  ASSERT_TRUE(s.next_seq(0, &next).is_ok());
+  EXPECT_EQ(next, 4u);
+}
+
+TEST_F(DirSinkTest, PartialMessagesLandBesideTheirValidRanges) {
+  DirSink s(root_ / "cam");
+  std::string data("ab\0\0ef", 6);
+  ASSERT_TRUE(s.store_partial(2, bytes(data), "[[0,2],[4,2]]").is_ok());
+  EXPECT_EQ(slurp(root_ / "cam/device-2/0000000000.partial"), data);
+  EXPECT_EQ(slurp(root_ / "cam/device-2/0000000000.valid"), "[[0,2],[4,2]]");
+  write(s, 2, "next");
+  EXPECT_EQ(slurp(root_ / "cam/device-2/0000000001.bin"), "next");
+  // A reconnecting sender continues after partial messages too.
+  DirSink again(root_ / "cam");
+  ASSERT_TRUE(again.store_partial(2, bytes("x"), "[[0,1]]").is_ok());
+  EXPECT_TRUE(fs::exists(root_ / "cam/device-2/0000000002.partial"));
+  for (const auto& e : fs::directory_iterator(root_ / "cam/device-2")) {
+    EXPECT_NE(e.path().filename().string()[0], '.') << "temp file left: " << e.path();
+  }
+}
+
 TEST_F(DirSinkTest, AnOutputDirectoryRemovedBetweenMessagesIsMadeAgain) {
   DirSink s(root_ / "cam");
   write(s, 0, "before");

@@ -1,0 +1,501 @@
+"""The datagram transport's experiments for `slotstream bench` — the datagram-iWARP patent's evaluation
+("Experimental Results and Analysis") on this machine:
+
+  datagram  latency and throughput of write_record, dgram_send, dgram_rd, dgram_rc (and status_byte and
+            sliding_window over UCX tcp) — patent: UD Write-Record -24 % latency vs RC write below 2 KB,
+            +256 % bandwidth at 512 KB
+  loss      goodput and the fraction of valid bytes delivered at 0 / 0.1 / 0.5 / 1 / 5 % real loss (an
+            nftables rule in a network namespace of the experiment's own), 1 KiB to 512 KiB
+  apps      ffmpeg (first-frame time, frames lost or damaged) and SIPp (INVITE -> 200 OK response time) over
+            the preload shim, plain UDP and TCP
+
+Each experiment function measures every point once with fresh processes; the orchestrator's --runs calls it
+again for independent runs (records carry `run`). Measuring processes: `slotstream dgram-peer recv|send`
+(tools/dgram_peer.cc), ffmpeg and sipp from Debian. register() adds the experiments to the orchestrator's
+table; nothing else in slotstream_bench.py knows about them.
+"""
+import json
+import os
+import pathlib
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import threading
+import time
+
+DGRAM = ["write_record", "dgram_send", "dgram_rd", "dgram_rc"]
+LLP = {"write_record": "udp", "dgram_send": "udp", "dgram_rd": "udp", "dgram_rc": "tcp"}
+UCX_COMPARED = ["status_byte", "sliding_window"]
+LOSS_LEVELS = [0, 0.1, 0.5, 1, 5]
+SEGMENT = 8192        # the CLI's default segment (one datagram); loopback's MTU is 64 KiB
+MTU_SEGMENT = 1408    # an Ethernet-sized segment for the loss experiment (the patent's 1.5 KB MTU)
+MESSAGE_TIMEOUT_MS = 100
+# The loss experiment sends back to back: a ring of 32 STags comes round again within milliseconds, before a
+# 100 ms timer has given up on an incomplete message, and the newer MSN retires it (patent: discarded, not
+# delivered). So that the figure shows partial placement rather than ring reuse, it runs with the largest
+# ring a receiver grants and a 20 ms timer (loopback reorders nothing for that long); retirement is recorded.
+LOSS_RING = 256
+LOSS_TIMEOUT_MS = 20
+
+sb = None  # the orchestrator module (bench/slotstream_bench.py): run_pair, read_line, stop, pct, Progress, ...
+
+
+def register(experiments, orchestrator):
+    global sb
+    sb = orchestrator
+    experiments.update({
+        "datagram": ("patent 14-15", "datagram RDMA latency and throughput: UD Write-Record, UD/RD send, RC over TCP",
+                     exp_datagram),
+        "loss": ("patent 16-17", "goodput and valid bytes under 0-5 % nftables loss, 1 KiB-512 KiB", exp_loss),
+        "apps": ("patent 18-19", "ffmpeg first frame and frame loss, SIPp response time: shim vs UDP vs TCP",
+                 exp_apps),
+    })
+
+
+def mode(cfg):
+    return "tiny" if cfg.tiny else "quick" if cfg.quick else "full"
+
+
+def chosen_protocols(cfg):
+    """The datagram protocols named in --protocols, or all four."""
+    return [p for p in cfg.protocols if p in DGRAM] or list(DGRAM)
+
+
+def in_ns(ns, argv):
+    return (["ip", "netns", "exec", ns] if ns else []) + [str(a) for a in argv]
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def run_dgram_pair(protocol, size, count, *, gap_us=0, partial="drop", segment=SEGMENT, ns=None, max_seconds=60,
+                   timeout=180, ring=32, message_timeout_ms=MESSAGE_TIMEOUT_MS):
+    """One measurement: `slotstream dgram-peer recv` and `... send`; returns (sender, receiver) JSON."""
+    rx = subprocess.Popen(in_ns(ns, [sb.BIN, "dgram-peer", "recv", "--listen", "127.0.0.1:0", "--partial", partial,
+                                     "--message-timeout", message_timeout_ms]),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = sb.read_line(rx, 20)
+        if not line.startswith("listening on "):
+            raise sb.PeerError(f"dgram receiver peer did not start: {line!r}")
+        tx_cmd = in_ns(ns, [sb.BIN, "dgram-peer", "send", "--to", line.split()[-1], "--protocol", protocol,
+                            "--size", size, "--count", count, "--segment-size", segment, "--gap-us", gap_us,
+                            "--max-seconds", max_seconds, "--blocks", ring])
+        try:
+            tx = subprocess.run(tx_cmd, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise sb.PeerError(f"dgram sender peer timed out after {timeout} s: {' '.join(tx_cmd)}")
+        if tx.returncode != 0:
+            raise sb.PeerError(f"dgram sender peer failed ({tx.returncode}): {tx.stderr.decode()[:500]}")
+        snd = json.loads(tx.stdout)
+        line = sb.read_line(rx, 30)
+        if not line.startswith("{"):
+            raise sb.PeerError(f"dgram receiver peer gave no report within 30 s: {line!r}")
+        return snd, json.loads(line)
+    except sb.PeerError as e:
+        sb.stop(rx)
+        err = rx.stderr.read().decode(errors="replace").strip()[-500:]
+        raise sb.PeerError(f"{e}; receiver peer stderr: {err!r}" if err else str(e)) from None
+    except ValueError as e:
+        raise sb.PeerError(f"a dgram peer printed malformed JSON: {e}") from None
+    finally:
+        sb.stop(rx)
+
+
+def window_seconds(snd, rcv):
+    """From the first send to the last message finished at the receiver."""
+    arrivals = rcv.get("arrivals_ns") or []
+    if not snd["send_times_ns"] or not arrivals:
+        return 0.0
+    return max(max(arrivals) - snd["send_times_ns"][0], 1) / 1e9
+
+
+def add_latency(res, experiment, p, t, s, lat_us, variant, blocks=1):
+    for metric, v in (("latency_mean", statistics.mean(lat_us)), ("latency_p50", sb.pct(lat_us, 50)),
+                      ("latency_p99", sb.pct(lat_us, 99))):
+        res.add(experiment, p, t, s, blocks, metric, v, "us", variant=variant)
+
+
+# ----------------------------------------------------------------------------- datagram
+
+
+def datagram_settings(cfg):
+    m = mode(cfg)
+    sizes = {"tiny": [1024], "quick": [64, 1024, 65536, 524288],
+             "full": [64, 256, 1024, 2048, 8192, 65536, 262144, 524288, 1 << 20]}[m]
+    if cfg.sizes_given:
+        sizes = cfg.sizes
+    budget = {"tiny": 1 << 20, "quick": 16 << 20, "full": 64 << 20}[m]
+    latency_n = {"tiny": 20, "quick": 100, "full": 300}[m]
+    return sizes, budget, latency_n
+
+
+def exp_datagram(res, cfg):
+    """Patent Fig. 14-15 ("UD iWARP vs RC iWARP verbs latency", "unidirectional verbs bandwidth"): one message in
+    flight at a time for latency (send stamp to the message finished at the receiver), back to back for
+    throughput (complete bytes over first send to last arrival). UCX protocols over tcp for comparison."""
+    sizes, budget, latency_n = datagram_settings(cfg)
+    protocols = chosen_protocols(cfg)
+    ucx = [p for p in UCX_COMPARED if p in cfg.protocols] if "tcp" in cfg.transports else []
+    points = [(p, s) for s in sizes for p in protocols + ucx]
+    prog = sb.Progress(2 * len(points), "datagram", res.run, cfg.runs)
+    variant = f"segment {SEGMENT} B"
+    for p, s in points:
+        t = LLP.get(p, "tcp")
+        gap = int(200 + s / 100)  # each message finished before the next one starts
+        count = max(20, min(2000, budget // s))
+        try:
+            if p in DGRAM:
+                snd, rcv = run_dgram_pair(p, max(s, 8), latency_n, gap_us=gap)
+                lat = [x / 1000 for x in rcv["latencies_ns"]]
+            else:
+                snd, rcv = sb.run_pair("tcp", p, s, latency_n, sb.PAPER_BLOCKS, gap_us=gap, busy_poll=True)
+                lat = [x / 1000 for x in rcv["latencies_ns"] if x > 0]
+            if not lat:
+                raise sb.PeerError("no latency samples")
+            add_latency(res, "datagram", p, t, s, lat, variant if p in DGRAM else "UCX tcp")
+            prog.step(f"{p:14} {s:>8} B latency p50 {sb.pct(lat, 50):8.1f} us")
+        except sb.PeerError as e:
+            res.error(f"datagram latency {p} {s} B", e)
+            prog.step(f"{p} {s} B latency: FAILED")
+        try:
+            if p in DGRAM:
+                snd, rcv = run_dgram_pair(p, max(s, 8), count)
+                good = rcv["complete"] * s
+                secs = window_seconds(snd, rcv)
+                res.add("datagram", p, t, s, 1, "delivered_fraction", rcv["complete"] / max(rcv["sent"], 1), "ratio",
+                        variant=variant)
+            else:
+                snd, rcv = sb.run_pair("tcp", p, s, count, sb.DEFAULT_BLOCKS)
+                good = rcv["messages"] * s
+                secs = max(max(rcv["arrivals_ns"]) - snd["send_times_ns"][0], 1) / 1e9
+            if secs <= 0:
+                raise sb.PeerError("nothing arrived")
+            res.add("datagram", p, t, s, 1, "throughput", good / secs / 1e6, "MB/s",
+                    variant=variant if p in DGRAM else "UCX tcp")
+            res.add("datagram", p, t, s, 1, "cpu_sender", 100 * snd["cpu_seconds"] / max(snd["seconds"], 1e-9),
+                    "% of one core", variant=variant if p in DGRAM else "UCX tcp")
+            prog.step(f"{p:14} {s:>8} B throughput {good / secs / 1e6:8.1f} MB/s")
+        except sb.PeerError as e:
+            res.error(f"datagram throughput {p} {s} B", e)
+            prog.step(f"{p} {s} B throughput: FAILED")
+    # The patent's two headline comparisons, as ratios within this run.
+    for metric, ratio in (("latency_p50", "latency_p50_vs_dgram_rc"), ("throughput", "throughput_vs_dgram_rc")):
+        vals = {(r["protocol"], r["size_bytes"]): r["value"] for r in res.records
+                if r["experiment"] == "datagram" and r["metric"] == metric and r["run"] == res.run}
+        for (p, s), v in list(vals.items()):
+            base = vals.get(("dgram_rc", s))
+            if base and p != "dgram_rc":
+                res.add("datagram", p, LLP.get(p, "tcp"), s, 1, ratio, v / base, "ratio",
+                        variant=variant if p in DGRAM else "UCX tcp")
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+class LossNamespace:
+    """A network namespace of the experiment's own whose lo behaves like an Ethernet link (1500-byte MTU, no
+    segmentation offload, so TCP's packets are what a wire would carry) and drops `percent` % of the UDP and
+    TCP packets that arrive (nftables, input hook: the sender sees no error, as with loss on a wire)."""
+
+    def __init__(self, percent):
+        self.name = f"ssbench{os.getpid() % 100000}x{int(percent * 1000)}x{int(time.monotonic() * 1000) % 100000}"
+        self.percent = percent
+
+    def __enter__(self):
+        def ip(*args):
+            r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+            if r.returncode != 0:
+                raise sb.PeerError(f"`ip {' '.join(args)}` failed (the loss experiment needs root): {r.stderr.strip()}")
+        ip("netns", "add", self.name)
+        try:
+            ip("-n", self.name, "link", "set", "lo", "up", "mtu", "1500", "gso_max_size", "1500", "gso_max_segs", "1")
+            rules = ("table inet slotstream_loss {\n  chain input { type filter hook input priority 0; policy accept;\n"
+                     "    meta l4proto { udp, tcp } counter\n"
+                     f"    meta l4proto {{ udp, tcp }} numgen random mod 100000 < {int(round(self.percent * 1000))} "
+                     "counter drop\n  }\n}\n")
+            r = subprocess.run(["ip", "netns", "exec", self.name, "nft", "-f", "-"], input=rules, capture_output=True,
+                               text=True, timeout=20)
+            if r.returncode != 0:
+                raise sb.PeerError(f"nft failed: {r.stderr.strip()}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def counters(self):
+        """(packets seen, packets dropped) by the rule so far."""
+        out = subprocess.run(["ip", "netns", "exec", self.name, "nft", "list", "table", "inet", "slotstream_loss"],
+                             capture_output=True, text=True, timeout=20).stdout
+        n = [int(x) for x in re.findall(r"counter packets (\d+)", out)]
+        return (n[0], n[1]) if len(n) >= 2 else (0, 0)
+
+    def __exit__(self, *exc):
+        for pid in subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split():
+            subprocess.run(["kill", "-9", pid], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=20)
+
+
+def loss_settings(cfg):
+    m = mode(cfg)
+    sizes = {"tiny": [65536], "quick": [1024, 65536, 524288], "full": [1024, 8192, 65536, 262144, 524288]}[m]
+    if cfg.sizes_given:
+        sizes = cfg.sizes
+    levels = {"tiny": [0, 5], "quick": LOSS_LEVELS, "full": LOSS_LEVELS}[m]
+    budget = {"tiny": 1 << 20, "quick": 4 << 20, "full": 16 << 20}[m]
+    seconds = {"tiny": 3, "quick": 5, "full": 10}[m]
+    return sizes, levels, budget, seconds
+
+
+def exp_loss(res, cfg):
+    """Patent Fig. 16-17 ("UD send/recv bandwidth under packet loss", "UD RDMA Write-Record bandwidth under packet
+    loss"): the same messages through a lossy namespace; write_record keeps partial messages (--partial keep),
+    dgram_send delivers whole messages only, dgram_rd and dgram_rc retransmit. Goodput counts valid bytes
+    delivered (complete messages and the valid ranges of partial ones) per second."""
+    sizes, levels, budget, seconds = loss_settings(cfg)
+    protocols = chosen_protocols(cfg)
+    prog = sb.Progress(len(levels) * len(sizes) * len(protocols), "loss", res.run, cfg.runs)
+    for level in levels:
+        variant = f"loss {level:g}%"
+        try:
+            ns = LossNamespace(level).__enter__()
+        except sb.PeerError as e:
+            if cfg.tiny:
+                sb.log(f"  (loss experiment skipped in this tiny run: {e})")
+                return
+            res.error(f"loss {level}%", e)
+            for _ in range(len(sizes) * len(protocols)):
+                prog.step(f"{level}%: FAILED")
+            continue
+        try:
+            seen0, dropped0 = ns.counters()
+            for s in sizes:
+                for p in protocols:
+                    count = max(10, budget // s)
+                    try:
+                        snd, rcv = run_dgram_pair(p, s, count, partial="keep", segment=MTU_SEGMENT, ns=ns.name,
+                                                  max_seconds=seconds, timeout=seconds + 120, ring=LOSS_RING,
+                                                  message_timeout_ms=LOSS_TIMEOUT_MS)
+                    except sb.PeerError as e:
+                        res.error(f"loss {p} {s} B {level}%", e)
+                        prog.step(f"{level}% {p} {s} B: FAILED")
+                        continue
+                    secs = window_seconds(snd, rcv)
+                    sent_bytes = max(rcv["bytes_sent"], 1)
+                    goodput = rcv["valid_bytes"] / secs / 1e6 if secs > 0 else 0.0
+                    for metric, v, unit in (("goodput", goodput, "MB/s"),
+                                            ("valid_fraction", rcv["valid_bytes"] / sent_bytes, "ratio"),
+                                            ("complete_fraction", rcv["complete"] / max(rcv["sent"], 1), "ratio"),
+                                            ("partial_fraction", rcv["partial"] / max(rcv["sent"], 1), "ratio"),
+                                            ("retired_fraction", rcv["retired"] / max(rcv["sent"], 1), "ratio")):
+                        res.add("loss", p, LLP[p], s, 1, metric, v, unit, variant=variant)
+                    prog.step(f"{level:>4g}% {p:13} {s:>7} B goodput {goodput:8.1f} MB/s, valid "
+                              f"{rcv['valid_bytes'] / sent_bytes:6.1%}, complete {rcv['complete']}/{rcv['sent']}")
+            seen, dropped = ns.counters()
+            if seen > seen0:
+                res.add("loss", "nftables", "namespace", 0, 1, "loss_measured", (dropped - dropped0) / (seen - seen0),
+                        "ratio", variant=variant)
+        finally:
+            ns.__exit__(None, None, None)
+
+
+# ----------------------------------------------------------------------------- apps
+
+
+def free_port(kind=socket.SOCK_DGRAM):
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shim_path():
+    """libslotstream_udp.so: next to the binary in a build tree, in ../lib of an installed one."""
+    bindir = pathlib.Path(sb.BIN).resolve().parent
+    for p in (bindir / "libslotstream_udp.so", bindir.parent / "lib" / "libslotstream_udp.so"):
+        if p.exists():
+            return p
+    return bindir / "libslotstream_udp.so"
+
+
+def app_env(mode_, port):
+    env = dict(os.environ)
+    if mode_ == "shim":
+        env.update(LD_PRELOAD=str(shim_path()), SLOTSTREAM_UDP_PORTS=str(port))
+    return env
+
+
+APP_TRANSPORT = {"shim": "udp+shim", "udp": "udp", "tcp": "tcp"}
+
+
+def ffmpeg_encode(seconds):
+    return ["-f", "lavfi", "-i", f"testsrc=size=640x480:rate=25:duration={seconds}", "-c:v", "mpeg2video", "-q:v",
+            "4", "-g", "25", "-bf", "0", "-flags", "+bitexact", "-fflags", "+bitexact"]
+
+
+def ffmpeg_once(mode_, seconds, reference, ns=None):
+    """Streams a test pattern with ffmpeg -re over udp:// (with or without the shim) or tcp:// and decodes it
+    with a second ffmpeg. Returns (first frame ms after the sender started, frames decoded, frames identical to
+    a direct decode)."""
+    port = free_port(socket.SOCK_STREAM if mode_ == "tcp" else socket.SOCK_DGRAM)
+    if mode_ == "tcp":
+        src, dst = f"tcp://127.0.0.1:{port}?listen=1", f"tcp://127.0.0.1:{port}"
+    else:
+        src = f"udp://127.0.0.1:{port}?timeout=1000000&fifo_size=1000000&overrun_nonfatal=1"
+        dst = f"udp://127.0.0.1:{port}?pkt_size=1316"
+    # A small probe: the first frame then measures the transport and the stream's start, not ffmpeg's default
+    # five seconds of probing (which dominate otherwise: ~7 s over UDP, ~4 s over TCP for a 4 s stream).
+    rx = subprocess.Popen(in_ns(ns, ["ffmpeg", "-v", "error", "-nostdin", "-probesize", "32768", "-analyzeduration",
+                                     "100000", "-i", src, "-f", "framemd5", "-flush_packets", "1", "-"]),
+                          env=app_env(mode_, port),
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    frames, first = [], []
+
+    def reader():
+        for line in rx.stdout:
+            if line.strip() and not line.startswith("#"):
+                if not first:
+                    first.append(time.monotonic())
+                frames.append(line.rsplit(",", 1)[-1].strip())
+
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    tx = subprocess.run(in_ns(ns, ["ffmpeg", "-v", "error", "-nostdin", "-re", *ffmpeg_encode(seconds), "-f", "mpegts",
+                                   dst]), env=app_env(mode_, port), capture_output=True, text=True,
+                        timeout=seconds + 60)
+    try:
+        rx.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        rx.kill()
+        rx.wait(10)
+    th.join(5)
+    if tx.returncode != 0:
+        raise sb.PeerError(f"ffmpeg sender failed: {tx.stderr[-300:]}")
+    identical = sum(1 for a, b in zip(frames, reference) if a == b)
+    return (1000 * (first[0] - t0) if first else float("nan")), len(frames), identical
+
+
+def sipp_once(mode_, calls, rate, workdir, ns=None):
+    """`sipp -sn uas` and `-sn uac` (-m calls -r rate); response time = INVITE sent to 200 OK received, per call,
+    from the client's message trace (µs timestamps). Returns (response times in ms, failed calls)."""
+    uas_port, uac_port = free_port(), free_port()
+    transport = ["-t", "t1"] if mode_ == "tcp" else []
+    env = app_env(mode_, f"{uas_port},{uac_port}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    for f in workdir.glob("uac_*"):
+        f.unlink()
+    uas = subprocess.Popen(in_ns(ns, ["sipp", "-nostdin", "-sn", "uas", "-i", "127.0.0.1", "-p", uas_port, *transport,
+                                      "-m", calls, "-timeout", f"{calls // rate + 30}s"]),
+                           env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        uac = subprocess.run(in_ns(ns, ["sipp", "-nostdin", "-sn", "uac", f"127.0.0.1:{uas_port}", "-i", "127.0.0.1",
+                                        "-p", uac_port, *transport, "-m", calls, "-r", rate, "-trace_msg",
+                                        "-timeout", f"{calls // rate + 20}s"]),
+                             env=env, cwd=workdir, capture_output=True, text=True, timeout=calls // rate + 60)
+    finally:
+        try:
+            uas.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            uas.kill()
+            uas.wait(10)
+    logs = list(workdir.glob("uac_*_messages.log"))
+    if not logs:
+        raise sb.PeerError(f"sipp uac left no message trace (exit {uac.returncode}): {uac.stdout[-300:]}")
+    sent, answered = {}, {}
+    stamp = None
+    direction = None
+    for line in logs[0].read_text(errors="replace").splitlines():
+        m = re.match(r"^-{20,} (\S+ \S+)$", line)
+        if m:
+            stamp = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + float("0" + m.group(1)[19:])
+            direction = None
+            continue
+        if line.startswith(("UDP message sent", "TCP message sent")):
+            direction = "out"
+        elif "message received" in line:
+            direction = "in"
+        elif line.startswith("INVITE ") and direction == "out":
+            direction = "invite"
+        elif line.startswith("SIP/2.0 200") and direction == "in":
+            direction = "ok"
+        elif line.lower().startswith("call-id:"):
+            cid = line.split(":", 1)[1].strip()
+            if direction == "invite":
+                sent.setdefault(cid, stamp)
+            elif direction == "ok" and cid in sent:
+                answered.setdefault(cid, stamp)
+    times = [1000 * (answered[c] - sent[c]) for c in answered]
+    return times, calls - len(times)
+
+
+def apps_settings(cfg):
+    return {"quick": (3, [0, 1], 100), "full": (6, [0, 1, 5], 300)}[mode(cfg)]
+
+
+def exp_apps(res, cfg):
+    """Patent Fig. 18-19 ("VLC UD streaming vs RC-based HTTP streaming", "SIP response times"): unmodified
+    programs over the preload shim, plain UDP and TCP. ffmpeg stands in for VLC (which refuses to run as root):
+    time to the first decoded frame, frames lost and frames that differ from a direct decode, at 0 % loss on
+    loopback and under nftables loss in a namespace. SIPp: INVITE -> 200 OK per call, 50 calls/s."""
+    if cfg.tiny:
+        # Real programs take seconds to start and stream; a tiny run (the test suite's) leaves them out.
+        sb.log("  (apps is not part of tiny runs: `slotstream bench apps --quick` takes about a minute)")
+        return
+    seconds, levels, calls = apps_settings(cfg)
+    missing = [t for t in ("ffmpeg", "sipp") if not shutil.which(t)]
+    if missing or not shim_path().exists():
+        res.error("apps", f"needs {', '.join(missing) or shim_path()} (scripts/setup.sh, scripts/build.sh)")
+        return
+    ref = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", *ffmpeg_encode(seconds), "-f", "mpegts", "-"],
+                         capture_output=True, timeout=120).stdout
+    reference = [line.rsplit(",", 1)[-1].strip() for line in subprocess.run(
+        ["ffmpeg", "-v", "error", "-nostdin", "-i", "-", "-f", "framemd5", "-"], input=ref, capture_output=True,
+        timeout=120).stdout.decode().splitlines() if line and not line.startswith("#")]
+    modes = ["shim", "udp", "tcp"]
+    prog = sb.Progress(len(levels) * 2 * len(modes), "apps", res.run, cfg.runs)
+    workdir = pathlib.Path(res.out) / "apps-work"
+    for level in levels:
+        variant = f"loss {level:g}%"
+        ns = None
+        try:
+            if level > 0:
+                ns = LossNamespace(level).__enter__()
+        except sb.PeerError as e:
+            res.error(f"apps {level}%", e)
+            for _ in range(2 * len(modes)):
+                prog.step(f"{level}%: FAILED")
+            continue
+        try:
+            for m in modes:
+                t = APP_TRANSPORT[m]
+                try:
+                    first_ms, decoded, identical = ffmpeg_once(m, seconds, reference, ns=ns.name if ns else None)
+                    res.add("apps", "ffmpeg", t, 0, 1, "first_frame_ms", first_ms, "ms", variant=variant)
+                    res.add("apps", "ffmpeg", t, 0, 1, "frames_lost", len(reference) - decoded, "count", variant=variant)
+                    res.add("apps", "ffmpeg", t, 0, 1, "frames_damaged", decoded - identical, "count", variant=variant)
+                    prog.step(f"{level:g}% ffmpeg {t:9} first frame {first_ms:7.1f} ms, {decoded}/{len(reference)} "
+                              f"frames, {identical} identical")
+                except (sb.PeerError, subprocess.TimeoutExpired) as e:
+                    res.error(f"apps ffmpeg {t} {level}%", e)
+                    prog.step(f"{level}% ffmpeg {t}: FAILED")
+                try:
+                    times, failed = sipp_once(m, calls, 50, workdir, ns=ns.name if ns else None)
+                    if not times:
+                        raise sb.PeerError("no call was answered")
+                    for metric, v in (("sip_response_mean", statistics.mean(times)),
+                                      ("sip_response_p50", sb.pct(times, 50)), ("sip_response_p99", sb.pct(times, 99))):
+                        res.add("apps", "sipp", t, 0, 1, metric, v, "ms", variant=variant)
+                    res.add("apps", "sipp", t, 0, 1, "sip_calls_failed", failed, "count", variant=variant)
+                    prog.step(f"{level:g}% sipp   {t:9} INVITE->200 median {sb.pct(times, 50):7.3f} ms, "
+                              f"{failed} of {calls} calls failed")
+                except (sb.PeerError, subprocess.TimeoutExpired) as e:
+                    res.error(f"apps sipp {t} {level}%", e)
+                    prog.step(f"{level}% sipp {t}: FAILED")
+        finally:
+            if ns:
+                ns.__exit__(None, None, None)
+    shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,39 @@
+"""slotstream: many device streams (cameras, radars) over one one-sided-RDMA connection (UCX).
+
+    import numpy as np, slotstream
+
+    with slotstream.Sender("receiver:7000", name="edge-a", devices=range(12)) as tx:
+        for cam in range(12):
+            tx.send(cam, np.zeros((480, 640, 3), np.uint8))   # any buffer: bytes, memoryview, numpy
+
+    with slotstream.Receiver("0.0.0.0:7000", exit_after_senders=1) as rx:
+        for sender, device, seq, data in rx:                  # data: a memoryview
+            ...
+
+The C++ library (include/slotstream/slotstream.h) does all the work; this package binds it.
+Errors are raised as slotstream.Error subclasses (slotstream.errors) carrying its messages.
+"""
+from __future__ import annotations
+
+import atexit
+
+from . import errors
+from ._slotstream import DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS, Frame, Receiver, Sender, close_all, protocols
+from .errors import (AuthFailed, Busy, Cancelled, ConnectFailed, Error, InvalidArgument, PeerGone, ProtocolError,
+                     Refused, StorageError, Timeout, TransportError, VersionMismatch)
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("slotstream")
+except Exception:  # not installed as a distribution (e.g. imported from a build tree)
+    __version__ = "unknown"
+
+# Receivers still open at exit are stopped while Python can still run their callbacks.
+atexit.register(close_all)
+
+__all__ = [
+    "Sender", "Receiver", "Frame", "protocols", "DEFAULT_BLOCKS", "DEFAULT_BLOCK_SIZE", "errors",
+    "Error", "InvalidArgument", "ConnectFailed", "Refused", "AuthFailed", "ProtocolError", "VersionMismatch",
+    "PeerGone", "TransportError", "StorageError", "Timeout", "Cancelled", "Busy",
+]

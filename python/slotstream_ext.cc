@@ -1,0 +1,677 @@
+// The `slotstream._slotstream` extension: Python's Sender and Receiver over the C++ library
+// (include/slotstream/slotstream.h), which stays the only implementation.
+//
+// Threading and the GIL:
+//   * Every call that may wait (connect, send, finish, iteration, wait, close) releases the GIL
+//     first and takes its own locks only after that, so no thread ever holds a lock while
+//     waiting for the GIL, and other Python threads run meanwhile.
+//   * Sender: send() may be called from several Python threads. DeviceStream's contract is one
+//     thread per device at a time, so each device has a mutex; finish()/close() wait for sends
+//     in progress (a shared/exclusive lock), as Sender::finish() requires.
+//   * Receiver: the library calls the sink from one thread per connected sender. The sink never
+//     touches Python objects except to call the user's callback, under the GIL; in iterator
+//     mode it only queues C++ data, converted to Python objects by the iterating thread.
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "net/control_socket.h"  // parse_host_port: the CLI's HOST:PORT syntax
+#include "slotstream/slotstream.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace slotstream;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// How often a waiting call wakes up to let Python handle signals (Ctrl-C).
+constexpr auto kSignalCheck = std::chrono::milliseconds(100);
+// How long a sink waits for room in a full iterator queue before reporting kBusy (the receiver
+// then holds its blocks and retries: back-pressure reaches the sender, nothing is dropped).
+constexpr auto kQueueWait = std::chrono::milliseconds(50);
+constexpr size_t kMaxEvents = 100;
+
+// ------------------------------------------------------------------------------------ errors
+
+// Raises the Python exception for a library Status: slotstream.errors maps the library's code
+// name to a class (InvalidArgument is a ValueError, PeerGone a ConnectionError, ...); the
+// message is the library's. Needs the GIL.
+[[noreturn]] void raise_status(const Status& st) {
+  nb::object cls = nb::module_::import_("slotstream.errors").attr("error_class")(code_name(st.code()));
+  PyErr_SetObject(cls.ptr(), cls(st.message(), code_name(st.code())).ptr());
+  throw nb::python_error();
+}
+
+void check(const Status& st) {
+  if (!st.is_ok()) raise_status(st);
+}
+
+// Waits (GIL released) until `done()` under `lock`, waking every kSignalCheck to run Python's
+// signal handlers (KeyboardInterrupt propagates as an exception). Returns false on `deadline`.
+template <typename Pred>
+bool wait_interruptibly(std::mutex& m, std::condition_variable& cv, Pred done,
+                        std::optional<Clock::time_point> deadline = std::nullopt) {
+  for (;;) {
+    bool ok;
+    {
+      nb::gil_scoped_release nogil;
+      std::unique_lock lock(m);
+      auto until = Clock::now() + kSignalCheck;
+      if (deadline && *deadline < until) until = *deadline;
+      ok = cv.wait_until(lock, until, done);
+    }
+    if (ok) return true;
+    if (deadline && Clock::now() >= *deadline) return false;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
+// A thread that asks for the GIL while the interpreter shuts down never gets it back.
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// ------------------------------------------------------------------------------------ frames
+
+// One received message, owned: the receiver's block is reused as soon as the sink returns, so a
+// message is copied out once (append) and the Python side gets a view of this copy that it may
+// keep as long as it likes. Exposed to Python through the buffer protocol (memoryview, numpy).
+struct Frame {
+  std::byte* data = nullptr;
+  size_t size = 0;
+  size_t capacity = 0;
+
+  Frame() = default;
+  Frame(Frame&& o) noexcept : data(o.data), size(o.size), capacity(o.capacity) { o.data = nullptr; o.size = o.capacity = 0; }
+  Frame& operator=(Frame&& o) noexcept {
+    std::swap(data, o.data);
+    std::swap(size, o.size);
+    std::swap(capacity, o.capacity);
+    return *this;
+  }
+  Frame(const Frame&) = delete;
+  ~Frame() { std::free(data); }
+
+  // Appends a fragment; kBusy (retried later, nothing lost) if memory is short.
+  Status append(std::span<const std::byte> bytes) {
+    if (size + bytes.size() > capacity) {
+      size_t want = std::max(size + bytes.size(), capacity * 2);
+      auto* grown = static_cast<std::byte*>(std::realloc(data, want ? want : 1));
+      if (!grown) return {Code::kBusy, "out of memory for a " + std::to_string(want) + "-byte message"};
+      data = grown;
+      capacity = want;
+    }
+    if (!bytes.empty()) std::memcpy(data + size, bytes.data(), bytes.size());
+    size += bytes.size();
+    return Status::ok();
+  }
+};
+
+int frame_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  static std::byte empty{};
+  Frame* f = nb::inst_ptr<Frame>(self);
+  return PyBuffer_FillInfo(view, self, f->data ? f->data : &empty, Py_ssize_t(f->size), /*readonly=*/0, flags);
+}
+
+PyType_Slot frame_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(frame_getbuffer)}, {0, nullptr}};
+
+// ------------------------------------------------------------------------------------ sender
+
+std::string default_sender_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+class PySender {
+ public:
+  PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
+           const std::string& protocol, uint32_t blocks, uint32_t block_size, const std::vector<int>& devices,
+           std::optional<std::string> token) {
+    SenderOptions o;
+    check(net::parse_host_port(to, &o.host, &o.port));
+    auto t = parse_transport(transport);
+    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
+    o.transport = *t;
+    o.name = name ? *name : default_sender_name();
+    o.protocol = protocol;
+    o.blocks = blocks;
+    o.block_size = block_size;
+    o.token = token.value_or("");
+    std::set<int> seen;
+    for (int d : devices) {
+      if (d < 0 || d > 65535) check({Code::kInvalidArgument, "device " + std::to_string(d) + " is not in 0..65535"});
+      if (!seen.insert(d).second) check({Code::kInvalidArgument, "device " + std::to_string(d) + " is declared twice"});
+      o.devices.push_back(uint16_t(d));
+      device_locks_[uint16_t(d)] = std::make_unique<std::mutex>();
+    }
+    Status st;
+    {
+      nb::gil_scoped_release nogil;  // the handshake may take seconds
+      st = Sender::connect(o, &sender_);
+    }
+    check(st);
+    transport_ = transport_name(sender_->transport());
+    options_ = std::move(o);
+  }
+
+  ~PySender() {
+    nb::gil_scoped_release nogil;  // stopping the sending threads must not block other Python threads
+    sender_.reset();  // unfinished: the receiver keeps the complete messages and reports the sender lost
+  }
+
+  void send(int device, nb::handle data) {
+    if (!PyObject_CheckBuffer(data.ptr())) {
+      throw nb::type_error(("send() needs a bytes-like object (bytes, bytearray, memoryview, numpy array), not " +
+                            std::string(Py_TYPE(data.ptr())->tp_name)).c_str());
+    }
+    auto lock = device_locks_.find(device);
+    if (lock == device_locks_.end()) {
+      check({Code::kInvalidArgument,
+             "device " + std::to_string(device) + " was not declared (Sender(..., devices=[...]) lists every device)"});
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      throw nb::value_error("send() needs C-contiguous data (use numpy.ascontiguousarray(frame))");
+    }
+    Status st;
+    {
+      // The buffer stays exported (it cannot be resized or freed) until PyBuffer_Release; the
+      // library copies it into a send block, so no copy is made here.
+      nb::gil_scoped_release nogil;
+      std::shared_lock life(life_);
+      if (!sender_ || closed_) {
+        st = {Code::kInvalidArgument, "send() on a Sender that is finished or closed"};
+      } else {
+        std::lock_guard one_thread_per_device(*lock->second);
+        st = sender_->device(uint16_t(device))->send({static_cast<const std::byte*>(view.buf), size_t(view.len)});
+      }
+    }
+    PyBuffer_Release(&view);
+    check(st);
+  }
+
+  // Waits until the receiver stored every message, then closes. Idempotent; a failed finish
+  // raises again when repeated.
+  void finish() {
+    Status st;
+    {
+      nb::gil_scoped_release nogil;
+      std::unique_lock life(life_);
+      if (!sender_) {
+        st = {Code::kInvalidArgument, "finish() on a Sender that was closed without finishing"};
+      } else {
+        closed_ = finished_ = true;
+        st = sender_->finish();  // the library object stays, for stats()
+      }
+    }
+    check(st);
+  }
+
+  // Abandons the connection without waiting (what leaving a `with` block by an exception does):
+  // the receiver keeps the complete messages and reports this sender lost.
+  void close() {
+    nb::gil_scoped_release nogil;
+    std::unique_lock life(life_);
+    closed_ = true;
+    if (!finished_) sender_.reset();
+  }
+
+  nb::dict stats() const {
+    std::optional<SenderStats> s;
+    {
+      nb::gil_scoped_release nogil;
+      std::shared_lock life(life_);
+      if (sender_) s = sender_->stats();
+    }
+    nb::dict d;
+    if (!s) return d;
+    // The protocol counters (blocks, synchronisations) are left out: their names are still
+    // changing in the C++ API, and `slotstream bench` is where they are reported.
+    d["messages"] = s->messages;
+    d["bytes"] = s->bytes;
+    d["held_skips"] = s->held_skips;
+    d["connections"] = s->connections;
+    d["per_device"] = s->per_device;
+    return d;
+  }
+
+  const std::string& transport() const { return transport_; }
+  const SenderOptions& options() const { return options_; }
+  bool is_closed() const {
+    std::shared_lock life(life_);
+    return closed_;
+  }
+
+ private:
+  SenderOptions options_;
+  std::string transport_;  // what the receiver chose
+  std::unique_ptr<Sender> sender_;
+  std::map<int, std::unique_ptr<std::mutex>> device_locks_;
+  mutable std::shared_mutex life_;  // send: shared; finish, close: exclusive
+  bool closed_ = false;
+  bool finished_ = false;
+};
+
+// ---------------------------------------------------------------------------------- receiver
+
+struct Delivered {
+  std::string sender;
+  uint16_t device;
+  uint64_t seq;
+  Frame data;
+};
+
+// What the receiver's threads and the Python object share. Outlives the library Receiver (the
+// PyReceiver destroys that first), so sinks may point at it.
+struct RxShared {
+  std::mutex mutex;
+  std::condition_variable changed;  // queue, ended sessions, failure, closing
+  std::deque<Delivered> queue;
+  size_t max_queue = 8;
+  std::map<std::pair<std::string, uint16_t>, uint64_t> next_seq;  // per sender name and device
+  std::vector<SessionReport> ended;
+  std::deque<std::string> events;
+  bool closing = false;
+  bool failed = false;  // the callback raised: deliver nothing more
+  bool callback_mode = false;  // set before the receiver starts
+  // Callback mode only: read with the GIL held; dropped when the receiver has stopped, which
+  // breaks the cycle of a callback that refers to its own Receiver.
+  nb::object callback;
+  nb::object error;  // the callback's exception, raised by wait()/close(); touched with the GIL
+
+  // Stopping the library Receiver (which joins the session threads) is serialised here: by the
+  // Python object, or by `stopper` when a callback raised (a session thread cannot stop the
+  // receiver itself: stop() joins it).
+  std::mutex stop_mutex;
+  Receiver* receiver = nullptr;  // guarded by stop_mutex
+  std::thread stopper;           // guarded by mutex
+
+  void stop_receiver() {
+    std::lock_guard lock(stop_mutex);
+    if (receiver) receiver->stop();
+  }
+  // A callback raised: disconnect every sender (they see the receiver gone) so that nobody waits
+  // for messages that will never be delivered. Called with `mutex` held.
+  void stop_soon() {
+    if (!stopper.joinable()) stopper = std::thread([this] { stop_receiver(); });
+  }
+};
+
+class PySink final : public MessageSink {
+ public:
+  PySink(RxShared& shared, std::string sender) : shared_(shared), sender_(std::move(sender)) {}
+
+  Status begin(uint16_t device) override {
+    open_[device] = Frame();
+    return Status::ok();
+  }
+  Status append(uint16_t device, std::span<const std::byte> data) override { return open_[device].append(data); }
+  void abort(uint16_t device) override { open_.erase(device); }
+
+  // The message is complete: hand it to the callback or the iterator queue. Failing (busy,
+  // closing, callback raised) leaves it here; the receiver retries this call later.
+  Status commit(uint16_t device) override {
+    auto key = std::make_pair(sender_, device);
+    uint64_t seq;
+    {
+      std::unique_lock lock(shared_.mutex);
+      if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+      if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
+      seq = shared_.next_seq[key];
+      if (!shared_.callback_mode) {
+        if (!shared_.changed.wait_for(lock, kQueueWait, [&] {
+              return shared_.queue.size() < shared_.max_queue || shared_.closing;
+            })) {
+          return {Code::kBusy, "the Python consumer is behind (" + std::to_string(shared_.max_queue) +
+                                   " messages waiting)"};
+        }
+        if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+        shared_.queue.push_back({sender_, device, seq, std::move(open_[device])});
+        shared_.next_seq[key] = seq + 1;
+        open_.erase(device);
+        shared_.changed.notify_all();
+        return Status::ok();
+      }
+    }
+    return call_back(device, seq, key);
+  }
+
+ private:
+  Status call_back(uint16_t device, uint64_t seq, const std::pair<std::string, uint16_t>& key) {
+    if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object frame = nb::cast(std::move(open_[device]));
+      nb::object view = nb::steal(PyMemoryView_FromObject(frame.ptr()));
+      if (!view.is_valid()) throw nb::python_error();
+      shared_.callback(sender_, device, seq, view);
+    } catch (nb::python_error& e) {
+      std::lock_guard lock(shared_.mutex);
+      if (!shared_.failed) {
+        shared_.failed = true;
+        shared_.error = nb::borrow(e.value());
+        shared_.stop_soon();
+      }
+      shared_.changed.notify_all();
+      return {Code::kCancelled, "the Python callback raised"};
+    }
+    open_.erase(device);
+    std::lock_guard lock(shared_.mutex);
+    shared_.next_seq[key] = seq + 1;
+    return Status::ok();
+  }
+
+  RxShared& shared_;
+  std::string sender_;
+  std::map<uint16_t, Frame> open_;  // messages being assembled, per device
+};
+
+nb::dict report_dict(const SessionReport& r) {
+  nb::dict d;
+  d["sender"] = r.sender.name;
+  d["peer"] = r.sender.peer;
+  d["protocol"] = r.sender.protocol;
+  d["transport"] = transport_name(r.sender.transport);
+  d["devices"] = r.sender.devices;
+  d["finished"] = r.finished;
+  d["reason"] = r.reason;
+  d["messages"] = r.messages;
+  d["bytes"] = r.bytes;
+  d["gaps"] = r.gaps;
+  d["duplicates"] = r.duplicates;
+  d["seconds"] = r.seconds;
+  return d;
+}
+
+class PyReceiver {
+ public:
+  PyReceiver(const std::string& listen, nb::object callback, const std::string& transport,
+             std::optional<std::string> token, std::optional<uint64_t> exit_after_senders, size_t max_queue)
+      : shared_(std::make_unique<RxShared>()), exit_after_(exit_after_senders) {
+    if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
+    if (max_queue < 1) check({Code::kInvalidArgument, "max_queue must be at least 1"});
+    ReceiverOptions o;
+    check(net::parse_host_port(listen, &o.host, &o.port));
+    auto t = parse_transport(transport);
+    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
+    o.transport = *t;
+    o.token = token.value_or("");
+    RxShared* shared = shared_.get();
+    shared->max_queue = max_queue;
+    shared->callback_mode = !callback.is_none();
+    if (shared->callback_mode) shared->callback = callback;
+    o.make_sink = [shared](const SenderInfo& info, std::unique_ptr<MessageSink>* out) {
+      *out = std::make_unique<PySink>(*shared, info.name);
+      return Status::ok();
+    };
+    o.on_session_end = [shared](const SessionReport& r) {
+      std::lock_guard lock(shared->mutex);
+      shared->ended.push_back(r);
+      shared->changed.notify_all();
+    };
+    o.on_event = [shared](const std::string& text) {
+      std::lock_guard lock(shared->mutex);
+      shared->events.push_back(text);
+      if (shared->events.size() > kMaxEvents) shared->events.pop_front();
+    };
+    Status st;
+    {
+      nb::gil_scoped_release nogil;
+      std::lock_guard lock(shared->stop_mutex);  // a callback that raises at once waits for the pointer
+      st = Receiver::start(std::move(o), &receiver_);
+      shared->receiver = receiver_.get();
+    }
+    check(st);
+    address_ = receiver_->listen_address();
+    live_receivers().insert(this);
+  }
+
+  ~PyReceiver() {
+    stop();
+    live_receivers().erase(this);
+    // The callback and a stored exception are Python objects: released here, with the GIL.
+  }
+
+  // Stops accepting and ends every session (partial messages are dropped; complete ones already
+  // queued can still be iterated). Idempotent.
+  void stop() {
+    {
+      std::lock_guard lock(shared_->mutex);
+      shared_->closing = true;
+      shared_->changed.notify_all();
+    }
+    {
+      nb::gil_scoped_release nogil;  // session threads may be waiting for the GIL (callback)
+      shared_->stop_receiver();
+      std::thread stopper;
+      {
+        std::lock_guard lock(shared_->mutex);
+        stopper = std::move(shared_->stopper);
+      }
+      if (stopper.joinable()) stopper.join();
+    }
+    shared_->callback = nb::object();  // no session thread is left to call it
+  }
+
+  void close() {
+    stop();
+    raise_callback_error();
+  }
+
+  // Iterator mode: the next (sender, device, seq, memoryview); StopIteration once
+  // exit_after_senders have ended (or the receiver was closed) and every queued message is out.
+  nb::tuple next() {
+    if (shared_->callback_mode) {
+      check({Code::kInvalidArgument, "this Receiver delivers to its callback; iterate one made without a callback"});
+    }
+    std::optional<Delivered> item;
+    RxShared& s = *shared_;
+    wait_interruptibly(s.mutex, s.changed, [&] {
+      if (!s.queue.empty()) {
+        item = std::move(s.queue.front());
+        s.queue.pop_front();
+        s.changed.notify_all();  // room for a waiting sink
+        return true;
+      }
+      return s.closing || done_locked();
+    });
+    if (!item) throw nb::stop_iteration();
+    nb::object view = nb::steal(PyMemoryView_FromObject(nb::cast(std::move(item->data)).ptr()));
+    if (!view.is_valid()) throw nb::python_error();
+    return nb::make_tuple(item->sender, item->device, item->seq, view);
+  }
+
+  // Waits until `senders` sessions (default exit_after_senders) have ended; false on timeout.
+  bool wait(std::optional<uint64_t> senders, std::optional<double> timeout) {
+    if (!senders) senders = exit_after_;
+    if (!senders) check({Code::kInvalidArgument, "wait() needs senders=N (or Receiver(..., exit_after_senders=N))"});
+    std::optional<Clock::time_point> deadline;
+    if (timeout) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
+    RxShared& s = *shared_;
+    bool ok = wait_interruptibly(s.mutex, s.changed, [&] { return s.ended.size() >= *senders || s.failed; }, deadline);
+    raise_callback_error();
+    return ok;
+  }
+
+  nb::list sessions() const {
+    std::lock_guard lock(shared_->mutex);
+    nb::list out;
+    for (const auto& r : shared_->ended) out.append(report_dict(r));
+    return out;
+  }
+  nb::list live() const {
+    nb::list out;
+    if (receiver_) {
+      for (const auto& r : receiver_->live_sessions()) out.append(report_dict(r));
+    }
+    return out;
+  }
+  std::vector<std::string> events() const {
+    std::lock_guard lock(shared_->mutex);
+    return {shared_->events.begin(), shared_->events.end()};
+  }
+  const std::string& address() const { return address_; }
+
+  // Every receiver still open, stopped at interpreter exit (slotstream/__init__.py registers
+  // close_all with atexit) before Python can no longer run a callback.
+  static std::set<PyReceiver*>& live_receivers() {
+    static std::set<PyReceiver*> all;
+    return all;
+  }
+
+ private:
+  bool done_locked() const { return exit_after_ && shared_->ended.size() >= *exit_after_; }
+
+  void raise_callback_error() {
+    if (!shared_->error.is_valid()) return;
+    nb::object e = std::move(shared_->error);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+    throw nb::python_error();
+  }
+
+  std::unique_ptr<RxShared> shared_;
+  std::unique_ptr<Receiver> receiver_;
+  std::optional<uint64_t> exit_after_;
+  std::string address_;
+};
+
+}  // namespace
+
+namespace {
+
+// __enter__ returns the object; __exit__ calls `on_success` when the block ended normally and
+// `on_exception` otherwise, and never suppresses the exception.
+template <typename T, void (T::*on_success)(), void (T::*on_exception)()>
+void def_context_manager(nb::class_<T>& cls, const char* enter_signature) {
+  cls.def("__enter__", [](nb::handle self) { return self; }, nb::sig(enter_signature))
+      .def("__exit__",
+           [](T& self, nb::handle exc_type, nb::handle, nb::handle) {
+             (self.*(exc_type.is_none() ? on_success : on_exception))();
+             return false;
+           },
+           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none(),
+           nb::sig("def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, "
+                   "tb: types.TracebackType | None) -> bool"));
+}
+
+void bind_sender(nb::module_& m) {
+  nb::class_<PySender> cls(m, "Sender",
+                       "A connection to a slotstream receiver that carries the messages of several devices.\n\n"
+                       "Use it as a context manager: leaving the block normally waits until the receiver has\n"
+                       "stored every message (finish()); leaving it by an exception abandons the connection.");
+  cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, uint32_t,
+                    uint32_t, const std::vector<int>&, std::optional<std::string>>(),
+           "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
+           "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
+           "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(),
+           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
+           "and declares `devices`, the device numbers send() will use. Raises slotstream.Error\n"
+           "subclasses (ConnectFailed, Refused, InvalidArgument, ...) with the library's message.")
+      .def("send", &PySender::send, "device"_a, "data"_a,
+           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) -> None"),
+           "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
+           "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
+           "every block is in flight. Thread-safe.")
+      .def("finish", &PySender::finish,
+           "Waits until the receiver has stored every message, then closes the connection.")
+      .def("close", &PySender::close, "Abandons the connection without waiting (unfinished messages are lost).")
+      .def("stats", &PySender::stats,
+           nb::sig("def stats(self) -> dict[str, typing.Any]"),
+           "Counters: messages, bytes, per_device, held_skips (receiver blocks skipped because held),\n"
+           "connections (filled in by finish()).")
+      .def_prop_ro("transport", &PySender::transport, "'shm' or 'tcp': what the receiver chose.")
+      .def_prop_ro("name", [](const PySender& s) { return s.options().name; })
+      .def_prop_ro("protocol", [](const PySender& s) { return s.options().protocol; })
+      .def_prop_ro("blocks", [](const PySender& s) { return s.options().blocks; })
+      .def_prop_ro("block_size", [](const PySender& s) { return s.options().block_size; })
+      .def_prop_ro("devices", [](const PySender& s) {
+        return std::vector<int>(s.options().devices.begin(), s.options().devices.end());
+      })
+      .def_prop_ro("closed", &PySender::is_closed);
+  // Leaving the block normally waits for the receiver; leaving it by an exception abandons.
+  def_context_manager<PySender, &PySender::finish, &PySender::close>(cls, "def __enter__(self) -> Sender");
+}
+
+}  // namespace
+
+NB_MODULE(_slotstream, m) {
+  m.doc() = "slotstream's C++ library, bound for Python (use the `slotstream` package).";
+  // Objects still referenced from a script's globals through an exception's traceback are freed
+  // after nanobind's exit-time leak check runs; its warning would be noise for every such script.
+  nb::set_leak_warnings(false);
+  nb::class_<Frame>(m, "Frame", nb::type_slots(frame_slots),
+                    "A received message's bytes, owned by this object; read it through memoryview().");
+  bind_sender(m);
+
+  nb::class_<PyReceiver> receiver(m, "Receiver",
+                         "A passive receiver: senders connect to `listen` and their messages arrive, complete\n"
+                         "and in order per device, either at `callback(sender, device, seq, data)` or by iterating\n"
+                         "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.");
+  receiver.def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
+                    std::optional<uint64_t>, size_t>(),
+           "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
+           "exit_after_senders"_a = nb::none(), "max_queue"_a = 8,
+           nb::sig("def __init__(self, listen: str, callback: collections.abc.Callable[[str, int, int, memoryview], "
+                   "object] | None = None, *, transport: str = 'auto', token: str | None = None, "
+                   "exit_after_senders: int | None = None, max_queue: int = 8) -> None"),
+           "Listens on `listen` (\"HOST:PORT\"; port 0 picks one, see .address). With `callback`, it is\n"
+           "called from a receiver thread (one per connected sender) with the GIL held; if it raises,\n"
+           "the receiver stops (its senders see it gone) and wait()/close() raise that exception.\n"
+           "Without one, iterate the receiver;\n"
+           "at most `max_queue` messages wait in memory, then the sender is slowed down (back-pressure).\n"
+           "Iteration ends after `exit_after_senders` senders have ended, or after close().")
+      .def_prop_ro("address", &PyReceiver::address, "The bound \"HOST:PORT\".")
+      .def("__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))
+      .def("__next__", &PyReceiver::next,
+           nb::sig("def __next__(self) -> tuple[str, int, int, memoryview]"))
+      .def("wait", &PyReceiver::wait, "senders"_a = nb::none(), "timeout"_a = nb::none(),
+           "Waits until `senders` (default exit_after_senders) sender sessions have ended; False on timeout.\n"
+           "Raises the callback's exception if it raised.")
+      .def("close", &PyReceiver::close, "Stops the receiver (idempotent); raises the callback's exception if any.")
+      .def("sessions", &PyReceiver::sessions, nb::sig("def sessions(self) -> list[dict[str, typing.Any]]"),
+           "Reports of the sender sessions that have ended: sender, finished, reason, messages, bytes, gaps, ...")
+      .def("live", &PyReceiver::live, nb::sig("def live(self) -> list[dict[str, typing.Any]]"),
+           "Counters of the sessions being served now.")
+      .def("events", &PyReceiver::events, "Recent receiver events (refused senders, back-pressure), oldest first.");
+  // Leaving the block by an exception stops without raising the callback's: it would hide that one.
+  def_context_manager<PyReceiver, &PyReceiver::close, &PyReceiver::stop>(receiver, "def __enter__(self) -> Receiver");
+
+  m.def("close_all", [] {
+    for (PyReceiver* r : std::vector<PyReceiver*>(PyReceiver::live_receivers().begin(), PyReceiver::live_receivers().end())) {
+      r->stop();
+    }
+  }, "Stops every open Receiver (registered with atexit).");
+  m.def("protocols", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& p : slotstream::protocols()) out.emplace_back(p.name, p.summary);
+    return out;
+  }, "The protocols this build knows: (name, summary) pairs.");
+  m.attr("DEFAULT_BLOCKS") = kDefaultBlocks;
+  m.attr("DEFAULT_BLOCK_SIZE") = kDefaultBlockSize;
+}

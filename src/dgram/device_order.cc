@@ -1,0 +1,80 @@
+#include "dgram/device_order.h"
+
+#include <climits>
+
+namespace slotstream::dgram {
+
+DeviceOrder::Check DeviceOrder::check(uint32_t msn) const {
+  if (msn < next_) return Check::kReleased;
+  if (msn - next_ > kMaxAhead) return Check::kTooFarAhead;
+  return Check::kOk;
+}
+
+void DeviceOrder::seen(uint32_t msn, int64_t now_ns) {
+  if (check(msn) != Check::kOk || done_.contains(msn)) return;
+  active_.insert(msn);
+  if (msn >= seen_end_) {
+    if (msn > seen_end_) gaps_[seen_end_] = {msn, now_ns};
+    seen_end_ = uint64_t(msn) + 1;
+    return;
+  }
+  // A message inside a gap turned up after all: split the gap around it.
+  auto it = gaps_.upper_bound(msn);
+  if (it == gaps_.begin()) return;
+  --it;
+  if (msn >= it->second.end) return;
+  const Gap g = it->second;
+  const uint64_t first = it->first;
+  gaps_.erase(it);
+  if (first < msn) gaps_[first] = {msn, g.since_ns};
+  if (uint64_t(msn) + 1 < g.end) gaps_[uint64_t(msn) + 1] = {g.end, g.since_ns};
+}
+
+void DeviceOrder::finished(Completion c, int64_t now_ns) {
+  const uint32_t msn = c.msn;
+  seen(msn, now_ns);  // a one-segment message finishes when it is first seen
+  if (!active_.erase(msn)) return;
+  done_.emplace(msn, std::move(c));
+}
+
+void DeviceOrder::fin(uint64_t count, int64_t now_ns) {
+  if (fin_count_) return;
+  fin_count_ = count;
+  if (count > seen_end_) {
+    gaps_[seen_end_] = {count, now_ns};
+    seen_end_ = count;
+  }
+}
+
+void DeviceOrder::poll(int64_t now_ns, std::vector<Release>* out) {
+  for (;;) {
+    if (fin_count_ && next_ >= *fin_count_) return;
+    auto d = done_.find(next_);
+    if (d != done_.end()) {
+      Release r;
+      r.msn = uint32_t(next_);
+      r.kind = d->second.outcome == Outcome::kComplete ? Kind::kComplete : Kind::kIncomplete;
+      r.completion = std::move(d->second);
+      done_.erase(d);
+      out->push_back(std::move(r));
+      ++next_;
+      continue;
+    }
+    if (active_.contains(next_)) return;  // its own timer will finish it
+    auto g = gaps_.begin();
+    if (g == gaps_.end() || g->first > next_) return;  // not known to exist yet
+    if (now_ns - g->second.since_ns < timeout_ns_) return;
+    out->push_back(Release{uint32_t(next_), Kind::kLost, std::nullopt});
+    ++next_;
+    const Gap rest = g->second;
+    gaps_.erase(g);
+    if (next_ < rest.end) gaps_[next_] = rest;
+  }
+}
+
+int64_t DeviceOrder::next_deadline() const {
+  if (gaps_.empty()) return INT64_MAX;
+  return gaps_.begin()->second.since_ns + timeout_ns_;
+}
+
+}  // namespace slotstream::dgram

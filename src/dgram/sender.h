@@ -1,0 +1,90 @@
+// The sending end of the datagram transport: a queue pair bound to its own UDP socket (UD, RD)
+// or TCP connection (RC), one session with one receiver.
+//
+//   connect (HELLO -> ACCEPT: the receiver's STags and region length)
+//   send(device, message) ...          messages of one device are numbered 0, 1, 2, ... (the MSN)
+//   finish (FIN -> FIN_ACK: what the receiver made of every message)
+//
+// How a message travels depends on the protocol (dgram/protocols.h):
+//   write_record  RDMA Write-Record segments to STag ring[device][msn % ring], TO = byte offset,
+//                 MSN present; the last one flagged L. Completes at the sender when the last
+//                 segment is handed to UDP (patent: "the source completes the operation at the
+//                 moment that the last bit of the message is passed to transport layer").
+//   dgram_send    Send segments on queue number = device, MSN, MO = byte offset.
+//   dgram_rd      the same, each datagram sequenced and kept until acknowledged (dgram/rd.h); a
+//                 send waits while the receiver's credits are used up.
+//   dgram_rc      RDMA Write segments (no MSN) to the STag, then a Send on queue = device whose
+//                 12-byte payload (u32 STag, u64 length) says the message is in place — RDMA
+//                 Write over a reliable connection notified by a send (patent, "RDMA Write Over
+//                 Datagrams").
+// Threading: every public function may be called from any thread; calls are serialised
+// internally. Messages of one device must not be sent from two threads at once (their order
+// would be undefined).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dgram/control.h"
+#include "dgram/injector.h"
+#include "slotstream/status.h"
+
+namespace slotstream::dgram {
+
+struct SenderOptions {
+  std::string host;
+  uint16_t port = 0;
+  std::string name;
+  std::string protocol = "write_record";
+  std::vector<uint16_t> devices;
+  uint32_t ring = 4;                    // STags per device (receives posted per device for Send)
+  uint64_t max_message = 1u << 20;      // the largest message this sender will send
+  uint32_t segment_size = 8192;         // payload bytes per segment (one datagram)
+  InjectOptions inject;                 // faults on the datagrams this end sends
+  size_t socket_buffer = 8u << 20;
+  int64_t handshake_timeout_ns = 5'000'000'000;
+  int64_t finish_timeout_ns = 30'000'000'000;  // for FIN_ACK after the last message
+};
+
+struct SenderStats {
+  uint64_t messages = 0;
+  uint64_t bytes = 0;
+  uint64_t datagrams = 0;               // segments sent, retransmissions and control included
+  uint64_t retransmits = 0;             // RD
+  uint64_t timeouts = 0;                // RD: retransmission timer fired
+  uint64_t credit_waits = 0;            // RD: sends that waited for credits
+  uint64_t injected_loss = 0, injected_corrupt = 0, injected_duplicate = 0, injected_reorder = 0;
+  std::map<uint16_t, uint64_t> per_device;
+};
+
+class DatagramSender {
+ public:
+  using FillFn = std::function<Status(uint64_t offset, std::span<std::byte> dst)>;
+
+  // Resolves, binds, and runs the handshake. *out is set only on success.
+  static Status connect(const SenderOptions& options, std::unique_ptr<DatagramSender>* out);
+  ~DatagramSender();
+
+  Status send(uint16_t device, std::span<const std::byte> message);
+  // A message of `length` bytes written by `fill` (called once, for the whole message).
+  Status send_with(uint16_t device, uint64_t length, const FillFn& fill);
+  // FIN, then waits for the receiver's FIN_ACK (RD: after every datagram is acknowledged).
+  Status finish(FinAck* report);
+
+  SenderStats stats() const;
+  const std::string& protocol() const;
+  uint32_t segment_size() const;
+
+  struct Impl;
+
+ private:
+  explicit DatagramSender(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slotstream::dgram

@@ -1,0 +1,61 @@
+// The target side of the tagged operations: registered regions named by STags, RDMA
+// Write-Record into them (with its record of valid bytes), and plain RDMA Write (the RC baseline).
+//
+// RDMA Write-Record (patent, "RDMA Write-Record" and "Packet Loss Design Considerations"):
+//   - a segment is placed at its tagged offset in the STag's region as it arrives, in any order;
+//     the target records which bytes are valid (a RangeSet) — no receive is posted, no reply sent;
+//   - segments are told apart by (source, STag, MSN): "we only store state information for
+//     currently active operations", one message per (source, STag) at a time; "when a message
+//     segment arrives with an MSN greater than that of another outstanding operation on that
+//     STag/IP/port, we discard the previous message and do not deliver it" (Outcome::kRetired);
+//   - a message completes when its is_last segment has arrived and every byte before it is
+//     valid, or its timer, "started upon the first reception of a message segment", fires
+//     (Outcome::kIncomplete: the consumer decides to keep it as a partial message or drop it).
+//
+// One TaggedTarget serves one source (a session), so the source is implied. Regions are
+// allocated when a message starts and handed to the consumer with its completion (a user-space
+// stack has no NIC memory to keep pinned). Threading: one thread (the receiver's network thread).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "dgram/placement.h"
+
+namespace slotstream::dgram {
+
+class TaggedTarget {
+ public:
+  explicit TaggedTarget(int64_t timeout_ns) : timeout_ns_(timeout_ns) {}
+
+  void add_region(uint32_t stag, uint64_t length);
+
+  // RDMA Write-Record segment. Completions (this message's, or a retired older one's) are
+  // appended to *out.
+  Placed write_record(uint32_t stag, uint32_t msn, uint64_t offset, std::span<const std::byte> payload, bool last,
+                      int64_t now_ns, std::vector<Completion>* out);
+  // Plain RDMA Write segment (RC): placed, nothing recorded for the consumer; the Send that
+  // follows it on the same reliable stream says the data is there (take_written).
+  Placed write(uint32_t stag, uint64_t offset, std::span<const std::byte> payload, int64_t now_ns);
+  // The RC notification: the region's first `length` bytes are message `msn`.
+  std::optional<Completion> take_written(uint32_t stag, uint32_t msn, uint64_t length, int64_t now_ns);
+
+  // Ends every Write-Record message whose timer has fired (Outcome::kIncomplete).
+  void expire(int64_t now_ns, std::vector<Completion>* out);
+  int64_t next_deadline() const;  // INT64_MAX when nothing is outstanding
+  size_t outstanding() const;
+
+ private:
+  struct Region {
+    uint64_t length = 0;
+    std::optional<Assembly> active;
+    uint32_t floor = 0;  // every MSN below it is finished on this STag: later segments are stale
+  };
+  int64_t timeout_ns_;
+  std::map<uint32_t, Region> regions_;
+};
+
+}  // namespace slotstream::dgram

@@ -1,0 +1,55 @@
+// Replies (ACKs, credits) that a receiver sends from its consumer thread on the sender's reply
+// endpoint: UCX may keep a reply's header until its request completes (e.g. the shared-memory
+// FIFO to the sender is full), so the header lives here until then. Used by the protocols with
+// two-sided notifications (sliding_window, packed_ring, nic_assisted).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "fabric/fabric.h"
+
+namespace slotstream::protocol {
+
+// Threading: the thread that progresses `worker` (the session's consumer).
+template <class Header>
+class ReplyQueue {
+ public:
+  explicit ReplyQueue(fabric::Worker& worker) : worker_(worker) {}
+  ReplyQueue(const ReplyQueue&) = delete;
+  ReplyQueue& operator=(const ReplyQueue&) = delete;
+  // Gives the last replies a moment to leave; a header whose reply is still stuck (the sender is
+  // gone) is leaked rather than freed under UCX.
+  ~ReplyQueue() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (!pending_.empty() && std::chrono::steady_clock::now() < deadline) {
+      worker_.progress();
+      reap();
+      if (!pending_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    for (auto& p : pending_) (void)p.second.release();
+  }
+
+  // Sends `header` as active message `id`; if it cannot leave at once, the next progress pushes it.
+  Status send(fabric::ReplyEp to, unsigned id, const Header& header) {
+    auto h = std::make_unique<Header>(header);
+    fabric::Request req;
+    Status st = worker_.am_reply(to, id, h.get(), sizeof(Header), &req);
+    if (req.pending()) pending_.push_back({std::move(req), std::move(h)});
+    reap();
+    return st;
+  }
+
+ private:
+  void reap() {
+    while (!pending_.empty() && pending_.front().first.check().code() != Code::kInProgress) pending_.pop_front();
+  }
+
+  fabric::Worker& worker_;
+  std::deque<std::pair<fabric::Request, std::unique_ptr<Header>>> pending_;
+};
+
+}  // namespace slotstream::protocol

@@ -1,0 +1,121 @@
+"""An installed slotstream (`cmake --install build --prefix P`) is usable without the source tree: a program
+outside the tree builds against it with find_package and with pkg-config and streams to the installed
+`slotstream recv`; the installed `slotstream bench` finds its orchestrator; the prefix can be moved."""
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BIN, REPO, TRANSPORTS, Receiver, parse_finished, seq_name
+
+BUILD = pathlib.Path(BIN).resolve().parent
+CONSUMER = REPO / "tests" / "install" / "consumer"
+
+
+def run(argv, timeout=300, **kw):
+    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
+    assert p.returncode == 0, f"{' '.join(map(str, argv))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory):
+    if not (BUILD / "CMakeCache.txt").exists():
+        pytest.fail(f"{BUILD} is not a CMake build directory (SLOTSTREAM_BIN={BIN}); build with scripts/build.sh")
+    p = tmp_path_factory.mktemp("install") / "prefix"  # outside the source tree
+    run(["cmake", "--install", BUILD, "--prefix", p])
+    return p
+
+
+def elf_dynamic(path):
+    return run(["readelf", "-d", path]).stdout
+
+
+def test_installed_layout(prefix):
+    for rel in ["bin/slotstream", "include/slotstream/slotstream.h", "include/slotstream/status.h",
+                "lib/cmake/slotstream/slotstreamConfig.cmake", "lib/cmake/slotstream/slotstreamConfigVersion.cmake",
+                "lib/cmake/slotstream/slotstreamTargets.cmake", "lib/pkgconfig/slotstream.pc",
+                "share/slotstream/bench/slotstream_bench.py", "share/slotstream/bench/plot.py",
+                "share/slotstream/bench/dgram_experiments.py", "share/slotstream/bench/dgram_plot.py",
+                "share/slotstream/workers/checksum.sh", "share/slotstream/workers/h264.sh",
+                "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py"]:
+        assert (prefix / rel).exists(), rel
+    assert os.access(prefix / "share/slotstream/workers/checksum.sh", os.X_OK)
+    libs = sorted(p.name for p in (prefix / "lib").glob("libslotstream*"))
+    # ... and the datagram transport's preload shim (LD_PRELOAD=P/lib/libslotstream_udp.so).
+    assert libs == ["libslotstream.so", "libslotstream.so.0.1", "libslotstream.so.0.1.0", "libslotstream_udp.so"], libs
+    assert "Library soname: [libslotstream.so.0.1]" in elf_dynamic(prefix / "lib/libslotstream.so.0.1.0")
+    assert "libslotstream" not in elf_dynamic(prefix / "bin/slotstream"), "the CLI is one self-contained binary"
+    assert not list(prefix.rglob("*.a")), "no static library is installed (it would leak UCX to consumers)"
+
+
+@pytest.fixture(scope="module")
+def consumers(prefix, tmp_path_factory):
+    """The consumer program built twice against the prefix: through find_package and through pkg-config."""
+    work = tmp_path_factory.mktemp("consumer")
+    run(["cmake", "-S", CONSUMER, "-B", work / "cmake", "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"])
+    run(["cmake", "--build", work / "cmake"])
+    env = dict(os.environ, PKG_CONFIG_PATH=str(prefix / "lib/pkgconfig"))
+    flags = run(["pkg-config", "--cflags", "--libs", "slotstream"], env=env).stdout.split()
+    libdir = run(["pkg-config", "--variable=libdir", "slotstream"], env=env).stdout.strip()
+    run(["c++", "-std=c++20", CONSUMER / "consumer.cc", *flags, f"-Wl,-rpath,{libdir}", "-o", work / "consumer-pc"])
+    return {"find_package": work / "cmake" / "consumer", "pkg-config": work / "consumer-pc"}
+
+
+def expected_message(device, i):
+    return f"consumer {device} {i} ".encode() + bytes([ord("a") + device]) * (i * 1000)
+
+
+@pytest.mark.deadline(240)
+@pytest.mark.parametrize("how", ["find_package", "pkg-config"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_consumer_streams_to_the_installed_receiver(prefix, consumers, tmp_path, how, transport):
+    program = consumers[how]
+    needed = elf_dynamic(program)
+    assert "libslotstream.so.0.1" in needed
+    assert "libucp" not in needed and "libspdlog" not in needed, "private dependencies leaked to the consumer"
+    out = tmp_path / "out"
+    rx = Receiver(["--out", out, "--transport", transport, "--exit-after-senders", "1"],
+                  binary=prefix / "bin" / "slotstream")
+    try:
+        host, port = rx.addr.rsplit(":", 1)
+        p = run([program, host, port, f"consumer-{transport}", transport], timeout=60)
+        assert f"over {transport}" in p.stdout
+        assert parse_finished(rx.stdout.next_line(15))["messages"] == 20
+        for d in (0, 1):
+            for i in range(10):
+                got = (out / f"consumer-{transport}" / f"device-{d}" / seq_name(i)).read_bytes()
+                assert got == expected_message(d, i), (d, i)
+    finally:
+        rx.terminate(10)
+
+
+@pytest.mark.deadline(240)
+def test_installed_bench_runs_outside_the_source_tree(prefix, tmp_path):
+    out = tmp_path / "bench"
+    p = run([prefix / "bin" / "slotstream", "bench", "latency", "--quick", "--out", out], timeout=200, cwd=tmp_path)
+    assert "== measured in" in p.stdout
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["errors"] == []
+    assert {r["experiment"] for r in doc["records"]} == {"latency"}
+    protocols = {r["protocol"] for r in doc["records"]}
+    assert {"status_byte", "sliding_window"} <= protocols, protocols
+    assert (out / "fig12_latency.png").stat().st_size > 1000
+
+
+def test_the_prefix_can_move(prefix, tmp_path):
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(prefix, moved, symlinks=True)
+    help_text = run([moved / "bin" / "slotstream", "--help"]).stdout
+    assert "recv" in help_text and "bench" in help_text
+    env = dict(os.environ, PKG_CONFIG_PATH=str(moved / "lib/pkgconfig"))
+    cflags = run(["pkg-config", "--cflags", "slotstream"], env=env).stdout
+    assert str(moved) in cflags, cflags
+    # bench finds the moved orchestrator (its --help comes from slotstream_bench.py itself)
+    assert "experiments:" in run([moved / "bin" / "slotstream", "bench", "--help"]).stdout
+    digest = hashlib.sha256((moved / "share/slotstream/bench/slotstream_bench.py").read_bytes()).hexdigest()
+    assert digest == hashlib.sha256((REPO / "bench/slotstream_bench.py").read_bytes()).hexdigest()

@@ -1,0 +1,193 @@
+"""slotstream.Sender against a real `slotstream recv`, over shm and tcp: numpy frames arrive byte-exact,
+every buffer type is read in place, errors are Python exceptions with the library's message, and a
+blocked send() lets other Python threads run."""
+import hashlib
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import slotstream
+from integration_helpers import LOST_RE, TRANSPORTS, parse_finished, seq_name, tree
+
+FRAME = (480, 640, 3)
+
+
+def digest(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def stored(out, sender, device, seq):
+    return (out / sender / f"device-{device}" / seq_name(seq)).read_bytes()
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_numpy_camera_frames_arrive_byte_exact(start_receiver, tmp_path, transport):
+    out = tmp_path / "out"
+    rx = start_receiver(out, transport, "--exit-after-senders", 1)
+    rng = np.random.default_rng(1)
+    cameras, frames = 12, 4
+    sent = {}  # (device, seq) -> sha256 of what was sent
+    with slotstream.Sender(rx.addr, name="py-cams", transport=transport, devices=range(cameras)) as tx:
+        assert tx.transport == transport and tx.devices == list(range(cameras))
+        frame = rng.integers(0, 256, FRAME, dtype=np.uint8)
+        for k in range(frames):
+            for cam in range(cameras):
+                frame[0, 0, 0], frame[-1, -1, -1] = k, cam  # the same array, changed in place between sends
+                tx.send(cam, frame)
+                sent[cam, k] = digest(frame.tobytes())
+        stats = tx.stats()
+    assert stats["messages"] == cameras * frames and stats["bytes"] == cameras * frames * frame.nbytes
+    report = parse_finished(rx.stdout.next_line(15))
+    assert report["messages"] == cameras * frames and report["gaps"] == 0
+    for (cam, k), want in sent.items():
+        assert digest(stored(out, "py-cams", cam, k)) == want, f"camera {cam} frame {k} differs"
+    assert len(tree(out)) == cameras * frames
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_buffer_type_is_sent_as_its_bytes(start_receiver, tmp_path, transport):
+    out = tmp_path / "out"
+    rx = start_receiver(out, transport, "--exit-after-senders", 1)
+    big = np.arange(300_000, dtype=np.float32)         # larger than a block: fragmented and reassembled
+    payloads = [b"", b"bytes", bytearray(b"bytearray"), memoryview(b"0123456789")[2:7], big,
+                np.arange(10, dtype=np.int64)[::1], array_module_buffer()]
+    with slotstream.Sender(rx.addr, name="py-bufs", transport=transport, block_size=65536, devices=[3]) as tx:
+        for p in payloads:
+            tx.send(3, p)
+        with pytest.raises(ValueError, match="C-contiguous"):
+            tx.send(3, np.arange(24).reshape(4, 6)[:, ::2])  # strided: not one run of bytes
+        with pytest.raises(ValueError, match="C-contiguous"):
+            tx.send(3, np.asfortranarray(np.arange(12).reshape(3, 4)))  # one run, but not in C order
+        with pytest.raises(TypeError, match="bytes-like"):
+            tx.send(3, "text is not bytes")
+        with pytest.raises(slotstream.InvalidArgument, match="device 4 was not declared"):
+            tx.send(4, b"x")
+    parse_finished(rx.stdout.next_line(15))
+    for seq, p in enumerate(payloads):
+        assert stored(out, "py-bufs", 3, seq) == bytes(memoryview(p).cast("B")), f"payload {seq} ({type(p).__name__})"
+    assert len(tree(out)) == len(payloads), "a rejected send() must send nothing"
+
+
+def array_module_buffer():
+    import array
+    return array.array("d", [1.5, -2.25, 1e300])
+
+
+@pytest.mark.deadline(60)
+def test_connection_errors_are_exceptions_with_the_librarys_message(start_receiver, tmp_path):
+    # Nothing listens on port 1.
+    with pytest.raises(slotstream.ConnectFailed, match=r"cannot connect to 127\.0\.0\.1:1") as e:
+        slotstream.Sender("127.0.0.1:1")
+    assert isinstance(e.value, ConnectionError) and e.value.code == "connect failed"
+
+    tcp_only = start_receiver(tmp_path / "a", "tcp")
+    with pytest.raises(slotstream.Refused, match="only accepts transport tcp") as e:
+        slotstream.Sender(tcp_only.addr, name="wrong-transport", transport="shm")
+    assert e.value.code == "refused"
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    guarded = start_receiver(tmp_path / "b", None, "--token-file", token)
+    with pytest.raises(slotstream.AuthFailed, match="requires a token"):
+        slotstream.Sender(guarded.addr, name="no-token")
+    with pytest.raises(slotstream.AuthFailed, match="wrong token"):
+        slotstream.Sender(guarded.addr, name="bad-token", token="guess")
+    with slotstream.Sender(guarded.addr, name="good-token", token="s3cret") as tx:
+        tx.send(0, b"authenticated")
+    assert (tmp_path / "b" / "good-token" / "device-0" / seq_name(0)).read_bytes() == b"authenticated"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"to": "no-port"}, "HOST:PORT"),
+    ({"to": "127.0.0.1:1", "transport": "rdma"}, "transport must be"),
+    ({"to": "127.0.0.1:1", "name": "has space"}, "sender name may only contain"),
+    ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, "block size must be"),
+    ({"to": "127.0.0.1:1", "name": "n", "protocol": "nope"}, "unknown protocol 'nope'"),
+    ({"to": "127.0.0.1:1", "name": "n", "devices": []}, "no devices declared"),
+    ({"to": "127.0.0.1:1", "name": "n", "devices": [1, 1]}, "declared twice"),
+    ({"to": "127.0.0.1:1", "name": "n", "devices": [70000]}, r"not in 0\.\.65535"),
+])
+def test_bad_options_raise_invalid_argument(kwargs, match):
+    with pytest.raises(slotstream.InvalidArgument, match=match) as e:
+        slotstream.Sender(**kwargs)
+    assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.deadline(60)
+def test_send_after_finish_and_finish_twice(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out", "shm")
+    tx = slotstream.Sender(rx.addr, name="once")
+    tx.send(0, b"one")
+    tx.finish()
+    tx.finish()  # idempotent
+    assert tx.closed and tx.stats()["messages"] == 1
+    with pytest.raises(slotstream.InvalidArgument, match="finished or closed"):
+        tx.send(0, b"two")
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_leaving_the_block_by_an_exception_abandons_and_keeps_it(start_receiver, tmp_path, transport):
+    out = tmp_path / "out"
+    rx = start_receiver(out, transport)
+    with pytest.raises(KeyError, match="camera unplugged"):
+        with slotstream.Sender(rx.addr, name="quitter", transport=transport, devices=[0]) as tx:
+            for i in range(3):
+                tx.send(0, bytes([i]) * 1000)
+            time.sleep(0.3)  # let the receiver store them before the connection goes
+            raise KeyError("camera unplugged")
+    assert tx.closed
+    line = rx.stdout.next_line(15)
+    assert LOST_RE.match(line), f"the receiver should report the sender lost: {line!r}"
+    assert [stored(out, "quitter", 0, i) for i in range(3)] == [bytes([i]) * 1000 for i in range(3)]
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_receiver_killed_raises_peer_gone(start_receiver, tmp_path, transport):
+    rx = start_receiver(tmp_path / "out", transport)
+    frame = np.zeros(FRAME, np.uint8)
+    tx = slotstream.Sender(rx.addr, name="orphan", transport=transport, devices=[0], blocks=4)
+    tx.send(0, frame)
+    rx.signal(signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    with pytest.raises(slotstream.PeerGone) as e:
+        while time.monotonic() < deadline:  # sends may still land in free blocks until the death is noticed
+            tx.send(0, frame)
+        tx.finish()
+    assert isinstance(e.value, ConnectionError)
+    assert re.search(r"receiver|die", str(e.value)), str(e.value)
+    tx.close()
+
+
+@pytest.mark.deadline(60)
+def test_a_blocked_send_releases_the_gil(tmp_path):
+    # A Python receiver that is not iterated holds its blocks (max_queue reached): send() blocks.
+    rx = slotstream.Receiver("127.0.0.1:0", transport="shm", max_queue=1, exit_after_senders=1)
+    sent = []
+
+    def produce():
+        with slotstream.Sender(rx.address, name="blocked", blocks=2, block_size=4096, devices=[0]) as tx:
+            for i in range(20):
+                tx.send(0, bytes([i]) * 100)
+                sent.append(i)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    time.sleep(1.0)
+    assert producer.is_alive() and len(sent) < 20, "send() should be blocked by the full receiver"
+    # This thread ran meanwhile (we are here), and keeps running while the producer waits:
+    spins, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < 0.3:
+        spins += 1
+    assert spins > 1000 and producer.is_alive()
+    got = [bytes(data) for _, _, _, data in rx]  # drains; ends when the producer's session ends
+    producer.join(10)
+    rx.close()
+    assert got == [bytes([i]) * 100 for i in range(20)] and sent == list(range(20))

@@ -1,0 +1,460 @@
+// `slotstream recv|send --transport udp` and `send --transport tcp --protocol dgram_rc`.
+#include "dgram_cli.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "dgram/protocols.h"
+#include "dgram/receiver.h"
+#include "dgram/sender.h"
+#include "dgram/stores.h"
+#include "metrics.h"
+#include "net/control_socket.h"
+#include "send_plan.h"
+
+namespace slotstream::tools {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kGroup = "Datagram transport (--transport udp, docs/design.md)";
+// How long a receiver told to exit after K senders stays to answer repeated FINs (the sender repeats every
+// 200 ms until it hears a FIN_ACK).
+constexpr int64_t kLinger = 1'000'000'000;
+
+// Options of the UCX path that mean nothing to the datagram transport.
+constexpr const char* kUcxOnlyRecv[] = {"--token-file", "--hold-block",     "--worker",           "--worker-dir",
+                                        "--worker-runtime", "--worker-cpus", "--worker-memory",   "--worker-image",
+                                        "--backlog-messages", "--backlog-bytes", "--keep-processed"};
+constexpr const char* kUcxOnlySend[] = {"--token-file", "--block-size"};
+constexpr const char* kInjectOptions[] = {"--inject-loss", "--inject-reorder", "--inject-duplicate", "--inject-corrupt",
+                                          "--inject-seed"};
+constexpr const char* kDgramOnlyRecv[] = {"--partial", "--message-timeout", "--session-timeout", "--max-message"};
+constexpr const char* kDgramOnlySend[] = {"--segment-size"};
+
+std::string value_of(CLI::App* app, const char* name) {
+  CLI::Option* o = app->get_option_no_throw(name);
+  return o && o->count() > 0 ? o->results().front() : "";
+}
+
+// Throws a usage error if one of `names` was given on `app`.
+template <size_t N>
+void refuse_given(CLI::App* app, const char* const (&names)[N], const std::string& why) {
+  for (const char* n : names) {
+    CLI::Option* o = app->get_option_no_throw(n);
+    if (o && o->count() > 0) throw CLI::ValidationError(n, why);
+  }
+}
+
+void add_inject_options(CLI::App* app, DgramArgs* a, const char* side) {
+  const std::string what = std::string("percent of the datagrams this end ") + side;
+  app->add_option("--inject-loss", a->inject_loss, "P: drop P " + what + " (tests; seeded)")->group(kGroup);
+  app->add_option("--inject-reorder", a->inject_reorder, "P: deliver P " + what + " after the next one")->group(kGroup);
+  app->add_option("--inject-duplicate", a->inject_duplicate, "P: duplicate P " + what)->group(kGroup);
+  app->add_option("--inject-corrupt", a->inject_corrupt, "P: flip one bit in P " + what + " (the CRC must catch it)")
+      ->group(kGroup);
+  app->add_option("--inject-seed", a->inject_seed, "seed of the fault injector (same seed, same faults)")
+      ->default_str("1")
+      ->group(kGroup);
+}
+
+Status parse_inject(const DgramArgs& a, dgram::InjectOptions* o) {
+  struct {
+    const std::string& text;
+    double* out;
+    const char* name;
+  } items[] = {{a.inject_loss, &o->loss, "--inject-loss"},
+               {a.inject_reorder, &o->reorder, "--inject-reorder"},
+               {a.inject_duplicate, &o->duplicate, "--inject-duplicate"},
+               {a.inject_corrupt, &o->corrupt, "--inject-corrupt"}};
+  for (auto& it : items) {
+    if (it.text.empty()) continue;
+    if (!dgram::parse_percent(it.text, it.out)) {
+      return {Code::kInvalidArgument, std::string(it.name) + " expects a percentage 0..100, got '" + it.text + "'"};
+    }
+  }
+  o->seed = a.inject_seed;
+  return Status::ok();
+}
+
+std::string protocol_list() {
+  std::string s;
+  for (const auto& p : dgram::protocols()) s += "\n  " + std::string(p.name) + ": " + p.summary;
+  return s;
+}
+
+// ------------------------------------------------------------------------------------ recv
+
+std::string report_line(const dgram::SessionReport& r) {
+  const dgram::DeviceReport t = dgram::device_totals(r);
+  const auto& c = r.counters;
+  std::ostringstream o;
+  if (r.finished) {
+    // The UCX receiver's line (docs/cli-contract.md) with the datagram counters after it:
+    // messages = complete ones, gaps = messages of which nothing arrived.
+    o << "sender " << r.name << " finished: messages=" << t.complete << " bytes=" << t.valid_bytes << " gaps=" << t.lost
+      << " duplicates=" << c.duplicates << " unknown_device=" << c.unknown << " out_of_window=" << c.out_of_bounds;
+  } else {
+    o << "sender " << r.name << " lost: kept " << t.complete << " complete messages, discarded " << t.dropped
+      << " partial (" << r.reason << ");";
+  }
+  o << " transport=" << (r.protocol == "dgram_rc" ? "tcp" : "udp") << " protocol=" << r.protocol << " sent=" << t.sent
+    << " partial=" << t.partial << " dropped=" << t.dropped << " lost=" << t.lost << " retired=" << t.retired
+    << " crc_errors=" << c.crc_errors << " malformed=" << c.malformed << " stale=" << c.stale
+    << " datagrams=" << c.datagrams;
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.2f", r.seconds);
+  o << " seconds=" << secs;
+  return o.str();
+}
+
+// /metrics for the datagram receiver: ended sessions' counters (Prometheus counters never go back)
+// plus the live ones, from one snapshot.
+std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramReceiver& rx) {
+  using prometheus::MetricType;
+  const dgram::DatagramReceiver::Snapshot snap = rx.snapshot();
+  std::map<std::string, dgram::SessionReport> totals = snap.ended;
+  for (const auto& r : snap.live) dgram::accumulate(&totals[r.name], r);
+  std::vector<prometheus::MetricFamily> out;
+  struct DeviceCounter {
+    const char* name;
+    const char* help;
+    uint64_t dgram::DeviceReport::*field;
+  };
+  for (DeviceCounter c :
+       {DeviceCounter{"slotstream_messages_total", "Complete messages stored.", &dgram::DeviceReport::complete},
+        DeviceCounter{"slotstream_bytes_total", "Valid bytes of stored messages (complete and partial).",
+                      &dgram::DeviceReport::valid_bytes},
+        DeviceCounter{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
+                      &dgram::DeviceReport::partial},
+        DeviceCounter{"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &dgram::DeviceReport::dropped},
+        DeviceCounter{"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &dgram::DeviceReport::lost},
+        DeviceCounter{"slotstream_dgram_retired_total",
+                      "Incomplete messages displaced by a newer MSN on their STag (counted in dropped).",
+                      &dgram::DeviceReport::retired}}) {
+    prometheus::MetricFamily f{c.name, c.help, MetricType::Counter, {}};
+    for (const auto& [sender, t] : totals) {
+      for (const auto& [d, r] : t.devices) {
+        f.metric.push_back(sample({{"sender", sender}, {"device", std::to_string(d)}}, MetricType::Counter,
+                                  double(r.*c.field)));
+      }
+    }
+    out.push_back(std::move(f));
+  }
+  struct Counter {
+    const char* name;
+    const char* help;
+    uint64_t dgram::DatagramCounters::*field;
+  };
+  for (Counter c : {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.",
+                            &dgram::DatagramCounters::datagrams},
+                    Counter{"slotstream_dgram_crc_errors_total", "Datagrams that failed their CRC32C: never delivered.",
+                            &dgram::DatagramCounters::crc_errors},
+                    Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.",
+                            &dgram::DatagramCounters::malformed},
+                    Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.",
+                            &dgram::DatagramCounters::truncated},
+                    Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.",
+                            &dgram::DatagramCounters::stale},
+                    Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.",
+                            &dgram::DatagramCounters::duplicates},
+                    Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.",
+                            &dgram::DatagramCounters::out_of_bounds},
+                    Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.",
+                            &dgram::DatagramCounters::no_buffer},
+                    Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.",
+                            &dgram::DatagramCounters::unknown},
+                    Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.",
+                            &dgram::DatagramCounters::rd_duplicates},
+                    Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.",
+                            &dgram::DatagramCounters::rd_beyond_window},
+                    Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.",
+                            &dgram::DatagramCounters::acks_sent},
+                    Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.",
+                            &dgram::DatagramCounters::injected_loss},
+                    Counter{"slotstream_dgram_injected_corrupt_total", "Datagrams corrupted by --inject-corrupt.",
+                            &dgram::DatagramCounters::injected_corrupt},
+                    Counter{"slotstream_dgram_injected_duplicate_total", "Datagrams duplicated by --inject-duplicate.",
+                            &dgram::DatagramCounters::injected_duplicate},
+                    Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
+                            &dgram::DatagramCounters::injected_reorder}}) {
+    prometheus::MetricFamily f{c.name, std::string(c.help) + " (sender=\"\": no session's)", MetricType::Counter, {}};
+    for (const auto& [sender, t] : totals) {
+      f.metric.push_back(sample({{"sender", sender}}, MetricType::Counter, double(t.counters.*c.field)));
+    }
+    f.metric.push_back(sample({{"sender", ""}}, MetricType::Counter, double(snap.unattributed.*c.field)));
+    out.push_back(std::move(f));
+  }
+  prometheus::MetricFamily info{"slotstream_connection_info", "One per connected sender.", MetricType::Gauge, {}};
+  for (const auto& r : snap.live) {
+    info.metric.push_back(sample({{"sender", r.name},
+                                  {"protocol", r.protocol},
+                                  {"transport", r.protocol == "dgram_rc" ? "tcp" : "udp"}},
+                                 MetricType::Gauge, 1));
+  }
+  out.push_back(std::move(info));
+  out.push_back({"slotstream_sessions_ended_total", "Sender sessions that have ended.", MetricType::Counter,
+                 {sample({}, MetricType::Counter, double(snap.sessions_ended))}});
+  return out;
+}
+
+// ------------------------------------------------------------------------------------ send
+
+class DgramOut final : public MessageOut {
+ public:
+  DgramOut(dgram::DatagramSender& tx, uint16_t device) : tx_(tx), device_(device) {}
+  uint16_t device() const override { return device_; }
+  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
+    return tx_.send_with(device_, length, fill);
+  }
+  Status send(std::span<const std::byte> message) override { return tx_.send(device_, message); }
+
+ private:
+  dgram::DatagramSender& tx_;
+  uint16_t device_;
+};
+
+uint64_t largest_message(const Plan& plan) {
+  uint64_t m = 1;
+  for (const auto& [_, paths] : plan.files) {
+    for (const auto& p : paths) {
+      std::error_code ec;
+      m = std::max<uint64_t>(m, fs::file_size(p, ec));
+    }
+  }
+  if (!plan.videos.empty()) m = std::max<uint64_t>(m, kVideoFrame);
+  if (plan.synthetic) m = std::max(m, plan.synthetic->frame_bytes);
+  return m;
+}
+
+}  // namespace
+
+void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
+  recv->add_option("--partial", a->partial,
+                   "keep|drop: an RDMA Write-Record message still incomplete when its timer fires is stored as "
+                   "<SEQ>.partial (holes zero-filled) beside <SEQ>.valid (JSON [[offset, length], ...]), or counted "
+                   "and discarded")
+      ->check(CLI::IsMember({"keep", "drop"}))
+      ->default_str("drop")
+      ->group(kGroup);
+  recv->add_option("--message-timeout", a->message_timeout_ms,
+                   "MS from a message's first segment until it is given up as incomplete (and from a later message "
+                   "until one of which nothing arrived counts as lost)")
+      ->check(CLI::Range(1.0, 600000.0))
+      ->default_str("200")
+      ->group(kGroup);
+  recv->add_option("--session-timeout", a->session_timeout_s, "S of silence after which a UDP sender is lost")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->default_str("30")
+      ->group(kGroup);
+  recv->add_option("--max-message", a->max_message, "largest message (region) a sender may announce, bytes")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 32))
+      ->default_str(std::to_string(64 << 20))
+      ->group(kGroup);
+  add_inject_options(recv, a, "receives");
+  send->add_option("--segment-size", a->segment_size,
+                   "payload bytes per datagram segment (udp: 64..65455; 1408 fits a 1500-byte Ethernet MTU)")
+      ->default_str("8192")
+      ->group(kGroup);
+  add_inject_options(send, a, "sends");
+  a->protocol_opt = send->get_option("--protocol");
+  a->protocol_opt->description(a->protocol_opt->get_description() +
+                               "\ndatagram protocols (--transport udp; dgram_rc: --transport tcp):" + protocol_list());
+
+  recv->parse_complete_callback([recv] {
+    if (value_of(recv, "--transport") == "udp") {
+      refuse_given(recv, kUcxOnlyRecv, "does not apply to --transport udp");
+    } else {
+      refuse_given(recv, kDgramOnlyRecv, "applies to --transport udp only");
+      refuse_given(recv, kInjectOptions, "applies to --transport udp only");
+    }
+  });
+  send->parse_complete_callback([send] {
+    const std::string t = value_of(send, "--transport"), p = value_of(send, "--protocol");
+    if (t == "udp" || dgram::find_protocol(p)) {
+      refuse_given(send, kUcxOnlySend, "does not apply to the datagram transport");
+    } else {
+      refuse_given(send, kDgramOnlySend, "applies to the datagram transport only (--transport udp)");
+      refuse_given(send, kInjectOptions, "applies to the datagram transport only (--transport udp)");
+    }
+  });
+}
+
+bool is_dgram_send(const SendArgs& a) { return a.transport == "udp" || dgram::find_protocol(a.protocol) != nullptr; }
+
+int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
+  dgram::ReceiverOptions o;
+  if (Status st = net::parse_host_port(args.listen, &o.host, &o.port); !st.is_ok()) {
+    print_error("recv", "--listen: " + st.message());
+    return kExitUsage;
+  }
+  if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {
+    print_error("recv", st.message());
+    return kExitUsage;
+  }
+  o.keep_partial = d.partial == "keep";
+  o.message_timeout_ns = int64_t(d.message_timeout_ms * 1e6);
+  o.session_timeout_ns = int64_t(d.session_timeout_s * 1e9);
+  o.max_message = d.max_message;
+  if (args.discard) {
+    o.make_store = [](const std::string&, std::unique_ptr<dgram::MessageStore>* s) {
+      *s = std::make_unique<dgram::NullStore>();
+      return Status::ok();
+    };
+  } else {
+    if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
+      print_error("recv", st.message());
+      return kExitError;
+    }
+    const fs::path out = args.out;
+    o.make_store = [out](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
+      *s = std::make_unique<dgram::DirStore>(out / name);
+      return Status::ok();
+    };
+  }
+  o.on_session_end = [](const dgram::SessionReport& r) { print_line(stdout, report_line(r)); };
+  o.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+
+  const sigset_t sigs = block_stop_signals();
+  std::unique_ptr<dgram::DatagramReceiver> rx;
+  if (Status st = dgram::DatagramReceiver::start(std::move(o), &rx); !st.is_ok()) {
+    print_error("recv", st.to_string());
+    return kExitError;
+  }
+  std::unique_ptr<MetricsServer> metrics;
+  if (!args.metrics.empty()) {
+    const dgram::DatagramReceiver* r = rx.get();
+    Status st = MetricsServer::start(args.metrics, [r] { return collect_metrics(*r); }, &metrics);
+    if (!st.is_ok()) {
+      print_error("recv", "--metrics: " + st.message());
+      return kExitError;
+    }
+    print_line(stderr, "slotstream recv: metrics on http://" + metrics->address() + "/metrics");
+  }
+  print_line(stdout, "listening on " + rx->listen_address());
+  // After the last sender, linger while FINs are still being repeated (a lost FIN_ACK), then exit.
+  wait_for_stop(sigs, [&] {
+    return args.exit_after > 0 && rx->sessions_ended() >= args.exit_after && rx->since_last_fin_ack_ns() > kLinger;
+  });
+  rx->stop();
+  metrics.reset();
+  return kExitOk;
+}
+
+int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
+  const bool protocol_given = d.protocol_opt && d.protocol_opt->count() > 0;
+  const std::string protocol = protocol_given ? a.protocol : dgram::kDefaultProtocol;
+  const dgram::Protocol* proto = dgram::find_protocol(protocol);
+  if (!proto) {
+    print_error("send", "--protocol " + protocol + " runs over UCX (--transport shm|tcp); over udp:" + protocol_list());
+    return kExitUsage;
+  }
+  const std::string want = proto->over_tcp() ? "tcp" : "udp";
+  if (a.transport != want) {
+    print_error("send", std::string("--protocol ") + proto->name + " runs over " + want + ": give --transport " + want);
+    return kExitUsage;
+  }
+  dgram::SenderOptions o;
+  if (a.to.find(',') != std::string::npos) {
+    print_error("send", "--to: the datagram transport sends to one receiver");
+    return kExitUsage;
+  }
+  if (Status st = net::parse_host_port(a.to, &o.host, &o.port); !st.is_ok()) {
+    print_error("send", "--to: " + st.message());
+    return kExitUsage;
+  }
+  Plan plan;
+  if (Status st = plan_send(a, &plan, &o.name); !st.is_ok()) {
+    print_error("send", st.message());
+    return kExitUsage;
+  }
+  if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {
+    print_error("send", st.message());
+    return kExitUsage;
+  }
+  o.protocol = proto->name;
+  o.devices = plan.devices();
+  o.ring = a.blocks;
+  o.segment_size = d.segment_size;
+  o.max_message = largest_message(plan);
+
+  std::unique_ptr<dgram::DatagramSender> tx;
+  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
+    print_error("send", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds();
+  // One filler thread per device, as `send` does over UCX.
+  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
+  dgram::FinAck report;
+  Status st = fillers.join();
+  Status fin = tx->finish(&report);
+  if (st.is_ok()) st = fin;
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!st.is_ok()) {
+    print_error("send", st.message());
+    return kExitError;
+  }
+  const dgram::SenderStats s = tx->stats();
+  dgram::DeliveryCounts total;
+  nlohmann::json per = nlohmann::json::object();
+  for (const auto& dev : report.devices) {
+    const auto& c = dev.counts;
+    total.complete += c.complete;
+    total.partial += c.partial;
+    total.dropped += c.dropped;
+    total.lost += c.lost;
+    total.valid_bytes += c.valid_bytes;
+    per[std::to_string(dev.device)] = {{"sent", s.per_device.contains(dev.device) ? s.per_device.at(dev.device) : 0},
+                                       {"complete", c.complete}, {"partial", c.partial}, {"dropped", c.dropped},
+                                       {"lost", c.lost}, {"valid_bytes", c.valid_bytes}};
+  }
+  if (total.complete != s.messages) {
+    std::fprintf(stderr,
+                 "slotstream send: the receiver stored %llu of %llu messages complete (%llu partial, %llu dropped, "
+                 "%llu lost)%s\n",
+                 (unsigned long long)total.complete, (unsigned long long)s.messages, (unsigned long long)total.partial,
+                 (unsigned long long)total.dropped, (unsigned long long)total.lost,
+                 total.dropped > 0 && !proto->over_tcp() && proto->service == dgram::Service::kUD
+                     ? "; a message not complete within the receiver's --message-timeout of its first segment is "
+                       "given up (UD has no retransmission: raise the timeout, or use dgram_rd)"
+                     : "");
+  }
+  if (a.json) {
+    nlohmann::json j;
+    j["messages"] = s.messages;
+    j["bytes"] = s.bytes;
+    j["seconds"] = secs;
+    j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
+    j["cpu_seconds"] = cpu_seconds() - cpu0;
+    j["transport"] = want;
+    j["protocol"] = proto->name;
+    j["segment_size"] = o.segment_size;
+    j["blocks"] = o.ring;
+    j["datagrams"] = s.datagrams;
+    j["retransmits"] = s.retransmits;
+    j["retransmit_timeouts"] = s.timeouts;
+    j["credit_waits"] = s.credit_waits;
+    j["injected"] = {{"loss", s.injected_loss}, {"corrupt", s.injected_corrupt}, {"duplicate", s.injected_duplicate},
+                     {"reorder", s.injected_reorder}};
+    j["receiver"] = {{"complete", total.complete}, {"partial", total.partial}, {"dropped", total.dropped},
+                     {"lost", total.lost}, {"valid_bytes", total.valid_bytes}, {"devices", per}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace slotstream::tools

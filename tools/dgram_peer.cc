@@ -1,0 +1,237 @@
+// `slotstream dgram-peer recv|send`: the measuring processes of the benchmark's datagram
+// experiments (bench/dgram_experiments.py, docs/bench-peer.md). Like bench-peer, each prints JSON
+// lines and nothing is stored: the receiver times every message at the moment the stack finished
+// it (complete, or its timer fired), and the sender writes its CLOCK_MONOTONIC send time into the
+// first 8 bytes of every message (both ends run on one host, so the clocks agree).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "dgram/llp.h"
+#include "dgram/receiver.h"
+#include "dgram/sender.h"
+#include "dgram_cli.h"
+#include "net/control_socket.h"
+#include "send_plan.h"
+
+namespace slotstream::tools {
+namespace {
+
+struct Samples {
+  std::mutex mu;
+  std::vector<int64_t> arrivals_ns, latencies_ns;
+  int64_t first_ns = 0;
+};
+
+// Counts and times messages; stores nothing.
+class MeasuringStore final : public dgram::MessageStore {
+ public:
+  explicit MeasuringStore(std::shared_ptr<Samples> s) : s_(std::move(s)) {}
+  Status store(const dgram::Delivered& m) override {
+    std::lock_guard lock(s_->mu);
+    if (s_->first_ns == 0 || m.first_ns < s_->first_ns) s_->first_ns = m.first_ns;
+    s_->arrivals_ns.push_back(m.done_ns);
+    if (!m.partial && m.data.size() >= 8) {
+      int64_t stamp = 0;
+      std::memcpy(&stamp, m.data.data(), 8);
+      s_->latencies_ns.push_back(m.done_ns - stamp);
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::shared_ptr<Samples> s_;
+};
+
+long peak_rss_kb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+int run_peer_recv(const DgramPeerArgs& a) {
+  dgram::ReceiverOptions o;
+  if (Status st = net::parse_host_port(a.listen, &o.host, &o.port); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return kExitUsage;
+  }
+  o.keep_partial = a.faults.partial == "keep";
+  o.message_timeout_ns = int64_t(a.faults.message_timeout_ms * 1e6);
+  o.session_timeout_ns = 10'000'000'000;
+  if (!a.faults.inject_loss.empty() && !dgram::parse_percent(a.faults.inject_loss, &o.inject.loss)) {
+    print_error("dgram-peer", "--inject-loss expects a percentage");
+    return kExitUsage;
+  }
+  o.inject.seed = a.faults.inject_seed;
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<Samples>> samples;
+  o.make_store = [&](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
+    auto x = std::make_shared<Samples>();
+    std::lock_guard lock(mu);
+    samples[name] = x;
+    *s = std::make_unique<MeasuringStore>(x);
+    return Status::ok();
+  };
+  const double cpu0 = cpu_seconds();
+  o.on_session_end = [&](const dgram::SessionReport& r) {
+    std::shared_ptr<Samples> x;
+    {
+      std::lock_guard lock(mu);
+      x = samples[r.name];
+      samples.erase(r.name);
+    }
+    nlohmann::json j;
+    const dgram::DeviceReport t = dgram::device_totals(r);
+    j["name"] = r.name;
+    j["protocol"] = r.protocol;
+    j["finished"] = r.finished;
+    j["reason"] = r.reason;
+    j["sent"] = t.sent;
+    j["bytes_sent"] = t.bytes_sent;
+    j["complete"] = t.complete;
+    j["partial"] = t.partial;
+    j["dropped"] = t.dropped;
+    j["lost"] = t.lost;
+    j["retired"] = t.retired;
+    j["valid_bytes"] = t.valid_bytes;
+    j["datagrams"] = r.counters.datagrams;
+    j["crc_errors"] = r.counters.crc_errors;
+    j["seconds"] = r.seconds;
+    j["cpu_seconds"] = cpu_seconds() - cpu0;
+    j["peak_rss_kb"] = peak_rss_kb();
+    if (x) {
+      std::lock_guard lock(x->mu);
+      j["first_ns"] = x->first_ns;
+      j["arrivals_ns"] = x->arrivals_ns;
+      j["latencies_ns"] = x->latencies_ns;
+    }
+    print_line(stdout, j.dump());
+  };
+  o.on_event = [](const std::string& text) { print_line(stderr, "dgram-peer recv: " + text); };
+  const sigset_t sigs = block_stop_signals();
+  std::unique_ptr<dgram::DatagramReceiver> rx;
+  if (Status st = dgram::DatagramReceiver::start(std::move(o), &rx); !st.is_ok()) {
+    print_error("dgram-peer", st.to_string());
+    return kExitError;
+  }
+  print_line(stdout, "listening on " + rx->listen_address());
+  // Linger while FINs are repeated (a lost FIN_ACK): see DatagramReceiver::since_last_fin_ack_ns.
+  wait_for_stop(sigs, [&] { return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack_ns() > 1'000'000'000; });
+  rx->stop();
+  return kExitOk;
+}
+
+int run_peer_send(const DgramPeerArgs& a) {
+  dgram::SenderOptions o;
+  if (Status st = net::parse_host_port(a.to, &o.host, &o.port); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return kExitUsage;
+  }
+  if (a.size < 8) {
+    print_error("dgram-peer", "--size must be at least 8 (the send time stamp)");
+    return kExitUsage;
+  }
+  if (!a.faults.inject_loss.empty() && !dgram::parse_percent(a.faults.inject_loss, &o.inject.loss)) {
+    print_error("dgram-peer", "--inject-loss expects a percentage");
+    return kExitUsage;
+  }
+  o.inject.seed = a.faults.inject_seed;
+  o.name = "peer";
+  o.protocol = a.protocol;
+  o.devices = {0};
+  o.ring = a.ring;
+  o.segment_size = a.segment_size;
+  o.max_message = a.size;
+  o.finish_timeout_ns = int64_t((a.max_seconds + 30) * 1e9);
+  std::unique_ptr<dgram::DatagramSender> tx;
+  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return kExitError;
+  }
+  std::vector<std::byte> msg(a.size);
+  for (size_t i = 8; i < msg.size(); ++i) msg[i] = std::byte(i * 131);
+  std::vector<int64_t> sends;
+  sends.reserve(a.count);
+  const double cpu0 = cpu_seconds();
+  const int64_t t0 = dgram::now_ns();
+  const int64_t stop = t0 + int64_t(a.max_seconds * 1e9);
+  for (uint64_t i = 0; i < a.count; ++i) {
+    const int64_t now = dgram::now_ns();
+    if (now > stop) break;
+    std::memcpy(msg.data(), &now, 8);
+    sends.push_back(now);
+    if (Status st = tx->send(0, msg); !st.is_ok()) {
+      print_error("dgram-peer", st.message());
+      return kExitError;
+    }
+    if (a.gap_us > 0) {
+      // Sleep most of the gap, spin the rest: one message in flight at a time, no drift.
+      const int64_t until = now + int64_t(a.gap_us * 1000);
+      if (until - dgram::now_ns() > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(until - dgram::now_ns() - 100'000));
+      while (dgram::now_ns() < until) {
+      }
+    }
+  }
+  const int64_t t_sent = dgram::now_ns();
+  dgram::FinAck report;
+  if (Status st = tx->finish(&report); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return kExitError;
+  }
+  const auto s = tx->stats();
+  nlohmann::json j;
+  j["messages"] = s.messages;
+  j["bytes"] = s.bytes;
+  j["seconds"] = double(dgram::now_ns() - t0) / 1e9;
+  j["send_seconds"] = double(t_sent - t0) / 1e9;
+  j["cpu_seconds"] = cpu_seconds() - cpu0;
+  j["datagrams"] = s.datagrams;
+  j["retransmits"] = s.retransmits;
+  j["credit_waits"] = s.credit_waits;
+  j["send_times_ns"] = sends;
+  j["peak_rss_kb"] = peak_rss_kb();
+  std::printf("%s\n", j.dump().c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+CLI::App* add_dgram_peer(CLI::App& app, DgramPeerArgs* a) {
+  auto* peer = app.add_subcommand("dgram-peer", "Measuring processes for the datagram experiments of `slotstream bench`.");
+  peer->group("");  // hidden
+  peer->require_subcommand(1);
+  auto* r = peer->add_subcommand("recv", "prints `listening on`, then one JSON line per sender");
+  r->add_option("--listen", a->listen, "HOST:PORT")->required();
+  r->add_option("--partial", a->faults.partial)->check(CLI::IsMember({"keep", "drop"}));
+  r->add_option("--message-timeout", a->faults.message_timeout_ms, "ms");
+  r->add_option("--inject-loss", a->faults.inject_loss, "percent");
+  r->add_option("--inject-seed", a->faults.inject_seed);
+  r->add_option("--sessions", a->sessions, "exit after K senders")->check(CLI::PositiveNumber);
+  auto* s = peer->add_subcommand("send", "sends COUNT messages of SIZE bytes, prints one JSON line");
+  s->add_option("--to", a->to, "HOST:PORT")->required();
+  s->add_option("--protocol", a->protocol);
+  s->add_option("--size", a->size)->required();
+  s->add_option("--count", a->count);
+  s->add_option("--segment-size", a->segment_size);
+  s->add_option("--blocks", a->ring, "STags / posted receives per device");
+  s->add_option("--gap-us", a->gap_us, "pause after each message");
+  s->add_option("--max-seconds", a->max_seconds, "stop sending after this long");
+  s->add_option("--inject-loss", a->faults.inject_loss, "percent");
+  s->add_option("--inject-seed", a->faults.inject_seed);
+  return peer;
+}
+
+int run_dgram_peer(const CLI::App* peer, const DgramPeerArgs& a) {
+  if (peer->got_subcommand("recv")) return run_peer_recv(a);
+  return run_peer_send(a);
+}
+
+}  // namespace slotstream::tools

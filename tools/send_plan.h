@@ -1,0 +1,88 @@
+// What `slotstream send` sends (files, directories, videos, synthetic cameras), parsed from its
+// options, and the functions that produce each device's messages into any message carrier: the
+// library's DeviceStream (UCX) or the datagram transport (tools/dgram_cli.cc).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace slotstream::tools {
+
+struct Synthetic {
+  uint32_t first = 0, last = 0;
+  double fps = 0;
+  uint64_t frame_bytes = 0;
+};
+
+// What each device sends, in order.
+struct Plan {
+  std::map<uint16_t, std::vector<std::filesystem::path>> files;
+  std::map<uint16_t, std::string> videos;
+  std::optional<Synthetic> synthetic;
+  std::vector<uint16_t> devices() const;
+};
+
+Status build_plan(const SendArgs& a, Plan* plan);
+// build_plan and the sender name (--name, or the host name), checked; kInvalidArgument says what is wrong.
+Status plan_send(const SendArgs& a, Plan* plan, std::string* name);
+
+// `--video` decodes into raw 640x480 rgb24 frames, one message each.
+inline constexpr int kVideoWidth = 640, kVideoHeight = 480;
+inline constexpr size_t kVideoFrame = size_t(kVideoWidth) * kVideoHeight * 3;
+
+// One device's outgoing messages, whatever carries them. Used by one filler thread.
+class MessageOut {
+ public:
+  virtual ~MessageOut() = default;
+  virtual uint16_t device() const = 0;
+  virtual Status send_with(uint64_t length, const DeviceStream::FillFn& fill) = 0;
+  virtual Status send(std::span<const std::byte> message) = 0;
+};
+
+// The library's DeviceStream as a MessageOut.
+class StreamOut final : public MessageOut {
+ public:
+  explicit StreamOut(DeviceStream& s) : s_(s) {}
+  uint16_t device() const override { return s_.device(); }
+  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override { return s_.send_with(length, fill); }
+  Status send(std::span<const std::byte> message) override { return s_.send(message); }
+
+ private:
+  DeviceStream& s_;
+};
+
+Status send_file(MessageOut& dev, const std::filesystem::path& path);
+Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration);
+Status send_video(MessageOut& dev, const std::string& source, bool realtime);
+
+// One filler thread per device of the plan, each sending through its own out_for(device). join() waits
+// for all of them and returns the first error any met. plan and a must outlive the threads.
+using OutFactory = std::function<std::unique_ptr<MessageOut>(uint16_t device)>;
+class Fillers {
+ public:
+  Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for);
+  ~Fillers() { (void)join(); }
+  Status join();
+
+ private:
+  void record(Status st);
+  std::mutex mutex_;
+  Status first_error_;
+  std::vector<std::thread> threads_;
+};
+
+double cpu_seconds();        // this process's user + system time
+std::string default_name();  // the sender name when --name is not given: the host name
+
+}  // namespace slotstream::tools
