@@ -24,9 +24,10 @@ STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "packed_ring:flush=idle": dict(color="tab:green", ls="--", marker="x"),
          "nic_assisted": dict(color="tab:purple", ls="-", marker="*"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
-         "tcp_socket": dict(color="tab:gray", ls=":", marker="v")}
+         "tcp_socket": dict(color="tab:gray", ls=":", marker="v"),
+         "ucx_perftest_put_bw": dict(color="black", ls=":", marker="1")}
 ORDER = ["status_byte", "sliding_window", "credit", "carc", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
-         "ucx_raw_put", "tcp_socket"]
+         "ucx_raw_put", "ucx_perftest_put_bw", "tcp_socket"]
 
 
 def style(protocol):
@@ -394,6 +395,23 @@ def targets(records):
                                     f"{spread_text(l1, '{:.0f}')} vs {spread_text(l2, '{:.0f}')}")
             rx = runs_of(records, "cameras", "cpu_receiver", protocol=sb, transport=t, variant=variant)
             tg.row(f"status_byte receiver CPU, 12 cameras ({variant.replace('_', ' ')})", t, rx, "{:.1f}%")
+        # Issue 11: the hot path against the fabric's own limits, in the same run.
+        lat = runs_of(records, "latency", "latency_p50_ratio_to_ucx", protocol=sb, transport=t, size_bytes=64)
+        tg.row("latency, 64 B, one message in flight: status_byte median ≤ 5x ucx_perftest put_lat", t, lat,
+               "{:.1f}x", 5, lower_is_better=True)
+        p99 = runs_of(records, "latency", "latency_p99", protocol=sb, transport=t, size_bytes=64)
+        tg.row("latency, 64 B: status_byte p99 ≤ 20 µs", t, p99, "{:.1f} µs", 20, lower_is_better=True)
+        a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=256, blocks=32)
+        b = runs_of(records, "put_bw", "throughput", protocol="ucx_perftest_put_bw", transport=t, size_bytes=256)
+        tg.row("messages/s at 256 B, 32 blocks: status_byte ≥ 0.5x ucx_perftest put_bw", t, ratio_runs(a, b),
+               "{:.2f}x", 0.5)
+        if t == "tcp":
+            for size in (65536, 1048576):
+                a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=size, blocks=32)
+                b = runs_of(records, "throughput", "throughput", protocol="tcp_socket", transport=t, size_bytes=size,
+                            blocks=32)
+                tg.row(f"throughput at {human(size)}, 32 blocks: status_byte ≥ 0.8x tcp_socket", t, ratio_runs(a, b),
+                       "{:.2f}x", 0.8)
         hb = runs_of(records, "held_block", "during_over_before", protocol=sb, transport=t)
         hw = runs_of(records, "held_block", "during_over_before", protocol=sw, transport=t)
         tg.row("held block (3 blocks, saturated): status_byte throughput during / before the hold", t, hb, "{:.2f}",
@@ -452,6 +470,14 @@ def report(doc, records, out, made):
     for b in sorted({r["blocks"] for r in records if r["experiment"] == "throughput"}):
         md += [f"### {b} blocks\n", table(records, "throughput", "throughput", blocks=b),
                "Ratio to ucx_raw_put:\n\n", table(records, "throughput", "throughput_ratio_to_ucx", "{:.2f}", blocks=b)]
+    if any(r["experiment"] == "put_bw" for r in records):
+        md += ["### UCX's own put bandwidth (`ucx_perftest -t ucp_put_bw`)\n",
+               "Puts back to back into one cache-hot buffer, no flow control, no delivery: the fabric's limit "
+               "that issue 11 compares the hot path with (ucx_raw_put above rotates over the receiver's blocks "
+               "and flushes like a protocol). MB/s:\n\n", table(records, "put_bw", "throughput", by_blocks=False),
+               "Millions of messages per second:\n\n",
+               table([dict(r, value=r["value"] / 1e6) for r in records if r["metric"] == "message_rate"], "put_bw",
+                     "message_rate", "{:.2f}", by_blocks=False)]
     md += ["## CPU, % of one core (Fig. 15)\n",
            "Per process, user+system time (getrusage, all threads) over the measured window: for the sender from "
            "the first message after the connection was set up until everything was confirmed stored; for the "

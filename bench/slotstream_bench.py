@@ -165,13 +165,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def perftest_latency(transport, size, iters, rank, timeout=120):
-    """The UCX one-way put latency ceiling for one size: `ucx_perftest -t ucp_put_lat` (a put
-    ping-pong, both sides polling the last byte of the buffer; it reports half the round trip).
-    Returns (percentile at `rank`, mean) in µs. The bench-peer's ucx_raw_put delivers nothing the
-    receiver could time, so the latency reference is UCX's own tool, same transport and size."""
+def perftest(transport, test, size, iters, extra=(), timeout=120):
+    """One `ucx_perftest -t TEST` pair over the transport slotstream uses (same UCX_TLS): the numbers
+    of its "Final:" line, i.e. [iterations, overhead p(R) / avg / overall µs, bandwidth avg / overall
+    MiB/s, message rate avg / overall msg/s]."""
     env = dict(os.environ, UCX_TLS=UCX_TLS[transport])
-    args = ["-t", "ucp_put_lat", "-s", str(size), "-n", str(iters), "-w", "10", "-R", str(rank)]
+    args = ["-t", test, "-s", str(size), "-n", str(iters), "-w", "10", *extra]
     last = ""
     for _ in range(3):  # the port can be taken between free_port() and the server's bind
         port = str(free_port())
@@ -185,19 +184,37 @@ def perftest_latency(transport, size, iters, rank, timeout=120):
                     cli = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", port, *args], env=env,
                                          capture_output=True, text=True, timeout=timeout)
                 except subprocess.TimeoutExpired:
-                    raise PeerError(f"ucx_perftest timed out after {timeout} s ({transport}, {size} B)")
+                    raise PeerError(f"ucx_perftest timed out after {timeout} s ({transport}, {test}, {size} B)")
                 out = cli.stdout + cli.stderr
                 if cli.returncode == 0 or srv.poll() is not None:
                     break
-            m = re.search(r"^Final:\s+\d+\s+([\d.]+)\s+([\d.]+)", out, re.M)
+            m = re.search(r"^Final:((?:\s+[\d.]+)+)\s*$", out, re.M)
             if m:
-                return float(m.group(1)), float(m.group(2))
+                return [float(x) for x in m.group(1).split()]
             last = out[-500:]
         finally:
             if srv.poll() is None:
                 srv.kill()
             srv.wait(timeout=10)
-    raise PeerError(f"ucx_perftest gave no result ({transport}, {size} B): {last!r}")
+    raise PeerError(f"ucx_perftest gave no result ({transport}, {test}, {size} B): {last!r}")
+
+
+def perftest_latency(transport, size, iters, rank):
+    """The UCX one-way put latency ceiling for one size: `ucx_perftest -t ucp_put_lat` (a put
+    ping-pong, both sides polling the last byte of the buffer; it reports half the round trip).
+    Returns (percentile at `rank`, mean) in µs. The bench-peer's ucx_raw_put delivers nothing the
+    receiver could time, so the latency reference is UCX's own tool, same transport and size."""
+    final = perftest(transport, "ucp_put_lat", size, iters, ["-R", str(rank)])
+    return final[1], final[2]
+
+
+def perftest_bandwidth(transport, size, count):
+    """UCX's put bandwidth ceiling for one size: `ucx_perftest -t ucp_put_bw`, `count` puts back to
+    back into one cache-hot buffer with no flow control (issue 11's fabric limit). Returns (MB/s in
+    10^6 bytes like every slotstream figure, messages/s)."""
+    final = perftest(transport, "ucp_put_bw", size, count)
+    rate = final[7]
+    return rate * size / 1e6, rate
 
 
 def pct(values, q):
@@ -339,6 +356,19 @@ def exp_throughput(res, cfg):
         if p == "ucx_raw_put":
             ceiling[(t, s, b)] = median
         prog.step(f"{t} {p:14} {s:>8} B x{b:<3} {median:9.1f} MB/s")
+    # UCX's own put_bw beside them (issue 11: the fabric's limit, one buffer, no flow control).
+    points = [(t, sz) for t in cfg.transports for sz in cfg.sizes]
+    prog = Progress(len(points), "throughput (ucx_perftest put_bw)", res.run, cfg.runs)
+    for t, sz in points:
+        try:
+            mbps, rate = perftest_bandwidth(t, sz, max(100, min(200_000, cfg.round_bytes * cfg.repeats // sz)))
+        except (PeerError, OSError) as e:
+            res.error(f"throughput ucx_perftest_put_bw {t} {sz} B (run {res.run})", e)
+            prog.step(f"{t} ucx_perftest_put_bw {sz} B: FAILED")
+            continue
+        res.add("put_bw", "ucx_perftest_put_bw", t, sz, 1, "throughput", mbps, "MB/s")
+        res.add("put_bw", "ucx_perftest_put_bw", t, sz, 1, "message_rate", rate, "msg/s")
+        prog.step(f"{t} {'ucx_perftest_put_bw':14} {sz:>8} B {mbps:9.1f} MB/s, {rate / 1e6:6.2f} M msg/s")
     # Every figure as a ratio to the UCX ceiling measured in the same run.
     for (t, p, s, b), vals in group(res, "throughput", "throughput", run=res.run).items():
         c = ceiling.get((t, s, b))
