@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import BIN, PROTOCOLS, REPO
 
 KEYS = {"experiment": str, "protocol": str, "transport": str, "size_bytes": int, "blocks": int, "metric": str,
@@ -19,6 +20,7 @@ FIGURES = ["fig10_sync_latency.png", "fig11_sync_distribution.png", "fig12_laten
            "fig19_cameras_equal_memory.png"]
 
 
+@pytest.mark.deadline(300)  # the run's own timeout: every experiment twice, > 120 s on a busy 2-core machine
 def test_tiny_run_of_every_experiment(tmp_path):
     out = tmp_path / "bench"
     p = subprocess.run([BIN, "bench", "all", "--tiny", "--runs", "2", "--out", str(out)], capture_output=True,
