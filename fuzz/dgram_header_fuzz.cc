@@ -7,9 +7,7 @@
 //   - a segment that decodes re-encodes to exactly the same bytes (no field is dropped or widened);
 //   - the same bytes with their last four replaced by the correct CRC32C reach the field checks behind
 //     the CRC, with the same round-trip property.
-// Build: cmake -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSLOTSTREAM_FUZZ=ON && cmake --build
-// build-fuzz --target dgram_header_fuzz; run: build-fuzz/fuzz/dgram_header_fuzz fuzz/corpus/dgram_header
-// -max_total_time=60 (fuzz/README.md).
+// Build and run: bash fuzz/run.sh dgram_header (fuzz/README.md).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

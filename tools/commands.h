@@ -37,6 +37,7 @@ struct RecvArgs {
   uint64_t backlog_bytes = 0;
   bool keep_processed = false;
   std::string metrics;                  // HOST:PORT
+  unsigned metrics_prune_after = 300;   // seconds an ended sender's series stay
   std::optional<std::string> max_memory;  // SIZE (default: default_max_memory())
 };
 int run_recv(const RecvArgs& args);

@@ -122,11 +122,12 @@ std::string report_line(const dgram::SessionReport& r) {
 
 // /metrics for the datagram receiver: ended sessions' counters (Prometheus counters never go back)
 // plus the live ones, from one snapshot.
-std::string render_metrics(const dgram::DatagramReceiver& rx) {
+std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramReceiver& rx) {
+  using prometheus::MetricType;
   const dgram::DatagramReceiver::Snapshot snap = rx.snapshot();
   std::map<std::string, dgram::SessionReport> totals = snap.ended;
   for (const auto& r : snap.live) dgram::accumulate(&totals[r.name], r);
-  std::ostringstream o;
+  std::vector<prometheus::MetricFamily> out;
   struct DeviceCounter {
     const char* name;
     const char* help;
@@ -143,12 +144,14 @@ std::string render_metrics(const dgram::DatagramReceiver& rx) {
         DeviceCounter{"slotstream_dgram_retired_total",
                       "Incomplete messages displaced by a newer MSN on their STag (counted in dropped).",
                       &dgram::DeviceReport::retired}}) {
-    o << "# HELP " << c.name << ' ' << c.help << "\n# TYPE " << c.name << " counter\n";
+    prometheus::MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, r] : t.devices) {
-        o << c.name << "{sender=\"" << label(sender) << "\",device=\"" << d << "\"} " << r.*c.field << '\n';
+        f.metric.push_back(sample({{"sender", sender}, {"device", std::to_string(d)}}, MetricType::Counter,
+                                  double(r.*c.field)));
       }
     }
+    out.push_back(std::move(f));
   }
   struct Counter {
     const char* name;
@@ -187,19 +190,24 @@ std::string render_metrics(const dgram::DatagramReceiver& rx) {
                             &dgram::DatagramCounters::injected_duplicate},
                     Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
                             &dgram::DatagramCounters::injected_reorder}}) {
-    o << "# HELP " << c.name << ' ' << c.help << " (sender=\"\": no session's)\n# TYPE " << c.name << " counter\n";
-    for (const auto& [sender, t] : totals) o << c.name << "{sender=\"" << label(sender) << "\"} " << t.counters.*c.field << '\n';
-    o << c.name << "{sender=\"\"} " << snap.unattributed.*c.field << '\n';
+    prometheus::MetricFamily f{c.name, std::string(c.help) + " (sender=\"\": no session's)", MetricType::Counter, {}};
+    for (const auto& [sender, t] : totals) {
+      f.metric.push_back(sample({{"sender", sender}}, MetricType::Counter, double(t.counters.*c.field)));
+    }
+    f.metric.push_back(sample({{"sender", ""}}, MetricType::Counter, double(snap.unattributed.*c.field)));
+    out.push_back(std::move(f));
   }
-  o << "# HELP slotstream_connection_info One per connected sender.\n# TYPE slotstream_connection_info gauge\n";
+  prometheus::MetricFamily info{"slotstream_connection_info", "One per connected sender.", MetricType::Gauge, {}};
   for (const auto& r : snap.live) {
-    o << "slotstream_connection_info{sender=\"" << label(r.name) << "\",protocol=\"" << r.protocol
-      << "\",transport=\"" << (r.protocol == "dgram_rc" ? "tcp" : "udp") << "\"} 1\n";
+    info.metric.push_back(sample({{"sender", r.name},
+                                  {"protocol", r.protocol},
+                                  {"transport", r.protocol == "dgram_rc" ? "tcp" : "udp"}},
+                                 MetricType::Gauge, 1));
   }
-  o << "# HELP slotstream_sessions_ended_total Sender sessions that have ended.\n"
-       "# TYPE slotstream_sessions_ended_total counter\nslotstream_sessions_ended_total "
-    << snap.sessions_ended << '\n';
-  return o.str();
+  out.push_back(std::move(info));
+  out.push_back({"slotstream_sessions_ended_total", "Sender sessions that have ended.", MetricType::Counter,
+                 {sample({}, MetricType::Counter, double(snap.sessions_ended))}});
+  return out;
 }
 
 // ------------------------------------------------------------------------------------ send
@@ -328,7 +336,7 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   std::unique_ptr<MetricsServer> metrics;
   if (!args.metrics.empty()) {
     const dgram::DatagramReceiver* r = rx.get();
-    Status st = MetricsServer::start(args.metrics, [r] { return render_metrics(*r); }, &metrics);
+    Status st = MetricsServer::start(args.metrics, [r] { return collect_metrics(*r); }, &metrics);
     if (!st.is_ok()) {
       print_error("recv", "--metrics: " + st.message());
       return kExitError;

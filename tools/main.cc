@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
                 "hold blocks (back-pressure) while a device has this many unprocessed bytes");
   r->add_flag("--keep-processed", recv.keep_processed, "keep message files the worker has finished");
   r->add_option("--metrics", recv.metrics, "serve Prometheus /metrics and /health on HOST:PORT");
+  r->add_option("--metrics-prune-after", recv.metrics_prune_after,
+                "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
   r->add_option("--hold-block", recv.holds,
                 "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
                 "sender connects (testing and benchmarks)");

@@ -1,63 +1,99 @@
-// `recv --metrics HOST:PORT`: Prometheus text exposition on /metrics and a /health check, served
-// by one small thread (HTTP/1.0, one request per connection).
+// `recv --metrics HOST:PORT`: the receiver's counters as Prometheus metric families, served by
+// prometheus-cpp's exposer (/metrics) with a /health answer of our own (civetweb's begin_request).
 #include "metrics.h"
 
-#include <sys/socket.h>
-#include <unistd.h>
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
 
-#include <cstdio>
-#include <sstream>
+#include <CivetServer.h>
+#include <civetweb.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
 
 #include "net/control_socket.h"
 
 namespace slotstream::tools {
-
-std::string label(const std::string& sender) {
-  std::string out;
-  for (char c : sender) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 namespace {
 
-void family(std::ostringstream& o, const char* name, const char* type, const char* help) {
-  o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// civetweb serves each connection on one thread of a fixed pool until the request is read, so
+// the pool size and the request deadline bound what idle or slow clients can hold up: with 200
+// idle connections, /health waits at most about (200 / kServerThreads) x kRequestTimeoutMs.
+// Prometheus sends its request right after connecting; 250 ms is ample on a data-centre network.
+constexpr int kServerThreads = 64;
+constexpr int kRequestTimeoutMs = 250;
+
+// A sender was accepted iff its report carries its declared devices: the receiver creates the
+// per-device counters when it accepts, and a sender must declare at least one device. A sender
+// refused after authentication (memory budget, failed set-up) ends with none.
+bool accepted(const SessionReport& r) { return !r.per_device.empty(); }
+
+int serve_health(mg_connection* conn) {
+  const mg_request_info* req = mg_get_request_info(conn);
+  if (!req || !req->local_uri || std::strcmp(req->local_uri, "/health") != 0) return 0;  // civetweb's turn
+  static const char kReply[] =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n";
+  mg_write(conn, kReply, sizeof kReply - 1);
+  return 200;
 }
 
 }  // namespace
 
-void MetricsState::Totals::add(const SessionReport& r) {
-  for (const auto& [d, s] : r.per_device) {
-    auto& acc = per_device[d];
-    acc.messages += s.messages;
-    acc.bytes += s.bytes;
-    acc.gaps += s.gaps;
-    acc.duplicates += s.duplicates;
-    acc.pauses += s.pauses;
-  }
-  stalls += r.stalls;
+ClientMetric sample(std::vector<ClientMetric::Label> labels, MetricType type, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  (type == MetricType::Counter ? m.counter.value : m.gauge.value) = value;
+  return m;
 }
 
 void MetricsState::session_ended(const SessionReport& r) {
+  if (!accepted(r)) return;
   std::lock_guard lock(mutex_);
-  ended_[r.sender.name].add(r);
+  auto [it, fresh] = ended_.try_emplace(r.sender.name, Ended{r, MetricsClock::now()});
+  if (!fresh) {
+    it->second.totals.merge(r);
+    it->second.last = MetricsClock::now();
+  }
   ++sessions_ended_;
 }
 
-std::string MetricsState::render(const Receiver& rx, const pipeline::WorkerManager* workers) const {
-  std::map<std::string, Totals> totals;
-  uint64_t ended;
-  {
-    std::lock_guard lock(mutex_);
-    totals = ended_;
-    ended = sessions_ended_;
+std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeline::WorkerManager* workers,
+                                                MetricsClock::time_point now) {
+  const std::vector<SessionReport> live = rx.live_sessions();
+  std::lock_guard lock(mutex_);
+
+  // Per sender name: what has ended, merged with what is live now.
+  std::map<std::string, SessionReport> totals;
+  for (auto it = ended_.begin(); it != ended_.end();) {
+    const std::string& name = it->first;
+    const bool back = std::any_of(live.begin(), live.end(), [&](const SessionReport& r) { return r.sender.name == name; });
+    if (!back && now - it->second.last >= prune_after_) {
+      // Gone for the grace period: its series go too (a later sender of this name starts at 0).
+      std::erase_if(last_, [&](const auto& kv) { return kv.first.starts_with(name + '\n'); });
+      it = ended_.erase(it);
+      continue;
+    }
+    totals[name] = it->second.totals;
+    ++it;
   }
-  auto live = rx.live_sessions();
-  for (const auto& r : live) totals[r.sender.name].add(r);
-  std::ostringstream o;
+  for (const SessionReport& r : live) {
+    auto [it, fresh] = totals.try_emplace(r.sender.name, r);
+    if (!fresh) it->second.merge(r);
+  }
+
+  // A counter never goes back within a series' life (see last_).
+  auto monotonic = [&](const std::string& sender, const char* family, const std::string& device, double value) {
+    double& seen = last_[sender + '\n' + family + '\n' + device];
+    seen = std::max(seen, value);
+    return seen;
+  };
+
+  std::vector<MetricFamily> out;
   struct Counter {
     const char* name;
     const char* help;
@@ -66,120 +102,129 @@ std::string MetricsState::render(const Receiver& rx, const pipeline::WorkerManag
   for (Counter c : {Counter{"slotstream_messages_total", "Complete messages stored.", &DeviceStats::messages},
                     Counter{"slotstream_bytes_total", "Payload bytes of complete messages.", &DeviceStats::bytes},
                     Counter{"slotstream_gaps_total", "Packets that never arrived.", &DeviceStats::gaps},
-                    Counter{"slotstream_duplicates_total", "Duplicate packets dropped.", &DeviceStats::duplicates}}) {
-    family(o, c.name, "counter", c.help);
+                    Counter{"slotstream_duplicates_total", "Duplicate packets dropped.", &DeviceStats::duplicates},
+                    Counter{"slotstream_device_pauses_total", "Times a device was paused because its worker was behind.",
+                            &DeviceStats::pauses}}) {
+    MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, s] : t.per_device) {
-        o << c.name << "{sender=\"" << label(sender) << "\",device=\"" << d << "\"} " << s.*c.field << '\n';
+        const std::string device = std::to_string(d);
+        f.metric.push_back(sample({{"sender", sender}, {"device", device}}, MetricType::Counter,
+                                  monotonic(sender, c.name, device, double(s.*c.field))));
       }
     }
+    out.push_back(std::move(f));
   }
-  family(o, "slotstream_device_pauses_total", "counter", "Times a device was paused because its worker was behind.");
-  for (const auto& [sender, t] : totals) {
-    for (const auto& [d, s] : t.per_device) {
-      o << "slotstream_device_pauses_total{sender=\"" << label(sender) << "\",device=\"" << d << "\"} " << s.pauses << '\n';
-    }
-  }
-  family(o, "slotstream_device_paused", "gauge", "1 while the device is paused (its worker is behind).");
-  for (const auto& r : live) {
+  MetricFamily paused{"slotstream_device_paused", "1 while the device is paused (its worker is behind).",
+                      MetricType::Gauge, {}};
+  for (const SessionReport& r : live) {
     for (const auto& [d, s] : r.per_device) {
-      o << "slotstream_device_paused{sender=\"" << label(r.sender.name) << "\",device=\"" << d << "\"} " << (s.paused ? 1 : 0)
-        << '\n';
+      paused.metric.push_back(sample({{"sender", r.sender.name}, {"device", std::to_string(d)}}, MetricType::Gauge,
+                                     s.paused ? 1 : 0));
     }
   }
-  family(o, "slotstream_stalls_total", "counter", "Times the receiver refused data (a full disk, or a device paused).");
-  for (const auto& [sender, t] : totals) o << "slotstream_stalls_total{sender=\"" << label(sender) << "\"} " << t.stalls << '\n';
-  family(o, "slotstream_held_blocks", "gauge", "Receiver blocks held (status 2) right now.");
-  for (const auto& r : live) o << "slotstream_held_blocks{sender=\"" << label(r.sender.name) << "\"} " << r.held_blocks << '\n';
-  family(o, "slotstream_connection_info", "gauge", "One per connected sender: protocol, transport and block geometry.");
-  for (const auto& r : live) {
-    o << "slotstream_connection_info{sender=\"" << label(r.sender.name) << "\",protocol=\"" << r.sender.protocol
-      << "\",transport=\"" << transport_name(r.sender.transport) << "\",blocks=\"" << r.sender.blocks
-      << "\",block_size=\"" << r.sender.block_size << "\"} 1\n";
+  out.push_back(std::move(paused));
+  MetricFamily stalls{"slotstream_stalls_total", "Times the receiver refused data (a full disk, or a device paused).",
+                      MetricType::Counter, {}};
+  for (const auto& [sender, t] : totals) {
+    stalls.metric.push_back(sample({{"sender", sender}}, MetricType::Counter,
+                                   monotonic(sender, "slotstream_stalls_total", "", double(t.stalls))));
   }
-  family(o, "slotstream_sessions_ended_total", "counter", "Sender connections that have ended.");
-  o << "slotstream_sessions_ended_total " << ended << '\n';
+  out.push_back(std::move(stalls));
+
+  MetricFamily held{"slotstream_held_blocks", "Receiver blocks held (status 2) right now.", MetricType::Gauge, {}};
+  MetricFamily info{"slotstream_connection_info",
+                    "One per connected sender: protocol, transport and block geometry.", MetricType::Gauge, {}};
+  for (const SessionReport& r : live) {
+    held.metric.push_back(sample({{"sender", r.sender.name}}, MetricType::Gauge, double(r.held_blocks)));
+    info.metric.push_back(sample({{"sender", r.sender.name},
+                                  {"protocol", r.sender.protocol},
+                                  {"transport", transport_name(r.sender.transport)},
+                                  {"blocks", std::to_string(r.sender.blocks)},
+                                  {"block_size", std::to_string(r.sender.block_size)}},
+                                 MetricType::Gauge, 1));
+  }
+  out.push_back(std::move(held));
+  out.push_back(std::move(info));
+  out.push_back({"slotstream_sessions_ended_total", "Accepted senders whose connections have all ended.",
+                 MetricType::Counter, {sample({}, MetricType::Counter, double(sessions_ended_))}});
+
   if (workers) {
-    auto ws = workers->stats();
-    struct Gauge {
+    const auto ws = workers->stats();
+    struct Worker {
       const char* name;
-      const char* type;
+      MetricType type;
       const char* help;
       uint64_t pipeline::WorkerStats::*field;
     };
-    for (Gauge g : {Gauge{"slotstream_worker_backlog_messages", "gauge", "Stored messages the worker has not finished.",
-                          &pipeline::WorkerStats::backlog_messages},
-                    Gauge{"slotstream_worker_backlog_bytes", "gauge", "Bytes of those messages.",
-                          &pipeline::WorkerStats::backlog_bytes},
-                    Gauge{"slotstream_worker_processed_total", "counter", "Messages the worker recorded as done.",
-                          &pipeline::WorkerStats::processed},
-                    Gauge{"slotstream_worker_restarts_total", "counter", "Times the worker was restarted.",
-                          &pipeline::WorkerStats::restarts}}) {
-      family(o, g.name, g.type, g.help);
-      for (const auto& w : ws) {
-        o << g.name << "{sender=\"" << label(w.sender) << "\",device=\"" << w.device << "\"} " << w.*g.field << '\n';
+    for (Worker w : {Worker{"slotstream_worker_backlog_messages", MetricType::Gauge,
+                            "Stored messages the worker has not finished.", &pipeline::WorkerStats::backlog_messages},
+                     Worker{"slotstream_worker_backlog_bytes", MetricType::Gauge, "Bytes of those messages.",
+                            &pipeline::WorkerStats::backlog_bytes},
+                     Worker{"slotstream_worker_processed_total", MetricType::Counter,
+                            "Messages the worker recorded as done.", &pipeline::WorkerStats::processed},
+                     Worker{"slotstream_worker_restarts_total", MetricType::Counter, "Times the worker was restarted.",
+                            &pipeline::WorkerStats::restarts}}) {
+      MetricFamily f{w.name, w.help, w.type, {}};
+      for (const auto& s : ws) {
+        f.metric.push_back(sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, w.type,
+                                  double(s.*w.field)));
       }
+      out.push_back(std::move(f));
     }
-    family(o, "slotstream_worker_running", "gauge", "1 while the worker process runs.");
-    for (const auto& w : ws) {
-      o << "slotstream_worker_running{sender=\"" << label(w.sender) << "\",device=\"" << w.device << "\"} "
-        << (w.running ? 1 : 0) << '\n';
+    MetricFamily running{"slotstream_worker_running", "1 while the worker process runs.", MetricType::Gauge, {}};
+    for (const auto& s : ws) {
+      running.metric.push_back(sample({{"sender", s.sender}, {"device", std::to_string(s.device)}},
+                                      MetricType::Gauge, s.running ? 1 : 0));
     }
+    out.push_back(std::move(running));
   }
-  return o.str();
+  return out;
 }
 
-MetricsServer::~MetricsServer() {
-  stop_.store(true);
-  if (thread_.joinable()) thread_.join();
-}
+namespace {
 
-Status MetricsServer::start(const std::string& address, const Receiver& rx, const MetricsState& state,
+// What the exposer scrapes: a receiver's families, read at scrape time (from civetweb's threads).
+class Collector : public prometheus::Collectable {
+ public:
+  explicit Collector(CollectFn collect) : collect_(std::move(collect)) {}
+  std::vector<MetricFamily> Collect() const override { return collect_(); }
+
+ private:
+  CollectFn collect_;
+};
+
+}  // namespace
+
+MetricsServer::~MetricsServer() = default;  // the exposer stops (joins civetweb's threads) first
+
+Status MetricsServer::start(const std::string& address, const Receiver& rx, MetricsState& state,
                             const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out) {
-  return start(address, [&rx, &state, workers] { return state.render(rx, workers); }, out);
+  return start(address, [&rx, &state, workers] { return state.collect(rx, workers); }, out);
 }
 
-Status MetricsServer::start(const std::string& address, std::function<std::string()> render,
-                            std::unique_ptr<MetricsServer>* out) {
+Status MetricsServer::start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out) {
   std::string host;
   uint16_t port = 0;
   SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(address, &host, &port));
+  const std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
-  SLOTSTREAM_RETURN_IF_ERROR(net::Listener::open(host, port, &server->listener_));
-  server->address_ = server->listener_->address();
-  MetricsServer* s = server.get();
-  s->thread_ = std::thread([s, render = std::move(render)] {
-    while (!s->stop_.load()) {
-      std::unique_ptr<net::ControlSocket> conn;
-      if (!s->listener_->accept(net::Millis(200), &conn).is_ok() || !conn) continue;
-      char buf[2048];
-      std::string req;
-      for (int i = 0; i < 50 && req.find("\r\n\r\n") == std::string::npos && req.size() < sizeof buf; ++i) {
-        ssize_t n = ::recv(conn->fd(), buf, sizeof buf, 0);
-        if (n > 0) req.append(buf, size_t(n));
-        else if (n == 0) break;
-        else usleep(2000);
-      }
-      std::string status = "200 OK", type = "text/plain; version=0.0.4", body;
-      if (req.starts_with("GET /metrics")) {
-        body = render();
-      } else if (req.starts_with("GET /health")) {
-        body = "ok\n";
-      } else {
-        status = "404 Not Found";
-        body = "try /metrics or /health\n";
-      }
-      std::string resp = "HTTP/1.0 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " +
-                         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-      size_t off = 0;
-      for (int i = 0; off < resp.size() && i < 1000; ++i) {
-        ssize_t n = ::send(conn->fd(), resp.data() + off, resp.size() - off, MSG_NOSIGNAL);
-        if (n > 0) off += size_t(n);
-        else if (n < 0 && errno != EAGAIN) break;
-        else usleep(1000);
-      }
-    }
-  });
+  CivetCallbacks callbacks;
+  callbacks.begin_request = serve_health;
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", bracketed + ":" + std::to_string(port),
+                                 "num_threads", std::to_string(kServerThreads),
+                                 "request_timeout_ms", std::to_string(kRequestTimeoutMs)},
+        &callbacks);
+  } catch (const std::exception&) {  // civetweb could not bind
+    return {Code::kInvalidArgument, "cannot serve metrics on " + address + " (in use, or not an address of this host?)"};
+  }
+  auto collector = std::make_shared<Collector>(std::move(collect));
+  server->exposer_->RegisterCollectable(collector);
+  server->collectable_ = collector;
+  const auto ports = server->exposer_->GetListeningPorts();
+  server->address_ = bracketed + ":" + std::to_string(ports.empty() ? port : ports.front());
   *out = std::move(server);
   return Status::ok();
 }

@@ -174,7 +174,7 @@ int run_recv(const RecvArgs& args) {
       };
     }
   }
-  MetricsState metrics_state;
+  MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after)};
   opt.on_session_end = [&metrics_state](const SessionReport& r) {
     metrics_state.session_ended(r);
     print_line(stdout, session_line(r));

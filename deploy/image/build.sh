@@ -26,7 +26,8 @@ say() { echo "image: $*"; }
 die() { echo "image: error: $*" >&2; exit 1; }
 
 # What workers and slotstream need at run time. ffmpeg brings libx264 (the H.264 worker).
-packages=(coreutils ca-certificates ffmpeg libucx0 libnuma1 libspdlog1.10 libfmt9 libssl3 libstdc++6)
+packages=(coreutils ca-certificates ffmpeg libucx0 libnuma1 libspdlog1.10 libfmt9 libssl3 libstdc++6
+          libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0 libcivetweb1)
 # Pulled in by ffmpeg's Depends but only used for GPU rendering, which a headless ffmpeg never
 # loads (dlopen'ed DRI drivers and their LLVM): removed to save ~170 MB.
 gpu_only=(libgl1-mesa-dri libllvm15 libz3-4)

@@ -157,7 +157,10 @@ Status decode(std::span<const uint8_t> body, Refuse* out) {
   Reader r(body);
   Refuse m;
   uint16_t code = r.u16();
-  m.code = code <= static_cast<uint16_t>(Code::kBusy) ? static_cast<Code>(code) : Code::kRefused;
+  // A refusal is an error whatever the peer wrote: unknown codes and the two that are not errors
+  // (kOk, kInProgress — with kOk, ControlSocket::expect took a REFUSE for success) read as kRefused.
+  const bool error_code = code > static_cast<uint16_t>(Code::kInProgress) && code <= static_cast<uint16_t>(Code::kBusy);
+  m.code = error_code ? static_cast<Code>(code) : Code::kRefused;
   m.message = r.str16();
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "refuse"));
   *out = std::move(m);

@@ -4,6 +4,8 @@
 // compared byte for byte and in order. A new protocol is tested here by registering it.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <random>
@@ -18,7 +20,9 @@
 namespace slotstream {
 namespace {
 
-// Keeps every message in memory, per device, in order.
+// Keeps every message in memory, per device, in order. A sender with one connection per device
+// (sliding_window) has one sink per connection, each called from its own session thread: `out`
+// is shared, so it is written under `mutex`.
 class MemorySink : public MessageSink {
  public:
   // `threads` (guarded by `m`): every thread that ever committed a message, for round-robin checks.
@@ -35,10 +39,8 @@ class MemorySink : public MessageSink {
     return Status::ok();
   }
   Status commit(uint16_t device) override {
-    {
-      std::lock_guard lock(mutex_);
-      threads_.insert(std::this_thread::get_id());
-    }
+    std::lock_guard lock(mutex_);
+    threads_.insert(std::this_thread::get_id());
     out_[device].push_back(std::move(current_[device]));
     current_[device].clear();
     return Status::ok();
@@ -55,7 +57,7 @@ class MemorySink : public MessageSink {
 // Message i of device d: its length follows `sizes`, its bytes depend on (d, i, offset).
 std::string message(uint16_t d, size_t i, size_t length) {
   std::string m(length, '\0');
-  std::mt19937 rng(uint32_t(d * 1000003 + i));
+  std::mt19937 rng(uint32_t(d) * 1000003u + uint32_t(i));  // unsigned: wraps, never overflows
   for (auto& c : m) c = char(rng());
   return m;
 }
@@ -122,6 +124,24 @@ class EveryProtocol : public testing::TestWithParam<Case> {
       Status st = Sender::connect(so, &txs[n]);
       ASSERT_TRUE(st.is_ok()) << st.to_string();
     }
+
+    // Like `send`'s progress display: stats() from another thread all along, finish() included.
+    // Under ThreadSanitizer (scripts/sanitize.sh) this checks Sender's threading contract.
+    std::atomic<bool> watching{true};
+    std::thread watcher([&] {
+      while (watching.load()) {
+        (void)tx->stats();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+    struct StopWatching {
+      std::atomic<bool>& flag;
+      std::thread& thread;
+      ~StopWatching() {
+        flag.store(false);
+        thread.join();
+      }
+    } stop_watching{watching, watcher};
 
     std::vector<std::thread> fillers;
     std::vector<Status> errors(devices.size() * senders);

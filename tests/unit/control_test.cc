@@ -158,3 +158,24 @@ TEST(Control, OtherMessagesRoundTrip) {
 
 }  // namespace
 }  // namespace slotstream::wire
+
+namespace slotstream::wire {
+namespace {
+
+// Found by fuzz/control_frame_fuzz.cc: a REFUSE whose code was 0 (kOk) made ControlSocket::expect
+// return success, and the caller went on with an empty body.
+TEST(Control, ARefuseIsAnErrorWhateverCodeThePeerWrote) {
+  for (uint16_t code : {uint16_t(0), uint16_t(1), uint16_t(999)}) {
+    std::vector<uint8_t> body = {uint8_t(code), uint8_t(code >> 8), 2, 0, 'n', 'o'};
+    Refuse r;
+    ASSERT_TRUE(decode(body, &r).is_ok());
+    EXPECT_EQ(r.code, Code::kRefused) << "code " << code;
+    EXPECT_EQ(r.message, "no");
+  }
+  Refuse busy;
+  ASSERT_TRUE(decode(encode(Refuse{Code::kBusy, "later"}), &busy).is_ok());
+  EXPECT_EQ(busy.code, Code::kBusy);  // real error codes are kept
+}
+
+}  // namespace
+}  // namespace slotstream::wire

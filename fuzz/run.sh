@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, into build-fuzz/) and runs each for a bounded time.
+#   bash fuzz/run.sh [--seconds S] [--runs N] [--max-len BYTES] [TARGET...]
+#                                                  (default: every target, 10 s each)
+# Targets are the fuzz/*_fuzz.cc files (TARGET: control, block_header, delivery, options, ...).
+# Each starts from its checked-in seeds (fuzz/corpus/TARGET, read only) plus what earlier runs
+# found (build-fuzz/corpus/TARGET). A crash, leak, UB or broken invariant stops that target and
+# leaves the input in build-fuzz/artifacts/TARGET/; the script then exits non-zero. Reproduce
+# with `build-fuzz/fuzz/TARGET_fuzz FILE` (delivery: FUZZ_TRACE=1 prints every event).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=10
+runs=-1
+max_len=()
+targets=()
+while (($#)); do
+  case "$1" in
+    --seconds) seconds="$2"; shift 2 ;;
+    --runs) runs="$2"; seconds=0; shift 2 ;;
+    --max-len) max_len=(-max_len="$2"); shift 2 ;;  # shorter inputs: more executions per second
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) targets+=("${1%_fuzz}"); shift ;;
+  esac
+done
+if ((${#targets[@]} == 0)); then
+  for f in fuzz/*_fuzz.cc; do t="${f#fuzz/}"; targets+=("${t%_fuzz.cc}"); done
+fi
+
+build=build-fuzz
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DSLOTSTREAM_FUZZ=ON -DBUILD_TESTING=OFF >/dev/null
+fi
+cmake --build "$build" --target fuzz_targets
+
+failed=()
+for t in "${targets[@]}"; do
+  bin="$build/fuzz/${t}_fuzz"
+  [ -x "$bin" ] || { echo "fuzz: no target '$t' (fuzz/${t}_fuzz.cc)"; exit 2; }
+  work="$build/corpus/$t"; art="$build/artifacts/$t"
+  mkdir -p "$work" "$art" "fuzz/corpus/$t"
+  log=$(mktemp "$build/fuzz-$t.XXXXXX.log")  # one per run: runs may overlap (CI and a long campaign)
+  limit=(); ((seconds > 0)) && limit=(-max_total_time="$seconds")
+  # -timeout: one input may take at most 10 s; -rss_limit_mb: the default, said aloud.
+  if "$bin" "${limit[@]}" "${max_len[@]}" -runs="$runs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+       -artifact_prefix="$art/" "$work" "fuzz/corpus/$t" >"$log" 2>&1; then
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+    secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log")
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+    echo "fuzz: $t: ${execs:-?} executions in ${secs:-?} s, ${cov:-cov: ?}, no finding"
+    rm -f "$log"
+  else
+    echo "fuzz: $t: FINDING (input in $art/, log $log):"
+    grep -E "invariant violated|ERROR: |SUMMARY: " "$log" | head -5 | sed 's/^/  /'
+    failed+=("$t")
+  fi
+done
+if ((${#failed[@]})); then
+  echo "fuzz: findings in ${failed[*]}"
+  exit 1
+fi
+echo "fuzz: ${#targets[@]} targets, no finding"

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus fuzz/corpus/<target>/ (small, checked in; rerun after a wire change).
+
+Seeds are valid inputs, so that the fuzzers start from the real formats: one encoding of every
+control message (wire/control.h), a few block headers (wire/block_header.h), typical protocol
+options, for the delivery script a few fixed pseudo-random event scripts, and one valid datagram
+segment of every shape src/dgram/wire.h defines (control payloads too), each with its CRC32C.
+"""
+import pathlib
+import random
+import struct
+
+ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
+VERSION = 2  # wire::kProtocolVersion
+
+
+def s8(b):
+    return bytes([len(b)]) + b
+
+
+def s16(b):
+    return struct.pack("<H", len(b)) + b
+
+
+def b32(b):
+    return struct.pack("<I", len(b)) + b
+
+
+def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes=1, transport=0):
+    return (b"SLST" + struct.pack("<H", VERSION) + s8(protocol) + s16(options) + struct.pack("<II", 32, 1 << 20) +
+            bytes([transport]) + s8(b"host-1234") + s8(b"edge-a") + struct.pack("<H", len(devices)) +
+            b"".join(struct.pack("<H", d) for d in devices) + struct.pack("<QHH", 0x1234, lane, lanes) + bytes(range(32)))
+
+
+def block_header(flags, device, packet, length, capacity):
+    w0 = 1 | flags << 8 | device << 16
+    check = ~(w0 ^ packet ^ length) & 0xFFFFFFFF
+    return struct.pack("<I", capacity) + struct.pack("<BBHIII", 1, flags, device, packet, length, check)
+
+
+CRC32C_POLY = 0x82F63B78  # reflected
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (CRC32C_POLY if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+
+def segment(service, opcode, ddp_flags, extra, payload, rd=None):
+    """A datagram segment (src/dgram/wire.h): common header, RD header, opcode fields, payload, CRC32C."""
+    common = b"SD" + bytes([1, ddp_flags | 1, 0x40 | opcode, service]) + struct.pack("<HI", len(payload), 0x1234)
+    rdb = struct.pack("<IIIIQ", *rd) if rd else b""
+    body = common + rdb + extra + payload
+    return body + struct.pack("<I", crc32c(body))
+
+
+def dgram_seeds():
+    T, L, M = 0x80, 0x40, 0x20  # tagged, last, marker (DDP flags)
+    hello = bytes([1, 12]) + b"write_record" + bytes([3]) + b"cam" + struct.pack("<IQIH", 4, 1 << 20, 8192, 2) + \
+        struct.pack("<HH", 0, 1)
+    fin = bytes([4]) + struct.pack("<H", 1) + struct.pack("<HQQ", 0, 10, 10000)
+    return {
+        "write_record_last": segment(0, 8, T | L | M, struct.pack("<IQI", 5, 8192, 7), b"\x11" * 100),
+        "write_record_middle": segment(0, 8, T | M, struct.pack("<IQI", 5, 0, 7), b"\x22" * 64),
+        "rdma_write_rc": segment(2, 0, T, struct.pack("<IQ", 9, 4096), b"\x33" * 32),
+        "send_ud": segment(0, 3, L, struct.pack("<III", 2, 3, 0), b"hello"),
+        "send_rd": segment(1, 3, L, struct.pack("<III", 0, 0, 0), b"rd", rd=(7, 0, 0, 1, 0)),
+        "ack_rd": segment(1, 15, L, b"", b"", rd=(0, 8, 512, 2, 0b101)),
+        "control_hello": segment(0, 3, L, struct.pack("<III", 0xFFFFFFFF, 0, 0), hello),
+        "control_fin": segment(0, 3, L, struct.pack("<III", 0xFFFFFFFF, 1, 0), fin),
+        "shim_send": segment(0, 3, L, struct.pack("<III", 0, 42, 0), b"\x47" + b"\x00" * 187),
+    }
+
+
+def main():
+    seeds = {
+        "control": {
+            "hello": hello(),
+            "hello-lanes": hello(b"sliding_window", b"window=8", devices=(5,), lane=2, lanes=4, transport=2),
+            "accept": bytes([1]) + b32(bytes(40)) + b32(bytes(24)) + s8(bytes(32)),
+            "accept-no-proof": bytes([2]) + b32(b"addr") + b32(b"") + s8(b""),
+            "setup": b32(bytes(16)) + b32(b"") + s8(bytes(32)),
+            "refuse": struct.pack("<H", 6) + s16(b"unknown sender"),
+            "fin": struct.pack("<H", 2) + struct.pack("<HQ", 0, 40) + struct.pack("<HQ", 1, 41),
+            "fin-ack": bytes([1]) + struct.pack("<Q", 81) + s16(b""),
+            "pause": struct.pack("<HB", 3, 1),
+            "capacity": struct.pack("<IQIQ", 3, 1 << 20, 250, 1 << 30),
+            "capacity-request": b"SLST" + struct.pack("<H", VERSION),
+        },
+        "block_header": {
+            "only": block_header(3, 0, 0, 100, 1 << 20),
+            "first": block_header(1, 11, 7, 1 << 20, 1 << 20),
+            "middle": block_header(0, 65535, 0xFFFFFFFF, 0, 48),
+            "last-too-long": block_header(2, 3, 9, 49, 48),
+        },
+        "options": {
+            "empty": b"",
+            "budget": b"budget=2M",
+            "several": b"ack_every=4,budget=64KiB,notify=on,window=16",
+            "spec": b"sliding_window:window=8",
+            "bad-trailing-comma": b"window=8,",
+            "size-units": b"1T",
+        },
+    }
+    # The control stream: frames (u32 length | type | body) back to back, after one byte that
+    # picks the type expect() waits for.
+    def frame(t, body):
+        return struct.pack("<IB", len(body) + 1, t) + body
+    c = seeds["control"]
+    seeds["control_frame"] = {
+        "hello-then-fin": bytes([1]) + frame(1, c["hello"]) + frame(6, c["fin"]),
+        "pause-resume": bytes([6]) + frame(12, c["pause"]) + frame(12, struct.pack("<HB", 3, 0)) + frame(6, c["fin"]),
+        "refused": bytes([4]) + frame(5, c["refuse"]),
+        "accept-setup-ready": bytes([4]) + frame(4, c["accept"]) + frame(10, c["setup"]) + frame(11, b""),
+        "cut-short": bytes([9]) + frame(9, c["capacity"])[:-3],
+        "zero-length": bytes([1]) + struct.pack("<I", 0),
+    }
+    rng = random.Random(13)
+    seeds["delivery"] = {f"script-{i}": bytes(rng.randrange(256) for _ in range(n))
+                         for i, n in enumerate((16, 64, 128, 256, 512, 1024))}
+    seeds["dgram_header"] = dgram_seeds()
+    for target, files in seeds.items():
+        d = ROOT / target
+        d.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (d / name).write_bytes(data)
+
+
+if __name__ == "__main__":
+    main()
