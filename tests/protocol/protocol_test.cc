@@ -130,7 +130,7 @@ class EveryProtocol : public testing::TestWithParam<Case> {
     std::atomic<bool> watching{true};
     std::thread watcher([&] {
       while (watching.load()) {
-        (void)tx->stats();
+        for (auto& t : txs) (void)t->stats();
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     });
