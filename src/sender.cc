@@ -439,10 +439,15 @@ Status Sender::finish() {
   Impl& im = *impl_;
   if (im.finishing.exchange(true)) return im.first_error();
   im.join_all();
+  Status st = im.first_error();
+  // fin() progresses each lane's worker, whose handlers (credit updates, ACKs) still write protocol
+  // counters: stats() may read those only after the last fin() returned.
+  for (auto& lane : im.lanes) {
+    if (!st.is_ok()) break;
+    st = lane->fin();
+  }
   im.joined.store(true, std::memory_order_release);
-  SLOTSTREAM_RETURN_IF_ERROR(im.first_error());
-  for (auto& lane : im.lanes) SLOTSTREAM_RETURN_IF_ERROR(lane->fin());
-  return Status::ok();
+  return st;
 }
 
 SenderStats Sender::stats() const {

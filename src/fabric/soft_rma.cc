@@ -1,5 +1,7 @@
 #include "fabric/soft_rma.h"
 
+#include <atomic>
+
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -303,6 +305,11 @@ void SoftRma::on_put(const void* header, size_t header_len, const void* data, si
     spdlog::warn("fabric: refused a peer's write of {} bytes at 0x{:x}: not registered memory", h.length, h.address);
     return;
   }
+  // These bytes stand for a NIC's DMA write into exposed memory: the protocols order them the way
+  // they order an RNIC's (data, fence, then the flag they poll with acquire loads; the AMs carrying
+  // them arrive and are handled in that order). The fence keeps this write after every earlier
+  // put's on weakly ordered CPUs, as a NIC's in-order placement does.
+  std::atomic_thread_fence(std::memory_order_release);
   std::memcpy(reinterpret_cast<void*>(h.address), data, length);
 }
 
