@@ -427,6 +427,25 @@ def targets(records):
     return tg.text()
 
 
+def stage_table(records):
+    """Latency stages (stage_*_p50 records) of each protocol, transport and size: one row each."""
+    stages = ("fill", "post", "fabric_poll", "deliver")
+    rows = {}
+    for r in records:
+        m = r["metric"]
+        if r["experiment"] == "latency" and m.startswith("stage_") and m.endswith("_p50"):
+            rows.setdefault((r["transport"], r["protocol"], r["size_bytes"]), {}).setdefault(m[6:-4], []).append(
+                r["value"])
+    if not rows:
+        return "(no traced runs)\n"
+    lines = ["| transport | protocol | size | " + " | ".join(stages) + " |",
+             "|---|---|---:|" + "---:|" * len(stages)]
+    for (t, p, s) in sorted(rows):
+        cells = [spread_text(v, "{:.2f}") if (v := rows[(t, p, s)].get(st)) else "–" for st in stages]
+        lines.append(f"| {t} | {p} | {human(s)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report(doc, records, out, made):
     c = doc["config"]
     settings = c.get("settings", {})
@@ -470,6 +489,11 @@ def report(doc, records, out, made):
           table(records, "latency", "latency_mean_ratio_to_ucx", "{:.1f}", by_blocks=False),
           "Median as a multiple of ucx_raw_put's median:\n\n",
           table(records, "latency", "latency_p50_ratio_to_ucx", "{:.1f}", by_blocks=False),
+          "Where the median goes, µs per stage (both peers' `--trace`, src/stream/trace.h): **fill** from the "
+          "stamp until the block is committed (claim, copy, header); **post** until the protocol's transmit "
+          "returned (a hand-off to the sending thread shows here); **fabric_poll** until the receiver's poll "
+          "found the block; **deliver** until the sink committed the message:\n\n",
+          stage_table(records),
           "## Throughput, MB/s (Fig. 13-14)\n",
           "Median over rounds; a round is `count` consecutive transfers (1,000; for large messages fewer, so "
           "that a round moves a bounded number of bytes, but at least two passes over every block), timed "

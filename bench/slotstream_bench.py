@@ -389,6 +389,31 @@ def group(res, experiment, metric, run=None):
     return out
 
 
+# Where one message's latency goes (bench-peer --trace, src/stream/trace.h): each stage runs from
+# the first event to the second; "fill" starts at the stamp the sender peer puts in the message.
+LATENCY_STAGES = (("fill", "stamp", "committed"), ("post", "committed", "posted"),
+                  ("fabric_poll", "posted", "polled"), ("deliver", "polled", "delivered"))
+
+
+def latency_stages(snd, rcv):
+    """Median µs of each stage over the messages both peers traced (one block per message, one
+    device: packet i is message i). Empty without a trace."""
+    events = {}
+    for side in (snd.get("trace") or [], rcv.get("trace") or []):
+        for stage, device, packet, ns in side:
+            if device == 0:
+                events.setdefault(packet, {})[stage] = ns
+    for i, stamp in enumerate(snd.get("send_times_ns") or []):
+        if i in events:
+            events[i]["stamp"] = stamp
+    out = {}
+    for name, first, second in LATENCY_STAGES:
+        d = [e[second] - e[first] for e in events.values() if first in e and second in e]
+        if d:
+            out[name] = statistics.median(d) / 1000
+    return out
+
+
 def exp_latency(res, cfg):
     """Fig. 12: one block in flight at a time; one-way time from the sender's stamp to the
     message being complete at a busy-polling receiver. The UCX ceiling is ucx_perftest's put
@@ -413,8 +438,10 @@ def exp_latency(res, cfg):
             continue
         # The gap lets each message arrive before the next is sent (no queueing).
         gap = int(200 + s / (100 if t == "tcp" else 1000))
+        trace = ["--trace", str(8 * cfg.latency_runs)] if p != "tcp_socket" else []
         try:
-            snd, rcv = run_pair(t, p, s, cfg.latency_runs, PAPER_BLOCKS, gap_us=gap, busy_poll=True)
+            snd, rcv = run_pair(t, p, s, cfg.latency_runs, PAPER_BLOCKS, gap_us=gap, busy_poll=True,
+                                rx_extra=trace, tx_extra=trace)
         except PeerError as e:
             res.error(f"latency {p} {t} {s} B (run {res.run})", e)
             prog.step(f"{t} {p} {s} B: FAILED")
@@ -428,6 +455,8 @@ def exp_latency(res, cfg):
                           ("latency_p99", pct(lat, 99))):
             res.add("latency", p, t, s, PAPER_BLOCKS, metric, v, "us")
         res.sample("latency", f"{p}/{t}/{s}", [round(x, 3) for x in lat])
+        for stage, v in latency_stages(snd, rcv).items():
+            res.add("latency", p, t, s, PAPER_BLOCKS, f"stage_{stage}_p50", v, "us")
         prog.step(f"{t} {p:14} {s:>8} B mean {statistics.mean(lat):9.1f} us, median {pct(lat, 50):9.1f} us")
     # Every figure as a multiple of the UCX ceiling measured in the same run (1.0 = the ceiling).
     for metric in ("latency_mean", "latency_p50"):
@@ -597,6 +626,25 @@ def exp_resources(res, cfg):
                       f"puts {snd['resources']['puts']}, gets {snd['resources']['gets']}")
 
 
+def exp_idle(res, cfg):
+    """Issue 11's guard on the CPU story: a connected sender with almost nothing to send (one 64 B
+    message a second) and its receiver, in the default (not busy-polling) mode. Both must sleep:
+    their CPU, as % of one core over the session, is what an idle connection costs."""
+    prog = Progress(len(cfg.transports) * len(cfg.protocols), "idle", res.run, cfg.runs)
+    count = int(cfg.idle_seconds * cfg.idle_fps) + 1  # the first message starts the clock
+    for t in cfg.transports:
+        for p in cfg.protocols:
+            try:
+                snd, rcv = run_pair(t, p, 64, count, PAPER_BLOCKS, fps=cfg.idle_fps, timeout=count * 10 + 60)
+            except PeerError as e:
+                res.error(f"idle {p} {t} (run {res.run})", e)
+                prog.step(f"{t} {p}: FAILED")
+                continue
+            for side, peer in (("sender", snd), ("receiver", rcv)):
+                res.add("idle", p, t, 64, PAPER_BLOCKS, f"cpu_{side}", cpu_percent(peer), "% of one core")
+            prog.step(f"{t} {p:14} idle CPU: sender {cpu_percent(snd):5.2f} %, receiver {cpu_percent(rcv):5.2f} %")
+
+
 from fan_in_experiments import exp_fan_in  # noqa: E402  (bench/fan_in_experiments.py)
 
 EXPERIMENTS = {
@@ -610,6 +658,8 @@ EXPERIMENTS = {
                   exp_resources),
     "held_block": ("Fig. 18", "3 blocks, saturated; block 3 held from 100 to 200 ms: throughput over time",
                    exp_held_block),
+    "idle": ("issue 11", "a sender sending one 64 B message a second and its receiver: CPU of each (must sleep)",
+             exp_idle),
     "cameras": ("Fig. 19", "12 cameras x 25 fps x 640x480x3, default and equal memory: stability, CPU, memory",
                 exp_cameras),
     "cache": ("CARC slides", "receiver processing x devices x in-flight data: carc, credit (cache_experiments.py)",
@@ -672,6 +722,7 @@ def main(argv):
     cfg.sync_blocks = [3, 32] if a.tiny else [3, 16, 128] if quick else SYNC_BLOCKS
     cfg.sync_count = 500 if a.tiny else 5000
     cfg.camera_seconds = 0.4 if a.tiny else 3 if a.quick else 10
+    cfg.idle_seconds, cfg.idle_fps = (0.5, 4.0) if a.tiny else (3, 1.0) if a.quick else (10, 1.0)
     cfg.fan_in_senders, cfg.fan_in_sizes = ([2], [512]) if a.tiny else (None, None)
     if a.tiny:
         # One size (the issue's 256 B target point): the test checks records and plots, not curves,

@@ -18,6 +18,7 @@
 #include "slotstream/slotstream.h"
 #include "stream/fragment.h"
 #include "stream/send_ring.h"
+#include "stream/trace.h"
 #include "wire/block_header.h"
 #include "wire/control.h"
 
@@ -34,7 +35,19 @@ constexpr auto kLetGoTimeout = Millis(2000);
 // How long the sending thread waits for a filled block before calling the protocol's idle_st():
 // normally ~1 ms; while the protocol holds records back (SenderProtocol::holding_st) much sooner.
 constexpr auto kIdlePeriod = std::chrono::microseconds(1000);
+// Once nothing was transmitted for kLongIdle, every kLongIdlePeriod: the sending thread's idle
+// turns are all an idle connection costs (fillers transmit themselves; finish() wakes it).
+constexpr auto kLongIdle = std::chrono::milliseconds(100);
+constexpr auto kLongIdlePeriod = std::chrono::milliseconds(20);
 constexpr auto kHoldingIdlePeriod = std::chrono::microseconds(50);
+constexpr auto kInFlightPeriod = std::chrono::microseconds(20);
+// How long the sending thread spins for the next block before it sleeps: long while it moves
+// data itself (a sleep would cost a futex wake per block), short once fillers transmit or the
+// lane is idle — an idle sending thread then costs ~nothing.
+constexpr auto kBusySpin = std::chrono::microseconds(50);
+constexpr auto kIdleSpin = std::chrono::microseconds(2);
+// The sending thread found the token taken (a filler transmits, maybe waiting for a free block).
+constexpr auto kTokenTakenNap = std::chrono::microseconds(20);
 
 wire::WireTransport to_wire_transport(Transport t) {
   switch (t) {
@@ -84,11 +97,21 @@ struct Lane {
   std::thread sending_thread;
   std::atomic<bool> finishing{false};
   std::atomic<uint64_t> held_skips_live{0};  // for progress displays while sending
+
+  // Owned by whoever holds the ring's transmit token (the "_st" functions, protocol.h): the
+  // worker, the protocol, and these.
+  std::deque<std::pair<uint64_t, fabric::Request>> inflight;  // (ticket, transfer), oldest first
+  uint64_t transmitted = 0;
   Clock::time_point next_liveness{};
+  std::atomic<bool> in_flight{false};  // !inflight.empty(), for a filler leaving the token
 
   explicit Lane(Sender::Impl& o) : owner(o) {}
   Status handshake(const wire::Hello& hello);
   Status setup_fabric(const wire::Accept& accept);
+  Status transmit_committed();
+  Status transmit_filled_st(size_t* sent);
+  Status reap_st();
+  Status sending_thread_st();
   void sending_loop_st();
   Status alive_st();
   // A control frame from the receiver while data moves (PAUSE).
@@ -115,7 +138,8 @@ struct Sender::Impl {
   std::atomic<size_t> paused_count{0};  // paused.size(), read without the lock on every message
 
   std::mutex error_mutex;
-  Status error;  // first error of any sending thread
+  Status error;  // first error of any transmitting thread
+  std::atomic<bool> failed{false};  // error is set
   std::atomic<bool> finishing{false};  // finish() was called (any thread)
   // The sending threads have been joined: their protocol counters may be read (stats()).
   std::atomic<bool> joined{false};
@@ -124,6 +148,7 @@ struct Sender::Impl {
     {
       std::lock_guard lock(error_mutex);
       if (error.is_ok()) error = std::move(st);
+      failed.store(true, std::memory_order_release);
       for (auto& lane : lanes) {
         if (lane->ring) lane->ring->abort();
       }
@@ -155,6 +180,7 @@ struct Sender::Impl {
   void join_all() {
     for (auto& lane : lanes) {
       lane->finishing.store(true, std::memory_order_release);
+      if (lane->ring) lane->ring->wake_sender();  // it may be in a long idle sleep
       if (lane->sending_thread.joinable()) lane->sending_thread.join();
     }
   }
@@ -235,8 +261,15 @@ Status Lane::setup_fabric(const wire::Accept& accept) {
   ring = std::make_unique<stream::SendRing>(local->data(), options.blocks, options.block_size);
   if (owner.desc->sender_wakeup) {
     // Idle, the sending thread sleeps where the peer's operations wake it (Descriptor).
+    // Waiting for an event progresses the worker: only with the transmit token.
     fabric::Worker* w = worker.get();
-    ring->set_sleeper({[w](std::chrono::microseconds t) { (void)w->wait_for_event(t); }, [w] { w->signal(); }});
+    stream::SendRing* r = ring.get();
+    ring->set_sleeper({[w, r](std::chrono::microseconds t) {
+                         if (!r->try_take_token()) return std::this_thread::sleep_for(std::min(t, kTokenTakenNap));
+                         (void)w->wait_for_event(t);
+                         r->give_token();
+                       },
+                       [w] { w->signal(); }});
   }
   proto_fabric.reset(new protocol::SenderFabric{context, *worker, *endpoint, {options.blocks, options.block_size},
                                                 [this] { return alive_st(); }});
@@ -274,63 +307,132 @@ Status Lane::control_frame(const wire::Frame& frame) {
   return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type)) + " while sending"};
 }
 
-void Lane::sending_loop_st() {
-  std::deque<std::pair<uint64_t, fabric::Request>> inflight;
-  auto reap = [&]() -> Status {
-    while (!inflight.empty()) {
-      Status st = inflight.front().second.check();
-      if (st.code() == Code::kInProgress) break;
-      SLOTSTREAM_RETURN_IF_ERROR(st);
-      ring->release(inflight.front().first);
-      inflight.pop_front();
-    }
-    return Status::ok();
-  };
-  auto run = [&]() -> Status {
-    for (uint64_t ticket = 0;;) {
-      // Idle, a millisecond. Sooner while transfers are still in flight (tcp puts, rendezvous
-      // sends: only their completion, which needs this thread to progress the worker, can free a
-      // block for the fillers) or while the protocol holds records back (holding_st: its
-      // idle_st() flushes them).
-      int64_t len = ring->wait_filled(ticket, !inflight.empty()      ? std::chrono::microseconds(20)
-                                              : proto->holding_st() ? kHoldingIdlePeriod
-                                                                    : kIdlePeriod);
-      if (len < 0) {  // idle: nothing filled yet
-        worker->progress();
-        SLOTSTREAM_RETURN_IF_ERROR(proto->idle_st());
-        SLOTSTREAM_RETURN_IF_ERROR(reap());
-        SLOTSTREAM_RETURN_IF_ERROR(alive_st());
-        if (finishing.load(std::memory_order_acquire) && ticket == ring->claimed()) break;
-        continue;
-      }
-      if (len == 0) {  // a filler gave up on this block: nothing to send
-        ring->release(ticket++);
-        continue;
-      }
-      fabric::Request req;
-      SLOTSTREAM_RETURN_IF_ERROR(proto->transmit_st(ring->block(ticket), size_t(len), &req));
-      if (req.pending()) {
-        inflight.emplace_back(ticket, std::move(req));
-      } else {
-        ring->release(ticket);
-      }
-      ++ticket;
-      SLOTSTREAM_RETURN_IF_ERROR(reap());
-      if ((ticket & 63) == 0) {
-        SLOTSTREAM_RETURN_IF_ERROR(alive_st());
-        held_skips_live.store(proto->held_skips_st(), std::memory_order_relaxed);
-      }
-    }
-    for (auto& [t, req] : inflight) SLOTSTREAM_RETURN_IF_ERROR(req.wait(*worker, [this] { return alive_st(); }));
-    inflight.clear();
-    return proto->finish_st();
-  };
-  Status st = run();
-  // A transport error on tcp (e.g. "Endpoint timeout") is how UCX reports a dead receiver: say so.
+namespace {
+// A transport error on tcp (e.g. "Endpoint timeout") is how UCX reports a dead receiver: say so.
+Status explain_transmit_error(Status st) {
   if (st.code() == Code::kPeerGone && st.message().find("receiver") == std::string::npos) {
-    st = {Code::kPeerGone, "lost the receiver (did it die?): " + st.message()};
+    return {Code::kPeerGone, "lost the receiver (did it die?): " + st.message()};
   }
-  if (!st.is_ok()) owner.fail(st);
+  return st;
+}
+}  // namespace
+
+// With the token: transmits the filled blocks from the cursor on, in ring order (at most one
+// ring's worth, so a filler that holds the token goes back to filling), then reaps finished
+// transfers. `*sent`: blocks handed to the protocol.
+Status Lane::transmit_filled_st(size_t* sent) {
+  *sent = 0;
+  for (uint32_t n = 0; n < ring->blocks(); ++n) {
+    const int64_t len = ring->next_length();
+    if (len < 0) break;
+    const uint64_t ticket = ring->cursor();
+    ring->advance();
+    if (len == 0) {  // a filler gave up on this block: nothing to send
+      ring->release(ticket);
+      continue;
+    }
+    fabric::Request req;
+    SLOTSTREAM_RETURN_IF_ERROR(proto->transmit_st(ring->block(ticket), size_t(len), &req));
+    if (stream::tracing()) {
+      if (auto h = wire::decode_block_header(std::span<const std::byte, wire::kBlockHeaderSize>(
+                                                 ring->block(ticket), wire::kBlockHeaderSize),
+                                             size_t(len) - wire::kBlockHeaderSize)) {
+        stream::trace(stream::TraceStage::kPosted, h->device, h->packet);
+      }
+    }
+    if (req.pending()) {
+      inflight.emplace_back(ticket, std::move(req));
+    } else {
+      ring->release(ticket);
+    }
+    ++*sent;
+    if ((++transmitted & 63) == 0) {
+      SLOTSTREAM_RETURN_IF_ERROR(alive_st());
+      held_skips_live.store(proto->held_skips_st(), std::memory_order_relaxed);
+    }
+  }
+  return reap_st();
+}
+
+// Frees the blocks of finished transfers, oldest first (their completions come in order).
+Status Lane::reap_st() {
+  while (!inflight.empty()) {
+    Status st = inflight.front().second.check();
+    if (st.code() == Code::kInProgress) break;
+    SLOTSTREAM_RETURN_IF_ERROR(st);
+    ring->release(inflight.front().first);
+    inflight.pop_front();
+  }
+  in_flight.store(!inflight.empty(), std::memory_order_relaxed);
+  return Status::ok();
+}
+
+// A filler committed a block. If no one transmits right now, transmit from this thread: the
+// put leaves without waking the sending thread (the latency path, stream/send_ring.h). Otherwise
+// the token's holder sees the block when it gives the token back.
+Status Lane::transmit_committed() {
+  if (!ring->try_take_token()) {
+    ring->wake_sender();  // the holder may be the sending thread asleep in its worker
+    return Status::ok();
+  }
+  size_t sent = 0;
+  Status st = transmit_filled_st(&sent);
+  // Blocks left over (the pass is bounded, or committed meanwhile) and transfers that need the
+  // worker progressed to complete (tcp) are the sending thread's.
+  if (ring->give_token() || in_flight.load(std::memory_order_relaxed)) ring->wake_sender();
+  if (st.is_ok()) return st;
+  owner.fail(explain_transmit_error(st));
+  return owner.first_error();
+}
+
+// The sending thread: transmits whatever the fillers leave to it, and otherwise does the lane's
+// idle work with the token (progresses the worker, the protocol's timers, completions, the
+// receiver's liveness), about every millisecond, until finish().
+Status Lane::sending_thread_st() {
+  bool moved = false;  // the last turn transmitted: spin for the next block rather than sleep
+  std::chrono::microseconds period = kIdlePeriod;
+  uint64_t last_cursor = 0;
+  Clock::time_point last_activity = Clock::now();
+  for (;;) {
+    (void)ring->wait_next(moved ? kBusySpin : kIdleSpin, period);
+    if (owner.failed.load(std::memory_order_acquire)) return Status::ok();  // reported by its thread
+    if (!ring->try_take_token()) {  // a filler is transmitting
+      std::this_thread::sleep_for(kTokenTakenNap);
+      moved = false;
+      continue;
+    }
+    size_t sent = 0;
+    Status st = transmit_filled_st(&sent);
+    if (st.is_ok() && sent == 0) {  // idle
+      worker->progress();
+      st = proto->idle_st();
+      if (st.is_ok()) st = reap_st();
+      if (st.is_ok()) st = alive_st();
+    }
+    SLOTSTREAM_RETURN_IF_ERROR(st);  // keeps the token: the lane is done
+    if (finishing.load(std::memory_order_acquire) && ring->cursor() == ring->claimed()) break;
+    // Sooner while transfers are still in flight (tcp puts, rendezvous sends: only their
+    // completion, which needs the worker progressed, can free a block for the fillers) or while
+    // the protocol holds records back (holding_st: its idle_st() flushes them).
+    const auto now = Clock::now();
+    if (ring->cursor() != last_cursor) {  // someone transmitted since the last turn
+      last_cursor = ring->cursor();
+      last_activity = now;
+    }
+    period = !inflight.empty()                 ? kInFlightPeriod
+             : proto->holding_st()             ? kHoldingIdlePeriod
+             : now - last_activity > kLongIdle ? kLongIdlePeriod
+                                               : kIdlePeriod;
+    moved = sent > 0;
+    ring->give_token();  // a block committed meanwhile is seen at once by wait_next
+  }
+  for (auto& [t, req] : inflight) SLOTSTREAM_RETURN_IF_ERROR(req.wait(*worker, [this] { return alive_st(); }));
+  inflight.clear();
+  return proto->finish_st();
+}
+
+void Lane::sending_loop_st() {
+  if (Status st = explain_transmit_error(sending_thread_st()); !st.is_ok()) owner.fail(st);
 }
 
 // Tells the receiver how many messages of each device it must have, and waits until it has
@@ -494,7 +596,8 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
   Sender::Impl& im = *sender_.impl_;
   // Back-pressure for this device alone (its worker on the receiver is behind).
   SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_));
-  stream::SendRing& ring = *im.lane_of.at(device_)->ring;
+  Lane& lane = *im.lane_of.at(device_);
+  stream::SendRing& ring = *lane.ring;
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);
   for (uint64_t i = 0; i < n; ++i) {
@@ -515,7 +618,9 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
     }
     wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
-    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
+    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length), /*wake=*/false);
+    if (stream::tracing()) stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
+    if (Status st = lane.transmit_committed(); !st.is_ok()) return st;
   }
   im.messages[device_].fetch_add(1, std::memory_order_relaxed);
   im.bytes.fetch_add(length, std::memory_order_relaxed);

@@ -23,6 +23,7 @@
 #include "commands.h"
 #include "fabric/fabric.h"
 #include "net/control_socket.h"
+#include "stream/trace.h"
 
 namespace slotstream::tools {
 namespace {
@@ -59,6 +60,16 @@ json resources_json(uint64_t connections) {
           {"progress_useful", c.progress_useful},
           {"progress_seconds", c.progress_ns / 1e9},
           {"connections", connections}};
+}
+
+// The per-stage trace (--trace): [stage, device, packet, ns] per event, null when off.
+json trace_json() {
+  if (!stream::tracing()) return nullptr;
+  json events = json::array();
+  for (const stream::TraceEvent& e : stream::trace_events()) {
+    events.push_back({stream::trace_stage_name(e.stage), e.device, e.packet, e.ns});
+  }
+  return events;
 }
 
 void print_json(const json& j) {
@@ -359,6 +370,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
   }
   opt.transport = *parse_transport(a.transport);
   opt.busy_poll = a.busy_poll;
+  if (a.trace) stream::enable_trace(a.trace);
   opt.round_robin = a.round_robin;
   for (const auto& h : a.holds) {
     HoldSpec spec;
@@ -401,8 +413,10 @@ int run_bench_recv(const BenchRecvArgs& a) {
       std::lock_guard lock(rec->mutex);
       rec->protocol_counters = r.protocol_counters;
     }
-    print_json(session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages, r.bytes,
-                            r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg));
+    json session = session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages,
+                                r.bytes, r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg);
+    session["trace"] = trace_json();
+    print_json(session);
   };
   opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
   std::unique_ptr<Receiver> rx;
@@ -432,6 +446,7 @@ int run_bench_send(const BenchSendArgs& a) {
     return kExitUsage;
   }
   if (a.tcp_socket) return send_tcp_socket(a, host, port);
+  if (a.trace) stream::enable_trace(a.trace);
 
   SenderOptions opt;
   opt.host = host;
@@ -512,6 +527,7 @@ int run_bench_send(const BenchSendArgs& a) {
     out["burst_ends_ns"] = ends;
     out["compute_us"] = a.compute_us;
   }
+  out["trace"] = trace_json();
   print_json(out);
   return kExitOk;
 }

@@ -18,6 +18,7 @@ struct BenchRecvArgs {
   // Receiver "processing": read every byte, then this many ns per byte of compute (0: read only;
   // negative: no processing).
   double process_ns_per_byte = -1;
+  uint64_t trace = 0;  // record per-stage timestamps of up to this many events (stream/trace.h)
 };
 int run_bench_recv(const BenchRecvArgs& args);
 
@@ -38,6 +39,7 @@ struct BenchSendArgs {
   uint64_t burst = 0;       // with compute_us: messages per burst (SDP Fig. 5)
   uint64_t compute_us = 0;  // busy computation after each burst
   bool tcp_socket = false;
+  uint64_t trace = 0;  // as BenchRecvArgs::trace
 };
 int run_bench_send(const BenchSendArgs& args);
 

@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
   bpr->add_flag("--round-robin", brecv.round_robin, "one consumer thread serves every sender in turn");
   bpr->add_option("--process-ns-per-byte", brecv.process_ns_per_byte,
                   "processing: read every byte, then spin this many ns per byte")->check(CLI::NonNegativeNumber);
+  bpr->add_option("--trace", brecv.trace, "record when each packet was polled and delivered (up to N events)");
   auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
   bps->add_option("--to", bsend.to, "HOST:PORT")->required();
   bps->add_option("--name", bsend.name, "sender name (default bench)");
@@ -195,6 +196,7 @@ int main(int argc, char** argv) {
   bps->add_option("--burst", bsend.burst, "messages per burst (with --compute-us)");
   bps->add_option("--compute-us", bsend.compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend.tcp_socket, "plain TCP reference instead of slotstream");
+  bps->add_option("--trace", bsend.trace, "record when each packet was committed and posted (up to N events)");
 
   DgramPeerArgs dpeer;
   auto* dp = add_dgram_peer(app, &dpeer);

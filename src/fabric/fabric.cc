@@ -445,7 +445,9 @@ void TagReceive::cancel() {
 Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Worker>* out) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = shared ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SINGLE;
+  // Unshared: one thread at a time, not always the same one (a sender's filler transmits itself
+  // when it holds the lane's transmit token, stream/send_ring.h) — UCX's serialized mode.
+  params.thread_mode = shared ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SERIALIZED;
   if (wakeup) {
     params.field_mask |= UCP_WORKER_PARAM_FIELD_EVENTS;
     params.events = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TAG_SEND |

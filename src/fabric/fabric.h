@@ -1,9 +1,9 @@
 // The UCX boundary. Only src/fabric/*.cc includes <ucp/api/ucp.h>; everything above speaks these
 // RAII types. Each wrapper owns one UCX handle and destroys it in its destructor.
 //
-// Threading: a Context is shared. A Worker created with `shared = false` belongs to exactly one
-// thread (the sender's sending thread); `shared = true` (the receiver's) may be used by its
-// progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their Worker.
+// Threading: a Context is shared. A Worker created with `shared = false` is used by one thread at
+// a time, which the caller serializes (a sender lane's transmit token); `shared = true` (the
+// receiver's) may be used by its progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their Worker.
 #pragma once
 
 #include <chrono>

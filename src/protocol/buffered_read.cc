@@ -279,11 +279,21 @@ class BufferedReadReceiver final : public ReceiverProtocol {
   bool progress() override {
     if (!pending()) return false;
     const bool worked = worker_.progress() != 0;
+    // Tail reads that keep finding the tail where it was are not work: the consumer may then nap
+    // (its wait() wakes at the next reply), or an idle connection would read the tail in a tight
+    // loop — a core on each side over tcp, where the sender's worker answers every read.
+    if (idle_tail_) return false;
     return worked || Clock::now() - issued_at_ < kEagerPoll;
   }
 
   // Idle: a get's reply over tcp wakes the consumer (the worker's event fd) before `max` passes.
-  void wait(std::chrono::microseconds max) override { (void)worker_.wait_for_event(max); }
+  // Once the tail stopped moving, the nap is taken in full: the reply to the tail read in flight
+  // would end it at once, and an idle connection would then cost a round trip per wake-up.
+  void wait(std::chrono::microseconds max) override {
+    const auto until = Clock::now() + max;
+    (void)worker_.wait_for_event(max);
+    if (idle_tail_) std::this_thread::sleep_until(until);
+  }
 
   uint64_t max_records() const override { return capacity_ / RingLayout::entry_size(wire::kBlockHeaderSize); }
 
@@ -410,7 +420,8 @@ class BufferedReadReceiver final : public ReceiverProtocol {
   void on_tail_st(uint64_t tail, bool sender_waits) {
     // The sender can have written at most a ring's worth past the head we gave it.
     if (tail < tail_seen_ || tail % 8 != 0 || tail - tracker_.head() > capacity_) return fail_st();
-    if (tail == tail_seen_) ++tail_unchanged_;
+    idle_tail_ = tail == tail_seen_;
+    if (idle_tail_) ++tail_unchanged_;
     tail_seen_ = tail;
     // The sender waits for space (or to finish): give it what we freed since the last write.
     if (sender_waits && tracker_.head() > published_) publish_head_st();
@@ -465,6 +476,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
 
   std::unique_ptr<uint64_t[]> tail_buf_;  // a tail read lands here: tail, wait flag
   fabric::Request tail_req_;
+  bool idle_tail_ = false;  // the last tail read found nothing new
   bool tail_pending_ = false;
   Clock::time_point tail_issued_{};
   Clock::time_point issued_at_{};

@@ -107,8 +107,10 @@ class WaitTimer {
 // Appends a sample unless `samples` already holds kMaxSamples.
 void add_sample(std::vector<uint64_t>& samples, uint64_t ns);
 
-// Threading: every method but setup() is called from the sender's one sending thread (suffix
-// _st); make_sender and setup() run on the connecting thread before that thread starts.
+// Threading: every method but setup() is called by one thread at a time (suffix _st): whoever
+// holds the lane's transmit token — a filler that just committed a block, or the lane's sending
+// thread (stream/send_ring.h); the token orders them. make_sender and setup() run on the
+// connecting thread before any of them.
 class SenderProtocol {
  public:
   virtual ~SenderProtocol() = default;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "stream/trace.h"
+
 namespace slotstream::stream {
 
 Delivery::Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices)
@@ -40,6 +42,7 @@ Status Delivery::apply(const Entry& e, Stage stage) {
   }
   if (h.last()) {
     if (Status st = sink_.commit(h.device); !st.is_ok()) return fail(st, Stage::kCommit);
+    if (tracing()) trace(TraceStage::kDelivered, h.device, h.packet);
     dev.open = false;
     ++dev.counters.messages;
     dev.counters.bytes += dev.open_bytes;
@@ -88,6 +91,7 @@ Status Delivery::pass(size_t* consumed) {
       proto_.release(rec.id);
       ++*consumed;
     } else {
+      if (tracing()) trace(TraceStage::kPolled, h->device, h->packet);
       entries_.push_back({rec, *h});
       useful += h->payload_length;
     }
@@ -109,10 +113,15 @@ Status Delivery::pass(size_t* consumed) {
     return wire::packet_distance(exp, a.header.packet) < wire::packet_distance(exp, b.header.packet);
   });
 
+  if (pass_interrupted_) {  // the last pass returned an error half-way: forget its marks
+    for (auto& [d, dev] : devices_) {
+      dev.pass_progressed = false;
+      dev.pass_waiting = -1;
+    }
+  }
+  pass_interrupted_ = true;
   const auto window = static_cast<int64_t>(Delivery::window(proto_.max_records()));
   const auto now = std::chrono::steady_clock::now();
-  std::map<uint16_t, int64_t> waiting;  // device -> distance of its nearest waiting packet
-  std::map<uint16_t, bool> progressed;
   for (const Entry& e : entries_) {
     DeviceState& dev = devices_[e.header.device];
     int64_t dist = wire::packet_distance(dev.expected, e.header.packet);
@@ -144,14 +153,17 @@ Status Delivery::pass(size_t* consumed) {
         dev.counters.paused = false;
         if (on_pause_) on_pause_(e.header.device, false);
       }
-      progressed[e.header.device] = true;
-    } else if (!waiting.contains(e.header.device)) {
-      waiting[e.header.device] = dist;
+      dev.pass_progressed = true;
+    } else if (dev.pass_waiting < 0) {
+      dev.pass_waiting = dist;  // entries are sorted: the nearest first
     }
   }
   for (auto& [d, dev] : devices_) {
-    auto w = waiting.find(d);
-    if (progressed[d] || w == waiting.end() || dev.counters.paused) {
+    const bool progressed = dev.pass_progressed;
+    const int64_t waiting = dev.pass_waiting;
+    dev.pass_progressed = false;
+    dev.pass_waiting = -1;
+    if (progressed || waiting < 0 || dev.counters.paused) {
       dev.stuck_passes = 0;  // a paused device waits for its sink, not for a lost packet
       continue;
     }
@@ -159,9 +171,9 @@ Status Delivery::pass(size_t* consumed) {
     bool any_blocked = std::any_of(blocked_.begin(), blocked_.end(), [](const auto& b) { return b.second; });
     if (any_blocked || ++dev.stuck_passes < 2) continue;
     // Two passes without the expected packet while a later one waits: a real gap.
-    counters_.gaps += static_cast<uint64_t>(w->second);
-    dev.counters.gaps += static_cast<uint64_t>(w->second);
-    dev.expected += static_cast<uint32_t>(w->second);
+    counters_.gaps += static_cast<uint64_t>(waiting);
+    dev.counters.gaps += static_cast<uint64_t>(waiting);
+    dev.expected += static_cast<uint32_t>(waiting);
     dev.stuck_passes = 0;
     if (dev.open) {
       sink_.abort(d);
@@ -169,6 +181,7 @@ Status Delivery::pass(size_t* consumed) {
       ++counters_.broken_messages;
     }
   }
+  pass_interrupted_ = false;
   return Status::ok();
 }
 

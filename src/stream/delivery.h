@@ -86,6 +86,10 @@ class Delivery {
     uint32_t stuck_passes = 0;
     std::chrono::steady_clock::time_point retry_at{};  // while paused: when to try its sink again
     DeviceStats counters;
+    // Within one pass (reset at its end; no per-pass allocation): a packet was delivered, and the
+    // distance of the nearest packet waiting behind a missing one (-1: none).
+    bool pass_progressed = false;
+    int64_t pass_waiting = -1;
   };
   struct Entry {
     protocol::Record record;
@@ -109,6 +113,7 @@ class Delivery {
   std::vector<protocol::Record> records_;  // scratch, reused across passes
   std::function<void(uint16_t, bool)> on_pause_;
   std::vector<Entry> entries_;
+  bool pass_interrupted_ = false;  // a pass returned early: the devices' pass_* marks are stale
   // What the last pass found held (buffer utilisation is integrated from one pass to the next).
   std::optional<std::chrono::steady_clock::time_point> last_pass_;
   uint64_t last_held_ = 0;

@@ -18,7 +18,7 @@ Status SendRing::claim(Slot* out) {
   // Short spin first: with enough blocks the slot is almost always free already.
   for (int i = 0; i < 64 && s.turn.load(std::memory_order_acquire) != t; ++i) std::this_thread::yield();
   if (s.turn.load(std::memory_order_acquire) != t) {
-      std::unique_lock lock(mutex_);
+    std::unique_lock lock(mutex_);
     fillers_waiting_.fetch_add(1);
     freed_.wait(lock, [&] { return s.turn.load(std::memory_order_acquire) == t || aborted_.load(); });
     fillers_waiting_.fetch_sub(1);
@@ -30,50 +30,41 @@ Status SendRing::claim(Slot* out) {
   return Status::ok();
 }
 
-void SendRing::commit(const Slot& slot, uint32_t length) {
-  slots_[slot.index].length.store(length, std::memory_order_seq_cst);  // pairs with sender_waiting_
-  if (sender_waiting_.load(std::memory_order_seq_cst)) {
-    if (sleeper_.wake) return sleeper_.wake();
-    std::lock_guard lock(mutex_);
-    filled_.notify_one();
-  }
+void SendRing::commit(const Slot& slot, uint32_t length, bool wake) {
+  // seq_cst: pairs with sender_waiting_ (wake_sender) and with the token (give_token).
+  slots_[slot.index].length.store(length, std::memory_order_seq_cst);
+  if (wake) wake_sender();
 }
 
-int64_t SendRing::wait_filled(uint64_t ticket, std::chrono::microseconds timeout) {
-  SlotState& s = slots_[ticket % blocks_];
-  // The block may still hold ticket - N, in flight: it is ours only once its turn is `ticket`.
-  auto filled = [&]() -> int64_t {
-    if (s.turn.load(std::memory_order_acquire) != ticket) return -1;
-    return s.length.load(std::memory_order_acquire);
-  };
-  // Spin while data is flowing (a filler is about to commit: sleeping would cost a futex wake
-  // per block), but only briefly on a connection that has gone idle, so an idle sending thread
-  // costs ~nothing — there is one per connection, and a baseline may use one per device.
-  const auto spin_until = std::chrono::steady_clock::now() + spin_budget_;
+void SendRing::wake_sender() {
+  if (!sender_waiting_.load(std::memory_order_seq_cst)) return;
+  if (sleeper_.wake) return sleeper_.wake();
+  std::lock_guard lock(mutex_);
+  filled_.notify_one();
+}
+
+int64_t SendRing::wait_next(std::chrono::microseconds spin, std::chrono::microseconds timeout) {
+  // The cursor moves while we wait when fillers transmit themselves: look at where it is now.
+  auto filled = [&]() -> int64_t { return next_length(); };
+  const auto spin_until = std::chrono::steady_clock::now() + spin;
   for (int i = 0;; ++i) {
-    if (int64_t len = filled(); len >= 0) {
-      spin_budget_ = kBusySpin;
-      return len;
-    }
+    if (int64_t len = filled(); len >= 0) return len;
     if ((i & 15) == 15 && std::chrono::steady_clock::now() >= spin_until) break;
     // On a machine with fewer cores than busy threads, spinning without yielding would keep
     // the very filler we wait for off the CPU.
     if (i >= 16) std::this_thread::yield();
   }
-  bool got = false;
   if (sleeper_.sleep) {
     // Either we see the fill, or the filler sees sender_waiting_ and wakes a sleep that is
     // about to start (the wake is kept until then).
     sender_waiting_.store(true, std::memory_order_seq_cst);
     if (filled() < 0) sleeper_.sleep(timeout);
-    got = filled() >= 0;
   } else {
     std::unique_lock lock(mutex_);
     sender_waiting_.store(true, std::memory_order_seq_cst);
-    got = filled_.wait_for(lock, timeout, [&] { return filled() >= 0; });
+    filled_.wait_for(lock, timeout, [&] { return filled() >= 0; });
   }
   sender_waiting_.store(false, std::memory_order_relaxed);
-  spin_budget_ = got ? kBusySpin : kIdleSpin;
   return filled();
 }
 

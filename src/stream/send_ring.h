@@ -3,9 +3,17 @@
 // thread.
 //
 // Fillers take tickets 0, 1, 2, ... ; ticket t uses block t % N once the previous use of that
-// block (ticket t - N) has been transmitted. The sending thread transmits tickets in the same
-// order. So every device's packets leave in the order its filler produced them, even though
-// several fillers write blocks at once — and no filler ever makes a UCX call.
+// block (ticket t - N) has been transmitted. Blocks are transmitted in ticket order from a
+// cursor, so every device's packets leave in the order its filler produced them, even though
+// several fillers write blocks at once.
+//
+// Who transmits: whoever holds the ring's transmit token (try_take_token), which owns the lane's
+// UCX worker while it holds it. Normally a filler that just committed a block takes it and
+// transmits at once — no hand-off to the sending thread, whose wake-up costs far more than a put
+// (the one-message latency path, issue 11). When the token is taken, the filler leaves its block
+// to the holder: give_token() tells a holder that a block was committed meanwhile, so no block
+// waits for a timeout. The sending thread takes the token when it wakes (idle work, transfers in
+// flight, protocol timers) and whenever fillers leave blocks to it.
 #pragma once
 
 #include <atomic>
@@ -45,15 +53,36 @@ class SendRing {
 
   // Filler side (any thread). Blocks until the next block is free; kCancelled after abort().
   Status claim(Slot* out);
-  // Marks a claimed block filled with `length` bytes (paper: status byte 0 -> 1).
-  void commit(const Slot& slot, uint32_t length);
+  // Marks a claimed block filled with `length` bytes (paper: status byte 0 -> 1). `wake`: wake
+  // a sending thread sleeping in wait_next(); a filler that then tries the token itself passes
+  // false (no syscall per message) and calls wake_sender() only if it could not take it.
+  void commit(const Slot& slot, uint32_t length, bool wake = true);
+  // Ends a sleep of the sending thread in wait_next() (if it sleeps; cheap otherwise). Any thread.
+  void wake_sender();
 
-  // Sending-thread side. Waits up to `timeout` for the block of `ticket` to be filled; returns
-  // its length, or -1 on timeout.
-  int64_t wait_filled(uint64_t ticket, std::chrono::microseconds timeout);
+  // The transmit token (any thread). try_take_token() is lock-free and never waits.
+  // give_token() returns true when the block at the cursor is filled: a filler committed it while
+  // the token was held and left it to the holder, who must take the token again (or, if that
+  // fails, it went to someone who will see the block).
+  bool try_take_token() { return !token_.exchange(true, std::memory_order_seq_cst); }
+  bool give_token() {
+    token_.store(false, std::memory_order_seq_cst);  // pairs with commit's seq_cst store
+    return next_length() >= 0;
+  }
+
+  // Token holder's side. The next ticket to transmit, and its block's length if it is filled
+  // (else -1). advance() moves the cursor past it once it was handed to the protocol.
+  uint64_t cursor() const { return cursor_.load(std::memory_order_acquire); }
+  int64_t next_length() const { return filled_length(cursor()); }
+  void advance() { cursor_.fetch_add(1, std::memory_order_acq_rel); }
   std::byte* block(uint64_t ticket) { return base_ + size_t(ticket % blocks_) * block_size_; }
   // The block of `ticket` has been transmitted and its source is no longer needed (1 -> 0).
   void release(uint64_t ticket);
+
+  // Sending-thread side, without the token: waits up to `timeout` for the block at the cursor to
+  // be filled — spinning for `spin` first (while it moves data itself, sleeping would cost a
+  // futex wake per block), then sleeping; returns its length or -1.
+  int64_t wait_next(std::chrono::microseconds spin, std::chrono::microseconds timeout);
 
   // Tickets handed out so far (the sending thread is done when it has released them all).
   uint64_t claimed() const { return next_ticket_.load(std::memory_order_acquire); }
@@ -68,16 +97,21 @@ class SendRing {
     std::atomic<int64_t> length;   // -1 while not filled, else bytes filled
   };
 
-  static constexpr std::chrono::microseconds kBusySpin{50};
-  static constexpr std::chrono::microseconds kIdleSpin{2};
-
   std::byte* base_;
   uint32_t blocks_;
   uint32_t block_size_;
   std::unique_ptr<SlotState[]> slots_;
+  // -1 unless the block of `ticket` is filled (it may still hold ticket - N, in flight).
+  int64_t filled_length(uint64_t ticket) const {
+    const SlotState& s = slots_[ticket % blocks_];
+    if (s.turn.load(std::memory_order_acquire) != ticket) return -1;
+    return s.length.load(std::memory_order_seq_cst);
+  }
+
   std::atomic<uint64_t> next_ticket_{0};
+  std::atomic<uint64_t> cursor_{0};  // next ticket to transmit (moved by the token holder)
+  std::atomic<bool> token_{false};
   std::atomic<bool> aborted_{false};
-  std::chrono::microseconds spin_budget_ = kIdleSpin;  // sending thread only
 
   // Sleeping is rare (ring full, or the sending thread idle); these are only touched then.
   std::mutex mutex_;

@@ -21,7 +21,12 @@ TEST(SendRing, TicketsMapToBlocksInOrder) {
     EXPECT_EQ(s.block.data(), mem.data() + t * 32);
     ring.commit(s, 10 + uint32_t(t));
   }
-  for (uint64_t t = 0; t < 4; ++t) EXPECT_EQ(ring.wait_filled(t, microseconds(0)), int64_t(10 + t));
+  for (uint64_t t = 0; t < 4; ++t) {
+    EXPECT_EQ(ring.cursor(), t);
+    EXPECT_EQ(ring.next_length(), int64_t(10 + t));
+    ring.advance();
+  }
+  EXPECT_EQ(ring.next_length(), -1);  // ticket 4 not claimed
 }
 
 TEST(SendRing, BlockIsNotSeenAsFilledForTheNextRoundBeforeItIsReleased) {
@@ -30,9 +35,16 @@ TEST(SendRing, BlockIsNotSeenAsFilledForTheNextRoundBeforeItIsReleased) {
   SendRing::Slot s;
   ASSERT_TRUE(ring.claim(&s).is_ok());
   ring.commit(s, 5);
+  ASSERT_TRUE(ring.claim(&s).is_ok());
+  ring.commit(s, 6);
+  ring.advance();
+  ring.advance();
   // Ticket 2 uses the same block as ticket 0, which is filled (in flight) but not released:
-  // the sending thread must not mistake ticket 0's data for ticket 2's.
-  EXPECT_EQ(ring.wait_filled(2, microseconds(100)), -1);
+  // the transmitter must not mistake ticket 0's data for ticket 2's.
+  EXPECT_EQ(ring.cursor(), 2u);
+  EXPECT_EQ(ring.wait_next(microseconds(0), microseconds(100)), -1);
+  ring.release(0);
+  EXPECT_EQ(ring.next_length(), -1);  // released, not yet filled again
 }
 
 TEST(SendRing, FillerWaitsForReleaseAndKeepsOrder) {
@@ -48,14 +60,55 @@ TEST(SendRing, FillerWaitsForReleaseAndKeepsOrder) {
     }
   });
   for (uint64_t t = 0; t < 50; ++t) {
-    int64_t len;
-    while ((len = ring.wait_filled(t, microseconds(1000))) < 0) {
+    while (ring.wait_next(microseconds(2), microseconds(1000)) < 0) {
     }
+    ASSERT_EQ(ring.cursor(), t);
     seen.push_back(std::to_integer<uint64_t>(ring.block(t)[0]));
+    ring.advance();
     ring.release(t);
   }
   filler.join();
   for (uint64_t t = 0; t < 50; ++t) EXPECT_EQ(seen[t], t);
+}
+
+TEST(SendRing, TokenHasOneHolderAndReportsBlocksCommittedMeanwhile) {
+  std::vector<std::byte> mem(4 * 32);
+  SendRing ring(mem.data(), 4, 32);
+  ASSERT_TRUE(ring.try_take_token());
+  EXPECT_FALSE(ring.try_take_token());  // held
+  EXPECT_FALSE(ring.give_token());      // nothing filled at the cursor
+  ASSERT_TRUE(ring.try_take_token());
+  // A filler commits while the token is held and cannot take it: the holder must learn of it.
+  SendRing::Slot s;
+  ASSERT_TRUE(ring.claim(&s).is_ok());
+  ring.commit(s, 3, /*wake=*/false);
+  EXPECT_FALSE(ring.try_take_token());
+  EXPECT_TRUE(ring.give_token());
+  ASSERT_TRUE(ring.try_take_token());
+  EXPECT_EQ(ring.next_length(), 3);
+  ring.advance();
+  EXPECT_FALSE(ring.give_token());
+}
+
+TEST(SendRing, SleepingSenderIsWokenByACommitAndByWakeSender) {
+  std::vector<std::byte> mem(4 * 32);
+  SendRing ring(mem.data(), 4, 32);
+  for (bool wake_in_commit : {true, false}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread filler([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      SendRing::Slot s;
+      ASSERT_TRUE(ring.claim(&s).is_ok());
+      ring.commit(s, 7, wake_in_commit);
+      if (!wake_in_commit) ring.wake_sender();
+    });
+    // A 10-second sleep that must end when the block is committed.
+    EXPECT_EQ(ring.wait_next(microseconds(0), std::chrono::seconds(10)), 7);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    filler.join();
+    ring.release(ring.cursor());
+    ring.advance();
+  }
 }
 
 TEST(SendRing, AbortWakesAWaitingFiller) {
