@@ -305,12 +305,29 @@ void SoftRma::on_put(const void* header, size_t header_len, const void* data, si
     spdlog::warn("fabric: refused a peer's write of {} bytes at 0x{:x}: not registered memory", h.length, h.address);
     return;
   }
-  // These bytes stand for a NIC's DMA write into exposed memory: the protocols order them the way
-  // they order an RNIC's (data, fence, then the flag they poll with acquire loads; the AMs carrying
-  // them arrive and are handled in that order). The fence keeps this write after every earlier
-  // put's on weakly ordered CPUs, as a NIC's in-order placement does.
+  place(reinterpret_cast<std::byte*>(h.address), static_cast<const std::byte*>(data), length);
+}
+
+// These bytes stand for a NIC's DMA write into exposed memory: the protocols order them the way
+// they order an RNIC's (data, fence, then the flag they poll with acquire loads; the AMs carrying
+// them arrive and are handled in that order, on one thread). A write of one aligned word (1, 2, 4
+// or 8 bytes: a status byte, a counter, a tail) is a release store — what a flag is — so a reader's
+// acquire load of it sees every earlier placement of this thread, in the C++ memory model as on
+// the wire; anything longer is data, copied after a release fence (in-order placement on weakly
+// ordered CPUs, as a NIC's).
+void SoftRma::place(std::byte* dst, const std::byte* src, size_t length) {
+  const auto aligned = [&](size_t n) { return length == n && reinterpret_cast<uintptr_t>(dst) % n == 0; };
+  auto store = [&]<typename T>(T) {
+    T v;
+    std::memcpy(&v, src, sizeof v);
+    std::atomic_ref<T>(*reinterpret_cast<T*>(dst)).store(v, std::memory_order_release);
+  };
+  if (aligned(1)) return store(uint8_t{});
+  if (aligned(2)) return store(uint16_t{});
+  if (aligned(4)) return store(uint32_t{});
+  if (aligned(8)) return store(uint64_t{});
   std::atomic_thread_fence(std::memory_order_release);
-  std::memcpy(reinterpret_cast<void*>(h.address), data, length);
+  std::memcpy(dst, src, length);
 }
 
 void SoftRma::on_flush_request(const void* header, size_t header_len, void* reply_ep) {

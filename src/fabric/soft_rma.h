@@ -81,6 +81,8 @@ class SoftRma {
   void on_get_request(const void* header, size_t header_len, void* reply_ep);
   void on_get_reply(const void* header, size_t header_len, const void* data, size_t length, bool rndv);
   void on_put(const void* header, size_t header_len, const void* data, size_t length, bool rndv);
+  // Writes a peer's put into exposed memory (the emulated NIC's placement).
+  static void place(std::byte* dst, const std::byte* src, size_t length);
   void on_flush_request(const void* header, size_t header_len, void* reply_ep);
   void on_flush_ack(const void* header, size_t header_len);
   // Sends a reply and keeps its header until the send completed (or failed: then dropped).
