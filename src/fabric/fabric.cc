@@ -38,6 +38,10 @@ Status internal::from_ucs(ucs_status_t st, const char* what) {
   return {code, std::string(what) + ": " + ucs_status_string(st)};
 }
 
+void UcxDestroy::operator()(ucp_context* h) const { ucp_cleanup(h); }
+void UcxDestroy::operator()(ucp_worker* h) const { ucp_worker_destroy(h); }
+void UcxDestroy::operator()(ucp_rkey* h) const { ucp_rkey_destroy(h); }
+
 namespace {
 using internal::from_ucs;
 
@@ -121,8 +125,7 @@ Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
 }
 
 Context::~Context() {
-  parked_.clear();
-  ucp_cleanup(handle_);
+  parked_.clear();  // before the handle: UCX refuses to clean up while memory is still mapped
 }
 
 void Context::park(std::unique_ptr<MemoryRegion> region) {
@@ -213,8 +216,6 @@ Status RemoteKey::unpack(Endpoint& ep, std::span<const uint8_t> packed, std::uni
   return Status::ok();
 }
 
-RemoteKey::~RemoteKey() { ucp_rkey_destroy(handle_); }
-
 // ---------------------------------------------------------------------------------- Request
 Request::Request(std::shared_ptr<SoftOp> op) : op_(std::move(op)) { op_started(); }
 
@@ -300,11 +301,17 @@ Status track(ucs_status_ptr_t ptr, const char* what, Request* req) {
 // --------------------------------------------------------------------------------- Endpoint
 void Endpoint::on_error(void* arg, ucp_ep* /*ep*/, int status) {
   auto* self = static_cast<Endpoint*>(arg);
-  self->failed_ = true;
-  if (self->worker_.soft_) {
-    self->worker_.soft_->fail_endpoint(self, from_ucs(static_cast<ucs_status_t>(status), "peer unreachable"));
+  const auto st = static_cast<ucs_status_t>(status);
+  if (self->state_.load(std::memory_order_relaxed) == State::kFailed) return;  // reported once
+  self->failure_ = from_ucs(st, "peer unreachable");
+  self->state_.store(State::kFailed, std::memory_order_release);
+  if (self->worker_.soft_) self->worker_.soft_->fail_endpoint(self, self->failure_);
+  // A peer that went away is expected (timeouts, resets); anything else is worth a look.
+  if (self->failure_.code() == Code::kPeerGone) {
+    spdlog::debug("endpoint error: {}", ucs_status_string(st));
+  } else {
+    spdlog::warn("fabric: unexpected endpoint error from UCX: {}", ucs_status_string(st));
   }
-  spdlog::debug("endpoint error: {}", ucs_status_string(static_cast<ucs_status_t>(status)));
 }
 
 Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
@@ -353,7 +360,7 @@ Status Endpoint::flush(const Liveness& alive) {
 }
 
 Status Endpoint::put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {
-  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  if (failed()) return failure_;
   ucp_request_param_t param{};
   g_counters.puts.fetch_add(1, std::memory_order_relaxed);
   if (worker_.soft_) return worker_.soft_->put(*this, src, length, remote_addr, req);
@@ -361,7 +368,7 @@ Status Endpoint::put(const void* src, size_t length, uint64_t remote_addr, Remot
 }
 
 Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {
-  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  if (failed()) return failure_;
   ucp_request_param_t param{};
   g_counters.gets.fetch_add(1, std::memory_order_relaxed);
   if (worker_.soft_) return worker_.soft_->get(*this, dst, length, remote_addr, req);
@@ -370,7 +377,7 @@ Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& 
 
 Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, const void* data,
                          size_t data_len, bool want_reply, Request* req) {
-  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  if (failed()) return failure_;
   ucp_request_param_t param{};
   if (want_reply) {
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -382,7 +389,7 @@ Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, con
 }
 
 Status Endpoint::tag_send(const void* src, size_t length, uint64_t tag, Request* req) {
-  if (failed_) return {Code::kPeerGone, "endpoint failed (peer gone)"};
+  if (failed()) return failure_;
   ucp_request_param_t param{};
   g_counters.tag_sends.fetch_add(1, std::memory_order_relaxed);
   return track(ucp_tag_send_nbx(handle_, src, length, tag, &param), "ucp_tag_send_nbx", req);
@@ -479,13 +486,13 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
 Worker::Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}
 
 Worker::~Worker() {
-  soft_.reset();
-  ucp_worker_destroy(handle_);
+  soft_.reset();    // its handlers and replies use the worker
+  handle_.reset();  // before the AM handlers it may still point to
 }
 
 unsigned Worker::progress() {
   const auto t0 = std::chrono::steady_clock::now();
-  const unsigned n = ucp_worker_progress(handle_);
+  const unsigned n = ucp_worker_progress(handle());
   if (soft_) soft_->reap();
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   g_counters.progress_calls.fetch_add(1, std::memory_order_relaxed);
@@ -494,7 +501,7 @@ unsigned Worker::progress() {
   return n;
 }
 
-Status Worker::fence() { return from_ucs(ucp_worker_fence(handle_), "ucp_worker_fence"); }
+Status Worker::fence() { return from_ucs(ucp_worker_fence(handle()), "ucp_worker_fence"); }
 
 Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
@@ -502,7 +509,7 @@ Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   bool worked = false;
   while (progress() != 0) worked = true;
   if (worked) return Status::ok();
-  ucs_status_t st = ucp_worker_arm(handle_);
+  ucs_status_t st = ucp_worker_arm(handle());
   if (st == UCS_ERR_BUSY) return Status::ok();
   if (st != UCS_OK) return from_ucs(st, "ucp_worker_arm");
   pollfd pfd{event_fd_, POLLIN, 0};
@@ -515,7 +522,7 @@ Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   return Status::ok();
 }
 
-void Worker::signal() { ucp_worker_signal(handle_); }
+void Worker::signal() { ucp_worker_signal(handle()); }
 
 Status Worker::am_reply(ReplyEp to, unsigned id, const void* header, size_t header_len, Request* req) {
   if (!to) return {Code::kPeerGone, "no reply endpoint"};
@@ -531,12 +538,12 @@ Status Worker::tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out)
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   g_counters.tag_receives.fetch_add(1, std::memory_order_relaxed);
-  ucs_status_ptr_t p = ucp_tag_recv_nbx(handle_, dst, length, tag, ~uint64_t(0), &param);
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(handle(), dst, length, tag, ~uint64_t(0), &param);
   if (UCS_PTR_IS_ERR(p)) return from_ucs(UCS_PTR_STATUS(p), "ucp_tag_recv_nbx");
   if (p == nullptr) return {Code::kTransportError, "ucp_tag_recv_nbx returned no request"};
   op_started();
   out->req_ = p;
-  out->worker_ = handle_;
+  out->worker_ = handle();
   // Complete already: it matched a message that was waiting in UCX's unexpected queue, i.e.
   // one sent before this receive was posted.
   if (ucp_request_check_status(p) != UCS_INPROGRESS) {
@@ -569,7 +576,7 @@ Status Worker::set_am_handler(unsigned id, AmHandler handler) {
     fn({static_cast<const std::byte*>(header), header_len}, {static_cast<const std::byte*>(data), length}, reply);
     return UCS_OK;
   };
-  return from_ucs(ucp_worker_set_am_recv_handler(handle_, &param), "ucp_worker_set_am_recv_handler");
+  return from_ucs(ucp_worker_set_am_recv_handler(handle(), &param), "ucp_worker_set_am_recv_handler");
 }
 
 // --------------------------------------------------------------------------- ProgressThread

@@ -6,6 +6,7 @@
 // receiver's) may be used by its progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their Worker.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +26,16 @@ struct ucp_mem;
 struct ucp_rkey;
 
 namespace slotstream::fabric {
+
+// Owns a UCX handle: the deleter is its UCX destroy call (defined in fabric.cc, the only file that
+// includes UCX). Handles never leave src/fabric.
+struct UcxDestroy {
+  void operator()(ucp_context* h) const;
+  void operator()(ucp_worker* h) const;
+  void operator()(ucp_rkey* h) const;
+};
+template <typename T>
+using UcxHandle = std::unique_ptr<T, UcxDestroy>;
 
 // What this process asked of UCX, counted where the calls are made (for the benchmark's
 // resource experiment). Process-wide; reset_counters() starts a new measurement.
@@ -68,7 +79,6 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
-  ucp_context* handle() const { return handle_; }
   Wire wire() const { return wire_; }
   // Whether [address, address + length) lies in one memory region registered through this
   // context: what a peer may read or write where the fabric carries puts and gets (soft_rma.h).
@@ -84,8 +94,10 @@ class Context {
 
  private:
   friend class MemoryRegion;
+  friend class Worker;
   Context(ucp_context* handle, Wire wire) : handle_(handle), wire_(wire) {}
-  ucp_context* handle_;
+  ucp_context* handle() const { return handle_.get(); }
+  UcxHandle<ucp_context> handle_;
   Wire wire_;
   mutable std::mutex regions_mutex_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
@@ -117,7 +129,7 @@ class MemoryRegion {
   MemoryRegion(Context& ctx, ucp_mem* mem, std::byte* data, size_t size)
       : ctx_(ctx), mem_(mem), data_(data), size_(size) {}
   Context& ctx_;
-  ucp_mem* mem_;
+  ucp_mem* mem_;  // not a UcxHandle: unmapping needs the context (and updates its region list)
   std::byte* data_;
   size_t size_;
 };
@@ -127,14 +139,15 @@ class Endpoint;
 class RemoteKey {
  public:
   static Status unpack(Endpoint& ep, std::span<const uint8_t> packed, std::unique_ptr<RemoteKey>* out);
-  ~RemoteKey();
   RemoteKey(const RemoteKey&) = delete;
   RemoteKey& operator=(const RemoteKey&) = delete;
-  ucp_rkey* handle() const { return handle_; }
+  ~RemoteKey() = default;
 
  private:
+  friend class Endpoint;
   explicit RemoteKey(ucp_rkey* handle) : handle_(handle) {}
-  ucp_rkey* handle_;
+  ucp_rkey* handle() const { return handle_.get(); }
+  UcxHandle<ucp_rkey> handle_;
 };
 
 struct SoftOp;
@@ -175,9 +188,12 @@ class Endpoint {
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
-  ucp_ep* handle() const { return handle_; }
-  // Set by UCX's error callback (e.g. tcp "Endpoint timeout" when the peer died).
-  bool failed() const { return failed_; }
+  enum class State { kOpen, kFailed };
+  // kFailed once UCX's error callback reported the peer unreachable (tcp: "Endpoint timeout" when
+  // it died); failure() then says why (a kPeerGone or kTransportError Status). Any thread.
+  State state() const { return state_.load(std::memory_order_acquire); }
+  bool failed() const { return state() == State::kFailed; }
+  const Status& failure() const { return failure_; }
   // Blocks until every operation on this endpoint is remotely complete.
   Status flush(const Liveness& alive);
 
@@ -198,11 +214,15 @@ class Endpoint {
 
  private:
   friend class SoftRma;
+  friend class RemoteKey;
   Endpoint(Worker& worker) : worker_(worker) {}
   static void on_error(void* arg, ucp_ep* ep, int status);
+  ucp_ep* handle() const { return handle_; }
   Worker& worker_;
+  // Not a UcxHandle: closing an endpoint progresses its worker until UCX is done with it.
   ucp_ep* handle_ = nullptr;
-  bool failed_ = false;
+  std::atomic<State> state_{State::kOpen};
+  Status failure_;  // written once, before state_ becomes kFailed
 };
 
 // The endpoint an active message came from, to answer it (valid while the sender is connected).
@@ -255,7 +275,6 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  ucp_worker* handle() const { return handle_; }
   Context& context() const { return ctx_; }
   const std::vector<uint8_t>& address() const { return address_; }
 
@@ -285,9 +304,11 @@ class Worker {
 
  private:
   friend class Endpoint;
+  friend class SoftRma;
   Worker(Context& ctx, ucp_worker* handle);
+  ucp_worker* handle() const { return handle_.get(); }
   Context& ctx_;
-  ucp_worker* handle_;
+  UcxHandle<ucp_worker> handle_;
   std::unique_ptr<SoftRma> soft_;  // tcp: puts and gets carried by the fabric (soft_rma.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
