@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "protocol/protocol.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {
@@ -67,15 +66,6 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   return std::nullopt;
 }
 
-std::vector<ProtocolInfo> protocols(bool with_references) {
-  std::vector<ProtocolInfo> out;
-  for (const auto* d : protocol::all()) {
-    if (d->reference && !with_references) continue;
-    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference,
-                   d->holds, d->connection_per_device, d->receiver_progress});
-  }
-  return out;
-}
 
 void SessionReport::merge(const SessionReport& lane) {
   finished = finished && lane.finished;

@@ -12,6 +12,7 @@
 #include "protocol/sliding_window.h"
 #include "protocol/status_byte.h"
 #include "protocol/ucx_raw_put.h"
+#include "slotstream/slotstream.h"
 
 namespace slotstream::protocol {
 namespace {
@@ -54,22 +55,18 @@ void PollBackoff::pause(fabric::Worker& worker) {
   if (!worker.wait_for_event(t).is_ok()) std::this_thread::sleep_for(t);  // no wake-up fd
 }
 
-void add_sample(std::vector<uint64_t>& samples, uint64_t ns) {
-  if (samples.size() < kMaxSamples) samples.push_back(ns);
-}
-
-WaitTimer::~WaitTimer() {
-  const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
-  ++stats_.waits;
-  stats_.wait_ns += ns;
-  add_sample(stats_.wait_samples_ns, ns);
-}
-
-Status ReceiverProtocol::connect(const PeerSetup& peer) {
-  if (!peer.setup.empty()) return {Code::kProtocolError, "unexpected set-up bytes from the sender"};
-  return Status::ok();
-}
-
-void ReceiverProtocol::wait(std::chrono::microseconds max) { std::this_thread::sleep_for(max); }
-
 }  // namespace slotstream::protocol
+
+namespace slotstream {
+
+std::vector<ProtocolInfo> protocols(bool with_references) {
+  std::vector<ProtocolInfo> out;
+  for (const auto* d : protocol::all()) {
+    if (d->reference && !with_references) continue;
+    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference,
+                   d->holds, d->connection_per_device, d->receiver_progress});
+  }
+  return out;
+}
+
+}  // namespace slotstream
