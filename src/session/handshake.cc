@@ -35,13 +35,9 @@ std::optional<Refusal> check_hello(const wire::Hello& hello, Transport allowed, 
   return std::nullopt;
 }
 
-std::optional<Refusal> check_sender_proof(const std::string& token, const net::Nonce& receiver_nonce,
-                                          const net::Nonce& sender_nonce, std::span<const uint8_t> hello_bytes,
-                                          std::span<const uint8_t> mac) {
-  if (!net::mac_equal(mac, net::proof(token, "sender-hello", {receiver_nonce, sender_nonce, hello_bytes}))) {
-    return Refusal{Code::kAuthFailed, "authentication failed: wrong token (or the hello was altered on the way)"};
-  }
-  return std::nullopt;
+net::Mac hello_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
+                     std::span<const uint8_t> hello_bytes) {
+  return net::proof(token, "sender-hello", {receiver_nonce, sender_nonce, hello_bytes});
 }
 
 net::Mac accept_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
@@ -49,10 +45,23 @@ net::Mac accept_proof(const std::string& token, const net::Nonce& receiver_nonce
   return net::proof(token, "receiver-accept", {receiver_nonce, sender_nonce, hello_bytes, wire::signed_part(accept)});
 }
 
+net::Mac setup_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
+                     const wire::Setup& setup) {
+  return net::proof(token, "sender-setup", {receiver_nonce, sender_nonce, wire::signed_part(setup)});
+}
+
+std::optional<Refusal> check_sender_proof(const std::string& token, const net::Nonce& receiver_nonce,
+                                          const net::Nonce& sender_nonce, std::span<const uint8_t> hello_bytes,
+                                          std::span<const uint8_t> mac) {
+  if (!net::mac_equal(mac, hello_proof(token, receiver_nonce, sender_nonce, hello_bytes))) {
+    return Refusal{Code::kAuthFailed, "authentication failed: wrong token (or the hello was altered on the way)"};
+  }
+  return std::nullopt;
+}
+
 std::optional<Refusal> check_setup_proof(const std::string& token, const net::Nonce& receiver_nonce,
                                          const net::Nonce& sender_nonce, const wire::Setup& setup) {
-  auto mac = net::proof(token, "sender-setup", {receiver_nonce, sender_nonce, wire::signed_part(setup)});
-  if (!net::mac_equal(setup.proof, mac)) {
+  if (!net::mac_equal(setup.proof, setup_proof(token, receiver_nonce, sender_nonce, setup))) {
     return Refusal{Code::kAuthFailed, "authentication failed: the sender's set-up is not signed with the token"};
   }
   return std::nullopt;

@@ -1,4 +1,5 @@
-// The receiver's side of the control handshake (wire/control.h, net/auth.h):
+// The receiver's side of the control handshake (wire/control.h, net/auth.h), and the proofs both
+// sides compute:
 //
 //   HELLO  -> check_hello (no network, nothing allocated) -> CHALLENGE/AUTH (with a token)
 //          -> register the lane, reserve memory, set up the protocol -> ACCEPT
@@ -48,15 +49,20 @@ std::optional<Refusal> check_hello(const wire::Hello& hello, Transport allowed, 
                                    HelloTerms* terms);
 
 // The authentication proofs (net/auth.h) over the receiver's nonce, the sender's, and the HELLO
-// as received. Pure; any thread.
+// as sent. Both sides compute them here (the sender in sender_lane.cc). Pure; any thread.
 // AUTH: the sender proves it has the token over both nonces and every byte of its hello.
-std::optional<Refusal> check_sender_proof(const std::string& token, const net::Nonce& receiver_nonce,
-                                          const net::Nonce& sender_nonce, std::span<const uint8_t> hello_bytes,
-                                          std::span<const uint8_t> mac);
+net::Mac hello_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
+                     std::span<const uint8_t> hello_bytes);
 // ACCEPT's proof: the receiver proves it has the token too (authentication is mutual).
 net::Mac accept_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
                       std::span<const uint8_t> hello_bytes, const wire::Accept& accept);
 // SETUP: signed with the token, so a proxy cannot replace the sender's half of the set-up.
+net::Mac setup_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
+                     const wire::Setup& setup);
+// The receiver's checks of AUTH (`mac`) and of SETUP's proof: nullopt when right.
+std::optional<Refusal> check_sender_proof(const std::string& token, const net::Nonce& receiver_nonce,
+                                          const net::Nonce& sender_nonce, std::span<const uint8_t> hello_bytes,
+                                          std::span<const uint8_t> mac);
 std::optional<Refusal> check_setup_proof(const std::string& token, const net::Nonce& receiver_nonce,
                                          const net::Nonce& sender_nonce, const wire::Setup& setup);
 

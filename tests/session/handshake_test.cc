@@ -100,6 +100,7 @@ TEST(Handshake, ProofsCoverTheTokenBothNoncesAndTheWholeHello) {
   const net::Nonce nr{1, 2, 3}, ns{4, 5, 6};
   const std::vector<uint8_t> hello = {10, 20, 30, 40};
   const net::Mac mac = net::proof("secret", "sender-hello", {nr, ns, hello});
+  EXPECT_TRUE(net::mac_equal(hello_proof("secret", nr, ns, hello), mac));  // what the sender sends
   EXPECT_FALSE(check_sender_proof("secret", nr, ns, hello, mac));
   std::vector<uint8_t> altered = hello;
   altered[3] ^= 1;  // e.g. a proxy added a device
@@ -120,6 +121,7 @@ TEST(Handshake, ProofsCoverTheTokenBothNoncesAndTheWholeHello) {
   wire::Setup setup;
   setup.setup = {9, 9};
   const net::Mac s = net::proof("secret", "sender-setup", {nr, ns, wire::signed_part(setup)});
+  EXPECT_TRUE(net::mac_equal(setup_proof("secret", nr, ns, setup), s));
   setup.proof.assign(s.begin(), s.end());
   EXPECT_FALSE(check_setup_proof("secret", nr, ns, setup));
   auto bad = check_setup_proof("other", nr, ns, setup);
