@@ -1,7 +1,7 @@
 // A receiver and a sender half of one protocol in one process, over real UCX on one transport,
-// wired the way src/receiver.cc and src/sender.cc wire them (two contexts, the receiver's shared
-// worker with its progress thread, an endpoint each way), so that a test can drive transmit_st,
-// poll and release itself and look at both halves' counters.
+// wired the way src/receiver.cc and src/session/sender_lane.cc wire them (two contexts, the
+// receiver's shared worker with its progress thread, an endpoint each way), so that a test can
+// drive transmit_st, poll and release itself and look at both halves' counters.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -1,0 +1,214 @@
+// The receiver's side of the handshake: the pure checks, and ReceiverSession's steps that talk
+// to the sender (declared in receiver_session.h).
+#include "session/handshake.h"
+
+#include "common.h"
+#include "session/receiver_session.h"
+#include "session/transport_choice.h"
+
+namespace slotstream::session {
+
+std::optional<Refusal> check_hello(const wire::Hello& hello, Transport allowed, const std::string& receiver_host_id,
+                                   HelloTerms* terms) {
+  HelloTerms t;
+  t.protocol = protocol::find(hello.protocol);
+  if (!t.protocol) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
+  if (Status st = protocol::Options::parse(hello.options, &t.options); !st.is_ok()) {
+    return Refusal{Code::kRefused, st.message()};
+  }
+  if (Status st = protocol::check_options(*t.protocol, t.options); !st.is_ok()) {
+    return Refusal{Code::kRefused, st.message()};
+  }
+  if (hello.block_size < kMinBlockSize || hello.block_size > kMaxBlockSize || hello.blocks < 1 ||
+      hello.blocks > kMaxBlocks) {
+    return Refusal{Code::kRefused, "unsupported block geometry " + std::to_string(hello.blocks) + " x " +
+                                       std::to_string(hello.block_size) + " B"};
+  }
+  if (auto why = invalid_sender_name(hello.name)) return Refusal{Code::kRefused, "invalid sender name: " + *why};
+  if (hello.devices.empty() || hello.devices.size() > kMaxDevices) {
+    return Refusal{Code::kRefused, "a sender must declare 1.." + std::to_string(kMaxDevices) + " devices"};
+  }
+  TransportChoice choice = choose_transport(allowed, hello.transport, hello.host_id, receiver_host_id);
+  if (!choice.transport) return Refusal{Code::kRefused, choice.refusal};
+  t.transport = *choice.transport;
+  *terms = std::move(t);
+  return std::nullopt;
+}
+
+net::Mac hello_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
+                     std::span<const uint8_t> hello_bytes) {
+  return net::proof(token, "sender-hello", {receiver_nonce, sender_nonce, hello_bytes});
+}
+
+net::Mac accept_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
+                      std::span<const uint8_t> hello_bytes, const wire::Accept& accept) {
+  return net::proof(token, "receiver-accept", {receiver_nonce, sender_nonce, hello_bytes, wire::signed_part(accept)});
+}
+
+net::Mac setup_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
+                     const wire::Setup& setup) {
+  return net::proof(token, "sender-setup", {receiver_nonce, sender_nonce, wire::signed_part(setup)});
+}
+
+std::optional<Refusal> check_sender_proof(const std::string& token, const net::Nonce& receiver_nonce,
+                                          const net::Nonce& sender_nonce, std::span<const uint8_t> hello_bytes,
+                                          std::span<const uint8_t> mac) {
+  if (!net::mac_equal(mac, hello_proof(token, receiver_nonce, sender_nonce, hello_bytes))) {
+    return Refusal{Code::kAuthFailed, "authentication failed: wrong token (or the hello was altered on the way)"};
+  }
+  return std::nullopt;
+}
+
+std::optional<Refusal> check_setup_proof(const std::string& token, const net::Nonce& receiver_nonce,
+                                         const net::Nonce& sender_nonce, const wire::Setup& setup) {
+  if (!net::mac_equal(setup.proof, setup_proof(token, receiver_nonce, sender_nonce, setup))) {
+    return Refusal{Code::kAuthFailed, "authentication failed: the sender's set-up is not signed with the token"};
+  }
+  return std::nullopt;
+}
+
+// ------------------------------------------------------------------ ReceiverSession's steps
+
+std::optional<Refusal> ReceiverSession::handshake() {
+  wire::Hello hello;
+  if (auto r = read_hello(&hello)) return r;
+  if (capacity_only_) return std::nullopt;
+  HelloTerms terms;
+  if (auto r = check_hello(hello, rx_options_.transport, rx_.receiver_host_id(), &terms)) return r;
+  desc_ = terms.protocol;
+  options_ = std::move(terms.options);
+  transport_ = terms.transport;
+  if (auto r = authenticate(hello)) return r;
+  if (auto r = set_up(hello)) return r;
+  return connect();
+}
+
+std::optional<Refusal> ReceiverSession::read_hello(wire::Hello* hello) {
+  wire::Frame frame;
+  if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
+    return Refusal{st.code(), "no valid hello: " + st.message()};
+  }
+  if (frame.type == wire::MsgType::kCapacityRequest) {
+    if (Status st = wire::decode_capacity_request(frame.body); !st.is_ok()) return Refusal{st.code(), st.message()};
+    capacity_only_ = true;
+    (void)control_->send(wire::MsgType::kCapacity, wire::encode(rx_.capacity()));
+    return std::nullopt;
+  }
+  if (frame.type != wire::MsgType::kHello) {
+    return Refusal{Code::kProtocolError, "expected hello, got message type " + std::to_string(int(frame.type))};
+  }
+  if (Status st = wire::decode(frame.body, hello); !st.is_ok()) return Refusal{st.code(), st.message()};
+  hello_bytes_ = std::move(frame.body);
+  sender_nonce_ = hello->nonce;
+  return std::nullopt;
+}
+
+// With a token: the sender proves it over our nonce and every byte of its hello (net/auth.h).
+std::optional<Refusal> ReceiverSession::authenticate(const wire::Hello& hello) {
+  report_.sender.name = hello.name;
+  if (rx_options_.token.empty()) return std::nullopt;
+  net::Nonce nonce;
+  if (Status st = net::make_nonce(&nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+  std::vector<uint8_t> mac;
+  if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
+    return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
+  }
+  if (auto r = check_sender_proof(rx_options_.token, nonce, sender_nonce_, hello_bytes_, mac)) return r;
+  my_nonce_ = nonce;
+  return std::nullopt;
+}
+
+std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
+  if (auto why = rx_.register_lane(hello, &group_)) return Refusal{Code::kRefused, *why};
+  registered_ = true;
+
+  SenderInfo& info = report_.sender;
+  info.name = hello.name;
+  info.protocol = hello.protocol;
+  info.transport = transport_;
+  info.blocks = hello.blocks;
+  info.block_size = hello.block_size;
+  info.devices = hello.devices;
+  geometry_ = {hello.blocks, hello.block_size};
+
+  // Nothing is allocated for a sender before it is authenticated and fits the memory budget.
+  const uint64_t region = region_bytes(geometry_);
+  if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
+  reserved_bytes_ = region;
+
+  if (Status st = rx_.wire_fabric(to_wire(transport_), &wire_); !st.is_ok()) {
+    return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
+  }
+  // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
+  // own that only this session's thread progresses — as an RDMA receiver polls its own
+  // completion queue — instead of contending with every other session for the shared one.
+  if (desc_->receiver_progress) {
+    if (Status st = fabric::Worker::create(*wire_->context, /*shared=*/false, /*wakeup=*/true, &own_worker_);
+        !st.is_ok()) {
+      return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
+    }
+  }
+  protocol::ReceiverFabric rf{*wire_->context, worker(), geometry_};
+  if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
+  }
+  if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
+  }
+  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
+  delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
+
+  wire::Accept accept;
+  accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
+  accept.worker_address = worker().address();
+  accept.setup = proto_->setup();
+  if (my_nonce_) {
+    auto mac = accept_proof(rx_options_.token, *my_nonce_, sender_nonce_, hello_bytes_, accept);
+    accept.proof.assign(mac.begin(), mac.end());
+  }
+  if (Status st = control_->send(wire::MsgType::kAccept, wire::encode(accept)); !st.is_ok()) {
+    return Refusal{st.code(), st.message()};
+  }
+  return std::nullopt;
+}
+
+// The sender's half of the set-up (SETUP), then READY.
+std::optional<Refusal> ReceiverSession::connect() {
+  std::vector<uint8_t> body;
+  if (Status st = control_->expect(wire::MsgType::kSetup, kHelloTimeout, &body); !st.is_ok()) {
+    return Refusal{st.code(), "no set-up from the sender: " + st.message()};
+  }
+  wire::Setup setup;
+  if (Status st = wire::decode(body, &setup); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (my_nonce_) {
+    if (auto r = check_setup_proof(rx_options_.token, *my_nonce_, sender_nonce_, setup)) return r;
+  }
+  if (desc_->receiver_endpoint) {
+    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, &to_sender_); !st.is_ok()) {
+      return Refusal{st.code(), "cannot reach the sender's memory: " + st.message()};
+    }
+  }
+  if (Status st = proto_->connect({to_sender_.get(), setup.setup}); !st.is_ok()) {
+    return Refusal{st.code(), "sender set-up rejected: " + st.message()};
+  }
+  if (Status st = control_->send(wire::MsgType::kReady, {}); !st.is_ok()) return Refusal{st.code(), st.message()};
+  return std::nullopt;
+}
+
+// REFUSE with the reason, then release whatever the handshake had taken.
+void ReceiverSession::refuse(const Refusal& refusal) {
+  std::string who = report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
+  rx_.event("refused sender " + who + ": " + refusal.message);
+  wire::Refuse r{refusal.code, refusal.message};
+  (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
+  control_->drain_and_close(net::Millis(200));
+  free_region();
+  if (reserved_bytes_) rx_.release_memory(reserved_bytes_);
+  if (registered_) {
+    report_.reason = "refused: " + refusal.message;
+    rx_.lane_ended(group_, report_);
+  }
+}
+
+}  // namespace slotstream::session

@@ -1,0 +1,289 @@
+// The receiver's session: its life (open, close) and the consumer loop, one concern per function.
+// The handshake steps are in handshake.cc.
+#include "session/receiver_session.h"
+
+#include <thread>
+
+namespace slotstream::session {
+
+using net::Millis;
+
+namespace {
+
+constexpr Millis kStallRetry{100};
+// After FIN, how long the receiver waits for blocks it was told about before calling them lost.
+constexpr Millis kFinGrace{1000};
+// After a sender died, let the progress thread apply what already arrived before the last drain.
+constexpr Millis kLostGrace{50};
+constexpr auto kBusyLogInterval = std::chrono::seconds(10);
+
+}  // namespace
+
+ReceiverSession::ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control)
+    : rx_(rx), rx_options_(rx.receiver_options()), control_(std::move(control)) {
+  report_.sender.peer = control_->peer();
+}
+
+bool ReceiverSession::open() {
+  opened_at_ = Clock::now();
+  if (auto refusal = handshake()) {
+    refuse(*refusal);
+    return false;
+  }
+  return !capacity_only_;
+}
+
+void ReceiverSession::close() {
+  fill_report(opened_at_);
+  rx_.withdraw(this);
+  // Free this sender's region before anyone hears that it has ended.
+  free_region();
+  control_.reset();
+  rx_.release_memory(reserved_bytes_);
+  rx_.lane_ended(group_, report_);
+}
+
+void ReceiverSession::free_region() {
+  delivery_.reset();
+  sink_.reset();
+  proto_.reset();
+  to_sender_.reset();
+  own_worker_.reset();
+}
+
+// Tell the sender to stop (or resume) filling this one device; the others keep flowing.
+void ReceiverSession::on_pause(uint16_t device, bool paused) {
+  (void)control_->send(wire::MsgType::kPause, wire::encode(wire::Pause{device, paused}));
+  if (!paused) return;
+  ++report_.stalls;
+  // A slow worker pauses its device again and again: say so at most every kBusyLogInterval
+  // per device (the metrics count every pause).
+  if (auto& next = next_pause_log_[device]; Clock::now() >= next) {
+    next = Clock::now() + kBusyLogInterval;
+    rx_.event("sender " + report_.sender.name + ": device " + std::to_string(device) +
+              " paused while its worker catches up (the other devices keep flowing)");
+  }
+}
+
+void ReceiverSession::hold_all(bool held) {
+  // Without per-block holds the records simply stay unreleased while the sink refuses them.
+  if (desc_->holds) {
+    for (uint32_t i = 0; i < geometry_.blocks; ++i) {
+      if (!hold_active_[i]) proto_->set_hold(i, held);
+    }
+  }
+  held_all_ = held;
+}
+
+void ReceiverSession::fill_report(Clock::time_point start) {
+  const auto& c = delivery_->counters();
+  report_.messages = c.messages;
+  report_.bytes = c.bytes;
+  report_.gaps = c.gaps;
+  report_.duplicates = c.duplicates;
+  report_.unknown_device = c.unknown_device;
+  report_.out_of_window = c.out_of_window;
+  report_.bad_headers = c.bad_headers;
+  if (c.buffer_observed_ns > 0) {
+    report_.buffer_held_avg = c.buffer_held_byte_ns / c.buffer_observed_ns;
+    report_.buffer_useful_avg = c.buffer_useful_byte_ns / c.buffer_observed_ns;
+  }
+  report_.partial_discarded = c.partial_discarded + c.broken_messages;
+  report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report_.held_blocks = held_all_ ? geometry_.blocks
+                                  : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
+  report_.per_device = delivery_->per_device();
+  report_.protocol_counters = proto_->stats().counters;
+}
+
+void ReceiverSession::publish(Clock::time_point start) {
+  fill_report(start);
+  rx_.publish(this, group_, report_);
+}
+
+void ReceiverSession::apply_holds(Clock::time_point start) {
+  auto ms = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
+  for (const HoldSpec& h : rx_options_.holds) {
+    if (h.index >= geometry_.blocks) continue;
+    bool want = ms >= h.from_ms && ms < h.to_ms;
+    if (want != hold_active_[h.index]) {
+      hold_active_[h.index] = want;
+      // A protocol without per-block status (sliding window) cannot mark the block
+      // unavailable; the closest the receiver can do is keep it unprocessed for that time.
+      if (desc_->holds) {
+        proto_->set_hold(h.index, want);
+      } else {
+        delivery_->set_blocked(h.index, want);
+      }
+    }
+  }
+}
+
+void ReceiverSession::begin_consume() {
+  loop_ = Loop{};
+  loop_.start = loop_.last_work = loop_.next_busy_log = loop_.next_publish = loop_.next_check = Clock::now();
+  hold_active_.assign(geometry_.blocks, false);
+}
+
+// Thread per sender: passes until the session ends, idle in between (paper §3.2.5: "sleeps for a
+// fixed time before querying again"). While data flows the receiver keeps polling (a sleeping
+// receiver stalls a sender whose blocks are all full); once idle for kSpinIdle it sleeps, longer
+// the longer it has been idle (idle_nap) — so an idle receiver costs ~no CPU and a burst is picked
+// up within ~1 ms (20 ms after a long pause).
+void ReceiverSession::consume() {
+  begin_consume();
+  while (step()) {
+    if (rx_options_.busy_poll) continue;
+    const auto now = Clock::now();
+    if (loop_.stalled && now < loop_.retry_at) {
+      std::this_thread::sleep_until(loop_.retry_at);
+    } else if (now - loop_.last_work > kSpinIdle) {
+      proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
+    } else if (!loop_.worked) {
+      std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
+    }
+  }
+}
+
+bool ReceiverSession::step() {
+  Loop& l = loop_;
+  if (rx_.is_stopping()) {
+    delivery_->abort_partials();
+    report_.reason = "receiver stopped";
+    return false;
+  }
+  if (!l.lost.empty()) return drain_lost();
+  if (!rx_options_.holds.empty()) apply_holds(l.start);
+
+  const bool progressed = proto_->progress();
+  size_t consumed = 0;
+  if (!l.stalled || Clock::now() >= l.retry_at) consumed = deliver();
+  if (l.fin && fin_complete(consumed)) return false;
+
+  const auto now = Clock::now();
+  l.worked = consumed > 0 || progressed;
+  if (l.worked) l.last_work = now;
+  if (now >= l.next_check) {
+    l.next_check = now + Millis(1);
+    check_control(now);
+  }
+  return true;
+}
+
+// After a sender died, let the progress thread apply what already arrived before the last drain.
+void ReceiverSession::lose_sender(const std::string& why) {
+  loop_.lost = why;
+  loop_.lost_at = Clock::now() + kLostGrace;
+}
+
+// The sender is gone: once the grace has passed, one last drain, then the session ends (false).
+bool ReceiverSession::drain_lost() {
+  if (Clock::now() < loop_.lost_at) return true;
+  // The sender is gone. Records already complete hold whole data: keep them (the sink may
+  // still fail), then discard what is partial.
+  size_t consumed = 1;
+  while (consumed > 0) {
+    if (!delivery_->pass(&consumed).is_ok()) break;
+  }
+  delivery_->abort_partials();
+  report_.reason = loop_.lost;
+  return false;
+}
+
+// One delivery pass; returns the records it consumed.
+size_t ReceiverSession::deliver() {
+  size_t consumed = 0;
+  Status st = delivery_->pass(&consumed);
+  if (!st.is_ok()) {
+    stall(st);
+  } else if (loop_.stalled) {
+    unstall();
+  }
+  return consumed;
+}
+
+// Stop accepting: the data stays in its block, the empty ones are marked held (paper status 2),
+// and the sender waits until the sink works again; retried every kStallRetry. Log each new
+// reason once. Worker back-pressure comes and goes with every message a slow worker finishes:
+// log it at most every kBusyLogInterval (the metrics count stalls).
+void ReceiverSession::stall(const Status& st) {
+  Loop& l = loop_;
+  const bool busy = st.code() == Code::kBusy;
+  const bool news = !l.stalled ? !busy || Clock::now() >= l.next_busy_log : st.message() != l.last_error && !busy;
+  if (news) {
+    rx_.event("sender " + report_.sender.name + ": holding blocks until this clears: " + st.to_string());
+    if (busy) l.next_busy_log = Clock::now() + kBusyLogInterval;
+    l.logged_stall = true;
+  }
+  if (!l.stalled) {
+    hold_all(true);
+    ++report_.stalls;
+  }
+  l.stalled = true;
+  l.last_error = st.message();
+  l.retry_at = Clock::now() + kStallRetry;
+}
+
+void ReceiverSession::unstall() {
+  Loop& l = loop_;
+  l.stalled = false;
+  hold_all(false);
+  if (l.logged_stall) rx_.event("sender " + report_.sender.name + ": storing again");
+  l.logged_stall = false;
+}
+
+// After FIN: answers FIN_ACK (true: the session ends) once every message the FIN counts is
+// stored, or once nothing has moved for kFinGrace (the rest is reported missing).
+bool ReceiverSession::fin_complete(size_t consumed) {
+  Loop& l = loop_;
+  // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
+  bool complete = desc_->reference || !delivery_->has_open_message();
+  for (auto [d, n] : l.fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
+  if (complete || (consumed == 0 && !l.stalled && !delivery_->any_paused() && Clock::now() > l.fin_deadline)) {
+    uint64_t missing = 0;
+    for (auto [d, n] : l.fin->messages) {
+      uint64_t got = delivery_->messages(d);
+      if (got < n && !desc_->reference) missing += n - got;
+    }
+    delivery_->abort_partials();
+    wire::FinAck ack;
+    ack.ok = missing == 0;
+    ack.stored = delivery_->counters().messages;
+    ack.message = missing == 0 ? "all stored" : std::to_string(missing) + " messages did not arrive";
+    (void)control_->send(wire::MsgType::kFinAck, wire::encode(ack));
+    report_.finished = missing == 0;
+    if (missing) report_.reason = ack.message;
+    return true;
+  }
+  if (consumed > 0 || l.stalled || delivery_->any_paused()) l.fin_deadline = Clock::now() + kFinGrace;
+  return false;
+}
+
+// About every ms: the live report (every 100 ms), then the control socket — a closed connection
+// means the sender is lost; a frame before FIN must be FIN.
+void ReceiverSession::check_control(Clock::time_point now) {
+  Loop& l = loop_;
+  if (now >= l.next_publish) {
+    l.next_publish = now + Millis(100);
+    publish(l.start);
+  }
+  Status alive = control_->check_alive();
+  if (alive.code() == Code::kPeerGone) {
+    lose_sender("connection closed mid-stream");
+    return;
+  }
+  if (alive.code() == Code::kInProgress && !l.fin) {
+    std::vector<uint8_t> body;
+    wire::Fin f;
+    Status rs = control_->expect(wire::MsgType::kFin, Millis(1000), &body);
+    if (rs.is_ok()) rs = wire::decode(body, &f);
+    if (!rs.is_ok()) {
+      lose_sender("bad control message: " + rs.message());
+      return;
+    }
+    l.fin = std::move(f);
+    l.fin_deadline = Clock::now() + kFinGrace;
+  }
+}
+
+}  // namespace slotstream::session

@@ -1,0 +1,164 @@
+// One sender's connection on the receiver: the handshake (handshake.h), then the consumer loop
+// that polls the sender's block region (paper §3.2.5), hands complete messages to its sink and
+// watches its control socket. The receiver (src/receiver.cc) accepts connections, owns what all
+// sessions share (SessionHost) and decides which thread runs the loop.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.h"
+#include "net/auth.h"
+#include "net/control_socket.h"
+#include "protocol/options.h"
+#include "protocol/protocol.h"
+#include "session/handshake.h"
+#include "slotstream/slotstream.h"
+#include "stream/delivery.h"
+#include "wire/control.h"
+
+namespace slotstream::session {
+
+using Clock = std::chrono::steady_clock;
+
+// The consumer's idle policy (ReceiverSession::consume, and the receiver's round-robin thread).
+constexpr auto kSpinIdle = std::chrono::microseconds(200);
+constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
+constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
+// A sender idle for 100 ms or more (a camera that stopped, a once-a-second sensor, a quiet night)
+// is looked at every 20 ms: hundreds of idle connections then cost ~nothing, and the first message
+// after the pause waits at most that long. Streams with shorter gaps (a 25 fps camera: 40 ms) keep
+// the ≤ 1 ms naps.
+constexpr auto kLongIdle = std::chrono::milliseconds(100);
+constexpr auto kLongIdleSleep = std::chrono::milliseconds(20);
+
+// How long a consumer idle for `idle` sleeps before it looks again: an eighth of the idle time,
+// at least kMinIdleSleep, at most kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle).
+inline Clock::duration idle_nap(Clock::duration idle) {
+  const Clock::duration cap = idle > kLongIdle ? Clock::duration(kLongIdleSleep) : kMaxIdleSleep;
+  return std::clamp<Clock::duration>(idle / 8, kMinIdleSleep, cap);
+}
+
+// UCX context + shared worker for one wire, created when the first sender asks for it.
+struct WireFabric {
+  std::unique_ptr<fabric::Context> context;
+  std::unique_ptr<fabric::Worker> worker;
+  std::unique_ptr<fabric::ProgressThread> progress;
+};
+
+// What a session needs from the receiver that accepted it (Receiver::Impl). Any thread.
+class SessionHost {
+ public:
+  virtual ~SessionHost() = default;
+  virtual const ReceiverOptions& receiver_options() const = 0;
+  virtual const std::string& receiver_host_id() const = 0;  // this host's (common.h host_id())
+  // The receiver is shutting down: every session ends.
+  virtual bool is_stopping() const = 0;
+  virtual wire::CapacityInfo capacity() = 0;
+  // Takes the sender name for this connection's group (nullopt, *group set), or says why not.
+  virtual std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group) = 0;
+  // A registered lane ended; reports the sender once all its lanes have.
+  virtual void lane_ended(uint64_t group, const SessionReport& report) = 0;
+  // Reserves `bytes` of the memory budget, or says why not.
+  virtual std::optional<std::string> reserve_memory(uint64_t bytes) = 0;
+  virtual void release_memory(uint64_t bytes) = 0;
+  virtual Status wire_fabric(fabric::Wire wire, WireFabric** out) = 0;
+  // A session's live report (about every 100 ms) with its sender group; withdrawn when it ends.
+  virtual void publish(const void* session, uint64_t group, const SessionReport& report) = 0;
+  virtual void withdraw(const void* session) = 0;
+  virtual void event(const std::string& text) = 0;
+};
+
+// One connection. Threading: open() and close() on the connection's own thread; the consumer
+// loop (begin_consume + step, or consume) on one thread at a time — the same one, or the
+// receiver's round-robin thread while the own thread waits.
+class ReceiverSession {
+ public:
+  ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control);
+
+  // The handshake. false: nothing more to do — the sender was refused (REFUSE sent, everything
+  // released), or the connection only asked for capacity. true: call close() once the loop ended.
+  bool open();
+  // The consumer loop: begin_consume(), then step() until it returns false (the session ended:
+  // FIN answered, sender lost, or receiver stopping). One pass per step, so that one thread can
+  // serve several sessions in turn (ReceiverOptions::round_robin); consume() is the thread per
+  // sender with its idle policy.
+  void consume();
+  void begin_consume();
+  bool step();
+  bool worked() const { return loop_.worked; }
+  // Reports the session, frees its region and tells the receiver it ended.
+  void close();
+
+ private:
+  // --- handshake.cc. Returns a refusal to send, or nullopt when accepted. In order: read_hello,
+  // check_hello, authenticate, set_up (allocates and sends ACCEPT), connect (SETUP -> READY).
+  std::optional<Refusal> handshake();
+  std::optional<Refusal> read_hello(wire::Hello* hello);
+  std::optional<Refusal> authenticate(const wire::Hello& hello);
+  std::optional<Refusal> set_up(const wire::Hello& hello);
+  std::optional<Refusal> connect();
+  void refuse(const Refusal& refusal);
+
+  // --- receiver_session.cc: one pass of the consumer loop, by concern.
+  bool drain_lost();                       // the sender is gone: keep what is complete, end
+  void lose_sender(const std::string& why);
+  size_t deliver();                        // delivery pass; a failing sink stalls the sender
+  void stall(const Status& st);
+  void unstall();
+  bool fin_complete(size_t consumed);      // FIN answered: the session ends
+  void check_control(Clock::time_point now);  // live report, liveness, FIN
+  void on_pause(uint16_t device, bool paused);
+  // The UCX worker this session's protocol uses: its own, or the transport's shared one.
+  fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *wire_->worker; }
+  void apply_holds(Clock::time_point start);
+  void hold_all(bool held);
+  void fill_report(Clock::time_point start);
+  void publish(Clock::time_point start);
+  void free_region();
+
+  SessionHost& rx_;
+  const ReceiverOptions& rx_options_;
+  std::unique_ptr<net::ControlSocket> control_;
+  Clock::time_point opened_at_;
+  const protocol::Descriptor* desc_ = nullptr;
+  protocol::Options options_;
+  Transport transport_ = Transport::kShm;
+  WireFabric* wire_ = nullptr;
+  std::vector<uint8_t> hello_bytes_;      // as received: the authentication proofs cover them
+  std::optional<net::Nonce> my_nonce_;    // set when the sender was challenged (token)
+  net::Nonce sender_nonce_{};
+  // Declared in the order they must be created; destroyed in reverse (protocol, then the
+  // endpoint back to the sender, then the session's own worker).
+  std::unique_ptr<fabric::Worker> own_worker_;    // Descriptor::receiver_progress
+  std::unique_ptr<fabric::Endpoint> to_sender_;   // Descriptor::receiver_endpoint
+  std::unique_ptr<protocol::ReceiverProtocol> proto_;
+  std::unique_ptr<MessageSink> sink_;
+  std::unique_ptr<stream::Delivery> delivery_;
+  protocol::Geometry geometry_;
+  SessionReport report_;
+  bool registered_ = false;  // counted in its sender group (must report when it ends)
+  bool held_all_ = false;
+  bool capacity_only_ = false;  // the connection only asked for capacity
+  uint64_t group_ = 0;
+  uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
+  std::map<uint16_t, Clock::time_point> next_pause_log_;
+  std::vector<bool> hold_active_;
+  struct Loop {  // the consumer loop's state between passes
+    Clock::time_point start, last_work, next_busy_log, next_publish, next_check, fin_deadline, retry_at, lost_at;
+    std::optional<wire::Fin> fin;
+    bool stalled = false;
+    bool logged_stall = false;
+    bool worked = false;  // the last pass consumed something or the protocol progressed
+    std::string last_error;
+    std::string lost;  // why the sender is gone (set: drain after lost_at, then end)
+  } loop_;
+};
+
+}  // namespace slotstream::session

@@ -1,0 +1,110 @@
+// One connection of a sender to the receiver (a lane): the sender's side of the handshake, the
+// fabric it sets up from the receiver's ACCEPT, the send ring, the protocol, and the sending
+// thread that owns the lane's UCX worker (paper §3.2.4). Most protocols use one lane for every
+// device; one that cannot share a connection between devices (sliding window) gets one lane per
+// device. The Sender (src/sender.cc) groups devices into lanes and owns what they share
+// (LaneOwner); filler threads reach a lane only through DeviceStream.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fabric/fabric.h"
+#include "net/control_socket.h"
+#include "protocol/options.h"
+#include "protocol/protocol.h"
+#include "slotstream/slotstream.h"
+#include "stream/send_ring.h"
+#include "wire/control.h"
+
+namespace slotstream::session {
+
+// What a lane needs from its sender (Sender::Impl). Any thread.
+class LaneOwner {
+ public:
+  virtual ~LaneOwner() = default;
+  virtual const SenderOptions& sender_options() const = 0;
+  virtual const protocol::Descriptor& descriptor() const = 0;
+  virtual const protocol::Options& protocol_options() const = 0;
+  // The UCX context every lane shares, created for the transport the first ACCEPT names; a
+  // later lane that was given another transport is an error. Called during Sender::connect.
+  virtual Status shared_context(Transport transport, fabric::Context** out) = 0;
+  // The first error of any lane ends the sender: every lane's ring is aborted.
+  virtual void fail(Status st) = 0;
+  virtual bool failed() const = 0;
+  virtual Status first_error() = 0;
+  // PAUSE from the receiver: a device's fillers wait (its worker is behind).
+  virtual void set_paused(uint16_t device, bool paused) = 0;
+  // Messages of `device` whose send() completed (for FIN).
+  virtual uint64_t messages_sent(uint16_t device) = 0;
+};
+
+class SenderLane {
+ public:
+  SenderLane(LaneOwner& owner, uint16_t index, std::vector<uint16_t> devices);
+
+  // Opens the control connection and runs the handshake with `hello` (lane, devices and nonce
+  // filled in here). Sender::connect's thread.
+  Status connect(const std::string& host, uint16_t port, wire::Hello hello);
+  // Starts the sending thread. Once, after connect() succeeded; stop() must join it before the
+  // lane is destroyed.
+  void start();
+  // Asks the sending thread to transmit what is committed and end, then joins it. Any one thread.
+  void stop();
+  // Aborts the ring: fillers waiting for a block return. Any thread.
+  void abort();
+  // A filler committed a block: transmits it from the caller's thread when no one else does.
+  // Filler threads.
+  Status transmit_committed();
+  // After stop(): FIN, then waits until the receiver confirmed every message stored.
+  Status fin();
+
+  const std::vector<uint16_t>& devices() const { return devices_; }
+  stream::SendRing& ring() { return *ring_; }  // after connect()
+  // The protocol, or nullptr before its set-up; its stats() only once stop() returned.
+  protocol::SenderProtocol* protocol() { return proto_.get(); }
+  // Records held back so far, for progress displays while sending. Any thread.
+  uint64_t held_skips_live() const { return held_skips_live_.load(std::memory_order_relaxed); }
+
+ private:
+  Status handshake(const wire::Hello& hello);
+  Status setup_fabric(const wire::Accept& accept);
+  // "_st": only whoever holds the ring's transmit token (protocol.h).
+  Status transmit_filled_st(size_t* sent);
+  Status reap_st();
+  Status sending_thread_st();
+  void sending_loop_st();
+  Status alive_st();
+  // A control frame from the receiver while data moves (PAUSE).
+  Status control_frame(const wire::Frame& frame);
+
+  LaneOwner& owner_;
+  const uint16_t index_;
+  const std::vector<uint16_t> devices_;
+  std::unique_ptr<net::ControlSocket> control_;
+  std::unique_ptr<fabric::Worker> worker_;
+  std::unique_ptr<fabric::Endpoint> endpoint_;
+  std::unique_ptr<fabric::MemoryRegion> local_;
+  std::unique_ptr<stream::SendRing> ring_;
+  std::unique_ptr<protocol::SenderFabric> proto_fabric_;
+  std::unique_ptr<protocol::SenderProtocol> proto_;
+  std::thread sending_thread_;
+  std::atomic<bool> finishing_{false};
+  std::atomic<uint64_t> held_skips_live_{0};
+
+  // Owned by whoever holds the ring's transmit token (the "_st" functions, protocol.h): the
+  // worker, the protocol, and these.
+  std::deque<std::pair<uint64_t, fabric::Request>> inflight_;  // (ticket, transfer), oldest first
+  uint64_t transmitted_ = 0;
+  std::chrono::steady_clock::time_point next_liveness_{};
+  std::atomic<bool> in_flight_{false};  // !inflight_.empty(), for a filler leaving the token
+};
+
+}  // namespace slotstream::session
