@@ -205,7 +205,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
 
   ~BufferedReadReceiver() override {
     // A get still running writes into the mirror (a head write reads head_buf_): give them a
-    // moment — the sender answers until we close the connection (sender.cc, Lane::fin) — then
+    // moment — the sender answers until we close the connection (src/session/sender_lane.cc, SenderLane::fin) — then
     // leak rather than unmap memory UCX may still touch (only when the sender stopped answering
     // but did not die: a dead one fails them).
     const auto deadline = Clock::now() + kTeardownGrace;
