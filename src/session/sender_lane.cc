@@ -149,6 +149,8 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
                         },
                         [w] { w->signal(); }});
   }
+  // A filler that waits for a block helps complete the transfers holding the blocks.
+  ring_->set_claim_helper([this] { help_complete(); });
   proto_fabric_.reset(new protocol::SenderFabric{*context, *worker_, *endpoint_, {options.blocks, options.block_size},
                                                  [this] { return alive_st(); }});
   return desc.make_sender(*proto_fabric_, accept.setup, owner_.protocol_options(), &proto_);
@@ -219,6 +221,10 @@ Status SenderLane::transmit_filled_st(size_t* sent) {
       held_skips_live_.store(proto_->held_skips_st(), std::memory_order_relaxed);
     }
   }
+  // Transfers that complete only through this worker's progress (a rendezvous tagged send, a tcp
+  // put) advance now, by whoever transmitted them: a filler holding the token would otherwise
+  // leave them to the sending thread's next turn.
+  if (!inflight_.empty()) worker_->progress();
   return reap_st();
 }
 
@@ -247,10 +253,18 @@ Status SenderLane::transmit_committed() {
   Status st = transmit_filled_st(&sent);
   // Blocks left over (the pass is bounded, or committed meanwhile) and transfers that need the
   // worker progressed to complete (tcp) are the sending thread's.
-  if (ring_->give_token() || in_flight_.load(std::memory_order_relaxed)) ring_->wake_sender();
+  if (ring_->give_token() || needs_watcher()) ring_->wake_sender();
   if (st.is_ok()) return st;
   owner_.fail(explain_transmit_error(st));
   return owner_.first_error();
+}
+
+void SenderLane::help_complete() {
+  if (!in_flight_.load(std::memory_order_relaxed) || !ring_->try_take_token()) return;
+  worker_->progress();
+  Status st = reap_st();
+  if (ring_->give_token() || needs_watcher()) ring_->wake_sender();
+  if (!st.is_ok()) owner_.fail(explain_transmit_error(st));  // the waiting fillers are aborted
 }
 
 // The sending thread: transmits whatever the fillers leave to it, and otherwise does the lane's
@@ -287,6 +301,7 @@ Status SenderLane::sending_thread_st() {
       last_cursor = ring_->cursor();
       last_activity = now;
     }
+    watching_inflight_.store(!inflight_.empty(), std::memory_order_relaxed);
     period = !inflight_.empty()                 ? kInFlightPeriod
              : proto_->holding_st()             ? kHoldingIdlePeriod
              : now - last_activity > kLongIdle ? kLongIdlePeriod

@@ -79,6 +79,8 @@ class SenderLane {
   // "_st": only whoever holds the ring's transmit token (protocol.h).
   Status transmit_filled_st(size_t* sent);
   Status reap_st();
+  // A filler waits for a block held by transfers in flight: progress them if the token is free.
+  void help_complete();
   Status sending_thread_st();
   void sending_loop_st();
   Status alive_st();
@@ -105,6 +107,12 @@ class SenderLane {
   uint64_t transmitted_ = 0;
   std::chrono::steady_clock::time_point next_liveness_{};
   std::atomic<bool> in_flight_{false};  // !inflight_.empty(), for a filler leaving the token
+  // The sending thread saw transfers in flight at its last turn, so it comes back within
+  // kInFlightPeriod by itself: a filler leaving some need not wake it (a futex per message).
+  std::atomic<bool> watching_inflight_{false};
+  bool needs_watcher() const {
+    return in_flight_.load(std::memory_order_relaxed) && !watching_inflight_.load(std::memory_order_relaxed);
+  }
 };
 
 }  // namespace slotstream::session

@@ -16,7 +16,10 @@ Status SendRing::claim(Slot* out) {
   uint64_t t = next_ticket_.fetch_add(1, std::memory_order_acq_rel);
   SlotState& s = slots_[t % blocks_];
   // Short spin first: with enough blocks the slot is almost always free already.
-  for (int i = 0; i < 64 && s.turn.load(std::memory_order_acquire) != t; ++i) std::this_thread::yield();
+  for (int i = 0; i < 64 && s.turn.load(std::memory_order_acquire) != t; ++i) {
+    if (claim_helper_) claim_helper_();
+    std::this_thread::yield();
+  }
   if (s.turn.load(std::memory_order_acquire) != t) {
     std::unique_lock lock(mutex_);
     fillers_waiting_.fetch_add(1);

@@ -50,6 +50,11 @@ class SendRing {
     std::function<void()> wake;
   };
   void set_sleeper(Sleeper sleeper) { sleeper_ = std::move(sleeper); }
+  // What a filler does while it waits in claim() for its block to be released (instead of only
+  // yielding): the lane lets it advance the transfers that hold the blocks (take the token if it
+  // is free, progress the worker, reap completions) — they complete only through progress, which
+  // the filler would otherwise wait for the sending thread to make. Set before any filler starts.
+  void set_claim_helper(std::function<void()> helper) { claim_helper_ = std::move(helper); }
 
   // Filler side (any thread). Blocks until the next block is free; kCancelled after abort().
   Status claim(Slot* out);
@@ -120,6 +125,7 @@ class SendRing {
   std::atomic<int> fillers_waiting_{0};
   std::atomic<bool> sender_waiting_{false};
   Sleeper sleeper_;
+  std::function<void()> claim_helper_;
 };
 
 }  // namespace slotstream::stream
