@@ -52,7 +52,7 @@ void accept(Bytes body) {
     FUZZ_CHECK(a.setup == std::vector<uint8_t>{42});
     return;
   }
-  FUZZ_CHECK(a.transport == wire::WireTransport::kShm || a.transport == wire::WireTransport::kTcp);
+  FUZZ_CHECK(a.transport == slotstream::Transport::kShm || a.transport == slotstream::Transport::kTcp);
   FUZZ_CHECK(a.proof.empty() || a.proof.size() == wire::kMacSize);
   FUZZ_CHECK(same(wire::encode(a), body));
 }

@@ -151,6 +151,5 @@ uint64_t default_max_memory() {
   return physical / 4;
 }
 
-fabric::Wire to_wire(Transport t) { return t == Transport::kTcp ? fabric::Wire::kTcp : fabric::Wire::kShm; }
 
 }  // namespace slotstream

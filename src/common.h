@@ -11,7 +11,6 @@ namespace slotstream {
 // Identifies this machine (boot id + host name): equal on both ends means shared memory works.
 std::string host_id();
 // A resolved transport (never kAuto) as the fabric's wire.
-fabric::Wire to_wire(Transport t);
 // "1.5 GiB", "640 KiB", "12 B": for messages a person reads.
 std::string format_bytes(uint64_t bytes);
 

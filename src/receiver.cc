@@ -28,7 +28,7 @@ namespace slotstream {
 
 using net::Millis;
 using session::Clock;
-using session::WireFabric;
+using session::TransportFabric;
 
 namespace {
 
@@ -66,7 +66,7 @@ struct Receiver::Impl : session::SessionHost {
   uint64_t next_group = 1;
   // Published by each session (connection) about every 100 ms, with its sender group.
   std::map<const void*, std::pair<uint64_t, SessionReport>> live;
-  std::map<fabric::Wire, std::unique_ptr<WireFabric>> wires;
+  std::map<Transport, std::unique_ptr<TransportFabric>> fabrics;
   // One thread per connection. A finished thread puts its id in `finished` and the accept loop
   // joins it: a thread that is never joined keeps its stack mapping, and a receiver that serves
   // reconnecting senders for days would run out of mappings (vm.max_map_count) and abort.
@@ -90,7 +90,7 @@ struct Receiver::Impl : session::SessionHost {
   void lane_ended(uint64_t group, const SessionReport& report) override;
   std::optional<std::string> reserve_memory(uint64_t bytes) override;
   void release_memory(uint64_t bytes) override;
-  Status wire_fabric(fabric::Wire wire, WireFabric** out) override;
+  Status transport_fabric(Transport transport, TransportFabric** out) override;
   void publish(const void* session, uint64_t group, const SessionReport& report) override {
     std::lock_guard lock(mutex);
     live[session] = {group, report};
@@ -260,18 +260,18 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
 
 // --------------------------------------------------------------------------------- receiver
 
-Status Receiver::Impl::wire_fabric(fabric::Wire wire, WireFabric** out) {
+Status Receiver::Impl::transport_fabric(Transport transport, TransportFabric** out) {
   std::lock_guard lock(mutex);
-  auto& wf = wires[wire];
+  auto& wf = fabrics[transport];
   if (!wf) {
-    auto fresh = std::make_unique<WireFabric>();
-    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(wire, &fresh->context));
+    auto fresh = std::make_unique<TransportFabric>();
+    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(transport, &fresh->context));
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
     wf = std::move(fresh);
   }
   // Software-emulated RMA (tcp) needs the target to progress. (Protocols whose receiver takes
   // part in transfers progress a worker of their own session.)
-  if (!wf->progress && wire == fabric::Wire::kTcp) {
+  if (!wf->progress && transport == Transport::kTcp) {
     wf->progress = std::make_unique<fabric::ProgressThread>(*wf->worker);
   }
   *out = wf.get();
@@ -363,11 +363,10 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
   impl->options = std::move(options);
   SLOTSTREAM_RETURN_IF_ERROR(net::Listener::open(impl->options.host, impl->options.port, &impl->listener));
   // Bring up the transports we allow now, so a UCX problem shows at start, not at first sender.
-  for (fabric::Wire w : {fabric::Wire::kShm, fabric::Wire::kTcp}) {
-    Transport t = w == fabric::Wire::kShm ? Transport::kShm : Transport::kTcp;
+  for (Transport t : {Transport::kShm, Transport::kTcp}) {
     if (impl->options.transport != Transport::kAuto && impl->options.transport != t) continue;
-    WireFabric* wf = nullptr;
-    SLOTSTREAM_RETURN_IF_ERROR(impl->wire_fabric(w, &wf));
+    TransportFabric* tf = nullptr;
+    SLOTSTREAM_RETURN_IF_ERROR(impl->transport_fabric(t, &tf));
   }
   if (impl->options.round_robin) impl->round_robin = std::make_unique<Impl::RoundRobin>(impl->options);
   std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
@@ -396,7 +395,7 @@ void Receiver::stop() {
   for (auto& [id, t] : sessions) t.join();
   im.round_robin.reset();  // every session it served has ended
   std::lock_guard lock(im.mutex);
-  im.wires.clear();  // progress threads stop, workers and contexts are destroyed
+  im.fabrics.clear();  // progress threads stop, workers and contexts are destroyed
 }
 
 std::vector<SessionReport> Receiver::live_sessions() const {

@@ -26,14 +26,6 @@ namespace slotstream {
 using session::SenderLane;
 
 namespace {
-wire::WireTransport to_wire_transport(Transport t) {
-  switch (t) {
-    case Transport::kShm: return wire::WireTransport::kShm;
-    case Transport::kTcp: return wire::WireTransport::kTcp;
-    default: return wire::WireTransport::kAuto;
-  }
-}
-
 // Checks the options and resolves the protocol ("NAME[:key=value,...]").
 Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
   if (auto why = invalid_sender_name(o.name)) return {Code::kInvalidArgument, *why + " ('" + o.name + "')"};
@@ -89,7 +81,7 @@ struct Sender::Impl : session::LaneOwner {
   Status shared_context(Transport t, fabric::Context** out) override {
     if (!context) {
       transport = t;
-      SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(to_wire(t), &context));
+      SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(t, &context));
     } else if (t != transport) {
       return {Code::kProtocolError, "receiver chose different transports for one sender's connections"};
     }
@@ -167,7 +159,7 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   hello.options = proto_options.text();
   hello.blocks = options.blocks;
   hello.block_size = options.block_size;
-  hello.transport = to_wire_transport(options.transport);
+  hello.transport = options.transport;
   hello.host_id = host_id();
   hello.name = options.name;
   hello.group = group_id;

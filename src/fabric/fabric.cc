@@ -46,7 +46,7 @@ namespace {
 using internal::from_ucs;
 
 // The UCX transport list for a wire. "self" is always needed for loopback within a process.
-const char* tls_for(Wire wire) { return wire == Wire::kShm ? "posix,sysv,self" : "tcp,self"; }
+const char* tls_for(Transport t) { return t == Transport::kShm ? "posix,sysv,self" : "tcp,self"; }
 
 struct AtomicCounters {
   std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
@@ -101,15 +101,15 @@ void reset_counters() {
   c.max_outstanding.store(c.outstanding.load());
 }
 
-const char* wire_name(Wire wire) { return wire == Wire::kShm ? "shm" : "tcp"; }
 
 // ---------------------------------------------------------------------------------- Context
-Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
+Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
+  if (transport == Transport::kAuto) return {Code::kInvalidArgument, "a fabric context needs shm or tcp, not auto"};
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return from_ucs(st, "ucp_config_read");
   // The user's UCX_TLS, if set, wins (that is how one runs on rc/dc/ud); otherwise we pick.
-  if (getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", tls_for(wire));
+  if (getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", tls_for(transport));
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -120,7 +120,7 @@ Status Context::create(Wire wire, std::unique_ptr<Context>* out) {
   st = ucp_init(&params, config, &handle);
   ucp_config_release(config);
   if (st != UCS_OK) return from_ucs(st, "ucp_init");
-  out->reset(new Context(handle, wire));
+  out->reset(new Context(handle, transport));
   return Status::ok();
 }
 
@@ -324,7 +324,7 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
   // Peer-failure handling makes UCX drop shared-memory transports for RMA (they have no peer
   // failure handler), so on shm we go without; a dead receiver is noticed through the control
   // socket instead (see Liveness). On tcp it turns a dead peer into an endpoint error.
-  params.err_mode = worker.context().wire() == Wire::kTcp ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  params.err_mode = worker.context().transport() == Transport::kTcp ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = [](void* arg, ucp_ep_h e, ucs_status_t st) { on_error(arg, e, st); };
   params.err_handler.arg = ep.get();
   ucs_status_t st = ucp_ep_create(worker.handle(), &params, &ep->handle_);
@@ -478,7 +478,7 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
     if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_efd");
   }
   // tcp has no one-sided transport: the fabric carries puts and gets itself (soft_rma.h).
-  if (ctx.wire() == Wire::kTcp) SLOTSTREAM_RETURN_IF_ERROR(SoftRma::create(*w, &w->soft_));
+  if (ctx.transport() == Transport::kTcp) SLOTSTREAM_RETURN_IF_ERROR(SoftRma::create(*w, &w->soft_));
   *out = std::move(w);
   return Status::ok();
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "slotstream/slotstream.h"
 #include "slotstream/status.h"
 
 struct ucp_context;
@@ -61,10 +62,6 @@ struct Counters {
 Counters counters();
 void reset_counters();
 
-// Which UCX transports a context may use. The protocols never look at this; only the fabric
-// does, to configure UCX.
-enum class Wire { kShm, kTcp };
-const char* wire_name(Wire wire);
 
 // Called periodically inside blocking waits; a non-ok result aborts the wait with that status.
 // This is how a sender notices a dead receiver on shared memory, where UCX never reports it.
@@ -74,12 +71,14 @@ class MemoryRegion;
 
 class Context {
  public:
-  static Status create(Wire wire, std::unique_ptr<Context>* out);
+  // `transport` (shm or tcp; not kAuto) is which UCX transports it may use. The protocols never
+  // look at it; only the fabric does, to configure UCX.
+  static Status create(Transport transport, std::unique_ptr<Context>* out);
   ~Context();  // unmaps parked regions, then cleans up (every worker must be gone by then)
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
-  Wire wire() const { return wire_; }
+  Transport transport() const { return transport_; }
   // Whether [address, address + length) lies in one memory region registered through this
   // context: what a peer may read or write where the fabric carries puts and gets (soft_rma.h).
   // Any thread.
@@ -95,10 +94,10 @@ class Context {
  private:
   friend class MemoryRegion;
   friend class Worker;
-  Context(ucp_context* handle, Wire wire) : handle_(handle), wire_(wire) {}
+  Context(ucp_context* handle, Transport transport) : handle_(handle), transport_(transport) {}
   ucp_context* handle() const { return handle_.get(); }
   UcxHandle<ucp_context> handle_;
-  Wire wire_;
+  Transport transport_;
   mutable std::mutex regions_mutex_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
   std::mutex parked_mutex_;

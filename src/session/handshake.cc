@@ -137,19 +137,19 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
   if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
   reserved_bytes_ = region;
 
-  if (Status st = rx_.wire_fabric(to_wire(transport_), &wire_); !st.is_ok()) {
+  if (Status st = rx_.transport_fabric(transport_, &fabric_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
   }
   // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
   // own that only this session's thread progresses — as an RDMA receiver polls its own
   // completion queue — instead of contending with every other session for the shared one.
   if (desc_->receiver_progress) {
-    if (Status st = fabric::Worker::create(*wire_->context, /*shared=*/false, /*wakeup=*/true, &own_worker_);
+    if (Status st = fabric::Worker::create(*fabric_->context, /*shared=*/false, /*wakeup=*/true, &own_worker_);
         !st.is_ok()) {
       return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
     }
   }
-  protocol::ReceiverFabric rf{*wire_->context, worker(), geometry_};
+  protocol::ReceiverFabric rf{*fabric_->context, worker(), geometry_};
   if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
     return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
   }
@@ -160,7 +160,7 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
   delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
 
   wire::Accept accept;
-  accept.transport = transport_ == Transport::kTcp ? wire::WireTransport::kTcp : wire::WireTransport::kShm;
+  accept.transport = transport_;
   accept.worker_address = worker().address();
   accept.setup = proto_->setup();
   if (my_nonce_) {

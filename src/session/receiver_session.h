@@ -45,8 +45,8 @@ inline Clock::duration idle_nap(Clock::duration idle) {
   return std::clamp<Clock::duration>(idle / 8, kMinIdleSleep, cap);
 }
 
-// UCX context + shared worker for one wire, created when the first sender asks for it.
-struct WireFabric {
+// UCX context + shared worker for one transport (shm or tcp), created when the first sender asks for it.
+struct TransportFabric {
   std::unique_ptr<fabric::Context> context;
   std::unique_ptr<fabric::Worker> worker;
   std::unique_ptr<fabric::ProgressThread> progress;
@@ -68,7 +68,7 @@ class SessionHost {
   // Reserves `bytes` of the memory budget, or says why not.
   virtual std::optional<std::string> reserve_memory(uint64_t bytes) = 0;
   virtual void release_memory(uint64_t bytes) = 0;
-  virtual Status wire_fabric(fabric::Wire wire, WireFabric** out) = 0;
+  virtual Status transport_fabric(Transport transport, TransportFabric** out) = 0;
   // A session's live report (about every 100 ms) with its sender group; withdrawn when it ends.
   virtual void publish(const void* session, uint64_t group, const SessionReport& report) = 0;
   virtual void withdraw(const void* session) = 0;
@@ -116,7 +116,7 @@ class ReceiverSession {
   void check_control(Clock::time_point now);  // live report, liveness, FIN
   void on_pause(uint16_t device, bool paused);
   // The UCX worker this session's protocol uses: its own, or the transport's shared one.
-  fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *wire_->worker; }
+  fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *fabric_->worker; }
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
   void fill_report(Clock::time_point start);
@@ -130,7 +130,7 @@ class ReceiverSession {
   const protocol::Descriptor* desc_ = nullptr;
   protocol::Options options_;
   Transport transport_ = Transport::kShm;
-  WireFabric* wire_ = nullptr;
+  TransportFabric* fabric_ = nullptr;
   std::vector<uint8_t> hello_bytes_;      // as received: the authentication proofs cover them
   std::optional<net::Nonce> my_nonce_;    // set when the sender was challenged (token)
   net::Nonce sender_nonce_{};

@@ -129,7 +129,7 @@ Status SenderLane::handshake(const wire::Hello& hello) {
 Status SenderLane::setup_fabric(const wire::Accept& accept) {
   const SenderOptions& options = owner_.sender_options();
   const protocol::Descriptor& desc = owner_.descriptor();
-  Transport t = accept.transport == wire::WireTransport::kTcp ? Transport::kTcp : Transport::kShm;
+  const Transport t = accept.transport;
   fabric::Context* context = nullptr;
   SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(t, &context));
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, desc.sender_wakeup, &worker_));

@@ -2,13 +2,13 @@
 
 namespace slotstream::session {
 
-TransportChoice choose_transport(Transport allowed, wire::WireTransport requested, std::string_view sender_host_id,
+TransportChoice choose_transport(Transport allowed, Transport requested, std::string_view sender_host_id,
                                  std::string_view receiver_host_id) {
   const bool same_host = sender_host_id == receiver_host_id;
   Transport chosen;
   switch (requested) {
-    case wire::WireTransport::kShm: chosen = Transport::kShm; break;
-    case wire::WireTransport::kTcp: chosen = Transport::kTcp; break;
+    case Transport::kShm: chosen = Transport::kShm; break;
+    case Transport::kTcp: chosen = Transport::kTcp; break;
     default: chosen = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
   }
   if (allowed != Transport::kAuto && chosen != allowed) {

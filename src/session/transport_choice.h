@@ -20,7 +20,7 @@ struct TransportChoice {
 // allows (`recv --transport`). A sender asking for auto gets the receiver's transport when it
 // allows only one, else shm when both ends run on one host (equal host ids) and tcp otherwise.
 // shm between two hosts is refused: shared memory cannot cross machines. Pure; any thread.
-TransportChoice choose_transport(Transport allowed, wire::WireTransport requested, std::string_view sender_host_id,
+TransportChoice choose_transport(Transport allowed, Transport requested, std::string_view sender_host_id,
                                  std::string_view receiver_host_id);
 
 }  // namespace slotstream::session

@@ -18,12 +18,29 @@ Status finish(const Reader& r, const char* what) {
   return Status::ok();
 }
 
-bool valid_transport(uint8_t t) { return t <= static_cast<uint8_t>(WireTransport::kTcp); }
 
 // A proof is absent (no token) or one MAC.
 bool valid_proof(const std::vector<uint8_t>& proof) { return proof.empty() || proof.size() == kMacSize; }
 
 }  // namespace
+
+uint8_t encode_transport(Transport t) {
+  switch (t) {
+    case Transport::kAuto: return 0;
+    case Transport::kShm: return 1;
+    case Transport::kTcp: return 2;
+  }
+  return 0;
+}
+
+std::optional<Transport> decode_transport(uint8_t code) {
+  switch (code) {
+    case 0: return Transport::kAuto;
+    case 1: return Transport::kShm;
+    case 2: return Transport::kTcp;
+    default: return std::nullopt;
+  }
+}
 
 std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body) {
   Writer w;
@@ -41,7 +58,7 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.str16(m.options);
   w.u32(m.blocks);
   w.u32(m.block_size);
-  w.u8(static_cast<uint8_t>(m.transport));
+  w.u8(encode_transport(m.transport));
   w.str8(m.host_id);
   w.str8(m.name);
   w.u16(static_cast<uint16_t>(m.devices.size()));
@@ -70,9 +87,9 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
   h.options = r.str16();
   h.blocks = r.u32();
   h.block_size = r.u32();
-  uint8_t t = r.u8();
-  if (r.ok() && !valid_transport(t)) return malformed("hello: unknown transport code");
-  h.transport = static_cast<WireTransport>(t);
+  const auto t = decode_transport(r.u8());
+  if (r.ok() && !t) return malformed("hello: unknown transport code");
+  h.transport = t.value_or(Transport::kAuto);
   h.host_id = r.str8();
   h.name = r.str8();
   uint16_t n = r.u16();
@@ -90,7 +107,7 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
 
 std::vector<uint8_t> signed_part(const Accept& m) {
   Writer w;
-  w.u8(static_cast<uint8_t>(m.transport));
+  w.u8(encode_transport(m.transport));
   w.blob32(m.worker_address);
   w.blob32(m.setup);
   return std::move(w.buffer());
@@ -106,9 +123,9 @@ std::vector<uint8_t> encode(const Accept& m) {
 Status decode(std::span<const uint8_t> body, Accept* out) {
   Reader r(body);
   Accept a;
-  uint8_t t = r.u8();
-  if (r.ok() && (t == 0 || !valid_transport(t))) return malformed("accept: transport");
-  a.transport = static_cast<WireTransport>(t);
+  const auto t = decode_transport(r.u8());
+  if (r.ok() && (!t || *t == Transport::kAuto)) return malformed("accept: transport");
+  a.transport = t.value_or(Transport::kShm);
   a.worker_address = r.blob32(kMaxBlob);
   a.setup = r.blob32(kMaxBlob);
   auto proof = r.bytes(r.u8());

@@ -42,12 +42,14 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "slotstream/slotstream.h"
 #include "slotstream/status.h"
 
 namespace slotstream::wire {
@@ -63,7 +65,10 @@ enum class MsgType : uint8_t {
   kCapacityRequest = 8, kCapacity = 9, kSetup = 10, kReady = 11, kPause = 12,
 };
 
-enum class WireTransport : uint8_t { kAuto = 0, kShm = 1, kTcp = 2 };
+// Transports on the wire: one byte, kAuto 0 (the sender lets the receiver choose), kShm 1, kTcp 2
+// (slotstream::Transport; encode_transport/decode_transport are the only conversion).
+uint8_t encode_transport(Transport t);
+std::optional<Transport> decode_transport(uint8_t code);
 
 struct Hello {
   uint16_t version = kProtocolVersion;
@@ -71,7 +76,7 @@ struct Hello {
   std::string options;  // protocol options, "key=value,..." (protocol/options.h)
   uint32_t blocks = 0;
   uint32_t block_size = 0;
-  WireTransport transport = WireTransport::kAuto;
+  Transport transport = Transport::kAuto;
   std::string host_id;
   std::string name;
   std::vector<uint16_t> devices;
@@ -82,7 +87,7 @@ struct Hello {
 };
 
 struct Accept {
-  WireTransport transport = WireTransport::kShm;
+  Transport transport = Transport::kShm;
   std::vector<uint8_t> worker_address;
   std::vector<uint8_t> setup;  // protocol-specific (region addresses, packed keys)
   std::vector<uint8_t> proof;  // empty, or kMacSize bytes when the receiver has a token

@@ -15,7 +15,7 @@ namespace {
 class SoftRmaTest : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(Context::create(Wire::kTcp, &ctx_).is_ok());
+    ASSERT_TRUE(Context::create(Transport::kTcp, &ctx_).is_ok());
     ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/false, /*wakeup=*/false, &initiator_).is_ok());
     ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/true, /*wakeup=*/true, &target_).is_ok());
     ASSERT_TRUE(Endpoint::create(*initiator_, target_->address(), &ep_).is_ok());

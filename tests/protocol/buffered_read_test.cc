@@ -17,7 +17,6 @@
 namespace slotstream::protocol {
 namespace {
 
-using fabric::Wire;
 
 std::string pattern(size_t i, size_t length) {
   std::string s(length, '\0');
@@ -32,7 +31,7 @@ std::string bytes_of(const Record& r) { return {reinterpret_cast<const char*>(r.
 // only when pump() is asked to (tcp needs it; shared memory must not).
 class Pair {
  public:
-  Pair(Wire wire, Geometry g, const std::string& options = "") : wire_(wire), geometry_(g) {
+  Pair(Transport wire, Geometry g, const std::string& options = "") : wire_(wire), geometry_(g) {
     EXPECT_TRUE(Options::parse(options, &options_).is_ok());
     EXPECT_TRUE(fabric::Context::create(wire, &ctx_).is_ok());
     EXPECT_TRUE(fabric::Worker::create(*ctx_, false, true, &sender_worker_).is_ok());
@@ -86,7 +85,7 @@ class Pair {
       rx->poll(&out);
     }
   }
-  bool tcp() const { return wire_ == Wire::kTcp; }
+  bool tcp() const { return wire_ == Transport::kTcp; }
   uint64_t counter(const std::string& name) const { return rx->stats().counters.at(name); }
 
   // transmit_st fails with kTimeout instead of waiting longer than `polls` liveness checks.
@@ -113,14 +112,14 @@ class Pair {
     return Status::ok();
   }
 
-  Wire wire_;
+  Transport wire_;
   Geometry geometry_;
   int alive_budget_ = -1;
 };
 
-class BufferedRead : public testing::TestWithParam<Wire> {};
+class BufferedRead : public testing::TestWithParam<Transport> {};
 
-std::string wire_name_of(const testing::TestParamInfo<Wire>& info) { return fabric::wire_name(info.param); }
+std::string wire_name_of(const testing::TestParamInfo<Transport>& info) { return transport_name(info.param); }
 
 TEST_P(BufferedRead, RecordsArriveByteExactAndOnSharedMemoryWithoutTheSendersWorker) {
   Pair p(GetParam(), {4, 1024});
@@ -271,7 +270,7 @@ TEST_P(BufferedRead, FinishWaitsUntilTheReceiverFreedEverything) {
   EXPECT_TRUE(p.tx->finish_st().is_ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Wires, BufferedRead, testing::Values(Wire::kShm, Wire::kTcp), wire_name_of);
+INSTANTIATE_TEST_SUITE_P(Wires, BufferedRead, testing::Values(Transport::kShm, Transport::kTcp), wire_name_of);
 
 // ------------------------------------------------------------- a ring built by hand (the layout)
 
@@ -279,7 +278,7 @@ INSTANTIATE_TEST_SUITE_P(Wires, BufferedRead, testing::Values(Wire::kShm, Wire::
 class HandRing : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(fabric::Context::create(Wire::kShm, &ctx_).is_ok());
+    ASSERT_TRUE(fabric::Context::create(Transport::kShm, &ctx_).is_ok());
     ASSERT_TRUE(fabric::Worker::create(*ctx_, false, false, &owner_).is_ok());
     ASSERT_TRUE(fabric::Worker::create(*ctx_, true, false, &reader_).is_ok());
     ASSERT_TRUE(fabric::Endpoint::create(*reader_, owner_->address(), &ep_).is_ok());

@@ -14,7 +14,7 @@ namespace {
 
 using testing_support::FabricPair;
 
-class Carc : public testing::TestWithParam<fabric::Wire> {};
+class Carc : public testing::TestWithParam<Transport> {};
 
 uint64_t budget_in_setup(const std::vector<uint8_t>& s) {
   uint64_t b = 0;
@@ -87,7 +87,7 @@ TEST_P(Carc, TheDefaultBudgetIsTheCoresCacheShareAndAtLeastOneBlock) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Wires, Carc, testing::Values(fabric::Wire::kShm, fabric::Wire::kTcp),
+INSTANTIATE_TEST_SUITE_P(Wires, Carc, testing::Values(Transport::kShm, Transport::kTcp),
                          testing_support::wire_case_name);
 
 TEST(CarcOptions, BadOptionsAreRefusedWithTheirName) {

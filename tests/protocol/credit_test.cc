@@ -15,7 +15,7 @@ namespace {
 
 using testing_support::FabricPair;
 
-class Credit : public testing::TestWithParam<fabric::Wire> {};
+class Credit : public testing::TestWithParam<Transport> {};
 
 TEST_P(Credit, CreditsComeBackInBatchesOfHalfAndEveryRecordArrivesInOrder) {
   FabricPair p;
@@ -94,7 +94,7 @@ TEST_P(Credit, ASenderThatIgnoresItsCreditsLosesNothingButIsCounted) {
   for (auto& r : reqs) (void)r.wait(*p.tx_worker, [] { return Status::ok(); });
 }
 
-INSTANTIATE_TEST_SUITE_P(Wires, Credit, testing::Values(fabric::Wire::kShm, fabric::Wire::kTcp),
+INSTANTIATE_TEST_SUITE_P(Wires, Credit, testing::Values(Transport::kShm, Transport::kTcp),
                          testing_support::wire_case_name);
 
 }  // namespace

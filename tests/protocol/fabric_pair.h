@@ -42,7 +42,7 @@ struct FabricPair {
   }
 
   // Sets up `protocol` with `options` for `geometry`; the receiver half only if !with_sender.
-  Status open(fabric::Wire wire, const std::string& protocol, const std::string& options,
+  Status open(Transport wire, const std::string& protocol, const std::string& options,
               protocol::Geometry geometry, bool with_sender = true) {
     const protocol::Descriptor* d = protocol::find(protocol);
     if (!d) return {Code::kInvalidArgument, "no protocol " + protocol};
@@ -153,8 +153,8 @@ inline Observed stream(FabricPair& p, const std::vector<std::vector<std::byte>>&
   return o;
 }
 
-inline std::string wire_case_name(const ::testing::TestParamInfo<fabric::Wire>& info) {
-  return fabric::wire_name(info.param);
+inline std::string wire_case_name(const ::testing::TestParamInfo<Transport>& info) {
+  return transport_name(info.param);
 }
 
 }  // namespace slotstream::testing_support

@@ -24,7 +24,7 @@ std::vector<std::byte> record(uint16_t device, uint32_t packet, size_t payload) 
   return r;
 }
 
-class RingReceiverTest : public testing::TestWithParam<fabric::Wire> {
+class RingReceiverTest : public testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fabric::Context::create(GetParam(), &ctx_).is_ok());
@@ -166,8 +166,8 @@ TEST_P(RingReceiverTest, NoSegmentBeyondTheCredits) {
   EXPECT_EQ(last_ack_.credits, 1u) << "296 bytes free: one credit granted";
 }
 
-INSTANTIATE_TEST_SUITE_P(Wires, RingReceiverTest, testing::Values(fabric::Wire::kShm, fabric::Wire::kTcp),
-                         [](const testing::TestParamInfo<fabric::Wire>& i) { return std::string(fabric::wire_name(i.param)); });
+INSTANTIATE_TEST_SUITE_P(Wires, RingReceiverTest, testing::Values(Transport::kShm, Transport::kTcp),
+                         [](const testing::TestParamInfo<Transport>& i) { return std::string(transport_name(i.param)); });
 
 }  // namespace
 }  // namespace slotstream::protocol

@@ -10,7 +10,7 @@ wire::Hello good_hello() {
   h.protocol = "status_byte";
   h.blocks = 32;
   h.block_size = 1 << 20;
-  h.transport = wire::WireTransport::kAuto;
+  h.transport = Transport::kAuto;
   h.host_id = "host-a";
   h.name = "edge-a";
   h.devices = {0, 1, 2};
@@ -89,9 +89,9 @@ TEST(Handshake, RefusesBadNamesAndDeviceCounts) {
 
 TEST(Handshake, RefusesATransportTheReceiverDoesNotAllow) {
   wire::Hello h = good_hello();
-  h.transport = wire::WireTransport::kTcp;
+  h.transport = Transport::kTcp;
   EXPECT_EQ(refused(h, Transport::kShm), "this receiver only accepts transport shm");
-  h.transport = wire::WireTransport::kShm;
+  h.transport = Transport::kShm;
   h.host_id = "host-b";
   EXPECT_EQ(refused(h), "transport shm needs sender and receiver on one host; use tcp");
 }

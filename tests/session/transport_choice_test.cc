@@ -5,7 +5,7 @@
 namespace slotstream::session {
 namespace {
 
-using WT = wire::WireTransport;
+using WT = Transport;
 
 constexpr const char* kOneHost = "transport shm needs sender and receiver on one host; use tcp";
 constexpr const char* kOnlyShm = "this receiver only accepts transport shm";

@@ -12,7 +12,7 @@ Hello sample_hello() {
   h.protocol = "status_byte";
   h.blocks = 32;
   h.block_size = 1 << 20;
-  h.transport = WireTransport::kTcp;
+  h.transport = Transport::kTcp;
   h.host_id = "boot@host";
   h.name = "edge-1";
   h.devices = {0, 7, 65535};
@@ -30,7 +30,7 @@ TEST(Control, HelloRoundTrips) {
   EXPECT_EQ(out.protocol, "status_byte");
   EXPECT_EQ(out.blocks, 32u);
   EXPECT_EQ(out.block_size, 1u << 20);
-  EXPECT_EQ(out.transport, WireTransport::kTcp);
+  EXPECT_EQ(out.transport, Transport::kTcp);
   EXPECT_EQ(out.name, "edge-1");
   EXPECT_EQ(out.devices, (std::vector<uint16_t>{0, 7, 65535}));
   EXPECT_EQ(out.group, 0x1122334455667788ull);
@@ -100,7 +100,7 @@ TEST(Control, FrameHasLengthPrefix) {
 }
 
 TEST(Control, OtherMessagesRoundTrip) {
-  Accept a{WireTransport::kShm, {1, 2, 3}, {9, 8}, {}};
+  Accept a{Transport::kShm, {1, 2, 3}, {9, 8}, {}};
   Accept a2;
   ASSERT_TRUE(decode(encode(a), &a2).is_ok());
   EXPECT_EQ(a2.worker_address, a.worker_address);
