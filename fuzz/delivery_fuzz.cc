@@ -1,5 +1,5 @@
 // In-order delivery (stream/delivery.h) fed arbitrary record sequences through a fake
-// ReceiverProtocol (blocks in memory, as tests/unit/delivery_test.cc does): the input is a
+// ReceiverProtocol (blocks in memory, as tests/stream/delivery_test.cc does): the input is a
 // script of sender and receiver events, and a model of what the sender sent checks the result.
 //
 // Configuration (first bytes): blocks (1..16), payload capacity per block (0..48), declared

@@ -80,7 +80,7 @@ class AckBatcher {
 };
 
 // The credit update, receiver -> sender: the header of an active message, little-endian, 16 bytes
-// (copied as this struct; pinned by tests/unit/credit_test.cc):
+// (copied as this struct; pinned by tests/protocol/credit_test.cc):
 //
 //   0          8              16
 //   +----------+--------------+

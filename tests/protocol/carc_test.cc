@@ -1,116 +1,172 @@
-// carc over real UCX (shared memory and tcp), both halves driven by the test in one process: a
-// slow consumer never has more unprocessed bytes than the budget (credit, with the same buffers,
-// has them all), the options, and the default budget.
 #include "protocol/carc.h"
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
 
-#include "fabric_pair.h"
+#include <unistd.h>
 
-namespace slotstream {
+namespace slotstream::protocol {
 namespace {
 
-using testing_support::FabricPair;
+constexpr uint64_t kNearWrap = std::numeric_limits<uint64_t>::max() - 1000;
 
-class Carc : public testing::TestWithParam<Transport> {};
-
-uint64_t budget_in_setup(const std::vector<uint8_t>& s) {
-  uint64_t b = 0;
-  for (int i = 0; i < 8; ++i) b |= uint64_t(s[8 + i]) << (8 * i);
-  return b;
+TEST(ByteBudget, DebitsBeforeSendingUpToTheBudget) {
+  ByteBudget b(1000, 8);
+  EXPECT_TRUE(b.fits(1000));
+  EXPECT_FALSE(b.fits(1001));
+  b.debit(600);
+  EXPECT_TRUE(b.fits(400));
+  EXPECT_FALSE(b.fits(401));
+  EXPECT_FALSE(b.bytes_fit(401));
+  b.debit(400);
+  EXPECT_FALSE(b.fits(1));
+  EXPECT_EQ(b.outstanding_bytes(), 1000u);
 }
 
-void slow(size_t) { std::this_thread::sleep_for(std::chrono::microseconds(300)); }
-
-TEST_P(Carc, ASlowConsumerNeverHoldsMoreUnprocessedBytesThanTheBudget) {
-  FabricPair p;
-  const protocol::Geometry g{16, 4096};  // 64 KiB of buffers, a 12 KiB budget
-  ASSERT_TRUE(p.open(GetParam(), "carc", "budget=12K", g).is_ok());
-  ASSERT_EQ(budget_in_setup(p.rx->setup()), 12u << 10);
-  const auto records = testing_support::random_records(300, g.block_size, 3);
-  auto o = testing_support::stream(p, records, slow);
-  ASSERT_EQ(o.error, "");
-  ASSERT_EQ(o.records, records.size());
-
-  EXPECT_LE(o.max_unreleased_bytes, 12u << 10) << "the consumer saw more than the budget at once";
-  EXPECT_GE(o.max_unreleased_bytes, 6u << 10) << "the budget was never approached: the test shows nothing";
-  auto rs = p.rx->stats().counters;
-  EXPECT_LE(rs["max_unreleased_bytes"], 12u << 10);
-  EXPECT_EQ(rs["unexpected_messages"], 0u);
-  EXPECT_GE(rs["counter_puts"], 1u);
-  auto ts = p.tx->stats();
-  EXPECT_LE(ts.counters["max_unprocessed_bytes"], 12u << 10);
-  EXPECT_GT(ts.counters["budget_waits"], 0u) << "the slow consumer never held the sender back";
-  EXPECT_GT(ts.waits, 0u);
-  EXPECT_EQ(ts.records, 300u);
+TEST(ByteBudget, ReplenishedOnlyByWhatWasProcessed) {
+  ByteBudget b(1000, 8);
+  b.debit(300);
+  b.debit(300);
+  b.debit(300);
+  EXPECT_FALSE(b.fits(200));
+  EXPECT_TRUE(b.replenish(300, 1));  // one message processed
+  EXPECT_TRUE(b.fits(400));
+  EXPECT_FALSE(b.fits(401));
+  // Expect: the same counters again, older ones and impossible ones change nothing.
+  EXPECT_FALSE(b.replenish(300, 1));
+  EXPECT_FALSE(b.replenish(0, 0));
+  EXPECT_FALSE(b.replenish(1000, 4));  // more than was ever sent
+  EXPECT_FALSE(b.replenish(950, 3));   // bytes beyond what was sent
+  EXPECT_EQ(b.outstanding_bytes(), 600u);
+  EXPECT_TRUE(b.replenish(900, 3));
+  EXPECT_EQ(b.outstanding_bytes(), 0u);
+  EXPECT_EQ(b.outstanding_records(), 0u);
 }
 
-TEST_P(Carc, CreditWithTheSameBuffersLetsThemAllFillUp) {
-  // The contrast: credit bounds messages (16), not bytes.
-  FabricPair p;
-  const protocol::Geometry g{16, 4096};
-  ASSERT_TRUE(p.open(GetParam(), "credit", "", g).is_ok());
-  auto records = testing_support::random_records(300, g.block_size, 3);
-  auto o = testing_support::stream(p, records, slow);
-  ASSERT_EQ(o.records, records.size());
-  EXPECT_GT(p.rx->stats().counters["max_unreleased_bytes"], 12u << 10);
+TEST(ByteBudget, TheBuffersAreALimitToo) {
+  ByteBudget b(1 << 20, 2);  // plenty of bytes, two posted receives
+  b.debit(10);
+  b.debit(10);
+  EXPECT_TRUE(b.bytes_fit(10));
+  EXPECT_FALSE(b.fits(10)) << "a third message would find no posted receive";
+  EXPECT_TRUE(b.replenish(10, 1));
+  EXPECT_TRUE(b.fits(10));
 }
 
-TEST_P(Carc, ManyBuffersOfSmallMessagesAreLimitedByTheBuffers) {
-  FabricPair p;
-  const protocol::Geometry g{4, 1024};  // budget far above 4 x 1 KiB: the buffers bind
-  ASSERT_TRUE(p.open(GetParam(), "carc", "budget=1M", g).is_ok());
-  auto o = testing_support::stream(p, testing_support::random_records(200, g.block_size, 4), slow);
-  ASSERT_EQ(o.records, 200u);
-  auto ts = p.tx->stats();
-  EXPECT_EQ(ts.counters["budget_waits"], 0u);
-  EXPECT_GT(ts.counters["buffer_waits"], 0u);
-  EXPECT_EQ(p.rx->stats().counters["unexpected_messages"], 0u);
+TEST(ByteBudget, CountersWrapAround) {
+  ByteBudget b(4096, 4, kNearWrap, kNearWrap);
+  std::mt19937 rng(7);
+  uint64_t processed_bytes = kNearWrap, processed_records = kNearWrap;
+  std::vector<uint64_t> in_flight;
+  for (int i = 0; i < 10000; ++i) {  // ~10 MB through a 4 KiB budget: the byte counter wraps
+    const uint64_t len = 16 + rng() % 2000;
+    while (!b.fits(len)) {
+      ASSERT_FALSE(in_flight.empty()) << "nothing in flight, yet no room";
+      processed_bytes += in_flight.front();
+      ++processed_records;
+      in_flight.erase(in_flight.begin());
+      ASSERT_TRUE(b.replenish(processed_bytes, processed_records));
+      ASSERT_FALSE(b.replenish(processed_bytes - 1, processed_records - 1)) << "an older word";
+    }
+    b.debit(len);
+    in_flight.push_back(len);
+    ASSERT_LE(b.outstanding_bytes(), 4096u);
+    ASSERT_LE(b.outstanding_records(), 4u);
+  }
+  EXPECT_LT(processed_bytes, kNearWrap) << "the test did not wrap";
 }
 
-TEST_P(Carc, ABudgetBelowOneBlockIsRefusedWithAReason) {
-  FabricPair p;
-  Status st = p.open(GetParam(), "carc", "budget=2K", {4, 4096});
-  EXPECT_EQ(st.code(), Code::kRefused);
-  EXPECT_NE(st.message().find("smaller than one block"), std::string::npos) << st.message();
+TEST(ProcessedWord, LayoutIsPinned) {
+  std::array<std::byte, kProcessedWordSize> w{};
+  encode_processed(0x0102030405060708ull, 0x1112131415161718ull, w);
+  EXPECT_EQ(w[0], std::byte{0x08});   // records, little-endian
+  EXPECT_EQ(w[7], std::byte{0x01});
+  EXPECT_EQ(w[8], std::byte{0x18});   // bytes
+  EXPECT_EQ(w[16], std::byte{0x08});  // records again
+  EXPECT_EQ(w[23], std::byte{0x01});
+  uint64_t records = 0, bytes = 0;
+  ASSERT_TRUE(decode_processed(w, &records, &bytes));
+  EXPECT_EQ(records, 0x0102030405060708ull);
+  EXPECT_EQ(bytes, 0x1112131415161718ull);
 }
 
-TEST_P(Carc, TheDefaultBudgetIsTheCoresCacheShareAndAtLeastOneBlock) {
-  const uint64_t share = protocol::cache_share_bytes("/sys/devices/system/cpu/cpu0/cache");
-  for (uint32_t block : {4096u, 64u << 20}) {
-    FabricPair p;
-    ASSERT_TRUE(p.open(GetParam(), "carc", "", {1, block}, /*with_sender=*/false).is_ok());
-    const uint64_t want = std::max<uint64_t>(share == 0 ? (2u << 20) : share, block);
-    EXPECT_EQ(budget_in_setup(p.rx->setup()), want) << "block " << block;
+TEST(ProcessedWord, AReadThatCaughtAPutHalfWayIsRejected) {
+  std::array<std::byte, kProcessedWordSize> old_word{}, new_word{};
+  encode_processed(41, 41 * 1000, old_word);
+  encode_processed(42, 42 * 1000 + 999, new_word);
+  // The put copies from either end; a read may see any prefix or suffix of the new word.
+  for (size_t cut = 0; cut <= kProcessedWordSize; ++cut) {
+    for (bool from_front : {true, false}) {
+      auto seen = old_word;
+      for (size_t k = 0; k < kProcessedWordSize; ++k) {
+        bool copied = from_front ? k < cut : k >= kProcessedWordSize - cut;
+        if (copied) seen[k] = new_word[k];
+      }
+      uint64_t records = 0, bytes = 0;
+      if (decode_processed(seen, &records, &bytes)) {
+        // Accepted only as the whole old word or the whole new one, never a mixture.
+        const bool is_old = records == 41 && bytes == 41000;
+        const bool is_new = records == 42 && bytes == 42999;
+        EXPECT_TRUE(is_old || is_new) << "cut " << cut << (from_front ? " front" : " back");
+      }
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Wires, Carc, testing::Values(Transport::kShm, Transport::kTcp),
-                         testing_support::wire_case_name);
-
-TEST(CarcOptions, BadOptionsAreRefusedWithTheirName) {
-  const protocol::Descriptor* d = protocol::find("carc");
-  ASSERT_NE(d, nullptr);
-  auto check = [&](const char* text) {
-    protocol::Options o;
-    Status st = protocol::Options::parse(text, &o);
-    return st.is_ok() ? protocol::check_options(*d, o) : st;
-  };
-  EXPECT_TRUE(check("budget=2M").is_ok());
-  EXPECT_TRUE(check("").is_ok());
-  for (const char* bad : {"budget=lots", "budget=0", "window=4", "budget=-1"}) {
-    Status st = check(bad);
-    EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
-    EXPECT_NE(st.message().find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos)
-        << bad << ": " << st.message();
+class CacheDir : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("carc-cache-" + std::to_string(::getpid()) + "-" + testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
   }
-  const protocol::Descriptor* credit = protocol::find("credit");
-  protocol::Options o;
-  ASSERT_TRUE(protocol::Options::parse("budget=2M", &o).is_ok());
-  EXPECT_EQ(protocol::check_options(*credit, o).code(), Code::kInvalidArgument) << "credit takes no options";
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void index(int n, const std::string& level, const std::string& type, const std::string& size,
+             const std::string& cpus) {
+    auto d = dir_ / ("index" + std::to_string(n));
+    std::filesystem::create_directories(d);
+    std::ofstream(d / "level") << level << "\n";
+    std::ofstream(d / "type") << type << "\n";
+    std::ofstream(d / "size") << size << "\n";
+    std::ofstream(d / "shared_cpu_list") << cpus << "\n";
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CacheDir, TheLastLevelCacheSharedByItsCpus) {
+  index(0, "1", "Data", "48K", "0");
+  index(1, "1", "Instruction", "32K", "0");
+  index(2, "2", "Unified", "1024K", "0");
+  index(3, "3", "Unified", "32768K", "0-1");
+  std::string how;
+  EXPECT_EQ(cache_share_bytes(dir_.string(), &how), 16u << 20);
+  EXPECT_EQ(how, "L3 32 MiB shared by 2 CPUs");
+}
+
+TEST_F(CacheDir, CpuListsWithRangesAndSingles) {
+  index(0, "2", "Unified", "2048K", "0");
+  index(1, "3", "Unified", "36M", "0,2-3,8");
+  EXPECT_EQ(cache_share_bytes(dir_.string()), (36u << 20) / 4);
+}
+
+TEST_F(CacheDir, WithoutAnL3ThePrivateL2) {
+  index(0, "1", "Data", "32K", "0");
+  index(1, "2", "Unified", "1M", "0");
+  EXPECT_EQ(cache_share_bytes(dir_.string()), 1u << 20);
+}
+
+TEST_F(CacheDir, NothingUsableIsZero) {
+  EXPECT_EQ(cache_share_bytes((dir_ / "missing").string()), 0u);
+  index(0, "1", "Instruction", "32K", "0");
+  index(1, "2", "Unified", "garbage", "0");
+  EXPECT_EQ(cache_share_bytes(dir_.string()), 0u);
 }
 
 }  // namespace
-}  // namespace slotstream
+}  // namespace slotstream::protocol

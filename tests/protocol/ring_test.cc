@@ -1,173 +1,192 @@
-// The ring receiver (packed_ring, nic_assisted) against hand-made notices over real UCX, shm and
-// tcp: a valid segment of several records is delivered record by record and freed with one
-// cumulative ACK; notices that break the ring's rules — wrong session, wrong position, across the
-// end, beyond the free space, without a credit, malformed — are dropped and counted, and nothing
-// they name is handed out.
+// The ring machinery shared by packed_ring and nic_assisted: sender-side space, the coalescing
+// buffer, splitting a segment into records, and the receiver's ledger. Pure logic, no UCX.
+#include "protocol/ring.h"
+
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstring>
-#include <deque>
-#include <thread>
-
-#include "fabric/fabric.h"
-#include "protocol/ring.h"
+#include "fake_ring.h"
 #include "wire/block_header.h"
 
 namespace slotstream::protocol {
 namespace {
 
-std::vector<std::byte> record(uint16_t device, uint32_t packet, size_t payload) {
-  std::vector<std::byte> r(wire::kBlockHeaderSize + payload, std::byte{0x5A});
-  wire::encode_block_header({wire::kFirstFragment | wire::kLastFragment, device, packet, uint32_t(payload)},
-                            std::span(r).first<wire::kBlockHeaderSize>());
-  return r;
+using testing::make_record;
+using Verdict = RingLedger::Verdict;
+
+TEST(RingLayout, NoticeAndAckArePinned) {
+  RingNotice n{0x1122334455667788ull, 0x0102030405060708ull, 0xAABBCCDD, kNoticePadding};
+  const auto* b = reinterpret_cast<const uint8_t*>(&n);
+  EXPECT_EQ(b[0], 0x88);   // session, little-endian, bytes 0..7
+  EXPECT_EQ(b[8], 0x08);   // position, bytes 8..15
+  EXPECT_EQ(b[15], 0x01);
+  EXPECT_EQ(b[16], 0xDD);  // length, bytes 16..19
+  EXPECT_EQ(b[20], 0x01);  // flags, bytes 20..23: bit 0 = wrap marker
+  RingAck a{1, 2, 3};
+  const auto* c = reinterpret_cast<const uint8_t*>(&a);
+  EXPECT_EQ(c[0], 1);
+  EXPECT_EQ(c[8], 2);
+  EXPECT_EQ(c[16], 3);
 }
 
-class RingReceiverTest : public testing::TestWithParam<Transport> {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(fabric::Context::create(GetParam(), &ctx_).is_ok());
-    ASSERT_TRUE(fabric::Worker::create(*ctx_, false, true, &rx_worker_).is_ok());
-    ASSERT_TRUE(fabric::Worker::create(*ctx_, false, false, &tx_worker_).is_ok());
-    ASSERT_TRUE(fabric::Endpoint::create(*tx_worker_, rx_worker_->address(), &ep_).is_ok());
-  }
-  void TearDown() override {
-    reqs_.clear();
-    rx_.reset();
-    rkey_.reset();
-    ep_.reset();
-  }
-
-  // A receiver with a ring of `blocks` x 256 bytes and virtual window `window`.
-  void make(uint32_t blocks, uint64_t window) {
-    ReceiverFabric rf{*ctx_, *rx_worker_, {blocks, 256}};
-    ASSERT_TRUE(make_ring_receiver(rf, window, &rx_).is_ok());
-    ASSERT_TRUE(parse_ring_setup(rx_->setup(), &setup_).is_ok());
-    ASSERT_TRUE(fabric::RemoteKey::unpack(*ep_, setup_.rkey, &rkey_).is_ok());
-    ASSERT_TRUE(tx_worker_->set_am_handler(kRingAckAm, [this](std::span<const std::byte> h, std::span<const std::byte>,
-                                                              fabric::ReplyEp) {
-      ASSERT_EQ(h.size(), sizeof(RingAck));
-      std::memcpy(&last_ack_, h.data(), sizeof last_ack_);
-      ++acks_;
-    }).is_ok());
-  }
-
-  // Requests stay pending until settle(): in one process both workers must progress for them.
-  void notice(uint64_t session, uint64_t position, uint32_t length, uint32_t flags) {
-    notices_.push_back({session, position, length, flags});
-    ASSERT_TRUE(tx_worker_->fence().is_ok());
-    reqs_.emplace_back();
-    ASSERT_TRUE(ep_->am_send(kRingNoticeAm, &notices_.back(), sizeof(RingNotice), nullptr, 0, true, &reqs_.back())
-                    .is_ok());
-  }
-  void put(const std::vector<std::byte>& data, uint64_t position) {
-    data_.push_back(data);
-    reqs_.emplace_back();
-    ASSERT_TRUE(
-        ep_->put(data_.back().data(), data.size(), setup_.address + position % setup_.bytes, *rkey_, &reqs_.back())
-            .is_ok());
-  }
-  // Both sides progress for a while (tcp emulates the puts; notices and ACKs are two-sided).
-  void settle() {
-    for (int i = 0; i < 200; ++i) {
-      rx_->progress();
-      tx_worker_->progress();
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    for (auto& r : reqs_) EXPECT_TRUE(r.check().is_ok()) << "an operation did not complete";
-    reqs_.clear();
-  }
-  std::vector<Record> records() {
-    std::vector<Record> out;
-    rx_->poll(&out);
-    return out;
-  }
-  uint64_t counter(const std::string& name) {
-    auto c = rx_->stats().counters;
-    return c.contains(name) ? c[name] : 0;
-  }
-
-  std::unique_ptr<fabric::Context> ctx_;
-  std::unique_ptr<fabric::Worker> rx_worker_, tx_worker_;
-  std::unique_ptr<fabric::Endpoint> ep_;
-  std::unique_ptr<ReceiverProtocol> rx_;
-  RingSetup setup_;
-  std::unique_ptr<fabric::RemoteKey> rkey_;
-  std::deque<RingNotice> notices_;  // headers and sources stay put until the test ends
-  std::deque<std::vector<std::byte>> data_;
-  std::deque<fabric::Request> reqs_;
-  RingAck last_ack_{};
-  int acks_ = 0;
-};
-
-TEST_P(RingReceiverTest, SegmentOfSeveralRecordsThenBadNoticesDropped) {
-  make(2, 0);  // 512-byte ring
-  const auto a = record(1, 0, 10), b = record(2, 7, 0), c = record(1, 1, 100);
-  std::vector<std::byte> seg(a);
-  seg.insert(seg.end(), b.begin(), b.end());
-  seg.insert(seg.end(), c.begin(), c.end());
-  put(seg, 0);
-  notice(setup_.session, 0, uint32_t(seg.size()), 0);
-  settle();
-  auto got = records();
-  ASSERT_EQ(got.size(), 3u);
-  EXPECT_TRUE(std::equal(got[1].bytes.begin(), got[1].bytes.end(), b.begin(), b.end()));
-  EXPECT_TRUE(std::equal(got[2].bytes.begin(), got[2].bytes.end(), c.begin(), c.end()));
-  EXPECT_EQ(counter("multi_record_segments"), 1u);
-
-  // Not at the tail, across the end, over the free space, another session, unknown flags.
-  const uint64_t tail = seg.size();
-  notice(setup_.session, 0, 16, 0);
-  notice(setup_.session, tail, uint32_t(512 - tail + 1), 0);
-  notice(setup_.session ^ 1, tail, 16, 0);
-  notice(setup_.session, tail, 16, 0x80);
-  notice(setup_.session, tail, uint32_t(512 - tail - 1), kNoticePadding);
-  settle();
-  EXPECT_EQ(records().size(), 3u) << "a bad notice handed something out";
-  EXPECT_EQ(counter("notices_dropped_wrong_position"), 1u);
-  EXPECT_EQ(counter("notices_dropped_crosses_end"), 1u);
-  EXPECT_EQ(counter("notices_malformed"), 1u);
-  EXPECT_EQ(counter("notices_dropped_bad_padding"), 2u);
-
-  // Released in another order: the head moves once all three are; one cumulative ACK.
-  for (uint64_t id : {got[2].id, got[0].id, got[1].id}) rx_->release(id);
-  settle();
-  EXPECT_GE(acks_, 1);
-  EXPECT_EQ(last_ack_.freed, tail);
-
-  // The ring is free again: a full lap's worth from the tail would overrun nothing, one byte more
-  // would (it also crosses the end).
-  notice(setup_.session, tail, uint32_t(512 - tail), kNoticePadding);
-  notice(setup_.session, 512, 513, 0);
-  settle();
-  EXPECT_EQ(counter("wrap_markers"), 1u);
-  EXPECT_EQ(counter("notices_dropped_crosses_end"), 2u);
+TEST(RingSpace, PaddingOnlyWhenASegmentWouldCrossTheEnd) {
+  RingSpace s(100);
+  EXPECT_EQ(s.padding_for(100), 0u);  // a whole empty lap
+  s.take(70);
+  EXPECT_EQ(s.to_end(), 30u);
+  EXPECT_EQ(s.padding_for(30), 0u);
+  EXPECT_EQ(s.padding_for(31), 30u);
+  EXPECT_EQ(s.free(), 30u);
 }
 
-TEST_P(RingReceiverTest, NoSegmentBeyondTheCredits) {
-  make(2, 256);  // W = 256: two credits at first
-  const auto r = record(3, 0, 200);  // 216 bytes
-  for (uint64_t pos : {0, 216}) {
-    put(r, pos);
-    notice(setup_.session, pos, uint32_t(r.size()), 0);
-  }
-  settle();
-  ASSERT_EQ(records().size(), 2u);
-  EXPECT_EQ(acks_, 0) << "80 bytes free: less than a window, no credit";
-  const auto small = record(3, 2, 40);
-  put(small, 432);
-  notice(setup_.session, 432, uint32_t(small.size()), 0);
-  settle();
-  EXPECT_EQ(records().size(), 2u);
-  EXPECT_EQ(counter("notices_dropped_no_credit"), 1u);
-  rx_->release(records()[0].id);
-  settle();
-  EXPECT_EQ(last_ack_.credits, 1u) << "296 bytes free: one credit granted";
+TEST(RingSpace, AcksMoveTheHeadForwardOnly) {
+  RingSpace s(100);
+  s.take(60);
+  EXPECT_FALSE(s.freed(61)) << "beyond anything written";
+  EXPECT_TRUE(s.freed(40));
+  EXPECT_FALSE(s.freed(40)) << "duplicate";
+  EXPECT_FALSE(s.freed(10)) << "late";
+  EXPECT_EQ(s.free(), 80u);
+  s.take(80);  // wraps: positions are monotonic, offsets are modulo the size
+  EXPECT_EQ(s.tail(), 140u);
+  EXPECT_EQ(s.to_end(), 60u);
+  EXPECT_EQ(s.free(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Wires, RingReceiverTest, testing::Values(Transport::kShm, Transport::kTcp),
-                         [](const testing::TestParamInfo<Transport>& i) { return std::string(transport_name(i.param)); });
+TEST(CoalesceBuffer, RunsOfWholeRecordsFromTheFront) {
+  CoalesceBuffer b(100);
+  EXPECT_EQ(b.append(30), 0u);
+  EXPECT_EQ(b.append(30), 30u);
+  EXPECT_EQ(b.append(30), 60u);
+  EXPECT_FALSE(b.fits(11));
+  size_t n = 0;
+  EXPECT_EQ(b.run(75, &n), 60u);  // never half a record
+  EXPECT_EQ(n, 2u);
+  EXPECT_EQ(b.run(29, &n), 0u);
+  b.sent(60, 2);
+  EXPECT_EQ(b.front_offset(), 60u);
+  EXPECT_EQ(b.pending_records(), 1u);
+  b.reset();  // not empty: ignored
+  EXPECT_EQ(b.front_offset(), 60u);
+  EXPECT_FALSE(b.fits(11)) << "space is reused only once everything was sent";
+  b.sent(30, 1);
+  EXPECT_TRUE(b.empty());
+  b.reset();
+  EXPECT_TRUE(b.fits(100));
+  EXPECT_EQ(b.append(5), 0u);
+}
+
+TEST(SplitRecords, SeveralSmallMessagesKeepDeviceNumberAndBytes) {
+  std::vector<std::byte> seg;
+  std::vector<std::vector<std::byte>> recs = {make_record(3, 7, 1, 1), make_record(65535, 0xFFFFFFFF, 0, 2),
+                                              make_record(0, 8, 200, 3)};
+  for (auto& r : recs) seg.insert(seg.end(), r.begin(), r.end());
+  std::vector<std::span<const std::byte>> out;
+  split_records(seg, &out);
+  ASSERT_EQ(out.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::equal(out[i].begin(), out[i].end(), recs[i].begin(), recs[i].end())) << i;
+  }
+  auto h = wire::decode_block_header(out[1].first<16>(), 0);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->device, 65535);
+  EXPECT_EQ(h->packet, 0xFFFFFFFFu);
+}
+
+TEST(SplitRecords, GarbageBecomesOneLastRecordSoNothingIsLost) {
+  auto good = make_record(1, 1, 10, 1);
+  std::vector<std::byte> seg(good.begin(), good.end());
+  auto bad = make_record(1, 2, 10, 2);
+  bad[13] ^= std::byte{0xFF};  // check word broken
+  seg.insert(seg.end(), bad.begin(), bad.end());
+  auto more = make_record(1, 3, 10, 3);
+  seg.insert(seg.end(), more.begin(), more.end());
+  std::vector<std::span<const std::byte>> out;
+  split_records(seg, &out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].size(), good.size());
+  EXPECT_EQ(out[1].size(), bad.size() + more.size()) << "the rest, as one record the stream layer rejects";
+
+  // A header whose payload runs past the segment, and a tail shorter than a header.
+  auto longer = make_record(1, 4, 100, 4);
+  std::vector<std::byte> cut(longer.begin(), longer.begin() + 50);
+  split_records(cut, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].size(), 50u);
+  std::vector<std::byte> tiny(7);
+  split_records(tiny, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].size(), 7u);
+  split_records({}, &out);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(RingLedger, RejectsNoticesThatBreakTheRules) {
+  RingLedger l(100, 0);
+  EXPECT_EQ(l.accept(10, 5, false), Verdict::kWrongPosition);
+  EXPECT_EQ(l.accept(0, 0, false), Verdict::kEmpty);
+  EXPECT_EQ(l.accept(0, 101, false), Verdict::kCrossesEnd);
+  EXPECT_EQ(l.accept(0, 100, true), Verdict::kBadPadding) << "a wrap marker over a whole lap";
+  ASSERT_EQ(l.accept(0, 60, false), Verdict::kOk);
+  const uint64_t id = l.add_record(0, 60);
+  EXPECT_EQ(l.accept(60, 30, true), Verdict::kBadPadding) << "padding must end at the ring's end";
+  EXPECT_EQ(l.accept(60, 41, false), Verdict::kCrossesEnd);
+  ASSERT_EQ(l.accept(60, 40, true), Verdict::kOk);
+  EXPECT_EQ(l.head(), 0u) << "the padding waits behind the unreleased record";
+  EXPECT_EQ(l.accept(100, 1, false), Verdict::kOverrun) << "would overwrite the unreleased record";
+  EXPECT_FALSE(l.release(id + 5));
+  EXPECT_TRUE(l.release(id));
+  EXPECT_FALSE(l.release(id)) << "twice";
+  EXPECT_EQ(l.head(), 100u) << "record and padding freed together";
+  EXPECT_EQ(l.accept(100, 100, false), Verdict::kOk);
+}
+
+TEST(RingLedger, HeadMovesOverTheReleasedPrefixOnly) {
+  RingLedger l(100, 0);
+  ASSERT_EQ(l.accept(0, 30, false), Verdict::kOk);
+  const uint64_t a = l.add_record(0, 10), b = l.add_record(10, 10), c = l.add_record(20, 10);
+  EXPECT_TRUE(l.release(c));
+  EXPECT_TRUE(l.release(b));
+  EXPECT_EQ(l.head(), 0u);
+  EXPECT_TRUE(l.released(b));
+  EXPECT_FALSE(l.released(a));
+  EXPECT_TRUE(l.release(a));
+  EXPECT_EQ(l.head(), 30u);
+  EXPECT_TRUE(l.released(a));
+}
+
+TEST(RingLedger, VirtualWindowsShiftWithShortSegments) {
+  // SDP §4.1's example, in bytes: a 64K ring, W = 8K: 8 receives posted at first.
+  RingLedger l(64 << 10, 8 << 10);
+  EXPECT_EQ(l.initial_credits(), 8u);
+  EXPECT_EQ(l.grant(), 0u);
+  // A 1K message takes one credit; the remaining windows shift: 63K free, 7 x 8K promised, 7K
+  // spare. Another 1K: 14K spare, more than W: one more receive can be posted, 6K remain.
+  ASSERT_EQ(l.accept(0, 1 << 10, false), Verdict::kOk);
+  l.add_record(0, 1 << 10);
+  EXPECT_EQ(l.grant(), 0u);
+  ASSERT_EQ(l.accept(1 << 10, 1 << 10, false), Verdict::kOk);
+  l.add_record(1 << 10, 1 << 10);
+  EXPECT_EQ(l.grant(), 1u);
+  EXPECT_EQ(l.granted(), 1u);
+  EXPECT_EQ(l.outstanding(), 7u);
+  EXPECT_EQ(l.accept(2 << 10, (8 << 10) + 1, false), Verdict::kOverWindow);
+}
+
+TEST(RingLedger, NoSegmentWithoutACredit) {
+  RingLedger l(100, 40);  // 2 credits at first
+  ASSERT_EQ(l.accept(0, 30, false), Verdict::kOk);
+  const uint64_t a = l.add_record(0, 30);
+  ASSERT_EQ(l.accept(30, 30, false), Verdict::kOk);
+  l.add_record(30, 30);
+  EXPECT_EQ(l.accept(60, 30, false), Verdict::kNoCredit) << "40 bytes are free, but no receive is posted";
+  EXPECT_EQ(l.grant(), 1u) << "40 free, nothing promised: one window";
+  ASSERT_EQ(l.accept(60, 30, false), Verdict::kOk);
+  l.add_record(60, 30);
+  EXPECT_EQ(l.grant(), 0u) << "10 free";
+  EXPECT_TRUE(l.release(a));
+  EXPECT_EQ(l.grant(), 1u) << "40 free again";
+  EXPECT_EQ(l.granted(), 2u);
+}
 
 }  // namespace
 }  // namespace slotstream::protocol
