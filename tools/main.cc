@@ -54,6 +54,129 @@ std::string self_exe(const char* argv0) {
   return buf;
 }
 
+// `slotstream recv` and its options.
+CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
+  auto* r = app.add_subcommand("recv", "Run a passive receiver: store every complete message as "
+                                       "OUT/<SENDER>/device-<D>/<SEQ>.bin, until SIGINT/SIGTERM.");
+  r->add_option("--listen", recv->listen, "control address HOST:PORT (port 0 picks a free one)")->required();
+  auto* out_opt = r->add_option("--out", recv->out, "output directory (created if missing)");
+  auto* discard_opt = r->add_flag("--discard", recv->discard,
+                                  "store nothing, only count complete messages (to measure the transport)");
+  out_opt->excludes(discard_opt);
+  r->callback([recv] {  // the pointer by value: this function has returned by then
+    if (recv->out.empty() && !recv->discard) throw CLI::RequiredError("--out (or --discard)");
+  });
+  r->add_option("--transport", recv->transport,
+                "transports senders may use: shm, tcp or auto (both); udp: the datagram transport (its RC baseline "
+                "dgram_rc on TCP at the same port)")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
+      ->default_str("auto");
+  r->add_option("--token-file", recv->token_file, "require senders to prove they know this shared secret");
+  r->add_option("--max-memory", recv->max_memory,
+                "SIZE (e.g. 4G): most memory for all senders' blocks together; a sender that would pass it is "
+                "refused before anything is allocated (default: a quarter of this machine's or container's memory)");
+  r->add_option("--exit-after-senders", recv->exit_after, "exit after K accepted senders have ended");
+  r->add_option("--worker", recv->worker,
+                "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
+                "message arrives; contract in docs/workers.md (example: workers/checksum.sh)");
+  r->add_option("--worker-dir", recv->worker_dir,
+                "where workers keep worker-<D>/done per sender (default: --out). Without --worker: the workers "
+                "run elsewhere (e.g. Kubernetes pods) and are only watched for backlog and clean-up");
+  r->add_option("--worker-runtime", recv->worker_runtime, "process (default) or podman (a container per worker)")
+      ->check(CLI::IsMember({"process", "podman"}));
+  r->add_option("--worker-cpus", recv->worker_cpus, "podman: CPU share per worker, e.g. 0.5");
+  r->add_option("--worker-memory", recv->worker_memory, "podman: memory limit per worker, e.g. 256m");
+  r->add_option("--worker-image", recv->worker_image, "podman: image (build it with `make image`)")
+      ->default_str("localhost/slotstream:latest");
+  r->add_option("--backlog-messages", recv->backlog_messages,
+                "hold blocks (back-pressure) while a device has this many unprocessed messages");
+  r->add_option("--backlog-bytes", recv->backlog_bytes,
+                "hold blocks (back-pressure) while a device has this many unprocessed bytes");
+  r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
+  r->add_option("--metrics", recv->metrics, "serve Prometheus /metrics and /health on HOST:PORT");
+  r->add_option("--metrics-prune-after", recv->metrics_prune_after,
+                "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
+  r->add_option("--hold-block", recv->holds,
+                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
+                "sender connects (testing and benchmarks)");
+  return r;
+}
+
+// `slotstream send` and its options.
+CLI::App* add_send(CLI::App& app, SendArgs* send) {
+  auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
+  s->add_option("--to", send->to,
+                "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used")
+      ->required();
+  s->add_option("--name", send->name, "sender name, the receiver's directory for this sender (default: host name)");
+  s->add_option("--protocol", send->protocol, protocol_help())->default_str(kDefaultProtocol);
+  s->add_option("--transport", send->transport,
+                "shm, tcp, or auto (shm when both ends share a host); udp: the datagram transport")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
+      ->default_str("auto");
+  s->add_option("--blocks", send->blocks,
+                "number of blocks N (default 32: >2 frames in flight per camera for 12 cameras)")
+      ->default_str(std::to_string(kDefaultBlocks));
+  s->add_option("--block-size", send->block_size,
+                "bytes per block incl. its 16-byte header (default 1 MiB: one 640x480x3 frame per block)")
+      ->default_str(std::to_string(kDefaultBlockSize));
+  s->add_option("--token-file", send->token_file, "shared secret the receiver asks for");
+  s->add_flag("--json", send->json, "print one JSON summary object on stdout");
+  s->add_option("--file", send->files, "D=PATH: the file is one message of device D (repeatable, in order)");
+  s->add_option("--dir", send->dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
+  s->add_option("--video", send->videos,
+                "D=SOURCE: decode a video file (or lavfi:GRAPH, an ffmpeg test pattern such as "
+                "lavfi:testsrc=size=640x480:rate=25:duration=4) with ffmpeg into raw 640x480 RGB frames, "
+                "one message per frame (repeatable)");
+  s->add_flag("--realtime", send->realtime, "send videos at their own frame rate (default: as fast as possible)");
+  s->add_option("--synthetic", send->synthetic,
+                "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
+  s->add_option("--duration", send->duration, "seconds of synthetic frames");
+  return s;
+}
+
+// `slotstream bench-peer recv|send` (hidden): the measuring processes of `slotstream bench`.
+void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, CLI::App** recv_peer,
+                    CLI::App** send_peer) {
+  auto* bp = app.add_subcommand("bench-peer", "A measuring process for `slotstream bench` (docs/bench-peer.md); "
+                                              "not meant to be run by hand.");
+  bp->group("");  // hidden from the top-level help
+  bp->require_subcommand(1);
+  auto* bpr = bp->add_subcommand("recv", "receiver peer: discards data, prints one JSON line per sender");
+  bpr->add_option("--listen", brecv->listen, "HOST:PORT")->required();
+  bpr->add_option("--transport", brecv->transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bpr->add_flag("--busy-poll", brecv->busy_poll, "never sleep when idle");
+  bpr->add_option("--hold-block", brecv->holds, "INDEX:FROM_MS:TO_MS");
+  bpr->add_option("--sessions", brecv->sessions, "exit after K senders")->check(CLI::PositiveNumber);
+  bpr->add_flag("--tcp-socket", brecv->tcp_socket, "plain TCP reference instead of slotstream");
+  bpr->add_flag("--round-robin", brecv->round_robin, "one consumer thread serves every sender in turn");
+  bpr->add_option("--process-ns-per-byte", brecv->process_ns_per_byte,
+                  "processing: read every byte, then spin this many ns per byte")->check(CLI::NonNegativeNumber);
+  bpr->add_option("--trace", brecv->trace, "record when each packet was polled and delivered (up to N events)");
+  auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
+  bps->add_option("--to", bsend->to, "HOST:PORT")->required();
+  bps->add_option("--name", bsend->name, "sender name (default bench)");
+  bps->add_option("--transport", bsend->transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bps->add_option("--protocol", bsend->protocol);
+  bps->add_option("--blocks", bsend->blocks)->check(CLI::Range(1u, kMaxBlocks));
+  bps->add_option("--size", bsend->size, "payload bytes per message (block size SIZE + 16 unless --block-size)")->required();
+  bps->add_option("--count", bsend->count, "messages per device");
+  bps->add_option("--devices", bsend->devices);
+  bps->add_option("--fps", bsend->fps, "messages per second per device (default: back to back)");
+  bps->add_option("--gap-us", bsend->gap_us, "pause after each message");
+  bps->add_option("--seconds", bsend->seconds, "stop after this many seconds (--count is then an upper bound)");
+  bps->add_option("--skip-packet-every", bsend->skip_packet_every,
+                  "testing aid: leave out one packet number after every N (the receiver must report gaps)");
+  bps->add_option("--block-size", bsend->block_size, "block size (default SIZE + 16: one message per block)")
+      ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
+  bps->add_option("--burst", bsend->burst, "messages per burst (with --compute-us)");
+  bps->add_option("--compute-us", bsend->compute_us, "busy computation after each burst (SDP Fig. 5)");
+  bps->add_flag("--tcp-socket", bsend->tcp_socket, "plain TCP reference instead of slotstream");
+  bps->add_option("--trace", bsend->trace, "record when each packet was committed and posted (up to N events)");
+  *recv_peer = bpr;
+  *send_peer = bps;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,79 +188,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "slotstream 0.1.0");
 
   RecvArgs recv;
-  auto* r = app.add_subcommand("recv", "Run a passive receiver: store every complete message as "
-                                       "OUT/<SENDER>/device-<D>/<SEQ>.bin, until SIGINT/SIGTERM.");
-  r->add_option("--listen", recv.listen, "control address HOST:PORT (port 0 picks a free one)")->required();
-  auto* out_opt = r->add_option("--out", recv.out, "output directory (created if missing)");
-  auto* discard_opt = r->add_flag("--discard", recv.discard,
-                                  "store nothing, only count complete messages (to measure the transport)");
-  out_opt->excludes(discard_opt);
-  r->callback([&] {
-    if (recv.out.empty() && !recv.discard) throw CLI::RequiredError("--out (or --discard)");
-  });
-  r->add_option("--transport", recv.transport,
-                "transports senders may use: shm, tcp or auto (both); udp: the datagram transport (its RC baseline "
-                "dgram_rc on TCP at the same port)")
-      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
-      ->default_str("auto");
-  r->add_option("--token-file", recv.token_file, "require senders to prove they know this shared secret");
-  r->add_option("--max-memory", recv.max_memory,
-                "SIZE (e.g. 4G): most memory for all senders' blocks together; a sender that would pass it is "
-                "refused before anything is allocated (default: a quarter of this machine's or container's memory)");
-  r->add_option("--exit-after-senders", recv.exit_after, "exit after K accepted senders have ended");
-  r->add_option("--worker", recv.worker,
-                "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
-                "message arrives; contract in docs/workers.md (example: workers/checksum.sh)");
-  r->add_option("--worker-dir", recv.worker_dir,
-                "where workers keep worker-<D>/done per sender (default: --out). Without --worker: the workers "
-                "run elsewhere (e.g. Kubernetes pods) and are only watched for backlog and clean-up");
-  r->add_option("--worker-runtime", recv.worker_runtime, "process (default) or podman (a container per worker)")
-      ->check(CLI::IsMember({"process", "podman"}));
-  r->add_option("--worker-cpus", recv.worker_cpus, "podman: CPU share per worker, e.g. 0.5");
-  r->add_option("--worker-memory", recv.worker_memory, "podman: memory limit per worker, e.g. 256m");
-  r->add_option("--worker-image", recv.worker_image, "podman: image (build it with `make image`)")
-      ->default_str("localhost/slotstream:latest");
-  r->add_option("--backlog-messages", recv.backlog_messages,
-                "hold blocks (back-pressure) while a device has this many unprocessed messages");
-  r->add_option("--backlog-bytes", recv.backlog_bytes,
-                "hold blocks (back-pressure) while a device has this many unprocessed bytes");
-  r->add_flag("--keep-processed", recv.keep_processed, "keep message files the worker has finished");
-  r->add_option("--metrics", recv.metrics, "serve Prometheus /metrics and /health on HOST:PORT");
-  r->add_option("--metrics-prune-after", recv.metrics_prune_after,
-                "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
-  r->add_option("--hold-block", recv.holds,
-                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
-                "sender connects (testing and benchmarks)");
+  auto* r = add_recv(app, &recv);
 
   SendArgs send;
-  auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
-  s->add_option("--to", send.to,
-                "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used")
-      ->required();
-  s->add_option("--name", send.name, "sender name, the receiver's directory for this sender (default: host name)");
-  s->add_option("--protocol", send.protocol, protocol_help())->default_str(kDefaultProtocol);
-  s->add_option("--transport", send.transport,
-                "shm, tcp, or auto (shm when both ends share a host); udp: the datagram transport")
-      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
-      ->default_str("auto");
-  s->add_option("--blocks", send.blocks,
-                "number of blocks N (default 32: >2 frames in flight per camera for 12 cameras)")
-      ->default_str(std::to_string(kDefaultBlocks));
-  s->add_option("--block-size", send.block_size,
-                "bytes per block incl. its 16-byte header (default 1 MiB: one 640x480x3 frame per block)")
-      ->default_str(std::to_string(kDefaultBlockSize));
-  s->add_option("--token-file", send.token_file, "shared secret the receiver asks for");
-  s->add_flag("--json", send.json, "print one JSON summary object on stdout");
-  s->add_option("--file", send.files, "D=PATH: the file is one message of device D (repeatable, in order)");
-  s->add_option("--dir", send.dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
-  s->add_option("--video", send.videos,
-                "D=SOURCE: decode a video file (or lavfi:GRAPH, an ffmpeg test pattern such as "
-                "lavfi:testsrc=size=640x480:rate=25:duration=4) with ffmpeg into raw 640x480 RGB frames, "
-                "one message per frame (repeatable)");
-  s->add_flag("--realtime", send.realtime, "send videos at their own frame rate (default: as fast as possible)");
-  s->add_option("--synthetic", send.synthetic,
-                "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
-  s->add_option("--duration", send.duration, "seconds of synthetic frames");
+  auto* s = add_send(app, &send);
 
   DgramArgs dgram;
   add_dgram_options(r, s, &dgram);
@@ -162,41 +216,9 @@ int main(int argc, char** argv) {
 
   BenchRecvArgs brecv;
   BenchSendArgs bsend;
-  auto* bp = app.add_subcommand("bench-peer", "A measuring process for `slotstream bench` (docs/bench-peer.md); "
-                                              "not meant to be run by hand.");
-  bp->group("");  // hidden from the top-level help
-  bp->require_subcommand(1);
-  auto* bpr = bp->add_subcommand("recv", "receiver peer: discards data, prints one JSON line per sender");
-  bpr->add_option("--listen", brecv.listen, "HOST:PORT")->required();
-  bpr->add_option("--transport", brecv.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
-  bpr->add_flag("--busy-poll", brecv.busy_poll, "never sleep when idle");
-  bpr->add_option("--hold-block", brecv.holds, "INDEX:FROM_MS:TO_MS");
-  bpr->add_option("--sessions", brecv.sessions, "exit after K senders")->check(CLI::PositiveNumber);
-  bpr->add_flag("--tcp-socket", brecv.tcp_socket, "plain TCP reference instead of slotstream");
-  bpr->add_flag("--round-robin", brecv.round_robin, "one consumer thread serves every sender in turn");
-  bpr->add_option("--process-ns-per-byte", brecv.process_ns_per_byte,
-                  "processing: read every byte, then spin this many ns per byte")->check(CLI::NonNegativeNumber);
-  bpr->add_option("--trace", brecv.trace, "record when each packet was polled and delivered (up to N events)");
-  auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
-  bps->add_option("--to", bsend.to, "HOST:PORT")->required();
-  bps->add_option("--name", bsend.name, "sender name (default bench)");
-  bps->add_option("--transport", bsend.transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
-  bps->add_option("--protocol", bsend.protocol);
-  bps->add_option("--blocks", bsend.blocks)->check(CLI::Range(1u, kMaxBlocks));
-  bps->add_option("--size", bsend.size, "payload bytes per message (block size SIZE + 16 unless --block-size)")->required();
-  bps->add_option("--count", bsend.count, "messages per device");
-  bps->add_option("--devices", bsend.devices);
-  bps->add_option("--fps", bsend.fps, "messages per second per device (default: back to back)");
-  bps->add_option("--gap-us", bsend.gap_us, "pause after each message");
-  bps->add_option("--seconds", bsend.seconds, "stop after this many seconds (--count is then an upper bound)");
-  bps->add_option("--skip-packet-every", bsend.skip_packet_every,
-                  "testing aid: leave out one packet number after every N (the receiver must report gaps)");
-  bps->add_option("--block-size", bsend.block_size, "block size (default SIZE + 16: one message per block)")
-      ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
-  bps->add_option("--burst", bsend.burst, "messages per burst (with --compute-us)");
-  bps->add_option("--compute-us", bsend.compute_us, "busy computation after each burst (SDP Fig. 5)");
-  bps->add_flag("--tcp-socket", bsend.tcp_socket, "plain TCP reference instead of slotstream");
-  bps->add_option("--trace", bsend.trace, "record when each packet was committed and posted (up to N events)");
+  CLI::App* bpr = nullptr;
+  CLI::App* bps = nullptr;
+  add_bench_peer(app, &brecv, &bsend, &bpr, &bps);
 
   DgramPeerArgs dpeer;
   auto* dp = add_dgram_peer(app, &dpeer);

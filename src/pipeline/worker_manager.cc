@@ -54,9 +54,9 @@ std::vector<std::string> WorkerManager::argv_for(const std::string& sender, uint
   return a;
 }
 
-WorkerManager::Worker& WorkerManager::worker_locked(const std::string& sender, uint16_t device) {
+WorkerManager::DeviceWorker& WorkerManager::worker_locked(const std::string& sender, uint16_t device) {
   auto [it, fresh] = workers_.try_emplace({sender, device});
-  Worker& w = it->second;
+  DeviceWorker& w = it->second;
   if (fresh) {
     w.sender = sender;
     w.device = device;
@@ -144,7 +144,7 @@ namespace {
 
 }  // namespace
 
-void WorkerManager::start_locked(Worker& w) {
+void WorkerManager::start_locked(DeviceWorker& w) {
   std::error_code ec;
   fs::create_directories(w.worker_dir, ec);
   auto argv = argv_for(w.sender, w.device);
@@ -192,7 +192,7 @@ void WorkerManager::start_locked(Worker& w) {
   event("worker " + worker_name(w.sender, w.device) + " started (pid " + std::to_string(pid) + ", log " + log + ")");
 }
 
-void WorkerManager::refresh_locked(Worker& w) {
+void WorkerManager::refresh_locked(DeviceWorker& w) {
   std::ifstream in(w.worker_dir / "done");
   int64_t done = -1;
   if (!(in >> done) || done <= w.done) return;
@@ -212,7 +212,7 @@ void WorkerManager::refresh_locked(Worker& w) {
 void WorkerManager::stored(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes) {
   std::lock_guard lock(mutex_);
   if (stopping_) return;
-  Worker& w = worker_locked(sender, device);
+  DeviceWorker& w = worker_locked(sender, device);
   if (int64_t(seq) > w.done && (w.pending.empty() || w.pending.back().first < seq)) {
     w.pending.emplace_back(seq, bytes);
     w.pending_bytes += bytes;
@@ -231,7 +231,7 @@ bool WorkerManager::over_limit(const std::string& sender, uint16_t device, std::
   std::lock_guard lock(mutex_);
   auto it = workers_.find({sender, device});
   if (it == workers_.end()) return false;
-  Worker& w = it->second;
+  DeviceWorker& w = it->second;
   refresh_locked(w);
   const uint64_t n = w.pending.size();
   if (options_.backlog_messages && n >= options_.backlog_messages) {

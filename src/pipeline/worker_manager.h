@@ -69,7 +69,7 @@ class WorkerManager {
 
  private:
   using Clock = std::chrono::steady_clock;
-  struct Worker {
+  struct DeviceWorker {  // one processing worker (a process or container) for one device of one sender
     std::string sender;
     uint16_t device = 0;
     std::filesystem::path device_dir, worker_dir;
@@ -85,9 +85,9 @@ class WorkerManager {
     uint64_t pending_bytes = 0;
   };
 
-  Worker& worker_locked(const std::string& sender, uint16_t device);
-  void start_locked(Worker& w);
-  void refresh_locked(Worker& w);  // reads `done`, forgets and deletes processed messages
+  DeviceWorker& worker_locked(const std::string& sender, uint16_t device);
+  void start_locked(DeviceWorker& w);
+  void refresh_locked(DeviceWorker& w);  // reads `done`, forgets and deletes processed messages
   void supervise();
   void event(const std::string& text) const {
     if (options_.on_event) options_.on_event(text);
@@ -96,7 +96,7 @@ class WorkerManager {
   WorkerOptions options_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::map<std::pair<std::string, uint16_t>, Worker> workers_;
+  std::map<std::pair<std::string, uint16_t>, DeviceWorker> workers_;
   bool stopping_ = false;
   std::thread supervisor_;
 };
