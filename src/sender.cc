@@ -266,7 +266,7 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
     wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
     ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length), /*wake=*/false);
-    if (stream::tracing()) stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
+    stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
     if (Status st = lane.transmit_committed(); !st.is_ok()) return st;
   }
   im.messages[device_].fetch_add(1, std::memory_order_relaxed);

@@ -250,21 +250,23 @@ Status SenderLane::transmit_committed() {
     return Status::ok();
   }
   size_t sent = 0;
-  Status st = transmit_filled_st(&sent);
-  // Blocks left over (the pass is bounded, or committed meanwhile) and transfers that need the
-  // worker progressed to complete (tcp) are the sending thread's.
-  if (ring_->give_token() || needs_watcher()) ring_->wake_sender();
-  if (st.is_ok()) return st;
-  owner_.fail(explain_transmit_error(st));
-  return owner_.first_error();
+  return leave_token(transmit_filled_st(&sent));
 }
 
 void SenderLane::help_complete() {
   if (!in_flight_.load(std::memory_order_relaxed) || !ring_->try_take_token()) return;
   worker_->progress();
-  Status st = reap_st();
+  (void)leave_token(reap_st());  // an error aborts the waiting fillers
+}
+
+// A filler's turn with the token ends: blocks left over (the pass is bounded, or committed
+// meanwhile) and transfers that need the worker progressed to complete (tcp, rendezvous) are the
+// sending thread's; an error of the turn fails the sender, and every filler returns it.
+Status SenderLane::leave_token(Status st) {
   if (ring_->give_token() || needs_watcher()) ring_->wake_sender();
-  if (!st.is_ok()) owner_.fail(explain_transmit_error(st));  // the waiting fillers are aborted
+  if (st.is_ok()) return st;
+  owner_.fail(explain_transmit_error(st));
+  return owner_.first_error();
 }
 
 // The sending thread: transmits whatever the fillers leave to it, and otherwise does the lane's

@@ -81,6 +81,8 @@ class SenderLane {
   Status reap_st();
   // A filler waits for a block held by transfers in flight: progress them if the token is free.
   void help_complete();
+  // Gives the token back after a filler's turn (see .cc); returns the turn's status, explained.
+  Status leave_token(Status st);
   Status sending_thread_st();
   void sending_loop_st();
   Status alive_st();

@@ -42,7 +42,7 @@ Status Delivery::apply(const Entry& e, Stage stage) {
   }
   if (h.last()) {
     if (Status st = sink_.commit(h.device); !st.is_ok()) return fail(st, Stage::kCommit);
-    if (tracing()) trace(TraceStage::kDelivered, h.device, h.packet);
+    trace(TraceStage::kDelivered, h.device, h.packet);
     dev.open = false;
     ++dev.counters.messages;
     dev.counters.bytes += dev.open_bytes;
@@ -91,7 +91,7 @@ Status Delivery::pass(size_t* consumed) {
       proto_.release(rec.id);
       ++*consumed;
     } else {
-      if (tracing()) trace(TraceStage::kPolled, h->device, h->packet);
+      trace(TraceStage::kPolled, h->device, h->packet);
       entries_.push_back({rec, *h});
       useful += h->payload_length;
     }

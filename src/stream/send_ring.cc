@@ -47,11 +47,11 @@ void SendRing::wake_sender() {
 }
 
 int64_t SendRing::wait_next(std::chrono::microseconds spin, std::chrono::microseconds timeout) {
-  // The cursor moves while we wait when fillers transmit themselves: look at where it is now.
-  auto filled = [&]() -> int64_t { return next_length(); };
+  // The cursor moves while we wait when fillers transmit themselves: next_length() looks at
+  // where it is now.
   const auto spin_until = std::chrono::steady_clock::now() + spin;
   for (int i = 0;; ++i) {
-    if (int64_t len = filled(); len >= 0) return len;
+    if (int64_t len = next_length(); len >= 0) return len;
     if ((i & 15) == 15 && std::chrono::steady_clock::now() >= spin_until) break;
     // On a machine with fewer cores than busy threads, spinning without yielding would keep
     // the very filler we wait for off the CPU.
@@ -61,14 +61,14 @@ int64_t SendRing::wait_next(std::chrono::microseconds spin, std::chrono::microse
     // Either we see the fill, or the filler sees sender_waiting_ and wakes a sleep that is
     // about to start (the wake is kept until then).
     sender_waiting_.store(true, std::memory_order_seq_cst);
-    if (filled() < 0) sleeper_.sleep(timeout);
+    if (next_length() < 0) sleeper_.sleep(timeout);
   } else {
     std::unique_lock lock(mutex_);
     sender_waiting_.store(true, std::memory_order_seq_cst);
-    filled_.wait_for(lock, timeout, [&] { return filled() >= 0; });
+    filled_.wait_for(lock, timeout, [&] { return next_length() >= 0; });
   }
   sender_waiting_.store(false, std::memory_order_relaxed);
-  return filled();
+  return next_length();
 }
 
 void SendRing::release(uint64_t ticket) {

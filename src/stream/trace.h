@@ -32,7 +32,8 @@ struct TraceEvent {
 
 // Starts recording (up to `capacity` events; later ones are dropped and counted).
 void enable_trace(size_t capacity);
-// Whether recording is on: one relaxed load, for the hot path to skip the rest.
+// Whether recording is on: one relaxed load, for a caller to skip preparing an event (trace()
+// itself returns at once when off).
 bool tracing();
 void trace(TraceStage stage, uint16_t device, uint64_t packet);
 // The events recorded so far (in no particular order) and how many did not fit.
