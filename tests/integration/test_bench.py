@@ -12,7 +12,7 @@ from conftest import BIN, PROTOCOLS, REPO
 
 KEYS = {"experiment": str, "protocol": str, "transport": str, "size_bytes": int, "blocks": int, "metric": str,
         "value": float, "unit": str, "run": int, "repeat": int, "variant": str}
-EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras"]
+EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras", "idle"]
 # Experiments with axes of their own carry them as further keys of their records.
 DIMENSIONS = {"cache": {"devices": int, "process_ns_per_byte": float, "window_bytes": int, "window_of_cache": float},
               "fan_in_threads": {"senders": int}, "fan_in_round_robin": {"senders": int}}
@@ -58,6 +58,18 @@ def test_tiny_run_of_every_experiment(tmp_path):
               ("fan_in_round_robin", "ratio_to_threads")):
         assert m in metrics, m
     assert all(r["unit"] == "MB/s" for r in doc["records"] if r["metric"] == "throughput")
+    # The latency trace (bench-peer --trace on both peers) splits every slotstream protocol's latency
+    # into its four stages; the idle experiment measures both sides' CPU.
+    for t in transports:
+        for proto in PROTOCOLS:
+            stages = {r["metric"] for r in doc["records"]
+                      if (r["experiment"], r["protocol"], r["transport"]) == ("latency", proto, t)
+                      and r["metric"].startswith("stage_")}
+            assert stages == {f"stage_{s}_p50" for s in ("fill", "post", "fabric_poll", "deliver")}, (proto, t, stages)
+            idle = {r["metric"] for r in doc["records"] if (r["experiment"], r["protocol"], r["transport"]) ==
+                    ("idle", proto, t)}
+            assert idle == {"cpu_sender", "cpu_receiver"}, (proto, t, idle)
+    assert "Where the median goes" in (out / "report.md").read_text()
     # cache (CARC): carc and credit on every transport, their receiver's processing measured, a figure each.
     for t in transports:
         for proto in ("carc", "credit"):
