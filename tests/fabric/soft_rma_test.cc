@@ -12,6 +12,13 @@
 namespace slotstream::fabric {
 namespace {
 
+TEST(Context, NeedsAConcreteTransport) {
+  std::unique_ptr<Context> ctx;
+  Status st = Context::create(Transport::kAuto, &ctx);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.to_string();
+  EXPECT_EQ(ctx, nullptr);
+}
+
 class SoftRmaTest : public testing::Test {
  protected:
   void SetUp() override {

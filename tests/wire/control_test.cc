@@ -91,6 +91,23 @@ TEST(Control, HelloRejectsBadMagicVersionTruncationAndTrailingBytes) {
   EXPECT_FALSE(decode(bad, &out).is_ok());
 }
 
+TEST(Control, TransportCodesArePinnedAndUnknownOnesRefused) {
+  // The one conversion between slotstream::Transport and its byte on the wire.
+  EXPECT_EQ(encode_transport(Transport::kAuto), 0);
+  EXPECT_EQ(encode_transport(Transport::kShm), 1);
+  EXPECT_EQ(encode_transport(Transport::kTcp), 2);
+  for (Transport t : {Transport::kAuto, Transport::kShm, Transport::kTcp}) {
+    EXPECT_EQ(decode_transport(encode_transport(t)), t);
+  }
+  for (int code = 3; code < 256; ++code) EXPECT_FALSE(decode_transport(uint8_t(code)).has_value()) << code;
+  // An ACCEPT must name the transport chosen: auto is refused there.
+  Accept a{Transport::kShm, {1}, {}, {}};
+  auto body = encode(a);
+  body[0] = encode_transport(Transport::kAuto);
+  Accept out;
+  EXPECT_EQ(decode(body, &out).code(), Code::kProtocolError);
+}
+
 TEST(Control, FrameHasLengthPrefix) {
   std::vector<uint8_t> body = {1, 2, 3};
   auto f = encode_frame(MsgType::kFin, body);
