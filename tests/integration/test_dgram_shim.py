@@ -256,11 +256,23 @@ def test_malformed_settings_stop_the_program(tmp_path):
 # ------------------------------------------------------------------ iperf3, ffmpeg, sipp
 
 
-@pytest.mark.deadline(60)
-def test_iperf3_loss_matches_the_injected_rate(tmp_path):
-    need("iperf3")
-    log = tmp_path / "shim.log"
-    port = free_udp_port()  # iperf3's TCP control and UDP data share the number
+def free_tcp_and_udp_port():
+    """A port number free for both TCP and UDP (iperf3 uses one number for its control connection and its
+    datagrams)."""
+    for _ in range(50):
+        port = free_udp_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no port free for both TCP and UDP")
+
+
+def iperf3_udp_run(log):
+    """One iperf3 UDP test through the shim at 5 % injected loss: (client result, server JSON, server stderr)."""
+    port = free_tcp_and_udp_port()
     srv = subprocess.Popen(["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port), "--json"],
                            env=shim_env(log, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)
@@ -269,8 +281,27 @@ def test_iperf3_loss_matches_the_injected_rate(tmp_path):
                          env=shim_env(log, port, SLOTSTREAM_UDP_INJECT_LOSS=5, SLOTSTREAM_UDP_INJECT_SEED=8),
                          capture_output=True, text=True, timeout=40)
     out, err = srv.communicate(timeout=30)
-    assert cli.returncode == 0, cli.stderr + cli.stdout[-500:]
-    s = json.loads(out)["end"]["sum"]
+    return cli, json.loads(out), err
+
+
+@pytest.mark.deadline(90)
+def test_iperf3_loss_matches_the_injected_rate(tmp_path):
+    need("iperf3")
+    # iperf3 3.12's server once (1 CI run in ~20; 0 in 150 runs here) ended its JSON with an error and no
+    # results while its client exited 0. The error text is kept; a second attempt is made only when iperf3
+    # itself reports one, and a second error fails the test.
+    errors = []
+    for attempt in range(2):
+        log = tmp_path / f"shim-{attempt}.log"
+        cli, report, err = iperf3_udp_run(log)
+        assert cli.returncode == 0, cli.stderr + cli.stdout[-500:]
+        if "sum" in report.get("end", {}):
+            break
+        errors.append(f"attempt {attempt}: iperf3 server error {report.get('error')!r}, stderr {err[-300:]!r}")
+        print(errors[-1])
+    else:
+        pytest.fail("; ".join(errors))
+    s = report["end"]["sum"]
     injected = total(log, "injected_loss")
     assert s["packets"] > 5000
     # iperf3 counts sequence gaps; the shim counts what it dropped. Every injected loss is among iperf3's
