@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -47,6 +48,33 @@ using internal::from_ucs;
 
 // The UCX transport list for a wire. "self" is always needed for loopback within a process.
 const char* tls_for(Transport t) { return t == Transport::kShm ? "posix,sysv,self" : "tcp,self"; }
+
+// UCX's tcp transport settings the fabric chooses (a user's UCX_TCP_<NAME> in the environment wins).
+// Over tcp every put is one active message carrying the block (soft_rma.h). With UCX's default
+// 8 KiB send segments a 1 MiB block leaves in 129 fragments, each its own sendmsg(2), and the
+// target reassembles them into a fresh buffer before the fabric copies the block into place; one
+// segment a block (the default 1 MiB block with its headers) is one system call a block and one
+// copy fewer, which is what took status_byte over tcp toward a plain socket (docs/benchmarks.md,
+// "TCP at socket speed"). The receive segment is the target's read buffer: it must hold a whole
+// send segment. Blocks larger than a segment still go, in several.
+struct TcpSetting {
+  const char* name;
+  const char* value;
+};
+constexpr TcpSetting kTcpSettings[] = {
+    {"TX_SEG_SIZE", "1028K"},  // 1 MiB + 4 KiB: a 1 MiB block, its 16-byte header and the AM's headers
+    {"RX_SEG_SIZE", "2056K"},  // two of them
+};
+
+Status configure_tcp(ucp_config_t* config) {
+  for (const TcpSetting& s : kTcpSettings) {
+    // ucp_config_modify takes a transport's setting without its prefix (UCX_TCP_TX_SEG_SIZE is
+    // "TX_SEG_SIZE"); in a tcp context only the tcp transport has these two.
+    if (getenv(("UCX_TCP_" + std::string(s.name)).c_str()) != nullptr) continue;
+    SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_config_modify(config, s.name, s.value), s.name));
+  }
+  return Status::ok();
+}
 
 struct AtomicCounters {
   std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
@@ -110,6 +138,12 @@ Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
   if (st != UCS_OK) return from_ucs(st, "ucp_config_read");
   // The user's UCX_TLS, if set, wins (that is how one runs on rc/dc/ud); otherwise we pick.
   if (getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", tls_for(transport));
+  if (transport == Transport::kTcp) {
+    if (Status cs = configure_tcp(config); !cs.is_ok()) {
+      ucp_config_release(config);
+      return cs;
+    }
+  }
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -365,6 +399,23 @@ Status Endpoint::put(const void* src, size_t length, uint64_t remote_addr, Remot
   g_counters.puts.fetch_add(1, std::memory_order_relaxed);
   if (worker_.soft_) return worker_.soft_->put(*this, src, length, remote_addr, req);
   return track(ucp_put_nbx(handle_, src, length, remote_addr, rkey.handle(), &param), "ucp_put_nbx", req);
+}
+
+Status Endpoint::put_flagged(const void* src, size_t length, uint64_t remote_addr, const void* flag,
+                             size_t flag_length, uint64_t flag_addr, RemoteKey& rkey, Request* req) {
+  if (failed()) return failure_;
+  if (flag_length == 0 || flag_length > sizeof(uint64_t) || !std::has_single_bit(flag_length) ||
+      flag_addr % flag_length != 0) {
+    return {Code::kInvalidArgument, "a flag is a naturally aligned word of 1, 2, 4 or 8 bytes"};
+  }
+  if (worker_.soft_) {
+    g_counters.puts.fetch_add(2, std::memory_order_relaxed);
+    return worker_.soft_->put_flagged(*this, src, length, remote_addr, flag, flag_length, flag_addr, req);
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(put(src, length, remote_addr, rkey, req));
+  SLOTSTREAM_RETURN_IF_ERROR(worker_.fence());
+  Request flag_req;  // fire and forget: errors surface at the next flush or read
+  return put(flag, flag_length, flag_addr, rkey, &flag_req);
 }
 
 Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req) {

@@ -201,6 +201,13 @@ class Endpoint {
   // itself (soft_rma.h); elsewhere UCX does (shared memory: the CPU copies, no peer involved).
   Status put(const void* src, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
   Status get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& rkey, Request* req);
+  // put(src) then, ordered after it as behind fence(), a put of the `flag_length`-byte word at
+  // `flag` (1, 2, 4 or 8 bytes, naturally aligned at `flag_addr`; same key): a peer that sees the
+  // flag sees the data — one logical write, the paper's data-then-status-byte pair. `*req` is the
+  // data's, as for put(); `flag` must stay valid until the next flush. Over tcp both travel in one
+  // active message (one system call instead of two); elsewhere it is put, fence, put.
+  Status put_flagged(const void* src, size_t length, uint64_t remote_addr, const void* flag, size_t flag_length,
+                     uint64_t flag_addr, RemoteKey& rkey, Request* req);
   // Two-sided active message (used by protocols that notify the receiver). The header must
   // stay valid until the request completes. `want_reply` lets the receiver answer (ReplyEp).
   Status am_send(unsigned id, const void* header, size_t header_len, const void* data,

@@ -22,6 +22,7 @@ constexpr unsigned kGetRep = 201;
 constexpr unsigned kPut = 202;
 constexpr unsigned kFlushReq = 203;
 constexpr unsigned kFlushAck = 204;
+constexpr unsigned kPutFlag = 205;
 // A get's reply goes in chunks of at most this: no message larger than this is ever assembled.
 constexpr uint64_t kChunk = 256 * 1024;
 
@@ -35,10 +36,16 @@ struct GetRep {
 struct Put {
   uint64_t address, length;
 };
+struct PutFlag {
+  uint64_t address, length, flag_address;
+  uint32_t flag_length, zero;
+  uint64_t flag;  // the flag's bytes, first flag_length of them
+};
 struct FlushMsg {
   uint64_t id;
 };
-static_assert(sizeof(GetReq) == 24 && sizeof(GetRep) == 24 && sizeof(Put) == 16 && sizeof(FlushMsg) == 8);
+static_assert(sizeof(GetReq) == 24 && sizeof(GetRep) == 24 && sizeof(Put) == 16 && sizeof(PutFlag) == 40 &&
+              sizeof(FlushMsg) == 8);
 static_assert(std::endian::native == std::endian::little, "headers are copied as little-endian structs");
 
 template <typename T>
@@ -85,6 +92,12 @@ Status SoftRma::create(Worker& worker, std::unique_ptr<SoftRma>* out) {
   SLOTSTREAM_RETURN_IF_ERROR(install(
       kPut, [](void* arg, const void* h, size_t hl, void* d, size_t dl, const ucp_am_recv_param_t* p) -> ucs_status_t {
         static_cast<SoftRma*>(arg)->on_put(h, hl, d, dl, p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+        return UCS_OK;
+      }));
+  SLOTSTREAM_RETURN_IF_ERROR(install(
+      kPutFlag,
+      [](void* arg, const void* h, size_t hl, void* d, size_t dl, const ucp_am_recv_param_t* p) -> ucs_status_t {
+        static_cast<SoftRma*>(arg)->on_put_flag(h, hl, d, dl, p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
         return UCS_OK;
       }));
   SLOTSTREAM_RETURN_IF_ERROR(install(
@@ -173,15 +186,28 @@ Status SoftRma::get(Endpoint& ep, void* dst, size_t length, uint64_t address, Re
   return Status::ok();
 }
 
-Status SoftRma::put(Endpoint& ep, const void* src, size_t length, uint64_t address, Request* req) {
+Status SoftRma::send_put(Endpoint& ep, unsigned id, const void* header, size_t header_len, const void* src,
+                         size_t length, Request* req) {
   auto op = std::make_shared<SoftOp>();
   op->awaits_reply = false;
-  const Put h{address, length};
   std::shared_ptr<SoftOp> sent;
   SLOTSTREAM_RETURN_IF_ERROR(
-      send_op(ep, kPut, std::move(op), &h, sizeof h, src, length, UCP_AM_SEND_FLAG_EAGER, &sent));
+      send_op(ep, id, std::move(op), header, header_len, src, length, UCP_AM_SEND_FLAG_EAGER, &sent));
   if (sent->state.load(std::memory_order_acquire) == SoftOp::kPending) *req = Request(std::move(sent));
   return Status::ok();
+}
+
+Status SoftRma::put(Endpoint& ep, const void* src, size_t length, uint64_t address, Request* req) {
+  const Put h{address, length};
+  return send_put(ep, kPut, &h, sizeof h, src, length, req);
+}
+
+// `flag_length` was checked by Endpoint::put_flagged.
+Status SoftRma::put_flagged(Endpoint& ep, const void* src, size_t length, uint64_t address, const void* flag,
+                            size_t flag_length, uint64_t flag_address, Request* req) {
+  PutFlag h{address, length, flag_address, uint32_t(flag_length), 0, 0};
+  std::memcpy(&h.flag, flag, flag_length);
+  return send_put(ep, kPutFlag, &h, sizeof h, src, length, req);
 }
 
 Status SoftRma::flush(Endpoint& ep, const Liveness& alive) {
@@ -297,15 +323,28 @@ void SoftRma::on_get_reply(const void* header, size_t header_len, const void* da
   ops_.erase(it);
 }
 
+bool SoftRma::writable(uint64_t address, uint64_t length) const {
+  if (worker_.context().registered(address, length)) return true;
+  spdlog::warn("fabric: refused a peer's write of {} bytes at 0x{:x}: not registered memory", length, address);
+  return false;
+}
+
 void SoftRma::on_put(const void* header, size_t header_len, const void* data, size_t length, bool rndv) {
   internal::count_am_received();
   Put h;
-  if (!read_header(header, header_len, &h) || rndv || h.length != length) return;
-  if (!worker_.context().registered(h.address, h.length)) {
-    spdlog::warn("fabric: refused a peer's write of {} bytes at 0x{:x}: not registered memory", h.length, h.address);
-    return;
-  }
+  if (!read_header(header, header_len, &h) || rndv || h.length != length || !writable(h.address, h.length)) return;
   place(reinterpret_cast<std::byte*>(h.address), static_cast<const std::byte*>(data), length);
+}
+
+void SoftRma::on_put_flag(const void* header, size_t header_len, const void* data, size_t length, bool rndv) {
+  internal::count_am_received();
+  PutFlag h;
+  if (!read_header(header, header_len, &h) || rndv || h.length != length) return;
+  if (h.flag_length == 0 || h.flag_length > sizeof h.flag || !std::has_single_bit(h.flag_length)) return;
+  // Both checked before either is written: a refused flag must not follow placed data, nor the reverse.
+  if (!writable(h.address, h.length) || !writable(h.flag_address, h.flag_length)) return;
+  place(reinterpret_cast<std::byte*>(h.address), static_cast<const std::byte*>(data), length);
+  place(reinterpret_cast<std::byte*>(h.flag_address), reinterpret_cast<const std::byte*>(&h.flag), h.flag_length);
 }
 
 // These bytes stand for a NIC's DMA write into exposed memory: the protocols order them the way

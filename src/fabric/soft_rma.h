@@ -18,6 +18,8 @@
 //   GET_REQ   u64 id | u64 address | u64 length               initiator -> target (with reply ep)
 //   GET_REP   u64 id | u64 offset | u32 status | u32 zero + data, in chunks of kChunk bytes
 //   PUT       u64 address | u64 length + data                  initiator -> target
+//   PUT_FLAG  u64 address | u64 length | u64 flag address | u32 flag length | u32 zero | u64 flag
+//             + data: the data placed, then the flag word (Endpoint::put_flagged)
 //   FLUSH_REQ u64 id                                           after every PUT before it, in order
 //   FLUSH_ACK u64 id                                           so flush() means remote completion
 //
@@ -61,6 +63,8 @@ class SoftRma {
 
   Status get(Endpoint& ep, void* dst, size_t length, uint64_t address, Request* req);
   Status put(Endpoint& ep, const void* src, size_t length, uint64_t address, Request* req);
+  Status put_flagged(Endpoint& ep, const void* src, size_t length, uint64_t address, const void* flag,
+                     size_t flag_length, uint64_t flag_address, Request* req);
   // Every put issued on `ep` before it has been applied by the target.
   Status flush(Endpoint& ep, const Liveness& alive);
   // The endpoint failed or goes away: its operations fail (a late reply is discarded).
@@ -81,6 +85,12 @@ class SoftRma {
   void on_get_request(const void* header, size_t header_len, void* reply_ep);
   void on_get_reply(const void* header, size_t header_len, const void* data, size_t length, bool rndv);
   void on_put(const void* header, size_t header_len, const void* data, size_t length, bool rndv);
+  void on_put_flag(const void* header, size_t header_len, const void* data, size_t length, bool rndv);
+  // Sends a put-like message whose op completes once it was sent.
+  Status send_put(Endpoint& ep, unsigned id, const void* header, size_t header_len, const void* src, size_t length,
+                  Request* req);
+  // Whether a peer may write [address, address + length) (logs a refusal).
+  bool writable(uint64_t address, uint64_t length) const;
   // Writes a peer's put into exposed memory (the emulated NIC's placement).
   static void place(std::byte* dst, const std::byte* src, size_t length);
   void on_flush_request(const void* header, size_t header_len, void* reply_ep);

@@ -34,13 +34,10 @@ class StatusByteSender final : public SenderProtocol {
       }
     }
     const auto& g = fabric_.geometry;
-    // paper §3.2.2: two writes — the data (no completion of its own), then the status byte.
-    SLOTSTREAM_RETURN_IF_ERROR(
-        fabric_.endpoint.put(src, length, blocks_addr_ + uint64_t(j) * g.block_size, *rkey_, data_req));
-    // The fence is what lets the receiver trust a status byte of 1: the data is there first.
-    SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
-    fabric::Request status_req;  // fire and forget; errors surface at the next flush/read
-    SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put(&kFullByte, 1, status_addr_ + j, *rkey_, &status_req));
+    // paper §3.2.2: two writes — the data (no completion of its own), then, behind a fence, the
+    // status byte: the fence is what lets the receiver trust a status byte of 1.
+    SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put_flagged(src, length, blocks_addr_ + uint64_t(j) * g.block_size,
+                                                            &kFullByte, 1, status_addr_ + j, *rkey_, data_req));
     cache_.mark_full(static_cast<uint32_t>(j));
     ++stats_.records;
     return Status::ok();

@@ -1,0 +1,158 @@
+// The fabric's operations over real UCX in one process, on each transport: an initiator worker
+// driven by the test, a target worker (tcp: served by a progress thread, as a receiver's is).
+#include "fabric/fabric.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace slotstream::fabric {
+namespace {
+
+class PutFlagged : public testing::TestWithParam<Transport> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(Context::create(GetParam(), &ctx_).is_ok());
+    ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/false, /*wakeup=*/false, &initiator_).is_ok());
+    ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/true, /*wakeup=*/true, &target_).is_ok());
+    ASSERT_TRUE(Endpoint::create(*initiator_, target_->address(), &ep_).is_ok());
+    ASSERT_TRUE(MemoryRegion::allocate(*ctx_, kRegion, &region_).is_ok());
+    std::memset(region_->data(), 0, kRegion);
+    ASSERT_TRUE(region_->pack_rkey(&packed_).is_ok());
+    ASSERT_TRUE(RemoteKey::unpack(*ep_, packed_, &rkey_).is_ok());
+    progress_ = std::make_unique<ProgressThread>(*target_);
+  }
+  void TearDown() override {
+    progress_.reset();
+    rkey_.reset();
+    ep_.reset();
+  }
+  Status wait(Request& r) {
+    return r.wait(*initiator_, [] { return Status::ok(); });
+  }
+  Status flush() {
+    return ep_->flush([] { return Status::ok(); });
+  }
+  uint64_t remote(size_t offset) const { return region_->remote_address() + offset; }
+
+  static constexpr size_t kRegion = 1 << 20;
+  static constexpr size_t kFlagAt = 0;     // a 4-byte flag
+  static constexpr size_t kDataAt = 4096;  // its data
+  std::unique_ptr<Context> ctx_;
+  std::unique_ptr<Worker> initiator_, target_;
+  std::unique_ptr<Endpoint> ep_;
+  std::unique_ptr<MemoryRegion> region_;
+  std::vector<uint8_t> packed_;
+  std::unique_ptr<RemoteKey> rkey_;
+  std::unique_ptr<ProgressThread> progress_;
+};
+
+TEST_P(PutFlagged, AReaderThatSeesTheFlagSeesTheData) {
+  // Round k writes 64 KiB of byte k then flag k; a reader thread waits for flag k (acquire load,
+  // as a receiver polls its status bytes) and checks every byte. The writer starts round k + 1
+  // only after the reader finished k, so data can only be stale if it landed after its flag.
+  constexpr uint32_t kRounds = 300;
+  constexpr size_t kLength = 64 * 1024;
+  std::atomic<uint32_t> checked{0};
+  std::atomic<uint64_t> stale{0};
+  std::thread reader([&] {
+    auto* flag = reinterpret_cast<uint32_t*>(region_->data() + kFlagAt);
+    for (uint32_t k = 1; k <= kRounds; ++k) {
+      while (std::atomic_ref<uint32_t>(*flag).load(std::memory_order_acquire) != k) std::this_thread::yield();
+      for (size_t i = 0; i < kLength; ++i) {
+        if (region_->data()[kDataAt + i] != std::byte(k)) {
+          stale.fetch_add(1);
+          break;
+        }
+      }
+      checked.store(k, std::memory_order_release);
+    }
+  });
+  std::vector<std::byte> src(kLength);
+  uint32_t flag = 0;
+  for (uint32_t k = 1; k <= kRounds; ++k) {
+    std::memset(src.data(), int(k & 0xff), src.size());
+    flag = k;
+    Request r;
+    ASSERT_TRUE(ep_->put_flagged(src.data(), src.size(), remote(kDataAt), &flag, sizeof flag, remote(kFlagAt), *rkey_,
+                                 &r)
+                    .is_ok());
+    ASSERT_TRUE(wait(r).is_ok());
+    // The flag word is read until the next flush: keep it until the reader has seen it.
+    while (checked.load(std::memory_order_acquire) != k) initiator_->progress();
+  }
+  reader.join();
+  EXPECT_EQ(stale.load(), 0u) << "a flag was visible before the data written ahead of it";
+}
+
+TEST_P(PutFlagged, AFlagIsANaturallyAlignedWordOfOneTwoFourOrEightBytes) {
+  const uint64_t flag = 1;
+  const char data[] = "data";
+  for (size_t bad_length : {size_t(0), size_t(3), size_t(16)}) {
+    Request r;
+    Status st = ep_->put_flagged(data, sizeof data, remote(kDataAt), &flag, bad_length, remote(kFlagAt), *rkey_, &r);
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad_length << ": " << st.to_string();
+  }
+  Request r;
+  Status st = ep_->put_flagged(data, sizeof data, remote(kDataAt), &flag, 4, remote(kFlagAt + 2), *rkey_, &r);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << "misaligned: " << st.to_string();
+  ASSERT_TRUE(flush().is_ok());
+  EXPECT_EQ(region_->data()[kDataAt], std::byte{0}) << "a refused put_flagged wrote its data";
+}
+
+TEST_P(PutFlagged, EveryFlagWidthLandsBehindItsData) {
+  const char data[] = "behind a flag";
+  const uint64_t flag = 0x0102030405060708;
+  for (size_t width : {1, 2, 4, 8}) {
+    const size_t at = 64 * width;  // aligned for every width
+    Request r;
+    ASSERT_TRUE(ep_->put_flagged(data, sizeof data, remote(kDataAt + at), &flag, width, remote(at), *rkey_, &r).is_ok());
+    ASSERT_TRUE(wait(r).is_ok());
+    ASSERT_TRUE(flush().is_ok());
+    EXPECT_EQ(std::memcmp(region_->data() + kDataAt + at, data, sizeof data), 0) << width;
+    EXPECT_EQ(std::memcmp(region_->data() + at, &flag, width), 0) << width;
+    EXPECT_EQ(region_->data()[at + width], std::byte{0}) << width << ": more than the flag's bytes were written";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PutFlagged, testing::Values(Transport::kShm, Transport::kTcp),
+                         [](const testing::TestParamInfo<Transport>& p) {
+                           return std::string(p.param == Transport::kShm ? "shm" : "tcp");
+                         });
+
+// Over tcp the fabric carries the pair itself: one message, and a flag outside the target's
+// registered memory keeps the data from being written too.
+class PutFlaggedTcp : public PutFlagged {};
+
+TEST_P(PutFlaggedTcp, TravelsAsOneMessage) {
+  const char data[] = "one message";
+  const uint8_t flag = 1;
+  reset_counters();
+  Request r;
+  ASSERT_TRUE(ep_->put_flagged(data, sizeof data, remote(kDataAt), &flag, 1, remote(kFlagAt), *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  const Counters c = counters();
+  EXPECT_EQ(c.puts, 2u);
+  EXPECT_EQ(c.am_sends, 1u);
+}
+
+TEST_P(PutFlaggedTcp, AFlagOutsideRegisteredMemoryIsRefusedWithItsData) {
+  const char data[] = "must not land";
+  const uint8_t flag = 1;
+  Request r;
+  // The flag one byte past the end of the only region.
+  ASSERT_TRUE(ep_->put_flagged(data, sizeof data, remote(kDataAt), &flag, 1, remote(kRegion), *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  ASSERT_TRUE(flush().is_ok());
+  EXPECT_EQ(region_->data()[kDataAt], std::byte{0}) << "data placed although its flag was refused";
+}
+
+INSTANTIATE_TEST_SUITE_P(Tcp, PutFlaggedTcp, testing::Values(Transport::kTcp),
+                         [](const testing::TestParamInfo<Transport>&) { return std::string("tcp"); });
+
+}  // namespace
+}  // namespace slotstream::fabric
