@@ -266,8 +266,6 @@ class Receiver {
   // Counters of the senders being served now, one report per sender (its connections merged;
   // refreshed every ~100 ms). Any thread.
   std::vector<SessionReport> live_sessions() const;
-  // For capacity queries: connections served now.
-  size_t live_count() const;
   // Blocks until `sessions_ended() >= n` or stop() was called.
   void wait_sessions(uint64_t n);
 
