@@ -24,10 +24,10 @@ max_unprocessed_bytes (receiver counter, credit/carc) and sender_waits.
 import pathlib
 import statistics
 
-MESSAGE = 65536 - 16           # payload: one 64 KiB block per message
+HEADER = 16                    # block header bytes (src/wire/block_header.h: kBlockHeaderSize)
+MESSAGE = 65536 - HEADER       # payload: one 64 KiB block per message
 PROTOCOLS = ["carc", "credit", "status_byte", "sliding_window"]
 ALWAYS = ("carc", "credit")    # the experiment is about these two; the others only when asked for
-PER_DEVICE = {"sliding_window"}  # connection per device (`slotstream protocols --json`)
 FALLBACK_CACHE = 2 << 20       # as carc's receiver, when sysfs says nothing
 
 
@@ -67,7 +67,7 @@ def settings(cfg, quick, tiny):
     only, ~24 (a minute); tiny: seconds."""
     c = cache_share() or FALLBACK_CACHE
     l2 = cache_levels().get(2, (1 << 20, 1))[0]
-    block = MESSAGE + 16
+    block = MESSAGE + HEADER
     within_l2 = max(l2 // 2, 2 * block)
 
     def grid(transports, process, devices, windows):
@@ -87,13 +87,14 @@ def settings(cfg, quick, tiny):
     return dict(cache=c, l2=l2, points=points, run_bytes=run_bytes)
 
 
-def geometry(protocol, window, devices, cache):
-    """(protocol spec, blocks per connection) for in-flight data `window`."""
-    block = MESSAGE + 16
+def geometry(protocol, window, devices, cache, per_device):
+    """(protocol spec, blocks per connection) for in-flight data `window`; `per_device`: the protocol
+    opens a connection per device (`connection_per_device` in `slotstream protocols --json`)."""
+    block = MESSAGE + HEADER
     if protocol == "carc":
         return f"carc:budget={window}", max(1, 4 * cache // block)
     blocks = max(1, window // block)
-    if protocol in PER_DEVICE:
+    if per_device:
         blocks = max(1, blocks // devices)
     return protocol, blocks
 
@@ -110,7 +111,8 @@ def exp_cache(res, cfg):
     prog = Progress(len(runs), "cache", res.run, cfg.runs)
     r = res.run
     for t, x, d, w, p in runs:
-        spec, blocks = geometry(p, w, d, s["cache"])
+        per_device = cfg.registry.get(p, {}).get("connection_per_device", False)
+        spec, blocks = geometry(p, w, d, s["cache"], per_device)
         # Enough to pass through the in-flight window several times, split over the devices.
         count = max(4, max(s["run_bytes"], 4 * w) // (d * MESSAGE))
         what = f"{t} {p:14} X={x:g} ns/B d={d:<2} W={w >> 10:>6} KiB run {r}"

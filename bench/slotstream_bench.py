@@ -27,8 +27,10 @@ import ring_experiments  # bench/ is the script's directory, first on sys.path
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
 
-REFERENCES = ["ucx_raw_put", "tcp_socket"]
 TRANSPORTS = ["shm", "tcp"]
+# References outside the C++ registry (the registry's own, e.g. ucx_raw_put, carry `reference`):
+# the transports each is measured on. tcp_socket is plain TCP, so it has no shm variant.
+OUTSIDE_REFERENCES = {"tcp_socket": ["tcp"]}
 FULL_SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 8 << 20]
 QUICK_SIZES = [64, 256, 4096, 65536, 1 << 20]
 SYNC_BLOCKS = [3, 8, 16, 32, 64, 128]
@@ -52,6 +54,26 @@ def registry():
         return {p["name"]: p for p in json.loads(out)}
     except (OSError, ValueError, subprocess.TimeoutExpired) as e:
         raise SystemExit(f"slotstream bench: cannot list the protocols of {BIN}: {e}")
+
+
+def references(cfg):
+    """The references measured beside the protocols: the registry's (`reference`: they move bytes
+    but deliver no messages) and OUTSIDE_REFERENCES."""
+    return [n for n, p in cfg.registry.items() if p["reference"]] + list(OUTSIDE_REFERENCES)
+
+
+def delivers_nothing(cfg, protocol):
+    """A registry reference: its receiver counts no messages, so arrivals cannot time it."""
+    return cfg.registry.get(protocol, {}).get("reference", False)
+
+
+def runs_on(protocol, transport):
+    return transport in OUTSIDE_REFERENCES.get(protocol, [transport])
+
+
+def ucx_ceiling(cfg):
+    """The registry reference the figures are given as ratios to (ucx_raw_put), or None."""
+    return next((n for n, p in cfg.registry.items() if p["reference"]), None)
 
 
 def host_transports():
@@ -317,9 +339,9 @@ def throughput_count(size, blocks, cfg):
 
 def exp_throughput(res, cfg):
     """Fig. 13-14 (throughput) and Fig. 15 (CPU) from the same runs."""
-    protocols = cfg.protocols + REFERENCES
+    protocols = cfg.protocols + references(cfg)
     runs = [(t, p, s, b) for t in cfg.transports for b in cfg.block_sets for s in cfg.sizes for p in protocols
-            if not (p == "tcp_socket" and t != "tcp")]
+            if runs_on(p, t)]
     prog = Progress(len(runs), "throughput", res.run, cfg.runs)
     ceiling = {}
     for t, p, s, b in runs:
@@ -333,11 +355,11 @@ def exp_throughput(res, cfg):
             prog.step(f"{t} {p} {s} B x{b}: FAILED")
             continue
         # Each round of `count` consecutive transfers: from its first send to its last arrival
-        # (ucx_raw_put delivers nothing, so its rounds are timed by the sender's own sends).
+        # (a registry reference delivers nothing, so its rounds are timed by the sender's own sends).
         sends = snd["send_times_ns"]
         arrivals = rcv["arrivals_ns"]
         rates = []
-        if p == "ucx_raw_put":
+        if delivers_nothing(cfg, p):
             # Nothing arrives: a round ends when the next one starts (the put loop never waits),
             # the last one when the final flush returned.
             end = sends[0] + snd["seconds"] * 1e9
@@ -358,7 +380,7 @@ def exp_throughput(res, cfg):
         if counters.get("reads"):
             res.add("throughput", p, t, s, b, "bytes_per_read", counters["bytes_read"] / counters["reads"], "bytes")
         median = statistics.median(rates)
-        if p == "ucx_raw_put":
+        if p == ucx_ceiling(cfg):
             ceiling[(t, s, b)] = median
         prog.step(f"{t} {p:14} {s:>8} B x{b:<3} {median:9.1f} MB/s")
     # UCX's own put_bw beside them (issue 11: the fabric's limit, one buffer, no flow control).
@@ -377,7 +399,7 @@ def exp_throughput(res, cfg):
     # Every figure as a ratio to the UCX ceiling measured in the same run.
     for (t, p, s, b), vals in group(res, "throughput", "throughput", run=res.run).items():
         c = ceiling.get((t, s, b))
-        if c and p != "ucx_raw_put":
+        if c and p != ucx_ceiling(cfg):
             res.add("throughput", p, t, s, b, "throughput_ratio_to_ucx", statistics.median(vals) / c, "ratio")
 
 
@@ -418,12 +440,11 @@ def exp_latency(res, cfg):
     """Fig. 12: one block in flight at a time; one-way time from the sender's stamp to the
     message being complete at a busy-polling receiver. The UCX ceiling is ucx_perftest's put
     latency (see perftest_latency)."""
-    protocols = cfg.protocols + REFERENCES
-    runs = [(t, p, s) for t in cfg.transports for s in cfg.sizes for p in protocols
-            if not (p == "tcp_socket" and t != "tcp")]
+    protocols = cfg.protocols + references(cfg)
+    runs = [(t, p, s) for t in cfg.transports for s in cfg.sizes for p in protocols if runs_on(p, t)]
     prog = Progress(len(runs), "latency", res.run, cfg.runs)
     for t, p, s in runs:
-        if p == "ucx_raw_put":
+        if delivers_nothing(cfg, p):  # no arrival to time: UCX's own put latency stands for it
             try:
                 p50, mean = perftest_latency(t, s, cfg.latency_runs, 50)
                 p99, _ = perftest_latency(t, s, cfg.latency_runs, 99)
@@ -438,7 +459,7 @@ def exp_latency(res, cfg):
             continue
         # The gap lets each message arrive before the next is sent (no queueing).
         gap = int(200 + s / (100 if t == "tcp" else 1000))
-        trace = ["--trace", str(8 * cfg.latency_runs)] if p != "tcp_socket" else []
+        trace = ["--trace", str(8 * cfg.latency_runs)] if p not in OUTSIDE_REFERENCES else []
         try:
             snd, rcv = run_pair(t, p, s, cfg.latency_runs, PAPER_BLOCKS, gap_us=gap, busy_poll=True,
                                 rx_extra=trace, tx_extra=trace)
@@ -462,8 +483,8 @@ def exp_latency(res, cfg):
     for metric in ("latency_mean", "latency_p50"):
         vals = group(res, "latency", metric, run=res.run)
         for (t, p, s, b), v in vals.items():
-            c = vals.get((t, "ucx_raw_put", s, 1))
-            if c and p != "ucx_raw_put" and c[0] > 0:
+            c = vals.get((t, ucx_ceiling(cfg), s, 1))
+            if c and p != ucx_ceiling(cfg) and c[0] > 0:
                 res.add("latency", p, t, s, b, f"{metric}_ratio_to_ucx", v[0] / c[0], "ratio")
 
 

@@ -410,11 +410,6 @@ std::vector<SessionReport> Receiver::live_sessions() const {
   return out;
 }
 
-size_t Receiver::live_count() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->live.size();  // connections
-}
-
 uint64_t Receiver::sessions_ended() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->ended;

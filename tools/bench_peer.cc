@@ -24,6 +24,7 @@
 #include "fabric/fabric.h"
 #include "net/control_socket.h"
 #include "stream/trace.h"
+#include "wire/block_header.h"
 
 namespace slotstream::tools {
 namespace {
@@ -292,7 +293,7 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"send_times_ns", send_times},
           {"size", a.size},
           {"blocks", a.blocks},
-          {"block_size", a.block_size ? a.block_size : a.size + 16},
+          {"block_size", a.block_size ? a.block_size : a.size + wire::kBlockHeaderSize},
           {"resources", resources_json(connections)}};
 }
 
@@ -350,8 +351,6 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
 }
 
 }  // namespace
-
-void print_json_line(const std::string& line);
 
 int run_bench_recv(const BenchRecvArgs& a) {
   ReceiverOptions opt;
@@ -455,7 +454,7 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
   opt.blocks = a.blocks;
-  opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + 16);
+  opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + wire::kBlockHeaderSize);
   opt.allow_reference = true;
   opt.skip_packet_every = a.skip_packet_every;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));

@@ -97,6 +97,12 @@ std::string protocol_list() {
 
 // ------------------------------------------------------------------------------------ recv
 
+// The transport a session's protocol runs over (dgram_rc: TCP; the others: UDP datagrams).
+const char* session_transport(const std::string& protocol) {
+  const dgram::Protocol* p = dgram::find_protocol(protocol);
+  return p && p->over_tcp() ? "tcp" : "udp";
+}
+
 std::string report_line(const dgram::SessionReport& r) {
   const dgram::DeviceReport t = dgram::device_totals(r);
   const auto& c = r.counters;
@@ -110,7 +116,7 @@ std::string report_line(const dgram::SessionReport& r) {
     o << "sender " << r.name << " lost: kept " << t.complete << " complete messages, discarded " << t.dropped
       << " partial (" << r.reason << ");";
   }
-  o << " transport=" << (r.protocol == "dgram_rc" ? "tcp" : "udp") << " protocol=" << r.protocol << " sent=" << t.sent
+  o << " transport=" << session_transport(r.protocol) << " protocol=" << r.protocol << " sent=" << t.sent
     << " partial=" << t.partial << " dropped=" << t.dropped << " lost=" << t.lost << " retired=" << t.retired
     << " crc_errors=" << c.crc_errors << " malformed=" << c.malformed << " stale=" << c.stale
     << " datagrams=" << c.datagrams;
@@ -199,10 +205,9 @@ std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramRecei
   }
   prometheus::MetricFamily info{"slotstream_connection_info", "One per connected sender.", MetricType::Gauge, {}};
   for (const auto& r : snap.live) {
-    info.metric.push_back(sample({{"sender", r.name},
-                                  {"protocol", r.protocol},
-                                  {"transport", r.protocol == "dgram_rc" ? "tcp" : "udp"}},
-                                 MetricType::Gauge, 1));
+    info.metric.push_back(
+        sample({{"sender", r.name}, {"protocol", r.protocol}, {"transport", session_transport(r.protocol)}},
+               MetricType::Gauge, 1));
   }
   out.push_back(std::move(info));
   out.push_back({"slotstream_sessions_ended_total", "Sender sessions that have ended.", MetricType::Counter,

@@ -34,7 +34,8 @@ int run_protocols(bool json) {
     for (const auto& p : list) {
       out.push_back({{"name", p.name}, {"summary", p.summary}, {"options", p.options}, {"reference", p.reference},
                      {"holds", p.holds}, {"connection_per_device", p.connection_per_device},
-                     {"receiver_progress", p.receiver_progress}});
+                     {"receiver_progress", p.receiver_progress}, {"receiver_endpoint", p.receiver_endpoint},
+                     {"sender_wakeup", p.sender_wakeup}});
     }
     std::printf("%s\n", out.dump(1).c_str());
     return kExitOk;

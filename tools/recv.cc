@@ -95,22 +95,21 @@ std::string session_line(const SessionReport& r) {
   return buf;
 }
 
-}  // namespace
-
-int run_recv(const RecvArgs& args) {
-  ReceiverOptions opt;
-  if (Status st = net::parse_host_port(args.listen, &opt.host, &opt.port); !st.is_ok()) {
+// The receiver's own options from the command line: where it listens, transport, held blocks,
+// memory budget, token. kExitOk, or kExitUsage after printing what is wrong.
+int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
+  if (Status st = net::parse_host_port(args.listen, &opt->host, &opt->port); !st.is_ok()) {
     print_error("recv", "--listen: " + st.message());
     return kExitUsage;
   }
-  opt.transport = *parse_transport(args.transport);
+  opt->transport = *parse_transport(args.transport);
   for (const auto& h : args.holds) {
     HoldSpec spec;
     if (!parse_hold_spec(h, &spec)) {
       print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
       return kExitUsage;
     }
-    opt.holds.push_back(spec);
+    opt->holds.push_back(spec);
   }
   if (args.max_memory) {
     auto bytes = parse_size(*args.max_memory);
@@ -118,68 +117,112 @@ int run_recv(const RecvArgs& args) {
       print_error("recv", "--max-memory expects a size such as 512M or 4G, got '" + *args.max_memory + "'");
       return kExitUsage;
     }
-    opt.max_memory = *bytes;
+    opt->max_memory = *bytes;
   }
   if (!args.token_file.empty()) {
-    if (Status st = net::read_token_file(args.token_file, &opt.token); !st.is_ok()) {
+    if (Status st = net::read_token_file(args.token_file, &opt->token); !st.is_ok()) {
       print_error("recv", st.message());
       return kExitUsage;
     }
   }
-  fs::path out = args.out;
-  const bool use_workers = !args.worker.empty() || !args.worker_dir.empty();
-  if (use_workers && args.discard) {
+  return kExitOk;
+}
+
+bool uses_workers(const RecvArgs& args) { return !args.worker.empty() || !args.worker_dir.empty(); }
+
+// Where messages go (--discard, --out, --worker) must be one consistent choice.
+int check_sink_options(const RecvArgs& args) {
+  if (uses_workers(args) && args.discard) {
     print_error("recv", "--worker needs --out (workers read the stored files)");
     return kExitUsage;
   }
-  if (!use_workers && (args.backlog_bytes || args.backlog_messages)) {
+  if (!uses_workers(args) && (args.backlog_bytes || args.backlog_messages)) {
     print_error("recv", "--backlog-messages/--backlog-bytes need --worker or --worker-dir (nothing else consumes the backlog)");
     return kExitUsage;
   }
-  std::unique_ptr<pipeline::WorkerManager> workers;
+  return kExitOk;
+}
+
+std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args) {
+  pipeline::WorkerOptions wo;
+  wo.out = args.out;
+  wo.progress = args.worker_dir;
+  wo.command = args.worker;
+  wo.runtime = args.worker_runtime == "podman" ? pipeline::Runtime::kPodman : pipeline::Runtime::kProcess;
+  wo.image = args.worker_image;
+  wo.cpus = args.worker_cpus;
+  wo.memory = args.worker_memory;
+  wo.backlog_messages = args.backlog_messages;
+  wo.backlog_bytes = args.backlog_bytes;
+  wo.keep_processed = args.keep_processed;
+  wo.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+  return std::make_unique<pipeline::WorkerManager>(std::move(wo));
+}
+
+// Each sender's sink: nothing (--discard), its directory below --out, or its directory feeding
+// the per-device workers (started here, into *workers). kExitOk, or kExitError if --out cannot
+// be used.
+int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<pipeline::WorkerManager>* workers) {
   if (args.discard) {
-    opt.make_sink = [](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
+    opt->make_sink = [](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
       *sink = std::make_unique<sink::NullSink>();
       return Status::ok();
     };
-  } else {
-    if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
-      print_error("recv", st.message());
-      return kExitError;
-    }
-    if (use_workers) {
-      pipeline::WorkerOptions wo;
-      wo.out = out;
-      wo.progress = args.worker_dir;
-      wo.command = args.worker;
-      wo.runtime = args.worker_runtime == "podman" ? pipeline::Runtime::kPodman : pipeline::Runtime::kProcess;
-      wo.image = args.worker_image;
-      wo.cpus = args.worker_cpus;
-      wo.memory = args.worker_memory;
-      wo.backlog_messages = args.backlog_messages;
-      wo.backlog_bytes = args.backlog_bytes;
-      wo.keep_processed = args.keep_processed;
-      wo.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
-      workers = std::make_unique<pipeline::WorkerManager>(std::move(wo));
-      pipeline::WorkerManager* wm = workers.get();
-      opt.backlog_bytes = [wm] { return wm->total_backlog_bytes(); };
-      opt.make_sink = [out, wm](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-        *sink = pipeline::make_pipeline_sink(out / info.name, info.name, *wm);
-        return Status::ok();
-      };
-    } else {
-      opt.make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-        *sink = std::make_unique<sink::DirSink>(out / info.name);
-        return Status::ok();
-      };
-    }
+    return kExitOk;
   }
-  MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after)};
-  opt.on_session_end = [&metrics_state](const SessionReport& r) {
+  if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
+    print_error("recv", st.message());
+    return kExitError;
+  }
+  const fs::path out = args.out;
+  if (!uses_workers(args)) {
+    opt->make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+      *sink = std::make_unique<sink::DirSink>(out / info.name);
+      return Status::ok();
+    };
+    return kExitOk;
+  }
+  *workers = start_workers(args);
+  pipeline::WorkerManager* wm = workers->get();
+  opt->backlog_bytes = [wm] { return wm->total_backlog_bytes(); };
+  opt->make_sink = [out, wm](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+    *sink = pipeline::make_pipeline_sink(out / info.name, info.name, *wm);
+    return Status::ok();
+  };
+  return kExitOk;
+}
+
+// Every ended session is one line on stdout and leaves the metrics; events go to stderr.
+void report_sessions(MetricsState& metrics_state, ReceiverOptions* opt) {
+  opt->on_session_end = [&metrics_state](const SessionReport& r) {
     metrics_state.session_ended(r);
     print_line(stdout, session_line(r));
   };
-  opt.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+  opt->on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+}
+
+// --metrics: the /metrics and /health server. kExitOk (also without --metrics), or kExitError.
+int start_metrics(const RecvArgs& args, Receiver& rx, MetricsState& metrics_state, pipeline::WorkerManager* workers,
+                  std::unique_ptr<MetricsServer>* metrics) {
+  if (args.metrics.empty()) return kExitOk;
+  if (Status st = MetricsServer::start(args.metrics, rx, metrics_state, workers, metrics); !st.is_ok()) {
+    print_error("recv", "--metrics: " + st.message());
+    return kExitError;
+  }
+  print_line(stderr, "slotstream recv: metrics on http://" + (*metrics)->address() + "/metrics");
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_recv(const RecvArgs& args) {
+  ReceiverOptions opt;
+  if (int rc = check_receiver_options(args, &opt); rc != kExitOk) return rc;
+  if (int rc = check_sink_options(args); rc != kExitOk) return rc;
+  std::unique_ptr<pipeline::WorkerManager> workers;
+  if (int rc = set_up_sinks(args, &opt, &workers); rc != kExitOk) return rc;
+  MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after)};
+  report_sessions(metrics_state, &opt);
 
   // Signals are taken synchronously by the main thread; every other thread inherits the mask.
   const sigset_t sigs = block_stop_signals();
@@ -190,13 +233,9 @@ int run_recv(const RecvArgs& args) {
     return kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;
-  if (!args.metrics.empty()) {
-    if (Status st = MetricsServer::start(args.metrics, *rx, metrics_state, workers.get(), &metrics); !st.is_ok()) {
-      print_error("recv", "--metrics: " + st.message());
-      rx->stop();
-      return kExitError;
-    }
-    print_line(stderr, "slotstream recv: metrics on http://" + metrics->address() + "/metrics");
+  if (int rc = start_metrics(args, *rx, metrics_state, workers.get(), &metrics); rc != kExitOk) {
+    rx->stop();
+    return rc;
   }
   print_line(stdout, "listening on " + rx->listen_address());
 

@@ -335,28 +335,93 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
   return Status::ok();
 }
 
-int run_send(const SendArgs& a) {
-  SenderOptions opt;
-  if (Status st = choose_receiver(a.to, &opt.host, &opt.port); !st.is_ok()) {
+namespace {
+
+// Everything `send` needs before connecting: the receiver (one, or the least loaded of a list),
+// the plan of what each device sends, the sender's name and options, the token. kExitOk, or the
+// exit code after printing what is wrong.
+int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
+  if (Status st = choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
     print_error("send", st.message());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
-  Plan plan;
-  if (Status st = plan_send(a, &plan, &opt.name); !st.is_ok()) {
+  if (Status st = plan_send(a, plan, &opt->name); !st.is_ok()) {
     print_error("send", st.message());
     return kExitUsage;
   }
-  opt.protocol = a.protocol;
-  opt.transport = *parse_transport(a.transport);
-  opt.blocks = a.blocks;
-  opt.block_size = a.block_size;
-  opt.devices = plan.devices();
+  opt->protocol = a.protocol;
+  opt->transport = *parse_transport(a.transport);
+  opt->blocks = a.blocks;
+  opt->block_size = a.block_size;
+  opt->devices = plan->devices();
   if (!a.token_file.empty()) {
-    if (Status st = net::read_token_file(a.token_file, &opt.token); !st.is_ok()) {
+    if (Status st = net::read_token_file(a.token_file, &opt->token); !st.is_ok()) {
       print_error("send", st.message());
       return kExitUsage;
     }
   }
+  return kExitOk;
+}
+
+// Live progress on stderr, twice a second, when it is a terminal; a final newline on stop().
+class ProgressLine {
+ public:
+  ProgressLine(const Sender& sender, Clock::time_point t0) {
+    if (!isatty(STDERR_FILENO)) return;
+    thread_ = std::thread([this, &sender, t0] {
+      while (!done_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        auto s = sender.stats();
+        double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        std::fprintf(stderr, "\r%llu messages, %.1f MB, %.1f MB/s, %llu held-block skips   ",
+                     (unsigned long long)s.messages, s.bytes / 1e6, secs > 0 ? s.bytes / 1e6 / secs : 0.0,
+                     (unsigned long long)s.held_skips);
+      }
+      std::fprintf(stderr, "\n");
+    });
+  }
+  ~ProgressLine() { stop(); }
+  void stop() {
+    done_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// `send --json`: one line of the run's totals and the sender's counters.
+void print_send_json(const Sender& sender, const SenderOptions& opt, double secs, double cpu) {
+  SenderStats s = sender.stats();
+  nlohmann::json j;
+  j["messages"] = s.messages;
+  j["bytes"] = s.bytes;
+  j["seconds"] = secs;
+  j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
+  nlohmann::json per = nlohmann::json::object();
+  for (auto& [d, n] : s.per_device) per[std::to_string(d)] = n;
+  j["devices"] = per;
+  j["cpu_seconds"] = cpu;
+  j["transport"] = transport_name(sender.transport());
+  j["protocol"] = opt.protocol;
+  j["blocks"] = opt.blocks;
+  j["block_size"] = opt.block_size;
+  j["records_sent"] = s.records;
+  j["sync_operations"] = s.sync_operations;
+  j["waits"] = s.waits;
+  j["wait_seconds"] = s.wait_ns / 1e9;
+  j["held_skips"] = s.held_skips;
+  j["protocol_counters"] = s.protocol_counters;
+  std::printf("%s\n", j.dump().c_str());
+}
+
+}  // namespace
+
+int run_send(const SendArgs& a) {
+  SenderOptions opt;
+  Plan plan;
+  if (int rc = check_sender_options(a, &plan, &opt); rc != kExitOk) return rc;
 
   std::unique_ptr<Sender> sender;
   if (Status st = Sender::connect(opt, &sender); !st.is_ok()) {
@@ -369,56 +434,17 @@ int run_send(const SendArgs& a) {
   Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
     return std::make_unique<StreamOut>(*sender->device(d));
   });
-
-  // Live progress on a terminal only.
-  std::atomic<bool> done{false};
-  std::thread progress;
-  if (isatty(STDERR_FILENO)) {
-    progress = std::thread([&] {
-      while (!done.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        auto s = sender->stats();
-        double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-        std::fprintf(stderr, "\r%llu messages, %.1f MB, %.1f MB/s, %llu held-block skips   ",
-                     (unsigned long long)s.messages, s.bytes / 1e6, secs > 0 ? s.bytes / 1e6 / secs : 0.0,
-                     (unsigned long long)s.held_skips);
-      }
-      std::fprintf(stderr, "\n");
-    });
-  }
+  ProgressLine progress(*sender, t0);
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
-  done.store(true);
-  if (progress.joinable()) progress.join();
+  progress.stop();
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!st.is_ok()) {
     print_error("send", st.message());
     return kExitError;
   }
-  SenderStats s = sender->stats();
-  if (a.json) {
-    nlohmann::json j;
-    j["messages"] = s.messages;
-    j["bytes"] = s.bytes;
-    j["seconds"] = secs;
-    j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
-    nlohmann::json per = nlohmann::json::object();
-    for (auto& [d, n] : s.per_device) per[std::to_string(d)] = n;
-    j["devices"] = per;
-    j["cpu_seconds"] = cpu_seconds() - cpu0;
-    j["transport"] = transport_name(sender->transport());
-    j["protocol"] = opt.protocol;
-    j["blocks"] = opt.blocks;
-    j["block_size"] = opt.block_size;
-    j["records_sent"] = s.records;
-    j["sync_operations"] = s.sync_operations;
-    j["waits"] = s.waits;
-    j["wait_seconds"] = s.wait_ns / 1e9;
-    j["held_skips"] = s.held_skips;
-    j["protocol_counters"] = s.protocol_counters;
-    std::printf("%s\n", j.dump().c_str());
-  }
+  if (a.json) print_send_json(*sender, opt, secs, cpu_seconds() - cpu0);
   return kExitOk;
 }
 

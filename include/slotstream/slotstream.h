@@ -53,11 +53,13 @@ uint64_t default_max_memory();
 struct ProtocolInfo {
   std::string name;
   std::string summary;
-  std::string options;             // the options it takes (NAME:key=value,...), for people
-  bool reference = false;          // a benchmark reference, not a protocol for data
-  bool holds = false;              // the receiver can hold single blocks (back-pressure, paper §3.3)
-  bool connection_per_device = false;
-  bool receiver_progress = false;  // the receiver's CPU takes part in every transfer
+  std::string options;                 // the options it takes (NAME:key=value,...), for people
+  bool reference = false;              // a benchmark reference, not a protocol for data
+  bool holds = false;                  // the receiver can hold single blocks (back-pressure, paper §3.3)
+  bool connection_per_device = false;  // devices cannot share a connection: one per device
+  bool receiver_progress = false;      // the receiver's CPU takes part in every transfer
+  bool receiver_endpoint = false;      // the receiver reaches into the sender's memory (gets, writes)
+  bool sender_wakeup = false;          // the idle sending thread sleeps on its worker's wake-up fd
 };
 // Every protocol; references (benchmark ceilings) only when asked.
 std::vector<ProtocolInfo> protocols(bool with_references = false);
@@ -266,8 +268,6 @@ class Receiver {
   // Counters of the senders being served now, one report per sender (its connections merged;
   // refreshed every ~100 ms). Any thread.
   std::vector<SessionReport> live_sessions() const;
-  // For capacity queries: connections served now.
-  size_t live_count() const;
   // Blocks until `sessions_ended() >= n` or stop() was called.
   void wait_sessions(uint64_t n);
 

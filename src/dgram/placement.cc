@@ -49,28 +49,6 @@ bool RangeSet::covers(uint64_t end) const {
   return !ranges_.empty() && ranges_.front().offset == 0 && ranges_.front().end() >= end;
 }
 
-const char* outcome_name(Outcome o) {
-  switch (o) {
-    case Outcome::kComplete: return "complete";
-    case Outcome::kIncomplete: return "incomplete";
-    case Outcome::kRetired: return "retired";
-  }
-  return "?";
-}
-
-const char* placed_name(Placed p) {
-  switch (p) {
-    case Placed::kPlaced: return "placed";
-    case Placed::kCompleted: return "completed";
-    case Placed::kDuplicate: return "duplicate";
-    case Placed::kStale: return "stale";
-    case Placed::kUnknownKey: return "unknown STag or queue";
-    case Placed::kOutOfBounds: return "out of bounds";
-    case Placed::kNoBuffer: return "no receive posted";
-  }
-  return "?";
-}
-
 Placed Assembly::place(uint64_t offset, std::span<const std::byte> payload, bool last, uint64_t capacity) {
   const uint64_t end = offset + payload.size();
   if (end < offset || end > capacity) return Placed::kOutOfBounds;

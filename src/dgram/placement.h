@@ -73,7 +73,6 @@ enum class Outcome {
   kIncomplete,  // the message's timer fired first (patent: "or the timeout value for that DDP message reaches zero")
   kRetired,     // a newer MSN for the same (source, STag) arrived first; its bytes would be overwritten
 };
-const char* outcome_name(Outcome o);
 
 // One completion queue entry: a message as the consumer gets it.
 struct Completion {
@@ -97,7 +96,6 @@ enum class Placed {
   kOutOfBounds,  // beyond the region, or past the message's known end
   kNoBuffer,     // untagged: no receive posted (receiver not ready)
 };
-const char* placed_name(Placed p);
 
 // A message being placed.
 class Assembly {

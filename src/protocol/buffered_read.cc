@@ -20,6 +20,10 @@ static_assert(std::endian::native == std::endian::little, "ring counters and ent
 static_assert(RingLayout::kWaitOffset == RingLayout::kTailOffset + 8, "tail and wait flag are read together");
 static_assert(RingLayout::kHeadOffset >= RingLayout::kWaitOffset + 8 &&
               RingLayout::kDataOffset >= RingLayout::kHeadOffset + 8);
+// A tail read is one get of two words: the tail and the wait flag beside it.
+constexpr size_t kTailReadWords = 2;
+constexpr size_t kTailReadBytes = kTailReadWords * sizeof(uint64_t);
+static_assert(RingLayout::kTailOffset + kTailReadBytes == RingLayout::kWaitOffset + 8);
 
 // Busy sender: its worker is progressed every this many records, so that the receiver's gets and
 // head writes are answered where UCX emulates them (tcp) even when the sending thread never idles.
@@ -200,7 +204,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
         capacity_(RingLayout::capacity(fabric.geometry)),
         mirror_(std::move(mirror)),
         registration_(std::move(registration)),
-        tail_buf_(new uint64_t[2]{0, 0}),
+        tail_buf_(new uint64_t[kTailReadWords]{0, 0}),
         head_buf_(new uint64_t(0)) {}
 
   ~BufferedReadReceiver() override {
@@ -358,7 +362,8 @@ class BufferedReadReceiver final : public ReceiverProtocol {
     ++tail_reads_;
     tail_issued_ = issued_at_ = Clock::now();
     tail_pending_ = true;
-    if (!endpoint_->get(tail_buf_.get(), 16, ring_ + RingLayout::kTailOffset, *rkey_, &tail_req_).is_ok()) fail_st();
+    if (!endpoint_->get(tail_buf_.get(), kTailReadBytes, ring_ + RingLayout::kTailOffset, *rkey_, &tail_req_).is_ok())
+      fail_st();
   }
 
   // [requested_, tail_seen_) in gets of at most max_read bytes, each split where the ring wraps;

@@ -63,8 +63,8 @@ std::vector<ProtocolInfo> protocols(bool with_references) {
   std::vector<ProtocolInfo> out;
   for (const auto* d : protocol::all()) {
     if (d->reference && !with_references) continue;
-    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference,
-                   d->holds, d->connection_per_device, d->receiver_progress});
+    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference, d->holds,
+                   d->connection_per_device, d->receiver_progress, d->receiver_endpoint, d->sender_wakeup});
   }
   return out;
 }

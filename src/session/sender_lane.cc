@@ -35,15 +35,20 @@ constexpr auto kBusySpin = std::chrono::microseconds(50);
 constexpr auto kIdleSpin = std::chrono::microseconds(2);
 // The sending thread found the token taken (a filler transmits, maybe waiting for a free block).
 constexpr auto kTokenTakenNap = std::chrono::microseconds(20);
+}  // namespace
 
-// A transport error on tcp (e.g. "Endpoint timeout") is how UCX reports a dead receiver: say so.
 Status explain_transmit_error(Status st) {
   if (st.code() == Code::kPeerGone && st.message().find("receiver") == std::string::npos) {
     return {Code::kPeerGone, "lost the receiver (did it die?): " + st.message()};
   }
   return st;
 }
-}  // namespace
+
+std::chrono::microseconds sending_idle_period(bool in_flight, bool holding, Clock::duration since_activity) {
+  if (in_flight) return kInFlightPeriod;
+  if (holding) return kHoldingIdlePeriod;
+  return since_activity > kLongIdle ? kLongIdlePeriod : kIdlePeriod;
+}
 
 SenderLane::SenderLane(LaneOwner& owner, uint16_t index, std::vector<uint16_t> devices)
     : owner_(owner), index_(index), devices_(std::move(devices)) {}
@@ -295,19 +300,13 @@ Status SenderLane::sending_thread_st() {
     }
     SLOTSTREAM_RETURN_IF_ERROR(st);  // keeps the token: the lane is done
     if (finishing_.load(std::memory_order_acquire) && ring_->cursor() == ring_->claimed()) break;
-    // Sooner while transfers are still in flight (tcp puts, rendezvous sends: only their
-    // completion, which needs the worker progressed, can free a block for the fillers) or while
-    // the protocol holds records back (holding_st: its idle_st() flushes them).
     const auto now = Clock::now();
     if (ring_->cursor() != last_cursor) {  // someone transmitted since the last turn
       last_cursor = ring_->cursor();
       last_activity = now;
     }
     watching_inflight_.store(!inflight_.empty(), std::memory_order_relaxed);
-    period = !inflight_.empty()                 ? kInFlightPeriod
-             : proto_->holding_st()             ? kHoldingIdlePeriod
-             : now - last_activity > kLongIdle ? kLongIdlePeriod
-                                               : kIdlePeriod;
+    period = sending_idle_period(!inflight_.empty(), proto_->holding_st(), now - last_activity);
     moved = sent > 0;
     ring_->give_token();  // a block committed meanwhile is seen at once by wait_next
   }

@@ -26,6 +26,18 @@
 
 namespace slotstream::session {
 
+// A transport error on tcp (e.g. "Endpoint timeout") is how UCX reports a dead receiver: a
+// kPeerGone that does not name the receiver is said to be one. Anything else is returned as is.
+Status explain_transmit_error(Status st);
+
+// How long the sending thread waits for a filled block before its next idle turn: soonest while
+// transfers are in flight (tcp puts, rendezvous sends: only their completion, which needs the
+// worker progressed, frees a block for the fillers), soon while the protocol holds records back
+// (SenderProtocol::holding_st: its idle_st() flushes them), ~1 ms otherwise, and 20 ms once
+// nothing was transmitted for 100 ms (an idle connection then costs ~nothing).
+std::chrono::microseconds sending_idle_period(bool in_flight, bool holding,
+                                              std::chrono::steady_clock::duration since_activity);
+
 // What a lane needs from its sender (Sender::Impl). Any thread.
 class LaneOwner {
  public:

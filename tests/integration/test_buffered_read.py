@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, TRANSPORTS, assert_device, hidden, make_files, parse_finished, run_send, tree
+from conftest import BIN, HEADER, TRANSPORTS, assert_device, hidden, make_files, parse_finished, run_send, tree
 
 
 @pytest.mark.deadline(90)
@@ -59,7 +59,7 @@ def test_receiver_counts_its_reads_and_writes_the_head_back_now_and_then(transpo
     snd, rcv = bench_pair(transport, "buffered_read", 64, 3000, 3, 64)
     assert rcv["messages"] == 9000 and not rcv["lost"], rcv
     c = rcv["protocol_counters"]
-    entry = 8 + 80  # prefix + 16-byte header + 64-byte payload
+    entry = 8 + HEADER + 64  # prefix + block header + 64-byte payload
     assert c["bytes_read"] == 9000 * entry, "every entry read exactly once"
     assert 1 <= c["reads"] <= 9000
     assert c["reads"] <= 2 * c["tail_reads"], "a span is read after a tail read that moved, in at most two gets"

@@ -29,6 +29,7 @@ def test_files_byte_exact_on_loopback(tmp_path, protocol, transport):
     (rep,) = rx.finished()
     assert rep["line"].startswith("sender edge finished: messages=10 ")
     assert rep["protocol"] == protocol and rep["crc_errors"] == "0" and rep["lost"] == "0"
+    assert rep["transport"] == transport, "the receiver names the transport the protocol runs over"
     assert rx.wait(10) == 0
     assert check_store(tmp_path / "out/edge/device-0", srcs) == (list(range(len(srcs))), [])
     assert check_store(tmp_path / "out/edge/device-7", other) == ([0, 1], [])

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "wire/block_header.h"
+
 namespace slotstream::protocol {
 namespace {
 
@@ -17,7 +19,7 @@ using Piece = RingLayout::Piece;
 TEST(RingLayout, EntryIsAnEightBytePrefixAndTheRecordPaddedToEight) {
   EXPECT_EQ(RingLayout::entry_size(0), 8u);
   EXPECT_EQ(RingLayout::entry_size(1), 16u);
-  EXPECT_EQ(RingLayout::entry_size(16), 24u);  // a header-only record (an empty message)
+  EXPECT_EQ(RingLayout::entry_size(wire::kBlockHeaderSize), 24u);  // a header-only record (an empty message)
   EXPECT_EQ(RingLayout::entry_size(17), 32u);
   EXPECT_EQ(RingLayout::entry_size(4096), 4104u);
 }

@@ -84,7 +84,7 @@ TEST(NicAssistedCore, RandomSizesManyLapsCreditsAlwaysHonoured) {
     std::map<uint16_t, uint32_t> packet;
     for (uint32_t i = 0; i < 4000; ++i) {
       const uint16_t device = uint16_t(rng() % 2);
-      auto r = make_record(device, packet[device]++, rng() % (block - 16 + 1), i);
+      auto r = make_record(device, packet[device]++, rng() % (block - wire::kBlockHeaderSize + 1), i);
       while (rig.send(r) == Outcome::kFull) {
         rig.receive(rng() % 6);
         ASSERT_TRUE(rig.core.drain().is_ok());

@@ -117,7 +117,7 @@ TEST(PackedRingCore, RandomSizesManyLapsEverythingIntactAndInOrder) {
   std::map<uint16_t, uint32_t> packet;
   for (uint32_t i = 0; i < 5000; ++i) {
     const uint16_t device = uint16_t(rng() % 3);
-    auto r = make_record(device, packet[device]++, rng() % (block - 16 + 1), i);
+    auto r = make_record(device, packet[device]++, rng() % (block - wire::kBlockHeaderSize + 1), i);
     while (rig.send(r) == Outcome::kFull) {
       rig.receive_all();
       ASSERT_TRUE(rig.core.flush().is_ok());

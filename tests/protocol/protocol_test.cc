@@ -16,6 +16,7 @@
 
 #include "protocol/protocol.h"
 #include "slotstream/slotstream.h"
+#include "wire/block_header.h"
 
 namespace slotstream {
 namespace {
@@ -166,7 +167,7 @@ class EveryProtocol : public testing::TestWithParam<Case> {
     rx->wait_sessions(senders);
     rx->stop();
 
-    const uint32_t capacity = block_size - 16;
+    const uint32_t capacity = block_size - wire::kBlockHeaderSize;
     for (int n = 0; n < senders; ++n) {
       auto& got = received["proto-test-" + std::to_string(n)];
       uint64_t fragments = 0;
@@ -200,7 +201,7 @@ class EveryProtocol : public testing::TestWithParam<Case> {
 };
 
 TEST_P(EveryProtocol, SizesFromEmptyToSeveralBlocksOnThreeDevicesWrapAround) {
-  const uint32_t bs = 4096, cap = bs - 16;
+  const uint32_t bs = 4096, cap = bs - wire::kBlockHeaderSize;
   stream(4, bs, {0, 1, 100, cap - 1, cap, cap + 1, 3 * cap + 7}, 120, {0, 5, 65535});
 }
 

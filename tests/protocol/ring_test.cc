@@ -86,7 +86,7 @@ TEST(SplitRecords, SeveralSmallMessagesKeepDeviceNumberAndBytes) {
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_TRUE(std::equal(out[i].begin(), out[i].end(), recs[i].begin(), recs[i].end())) << i;
   }
-  auto h = wire::decode_block_header(out[1].first<16>(), 0);
+  auto h = wire::decode_block_header(out[1].first<wire::kBlockHeaderSize>(), 0);
   ASSERT_TRUE(h);
   EXPECT_EQ(h->device, 65535);
   EXPECT_EQ(h->packet, 0xFFFFFFFFu);

@@ -8,6 +8,8 @@
 #include <thread>
 #include <string>
 
+#include "wire/block_header.h"
+
 namespace slotstream::stream {
 namespace {
 
@@ -29,8 +31,8 @@ class FakeBlocks : public protocol::ReceiverProtocol {
   // What a sender's put + status byte would leave behind.
   void put(uint32_t index, uint16_t device, uint32_t packet, uint8_t flags, const std::string& payload) {
     wire::encode_block_header({flags, device, packet, uint32_t(payload.size())},
-                              std::span(data_.data() + index * kBlockSize, kBlockSize).first<16>());
-    std::memcpy(data_.data() + index * kBlockSize + 16, payload.data(), payload.size());
+                              std::span(data_.data() + index * kBlockSize, kBlockSize).first<wire::kBlockHeaderSize>());
+    std::memcpy(data_.data() + index * kBlockSize + wire::kBlockHeaderSize, payload.data(), payload.size());
     status_[index] = 1;
   }
   uint8_t status(uint32_t i) const { return status_[i]; }
