@@ -33,8 +33,12 @@ constexpr auto kInFlightPeriod = std::chrono::microseconds(20);
 // lane is idle — an idle sending thread then costs ~nothing.
 constexpr auto kBusySpin = std::chrono::microseconds(50);
 constexpr auto kIdleSpin = std::chrono::microseconds(2);
-// The sending thread found the token taken (a filler transmits, maybe waiting for a free block).
+// The sending thread found the token taken (a filler transmits, maybe waiting for a free block):
+// it naps, twice as long each time it finds it taken again, up to kMaxTokenTakenNap — a filler
+// that waits for a stalled receiver keeps the token for as long as the stall lasts, and a 20 µs
+// poll of it cost a sixth of a core. The holder wakes the nap when it leaves work behind.
 constexpr auto kTokenTakenNap = std::chrono::microseconds(20);
+constexpr auto kMaxTokenTakenNap = std::chrono::microseconds(1000);
 }  // namespace
 
 Status explain_transmit_error(Status st) {
@@ -282,14 +286,17 @@ Status SenderLane::sending_thread_st() {
   std::chrono::microseconds period = kIdlePeriod;
   uint64_t last_cursor = 0;
   Clock::time_point last_activity = Clock::now();
+  std::chrono::microseconds token_nap = kTokenTakenNap;
   for (;;) {
     (void)ring_->wait_next(moved ? kBusySpin : kIdleSpin, period);
     if (owner_.failed()) return Status::ok();  // reported by its thread
     if (!ring_->try_take_token()) {  // a filler is transmitting
-      std::this_thread::sleep_for(kTokenTakenNap);
+      ring_->nap(token_nap);
+      token_nap = std::min(2 * token_nap, kMaxTokenTakenNap);
       moved = false;
       continue;
     }
+    token_nap = kTokenTakenNap;
     size_t sent = 0;
     Status st = transmit_filled_st(&sent);
     if (st.is_ok() && sent == 0) {  // idle

@@ -41,9 +41,21 @@ void SendRing::commit(const Slot& slot, uint32_t length, bool wake) {
 
 void SendRing::wake_sender() {
   if (!sender_waiting_.load(std::memory_order_seq_cst)) return;
-  if (sleeper_.wake) return sleeper_.wake();
+  if (sleeper_.wake) sleeper_.wake();
   std::lock_guard lock(mutex_);
+  woken_ = true;
   filled_.notify_one();
+}
+
+void SendRing::nap(std::chrono::microseconds timeout) {
+  std::unique_lock lock(mutex_);
+  woken_ = false;
+  // Either we see the token given back, or its holder sees sender_waiting_ and wakes us.
+  sender_waiting_.store(true, std::memory_order_seq_cst);
+  filled_.wait_for(lock, timeout, [&] {
+    return woken_ || !token_.load(std::memory_order_seq_cst) || aborted_.load(std::memory_order_acquire);
+  });
+  sender_waiting_.store(false, std::memory_order_relaxed);
 }
 
 int64_t SendRing::wait_next(std::chrono::microseconds spin, std::chrono::microseconds timeout) {

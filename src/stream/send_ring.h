@@ -62,8 +62,12 @@ class SendRing {
   // a sending thread sleeping in wait_next(); a filler that then tries the token itself passes
   // false (no syscall per message) and calls wake_sender() only if it could not take it.
   void commit(const Slot& slot, uint32_t length, bool wake = true);
-  // Ends a sleep of the sending thread in wait_next() (if it sleeps; cheap otherwise). Any thread.
+  // Ends a sleep of the sending thread in wait_next() or nap() (if it sleeps; cheap otherwise).
+  // Any thread.
   void wake_sender();
+  // Sending thread: sleeps up to `timeout` or until wake_sender() — waiting while a filler holds
+  // the token (it wakes the sender when it leaves blocks or transfers behind).
+  void nap(std::chrono::microseconds timeout);
 
   // The transmit token (any thread). try_take_token() is lock-free and never waits.
   // give_token() returns true when the block at the cursor is filled: a filler committed it while
@@ -124,6 +128,7 @@ class SendRing {
   std::condition_variable filled_;
   std::atomic<int> fillers_waiting_{0};
   std::atomic<bool> sender_waiting_{false};
+  bool woken_ = false;  // wake_sender() was called during a nap() (under mutex_)
   Sleeper sleeper_;
   std::function<void()> claim_helper_;
 };
