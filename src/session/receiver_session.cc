@@ -134,7 +134,7 @@ void ReceiverSession::consume() {
   begin_consume();
   while (step()) {
     if (rx_options_.busy_poll) continue;
-    const auto now = Clock::now();
+    const auto now = loop_.now;
     if (loop_.stalled && now < loop_.retry_at) {
       std::this_thread::sleep_until(loop_.retry_at);
     } else if (now - loop_.last_work > kSpinIdle) {
@@ -156,11 +156,11 @@ bool ReceiverSession::step() {
   if (!rx_options_.holds.empty()) apply_holds(l.start);
 
   const bool progressed = proto_->progress();
+  const auto now = l.now = Clock::now();
   size_t consumed = 0;
-  if (!l.stalled || Clock::now() >= l.retry_at) consumed = deliver();
+  if (!l.stalled || now >= l.retry_at) consumed = deliver();
   if (l.fin && fin_complete(consumed)) return false;
 
-  const auto now = Clock::now();
   l.worked = consumed > 0 || progressed;
   if (l.worked) l.last_work = now;
   if (now >= l.next_check) {
@@ -193,7 +193,7 @@ bool ReceiverSession::drain_lost() {
 // One delivery pass; returns the records it consumed.
 size_t ReceiverSession::deliver() {
   size_t consumed = 0;
-  Status st = delivery_->pass(&consumed);
+  Status st = delivery_->pass(&consumed, loop_.now);
   if (!st.is_ok()) {
     stall(st);
   } else if (loop_.stalled) {

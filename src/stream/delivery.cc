@@ -52,7 +52,7 @@ Status Delivery::apply(const Entry& e, Stage stage) {
   return Status::ok();
 }
 
-Status Delivery::pass(size_t* consumed) {
+Status Delivery::pass(size_t* consumed, std::chrono::steady_clock::time_point now) {
   *consumed = 0;
   auto deliver = [&](const Entry& e, Stage stage) -> Status {
     SLOTSTREAM_RETURN_IF_ERROR(apply(e, stage));
@@ -96,14 +96,13 @@ Status Delivery::pass(size_t* consumed) {
       useful += h->payload_length;
     }
   }
-  const auto sampled = std::chrono::steady_clock::now();
   if (last_pass_) {
-    const double dt = double(std::chrono::duration_cast<std::chrono::nanoseconds>(sampled - *last_pass_).count());
+    const double dt = double(std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_pass_).count());
     counters_.buffer_held_byte_ns += double(last_held_) * dt;
     counters_.buffer_useful_byte_ns += double(last_useful_) * dt;
     counters_.buffer_observed_ns += dt;
   }
-  last_pass_ = sampled;
+  last_pass_ = now;
   last_held_ = held;
   last_useful_ = useful;
   // Per device, nearest packet first: consecutive packets then deliver in one pass.
@@ -121,7 +120,6 @@ Status Delivery::pass(size_t* consumed) {
   }
   pass_interrupted_ = true;
   const auto window = static_cast<int64_t>(Delivery::window(proto_.max_records()));
-  const auto now = std::chrono::steady_clock::now();
   for (const Entry& e : entries_) {
     DeviceState& dev = devices_[e.header.device];
     int64_t dist = wire::packet_distance(dev.expected, e.header.packet);

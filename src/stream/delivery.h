@@ -61,7 +61,10 @@ class Delivery {
   // One pass over the records complete now. `*consumed` = records released. A sink error is
   // returned as is; the record stays unreleased (back-pressure) and the next pass retries it
   // exactly where it failed.
-  Status pass(size_t* consumed);
+  // `now`: when the pass began (the caller's clock read; buffer utilisation and paused devices'
+  // retries are timed with it).
+  Status pass(size_t* consumed, std::chrono::steady_clock::time_point now);
+  Status pass(size_t* consumed) { return pass(consumed, std::chrono::steady_clock::now()); }
   // Discards every partially received message (the sender is gone). Returns how many.
   uint64_t abort_partials();
   bool has_open_message() const;
