@@ -5,7 +5,10 @@
 namespace slotstream::stream {
 
 SendRing::SendRing(std::byte* base, uint32_t blocks, uint32_t block_size)
-    : base_(base), blocks_(blocks), block_size_(block_size), slots_(new SlotState[blocks]) {
+    : base_(base),
+      blocks_(blocks),
+      block_size_(block_size),
+      slots_(new SlotState[blocks]) {
   for (uint32_t i = 0; i < blocks; ++i) {
     slots_[i].turn.store(i, std::memory_order_relaxed);
     slots_[i].length.store(-1, std::memory_order_relaxed);
@@ -50,7 +53,8 @@ void SendRing::wake_sender() {
 void SendRing::nap(std::chrono::microseconds timeout) {
   std::unique_lock lock(mutex_);
   woken_ = false;
-  // Either we see the token given back, or its holder sees sender_waiting_ and wakes us.
+  // Either we see the token given back, or a holder that leaves work sees sender_waiting_ and
+  // wakes us (one that leaves nothing lets the nap run out: there is nothing to do).
   sender_waiting_.store(true, std::memory_order_seq_cst);
   filled_.wait_for(lock, timeout, [&] {
     return woken_ || !token_.load(std::memory_order_seq_cst) || aborted_.load(std::memory_order_acquire);

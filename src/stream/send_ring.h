@@ -66,7 +66,8 @@ class SendRing {
   // Any thread.
   void wake_sender();
   // Sending thread: sleeps up to `timeout` or until wake_sender() — waiting while a filler holds
-  // the token (it wakes the sender when it leaves blocks or transfers behind).
+  // the token (it wakes the sender when it leaves blocks or transfers behind). Returns at once if
+  // the token is free when the nap begins (given back just before: its holder saw no one waiting).
   void nap(std::chrono::microseconds timeout);
 
   // The transmit token (any thread). try_take_token() is lock-free and never waits.
@@ -102,8 +103,8 @@ class SendRing {
 
  private:
   struct alignas(64) SlotState {
-    std::atomic<uint64_t> turn;    // ticket allowed to fill this block next
-    std::atomic<int64_t> length;   // -1 while not filled, else bytes filled
+    std::atomic<uint64_t> turn;   // ticket allowed to fill this block next
+    std::atomic<int64_t> length;  // -1 while not filled, else bytes filled
   };
 
   std::byte* base_;

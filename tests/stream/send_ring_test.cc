@@ -111,6 +111,32 @@ TEST(SendRing, SleepingSenderIsWokenByACommitAndByWakeSender) {
   }
 }
 
+TEST(SendRing, ANapWhileTheTokenIsHeldEndsWhenTheHolderWakesTheSender) {
+  std::vector<std::byte> mem(4 * 32);
+  SendRing ring(mem.data(), 4, 32);
+  // The token is free (given back before the nap began, without a wake: the holder saw no one
+  // waiting): nothing to wait for, the nap ends at once.
+  auto t0 = std::chrono::steady_clock::now();
+  ring.nap(std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // Held by a filler that leaves work behind and wakes the sending thread: a 10-second nap ends.
+  ASSERT_TRUE(ring.try_take_token());
+  t0 = std::chrono::steady_clock::now();
+  std::thread holder([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    (void)ring.give_token();
+    ring.wake_sender();
+  });
+  ring.nap(std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  holder.join();
+  // Held, and nobody wakes it: the nap lasts its time.
+  ASSERT_TRUE(ring.try_take_token());
+  t0 = std::chrono::steady_clock::now();
+  ring.nap(std::chrono::milliseconds(30));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(30));
+}
+
 TEST(SendRing, AbortWakesAWaitingFiller) {
   std::vector<std::byte> mem(32);
   SendRing ring(mem.data(), 1, 32);
