@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   const double cpu0 = cpu_seconds();
   const auto t0 = Clock::now();
   for (uint64_t k = 0; std::chrono::duration<double>(Clock::now() - t0).count() < seconds; ++k) {
-    if (fps > 0) std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / fps)));
+    if (fps > 0)
+      std::this_thread::sleep_until(
+          t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / fps)));
     for (int d = 0; d < cameras; ++d) {
       std::memcpy(frames[d].data(), &k, sizeof k);  // the frame number, as the Python example stamps it
       if (Status st = tx->device(uint16_t(d))->send(frames[d]); !st.is_ok()) {
@@ -62,9 +64,10 @@ int main(int argc, char** argv) {
   }
   if (Status st = tx->finish(); !st.is_ok()) return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("{\"frames\": %llu, \"cameras\": %d, \"seconds\": %.3f, \"frames_per_s\": %.1f, \"mb_per_s\": %.1f, "
-              "\"cpu_seconds\": %.3f, \"transport\": \"%s\"}\n",
-              (unsigned long long)sent, cameras, secs, sent / secs, sent * frame_bytes / secs / 1e6,
-              cpu_seconds() - cpu0, transport_name(tx->transport()));
+  std::printf(
+      "{\"frames\": %llu, \"cameras\": %d, \"seconds\": %.3f, \"frames_per_s\": %.1f, \"mb_per_s\": %.1f, "
+      "\"cpu_seconds\": %.3f, \"transport\": \"%s\"}\n",
+      (unsigned long long)sent, cameras, secs, sent / secs, sent * frame_bytes / secs / 1e6, cpu_seconds() - cpu0,
+      transport_name(tx->transport()));
   return 0;
 }

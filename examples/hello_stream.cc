@@ -15,12 +15,18 @@ using namespace slotstream;
 class MemorySink : public MessageSink {
  public:
   explicit MemorySink(std::map<uint16_t, std::vector<std::string>>& out) : out_(out) {}
-  Status begin(uint16_t device) override { current_[device].clear(); return Status::ok(); }
+  Status begin(uint16_t device) override {
+    current_[device].clear();
+    return Status::ok();
+  }
   Status append(uint16_t device, std::span<const std::byte> d) override {
     current_[device].append(reinterpret_cast<const char*>(d.data()), d.size());
     return Status::ok();
   }
-  Status commit(uint16_t device) override { out_[device].push_back(current_[device]); return Status::ok(); }
+  Status commit(uint16_t device) override {
+    out_[device].push_back(current_[device]);
+    return Status::ok();
+  }
   void abort(uint16_t device) override { current_[device].clear(); }
 
  private:
@@ -56,7 +62,8 @@ int main(int argc, char** argv) {
   const int kMessages = 20;
   for (int i = 0; i < kMessages; ++i) {
     for (uint16_t d : so.devices) {
-      std::string msg = "device " + std::to_string(d) + " message " + std::to_string(i) + " " + std::string(i * 700, 'x');
+      std::string msg =
+          "device " + std::to_string(d) + " message " + std::to_string(i) + " " + std::string(i * 700, 'x');
       if (Status st = tx->device(d)->send(std::as_bytes(std::span(msg))); !st.is_ok()) return 1;
     }
   }
@@ -65,10 +72,15 @@ int main(int argc, char** argv) {
   rx->stop();
 
   for (uint16_t d : so.devices) {
-    if (received[d].size() != kMessages) return std::fprintf(stderr, "device %u: %zu messages\n", d, received[d].size()), 1;
+    if (received[d].size() != kMessages)
+      return std::fprintf(stderr, "device %u: %zu messages\n", d, received[d].size()), 1;
     for (int i = 0; i < kMessages; ++i) {
-      std::string want = "device " + std::to_string(d) + " message " + std::to_string(i) + " " + std::string(i * 700, 'x');
-      if (received[d][i] != want) return std::fprintf(stderr, "device %u message %d differs (%zu vs %zu bytes)\n", d, i, received[d][i].size(), want.size()), 1;
+      std::string want =
+          "device " + std::to_string(d) + " message " + std::to_string(i) + " " + std::string(i * 700, 'x');
+      if (received[d][i] != want)
+        return std::fprintf(stderr, "device %u message %d differs (%zu vs %zu bytes)\n", d, i, received[d][i].size(),
+                            want.size()),
+               1;
     }
   }
   std::printf("hello_stream: %d messages x %zu devices over %s arrived complete and in order\n", kMessages,

@@ -28,16 +28,51 @@ namespace {
 
 void decode_as_its_type(const wire::Frame& f) {
   switch (f.type) {
-    case wire::MsgType::kHello: { wire::Hello m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kAccept: { wire::Accept m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kSetup: { wire::Setup m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kRefuse: { wire::Refuse m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kFin: { wire::Fin m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kPause: { wire::Pause m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kFinAck: { wire::FinAck m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kCapacity: { wire::CapacityInfo m; (void)wire::decode(f.body, &m); break; }
-    case wire::MsgType::kCapacityRequest: (void)wire::decode_capacity_request(f.body); break;
-    default: break;  // CHALLENGE, AUTH, READY and unknown types carry no structure to decode
+    case wire::MsgType::kHello: {
+      wire::Hello m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kAccept: {
+      wire::Accept m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kSetup: {
+      wire::Setup m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kRefuse: {
+      wire::Refuse m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kFin: {
+      wire::Fin m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kPause: {
+      wire::Pause m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kFinAck: {
+      wire::FinAck m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kCapacity: {
+      wire::CapacityInfo m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kCapacityRequest:
+      (void)wire::decode_capacity_request(f.body);
+      break;
+    default:
+      break;  // CHALLENGE, AUTH, READY and unknown types carry no structure to decode
   }
 }
 

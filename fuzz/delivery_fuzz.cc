@@ -53,8 +53,8 @@ const bool kTrace = std::getenv("FUZZ_TRACE") != nullptr;
 // is retried after Delivery::kBusyRetry (100 ms) of real time, which would make such inputs ~1000x
 // slower than the rest; run it as a campaign of its own (docs/hardening.md).
 const bool kBusyMode = std::getenv("FUZZ_BUSY") != nullptr;
-#define TRACE(...)                          \
-  do {                                      \
+#define TRACE(...)                                 \
+  do {                                             \
     if (kTrace) std::fprintf(stderr, __VA_ARGS__); \
   } while (0)
 
@@ -64,13 +64,18 @@ constexpr size_t kHeader = wire::kBlockHeaderSize;
 class FakeBlocks : public protocol::ReceiverProtocol {
  public:
   FakeBlocks(uint32_t n, uint32_t block_size, bool exact)
-      : block_size_(block_size), exact_(exact), data_(size_t(n) * block_size), full_(n, false), length_(n, 0) {}
+      : block_size_(block_size),
+        exact_(exact),
+        data_(size_t(n) * block_size),
+        full_(n, false),
+        length_(n, 0) {}
   std::vector<uint8_t> setup() const override { return {}; }
   void poll(std::vector<protocol::Record>* out) override {
     const uint32_t n = uint32_t(full_.size());
     for (uint32_t k = 0; k < n; ++k) {
       const uint32_t i = (k + rotation) % n;
-      if (full_[i]) out->push_back({i, i, std::span(data_.data() + size_t(i) * block_size_, exact_ ? length_[i] : block_size_)});
+      if (full_[i])
+        out->push_back({i, i, std::span(data_.data() + size_t(i) * block_size_, exact_ ? length_[i] : block_size_)});
     }
   }
   void release(uint64_t id) override {
@@ -87,7 +92,9 @@ class FakeBlocks : public protocol::ReceiverProtocol {
     }
     return out;
   }
-  bool empty() const { return std::none_of(full_.begin(), full_.end(), [](bool f) { return f; }); }
+  bool empty() const {
+    return std::none_of(full_.begin(), full_.end(), [](bool f) { return f; });
+  }
   void put(uint32_t slot, const std::vector<std::byte>& record) {
     FUZZ_CHECK(!full_[slot] && record.size() <= block_size_);
     std::memcpy(data_.data() + size_t(slot) * block_size_, record.data(), record.size());
@@ -202,12 +209,25 @@ class Run {
   void play() {
     for (int step = 0; step < 3000 && in_.remaining_bytes() > 0; ++step) {
       switch (in_.ConsumeIntegralInRange<int>(0, lossy_ ? 11 : 9)) {
-        case 0: case 1: put_next(pick_device(), Fate::kVisible); break;
-        case 2: pass(); break;
-        case 3: duplicate(); break;
-        case 4: corrupt(); break;
-        case 5: unknown_device(); break;
-        case 6: far_packet(); break;
+        case 0:
+        case 1:
+          put_next(pick_device(), Fate::kVisible);
+          break;
+        case 2:
+          pass();
+          break;
+        case 3:
+          duplicate();
+          break;
+        case 4:
+          corrupt();
+          break;
+        case 5:
+          unknown_device();
+          break;
+        case 6:
+          far_packet();
+          break;
         case 7:
           if (kBusyMode && in_.ConsumeBool()) {
             sink_.busy_next = in_.ConsumeIntegralInRange<int>(0, 3);
@@ -215,10 +235,18 @@ class Run {
             sink_.fail_next = in_.ConsumeIntegralInRange<int>(0, 3);
           }
           break;
-        case 8: hold(); break;
-        case 9: blocks_->rotation = in_.ConsumeIntegral<uint8_t>(); break;
-        case 10: put_next(pick_device(), Fate::kLost); break;
-        case 11: put_next(pick_device(), Fate::kLate); break;
+        case 8:
+          hold();
+          break;
+        case 9:
+          blocks_->rotation = in_.ConsumeIntegral<uint8_t>();
+          break;
+        case 10:
+          put_next(pick_device(), Fate::kLost);
+          break;
+        case 11:
+          put_next(pick_device(), Fate::kLate);
+          break;
       }
     }
     drain();
@@ -265,9 +293,16 @@ class Run {
     }
     auto record = next_fragment(d, in_.ConsumeIntegralInRange<uint32_t>(0, capacity_));
     switch (fate) {
-      case Fate::kVisible: put(record); break;
-      case Fate::kLost: ++lost_; break;
-      case Fate::kLate: late_.push_back({record, in_.ConsumeIntegralInRange<int>(1, 4)}); ++lost_; break;
+      case Fate::kVisible:
+        put(record);
+        break;
+      case Fate::kLost:
+        ++lost_;
+        break;
+      case Fate::kLate:
+        late_.push_back({record, in_.ConsumeIntegralInRange<int>(1, 4)});
+        ++lost_;
+        break;
     }
   }
 
@@ -309,8 +344,9 @@ class Run {
     uint16_t id = in_.ConsumeIntegral<uint16_t>();
     if (std::any_of(devices_.begin(), devices_.end(), [&](const DeviceModel& d) { return d.id == id; })) return;
     std::string payload = in_.ConsumeBytesAsString(in_.ConsumeIntegralInRange<uint32_t>(0, capacity_));
-    put(make_record({wire::kFirstFragment | wire::kLastFragment, id, in_.ConsumeIntegral<uint32_t>(),
-                     uint32_t(payload.size())}, payload));
+    put(make_record(
+        {wire::kFirstFragment | wire::kLastFragment, id, in_.ConsumeIntegral<uint32_t>(), uint32_t(payload.size())},
+        payload));
     ++injected_unknown_;
   }
 
@@ -325,7 +361,8 @@ class Run {
     const uint32_t distance = (1u << 30) + in_.ConsumeIntegralInRange<uint32_t>(0, 1u << 20);
     std::string payload = in_.ConsumeBytesAsString(in_.ConsumeIntegralInRange<uint32_t>(0, capacity_));
     put(make_record({wire::kFirstFragment | wire::kLastFragment, d.id,
-                     ahead ? d.next_packet + distance : d.next_packet - distance, uint32_t(payload.size())}, payload));
+                     ahead ? d.next_packet + distance : d.next_packet - distance, uint32_t(payload.size())},
+                    payload));
     ++(ahead ? injected_far_ : injected_stale_);
   }
 
@@ -333,7 +370,10 @@ class Run {
     const uint32_t slot = in_.ConsumeIntegralInRange<uint32_t>(0, uint32_t(blocks_->max_records() - 1));
     const bool held = in_.ConsumeBool();
     delivery_->set_blocked(slot, held);
-    if (held) held_.insert(slot); else held_.erase(slot);
+    if (held)
+      held_.insert(slot);
+    else
+      held_.erase(slot);
   }
 
   // The sender finishes its open messages, the receiver frees its holds and the disk its space;
@@ -428,8 +468,7 @@ class Run {
   std::deque<Late> late_;
   std::set<uint32_t> held_;
   uint64_t lost_ = 0;
-  uint64_t injected_duplicates_ = 0, injected_bad_ = 0, injected_unknown_ = 0, injected_far_ = 0,
-           injected_stale_ = 0;
+  uint64_t injected_duplicates_ = 0, injected_bad_ = 0, injected_unknown_ = 0, injected_far_ = 0, injected_stale_ = 0;
 };
 
 }  // namespace

@@ -32,9 +32,11 @@ void check(const std::span<const std::byte> datagram) {
     std::span<const uint8_t> p(reinterpret_cast<const uint8_t*>(seg->payload.data()), seg->payload.size());
     // Each decoder accepts only its own type, exactly; a decoded message re-encodes to the same bytes.
     if (auto m = decode_hello(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end())) __builtin_trap();
-    if (auto m = decode_accept(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end())) __builtin_trap();
+    if (auto m = decode_accept(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end()))
+      __builtin_trap();
     if (auto m = decode_fin(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end())) __builtin_trap();
-    if (auto m = decode_fin_ack(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end())) __builtin_trap();
+    if (auto m = decode_fin_ack(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end()))
+      __builtin_trap();
     (void)decode_refuse(p);  // a reason longer than 255 bytes is cut when encoded: decode only
   }
 }

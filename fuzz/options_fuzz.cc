@@ -24,8 +24,8 @@ void check_sizes(std::string_view text) {
   if (!v) return;
   FUZZ_CHECK(!text.empty() && text[0] >= '0' && text[0] <= '9');
   // Digits only: the value is the number itself.
-  if (text.find_first_not_of("0123456789") == std::string_view::npos) FUZZ_CHECK(std::to_string(*v) == text ||
-                                                                                text[0] == '0');
+  if (text.find_first_not_of("0123456789") == std::string_view::npos)
+    FUZZ_CHECK(std::to_string(*v) == text || text[0] == '0');
 }
 
 void check_options(const Options& o) {

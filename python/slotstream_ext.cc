@@ -106,7 +106,10 @@ struct Frame {
   size_t capacity = 0;
 
   Frame() = default;
-  Frame(Frame&& o) noexcept : data(o.data), size(o.size), capacity(o.capacity) { o.data = nullptr; o.size = o.capacity = 0; }
+  Frame(Frame&& o) noexcept : data(o.data), size(o.size), capacity(o.capacity) {
+    o.data = nullptr;
+    o.size = o.capacity = 0;
+  }
   Frame& operator=(Frame&& o) noexcept {
     std::swap(data, o.data);
     std::swap(size, o.size);
@@ -181,13 +184,14 @@ class PySender {
 
   ~PySender() {
     nb::gil_scoped_release nogil;  // stopping the sending threads must not block other Python threads
-    sender_.reset();  // unfinished: the receiver keeps the complete messages and reports the sender lost
+    sender_.reset();               // unfinished: the receiver keeps the complete messages and reports the sender lost
   }
 
   void send(int device, nb::handle data) {
     if (!PyObject_CheckBuffer(data.ptr())) {
       throw nb::type_error(("send() needs a bytes-like object (bytes, bytearray, memoryview, numpy array), not " +
-                            std::string(Py_TYPE(data.ptr())->tp_name)).c_str());
+                            std::string(Py_TYPE(data.ptr())->tp_name))
+                               .c_str());
     }
     auto lock = device_locks_.find(device);
     if (lock == device_locks_.end()) {
@@ -298,7 +302,7 @@ struct RxShared {
   std::vector<SessionReport> ended;
   std::deque<std::string> events;
   bool closing = false;
-  bool failed = false;  // the callback raised: deliver nothing more
+  bool failed = false;         // the callback raised: deliver nothing more
   bool callback_mode = false;  // set before the receiver starts
   // Callback mode only: read with the GIL held; dropped when the receiver has stopped, which
   // breaks the cycle of a callback that refers to its own Receiver.
@@ -345,11 +349,10 @@ class PySink final : public MessageSink {
       if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
       seq = shared_.next_seq[key];
       if (!shared_.callback_mode) {
-        if (!shared_.changed.wait_for(lock, kQueueWait, [&] {
-              return shared_.queue.size() < shared_.max_queue || shared_.closing;
-            })) {
-          return {Code::kBusy, "the Python consumer is behind (" + std::to_string(shared_.max_queue) +
-                                   " messages waiting)"};
+        if (!shared_.changed.wait_for(lock, kQueueWait,
+                                      [&] { return shared_.queue.size() < shared_.max_queue || shared_.closing; })) {
+          return {Code::kBusy,
+                  "the Python consumer is behind (" + std::to_string(shared_.max_queue) + " messages waiting)"};
         }
         if (shared_.closing) return {Code::kCancelled, "receiver closing"};
         shared_.queue.push_back({sender_, device, seq, std::move(open_[device])});
@@ -413,7 +416,8 @@ class PyReceiver {
  public:
   PyReceiver(const std::string& listen, nb::object callback, const std::string& transport,
              std::optional<std::string> token, std::optional<uint64_t> exit_after_senders, size_t max_queue)
-      : shared_(std::make_unique<RxShared>()), exit_after_(exit_after_senders) {
+      : shared_(std::make_unique<RxShared>()),
+        exit_after_(exit_after_senders) {
     if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
     if (max_queue < 1) check({Code::kInvalidArgument, "max_queue must be at least 1"});
     ReceiverOptions o;
@@ -512,9 +516,11 @@ class PyReceiver {
     if (!senders) senders = exit_after_;
     if (!senders) check({Code::kInvalidArgument, "wait() needs senders=N (or Receiver(..., exit_after_senders=N))"});
     std::optional<Clock::time_point> deadline;
-    if (timeout) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
+    if (timeout)
+      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
     RxShared& s = *shared_;
-    bool ok = wait_interruptibly(s.mutex, s.changed, [&] { return s.ended.size() >= *senders || s.failed; }, deadline);
+    bool ok = wait_interruptibly(
+        s.mutex, s.changed, [&] { return s.ended.size() >= *senders || s.failed; }, deadline);
     raise_callback_error();
     return ok;
   }
@@ -569,40 +575,43 @@ namespace {
 // `on_exception` otherwise, and never suppresses the exception.
 template <typename T, void (T::*on_success)(), void (T::*on_exception)()>
 void def_context_manager(nb::class_<T>& cls, const char* enter_signature) {
-  cls.def("__enter__", [](nb::handle self) { return self; }, nb::sig(enter_signature))
-      .def("__exit__",
-           [](T& self, nb::handle exc_type, nb::handle, nb::handle) {
-             (self.*(exc_type.is_none() ? on_success : on_exception))();
-             return false;
-           },
-           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none(),
-           nb::sig("def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, "
-                   "tb: types.TracebackType | None) -> bool"));
+  cls.def(
+         "__enter__", [](nb::handle self) { return self; }, nb::sig(enter_signature))
+      .def(
+          "__exit__",
+          [](T& self, nb::handle exc_type, nb::handle, nb::handle) {
+            (self.*(exc_type.is_none() ? on_success : on_exception))();
+            return false;
+          },
+          "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none(),
+          nb::sig("def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, "
+                  "tb: types.TracebackType | None) -> bool"));
 }
 
 void bind_sender(nb::module_& m) {
   nb::class_<PySender> cls(m, "Sender",
-                       "A connection to a slotstream receiver that carries the messages of several devices.\n\n"
-                       "Use it as a context manager: leaving the block normally waits until the receiver has\n"
-                       "stored every message (finish()); leaving it by an exception abandons the connection.");
+                           "A connection to a slotstream receiver that carries the messages of several devices.\n\n"
+                           "Use it as a context manager: leaving the block normally waits until the receiver has\n"
+                           "stored every message (finish()); leaving it by an exception abandons the connection.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, uint32_t,
-                    uint32_t, const std::vector<int>&, std::optional<std::string>>(),
-           "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
-           "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
-           "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(),
-           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
-           "and declares `devices`, the device numbers send() will use. Raises slotstream.Error\n"
-           "subclasses (ConnectFailed, Refused, InvalidArgument, ...) with the library's message.")
-      .def("send", &PySender::send, "device"_a, "data"_a,
-           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) -> None"),
-           "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
-           "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
-           "every block is in flight. Thread-safe.")
+                   uint32_t, const std::vector<int>&, std::optional<std::string>>(),
+          "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
+          "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
+          "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(),
+          "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
+          "and declares `devices`, the device numbers send() will use. Raises slotstream.Error\n"
+          "subclasses (ConnectFailed, Refused, InvalidArgument, ...) with the library's message.")
+      .def(
+          "send", &PySender::send, "device"_a, "data"_a,
+          nb::sig(
+              "def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) -> None"),
+          "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
+          "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
+          "every block is in flight. Thread-safe.")
       .def("finish", &PySender::finish,
            "Waits until the receiver has stored every message, then closes the connection.")
       .def("close", &PySender::close, "Abandons the connection without waiting (unfinished messages are lost).")
-      .def("stats", &PySender::stats,
-           nb::sig("def stats(self) -> dict[str, typing.Any]"),
+      .def("stats", &PySender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
            "Counters: messages, bytes, per_device, held_skips (receiver blocks skipped because held),\n"
            "connections (filled in by finish()).")
       .def_prop_ro("transport", &PySender::transport, "'shm' or 'tcp': what the receiver chose.")
@@ -610,9 +619,9 @@ void bind_sender(nb::module_& m) {
       .def_prop_ro("protocol", [](const PySender& s) { return s.options().protocol; })
       .def_prop_ro("blocks", [](const PySender& s) { return s.options().blocks; })
       .def_prop_ro("block_size", [](const PySender& s) { return s.options().block_size; })
-      .def_prop_ro("devices", [](const PySender& s) {
-        return std::vector<int>(s.options().devices.begin(), s.options().devices.end());
-      })
+      .def_prop_ro(
+          "devices",
+          [](const PySender& s) { return std::vector<int>(s.options().devices.begin(), s.options().devices.end()); })
       .def_prop_ro("closed", &PySender::is_closed);
   // Leaving the block normally waits for the receiver; leaving it by an exception abandons.
   def_context_manager<PySender, &PySender::finish, &PySender::close>(cls, "def __enter__(self) -> Sender");
@@ -629,11 +638,13 @@ NB_MODULE(_slotstream, m) {
                     "A received message's bytes, owned by this object; read it through memoryview().");
   bind_sender(m);
 
-  nb::class_<PyReceiver> receiver(m, "Receiver",
-                         "A passive receiver: senders connect to `listen` and their messages arrive, complete\n"
-                         "and in order per device, either at `callback(sender, device, seq, data)` or by iterating\n"
-                         "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.");
-  receiver.def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
+  nb::class_<PyReceiver> receiver(
+      m, "Receiver",
+      "A passive receiver: senders connect to `listen` and their messages arrive, complete\n"
+      "and in order per device, either at `callback(sender, device, seq, data)` or by iterating\n"
+      "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.");
+  receiver
+      .def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
                     std::optional<uint64_t>, size_t>(),
            "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
            "exit_after_senders"_a = nb::none(), "max_queue"_a = 8,
@@ -647,9 +658,9 @@ NB_MODULE(_slotstream, m) {
            "at most `max_queue` messages wait in memory, then the sender is slowed down (back-pressure).\n"
            "Iteration ends after `exit_after_senders` senders have ended, or after close().")
       .def_prop_ro("address", &PyReceiver::address, "The bound \"HOST:PORT\".")
-      .def("__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))
-      .def("__next__", &PyReceiver::next,
-           nb::sig("def __next__(self) -> tuple[str, int, int, memoryview]"))
+      .def(
+          "__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))
+      .def("__next__", &PyReceiver::next, nb::sig("def __next__(self) -> tuple[str, int, int, memoryview]"))
       .def("wait", &PyReceiver::wait, "senders"_a = nb::none(), "timeout"_a = nb::none(),
            "Waits until `senders` (default exit_after_senders) sender sessions have ended; False on timeout.\n"
            "Raises the callback's exception if it raised.")
@@ -662,16 +673,23 @@ NB_MODULE(_slotstream, m) {
   // Leaving the block by an exception stops without raising the callback's: it would hide that one.
   def_context_manager<PyReceiver, &PyReceiver::close, &PyReceiver::stop>(receiver, "def __enter__(self) -> Receiver");
 
-  m.def("close_all", [] {
-    for (PyReceiver* r : std::vector<PyReceiver*>(PyReceiver::live_receivers().begin(), PyReceiver::live_receivers().end())) {
-      r->stop();
-    }
-  }, "Stops every open Receiver (registered with atexit).");
-  m.def("protocols", [] {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const auto& p : slotstream::protocols()) out.emplace_back(p.name, p.summary);
-    return out;
-  }, "The protocols this build knows: (name, summary) pairs.");
+  m.def(
+      "close_all",
+      [] {
+        for (PyReceiver* r :
+             std::vector<PyReceiver*>(PyReceiver::live_receivers().begin(), PyReceiver::live_receivers().end())) {
+          r->stop();
+        }
+      },
+      "Stops every open Receiver (registered with atexit).");
+  m.def(
+      "protocols",
+      [] {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto& p : slotstream::protocols()) out.emplace_back(p.name, p.summary);
+        return out;
+      },
+      "The protocols this build knows: (name, summary) pairs.");
   m.attr("DEFAULT_BLOCKS") = kDefaultBlocks;
   m.attr("DEFAULT_BLOCK_SIZE") = kDefaultBlockSize;
 }

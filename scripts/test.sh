@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (unit + integration over real UCX on shm and tcp).
-# Without arguments also: the unit, protocol and example tests under ThreadSanitizer and under
-# AddressSanitizer + UBSan (scripts/sanitize.sh), and every fuzz target for 5 s (fuzz/run.sh).
+# Without arguments also: the C++ layout check (scripts/format.sh --check), the unit, protocol and
+# example tests under ThreadSanitizer and under AddressSanitizer + UBSan (scripts/sanitize.sh), and
+# every fuzz target for 5 s (fuzz/run.sh).
 # Arguments go to ctest alone (e.g. -R Delivery) and skip those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ if [ "$(id -u)" -eq 0 ]; then
   bash deploy/image/build.sh || echo "test: the container image could not be built; container tests will say so and skip"
 fi
 if (($# == 0)); then
+  bash scripts/format.sh --check
   bash scripts/sanitize.sh
   bash fuzz/run.sh --seconds 5
 fi

@@ -13,20 +13,34 @@ namespace slotstream {
 
 const char* code_name(Code code) {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInProgress: return "in progress";
-    case Code::kInvalidArgument: return "invalid argument";
-    case Code::kConnectFailed: return "connect failed";
-    case Code::kProtocolError: return "protocol error";
-    case Code::kVersionMismatch: return "version mismatch";
-    case Code::kRefused: return "refused";
-    case Code::kAuthFailed: return "authentication failed";
-    case Code::kPeerGone: return "peer gone";
-    case Code::kTransportError: return "transport error";
-    case Code::kIoError: return "I/O error";
-    case Code::kTimeout: return "timeout";
-    case Code::kCancelled: return "cancelled";
-    case Code::kBusy: return "busy";
+    case Code::kOk:
+      return "ok";
+    case Code::kInProgress:
+      return "in progress";
+    case Code::kInvalidArgument:
+      return "invalid argument";
+    case Code::kConnectFailed:
+      return "connect failed";
+    case Code::kProtocolError:
+      return "protocol error";
+    case Code::kVersionMismatch:
+      return "version mismatch";
+    case Code::kRefused:
+      return "refused";
+    case Code::kAuthFailed:
+      return "authentication failed";
+    case Code::kPeerGone:
+      return "peer gone";
+    case Code::kTransportError:
+      return "transport error";
+    case Code::kIoError:
+      return "I/O error";
+    case Code::kTimeout:
+      return "timeout";
+    case Code::kCancelled:
+      return "cancelled";
+    case Code::kBusy:
+      return "busy";
   }
   return "unknown";
 }
@@ -45,9 +59,12 @@ std::optional<Transport> parse_transport(std::string_view text) {
 
 const char* transport_name(Transport t) {
   switch (t) {
-    case Transport::kAuto: return "auto";
-    case Transport::kShm: return "shm";
-    case Transport::kTcp: return "tcp";
+    case Transport::kAuto:
+      return "auto";
+    case Transport::kShm:
+      return "shm";
+    case Transport::kTcp:
+      return "tcp";
   }
   return "?";
 }
@@ -59,13 +76,12 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   // A directory named "-x" is read as an option by every shell tool a worker or an operator runs.
   if (name[0] == '-') return "sender name must not start with '-'";
   for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '_' || c == '-';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) return "sender name may only contain letters, digits, '.', '_' and '-'";
   }
   return std::nullopt;
 }
-
 
 void SessionReport::merge(const SessionReport& lane) {
   finished = finished && lane.finished;
@@ -150,6 +166,5 @@ uint64_t default_max_memory() {
   }
   return physical / 4;
 }
-
 
 }  // namespace slotstream

@@ -54,7 +54,7 @@ struct Receiver::Impl : session::SessionHost {
   // merged into one.
   struct Group {
     std::string name;
-    uint64_t wire_group = 0;     // the id the sender chose (HELLO)
+    uint64_t wire_group = 0;  // the id the sender chose (HELLO)
     uint16_t lanes = 1;
     std::vector<bool> lane_taken;
     std::set<uint16_t> devices;  // of every lane so far
@@ -266,7 +266,8 @@ Status Receiver::Impl::transport_fabric(Transport transport, TransportFabric** o
   if (!wf) {
     auto fresh = std::make_unique<TransportFabric>();
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(transport, &fresh->context));
-    SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
+    SLOTSTREAM_RETURN_IF_ERROR(
+        fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
     wf = std::move(fresh);
   }
   // Software-emulated RMA (tcp) needs the target to progress. (Protocols whose receiver takes
@@ -317,10 +318,10 @@ void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) 
       const uint64_t id = next_session++;
       try {
         sessions.emplace(id, std::thread([this, id, c = std::move(control)]() mutable {
-          serve(std::move(c));
-          std::lock_guard done(mutex);
-          finished.push_back(id);
-        }));
+                           serve(std::move(c));
+                           std::lock_guard done(mutex);
+                           finished.push_back(id);
+                         }));
         return;
       } catch (const std::system_error& e) {
         // Out of threads or memory: this connection is closed (the lambda owned it); every

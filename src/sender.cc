@@ -30,8 +30,8 @@ namespace {
 Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
   if (auto why = invalid_sender_name(o.name)) return {Code::kInvalidArgument, *why + " ('" + o.name + "')"};
   if (o.block_size < kMinBlockSize || o.block_size > kMaxBlockSize) {
-    return {Code::kInvalidArgument, "block size must be " + std::to_string(kMinBlockSize) + ".." +
-                                        std::to_string(kMaxBlockSize) + " bytes"};
+    return {Code::kInvalidArgument,
+            "block size must be " + std::to_string(kMinBlockSize) + ".." + std::to_string(kMaxBlockSize) + " bytes"};
   }
   if (o.blocks < 1 || o.blocks > kMaxBlocks) {
     return {Code::kInvalidArgument, "blocks must be 1.." + std::to_string(kMaxBlocks)};
@@ -68,9 +68,9 @@ struct Sender::Impl : session::LaneOwner {
   std::atomic<size_t> paused_count{0};  // paused.size(), read without the lock on every message
 
   std::mutex error_mutex;
-  Status error;  // first error of any transmitting thread
+  Status error;                          // first error of any transmitting thread
   std::atomic<bool> failed_flag{false};  // error is set
-  std::atomic<bool> finishing{false};  // finish() was called (any thread)
+  std::atomic<bool> finishing{false};    // finish() was called (any thread)
   // The sending threads have been joined: their protocol counters may be read (stats()).
   std::atomic<bool> joined{false};
 

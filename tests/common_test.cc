@@ -22,8 +22,8 @@ TEST(ParseSize, PlainNumbersAndBinaryUnits) {
 }
 
 TEST(ParseSize, RejectsWhatIsNotASize) {
-  for (const char* bad : {"", "M", "-5M", "1.5G", "12Q", "4 G", "4GiBs", "4Gi", "18446744073709551616",
-                          "17179869184G"}) {
+  for (const char* bad :
+       {"", "M", "-5M", "1.5G", "12Q", "4 G", "4GiBs", "4Gi", "18446744073709551616", "17179869184G"}) {
     EXPECT_FALSE(parse_size(bad).has_value()) << bad;
   }
 }

@@ -32,7 +32,9 @@ namespace {
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC on Linux: shared by both peers
 using nlohmann::json;
 
-uint64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+uint64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 struct Usage {
   double cpu_seconds;
@@ -134,7 +136,8 @@ struct Recording {
 class StampSink final : public MessageSink {
  public:
   StampSink(std::shared_ptr<Recording> rec, std::shared_ptr<Processing> processing)
-      : rec_(std::move(rec)), processing_(std::move(processing)) {}
+      : rec_(std::move(rec)),
+        processing_(std::move(processing)) {}
   Status begin(uint16_t device) override {
     auto& st = state_[device];
     st = {};
@@ -166,9 +169,9 @@ class StampSink final : public MessageSink {
   std::shared_ptr<Processing> processing_;
 };
 
-json session_json(const std::string& name, const std::string& protocol, const std::string& transport,
-                  uint64_t messages, uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec,
-                  double buffer_held = 0, double buffer_useful = 0) {
+json session_json(const std::string& name, const std::string& protocol, const std::string& transport, uint64_t messages,
+                  uint64_t bytes, double seconds, bool lost, uint64_t gaps, Recording& rec, double buffer_held = 0,
+                  double buffer_useful = 0) {
   Usage u = usage();
   std::lock_guard lock(rec.mutex);
   json process = nullptr;
@@ -180,19 +183,31 @@ json session_json(const std::string& name, const std::string& protocol, const st
       p.total_ns += c->total_ns;
       p.checksum += c->checksum;
     }
-    process = {{"ns_per_byte", p.ns_per_byte}, {"bytes", p.bytes}, {"read_ns", p.read_ns}, {"total_ns", p.total_ns},
+    process = {{"ns_per_byte", p.ns_per_byte},
+               {"bytes", p.bytes},
+               {"read_ns", p.read_ns},
+               {"total_ns", p.total_ns},
                {"read_ns_per_byte", p.bytes ? double(p.read_ns) / double(p.bytes) : 0.0},
                {"checksum", p.checksum}};
   }
-  return {{"event", "session"},       {"sender", name},
-          {"process", process},       {"protocol_counters", rec.protocol_counters},
-          {"protocol", protocol},     {"transport", transport},
-          {"messages", messages},     {"bytes", bytes},
-          {"seconds", seconds},       {"arrivals_ns", rec.arrivals_ns},
-          {"latencies_ns", rec.latencies_ns}, {"gaps", gaps},
-          {"lost", lost},             {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
-          {"peak_rss_kb", u.peak_rss_kb}, {"session_start_ns", rec.start_ns},
-          {"buffer_held_avg", buffer_held}, {"buffer_useful_avg", buffer_useful},
+  return {{"event", "session"},
+          {"sender", name},
+          {"process", process},
+          {"protocol_counters", rec.protocol_counters},
+          {"protocol", protocol},
+          {"transport", transport},
+          {"messages", messages},
+          {"bytes", bytes},
+          {"seconds", seconds},
+          {"arrivals_ns", rec.arrivals_ns},
+          {"latencies_ns", rec.latencies_ns},
+          {"gaps", gaps},
+          {"lost", lost},
+          {"cpu_seconds", u.cpu_seconds - rec.cpu_start},
+          {"peak_rss_kb", u.peak_rss_kb},
+          {"session_start_ns", rec.start_ns},
+          {"buffer_held_avg", buffer_held},
+          {"buffer_useful_avg", buffer_useful},
           {"resources", resources_json(rec.connections)}};
 }
 
@@ -202,7 +217,10 @@ Status read_full(int fd, void* p, size_t n, bool* eof) {
   size_t off = 0;
   while (off < n) {
     ssize_t r = ::recv(fd, static_cast<char*>(p) + off, n - off, 0);
-    if (r == 0) { *eof = true; return Status::ok(); }
+    if (r == 0) {
+      *eof = true;
+      return Status::ok();
+    }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return {Code::kIoError, std::string("recv: ") + strerror(errno)};
     off += size_t(r);
@@ -303,7 +321,8 @@ class Pacer {
   explicit Pacer(const BenchSendArgs& a) : a_(a), t0_(Clock::now()) {}
   void before(uint64_t k) const {
     if (a_.fps > 0) {
-      std::this_thread::sleep_until(t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / a_.fps)));
+      std::this_thread::sleep_until(
+          t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / a_.fps)));
     }
   }
   void after() const {
@@ -335,7 +354,8 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
       fill_payload(0, msg, stamp);
       uint32_t len = uint32_t(a.size);
       if (Status st = write_full(fd, &len, 4); !st.is_ok()) return print_error("bench-peer", st.message()), kExitError;
-      if (Status st = write_full(fd, msg.data(), msg.size()); !st.is_ok()) return print_error("bench-peer", st.message()), kExitError;
+      if (Status st = write_full(fd, msg.data(), msg.size()); !st.is_ok())
+        return print_error("bench-peer", st.message()), kExitError;
     }
     pacer.after();
   }

@@ -35,9 +35,9 @@ struct BenchSendArgs {
   uint64_t gap_us = 0;
   double seconds = 0;              // stop sending after this long (0: after --count)
   uint32_t skip_packet_every = 0;  // testing aid: SenderOptions::skip_packet_every
-  uint32_t block_size = 0;  // 0: size + the block header (one message per block)
-  uint64_t burst = 0;       // with compute_us: messages per burst (SDP Fig. 5)
-  uint64_t compute_us = 0;  // busy computation after each burst
+  uint32_t block_size = 0;         // 0: size + the block header (one message per block)
+  uint64_t burst = 0;              // with compute_us: messages per burst (SDP Fig. 5)
+  uint64_t compute_us = 0;         // busy computation after each burst
   bool tcp_socket = false;
   uint64_t trace = 0;  // as BenchRecvArgs::trace
 };

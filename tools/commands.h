@@ -27,8 +27,8 @@ struct RecvArgs {
   uint64_t exit_after = 0;
   std::vector<std::string> holds;  // INDEX:FROM_MS:TO_MS
   bool discard = false;
-  std::string worker;                   // command, one per device
-  std::string worker_dir;               // where workers record progress (default: --out)
+  std::string worker;      // command, one per device
+  std::string worker_dir;  // where workers record progress (default: --out)
   std::string worker_runtime = "process";
   std::string worker_cpus;
   std::string worker_memory;
@@ -36,8 +36,8 @@ struct RecvArgs {
   uint64_t backlog_messages = 0;
   uint64_t backlog_bytes = 0;
   bool keep_processed = false;
-  std::string metrics;                  // HOST:PORT
-  unsigned metrics_prune_after = 300;   // seconds an ended sender's series stay
+  std::string metrics;                    // HOST:PORT
+  unsigned metrics_prune_after = 300;     // seconds an ended sender's series stay
   std::optional<std::string> max_memory;  // SIZE (default: default_max_memory())
 };
 int run_recv(const RecvArgs& args);
@@ -52,11 +52,11 @@ struct SendArgs {
   uint32_t block_size = kDefaultBlockSize;
   std::string token_file;
   bool json = false;
-  std::vector<std::string> files;      // D=PATH
-  std::vector<std::string> dirs;       // D=DIR
-  std::vector<std::string> videos;     // D=SOURCE (file, or lavfi:GRAPH for an ffmpeg test pattern)
-  bool realtime = false;               // videos at their own frame rate
-  std::string synthetic;               // D0-D1:FPS:WxHxC
+  std::vector<std::string> files;   // D=PATH
+  std::vector<std::string> dirs;    // D=DIR
+  std::vector<std::string> videos;  // D=SOURCE (file, or lavfi:GRAPH for an ffmpeg test pattern)
+  bool realtime = false;            // videos at their own frame rate
+  std::string synthetic;            // D0-D1:FPS:WxHxC
   double duration = 0;
 };
 int run_send(const SendArgs& args);

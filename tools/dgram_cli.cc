@@ -35,8 +35,8 @@ constexpr const char* kGroup = "Datagram transport (--transport udp, docs/design
 constexpr int64_t kLinger = 1'000'000'000;
 
 // Options of the UCX path that mean nothing to the datagram transport.
-constexpr const char* kUcxOnlyRecv[] = {"--token-file", "--hold-block",     "--worker",           "--worker-dir",
-                                        "--worker-runtime", "--worker-cpus", "--worker-memory",   "--worker-image",
+constexpr const char* kUcxOnlyRecv[] = {"--token-file",       "--hold-block",    "--worker",        "--worker-dir",
+                                        "--worker-runtime",   "--worker-cpus",   "--worker-memory", "--worker-image",
                                         "--backlog-messages", "--backlog-bytes", "--keep-processed"};
 constexpr const char* kUcxOnlySend[] = {"--token-file", "--block-size"};
 constexpr const char* kInjectOptions[] = {"--inject-loss", "--inject-reorder", "--inject-duplicate", "--inject-corrupt",
@@ -145,16 +145,18 @@ std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramRecei
                       &dgram::DeviceReport::valid_bytes},
         DeviceCounter{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
                       &dgram::DeviceReport::partial},
-        DeviceCounter{"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &dgram::DeviceReport::dropped},
-        DeviceCounter{"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &dgram::DeviceReport::lost},
+        DeviceCounter{"slotstream_dgram_dropped_total", "Incomplete messages discarded.",
+                      &dgram::DeviceReport::dropped},
+        DeviceCounter{"slotstream_dgram_lost_total", "Messages of which no segment arrived.",
+                      &dgram::DeviceReport::lost},
         DeviceCounter{"slotstream_dgram_retired_total",
                       "Incomplete messages displaced by a newer MSN on their STag (counted in dropped).",
                       &dgram::DeviceReport::retired}}) {
     prometheus::MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, r] : t.devices) {
-        f.metric.push_back(sample({{"sender", sender}, {"device", std::to_string(d)}}, MetricType::Counter,
-                                  double(r.*c.field)));
+        f.metric.push_back(
+            sample({{"sender", sender}, {"device", std::to_string(d)}}, MetricType::Counter, double(r.*c.field)));
       }
     }
     out.push_back(std::move(f));
@@ -164,38 +166,38 @@ std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramRecei
     const char* help;
     uint64_t dgram::DatagramCounters::*field;
   };
-  for (Counter c : {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.",
-                            &dgram::DatagramCounters::datagrams},
-                    Counter{"slotstream_dgram_crc_errors_total", "Datagrams that failed their CRC32C: never delivered.",
-                            &dgram::DatagramCounters::crc_errors},
-                    Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.",
-                            &dgram::DatagramCounters::malformed},
-                    Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.",
-                            &dgram::DatagramCounters::truncated},
-                    Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.",
-                            &dgram::DatagramCounters::stale},
-                    Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.",
-                            &dgram::DatagramCounters::duplicates},
-                    Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.",
-                            &dgram::DatagramCounters::out_of_bounds},
-                    Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.",
-                            &dgram::DatagramCounters::no_buffer},
-                    Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.",
-                            &dgram::DatagramCounters::unknown},
-                    Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.",
-                            &dgram::DatagramCounters::rd_duplicates},
-                    Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.",
-                            &dgram::DatagramCounters::rd_beyond_window},
-                    Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.",
-                            &dgram::DatagramCounters::acks_sent},
-                    Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.",
-                            &dgram::DatagramCounters::injected_loss},
-                    Counter{"slotstream_dgram_injected_corrupt_total", "Datagrams corrupted by --inject-corrupt.",
-                            &dgram::DatagramCounters::injected_corrupt},
-                    Counter{"slotstream_dgram_injected_duplicate_total", "Datagrams duplicated by --inject-duplicate.",
-                            &dgram::DatagramCounters::injected_duplicate},
-                    Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
-                            &dgram::DatagramCounters::injected_reorder}}) {
+  for (Counter c :
+       {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.",
+                &dgram::DatagramCounters::datagrams},
+        Counter{"slotstream_dgram_crc_errors_total", "Datagrams that failed their CRC32C: never delivered.",
+                &dgram::DatagramCounters::crc_errors},
+        Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.",
+                &dgram::DatagramCounters::malformed},
+        Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.",
+                &dgram::DatagramCounters::truncated},
+        Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.",
+                &dgram::DatagramCounters::stale},
+        Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.",
+                &dgram::DatagramCounters::duplicates},
+        Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.",
+                &dgram::DatagramCounters::out_of_bounds},
+        Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.",
+                &dgram::DatagramCounters::no_buffer},
+        Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.",
+                &dgram::DatagramCounters::unknown},
+        Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.",
+                &dgram::DatagramCounters::rd_duplicates},
+        Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.",
+                &dgram::DatagramCounters::rd_beyond_window},
+        Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.", &dgram::DatagramCounters::acks_sent},
+        Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.",
+                &dgram::DatagramCounters::injected_loss},
+        Counter{"slotstream_dgram_injected_corrupt_total", "Datagrams corrupted by --inject-corrupt.",
+                &dgram::DatagramCounters::injected_corrupt},
+        Counter{"slotstream_dgram_injected_duplicate_total", "Datagrams duplicated by --inject-duplicate.",
+                &dgram::DatagramCounters::injected_duplicate},
+        Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
+                &dgram::DatagramCounters::injected_reorder}}) {
     prometheus::MetricFamily f{c.name, std::string(c.help) + " (sender=\"\": no session's)", MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       f.metric.push_back(sample({{"sender", sender}}, MetricType::Counter, double(t.counters.*c.field)));
@@ -210,7 +212,9 @@ std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramRecei
                MetricType::Gauge, 1));
   }
   out.push_back(std::move(info));
-  out.push_back({"slotstream_sessions_ended_total", "Sender sessions that have ended.", MetricType::Counter,
+  out.push_back({"slotstream_sessions_ended_total",
+                 "Sender sessions that have ended.",
+                 MetricType::Counter,
                  {sample({}, MetricType::Counter, double(snap.sessions_ended))}});
   return out;
 }
@@ -341,7 +345,8 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   std::unique_ptr<MetricsServer> metrics;
   if (!args.metrics.empty()) {
     const dgram::DatagramReceiver* r = rx.get();
-    Status st = MetricsServer::start(args.metrics, [r] { return collect_metrics(*r); }, &metrics);
+    Status st = MetricsServer::start(
+        args.metrics, [r] { return collect_metrics(*r); }, &metrics);
     if (!st.is_ok()) {
       print_error("recv", "--metrics: " + st.message());
       return kExitError;
@@ -403,7 +408,8 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
   // One filler thread per device, as `send` does over UCX.
-  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
+  Fillers fillers(plan, a,
+                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
   dgram::FinAck report;
   Status st = fillers.join();
   Status fin = tx->finish(&report);
@@ -424,8 +430,11 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     total.lost += c.lost;
     total.valid_bytes += c.valid_bytes;
     per[std::to_string(dev.device)] = {{"sent", s.per_device.contains(dev.device) ? s.per_device.at(dev.device) : 0},
-                                       {"complete", c.complete}, {"partial", c.partial}, {"dropped", c.dropped},
-                                       {"lost", c.lost}, {"valid_bytes", c.valid_bytes}};
+                                       {"complete", c.complete},
+                                       {"partial", c.partial},
+                                       {"dropped", c.dropped},
+                                       {"lost", c.lost},
+                                       {"valid_bytes", c.valid_bytes}};
   }
   if (total.complete != s.messages) {
     std::fprintf(stderr,
@@ -453,10 +462,12 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     j["retransmits"] = s.retransmits;
     j["retransmit_timeouts"] = s.timeouts;
     j["credit_waits"] = s.credit_waits;
-    j["injected"] = {{"loss", s.injected_loss}, {"corrupt", s.injected_corrupt}, {"duplicate", s.injected_duplicate},
+    j["injected"] = {{"loss", s.injected_loss},
+                     {"corrupt", s.injected_corrupt},
+                     {"duplicate", s.injected_duplicate},
                      {"reorder", s.injected_reorder}};
-    j["receiver"] = {{"complete", total.complete}, {"partial", total.partial}, {"dropped", total.dropped},
-                     {"lost", total.lost}, {"valid_bytes", total.valid_bytes}, {"devices", per}};
+    j["receiver"] = {{"complete", total.complete}, {"partial", total.partial},         {"dropped", total.dropped},
+                     {"lost", total.lost},         {"valid_bytes", total.valid_bytes}, {"devices", per}};
     std::printf("%s\n", j.dump().c_str());
   }
   return kExitOk;

@@ -124,7 +124,8 @@ int run_peer_recv(const DgramPeerArgs& a) {
   }
   print_line(stdout, "listening on " + rx->listen_address());
   // Linger while FINs are repeated (a lost FIN_ACK): see DatagramReceiver::since_last_fin_ack_ns.
-  wait_for_stop(sigs, [&] { return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack_ns() > 1'000'000'000; });
+  wait_for_stop(sigs,
+                [&] { return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack_ns() > 1'000'000'000; });
   rx->stop();
   return kExitOk;
 }
@@ -175,7 +176,8 @@ int run_peer_send(const DgramPeerArgs& a) {
     if (a.gap_us > 0) {
       // Sleep most of the gap, spin the rest: one message in flight at a time, no drift.
       const int64_t until = now + int64_t(a.gap_us * 1000);
-      if (until - dgram::now_ns() > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(until - dgram::now_ns() - 100'000));
+      if (until - dgram::now_ns() > 200'000)
+        std::this_thread::sleep_for(std::chrono::nanoseconds(until - dgram::now_ns() - 100'000));
       while (dgram::now_ns() < until) {
       }
     }
@@ -205,7 +207,8 @@ int run_peer_send(const DgramPeerArgs& a) {
 }  // namespace
 
 CLI::App* add_dgram_peer(CLI::App& app, DgramPeerArgs* a) {
-  auto* peer = app.add_subcommand("dgram-peer", "Measuring processes for the datagram experiments of `slotstream bench`.");
+  auto* peer =
+      app.add_subcommand("dgram-peer", "Measuring processes for the datagram experiments of `slotstream bench`.");
   peer->group("");  // hidden
   peer->require_subcommand(1);
   auto* r = peer->add_subcommand("recv", "prints `listening on`, then one JSON line per sender");

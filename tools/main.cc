@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <iostream>
 
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "bench_peer.h"
 #include "commands.h"
@@ -32,9 +32,14 @@ int run_protocols(bool json) {
   if (json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& p : list) {
-      out.push_back({{"name", p.name}, {"summary", p.summary}, {"options", p.options}, {"reference", p.reference},
-                     {"holds", p.holds}, {"connection_per_device", p.connection_per_device},
-                     {"receiver_progress", p.receiver_progress}, {"receiver_endpoint", p.receiver_endpoint},
+      out.push_back({{"name", p.name},
+                     {"summary", p.summary},
+                     {"options", p.options},
+                     {"reference", p.reference},
+                     {"holds", p.holds},
+                     {"connection_per_device", p.connection_per_device},
+                     {"receiver_progress", p.receiver_progress},
+                     {"receiver_endpoint", p.receiver_endpoint},
                      {"sender_wakeup", p.sender_wakeup}});
     }
     std::printf("%s\n", out.dump(1).c_str());
@@ -57,12 +62,13 @@ std::string self_exe(const char* argv0) {
 
 // `slotstream recv` and its options.
 CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
-  auto* r = app.add_subcommand("recv", "Run a passive receiver: store every complete message as "
-                                       "OUT/<SENDER>/device-<D>/<SEQ>.bin, until SIGINT/SIGTERM.");
+  auto* r = app.add_subcommand("recv",
+                               "Run a passive receiver: store every complete message as "
+                               "OUT/<SENDER>/device-<D>/<SEQ>.bin, until SIGINT/SIGTERM.");
   r->add_option("--listen", recv->listen, "control address HOST:PORT (port 0 picks a free one)")->required();
   auto* out_opt = r->add_option("--out", recv->out, "output directory (created if missing)");
-  auto* discard_opt = r->add_flag("--discard", recv->discard,
-                                  "store nothing, only count complete messages (to measure the transport)");
+  auto* discard_opt =
+      r->add_flag("--discard", recv->discard, "store nothing, only count complete messages (to measure the transport)");
   out_opt->excludes(discard_opt);
   r->callback([recv] {  // the pointer by value: this function has returned by then
     if (recv->out.empty() && !recv->discard) throw CLI::RequiredError("--out (or --discard)");
@@ -139,8 +145,9 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
 // `slotstream bench-peer recv|send` (hidden): the measuring processes of `slotstream bench`.
 void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, CLI::App** recv_peer,
                     CLI::App** send_peer) {
-  auto* bp = app.add_subcommand("bench-peer", "A measuring process for `slotstream bench` (docs/bench-peer.md); "
-                                              "not meant to be run by hand.");
+  auto* bp = app.add_subcommand("bench-peer",
+                                "A measuring process for `slotstream bench` (docs/bench-peer.md); "
+                                "not meant to be run by hand.");
   bp->group("");  // hidden from the top-level help
   bp->require_subcommand(1);
   auto* bpr = bp->add_subcommand("recv", "receiver peer: discards data, prints one JSON line per sender");
@@ -152,7 +159,8 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bpr->add_flag("--tcp-socket", brecv->tcp_socket, "plain TCP reference instead of slotstream");
   bpr->add_flag("--round-robin", brecv->round_robin, "one consumer thread serves every sender in turn");
   bpr->add_option("--process-ns-per-byte", brecv->process_ns_per_byte,
-                  "processing: read every byte, then spin this many ns per byte")->check(CLI::NonNegativeNumber);
+                  "processing: read every byte, then spin this many ns per byte")
+      ->check(CLI::NonNegativeNumber);
   bpr->add_option("--trace", brecv->trace, "record when each packet was polled and delivered (up to N events)");
   auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
   bps->add_option("--to", bsend->to, "HOST:PORT")->required();
@@ -160,7 +168,8 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--transport", bsend->transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
   bps->add_option("--protocol", bsend->protocol);
   bps->add_option("--blocks", bsend->blocks)->check(CLI::Range(1u, kMaxBlocks));
-  bps->add_option("--size", bsend->size, "payload bytes per message (block size SIZE + 16 unless --block-size)")->required();
+  bps->add_option("--size", bsend->size, "payload bytes per message (block size SIZE + 16 unless --block-size)")
+      ->required();
   bps->add_option("--count", bsend->count, "messages per device");
   bps->add_option("--devices", bsend->devices);
   bps->add_option("--fps", bsend->fps, "messages per second per device (default: back to back)");
@@ -198,8 +207,9 @@ int main(int argc, char** argv) {
   add_dgram_options(r, s, &dgram);
 
   bool protocols_json = false;
-  auto* pl = app.add_subcommand("protocols", "List the flow-control protocols of this build, their options and the "
-                                             "benchmark references.");
+  auto* pl = app.add_subcommand("protocols",
+                                "List the flow-control protocols of this build, their options and the "
+                                "benchmark references.");
   pl->add_flag("--json", protocols_json, "one JSON array (what `slotstream bench` reads)");
 
   std::string verify_dir;
@@ -207,8 +217,9 @@ int main(int argc, char** argv) {
   v->add_option("DIR", verify_dir, "receiver output directory (or a sender's subdirectory)")->required();
 
   DemoArgs demo;
-  auto* d = app.add_subcommand("demo", "Start a receiver, stream synthetic 640x480x3 cameras at 25 fps into it, "
-                                       "verify every frame and print a summary.");
+  auto* d = app.add_subcommand("demo",
+                               "Start a receiver, stream synthetic 640x480x3 cameras at 25 fps into it, "
+                               "verify every frame and print a summary.");
   d->add_option("--seconds", demo.seconds, "how long to stream")->default_str("10");
   d->add_option("--cameras", demo.cameras, "number of cameras")->default_str("12");
   d->add_option("--transport", demo.transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}))->default_str("shm");
@@ -225,10 +236,11 @@ int main(int argc, char** argv) {
   auto* dp = add_dgram_peer(app, &dpeer);
 
   std::vector<std::string> bench_args;
-  auto* b = app.add_subcommand("bench", "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
-                                        "resources, held_block, cameras; the SDP paper's small_messages, progress; all) side by "
-                                        "side with raw UCX and TCP; "
-                                        "`slotstream bench --help` for the options.");
+  auto* b = app.add_subcommand("bench",
+                               "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
+                               "resources, held_block, cameras; the SDP paper's small_messages, progress; all) side by "
+                               "side with raw UCX and TCP; "
+                               "`slotstream bench --help` for the options.");
   b->prefix_command();  // everything after `bench` goes to the orchestrator
   b->set_help_flag();
   b->allow_extras();

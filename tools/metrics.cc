@@ -71,7 +71,8 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
   std::map<std::string, SessionReport> totals;
   for (auto it = ended_.begin(); it != ended_.end();) {
     const std::string& name = it->first;
-    const bool back = std::any_of(live.begin(), live.end(), [&](const SessionReport& r) { return r.sender.name == name; });
+    const bool back =
+        std::any_of(live.begin(), live.end(), [&](const SessionReport& r) { return r.sender.name == name; });
     if (!back && now - it->second.last >= prune_after_) {
       // Gone for the grace period: its series go too (a later sender of this name starts at 0).
       std::erase_if(last_, [&](const auto& kv) { return kv.first.starts_with(name + '\n'); });
@@ -103,8 +104,8 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
                     Counter{"slotstream_bytes_total", "Payload bytes of complete messages.", &DeviceStats::bytes},
                     Counter{"slotstream_gaps_total", "Packets that never arrived.", &DeviceStats::gaps},
                     Counter{"slotstream_duplicates_total", "Duplicate packets dropped.", &DeviceStats::duplicates},
-                    Counter{"slotstream_device_pauses_total", "Times a device was paused because its worker was behind.",
-                            &DeviceStats::pauses}}) {
+                    Counter{"slotstream_device_pauses_total",
+                            "Times a device was paused because its worker was behind.", &DeviceStats::pauses}}) {
     MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, s] : t.per_device) {
@@ -115,17 +116,19 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
     }
     out.push_back(std::move(f));
   }
-  MetricFamily paused{"slotstream_device_paused", "1 while the device is paused (its worker is behind).",
-                      MetricType::Gauge, {}};
+  MetricFamily paused{
+      "slotstream_device_paused", "1 while the device is paused (its worker is behind).", MetricType::Gauge, {}};
   for (const SessionReport& r : live) {
     for (const auto& [d, s] : r.per_device) {
-      paused.metric.push_back(sample({{"sender", r.sender.name}, {"device", std::to_string(d)}}, MetricType::Gauge,
-                                     s.paused ? 1 : 0));
+      paused.metric.push_back(
+          sample({{"sender", r.sender.name}, {"device", std::to_string(d)}}, MetricType::Gauge, s.paused ? 1 : 0));
     }
   }
   out.push_back(std::move(paused));
-  MetricFamily stalls{"slotstream_stalls_total", "Times the receiver refused data (a full disk, or a device paused).",
-                      MetricType::Counter, {}};
+  MetricFamily stalls{"slotstream_stalls_total",
+                      "Times the receiver refused data (a full disk, or a device paused).",
+                      MetricType::Counter,
+                      {}};
   for (const auto& [sender, t] : totals) {
     stalls.metric.push_back(sample({{"sender", sender}}, MetricType::Counter,
                                    monotonic(sender, "slotstream_stalls_total", "", double(t.stalls))));
@@ -134,7 +137,9 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
 
   MetricFamily held{"slotstream_held_blocks", "Receiver blocks held (status 2) right now.", MetricType::Gauge, {}};
   MetricFamily info{"slotstream_connection_info",
-                    "One per connected sender: protocol, transport and block geometry.", MetricType::Gauge, {}};
+                    "One per connected sender: protocol, transport and block geometry.",
+                    MetricType::Gauge,
+                    {}};
   for (const SessionReport& r : live) {
     held.metric.push_back(sample({{"sender", r.sender.name}}, MetricType::Gauge, double(r.held_blocks)));
     info.metric.push_back(sample({{"sender", r.sender.name},
@@ -146,8 +151,10 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
   }
   out.push_back(std::move(held));
   out.push_back(std::move(info));
-  out.push_back({"slotstream_sessions_ended_total", "Accepted senders whose connections have all ended.",
-                 MetricType::Counter, {sample({}, MetricType::Counter, double(sessions_ended_))}});
+  out.push_back({"slotstream_sessions_ended_total",
+                 "Accepted senders whose connections have all ended.",
+                 MetricType::Counter,
+                 {sample({}, MetricType::Counter, double(sessions_ended_))}});
 
   if (workers) {
     const auto ws = workers->stats();
@@ -167,15 +174,15 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
                             &pipeline::WorkerStats::restarts}}) {
       MetricFamily f{w.name, w.help, w.type, {}};
       for (const auto& s : ws) {
-        f.metric.push_back(sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, w.type,
-                                  double(s.*w.field)));
+        f.metric.push_back(
+            sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, w.type, double(s.*w.field)));
       }
       out.push_back(std::move(f));
     }
     MetricFamily running{"slotstream_worker_running", "1 while the worker process runs.", MetricType::Gauge, {}};
     for (const auto& s : ws) {
-      running.metric.push_back(sample({{"sender", s.sender}, {"device", std::to_string(s.device)}},
-                                      MetricType::Gauge, s.running ? 1 : 0));
+      running.metric.push_back(
+          sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, MetricType::Gauge, s.running ? 1 : 0));
     }
     out.push_back(std::move(running));
   }
@@ -200,7 +207,8 @@ MetricsServer::~MetricsServer() = default;  // the exposer stops (joins civetweb
 
 Status MetricsServer::start(const std::string& address, const Receiver& rx, MetricsState& state,
                             const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out) {
-  return start(address, [&rx, &state, workers] { return state.collect(rx, workers); }, out);
+  return start(
+      address, [&rx, &state, workers] { return state.collect(rx, workers); }, out);
 }
 
 Status MetricsServer::start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out) {
@@ -213,12 +221,13 @@ Status MetricsServer::start(const std::string& address, CollectFn collect, std::
   callbacks.begin_request = serve_health;
   try {
     server->exposer_ = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", bracketed + ":" + std::to_string(port),
-                                 "num_threads", std::to_string(kServerThreads),
-                                 "request_timeout_ms", std::to_string(kRequestTimeoutMs)},
+        std::vector<std::string>{"listening_ports", bracketed + ":" + std::to_string(port), "num_threads",
+                                 std::to_string(kServerThreads), "request_timeout_ms",
+                                 std::to_string(kRequestTimeoutMs)},
         &callbacks);
   } catch (const std::exception&) {  // civetweb could not bind
-    return {Code::kInvalidArgument, "cannot serve metrics on " + address + " (in use, or not an address of this host?)"};
+    return {Code::kInvalidArgument,
+            "cannot serve metrics on " + address + " (in use, or not an address of this host?)"};
   }
   auto collector = std::make_shared<Collector>(std::move(collect));
   server->exposer_->RegisterCollectable(collector);

@@ -48,7 +48,7 @@ class MetricsState {
 
  private:
   struct Ended {
-    SessionReport totals;            // every ended connection of this name, merged
+    SessionReport totals;           // every ended connection of this name, merged
     MetricsClock::time_point last;  // when the last one ended
   };
   std::mutex mutex_;

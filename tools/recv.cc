@@ -7,12 +7,12 @@
 #include <mutex>
 
 #include "commands.h"
+#include "metrics.h"
 #include "net/auth.h"
 #include "net/control_socket.h"
+#include "pipeline/worker_manager.h"
 #include "sink/dir_sink.h"
 #include "sink/null_sink.h"
-#include "metrics.h"
-#include "pipeline/worker_manager.h"
 
 namespace slotstream::tools {
 namespace fs = std::filesystem;
@@ -45,7 +45,8 @@ Status prepare_out_dir(const std::string& dir) {
   if (ec || !fs::is_directory(dir)) {
     return {Code::kIoError, "cannot create output directory '" + dir + "': " + (ec ? ec.message() : "not a directory")};
   }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) return {Code::kIoError, "output directory '" + dir + "' is not writable"};
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return {Code::kIoError, "output directory '" + dir + "' is not writable"};
   return Status::ok();
 }
 
@@ -80,17 +81,15 @@ std::string session_line(const SessionReport& r) {
                   "sender %s finished: messages=%llu bytes=%llu gaps=%llu duplicates=%llu unknown_device=%llu "
                   "out_of_window=%llu transport=%s seconds=%.2f",
                   r.sender.name.c_str(), (unsigned long long)r.messages, (unsigned long long)r.bytes,
-                  (unsigned long long)r.gaps, (unsigned long long)r.duplicates,
-                  (unsigned long long)r.unknown_device, (unsigned long long)r.out_of_window,
-                  transport_name(r.sender.transport), r.seconds);
+                  (unsigned long long)r.gaps, (unsigned long long)r.duplicates, (unsigned long long)r.unknown_device,
+                  (unsigned long long)r.out_of_window, transport_name(r.sender.transport), r.seconds);
   } else {
     std::snprintf(buf, sizeof buf,
                   "sender %s lost: kept %llu complete messages, discarded %llu partial (%s); gaps=%llu "
                   "duplicates=%llu unknown_device=%llu out_of_window=%llu",
-                  r.sender.name.c_str(), (unsigned long long)r.messages,
-                  (unsigned long long)r.partial_discarded, r.reason.c_str(), (unsigned long long)r.gaps,
-                  (unsigned long long)r.duplicates, (unsigned long long)r.unknown_device,
-                  (unsigned long long)r.out_of_window);
+                  r.sender.name.c_str(), (unsigned long long)r.messages, (unsigned long long)r.partial_discarded,
+                  r.reason.c_str(), (unsigned long long)r.gaps, (unsigned long long)r.duplicates,
+                  (unsigned long long)r.unknown_device, (unsigned long long)r.out_of_window);
   }
   return buf;
 }
@@ -137,7 +136,8 @@ int check_sink_options(const RecvArgs& args) {
     return kExitUsage;
   }
   if (!uses_workers(args) && (args.backlog_bytes || args.backlog_messages)) {
-    print_error("recv", "--backlog-messages/--backlog-bytes need --worker or --worker-dir (nothing else consumes the backlog)");
+    print_error("recv",
+                "--backlog-messages/--backlog-bytes need --worker or --worker-dir (nothing else consumes the backlog)");
     return kExitUsage;
   }
   return kExitOk;

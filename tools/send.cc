@@ -1,7 +1,7 @@
 // `slotstream send`: one filler thread per device feeds the library's DeviceStream.
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,7 +91,8 @@ Status build_plan(const SendArgs& a, Plan* plan) {
     std::string path;
     SLOTSTREAM_RETURN_IF_ERROR(split_assignment("--file", f, &d, &path));
     std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) return {Code::kInvalidArgument, "--file: '" + path + "' is not a readable regular file"};
+    if (!fs::is_regular_file(path, ec))
+      return {Code::kInvalidArgument, "--file: '" + path + "' is not a readable regular file"};
     plan->files[d].push_back(path);
   }
   for (const auto& spec : a.dirs) {
@@ -104,9 +105,8 @@ Status build_plan(const SendArgs& a, Plan* plan) {
       if (e.is_regular_file()) entries.push_back(e.path());
     }
     if (ec) return {Code::kInvalidArgument, "--dir: cannot list '" + dir + "': " + ec.message()};
-    std::sort(entries.begin(), entries.end(), [](const fs::path& x, const fs::path& y) {
-      return x.filename().string() < y.filename().string();
-    });
+    std::sort(entries.begin(), entries.end(),
+              [](const fs::path& x, const fs::path& y) { return x.filename().string() < y.filename().string(); });
     auto& list = plan->files[d];
     list.insert(list.end(), entries.begin(), entries.end());
   }
@@ -136,7 +136,8 @@ Status build_plan(const SendArgs& a, Plan* plan) {
     return {Code::kInvalidArgument, "--duration only applies to --synthetic"};
   }
   if (plan->files.empty() && plan->videos.empty() && !plan->synthetic) {
-    return {Code::kInvalidArgument, "nothing to send: give --file D=PATH, --dir D=DIR, --video D=SOURCE or --synthetic SPEC"};
+    return {Code::kInvalidArgument,
+            "nothing to send: give --file D=PATH, --dir D=DIR, --video D=SOURCE or --synthetic SPEC"};
   }
   return Status::ok();
 }
@@ -144,7 +145,7 @@ Status build_plan(const SendArgs& a, Plan* plan) {
 Status send_file(MessageOut& dev, const fs::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return {Code::kIoError, "cannot open '" + path.string() + "': " + strerror(errno)};
-  struct stat st{};
+  struct stat st {};
   fstat(fd, &st);
   Status result = dev.send_with(uint64_t(st.st_size), [&](uint64_t offset, std::span<std::byte> dst) -> Status {
     size_t done = 0;
@@ -152,7 +153,8 @@ Status send_file(MessageOut& dev, const fs::path& path) {
       ssize_t n = ::pread(fd, dst.data() + done, dst.size() - done, off_t(offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        return {Code::kIoError, "cannot read '" + path.string() + "'" + (n == 0 ? ": file shrank while sending" : std::string(": ") + strerror(errno))};
+        return {Code::kIoError, "cannot read '" + path.string() + "'" +
+                                    (n == 0 ? ": file shrank while sending" : std::string(": ") + strerror(errno))};
       }
       done += size_t(n);
     }
@@ -167,7 +169,8 @@ Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration) {
   const uint64_t frames = uint64_t(duration * s.fps);
   const uint32_t device = dev.device();
   for (uint64_t k = 0; k < frames; ++k) {
-    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / s.fps)));
+    std::this_thread::sleep_until(
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / s.fps)));
     SLOTSTREAM_RETURN_IF_ERROR(dev.send_with(s.frame_bytes, [&](uint64_t offset, std::span<std::byte> dst) {
       fill_synthetic(device, uint32_t(k), s.frame_bytes, offset, dst);
       return Status::ok();
@@ -196,7 +199,8 @@ Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
     dup2(fds[1], STDOUT_FILENO);
     execvp(args[0], args.data());
     static const char kMsg[] = "slotstream send: cannot run ffmpeg (apt-get install ffmpeg)\n";
-    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing more to say */ }
+    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing more to say */
+    }
     _exit(127);
   }
   ::close(fds[1]);
@@ -250,15 +254,13 @@ Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for)
     });
   }
   for (auto& [d, source] : plan.videos) {
-    threads_.emplace_back([this, &a, out = out_for(d), &source = source] {
-      record(send_video(*out, source, a.realtime));
-    });
+    threads_.emplace_back(
+        [this, &a, out = out_for(d), &source = source] { record(send_video(*out, source, a.realtime)); });
   }
   if (plan.synthetic) {
     for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
-      threads_.emplace_back([this, &plan, &a, out = out_for(uint16_t(d))] {
-        record(send_synthetic(*out, *plan.synthetic, a.duration));
-      });
+      threads_.emplace_back(
+          [this, &plan, &a, out = out_for(uint16_t(d))] { record(send_synthetic(*out, *plan.synthetic, a.duration)); });
     }
   }
 }
@@ -326,9 +328,11 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
   }
   if (ok.empty()) return {Code::kConnectFailed, "no receiver answered:" + report};
   auto best = std::min_element(ok.begin(), ok.end(), [](const Candidate& x, const Candidate& y) {
-    return std::tie(x.cap.backlog_bytes, x.cap.load, x.cap.senders) < std::tie(y.cap.backlog_bytes, y.cap.load, y.cap.senders);
+    return std::tie(x.cap.backlog_bytes, x.cap.load, x.cap.senders) <
+           std::tie(y.cap.backlog_bytes, y.cap.load, y.cap.senders);
   });
-  std::fprintf(stderr, "slotstream send: using %s, the least loaded (fewest unprocessed bytes, then load, then senders):%s\n",
+  std::fprintf(stderr,
+               "slotstream send: using %s, the least loaded (fewest unprocessed bytes, then load, then senders):%s\n",
                best->addr.c_str(), report.c_str());
   *host = best->host;
   *port = best->port;

@@ -63,8 +63,8 @@ std::optional<SyntheticId> check_synthetic(std::span<const std::byte> data, std:
     size_t n = std::min<uint64_t>(expect.size(), data.size() - off);
     fill_synthetic(id.device, id.frame, data.size(), off, {expect.data(), n});
     if (std::memcmp(expect.data(), data.data() + off, n) != 0) {
-      *why = "content differs from frame " + std::to_string(id.frame) + " of device " +
-             std::to_string(id.device) + " near byte " + std::to_string(off);
+      *why = "content differs from frame " + std::to_string(id.frame) + " of device " + std::to_string(id.device) +
+             " near byte " + std::to_string(off);
       return std::nullopt;
     }
   }

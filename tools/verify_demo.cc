@@ -55,7 +55,8 @@ class Verifier {
     if (root.filename().string().starts_with("device-")) device_dirs.push_back(root);
     for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
          it.increment(ec)) {
-      if (it->is_directory() && it->path().filename().string().starts_with("device-")) device_dirs.push_back(it->path());
+      if (it->is_directory() && it->path().filename().string().starts_with("device-"))
+        device_dirs.push_back(it->path());
     }
     if (ec) r_.problems.push_back("cannot list " + root.string() + ": " + ec.message());
     for (const auto& dir : device_dirs) check_dir(dir, consume, final);
@@ -70,8 +71,10 @@ class Verifier {
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       std::string name = e.path().filename().string();
-      if (!name.starts_with(".")) files.push_back(e.path());
-      else if (final) r_.problems.push_back(e.path().string() + ": leftover temporary file");
+      if (!name.starts_with("."))
+        files.push_back(e.path());
+      else if (final)
+        r_.problems.push_back(e.path().string() + ": leftover temporary file");
     }
     std::sort(files.begin(), files.end());
     int64_t& prev = prev_.try_emplace(dir, -1).first->second;
@@ -249,17 +252,20 @@ int run_demo(const DemoArgs& a, const std::string& self) {
   uint64_t sent = j.is_object() ? j.value("messages", 0ull) : 0;
   std::printf("\nreceiver: %s\n", rx_summary.c_str());
   if (j.is_object()) {
-    std::printf("sent:     %llu frames, %.1f MB in %.2f s = %.1f MB/s over %s (sender CPU %.2f s, receiver CPU %.2f s)\n",
-                (unsigned long long)sent, j.value("bytes", 0ull) / 1e6, j.value("seconds", 0.0),
-                j.value("mb_per_s", 0.0), j.value("transport", "?").c_str(), cpu_of(tx_ru), cpu_of(rx_ru));
+    std::printf(
+        "sent:     %llu frames, %.1f MB in %.2f s = %.1f MB/s over %s (sender CPU %.2f s, receiver CPU %.2f s)\n",
+        (unsigned long long)sent, j.value("bytes", 0ull) / 1e6, j.value("seconds", 0.0), j.value("mb_per_s", 0.0),
+        j.value("transport", "?").c_str(), cpu_of(tx_ru), cpu_of(rx_ru));
   }
   std::printf("verified: %llu of %llu frames intact and in order in %llu device directories\n",
               (unsigned long long)v.frames, (unsigned long long)sent, (unsigned long long)v.devices);
   for (size_t i = 0; i < v.problems.size() && i < 10; ++i) std::printf("  problem: %s\n", v.problems[i].c_str());
   ok = ok && v.problems.empty() && v.frames == sent && sent > 0;
   std::printf("%s\n", ok ? "demo OK: zero loss" : "demo FAILED");
-  if (temp && !a.keep) fs::remove_all(out);
-  else std::printf("frames kept in %s\n", out.c_str());
+  if (temp && !a.keep)
+    fs::remove_all(out);
+  else
+    std::printf("frames kept in %s\n", out.c_str());
   return ok ? kExitOk : kExitError;
 }
 

@@ -69,14 +69,14 @@ std::vector<ProtocolInfo> protocols(bool with_references = false);
 struct SenderOptions {
   std::string host;
   uint16_t port = 0;
-  std::string name;                       // see invalid_sender_name()
-  std::string protocol = kDefaultProtocol;   // NAME or NAME:key=value,... (e.g. "carc:budget=2M")
+  std::string name;                         // see invalid_sender_name()
+  std::string protocol = kDefaultProtocol;  // NAME or NAME:key=value,... (e.g. "carc:budget=2M")
   Transport transport = Transport::kAuto;
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;
-  std::string token;                      // empty: no authentication
-  std::vector<uint16_t> devices;          // every device this sender will use
-  bool allow_reference = false;           // benchmark only: permit reference "protocols"
+  std::string token;              // empty: no authentication
+  std::vector<uint16_t> devices;  // every device this sender will use
+  bool allow_reference = false;   // benchmark only: permit reference "protocols"
   // Testing aid (like ReceiverOptions::holds): after every N packets of a device one packet
   // number is left out, as if its block had been lost, so that gap detection can be tested end
   // to end. 0: never.
@@ -85,19 +85,19 @@ struct SenderOptions {
 
 struct SenderStats {
   uint64_t messages = 0;
-  uint64_t bytes = 0;                     // payload bytes
-  uint64_t records = 0;                   // records (block header + payload) transmitted
-  uint64_t sync_operations = 0;           // status-array reads, ACKs, credit updates...
-  uint64_t held_skips = 0;                // receiver blocks skipped because they were held
-                                          // (while sending: updated every 64 records)
+  uint64_t bytes = 0;            // payload bytes
+  uint64_t records = 0;          // records (block header + payload) transmitted
+  uint64_t sync_operations = 0;  // status-array reads, ACKs, credit updates...
+  uint64_t held_skips = 0;       // receiver blocks skipped because they were held
+                                 // (while sending: updated every 64 records)
   // Times the sender found no free receiver space and waited, and their total duration: the
   // synchronisation-control latency, measured the same way for every protocol.
   uint64_t waits = 0;
   uint64_t wait_ns = 0;
-  uint64_t connections = 0;               // control connections (lanes) used
+  uint64_t connections = 0;  // control connections (lanes) used
   std::map<uint16_t, uint64_t> per_device;
-  std::vector<uint64_t> wait_samples_ns;     // one per wait
-  std::vector<uint64_t> sync_op_samples_ns;  // one per synchronisation operation (its own cost)
+  std::vector<uint64_t> wait_samples_ns;              // one per wait
+  std::vector<uint64_t> sync_op_samples_ns;           // one per synchronisation operation (its own cost)
   std::map<std::string, uint64_t> protocol_counters;  // the protocol's own, by name
 };
 
@@ -168,7 +168,7 @@ class MessageSink {
 
 struct SenderInfo {
   std::string name;
-  std::string peer;              // control connection's remote address
+  std::string peer;  // control connection's remote address
   std::string protocol;
   Transport transport = Transport::kShm;
   uint32_t blocks = 0;
@@ -181,24 +181,24 @@ struct DeviceStats {
   uint64_t bytes = 0;
   uint64_t gaps = 0;
   uint64_t duplicates = 0;
-  uint64_t pauses = 0;   // times the device was paused because its sink was busy (worker backlog)
-  bool paused = false;   // paused right now
+  uint64_t pauses = 0;  // times the device was paused because its sink was busy (worker backlog)
+  bool paused = false;  // paused right now
 };
 
 struct SessionReport {
   SenderInfo sender;
-  bool finished = false;         // true: clean FIN; false: lost (peer died) or stopped
-  std::string reason;            // why it ended, when not finished
-  uint64_t messages = 0;         // complete messages stored
+  bool finished = false;  // true: clean FIN; false: lost (peer died) or stopped
+  std::string reason;     // why it ended, when not finished
+  uint64_t messages = 0;  // complete messages stored
   uint64_t bytes = 0;
-  uint64_t gaps = 0;             // missing packets
+  uint64_t gaps = 0;  // missing packets
   uint64_t duplicates = 0;
-  uint64_t unknown_device = 0;   // blocks for devices the sender did not declare
-  uint64_t out_of_window = 0;    // packet numbers far outside the reorder window
+  uint64_t unknown_device = 0;  // blocks for devices the sender did not declare
+  uint64_t out_of_window = 0;   // packet numbers far outside the reorder window
   uint64_t bad_headers = 0;
   uint64_t partial_discarded = 0;
-  uint64_t held_blocks = 0;      // blocks held right now (back-pressure, --hold-block)
-  uint64_t stalls = 0;           // times the sink refused data (disk full, worker backlog)
+  uint64_t held_blocks = 0;  // blocks held right now (back-pressure, --hold-block)
+  uint64_t stalls = 0;       // times the sink refused data (disk full, worker backlog)
   // Buffer utilisation (SDP Fig. 6): receiver memory held by records not yet released, and the
   // payload bytes in it, on average over the session (bytes; time-weighted).
   double buffer_held_avg = 0;
@@ -216,7 +216,7 @@ struct SessionReport {
   void merge(const SessionReport& lane);
 };
 
-struct HoldSpec {                // hold receiver block `index` from `from_ms` to `to_ms`
+struct HoldSpec {  // hold receiver block `index` from `from_ms` to `to_ms`
   uint32_t index = 0;
   uint32_t from_ms = 0;
   uint32_t to_ms = 0;
@@ -233,8 +233,8 @@ struct ReceiverOptions {
   std::function<void(const SessionReport&)> on_session_end;
   // Called when a connection is refused or a sink reports an error (for logs/CLI).
   std::function<void(const std::string&)> on_event;
-  std::vector<HoldSpec> holds;             // test/benchmark aid (paper §3.3)
-  bool busy_poll = false;                  // never sleep when idle (latency measurements)
+  std::vector<HoldSpec> holds;  // test/benchmark aid (paper §3.3)
+  bool busy_poll = false;       // never sleep when idle (latency measurements)
   // One consumer thread serves every sender in turn, one pass each, instead of a thread per
   // sender (the thesis's single receiver; `bench fan_in`).
   bool round_robin = false;
@@ -247,10 +247,10 @@ struct ReceiverOptions {
 
 // What a receiver reports to `send --to A,B,C` when asked for its capacity.
 struct Capacity {
-  uint32_t senders = 0;           // connections served now
-  uint64_t backlog_bytes = 0;     // unprocessed bytes waiting for workers
-  double load = 0;                // 1-minute load average per CPU
-  uint64_t shm_free_bytes = 0;    // free space in /dev/shm (where shm regions live)
+  uint32_t senders = 0;         // connections served now
+  uint64_t backlog_bytes = 0;   // unprocessed bytes waiting for workers
+  double load = 0;              // 1-minute load average per CPU
+  uint64_t shm_free_bytes = 0;  // free space in /dev/shm (where shm regions live)
 };
 // Asks a receiver's control port for its capacity (2 s deadline).
 Status query_capacity(const std::string& host, uint16_t port, Capacity* out);

@@ -9,22 +9,22 @@ namespace slotstream {
 
 enum class Code {
   kOk = 0,
-  kInProgress,      // not an error: the operation continues
+  kInProgress,  // not an error: the operation continues
   // usage / configuration
   kInvalidArgument,
   // connection set-up (control socket, hello, authentication)
   kConnectFailed,
-  kProtocolError,   // malformed or unexpected control message
+  kProtocolError,  // malformed or unexpected control message
   kVersionMismatch,
-  kRefused,         // the peer said no (reason in the message)
+  kRefused,  // the peer said no (reason in the message)
   kAuthFailed,
   // data path
   kPeerGone,        // control socket EOF or transport error: the other side died
   kTransportError,  // UCX reported an error
   kIoError,         // local file system (disk full, permissions)
   kTimeout,
-  kCancelled,       // shutdown was requested
-  kBusy,            // not now: the data waits and the call is retried (e.g. worker backlog)
+  kCancelled,  // shutdown was requested
+  kBusy,       // not now: the data waits and the call is retried (e.g. worker backlog)
 };
 
 const char* code_name(Code code);
@@ -48,10 +48,10 @@ class [[nodiscard]] Status {
 };
 
 // Propagates a non-ok Status to the caller.
-#define SLOTSTREAM_RETURN_IF_ERROR(expr)             \
-  do {                                               \
-    ::slotstream::Status _st = (expr);               \
-    if (!_st.is_ok()) return _st;                    \
+#define SLOTSTREAM_RETURN_IF_ERROR(expr) \
+  do {                                   \
+    ::slotstream::Status _st = (expr);   \
+    if (!_st.is_ok()) return _st;        \
   } while (0)
 
 }  // namespace slotstream

@@ -37,7 +37,7 @@ enum class ControlType : uint8_t { kHello = 1, kAccept = 2, kRefuse = 3, kFin = 
 struct Hello {
   std::string protocol;
   std::string name;
-  uint32_t ring = 0;             // STags (message slots) per device
+  uint32_t ring = 0;  // STags (message slots) per device
   uint64_t max_message = 0;
   uint32_t segment_size = 0;
   std::vector<uint16_t> devices;

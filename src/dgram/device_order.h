@@ -56,10 +56,10 @@ class DeviceOrder {
 
  private:
   int64_t timeout_ns_;
-  uint64_t next_ = 0;        // the next message to release
-  uint64_t seen_end_ = 0;    // one past the highest message seen (or announced by FIN)
-  std::set<uint64_t> active_;               // seen, not finished
-  std::map<uint64_t, Completion> done_;     // finished, waiting for earlier ones
+  uint64_t next_ = 0;                    // the next message to release
+  uint64_t seen_end_ = 0;                // one past the highest message seen (or announced by FIN)
+  std::set<uint64_t> active_;            // seen, not finished
+  std::map<uint64_t, Completion> done_;  // finished, waiting for earlier ones
   // Ranges of message numbers that nothing arrived of, each with the time it became known that
   // they were sent (a later message seen, or FIN): [first, end) -> since.
   struct Gap {

@@ -260,7 +260,8 @@ Status FramedStream::flush(int timeout_ms) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (waited >= timeout_ms) return {Code::kTimeout, "TCP peer accepted no data for " + std::to_string(timeout_ms) + " ms"};
+      if (waited >= timeout_ms)
+        return {Code::kTimeout, "TCP peer accepted no data for " + std::to_string(timeout_ms) + " ms"};
       wait_fd(fd_.get(), POLLOUT, 10);
       waited += 10;
       continue;

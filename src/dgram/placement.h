@@ -76,14 +76,14 @@ enum class Outcome {
 
 // One completion queue entry: a message as the consumer gets it.
 struct Completion {
-  uint32_t key = 0;           // STag (tagged) or queue number (untagged)
+  uint32_t key = 0;  // STag (tagged) or queue number (untagged)
   uint32_t msn = 0;
   Outcome outcome = Outcome::kComplete;
   bool length_known = false;  // the last segment arrived
   uint64_t length = 0;        // message length if known, else the end of the highest valid byte
   RangeSet valid;
-  Buffer data;                  // `length` bytes; bytes outside `valid` are zero
-  int64_t first_ns = 0;         // first segment's arrival
+  Buffer data;           // `length` bytes; bytes outside `valid` are zero
+  int64_t first_ns = 0;  // first segment's arrival
   int64_t done_ns = 0;
 };
 
@@ -100,7 +100,10 @@ enum class Placed {
 // A message being placed.
 class Assembly {
  public:
-  Assembly(uint32_t msn, int64_t now_ns, int64_t deadline_ns) : msn_(msn), first_ns_(now_ns), deadline_ns_(deadline_ns) {}
+  Assembly(uint32_t msn, int64_t now_ns, int64_t deadline_ns)
+      : msn_(msn),
+        first_ns_(now_ns),
+        deadline_ns_(deadline_ns) {}
   // Places a segment of a message that may be at most `capacity` bytes long.
   Placed place(uint64_t offset, std::span<const std::byte> payload, bool last, uint64_t capacity);
   bool complete() const { return length_known_ && valid_.covers(length_); }

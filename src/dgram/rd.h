@@ -29,14 +29,14 @@ inline int32_t seq_diff(uint32_t a, uint32_t b) { return static_cast<int32_t>(b 
 class RdSender {
  public:
   struct Options {
-    uint32_t initial_credits = 64;             // until the receiver's first ack says otherwise
+    uint32_t initial_credits = 64;  // until the receiver's first ack says otherwise
     // RFC 6298 starts at 1 s with a 1 s floor; a datagram RDMA network is a LAN, but the floor
     // must stay above the queueing delay of a receiver that is briefly behind a burst (on
     // loopback a 3 MB burst queues ~5 ms), or every burst is retransmitted for nothing.
     int64_t rto_initial_ns = 30'000'000;
     int64_t rto_min_ns = 10'000'000;
     int64_t rto_max_ns = 1'000'000'000;
-    int64_t give_up_ns = 10'000'000'000;       // a datagram unacknowledged this long: the peer is gone
+    int64_t give_up_ns = 10'000'000'000;  // a datagram unacknowledged this long: the peer is gone
   };
   RdSender() : RdSender(Options{}) {}
   explicit RdSender(Options o);
@@ -85,7 +85,7 @@ class RdSender {
   Options o_;
   uint32_t base_ = 0;  // oldest unacknowledged (= seq of unacked_.front())
   uint32_t next_ = 0;
-  uint32_t ack_ = 0;   // the receiver's cumulative ack
+  uint32_t ack_ = 0;  // the receiver's cumulative ack
   uint32_t credits_;
   std::deque<Entry> unacked_;
   int64_t srtt_ = 0, rttvar_ = 0, rto_;
@@ -99,10 +99,10 @@ class RdReceiver {
   explicit RdReceiver(uint32_t window) : window_(window) {}
 
   enum class Result {
-    kInOrder,      // the next expected: process it now, then pop() what it unblocked
-    kBuffered,     // ahead of a hole: kept until the hole is filled
-    kDuplicate,    // already received
-    kBeyondWindow, // more than `window` ahead: dropped (the sender ignored its credits)
+    kInOrder,       // the next expected: process it now, then pop() what it unblocked
+    kBuffered,      // ahead of a hole: kept until the hole is filled
+    kDuplicate,     // already received
+    kBeyondWindow,  // more than `window` ahead: dropped (the sender ignored its credits)
   };
   Result on_segment(uint32_t seq, std::span<const std::byte> datagram);
   // The next buffered datagram that is now in order, if any.

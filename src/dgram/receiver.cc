@@ -288,19 +288,20 @@ struct DatagramReceiver::Impl {
     const Protocol* proto = find_protocol(hello->protocol);
     if (!proto) return refuse(conn, from, hello->name, "unknown datagram protocol '" + hello->protocol + "'");
     if (proto->over_tcp() != (conn != nullptr)) {
-      return refuse(conn, from, hello->name, std::string("protocol ") + proto->name + " runs over " +
-                                                 (proto->over_tcp() ? "TCP" : "UDP"));
+      return refuse(conn, from, hello->name,
+                    std::string("protocol ") + proto->name + " runs over " + (proto->over_tcp() ? "TCP" : "UDP"));
     }
     if (auto why = invalid_sender_name(hello->name)) return refuse(conn, from, hello->name, "sender name: " + *why);
     if (hello->devices.empty()) return refuse(conn, from, hello->name, "no devices");
     if (hello->ring == 0 || hello->ring > o.max_ring) {
-      return refuse(conn, from, hello->name, "ring of " + std::to_string(hello->ring) + " STags per device; this receiver allows 1.." +
-                                                 std::to_string(o.max_ring));
+      return refuse(conn, from, hello->name,
+                    "ring of " + std::to_string(hello->ring) + " STags per device; this receiver allows 1.." +
+                        std::to_string(o.max_ring));
     }
     if (hello->max_message > o.max_message) {
-      return refuse(conn, from, hello->name, "messages of up to " + std::to_string(hello->max_message) +
-                                                 " B; this receiver allows " + std::to_string(o.max_message) +
-                                                 " B (recv --max-message)");
+      return refuse(conn, from, hello->name,
+                    "messages of up to " + std::to_string(hello->max_message) + " B; this receiver allows " +
+                        std::to_string(o.max_message) + " B (recv --max-message)");
     }
     if (hello->segment_size == 0 || hello->segment_size > kMaxSegmentPayload) {
       return refuse(conn, from, hello->name, "segment size " + std::to_string(hello->segment_size) + " B");
@@ -311,14 +312,16 @@ struct DatagramReceiver::Impl {
       // the same name takes over (what the old one stored stays; the new one numbers on from it).
       const int64_t quiet = now_ns() - (*it)->last_heard_ns;
       if ((*it)->conn || quiet < replace_after_ns()) return refuse(conn, from, hello->name, "already connected");
-      end_session(it, false, "lost: silent for " + std::to_string(quiet / 1'000'000) +
-                                 " ms and replaced by a new session of the same name");
+      end_session(it, false,
+                  "lost: silent for " + std::to_string(quiet / 1'000'000) +
+                      " ms and replaced by a new session of the same name");
       break;
     }
     if (sessions.size() >= kMaxSessions) return refuse(conn, from, hello->name, "too many senders");
     std::unique_ptr<MessageStore> store;
     if (o.make_store) {
-      if (Status st = o.make_store(hello->name, &store); !st.is_ok()) return refuse(conn, from, hello->name, st.message());
+      if (Status st = o.make_store(hello->name, &store); !st.is_ok())
+        return refuse(conn, from, hello->name, st.message());
     }
     // Timers are for the unreliable service: over RD and RC every segment arrives, however long
     // retransmission takes, so a message waits for its last segment.
@@ -399,7 +402,8 @@ struct DatagramReceiver::Impl {
     DecodeError why;
     auto seg = decode_segment(d, &why);
     if (!seg) {
-      DatagramCounters& c = conn ? (conn->session ? conn->session->counters : unattributed_counters) : counters_for(from);
+      DatagramCounters& c =
+          conn ? (conn->session ? conn->session->counters : unattributed_counters) : counters_for(from);
       ++c.datagrams;
       count_decode_error(c, why);
       return;
@@ -449,9 +453,14 @@ struct DatagramReceiver::Impl {
         }
         break;
       }
-      case RdReceiver::Result::kBuffered: break;
-      case RdReceiver::Result::kDuplicate: ++s->counters.rd_duplicates; break;
-      case RdReceiver::Result::kBeyondWindow: ++s->counters.rd_beyond_window; break;
+      case RdReceiver::Result::kBuffered:
+        break;
+      case RdReceiver::Result::kDuplicate:
+        ++s->counters.rd_duplicates;
+        break;
+      case RdReceiver::Result::kBeyondWindow:
+        ++s->counters.rd_beyond_window;
+        break;
     }
     s->ack_due = true;
   }
@@ -460,9 +469,14 @@ struct DatagramReceiver::Impl {
   bool admit(Session& s, uint16_t device, uint32_t msn) {
     DeviceOrder& ord = s.order.at(device);
     switch (ord.check(msn)) {
-      case DeviceOrder::Check::kOk: return true;
-      case DeviceOrder::Check::kReleased: ++s.counters.stale; return false;
-      case DeviceOrder::Check::kTooFarAhead: ++s.counters.out_of_bounds; return false;
+      case DeviceOrder::Check::kOk:
+        return true;
+      case DeviceOrder::Check::kReleased:
+        ++s.counters.stale;
+        return false;
+      case DeviceOrder::Check::kTooFarAhead:
+        ++s.counters.out_of_bounds;
+        return false;
     }
     return false;
   }
@@ -477,12 +491,24 @@ struct DatagramReceiver::Impl {
   void count_placed(Session& s, Placed p, size_t bytes) {
     switch (p) {
       case Placed::kPlaced:
-      case Placed::kCompleted: s.counters.bytes += bytes; break;
-      case Placed::kDuplicate: ++s.counters.duplicates; break;
-      case Placed::kStale: ++s.counters.stale; break;
-      case Placed::kUnknownKey: ++s.counters.unknown; break;
-      case Placed::kOutOfBounds: ++s.counters.out_of_bounds; break;
-      case Placed::kNoBuffer: ++s.counters.no_buffer; break;
+      case Placed::kCompleted:
+        s.counters.bytes += bytes;
+        break;
+      case Placed::kDuplicate:
+        ++s.counters.duplicates;
+        break;
+      case Placed::kStale:
+        ++s.counters.stale;
+        break;
+      case Placed::kUnknownKey:
+        ++s.counters.unknown;
+        break;
+      case Placed::kOutOfBounds:
+        ++s.counters.out_of_bounds;
+        break;
+      case Placed::kNoBuffer:
+        ++s.counters.no_buffer;
+        break;
     }
   }
 
@@ -549,15 +575,17 @@ struct DatagramReceiver::Impl {
         }
         break;
       }
-      default: ++s.counters.malformed; return;
+      default:
+        ++s.counters.malformed;
+        return;
     }
     finish(s, done, now);
   }
 
   void finish(Session& s, std::vector<Completion>& done, int64_t now) {
     for (auto& c : done) {
-      std::optional<uint16_t> dev = s.proto->data_op == Opcode::kSend ? std::optional<uint16_t>(uint16_t(c.key))
-                                                                      : s.device_of_stag(c.key);
+      std::optional<uint16_t> dev =
+          s.proto->data_op == Opcode::kSend ? std::optional<uint16_t>(uint16_t(c.key)) : s.device_of_stag(c.key);
       if (dev) s.order.at(*dev).finished(std::move(c), now);
     }
   }
@@ -698,7 +726,8 @@ struct DatagramReceiver::Impl {
       } else if (s->conn && s->conn->closed) {
         end_session(cur, false, "lost: its TCP connection closed before FIN");
       } else if (!s->conn && now - s->last_heard_ns > o.session_timeout_ns) {
-        end_session(cur, false, "lost: nothing heard for " + std::to_string(o.session_timeout_ns / 1'000'000'000) + " s");
+        end_session(cur, false,
+                    "lost: nothing heard for " + std::to_string(o.session_timeout_ns / 1'000'000'000) + " s");
       }
     }
     while (!finished.empty() && finished.front().until_ns < now) finished.pop_front();
@@ -730,9 +759,8 @@ struct DatagramReceiver::Impl {
         if (faults) {
           const bool was_holding = faults->holding();
           const Address before = held_from;
-          faults->pass(inbox.datagram(i), [&](std::span<const std::byte> d, bool held) {
-            on_datagram(d, held ? before : from, nullptr);
-          });
+          faults->pass(inbox.datagram(i),
+                       [&](std::span<const std::byte> d, bool held) { on_datagram(d, held ? before : from, nullptr); });
           if (!was_holding && faults->holding()) held_from = from;
         } else {
           on_datagram(inbox.datagram(i), from, nullptr);
@@ -745,7 +773,8 @@ struct DatagramReceiver::Impl {
     for (;;) {
       Address peer;
       peer.len = sizeof peer.ss;
-      int fd = ::accept4(listener.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd =
+          ::accept4(listener.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -785,7 +814,8 @@ struct DatagramReceiver::Impl {
       if (n > 0) {
         if (fds[0].revents) {
           uint64_t v;
-          if (::read(wake.get(), &v, sizeof v) < 0) { /* spurious */ }
+          if (::read(wake.get(), &v, sizeof v) < 0) { /* spurious */
+          }
         }
         if (fds[1].revents) on_udp_readable();
         if (fds[2].revents) on_accept();
@@ -849,7 +879,8 @@ struct DatagramReceiver::Impl {
       if (w.fin_marker) {
         w.session->stored_all = true;
         uint64_t one = 1;
-        if (::write(wake.get(), &one, sizeof one) < 0) { /* the net thread polls every 100 ms anyway */ }
+        if (::write(wake.get(), &one, sizeof one) < 0) { /* the net thread polls every 100 ms anyway */
+        }
         continue;
       }
       w.delivered.data = w.completion.data;
@@ -859,7 +890,8 @@ struct DatagramReceiver::Impl {
         Status st = w.session->store->store(w.delivered);
         if (st.is_ok()) break;
         if (!reported) {
-          event("cannot store a message of sender " + w.session->hello.name + " (retrying every 100 ms): " + st.message());
+          event("cannot store a message of sender " + w.session->hello.name +
+                " (retrying every 100 ms): " + st.message());
           reported = true;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));

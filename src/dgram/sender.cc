@@ -116,10 +116,11 @@ struct DatagramSender::Impl {
 
   Status flush() {
     if (tcp) return tcp->flush();
-    if (faults && !rd_active()) faults->flush([&](std::span<const std::byte> x, bool) {
-      auto dst = batch.add(x.size());
-      std::memcpy(dst.data(), x.data(), x.size());
-    });
+    if (faults && !rd_active())
+      faults->flush([&](std::span<const std::byte> x, bool) {
+        auto dst = batch.add(x.size());
+        std::memcpy(dst.data(), x.data(), x.size());
+      });
     if (batch.size() == 0) return Status::ok();
     return udp->send(batch);
   }
@@ -200,7 +201,8 @@ struct DatagramSender::Impl {
       case ControlType::kFinAck:
         if (auto f = decode_fin_ack(p)) fin_ack = *f;
         break;
-      default: break;  // a sender is never sent anything else; ignore
+      default:
+        break;  // a sender is never sent anything else; ignore
     }
   }
 
@@ -283,8 +285,9 @@ struct DatagramSender::Impl {
       }
       auto failed = [&](const Status& st) -> Status {
         if (st.code() == Code::kPeerGone && !tcp) {
-          return {Code::kConnectFailed, "nothing listens at " + where + " (port unreachable): is `slotstream recv "
-                                        "--transport udp` running there?"};
+          return {Code::kConnectFailed, "nothing listens at " + where +
+                                            " (port unreachable): is `slotstream recv "
+                                            "--transport udp` running there?"};
         }
         return {Code::kConnectFailed, "no receiver at " + where + ": " + st.message()};
       };
@@ -305,8 +308,8 @@ struct DatagramSender::Impl {
       }
     }
     if (region_length < o.max_message && proto->data_op != Opcode::kSend) {
-      return {Code::kProtocolError, "receiver's regions (" + std::to_string(region_length) +
-                                        " B) are smaller than the largest message"};
+      return {Code::kProtocolError,
+              "receiver's regions (" + std::to_string(region_length) + " B) are smaller than the largest message"};
     }
     return Status::ok();
   }
@@ -412,8 +415,9 @@ Status DatagramSender::connect(const SenderOptions& o, std::unique_ptr<DatagramS
             "segment size must be 64.." + std::to_string(kMaxSegmentPayload) + " B (one UDP datagram with headers)"};
   }
   if (o.inject.any() && impl->proto->over_tcp()) {
-    return {Code::kInvalidArgument, "fault injection applies to datagrams; dgram_rc runs over TCP "
-                                    "(use an nftables rule for real loss on both)"};
+    return {Code::kInvalidArgument,
+            "fault injection applies to datagrams; dgram_rc runs over TCP "
+            "(use an nftables rule for real loss on both)"};
   }
   for (uint16_t d : o.devices) impl->devices[d];
   SLOTSTREAM_RETURN_IF_ERROR(resolve(o.host, o.port, &impl->peer));

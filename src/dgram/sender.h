@@ -42,10 +42,10 @@ struct SenderOptions {
   std::string name;
   std::string protocol = "write_record";
   std::vector<uint16_t> devices;
-  uint32_t ring = 4;                    // STags per device (receives posted per device for Send)
-  uint64_t max_message = 1u << 20;      // the largest message this sender will send
-  uint32_t segment_size = 8192;         // payload bytes per segment (one datagram)
-  InjectOptions inject;                 // faults on the datagrams this end sends
+  uint32_t ring = 4;                // STags per device (receives posted per device for Send)
+  uint64_t max_message = 1u << 20;  // the largest message this sender will send
+  uint32_t segment_size = 8192;     // payload bytes per segment (one datagram)
+  InjectOptions inject;             // faults on the datagrams this end sends
   size_t socket_buffer = 8u << 20;
   int64_t handshake_timeout_ns = 5'000'000'000;
   int64_t finish_timeout_ns = 30'000'000'000;  // for FIN_ACK after the last message
@@ -54,10 +54,10 @@ struct SenderOptions {
 struct SenderStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;
-  uint64_t datagrams = 0;               // segments sent, retransmissions and control included
-  uint64_t retransmits = 0;             // RD
-  uint64_t timeouts = 0;                // RD: retransmission timer fired
-  uint64_t credit_waits = 0;            // RD: sends that waited for credits
+  uint64_t datagrams = 0;     // segments sent, retransmissions and control included
+  uint64_t retransmits = 0;   // RD
+  uint64_t timeouts = 0;      // RD: retransmission timer fired
+  uint64_t credit_waits = 0;  // RD: sends that waited for credits
   uint64_t injected_loss = 0, injected_corrupt = 0, injected_duplicate = 0, injected_reorder = 0;
   std::map<uint16_t, uint64_t> per_device;
 };

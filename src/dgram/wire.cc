@@ -19,7 +19,8 @@ bool known_opcode(uint8_t op) {
     case Opcode::kSend:
     case Opcode::kTerminate:
     case Opcode::kWriteRecord:
-    case Opcode::kAck: return true;
+    case Opcode::kAck:
+      return true;
   }
   return false;
 }
@@ -150,15 +151,24 @@ std::optional<Segment> decode_segment(std::span<const std::byte> d, DecodeError*
 
 const char* decode_error_name(DecodeError e) {
   switch (e) {
-    case DecodeError::kNone: return "none";
-    case DecodeError::kShort: return "shorter than a segment";
-    case DecodeError::kCrc: return "CRC32C mismatch";
-    case DecodeError::kMagic: return "not a slotstream datagram (magic)";
-    case DecodeError::kVersion: return "unknown version";
-    case DecodeError::kService: return "unknown service";
-    case DecodeError::kOpcode: return "unknown or misplaced opcode";
-    case DecodeError::kReserved: return "reserved bits set";
-    case DecodeError::kLength: return "payload length does not match the datagram";
+    case DecodeError::kNone:
+      return "none";
+    case DecodeError::kShort:
+      return "shorter than a segment";
+    case DecodeError::kCrc:
+      return "CRC32C mismatch";
+    case DecodeError::kMagic:
+      return "not a slotstream datagram (magic)";
+    case DecodeError::kVersion:
+      return "unknown version";
+    case DecodeError::kService:
+      return "unknown service";
+    case DecodeError::kOpcode:
+      return "unknown or misplaced opcode";
+    case DecodeError::kReserved:
+      return "reserved bits set";
+    case DecodeError::kLength:
+      return "payload length does not match the datagram";
   }
   return "?";
 }

@@ -67,7 +67,7 @@ inline constexpr uint8_t kRdmapVersion = 1;  // RFC 5040 RV
 
 inline constexpr size_t kCommonSize = 12;
 inline constexpr size_t kRdSize = 24;
-inline constexpr size_t kTaggedSize = 12;      // + 4 with MSN
+inline constexpr size_t kTaggedSize = 12;  // + 4 with MSN
 inline constexpr size_t kUntaggedSize = 12;
 inline constexpr size_t kCrcSize = 4;
 inline constexpr size_t kMaxHeaderSize = kCommonSize + kRdSize + kTaggedSize + 4;
@@ -102,14 +102,14 @@ struct RdFields {
 struct SegmentHeader {
   Service service = Service::kUD;
   Opcode opcode = Opcode::kSend;
-  bool last = true;           // L: the message's last segment
-  bool has_msn = false;       // M: tagged segments only
+  bool last = true;      // L: the message's last segment
+  bool has_msn = false;  // M: tagged segments only
   uint32_t source_qp = 0;
-  RdFields rd;                // service == kRD only
-  uint32_t stag = 0;          // tagged
-  uint32_t queue = 0;         // untagged (QN)
+  RdFields rd;         // service == kRD only
+  uint32_t stag = 0;   // tagged
+  uint32_t queue = 0;  // untagged (QN)
   uint32_t msn = 0;
-  uint64_t offset = 0;        // TO (tagged, u64) or MO (untagged, u32)
+  uint64_t offset = 0;  // TO (tagged, u64) or MO (untagged, u32)
   bool operator==(const SegmentHeader&) const = default;
 };
 
@@ -129,14 +129,14 @@ size_t encode_segment(const SegmentHeader& h, std::span<const std::byte> payload
 
 enum class DecodeError {
   kNone,
-  kShort,         // shorter than the smallest segment
-  kCrc,           // CRC32C mismatch: corrupted, or not a slotstream datagram at all
+  kShort,  // shorter than the smallest segment
+  kCrc,    // CRC32C mismatch: corrupted, or not a slotstream datagram at all
   kMagic,
-  kVersion,       // wire, DDP or RDMAP version unknown
+  kVersion,  // wire, DDP or RDMAP version unknown
   kService,
-  kOpcode,        // unknown, or not allowed with this service / tagging
-  kReserved,      // reserved bits set
-  kLength,        // payload length does not match the datagram
+  kOpcode,    // unknown, or not allowed with this service / tagging
+  kReserved,  // reserved bits set
+  kLength,    // payload length does not match the datagram
 };
 const char* decode_error_name(DecodeError e);
 

@@ -5,8 +5,8 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <unistd.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -77,9 +77,9 @@ Status configure_tcp(ucp_config_t* config) {
 }
 
 struct AtomicCounters {
-  std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0},
-      am_sends{0}, am_received{0}, tag_sends{0}, tag_receives{0}, tag_unexpected{0}, outstanding{0},
-      max_outstanding{0}, completions{0}, progress_calls{0}, progress_useful{0}, progress_ns{0};
+  std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0}, am_sends{0},
+      am_received{0}, tag_sends{0}, tag_receives{0}, tag_unexpected{0}, outstanding{0}, max_outstanding{0},
+      completions{0}, progress_calls{0}, progress_useful{0}, progress_ns{0};
 };
 AtomicCounters g_counters;
 
@@ -129,7 +129,6 @@ void reset_counters() {
   c.max_outstanding.store(c.outstanding.load());
 }
 
-
 // ---------------------------------------------------------------------------------- Context
 Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
   if (transport == Transport::kAuto) return {Code::kInvalidArgument, "a fabric context needs shm or tcp, not auto"};
@@ -178,14 +177,14 @@ bool Context::registered(uint64_t address, uint64_t length) const {
 // ----------------------------------------------------------------------------- MemoryRegion
 Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
   ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = nullptr;
   params.length = length;
   params.flags = UCP_MEM_MAP_ALLOCATE;
   ucp_mem_h mem = nullptr;
   ucs_status_t st = ucp_mem_map(ctx.handle(), &params, &mem);
-  if (st != UCS_OK) return from_ucs(st, "ucp_mem_map (out of shared memory? UCX allocates SysV segments or /dev/shm files for it)");
+  if (st != UCS_OK)
+    return from_ucs(st, "ucp_mem_map (out of shared memory? UCX allocates SysV segments or /dev/shm files for it)");
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   st = ucp_mem_query(mem, &attr);
@@ -348,17 +347,17 @@ void Endpoint::on_error(void* arg, ucp_ep* /*ep*/, int status) {
   }
 }
 
-Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
-                        std::unique_ptr<Endpoint>* out) {
+Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address, std::unique_ptr<Endpoint>* out) {
   std::unique_ptr<Endpoint> ep(new Endpoint(worker));
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
   // Peer-failure handling makes UCX drop shared-memory transports for RMA (they have no peer
   // failure handler), so on shm we go without; a dead receiver is noticed through the control
   // socket instead (see Liveness). On tcp it turns a dead peer into an endpoint error.
-  params.err_mode = worker.context().transport() == Transport::kTcp ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  params.err_mode =
+      worker.context().transport() == Transport::kTcp ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = [](void* arg, ucp_ep_h e, ucs_status_t st) { on_error(arg, e, st); };
   params.err_handler.arg = ep.get();
   ucs_status_t st = ucp_ep_create(worker.handle(), &params, &ep->handle_);
@@ -401,8 +400,8 @@ Status Endpoint::put(const void* src, size_t length, uint64_t remote_addr, Remot
   return track(ucp_put_nbx(handle_, src, length, remote_addr, rkey.handle(), &param), "ucp_put_nbx", req);
 }
 
-Status Endpoint::put_flagged(const void* src, size_t length, uint64_t remote_addr, const void* flag,
-                             size_t flag_length, uint64_t flag_addr, RemoteKey& rkey, Request* req) {
+Status Endpoint::put_flagged(const void* src, size_t length, uint64_t remote_addr, const void* flag, size_t flag_length,
+                             uint64_t flag_addr, RemoteKey& rkey, Request* req) {
   if (failed()) return failure_;
   if (flag_length == 0 || flag_length > sizeof(uint64_t) || !std::has_single_bit(flag_length) ||
       flag_addr % flag_length != 0) {
@@ -426,8 +425,8 @@ Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& 
   return track(ucp_get_nbx(handle_, dst, length, remote_addr, rkey.handle(), &param), "ucp_get_nbx", req);
 }
 
-Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, const void* data,
-                         size_t data_len, bool want_reply, Request* req) {
+Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, const void* data, size_t data_len,
+                         bool want_reply, Request* req) {
   if (failed()) return failure_;
   ucp_request_param_t param{};
   if (want_reply) {
@@ -435,8 +434,7 @@ Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, con
     param.flags = UCP_AM_SEND_FLAG_REPLY;
   }
   g_counters.am_sends.fetch_add(1, std::memory_order_relaxed);
-  return track(ucp_am_send_nbx(handle_, id, header, header_len, data, data_len, &param),
-               "ucp_am_send_nbx", req);
+  return track(ucp_am_send_nbx(handle_, id, header, header_len, data, data_len, &param), "ucp_am_send_nbx", req);
 }
 
 Status Endpoint::tag_send(const void* src, size_t length, uint64_t tag, Request* req) {
@@ -461,7 +459,9 @@ void TagReceive::reset() {
 }
 
 TagReceive::TagReceive(TagReceive&& other) noexcept
-    : req_(other.req_), worker_(other.worker_), unexpected_(other.unexpected_) {
+    : req_(other.req_),
+      worker_(other.worker_),
+      unexpected_(other.unexpected_) {
   other.req_ = nullptr;
   other.unexpected_ = false;
 }
@@ -508,8 +508,8 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
   params.thread_mode = shared ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SERIALIZED;
   if (wakeup) {
     params.field_mask |= UCP_WORKER_PARAM_FIELD_EVENTS;
-    params.events = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TAG_SEND |
-                    UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+    params.events =
+        UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TAG_SEND | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
   }
   ucp_worker_h handle = nullptr;
   ucs_status_t st = ucp_worker_create(ctx.handle(), &params, &handle);
@@ -612,8 +612,7 @@ Status Worker::set_am_handler(unsigned id, AmHandler handler) {
   am_handlers_.push_back(std::make_unique<AmHandler>(std::move(handler)));
   if (!has_am_handler(id)) am_ids_.push_back(id);
   ucp_am_handler_param_t param{};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
   param.id = id;
   param.arg = am_handlers_.back().get();
   param.cb = [](void* arg, const void* header, size_t header_len, void* data, size_t length,

@@ -3,7 +3,8 @@
 //
 // Threading: a Context is shared. A Worker created with `shared = false` is used by one thread at
 // a time, which the caller serializes (a sender lane's transmit token); `shared = true` (the
-// receiver's) may be used by its progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their Worker.
+// receiver's) may be used by its progress thread and by set-up threads at once. Endpoint/RemoteKey/Request follow their
+// Worker.
 #pragma once
 
 #include <atomic>
@@ -41,27 +42,26 @@ using UcxHandle = std::unique_ptr<T, UcxDestroy>;
 // What this process asked of UCX, counted where the calls are made (for the benchmark's
 // resource experiment). Process-wide; reset_counters() starts a new measurement.
 struct Counters {
-  uint64_t endpoints = 0;          // endpoints created
-  uint64_t registered_bytes = 0;   // largest amount of memory registered at once
+  uint64_t endpoints = 0;         // endpoints created
+  uint64_t registered_bytes = 0;  // largest amount of memory registered at once
   uint64_t puts = 0;
   uint64_t gets = 0;
   uint64_t am_sends = 0;
-  uint64_t am_received = 0;        // two-sided messages handled (receives consumed)
-  uint64_t tag_sends = 0;          // tagged two-sided sends (Endpoint::tag_send)
-  uint64_t tag_receives = 0;       // tagged receives posted (Worker::tag_recv)
-  uint64_t tag_unexpected = 0;     // ...of which found their message already waiting in UCX
-  uint64_t max_outstanding = 0;    // most operations in flight at once (tracked requests)
-  uint64_t completions = 0;        // requests whose completion had to be polled
+  uint64_t am_received = 0;      // two-sided messages handled (receives consumed)
+  uint64_t tag_sends = 0;        // tagged two-sided sends (Endpoint::tag_send)
+  uint64_t tag_receives = 0;     // tagged receives posted (Worker::tag_recv)
+  uint64_t tag_unexpected = 0;   // ...of which found their message already waiting in UCX
+  uint64_t max_outstanding = 0;  // most operations in flight at once (tracked requests)
+  uint64_t completions = 0;      // requests whose completion had to be polled
   // ucp_worker_progress calls (by any thread: a sending thread, a consumer, a progress thread)
   // and the time spent inside them: the CPU a side gives to its transport. Zero on a receiver
   // that takes no part in transfers (status_byte on shared memory).
   uint64_t progress_calls = 0;
-  uint64_t progress_useful = 0;    // calls that found something to do
+  uint64_t progress_useful = 0;  // calls that found something to do
   uint64_t progress_ns = 0;
 };
 Counters counters();
 void reset_counters();
-
 
 // Called periodically inside blocking waits; a non-ok result aborts the wait with that status.
 // This is how a sender notices a dead receiver on shared memory, where UCX never reports it.
@@ -126,7 +126,10 @@ class MemoryRegion {
 
  private:
   MemoryRegion(Context& ctx, ucp_mem* mem, std::byte* data, size_t size)
-      : ctx_(ctx), mem_(mem), data_(data), size_(size) {}
+      : ctx_(ctx),
+        mem_(mem),
+        data_(data),
+        size_(size) {}
   Context& ctx_;
   ucp_mem* mem_;  // not a UcxHandle: unmapping needs the context (and updates its region list)
   std::byte* data_;
@@ -181,8 +184,7 @@ class Request {
 class Endpoint {
  public:
   // Connects to a peer worker address obtained out of band.
-  static Status create(Worker& worker, std::span<const uint8_t> remote_address,
-                       std::unique_ptr<Endpoint>* out);
+  static Status create(Worker& worker, std::span<const uint8_t> remote_address, std::unique_ptr<Endpoint>* out);
   ~Endpoint();  // force-closes; flush first if data matters
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -210,8 +212,8 @@ class Endpoint {
                      uint64_t flag_addr, RemoteKey& rkey, Request* req);
   // Two-sided active message (used by protocols that notify the receiver). The header must
   // stay valid until the request completes. `want_reply` lets the receiver answer (ReplyEp).
-  Status am_send(unsigned id, const void* header, size_t header_len, const void* data,
-                 size_t data_len, bool want_reply, Request* req);
+  Status am_send(unsigned id, const void* header, size_t header_len, const void* data, size_t data_len, bool want_reply,
+                 Request* req);
   // Two-sided tagged send (UCP tag matching): the message lands in the oldest receive posted on
   // the peer's worker for `tag` (Worker::tag_recv). Posted receives are what a sender must count
   // (credits): with none posted, UCX keeps the message in its unexpected queue (eager) or keeps
@@ -239,8 +241,8 @@ struct ReplyEp {
 
 // Receives an active message: (header, data, where to reply). Runs on the thread that
 // progresses the worker.
-using AmHandler = std::function<void(std::span<const std::byte> header, std::span<const std::byte> data,
-                                     ReplyEp reply)>;
+using AmHandler =
+    std::function<void(std::span<const std::byte> header, std::span<const std::byte> data, ReplyEp reply)>;
 
 // A posted tagged receive into caller-owned memory (Worker::tag_recv). Destroying it while it is
 // still posted cancels it; a receive whose data is already being delivered (rendezvous under way)

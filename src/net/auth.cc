@@ -24,8 +24,7 @@ Status make_nonce_u64(uint64_t* out) {
   return Status::ok();
 }
 
-Mac proof(const std::string& token, std::string_view label,
-          std::initializer_list<std::span<const uint8_t>> parts) {
+Mac proof(const std::string& token, std::string_view label, std::initializer_list<std::span<const uint8_t>> parts) {
   static constexpr std::string_view kDomain = "slotstream-auth-v2";
   std::vector<uint8_t> msg(kDomain.begin(), kDomain.end());
   msg.push_back(static_cast<uint8_t>(label.size()));

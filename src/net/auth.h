@@ -31,8 +31,7 @@ using Mac = std::array<uint8_t, wire::kMacSize>;
 Status make_nonce(Nonce* out);
 // A random 64-bit identifier (a sender's connection group).
 Status make_nonce_u64(uint64_t* out);
-Mac proof(const std::string& token, std::string_view label,
-          std::initializer_list<std::span<const uint8_t>> parts);
+Mac proof(const std::string& token, std::string_view label, std::initializer_list<std::span<const uint8_t>> parts);
 // Constant-time comparison.
 bool mac_equal(std::span<const uint8_t> a, std::span<const uint8_t> b);
 // Reads a token file: the whole file minus trailing whitespace; empty files are an error.

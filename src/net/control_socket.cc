@@ -93,7 +93,10 @@ Status ControlSocket::connect(const std::string& host, uint16_t port, Millis tim
   Status last{Code::kConnectFailed, "no address for '" + host + "'"};
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) { last = sys_error("socket"); continue; }
+    if (fd < 0) {
+      last = sys_error("socket");
+      continue;
+    }
     int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
     if (rc < 0 && errno == EINPROGRESS) {
       pollfd pfd{fd, POLLOUT, 0};
@@ -125,7 +128,10 @@ Status ControlSocket::send(wire::MsgType type, std::span<const uint8_t> body) {
   auto deadline = Clock::now() + Millis(5000);
   while (off < frame.size()) {
     ssize_t n = ::send(fd_, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
-    if (n > 0) { off += n; continue; }
+    if (n > 0) {
+      off += n;
+      continue;
+    }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd pfd{fd_, POLLOUT, 0};
       if (::poll(&pfd, 1, remaining_ms(deadline)) == 0) return {Code::kTimeout, "control send timed out"};
@@ -141,7 +147,10 @@ Status ControlSocket::read_exact(uint8_t* p, size_t n, Clock::time_point deadlin
   size_t off = 0;
   while (off < n) {
     ssize_t r = ::recv(fd_, p + off, n - off, 0);
-    if (r > 0) { off += r; continue; }
+    if (r > 0) {
+      off += r;
+      continue;
+    }
     if (r == 0) return {Code::kPeerGone, off == 0 ? "connection closed by peer" : "connection closed mid-message"};
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -238,7 +247,10 @@ Status Listener::open(const std::string& host, uint16_t port, std::unique_ptr<Li
     return {Code::kInvalidArgument, "cannot resolve listen address '" + host + "': " + gai_strerror(rc)};
   }
   int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, res->ai_protocol);
-  if (fd < 0) { freeaddrinfo(res); return sys_error("socket"); }
+  if (fd < 0) {
+    freeaddrinfo(res);
+    return sys_error("socket");
+  }
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {

@@ -30,8 +30,7 @@ class ControlSocket {
   ControlSocket(const ControlSocket&) = delete;
   ControlSocket& operator=(const ControlSocket&) = delete;
 
-  static Status connect(const std::string& host, uint16_t port, Millis timeout,
-                        std::unique_ptr<ControlSocket>* out);
+  static Status connect(const std::string& host, uint16_t port, Millis timeout, std::unique_ptr<ControlSocket>* out);
 
   Status send(wire::MsgType type, std::span<const uint8_t> body);
   // Reads one frame; kTimeout if none within `timeout`, kPeerGone on EOF, kProtocolError on a

@@ -41,13 +41,33 @@ std::vector<std::string> WorkerManager::argv_for(const std::string& sender, uint
   fs::path base = fs::absolute(options_.out) / sender;
   // --init: a tiny init as PID 1 forwards SIGTERM (a shell as PID 1 ignores it, so every stop
   // would wait out the timeout); it needs catatonit, which scripts/setup.sh installs.
-  std::vector<std::string> a = {"podman", "--runtime", "runc", "run", "--rm", "--replace", "--init",
-                                "--name", worker_name(sender, device), "--network", "none",
-                                "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
-                                "-v", (base / ("device-" + dev)).string() + ":/data/device:ro",
-                                "-v", (base / ("worker-" + dev)).string() + ":/data/worker",
-                                "-e", "SLOTSTREAM_DEVICE_DIR=/data/device", "-e", "SLOTSTREAM_WORKER_DIR=/data/worker",
-                                "-e", "SLOTSTREAM_SENDER=" + sender, "-e", "SLOTSTREAM_DEVICE=" + dev};
+  std::vector<std::string> a = {"podman",
+                                "--runtime",
+                                "runc",
+                                "run",
+                                "--rm",
+                                "--replace",
+                                "--init",
+                                "--name",
+                                worker_name(sender, device),
+                                "--network",
+                                "none",
+                                "--ulimit",
+                                "nofile=20000:20000",
+                                "--ulimit",
+                                "nproc=4096:4096",
+                                "-v",
+                                (base / ("device-" + dev)).string() + ":/data/device:ro",
+                                "-v",
+                                (base / ("worker-" + dev)).string() + ":/data/worker",
+                                "-e",
+                                "SLOTSTREAM_DEVICE_DIR=/data/device",
+                                "-e",
+                                "SLOTSTREAM_WORKER_DIR=/data/worker",
+                                "-e",
+                                "SLOTSTREAM_SENDER=" + sender,
+                                "-e",
+                                "SLOTSTREAM_DEVICE=" + dev};
   if (!options_.cpus.empty()) a.insert(a.end(), {"--cpus", options_.cpus});
   if (!options_.memory.empty()) a.insert(a.end(), {"--memory", options_.memory});
   a.insert(a.end(), {"--entrypoint", "/bin/sh", options_.image, "-c", options_.command});
@@ -105,7 +125,8 @@ namespace {
     sigprocmask(SIG_SETMASK, &none, nullptr);  // the receiver blocks SIGINT/SIGTERM; workers must not
     execvpe(args[0], args, envp);
     static const char kMsg[] = "slotstream: cannot start the worker command\n";
-    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing left to tell */ }
+    if (write(STDERR_FILENO, kMsg, sizeof kMsg - 1) < 0) { /* nothing left to tell */
+    }
     _exit(127);
   }
   if (command < 0) _exit(126);
@@ -170,7 +191,7 @@ void WorkerManager::start_locked(DeviceWorker& w) {
     // The keeper: it stays between the receiver and the worker command for the command's whole
     // life, so that nothing the command started outlives it (see keep_worker).
     setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);  // a receiver that dies, even by SIGKILL, stops its workers
+    prctl(PR_SET_PDEATHSIG, SIGTERM);     // a receiver that dies, even by SIGKILL, stops its workers
     if (getppid() != receiver) _exit(1);  // it died before the line above took effect
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
@@ -316,7 +337,8 @@ void WorkerManager::stop() {
     std::string cmd = "podman rm -f -i -t 1";
     for (const auto& n : names) cmd += " " + n;
     cmd += " >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) != 0) { /* already gone */ }
+    if (std::system(cmd.c_str()) != 0) { /* already gone */
+    }
   }
   auto deadline = Clock::now() + kStopGrace;
   for (pid_t p : pids) {
@@ -338,7 +360,9 @@ namespace {
 class PipelineSink final : public MessageSink {
  public:
   PipelineSink(fs::path dir, std::string sender, WorkerManager& manager)
-      : files_(std::move(dir)), sender_(std::move(sender)), manager_(manager) {}
+      : files_(std::move(dir)),
+        sender_(std::move(sender)),
+        manager_(manager) {}
   Status begin(uint16_t device) override {
     std::string why;
     if (manager_.over_limit(sender_, device, &why)) return {Code::kBusy, "worker backlog: " + why};

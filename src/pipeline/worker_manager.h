@@ -27,17 +27,17 @@ namespace slotstream::pipeline {
 enum class Runtime { kProcess, kPodman };
 
 struct WorkerOptions {
-  std::filesystem::path out;                 // the receiver's output directory
-  std::filesystem::path progress;            // where workers keep worker-<D>/done (default: out)
-  std::string command;                       // run by /bin/sh -c; empty: workers run elsewhere
-                                             // (e.g. pods) and are only watched
+  std::filesystem::path out;       // the receiver's output directory
+  std::filesystem::path progress;  // where workers keep worker-<D>/done (default: out)
+  std::string command;             // run by /bin/sh -c; empty: workers run elsewhere
+                                   // (e.g. pods) and are only watched
   Runtime runtime = Runtime::kProcess;
   std::string image = "localhost/slotstream:latest";  // podman
-  std::string cpus;                          // podman --cpus (empty: no limit)
-  std::string memory;                        // podman --memory (empty: no limit)
-  uint64_t backlog_messages = 0;             // 0: no limit
-  uint64_t backlog_bytes = 0;                // 0: no limit
-  bool keep_processed = false;               // keep message files the worker has finished
+  std::string cpus;                                   // podman --cpus (empty: no limit)
+  std::string memory;                                 // podman --memory (empty: no limit)
+  uint64_t backlog_messages = 0;                      // 0: no limit
+  uint64_t backlog_bytes = 0;                         // 0: no limit
+  bool keep_processed = false;                        // keep message files the worker has finished
   std::function<void(const std::string&)> on_event;
 };
 
@@ -46,7 +46,7 @@ struct WorkerStats {
   uint16_t device = 0;
   uint64_t backlog_messages = 0;
   uint64_t backlog_bytes = 0;
-  uint64_t processed = 0;    // messages the worker recorded as done since the receiver started
+  uint64_t processed = 0;  // messages the worker recorded as done since the receiver started
   uint64_t restarts = 0;
   bool running = false;
 };
@@ -77,10 +77,10 @@ class WorkerManager {
     Clock::time_point started{}, restart_at{};
     std::chrono::milliseconds backoff{250};  // doubled before each restart: first wait 0.5 s
     uint64_t restarts = 0;
-    bool ever_started = false;   // the first start has been requested
-    bool first_start = false;    // the pending start is the first one (not a restart)
+    bool ever_started = false;  // the first start has been requested
+    bool first_start = false;   // the pending start is the first one (not a restart)
     uint64_t processed = 0;
-    int64_t done = -1;                             // last SEQ the worker recorded
+    int64_t done = -1;                                  // last SEQ the worker recorded
     std::deque<std::pair<uint64_t, uint64_t>> pending;  // (seq, bytes) not yet processed
     uint64_t pending_bytes = 0;
   };

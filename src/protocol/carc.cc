@@ -42,7 +42,10 @@ class CarcSender final : public SenderProtocol {
  public:
   CarcSender(SenderFabric& fabric, ReceiverSetup rs, std::unique_ptr<fabric::MemoryRegion> word,
              std::vector<uint8_t> rkey)
-      : fabric_(fabric), tag_(rs.tag), budget_(rs.budget, fabric.geometry.blocks), word_(std::move(word)),
+      : fabric_(fabric),
+        tag_(rs.tag),
+        budget_(rs.budget, fabric.geometry.blocks),
+        word_(std::move(word)),
         rkey_(std::move(rkey)) {}
 
   ~CarcSender() override {
@@ -135,7 +138,10 @@ class CarcSender final : public SenderProtocol {
 class CarcReceiver final : public ReceiverProtocol {
  public:
   CarcReceiver(ReceiverFabric& fabric, uint64_t budget, std::unique_ptr<PostedReceives> receives)
-      : worker_(fabric.worker), geometry_(fabric.geometry), budget_(budget), receives_(std::move(receives)),
+      : worker_(fabric.worker),
+        geometry_(fabric.geometry),
+        budget_(budget),
+        receives_(std::move(receives)),
         source_(new std::array<std::byte, kProcessedWordSize>{}) {}
 
   ~CarcReceiver() override {
@@ -161,7 +167,8 @@ class CarcReceiver final : public ReceiverProtocol {
     wire::Reader r(peer.setup);
     word_addr_ = r.u64();
     std::vector<uint8_t> packed = r.blob32(peer.setup.size());
-    if (!r.ok() || !r.at_end() || packed.empty()) return {Code::kProtocolError, "malformed carc set-up from the sender"};
+    if (!r.ok() || !r.at_end() || packed.empty())
+      return {Code::kProtocolError, "malformed carc set-up from the sender"};
     SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(*peer.endpoint, packed, &rkey_));
     to_sender_ = peer.endpoint;
     return Status::ok();
@@ -272,9 +279,9 @@ Status make_receiver(ReceiverFabric& fabric, const Options& options, std::unique
     SLOTSTREAM_RETURN_IF_ERROR(options.size("budget", 0, &budget));
     if (budget < block) {
       // A refusal, like any other geometry the receiver does not take (the sender exits 1).
-      return {Code::kRefused, "carc budget " + text_size(budget) + " is smaller than one block (" +
-                                          text_size(block) + "): a record could never be sent; use a larger "
-                                          "budget or a smaller --block-size"};
+      return {Code::kRefused, "carc budget " + text_size(budget) + " is smaller than one block (" + text_size(block) +
+                                  "): a record could never be sent; use a larger "
+                                  "budget or a smaller --block-size"};
     }
   } else {
     // Slides: the server sizes the credits to its cache. One block is the least that works.
@@ -383,11 +390,13 @@ uint64_t cache_share_bytes(const std::string& cache_dir, std::string* how) {
 
 const Descriptor kCarc = {
     .name = "carc",
-    .summary = "CARC (slides): credit's posted receives, plus a byte budget sized to the receiver's cache, "
-               "debited before sending and replenished only after the receiver processed the data (a put of its "
-               "processed counters into a word the sender exposes)",
-    .options_help = "budget=SIZE: most unprocessed bytes in flight (default: the receiving core's share of its "
-                    "last-level cache, from /sys/devices/system/cpu/cpu0/cache; at least one block)",
+    .summary =
+        "CARC (slides): credit's posted receives, plus a byte budget sized to the receiver's cache, "
+        "debited before sending and replenished only after the receiver processed the data (a put of its "
+        "processed counters into a word the sender exposes)",
+    .options_help =
+        "budget=SIZE: most unprocessed bytes in flight (default: the receiving core's share of its "
+        "last-level cache, from /sys/devices/system/cpu/cpu0/cache; at least one block)",
     .receiver_progress = true,
     .receiver_endpoint = true,
     .check_options = check_options,

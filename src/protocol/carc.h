@@ -36,8 +36,12 @@ namespace slotstream::protocol {
 class ByteBudget {
  public:
   ByteBudget(uint64_t budget, uint32_t buffers, uint64_t start_bytes = 0, uint64_t start_records = 0)
-      : budget_(budget), buffers_(buffers), sent_bytes_(start_bytes), sent_records_(start_records),
-        processed_bytes_(start_bytes), processed_records_(start_records) {}
+      : budget_(budget),
+        buffers_(buffers),
+        sent_bytes_(start_bytes),
+        sent_records_(start_records),
+        processed_bytes_(start_bytes),
+        processed_records_(start_records) {}
   // A message of `length` bytes fits: its bytes within the budget of unprocessed bytes, and a
   // posted buffer free for it (the receiver has N).
   bool fits(uint64_t length) const { return bytes_fit(length) && outstanding_records() < buffers_; }

@@ -34,17 +34,16 @@ class CreditSender final : public SenderProtocol {
   // The Sender destroys its protocol before its endpoint, whose close still progresses the
   // worker: unhook the handler, which points at this object.
   ~CreditSender() override {
-    (void)fabric_.worker.set_am_handler(kCreditAm, [](std::span<const std::byte>, std::span<const std::byte>,
-                                                      fabric::ReplyEp) {});
+    (void)fabric_.worker.set_am_handler(kCreditAm,
+                                        [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
   }
 
   Status init() {
     // Credit updates are handled inside the progress of this sending thread's worker: while the
     // sender has credits it never waits for one, it picks them up whenever it progresses.
     return fabric_.worker.set_am_handler(
-        kCreditAm, [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) {
-          on_update(header);
-        });
+        kCreditAm,
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) { on_update(header); });
   }
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
@@ -112,7 +111,9 @@ class CreditSender final : public SenderProtocol {
 class CreditReceiver final : public ReceiverProtocol {
  public:
   CreditReceiver(ReceiverFabric& fabric, std::unique_ptr<PostedReceives> receives)
-      : worker_(fabric.worker), geometry_(fabric.geometry), receives_(std::move(receives)),
+      : worker_(fabric.worker),
+        geometry_(fabric.geometry),
+        receives_(std::move(receives)),
         batcher_(fabric.geometry.blocks) {}
 
   ~CreditReceiver() override {
@@ -228,8 +229,9 @@ uint32_t CreditAccount::on_ack(uint64_t released) {
 
 const Descriptor kCredit = {
     .name = "credit",
-    .summary = "SDP §2 credit-based flow control: N pre-posted tagged receives of one block each, one credit "
-               "per message whatever its size, credits returned in one two-sided update after half are used",
+    .summary =
+        "SDP §2 credit-based flow control: N pre-posted tagged receives of one block each, one credit "
+        "per message whatever its size, credits returned in one two-sided update after half are used",
     .receiver_progress = true,
     .receiver_endpoint = true,
     .make_sender = make_sender,

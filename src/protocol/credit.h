@@ -61,7 +61,9 @@ class AckBatcher {
  public:
   // batch = credits / 2, at least 1 (one credit must still come back one by one).
   explicit AckBatcher(uint32_t credits, uint64_t start = 0)
-      : batch_(credits / 2 > 0 ? credits / 2 : 1), released_(start), acked_(start) {}
+      : batch_(credits / 2 > 0 ? credits / 2 : 1),
+        released_(start),
+        acked_(start) {}
   // The consumer released one buffer (already posted again). True when an ACK is due now; it
   // carries released().
   bool on_release() {

@@ -9,8 +9,14 @@ namespace slotstream::protocol {
 
 NicAssistedCore::NicAssistedCore(RingWire& wire, uint64_t ring_bytes, uint64_t window, std::span<std::byte> queue,
                                  uint32_t slot_size, std::span<std::byte> buffer)
-    : wire_(wire), space_(ring_bytes), window_(window), initial_(ring_bytes / window), queue_memory_(queue),
-      slot_size_(slot_size), slots_(static_cast<uint32_t>(queue.size() / slot_size)), slot_puts_(slots_),
+    : wire_(wire),
+      space_(ring_bytes),
+      window_(window),
+      initial_(ring_bytes / window),
+      queue_memory_(queue),
+      slot_size_(slot_size),
+      slots_(static_cast<uint32_t>(queue.size() / slot_size)),
+      slot_puts_(slots_),
       buffer_(buffer) {}
 
 Status NicAssistedCore::transmit(const std::byte* src, uint32_t length, fabric::Request* req, Outcome* out) {
@@ -69,7 +75,7 @@ Status NicAssistedCore::drain(uint64_t* writes) {
     uint64_t bytes = 0;
     SLOTSTREAM_RETURN_IF_ERROR(buffer_.write_run(wire_, space_, window_, &bytes, &counters_));
     if (bytes == 0) break;  // cannot happen: a record is at most one block <= W and fits before the end
-    ++used_;  // the segment's credit
+    ++used_;                // the segment's credit
     ++counters_.credits_used;
     ++n;
   }
@@ -98,7 +104,6 @@ Status NicAssistedCore::pad(uint64_t length) {
   ++counters_.wrap_markers;
   return wire_.pad(space_.take(length), static_cast<uint32_t>(length));
 }
-
 
 // ------------------------------------------------------------------------------ over UCX
 namespace {
@@ -129,9 +134,11 @@ Status check_options(const Options& o) {
 Status window_for(const NicOptions& o, const Geometry& g, uint64_t* window) {
   *window = o.window ? o.window : g.block_size;
   if (*window < g.block_size || *window > g.bytes() || *window > kMaxSegment) {
-    return {Code::kInvalidArgument, "nic_assisted: window=" + std::to_string(*window) + " must be at least one block (" +
-                                        std::to_string(g.block_size) + " B: a record is never split) and at most "
-                                        "the ring (" + std::to_string(g.bytes()) + " B)"};
+    return {Code::kInvalidArgument, "nic_assisted: window=" + std::to_string(*window) +
+                                        " must be at least one block (" + std::to_string(g.block_size) +
+                                        " B: a record is never split) and at most "
+                                        "the ring (" +
+                                        std::to_string(g.bytes()) + " B)"};
   }
   return Status::ok();
 }
@@ -254,8 +261,9 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   RingSetup ring;
   SLOTSTREAM_RETURN_IF_ERROR(parse_ring_setup(setup, &ring));
   if (ring.bytes != fabric.geometry.bytes() || ring.window != window) {
-    return {Code::kProtocolError, "the receiver's ring or virtual window does not match this sender's nic_assisted "
-                                  "options"};
+    return {Code::kProtocolError,
+            "the receiver's ring or virtual window does not match this sender's nic_assisted "
+            "options"};
   }
   const uint64_t slots = o.queue ? o.queue : ring.bytes / window;
   if (slots > 65536) return {Code::kInvalidArgument, "nic_assisted: queue=" + std::to_string(slots) + " is over 65536"};
@@ -279,12 +287,14 @@ Status make_receiver(ReceiverFabric& fabric, const Options& options, std::unique
 
 const Descriptor kNicAssisted = {
     .name = "nic_assisted",
-    .summary = "SDP §4 NIC-assisted flow control: the packed ring with one credit per virtual window W of free "
-               "space, segments of at most W, a send queue that leaves on each credit and coalescing beyond it, "
-               "the sending thread woken by the credit (worker wake-up fd) to flush",
-    .options_help = "window=SIZE: virtual window W (default the block size; one block .. the ring); "
-                    "queue=N: segments the send queue holds (default ring / W); "
-                    "buffer=SIZE: coalescing buffer (default blocks x block size)",
+    .summary =
+        "SDP §4 NIC-assisted flow control: the packed ring with one credit per virtual window W of free "
+        "space, segments of at most W, a send queue that leaves on each credit and coalescing beyond it, "
+        "the sending thread woken by the credit (worker wake-up fd) to flush",
+    .options_help =
+        "window=SIZE: virtual window W (default the block size; one block .. the ring); "
+        "queue=N: segments the send queue holds (default ring / W); "
+        "buffer=SIZE: coalescing buffer (default blocks x block size)",
     .receiver_progress = true,
     .holds = false,
     .sender_wakeup = true,

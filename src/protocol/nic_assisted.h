@@ -39,8 +39,8 @@ class NicAssistedCore {
  public:
   // `queue`: `slots` x `slot_size` bytes for the NIC-handled part (slot_size >= the largest
   // record); `buffer`: the software-handled part.
-  NicAssistedCore(RingWire& wire, uint64_t ring_bytes, uint64_t window, std::span<std::byte> queue,
-                  uint32_t slot_size, std::span<std::byte> buffer);
+  NicAssistedCore(RingWire& wire, uint64_t ring_bytes, uint64_t window, std::span<std::byte> queue, uint32_t slot_size,
+                  std::span<std::byte> buffer);
 
   enum class Outcome {
     kWritten,    // a credit was there: written now (with *req if the put is still running)
@@ -60,7 +60,7 @@ class NicAssistedCore {
   const RingSpace& space() const { return space_; }
 
   struct Counters : RingCounters {  // coalesced_*: the software-handled buffer
-    uint64_t queued_records = 0;     // records posted in the send queue (one segment each)
+    uint64_t queued_records = 0;    // records posted in the send queue (one segment each)
     uint64_t credits_used = 0;
   };
   const Counters& counters() const { return counters_; }

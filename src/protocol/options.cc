@@ -10,9 +10,8 @@ namespace {
 Status bad(std::string_view what) { return {Code::kInvalidArgument, "protocol options: " + std::string(what)}; }
 
 bool valid_key(std::string_view k) {
-  return !k.empty() && std::all_of(k.begin(), k.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-  });
+  return !k.empty() && std::all_of(k.begin(), k.end(),
+                                   [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
 }
 
 }  // namespace
@@ -101,8 +100,8 @@ Status Options::flag(std::string_view key, bool fallback, bool* out) const {
   return Status::ok();
 }
 
-Status Options::choice(std::string_view key, std::initializer_list<std::string_view> allowed,
-                       std::string_view fallback, std::string* out) const {
+Status Options::choice(std::string_view key, std::initializer_list<std::string_view> allowed, std::string_view fallback,
+                       std::string* out) const {
   auto it = values_.find(std::string(key));
   if (it == values_.end()) {
     *out = std::string(fallback);

@@ -29,7 +29,7 @@ class Options {
   // Typed reads; an absent key yields `fallback`, a malformed value an error naming the key.
   Status size(std::string_view key, uint64_t fallback, uint64_t* out) const;  // "2M", "65536"
   Status number(std::string_view key, uint64_t fallback, uint64_t* out) const;
-  Status flag(std::string_view key, bool fallback, bool* out) const;          // 0/1, true/false, on/off
+  Status flag(std::string_view key, bool fallback, bool* out) const;  // 0/1, true/false, on/off
   // One of `allowed` (e.g. flush=call|idle); the error lists them.
   Status choice(std::string_view key, std::initializer_list<std::string_view> allowed, std::string_view fallback,
                 std::string* out) const;

@@ -58,7 +58,6 @@ Status PackedRingCore::pad(uint64_t length) {
   return Status::ok();
 }
 
-
 // ------------------------------------------------------------------------------ over UCX
 namespace {
 
@@ -184,11 +183,13 @@ Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<Rec
 
 const Descriptor kPackedRing = {
     .name = "packed_ring",
-    .summary = "SDP §3 RDMA-based flow control: records packed back to back into one N x S receive ring the "
-               "sender manages, coalesced into a sender buffer while the ring is full, ACKs return freed bytes",
-    .options_help = "flush=call|idle: coalesced data leaves on the next transmit only (call: the paper's "
-                    "behaviour, default) or also while the sending thread is idle (idle: the fix); "
-                    "buffer=SIZE: sender buffer (default blocks x block size)",
+    .summary =
+        "SDP §3 RDMA-based flow control: records packed back to back into one N x S receive ring the "
+        "sender manages, coalesced into a sender buffer while the ring is full, ACKs return freed bytes",
+    .options_help =
+        "flush=call|idle: coalesced data leaves on the next transmit only (call: the paper's "
+        "behaviour, default) or also while the sending thread is idle (idle: the fix); "
+        "buffer=SIZE: sender buffer (default blocks x block size)",
     // Notices are two-sided (emulated write-with-immediate): the receiver progresses its worker.
     .receiver_progress = true,
     // No per-block status: a ring frees in order, so a hold is the receiver not releasing a record.

@@ -27,7 +27,9 @@ class PackedRingCore {
  public:
   // `buffer`: the sender-side buffer's memory (registered by the caller).
   PackedRingCore(RingWire& wire, uint64_t ring_bytes, std::span<std::byte> buffer)
-      : wire_(wire), space_(ring_bytes), buffer_(buffer) {}
+      : wire_(wire),
+        space_(ring_bytes),
+        buffer_(buffer) {}
 
   enum class Outcome {
     kWritten,    // written into the ring now (with *req if the put is still running)

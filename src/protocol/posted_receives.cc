@@ -11,7 +11,9 @@ namespace slotstream::protocol {
 // ------------------------------------------------------------------------------ ReceiveQueue
 
 ReceiveQueue::ReceiveQueue(uint32_t buffers)
-    : state_(buffers, State::kPosted), length_(buffers, 0), generation_(buffers, 0) {
+    : state_(buffers, State::kPosted),
+      length_(buffers, 0),
+      generation_(buffers, 0) {
   for (uint32_t i = 0; i < buffers; ++i) posted_.push_back(i);
   exposed_.reserve(buffers);
 }
@@ -67,8 +69,13 @@ Status PostedReceives::create(ReceiverFabric& fabric, uint64_t tag, std::unique_
 }
 
 PostedReceives::PostedReceives(ReceiverFabric& fabric, uint64_t tag, std::unique_ptr<fabric::MemoryRegion> region)
-    : context_(fabric.context), worker_(fabric.worker), geometry_(fabric.geometry), tag_(tag), region_(std::move(region)),
-      receives_(fabric.geometry.blocks), queue_(fabric.geometry.blocks) {}
+    : context_(fabric.context),
+      worker_(fabric.worker),
+      geometry_(fabric.geometry),
+      tag_(tag),
+      region_(std::move(region)),
+      receives_(fabric.geometry.blocks),
+      queue_(fabric.geometry.blocks) {}
 
 PostedReceives::~PostedReceives() {
   for (auto& r : receives_) r.cancel();
@@ -87,8 +94,10 @@ PostedReceives::~PostedReceives() {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   // UCX may still write into these buffers: never unmap them under it.
-  spdlog::warn("tagged receives still being filled at teardown: keeping {} bytes of receive buffers mapped "
-               "until the transport shuts down", region_->size());
+  spdlog::warn(
+      "tagged receives still being filled at teardown: keeping {} bytes of receive buffers mapped "
+      "until the transport shuts down",
+      region_->size());
   context_.park(std::move(region_));
 }
 

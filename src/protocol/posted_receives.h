@@ -86,7 +86,7 @@ class ReceiveQueue {
     uint32_t buffer;
     uint32_t generation;
   };
-  std::vector<Entry> exposed_;        // exposure order; released entries removed lazily
+  std::vector<Entry> exposed_;  // exposure order; released entries removed lazily
   uint64_t unreleased_bytes_ = 0;
   uint64_t max_unreleased_bytes_ = 0;
   uint32_t unreleased_ = 0;

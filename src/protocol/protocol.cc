@@ -12,7 +12,8 @@ void add_sample(std::vector<uint64_t>& samples, uint64_t ns) {
 }
 
 WaitTimer::~WaitTimer() {
-  const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+  const uint64_t ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
   ++stats_.waits;
   stats_.wait_ns += ns;
   add_sample(stats_.wait_samples_ns, ns);

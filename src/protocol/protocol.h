@@ -77,9 +77,9 @@ inline constexpr size_t kMaxSamples = 1 << 20;
 // What a protocol did, reported through the interface (benchmark, `send --json`). The common
 // fields mean the same for every protocol, so that a comparison compares like with like.
 struct ProtocolStats {
-  uint64_t records = 0;      // sender: records transmitted
-  uint64_t sync_ops = 0;     // synchronisation operations: status reads, ACKs, credit updates...
-  uint64_t held_skips = 0;   // sender: receiver blocks skipped because they were held
+  uint64_t records = 0;     // sender: records transmitted
+  uint64_t sync_ops = 0;    // synchronisation operations: status reads, ACKs, credit updates...
+  uint64_t held_skips = 0;  // sender: receiver blocks skipped because they were held
   // Sender: times transmit_st found no free receiver space and waited, and for how long in all
   // (fence, reads, polling and back-off included) — the paper's synchronisation-control latency,
   // measured the same way for every protocol.

@@ -70,8 +70,8 @@ void split_records(std::span<const std::byte> segment, std::vector<std::span<con
   while (!segment.empty()) {
     size_t length = segment.size();  // unless a valid header says otherwise: the rest is one bad record
     if (segment.size() >= wire::kBlockHeaderSize) {
-      auto h = wire::decode_block_header(segment.first<wire::kBlockHeaderSize>(),
-                                         segment.size() - wire::kBlockHeaderSize);
+      auto h =
+          wire::decode_block_header(segment.first<wire::kBlockHeaderSize>(), segment.size() - wire::kBlockHeaderSize);
       if (h) length = wire::kBlockHeaderSize + h->payload_length;
     }
     out->push_back(segment.first(length));
@@ -83,14 +83,22 @@ void split_records(std::span<const std::byte> segment, std::vector<std::span<con
 
 const char* RingLedger::verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::kOk: return "ok";
-    case Verdict::kWrongPosition: return "wrong_position";
-    case Verdict::kEmpty: return "empty";
-    case Verdict::kCrossesEnd: return "crosses_end";
-    case Verdict::kBadPadding: return "bad_padding";
-    case Verdict::kOverrun: return "overrun";
-    case Verdict::kOverWindow: return "over_window";
-    case Verdict::kNoCredit: return "no_credit";
+    case Verdict::kOk:
+      return "ok";
+    case Verdict::kWrongPosition:
+      return "wrong_position";
+    case Verdict::kEmpty:
+      return "empty";
+    case Verdict::kCrossesEnd:
+      return "crosses_end";
+    case Verdict::kBadPadding:
+      return "bad_padding";
+    case Verdict::kOverrun:
+      return "overrun";
+    case Verdict::kOverWindow:
+      return "over_window";
+    case Verdict::kNoCredit:
+      return "no_credit";
   }
   return "?";
 }
@@ -201,8 +209,8 @@ Status Coalescer::write_run(RingWire& wire, RingSpace& space, uint64_t limit, ui
   *bytes = buffer_.run(std::min({limit, space.to_end(), kMaxSegment}), &count);
   if (*bytes == 0) return Status::ok();
   fabric::Request req;
-  SLOTSTREAM_RETURN_IF_ERROR(wire.write(memory_.data() + buffer_.front_offset(), static_cast<uint32_t>(*bytes),
-                                        space.take(*bytes), &req));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      wire.write(memory_.data() + buffer_.front_offset(), static_cast<uint32_t>(*bytes), space.take(*bytes), &req));
   puts_.add(std::move(req));
   buffer_.sent(*bytes, count);
   ++counters->coalesced_writes;
@@ -268,8 +276,7 @@ RingLink::~RingLink() {
 }
 
 Status RingLink::write(const std::byte* src, uint32_t length, uint64_t position, fabric::Request* req) {
-  SLOTSTREAM_RETURN_IF_ERROR(
-      fabric_.endpoint.put(src, length, setup_.address + position % setup_.bytes, *rkey_, req));
+  SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put(src, length, setup_.address + position % setup_.bytes, *rkey_, req));
   return notify(position, length, 0);
 }
 
@@ -360,21 +367,25 @@ class RingReceiver final : public ReceiverProtocol {
  public:
   RingReceiver(ReceiverFabric& fabric, uint64_t window, std::unique_ptr<fabric::MemoryRegion> ring,
                std::vector<uint8_t> rkey, uint64_t session)
-      : worker_(fabric.worker), block_size_(fabric.geometry.block_size), window_(window), ring_(std::move(ring)),
-        rkey_(std::move(rkey)), session_(session), ledger_(fabric.geometry.bytes(), window), acks_(fabric.worker) {}
+      : worker_(fabric.worker),
+        block_size_(fabric.geometry.block_size),
+        window_(window),
+        ring_(std::move(ring)),
+        rkey_(std::move(rkey)),
+        session_(session),
+        ledger_(fabric.geometry.bytes(), window),
+        acks_(fabric.worker) {}
 
   Status init() {
-    return worker_.set_am_handler(kRingNoticeAm, [this](std::span<const std::byte> header,
-                                                        std::span<const std::byte>, fabric::ReplyEp reply) {
-      noticed(header, reply);
-    });
+    return worker_.set_am_handler(kRingNoticeAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
+                                                        fabric::ReplyEp reply) { noticed(header, reply); });
   }
 
   // The worker outlives us (it belongs to the session): unhook the handler first (acks_, which
   // lets its last ACKs leave, goes after).
   ~RingReceiver() override {
-    (void)worker_.set_am_handler(kRingNoticeAm, [](std::span<const std::byte>, std::span<const std::byte>,
-                                                   fabric::ReplyEp) {});
+    (void)worker_.set_am_handler(kRingNoticeAm,
+                                 [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
   }
 
   std::vector<uint8_t> setup() const override {
@@ -448,8 +459,8 @@ class RingReceiver final : public ReceiverProtocol {
     ++notices_;
     reply_ = reply;
     const bool padding = n.flags & kNoticePadding;
-    RingLedger::Verdict v = (n.flags & ~kNoticePadding) ? RingLedger::Verdict::kBadPadding
-                                                         : ledger_.accept(n.position, n.length, padding);
+    RingLedger::Verdict v =
+        (n.flags & ~kNoticePadding) ? RingLedger::Verdict::kBadPadding : ledger_.accept(n.position, n.length, padding);
     if (v != RingLedger::Verdict::kOk) {
       ++dropped_[v];
       return;
@@ -493,7 +504,7 @@ class RingReceiver final : public ReceiverProtocol {
   std::vector<uint8_t> rkey_;
   uint64_t session_;
   RingLedger ledger_;
-  std::deque<Record> live_;  // records handed out and not yet known released, in ring order
+  std::deque<Record> live_;                        // records handed out and not yet known released, in ring order
   std::vector<std::span<const std::byte>> spans_;  // scratch
   fabric::ReplyEp reply_;
   uint64_t acked_head_ = 0;

@@ -133,8 +133,8 @@ class CoalesceBuffer {
 
  private:
   uint64_t capacity_;
-  uint64_t sent_ = 0;  // offset of the first unsent record
-  uint64_t end_ = 0;   // offset after the last record
+  uint64_t sent_ = 0;             // offset of the first unsent record
+  uint64_t end_ = 0;              // offset after the last record
   std::deque<uint32_t> lengths_;  // unsent records, in order
 };
 
@@ -193,11 +193,11 @@ class RingLedger {
   uint64_t window_;
   uint64_t head_ = 0;
   uint64_t tail_ = 0;
-  uint64_t filled_ = 0;          // end of the records added so far (<= tail_)
+  uint64_t filled_ = 0;  // end of the records added so far (<= tail_)
   // From head_ to filled_, in ring order: records and padding. A record's id is its entry's
   // index in the sequence of all entries (so ids grow, with gaps where padding was).
   std::deque<Entry> entries_;
-  uint64_t first_entry_ = 0;     // index of entries_.front()
+  uint64_t first_entry_ = 0;  // index of entries_.front()
   uint64_t granted_ = 0;
   uint64_t outstanding_ = 0;
 };
@@ -272,8 +272,7 @@ Status parse_ring_setup(std::span<const uint8_t> setup, RingSetup* out);
 class RingLink final : public RingWire {
  public:
   using AckHandler = std::function<void(const RingAck& ack, uint64_t received_ns)>;
-  static Status create(SenderFabric& fabric, const RingSetup& setup, AckHandler on_ack,
-                       std::unique_ptr<RingLink>* out);
+  static Status create(SenderFabric& fabric, const RingSetup& setup, AckHandler on_ack, std::unique_ptr<RingLink>* out);
   ~RingLink() override;
 
   Status write(const std::byte* src, uint32_t length, uint64_t position, fabric::Request* req) override;

@@ -42,8 +42,12 @@ static_assert(std::endian::native == std::endian::little, "AM headers are copied
 class SlidingWindowSender final : public SenderProtocol {
  public:
   SlidingWindowSender(SenderFabric& fabric, uint64_t pool, uint64_t session, std::unique_ptr<fabric::RemoteKey> rkey)
-      : fabric_(fabric), pool_(pool), rkey_(std::move(rkey)), window_(fabric.geometry.blocks),
-        notify_(new Notify[fabric.geometry.blocks]), notify_req_(fabric.geometry.blocks) {
+      : fabric_(fabric),
+        pool_(pool),
+        rkey_(std::move(rkey)),
+        window_(fabric.geometry.blocks),
+        notify_(new Notify[fabric.geometry.blocks]),
+        notify_req_(fabric.geometry.blocks) {
     for (uint32_t i = 0; i < fabric.geometry.blocks; ++i) notify_[i] = Notify{session, 0, 0};
   }
 
@@ -51,8 +55,8 @@ class SlidingWindowSender final : public SenderProtocol {
   // worker: unhook the ACK handler (it points at this object), and leave the notification
   // headers to UCX if a notification is still queued (only when the receiver stopped answering).
   ~SlidingWindowSender() override {
-    (void)fabric_.worker.set_am_handler(kAckAm, [](std::span<const std::byte>, std::span<const std::byte>,
-                                                   fabric::ReplyEp) {});
+    (void)fabric_.worker.set_am_handler(kAckAm,
+                                        [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
     for (auto& r : notify_req_) {
       if (r.check().code() == Code::kInProgress) {
         (void)notify_.release();
@@ -75,10 +79,8 @@ class SlidingWindowSender final : public SenderProtocol {
     // 110-138 MB/s (a loaded machine, hence the ranges): the extra spinning thread takes a core
     // from the receiver's progress and consumer threads. With more cores than busy threads it
     // would cost the lock only.
-    return fabric_.worker.set_am_handler(
-        kAckAm, [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) {
-          on_ack(header);
-        });
+    return fabric_.worker.set_am_handler(kAckAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
+                                                        fabric::ReplyEp) { on_ack(header); });
   }
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
@@ -163,8 +165,8 @@ class SlidingWindowSender final : public SenderProtocol {
   uint64_t pool_;
   std::unique_ptr<fabric::RemoteKey> rkey_;
   WindowTracker window_;
-  std::unique_ptr<Notify[]> notify_;            // per slot: the AM header, alive while in flight
-  std::vector<fabric::Request> notify_req_;     // per slot: its notification, if not sent inline
+  std::unique_ptr<Notify[]> notify_;         // per slot: the AM header, alive while in flight
+  std::vector<fabric::Request> notify_req_;  // per slot: its notification, if not sent inline
   ProtocolStats stats_;
 };
 
@@ -175,8 +177,13 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
  public:
   SlidingWindowReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> pool, std::vector<uint8_t> rkey,
                         uint64_t session)
-      : worker_(fabric.worker), geometry_(fabric.geometry), pool_(std::move(pool)), rkey_(std::move(rkey)),
-        session_(session), notified_(fabric.geometry.blocks, false), acks_(fabric.worker) {}
+      : worker_(fabric.worker),
+        geometry_(fabric.geometry),
+        pool_(std::move(pool)),
+        rkey_(std::move(rkey)),
+        session_(session),
+        notified_(fabric.geometry.blocks, false),
+        acks_(fabric.worker) {}
 
   Status init() {
     return worker_.set_am_handler(kNotifyAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
@@ -186,8 +193,8 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   // The worker outlives us (it belongs to the session): unhook the handler first (acks_, which
   // lets its last ACKs leave, goes after).
   ~SlidingWindowReceiver() override {
-    (void)worker_.set_am_handler(kNotifyAm, [](std::span<const std::byte>, std::span<const std::byte>,
-                                               fabric::ReplyEp) {});
+    (void)worker_.set_am_handler(kNotifyAm,
+                                 [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
   }
 
   std::vector<uint8_t> setup() const override {
@@ -255,8 +262,7 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
       return;
     }
     std::memcpy(&n, header.data(), sizeof n);
-    if (n.session != session_ || n.index >= geometry_.blocks || n.length > geometry_.block_size ||
-        notified_[n.index]) {
+    if (n.session != session_ || n.index >= geometry_.blocks || n.length > geometry_.block_size || notified_[n.index]) {
       ++dropped_;
       return;
     }
@@ -336,8 +342,9 @@ bool WindowTracker::awaiting_ack(uint32_t index) const {
 
 const Descriptor kSlidingWindow = {
     .name = "sliding_window",
-    .summary = "paper §2.3 baseline: head/tail window, put + notification (emulated write-with-immediate), "
-               "ACK per block by two-sided send, in-order release, one connection per device",
+    .summary =
+        "paper §2.3 baseline: head/tail window, put + notification (emulated write-with-immediate), "
+        "ACK per block by two-sided send, in-order release, one connection per device",
     .receiver_progress = true,
     .connection_per_device = true,
     // No per-block status: a block cannot be marked unavailable (the paper's point, §3.3).

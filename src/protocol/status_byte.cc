@@ -19,8 +19,11 @@ class StatusByteSender final : public SenderProtocol {
  public:
   StatusByteSender(SenderFabric& fabric, uint64_t blocks_addr, uint64_t status_addr,
                    std::unique_ptr<fabric::RemoteKey> rkey)
-      : fabric_(fabric), blocks_addr_(blocks_addr), status_addr_(status_addr),
-        rkey_(std::move(rkey)), cache_(fabric.geometry.blocks) {}
+      : fabric_(fabric),
+        blocks_addr_(blocks_addr),
+        status_addr_(status_addr),
+        rkey_(std::move(rkey)),
+        cache_(fabric.geometry.blocks) {}
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     int64_t j = cache_.pick(&stats_.held_skips);
@@ -75,9 +78,10 @@ class StatusByteSender final : public SenderProtocol {
 
 class StatusByteReceiver final : public ReceiverProtocol {
  public:
-  StatusByteReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> region,
-                     std::vector<uint8_t> rkey)
-      : geometry_(fabric.geometry), region_(std::move(region)), rkey_(std::move(rkey)),
+  StatusByteReceiver(ReceiverFabric& fabric, std::unique_ptr<fabric::MemoryRegion> region, std::vector<uint8_t> rkey)
+      : geometry_(fabric.geometry),
+        region_(std::move(region)),
+        rkey_(std::move(rkey)),
         hold_wanted_(geometry_.blocks, false) {}
 
   std::vector<uint8_t> setup() const override {
@@ -162,8 +166,9 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
 
 const Descriptor kStatusByte = {
     .name = "status_byte",
-    .summary = "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
-               "writes data, fence, status byte, and reads the status array only when out of free blocks",
+    .summary =
+        "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
+        "writes data, fence, status byte, and reads the status array only when out of free blocks",
     .holds = true,
     .make_sender = make_sender,
     .make_receiver = make_receiver,

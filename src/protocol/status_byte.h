@@ -24,7 +24,10 @@ class StatusCache {
   // Next empty block at or after the cursor (round robin), or -1 if the cache has none.
   // Held blocks are skipped and counted.
   int64_t pick(uint64_t* held_skips);
-  void mark_full(uint32_t index) { status_[index] = kFull; cursor_ = (index + 1) % status_.size(); }
+  void mark_full(uint32_t index) {
+    status_[index] = kFull;
+    cursor_ = (index + 1) % status_.size();
+  }
   // The raw array that an RDMA read fills.
   std::span<uint8_t> raw() { return status_; }
   uint32_t size() const { return static_cast<uint32_t>(status_.size()); }

@@ -8,7 +8,9 @@ namespace {
 class RawPutSender final : public SenderProtocol {
  public:
   RawPutSender(SenderFabric& fabric, uint64_t blocks_addr, std::unique_ptr<fabric::RemoteKey> rkey)
-      : fabric_(fabric), blocks_addr_(blocks_addr), rkey_(std::move(rkey)) {}
+      : fabric_(fabric),
+        blocks_addr_(blocks_addr),
+        rkey_(std::move(rkey)) {}
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     const auto& g = fabric_.geometry;
@@ -30,7 +32,8 @@ class RawPutSender final : public SenderProtocol {
 class RawPutReceiver final : public ReceiverProtocol {
  public:
   RawPutReceiver(std::unique_ptr<fabric::MemoryRegion> region, std::vector<uint8_t> rkey)
-      : region_(std::move(region)), rkey_(std::move(rkey)) {}
+      : region_(std::move(region)),
+        rkey_(std::move(rkey)) {}
   std::vector<uint8_t> setup() const override {
     wire::Writer w;
     w.u64(region_->remote_address());
@@ -72,8 +75,9 @@ Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<Rec
 
 const Descriptor kUcxRawPut = {
     .name = "ucx_raw_put",
-    .summary = "benchmark reference: raw puts rotating over the receiver's blocks, no flow control, "
-               "nothing delivered",
+    .summary =
+        "benchmark reference: raw puts rotating over the receiver's blocks, no flow control, "
+        "nothing delivered",
     .reference = true,
     .make_sender = make_sender,
     .make_receiver = make_receiver,

@@ -109,7 +109,8 @@ std::optional<Refusal> ReceiverSession::authenticate(const wire::Hello& hello) {
   if (rx_options_.token.empty()) return std::nullopt;
   net::Nonce nonce;
   if (Status st = net::make_nonce(&nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
-  if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok()) return Refusal{st.code(), st.message()};
+  if (Status st = control_->send(wire::MsgType::kChallenge, nonce); !st.is_ok())
+    return Refusal{st.code(), st.message()};
   std::vector<uint8_t> mac;
   if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
     return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
@@ -198,7 +199,8 @@ std::optional<Refusal> ReceiverSession::connect() {
 
 // REFUSE with the reason, then release whatever the handshake had taken.
 void ReceiverSession::refuse(const Refusal& refusal) {
-  std::string who = report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
+  std::string who =
+      report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
   rx_.event("refused sender " + who + ": " + refusal.message);
   wire::Refuse r{refusal.code, refusal.message};
   (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));

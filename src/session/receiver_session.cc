@@ -20,7 +20,9 @@ constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 }  // namespace
 
 ReceiverSession::ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control)
-    : rx_(rx), rx_options_(rx.receiver_options()), control_(std::move(control)) {
+    : rx_(rx),
+      rx_options_(rx.receiver_options()),
+      control_(std::move(control)) {
   report_.sender.peer = control_->peer();
 }
 
@@ -90,8 +92,8 @@ void ReceiverSession::fill_report(Clock::time_point start) {
   }
   report_.partial_discarded = c.partial_discarded + c.broken_messages;
   report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  report_.held_blocks = held_all_ ? geometry_.blocks
-                                  : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
+  report_.held_blocks =
+      held_all_ ? geometry_.blocks : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
   report_.per_device = delivery_->per_device();
   report_.protocol_counters = proto_->stats().counters;
 }

@@ -107,12 +107,12 @@ class ReceiverSession {
   void refuse(const Refusal& refusal);
 
   // --- receiver_session.cc: one pass of the consumer loop, by concern.
-  bool drain_lost();                       // the sender is gone: keep what is complete, end
+  bool drain_lost();  // the sender is gone: keep what is complete, end
   void lose_sender(const std::string& why);
-  size_t deliver();                        // delivery pass; a failing sink stalls the sender
+  size_t deliver();  // delivery pass; a failing sink stalls the sender
   void stall(const Status& st);
   void unstall();
-  bool fin_complete(size_t consumed);      // FIN answered: the session ends
+  bool fin_complete(size_t consumed);         // FIN answered: the session ends
   void check_control(Clock::time_point now);  // live report, liveness, FIN
   void on_pause(uint16_t device, bool paused);
   // The UCX worker this session's protocol uses: its own, or the transport's shared one.
@@ -131,13 +131,13 @@ class ReceiverSession {
   protocol::Options options_;
   Transport transport_ = Transport::kShm;
   TransportFabric* fabric_ = nullptr;
-  std::vector<uint8_t> hello_bytes_;      // as received: the authentication proofs cover them
-  std::optional<net::Nonce> my_nonce_;    // set when the sender was challenged (token)
+  std::vector<uint8_t> hello_bytes_;    // as received: the authentication proofs cover them
+  std::optional<net::Nonce> my_nonce_;  // set when the sender was challenged (token)
   net::Nonce sender_nonce_{};
   // Declared in the order they must be created; destroyed in reverse (protocol, then the
   // endpoint back to the sender, then the session's own worker).
-  std::unique_ptr<fabric::Worker> own_worker_;    // Descriptor::receiver_progress
-  std::unique_ptr<fabric::Endpoint> to_sender_;   // Descriptor::receiver_endpoint
+  std::unique_ptr<fabric::Worker> own_worker_;   // Descriptor::receiver_progress
+  std::unique_ptr<fabric::Endpoint> to_sender_;  // Descriptor::receiver_endpoint
   std::unique_ptr<protocol::ReceiverProtocol> proto_;
   std::unique_ptr<MessageSink> sink_;
   std::unique_ptr<stream::Delivery> delivery_;

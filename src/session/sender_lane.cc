@@ -55,7 +55,9 @@ std::chrono::microseconds sending_idle_period(bool in_flight, bool holding, Cloc
 }
 
 SenderLane::SenderLane(LaneOwner& owner, uint16_t index, std::vector<uint16_t> devices)
-    : owner_(owner), index_(index), devices_(std::move(devices)) {}
+    : owner_(owner),
+      index_(index),
+      devices_(std::move(devices)) {}
 
 Status SenderLane::connect(const std::string& host, uint16_t port, wire::Hello hello) {
   SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(host, port, kConnectTimeout, &control_));
@@ -112,8 +114,9 @@ Status SenderLane::handshake(const wire::Hello& hello) {
   if (!options.token.empty()) {
     // Our data goes only to a receiver that proves it has the token too.
     if (!receiver_nonce) {
-      return {Code::kAuthFailed, "authentication failed: the receiver did not ask for the token, so it cannot prove "
-                                 "it is the receiver you share it with (start it with --token-file)"};
+      return {Code::kAuthFailed,
+              "authentication failed: the receiver did not ask for the token, so it cannot prove "
+              "it is the receiver you share it with (start it with --token-file)"};
     }
     if (!net::mac_equal(accept.proof, accept_proof(options.token, *receiver_nonce, hello.nonce, hello_bytes, accept))) {
       return {Code::kAuthFailed, "authentication failed: the receiver's answer is not signed with the token"};
@@ -160,8 +163,8 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   }
   // A filler that waits for a block helps complete the transfers holding the blocks.
   ring_->set_claim_helper([this] { help_complete(); });
-  proto_fabric_.reset(new protocol::SenderFabric{*context, *worker_, *endpoint_, {options.blocks, options.block_size},
-                                                 [this] { return alive_st(); }});
+  proto_fabric_.reset(new protocol::SenderFabric{
+      *context, *worker_, *endpoint_, {options.blocks, options.block_size}, [this] { return alive_st(); }});
   return desc.make_sender(*proto_fabric_, accept.setup, owner_.protocol_options(), &proto_);
 }
 
@@ -213,9 +216,9 @@ Status SenderLane::transmit_filled_st(size_t* sent) {
     fabric::Request req;
     SLOTSTREAM_RETURN_IF_ERROR(proto_->transmit_st(ring_->block(ticket), size_t(len), &req));
     if (stream::tracing()) {
-      if (auto h = wire::decode_block_header(std::span<const std::byte, wire::kBlockHeaderSize>(
-                                                 ring_->block(ticket), wire::kBlockHeaderSize),
-                                             size_t(len) - wire::kBlockHeaderSize)) {
+      if (auto h = wire::decode_block_header(
+              std::span<const std::byte, wire::kBlockHeaderSize>(ring_->block(ticket), wire::kBlockHeaderSize),
+              size_t(len) - wire::kBlockHeaderSize)) {
         stream::trace(stream::TraceStage::kPosted, h->device, h->packet);
       }
     }
@@ -290,7 +293,7 @@ Status SenderLane::sending_thread_st() {
   for (;;) {
     (void)ring_->wait_next(moved ? kBusySpin : kIdleSpin, period);
     if (owner_.failed()) return Status::ok();  // reported by its thread
-    if (!ring_->try_take_token()) {  // a filler is transmitting
+    if (!ring_->try_take_token()) {            // a filler is transmitting
       ring_->nap(token_nap);
       token_nap = std::min(2 * token_nap, kMaxTokenTakenNap);
       moved = false;

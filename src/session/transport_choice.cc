@@ -7,9 +7,14 @@ TransportChoice choose_transport(Transport allowed, Transport requested, std::st
   const bool same_host = sender_host_id == receiver_host_id;
   Transport chosen;
   switch (requested) {
-    case Transport::kShm: chosen = Transport::kShm; break;
-    case Transport::kTcp: chosen = Transport::kTcp; break;
-    default: chosen = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
+    case Transport::kShm:
+      chosen = Transport::kShm;
+      break;
+    case Transport::kTcp:
+      chosen = Transport::kTcp;
+      break;
+    default:
+      chosen = allowed != Transport::kAuto ? allowed : (same_host ? Transport::kShm : Transport::kTcp);
   }
   if (allowed != Transport::kAuto && chosen != allowed) {
     return {std::nullopt, std::string("this receiver only accepts transport ") + transport_name(allowed)};

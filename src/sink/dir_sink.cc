@@ -138,7 +138,8 @@ Status DirSink::append(uint16_t device, std::span<const std::byte> data) {
     if (n <= 0) {
       int err = n < 0 ? errno : ENOSPC;
       // Undo a partial write so the retry starts from the same state.
-      if (ftruncate(dev.fd, off_t(dev.offset)) != 0) { /* the retry overwrites it anyway */ }
+      if (ftruncate(dev.fd, off_t(dev.offset)) != 0) { /* the retry overwrites it anyway */
+      }
       return io_error("cannot write " + temp_path(dev).string(), err);
     }
     done += size_t(n);

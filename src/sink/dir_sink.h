@@ -60,7 +60,7 @@ class DirSink final : public MessageSink {
   struct Device {
     std::filesystem::path dir;
     uint64_t next_seq = 0;
-    int fd = -1;            // open temp file of the message in progress
+    int fd = -1;  // open temp file of the message in progress
     uint64_t offset = 0;
     Committed last;
   };

@@ -7,7 +7,8 @@
 namespace slotstream::stream {
 
 Delivery::Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices)
-    : proto_(proto), sink_(sink) {
+    : proto_(proto),
+      sink_(sink) {
   for (uint16_t d : devices) devices_[d];
 }
 

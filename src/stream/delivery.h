@@ -34,8 +34,8 @@ namespace slotstream::stream {
 
 struct DeliveryCounters {
   uint64_t messages = 0;
-  uint64_t bytes = 0;            // payload bytes of complete messages
-  uint64_t gaps = 0;             // packets that never arrived
+  uint64_t bytes = 0;  // payload bytes of complete messages
+  uint64_t gaps = 0;   // packets that never arrived
   uint64_t duplicates = 0;
   uint64_t unknown_device = 0;
   uint64_t out_of_window = 0;

@@ -9,9 +9,9 @@
 namespace slotstream::stream {
 
 struct Fragment {
-  uint64_t offset = 0;   // into the message
+  uint64_t offset = 0;  // into the message
   uint32_t length = 0;
-  uint8_t flags = 0;     // wire::kFirstFragment | wire::kLastFragment
+  uint8_t flags = 0;  // wire::kFirstFragment | wire::kLastFragment
 };
 
 // A message of `length` bytes needs this many packets of at most `capacity` payload bytes.

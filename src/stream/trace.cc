@@ -1,7 +1,7 @@
 #include "stream/trace.h"
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 
@@ -21,10 +21,14 @@ std::atomic<Buffer*> g_buffer{nullptr};  // set once, never freed (a tracing pro
 
 const char* trace_stage_name(TraceStage stage) {
   switch (stage) {
-    case TraceStage::kCommitted: return "committed";
-    case TraceStage::kPosted: return "posted";
-    case TraceStage::kPolled: return "polled";
-    case TraceStage::kDelivered: return "delivered";
+    case TraceStage::kCommitted:
+      return "committed";
+    case TraceStage::kPosted:
+      return "posted";
+    case TraceStage::kPolled:
+      return "polled";
+    case TraceStage::kDelivered:
+      return "delivered";
   }
   return "?";
 }
@@ -40,9 +44,9 @@ void trace(TraceStage stage, uint16_t device, uint64_t packet) {
   if (!b) return;
   const size_t i = b->next.fetch_add(1, std::memory_order_relaxed);
   if (i >= b->capacity) return;
-  const uint64_t ns = uint64_t(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-          .count());
+  const uint64_t ns =
+      uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                   .count());
   b->events[i] = {ns, packet, device, stage};
 }
 

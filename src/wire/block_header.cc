@@ -22,8 +22,8 @@ void encode_block_header(const BlockHeader& h, std::span<std::byte, kBlockHeader
   put_le(p + 12, check_word(p), 4);
 }
 
-std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlockHeaderSize> in,
-                                               size_t payload_capacity, HeaderError* why) {
+std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlockHeaderSize> in, size_t payload_capacity,
+                                               HeaderError* why) {
   const std::byte* p = in.data();
   auto fail = [&](HeaderError e) -> std::optional<BlockHeader> {
     if (why) *why = e;
@@ -44,11 +44,16 @@ std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlock
 
 const char* header_error_name(HeaderError e) {
   switch (e) {
-    case HeaderError::kNone: return "none";
-    case HeaderError::kVersion: return "unknown header version";
-    case HeaderError::kFlags: return "unknown flags";
-    case HeaderError::kCheck: return "check word mismatch";
-    case HeaderError::kLength: return "payload length exceeds block";
+    case HeaderError::kNone:
+      return "none";
+    case HeaderError::kVersion:
+      return "unknown header version";
+    case HeaderError::kFlags:
+      return "unknown flags";
+    case HeaderError::kCheck:
+      return "check word mismatch";
+    case HeaderError::kLength:
+      return "payload length exceeds block";
   }
   return "?";
 }

@@ -38,7 +38,7 @@ inline constexpr uint8_t kKnownFlags = kFirstFragment | kLastFragment;
 struct BlockHeader {
   uint8_t flags = 0;
   uint16_t device = 0;
-  uint32_t packet = 0;        // per device, wraps at 2^32
+  uint32_t packet = 0;  // per device, wraps at 2^32
   uint32_t payload_length = 0;
 
   bool first() const { return flags & kFirstFragment; }
@@ -50,13 +50,11 @@ void encode_block_header(const BlockHeader& h, std::span<std::byte, kBlockHeader
 
 enum class HeaderError { kNone, kVersion, kFlags, kCheck, kLength };
 // Decodes and validates against the block's payload capacity. nullopt + reason on failure.
-std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlockHeaderSize> in,
-                                               size_t payload_capacity, HeaderError* why = nullptr);
+std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlockHeaderSize> in, size_t payload_capacity,
+                                               HeaderError* why = nullptr);
 const char* header_error_name(HeaderError e);
 
 // Signed distance from `expected` to `packet` in wrap-around arithmetic (RFC 1982 style).
-inline int64_t packet_distance(uint32_t expected, uint32_t packet) {
-  return static_cast<int32_t>(packet - expected);
-}
+inline int64_t packet_distance(uint32_t expected, uint32_t packet) { return static_cast<int32_t>(packet - expected); }
 
 }  // namespace slotstream::wire

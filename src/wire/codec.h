@@ -30,9 +30,18 @@ class Writer {
   void u64(uint64_t v) { le(v, 8); }
   void bytes(std::span<const uint8_t> b) { buf_.insert(buf_.end(), b.begin(), b.end()); }
   // Strings/blobs with an explicit length prefix of 1, 2 or 4 bytes.
-  void str8(std::string_view s) { u8(static_cast<uint8_t>(s.size())); raw(s); }
-  void str16(std::string_view s) { u16(static_cast<uint16_t>(s.size())); raw(s); }
-  void blob32(std::span<const uint8_t> b) { u32(static_cast<uint32_t>(b.size())); bytes(b); }
+  void str8(std::string_view s) {
+    u8(static_cast<uint8_t>(s.size()));
+    raw(s);
+  }
+  void str16(std::string_view s) {
+    u16(static_cast<uint16_t>(s.size()));
+    raw(s);
+  }
+  void blob32(std::span<const uint8_t> b) {
+    u32(static_cast<uint32_t>(b.size()));
+    bytes(b);
+  }
   std::vector<uint8_t>& buffer() { return buf_; }
 
  private:
@@ -58,7 +67,10 @@ class Reader {
   std::string str16() { return as_string(bytes(u16())); }
   std::vector<uint8_t> blob32(size_t max) {
     uint32_t n = u32();
-    if (n > max) { ok_ = false; return {}; }
+    if (n > max) {
+      ok_ = false;
+      return {};
+    }
     auto b = bytes(n);
     return {b.begin(), b.end()};
   }
@@ -68,7 +80,10 @@ class Reader {
  private:
   static std::string as_string(std::span<const uint8_t> b) { return {b.begin(), b.end()}; }
   bool take(size_t n) {
-    if (!ok_ || in_.size() - pos_ < n) { ok_ = false; return false; }
+    if (!ok_ || in_.size() - pos_ < n) {
+      ok_ = false;
+      return false;
+    }
     pos_ += n;
     return true;
   }

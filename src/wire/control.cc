@@ -18,7 +18,6 @@ Status finish(const Reader& r, const char* what) {
   return Status::ok();
 }
 
-
 // A proof is absent (no token) or one MAC.
 bool valid_proof(const std::vector<uint8_t>& proof) { return proof.empty() || proof.size() == kMacSize; }
 
@@ -26,19 +25,26 @@ bool valid_proof(const std::vector<uint8_t>& proof) { return proof.empty() || pr
 
 uint8_t encode_transport(Transport t) {
   switch (t) {
-    case Transport::kAuto: return 0;
-    case Transport::kShm: return 1;
-    case Transport::kTcp: return 2;
+    case Transport::kAuto:
+      return 0;
+    case Transport::kShm:
+      return 1;
+    case Transport::kTcp:
+      return 2;
   }
   return 0;
 }
 
 std::optional<Transport> decode_transport(uint8_t code) {
   switch (code) {
-    case 0: return Transport::kAuto;
-    case 1: return Transport::kShm;
-    case 2: return Transport::kTcp;
-    default: return std::nullopt;
+    case 0:
+      return Transport::kAuto;
+    case 1:
+      return Transport::kShm;
+    case 2:
+      return Transport::kTcp;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -80,8 +86,7 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
   h.version = r.u16();
   if (r.ok() && h.version != kProtocolVersion) {
     return {Code::kVersionMismatch, "unsupported version " + std::to_string(h.version) +
-                                        " (this receiver speaks version " +
-                                        std::to_string(kProtocolVersion) + ")"};
+                                        " (this receiver speaks version " + std::to_string(kProtocolVersion) + ")"};
   }
   h.protocol = r.str8();
   h.options = r.str16();

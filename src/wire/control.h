@@ -42,7 +42,6 @@
 
 #include <array>
 #include <cstdint>
-#include <optional>
 #include <map>
 #include <optional>
 #include <span>
@@ -61,8 +60,18 @@ inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
 
 enum class MsgType : uint8_t {
-  kHello = 1, kChallenge = 2, kAuth = 3, kAccept = 4, kRefuse = 5, kFin = 6, kFinAck = 7,
-  kCapacityRequest = 8, kCapacity = 9, kSetup = 10, kReady = 11, kPause = 12,
+  kHello = 1,
+  kChallenge = 2,
+  kAuth = 3,
+  kAccept = 4,
+  kRefuse = 5,
+  kFin = 6,
+  kFinAck = 7,
+  kCapacityRequest = 8,
+  kCapacity = 9,
+  kSetup = 10,
+  kReady = 11,
+  kPause = 12,
 };
 
 // Transports on the wire: one byte, kAuto 0 (the sender lets the receiver choose), kShm 1, kTcp 2

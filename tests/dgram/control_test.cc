@@ -33,7 +33,7 @@ TEST(DgramControl, RejectsMalformed) {
   auto b = encode_control(Fin{{{0, 10, 1000}}});
   EXPECT_FALSE(decode_fin(std::span(b).first(b.size() - 1)));  // truncated
   b.push_back(0);
-  EXPECT_FALSE(decode_fin(b));  // trailing bytes
+  EXPECT_FALSE(decode_fin(b));                        // trailing bytes
   EXPECT_FALSE(decode_hello(encode_control(Fin{})));  // another type
   std::vector<uint8_t> unknown = {9};
   EXPECT_FALSE(control_type(unknown));

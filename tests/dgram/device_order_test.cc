@@ -38,7 +38,7 @@ TEST(DeviceOrder, ReleasesInOrder) {
 
 TEST(DeviceOrder, AMessageNothingArrivedOfIsLostAfterTheTimeout) {
   DeviceOrder d(kT);
-  d.finished(done(0), 0);  // one-segment messages finish when first seen
+  d.finished(done(0), 0);   // one-segment messages finish when first seen
   d.finished(done(2), 10);  // 1 never arrives
   EXPECT_EQ(poll(d, 10), (std::vector<std::pair<uint32_t, Kind>>{{0, Kind::kComplete}}));
   EXPECT_EQ(d.next_deadline(), 110);
@@ -52,8 +52,8 @@ TEST(DeviceOrder, ALateArrivalFillsItsGap) {
   d.seen(1, 50);           // 1 turns up (its own timer now runs)
   EXPECT_EQ(poll(d, 100), (std::vector<std::pair<uint32_t, Kind>>{{0, Kind::kLost}}));
   d.finished(done(1), 120);
-  EXPECT_EQ(poll(d, 120), (std::vector<std::pair<uint32_t, Kind>>{{1, Kind::kComplete}, {2, Kind::kLost},
-                                                                  {3, Kind::kComplete}}));
+  EXPECT_EQ(poll(d, 120),
+            (std::vector<std::pair<uint32_t, Kind>>{{1, Kind::kComplete}, {2, Kind::kLost}, {3, Kind::kComplete}}));
 }
 
 TEST(DeviceOrder, FinAccountsForTrailingLosses) {

@@ -28,7 +28,7 @@ TEST(RangeSet, CountsOnlyNewBytes) {
   s.add(20, 10);
   EXPECT_EQ(s.add(5, 20), 10u);  // 10..20 is new; 5..10 and 20..25 were there
   EXPECT_EQ(s.ranges(), (std::vector<R>{{0, 30}}));
-  EXPECT_EQ(s.add(0, 30), 0u);   // a duplicate
+  EXPECT_EQ(s.add(0, 30), 0u);  // a duplicate
   EXPECT_EQ(s.add(3, 0), 0u);
   EXPECT_EQ(s.bytes(), 30u);
 }
@@ -93,18 +93,32 @@ TEST(Assembly, PartialHasZeroHolesAndItsHighestValidEnd) {
   EXPECT_FALSE(c.length_known);
   EXPECT_EQ(c.length, 16u);
   EXPECT_EQ(c.valid.ranges(), (std::vector<R>{{0, 4}, {12, 4}}));
-  EXPECT_EQ(std::vector<std::byte>(c.data.begin(), c.data.end()), (std::vector<std::byte>{std::byte{9}, std::byte{9}, std::byte{9}, std::byte{9}, {}, {}, {}, {}, {}, {},
-                                            {}, {}, std::byte{9}, std::byte{9}, std::byte{9}, std::byte{9}}));
+  EXPECT_EQ(std::vector<std::byte>(c.data.begin(), c.data.end()), (std::vector<std::byte>{std::byte{9},
+                                                                                          std::byte{9},
+                                                                                          std::byte{9},
+                                                                                          std::byte{9},
+                                                                                          {},
+                                                                                          {},
+                                                                                          {},
+                                                                                          {},
+                                                                                          {},
+                                                                                          {},
+                                                                                          {},
+                                                                                          {},
+                                                                                          std::byte{9},
+                                                                                          std::byte{9},
+                                                                                          std::byte{9},
+                                                                                          std::byte{9}}));
 }
 
 TEST(Assembly, RefusesWhatCannotBelong) {
   Assembly a(0, 0, 10);
-  EXPECT_EQ(a.place(60, bytes(8, 1), false, 64), Placed::kOutOfBounds);  // past the region
+  EXPECT_EQ(a.place(60, bytes(8, 1), false, 64), Placed::kOutOfBounds);         // past the region
   EXPECT_EQ(a.place(~0ull - 2, bytes(8, 1), false, 64), Placed::kOutOfBounds);  // wraps
-  EXPECT_EQ(a.place(16, bytes(8, 1), true, 64), Placed::kPlaced);  // length 24
-  EXPECT_EQ(a.place(24, bytes(8, 1), false, 64), Placed::kOutOfBounds);  // past the known end
-  EXPECT_EQ(a.place(0, bytes(8, 1), true, 64), Placed::kOutOfBounds);    // a second, different end
-  EXPECT_EQ(a.place(16, bytes(8, 1), true, 64), Placed::kDuplicate);     // the same last segment again
+  EXPECT_EQ(a.place(16, bytes(8, 1), true, 64), Placed::kPlaced);               // length 24
+  EXPECT_EQ(a.place(24, bytes(8, 1), false, 64), Placed::kOutOfBounds);         // past the known end
+  EXPECT_EQ(a.place(0, bytes(8, 1), true, 64), Placed::kOutOfBounds);           // a second, different end
+  EXPECT_EQ(a.place(16, bytes(8, 1), true, 64), Placed::kDuplicate);            // the same last segment again
   Assembly b(0, 0, 10);
   b.place(0, bytes(32, 1), false, 64);
   EXPECT_EQ(b.place(8, bytes(8, 1), true, 64), Placed::kOutOfBounds);  // ends before bytes already there

@@ -90,8 +90,8 @@ TEST(RdSender, RetransmitsOnTimeoutWithBackOff) {
 TEST(RdSender, FastRetransmitAfterThreeLaterAcks) {
   RdSender s;
   for (uint32_t i = 0; i < 5; ++i) s.sent(dg(i), 0);
-  s.on_ack(1, 64, 0, 1 * kMs);        // 0 acknowledged: RTT sample 1 ms
-  s.on_ack(1, 64, 0b111, 2 * kMs);    // bits 0..2: 2, 3, 4 arrived; 1 is missing
+  s.on_ack(1, 64, 0, 1 * kMs);      // 0 acknowledged: RTT sample 1 ms
+  s.on_ack(1, 64, 0b111, 2 * kMs);  // bits 0..2: 2, 3, 4 arrived; 1 is missing
   std::vector<const std::vector<std::byte>*> due;
   s.due(3 * kMs, &due);
   ASSERT_EQ(due.size(), 1u);

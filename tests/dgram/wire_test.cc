@@ -39,15 +39,15 @@ TEST(DgramWire, WriteRecordLayoutIsPinned) {
   ASSERT_EQ(d.size(), 12u + 16 + 2 + 4);
   EXPECT_EQ(at(d, 0), 'S');
   EXPECT_EQ(at(d, 1), 'D');
-  EXPECT_EQ(at(d, 2), 1);                        // wire version
+  EXPECT_EQ(at(d, 2), 1);                          // wire version
   EXPECT_EQ(at(d, 3), 0x80 | 0x40 | 0x20 | 0x01);  // T, L, M, DDP version 1
-  EXPECT_EQ(at(d, 4), 0x40 | 8);                 // RDMAP version 1, opcode 8 (Write-Record)
-  EXPECT_EQ(at(d, 5), 0);                        // UD
-  EXPECT_EQ(le(d, 6, 2), 2u);                    // payload length
-  EXPECT_EQ(le(d, 8, 4), 0x04030201u);           // source QP, little-endian
-  EXPECT_EQ(le(d, 12, 4), 0x14131211u);          // STag
-  EXPECT_EQ(le(d, 16, 8), 0x2827262524232221u);  // tagged offset
-  EXPECT_EQ(le(d, 24, 4), 0x34333231u);          // MSN
+  EXPECT_EQ(at(d, 4), 0x40 | 8);                   // RDMAP version 1, opcode 8 (Write-Record)
+  EXPECT_EQ(at(d, 5), 0);                          // UD
+  EXPECT_EQ(le(d, 6, 2), 2u);                      // payload length
+  EXPECT_EQ(le(d, 8, 4), 0x04030201u);             // source QP, little-endian
+  EXPECT_EQ(le(d, 12, 4), 0x14131211u);            // STag
+  EXPECT_EQ(le(d, 16, 8), 0x2827262524232221u);    // tagged offset
+  EXPECT_EQ(le(d, 24, 4), 0x34333231u);            // MSN
   EXPECT_EQ(at(d, 28), 0xAA);
   EXPECT_EQ(at(d, 29), 0xBB);
   EXPECT_EQ(le(d, 30, 4), crc32c(std::span(d).first(30)));
@@ -65,16 +65,16 @@ TEST(DgramWire, UntaggedAndRdLayoutIsPinned) {
   h.offset = 0x11223344;
   auto d = encode(h);
   ASSERT_EQ(d.size(), 12u + 24 + 12 + 4);
-  EXPECT_EQ(at(d, 3), 0x01);         // untagged, not last
-  EXPECT_EQ(at(d, 4), 0x40 | 3);     // Send
-  EXPECT_EQ(at(d, 5), 1);            // RD
+  EXPECT_EQ(at(d, 3), 0x01);      // untagged, not last
+  EXPECT_EQ(at(d, 4), 0x40 | 3);  // Send
+  EXPECT_EQ(at(d, 5), 1);         // RD
   EXPECT_EQ(le(d, 12, 4), 0x01020304u);
   EXPECT_EQ(le(d, 16, 4), 0x05060708u);
   EXPECT_EQ(le(d, 20, 4), 512u);
   EXPECT_EQ(le(d, 24, 4), uint64_t(kRdSeqValid));
   EXPECT_EQ(le(d, 28, 8), 0x8000000000000001u);
-  EXPECT_EQ(le(d, 36, 4), 0xBEEFu);  // QN
-  EXPECT_EQ(le(d, 40, 4), 9u);       // MSN
+  EXPECT_EQ(le(d, 36, 4), 0xBEEFu);      // QN
+  EXPECT_EQ(le(d, 40, 4), 9u);           // MSN
   EXPECT_EQ(le(d, 44, 4), 0x11223344u);  // MO
 }
 
@@ -147,17 +147,39 @@ TEST(DgramWire, RejectsWhatItCannotTrust) {
     EXPECT_FALSE(decode_segment(reseal(std::move(d)), &why));
     EXPECT_EQ(why, e) << decode_error_name(why);
   };
-  auto d = good; d[0] = std::byte{'X'}; expect(d, DecodeError::kMagic);
-  d = good; d[2] = std::byte{2}; expect(d, DecodeError::kVersion);
-  d = good; d[3] = std::byte{0x42}; expect(d, DecodeError::kVersion);     // DDP version 2
-  d = good; d[4] = std::byte{0x80 | 3}; expect(d, DecodeError::kVersion); // RDMAP version 2
-  d = good; d[3] |= std::byte{0x04}; expect(d, DecodeError::kReserved);
-  d = good; d[3] |= std::byte{0x20}; expect(d, DecodeError::kReserved);   // M on an untagged segment
-  d = good; d[5] = std::byte{3}; expect(d, DecodeError::kService);
-  d = good; d[4] = std::byte{0x40 | 9}; expect(d, DecodeError::kOpcode);
-  d = good; d[4] = std::byte{0x40 | 0}; expect(d, DecodeError::kOpcode);  // Write without T
-  d = good; d[4] = std::byte{0x40 | 15}; expect(d, DecodeError::kOpcode); // ack outside RD
-  d = good; d[6] = std::byte{9}; expect(d, DecodeError::kLength);
+  auto d = good;
+  d[0] = std::byte{'X'};
+  expect(d, DecodeError::kMagic);
+  d = good;
+  d[2] = std::byte{2};
+  expect(d, DecodeError::kVersion);
+  d = good;
+  d[3] = std::byte{0x42};
+  expect(d, DecodeError::kVersion);  // DDP version 2
+  d = good;
+  d[4] = std::byte{0x80 | 3};
+  expect(d, DecodeError::kVersion);  // RDMAP version 2
+  d = good;
+  d[3] |= std::byte{0x04};
+  expect(d, DecodeError::kReserved);
+  d = good;
+  d[3] |= std::byte{0x20};
+  expect(d, DecodeError::kReserved);  // M on an untagged segment
+  d = good;
+  d[5] = std::byte{3};
+  expect(d, DecodeError::kService);
+  d = good;
+  d[4] = std::byte{0x40 | 9};
+  expect(d, DecodeError::kOpcode);
+  d = good;
+  d[4] = std::byte{0x40 | 0};
+  expect(d, DecodeError::kOpcode);  // Write without T
+  d = good;
+  d[4] = std::byte{0x40 | 15};
+  expect(d, DecodeError::kOpcode);  // ack outside RD
+  d = good;
+  d[6] = std::byte{9};
+  expect(d, DecodeError::kLength);
   EXPECT_FALSE(decode_segment(std::span(good).first(15), &why));
   EXPECT_EQ(why, DecodeError::kShort);
   std::vector<std::byte> plain(100, std::byte{0x47});  // e.g. an MPEG-TS datagram without the shim

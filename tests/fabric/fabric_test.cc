@@ -78,9 +78,9 @@ TEST_P(PutFlagged, AReaderThatSeesTheFlagSeesTheData) {
     std::memset(src.data(), int(k & 0xff), src.size());
     flag = k;
     Request r;
-    ASSERT_TRUE(ep_->put_flagged(src.data(), src.size(), remote(kDataAt), &flag, sizeof flag, remote(kFlagAt), *rkey_,
-                                 &r)
-                    .is_ok());
+    ASSERT_TRUE(
+        ep_->put_flagged(src.data(), src.size(), remote(kDataAt), &flag, sizeof flag, remote(kFlagAt), *rkey_, &r)
+            .is_ok());
     ASSERT_TRUE(wait(r).is_ok());
     // The flag word is read until the next flush: keep it until the reader has seen it.
     while (checked.load(std::memory_order_acquire) != k) initiator_->progress();
@@ -110,7 +110,8 @@ TEST_P(PutFlagged, EveryFlagWidthLandsBehindItsData) {
   for (size_t width : {1, 2, 4, 8}) {
     const size_t at = 64 * width;  // aligned for every width
     Request r;
-    ASSERT_TRUE(ep_->put_flagged(data, sizeof data, remote(kDataAt + at), &flag, width, remote(at), *rkey_, &r).is_ok());
+    ASSERT_TRUE(
+        ep_->put_flagged(data, sizeof data, remote(kDataAt + at), &flag, width, remote(at), *rkey_, &r).is_ok());
     ASSERT_TRUE(wait(r).is_ok());
     ASSERT_TRUE(flush().is_ok());
     EXPECT_EQ(std::memcmp(region_->data() + kDataAt + at, data, sizeof data), 0) << width;

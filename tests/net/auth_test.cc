@@ -26,7 +26,8 @@ TEST(Auth, ProofDependsOnTokenLabelAndEveryByteOfEveryPart) {
 
 TEST(Auth, ProofMatchesHmacSha256OfTheDocumentedMessage) {
   // HMAC-SHA256("k", "slotstream-auth-v2" | 0x01 "x" | 00000001 "y"), computed independently with
-  // python3 -c 'import hmac,hashlib;print(hmac.new(b"k",b"slotstream-auth-v2\x01x\x01\x00\x00\x00y",hashlib.sha256).hexdigest())'
+  // python3 -c 'import
+  // hmac,hashlib;print(hmac.new(b"k",b"slotstream-auth-v2\x01x\x01\x00\x00\x00y",hashlib.sha256).hexdigest())'
   const std::vector<uint8_t> y = {'y'};
   Mac m = proof("k", "x", {y});
   std::string hex;

@@ -17,7 +17,6 @@
 namespace slotstream::protocol {
 namespace {
 
-
 std::string pattern(size_t i, size_t length) {
   std::string s(length, '\0');
   std::mt19937 rng(uint32_t(i * 7919 + 1));

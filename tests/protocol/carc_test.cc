@@ -84,7 +84,7 @@ TEST(ByteBudget, CountersWrapAround) {
 TEST(ProcessedWord, LayoutIsPinned) {
   std::array<std::byte, kProcessedWordSize> w{};
   encode_processed(0x0102030405060708ull, 0x1112131415161718ull, w);
-  EXPECT_EQ(w[0], std::byte{0x08});   // records, little-endian
+  EXPECT_EQ(w[0], std::byte{0x08});  // records, little-endian
   EXPECT_EQ(w[7], std::byte{0x01});
   EXPECT_EQ(w[8], std::byte{0x18});   // bytes
   EXPECT_EQ(w[16], std::byte{0x08});  // records again
@@ -121,8 +121,8 @@ TEST(ProcessedWord, AReadThatCaughtAPutHalfWayIsRejected) {
 class CacheDir : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("carc-cache-" + std::to_string(::getpid()) + "-" + testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = std::filesystem::temp_directory_path() / ("carc-cache-" + std::to_string(::getpid()) + "-" +
+                                                     testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }

@@ -64,8 +64,9 @@ TEST_P(Credit, ASenderThatIgnoresItsCreditsLosesNothingButIsCounted) {
   // Let every eager send leave before the receiver looks (so it finds more messages than posted
   // receives whatever the machine's load): progress the sender alone until they completed.
   for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-       std::chrono::steady_clock::now() < until &&
-       std::any_of(reqs.begin(), reqs.end(), [](fabric::Request& r) { return r.check().code() == Code::kInProgress; });) {
+       std::chrono::steady_clock::now() < until && std::any_of(reqs.begin(), reqs.end(), [](fabric::Request& r) {
+         return r.check().code() == Code::kInProgress;
+       });) {
     p.tx_worker->progress();
   }
   std::vector<size_t> got;  // indexes into records, in arrival order

@@ -42,8 +42,8 @@ struct FabricPair {
   }
 
   // Sets up `protocol` with `options` for `geometry`; the receiver half only if !with_sender.
-  Status open(Transport wire, const std::string& protocol, const std::string& options,
-              protocol::Geometry geometry, bool with_sender = true) {
+  Status open(Transport wire, const std::string& protocol, const std::string& options, protocol::Geometry geometry,
+              bool with_sender = true) {
     const protocol::Descriptor* d = protocol::find(protocol);
     if (!d) return {Code::kInvalidArgument, "no protocol " + protocol};
     protocol::Options opts;
@@ -58,8 +58,7 @@ struct FabricPair {
     protocol::ReceiverFabric rf{*rx_context, *rx_worker, geometry};
     SLOTSTREAM_RETURN_IF_ERROR(d->make_receiver(rf, opts, &rx));
     if (!with_sender) return Status::ok();
-    sender_fabric.reset(new protocol::SenderFabric{*tx_context, *tx_worker, *tx_endpoint, geometry,
-                                                   [this] {
+    sender_fabric.reset(new protocol::SenderFabric{*tx_context, *tx_worker, *tx_endpoint, geometry, [this] {
                                                      return stop.load() ? Status(Code::kCancelled, "test stopped")
                                                                         : Status::ok();
                                                    }});
@@ -84,9 +83,9 @@ inline std::vector<std::vector<std::byte>> random_records(size_t count, uint32_t
 
 // What the consumer saw while `stream` ran.
 struct Observed {
-  size_t records = 0;          // received byte-exact and in order
+  size_t records = 0;  // received byte-exact and in order
   uint64_t max_unreleased_bytes = 0;
-  std::string error;           // the first mismatch, if any
+  std::string error;  // the first mismatch, if any
 };
 
 // Transmits `records` from a sender thread while this thread consumes: progress, poll, check
@@ -124,8 +123,8 @@ inline Observed stream(FabricPair& p, const std::vector<std::vector<std::byte>>&
     for (const auto& r : polled) {
       const auto& want = records[o.records];
       if (r.bytes.size() != want.size() || !std::equal(want.begin(), want.end(), r.bytes.begin())) {
-        o.error = "record " + std::to_string(o.records) + " differs (" + std::to_string(r.bytes.size()) + " bytes, want " +
-                  std::to_string(want.size()) + ")";
+        o.error = "record " + std::to_string(o.records) + " differs (" + std::to_string(r.bytes.size()) +
+                  " bytes, want " + std::to_string(want.size()) + ")";
         break;
       }
       if (before_release) before_release(o.records);

@@ -20,7 +20,10 @@ using Outcome = NicAssistedCore::Outcome;
 
 struct Rig {
   Rig(uint64_t ring_bytes, uint64_t window, uint32_t slots, uint32_t slot_size, uint64_t buffer_bytes)
-      : wire(ring_bytes), rx(wire, window), queue(size_t(slots) * slot_size), buffer(buffer_bytes),
+      : wire(ring_bytes),
+        rx(wire, window),
+        queue(size_t(slots) * slot_size),
+        buffer(buffer_bytes),
         core(wire, ring_bytes, window, queue, slot_size, buffer) {}
   Outcome send(const std::vector<std::byte>& r) { return testing::transmit(core, r, &sent); }
   // The receiver takes every notice (its ledger rejects a segment without a credit), releases

@@ -19,7 +19,10 @@ using Outcome = PackedRingCore::Outcome;
 
 struct Rig {
   Rig(uint64_t ring_bytes, uint64_t buffer_bytes)
-      : wire(ring_bytes), rx(wire, 0), memory(buffer_bytes), core(wire, ring_bytes, memory) {}
+      : wire(ring_bytes),
+        rx(wire, 0),
+        memory(buffer_bytes),
+        core(wire, ring_bytes, memory) {}
   Outcome send(const std::vector<std::byte>& r) { return testing::transmit(core, r, &sent); }
   // The receiver consumes everything it was told about and ACKs.
   void receive_all() {

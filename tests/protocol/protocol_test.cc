@@ -205,9 +205,7 @@ TEST_P(EveryProtocol, SizesFromEmptyToSeveralBlocksOnThreeDevicesWrapAround) {
   stream(4, bs, {0, 1, 100, cap - 1, cap, cap + 1, 3 * cap + 7}, 120, {0, 5, 65535});
 }
 
-TEST_P(EveryProtocol, ManySmallMessagesInTinyBlocks) {
-  stream(3, 64, {1, 8, 47, 48, 49}, 400, {1, 2});
-}
+TEST_P(EveryProtocol, ManySmallMessagesInTinyBlocks) { stream(3, 64, {1, 8, 47, 48, 49}, 400, {1, 2}); }
 
 TEST_P(EveryProtocol, OneDeviceOneBlock) { stream(1, 1024, {10, 1008, 3000}, 60, {7}); }
 

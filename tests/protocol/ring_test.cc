@@ -16,8 +16,8 @@ using Verdict = RingLedger::Verdict;
 TEST(RingLayout, NoticeAndAckArePinned) {
   RingNotice n{0x1122334455667788ull, 0x0102030405060708ull, 0xAABBCCDD, kNoticePadding};
   const auto* b = reinterpret_cast<const uint8_t*>(&n);
-  EXPECT_EQ(b[0], 0x88);   // session, little-endian, bytes 0..7
-  EXPECT_EQ(b[8], 0x08);   // position, bytes 8..15
+  EXPECT_EQ(b[0], 0x88);  // session, little-endian, bytes 0..7
+  EXPECT_EQ(b[8], 0x08);  // position, bytes 8..15
   EXPECT_EQ(b[15], 0x01);
   EXPECT_EQ(b[16], 0xDD);  // length, bytes 16..19
   EXPECT_EQ(b[20], 0x01);  // flags, bytes 20..23: bit 0 = wrap marker

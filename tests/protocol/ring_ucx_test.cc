@@ -45,12 +45,14 @@ class RingReceiverTest : public testing::TestWithParam<Transport> {
     ASSERT_TRUE(make_ring_receiver(rf, window, &rx_).is_ok());
     ASSERT_TRUE(parse_ring_setup(rx_->setup(), &setup_).is_ok());
     ASSERT_TRUE(fabric::RemoteKey::unpack(*ep_, setup_.rkey, &rkey_).is_ok());
-    ASSERT_TRUE(tx_worker_->set_am_handler(kRingAckAm, [this](std::span<const std::byte> h, std::span<const std::byte>,
-                                                              fabric::ReplyEp) {
-      ASSERT_EQ(h.size(), sizeof(RingAck));
-      std::memcpy(&last_ack_, h.data(), sizeof last_ack_);
-      ++acks_;
-    }).is_ok());
+    ASSERT_TRUE(tx_worker_
+                    ->set_am_handler(kRingAckAm,
+                                     [this](std::span<const std::byte> h, std::span<const std::byte>, fabric::ReplyEp) {
+                                       ASSERT_EQ(h.size(), sizeof(RingAck));
+                                       std::memcpy(&last_ack_, h.data(), sizeof last_ack_);
+                                       ++acks_;
+                                     })
+                    .is_ok());
   }
 
   // Requests stay pending until settle(): in one process both workers must progress for them.
@@ -58,8 +60,8 @@ class RingReceiverTest : public testing::TestWithParam<Transport> {
     notices_.push_back({session, position, length, flags});
     ASSERT_TRUE(tx_worker_->fence().is_ok());
     reqs_.emplace_back();
-    ASSERT_TRUE(ep_->am_send(kRingNoticeAm, &notices_.back(), sizeof(RingNotice), nullptr, 0, true, &reqs_.back())
-                    .is_ok());
+    ASSERT_TRUE(
+        ep_->am_send(kRingNoticeAm, &notices_.back(), sizeof(RingNotice), nullptr, 0, true, &reqs_.back()).is_ok());
   }
   void put(const std::vector<std::byte>& data, uint64_t position) {
     data_.push_back(data);
@@ -146,7 +148,7 @@ TEST_P(RingReceiverTest, SegmentOfSeveralRecordsThenBadNoticesDropped) {
 }
 
 TEST_P(RingReceiverTest, NoSegmentBeyondTheCredits) {
-  make(2, 256);  // W = 256: two credits at first
+  make(2, 256);                      // W = 256: two credits at first
   const auto r = record(3, 0, 200);  // 216 bytes
   for (uint64_t pos : {0, 216}) {
     put(r, pos);
@@ -167,7 +169,9 @@ TEST_P(RingReceiverTest, NoSegmentBeyondTheCredits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Wires, RingReceiverTest, testing::Values(Transport::kShm, Transport::kTcp),
-                         [](const testing::TestParamInfo<Transport>& i) { return std::string(transport_name(i.param)); });
+                         [](const testing::TestParamInfo<Transport>& i) {
+                           return std::string(transport_name(i.param));
+                         });
 
 }  // namespace
 }  // namespace slotstream::protocol

@@ -20,7 +20,7 @@ TEST(WindowTracker, HeadCannotPassAnUnacknowledgedBlock) {
   // Blocks 1 and 2 are processed first (e.g. another device's consumer was faster)...
   EXPECT_EQ(w.ack(1), 0u);
   EXPECT_EQ(w.ack(2), 0u);
-  EXPECT_TRUE(w.full());  // ...but block 0 blocks the head: nothing can be sent (Figure 1d)
+  EXPECT_TRUE(w.full());    // ...but block 0 blocks the head: nothing can be sent (Figure 1d)
   EXPECT_EQ(w.ack(0), 3u);  // then all three are freed at once, in order
   EXPECT_TRUE(w.empty());
 }

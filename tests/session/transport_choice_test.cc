@@ -12,9 +12,9 @@ constexpr const char* kOnlyShm = "this receiver only accepts transport shm";
 constexpr const char* kOnlyTcp = "this receiver only accepts transport tcp";
 
 struct Row {
-  Transport allowed;   // recv --transport
-  WT requested;        // send --transport (in the HELLO)
-  bool same_host;      // equal host ids
+  Transport allowed;  // recv --transport
+  WT requested;       // send --transport (in the HELLO)
+  bool same_host;     // equal host ids
   std::optional<Transport> expect;
   const char* refusal;  // when expect is empty
 };

@@ -5,8 +5,8 @@
 
 #include <cstring>
 #include <set>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "wire/block_header.h"
 
@@ -105,8 +105,7 @@ TEST(Delivery, BufferUtilisationIsTimeWeightedHeldMemoryAndPayload) {
   EXPECT_GT(c.buffer_held_byte_ns / c.buffer_observed_ns, 0.9 * 2 * kBlockSize);
   f.pass();
   f.pass();  // nothing held any more: the averages fall
-  EXPECT_LT(f.delivery.counters().buffer_held_byte_ns / f.delivery.counters().buffer_observed_ns,
-            2.0 * kBlockSize);
+  EXPECT_LT(f.delivery.counters().buffer_held_byte_ns / f.delivery.counters().buffer_observed_ns, 2.0 * kBlockSize);
 }
 
 TEST(Delivery, ReordersByPacketNumberWhateverTheBlockPosition) {

@@ -24,7 +24,7 @@ class PortSet {
     uint16_t lo, hi;
   };
   bool listed(uint16_t port) const;
-  bool all_but_dns_ = true;   // the default
+  bool all_but_dns_ = true;  // the default
   std::vector<Range> ranges_;
 };
 

@@ -72,8 +72,8 @@ struct Real {
   decltype(&::writev) writev = next<decltype(&::writev)>("writev");
   decltype(&::readv) readv = next<decltype(&::readv)>("readv");
   int (*sendmmsg)(int, mmsghdr*, unsigned, int) = next<int (*)(int, mmsghdr*, unsigned, int)>("sendmmsg");
-  int (*recvmmsg)(int, mmsghdr*, unsigned, int, timespec*) =
-      next<int (*)(int, mmsghdr*, unsigned, int, timespec*)>("recvmmsg");
+  int (*recvmmsg)(int, mmsghdr*, unsigned, int,
+                  timespec*) = next<int (*)(int, mmsghdr*, unsigned, int, timespec*)>("recvmmsg");
   decltype(&::connect) connect = next<decltype(&::connect)>("connect");
 };
 
@@ -159,7 +159,8 @@ __attribute__((destructor)) void shim_report() {
   if (n <= 0) return;
   int fd = c.log == "1" ? STDERR_FILENO : ::open(c.log.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return;
-  if (real().write(fd, line, size_t(n)) < 0) { /* nowhere left to say it */ }
+  if (real().write(fd, line, size_t(n)) < 0) { /* nowhere left to say it */
+  }
   if (fd != STDERR_FILENO) ::close(fd);
 }
 
@@ -291,7 +292,8 @@ ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
   const size_t hs = encode_header(h, len, header);
   uint32_t crc = crc32c(std::span(header, hs));
   for (size_t i = 0; i < msg->msg_iovlen; ++i) {
-    crc = crc32c_extend(crc, std::span(static_cast<const std::byte*>(msg->msg_iov[i].iov_base), msg->msg_iov[i].iov_len));
+    crc =
+        crc32c_extend(crc, std::span(static_cast<const std::byte*>(msg->msg_iov[i].iov_base), msg->msg_iov[i].iov_len));
   }
   std::byte trailer[kCrcSize];
   put_crc(crc, trailer);
