@@ -1,6 +1,7 @@
 // The fabric's operations over real UCX in one process, on each transport: an initiator worker
 // driven by the test, a target worker (tcp: served by a progress thread, as a receiver's is).
 #include "fabric/fabric.h"
+#include "loopback.h"
 
 #include <gtest/gtest.h>
 
@@ -13,42 +14,16 @@
 namespace slotstream::fabric {
 namespace {
 
-class PutFlagged : public testing::TestWithParam<Transport> {
+class PutFlagged : public Loopback, public testing::WithParamInterface<Transport> {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(Context::create(GetParam(), &ctx_).is_ok());
-    ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/false, /*wakeup=*/false, &initiator_).is_ok());
-    ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/true, /*wakeup=*/true, &target_).is_ok());
-    ASSERT_TRUE(Endpoint::create(*initiator_, target_->address(), &ep_).is_ok());
-    ASSERT_TRUE(MemoryRegion::allocate(*ctx_, kRegion, &region_).is_ok());
+    open(GetParam());
     std::memset(region_->data(), 0, kRegion);
-    ASSERT_TRUE(region_->pack_rkey(&packed_).is_ok());
-    ASSERT_TRUE(RemoteKey::unpack(*ep_, packed_, &rkey_).is_ok());
-    progress_ = std::make_unique<ProgressThread>(*target_);
+    serve();
   }
-  void TearDown() override {
-    progress_.reset();
-    rkey_.reset();
-    ep_.reset();
-  }
-  Status wait(Request& r) {
-    return r.wait(*initiator_, [] { return Status::ok(); });
-  }
-  Status flush() {
-    return ep_->flush([] { return Status::ok(); });
-  }
-  uint64_t remote(size_t offset) const { return region_->remote_address() + offset; }
 
-  static constexpr size_t kRegion = 1 << 20;
   static constexpr size_t kFlagAt = 0;     // a 4-byte flag
   static constexpr size_t kDataAt = 4096;  // its data
-  std::unique_ptr<Context> ctx_;
-  std::unique_ptr<Worker> initiator_, target_;
-  std::unique_ptr<Endpoint> ep_;
-  std::unique_ptr<MemoryRegion> region_;
-  std::vector<uint8_t> packed_;
-  std::unique_ptr<RemoteKey> rkey_;
-  std::unique_ptr<ProgressThread> progress_;
 };
 
 TEST_P(PutFlagged, AReaderThatSeesTheFlagSeesTheData) {

@@ -2,6 +2,8 @@
 // process: an initiator worker driven by the test, a target worker with a progress thread.
 #include "fabric/soft_rma.h"
 
+#include "loopback.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,36 +21,12 @@ TEST(Context, NeedsAConcreteTransport) {
   EXPECT_EQ(ctx, nullptr);
 }
 
-class SoftRmaTest : public testing::Test {
+class SoftRmaTest : public Loopback {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(Context::create(Transport::kTcp, &ctx_).is_ok());
-    ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/false, /*wakeup=*/false, &initiator_).is_ok());
-    ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/true, /*wakeup=*/true, &target_).is_ok());
-    ASSERT_TRUE(Endpoint::create(*initiator_, target_->address(), &ep_).is_ok());
-    ASSERT_TRUE(MemoryRegion::allocate(*ctx_, kRegion, &region_).is_ok());
-    ASSERT_TRUE(region_->pack_rkey(&packed_).is_ok());
-    ASSERT_TRUE(RemoteKey::unpack(*ep_, packed_, &rkey_).is_ok());
+    open(Transport::kTcp);
     for (size_t i = 0; i < kRegion; ++i) region_->data()[i] = std::byte(i * 13 + 1);
   }
-  void TearDown() override {
-    progress_.reset();
-    rkey_.reset();
-    ep_.reset();
-  }
-  void serve() { progress_ = std::make_unique<ProgressThread>(*target_); }
-  Status wait(Request& r) {
-    return r.wait(*initiator_, [] { return Status::ok(); });
-  }
-
-  static constexpr size_t kRegion = 1 << 20;
-  std::unique_ptr<Context> ctx_;
-  std::unique_ptr<Worker> initiator_, target_;
-  std::unique_ptr<Endpoint> ep_;
-  std::unique_ptr<MemoryRegion> region_;
-  std::vector<uint8_t> packed_;
-  std::unique_ptr<RemoteKey> rkey_;
-  std::unique_ptr<ProgressThread> progress_;
 };
 
 TEST_F(SoftRmaTest, AGetLargerThanOneReplyChunkArrivesWhole) {
