@@ -146,7 +146,10 @@ def test_sender_killed_mid_message_keeps_complete_ones(start_receiver, spawn, tm
         pass
     tx.sigkill()
     tx.wait(10)
-    line = rx.stdout.wait_for(r"^sender big ", 10)[1]
+    try:
+        line = rx.stdout.wait_for(r"^sender big ", 10)[1]
+    except AssertionError as e:  # the receiver died: say how (UCX prints its assertion on stderr)
+        raise AssertionError(f"{e}\nreceiver exit {rx.poll()}, stderr:\n{rx.stderr.text[-3000:]}") from None
     m = LOST_RE.match(line)
     assert m, f"expected `sender big lost: kept M complete messages, discarded P partial`, got {line!r}"
     assert rx.poll() is None, "receiver exited"
