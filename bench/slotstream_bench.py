@@ -188,12 +188,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def perftest(transport, test, size, iters, extra=(), timeout=120):
+def perftest(transport, test, size, iters, extra=(), timeout=120, warmup=10):
     """One `ucx_perftest -t TEST` pair over the transport slotstream uses (same UCX_TLS): the numbers
     of its "Final:" line, i.e. [iterations, overhead p(R) / avg / overall µs, bandwidth avg / overall
     MiB/s, message rate avg / overall msg/s]."""
     env = dict(os.environ, UCX_TLS=UCX_TLS[transport])
-    args = ["-t", test, "-s", str(size), "-n", str(iters), "-w", "10", *extra]
+    args = ["-t", test, "-s", str(size), "-n", str(iters), "-w", str(warmup), *extra]
     last = ""
     for _ in range(3):  # the port can be taken between free_port() and the server's bind
         port = str(free_port())
@@ -222,12 +222,13 @@ def perftest(transport, test, size, iters, extra=(), timeout=120):
     raise PeerError(f"ucx_perftest gave no result ({transport}, {test}, {size} B): {last!r}")
 
 
-def perftest_latency(transport, size, iters, rank):
+def perftest_latency(transport, size, iters, warmup, rank):
     """The UCX one-way put latency ceiling for one size: `ucx_perftest -t ucp_put_lat` (a put
-    ping-pong, both sides polling the last byte of the buffer; it reports half the round trip).
-    Returns (percentile at `rank`, mean) in µs. The bench-peer's ucx_raw_put delivers nothing the
-    receiver could time, so the latency reference is UCX's own tool, same transport and size."""
-    final = perftest(transport, "ucp_put_lat", size, iters, ["-R", str(rank)])
+    ping-pong, both sides polling the last byte of the buffer; it reports half the round trip),
+    `iters` timed after `warmup` untimed, as the protocols' points are. Returns (percentile at
+    `rank`, mean) in µs. The bench-peer's ucx_raw_put delivers nothing the receiver could time, so
+    the latency reference is UCX's own tool, same transport and size."""
+    final = perftest(transport, "ucp_put_lat", size, iters, ["-R", str(rank)], warmup=warmup)
     return final[1], final[2]
 
 
@@ -417,13 +418,13 @@ LATENCY_STAGES = (("fill", "stamp", "committed"), ("post", "committed", "posted"
                   ("fabric_poll", "posted", "polled"), ("deliver", "polled", "delivered"))
 
 
-def latency_stages(snd, rcv):
+def latency_stages(snd, rcv, warm=0):
     """Median µs of each stage over the messages both peers traced (one block per message, one
-    device: packet i is message i). Empty without a trace."""
+    device: packet i is message i), leaving out the first `warm`. Empty without a trace."""
     events = {}
     for side in (snd.get("trace") or [], rcv.get("trace") or []):
         for stage, device, packet, ns in side:
-            if device == 0:
+            if device == 0 and packet >= warm:
                 events.setdefault(packet, {})[stage] = ns
     for i, stamp in enumerate(snd.get("send_times_ns") or []):
         if i in events:
@@ -436,6 +437,20 @@ def latency_stages(snd, rcv):
     return out
 
 
+def latency_gap_us(transport, size):
+    """The sender's pause after each latency message: each one arrives before the next is sent
+    (no queueing): 200 µs plus the size's time on the wire at ~1 GB/s (shm) or ~100 MB/s (tcp)."""
+    return int(200 + size / (100 if transport == "tcp" else 1000))
+
+
+def latency_samples(cfg, transport, size):
+    """Messages timed per latency point: as many as fit in cfg.latency_budget_s of gaps, between
+    cfg.latency_min and cfg.latency_max, so that a p99 rests on tens of samples where that is cheap
+    (64 B: 2,000 messages in 0.4 s) and a large message's point stays bounded (tcp 8 MiB: 100)."""
+    fit = int(cfg.latency_budget_s * 1e6 / latency_gap_us(transport, size))
+    return max(cfg.latency_min, min(cfg.latency_max, fit))
+
+
 def exp_latency(res, cfg):
     """Fig. 12: one block in flight at a time; one-way time from the sender's stamp to the
     message being complete at a busy-polling receiver. The UCX ceiling is ucx_perftest's put
@@ -446,8 +461,9 @@ def exp_latency(res, cfg):
     for t, p, s in runs:
         if delivers_nothing(cfg, p):  # no arrival to time: UCX's own put latency stands for it
             try:
-                p50, mean = perftest_latency(t, s, cfg.latency_runs, 50)
-                p99, _ = perftest_latency(t, s, cfg.latency_runs, 99)
+                n = latency_samples(cfg, t, s)
+                p50, mean = perftest_latency(t, s, n, cfg.latency_warmup, 50)
+                p99, _ = perftest_latency(t, s, n, cfg.latency_warmup, 99)
             except (PeerError, OSError) as e:
                 res.error(f"latency {p} {t} {s} B (ucx_perftest, run {res.run})", e)
                 prog.step(f"{t} {p} {s} B: FAILED")
@@ -457,17 +473,17 @@ def exp_latency(res, cfg):
                 res.add("latency", p, t, s, 1, metric, v, "us")
             prog.step(f"{t} {p:14} {s:>8} B mean {mean:9.1f} us (ucx_perftest ucp_put_lat)")
             continue
-        # The gap lets each message arrive before the next is sent (no queueing).
-        gap = int(200 + s / (100 if t == "tcp" else 1000))
-        trace = ["--trace", str(8 * cfg.latency_runs)] if p not in OUTSIDE_REFERENCES else []
+        n, warm = latency_samples(cfg, t, s), cfg.latency_warmup
+        trace = ["--trace", str(8 * (warm + n))] if p not in OUTSIDE_REFERENCES else []
         try:
-            snd, rcv = run_pair(t, p, s, cfg.latency_runs, PAPER_BLOCKS, gap_us=gap, busy_poll=True,
+            snd, rcv = run_pair(t, p, s, warm + n, PAPER_BLOCKS, gap_us=latency_gap_us(t, s), busy_poll=True,
                                 rx_extra=trace, tx_extra=trace)
         except PeerError as e:
             res.error(f"latency {p} {t} {s} B (run {res.run})", e)
             prog.step(f"{t} {p} {s} B: FAILED")
             continue
-        lat = [x / 1000 for x in rcv["latencies_ns"] if x > 0]
+        # One device, in order: sample i is message i; the first `warm` are the warm-up.
+        lat = [x / 1000 for x in rcv["latencies_ns"][warm:] if x > 0]
         if not lat:
             res.error(f"latency {p} {t} {s} B (run {res.run})", "no samples")
             prog.step(f"{t} {p} {s} B: no samples")
@@ -475,8 +491,9 @@ def exp_latency(res, cfg):
         for metric, v in (("latency_mean", statistics.mean(lat)), ("latency_p50", pct(lat, 50)),
                           ("latency_p99", pct(lat, 99))):
             res.add("latency", p, t, s, PAPER_BLOCKS, metric, v, "us")
+        res.add("latency", p, t, s, PAPER_BLOCKS, "latency_samples", len(lat), "count")
         res.sample("latency", f"{p}/{t}/{s}", [round(x, 3) for x in lat])
-        for stage, v in latency_stages(snd, rcv).items():
+        for stage, v in latency_stages(snd, rcv, warm).items():
             res.add("latency", p, t, s, PAPER_BLOCKS, f"stage_{stage}_p50", v, "us")
         prog.step(f"{t} {p:14} {s:>8} B mean {statistics.mean(lat):9.1f} us, median {pct(lat, 50):9.1f} us")
     # Every figure as a multiple of the UCX ceiling measured in the same run (1.0 = the ceiling).
@@ -739,7 +756,11 @@ def main(argv):
     cfg.block_sets = [a.blocks] if a.blocks else [PAPER_BLOCKS, DEFAULT_BLOCKS]
     cfg.repeats = a.repeats or (2 if a.tiny else 3 if quick else 10)
     cfg.round_bytes = (1 << 20) if a.tiny else (8 << 20) if quick else (32 << 20)
-    cfg.latency_runs = 20 if a.tiny else 100
+    # Latency: a warm-up the figures leave out (first touches of blocks and code, the receiver's
+    # first passes; ucx_perftest gets the same), then a time-budgeted number of timed messages.
+    cfg.latency_warmup = 5 if a.tiny else 100
+    cfg.latency_min, cfg.latency_max = (20, 20) if a.tiny else (100, 2000)
+    cfg.latency_budget_s = 0.0 if a.tiny else 1.0
     cfg.sync_blocks = [3, 32] if a.tiny else [3, 16, 128] if quick else SYNC_BLOCKS
     cfg.sync_count = 500 if a.tiny else 5000
     cfg.camera_seconds = 0.4 if a.tiny else 3 if a.quick else 10
