@@ -300,23 +300,32 @@ Status Request::check() {
 }
 
 Status Request::wait(Worker& worker, const Liveness& alive) {
-  // Spin first: an operation normally completes within microseconds (a status read over tcp is a
-  // round trip). One that does not (a stalled or stopped peer) is then polled with growing sleeps
-  // up to 1 ms, so that waiting for it does not cost a core.
-  constexpr unsigned kSpins = 2048;
+  // Spin first, for a bounded time: an operation normally completes within microseconds (a
+  // status read over tcp, a round trip to the receiver's progress thread: ~25-60 µs here). Then
+  // sleep in the worker's event wait, up to 1 ms at a time: the answer that completes the
+  // operation ends the sleep, and a stalled or stopped peer costs no core. The spin is bounded in
+  // time because the answer may need the core this thread spins on: the receiver's progress
+  // thread waits for one on a busy host. (Spinning 2,048 progress calls, ~0.9 ms over tcp, then
+  // sleeping blind, put a millisecond into 1 % of the one-message latencies on two cores.)
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSpinFor = std::chrono::microseconds(100);
   constexpr auto kMaxSleep = std::chrono::microseconds(1000);
-  auto next_check = std::chrono::steady_clock::now();
+  const auto spin_until = Clock::now() + kSpinFor;
+  auto next_check = Clock::now();
   auto sleep = std::chrono::microseconds(10);
+  bool spinning = true;
   for (unsigned spins = 0;; ++spins) {
     Status st = check();
     if (st.code() != Code::kInProgress) return st;
-    if (worker.progress() == 0 && spins >= kSpins) {
-      std::this_thread::sleep_for(sleep);
+    const bool progressed = worker.progress() != 0;
+    if (spinning && (spins & 15) == 15) spinning = Clock::now() < spin_until;
+    if (!spinning && !progressed) {
+      if (!worker.wait_for_event(sleep).is_ok()) std::this_thread::sleep_for(sleep);  // no wake-up fd
       sleep = std::min(kMaxSleep, sleep * 2);
     }
-    if (alive && (spins & 255) == 0 && std::chrono::steady_clock::now() >= next_check) {
+    if (alive && (spins & 255) == 0 && Clock::now() >= next_check) {
       SLOTSTREAM_RETURN_IF_ERROR(alive());
-      next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+      next_check = Clock::now() + std::chrono::milliseconds(1);
     }
   }
 }

@@ -205,9 +205,10 @@ struct Descriptor {
   // with the SETUP, and the sender's worker must answer (on tcp: the sending thread progresses
   // it while idle, and after FIN until the receiver has let go and closed the connection).
   bool receiver_endpoint = false;
-  // The sender's worker is created with a wake-up file descriptor (protocols that sleep on it),
-  // and the idle sending thread sleeps on it too (woken by a filler's commit or by anything that
-  // reaches the worker): a peer's operation that needs this worker is answered at once.
+  // The idle sending thread sleeps on the worker's wake-up file descriptor (every sender's
+  // worker has one), woken by a filler's commit or by anything that reaches the worker: a peer's
+  // operation that needs this worker is answered at once. (Without it the idle sending thread
+  // naps, and a filler's commit transmits from the filler without a hand-off.)
   bool sender_wakeup = false;
   // Rejects options the protocol does not take (nullptr: it takes none).
   Status (*check_options)(const Options& options) = nullptr;

@@ -144,7 +144,9 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   const Transport t = accept.transport;
   fabric::Context* context = nullptr;
   SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(t, &context));
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, desc.sender_wakeup, &worker_));
+  // Always with a wake-up fd: a thread that waits for an operation's answer (a status read over
+  // tcp is a round trip to the receiver's progress thread) sleeps until it comes (Request::wait).
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/true, &worker_));
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*worker_, accept.worker_address, &endpoint_));
   const size_t local_size = size_t(options.blocks) * options.block_size;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(*context, local_size, &local_));
