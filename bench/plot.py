@@ -478,10 +478,10 @@ def report(doc, records, out, made):
           "## One-block transmission latency, µs (Fig. 12)\n",
           "One-way times: the sender's stamp before filling the block until the message is complete at a "
           "busy-polling receiver; one message in flight at a time (the sender waits 200 µs plus the size's "
-          "wire time after each). Each point first sends 100 warm-up messages that are not timed, then times "
-          "as many as fit in about a second of gaps, 100 to 2,000 (the count is the `latency_samples` "
-          "record), so a p99 at small sizes rests on ~20 samples, not on the slowest one or two of a cold "
-          "start. ucx_raw_put is `ucx_perftest -t ucp_put_lat` on the same transport and size, with the same "
+          "wire time after each). Each point times as many messages as fit in about a second of gaps, 100 to "
+          "2,000 (the count is the `latency_samples` record), after untimed warm-up messages (100, or a tenth "
+          "of the timed ones for large messages, at least 5), so a p99 at small sizes rests on ~20 samples, "
+          "not on the slowest one or two of a cold start. ucx_raw_put is `ucx_perftest -t ucp_put_lat` on the same transport and size, with the same "
           "warm-up and count (half a put ping-pong round trip, both sides polling memory; one buffer, so blocks = 1); the "
           "bench-peer's raw put loop delivers nothing a receiver could time. A scheduler stall of either "
           "process lands in these numbers in full, so read the mean next to the median.\n",

@@ -451,6 +451,13 @@ def latency_samples(cfg, transport, size):
     return max(cfg.latency_min, min(cfg.latency_max, fit))
 
 
+def latency_warmup(cfg, samples):
+    """Untimed messages before a latency point's `samples`: cfg.latency_warmup, but no more than a
+    tenth of the samples (at least 5), so that a point of large messages (100 timed over tcp at
+    8 MiB, 84 ms apart) is not doubled by its warm-up; every block is still written several times."""
+    return max(min(5, cfg.latency_warmup), min(cfg.latency_warmup, samples // 10))
+
+
 def exp_latency(res, cfg):
     """Fig. 12: one block in flight at a time; one-way time from the sender's stamp to the
     message being complete at a busy-polling receiver. The UCX ceiling is ucx_perftest's put
@@ -462,8 +469,8 @@ def exp_latency(res, cfg):
         if delivers_nothing(cfg, p):  # no arrival to time: UCX's own put latency stands for it
             try:
                 n = latency_samples(cfg, t, s)
-                p50, mean = perftest_latency(t, s, n, cfg.latency_warmup, 50)
-                p99, _ = perftest_latency(t, s, n, cfg.latency_warmup, 99)
+                p50, mean = perftest_latency(t, s, n, latency_warmup(cfg, n), 50)
+                p99, _ = perftest_latency(t, s, n, latency_warmup(cfg, n), 99)
             except (PeerError, OSError) as e:
                 res.error(f"latency {p} {t} {s} B (ucx_perftest, run {res.run})", e)
                 prog.step(f"{t} {p} {s} B: FAILED")
@@ -473,7 +480,8 @@ def exp_latency(res, cfg):
                 res.add("latency", p, t, s, 1, metric, v, "us")
             prog.step(f"{t} {p:14} {s:>8} B mean {mean:9.1f} us (ucx_perftest ucp_put_lat)")
             continue
-        n, warm = latency_samples(cfg, t, s), cfg.latency_warmup
+        n = latency_samples(cfg, t, s)
+        warm = latency_warmup(cfg, n)
         trace = ["--trace", str(8 * (warm + n))] if p not in OUTSIDE_REFERENCES else []
         try:
             snd, rcv = run_pair(t, p, s, warm + n, PAPER_BLOCKS, gap_us=latency_gap_us(t, s), busy_poll=True,
