@@ -466,11 +466,12 @@ def exp_latency(res, cfg):
     runs = [(t, p, s) for t in cfg.transports for s in cfg.sizes for p in protocols if runs_on(p, t)]
     prog = Progress(len(runs), "latency", res.run, cfg.runs)
     for t, p, s in runs:
+        n = latency_samples(cfg, t, s)
+        warm = latency_warmup(cfg, n)
         if delivers_nothing(cfg, p):  # no arrival to time: UCX's own put latency stands for it
             try:
-                n = latency_samples(cfg, t, s)
-                p50, mean = perftest_latency(t, s, n, latency_warmup(cfg, n), 50)
-                p99, _ = perftest_latency(t, s, n, latency_warmup(cfg, n), 99)
+                p50, mean = perftest_latency(t, s, n, warm, 50)
+                p99, _ = perftest_latency(t, s, n, warm, 99)
             except (PeerError, OSError) as e:
                 res.error(f"latency {p} {t} {s} B (ucx_perftest, run {res.run})", e)
                 prog.step(f"{t} {p} {s} B: FAILED")
@@ -480,8 +481,6 @@ def exp_latency(res, cfg):
                 res.add("latency", p, t, s, 1, metric, v, "us")
             prog.step(f"{t} {p:14} {s:>8} B mean {mean:9.1f} us (ucx_perftest ucp_put_lat)")
             continue
-        n = latency_samples(cfg, t, s)
-        warm = latency_warmup(cfg, n)
         trace = ["--trace", str(8 * (warm + n))] if p not in OUTSIDE_REFERENCES else []
         try:
             snd, rcv = run_pair(t, p, s, warm + n, PAPER_BLOCKS, gap_us=latency_gap_us(t, s), busy_poll=True,

@@ -320,7 +320,7 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
     const bool progressed = worker.progress() != 0;
     if (spinning && (spins & 15) == 15) spinning = Clock::now() < spin_until;
     if (!spinning && !progressed) {
-      if (!worker.wait_for_event(sleep).is_ok()) std::this_thread::sleep_for(sleep);  // no wake-up fd
+      worker.wait_or_sleep(sleep);
       sleep = std::min(kMaxSleep, sleep * 2);
     }
     if (alive && (spins & 255) == 0 && Clock::now() >= next_check) {
@@ -580,6 +580,10 @@ Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   int rc = ::ppoll(&pfd, 1, &ts, nullptr);
   if (rc < 0 && errno != EINTR) return {Code::kTransportError, std::string("poll: ") + strerror(errno)};
   return Status::ok();
+}
+
+void Worker::wait_or_sleep(std::chrono::microseconds timeout) {
+  if (!wait_for_event(timeout).is_ok()) std::this_thread::sleep_for(timeout);
 }
 
 void Worker::signal() { ucp_worker_signal(handle()); }

@@ -293,6 +293,9 @@ class Worker {
   // is kept until the next wait) or `timeout` passes (a worker created with wakeup). Progresses
   // first: returns at once if there was work.
   Status wait_for_event(std::chrono::microseconds timeout = std::chrono::seconds(1));
+  // wait_for_event(timeout), or a plain sleep of `timeout` where that fails (a worker without a
+  // wake-up fd): a backing-off waiter that an event may end early.
+  void wait_or_sleep(std::chrono::microseconds timeout);
   // Any thread.
   void signal();
 

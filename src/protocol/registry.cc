@@ -52,7 +52,7 @@ void PollBackoff::pause() {
 void PollBackoff::pause(fabric::Worker& worker) {
   if (++polls_ <= kSpinPolls) return;
   const std::chrono::microseconds t(std::min(kMaxSleepUs, polls_ - kSpinPolls));
-  if (!worker.wait_for_event(t).is_ok()) std::this_thread::sleep_for(t);  // no wake-up fd
+  worker.wait_or_sleep(t);
 }
 
 }  // namespace slotstream::protocol
