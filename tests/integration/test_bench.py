@@ -66,6 +66,10 @@ def test_tiny_run_of_every_experiment(tmp_path):
                       if (r["experiment"], r["protocol"], r["transport"]) == ("latency", proto, t)
                       and r["metric"].startswith("stage_")}
             assert stages == {f"stage_{s}_p50" for s in ("fill", "post", "fabric_poll", "deliver")}, (proto, t, stages)
+            # --tiny times 20 messages after 5 untimed warm-up ones: the warm-up is sent and left out.
+            samples = [r["value"] for r in doc["records"] if (r["experiment"], r["protocol"], r["transport"],
+                                                               r["metric"]) == ("latency", proto, t, "latency_samples")]
+            assert samples and all(v == 20 for v in samples), (proto, t, samples)
             idle = {r["metric"] for r in doc["records"] if (r["experiment"], r["protocol"], r["transport"]) ==
                     ("idle", proto, t)}
             assert idle == {"cpu_sender", "cpu_receiver"}, (proto, t, idle)
