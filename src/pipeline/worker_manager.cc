@@ -231,8 +231,17 @@ void WorkerManager::refresh_locked(DeviceWorker& w) {
 }
 
 void WorkerManager::stored(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes) {
+  const StoredFile file{device, seq, bytes};
+  stored(sender, std::span(&file, 1));
+}
+
+void WorkerManager::stored(const std::string& sender, std::span<const StoredFile> files) {
   std::lock_guard lock(mutex_);
   if (stopping_) return;
+  for (const StoredFile& f : files) stored_locked(sender, f.device, f.seq, f.bytes);
+}
+
+void WorkerManager::stored_locked(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes) {
   DeviceWorker& w = worker_locked(sender, device);
   if (int64_t(seq) > w.done && (w.pending.empty() || w.pending.back().first < seq)) {
     w.pending.emplace_back(seq, bytes);
@@ -376,8 +385,59 @@ class PipelineSink final : public MessageSink {
     return Status::ok();
   }
   void abort(uint16_t device) override { files_.abort(device); }
+  // A batch: each device's backlog is looked at once (one lock), and what was stored is told to
+  // the manager once per device.
+  Status deliver(std::span<const Message> batch, size_t* stored) override {
+    *stored = 0;
+    Status st;
+    size_t from = 0;
+    while (from < batch.size() && st.is_ok()) {
+      // The run of messages up to the first of a device over its limit.
+      size_t to = from;
+      for (; to < batch.size(); ++to) {
+        std::string why;
+        if (over_limit_once(batch[to].device, &why)) {
+          st = {Code::kBusy, "worker backlog: " + why};
+          break;
+        }
+      }
+      size_t n = 0;
+      Status written = files_.deliver(batch.subspan(from, to - from), &n);
+      tell_stored(batch.subspan(from, n));
+      *stored += n;
+      if (!written.is_ok()) return written;
+      from = to;
+    }
+    checked_.clear();
+    return st;
+  }
 
  private:
+  // over_limit() once per device per batch (its answer does not change within one).
+  bool over_limit_once(uint16_t device, std::string* why) {
+    for (const auto& [d, over] : checked_) {
+      if (d == device) return over;
+    }
+    const bool over = manager_.over_limit(sender_, device, why);
+    checked_.emplace_back(device, over);
+    return over;
+  }
+  // The files of `done` (numbered in order per device, the last is the device's last commit).
+  void tell_stored(std::span<const Message> done) {
+    files_done_.resize(done.size());
+    seen_.clear();
+    for (size_t i = done.size(); i-- > 0;) {
+      const uint16_t d = done[i].device;
+      auto it = std::find_if(seen_.begin(), seen_.end(), [&](const auto& kv) { return kv.first == d; });
+      if (it == seen_.end()) it = seen_.insert(seen_.end(), {d, 0});
+      files_done_[i] = {d, files_.last_committed(d).seq - it->second++, done[i].data.size()};
+    }
+    manager_.stored(sender_, files_done_);
+  }
+
+  std::vector<std::pair<uint16_t, bool>> checked_;
+  std::vector<std::pair<uint16_t, uint64_t>> seen_;
+  std::vector<WorkerManager::StoredFile> files_done_;
   sink::DirSink files_;
   std::string sender_;
   WorkerManager& manager_;

@@ -26,16 +26,8 @@ class StatusByteSender final : public SenderProtocol {
         cache_(fabric.geometry.blocks) {}
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
-    int64_t j = cache_.pick(&stats_.held_skips);
-    if (j < 0) {
-      // paper §3.2.6: no free block in the cache. The sender is blocked from here until a block
-      // is free: status reads, their fences and back-off all count as this one wait.
-      WaitTimer wait(stats_);
-      for (PollBackoff backoff; j < 0; backoff.pause()) {
-        SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
-        j = cache_.pick(&stats_.held_skips);
-      }
-    }
+    SLOTSTREAM_RETURN_IF_ERROR(wait_space_st());
+    const int64_t j = cache_.pick(&stats_.held_skips);
     const auto& g = fabric_.geometry;
     // paper §3.2.2: two writes — the data (no completion of its own), then, behind a fence, the
     // status byte: the fence is what lets the receiver trust a status byte of 1.
@@ -43,6 +35,29 @@ class StatusByteSender final : public SenderProtocol {
                                                             &kFullByte, 1, status_addr_ + j, *rkey_, data_req));
     cache_.mark_full(static_cast<uint32_t>(j));
     ++stats_.records;
+    return Status::ok();
+  }
+
+  // paper §3.2.6: no free block in the cache. The sender is blocked from here until a block is
+  // free: status reads, their fences and back-off all count as this one wait.
+  Status wait_space_st() override {
+    if (cache_.pick(nullptr) >= 0) return Status::ok();
+    WaitTimer wait(stats_);
+    for (PollBackoff backoff;; backoff.pause()) {
+      SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
+      if (cache_.pick(nullptr) >= 0) return Status::ok();
+    }
+  }
+
+  // One status read when the cache has no free block: a filler that finds none leaves the wait
+  // to the sending thread (which times it from there on).
+  Status space_st(bool* ready) override {
+    *ready = cache_.pick(nullptr) >= 0;
+    if (*ready) return Status::ok();
+    WaitTimer wait(stats_);
+    SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
+    *ready = cache_.pick(nullptr) >= 0;
+    if (!*ready) wait.dismiss();
     return Status::ok();
   }
 
@@ -159,7 +174,7 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
   for (uint32_t k = 0; k < n; ++k) {
     uint32_t i = (cursor_ + k) % n;
     if (status_[i] == kEmpty) return i;
-    if (status_[i] == kHeld) ++*held_skips;
+    if (status_[i] == kHeld && held_skips) ++*held_skips;
   }
   return -1;
 }
@@ -170,6 +185,7 @@ const Descriptor kStatusByte = {
         "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
         "writes data, fence, status byte, and reads the status array only when out of free blocks",
     .holds = true,
+    .packs = true,
     .make_sender = make_sender,
     .make_receiver = make_receiver,
 };

@@ -174,6 +174,55 @@ Status DirSink::commit(uint16_t device) {
   return Status::ok();
 }
 
+Status DirSink::deliver(std::span<const Message> batch, size_t* stored) {
+  for (*stored = 0; *stored < batch.size(); ++*stored) {
+    const Message& m = batch[*stored];
+    Device* dev = nullptr;
+    SLOTSTREAM_RETURN_IF_ERROR(open_device(m.device, &dev));
+    if (dev->fd >= 0) abort(m.device);  // a message spanning blocks that never ended
+    SLOTSTREAM_RETURN_IF_ERROR(store_whole(*dev, m.data));
+  }
+  return Status::ok();
+}
+
+// begin + append + commit for a message that is all here, without the checks a message written
+// piece by piece needs (its directory removed between pieces): a removed directory shows as
+// ENOENT when the temp file is created, and is made again.
+Status DirSink::store_whole(Device& dev, std::span<const std::byte> data) {
+  const fs::path tmp = temp_path(dev);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    SLOTSTREAM_RETURN_IF_ERROR(recreate_dir(dev));
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done, off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot write " + tmp.string(), err);
+    }
+    done += size_t(n);
+  }
+  const fs::path final_path = dev.dir / file_name(dev.next_seq);
+  const bool closed = ::close(fd) == 0 || errno == EINTR;
+  const int err = closed ? 0 : errno;
+  // Never overwrite: a file that appeared under our name since start-up stops us.
+  if (closed && ::link(tmp.c_str(), final_path.c_str()) == 0) {
+    ::unlink(tmp.c_str());
+    dev.last = {dev.next_seq, data.size()};
+    ++dev.next_seq;
+    return Status::ok();
+  }
+  const int why = closed ? errno : err;
+  ::unlink(tmp.c_str());
+  if (why == EEXIST) return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
+  return io_error(closed ? "cannot rename " + tmp.string() : "cannot close " + tmp.string(), why);
+}
+
 Status DirSink::next_seq(uint16_t device, uint64_t* out) {
   Device* dev = nullptr;
   SLOTSTREAM_RETURN_IF_ERROR(open_device(device, &dev));

@@ -32,6 +32,9 @@ class DirSink final : public MessageSink {
   Status append(uint16_t device, std::span<const std::byte> data) override;
   Status commit(uint16_t device) override;
   void abort(uint16_t device) override;
+  // Each whole message is written in one go: its temp file, one write, close, link into place
+  // (one file per message is the layout; the syscalls are the file's, not the receive path's).
+  Status deliver(std::span<const Message> batch, size_t* stored) override;
 
   struct Committed {
     uint64_t seq = 0;
@@ -65,6 +68,7 @@ class DirSink final : public MessageSink {
     Committed last;
   };
   Status open_device(uint16_t device, Device** out);
+  Status store_whole(Device& dev, std::span<const std::byte> data);
   Status recreate_dir(Device& dev);
   Status restore_temp(Device& dev);
   std::filesystem::path temp_path(const Device& d) const;
