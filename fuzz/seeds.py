@@ -11,7 +11,7 @@ import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 2  # wire::kProtocolVersion
+VERSION = 3  # wire::kProtocolVersion
 
 
 def s8(b):
@@ -32,10 +32,25 @@ def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes
             b"".join(struct.pack("<H", d) for d in devices) + struct.pack("<QHH", 0x1234, lane, lanes) + bytes(range(32)))
 
 
-def block_header(flags, device, packet, length, capacity):
+def record_header(flags, device, packet, length):
     w0 = 1 | flags << 8 | device << 16
     check = ~(w0 ^ packet ^ length) & 0xFFFFFFFF
-    return struct.pack("<I", capacity) + struct.pack("<BBHIII", 1, flags, device, packet, length, check)
+    return struct.pack("<BBHIII", 1, flags, device, packet, length, check)
+
+
+def block_header(flags, device, packet, length, capacity):
+    return struct.pack("<I", capacity) + record_header(flags, device, packet, length)
+
+
+def packed_unit(records, capacity):
+    """A packed unit (wire/block_header.h, version 2): header, then records padded to 8 bytes."""
+    body = b""
+    for flags, device, packet, payload in records:
+        r = record_header(flags, device, packet, len(payload)) + payload
+        body += r + b"\0" * (-len(r) % 8)
+    length = 16 + len(body)
+    check = ~(2 ^ len(records) ^ length) & 0xFFFFFFFF
+    return struct.pack("<I", capacity) + struct.pack("<BBHIII", 2, 0, 0, len(records), length, check) + body
 
 
 CRC32C_POLY = 0x82F63B78  # reflected
@@ -99,6 +114,8 @@ def main():
             "first": block_header(1, 11, 7, 1 << 20, 1 << 20),
             "middle": block_header(0, 65535, 0xFFFFFFFF, 0, 48),
             "last-too-long": block_header(2, 3, 9, 49, 48),
+            "packed-three": packed_unit([(3, 0, 0, b"abc"), (4, 9, 0, b"void...."), (3, 1, 5, b"")], 1 << 16),
+            "packed-fragment": packed_unit([(1, 2, 7, b"x" * 20), (3, 0, 1, b"y")], 4096),
         },
         "options": {
             "empty": b"",

@@ -258,19 +258,26 @@ void WorkerManager::stored_locked(const std::string& sender, uint16_t device, ui
 }
 
 bool WorkerManager::over_limit(const std::string& sender, uint16_t device, std::string* why) {
+  return over(device, backlog(sender, device), why);
+}
+
+WorkerManager::Backlog WorkerManager::backlog(const std::string& sender, uint16_t device) {
   std::lock_guard lock(mutex_);
   auto it = workers_.find({sender, device});
-  if (it == workers_.end()) return false;
+  if (it == workers_.end()) return {};
   DeviceWorker& w = it->second;
   refresh_locked(w);
-  const uint64_t n = w.pending.size();
-  if (options_.backlog_messages && n >= options_.backlog_messages) {
-    *why = "device " + std::to_string(device) + " has " + std::to_string(n) +
+  return {w.pending.size(), w.pending_bytes};
+}
+
+bool WorkerManager::over(uint16_t device, const Backlog& b, std::string* why) const {
+  if (options_.backlog_messages && b.messages >= options_.backlog_messages) {
+    *why = "device " + std::to_string(device) + " has " + std::to_string(b.messages) +
            " unprocessed messages (--backlog-messages " + std::to_string(options_.backlog_messages) + ")";
     return true;
   }
-  if (options_.backlog_bytes && w.pending_bytes >= options_.backlog_bytes) {
-    *why = "device " + std::to_string(device) + " has " + std::to_string(w.pending_bytes) +
+  if (options_.backlog_bytes && b.bytes >= options_.backlog_bytes) {
+    *why = "device " + std::to_string(device) + " has " + std::to_string(b.bytes) +
            " unprocessed bytes (--backlog-bytes " + std::to_string(options_.backlog_bytes) + ")";
     return true;
   }
@@ -385,42 +392,38 @@ class PipelineSink final : public MessageSink {
     return Status::ok();
   }
   void abort(uint16_t device) override { files_.abort(device); }
-  // A batch: each device's backlog is looked at once (one lock), and what was stored is told to
-  // the manager once per device.
+  // A batch: each device's backlog is looked up once (one lock) and counted up as its messages
+  // are stored, so the limit holds message by message; what was stored is told to the manager
+  // in one call.
   Status deliver(std::span<const Message> batch, size_t* stored) override {
     *stored = 0;
     Status st;
-    size_t from = 0;
-    while (from < batch.size() && st.is_ok()) {
-      // The run of messages up to the first of a device over its limit.
-      size_t to = from;
-      for (; to < batch.size(); ++to) {
-        std::string why;
-        if (over_limit_once(batch[to].device, &why)) {
-          st = {Code::kBusy, "worker backlog: " + why};
-          break;
-        }
+    size_t n = 0;
+    for (; n < batch.size(); ++n) {
+      WorkerManager::Backlog& b = backlog_of(batch[n].device);
+      std::string why;
+      if (manager_.over(batch[n].device, b, &why)) {
+        st = {Code::kBusy, "worker backlog: " + why};
+        break;
       }
-      size_t n = 0;
-      Status written = files_.deliver(batch.subspan(from, to - from), &n);
-      tell_stored(batch.subspan(from, n));
-      *stored += n;
-      if (!written.is_ok()) return written;
-      from = to;
+      size_t one = 0;
+      st = files_.deliver(batch.subspan(n, 1), &one);
+      if (!st.is_ok()) break;
+      ++b.messages;
+      b.bytes += batch[n].data.size();
     }
-    checked_.clear();
+    tell_stored(batch.first(n));
+    *stored = n;
+    backlogs_.clear();
     return st;
   }
 
  private:
-  // over_limit() once per device per batch (its answer does not change within one).
-  bool over_limit_once(uint16_t device, std::string* why) {
-    for (const auto& [d, over] : checked_) {
-      if (d == device) return over;
+  WorkerManager::Backlog& backlog_of(uint16_t device) {
+    for (auto& [d, b] : backlogs_) {
+      if (d == device) return b;
     }
-    const bool over = manager_.over_limit(sender_, device, why);
-    checked_.emplace_back(device, over);
-    return over;
+    return backlogs_.emplace_back(device, manager_.backlog(sender_, device)).second;
   }
   // The files of `done` (numbered in order per device, the last is the device's last commit).
   void tell_stored(std::span<const Message> done) {
@@ -435,7 +438,7 @@ class PipelineSink final : public MessageSink {
     manager_.stored(sender_, files_done_);
   }
 
-  std::vector<std::pair<uint16_t, bool>> checked_;
+  std::vector<std::pair<uint16_t, WorkerManager::Backlog>> backlogs_;
   std::vector<std::pair<uint16_t, uint64_t>> seen_;
   std::vector<WorkerManager::StoredFile> files_done_;
   sink::DirSink files_;

@@ -68,6 +68,15 @@ class WorkerManager {
   void stored(const std::string& sender, std::span<const StoredFile> files);
   // True (and the reason) while the device's unprocessed backlog is over a limit.
   bool over_limit(const std::string& sender, uint16_t device, std::string* why);
+  // A device's unprocessed backlog now (what over_limit judges), for a sink that stores a batch
+  // and counts what it adds.
+  struct Backlog {
+    uint64_t messages = 0;
+    uint64_t bytes = 0;
+  };
+  Backlog backlog(const std::string& sender, uint16_t device);
+  // Whether `b` is over the limits (and why).
+  bool over(uint16_t device, const Backlog& b, std::string* why) const;
   std::vector<WorkerStats> stats() const;
   uint64_t total_backlog_bytes() const;
   void stop();

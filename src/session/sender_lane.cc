@@ -209,12 +209,12 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
 
 // With the token: transmits units from the cursor on, in ticket order (at most a ring's worth, so
 // that a filler holding the token goes back to filling), then reaps finished transfers.
-Status SenderLane::drain_st(bool filler, size_t* sent, bool* handed) {
+Status SenderLane::drain_st(bool filler, size_t budget, size_t* sent, bool* handed) {
   *sent = 0;
   *handed = false;
-  for (uint32_t n = 0; ring_->has_work(); ++n) {
-    if (n == ring_->blocks()) {
-      if (filler) {  // a ring's worth: the sending thread goes on, the filler goes back to filling
+  for (size_t n = 0; ring_->has_work(); ++n) {
+    if (n == budget) {
+      if (filler) {  // its share done: the sending thread goes on, the filler goes back to filling
         ring_->hand_to_sender();
         *handed = true;
       }
@@ -290,6 +290,8 @@ Status SenderLane::reap_st() {
 // message leaves without waking the sending thread (the latency path, stream/send_ring.h).
 // Otherwise the holder sees the work before it can give the token back.
 Status SenderLane::help() {
+  // A filler transmits at most a ring's worth of units in one call, then goes back to filling.
+  size_t budget = ring_->blocks();
   for (;;) {
     bool holder_sleeps = false;
     if (!ring_->try_take_token(&holder_sleeps)) {
@@ -298,10 +300,12 @@ Status SenderLane::help() {
     }
     size_t sent = 0;
     bool handed = false;
-    Status st = drain_st(/*filler=*/true, &sent, &handed);
+    Status st = drain_st(/*filler=*/true, budget, &sent, &handed);
     if (handed && st.is_ok()) return st;  // the token went to the sending thread
     if (!st.is_ok() || !ring_->give_token()) return leave_token(st);
-    // Work arrived that relied on us while we held the token: take it again.
+    // Work arrived that relied on us while we held the token: take it again (the sending thread
+    // gets it once our share is done: drain_st hands it over on an empty budget).
+    budget -= std::min(budget, sent);
   }
 }
 
@@ -350,7 +354,7 @@ Status SenderLane::sending_thread_st() {
     token_nap = kTokenTakenNap;
     size_t sent = 0;
     bool handed = false;
-    Status st = drain_st(/*filler=*/false, &sent, &handed);
+    Status st = drain_st(/*filler=*/false, ring_->blocks(), &sent, &handed);
     if (st.is_ok() && sent == 0) {  // idle
       worker_->progress();
       st = proto_->idle_st();

@@ -96,11 +96,11 @@ class SenderLane {
   Status handshake(const wire::Hello& hello);
   Status setup_fabric(const wire::Accept& accept);
   // "_st": only whoever holds the ring's transmit token (protocol.h).
-  // Transmits units from the cursor on (a ring's worth at most). A filler (`filler`) hands the lane
-  // to the sending thread instead of waiting for receiver room, and after a ring's worth
+  // Transmits units from the cursor on (`budget` at most). A filler (`filler`) hands the lane to
+  // the sending thread instead of waiting for receiver room, and once its budget is spent
   // (`*handed`); the sending thread waits for room without sealing the open block first, so that
   // the records that arrive meanwhile leave with it.
-  Status drain_st(bool filler, size_t* sent, bool* handed);
+  Status drain_st(bool filler, size_t budget, size_t* sent, bool* handed);
   Status send_unit_st(const stream::SendRing::Unit& unit);
   Status reap_st();
   // The sending thread keeps the token for a moment after it moved data: fillers then pack
