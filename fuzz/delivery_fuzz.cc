@@ -120,6 +120,7 @@ class CheckingSink : public slotstream::MessageSink {
     FUZZ_CHECK(!open_[d]);  // Delivery aborts an unfinished message before it begins the next
     if (busy_next > 0) {
       --busy_next;
+      TRACE("sink: device %u busy\n", d);
       return {Code::kBusy, "worker behind"};  // pauses this device alone
     }
     if (failing()) return {Code::kIoError, "disk full"};
@@ -471,7 +472,8 @@ class Run {
       }
       // A paused device is tried again only after Delivery::kBusyRetry of real time.
       if (delivery_->any_paused()) std::this_thread::sleep_for(Delivery::kBusyRetry / 10);
-      if (!sending && late_.empty() && blocks_->empty() && i > 3) {
+      // A paused device's records may be copied aside (out of the blocks): it must resume first.
+      if (!sending && late_.empty() && blocks_->empty() && !delivery_->any_paused() && i > 3) {
         pass();
         pass();
         pass();
@@ -516,6 +518,9 @@ class Run {
         FUZZ_CHECK(j < d.sent.size());  // stored something never sent, out of order, or twice
         ++j;
         device_bytes += m.size();
+      }
+      if (!lossy_ && stored != d.sent) {
+        TRACE("device %u: %zu of %zu messages stored\n", d.id, stored.size(), d.sent.size());
       }
       if (!lossy_) FUZZ_CHECK(stored == d.sent);
       FUZZ_CHECK(delivery_->messages(d.id) == stored.size());
