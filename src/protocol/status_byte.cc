@@ -108,12 +108,19 @@ class StatusByteReceiver final : public ReceiverProtocol {
   }
 
   void poll(std::vector<Record>* out) override {
-    for (uint32_t i = 0; i < geometry_.blocks; ++i) {
+    // From the block after the last one found full: the sender fills blocks round robin, so this
+    // is the order it sent them in (mostly), and the stream layer seldom has to sort.
+    const uint32_t n = geometry_.blocks;
+    uint32_t last = n;
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t i = (scan_from_ + k) % n;
       // Acquire: the block's data (written before the status byte, behind a fence) is visible.
       if (status(i).load(std::memory_order_acquire) == kFull) {
         out->push_back({i, i, {region_->data() + size_t(i) * geometry_.block_size, geometry_.block_size}});
+        last = i;
       }
     }
+    if (last != n) scan_from_ = (last + 1) % n;
   }
 
   void release(uint64_t id) override {
@@ -142,6 +149,7 @@ class StatusByteReceiver final : public ReceiverProtocol {
   std::unique_ptr<fabric::MemoryRegion> region_;
   std::vector<uint8_t> rkey_;
   std::vector<bool> hold_wanted_;
+  uint32_t scan_from_ = 0;
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,

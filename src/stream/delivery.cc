@@ -106,6 +106,7 @@ void Delivery::collect(std::chrono::steady_clock::time_point now, size_t* consum
   entries_.clear();
   deferred_.clear();
   pass_held_ = pass_useful_ = 0;
+  traced_ = tracing();
   collect_parked();
   for (const protocol::Record& rec : records_) {
     pass_held_ += rec.bytes.size();
@@ -144,7 +145,6 @@ void Delivery::collect_unit(const protocol::Record& rec, size_t* consumed) {
   const Partial* seen = part == partial_.end() ? nullptr : &*part;
   const auto unit = uint32_t(units_.size());
   UnitState u{rec, uint32_t(marks_.size())};
-  const bool traced = tracing();
   wire::UnitReader reader(rec.bytes);
   for (wire::UnitReader::Item it; reader.next(&it);) {
     const auto mark = uint32_t(marks_.size());
@@ -161,7 +161,7 @@ void Delivery::collect_unit(const protocol::Record& rec, size_t* consumed) {
     ++u.left;
     entries_.push_back({it.header, it.payload, uint32_t(d), unit, mark, it.index});
     pass_useful_ += it.header.payload_length;
-    if (traced) trace(TraceStage::kPolled, it.header.device, it.header.packet);
+    if (traced_) trace(TraceStage::kPolled, it.header.device, it.header.packet);
   }
   if (reader.bad()) {  // the rest of the unit cannot be trusted: one bad record
     marks_.push_back(1);
@@ -300,7 +300,7 @@ void Delivery::resumed(DeviceState& dev) {
 }
 
 void Delivery::delivered(DeviceState& dev, uint64_t bytes, uint32_t packet) {
-  trace(TraceStage::kDelivered, dev.id, packet);
+  if (traced_) trace(TraceStage::kDelivered, dev.id, packet);
   ++dev.counters.messages;
   dev.counters.bytes += bytes;
   ++counters_.messages;
@@ -327,6 +327,7 @@ void Delivery::consume(const Entry& e, size_t* consumed) {
 // that the unit can be released and the other devices keep flowing (a unit of its own waits in
 // place, as a block always did).
 void Delivery::park_paused() {
+  if (!any_paused()) return;
   for (const Entry& e : entries_) {
     if (e.unit == kParked || marks_[e.mark] || units_[e.unit].records < 2) continue;
     DeviceState& dev = devices_[e.dev];

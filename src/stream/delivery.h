@@ -195,6 +195,7 @@ class Delivery {
   std::vector<Message> messages_;
   std::vector<Partial> partial_;
   bool pass_interrupted_ = false;  // a pass returned early: the devices' pass_* marks are stale
+  bool traced_ = false;            // this pass records the per-stage trace (stream/trace.h)
   // What the last pass found held (buffer utilisation is integrated from one pass to the next).
   std::optional<std::chrono::steady_clock::time_point> last_pass_;
   uint64_t last_held_ = 0;

@@ -267,6 +267,9 @@ void SendRing::walk(uint64_t t, Unit* out) {
       if (spin > 64) std::this_thread::yield();
       if (spin > 100000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    // Seen: the flag is cleared for the block's next use now (it is beside the data, not in what
+    // is sent, and nothing reserves in a sealed block).
+    flag(i, pos).store(0, std::memory_order_relaxed);
     const auto payload = uint32_t(wire::get_le(b + pos + 8, 4));
     if (!(std::to_integer<uint8_t>(b[pos + 1]) & wire::kVoid)) ++real;
     if (count == 0) first_payload = payload;
@@ -280,20 +283,8 @@ void SendRing::walk(uint64_t t, Unit* out) {
   *out = Unit{t, b, end, real, true};
 }
 
-void SendRing::clear_flags(uint64_t t) {
-  const SlotState& s = slots_[t % blocks_];
-  const std::byte* b = block(t);
-  const uint64_t end = kHead + uint64_t(s.length.load(std::memory_order_relaxed));
-  const auto i = uint32_t(t % blocks_);
-  for (uint64_t pos = kHead; pos < end;) {
-    flag(i, uint32_t(pos)).store(0, std::memory_order_relaxed);
-    pos += wire::packed_record_size(wire::get_le(b + pos + 8, 4));
-  }
-}
-
 void SendRing::release(uint64_t ticket) {
   SlotState& s = slots_[ticket % blocks_];
-  if (!s.whole.load(std::memory_order_relaxed) && s.length.load(std::memory_order_relaxed) > 0) clear_flags(ticket);
   s.whole.store(false, std::memory_order_relaxed);
   s.length.store(-1, std::memory_order_relaxed);
   s.turn.store(ticket + blocks_, std::memory_order_seq_cst);  // pairs with fillers_waiting_

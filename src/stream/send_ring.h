@@ -8,8 +8,9 @@
 // Two ways to fill a block (issue 21):
 //   - packed: a small record (header + payload) is appended to the *open* block. A filler
 //     reserves its bytes with one atomic add on the ring's reservation word (below), writes its
-//     record and marks it written with a plain release store — no lock, one atomic read-modify-
-//     write per message. The open block is sealed when a record no longer fits, or by the
+//     record and marks it written with a plain release store of a ready flag kept beside the data
+//     (the transmitter clears it when it has seen it) — no lock, one atomic read-modify-write per
+//     message. The open block is sealed when a record no longer fits, or by the
 //     transmitter the moment it has nothing else to send (the lane goes idle): then all its
 //     records leave as one unit, one block and one status byte (wire/block_header.h). A lone
 //     message is sealed and sent at once; nothing waits for a timer.
@@ -219,7 +220,6 @@ class SendRing {
   Status wait_turn(int* spins);
   bool unit_at_cursor() const;
   void walk(uint64_t ticket, Unit* out);
-  void clear_flags(uint64_t ticket);
 
   std::byte* base_;
   const uint32_t blocks_;

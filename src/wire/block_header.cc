@@ -1,13 +1,29 @@
 #include "wire/block_header.h"
 
+#include <bit>
+#include <cstring>
+
 #include "wire/codec.h"
 
 namespace slotstream::wire {
 namespace {
 
+// The header's four little-endian words, read at once (the receiver decodes every record).
+struct Words {
+  uint32_t w[4];
+};
+Words words(const std::byte* p) {
+  Words out;
+  std::memcpy(out.w, p, sizeof out.w);
+  if constexpr (std::endian::native == std::endian::big) {
+    for (uint32_t& v : out.w) v = __builtin_bswap32(v);
+  }
+  return out;
+}
+
 uint32_t check_word(const std::byte* p) {
-  return ~(static_cast<uint32_t>(get_le(p, 4)) ^ static_cast<uint32_t>(get_le(p + 4, 4)) ^
-           static_cast<uint32_t>(get_le(p + 8, 4)));
+  const Words x = words(p);
+  return ~(x.w[0] ^ x.w[1] ^ x.w[2]);
 }
 
 }  // namespace
@@ -24,19 +40,19 @@ void encode_block_header(const BlockHeader& h, std::span<std::byte, kBlockHeader
 
 std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlockHeaderSize> in, size_t payload_capacity,
                                                HeaderError* why) {
-  const std::byte* p = in.data();
+  const Words x = words(in.data());
   auto fail = [&](HeaderError e) -> std::optional<BlockHeader> {
     if (why) *why = e;
     return std::nullopt;
   };
-  if (std::to_integer<uint8_t>(p[0]) != kBlockHeaderVersion) return fail(HeaderError::kVersion);
-  if (static_cast<uint32_t>(get_le(p + 12, 4)) != check_word(p)) return fail(HeaderError::kCheck);
+  if ((x.w[0] & 0xFF) != kBlockHeaderVersion) return fail(HeaderError::kVersion);
+  if (x.w[3] != ~(x.w[0] ^ x.w[1] ^ x.w[2])) return fail(HeaderError::kCheck);
   BlockHeader h;
-  h.flags = std::to_integer<uint8_t>(p[1]);
+  h.flags = uint8_t(x.w[0] >> 8);
   if (h.flags & ~kKnownFlags) return fail(HeaderError::kFlags);
-  h.device = static_cast<uint16_t>(get_le(p + 2, 2));
-  h.packet = static_cast<uint32_t>(get_le(p + 4, 4));
-  h.payload_length = static_cast<uint32_t>(get_le(p + 8, 4));
+  h.device = uint16_t(x.w[0] >> 16);
+  h.packet = x.w[1];
+  h.payload_length = x.w[2];
   if (h.payload_length > payload_capacity) return fail(HeaderError::kLength);
   if (why) *why = HeaderError::kNone;
   return h;
