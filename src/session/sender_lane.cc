@@ -255,6 +255,7 @@ Status SenderLane::send_unit_st(const stream::SendRing::Unit& unit) {
   SLOTSTREAM_RETURN_IF_ERROR(proto_->transmit_st(unit.data, unit.length, &req));
   records_ += unit.records;
   ++units_;
+  packed_ |= unit.packed;
   if (stream::tracing()) {
     wire::UnitReader reader({unit.data, unit.length});
     for (wire::UnitReader::Item item; reader.next(&item);) {
@@ -354,6 +355,7 @@ Status SenderLane::sending_thread_st() {
     token_nap = kTokenTakenNap;
     size_t sent = 0;
     bool handed = false;
+    packed_ = false;
     Status st = drain_st(/*filler=*/false, ring_->blocks(), &sent, &handed);
     if (st.is_ok() && sent == 0) {  // idle
       worker_->progress();
@@ -372,7 +374,9 @@ Status SenderLane::sending_thread_st() {
     watching_inflight_.store(!inflight_.empty(), std::memory_order_relaxed);
     period = sending_idle_period(!inflight_.empty(), proto_->holding_st(), now - last_activity);
     moved = sent > 0;
-    if (moved && linger_st()) continue;  // still holding: the next unit is already there
+    // After small messages it keeps the token a moment, so that the next ones pack; whole blocks
+    // (large messages) gain nothing from that: their fillers transmit themselves again.
+    if (moved && packed_ && linger_st()) continue;  // still holding: the next unit is already there
     holding = ring_->give_token();       // work that relied on us: keep going (we retake it below)
     if (holding) holding = ring_->try_take_token();
   }

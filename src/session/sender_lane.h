@@ -103,8 +103,8 @@ class SenderLane {
   Status drain_st(bool filler, size_t budget, size_t* sent, bool* handed);
   Status send_unit_st(const stream::SendRing::Unit& unit);
   Status reap_st();
-  // The sending thread keeps the token for a moment after it moved data: fillers then pack
-  // instead of transmitting themselves. True: work came.
+  // The sending thread keeps the token for a moment after it moved packed units: fillers then
+  // pack instead of transmitting themselves. True: work came.
   bool linger_st();
   // A filler's turn with the token ends (see .cc); returns the turn's status, explained.
   Status leave_token(Status st);
@@ -134,6 +134,7 @@ class SenderLane {
   uint64_t transmitted_ = 0;
   uint64_t records_ = 0;
   uint64_t units_ = 0;
+  bool packed_ = false;  // the sending thread's last turn sent a packed unit
   std::chrono::steady_clock::time_point next_liveness_{};
   std::atomic<bool> in_flight_{false};  // !inflight_.empty(), for a filler leaving the token
   // The sending thread saw transfers in flight at its last turn, so it comes back within
