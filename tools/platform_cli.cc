@@ -67,7 +67,8 @@ Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out)
   if (p.need_fps) n.fps = *p.need_fps;
   if (p.need_bandwidth) {
     auto bytes = parse_size(*p.need_bandwidth);
-    if (!bytes) return {Code::kInvalidArgument, "--need-bandwidth expects bytes/s such as 25M, got '" + *p.need_bandwidth + "'"};
+    if (!bytes)
+      return {Code::kInvalidArgument, "--need-bandwidth expects bytes/s such as 25M, got '" + *p.need_bandwidth + "'"};
     n.bandwidth = double(*bytes);
   }
   if (n.cpu < 0 || n.fps < 0) return {Code::kInvalidArgument, "--need-cpu and --need-fps must not be negative"};
@@ -125,7 +126,8 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
   if (args.platform.capacity_bandwidth) {
     auto bytes = parse_size(*args.platform.capacity_bandwidth);
     if (!bytes) {
-      print_error("recv", "--capacity-bandwidth expects bytes/s such as 500M, got '" + *args.platform.capacity_bandwidth + "'");
+      print_error("recv",
+                  "--capacity-bandwidth expects bytes/s such as 500M, got '" + *args.platform.capacity_bandwidth + "'");
       return kExitUsage;
     }
     rec.capacity.bandwidth = double(*bytes);
@@ -161,7 +163,9 @@ class PlatformOut final : public MessageOut {
  public:
   PlatformOut(PlatformSender& s, uint16_t d) : s_(s), d_(d) {}
   uint16_t device() const override { return d_; }
-  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override { return s_.send_with(d_, length, fill); }
+  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
+    return s_.send_with(d_, length, fill);
+  }
   Status send(std::span<const std::byte> message) override { return s_.send(d_, message); }
 
  private:
@@ -204,9 +208,8 @@ int run_platform_send(const SendArgs& a) {
   }
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
-  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
-    return std::make_unique<PlatformOut>(*sender, d);
-  });
+  Fillers fillers(plan, a,
+                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<PlatformOut>(*sender, d); });
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
@@ -246,8 +249,8 @@ int run_platform_status(const PlatformStatusArgs& args) {
     return kExitError;
   }
   if (args.json) {
-    nlohmann::json j = {{"revision", revision}, {"receivers", nlohmann::json::array()},
-                        {"reservations", nlohmann::json::array()}};
+    nlohmann::json j = {
+        {"revision", revision}, {"receivers", nlohmann::json::array()}, {"reservations", nlohmann::json::array()}};
     for (const auto& r : receivers) j["receivers"].push_back(nlohmann::json::parse(platform::encode(r)));
     for (const auto& r : reservations) j["reservations"].push_back(nlohmann::json::parse(platform::encode(r)));
     std::printf("%s\n", j.dump().c_str());

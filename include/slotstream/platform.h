@@ -44,11 +44,11 @@ struct PlatformSenderOptions {
 };
 
 struct PlatformSenderStats {
-  uint64_t messages = 0;      // send() calls completed
-  uint64_t resent = 0;        // messages sent again to a new receiver
-  uint64_t reschedules = 0;   // receivers lost and replaced
-  uint64_t connections = 0;   // receivers connected to, in all
-  std::string receiver;       // the current one ("" none)
+  uint64_t messages = 0;            // send() calls completed
+  uint64_t resent = 0;              // messages sent again to a new receiver
+  uint64_t reschedules = 0;         // receivers lost and replaced
+  uint64_t connections = 0;         // receivers connected to, in all
+  std::string receiver;             // the current one ("" none)
   std::vector<double> schedule_ms;  // per connection: from the scheduling request to connected
 };
 

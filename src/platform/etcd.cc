@@ -13,9 +13,8 @@ namespace {
 
 std::string base64(const std::string& in) {
   std::string out(4 * ((in.size() + 2) / 3), '\0');
-  const int n =
-      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(in.data()),
-                      static_cast<int>(in.size()));
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
   out.resize(size_t(n));
   return out;
 }
@@ -23,9 +22,8 @@ std::string base64(const std::string& in) {
 bool unbase64(const std::string& in, std::string* out) {
   if (in.size() % 4 != 0) return false;
   std::string buf(in.size() / 4 * 3, '\0');
-  const int n =
-      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(buf.data()), reinterpret_cast<const unsigned char*>(in.data()),
-                      static_cast<int>(in.size()));
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(buf.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
   if (n < 0) return false;
   size_t pad = 0;
   for (size_t i = in.size(); i > 0 && in[i - 1] == '=' && pad < 2; --i) ++pad;
@@ -98,7 +96,8 @@ Status parse_etcd_url(const std::string& url, std::vector<std::string>* endpoint
     const std::string member = list.substr(pos, comma - pos);
     const size_t colon = member.rfind(':');
     if (member.empty() || colon == std::string::npos || colon == 0 || colon + 1 == member.size() ||
-        member.find_first_not_of("0123456789", colon + 1) != std::string::npos || member.find('/') != std::string::npos) {
+        member.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
+        member.find('/') != std::string::npos) {
       return {Code::kInvalidArgument, usage + url + "'"};
     }
     out.push_back(member);
@@ -176,7 +175,8 @@ Status EtcdClient::post(const std::string& path, const std::string& body, std::s
       }
       return {Code::kProtocolError, "etcd " + endpoint + " answered HTTP " + std::to_string(http)};
     }
-    failures += (failures.empty() ? "" : "; ") + (st.is_ok() ? endpoint + ": HTTP " + std::to_string(http) : st.message());
+    failures +=
+        (failures.empty() ? "" : "; ") + (st.is_ok() ? endpoint + ": HTTP " + std::to_string(http) : st.message());
     current_ = (current_ + 1) % endpoints_.size();
   }
   return {Code::kConnectFailed, "no etcd member answered (" + failures + ")"};

@@ -14,8 +14,8 @@ bool cpu_times(uint64_t* busy, uint64_t* total) {
   FILE* f = std::fopen("/proc/stat", "r");
   if (!f) return false;
   unsigned long long v[8] = {};
-  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
-                            &v[5], &v[6], &v[7]);
+  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                            &v[6], &v[7]);
   std::fclose(f);
   if (n < 4) return false;
   *total = 0;

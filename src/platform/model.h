@@ -45,9 +45,9 @@ struct Capacity {
 // What a receiver publishes about itself (and refreshes about every second).
 struct ReceiverRecord {
   std::string name;
-  std::string address;                 // its control address, HOST:PORT, for senders
+  std::string address;                  // its control address, HOST:PORT, for senders
   std::vector<std::string> transports;  // those it serves ("shm", "tcp")
-  std::string host_id;                 // shm needs sender and receiver on one host
+  std::string host_id;                  // shm needs sender and receiver on one host
   Capacity capacity;
   // Measured now: idle CPU cores, available memory, the part of its receive memory budget
   // (--max-memory) no sender holds, connected senders, bytes waiting for its workers.

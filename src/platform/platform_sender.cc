@@ -227,7 +227,7 @@ Status PlatformSender::Impl::finish_locked() {
     if (st.is_ok()) {
       for (auto& [d, dev] : streams) {
         std::lock_guard lock(dev->mutex);
-        trim(d, *dev);  // learns the numbers if nothing else did
+        trim(d, *dev);                                               // learns the numbers if nothing else did
         dev->log.confirm(dev->begin, dev->log.next() - dev->begin);  // FIN_ACK: all stored
       }
       sender.reset();
@@ -276,8 +276,8 @@ Status PlatformSender::connect(PlatformSenderOptions options, std::unique_ptr<Pl
   Impl& im = *impl;
   im.options = std::move(options);
   im.devices = im.options.sender.devices;
-  SLOTSTREAM_RETURN_IF_ERROR(platform::SenderLease::start(endpoints, im.options.sender.name,
-                                                          im.options.lease_ttl_seconds, im.options.on_event, &im.lease));
+  SLOTSTREAM_RETURN_IF_ERROR(platform::SenderLease::start(
+      endpoints, im.options.sender.name, im.options.lease_ttl_seconds, im.options.on_event, &im.lease));
   for (uint16_t d : im.devices) im.streams[d] = std::make_unique<Impl::Device>();
   if (!im.devices.empty()) {
     std::unique_lock lock(im.gate);

@@ -30,7 +30,8 @@ Status read_platform(EtcdClient& etcd, std::vector<ReceiverRecord>* receivers, s
 
 Status SenderLease::start(const std::vector<std::string>& endpoints, const std::string& sender, int64_t ttl_seconds,
                           std::function<void(const std::string&)> on_event, std::unique_ptr<SenderLease>* out) {
-  if (auto why = invalid_platform_name(sender)) return {Code::kInvalidArgument, "sender name '" + sender + "': " + *why};
+  if (auto why = invalid_platform_name(sender))
+    return {Code::kInvalidArgument, "sender name '" + sender + "': " + *why};
   std::unique_ptr<SenderLease> s(new SenderLease(sender, std::move(on_event)));
   SLOTSTREAM_RETURN_IF_ERROR(EtcdClient::create(endpoints, &s->etcd_));
   KeptLease::Options lo;
@@ -70,8 +71,8 @@ Status SenderLease::try_reserve(const Request& request, Placement* out, bool* co
   std::vector<Reservation> reservations;
   int64_t revision = 0;
   SLOTSTREAM_RETURN_IF_ERROR(read_platform(*etcd_, &records, &reservations, &revision));
-  const Decision d = choose(build_views(records, reservations, sender_), request.amount, request.exclude,
-                            request.transport);
+  const Decision d =
+      choose(build_views(records, reservations, sender_), request.amount, request.exclude, request.transport);
   if (!d.ok) return {Code::kRefused, d.why};
   Reservation res{sender_, d.receiver, request.amount, request.devices};
   std::vector<Compare> compares = {

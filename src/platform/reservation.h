@@ -34,8 +34,8 @@ struct Placement {
 struct Request {
   Amount amount;
   std::vector<uint16_t> devices;
-  std::string transport;              // "" any; else one the receiver must serve
-  std::set<std::string> exclude;      // receivers not to choose (just lost)
+  std::string transport;                     // "" any; else one the receiver must serve
+  std::set<std::string> exclude;             // receivers not to choose (just lost)
   std::chrono::milliseconds patience{5000};  // how long to retry conflicting transactions
 };
 
@@ -64,7 +64,7 @@ class SenderLease {
   std::function<void(const std::string&)> on_event_;
   std::unique_ptr<EtcdClient> etcd_;
   std::unique_ptr<KeptLease> lease_;
-  std::mutex mutex_;  // guards the reservation
+  std::mutex mutex_;         // guards the reservation
   std::string reserved_on_;  // receiver of the current reservation ("" none)
   Reservation reservation_;
 };
