@@ -48,7 +48,8 @@ void add_platform_need(CLI::App* app, PlatformArgs* p) {
                   "bytes/s to reserve, e.g. 25M (default: --synthetic's frames x rate, else 0)");
   app->add_option("--need-fps", p->need_fps, "messages/s to reserve (default: --synthetic's rate x cameras, else 0)");
   app->add_option("--reschedule-patience", p->patience,
-                  "seconds to look for another receiver after losing one (default 30)");
+                  "seconds to look for another receiver after losing one (default 30; a first request with no "
+                  "receiver with room is refused at once)");
 }
 
 void add_platform_send(CLI::App* send, PlatformArgs* p) {

@@ -35,7 +35,8 @@ struct PlatformSenderOptions {
   SenderOptions sender;
   PlatformNeed need;
   int64_t lease_ttl_seconds = 5;  // a dead sender's reservation lasts this long
-  // After losing its receiver: how long to look for another before giving up.
+  // After losing its receiver: how long to look for another before giving up (a first request
+  // that finds no receiver with room is refused at once).
   std::chrono::milliseconds patience{30000};
   // Most bytes of messages kept until confirmed stored; a send() beyond it waits for confirmations.
   uint64_t replay_limit = 256ull << 20;

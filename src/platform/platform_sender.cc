@@ -83,7 +83,8 @@ struct PlatformSender::Impl {
   Status wait_for_room(uint16_t d, Device& dev, size_t bytes);
   Status connect_to(const platform::Placement& p);
   Status replay();
-  Status schedule(std::set<std::string> exclude);
+  // keep_asking: ask again while no receiver has room (after a loss); else refuse at once.
+  Status schedule(std::set<std::string> exclude, bool keep_asking);
   Status recover_locked(const Status& cause);
   Status recover(uint64_t gen, const Status& cause);
   Status finish_locked();
@@ -149,7 +150,7 @@ Status PlatformSender::Impl::replay() {
 
 // Asks the platform for a receiver and connects, until one works or patience runs out.
 // Exclusive gate held.
-Status PlatformSender::Impl::schedule(std::set<std::string> exclude) {
+Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_asking) {
   const auto deadline = Clock::now() + options.patience;
   platform::Request req;
   req.amount = {options.need.cpu, options.need.bandwidth, options.need.fps,
@@ -162,6 +163,7 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude) {
     req.exclude = exclude;
     platform::Placement p;
     last = lease->reserve(req, &p);
+    const auto reserved = Clock::now();
     if (last.is_ok()) {
       last = connect_to(p);
       if (last.is_ok()) last = replay();
@@ -173,8 +175,10 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude) {
           ++stats.connections;
           stats.receiver = receiver;
         }
-        char line[64];
-        std::snprintf(line, sizeof line, " (scheduled and connected in %.1f ms)", ms);
+        char line[128];
+        std::snprintf(line, sizeof line, " (scheduled and connected in %.1f ms: reserved in %.1f, %d transaction%s)",
+                      ms, std::chrono::duration<double, std::milli>(reserved - t0).count(), p.attempts,
+                      p.attempts == 1 ? "" : "s");
         event("using receiver " + p.why + line);
         return Status::ok();
       }
@@ -183,6 +187,8 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude) {
       // same receiver again, shortly. Anything else: another receiver.
       if (last.message().find("already connected") == std::string::npos) exclude.insert(p.receiver);
       event("receiver " + p.receiver + " at " + p.address + " did not take the stream: " + last.message());
+    } else if (last.code() == Code::kRefused && !keep_asking) {
+      break;
     }
     if (Clock::now() + kRetryPause > deadline) break;
     std::this_thread::sleep_for(kRetryPause);
@@ -207,7 +213,7 @@ Status PlatformSender::Impl::recover_locked(const Status& cause) {
     stats.receiver.clear();
   }
   event("lost receiver " + lost + " (" + cause.message() + "); asking the platform for another");
-  Status st = schedule({lost});
+  Status st = schedule({lost}, /*keep_asking=*/true);
   if (!st.is_ok()) fatal = st;
   return st;
 }
@@ -281,7 +287,7 @@ Status PlatformSender::connect(PlatformSenderOptions options, std::unique_ptr<Pl
   for (uint16_t d : im.devices) im.streams[d] = std::make_unique<Impl::Device>();
   if (!im.devices.empty()) {
     std::unique_lock lock(im.gate);
-    SLOTSTREAM_RETURN_IF_ERROR(im.schedule({}));
+    SLOTSTREAM_RETURN_IF_ERROR(im.schedule({}, /*keep_asking=*/false));
   }
   out->reset(new PlatformSender(std::move(impl)));
   return Status::ok();
@@ -346,7 +352,7 @@ Status PlatformSender::set_devices(const std::vector<uint16_t>& devices, const s
     im.stats.receiver.clear();
   }
   if (devices.empty()) return im.lease->release();
-  Status st = im.schedule({});
+  Status st = im.schedule({}, /*keep_asking=*/false);
   if (!st.is_ok()) {  // nothing is sent through the platform now: every device goes back
     im.devices.clear();
     *removed = std::move(numbers);

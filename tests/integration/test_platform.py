@@ -140,7 +140,7 @@ def test_concurrent_senders_never_overcommit_a_receiver_and_one_too_many_is_refu
     # A seventh finds no room and says what is short where, at once rather than hanging.
     t0 = time.monotonic()
     late = subprocess.run([BIN, "send", "--platform", cluster.url, "--name", "s6", "--need-cpu", "1", "--synthetic",
-                           f"0:25:{FRAME}", "--duration", "1", "--reschedule-patience", "0"],
+                           f"0:25:{FRAME}", "--duration", "1"],
                           capture_output=True, text=True, timeout=30)
     assert late.returncode == 1
     assert "no receiver has room for cpu 1.00" in late.stderr, late.stderr

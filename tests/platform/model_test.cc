@@ -65,7 +65,8 @@ TEST(Etcd, UrlsNameEveryMember) {
   std::vector<std::string> e;
   ASSERT_TRUE(parse_etcd_url("etcd://127.0.0.1:2379,10.0.0.2:2379", &e).is_ok());
   EXPECT_EQ(e, (std::vector<std::string>{"127.0.0.1:2379", "10.0.0.2:2379"}));
-  for (const char* bad : {"http://h:1", "etcd://", "etcd://h", "etcd://h:", "etcd://h:x", "etcd://h:1,", "etcd://h:1/p"}) {
+  for (const char* bad :
+       {"http://h:1", "etcd://", "etcd://h", "etcd://h:", "etcd://h:x", "etcd://h:1,", "etcd://h:1/p"}) {
     Status st = parse_etcd_url(bad, &e);
     EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("etcd://HOST:PORT"), std::string::npos);
