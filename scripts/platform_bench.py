@@ -4,7 +4,7 @@ to connected, as the sender reports it) and recovery time after a receiver's dea
 the sender connected to its next receiver, every unconfirmed message sent again), on a 3-member etcd
 cluster on loopback with 3 receivers. Prints the median of RUNS [min-max] and one JSON line.
 
-  python3 bench/platform_bench.py [--runs 3] [--bin build/slotstream]
+  python3 scripts/platform_bench.py [--runs 3] [--bin build/slotstream]
 """
 import argparse
 import json
