@@ -197,11 +197,94 @@ std::mutex* device_lock(DeviceLocks& locks, int device) {
   return it->second.get();
 }
 
-class PySender {
+// What both Python senders share: the library's sender and its life — send() under a shared
+// lock and one mutex per declared device (DeviceStream's contract), finish()/close() exclusive, so
+// they wait for sends in progress. `what` names the class in messages.
+template <typename S>
+class SenderLife {
+ public:
+  explicit SenderLife(const char* what) : what_(what) {}
+  ~SenderLife() {
+    nb::gil_scoped_release nogil;  // stopping the sending threads must not block other Python threads
+    sender_.reset();               // unfinished: the receiver keeps the complete messages and reports the sender lost
+  }
+
+  // Waits until the receiver stored every message, then closes. Idempotent; a failed finish
+  // raises again when repeated.
+  void finish() {
+    Status st;
+    {
+      nb::gil_scoped_release nogil;
+      std::unique_lock life(life_);
+      if (!sender_) {
+        st = {Code::kInvalidArgument, "finish() on a " + std::string(what_) + " that was closed without finishing"};
+      } else {
+        closed_ = finished_ = true;
+        st = sender_->finish();  // the library object stays, for stats()
+      }
+    }
+    check(st);
+  }
+
+  // Abandons the connection without waiting (what leaving a `with` block by an exception does):
+  // the receiver keeps the complete messages and reports this sender lost.
+  void close() {
+    nb::gil_scoped_release nogil;
+    std::unique_lock life(life_);
+    closed_ = true;
+    if (!finished_) sender_.reset();
+  }
+
+  bool is_closed() const {
+    std::shared_lock life(life_);
+    return closed_;
+  }
+
+ protected:
+  // One message of `device` through `fn(sender, bytes)`, the buffer read in place.
+  template <typename F>
+  void send_with(int device, nb::handle data, F&& fn) {
+    std::mutex* lock = device_lock(device_locks_, device);
+    SendBuffer view(data);
+    Status st;
+    {
+      // The buffer stays exported (it cannot be resized or freed) until released; the library
+      // copies it, so no copy is made here.
+      nb::gil_scoped_release nogil;
+      std::shared_lock life(life_);
+      if (!sender_ || closed_) {
+        st = {Code::kInvalidArgument, "send() on a " + std::string(what_) + " that is finished or closed"};
+      } else {
+        std::lock_guard one_thread_per_device(*lock);
+        st = fn(*sender_, view.bytes());
+      }
+    }
+    check(st);
+  }
+  auto stats_snapshot() const {
+    std::optional<decltype(sender_->stats())> s;
+    nb::gil_scoped_release nogil;
+    std::shared_lock life(life_);
+    if (sender_) s = sender_->stats();
+    return s;
+  }
+
+  std::unique_ptr<S> sender_;
+  DeviceLocks device_locks_;
+
+ private:
+  const char* what_;
+  mutable std::shared_mutex life_;  // send: shared; finish, close: exclusive
+  bool closed_ = false;
+  bool finished_ = false;
+};
+
+class PySender : public SenderLife<Sender> {
  public:
   PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
            const std::string& protocol, uint32_t blocks, uint32_t block_size, const std::vector<int>& devices,
-           std::optional<std::string> token) {
+           std::optional<std::string> token)
+      : SenderLife("Sender") {
     SenderOptions o;
     check(net::parse_host_port(to, &o.host, &o.port));
     auto t = parse_transport(transport);
@@ -223,63 +306,16 @@ class PySender {
     options_ = std::move(o);
   }
 
-  ~PySender() {
-    nb::gil_scoped_release nogil;  // stopping the sending threads must not block other Python threads
-    sender_.reset();               // unfinished: the receiver keeps the complete messages and reports the sender lost
-  }
-
   void send(int device, nb::handle data) {
-    auto lock = device_lock(device_locks_, device);
-    SendBuffer view(data);
-    Status st;
-    {
-      // The buffer stays exported (it cannot be resized or freed) until released; the library
-      // copies it into a send block, so no copy is made here.
-      nb::gil_scoped_release nogil;
-      std::shared_lock life(life_);
-      if (!sender_ || closed_) {
-        st = {Code::kInvalidArgument, "send() on a Sender that is finished or closed"};
-      } else {
-        std::lock_guard one_thread_per_device(*lock);
-        st = sender_->device(uint16_t(device))->send(view.bytes());
-      }
-    }
-    check(st);
+    send_with(device, data, [device](Sender& s, std::span<const std::byte> bytes) {
+      return s.device(uint16_t(device))->send(bytes);
+    });
   }
-
-  // Waits until the receiver stored every message, then closes. Idempotent; a failed finish
-  // raises again when repeated.
-  void finish() {
-    Status st;
-    {
-      nb::gil_scoped_release nogil;
-      std::unique_lock life(life_);
-      if (!sender_) {
-        st = {Code::kInvalidArgument, "finish() on a Sender that was closed without finishing"};
-      } else {
-        closed_ = finished_ = true;
-        st = sender_->finish();  // the library object stays, for stats()
-      }
-    }
-    check(st);
-  }
-
-  // Abandons the connection without waiting (what leaving a `with` block by an exception does):
-  // the receiver keeps the complete messages and reports this sender lost.
-  void close() {
-    nb::gil_scoped_release nogil;
-    std::unique_lock life(life_);
-    closed_ = true;
-    if (!finished_) sender_.reset();
-  }
+  void finish() { SenderLife::finish(); }
+  void close() { SenderLife::close(); }
 
   nb::dict stats() const {
-    std::optional<SenderStats> s;
-    {
-      nb::gil_scoped_release nogil;
-      std::shared_lock life(life_);
-      if (sender_) s = sender_->stats();
-    }
+    auto s = stats_snapshot();
     nb::dict d;
     if (!s) return d;
     // The protocol counters (blocks, synchronisations) are left out: their names are still
@@ -294,29 +330,21 @@ class PySender {
 
   const std::string& transport() const { return transport_; }
   const SenderOptions& options() const { return options_; }
-  bool is_closed() const {
-    std::shared_lock life(life_);
-    return closed_;
-  }
 
  private:
   SenderOptions options_;
   std::string transport_;  // what the receiver chose
-  std::unique_ptr<Sender> sender_;
-  DeviceLocks device_locks_;
-  mutable std::shared_mutex life_;  // send: shared; finish, close: exclusive
-  bool closed_ = false;
-  bool finished_ = false;
 };
 
 // A sender whose receiver the platform chooses (include/slotstream/platform.h): the same
 // send/finish/close contract as PySender.
-class PyPlatformSender {
+class PyPlatformSender : public SenderLife<PlatformSender> {
  public:
   PyPlatformSender(const std::string& platform, std::optional<std::string> name, const std::vector<int>& devices,
                    double need_cpu, double need_bandwidth, double need_fps, const std::string& transport,
                    const std::string& protocol, uint32_t blocks, uint32_t block_size, std::optional<std::string> token,
-                   int64_t lease_ttl, double patience) {
+                   int64_t lease_ttl, double patience)
+      : SenderLife("PlatformSender") {
     PlatformSenderOptions o;
     o.platform = platform;
     auto t = parse_transport(transport);
@@ -333,63 +361,22 @@ class PyPlatformSender {
     o.patience = std::chrono::milliseconds(int64_t(patience * 1000));
     Status st;
     {
-      nb::gil_scoped_release nogil;
+      nb::gil_scoped_release nogil;  // scheduling and the handshake may take seconds
       st = PlatformSender::connect(std::move(o), &sender_);
     }
     check(st);
   }
 
-  ~PyPlatformSender() {
-    nb::gil_scoped_release nogil;
-    sender_.reset();  // unfinished: the reservation goes, the receiver reports the sender lost
-  }
-
   void send(int device, nb::handle data) {
-    std::mutex* lock = device_lock(device_locks_, device);
-    SendBuffer view(data);
-    Status st;
-    {
-      nb::gil_scoped_release nogil;
-      std::shared_lock life(life_);
-      if (!sender_ || closed_) {
-        st = {Code::kInvalidArgument, "send() on a PlatformSender that is finished or closed"};
-      } else {
-        std::lock_guard one_thread_per_device(*lock);
-        st = sender_->send(uint16_t(device), view.bytes());
-      }
-    }
-    check(st);
+    send_with(device, data, [device](PlatformSender& s, std::span<const std::byte> bytes) {
+      return s.send(uint16_t(device), bytes);
+    });
   }
-
-  void finish() {
-    Status st;
-    {
-      nb::gil_scoped_release nogil;
-      std::unique_lock life(life_);
-      if (!sender_) {
-        st = {Code::kInvalidArgument, "finish() on a PlatformSender that was closed without finishing"};
-      } else {
-        closed_ = finished_ = true;
-        st = sender_->finish();
-      }
-    }
-    check(st);
-  }
-
-  void close() {
-    nb::gil_scoped_release nogil;
-    std::unique_lock life(life_);
-    closed_ = true;
-    if (!finished_) sender_.reset();
-  }
+  void finish() { SenderLife::finish(); }
+  void close() { SenderLife::close(); }
 
   nb::dict stats() const {
-    std::optional<PlatformSenderStats> s;
-    {
-      nb::gil_scoped_release nogil;
-      std::shared_lock life(life_);
-      if (sender_) s = sender_->stats();
-    }
+    auto s = stats_snapshot();
     nb::dict d;
     if (!s) return d;
     d["messages"] = s->messages;
@@ -400,13 +387,6 @@ class PyPlatformSender {
     d["schedule_ms"] = s->schedule_ms;
     return d;
   }
-
- private:
-  std::unique_ptr<PlatformSender> sender_;
-  DeviceLocks device_locks_;
-  mutable std::shared_mutex life_;  // send: shared; finish, close: exclusive
-  bool closed_ = false;
-  bool finished_ = false;
 };
 
 // ---------------------------------------------------------------------------------- receiver
@@ -749,7 +729,7 @@ void bind_sender(nb::module_& m) {
       .def_prop_ro(
           "devices",
           [](const PySender& s) { return std::vector<int>(s.options().devices.begin(), s.options().devices.end()); })
-      .def_prop_ro("closed", &PySender::is_closed);
+      .def_prop_ro("closed", [](const PySender& s) { return s.is_closed(); });
   // Leaving the block normally waits for the receiver; leaving it by an exception abandons.
   def_context_manager<PySender, &PySender::finish, &PySender::close>(cls, "def __enter__(self) -> Sender");
 }
@@ -778,7 +758,8 @@ void bind_platform_sender(nb::module_& m) {
            "Waits until every message is stored (moving on if the receiver dies), then releases the reservation.")
       .def("close", &PyPlatformSender::close, "Abandons the stream without waiting; the reservation goes.")
       .def("stats", &PyPlatformSender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
-           "Counters: messages, resent, reschedules, connections, receiver (the current one), schedule_ms.");
+           "Counters: messages, resent, reschedules, connections, receiver (the current one), schedule_ms.")
+      .def_prop_ro("closed", [](const PyPlatformSender& s) { return s.is_closed(); });
   def_context_manager<PyPlatformSender, &PyPlatformSender::finish, &PyPlatformSender::close>(
       cls, "def __enter__(self) -> PlatformSender");
 }

@@ -62,7 +62,7 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
   c->add_option("--settle", e->settle, "seconds between moves, for the load to show the last one (default 2)");
   c->add_flag("--json", s.json, "print one JSON summary on stdout at the end");
   add_platform_common(c, &s.platform);
-  add_platform_need(c, &s.platform);
+  add_platform_need(c, &s.platform, /*per_device=*/true);
   c->callback([c] {
     if (c->count("--platform") == 0) throw CLI::RequiredError("--platform");
   });
@@ -291,50 +291,52 @@ std::unique_ptr<pipeline::WorkerManager> edge_workers(const EdgeArgs& args) {
   return std::make_unique<pipeline::WorkerManager>(std::move(wo));
 }
 
-}  // namespace
-
-int run_edge(const EdgeArgs& args) {
-  platform::OffloadPolicy policy{args.above, args.below, std::chrono::milliseconds(int64_t(args.settle * 1000))};
+// The edge's platform sender, with no device offloaded yet; `*devices` all its devices and
+// `*per_device` what one offloaded device needs. kExitOk, or the exit code after printing why not.
+int connect_edge(const EdgeArgs& args, SendArgs& a, Plan* plan, std::vector<uint16_t>* devices,
+                 PlatformNeed* per_device, std::unique_ptr<PlatformSender>* remote) {
   PlatformSenderOptions po;
-  Plan plan;
-  SendArgs a = args.source;
-  a.to.clear();
-  a.name_given = !a.name.empty();
-  if (Status st = platform::check(policy); !st.is_ok()) {
-    print_error("edge", st.message());
-    return kExitUsage;
-  }
-  if (int rc = check_sender_options(a, &plan, &po.sender); rc != kExitOk) return rc;
+  if (int rc = platform_sender_options("edge", a, plan, &po); rc != kExitOk) return rc;
   if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
     print_error("edge", st.message());
     return kExitError;
   }
-  PlatformNeed total;
-  if (Status st = platform_need(a.platform, plan, &total); !st.is_ok()) {
-    print_error("edge", st.message());
-    return kExitUsage;
-  }
-  const double n = double(po.sender.devices.size());
-  // Per device: --synthetic's rate and bandwidth are the cameras' sum; --need-cpu is per device.
-  const PlatformNeed per_device{a.platform.need_cpu, total.bandwidth / n, total.fps / n};
-  const std::vector<uint16_t> devices = po.sender.devices;
+  *devices = po.sender.devices;
+  const double n = double(devices->size());
+  // --synthetic's rate and bandwidth are the cameras' sum; --need-cpu is per device already.
+  *per_device = {a.platform.need_cpu, po.need.bandwidth / n, po.need.fps / n};
   po.sender.devices.clear();  // nothing offloaded yet
-  po.platform = a.platform.url;
-  po.lease_ttl_seconds = a.platform.ttl;
-  po.patience = std::chrono::milliseconds(int64_t(a.platform.patience * 1000));
-  po.on_event = [](const std::string& text) { print_line(stderr, "slotstream edge: " + text); };
-  std::unique_ptr<PlatformSender> remote;
-  if (Status st = PlatformSender::connect(po, &remote); !st.is_ok()) {
+  a.name = po.sender.name;
+  if (Status st = PlatformSender::connect(po, remote); !st.is_ok()) {
     print_error("edge", st.message());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_edge(const EdgeArgs& args) {
+  platform::OffloadPolicy policy{args.above, args.below, std::chrono::milliseconds(int64_t(args.settle * 1000))};
+  if (Status st = platform::check(policy); !st.is_ok()) {
+    print_error("edge", st.message());
+    return kExitUsage;
+  }
+  SendArgs a = args.source;
+  a.to.clear();
+  a.name_given = !a.name.empty();
+  Plan plan;
+  std::vector<uint16_t> devices;
+  PlatformNeed per_device;
+  std::unique_ptr<PlatformSender> remote;
+  if (int rc = connect_edge(args, a, &plan, &devices, &per_device, &remote); rc != kExitOk) return rc;
   auto workers = edge_workers(args);
   std::unique_ptr<LoadSource> load;
   if (Status st = LoadSource::parse(args.load, workers.get(), &load); !st.is_ok()) {
     print_error("edge", st.message());
     return kExitUsage;
   }
-  const std::string name = po.sender.name;
+  const std::string name = a.name;
   Edge edge(args, name, *remote, per_device);
   for (uint16_t d : devices) {
     if (workers) {

@@ -42,8 +42,10 @@ void add_platform_recv(CLI::App* recv, PlatformArgs* p) {
   recv->add_option("--capacity-fps", p->capacity_fps, "messages/s platform senders may reserve (default: not limited)");
 }
 
-void add_platform_need(CLI::App* app, PlatformArgs* p) {
-  app->add_option("--need-cpu", p->need_cpu, "CPU cores of processing to reserve on the receiver (default 0)");
+void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device) {
+  app->add_option("--need-cpu", p->need_cpu,
+                  per_device ? "CPU cores of processing to reserve on the receiver per offloaded device (default 0)"
+                             : "CPU cores of processing to reserve on the receiver (default 0)");
   app->add_option("--need-bandwidth", p->need_bandwidth,
                   "bytes/s to reserve, e.g. 25M (default: --synthetic's frames x rate, else 0)");
   app->add_option("--need-fps", p->need_fps, "messages/s to reserve (default: --synthetic's rate x cameras, else 0)");
@@ -54,7 +56,7 @@ void add_platform_need(CLI::App* app, PlatformArgs* p) {
 
 void add_platform_send(CLI::App* send, PlatformArgs* p) {
   add_platform_common(send, p);
-  add_platform_need(send, p);
+  add_platform_need(send, p, /*per_device=*/false);
 }
 
 Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out) {
@@ -190,18 +192,24 @@ void print_platform_json(const PlatformSender& sender, const SenderOptions& opt,
 
 }  // namespace
 
+int platform_sender_options(const char* cmd, const SendArgs& a, Plan* plan, PlatformSenderOptions* po) {
+  if (int rc = check_sender_options(a, plan, &po->sender); rc != kExitOk) return rc;
+  if (Status st = platform_need(a.platform, *plan, &po->need); !st.is_ok()) {
+    print_error(cmd, st.message());
+    return kExitUsage;
+  }
+  po->platform = a.platform.url;
+  po->lease_ttl_seconds = a.platform.ttl;
+  po->patience = std::chrono::milliseconds(int64_t(a.platform.patience * 1000));
+  const std::string prefix = std::string("slotstream ") + cmd + ": ";
+  po->on_event = [prefix](const std::string& text) { print_line(stderr, prefix + text); };
+  return kExitOk;
+}
+
 int run_platform_send(const SendArgs& a) {
   PlatformSenderOptions po;
   Plan plan;
-  if (int rc = check_sender_options(a, &plan, &po.sender); rc != kExitOk) return rc;
-  if (Status st = platform_need(a.platform, plan, &po.need); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
-  }
-  po.platform = a.platform.url;
-  po.lease_ttl_seconds = a.platform.ttl;
-  po.patience = std::chrono::milliseconds(int64_t(a.platform.patience * 1000));
-  po.on_event = [](const std::string& text) { print_line(stderr, "slotstream send: " + text); };
+  if (int rc = platform_sender_options("send", a, &plan, &po); rc != kExitOk) return rc;
   std::unique_ptr<PlatformSender> sender;
   if (Status st = PlatformSender::connect(po, &sender); !st.is_ok()) {
     print_error("send", st.message());

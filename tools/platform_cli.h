@@ -19,10 +19,15 @@ namespace slotstream::tools {
 void add_platform_recv(CLI::App* recv, PlatformArgs* p);
 void add_platform_send(CLI::App* send, PlatformArgs* p);
 void add_platform_common(CLI::App* app, PlatformArgs* p);
-void add_platform_need(CLI::App* app, PlatformArgs* p);
+// --need-*: per_device for edge (each offloaded device's share), else the sender's whole need.
+void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device);
 
 // What a plan needs of a receiver: --need-* or what --synthetic implies.
 Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out);
+
+// send/edge --platform: check_sender_options, the need, and the platform options; `cmd` prefixes
+// messages. kExitOk, or the exit code after printing what is wrong.
+int platform_sender_options(const char* cmd, const SendArgs& a, Plan* plan, PlatformSenderOptions* po);
 
 // recv --platform: registers the started receiver. kExitOk, or the exit code after printing why not.
 int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint64_t()> backlog,
