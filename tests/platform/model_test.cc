@@ -61,7 +61,7 @@ TEST(Model, NamesThatCannotBeKeysAreRefused) {
   EXPECT_TRUE(invalid_platform_name(std::string(65, 'a')));
 }
 
-TEST(Etcd, UrlsNameEveryMember) {
+TEST(EtcdUrl, UrlsNameEveryMember) {
   std::vector<std::string> e;
   ASSERT_TRUE(parse_etcd_url("etcd://127.0.0.1:2379,10.0.0.2:2379", &e).is_ok());
   EXPECT_EQ(e, (std::vector<std::string>{"127.0.0.1:2379", "10.0.0.2:2379"}));
@@ -73,7 +73,7 @@ TEST(Etcd, UrlsNameEveryMember) {
   }
 }
 
-TEST(Etcd, PrefixEndIsThePrefixPlusOne) {
+TEST(EtcdUrl, PrefixEndIsThePrefixPlusOne) {
   EXPECT_EQ(prefix_end("/a/"), "/a0");
   EXPECT_EQ(prefix_end(std::string("a\xff", 2)), "b");
 }

@@ -39,7 +39,7 @@ uint16_t free_port() {
 bool have_etcd() { return std::system("command -v etcd >/dev/null 2>&1") == 0; }
 
 // One etcd member of its own, on free loopback ports, for this test binary's run.
-class Etcd : public ::testing::Test {
+class EtcdServer : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!have_etcd()) {
@@ -92,7 +92,7 @@ class Etcd : public ::testing::Test {
   std::unique_ptr<EtcdClient> etcd_;
 };
 
-TEST_F(Etcd, RequestersReleasedTogetherNeverOverCommitAReceiver) {
+TEST_F(EtcdServer, RequestersReleasedTogetherNeverOverCommitAReceiver) {
   add_receiver("a", 3);
   add_receiver("b", 3);
   constexpr int kRequesters = 8;
@@ -142,7 +142,7 @@ TEST_F(Etcd, RequestersReleasedTogetherNeverOverCommitAReceiver) {
   EXPECT_TRUE(res.empty());
 }
 
-TEST_F(Etcd, MovingReplacesTheOldReservationInTheSameTransaction) {
+TEST_F(EtcdServer, MovingReplacesTheOldReservationInTheSameTransaction) {
   add_receiver("a", 1);
   add_receiver("b", 1);
   std::unique_ptr<SenderLease> lease;
