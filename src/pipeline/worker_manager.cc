@@ -375,8 +375,8 @@ namespace {
 
 class PipelineSink final : public MessageSink {
  public:
-  PipelineSink(fs::path dir, std::string sender, WorkerManager& manager)
-      : files_(std::move(dir)),
+  PipelineSink(fs::path dir, std::string sender, WorkerManager& manager, std::map<uint16_t, uint64_t> first)
+      : files_(std::move(dir), std::move(first)),
         sender_(std::move(sender)),
         manager_(manager) {}
   Status begin(uint16_t device) override {
@@ -386,7 +386,9 @@ class PipelineSink final : public MessageSink {
   }
   Status append(uint16_t device, std::span<const std::byte> data) override { return files_.append(device, data); }
   Status commit(uint16_t device) override {
+    const uint64_t before = files_.numbering(device)->already_stored;
     SLOTSTREAM_RETURN_IF_ERROR(files_.commit(device));
+    if (files_.numbering(device)->already_stored != before) return Status::ok();  // its worker has it
     auto last = files_.last_committed(device);
     manager_.stored(sender_, device, last.seq, last.bytes);
     return Status::ok();
@@ -406,17 +408,23 @@ class PipelineSink final : public MessageSink {
         st = {Code::kBusy, "worker backlog: " + why};
         break;
       }
+      const uint16_t d = batch[n].device;
+      const uint64_t before = files_.numbering(d)->already_stored;
       size_t one = 0;
       st = files_.deliver(batch.subspan(n, 1), &one);
       if (!st.is_ok()) break;
+      if (files_.numbering(d)->already_stored != before) continue;  // stored before: its worker has it
       ++b.messages;
       b.bytes += batch[n].data.size();
+      files_done_.push_back({d, files_.last_committed(d).seq, batch[n].data.size()});
     }
-    tell_stored(batch.first(n));
+    manager_.stored(sender_, files_done_);
+    files_done_.clear();
     *stored = n;
     backlogs_.clear();
     return st;
   }
+  std::optional<Numbering> numbering(uint16_t device) override { return files_.numbering(device); }
 
  private:
   WorkerManager::Backlog& backlog_of(uint16_t device) {
@@ -425,22 +433,8 @@ class PipelineSink final : public MessageSink {
     }
     return backlogs_.emplace_back(device, manager_.backlog(sender_, device)).second;
   }
-  // The files of `done` (numbered in order per device, the last is the device's last commit).
-  void tell_stored(std::span<const Message> done) {
-    files_done_.resize(done.size());
-    seen_.clear();
-    for (size_t i = done.size(); i-- > 0;) {
-      const uint16_t d = done[i].device;
-      auto it = std::find_if(seen_.begin(), seen_.end(), [&](const auto& kv) { return kv.first == d; });
-      if (it == seen_.end()) it = seen_.insert(seen_.end(), {d, 0});
-      files_done_[i] = {d, files_.last_committed(d).seq - it->second++, done[i].data.size()};
-    }
-    manager_.stored(sender_, files_done_);
-  }
-
   std::vector<std::pair<uint16_t, WorkerManager::Backlog>> backlogs_;
-  std::vector<std::pair<uint16_t, uint64_t>> seen_;
-  std::vector<WorkerManager::StoredFile> files_done_;
+  std::vector<WorkerManager::StoredFile> files_done_;  // what a batch stored, told in one call
   sink::DirSink files_;
   std::string sender_;
   WorkerManager& manager_;
@@ -448,8 +442,9 @@ class PipelineSink final : public MessageSink {
 
 }  // namespace
 
-std::unique_ptr<MessageSink> make_pipeline_sink(fs::path sender_dir, std::string sender, WorkerManager& manager) {
-  return std::make_unique<PipelineSink>(std::move(sender_dir), std::move(sender), manager);
+std::unique_ptr<MessageSink> make_pipeline_sink(fs::path sender_dir, std::string sender, WorkerManager& manager,
+                                                std::map<uint16_t, uint64_t> first) {
+  return std::make_unique<PipelineSink>(std::move(sender_dir), std::move(sender), manager, std::move(first));
 }
 
 }  // namespace slotstream::pipeline

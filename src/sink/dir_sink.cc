@@ -73,7 +73,8 @@ Status DirSink::open_device(uint16_t device, Device** out) {
     std::string name = entry.path().filename().string();
     if (name.size() > 5 && name[0] == '.' && name.ends_with(".part")) fs::remove(entry.path(), ec);
   }
-  dev.next_seq = next_seq_on_disk(dev.dir);
+  dev.numbered = first_.contains(device);
+  dev.next_seq = dev.numbered ? first_.at(device) : next_seq_on_disk(dev.dir);
   *out = &devices_.emplace(device, std::move(dev)).first->second;
   return Status::ok();
 }
@@ -159,16 +160,7 @@ Status DirSink::commit(uint16_t device) {
     return io_error("cannot close " + tmp.string(), err);
   }
   dev.fd = -1;
-  // Never overwrite: a file that appeared under our name since start-up stops us.
-  if (::link(tmp.c_str(), final_path.c_str()) != 0) {
-    int err = errno;
-    dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
-    if (err == EEXIST) {
-      return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
-    }
-    return io_error("cannot rename " + tmp.string(), err);
-  }
-  ::unlink(tmp.c_str());
+  SLOTSTREAM_RETURN_IF_ERROR(link_in_place(dev, tmp, final_path));
   dev.last = {dev.next_seq, dev.offset};
   ++dev.next_seq;
   return Status::ok();
@@ -187,7 +179,7 @@ Status DirSink::deliver(std::span<const Message> batch, size_t* stored) {
 
 // begin + append + commit for a message that is all here, without the checks a message written
 // piece by piece needs (its directory removed between pieces): a removed directory shows as
-// ENOENT when the temp file is created, and is made again.
+// ENOENT when the temp file is created, and is made again. A failure leaves nothing behind.
 Status DirSink::store_whole(Device& dev, std::span<const std::byte> data) {
   const fs::path tmp = temp_path(dev);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -207,20 +199,49 @@ Status DirSink::store_whole(Device& dev, std::span<const std::byte> data) {
     }
     done += size_t(n);
   }
-  const fs::path final_path = dev.dir / file_name(dev.next_seq);
-  const bool closed = ::close(fd) == 0 || errno == EINTR;
-  const int err = closed ? 0 : errno;
-  // Never overwrite: a file that appeared under our name since start-up stops us.
-  if (closed && ::link(tmp.c_str(), final_path.c_str()) == 0) {
+  if (::close(fd) != 0 && errno != EINTR) {
+    const int err = errno;
     ::unlink(tmp.c_str());
-    dev.last = {dev.next_seq, data.size()};
-    ++dev.next_seq;
+    return io_error("cannot close " + tmp.string(), err);
+  }
+  dev.offset = data.size();
+  if (Status st = link_in_place(dev, tmp, dev.dir / file_name(dev.next_seq)); !st.is_ok()) {
+    if (dev.fd >= 0) ::close(dev.fd);  // link_in_place keeps a piecewise message open: not this one
+    dev.fd = -1;
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  dev.last = {dev.next_seq, data.size()};
+  ++dev.next_seq;
+  return Status::ok();
+}
+
+// Never overwrite: a file that appeared under our name since start-up stops us — unless the sender
+// numbers its messages and the file has this message's length: then it was stored before (sent
+// again after a receiver died before confirming it), and this copy is dropped.
+Status DirSink::link_in_place(Device& dev, const fs::path& tmp, const fs::path& final_path) {
+  if (::link(tmp.c_str(), final_path.c_str()) == 0) {
+    ::unlink(tmp.c_str());
     return Status::ok();
   }
-  const int why = closed ? errno : err;
-  ::unlink(tmp.c_str());
-  if (why == EEXIST) return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
-  return io_error(closed ? "cannot rename " + tmp.string() : "cannot close " + tmp.string(), why);
+  const int err = errno;
+  std::error_code ec;
+  if (err == EEXIST && dev.numbered && fs::file_size(final_path, ec) == dev.offset && !ec) {
+    ::unlink(tmp.c_str());
+    ++dev.already_stored;
+    return Status::ok();
+  }
+  dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
+  if (err == EEXIST) return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
+  return io_error("cannot rename " + tmp.string(), err);
+}
+
+std::optional<MessageSink::Numbering> DirSink::numbering(uint16_t device) {
+  if (auto it = devices_.find(device); it != devices_.end()) {
+    return Numbering{it->second.next_seq, it->second.already_stored};
+  }
+  if (auto it = first_.find(device); it != first_.end()) return Numbering{it->second, 0};
+  return Numbering{next_seq_on_disk(dir_ / ("device-" + std::to_string(device))), 0};
 }
 
 Status DirSink::next_seq(uint16_t device, uint64_t* out) {
