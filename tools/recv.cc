@@ -21,6 +21,13 @@ void print_error(const char* cmd, const std::string& message) {
   std::fprintf(stderr, "slotstream %s: error: %s\n", cmd, message.c_str());
 }
 
+RdmaOptions rdma_options(const std::string& transport, const std::string& device) {
+  RdmaOptions o;
+  if (!transport.empty()) o.transport = parse_rdma_transport(transport);
+  o.device = device;
+  return o;
+}
+
 bool parse_hold_spec(const std::string& text, HoldSpec* out) {
   unsigned idx = 0, from = 0, to = 0;
   char extra;
@@ -102,6 +109,7 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     return kExitUsage;
   }
   opt->transport = *parse_transport(args.transport);
+  opt->rdma = rdma_options(args.rdma_transport, args.rdma_device);
   for (const auto& h : args.holds) {
     HoldSpec spec;
     if (!parse_hold_spec(h, &spec)) {
@@ -229,8 +237,9 @@ int run_recv(const RecvArgs& args) {
 
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
-    print_error("recv", st.to_string());
-    return kExitError;
+    // A transport this host cannot offer (rdma without a device) is a usage error: exit 2.
+    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;
   if (int rc = start_metrics(args, *rx, metrics_state, workers.get(), &metrics); rc != kExitOk) {
