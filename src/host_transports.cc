@@ -14,7 +14,8 @@ namespace slotstream {
 namespace {
 
 // The devices UCX offers `tls` on, or empty.
-std::vector<std::string> devices_of(const std::vector<fabric::UcxResource>& ucx, std::initializer_list<const char*> tls) {
+std::vector<std::string> devices_of(const std::vector<fabric::UcxResource>& ucx,
+                                    std::initializer_list<const char*> tls) {
   std::set<std::string> out;
   for (const auto& r : ucx) {
     for (const char* tl : tls) {
@@ -48,7 +49,8 @@ TransportInfo shm_info(const std::vector<fabric::UcxResource>& ucx) {
 TransportInfo tcp_info(const std::vector<fabric::UcxResource>& ucx) {
   const auto devices = devices_of(ucx, {"tcp"});
   if (devices.empty()) return {"tcp", false, "UCX offers no tcp interface", {}};
-  return {"tcp", true,
+  return {"tcp",
+          true,
           "UCX tcp on " + join(devices) +
               "; no one-sided operation exists there: slotstream carries puts and gets, the receiver's CPU places "
               "every block",
@@ -72,7 +74,9 @@ TransportInfo udp_info() {
   const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
   if (fd < 0) return {"udp", false, "cannot open a UDP socket", {}};
   ::close(fd);
-  return {"udp", true, "kernel UDP sockets: RDMA over UDP datagrams (write_record, dgram_send, dgram_rd; dgram_rc on TCP)",
+  return {"udp",
+          true,
+          "kernel UDP sockets: RDMA over UDP datagrams (write_record, dgram_send, dgram_rd; dgram_rc on TCP)",
           {}};
 }
 

@@ -110,7 +110,9 @@ std::span<const char* const> rdma_tls(RdmaTransport kind) {
 namespace {
 
 // UCX's IB transports: rc_verbs, rc_mlx5, dc_mlx5, ud_verbs, ud_mlx5.
-bool is_rdma_tl(const std::string& tl) { return tl.starts_with("rc_") || tl.starts_with("dc_") || tl.starts_with("ud_"); }
+bool is_rdma_tl(const std::string& tl) {
+  return tl.starts_with("rc_") || tl.starts_with("dc_") || tl.starts_with("ud_");
+}
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
@@ -165,8 +167,8 @@ std::string why_not(const std::vector<const RdmaPort*>& candidates, RdmaTranspor
   std::vector<std::string> seen;
   bool any_ucx = false;
   for (const RdmaPort* p : candidates) {
-    seen.push_back(describe(*p) + (p->ucx_transports.empty() ? ": UCX offers nothing"
-                                                             : ": UCX offers " + join(p->ucx_transports)));
+    seen.push_back(describe(*p) +
+                   (p->ucx_transports.empty() ? ": UCX offers nothing" : ": UCX offers " + join(p->ucx_transports)));
     any_ucx = any_ucx || !p->ucx_transports.empty();
   }
   std::string why = "no RDMA device offers " + kind_name + " (" + join(seen, "; ") + ")";

@@ -83,7 +83,7 @@ std::span<const char* const> rdma_tls(RdmaTransport kind);
 
 struct RdmaReport {
   bool usable = false;
-  std::string why;             // usable: what will be used; else what is missing and what to do
+  std::string why;              // usable: what will be used; else what is missing and what to do
   std::vector<RdmaPort> ports;  // every RDMA port UCX or sysfs knows
 };
 // Whether rdma of `spec.rdma` on `spec.device` (any, when empty) can run, from what UCX offers and

@@ -32,7 +32,8 @@ std::map<std::string, std::string> applied(const UcxChoice& c) {
 
 TEST(Transports, UcxIsAskedForEachTransportsOwnTransports) {
   const auto none = env_of({});
-  EXPECT_EQ(applied(ucx_settings({Transport::kShm}, none)), (std::map<std::string, std::string>{{"UCX_TLS", "posix,sysv,self"}}));
+  EXPECT_EQ(applied(ucx_settings({Transport::kShm}, none)),
+            (std::map<std::string, std::string>{{"UCX_TLS", "posix,sysv,self"}}));
   EXPECT_EQ(applied(ucx_settings({Transport::kTcp}, none)),
             (std::map<std::string, std::string>{
                 {"UCX_TLS", "tcp,self"}, {"UCX_TCP_TX_SEG_SIZE", "1028K"}, {"UCX_TCP_RX_SEG_SIZE", "2056K"}}));
@@ -59,9 +60,11 @@ TEST(Transports, AUsersUcxEnvironmentWinsAndIsReported) {
   EXPECT_EQ(c.overridden[0], "UCX_TLS=rc_verbs,ud_verbs:aux from the environment (slotstream would use rc,self)");
   EXPECT_EQ(c.overridden[1], "UCX_NET_DEVICES=mlx5_0:1 from the environment (slotstream would use mlx5_1:1)");
   // A tcp segment size of the user's stays, the other is still ours; the same value is no override.
-  const UcxChoice t = ucx_settings({Transport::kTcp}, env_of({{"UCX_TCP_TX_SEG_SIZE", "64k"}, {"UCX_TLS", "tcp,self"}}));
+  const UcxChoice t =
+      ucx_settings({Transport::kTcp}, env_of({{"UCX_TCP_TX_SEG_SIZE", "64k"}, {"UCX_TLS", "tcp,self"}}));
   EXPECT_EQ(applied(t), (std::map<std::string, std::string>{{"UCX_TCP_RX_SEG_SIZE", "2056K"}}));
-  EXPECT_EQ(t.overridden, std::vector<std::string>{"UCX_TCP_TX_SEG_SIZE=64k from the environment (slotstream would use 1028K)"});
+  EXPECT_EQ(t.overridden,
+            std::vector<std::string>{"UCX_TCP_TX_SEG_SIZE=64k from the environment (slotstream would use 1028K)"});
 }
 
 TEST(Transports, TheFabricKnowsWhichTransportsNeedTheTargetsProgress) {
@@ -91,7 +94,7 @@ TEST(Transports, TheFabricKnowsWhichTransportsNeedTheTargetsProgress) {
 }
 
 // What UCX 1.13 lists on a host with one ConnectX port (RoCE) and what sysfs says about it.
-const UcxResource kConnectX[] = {{"self", "memory0"},   {"tcp", "eth0"},        {"posix", "memory"},
+const UcxResource kConnectX[] = {{"self", "memory0"},      {"tcp", "eth0"},          {"posix", "memory"},
                                  {"rc_verbs", "mlx5_0:1"}, {"ud_verbs", "mlx5_0:1"}, {"rc_mlx5", "mlx5_0:1"},
                                  {"dc_mlx5", "mlx5_0:1"},  {"ud_mlx5", "mlx5_0:1"}};
 const SysfsPort kConnectXPorts[] = {{"mlx5_0:1", "ACTIVE", "Ethernet"}, {"mlx5_0:2", "DOWN", "Ethernet"}};
@@ -104,7 +107,8 @@ TEST(Transports, RdmaIsUsableWhereUcxOffersTheRdmaTransportOnTheWantedPort) {
   EXPECT_EQ(r.ports[0].name, "mlx5_0:1");
   EXPECT_EQ(r.ports[0].state, "ACTIVE");
   EXPECT_EQ(r.ports[0].link_layer, "Ethernet");
-  EXPECT_EQ(r.ports[0].ucx_transports, (std::vector<std::string>{"dc_mlx5", "rc_mlx5", "rc_verbs", "ud_mlx5", "ud_verbs"}));
+  EXPECT_EQ(r.ports[0].ucx_transports,
+            (std::vector<std::string>{"dc_mlx5", "rc_mlx5", "rc_verbs", "ud_mlx5", "ud_verbs"}));
   EXPECT_EQ(r.ports[1].name, "mlx5_0:2");
   EXPECT_TRUE(r.ports[1].ucx_transports.empty());
   EXPECT_TRUE(rdma_report(kConnectX, kConnectXPorts, {Transport::kRdma, RdmaTransport::kDc}).usable);
@@ -149,7 +153,8 @@ TEST(Transports, LockedMemoryMustCoverWhatTheNicPins) {
   EXPECT_EQ(memlock_shortfall(8 << 20, true, 32 << 20, "the blocks"), std::nullopt) << "CAP_IPC_LOCK locks any amount";
   auto why = memlock_shortfall(8 << 20, false, 32 << 20, "the send blocks");
   ASSERT_TRUE(why);
-  EXPECT_EQ(why->rfind("the locked-memory limit (ulimit -l) is 8.0 MiB, but the NIC must pin 32.0 MiB for the send blocks", 0),
+  EXPECT_EQ(why->rfind(
+                "the locked-memory limit (ulimit -l) is 8.0 MiB, but the NIC must pin 32.0 MiB for the send blocks", 0),
             0u)
       << *why;
   EXPECT_NE(why->find("ulimit -l unlimited"), std::string::npos);
