@@ -154,35 +154,23 @@ TEST(FabricWorkers, OnlyATcpWorkerHasTheSoftwareRma) {
 
 // What the software RMA means in operation: over tcp a put is an active message the fabric sends;
 // on shared memory it is UCX's own one-sided put (the CPU copies, no message).
-TEST(FabricWorkers, APutIsAMessageOnlyWhereTheFabricCarriesIt) {
-  for (Transport t : {Transport::kShm, Transport::kTcp}) {
-    SCOPED_TRACE(transport_name(t));
-    std::unique_ptr<Context> ctx;
-    std::unique_ptr<Worker> initiator, target;
-    std::unique_ptr<Endpoint> ep;
-    std::unique_ptr<MemoryRegion> region;
-    std::vector<uint8_t> packed;
-    std::unique_ptr<RemoteKey> rkey;
-    ASSERT_TRUE(Context::create(t, &ctx).is_ok());
-    ASSERT_TRUE(Worker::create(*ctx, false, false, &initiator).is_ok());
-    ASSERT_TRUE(Worker::create(*ctx, true, true, &target).is_ok());
-    ProgressThread serve(*target);
-    ASSERT_TRUE(Endpoint::create(*initiator, target->address(), &ep).is_ok());
-    ASSERT_TRUE(MemoryRegion::allocate(*ctx, 4096, &region).is_ok());
-    ASSERT_TRUE(region->pack_rkey(&packed).is_ok());
-    ASSERT_TRUE(RemoteKey::unpack(*ep, packed, &rkey).is_ok());
-    const char data[] = "one block";
-    reset_counters();
-    Request r;
-    ASSERT_TRUE(ep->put(data, sizeof data, region->remote_address(), *rkey, &r).is_ok());
-    ASSERT_TRUE(r.wait(*initiator, [] { return Status::ok(); }).is_ok());
-    ASSERT_TRUE(ep->flush([] { return Status::ok(); }).is_ok());
-    EXPECT_EQ(std::memcmp(region->data(), data, sizeof data), 0);
-    EXPECT_EQ(counters().am_sends > 0, t == Transport::kTcp) << counters().am_sends;
-    rkey.reset();
-    ep.reset();
-  }
+class APut : public Loopback, public testing::WithParamInterface<Transport> {};
+
+TEST_P(APut, IsAMessageOnlyWhereTheFabricCarriesIt) {
+  open(GetParam());
+  serve();
+  const char data[] = "one block";
+  reset_counters();
+  Request r;
+  ASSERT_TRUE(ep_->put(data, sizeof data, remote(0), *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  ASSERT_TRUE(flush().is_ok());
+  EXPECT_EQ(std::memcmp(region_->data(), data, sizeof data), 0);
+  EXPECT_EQ(counters().am_sends > 0, GetParam() == Transport::kTcp) << counters().am_sends;
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, APut, testing::Values(Transport::kShm, Transport::kTcp),
+                         [](const testing::TestParamInfo<Transport>& p) { return std::string(transport_name(p.param)); });
 
 // A peer UCX cannot reach over rdma (here: no NIC, so no lane to another worker) is an error at
 // once, never a hang. On a host with an RDMA device every worker is reachable: nothing to show.
