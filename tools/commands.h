@@ -21,6 +21,9 @@ inline constexpr int kExitUsage = 2;
 
 // --rdma-transport / --rdma-device as the library's RdmaOptions (the values are checked by CLI11).
 RdmaOptions rdma_options(const std::string& transport, const std::string& device);
+// Why --rdma-* given with a --transport they do not apply to (shm, tcp) is a usage error; nullopt if fine.
+std::optional<std::string> misplaced_rdma_options(const std::string& transport, const std::string& rdma_transport,
+                                                  const std::string& rdma_device);
 
 struct RecvArgs {
   std::string listen;

@@ -21,6 +21,13 @@ void print_error(const char* cmd, const std::string& message) {
   std::fprintf(stderr, "slotstream %s: error: %s\n", cmd, message.c_str());
 }
 
+std::optional<std::string> misplaced_rdma_options(const std::string& transport, const std::string& rdma_transport,
+                                                  const std::string& rdma_device) {
+  if (rdma_transport.empty() && rdma_device.empty()) return std::nullopt;
+  if (transport == "rdma" || transport == "auto") return std::nullopt;
+  return "--rdma-transport and --rdma-device apply to --transport rdma or auto, not " + transport;
+}
+
 RdmaOptions rdma_options(const std::string& transport, const std::string& device) {
   RdmaOptions o;
   if (!transport.empty()) o.transport = parse_rdma_transport(transport);
@@ -109,6 +116,10 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     return kExitUsage;
   }
   opt->transport = *parse_transport(args.transport);
+  if (auto why = misplaced_rdma_options(args.transport, args.rdma_transport, args.rdma_device)) {
+    print_error("recv", *why);
+    return kExitUsage;
+  }
   opt->rdma = rdma_options(args.rdma_transport, args.rdma_device);
   for (const auto& h : args.holds) {
     HoldSpec spec;

@@ -355,6 +355,10 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   }
   opt->protocol = a.protocol;
   opt->transport = *parse_transport(a.transport);
+  if (auto why = misplaced_rdma_options(a.transport, a.rdma_transport, a.rdma_device)) {
+    print_error("send", *why);
+    return kExitUsage;
+  }
   opt->rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt->blocks = a.blocks;
   opt->block_size = a.block_size;

@@ -170,7 +170,9 @@ TEST_P(APut, IsAMessageOnlyWhereTheFabricCarriesIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, APut, testing::Values(Transport::kShm, Transport::kTcp),
-                         [](const testing::TestParamInfo<Transport>& p) { return std::string(transport_name(p.param)); });
+                         [](const testing::TestParamInfo<Transport>& p) {
+                           return std::string(transport_name(p.param));
+                         });
 
 // A peer UCX cannot reach over rdma (here: no NIC, so no lane to another worker) is an error at
 // once, never a hang. On a host with an RDMA device every worker is reachable: nothing to show.

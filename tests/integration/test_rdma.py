@@ -90,6 +90,21 @@ def test_rdma_without_a_device_is_a_usage_error_within_two_seconds(receiver, tmp
     assert p.returncode == 0 and "slotstream send: transport shm: " in p.stderr, p.stderr
 
 
+@pytest.mark.deadline(30)
+def test_rdma_options_with_a_transport_they_do_not_apply_to_are_usage_errors(tmp_path):
+    for argv in (["send", "--to", "127.0.0.1:1", "--transport", "tcp", "--rdma-device", "mlx5_0:1", "--synthetic",
+                  "0:25:64x64x3", "--duration", "1"],
+                 ["recv", "--listen", "127.0.0.1:0", "--out", str(tmp_path), "--transport", "shm", "--rdma-transport",
+                  "dc"],
+                 ["recv", "--listen", "127.0.0.1:0", "--out", str(tmp_path), "--transport", "udp", "--rdma-device",
+                  "mlx5_0:1"]):
+        p = run(*argv)
+        assert p.returncode == 2, (argv, p.returncode, p.stderr)
+        assert "rdma" in p.stderr, p.stderr
+    p = run("send", "--to", "127.0.0.1:1", "--rdma-transport", "xrc", "--synthetic", "0:25:64x64x3", "--duration", "1")
+    assert p.returncode == 2 and "--rdma-transport" in p.stderr, p.stderr
+
+
 def synthetic_send(addr, name, *prefix, env=None, transport="auto"):
     """`send` of 10 synthetic 64x64x3 frames, started through `prefix` (unshare, setpriv) if given."""
     argv = [*prefix, BIN, "send", "--to", addr, "--name", name, "--transport", transport, "--synthetic",
