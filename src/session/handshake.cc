@@ -163,6 +163,23 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
   if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
   reserved_bytes_ = region;
 
+  if (auto r = set_up_transport(region)) return r;
+  protocol::ReceiverFabric rf{*fabric_->context, worker(), geometry_};
+  if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
+  }
+  if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
+  }
+  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
+  delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
+
+  return send_accept();
+}
+
+// The transport's fabric for this sender: its context and worker (and one of the session's own),
+// once the NIC may pin this sender's region (rdma: the locked-memory limit).
+std::optional<Refusal> ReceiverSession::set_up_transport(uint64_t region) {
   if (Status st = rx_.transport_fabric(transport_, &fabric_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
   }
@@ -181,16 +198,11 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
       return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
     }
   }
-  protocol::ReceiverFabric rf{*fabric_->context, worker(), geometry_};
-  if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
-    return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
-  }
-  if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
-    return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
-  }
-  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
-  delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
+  return std::nullopt;
+}
 
+// ACCEPT: the transport and why, what this receiver offers, where the sender writes.
+std::optional<Refusal> ReceiverSession::send_accept() {
   wire::Accept accept;
   accept.transport = transport_;
   if (transport_ == Transport::kRdma) accept.rdma_transport = fabric_->context->spec().rdma;

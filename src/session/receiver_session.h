@@ -107,6 +107,8 @@ class ReceiverSession {
   std::optional<Refusal> read_hello(wire::Hello* hello);
   std::optional<Refusal> authenticate(const wire::Hello& hello);
   std::optional<Refusal> set_up(const wire::Hello& hello);
+  std::optional<Refusal> set_up_transport(uint64_t region);
+  std::optional<Refusal> send_accept();
   std::optional<Refusal> connect();
   void refuse(const Refusal& refusal);
 

@@ -145,16 +145,8 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
   }
   owner_.accepted(accept);
   if (Status st = setup_fabric(accept); !st.is_ok()) {
-    // Tell the receiver why (it frees what it set up for us), then report the transport failed.
     *failed = accept.transport;
-    const std::string what = std::string("the sender could not set up transport ") + transport_name(accept.transport);
-    (void)control_->send(wire::MsgType::kRefuse, wire::encode(wire::Refuse{st.code(), what + ": " + st.message()}));
-    // The receiver closes once it has released this connection's name and lane: then a new
-    // connection of ours is not mistaken for a second one.
-    wire::Frame ignored;
-    for (const auto until = Clock::now() + kHandshakeTimeout; Clock::now() < until;) {
-      if (control_->receive(Millis(100), &ignored).code() == Code::kPeerGone) break;
-    }
+    refuse_transport(accept.transport, st);
     return st;
   }
 
@@ -173,6 +165,18 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
   Status st = expect_progressing(*control_, wire::MsgType::kReady, kHandshakeTimeout, helper, &body);
   if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
   return Status::ok();
+}
+
+// Our half of the receiver's transport failed: REFUSE instead of SETUP tells the receiver why (it
+// frees what it set up for us), and it closes once it has released this connection's name and
+// lane — after that a new connection of ours is not mistaken for a second one.
+void SenderLane::refuse_transport(Transport transport, const Status& st) {
+  const std::string what = std::string("the sender could not set up transport ") + transport_name(transport);
+  (void)control_->send(wire::MsgType::kRefuse, wire::encode(wire::Refuse{st.code(), what + ": " + st.message()}));
+  wire::Frame ignored;
+  for (const auto until = Clock::now() + kHandshakeTimeout; Clock::now() < until;) {
+    if (control_->receive(Millis(100), &ignored).code() == Code::kPeerGone) break;
+  }
 }
 
 Status SenderLane::setup_fabric(const wire::Accept& accept) {

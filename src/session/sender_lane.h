@@ -98,6 +98,7 @@ class SenderLane {
   // *failed: set when the chosen transport's set-up failed on this side (the receiver was told).
   Status handshake(const wire::Hello& hello, std::optional<Transport>* failed);
   Status setup_fabric(const wire::Accept& accept);
+  void refuse_transport(Transport transport, const Status& st);
   Status reach_receiver();
   Status unreachable(const Status& st) const;
   void reset();  // back to before connect()
