@@ -6,9 +6,10 @@
 //
 // The protocol code is the same on every transport: shm (UCX's posix/sysv shared memory, one host),
 // tcp (between hosts without RDMA NICs: the library carries puts and gets itself, so the receiver's
-// CPU places every block), and rdma (UCX's rc, dc or ud on InfiniBand/RoCE NICs: rc and dc write
-// one-sided, the receiver's CPU takes no part; ud keeps its reliability in software and needs the
-// receiver's progress). docs/rdma.md says what of rdma is tested without a NIC and what is not.
+// CPU places every block), and rdma (UCX's rc, dc or ud on InfiniBand/RoCE NICs: rc and dc are
+// one-sided in the NIC, so by design the receiver's CPU takes no part; ud keeps its reliability in
+// software and needs the receiver's progress). docs/rdma.md says what of rdma is tested without a
+// NIC and what only scripts/rdma-check.sh checks on hardware.
 #pragma once
 
 #include <cstddef>
