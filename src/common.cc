@@ -144,6 +144,12 @@ std::string host_id() {
   return id + "@" + host;
 }
 
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
 std::string shm_domain() {
   struct stat ipc {};
   const std::string ns = ::stat("/proc/self/ns/ipc", &ipc) == 0 ? std::to_string(ipc.st_ino) : "?";

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "fabric/fabric.h"
 #include "slotstream/slotstream.h"
@@ -15,6 +16,8 @@ std::string host_id();
 // sysv segments live in it) and the user (segments are created 0600/0660 and posix segments are
 // opened through /proc/PID/fd, which needs the owner's user). "ipc=4026531839,uid=0".
 std::string shm_domain();
+// "a, b, c": items joined by `sep`, for messages a person reads.
+std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 // "1.5 GiB", "640 KiB", "12 B": for messages a person reads.
 std::string format_bytes(uint64_t bytes);
 

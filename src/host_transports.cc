@@ -3,7 +3,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <set>
 
 #include "common.h"
@@ -23,12 +22,6 @@ std::vector<std::string> devices_of(const std::vector<fabric::UcxResource>& ucx,
     }
   }
   return {out.begin(), out.end()};
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
 }
 
 TransportInfo shm_info(const std::vector<fabric::UcxResource>& ucx) {

@@ -5,12 +5,10 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <set>
 
 #include "common.h"
 
@@ -146,12 +144,6 @@ std::vector<RdmaPort> merge_ports(std::span<const UcxResource> ucx, std::span<co
     std::sort(p.ucx_transports.begin(), p.ucx_transports.end());
     out.push_back(std::move(p));
   }
-  return out;
-}
-
-std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
   return out;
 }
 
