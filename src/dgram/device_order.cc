@@ -1,5 +1,6 @@
 #include "dgram/device_order.h"
 
+#include <algorithm>
 #include <climits>
 
 namespace slotstream::dgram {
@@ -64,9 +65,15 @@ void DeviceOrder::poll(int64_t now_ns, std::vector<Release>* out) {
     auto g = gaps_.begin();
     if (g == gaps_.end() || g->first > next_) return;  // not known to exist yet
     if (now_ns - g->second.since_ns < timeout_ns_) return;
-    out->push_back(Release{uint32_t(next_), Kind::kLost, std::nullopt});
-    ++next_;
+    // Nothing inside a gap was seen (seen() splits it), so the rest of it is one run of losses.
+    const uint64_t end = fin_count_ ? std::min(g->second.end, *fin_count_) : g->second.end;
+    if (end <= next_) {
+      gaps_.erase(g);
+      continue;
+    }
+    out->push_back(Release{uint32_t(next_), Kind::kLost, end - next_, std::nullopt});
     const Gap rest = g->second;
+    next_ = end;
     gaps_.erase(g);
     if (next_ < rest.end) gaps_[next_] = rest;
   }

@@ -31,6 +31,7 @@ class DeviceOrder {
   struct Release {
     uint32_t msn = 0;
     Kind kind = Kind::kLost;
+    uint64_t count = 1;                    // kLost: messages msn, msn + 1, ... lost in one run
     std::optional<Completion> completion;  // kComplete, kIncomplete
   };
 
@@ -46,7 +47,8 @@ class DeviceOrder {
   void finished(Completion c, int64_t now_ns);
   // The sender says it sent `count` messages in all.
   void fin(uint64_t count, int64_t now_ns);
-  // Releases, in order, every message that is ready.
+  // Releases, in order, every message that is ready (a run of lost ones as one Release, so a FIN
+  // claiming billions of messages costs one entry, not billions).
   void poll(int64_t now_ns, std::vector<Release>* out);
 
   uint64_t next() const { return next_; }

@@ -21,7 +21,9 @@ std::vector<std::pair<uint32_t, Kind>> poll(DeviceOrder& d, int64_t now) {
   std::vector<DeviceOrder::Release> out;
   d.poll(now, &out);
   std::vector<std::pair<uint32_t, Kind>> r;
-  for (auto& x : out) r.emplace_back(x.msn, x.kind);
+  for (auto& x : out) {
+    for (uint64_t i = 0; i < x.count; ++i) r.emplace_back(uint32_t(x.msn + i), x.kind);
+  }
   return r;
 }
 
