@@ -321,7 +321,9 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->check(CLI::Range(1.0, 600000.0))
       ->default_str("200")
       ->group(kGroup);
-  recv->add_option("--session-timeout", a->session_timeout_s, "S of silence after which a UDP sender is lost")
+  recv->add_option("--session-timeout", a->session_timeout_s,
+                   "S of silence after which a sender is lost, and a dgram_rd/dgram_rc message without a new byte "
+                   "is given up (not while the receiver holds the sender back)")
       ->check(CLI::Range(0.1, 86400.0))
       ->default_str("30")
       ->group(kGroup);

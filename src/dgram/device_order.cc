@@ -80,8 +80,14 @@ void DeviceOrder::poll(int64_t now_ns, std::vector<Release>* out) {
 }
 
 int64_t DeviceOrder::next_deadline() const {
-  if (gaps_.empty()) return INT64_MAX;
-  return gaps_.begin()->second.since_ns + timeout_ns_;
+  // Only the gap at the head can be released by a timer: a later one waits for the head anyway, and
+  // a head still being placed is finished by its own timer (its target's). Reporting a later gap's
+  // deadline made the receiver's loop spin once it had passed (up to a reliable message's 30 s).
+  if (gaps_.empty() || active_.contains(next_) || done_.contains(next_)) return INT64_MAX;
+  if (fin_count_ && next_ >= *fin_count_) return INT64_MAX;
+  auto g = gaps_.begin();
+  if (g->first > next_) return INT64_MAX;
+  return g->second.since_ns + timeout_ns_;
 }
 
 }  // namespace slotstream::dgram

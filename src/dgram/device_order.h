@@ -54,7 +54,9 @@ class DeviceOrder {
   uint64_t next() const { return next_; }
   bool fin_known() const { return fin_count_.has_value(); }
   bool all_released() const { return fin_count_ && next_ >= *fin_count_; }
-  int64_t next_deadline() const;  // when poll() may release a lost message; INT64_MAX if never
+  // When poll() will release a lost message at the head, if nothing else happens first; INT64_MAX if
+  // no timer of this order's is what the head waits for.
+  int64_t next_deadline() const;
 
  private:
   int64_t timeout_ns_;

@@ -284,8 +284,10 @@ struct DatagramSender::Impl {
         Status st = tcp->read_available();
         std::span<const std::byte> f;
         while (tcp->next_frame(&f)) on_segment(f);
-        if (!st.is_ok() && !all_fin_acked())
+        // A REFUSE (or a failed proof) comes just before the receiver closes: that is the news, not the close.
+        if (!st.is_ok() && !all_fin_acked() && !refused && !auth_error) {
           return {Code::kPeerGone, "receiver closed the connection: " + st.message()};
+        }
       }
       return Status::ok();
     }

@@ -69,6 +69,20 @@ TEST(DeviceOrder, FinAccountsForTrailingLosses) {
   EXPECT_TRUE(d.all_released());
 }
 
+// A gap behind a head still being placed is not a deadline: its passing changes nothing until the
+// head's own timer fires, and a receiver waking for it would spin until then.
+TEST(DeviceOrder, AGapBehindAnActiveHeadIsNoDeadline) {
+  DeviceOrder d(kT);
+  d.seen(2, 0);  // 0 and 1 unseen: a gap since 0
+  EXPECT_EQ(d.next_deadline(), kT);
+  d.seen(0, 50);  // the head turns up and is being placed
+  EXPECT_EQ(d.next_deadline(), INT64_MAX);
+  EXPECT_TRUE(poll(d, 500).empty());
+  d.finished(done(0, Outcome::kIncomplete), 150);
+  EXPECT_EQ(poll(d, 150), (std::vector<std::pair<uint32_t, Kind>>{{0, Kind::kIncomplete}, {1, Kind::kLost}}));
+  EXPECT_EQ(d.next_deadline(), INT64_MAX);  // 2 is active
+}
+
 TEST(DeviceOrder, ChecksStaleAndFarAhead) {
   DeviceOrder d(kT);
   d.finished(done(0), 0);
