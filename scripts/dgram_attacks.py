@@ -2,19 +2,24 @@
 """Measures what issue 19's attacks cost the datagram receiver (`slotstream recv --transport udp`): the receiver's
 RSS, CPU and answers, for one or more binaries, alternating them, N runs each. docs/hardening.md has the results.
 
-  python3 scripts/dgram_attacks.py [--runs 3] BIN [BIN ...]      (e.g. an old build and build/slotstream)
+  python3 scripts/dgram_attacks.py [--runs 3] [--only NAME] BIN [BIN ...]   (e.g. an old build and build/slotstream;
+                                                                 BIN:token runs `throughput` with --token-file)
 
   hello     one write_record HELLO of 4,096 devices x ring 256 (8 KB), then nine more: RSS, CPU, reply bytes
   partials  dgram_rd, 4,096 devices x ring 19: the first byte (at the end of a 1 MiB region) of 77,824 messages,
-            never the rest; RSS 2 s later, and 8 s later (--session-timeout 5 s) with the session kept alive
+            never the rest; RSS 2 s later, and 8 s later (--session-timeout 5 s) with the session kept alive;
+            the default --max-memory (partials) and one that lets the hello in (partials-allowed)
   sessions  1,100 hellos from one socket (a QP each) in ~0.1 s, then a real `send`: does it get in?
   garbage   300,000 HELLOs with a right CRC that do not decode: stderr lines, receiver CPU
+  throughput  no attack: `dgram-peer` write_record 1 MiB x 400 and dgram_rd 64 KiB x 2,000 on loopback, MB/s and
+            CPU of both ends (what the MAC of an authenticated session costs, and that nothing else got slower)
 Each run starts a fresh receiver (--discard) on 127.0.0.1. Wire version: whatever the binary speaks.
 """
 import argparse
 import json
 import os
 import pathlib
+import select
 import socket
 import statistics
 import subprocess
@@ -24,25 +29,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "integration"))
 import dgram_wire as w  # noqa: E402
-
-
-def rss_mb(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def pte_mb(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmPTE:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_s(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+from procstat import cpu_seconds as cpu_s, pte_mb, rss_mb  # noqa: E402
 
 
 class Receiver:
@@ -71,7 +58,11 @@ class Receiver:
 
     def stop(self):
         self.p.terminate()
-        self.p.wait(10)
+        try:
+            self.p.wait(60)  # (a receiver from before issue 19 took over 10 s to free ten huge sessions)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(10)
 
 
 def drain(s, wait):
@@ -104,13 +95,18 @@ def hello_attack(binary):
     return out
 
 
-def partials_attack(binary):
-    rx = Receiver(binary, "--max-memory", "100G", "--session-timeout", "5")
+def select_ready(sock, wait):
+    return bool(select.select([sock], [], [], wait)[0])
+
+
+def partials_attack(binary, *budget):
+    rx = Receiver(binary, *budget, "--session-timeout", "5")
     v, pid = rx.version, rx.p.pid
     r0 = rss_mb(pid)
     s = rx.sock()
     s.send(w.segment(w.hello(protocol="dgram_rd", name="rd", ring=19, max_message=1 << 20, devices=range(4096),
                              version=v), version=v, qp=5))
+    answer = w.reply_type(s.recv(65536)) if select_ready(s, 1.0) else None
     drain(s, 0.5)
     seq = 0
     for d in range(4096):
@@ -121,7 +117,7 @@ def partials_attack(binary):
         if d % 64 == 0:
             drain(s, 0.001)
     drain(s, 2.0)
-    out = {"segments": seq, "rss_2s_MB": rss_mb(pid) - r0, "pte_2s_MB": pte_mb(pid)}
+    out = {"answer": answer, "segments": seq, "rss_2s_MB": rss_mb(pid) - r0, "pte_2s_MB": pte_mb(pid)}
     for _ in range(8):  # the session stays alive (an RD probe a second); its partial messages do not
         s.send(w.segment(version=v, service=w.RD, opcode=w.ACK, qp=5, rd=(0, 0, 0, 4, 0)))
         drain(s, 1.0)
@@ -129,6 +125,11 @@ def partials_attack(binary):
     out["pte_after_timeout_MB"] = pte_mb(pid)
     rx.stop()
     return out
+
+
+def partials_allowed(binary):
+    """The budget raised so far that the hello is accepted: what its partial messages then cost."""
+    return partials_attack(binary, "--max-memory", "100G")
 
 
 def sessions_attack(binary):
@@ -166,7 +167,36 @@ def garbage_attack(binary):
     return out
 
 
-ATTACKS = {"hello": hello_attack, "partials": partials_attack, "sessions": sessions_attack, "garbage": garbage_attack}
+def peer_run(binary, token, protocol, size, count):
+    extra = []
+    if token:
+        tf = tempfile.NamedTemporaryFile("w", suffix=".token", delete=False)
+        tf.write("measurement token\n")
+        tf.close()
+        extra = ["--token-file", tf.name]
+    rx = subprocess.Popen([binary, "dgram-peer", "recv", "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE,
+                          text=True)
+    addr = rx.stdout.readline().split()[-1]
+    tx = subprocess.run([binary, "dgram-peer", "send", "--to", addr, "--protocol", protocol, "--size", str(size),
+                         "--count", str(count), *extra], capture_output=True, text=True, timeout=120)
+    got = json.loads(rx.stdout.readline())
+    rx.wait(30)
+    sent = json.loads(tx.stdout)
+    return {"MB_s": sent["bytes"] / 1e6 / sent["seconds"], "send_cpu_s": sent["cpu_seconds"],
+            "recv_cpu_s": got["cpu_seconds"], "complete": got["complete"]}
+
+
+def throughput(binary):
+    binary, _, token = binary.partition(":")
+    out = {}
+    for protocol, size, count in (("write_record", 1 << 20, 400), ("dgram_rd", 64 << 10, 2000)):
+        r = peer_run(binary, token == "token", protocol, size, count)
+        out.update({f"{protocol}_{k}": v for k, v in r.items()})
+    return out
+
+
+ATTACKS = {"hello": hello_attack, "partials": partials_attack, "partials-allowed": partials_allowed, "sessions": sessions_attack, "garbage": garbage_attack,
+           "throughput": throughput}
 
 
 def main():
@@ -179,6 +209,8 @@ def main():
     for name in a.only or list(ATTACKS):
         for run in range(a.runs):
             for b in a.binaries:  # alternating, so that the machine's load falls on both alike
+                if ":" in b and name != "throughput":
+                    continue
                 r = ATTACKS[name](b)
                 results.setdefault(name, {}).setdefault(b, []).append(r)
                 print(json.dumps({"attack": name, "binary": b, "run": run, **r}), flush=True)

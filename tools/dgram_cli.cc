@@ -363,6 +363,10 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
 
 bool is_dgram_send(const SendArgs& a) { return a.transport == "udp" || dgram::find_protocol(a.protocol) != nullptr; }
 
+Status read_token_if_given(const std::string& file, std::string* token) {
+  return file.empty() ? Status::ok() : net::read_token_file(file, token);
+}
+
 namespace {
 
 // --max-memory and --token-file of `recv --transport udp`: what the UCX receiver reads too.
@@ -374,8 +378,7 @@ Status dgram_recv_limits(const RecvArgs& args, dgram::ReceiverOptions* o) {
     }
     o->max_memory = *bytes;
   }
-  if (!args.token_file.empty()) return net::read_token_file(args.token_file, &o->token);
-  return Status::ok();
+  return read_token_if_given(args.token_file, &o->token);
 }
 
 }  // namespace
@@ -475,11 +478,9 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     print_error("send", st.message());
     return kExitUsage;
   }
-  if (!a.token_file.empty()) {
-    if (Status st = net::read_token_file(a.token_file, &o.token); !st.is_ok()) {
-      print_error("send", st.message());
-      return kExitUsage;
-    }
+  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
+    print_error("send", st.message());
+    return kExitUsage;
   }
   o.protocol = proto->name;
   o.devices = plan.devices();
@@ -549,6 +550,8 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     j["retransmits"] = s.retransmits;
     j["retransmit_timeouts"] = s.timeouts;
     j["credit_waits"] = s.credit_waits;
+    j["authenticated"] = !o.token.empty();
+    j["forged"] = s.forged;  // datagrams from the receiver's address without a right MAC, dropped
     j["injected"] = {{"loss", s.injected_loss},
                      {"corrupt", s.injected_corrupt},
                      {"duplicate", s.injected_duplicate},

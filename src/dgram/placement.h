@@ -75,7 +75,10 @@ void RangeSet::for_each_present(uint64_t offset, uint64_t length, Fn&& fn) const
 
 // A zero-filled byte buffer of fixed capacity from calloc: a large one comes from the kernel as untouched
 // zero pages, so a region the size of the largest message costs only the pages a message writes (a
-// growing std::vector would zero, copy and fault it over and over: ~90 ms stalls at 50 MB).
+// growing std::vector would zero, copy and fault it over and over: ~90 ms stalls at 50 MB). Only at
+// first: once such a buffer is freed, glibc serves the next ones from its heap and zeroes them in full
+// (still ~20x cheaper than fresh pages here: 40 us against 900 us for 900 KB). So a partial message
+// may hold its whole capacity — which is what the receiver charged the session for (handshake.h).
 class Buffer {
  public:
   Buffer() = default;

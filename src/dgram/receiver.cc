@@ -103,6 +103,7 @@ struct Conn {
   std::shared_ptr<Peer> session;
   int64_t opened_ns;
   bool closed = false;
+  bool served = false;  // its session has ended: the sender is reading its FIN_ACK and will close
 };
 
 struct WorkItem {
@@ -151,8 +152,8 @@ struct DatagramReceiver::Impl {
   ReceiverCounters rc;
   LogLimiter log_limit;
   int64_t listener_rest_until = 0;
-  uint64_t expired_seen = 0;   // messages expired in all sessions, at the last check
-  bool memory_freed = false;   // messages expired or a session ended since the last trim
+  uint64_t expired_seen = 0;  // messages expired in all sessions, at the last check
+  bool memory_freed = false;  // messages expired or a session ended since the last trim
   int64_t last_trim_ns = 0;
   Peer* last_hit = nullptr;  // the session of the previous datagram (usually the next one's too)
   UdpSocket::Inbox inbox{64};
@@ -570,7 +571,12 @@ struct DatagramReceiver::Impl {
     } else if (sender) {
       event("session", "sender " + p.name() + " " + reason, kSessionLines);
     }
-    if (p.conn) p.conn->session.reset();
+    if (p.conn) {
+      p.conn->session.reset();
+      p.conn->served = true;
+      p.conn->opened_ns = now_ns();              // from now on: how long it has been served
+      ::shutdown(p.conn->stream.fd(), SHUT_WR);  // after the FIN_ACK (or REFUSE): the sender sees the end
+    }
     if (!sender) return;
     {
       std::lock_guard lock(snap_mu);
@@ -671,11 +677,17 @@ struct DatagramReceiver::Impl {
     }
   }
 
-  // The oldest connection without a session, closed to make room; false if there is none.
+  // A connection without a session closed to make room — one whose session has ended, else the oldest
+  // that has not said hello; false if there is none.
   bool evict_pending_connection() {
     Conn* oldest = nullptr;
     for (auto& c : conns) {
-      if (!c->closed && !c->session && (!oldest || c->opened_ns < oldest->opened_ns)) oldest = c.get();
+      if (c->closed || c->session) continue;
+      if (c->served) {
+        c->closed = true;
+        return true;
+      }
+      if (!oldest || c->opened_ns < oldest->opened_ns) oldest = c.get();
     }
     if (!oldest) return false;
     oldest->closed = true;
@@ -686,7 +698,7 @@ struct DatagramReceiver::Impl {
 
   size_t open_connections(bool pending_only) const {
     size_t n = 0;
-    for (const auto& c : conns) n += !c->closed && (!pending_only || !c->session);
+    for (const auto& c : conns) n += !c->closed && (!pending_only || (!c->session && !c->served));
     return n;
   }
 
@@ -729,7 +741,8 @@ struct DatagramReceiver::Impl {
   void check_conns(int64_t now) {
     for (auto it = conns.begin(); it != conns.end();) {
       Conn& c = **it;
-      if (!c.closed && !c.session && now - c.opened_ns > o.hello_timeout_ns) {
+      if (!c.closed && c.served && now - c.opened_ns > o.session_timeout_ns) c.closed = true;  // never closed
+      if (!c.closed && !c.session && !c.served && now - c.opened_ns > o.hello_timeout_ns) {
         c.closed = true;
         ++rc.connections_timed_out;
         event("connection", "closed a connection from " + c.peer.str() + ": no session within " +
@@ -815,7 +828,10 @@ struct DatagramReceiver::Impl {
 
   void publish_locked() {
     snap.live.clear();
-    for (const auto& p : peers) snap.live.push_back(report(*p, false, ""));
+    // Series only for senders (authenticated, or with data placed): a flood of hellos makes none.
+    for (const auto& p : peers) {
+      if (p->authenticated() || p->session.carried_data()) snap.live.push_back(report(*p, false, ""));
+    }
     snap.unattributed = unattributed_counters;
     if (faults) {
       const auto& f = faults->stats();

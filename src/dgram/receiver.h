@@ -99,7 +99,7 @@ class DatagramReceiver {
   // this passes a second or so: the FIN_ACK may have been lost, and the sender repeats its FIN until it
   // hears one (a closed port would answer it with "port unreachable" instead).
   int64_t since_last_fin_ack_ns() const;
-  // Sessions being served now (refreshed about every 100 ms).
+  // Senders being served now (refreshed about every 100 ms): sessions that authenticated or placed data.
   std::vector<SessionReport> live_sessions() const;
 
   // Everything a metrics endpoint shows, taken at one instant: a session that ends moves from

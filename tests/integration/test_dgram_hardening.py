@@ -16,21 +16,10 @@ import pytest
 import dgram_wire as w
 from conftest import BIN, make_files
 from dgram_support import SHIM, DgramReceiver, accounted, check_store, dgram_send
+from procstat import cpu_seconds, rss_mb
 
 
 # ------------------------------------------------------------------ helpers
-
-def rss_mb(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_seconds(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def scrape(rx):
     _, line = rx.stderr.wait_for(r"metrics on http://", 10)
