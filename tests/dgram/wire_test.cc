@@ -250,12 +250,14 @@ TEST(DgramWire, AForgedSegmentWithARightCrcFailsItsMac) {
   auto d = std::vector<std::byte>(kMaxHeaderSize + 8 + kMaxTrailerSize);
   d.resize(encode_segment(h, std::vector<std::byte>(8, std::byte{1}), d, &mac));
   d[24] = std::byte{2};  // a payload byte, changed by someone without the key, CRC fixed up
-  auto seg = decode_segment(reseal(d));
+  const auto resealed = reseal(d);  // (kept: the segment points into it)
+  auto seg = decode_segment(resealed);
   ASSERT_TRUE(seg);
   EXPECT_FALSE(mac.verify(*seg));
   MacKey other;
   other.fill(2);
-  auto unsigned_seg = decode_segment(encode(h, std::vector<std::byte>(8)));
+  const auto plain = encode(h, std::vector<std::byte>(8));
+  auto unsigned_seg = decode_segment(plain);
   ASSERT_TRUE(unsigned_seg);
   EXPECT_FALSE(mac.verify(*unsigned_seg));  // no MAC at all
   auto forged = std::vector<std::byte>(kMaxHeaderSize + 8 + kMaxTrailerSize);
