@@ -249,7 +249,7 @@ TEST(DgramWire, AForgedSegmentWithARightCrcFailsItsMac) {
   SegmentMac mac(key);
   auto d = std::vector<std::byte>(kMaxHeaderSize + 8 + kMaxTrailerSize);
   d.resize(encode_segment(h, std::vector<std::byte>(8, std::byte{1}), d, &mac));
-  d[24] = std::byte{2};  // a payload byte, changed by someone without the key, CRC fixed up
+  d[24] = std::byte{2};             // a payload byte, changed by someone without the key, CRC fixed up
   const auto resealed = reseal(d);  // (kept: the segment points into it)
   auto seg = decode_segment(resealed);
   ASSERT_TRUE(seg);
