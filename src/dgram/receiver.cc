@@ -152,6 +152,9 @@ struct DatagramReceiver::Impl {
   ReceiverCounters rc;
   LogLimiter log_limit;
   int64_t listener_rest_until = 0;
+  // Receiver nonces of AUTHs that started a session, until their cookie has gone stale: a replayed AUTH
+  // (a copy from the same address and QP, within its 20 s) starts nothing.
+  std::deque<std::pair<DgramNonce, int64_t>> used_cookies;
   uint64_t expired_seen = 0;  // messages expired in all sessions, at the last check
   bool memory_freed = false;  // messages expired or a session ended since the last trim
   int64_t last_trim_ns = 0;
@@ -302,8 +305,20 @@ struct DatagramReceiver::Impl {
       if (existing->receiver_nonce == auth->receiver_nonce) reply(*existing, existing->accept, false);
       return;
     }
+    if (cookie_used(auth->receiver_nonce)) {
+      ++rc.auth_failures;
+      return refuse(conn, from, hello->name, "authentication failed (a replayed AUTH)", request);
+    }
     const SessionKeys keys = session_keys(o.token, auth->receiver_nonce, hello->nonce);
     admit(*hello, auth->hello, from, source_qp, conn, request, &keys, auth->receiver_nonce);
+  }
+
+  bool cookie_used(const DgramNonce& nr) {
+    while (!used_cookies.empty() && used_cookies.front().second < now_ns()) used_cookies.pop_front();
+    for (const auto& [n, _] : used_cookies) {
+      if (n == nr) return true;
+    }
+    return false;
   }
 
   // Name conflicts and a full table; false if the newcomer is refused (the reason in *why).
@@ -370,6 +385,7 @@ struct DatagramReceiver::Impl {
     p->receiver_nonce = nr;
     Accept acc = p->session.accept(qp);
     if (keys) {
+      used_cookies.emplace_back(nr, now_ns() + 2 * kCookieIntervalNs);
       p->rx_mac = std::make_unique<SegmentMac>(keys->to_receiver);
       p->tx_mac = std::make_unique<SegmentMac>(keys->to_sender);
       const Proof proof = accept_proof(o.token, nr, hello.nonce, hello_bytes, acc);

@@ -7,7 +7,11 @@ the documented ones, so a test also checks that the documentation and the code a
   hello(...), fin(...)                   control payloads of wire version 2 (or 1: the layout before issue 19)
   decode(datagram)                       (version, ddp flags, opcode, service, qp, payload) or None
   probe_version(addr)                    the wire version a receiver at HOST:PORT speaks (2, or 1 before issue 19)
+  proof(token, label, *parts)            the handshake's HMAC (src/net/auth.h's net::proof)
+  auth(nr, ns, hello_payload, token)     an AUTH payload answering a CHALLENGE
 """
+import hashlib
+import hmac
 import os
 import socket
 import struct
@@ -64,6 +68,19 @@ def hello(protocol="write_record", name="x", ring=1, max_message=1024, segment_s
     body = b"\x01" + bytes([1 if auth else 0]) + _str8(protocol) + _str8(name) + tail + (nonce or os.urandom(32))
     pad = max(0, pad_to - len(body) - 2)
     return body + struct.pack("<H", pad) + bytes(pad)
+
+
+def proof(token, label, *parts):
+    msg = b"slotstream-auth-v2" + bytes([len(label)]) + label.encode()
+    for p in parts:
+        msg += struct.pack("<I", len(p)) + p
+    return hmac.new(token.encode(), msg, hashlib.sha256).digest()
+
+
+def auth(nr, ns, hello_payload, token):
+    """AUTH (control.h): Nr | u16 length | the HELLO as sent | HMAC(token, "dgram-sender-hello", Nr, Ns, HELLO)."""
+    return (b"\x07" + nr + struct.pack("<H", len(hello_payload)) + hello_payload +
+            proof(token, "dgram-sender-hello", nr, ns, hello_payload))
 
 
 def decode(d):

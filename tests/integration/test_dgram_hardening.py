@@ -373,6 +373,33 @@ def test_tokens_are_checked_both_ways(tmp_path):
     plain.stop()
 
 
+def test_the_handshake_as_documented_and_a_replayed_auth(tmp_path):
+    """The token handshake written from its documentation (HELLO, CHALLENGE, AUTH with net::proof's HMAC, ACCEPT
+    with the receiver's proof); then the same AUTH again, once its session has ended: it starts nothing."""
+    token = "doc token"
+    tok = token_file(tmp_path, token)
+    rx = DgramReceiver(None, "--token-file", tok, "--session-timeout", "1")
+    ns = os.urandom(32)
+    h = w.hello(name="doc", auth=True, nonce=ns)
+    with udp_to(rx) as s:
+        s.send(w.segment(h, qp=77))
+        (challenge,) = replies(s, 1.0)
+        nr = w.decode(challenge)[5][1:]
+        assert w.reply_type(challenge) == "CHALLENGE" and len(nr) == 32
+        req = w.segment(w.auth(nr, ns, h, token), qp=77)
+        s.send(req)
+        (accept,) = replies(s, 1.0)
+        acc = w.decode(accept)[5]
+        assert w.reply_type(accept) == "ACCEPT" and acc[23] == 32, acc
+        want = w.proof(token, "dgram-receiver-accept", nr, ns, h, acc[:23] + b"\x00")
+        assert acc[24:] == want, "the receiver's proof is not the documented one"
+        rx.finished(timeout=10)  # lost after 1 s of silence: an authenticated sender's session
+        s.send(req)  # the same AUTH, within its cookie's 10-20 s
+        (again,) = replies(s, 1.0)
+        assert w.reply_type(again) == "REFUSE" and b"replayed" in w.decode(again)[5], again
+    rx.stop()
+
+
 @pytest.mark.skipif(not SHIM.exists(), reason="libslotstream_udp.so not built")
 def test_the_shim_with_a_key_drops_injected_datagrams(tmp_path):
     """Anyone could send datagrams with a valid CRC through the shim to an application ("INJECTED-PAYLOAD"
