@@ -11,7 +11,7 @@ import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 3  # wire::kProtocolVersion
+VERSION = 4  # wire::kProtocolVersion
 
 
 def s8(b):
@@ -26,12 +26,18 @@ def b32(b):
     return struct.pack("<I", len(b)) + b
 
 
-def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes=1, transport=0, first=None):
+def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes=1, transport=0, rdma=0, offers=1,
+          first=None):
     flags = (1 | 2) if first is not None else 0  # numbered and confirm, with one first number per device
     numbers = b"".join(struct.pack("<Q", f) for f in first) if first is not None else b""
     return (b"SLST" + struct.pack("<H", VERSION) + s8(protocol) + s16(options) + struct.pack("<II", 32, 1 << 20) +
-            bytes([transport]) + s8(b"host-1234") + s8(b"edge-a") + struct.pack("<H", len(devices)) +
-            b"".join(struct.pack("<H", d) for d in devices) + struct.pack("<QHHB", 0x1234, lane, lanes, flags) + numbers + bytes(range(32)))
+            bytes([transport, rdma, offers]) + s8(b"host-1234") + s8(b"ipc=4026531839,uid=0") + s8(b"edge-a") +
+            struct.pack("<H", len(devices)) + b"".join(struct.pack("<H", d) for d in devices) +
+            struct.pack("<QHHB", 0x1234, lane, lanes, flags) + numbers + bytes(range(32)))
+
+
+def accept(transport, rdma, offers, reason, address, setup, proof):
+    return bytes([transport, rdma, offers]) + s16(reason) + b32(address) + b32(setup) + s8(proof)
 
 
 def block_header(flags, device, packet, length, capacity):
@@ -107,8 +113,10 @@ def main():
             "hello": hello(),
             "hello-numbered": hello(first=(100, 0, 7)),
             "hello-lanes": hello(b"sliding_window", b"window=8", devices=(5,), lane=2, lanes=4, transport=2),
-            "accept": bytes([1]) + b32(bytes(40)) + b32(bytes(24)) + s8(bytes(32)),
-            "accept-no-proof": bytes([2]) + b32(b"addr") + b32(b"") + s8(b""),
+            "hello-rdma": hello(transport=3, rdma=2, offers=3),
+            "accept": accept(1, 0, 1, b"sender and receiver share this host", bytes(40), bytes(24), bytes(32)),
+            "accept-no-proof": accept(2, 0, 0, b"", b"addr", b"", b""),
+            "accept-rdma": accept(3, 1, 3, b"both ends have a usable RDMA device", bytes(40), bytes(24), b""),
             "setup": b32(bytes(16)) + b32(b"") + s8(bytes(32)),
             "refuse": struct.pack("<H", 6) + s16(b"unknown sender"),
             "fin": struct.pack("<H", 2) + struct.pack("<HQ", 0, 40) + struct.pack("<HQ", 1, 41),

@@ -36,10 +36,10 @@ constexpr const char* kGroup = "Datagram transport (--transport udp, docs/design
 constexpr int64_t kLinger = 1'000'000'000;
 
 // Options of the UCX path that mean nothing to the datagram transport.
-constexpr const char* kUcxOnlyRecv[] = {"--hold-block",    "--worker",        "--worker-dir",   "--worker-runtime",
-                                        "--worker-cpus",   "--worker-memory", "--worker-image", "--backlog-messages",
-                                        "--backlog-bytes", "--keep-processed"};
-constexpr const char* kUcxOnlySend[] = {"--block-size"};
+constexpr const char* kUcxOnlyRecv[] = {"--hold-block",    "--worker",         "--worker-dir",     "--worker-runtime",
+                                        "--worker-cpus",   "--worker-memory",  "--worker-image",   "--backlog-messages",
+                                        "--backlog-bytes", "--keep-processed", "--rdma-transport", "--rdma-device"};
+constexpr const char* kUcxOnlySend[] = {"--block-size", "--rdma-transport", "--rdma-device"};
 constexpr const char* kInjectOptions[] = {"--inject-loss", "--inject-reorder", "--inject-duplicate", "--inject-corrupt",
                                           "--inject-seed"};
 constexpr const char* kDgramOnlyRecv[] = {"--partial", "--message-timeout", "--session-timeout", "--max-message"};
