@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "wire/codec.h"
@@ -97,7 +98,8 @@ class StatusByteReceiver final : public ReceiverProtocol {
       : geometry_(fabric.geometry),
         region_(std::move(region)),
         rkey_(std::move(rkey)),
-        hold_wanted_(geometry_.blocks, false) {}
+        hold_wanted_(geometry_.blocks, 0),
+        retained_(geometry_.blocks, 0) {}
 
   std::vector<uint8_t> setup() const override {
     wire::Writer w;
@@ -123,14 +125,35 @@ class StatusByteReceiver final : public ReceiverProtocol {
     if (last != n) scan_from_ = (last + 1) % n;
   }
 
+  // No lock: hold_wanted_ is written only by this (the consumer's) thread, and a retained block
+  // is never released here.
   void release(uint64_t id) override {
     const auto index = static_cast<uint32_t>(id);
     // paper §3.2.5 step 3; §3.3: a block wanted held goes straight to 2.
     status(index).store(hold_wanted_[index] ? kHeld : kEmpty, std::memory_order_release);
   }
 
+  // paper §3.3: the application keeps the block's data in place; the sender skips it (status 2).
+  // The block is full (1) until now, so the sender cannot be writing its byte.
+  void retain(uint64_t id) override {
+    const auto index = static_cast<uint32_t>(id);
+    std::lock_guard lock(hold_mutex_);
+    retained_[index] = 1;
+    status(index).store(kHeld, std::memory_order_release);
+  }
+
+  // Any thread (the application's). The lock orders it against set_hold() on the consumer's.
+  void release_retained(uint64_t id) override {
+    const auto index = static_cast<uint32_t>(id);
+    std::lock_guard lock(hold_mutex_);
+    retained_[index] = 0;
+    status(index).store(hold_wanted_[index] ? kHeld : kEmpty, std::memory_order_release);
+  }
+
   void set_hold(uint32_t index, bool held) override {
+    std::lock_guard lock(hold_mutex_);
     hold_wanted_[index] = held;
+    if (retained_[index]) return;  // it stays 2 while lent; its release applies the hold
     // Compare-and-swap: the sender may be writing 1 into this very byte right now. If it wins,
     // the block is full and the hold applies when it is released.
     uint8_t expected = held ? kEmpty : kHeld;
@@ -148,7 +171,9 @@ class StatusByteReceiver final : public ReceiverProtocol {
   Geometry geometry_;
   std::unique_ptr<fabric::MemoryRegion> region_;
   std::vector<uint8_t> rkey_;
-  std::vector<bool> hold_wanted_;
+  std::vector<uint8_t> hold_wanted_;  // written by the consumer's thread only, under hold_mutex_
+  std::vector<uint8_t> retained_;     // lent to the application (zero-copy receive), under hold_mutex_
+  std::mutex hold_mutex_;
   uint32_t scan_from_ = 0;
 };
 

@@ -1,0 +1,261 @@
+// A zero-copy receiver (issue 22): each message is lent in place (MessageView) and read by another
+// thread, which releases it when done; with --mode copy the same consumer gets a copy of each
+// message instead (the MessageSink path), for comparison. Verifies synthetic frames
+// (`slotstream send --synthetic`): every byte, per-device order. Used by
+// tests/integration/test_zero_copy.py and by the zero-copy measurement in docs/benchmarks.md.
+//
+//   zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K]
+//                  [--window W] [--hold-first-ms MS]
+//
+// Prints `listening on HOST:PORT`, serves N senders, then one JSON line. --window W: the consumer
+// keeps the W newest views and releases older ones (an application that looks back at frames);
+// --hold-first-ms: the first message's view is kept that long while the stream goes on, and its
+// bytes are checked unchanged afterwards (the sender must have skipped its block, status 2).
+#include <sys/resource.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "../tools/synthetic.h"
+#include "slotstream/slotstream.h"
+
+using namespace slotstream;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Item {
+  MessageView view;               // --mode view
+  std::vector<std::byte> copy;    // --mode copy
+  uint16_t device = 0;
+  std::span<const std::byte> data() const { return view ? view.data() : std::span<const std::byte>(copy); }
+};
+
+// Handed from the session thread to the consumer thread.
+class Queue {
+ public:
+  void push(Item item) {
+    std::lock_guard lock(mu_);
+    items_.push_back(std::move(item));
+    cv_.notify_one();
+  }
+  bool pop(Item* out) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !items_.empty() || closed_; });
+    if (items_.empty()) return false;
+    *out = std::move(items_.front());
+    items_.pop_front();
+    return true;
+  }
+  void close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+  bool closed_ = false;
+};
+
+class QueueViews : public ViewSink {
+ public:
+  explicit QueueViews(Queue& q) : q_(q) {}
+  Status take(MessageView& view) override {
+    Item item;
+    item.device = view.device();
+    item.view = std::move(view);
+    q_.push(std::move(item));
+    return Status::ok();
+  }
+
+ private:
+  Queue& q_;
+};
+
+// The copy path: every message copied out of its block once, as a copying application would.
+class QueueCopies : public MessageSink {
+ public:
+  explicit QueueCopies(Queue& q) : q_(q) {}
+  Status begin(uint16_t device) override {
+    open_[device].clear();
+    return Status::ok();
+  }
+  Status append(uint16_t device, std::span<const std::byte> d) override {
+    open_[device].insert(open_[device].end(), d.begin(), d.end());
+    return Status::ok();
+  }
+  Status commit(uint16_t device) override {
+    Item item;
+    item.device = device;
+    item.copy = std::move(open_[device]);
+    q_.push(std::move(item));
+    return Status::ok();
+  }
+  void abort(uint16_t device) override { open_[device].clear(); }
+
+ private:
+  Queue& q_;
+  std::map<uint16_t, std::vector<std::byte>> open_;
+};
+
+uint64_t fnv(std::span<const std::byte> d) {
+  uint64_t h = 1469598103934665603ull;
+  for (std::byte b : d) h = (h ^ uint64_t(b)) * 1099511628211ull;
+  return h;
+}
+
+struct Args {
+  Transport transport = Transport::kShm;
+  bool copy = false;
+  uint64_t senders = 1;
+  uint32_t max_held = 0;
+  size_t window = 0;
+  int hold_first_ms = 0;
+};
+
+bool parse(int argc, char** argv, Args* a) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--transport" && parse_transport(v)) {
+      a->transport = *parse_transport(v);
+    } else if (k == "--mode" && (v == "view" || v == "copy")) {
+      a->copy = v == "copy";
+    } else if (k == "--senders") {
+      a->senders = std::stoull(v);
+    } else if (k == "--max-held") {
+      a->max_held = uint32_t(std::stoul(v));
+    } else if (k == "--window") {
+      a->window = std::stoul(v);
+    } else if (k == "--hold-first-ms") {
+      a->hold_first_ms = std::stoi(v);
+    } else {
+      return false;
+    }
+  }
+  return argc % 2 == 1;
+}
+
+// What the consumer thread found.
+struct Tally {
+  uint64_t messages = 0, bytes = 0, bad = 0, out_of_order = 0, copied = 0, in_place = 0, registered = 0;
+  uint64_t during_hold = 0;  // messages read while the first view was held
+  bool held_intact = true;
+  std::string first_error;
+};
+
+void consume(Queue& q, const Args& args, Tally* t) {
+  std::map<uint32_t, uint32_t> next_frame;
+  std::deque<Item> window;
+  Item first;
+  uint64_t first_sum = 0;
+  Clock::time_point first_until{};
+  for (Item item; q.pop(&item);) {
+    std::string why;
+    auto id = tools::check_synthetic(item.data(), &why);  // reads every byte
+    ++t->messages;
+    t->bytes += item.data().size();
+    if (!id) {
+      if (t->bad++ == 0) t->first_error = why;
+    } else {
+      auto [it, fresh] = next_frame.try_emplace(id->device, id->frame);
+      if (it->second != id->frame) ++t->out_of_order;
+      it->second = id->frame + 1;
+    }
+    if (item.view) {
+      ++(item.view.copied() ? t->copied : t->in_place);
+      if (item.view.in_registered_memory()) ++t->registered;
+    }
+    if (first.view) {
+      ++t->during_hold;
+      if (Clock::now() >= first_until) {
+        t->held_intact = fnv(first.view.data()) == first_sum;
+        first = Item{};  // released from this thread: the sender may reuse its block
+      }
+    } else if (args.hold_first_ms > 0 && t->messages == 1 && item.view) {
+      first_sum = fnv(item.view.data());
+      first_until = Clock::now() + std::chrono::milliseconds(args.hold_first_ms);
+      first = std::move(item);
+      continue;
+    }
+    window.push_back(std::move(item));
+    while (window.size() > args.window) window.pop_front();  // releases the oldest view
+  }
+  if (first.view) t->held_intact = fnv(first.view.data()) == first_sum;
+}
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  if (!parse(argc, argv, &args)) {
+    std::fprintf(stderr,
+                 "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K] "
+                 "[--window W] [--hold-first-ms MS]\n");
+    return 2;
+  }
+  Queue queue;
+  SessionReport last;
+  std::mutex report_mu;
+  ReceiverOptions ro;
+  ro.host = "127.0.0.1";
+  ro.transport = args.transport;
+  ro.max_held_blocks = args.max_held;
+  if (args.copy) {
+    ro.make_sink = [&](const SenderInfo&, std::unique_ptr<MessageSink>* s) {
+      *s = std::make_unique<QueueCopies>(queue);
+      return Status::ok();
+    };
+  } else {
+    ro.make_view_sink = [&](const SenderInfo&, std::unique_ptr<ViewSink>* s) {
+      *s = std::make_unique<QueueViews>(queue);
+      return Status::ok();
+    };
+  }
+  ro.on_event = [](const std::string& e) { std::fprintf(stderr, "event: %s\n", e.c_str()); };
+  ro.on_session_end = [&](const SessionReport& r) {
+    std::lock_guard lock(report_mu);
+    last.merge(r);
+  };
+  std::unique_ptr<Receiver> rx;
+  if (Status st = Receiver::start(ro, &rx); !st.is_ok()) return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+  std::printf("listening on %s\n", rx->listen_address().c_str());
+  std::fflush(stdout);
+
+  Tally tally;
+  const double cpu0 = cpu_seconds();
+  std::thread consumer([&] { consume(queue, args, &tally); });
+  rx->wait_sessions(args.senders);
+  queue.close();
+  consumer.join();
+  const double cpu = cpu_seconds() - cpu0;
+  rx->stop();
+  std::lock_guard lock(report_mu);
+  std::printf(
+      "{\"mode\":\"%s\",\"messages\":%llu,\"bytes\":%llu,\"bad\":%llu,\"out_of_order\":%llu,\"copied\":%llu,"
+      "\"in_place\":%llu,\"registered\":%llu,\"during_hold\":%llu,\"held_intact\":%s,\"cpu_s\":%.3f,"
+      "\"seconds\":%.3f,\"views_lent\":%llu,\"view_limit_waits\":%llu,\"stored\":%llu,\"gaps\":%llu,"
+      "\"first_error\":\"%s\"}\n",
+      args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
+      (unsigned long long)tally.bad, (unsigned long long)tally.out_of_order, (unsigned long long)tally.copied,
+      (unsigned long long)tally.in_place, (unsigned long long)tally.registered, (unsigned long long)tally.during_hold,
+      tally.held_intact ? "true" : "false", cpu, last.seconds, (unsigned long long)last.views_lent,
+      (unsigned long long)last.view_limit_waits, (unsigned long long)last.messages, (unsigned long long)last.gaps,
+      tally.first_error.c_str());
+  return 0;
+}
