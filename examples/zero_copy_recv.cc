@@ -32,8 +32,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Item {
-  MessageView view;               // --mode view
-  std::vector<std::byte> copy;    // --mode copy
+  MessageView view;             // --mode view
+  std::vector<std::byte> copy;  // --mode copy
   uint16_t device = 0;
   std::span<const std::byte> data() const { return view ? view.data() : std::span<const std::byte>(copy); }
 };

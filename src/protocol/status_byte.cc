@@ -19,12 +19,12 @@ size_t status_offset(const Geometry& g) { return size_t(g.blocks) * g.block_size
 class StatusByteSender final : public SenderProtocol {
  public:
   StatusByteSender(SenderFabric& fabric, uint64_t blocks_addr, uint64_t status_addr,
-                   std::unique_ptr<fabric::RemoteKey> rkey)
+                   std::unique_ptr<fabric::RemoteKey> rkey, Pick pick)
       : fabric_(fabric),
         blocks_addr_(blocks_addr),
         status_addr_(status_addr),
         rkey_(std::move(rkey)),
-        cache_(fabric.geometry.blocks) {}
+        cache_(fabric.geometry.blocks, pick) {}
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     SLOTSTREAM_RETURN_IF_ERROR(wait_space_st());
@@ -177,8 +177,15 @@ class StatusByteReceiver final : public ReceiverProtocol {
   uint32_t scan_from_ = 0;
 };
 
-Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
+Status check_options(const Options& options) {
+  Pick pick;
+  return parse_pick(options, &pick);
+}
+
+Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options& options,
                    std::unique_ptr<SenderProtocol>* out) {
+  Pick pick = Pick::kAny;
+  SLOTSTREAM_RETURN_IF_ERROR(parse_pick(options, &pick));
   wire::Reader r(setup);
   uint64_t blocks_addr = r.u64();
   uint64_t status_addr = r.u64();
@@ -186,7 +193,7 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed status_byte set-up from receiver"};
   std::unique_ptr<fabric::RemoteKey> rkey;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
-  out->reset(new StatusByteSender(fabric, blocks_addr, status_addr, std::move(rkey)));
+  out->reset(new StatusByteSender(fabric, blocks_addr, status_addr, std::move(rkey), pick));
   return Status::ok();
 }
 
@@ -207,9 +214,21 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
   for (uint32_t k = 0; k < n; ++k) {
     uint32_t i = (cursor_ + k) % n;
     if (status_[i] == kEmpty) return i;
-    if (status_[i] == kHeld && held_skips) ++*held_skips;
+    if (status_[i] == kHeld) {
+      if (held_skips) ++*held_skips;
+      continue;  // paper §3.3: "skips the memory block with status 2"
+    }
+    if (policy_ == Pick::kInOrder) return -1;  // paper: the next block in order is still full: wait
   }
   return -1;
+}
+
+Status parse_pick(const Options& options, Pick* out) {
+  SLOTSTREAM_RETURN_IF_ERROR(options.check_known("status_byte", {"pick"}));
+  std::string pick;
+  SLOTSTREAM_RETURN_IF_ERROR(options.choice("pick", {"any", "in_order"}, "any", &pick));
+  *out = pick == "in_order" ? Pick::kInOrder : Pick::kAny;
+  return Status::ok();
 }
 
 const Descriptor kStatusByte = {
@@ -217,8 +236,12 @@ const Descriptor kStatusByte = {
     .summary =
         "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
         "writes data, fence, status byte, and reads the status array only when out of free blocks",
+    .options_help =
+        "pick=any|in_order: which receiver block is next — any: the first free one, passing full ones (default); "
+        "in_order: the paper's (Fig. 18): blocks in order, skipping only held ones (status 2), waiting for a full one",
     .holds = true,
     .packs = true,
+    .check_options = check_options,
     .make_sender = make_sender,
     .make_receiver = make_receiver,
 };

@@ -99,3 +99,15 @@ def test_a_protocol_without_block_status_is_refused_with_the_reason(zc_receiver)
                  "0-0:100:10x10x3", "--duration", 0.1, check=False)
     assert r.returncode != 0
     assert "zero-copy" in r.stderr and "status_byte" in r.stderr, r.stderr
+
+
+@pytest.mark.deadline(120)
+def test_the_papers_in_order_pick_skips_a_block_held_by_a_view(zc_receiver):
+    # status_byte:pick=in_order (paper §3.3, Fig. 18): blocks strictly in order, waiting for a full one,
+    # skipping only a held one — here held by the application's view.
+    rx, addr = zc_receiver("--transport", "shm", "--hold-first-ms", 300)
+    tx = send_synthetic(addr, "shm", "--protocol", "status_byte:pick=in_order")
+    got = summary(rx)
+    assert tx["messages"] == got["messages"] > 0 and got["bad"] == 0 and got["out_of_order"] == 0
+    assert got["held_intact"] and got["during_hold"] > 8 * 4
+    assert tx["held_skips"] > 0
