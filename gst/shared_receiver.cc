@@ -28,7 +28,10 @@ std::string describe(const std::string& sender, uint16_t device) {
 // ------------------------------------------------------------------------------------- Outlet
 
 Outlet::Outlet(std::string sender, uint16_t device, size_t capacity, PayloadFactory factory)
-    : wanted_(std::move(sender)), device_(device), capacity_(std::max<size_t>(capacity, 1)), factory_(std::move(factory)) {
+    : wanted_(std::move(sender)),
+      device_(device),
+      capacity_(std::max<size_t>(capacity, 1)),
+      factory_(std::move(factory)) {
   bound_ = wanted_;
 }
 
@@ -167,8 +170,8 @@ Status ReceiverHub::attach(const std::string& listen, const std::string& token, 
   std::lock_guard lock(hub->mutex_);
   for (const auto& o : hub->outlets_) {
     if (o->device_ == outlet->device_ && o->wanted_ == outlet->wanted_) {
-      return {Code::kInvalidArgument, "another slotstreamsrc on " + listen + " already takes " +
-                                          describe(outlet->wanted_, outlet->device_)};
+      return {Code::kInvalidArgument,
+              "another slotstreamsrc on " + listen + " already takes " + describe(outlet->wanted_, outlet->device_)};
     }
   }
   hub->outlets_.push_back(std::move(outlet));

@@ -71,7 +71,7 @@ class Outlet {
   const size_t capacity_;
   const PayloadFactory factory_;
   // Routing state: guarded by the hub's mutex.
-  std::string bound_;  // the sender feeding it ("" until one is)
+  std::string bound_;   // the sender feeding it ("" until one is)
   bool ended_ = false;  // end of stream or an error was queued: no more routing to it
 
   std::mutex mutex_;

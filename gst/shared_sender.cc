@@ -55,9 +55,10 @@ Status SharedSender::attach(const ConnectionSpec& spec, uint16_t device, std::sh
                                         " is already sent by another slotstreamsink: give each sink its own device"};
   }
   if (s->sender_ || !s->connect_error_.is_ok()) {
-    return {Code::kInvalidArgument, who + " is already connected and carrying data: a device cannot join it; start "
-                                          "every slotstreamsink of one sender-name before data flows (one pipeline "
-                                          "does), or give this one another sender-name"};
+    return {Code::kInvalidArgument, who +
+                                        " is already connected and carrying data: a device cannot join it; start "
+                                        "every slotstreamsink of one sender-name before data flows (one pipeline "
+                                        "does), or give this one another sender-name"};
   }
   s->attached_.insert(device);
   s->open_.insert(device);
@@ -186,8 +187,8 @@ void SharedSender::watch() {
       watch_cv_.wait_until(lock, first->second.at);
       continue;
     }
-    const std::string who = first->first == kFinishKey ? "sender-name '" + spec_.name + "'"
-                                                       : "device " + std::to_string(first->first);
+    const std::string who =
+        first->first == kFinishKey ? "sender-name '" + spec_.name + "'" : "device " + std::to_string(first->first);
     Status why{Code::kTimeout, who + " waited " + std::to_string(first->second.limit.count()) + " ms (max-wait) " +
                                    first->second.what + " at " + address(spec_) +
                                    ": the receiver is not taking data (stalled or paused, or nothing there consumes "

@@ -83,16 +83,36 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
   GST_OBJECT_LOCK(self);
   Settings& s = *self->settings;
   switch (id) {
-    case PROP_TO: set_string(&s.to, value); break;
-    case PROP_SENDER_NAME: set_string(&s.sender_name, value); break;
-    case PROP_DEVICE: s.device = g_value_get_uint(value); break;
-    case PROP_TRANSPORT: s.transport = Transport(g_value_get_enum(value)); break;
-    case PROP_PROTOCOL: set_string(&s.protocol, value); break;
-    case PROP_BLOCKS: s.blocks = g_value_get_uint(value); break;
-    case PROP_BLOCK_SIZE: s.block_size = g_value_get_uint(value); break;
-    case PROP_TOKEN_FILE: set_string(&s.token_file, value); break;
-    case PROP_MAX_WAIT: s.max_wait_ms = g_value_get_uint(value); break;
-    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+    case PROP_TO:
+      set_string(&s.to, value);
+      break;
+    case PROP_SENDER_NAME:
+      set_string(&s.sender_name, value);
+      break;
+    case PROP_DEVICE:
+      s.device = g_value_get_uint(value);
+      break;
+    case PROP_TRANSPORT:
+      s.transport = Transport(g_value_get_enum(value));
+      break;
+    case PROP_PROTOCOL:
+      set_string(&s.protocol, value);
+      break;
+    case PROP_BLOCKS:
+      s.blocks = g_value_get_uint(value);
+      break;
+    case PROP_BLOCK_SIZE:
+      s.block_size = g_value_get_uint(value);
+      break;
+    case PROP_TOKEN_FILE:
+      set_string(&s.token_file, value);
+      break;
+    case PROP_MAX_WAIT:
+      s.max_wait_ms = g_value_get_uint(value);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+      break;
   }
   GST_OBJECT_UNLOCK(self);
 }
@@ -103,16 +123,36 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   const Settings& s = *self->settings;
   auto str = [](const std::string& v) { return v.empty() ? nullptr : v.c_str(); };
   switch (id) {
-    case PROP_TO: g_value_set_string(value, str(s.to)); break;
-    case PROP_SENDER_NAME: g_value_set_string(value, s.sender_name.c_str()); break;
-    case PROP_DEVICE: g_value_set_uint(value, s.device); break;
-    case PROP_TRANSPORT: g_value_set_enum(value, gint(s.transport)); break;
-    case PROP_PROTOCOL: g_value_set_string(value, s.protocol.c_str()); break;
-    case PROP_BLOCKS: g_value_set_uint(value, s.blocks); break;
-    case PROP_BLOCK_SIZE: g_value_set_uint(value, s.block_size); break;
-    case PROP_TOKEN_FILE: g_value_set_string(value, str(s.token_file)); break;
-    case PROP_MAX_WAIT: g_value_set_uint(value, s.max_wait_ms); break;
-    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+    case PROP_TO:
+      g_value_set_string(value, str(s.to));
+      break;
+    case PROP_SENDER_NAME:
+      g_value_set_string(value, s.sender_name.c_str());
+      break;
+    case PROP_DEVICE:
+      g_value_set_uint(value, s.device);
+      break;
+    case PROP_TRANSPORT:
+      g_value_set_enum(value, gint(s.transport));
+      break;
+    case PROP_PROTOCOL:
+      g_value_set_string(value, s.protocol.c_str());
+      break;
+    case PROP_BLOCKS:
+      g_value_set_uint(value, s.blocks);
+      break;
+    case PROP_BLOCK_SIZE:
+      g_value_set_uint(value, s.block_size);
+      break;
+    case PROP_TOKEN_FILE:
+      g_value_set_string(value, str(s.token_file));
+      break;
+    case PROP_MAX_WAIT:
+      g_value_set_uint(value, s.max_wait_ms);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+      break;
   }
   GST_OBJECT_UNLOCK(self);
 }
@@ -285,9 +325,10 @@ void install_properties(GObjectClass* oc) {
   const auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   g_object_class_install_property(
       oc, PROP_TO,
-      g_param_spec_string("to", "Receiver",
-                          "HOST:PORT of the receiver: `slotstream recv --listen`, or a slotstreamsrc's listen (required)",
-                          nullptr, flags));
+      g_param_spec_string(
+          "to", "Receiver",
+          "HOST:PORT of the receiver: `slotstream recv --listen`, or a slotstreamsrc's listen (required)", nullptr,
+          flags));
   g_object_class_install_property(
       oc, PROP_SENDER_NAME,
       g_param_spec_string("sender-name", "Sender name",
@@ -301,10 +342,11 @@ void install_properties(GObjectClass* oc) {
                         65535, 0, flags));
   g_object_class_install_property(
       oc, PROP_TRANSPORT,
-      g_param_spec_enum("transport", "Transport",
-                        "wire: shm within a host, tcp between hosts without RDMA NICs, auto (shm when both ends share a "
-                        "host)",
-                        GST_TYPE_SLOTSTREAM_TRANSPORT, gint(Transport::kAuto), flags));
+      g_param_spec_enum(
+          "transport", "Transport",
+          "wire: shm within a host, tcp between hosts without RDMA NICs, auto (shm when both ends share a "
+          "host)",
+          GST_TYPE_SLOTSTREAM_TRANSPORT, gint(Transport::kAuto), flags));
   static const std::string protocol_blurb =
       "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`): " + protocol_names();
   g_object_class_install_property(oc, PROP_PROTOCOL,
@@ -312,10 +354,11 @@ void install_properties(GObjectClass* oc) {
                                                       flags));  // the blurb is static: it lives as long as the process
   g_object_class_install_property(
       oc, PROP_BLOCKS,
-      g_param_spec_uint("blocks", "Blocks",
-                        "receive blocks the receiver gives this connection (the default keeps more than two 640x480 RGB "
-                        "frames in flight for each of 12 cameras)",
-                        1, kMaxBlocks, kDefaultBlocks, flags));
+      g_param_spec_uint(
+          "blocks", "Blocks",
+          "receive blocks the receiver gives this connection (the default keeps more than two 640x480 RGB "
+          "frames in flight for each of 12 cameras)",
+          1, kMaxBlocks, kDefaultBlocks, flags));
   g_object_class_install_property(
       oc, PROP_BLOCK_SIZE,
       g_param_spec_uint("block-size", "Block size",

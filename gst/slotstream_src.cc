@@ -36,8 +36,8 @@ struct Settings {
 struct Running {
   std::shared_ptr<ReceiverHub> hub;
   std::shared_ptr<Outlet> outlet;
-  GstCaps* caps = nullptr;   // the stream's caps (owned)
-  bool offset_set = false;   // the pad offset that lines the sender's timestamps up with our running time
+  GstCaps* caps = nullptr;  // the stream's caps (owned)
+  bool offset_set = false;  // the pad offset that lines the sender's timestamps up with our running time
 };
 
 // The copy path's payload: a GstBuffer of its own, mapped for writing while the message is copied in.
@@ -86,12 +86,24 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
   Settings& s = *self->settings;
   auto str = [&] { return std::string(g_value_get_string(value) ? g_value_get_string(value) : ""); };
   switch (id) {
-    case PROP_LISTEN: s.listen = str(); break;
-    case PROP_SENDER: s.sender = str(); break;
-    case PROP_DEVICE: s.device = g_value_get_uint(value); break;
-    case PROP_TOKEN_FILE: s.token_file = str(); break;
-    case PROP_MAX_BUFFERS: s.max_buffers = g_value_get_uint(value); break;
-    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+    case PROP_LISTEN:
+      s.listen = str();
+      break;
+    case PROP_SENDER:
+      s.sender = str();
+      break;
+    case PROP_DEVICE:
+      s.device = g_value_get_uint(value);
+      break;
+    case PROP_TOKEN_FILE:
+      s.token_file = str();
+      break;
+    case PROP_MAX_BUFFERS:
+      s.max_buffers = g_value_get_uint(value);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+      break;
   }
   GST_OBJECT_UNLOCK(self);
 }
@@ -102,12 +114,24 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   const Settings& s = *self->settings;
   auto str = [](const std::string& v) { return v.empty() ? nullptr : v.c_str(); };
   switch (id) {
-    case PROP_LISTEN: g_value_set_string(value, s.listen.c_str()); break;
-    case PROP_SENDER: g_value_set_string(value, str(s.sender)); break;
-    case PROP_DEVICE: g_value_set_uint(value, s.device); break;
-    case PROP_TOKEN_FILE: g_value_set_string(value, str(s.token_file)); break;
-    case PROP_MAX_BUFFERS: g_value_set_uint(value, s.max_buffers); break;
-    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+    case PROP_LISTEN:
+      g_value_set_string(value, s.listen.c_str());
+      break;
+    case PROP_SENDER:
+      g_value_set_string(value, str(s.sender));
+      break;
+    case PROP_DEVICE:
+      g_value_set_uint(value, s.device);
+      break;
+    case PROP_TOKEN_FILE:
+      g_value_set_string(value, str(s.token_file));
+      break;
+    case PROP_MAX_BUFFERS:
+      g_value_set_uint(value, s.max_buffers);
+      break;
+    default:
+      G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+      break;
   }
   GST_OBJECT_UNLOCK(self);
 }
@@ -120,7 +144,8 @@ Status check(const Settings& s, std::string* token) {
   uint16_t port = 0;
   if (Status st = parse_address(s.listen, &host, &port); !st.is_ok()) return {st.code(), "listen: " + st.message()};
   if (!s.token_file.empty()) {
-    if (Status st = read_token_file(s.token_file, token); !st.is_ok()) return {st.code(), "token-file: " + st.message()};
+    if (Status st = read_token_file(s.token_file, token); !st.is_ok())
+      return {st.code(), "token-file: " + st.message()};
   }
   return Status::ok();
 }
@@ -145,11 +170,11 @@ gboolean start(GstBaseSrc* base) {
   GST_INFO_OBJECT(self, "device %u of %s, listening on %s", s.device,
                   s.sender.empty() ? "any sender" : s.sender.c_str(), address.c_str());
   // Where senders connect: the real port when listen asked for port 0 (`gst-launch-1.0 -m` prints it).
-  gst_element_post_message(GST_ELEMENT(self),
-                           gst_message_new_element(GST_OBJECT(self),
-                                                   gst_structure_new("slotstream-listening", "address", G_TYPE_STRING,
-                                                                     address.c_str(), "device", G_TYPE_UINT, s.device,
-                                                                     nullptr)));
+  gst_element_post_message(
+      GST_ELEMENT(self),
+      gst_message_new_element(GST_OBJECT(self),
+                              gst_structure_new("slotstream-listening", "address", G_TYPE_STRING, address.c_str(),
+                                                "device", G_TYPE_UINT, s.device, nullptr)));
   return TRUE;
 }
 
@@ -197,7 +222,8 @@ void line_up_timestamps(GstSlotstreamSrc* self, GstClockTime pts) {
   r.offset_set = true;
   GstClock* clock = gst_element_get_clock(GST_ELEMENT(self));
   if (!clock) return;
-  const GstClockTimeDiff running = GstClockTimeDiff(gst_clock_get_time(clock) - gst_element_get_base_time(GST_ELEMENT(self)));
+  const GstClockTimeDiff running =
+      GstClockTimeDiff(gst_clock_get_time(clock) - gst_element_get_base_time(GST_ELEMENT(self)));
   gst_object_unref(clock);
   gst_pad_set_offset(GST_BASE_SRC_PAD(self), running - GstClockTimeDiff(pts));
 }
@@ -230,7 +256,8 @@ GstFlowReturn create(GstPushSrc* base, GstBuffer** out) {
         if (GstFlowReturn ret = take_caps(self, d.caps); ret != GST_FLOW_OK) return ret;
         continue;
       case Delivery::Kind::kBuffer:
-        if (!r.caps) return stream_error(self, {Code::kProtocolError, "sender '" + d.sender + "' sent a buffer before its caps"});
+        if (!r.caps)
+          return stream_error(self, {Code::kProtocolError, "sender '" + d.sender + "' sent a buffer before its caps"});
         *out = make_buffer(self, d);
         return GST_FLOW_OK;
       case Delivery::Kind::kEos:
@@ -266,10 +293,11 @@ void install_properties(GObjectClass* oc) {
   const auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   g_object_class_install_property(
       oc, PROP_LISTEN,
-      g_param_spec_string("listen", "Listen",
-                          "HOST:PORT senders connect to (port 0: a free one, announced in a slotstream-listening element "
-                          "message); every slotstreamsrc of one listen text in this process shares one receiver",
-                          kDefaultListen, flags));
+      g_param_spec_string(
+          "listen", "Listen",
+          "HOST:PORT senders connect to (port 0: a free one, announced in a slotstream-listening element "
+          "message); every slotstreamsrc of one listen text in this process shares one receiver",
+          kDefaultListen, flags));
   g_object_class_install_property(
       oc, PROP_SENDER,
       g_param_spec_string("sender", "Sender",

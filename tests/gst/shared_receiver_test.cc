@@ -45,7 +45,7 @@ void expect_buffer(Outlet& o, uint16_t device, int index, size_t n) {
 }
 
 std::unique_ptr<Sender> connect(const ReceiverHub& hub, const std::string& name, std::vector<uint16_t> devices,
-                                 uint32_t block_size = 4096, uint32_t blocks = 8) {
+                                uint32_t block_size = 4096, uint32_t blocks = 8) {
   ConnectionSpec s = spec_for(hub, name, block_size, blocks);
   SenderOptions o;
   o.host = s.host;
