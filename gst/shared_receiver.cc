@@ -69,7 +69,10 @@ void Outlet::push(Delivery d) {
 // outlet of that device. Called from the sender's session thread only (MessageSink's contract).
 class RouterSink : public MessageSink {
  public:
-  RouterSink(ReceiverHub& hub, std::string sender) : hub_(hub), sender_(std::move(sender)) {}
+  RouterSink(ReceiverHub& hub, const SenderInfo& info)
+      : hub_(hub),
+        sender_(info.name),
+        streaming_(info.devices.begin(), info.devices.end()) {}
 
   Status begin(uint16_t device) override {
     std::shared_ptr<Outlet> outlet = hub_.route(sender_, device);
@@ -117,7 +120,11 @@ class RouterSink : public MessageSink {
         d.buffer = frame.buffer;
         d.payload = std::move(o.payload);
         d.sender = sender_;
-        if (d.kind == Delivery::Kind::kEos) hub_.mark_ended(*o.outlet);
+        if (d.kind == Delivery::Kind::kEos) {
+          hub_.mark_ended(*o.outlet);
+          // Every device ended: the sender finishes next (FIN), which a receiver stopping now would cut short.
+          if (streaming_.erase(device) && streaming_.empty()) hub_.session_closing(sender_);
+        }
         o.outlet->push(std::move(d));
       }
     }
@@ -151,6 +158,7 @@ class RouterSink : public MessageSink {
   const std::string sender_;
   std::map<uint16_t, Open> open_;
   std::set<uint16_t> unclaimed_;  // devices already reported as unclaimed
+  std::set<uint16_t> streaming_;  // declared devices whose end-of-stream message has not come
 };
 
 // -------------------------------------------------------------------------------- ReceiverHub
@@ -184,7 +192,7 @@ Status ReceiverHub::start() {
   if (Status st = parse_address(listen_, &o.host, &o.port); !st.is_ok()) return {st.code(), "listen: " + st.message()};
   o.token = token_;
   o.make_sink = [this](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-    *sink = std::make_unique<RouterSink>(*this, info.name);
+    *sink = std::make_unique<RouterSink>(*this, info);
     return Status::ok();
   };
   o.on_session_end = [this](const SessionReport& r) { session_ended(r); };
@@ -196,7 +204,18 @@ Status ReceiverHub::start() {
 }
 
 ReceiverHub::~ReceiverHub() {
+  {
+    // The last src stops, typically because its stream ended: senders whose every device ended are finishing
+    // their connection now; let them (they would report the receiver gone otherwise), within a bound.
+    std::unique_lock lock(mutex_);
+    closing_cv_.wait_for(lock, kClosingGrace, [&] { return closing_.empty(); });
+  }
   if (receiver_) receiver_->stop();  // ends every session; no callback runs after this
+}
+
+void ReceiverHub::session_closing(const std::string& sender) {
+  std::lock_guard lock(mutex_);
+  closing_.insert(sender);
 }
 
 void ReceiverHub::detach(const std::shared_ptr<Outlet>& outlet) {
@@ -227,6 +246,7 @@ void ReceiverHub::mark_ended(Outlet& outlet) {
 // error when it was lost. A src whose stream already ended (its end-of-stream message) is left alone.
 void ReceiverHub::session_ended(const SessionReport& r) {
   std::lock_guard lock(mutex_);
+  if (closing_.erase(r.sender.name)) closing_cv_.notify_all();
   for (const auto& o : outlets_) {
     if (o->ended_ || o->bound_ != r.sender.name) continue;
     if (std::find(r.sender.devices.begin(), r.sender.devices.end(), o->device_) == r.sender.devices.end()) continue;
@@ -234,7 +254,8 @@ void ReceiverHub::session_ended(const SessionReport& r) {
     d.sender = r.sender.name;
     if (!r.finished) {
       d.kind = Delivery::Kind::kError;
-      d.error = {Code::kPeerGone, "sender '" + r.sender.name + "' was lost mid-stream (" + r.reason + ")"};
+      d.error = {Code::kPeerGone,
+                 describe(r.sender.name, o->device_) + ": the sender was lost mid-stream (" + r.reason + ")"};
     }
     o->ended_ = true;
     o->push(std::move(d));

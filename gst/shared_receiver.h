@@ -12,6 +12,7 @@
 // with status 2 until downstream frees the GstMemory; see docs/gstreamer.md, "Zero-copy".
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -19,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -103,14 +105,21 @@ class ReceiverHub {
   // The outlet that takes (sender, device) now, binding an any-sender one; null if none.
   std::shared_ptr<Outlet> route(const std::string& sender, uint16_t device);
   void mark_ended(Outlet& outlet);
+  // Every device of `sender` sent its end of stream: its connection finishes next.
+  void session_closing(const std::string& sender);
   void session_ended(const SessionReport& report);
   static void log(const std::string& text);
 
   const std::string listen_;
   const std::string token_;
   std::unique_ptr<Receiver> receiver_;
-  std::mutex mutex_;  // guards outlets_ and every outlet's routing state
+  // How long the last src's stop waits for finishing senders (their FIN) before the receiver stops.
+  static constexpr std::chrono::milliseconds kClosingGrace{2000};
+
+  std::mutex mutex_;  // guards outlets_, closing_ and every outlet's routing state
   std::vector<std::shared_ptr<Outlet>> outlets_;
+  std::set<std::string> closing_;  // senders between their last end of stream and their session's end
+  std::condition_variable closing_cv_;
 };
 
 }  // namespace slotstream::gst

@@ -223,10 +223,18 @@ gboolean set_caps(GstBaseSink* base, GstCaps* caps) {
   return TRUE;
 }
 
-// A failed send: a flush when unlock() interrupted it, otherwise an error on the bus.
+// A failed send or finish: a flush when unlock() interrupted it, otherwise an error on the bus that says
+// which stream, which receiver, and what happened.
 GstFlowReturn failed(GstSlotstreamSink* self, const Status& st) {
   if (self->unlocking->load()) return GST_FLOW_FLUSHING;
-  GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("%s", st.message().c_str()), ("%s", detail(st).c_str()));
+  const Running& r = *self->running;
+  std::string what = st.message();
+  if (r.connection) {
+    const ConnectionSpec& spec = r.connection->spec();
+    what = "device " + std::to_string(r.device) + " of sender-name '" + spec.name + "' to " + spec.host + ":" +
+           std::to_string(spec.port) + ": " + what;
+  }
+  GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("%s", what.c_str()), ("%s", detail(st).c_str()));
   return GST_FLOW_ERROR;
 }
 
@@ -284,8 +292,7 @@ gboolean event(GstBaseSink* base, GstEvent* ev) {
   if (GST_EVENT_TYPE(ev) == GST_EVENT_EOS && r.connection) {
     Status st = r.connection->send(r.device, encode_eos(), r.max_wait);
     if (st.is_ok()) st = r.connection->end_device(r.device, r.max_wait);
-    if (!st.is_ok() && !self->unlocking->load()) {
-      GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("%s", st.message().c_str()), ("%s", detail(st).c_str()));
+    if (!st.is_ok() && failed(self, st) == GST_FLOW_ERROR) {
       gst_event_unref(ev);
       return FALSE;
     }

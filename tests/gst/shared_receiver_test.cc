@@ -147,7 +147,8 @@ TEST(SharedReceiver, TheSendersEndEndsItsStreams) {
   EXPECT_EQ(pop(*lost).kind, Delivery::Kind::kCaps);
   Delivery d = pop(*lost);
   EXPECT_EQ(d.kind, Delivery::Kind::kError);
-  EXPECT_NE(d.error.message().find("sender 'gone' was lost mid-stream"), std::string::npos) << d.error.message();
+  EXPECT_NE(d.error.message().find("device 0 of sender 'gone': the sender was lost mid-stream"), std::string::npos)
+      << d.error.message();
 }
 
 TEST(SharedReceiver, RefusesASecondSrcForTheSameStream) {
