@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import BIN, TRANSPORTS, LineReader, parse_finished, wait_for_line, wait_until
+from conftest import BIN, REPO, TRANSPORTS, LineReader, parse_finished, wait_for_line, wait_until
 
 BUILD = pathlib.Path(BIN).resolve().parent
 PLUGIN_DIR = BUILD / "gst"
@@ -262,3 +262,17 @@ def test_settings_errors_say_what_to_fix(gst_env, receiving, tmp_path):
     p = run_pipeline(gst_env, f"videotestsrc num-buffers=1 ! {FRAME} ! slotstreamsink to={addr} "
                               f"token-file={tmp_path}/a")
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.deadline(90)
+def test_example_camera_to_file(gst_env, tmp_path):
+    """examples/gstreamer/camera_to_file.sh: a camera into an AVI file through slotstream, every frame there."""
+    out = tmp_path / "camera.avi"
+    p = subprocess.run(["bash", str(REPO / "examples" / "gstreamer" / "camera_to_file.sh"), str(out), "25"],
+                       env=gst_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    assert "25 frames received" in p.stdout
+    decoded = run_pipeline(gst_env, f"filesrc location={out} ! avidemux ! jpegdec ! identity name=frame silent=false "
+                                    f"! fakesink", "-v")
+    assert decoded.returncode == 0, decoded.stderr
+    assert len(chained_pts(decoded.stdout, "frame")) == 25
