@@ -5,12 +5,17 @@
 #
 #   bash examples/gstreamer/camera_to_file.sh [OUT.avi] [FRAMES]     (default /tmp/slotstream-camera.avi, 250)
 #
-# The plugin: build/gst (GST_PLUGIN_PATH), or an installed prefix's lib/gstreamer-1.0.
+# The plugin: GST_PLUGIN_PATH if set, else the source tree's build/gst, else the installed prefix's
+# lib/gstreamer-1.0 (this script is installed as P/share/slotstream/examples/gstreamer/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-/tmp/slotstream-camera.avi}
 frames=${2:-250}
-export GST_PLUGIN_PATH=${GST_PLUGIN_PATH:-$here/../../build/gst}
+if [ -z "${GST_PLUGIN_PATH:-}" ]; then
+  for dir in "$here/../../build/gst" "$here/../../../../lib/gstreamer-1.0"; do
+    [ -e "$dir/libgstslotstream.so" ] && export GST_PLUGIN_PATH=$dir && break
+  done
+fi
 log=$(mktemp)
 trap 'rm -f "$log"; [ -n "${rx:-}" ] && kill "$rx" 2>/dev/null || true' EXIT
 

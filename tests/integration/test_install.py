@@ -143,3 +143,8 @@ def test_installed_gstreamer_plugin(prefix, tmp_path):
         assert parse_finished(rx.stdout.next_line(15))["messages"] == 7  # caps, 5 buffers, end of stream
     finally:
         rx.terminate(10)
+    # The installed example finds the installed plugin by itself.
+    example = prefix / "share/slotstream/examples/gstreamer/camera_to_file.sh"
+    env.pop("GST_PLUGIN_PATH")
+    p = run(["bash", example, tmp_path / "camera.avi", "10"], env=env, timeout=60)
+    assert "10 frames received" in p.stdout
