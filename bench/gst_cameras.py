@@ -16,7 +16,8 @@ Per run and transport it measures:
   receiver CPU   CPU time of a receiving gst-launch-1.0 (12 slotstreamsrc into fakesinks) per frame, over its
                  whole life; and of the Python receiver that measures latency, from its first frame to its last
                  (with its probe: one Python call per frame)
-The receiving side copies each frame once (zero-copy receive does not exist yet). Needs python3-gst-1.0 (setup.sh)
+The receiving side copies each frame once (zero-copy receive does not exist yet). In the same window, the CLI's
+figures for the same cameras: `slotstream send --synthetic` into `slotstream recv --discard` (no copy out). Needs python3-gst-1.0 (setup.sh)
 and the plugin in build/gst. Prints a Markdown table for docs/benchmarks.md and writes the raw runs to --out.
 """
 import argparse
@@ -108,7 +109,7 @@ def sender_argv(sink, cameras, frames):
 def run_sender(argv, env):
     """Runs a sending gst-launch-1.0 to its end; (exit code, its CPU seconds, stderr)."""
     p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True)  # stderr is small; read after the exit
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     return p.returncode, usage.ru_utime + usage.ru_stime, p.stderr.read()
@@ -170,6 +171,27 @@ def one_run(transport, cameras, seconds, env):
     return result
 
 
+def cli_run(binary, transport, cameras, seconds):
+    """The CLI's figures in the same window: `slotstream send --synthetic` (12 cameras, 25 fps, 640x480x3) into
+    `slotstream recv --discard`; frames lost and CPU per frame on both sides."""
+    rx = subprocess.Popen([binary, "recv", "--listen", "127.0.0.1:0", "--discard", "--exit-after-senders", "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    addr = rx.stdout.readline().split()[-1]
+    rc, tx_cpu, err = run_sender([binary, "send", "--to", addr, "--name", "cams", "--transport", transport,
+                                  "--synthetic", f"0-{cameras - 1}:{FPS}:{WIDTH}x{HEIGHT}x3", "--duration",
+                                  str(seconds)], None)
+    line = rx.stdout.readline()
+    rx.stdout.close()
+    _, status, usage = os.wait4(rx.pid, 0)
+    m = re.search(r"messages=(\d+)", line)
+    if rc != 0 or not m:
+        raise SystemExit(f"CLI run failed: {rc} {err} {line!r}")
+    expected = cameras * FPS * seconds
+    return {"transport": transport, "lost": expected - int(m.group(1)), "expected": expected,
+            "sender_cpu_us_per_frame": tx_cpu * 1e6 / expected,
+            "receiver_cpu_us_per_frame": (usage.ru_utime + usage.ru_stime) * 1e6 / expected}
+
+
 def summary(values):
     values = [v for v in values if v is not None]
     return f"{statistics.median(values):.0f} [{min(values):.0f}–{max(values):.0f}]" if values else "—"
@@ -188,6 +210,7 @@ def main():
     ap.add_argument("--cameras", type=int, default=12)
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--plugin-path", default=str(REPO / "build" / "gst"))
+    ap.add_argument("--bin", default=str(REPO / "build" / "slotstream"), help="the CLI, for its figures beside")
     ap.add_argument("--out", default="/tmp/gst_cameras.json")
     args = ap.parse_args()
     env = dict(os.environ, GST_PLUGIN_PATH=args.plugin_path)
@@ -199,12 +222,16 @@ def main():
             r["load_average"] = os.getloadavg()[0]
             print(f"run {i + 1} {transport}: {json.dumps(r)}", file=sys.stderr, flush=True)
             runs.append(r)
+            c = cli_run(args.bin, transport, args.cameras, args.seconds)
+            c["cli"] = True
+            print(f"run {i + 1} {transport} CLI: {json.dumps(c)}", file=sys.stderr, flush=True)
+            runs.append(c)
     pathlib.Path(args.out).write_text(json.dumps(runs, indent=1))
     print(f"| transport | frames lost | latency p50 ms | p99 ms | max ms | first second max ms | sender CPU µs/frame "
           f"(of which slotstreamsink) | receiver CPU µs/frame (gst-launch; Python with probe) |")
     print("|---|---|---|---|---|---|---|---|")
     for transport in args.transports.split(","):
-        rs = [r for r in runs if r["transport"] == transport]
+        rs = [r for r in runs if r["transport"] == transport and not r.get("cli")]
         lost = ", ".join(str(r["lost"]) for r in rs)
         print(f"| {transport} | {lost} of {rs[0]['expected']} | "
               f"{summary_ms([r['latency_ms']['p50'] for r in rs])} | {summary_ms([r['latency_ms']['p99'] for r in rs])} | "
@@ -212,6 +239,15 @@ def main():
               f"{summary([r['sender_cpu_us_per_frame'] for r in rs])} ({summary([r['sink_cpu_us_per_frame'] for r in rs])}) | "
               f"{summary([r['receiver_gst_launch_cpu_us_per_frame'] for r in rs])}; "
               f"{summary([r['cpu_us_per_frame'] for r in rs])} |")
+
+    print()
+    print("| transport | CLI: frames lost | sender CPU µs/frame | receiver (`recv --discard`) CPU µs/frame |")
+    print("|---|---|---|---|")
+    for transport in args.transports.split(","):
+        cs = [r for r in runs if r["transport"] == transport and r.get("cli")]
+        print(f"| {transport} | {', '.join(str(c['lost']) for c in cs)} of {cs[0]['expected']} | "
+              f"{summary([c['sender_cpu_us_per_frame'] for c in cs])} | "
+              f"{summary([c['receiver_cpu_us_per_frame'] for c in cs])} |")
 
 
 if __name__ == "__main__":

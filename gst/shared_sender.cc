@@ -183,8 +183,8 @@ void SharedSender::watch() {
       watch_cv_.wait(lock);
       continue;
     }
-    if (Clock::now() < first->second.at) {
-      watch_cv_.wait_until(lock, first->second.at);
+    if (const Clock::time_point at = first->second.at; Clock::now() < at) {
+      watch_cv_.wait_until(lock, at);  // a copy: the entry may be erased while this waits
       continue;
     }
     const std::string who =
