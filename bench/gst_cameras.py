@@ -29,7 +29,7 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
+import threading
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WIDTH, HEIGHT, FPS = 640, 480, 25
@@ -133,9 +133,12 @@ def plain_receiver_cpu(transport, cameras, frames, env):
         rx.kill()
         raise SystemExit("the gst-launch receiver did not start")
     sink = f"slotstreamsink to={addr} sender-name=cams device={{d}} transport={transport}"
+    # Its -m output is drained to its end: a pipe closed early would kill it (SIGPIPE) as it prints its EOS.
+    drain = threading.Thread(target=rx.stdout.read, daemon=True)
+    drain.start()
     rc, _, err = run_sender(sender_argv(sink, cameras, frames), env)
-    rx.stdout.close()  # its -m output is not needed any more (and must not fill the pipe)
     _, status, usage = os.wait4(rx.pid, 0)
+    drain.join()
     if rc != 0 or os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"plain receiver run failed: sender {rc} {err}")
     return usage.ru_utime + usage.ru_stime
@@ -181,7 +184,7 @@ def cli_run(binary, transport, cameras, seconds):
                                   "--synthetic", f"0-{cameras - 1}:{FPS}:{WIDTH}x{HEIGHT}x3", "--duration",
                                   str(seconds)], None)
     line = rx.stdout.readline()
-    rx.stdout.close()
+    rx.stdout.read()  # to its end (the receiver exits after that sender)
     _, status, usage = os.wait4(rx.pid, 0)
     m = re.search(r"messages=(\d+)", line)
     if rc != 0 or not m:
