@@ -91,15 +91,21 @@ TEST(SharedSender, AFailedConnectReachesEverySink) {
   EXPECT_EQ(second.message(), first.message());
 }
 
+// Messages larger than the largest packed record (16 KiB) take a block each, as video frames do: with two
+// blocks and nothing taking the device, the third send waits. (Small messages of a paused device are first
+// copied aside by the receiver, up to its park limit, before the sender waits.)
+constexpr uint32_t kFrameBlock = 64 << 10;
+constexpr size_t kFrameBytes = 20 << 10;
+
 // Expect: a send that waits longer than max-wait (nothing takes the device) fails with kTimeout naming
 // max-wait, within a bounded time.
 TEST(SharedSender, MaxWaitEndsABlockedSend) {
   Rx rx({{"", 9}});
   std::shared_ptr<SharedSender> s;
-  ASSERT_TRUE(SharedSender::attach(spec_for(*rx.hub, "stuck", 4096, 2), 0, &s).is_ok());
+  ASSERT_TRUE(SharedSender::attach(spec_for(*rx.hub, "stuck", kFrameBlock, 2), 0, &s).is_ok());
   const auto begin = std::chrono::steady_clock::now();
   Status st;
-  for (int i = 0; i < 10 && st.is_ok(); ++i) st = s->send(0, buffer_message(0, i, 100), milliseconds(300));
+  for (int i = 0; i < 10 && st.is_ok(); ++i) st = s->send(0, buffer_message(0, i, kFrameBytes), milliseconds(300));
   const auto waited = std::chrono::steady_clock::now() - begin;
   EXPECT_EQ(st.code(), Code::kTimeout) << st.to_string();
   EXPECT_NE(st.message().find("waited 300 ms (max-wait)"), std::string::npos) << st.message();
@@ -112,11 +118,11 @@ TEST(SharedSender, MaxWaitEndsABlockedSend) {
 TEST(SharedSender, InterruptWakesAWaitingSend) {
   Rx rx({{"", 9}});
   std::shared_ptr<SharedSender> s;
-  ASSERT_TRUE(SharedSender::attach(spec_for(*rx.hub, "halted", 4096, 2), 0, &s).is_ok());
+  ASSERT_TRUE(SharedSender::attach(spec_for(*rx.hub, "halted", kFrameBlock, 2), 0, &s).is_ok());
   EXPECT_FALSE(s->interrupt(0)) << "nothing waits yet";
   auto result = std::async(std::launch::async, [&] {
     Status st;
-    for (int i = 0; i < 10 && st.is_ok(); ++i) st = s->send(0, buffer_message(0, i, 100), kNoLimit);
+    for (int i = 0; i < 10 && st.is_ok(); ++i) st = s->send(0, buffer_message(0, i, kFrameBytes), kNoLimit);
     return st;
   });
   bool interrupted = false;
