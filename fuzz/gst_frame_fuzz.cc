@@ -66,7 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(cut.frame.buffer == whole.frame.buffer);
       FUZZ_CHECK(cut.frame.buffer.payload_length == message.size() - gst::kBufferHeaderSize);
       again.resize(gst::kBufferHeaderSize);
-      gst::encode_buffer_header(cut.frame.buffer, std::span<std::byte, gst::kBufferHeaderSize>(again.data(), again.size()));
+      gst::encode_buffer_header(cut.frame.buffer,
+                                std::span<std::byte, gst::kBufferHeaderSize>(again.data(), again.size()));
       again.insert(again.end(), cut.payload.begin(), cut.payload.end());
       break;
   }

@@ -7,6 +7,7 @@
 #include <gst/base/gstpushsrc.h>
 #include <gst/gst.h>
 
+#include <optional>
 #include <string>
 
 #include "slotstream/slotstream.h"
@@ -21,6 +22,8 @@ G_DECLARE_FINAL_TYPE(GstSlotstreamSrc, gst_slotstream_src, GST, SLOTSTREAM_SRC, 
 
 #define GST_TYPE_SLOTSTREAM_TRANSPORT (gst_slotstream_transport_get_type())
 GType gst_slotstream_transport_get_type(void);
+#define GST_TYPE_SLOTSTREAM_RDMA_TRANSPORT (gst_slotstream_rdma_transport_get_type())
+GType gst_slotstream_rdma_transport_get_type(void);
 
 G_END_DECLS
 
@@ -30,6 +33,22 @@ namespace slotstream::gst {
 // pipeline-clock time when slotstreamsink took the buffer. Two pipelines on one host both run on the system
 // clock (monotonic), so `now - sent` is the latency through slotstream (bench/gst_cameras.py measures so).
 inline constexpr const char* kSentMetaCaps = "timestamp/x-slotstream-sent";
+
+// slotstreamsink's rdma-transport: RdmaOptions::transport, with "unset" as a value of its own (a GEnum has no
+// optional).
+enum class RdmaChoice { kReceivers, kRc, kDc, kUd };
+inline std::optional<RdmaTransport> rdma_transport_of(RdmaChoice c) {
+  switch (c) {
+    case RdmaChoice::kRc:
+      return RdmaTransport::kRc;
+    case RdmaChoice::kDc:
+      return RdmaTransport::kDc;
+    case RdmaChoice::kUd:
+      return RdmaTransport::kUd;
+    default:
+      return std::nullopt;
+  }
+}
 
 // "<code>: <message>" of a failed slotstream call, for GST_ELEMENT_ERROR's debug text.
 inline std::string detail(const Status& st) { return std::string(code_name(st.code())) + ": " + st.message(); }

@@ -27,6 +27,11 @@ std::string ConnectionSpec::difference(const ConnectionSpec& o) const {
   if (transport != o.transport) {
     return std::string("transport (") + transport_name(transport) + " vs " + transport_name(o.transport) + ")";
   }
+  if (rdma.transport != o.rdma.transport) {
+    auto name = [](const RdmaOptions& r) { return r.transport ? rdma_transport_name(*r.transport) : "unset"; };
+    return std::string("rdma-transport (") + name(rdma) + " vs " + name(o.rdma) + ")";
+  }
+  if (rdma.device != o.rdma.device) return "rdma-device (" + rdma.device + " vs " + o.rdma.device + ")";
   if (protocol != o.protocol) return "protocol (" + protocol + " vs " + o.protocol + ")";
   if (blocks != o.blocks) return "blocks (" + std::to_string(blocks) + " vs " + std::to_string(o.blocks) + ")";
   if (block_size != o.block_size) {
@@ -83,6 +88,7 @@ Status SharedSender::connect_locked() {
   o.port = spec_.port;
   o.name = spec_.name;
   o.transport = spec_.transport;
+  o.rdma = spec_.rdma;
   o.protocol = spec_.protocol;
   o.blocks = spec_.blocks;
   o.block_size = spec_.block_size;
@@ -90,8 +96,8 @@ Status SharedSender::connect_locked() {
   o.devices.assign(attached_.begin(), attached_.end());
   std::unique_ptr<Sender> sender;
   if (Status st = Sender::connect(o, &sender); !st.is_ok()) {
-    connect_error_ = {st.code(), "connecting to the receiver at " + address(spec_) + " as sender-name '" + spec_.name +
-                                     "': " + st.message()};
+    // Each sink's error names the sender-name, the device and the receiver (slotstream_sink.cc): not again here.
+    connect_error_ = {st.code(), "connecting: " + st.message()};
     return connect_error_;
   }
   std::lock_guard lock(watch_mutex_);  // interrupt() and the watchdog read sender_ under this lock

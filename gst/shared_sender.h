@@ -30,6 +30,7 @@ struct ConnectionSpec {
   uint16_t port = 0;
   std::string name;
   Transport transport = Transport::kAuto;
+  RdmaOptions rdma;  // transport rdma (and auto): which RDMA transport and device
   std::string protocol = kDefaultProtocol;
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;

@@ -26,6 +26,8 @@ enum {
   PROP_SENDER_NAME,
   PROP_DEVICE,
   PROP_TRANSPORT,
+  PROP_RDMA_TRANSPORT,
+  PROP_RDMA_DEVICE,
   PROP_PROTOCOL,
   PROP_BLOCKS,
   PROP_BLOCK_SIZE,
@@ -42,6 +44,8 @@ struct Settings {
   std::string sender_name = kDefaultSenderName;
   guint device = 0;
   Transport transport = Transport::kAuto;
+  RdmaChoice rdma_transport = RdmaChoice::kReceivers;
+  std::string rdma_device;
   std::string protocol = kDefaultProtocol;
   guint blocks = kDefaultBlocks;
   guint block_size = kDefaultBlockSize;
@@ -95,6 +99,12 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_TRANSPORT:
       s.transport = Transport(g_value_get_enum(value));
       break;
+    case PROP_RDMA_TRANSPORT:
+      s.rdma_transport = RdmaChoice(g_value_get_enum(value));
+      break;
+    case PROP_RDMA_DEVICE:
+      set_string(&s.rdma_device, value);
+      break;
     case PROP_PROTOCOL:
       set_string(&s.protocol, value);
       break;
@@ -135,6 +145,12 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_TRANSPORT:
       g_value_set_enum(value, gint(s.transport));
       break;
+    case PROP_RDMA_TRANSPORT:
+      g_value_set_enum(value, gint(s.rdma_transport));
+      break;
+    case PROP_RDMA_DEVICE:
+      g_value_set_string(value, str(s.rdma_device));
+      break;
     case PROP_PROTOCOL:
       g_value_set_string(value, s.protocol.c_str());
       break;
@@ -167,6 +183,8 @@ Status make_spec(const Settings& s, ConnectionSpec* spec) {
   if (auto why = invalid_sender_name(s.sender_name)) return {Code::kInvalidArgument, "sender-name: " + *why};
   spec->name = s.sender_name;
   spec->transport = s.transport;
+  spec->rdma.transport = rdma_transport_of(s.rdma_transport);
+  spec->rdma.device = s.rdma_device;
   spec->protocol = s.protocol;
   spec->blocks = s.blocks;
   spec->block_size = s.block_size;
@@ -340,8 +358,8 @@ void install_properties(GObjectClass* oc) {
       oc, PROP_SENDER_NAME,
       g_param_spec_string("sender-name", "Sender name",
                           "name of the connection (1-64 of [A-Za-z0-9._-]); every slotstreamsink of one sender-name in "
-                          "this process shares one connection, which must then have the same to, transport, protocol, "
-                          "blocks, block-size and token-file",
+                          "this process shares one connection, which must then have the same to, transport, "
+                          "rdma-transport, rdma-device, protocol, blocks, block-size and token-file",
                           kDefaultSenderName, flags));
   g_object_class_install_property(
       oc, PROP_DEVICE,
@@ -351,9 +369,21 @@ void install_properties(GObjectClass* oc) {
       oc, PROP_TRANSPORT,
       g_param_spec_enum(
           "transport", "Transport",
-          "wire: shm within a host, tcp between hosts without RDMA NICs, auto (shm when both ends share a "
-          "host)",
+          "wire: shm within a host, rdma between hosts with RDMA NICs (InfiniBand, RoCE), tcp between hosts "
+          "without; auto: shm when both ends share a host, else rdma when both have a usable RDMA device, else tcp",
           GST_TYPE_SLOTSTREAM_TRANSPORT, gint(Transport::kAuto), flags));
+  g_object_class_install_property(
+      oc, PROP_RDMA_TRANSPORT,
+      g_param_spec_enum("rdma-transport", "RDMA transport",
+                        "for transport rdma (or auto choosing it): UCX's RDMA transport; any follows the receiver, a "
+                        "receiver that serves another one refuses the connection",
+                        GST_TYPE_SLOTSTREAM_RDMA_TRANSPORT, gint(RdmaChoice::kReceivers), flags));
+  g_object_class_install_property(
+      oc, PROP_RDMA_DEVICE,
+      g_param_spec_string("rdma-device", "RDMA device",
+                          "for transport rdma: UCX's device NAME:PORT (e.g. mlx5_0:1, `slotstream transports` lists "
+                          "them); unset: any device UCX finds. UCX_NET_DEVICES in the environment wins",
+                          nullptr, flags));
   static const std::string protocol_blurb =
       "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`): " + protocol_names();
   g_object_class_install_property(oc, PROP_PROTOCOL,
@@ -400,7 +430,7 @@ static void gst_slotstream_sink_class_init(GstSlotstreamSinkClass* klass) {
   gst_element_class_set_static_metadata(
       ec, "slotstream sink", "Sink/Network",
       "Sends each buffer as one message of a device over slotstream's one-sided RDMA transport (UCX: shm, tcp, "
-      "rc/dc): caps once per stream, timestamps with every buffer, end of stream finishes the device; sinks of one "
+      "rdma): caps once per stream, timestamps with every buffer, end of stream finishes the device; sinks of one "
       "sender-name share one connection; back-pressure blocks the streaming thread up to max-wait",
       "slotstream");
   auto* bc = GST_BASE_SINK_CLASS(klass);

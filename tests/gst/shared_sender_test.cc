@@ -85,9 +85,7 @@ TEST(SharedSender, AFailedConnectReachesEverySink) {
   Status first = a->send(0, encode_caps("x"), kNoLimit);
   Status second = b->send(1, encode_caps("x"), kNoLimit);
   EXPECT_EQ(first.code(), Code::kConnectFailed);
-  EXPECT_NE(first.message().find("connecting to the receiver at 127.0.0.1:1 as sender-name 'nowhere'"),
-            std::string::npos)
-      << first.message();
+  EXPECT_NE(first.message().find("connecting: cannot connect to 127.0.0.1:1"), std::string::npos) << first.message();
   EXPECT_EQ(second.message(), first.message());
 }
 

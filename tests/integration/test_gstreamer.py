@@ -101,8 +101,8 @@ def frame_digests(directory):
 
 # ------------------------------------------------------------------------------------------------------- tests
 
-SINK_PROPERTIES = ["to", "sender-name", "device", "transport", "protocol", "blocks", "block-size", "token-file",
-                   "max-wait"]
+SINK_PROPERTIES = ["to", "sender-name", "device", "transport", "rdma-transport", "rdma-device", "protocol", "blocks",
+                   "block-size", "token-file", "max-wait"]
 SRC_PROPERTIES = ["listen", "sender", "device", "token-file", "max-buffers"]
 
 
@@ -126,7 +126,8 @@ def test_gst_inspect_documents_every_property(gst_env):
     text, props = inspect_properties(gst_env, "slotstreamsrc")
     assert "Copies each buffer once" in text, "the src says that it copies (until zero-copy receive exists)"
     text, props = inspect_properties(gst_env, "slotstreamsink")
-    assert "auto" in text and "shm" in text and "tcp" in text, "the transport enum's values are listed"
+    for value in ["auto", "shm", "tcp", "rdma", "(2): dc"]:
+        assert value in text, f"the transport enums' value {value} is listed"
 
 
 @pytest.mark.deadline(120)
@@ -262,6 +263,39 @@ def test_settings_errors_say_what_to_fix(gst_env, receiving, tmp_path):
     p = run_pipeline(gst_env, f"videotestsrc num-buffers=1 ! {FRAME} ! slotstreamsink to={addr} "
                               f"token-file={tmp_path}/a")
     assert p.returncode == 0, p.stderr
+
+
+BAD_RECEIVERS = [
+    ("to=receiver", r"to: expected HOST:PORT, got 'receiver'"),
+    ("to=127.0.0.1:70000", r"to: expected HOST:PORT with a port 0-65535"),
+    ("to=127.0.0.1:0", r"to: port 0 names no receiver"),
+    ("to=no-such-host.invalid:7000", r"device 0 of sender-name 'gstreamer' to no-such-host.invalid:7000: connecting: "
+                                     r"cannot resolve 'no-such-host.invalid'"),
+    ("to=127.0.0.1:1", r"device 0 of sender-name 'gstreamer' to 127.0.0.1:1: connecting: cannot connect to "
+                       r"127.0.0.1:1: Connection refused"),
+]
+
+
+@pytest.mark.parametrize("to,error", BAD_RECEIVERS, ids=[t for t, _ in BAD_RECEIVERS])
+def test_a_bad_or_unreachable_receiver_is_an_element_error(gst_env, to, error):
+    """A `to` that is no address, or names no receiver, ends the pipeline with the sink's error on the bus."""
+    p = run_pipeline(gst_env, f"videotestsrc num-buffers=3 ! {FRAME} ! slotstreamsink {to}", timeout=30)
+    assert p.returncode != 0
+    assert re.search(r"ERROR: from element .*slotstreamsink0: " + error, p.stderr), p.stderr
+    assert "Segmentation" not in p.stderr and "CRITICAL" not in p.stderr
+
+
+def test_transport_rdma_reaches_the_library(gst_env, receiving, tmp_path):
+    """transport=rdma with an rdma-transport is passed to the connection: without an RDMA device (this project's
+    machines) the sink's error says so; with one, the frames arrive."""
+    rx, addr = receiving(f"slotstreamsrc listen=127.0.0.1:0 ! multifilesink location={tmp_path}/%03d.raw")
+    p = run_pipeline(gst_env, f"videotestsrc num-buffers=3 ! {FRAME} ! slotstreamsink to={addr} transport=rdma "
+                              f"rdma-transport=rc", timeout=30)
+    if p.returncode == 0:
+        assert rx.wait(20) == 0 and len(list(tmp_path.glob("*.raw"))) == 3
+    else:
+        assert re.search(r"ERROR: from element .*slotstreamsink0: device 0 of sender-name 'gstreamer' to "
+                         + re.escape(addr) + r": connecting: transport rdma: ", p.stderr), p.stderr
 
 
 @pytest.mark.deadline(90)
