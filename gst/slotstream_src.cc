@@ -374,7 +374,7 @@ static void gst_slotstream_src_class_init(GstSlotstreamSrcClass* klass) {
   gst_element_class_add_static_pad_template(ec, &src_template);
   gst_element_class_set_static_metadata(
       ec, "slotstream source", "Source/Network",
-      "Receives one device of a slotstreamsink over slotstream's one-sided RDMA transport (UCX: shm, tcp, rc/dc) and "
+      "Receives one device of a slotstreamsink over slotstream's one-sided RDMA transport (UCX: shm, tcp, rdma) and "
       "pushes one buffer per message with the sender's caps and timestamps (the sent time as a reference-timestamp "
       "meta, timestamp/x-slotstream-sent). Copies each buffer once out of its receive block (zero-copy will come "
       "with held receive blocks). A lost sender is an error on the bus; its end of stream is EOS",

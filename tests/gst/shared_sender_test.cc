@@ -37,6 +37,12 @@ TEST(SharedSender, SpecDifferenceNamesTheProperty) {
   b.block_size = 64;
   EXPECT_EQ(a.difference(b).rfind("block-size", 0), 0u);
   b = a;
+  b.rdma.transport = RdmaTransport::kDc;
+  EXPECT_EQ(a.difference(b), "rdma-transport (unset vs dc)");
+  b = a;
+  b.rdma.device = "mlx5_0:1";
+  EXPECT_EQ(a.difference(b).rfind("rdma-device", 0), 0u);
+  b = a;
   b.token = "x";
   EXPECT_EQ(a.difference(b).rfind("token-file", 0), 0u);
 }
