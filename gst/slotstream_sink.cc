@@ -356,11 +356,13 @@ void install_properties(GObjectClass* oc) {
           flags));
   g_object_class_install_property(
       oc, PROP_SENDER_NAME,
-      g_param_spec_string("sender-name", "Sender name",
-                          "name of the connection (1-64 of [A-Za-z0-9._-]); every slotstreamsink of one sender-name in "
-                          "this process shares one connection, which must then have the same to, transport, "
-                          "rdma-transport, rdma-device, protocol, blocks, block-size and token-file",
-                          kDefaultSenderName, flags));
+      g_param_spec_string(
+          "sender-name", "Sender name",
+          "name of the connection (1-64 of [A-Za-z0-9._-]); every slotstreamsink of one sender-name in "
+          "this process shares one connection, which must then have the same to, transport, "
+          "rdma-transport, rdma-device, protocol, blocks, block-size and token-file; two processes sending to "
+          "one receiver need different names",
+          kDefaultSenderName, flags));
   g_object_class_install_property(
       oc, PROP_DEVICE,
       g_param_spec_uint("device", "Device", "this stream's device number on the connection (one sink per device)", 0,

@@ -265,6 +265,24 @@ def test_settings_errors_say_what_to_fix(gst_env, receiving, tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.deadline(60)
+def test_two_processes_need_their_own_sender_name(receiving, launch, gst_env):
+    """The connection's name is per process: a second process of the same sender-name is refused with the reason,
+    one of another name streams beside the first."""
+    two_srcs = " ".join(f"slotstreamsrc listen=127.0.0.1:0 device={d} ! fakesink name=out{d} async=false "
+                        f"silent=false" for d in (0, 1))
+    rx, addr = receiving(two_srcs, "-v")
+    first = Pipeline(launch(f"videotestsrc is-live=true ! {FRAME} ! slotstreamsink to={addr} device=0"))
+    wait_for_line(rx.stdout, r"out0: last-message = chain", timeout=20)  # the first process is connected
+    second = f"videotestsrc num-buffers=10 ! {FRAME} ! slotstreamsink to={addr} device=1"
+    p = run_pipeline(gst_env, second, timeout=30)
+    assert p.returncode != 0
+    assert "connecting: receiver refused: sender name 'gstreamer' is already connected" in p.stderr, p.stderr
+    p = run_pipeline(gst_env, second + " sender-name=edge-b", timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert first.popen.poll() is None, "the first process streams on"
+
+
 BAD_RECEIVERS = [
     ("to=receiver", r"to: expected HOST:PORT, got 'receiver'"),
     ("to=127.0.0.1:70000", r"to: expected HOST:PORT with a port 0-65535"),
