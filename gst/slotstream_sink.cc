@@ -346,8 +346,11 @@ std::string protocol_names() {
   return names;
 }
 
-void install_properties(GObjectClass* oc) {
-  const auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+constexpr auto kPropertyFlags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+
+// Where the stream goes: the receiver, the connection's name, the device, the wire.
+void install_address_properties(GObjectClass* oc) {
+  const auto flags = kPropertyFlags;
   g_object_class_install_property(
       oc, PROP_TO,
       g_param_spec_string(
@@ -386,6 +389,11 @@ void install_properties(GObjectClass* oc) {
                           "for transport rdma: UCX's device NAME:PORT (e.g. mlx5_0:1, `slotstream transports` lists "
                           "them); unset: any device UCX finds. UCX_NET_DEVICES in the environment wins",
                           nullptr, flags));
+}
+
+// How it flows: protocol, receive blocks, authentication, back-pressure.
+void install_flow_properties(GObjectClass* oc) {
+  const auto flags = kPropertyFlags;
   static const std::string protocol_blurb =
       "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`): " + protocol_names();
   g_object_class_install_property(oc, PROP_PROTOCOL,
@@ -426,7 +434,8 @@ static void gst_slotstream_sink_class_init(GstSlotstreamSinkClass* klass) {
   oc->set_property = set_property;
   oc->get_property = get_property;
   oc->finalize = finalize;
-  install_properties(oc);
+  install_address_properties(oc);
+  install_flow_properties(oc);
   auto* ec = GST_ELEMENT_CLASS(klass);
   gst_element_class_add_static_pad_template(ec, &sink_template);
   gst_element_class_set_static_metadata(
