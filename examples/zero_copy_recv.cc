@@ -5,12 +5,15 @@
 // tests/integration/test_zero_copy.py and by the zero-copy measurement in docs/benchmarks.md.
 //
 //   zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K]
-//                  [--window W] [--hold-first-ms MS] [--verify on|off]
+//                  [--window W] [--hold-first-ms MS] [--verify on|off] [--self-send N] [--delay-ms MS]
 //
 // Prints `listening on HOST:PORT`, serves N senders, then one JSON line. --window W: the consumer
 // keeps the W newest views and releases older ones (an application that looks back at frames);
 // --hold-first-ms: the first message's view is kept that long while the stream goes on, and its
 // bytes are checked unchanged afterwards (the sender must have skipped its block, status 2).
+// --self-send N: no other process — a Sender in this one sends N synthetic frames on each of two
+// devices through 8 blocks of 64 KiB, and the exit code says whether every check held (the
+// sanitizer builds run it: views released on the consumer thread while UCX writes other blocks).
 #include <sys/resource.h>
 
 #include <chrono>
@@ -46,13 +49,15 @@ class Queue {
     items_.push_back(std::move(item));
     cv_.notify_one();
   }
-  bool pop(Item* out) {
+  enum Popped { kItem, kNone, kClosed };
+  // The next item, or kNone after `wait` without one (the consumer's timers run meanwhile).
+  Popped pop(Item* out, std::chrono::milliseconds wait) {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !items_.empty() || closed_; });
-    if (items_.empty()) return false;
+    cv_.wait_for(lock, wait, [&] { return !items_.empty() || closed_; });
+    if (items_.empty()) return closed_ ? kClosed : kNone;
     *out = std::move(items_.front());
     items_.pop_front();
-    return true;
+    return kItem;
   }
   void close() {
     std::lock_guard lock(mu_);
@@ -134,6 +139,9 @@ struct Args {
   size_t window = 0;
   int hold_first_ms = 0;
   bool verify = true;  // --verify off: only sum every 8-byte word (a cheap consumer, for measuring)
+  uint32_t self_send = 0;
+  int delay_ms = 0;  // --delay-ms: the consumer takes this long per message (a slow application)  // --self-send N: a
+                     // Sender in this process sends N frames per device, then checks
 };
 
 bool parse(int argc, char** argv, Args* a) {
@@ -149,6 +157,10 @@ bool parse(int argc, char** argv, Args* a) {
       a->max_held = uint32_t(std::stoul(v));
     } else if (k == "--window") {
       a->window = std::stoul(v);
+    } else if (k == "--delay-ms") {
+      a->delay_ms = std::stoi(v);
+    } else if (k == "--self-send") {
+      a->self_send = uint32_t(std::stoul(v));
     } else if (k == "--verify" && (v == "on" || v == "off")) {
       a->verify = v == "on";
     } else if (k == "--hold-first-ms") {
@@ -169,41 +181,48 @@ struct Tally {
   std::string first_error;
 };
 
+// Reads `item` (verifying a synthetic frame, or summing its words) and counts what it found.
+void inspect(const Item& item, const Args& args, std::map<uint32_t, uint32_t>& next_frame, Tally* t) {
+  if (args.delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(args.delay_ms));
+  ++t->messages;
+  t->bytes += item.data().size();
+  if (item.view) {
+    ++(item.view.copied() ? t->copied : t->in_place);
+    if (item.view.in_registered_memory()) ++t->registered;
+  }
+  if (!args.verify) {
+    t->sum += word_sum(item.data());
+    return;
+  }
+  std::string why;
+  auto id = tools::check_synthetic(item.data(), &why);  // reads every byte
+  if (!id) {
+    if (t->bad++ == 0) t->first_error = why;
+    return;
+  }
+  auto [it, fresh] = next_frame.try_emplace(id->device, id->frame);
+  if (it->second != id->frame) ++t->out_of_order;
+  it->second = id->frame + 1;
+}
+
 void consume(Queue& q, const Args& args, Tally* t) {
   std::map<uint32_t, uint32_t> next_frame;
   std::deque<Item> window;
-  Item first;
+  Item first;  // --hold-first-ms: the first view, kept until first_until
   uint64_t first_sum = 0;
   Clock::time_point first_until{};
-  for (Item item; q.pop(&item);) {
-    std::string why;
-    ++t->messages;
-    t->bytes += item.data().size();
-    if (item.view) {
-      ++(item.view.copied() ? t->copied : t->in_place);
-      if (item.view.in_registered_memory()) ++t->registered;
+  for (;;) {
+    Item item;
+    const auto popped = q.pop(&item, std::chrono::milliseconds(5));
+    if (first.view && Clock::now() >= first_until) {
+      t->held_intact = fnv(first.view.data()) == first_sum;
+      first = Item{};  // released from this thread: the sender may reuse its block
     }
-    if (!args.verify) {
-      t->sum += word_sum(item.data());
-      window.push_back(std::move(item));
-      while (window.size() > args.window) window.pop_front();
-      continue;
-    }
-    auto id = tools::check_synthetic(item.data(), &why);  // reads every byte
-    if (!id) {
-      if (t->bad++ == 0) t->first_error = why;
-    } else {
-      auto [it, fresh] = next_frame.try_emplace(id->device, id->frame);
-      if (it->second != id->frame) ++t->out_of_order;
-      it->second = id->frame + 1;
-    }
-    if (first.view) {
-      ++t->during_hold;
-      if (Clock::now() >= first_until) {
-        t->held_intact = fnv(first.view.data()) == first_sum;
-        first = Item{};  // released from this thread: the sender may reuse its block
-      }
-    } else if (args.hold_first_ms > 0 && t->messages == 1 && item.view) {
+    if (popped == Queue::kClosed) break;
+    if (popped == Queue::kNone) continue;
+    inspect(item, args, next_frame, t);
+    if (first.view) ++t->during_hold;
+    if (args.hold_first_ms > 0 && t->messages == 1 && item.view) {
       first_sum = fnv(item.view.data());
       first_until = Clock::now() + std::chrono::milliseconds(args.hold_first_ms);
       first = std::move(item);
@@ -221,6 +240,44 @@ double cpu_seconds() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+void print_summary(const Args& args, const Tally& tally, const SessionReport& last, double cpu) {
+  std::printf(
+      "{\"mode\":\"%s\",\"messages\":%llu,\"bytes\":%llu,\"bad\":%llu,\"out_of_order\":%llu,\"copied\":%llu,"
+      "\"in_place\":%llu,\"registered\":%llu,\"during_hold\":%llu,\"held_intact\":%s,\"cpu_s\":%.3f,"
+      "\"seconds\":%.3f,\"views_lent\":%llu,\"view_limit_waits\":%llu,\"stored\":%llu,\"gaps\":%llu,"
+      "\"sum\":%llu,\"first_error\":\"%s\"}\n",
+      args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
+      (unsigned long long)tally.bad, (unsigned long long)tally.out_of_order, (unsigned long long)tally.copied,
+      (unsigned long long)tally.in_place, (unsigned long long)tally.registered, (unsigned long long)tally.during_hold,
+      tally.held_intact ? "true" : "false", cpu, last.seconds, (unsigned long long)last.views_lent,
+      (unsigned long long)last.view_limit_waits, (unsigned long long)last.messages, (unsigned long long)last.gaps,
+      (unsigned long long)tally.sum, tally.first_error.c_str());
+}
+
+// --self-send: `frames` synthetic 30,000-byte frames on devices 0 and 1, through 8 blocks.
+Status self_send(const Args& args, const std::string& address, uint32_t frames) {
+  SenderOptions so;
+  so.host = "127.0.0.1";
+  so.port = uint16_t(std::stoi(address.substr(address.rfind(':') + 1)));
+  so.name = "self";
+  so.transport = args.transport;
+  so.blocks = 8;
+  so.block_size = 65536;
+  so.devices = {0, 1};
+  std::unique_ptr<Sender> tx;
+  SLOTSTREAM_RETURN_IF_ERROR(Sender::connect(so, &tx));
+  constexpr uint64_t kFrame = 30000;
+  for (uint32_t f = 0; f < frames; ++f) {
+    for (uint16_t d : so.devices) {
+      SLOTSTREAM_RETURN_IF_ERROR(tx->device(d)->send_with(kFrame, [&](uint64_t offset, std::span<std::byte> dst) {
+        tools::fill_synthetic(d, f, kFrame, offset, dst);
+        return Status::ok();
+      }));
+    }
+  }
+  return tx->finish();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,7 +285,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &args)) {
     std::fprintf(stderr,
                  "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K] "
-                 "[--window W] [--hold-first-ms MS] [--verify on|off]\n");
+                 "[--window W] [--hold-first-ms MS] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
     return 2;
   }
   Queue queue;
@@ -262,22 +319,21 @@ int main(int argc, char** argv) {
   Tally tally;
   const double cpu0 = cpu_seconds();
   std::thread consumer([&] { consume(queue, args, &tally); });
+  std::thread sender;
+  Status sent;
+  if (args.self_send) sender = std::thread([&] { sent = self_send(args, rx->listen_address(), args.self_send); });
   rx->wait_sessions(args.senders);
+  if (sender.joinable()) sender.join();
   queue.close();
   consumer.join();
   const double cpu = cpu_seconds() - cpu0;
   rx->stop();
   std::lock_guard lock(report_mu);
-  std::printf(
-      "{\"mode\":\"%s\",\"messages\":%llu,\"bytes\":%llu,\"bad\":%llu,\"out_of_order\":%llu,\"copied\":%llu,"
-      "\"in_place\":%llu,\"registered\":%llu,\"during_hold\":%llu,\"held_intact\":%s,\"cpu_s\":%.3f,"
-      "\"seconds\":%.3f,\"views_lent\":%llu,\"view_limit_waits\":%llu,\"stored\":%llu,\"gaps\":%llu,"
-      "\"sum\":%llu,\"first_error\":\"%s\"}\n",
-      args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
-      (unsigned long long)tally.bad, (unsigned long long)tally.out_of_order, (unsigned long long)tally.copied,
-      (unsigned long long)tally.in_place, (unsigned long long)tally.registered, (unsigned long long)tally.during_hold,
-      tally.held_intact ? "true" : "false", cpu, last.seconds, (unsigned long long)last.views_lent,
-      (unsigned long long)last.view_limit_waits, (unsigned long long)last.messages, (unsigned long long)last.gaps,
-      (unsigned long long)tally.sum, tally.first_error.c_str());
-  return 0;
+  print_summary(args, tally, last, cpu);
+  if (!args.self_send) return 0;
+  if (!sent.is_ok()) return std::fprintf(stderr, "self-send: %s\n", sent.to_string().c_str()), 1;
+  const bool ok = tally.messages == 2ull * args.self_send && tally.bad == 0 && tally.out_of_order == 0 &&
+                  tally.held_intact && (args.copy || tally.registered == tally.in_place);
+  std::fprintf(stderr, "zero_copy_recv: self-send %s\n", ok ? "passed" : "FAILED");
+  return ok ? 0 : 1;
 }

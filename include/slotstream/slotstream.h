@@ -309,14 +309,11 @@ class MessageSink {
 //     Receiver is destroyed (its memory budget no longer counts the session's region).
 //   - Only protocols with a per-block status (ProtocolInfo::holds: status_byte) can lend blocks;
 //     a sender using another protocol is refused with the reason.
-namespace detail {
-struct ViewLease;
-}
-
 // One message lent in place. Move-only. Threading: a view may be moved to, read on and released
 // from any thread; one view is not to be used from two threads at once.
 class MessageView {
  public:
+  struct Lease;  // what keeps data() valid (internal: src/stream/lending.h)
   MessageView() = default;
   MessageView(MessageView&&) noexcept = default;
   MessageView& operator=(MessageView&& other) noexcept;
@@ -340,8 +337,7 @@ class MessageView {
   void release();
 
  private:
-  friend struct detail::ViewLease;
-  std::shared_ptr<detail::ViewLease> lease_;
+  std::shared_ptr<Lease> lease_;
   std::span<const std::byte> data_;
   uint16_t device_ = 0;
   uint32_t packet_ = 0;

@@ -273,7 +273,10 @@ bool ReceiverSession::fin_complete(size_t consumed) {
   // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
   bool complete = desc_->reference || !delivery_->has_open_message();
   for (auto [d, n] : l.fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
-  if (complete || (consumed == 0 && !l.stalled && !delivery_->any_paused() && Clock::now() > l.fin_deadline)) {
+  // Messages waiting for the sink, a paused device or the application's views (the lending
+  // limit) are not missing: the grace starts again while any of them waits.
+  const bool waiting = l.stalled || delivery_->any_paused() || delivery_->lend_limited();
+  if (complete || (consumed == 0 && !waiting && Clock::now() > l.fin_deadline)) {
     uint64_t missing = 0;
     for (auto [d, n] : l.fin->messages) {
       uint64_t got = delivery_->messages(d);
@@ -289,7 +292,7 @@ bool ReceiverSession::fin_complete(size_t consumed) {
     if (missing) report_.reason = ack.message;
     return true;
   }
-  if (consumed > 0 || l.stalled || delivery_->any_paused()) l.fin_deadline = Clock::now() + kFinGrace;
+  if (consumed > 0 || waiting) l.fin_deadline = Clock::now() + kFinGrace;
   return false;
 }
 

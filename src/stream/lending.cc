@@ -30,10 +30,8 @@ void MessageView::release() {
   lease_.reset();  // the last view of a block gives it back (BlockLease::~BlockLease)
 }
 
-namespace detail {
-
-MessageView ViewLease::make_view(std::shared_ptr<ViewLease> lease, std::span<const std::byte> data, uint16_t device,
-                                 uint32_t packet, bool copied) {
+MessageView MessageView::Lease::make_view(std::shared_ptr<Lease> lease, std::span<const std::byte> data,
+                                          uint16_t device, uint32_t packet, bool copied) {
   MessageView v;
   v.lease_ = std::move(lease);
   v.data_ = data;
@@ -43,13 +41,11 @@ MessageView ViewLease::make_view(std::shared_ptr<ViewLease> lease, std::span<con
   return v;
 }
 
-}  // namespace detail
-
 namespace stream {
 
 // ------------------------------------------------------------------------------- leases
 
-BlockLease::BlockLease(std::shared_ptr<Lending> lending, uint64_t id) : ViewLease(std::move(lending)), id(id) {}
+BlockLease::BlockLease(std::shared_ptr<Lending> lending, uint64_t id) : Lease(std::move(lending)), id(id) {}
 
 BlockLease::~BlockLease() {
   // paper §3.3: the retained block becomes free again; the sender may write it.
@@ -95,11 +91,11 @@ Status LendingSink::lend(std::span<const Message> batch, std::span<const std::sh
     const Message& m = batch[*stored];
     MessageView view;
     if (leases[*stored]) {
-      view = detail::ViewLease::make_view(leases[*stored], m.data, m.device, m.packet, false);
+      view = MessageView::Lease::make_view(leases[*stored], m.data, m.device, m.packet, false);
     } else {
       auto copy = lending_->copy();
       copy->bytes.assign(m.data.begin(), m.data.end());
-      view = detail::ViewLease::make_view(copy, copy->bytes, m.device, m.packet, true);
+      view = MessageView::Lease::make_view(copy, copy->bytes, m.device, m.packet, true);
     }
     SLOTSTREAM_RETURN_IF_ERROR(hand(view));
     if (leases[*stored]) ++lent_;
@@ -141,7 +137,7 @@ Status LendingSink::commit(uint16_t device) {
   Open* o = find(device);
   if (!o || !o->copy) return {Code::kInvalidArgument, "commit without begin"};
   const auto& bytes = o->copy->bytes;
-  MessageView view = detail::ViewLease::make_view(o->copy, bytes, device, o->packet, true);
+  MessageView view = MessageView::Lease::make_view(o->copy, bytes, device, o->packet, true);
   SLOTSTREAM_RETURN_IF_ERROR(hand(view));
   o->copy.reset();
   return Status::ok();

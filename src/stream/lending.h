@@ -30,26 +30,26 @@ namespace slotstream::stream {
 class Lending;
 }
 
-namespace slotstream::detail {
+namespace slotstream {
 
 // What keeps a MessageView's bytes valid. Any thread may drop the last reference.
-struct ViewLease {
-  explicit ViewLease(std::shared_ptr<stream::Lending> lending) : lending(std::move(lending)) {}
-  virtual ~ViewLease() = default;
-  ViewLease(const ViewLease&) = delete;
-  ViewLease& operator=(const ViewLease&) = delete;
-  static MessageView make_view(std::shared_ptr<ViewLease> lease, std::span<const std::byte> data, uint16_t device,
+struct MessageView::Lease {
+  explicit Lease(std::shared_ptr<stream::Lending> lending) : lending(std::move(lending)) {}
+  virtual ~Lease() = default;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  static MessageView make_view(std::shared_ptr<Lease> lease, std::span<const std::byte> data, uint16_t device,
                                uint32_t packet, bool copied);
   std::shared_ptr<stream::Lending> lending;
 };
 
-}  // namespace slotstream::detail
+}  // namespace slotstream
 
 namespace slotstream::stream {
 
 // One receive unit lent in place. `retained` is set by the consumer (before it lets go of its own
 // reference) once the unit's every record is consumed; then the last reference gives it back.
-struct BlockLease final : detail::ViewLease {
+struct BlockLease final : MessageView::Lease {
   BlockLease(std::shared_ptr<Lending> lending, uint64_t id);
   ~BlockLease() override;
   const uint64_t id;
@@ -57,8 +57,8 @@ struct BlockLease final : detail::ViewLease {
 };
 
 // A message copied once: the view owns its bytes.
-struct CopyLease final : detail::ViewLease {
-  using ViewLease::ViewLease;
+struct CopyLease final : MessageView::Lease {
+  using Lease::Lease;
   std::vector<std::byte> bytes;
 };
 

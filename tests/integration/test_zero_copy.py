@@ -111,3 +111,18 @@ def test_the_papers_in_order_pick_skips_a_block_held_by_a_view(zc_receiver):
     assert tx["messages"] == got["messages"] > 0 and got["bad"] == 0 and got["out_of_order"] == 0
     assert got["held_intact"] and got["during_hold"] > 8 * 4
     assert tx["held_skips"] > 0
+
+
+@pytest.mark.deadline(120)
+def test_views_held_past_the_senders_fin_lose_nothing(zc_receiver):
+    # One block may be held and the application keeps its first view for 2.5 s: the other messages wait
+    # behind the limit, in their blocks, for well over the receiver's 1 s FIN grace after the sender has
+    # written everything. They are not missing: the session waits for the application and stores them all.
+    rx, addr = zc_receiver("--transport", "shm", "--max-held", 1, "--hold-first-ms", 2500)
+    r = run_send(addr, "--name", "cam", "--transport", "shm", "--blocks", 8, "--block-size", 65536, "--synthetic",
+                 "0-0:1000:100x100x3", "--duration", 0.005, "--json", timeout=90)
+    tx = json.loads(r.stdout)
+    got = summary(rx)
+    assert tx["messages"] == got["messages"] == got["stored"] >= 4
+    assert got["bad"] == 0 and got["out_of_order"] == 0 and got["gaps"] == 0 and got["held_intact"]
+    assert got["view_limit_waits"] > 0
