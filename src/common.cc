@@ -56,6 +56,7 @@ std::optional<Transport> parse_transport(std::string_view text) {
   if (text == "shm") return Transport::kShm;
   if (text == "tcp") return Transport::kTcp;
   if (text == "rdma") return Transport::kRdma;
+  if (text == "udp") return Transport::kUdp;
   return std::nullopt;
 }
 
@@ -69,6 +70,8 @@ const char* transport_name(Transport t) {
       return "tcp";
     case Transport::kRdma:
       return "rdma";
+    case Transport::kUdp:
+      return "udp";
   }
   return "?";
 }
@@ -131,6 +134,9 @@ void SessionReport::merge(const SessionReport& lane) {
     acc.bytes += s.bytes;
     acc.gaps += s.gaps;
     acc.duplicates += s.duplicates;
+    acc.partial += s.partial;
+    acc.dropped += s.dropped;
+    acc.lost += s.lost;
     acc.pauses += s.pauses;
     acc.paused = acc.paused || s.paused;
   }
