@@ -102,7 +102,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 4);  // version, little-endian
+  EXPECT_EQ(b[4], 5);  // version, little-endian
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);
