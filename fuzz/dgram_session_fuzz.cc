@@ -85,7 +85,7 @@ Hello make_hello(Script& in) {
 SegmentHeader make_segment(Script& in, const Session& s) {
   const Hello& h = s.hello();
   SegmentHeader g;
-  g.service = s.protocol().over_tcp() ? Service::kRC : s.protocol().service;
+  g.service = s.protocol().service;  // (dgram_rc: RC, over its TCP stream)
   if (in.u8() % 16 == 0) g.service = Service(in.u8() % 3);
   const uint8_t kind = in.u8();
   g.opcode = kind % 3 == 0 ? Opcode::kSend : s.protocol().data_op;

@@ -33,7 +33,6 @@ namespace {
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC on Linux: shared by both peers
 using nlohmann::json;
 
-
 struct Usage {
   double cpu_seconds;
   long peak_rss_kb;

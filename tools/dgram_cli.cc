@@ -22,6 +22,7 @@
 #include "metrics.h"
 #include "net/auth.h"
 #include "net/control_socket.h"
+#include "pipeline/worker_manager.h"
 #include "send_plan.h"
 
 namespace slotstream::tools {
@@ -35,10 +36,8 @@ constexpr const char* kGroup = "Datagram transport (--transport udp, docs/design
 // 200 ms until it hears a FIN_ACK).
 constexpr int64_t kLinger = 1'000'000'000;
 
-// Options of the UCX path that mean nothing to the datagram transport.
-constexpr const char* kUcxOnlyRecv[] = {"--hold-block",    "--worker",         "--worker-dir",     "--worker-runtime",
-                                        "--worker-cpus",   "--worker-memory",  "--worker-image",   "--backlog-messages",
-                                        "--backlog-bytes", "--keep-processed", "--rdma-transport", "--rdma-device"};
+// Options of the UCX path that mean nothing to the datagram sender (the datagram receiver takes every
+// option of the block receiver's; --rdma-* are refused there as for every transport but rdma).
 constexpr const char* kUcxOnlySend[] = {"--block-size", "--rdma-transport", "--rdma-device"};
 constexpr const char* kInjectOptions[] = {"--inject-loss", "--inject-reorder", "--inject-duplicate", "--inject-corrupt",
                                           "--inject-seed"};
@@ -92,7 +91,8 @@ Status parse_inject(const DgramArgs& a, dgram::InjectOptions* o) {
 
 std::string protocol_list() {
   std::string s;
-  for (const dgram::Descriptor* p : dgram::protocols()) s += "\n  " + std::string(p->name) + ": " + std::string(p->summary);
+  for (const dgram::Descriptor* p : dgram::protocols())
+    s += "\n  " + std::string(p->name) + ": " + std::string(p->summary);
   return s;
 }
 
@@ -126,11 +126,10 @@ std::string report_line(const SessionReport& r) {
 // partial, dropped and lost messages, and the session counters (dgram/report.h counter_docs()).
 ExtraFamilies datagram_families() {
   ExtraFamilies x;
-  x.per_device = {
-      {"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
-       &DeviceStats::partial},
-      {"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &DeviceStats::dropped},
-      {"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &DeviceStats::lost}};
+  x.per_device = {{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
+                   &DeviceStats::partial},
+                  {"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &DeviceStats::dropped},
+                  {"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &DeviceStats::lost}};
   for (const dgram::CounterDoc& d : dgram::counter_docs()) {
     if (d.metric) x.per_sender.push_back({d.key, d.metric, std::string(d.help) + " (sender=\"\": no session's)"});
   }
@@ -143,8 +142,8 @@ void unattributed_samples(const dgram::DatagramCounters& c, std::vector<promethe
   for (const dgram::CounterDoc& d : dgram::counter_docs()) {
     if (!d.metric) continue;
     for (auto& f : *out) {
-      if (f.name == d.metric) f.metric.push_back(sample({{"sender", ""}}, prometheus::MetricType::Counter,
-                                                        double(values.at(d.key))));
+      if (f.name == d.metric)
+        f.metric.push_back(sample({{"sender", ""}}, prometheus::MetricType::Counter, double(values.at(d.key))));
     }
   }
 }
@@ -182,12 +181,11 @@ void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<p
     out->push_back(
         {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(rc.receiver.*c.field))}});
   }
-  for (auto [name, help, value] : {std::tuple{"slotstream_dgram_memory_promised_bytes",
-                                              "Memory promised to the live sessions.", rc.memory_promised},
-                                   std::tuple{"slotstream_dgram_memory_budget_bytes", "recv --max-memory.",
-                                              rc.memory_budget},
-                                   std::tuple{"slotstream_dgram_connections", "TCP connections open.",
-                                              uint64_t(rc.connections)}}) {
+  for (auto [name, help, value] :
+       {std::tuple{"slotstream_dgram_memory_promised_bytes", "Memory promised to the live sessions.",
+                   rc.memory_promised},
+        std::tuple{"slotstream_dgram_memory_budget_bytes", "recv --max-memory.", rc.memory_budget},
+        std::tuple{"slotstream_dgram_connections", "TCP connections open.", uint64_t(rc.connections)}}) {
     out->push_back({name, help, MetricType::Gauge, {sample({}, MetricType::Gauge, double(value))}});
   }
 }
@@ -269,9 +267,7 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
                                "\ndatagram protocols (--transport udp; dgram_rc: --transport tcp):" + protocol_list());
 
   recv->parse_complete_callback([recv] {
-    if (value_of(recv, "--transport") == "udp") {
-      refuse_given(recv, kUcxOnlyRecv, "does not apply to --transport udp");
-    } else {
+    if (value_of(recv, "--transport") != "udp") {
       refuse_given(recv, kDgramOnlyRecv, "applies to --transport udp only");
       refuse_given(recv, kInjectOptions, "applies to --transport udp only");
     }
@@ -307,42 +303,71 @@ Status dgram_recv_limits(const RecvArgs& args, dgram::DatagramReceiverOptions* o
   return read_token_if_given(args.token_file, &o->token);
 }
 
+// The receiver's options from the command line, as the block receiver reads them where they are the
+// same (--listen, --hold-block, --max-memory, --token-file; --rdma-* are rdma's). kExitOk, or
+// kExitUsage after printing what is wrong.
+int dgram_recv_options(const RecvArgs& args, const DgramArgs& d, dgram::DatagramReceiverOptions* o) {
+  if (Status st = net::parse_host_port(args.listen, &o->host, &o->port); !st.is_ok()) {
+    print_error("recv", "--listen: " + st.message());
+    return kExitUsage;
+  }
+  if (auto why = misplaced_rdma_options(args.transport, args.rdma_transport, args.rdma_device)) {
+    print_error("recv", *why);
+    return kExitUsage;
+  }
+  if (int rc = parse_holds(args, &o->holds); rc != kExitOk) return rc;
+  for (Status st : {dgram_recv_limits(args, o), parse_inject(d, &o->inject)}) {
+    if (!st.is_ok()) {
+      print_error("recv", st.message());
+      return kExitUsage;
+    }
+  }
+  o->keep_partial = d.partial == "keep";
+  o->message_timeout_ns = int64_t(d.message_timeout_ms * 1e6);
+  o->session_timeout_ns = int64_t(d.session_timeout_s * 1e9);
+  o->max_message = d.max_message;
+  return kExitOk;
+}
+
+// Each sender's store: nothing (--discard), its directory below --out, or that directory feeding the
+// per-device workers (started here, into *workers; a device whose worker is behind pauses, as over
+// UCX). kExitOk, or kExitError if --out cannot be used.
+int dgram_stores(const RecvArgs& args, dgram::DatagramReceiverOptions* o,
+                 std::unique_ptr<pipeline::WorkerManager>* workers) {
+  if (args.discard) {
+    o->make_store = [](const std::string&, std::unique_ptr<dgram::MessageStore>* s) {
+      *s = std::make_unique<dgram::NullStore>();
+      return Status::ok();
+    };
+    return kExitOk;
+  }
+  if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
+    print_error("recv", st.message());
+    return kExitError;
+  }
+  if (uses_workers(args)) *workers = start_workers(args);
+  pipeline::WorkerManager* wm = workers->get();
+  const fs::path out = args.out;
+  o->make_store = [out, wm](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
+    dgram::DirStore::Workers w;
+    if (wm) {
+      w.over_limit = [wm, name](uint16_t d, std::string* why) { return wm->over_limit(name, d, why); };
+      w.stored = [wm, name](uint16_t d, uint64_t seq, uint64_t bytes) { wm->stored(name, d, seq, bytes); };
+    }
+    *s = std::make_unique<dgram::DirStore>(out / name, std::move(w));
+    return Status::ok();
+  };
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   dgram::DatagramReceiverOptions o;
-  if (Status st = net::parse_host_port(args.listen, &o.host, &o.port); !st.is_ok()) {
-    print_error("recv", "--listen: " + st.message());
-    return kExitUsage;
-  }
-  if (Status st = dgram_recv_limits(args, &o); !st.is_ok()) {
-    print_error("recv", st.message());
-    return kExitUsage;
-  }
-  if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {
-    print_error("recv", st.message());
-    return kExitUsage;
-  }
-  o.keep_partial = d.partial == "keep";
-  o.message_timeout_ns = int64_t(d.message_timeout_ms * 1e6);
-  o.session_timeout_ns = int64_t(d.session_timeout_s * 1e9);
-  o.max_message = d.max_message;
-  if (args.discard) {
-    o.make_store = [](const std::string&, std::unique_ptr<dgram::MessageStore>* s) {
-      *s = std::make_unique<dgram::NullStore>();
-      return Status::ok();
-    };
-  } else {
-    if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
-      print_error("recv", st.message());
-      return kExitError;
-    }
-    const fs::path out = args.out;
-    o.make_store = [out](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
-      *s = std::make_unique<dgram::DirStore>(out / name);
-      return Status::ok();
-    };
-  }
+  if (int rc = dgram_recv_options(args, d, &o); rc != kExitOk) return rc;
+  if (int rc = check_sink_options(args); rc != kExitOk) return rc;
+  std::unique_ptr<pipeline::WorkerManager> workers;
+  if (int rc = dgram_stores(args, &o, &workers); rc != kExitOk) return rc;
   MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after), datagram_families()};
   o.on_session_end = [&metrics_state](const SessionReport& r) {
     metrics_state.session_ended(r);
@@ -360,7 +385,8 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   if (!args.metrics.empty()) {
     const dgram::DatagramReceiver* r = rx.get();
     Status st = MetricsServer::start(
-        args.metrics, [r, &metrics_state] { return collect_metrics(*r, metrics_state, nullptr); }, &metrics);
+        args.metrics, [r, &metrics_state, wm = workers.get()] { return collect_metrics(*r, metrics_state, wm); },
+        &metrics);
     if (!st.is_ok()) {
       print_error("recv", "--metrics: " + st.message());
       return kExitError;
@@ -374,70 +400,61 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   });
   rx->stop();
   metrics.reset();
+  if (workers) workers->stop();
   return kExitOk;
 }
 
-int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
+namespace {
+
+// The protocol `send` asked for, if it is a datagram one over the transport given; else nullptr after
+// printing why.
+const dgram::Descriptor* dgram_send_protocol(const SendArgs& a, const DgramArgs& d) {
   const bool protocol_given = d.protocol_opt && d.protocol_opt->count() > 0;
   const std::string protocol = protocol_given ? a.protocol : dgram::kDefaultProtocol;
   const dgram::Descriptor* proto = dgram::find_protocol(protocol);
   if (!proto) {
     print_error("send", "--protocol " + protocol + " runs over UCX (--transport shm|tcp); over udp:" + protocol_list());
-    return kExitUsage;
+    return nullptr;
   }
   const std::string want = proto->over_tcp ? "tcp" : "udp";
   if (a.transport != want) {
     print_error("send", "--protocol " + std::string(proto->name) + " runs over " + want + ": give --transport " + want);
-    return kExitUsage;
+    return nullptr;
   }
-  dgram::DatagramSenderOptions o;
+  return proto;
+}
+
+// The sender's options and what it sends, from the command line: kExitOk, or kExitUsage after printing
+// what is wrong.
+int dgram_send_options(const SendArgs& a, const DgramArgs& d, const dgram::Descriptor& proto,
+                       dgram::DatagramSenderOptions* o, Plan* plan) {
   if (a.to.find(',') != std::string::npos) {
     print_error("send", "--to: the datagram transport sends to one receiver");
     return kExitUsage;
   }
-  if (Status st = net::parse_host_port(a.to, &o.host, &o.port); !st.is_ok()) {
+  if (Status st = net::parse_host_port(a.to, &o->host, &o->port); !st.is_ok()) {
     print_error("send", "--to: " + st.message());
     return kExitUsage;
   }
-  Plan plan;
-  if (Status st = plan_send(a, &plan, &o.name); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
+  for (Status st :
+       {plan_send(a, plan, &o->name), parse_inject(d, &o->inject), read_token_if_given(a.token_file, &o->token)}) {
+    if (!st.is_ok()) {
+      print_error("send", st.message());
+      return kExitUsage;
+    }
   }
-  if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
-  }
-  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
-  }
-  o.protocol = proto->name;
-  o.devices = plan.devices();
-  o.ring = a.blocks;
-  o.segment_size = d.segment_size;
-  o.max_message = largest_message(plan);
+  o->protocol = proto.name;
+  o->devices = plan->devices();
+  o->ring = a.blocks;
+  o->segment_size = d.segment_size;
+  o->max_message = largest_message(*plan);
+  return kExitOk;
+}
 
-  std::unique_ptr<dgram::DatagramSender> tx;
-  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
-    print_error("send", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
-  }
-  const auto t0 = Clock::now();
-  const double cpu0 = cpu_seconds();
-  // One filler thread per device, as `send` does over UCX.
-  Fillers fillers(plan, a,
-                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
-  dgram::FinAck report;
-  Status st = fillers.join();
-  Status fin = tx->finish(&report);
-  if (st.is_ok()) st = fin;
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!st.is_ok()) {
-    print_error("send", st.message());
-    return kExitError;
-  }
-  const dgram::DatagramSenderStats s = tx->stats();
+// What the receiver's FIN_ACK says of every message: a line on stderr when not all arrived complete,
+// and `--json`'s receiver object.
+nlohmann::json receiver_accounting(const dgram::FinAck& report, const dgram::DatagramSenderStats& s,
+                                   const dgram::Descriptor& proto) {
   dgram::DeliveryCounts total;
   nlohmann::json per = nlohmann::json::object();
   for (const auto& dev : report.devices) {
@@ -460,34 +477,73 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
                  "%llu lost)%s\n",
                  (unsigned long long)total.complete, (unsigned long long)s.messages, (unsigned long long)total.partial,
                  (unsigned long long)total.dropped, (unsigned long long)total.lost,
-                 total.dropped > 0 && !proto->over_tcp && proto->service == dgram::Service::kUD
+                 total.dropped > 0 && !proto.over_tcp && proto.service == dgram::Service::kUD
                      ? "; a message not complete within the receiver's --message-timeout of its first segment is "
                        "given up (UD has no retransmission: raise the timeout, or use dgram_rd)"
                      : "");
   }
+  return {{"complete", total.complete}, {"partial", total.partial},         {"dropped", total.dropped},
+          {"lost", total.lost},         {"valid_bytes", total.valid_bytes}, {"devices", per}};
+}
+
+// `send --json` of the datagram transport (docs/cli-contract.md).
+nlohmann::json send_json(const dgram::DatagramSenderOptions& o, const dgram::DatagramSenderStats& s,
+                         const dgram::Descriptor& proto, double secs, double cpu) {
+  nlohmann::json j;
+  j["messages"] = s.messages;
+  j["bytes"] = s.bytes;
+  j["seconds"] = secs;
+  j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
+  j["cpu_seconds"] = cpu;
+  j["transport"] = proto.over_tcp ? "tcp" : "udp";
+  j["protocol"] = proto.name;
+  j["segment_size"] = o.segment_size;
+  j["blocks"] = o.ring;
+  j["datagrams"] = s.datagrams;
+  j["retransmits"] = s.retransmits;
+  j["retransmit_timeouts"] = s.timeouts;
+  j["credit_waits"] = s.credit_waits;
+  j["authenticated"] = !o.token.empty();
+  j["forged"] = s.forged;  // datagrams from the receiver's address without a right MAC, dropped
+  j["injected"] = {{"loss", s.injected_loss},
+                   {"corrupt", s.injected_corrupt},
+                   {"duplicate", s.injected_duplicate},
+                   {"reorder", s.injected_reorder}};
+  return j;
+}
+
+}  // namespace
+
+int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
+  const dgram::Descriptor* proto = dgram_send_protocol(a, d);
+  if (!proto) return kExitUsage;
+  dgram::DatagramSenderOptions o;
+  Plan plan;
+  if (int rc = dgram_send_options(a, d, *proto, &o, &plan); rc != kExitOk) return rc;
+  std::unique_ptr<dgram::DatagramSender> tx;
+  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
+    print_error("send", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds();
+  // One filler thread per device, as `send` does over UCX.
+  Fillers fillers(plan, a,
+                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
+  dgram::FinAck report;
+  Status st = fillers.join();
+  Status fin = tx->finish(&report);
+  if (st.is_ok()) st = fin;
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!st.is_ok()) {
+    print_error("send", st.message());
+    return kExitError;
+  }
+  const dgram::DatagramSenderStats s = tx->stats();
+  nlohmann::json accounting = receiver_accounting(report, s, *proto);
   if (a.json) {
-    nlohmann::json j;
-    j["messages"] = s.messages;
-    j["bytes"] = s.bytes;
-    j["seconds"] = secs;
-    j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
-    j["cpu_seconds"] = cpu_seconds() - cpu0;
-    j["transport"] = want;
-    j["protocol"] = proto->name;
-    j["segment_size"] = o.segment_size;
-    j["blocks"] = o.ring;
-    j["datagrams"] = s.datagrams;
-    j["retransmits"] = s.retransmits;
-    j["retransmit_timeouts"] = s.timeouts;
-    j["credit_waits"] = s.credit_waits;
-    j["authenticated"] = !o.token.empty();
-    j["forged"] = s.forged;  // datagrams from the receiver's address without a right MAC, dropped
-    j["injected"] = {{"loss", s.injected_loss},
-                     {"corrupt", s.injected_corrupt},
-                     {"duplicate", s.injected_duplicate},
-                     {"reorder", s.injected_reorder}};
-    j["receiver"] = {{"complete", total.complete}, {"partial", total.partial},         {"dropped", total.dropped},
-                     {"lost", total.lost},         {"valid_bytes", total.valid_bytes}, {"devices", per}};
+    nlohmann::json j = send_json(o, s, *proto, secs, cpu_seconds() - cpu0);
+    j["receiver"] = std::move(accounting);
     std::printf("%s\n", j.dump().c_str());
   }
   return kExitOk;

@@ -186,8 +186,7 @@ int run_peer_send(const DgramPeerArgs& a) {
     if (a.gap_us > 0) {
       // Sleep most of the gap, spin the rest: one message in flight at a time, no drift.
       const int64_t until = now + int64_t(a.gap_us * 1000);
-      if (until - now_ns() > 200'000)
-        std::this_thread::sleep_for(std::chrono::nanoseconds(until - now_ns() - 100'000));
+      if (until - now_ns() > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(until - now_ns() - 100'000));
       while (now_ns() < until) {
       }
     }

@@ -213,7 +213,6 @@ std::vector<MetricFamily> MetricsState::collect(const std::vector<SessionReport>
   return out;
 }
 
-
 namespace {
 
 // What the exposer scrapes: a receiver's families, read at scrape time (from civetweb's threads).

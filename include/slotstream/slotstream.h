@@ -290,15 +290,19 @@ struct SenderInfo {
 // (shm, tcp, rdma) delivers every message or breaks it with a gap; the datagram transport (udp, and
 // its RC baseline) may also keep a message partial, drop it, or lose it whole, and says which.
 struct DeviceStats {
-  uint64_t messages = 0;  // complete messages stored
-  uint64_t bytes = 0;     // payload bytes stored (datagram: also the valid bytes of kept partial messages)
-  uint64_t gaps = 0;      // missing packet numbers (datagram: messages of which nothing arrived, = lost)
+  uint64_t messages = 0;    // complete messages stored
+  uint64_t bytes = 0;       // payload bytes stored (datagram: also the valid bytes of kept partial messages)
+  uint64_t gaps = 0;        // missing packet numbers (datagram: messages of which nothing arrived, = lost)
   uint64_t duplicates = 0;  // duplicate packets dropped (datagram: segments whose bytes were all there)
   uint64_t partial = 0;     // incomplete messages kept (datagram RDMA Write-Record, recv --partial keep)
   uint64_t dropped = 0;     // incomplete messages (or ones not storable in time) discarded
   uint64_t lost = 0;        // messages of which nothing arrived (datagram)
   uint64_t pauses = 0;      // times the device was paused because its sink was busy (worker backlog)
   bool paused = false;      // paused right now
+
+  // Adds another report of the same device (a lane, or another device for a total): counters
+  // summed, paused if either is.
+  void add(const DeviceStats& o);
 };
 
 struct SessionReport {

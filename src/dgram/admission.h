@@ -32,10 +32,8 @@ class Admission {
             ReceiverCounters& counters, EndFn end_session);
 
   // A HELLO (`request`: the datagram's size, what an answer may not exceed before authentication).
-  void on_hello(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, Conn* conn,
-                size_t request);
-  void on_auth(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, Conn* conn,
-               size_t request);
+  void on_hello(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, Conn* conn, size_t request);
+  void on_auth(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, Conn* conn, size_t request);
 
  private:
   // Who asks, and with what (the hello's bytes: AUTH's proof covers them).

@@ -189,5 +189,4 @@ void FaultyLink::pass(std::span<const std::byte> d, Emit&& emit) {
   flush(emit);  // a held datagram goes after the one that overtook it
 }
 
-
 }  // namespace slotstream::dgram

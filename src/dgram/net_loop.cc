@@ -152,8 +152,7 @@ void NetLoop::on_accept() {
   for (;;) {
     Address peer;
     peer.len = sizeof peer.ss;
-    int fd =
-        ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       ++counters_.accept_errors;

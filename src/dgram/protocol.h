@@ -76,6 +76,21 @@ class Placement {
   virtual size_t touched() const = 0;
 };
 
+// A Placement whose timers and state are one target's (TaggedTarget, ReceiveQueues), with the
+// timeout and timer kind of its spec: what every placement forwards to its target, written once.
+template <class Target>
+class TimedPlacement : public Placement {
+ public:
+  void expire(int64_t now_ns, std::vector<Completion>* out) override { target_.expire(now_ns, out); }
+  void extend_all(int64_t deadline_ns) override { target_.extend_all(deadline_ns); }
+  int64_t next_deadline() const override { return target_.next_deadline(); }
+  size_t touched() const override { return target_.touched(); }
+
+ protected:
+  explicit TimedPlacement(const PlacementSpec& s) : target_(s.timeout_ns, s.idle) {}
+  Target target_;
+};
+
 // Where the sender puts message `msn` of a device (the source half's input).
 struct MessageSlot {
   uint16_t device = 0;

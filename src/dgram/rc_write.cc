@@ -17,9 +17,9 @@ std::optional<WrittenNotice> decode_notice(std::span<const std::byte> payload) {
 }
 
 RcWritePlacement::RcWritePlacement(const PlacementSpec& s)
-    : rings_(s.devices, s.first_stag, s.ring),
-      queues_(s.devices),
-      target_(s.timeout_ns, s.idle) {
+    : TimedPlacement(s),
+      rings_(s.devices, s.first_stag, s.ring),
+      queues_(s.devices) {
   target_.add_regions(rings_.first(), rings_.count(), s.max_message);
 }
 

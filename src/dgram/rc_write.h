@@ -24,7 +24,7 @@ inline constexpr size_t kWrittenNoticeSize = 12;
 std::vector<std::byte> encode_notice(const WrittenNotice& n);
 std::optional<WrittenNotice> decode_notice(std::span<const std::byte> payload);
 
-class RcWritePlacement final : public Placement {
+class RcWritePlacement final : public TimedPlacement<TaggedTarget> {
  public:
   explicit RcWritePlacement(const PlacementSpec& s);
   // A Write: its device by STag, not ordered; the notice: its device by QN, ordered.
@@ -32,17 +32,12 @@ class RcWritePlacement final : public Placement {
   Placed place(const Segment& seg, const Located& at, int64_t now_ns, std::vector<Completion>* done) override;
   // A message is the notice's; what expires was written but never notified, and names none.
   std::optional<uint16_t> device_of(const Completion& c) const override;
-  void expire(int64_t now_ns, std::vector<Completion>* out) override { target_.expire(now_ns, out); }
-  void extend_all(int64_t deadline_ns) override { target_.extend_all(deadline_ns); }
-  int64_t next_deadline() const override { return target_.next_deadline(); }
-  size_t touched() const override { return target_.touched(); }
 
  private:
   Placed take_notified(const Segment& seg, const Located& at, int64_t now_ns, std::vector<Completion>* done);
 
   StagRings rings_;
   DeviceQueues queues_;
-  TaggedTarget target_;
 };
 
 }  // namespace slotstream::dgram

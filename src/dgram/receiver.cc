@@ -358,8 +358,9 @@ Status DatagramReceiver::start(DatagramReceiverOptions o, std::unique_ptr<Datagr
   SLOTSTREAM_RETURN_IF_ERROR(NetLoop::open(n, im, im.log, im.rc, &im.net));
   const uint32_t qp = std::random_device{}() | 1;
   im.replies = std::make_unique<Replies>(*im.net, qp, im.log, im.rc);
-  im.admission = std::make_unique<Admission>(im.o, qp, im.table, *im.replies, im.log, im.rc,
-                                             [&im](Peer& p, bool ok, const std::string& why) { im.end_session(p, ok, why); });
+  im.admission =
+      std::make_unique<Admission>(im.o, qp, im.table, *im.replies, im.log, im.rc,
+                                  [&im](Peer& p, bool ok, const std::string& why) { im.end_session(p, ok, why); });
   im.publish();
   im.store.start();
   im.net_thread = std::thread([&im] { im.run(); });

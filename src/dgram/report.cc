@@ -115,16 +115,7 @@ uint64_t counter(const SessionReport& r, std::string_view key) {
 
 DeviceStats device_totals(const SessionReport& r) {
   DeviceStats t;
-  for (const auto& [_, s] : r.per_device) {
-    t.messages += s.messages;
-    t.bytes += s.bytes;
-    t.gaps += s.gaps;
-    t.duplicates += s.duplicates;
-    t.partial += s.partial;
-    t.dropped += s.dropped;
-    t.lost += s.lost;
-    t.pauses += s.pauses;
-  }
+  for (const auto& [_, s] : r.per_device) t.add(s);
   return t;
 }
 

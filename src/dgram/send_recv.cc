@@ -13,7 +13,7 @@ std::optional<uint16_t> DeviceQueues::device_of(uint32_t queue) const {
   return uint16_t(queue);
 }
 
-SendRecvPlacement::SendRecvPlacement(const PlacementSpec& s) : queues_(s.devices), target_(s.timeout_ns, s.idle) {
+SendRecvPlacement::SendRecvPlacement(const PlacementSpec& s) : TimedPlacement(s), queues_(s.devices) {
   target_.post_all(s.ring, s.max_message);
 }
 

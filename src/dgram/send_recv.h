@@ -28,20 +28,15 @@ class DeviceQueues {
   std::vector<uint16_t> sorted_;
 };
 
-class SendRecvPlacement final : public Placement {
+class SendRecvPlacement final : public TimedPlacement<ReceiveQueues> {
  public:
   explicit SendRecvPlacement(const PlacementSpec& s);
   std::optional<Located> locate(const SegmentHeader& h, Reject* why) const override;
   Placed place(const Segment& seg, const Located& at, int64_t now_ns, std::vector<Completion>* done) override;
   std::optional<uint16_t> device_of(const Completion& c) const override { return queues_.device_of(c.key); }
-  void expire(int64_t now_ns, std::vector<Completion>* out) override { target_.expire(now_ns, out); }
-  void extend_all(int64_t deadline_ns) override { target_.extend_all(deadline_ns); }
-  int64_t next_deadline() const override { return target_.next_deadline(); }
-  size_t touched() const override { return target_.touched(); }
 
  private:
   DeviceQueues queues_;
-  ReceiveQueues target_;
 };
 
 // The untagged header of message `m`'s segments (QN = device): Send/Recv's, and RC's notification's.

@@ -170,7 +170,8 @@ struct DatagramSender::Impl {
       }
       if (now >= next_fin && (!link->over_tcp() || next_fin == 0)) {
         for (size_t i = 0; i < parts.size(); ++i) {
-          if (!fin_acks.contains(uint16_t(i * kFinPartDevices))) SLOTSTREAM_RETURN_IF_ERROR(link->send_control(parts[i]));
+          if (!fin_acks.contains(uint16_t(i * kFinPartDevices)))
+            SLOTSTREAM_RETURN_IF_ERROR(link->send_control(parts[i]));
         }
         next_fin = now + kFinInterval;
       }

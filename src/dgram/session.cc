@@ -23,8 +23,8 @@ constexpr uint64_t kMaxMessages = UINT32_MAX;
 
 Session::Session(Config c)
     : c_(std::move(c)),
-      placement_(c_.protocol->make_placement(placement_spec(*c_.protocol, c_.hello, c_.first_stag,
-                                                            c_.message_timeout_ns, c_.reliable_timeout_ns))),
+      placement_(c_.protocol->make_placement(
+          placement_spec(*c_.protocol, c_.hello, c_.first_stag, c_.message_timeout_ns, c_.reliable_timeout_ns))),
       credits_granted_(c_.rd_window) {
   if (c_.protocol->sequenced) rd_.emplace(c_.rd_window);
 }

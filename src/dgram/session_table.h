@@ -39,7 +39,7 @@ class SessionTable {
 
  private:
   std::list<std::shared_ptr<Peer>> peers_;
-  std::unordered_map<std::string, Peer*> by_key_;   // UDP: address identity + QP
+  std::unordered_map<std::string, Peer*> by_key_;  // UDP: address identity + QP
   std::unordered_map<std::string, Peer*> by_name_;
   std::unordered_map<std::string, Peer*> by_addr_;  // UDP: the latest session from an address (for counters)
   Peer* last_hit_ = nullptr;

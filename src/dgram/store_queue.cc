@@ -138,7 +138,8 @@ Status StoreQueue::attempt(Item& w) {
     Status st = w.state->store_->store(w.delivered);
     if (st.is_ok() || st.code() == Code::kBusy || stopping_) return st;
     if (!reported) {
-      log_("store", "cannot store a message of sender " + w.state->name() + " (retrying every 100 ms): " + st.message());
+      log_("store",
+           "cannot store a message of sender " + w.state->name() + " (retrying every 100 ms): " + st.message());
       reported = true;
     }
     std::this_thread::sleep_for(std::chrono::nanoseconds(kRetryNs));

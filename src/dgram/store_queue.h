@@ -33,10 +33,12 @@ namespace slotstream::dgram {
 // One session's store, and what the storing thread tells the network thread about it.
 class StoreState {
  public:
-  StoreState(std::string name, std::unique_ptr<MessageStore> store) : name_(std::move(name)), store_(std::move(store)) {}
+  StoreState(std::string name, std::unique_ptr<MessageStore> store)
+      : name_(std::move(name)),
+        store_(std::move(store)) {}
   const std::string& name() const { return name_; }
-  uint64_t backlog() const { return backlog_.load(); }         // bytes queued for the store
-  bool stored_all() const { return stored_all_.load(); }      // the FIN marker was reached
+  uint64_t backlog() const { return backlog_.load(); }    // bytes queued for the store
+  bool stored_all() const { return stored_all_.load(); }  // the FIN marker was reached
   bool any_paused() const { return paused_devices_.load() > 0; }
   bool paused(uint16_t device) const;
   struct Pause {

@@ -3,8 +3,8 @@
 namespace slotstream::dgram {
 
 WriteRecordPlacement::WriteRecordPlacement(const PlacementSpec& s)
-    : rings_(s.devices, s.first_stag, s.ring),
-      target_(s.timeout_ns, s.idle) {
+    : TimedPlacement(s),
+      rings_(s.devices, s.first_stag, s.ring) {
   target_.add_regions(rings_.first(), rings_.count(), s.max_message);
 }
 

@@ -14,20 +14,15 @@ namespace slotstream::dgram {
 
 extern const Descriptor kWriteRecord;
 
-class WriteRecordPlacement final : public Placement {
+class WriteRecordPlacement final : public TimedPlacement<TaggedTarget> {
  public:
   explicit WriteRecordPlacement(const PlacementSpec& s);
   std::optional<Located> locate(const SegmentHeader& h, Reject* why) const override;
   Placed place(const Segment& seg, const Located& at, int64_t now_ns, std::vector<Completion>* done) override;
   std::optional<uint16_t> device_of(const Completion& c) const override { return rings_.device_of(c.key); }
-  void expire(int64_t now_ns, std::vector<Completion>* out) override { target_.expire(now_ns, out); }
-  void extend_all(int64_t deadline_ns) override { target_.extend_all(deadline_ns); }
-  int64_t next_deadline() const override { return target_.next_deadline(); }
-  size_t touched() const override { return target_.touched(); }
 
  private:
   StagRings rings_;
-  TaggedTarget target_;
 };
 
 }  // namespace slotstream::dgram

@@ -221,5 +221,21 @@ TEST(DgramSession, UnreliableMessagesBeyondTheStoreRoomAreDroppedAndCounted) {
   EXPECT_EQ(s.device_accounts().at(0).dropped, 1u);
 }
 
+// recv --hold-block over udp: a held slot keeps its message, and the device's later ones, back.
+TEST(DgramSession, AHeldSlotKeepsItsMessageAndTheDevicesLaterOnesBack) {
+  Session s(config("write_record", {0, 1}, 2));
+  s.hold(0, true);
+  s.hold(7, true);  // past the ring: ignored
+  EXPECT_EQ(s.held_slots(), 1u);
+  for (uint32_t m = 0; m < 3; ++m) feed(s, wr(s, 0, m, 0, true), bytes(5, int(m)), 0);
+  feed(s, wr(s, 1, 1, 0, true), bytes(5, 9), 0);  // device 1's message 1 waits behind its message 0
+  EXPECT_TRUE(release(s, 1).empty());
+  s.hold(0, false);
+  auto out = release(s, 2);
+  ASSERT_EQ(out.size(), 3u);
+  for (uint32_t m = 0; m < 3; ++m) EXPECT_EQ(out[m].msn, m);
+  EXPECT_EQ(s.device_accounts().at(0).complete, 3u);
+}
+
 }  // namespace
 }  // namespace slotstream::dgram
