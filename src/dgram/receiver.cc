@@ -42,6 +42,30 @@ bool is_control(const SegmentHeader& h) {
 
 void count_decode_error(DatagramCounters& c, DecodeError e) { ++(e == DecodeError::kCrc ? c.crc_errors : c.malformed); }
 
+// A sender's session as slotstream's SessionReport (dgram/report.h says how the datagram counts map).
+SessionReport report(const Peer& p, bool finished_ok, const std::string& reason) {
+  SessionReport r;
+  const Hello& h = p.session.hello();
+  r.sender.name = h.name;
+  r.sender.peer = p.peer_address().str();
+  r.sender.protocol = std::string(p.session.protocol().name);
+  r.sender.transport = p.session.protocol().over_tcp ? Transport::kTcp : Transport::kUdp;
+  r.sender.blocks = h.ring;
+  r.sender.block_size = uint32_t(std::min<uint64_t>(h.max_message, UINT32_MAX));
+  r.sender.devices = h.devices;
+  r.finished = finished_ok;
+  r.reason = reason;
+  r.seconds = double(now_ns() - p.start_ns) / 1e9;
+  fill_report(p.session.device_accounts(), p.session.counters(), &r);
+  for (const auto& [d, pause] : p.store->pauses()) {
+    r.per_device[d].pauses = pause.count;
+    r.per_device[d].paused = pause.now;
+    r.stalls += pause.count;
+  }
+  r.held_blocks = p.session.held_slots();
+  return r;
+}
+
 }  // namespace
 
 // The network thread's receiver: datagrams to sessions, their timers and ends, and what they report.
@@ -231,29 +255,6 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
   }
 
   // ------------------------------------------------------------------ session ends
-
-  SessionReport report(const Peer& p, bool finished_ok, const std::string& reason) const {
-    SessionReport r;
-    const Hello& h = p.session.hello();
-    r.sender.name = h.name;
-    r.sender.peer = p.peer_address().str();
-    r.sender.protocol = std::string(p.session.protocol().name);
-    r.sender.transport = p.session.protocol().over_tcp ? Transport::kTcp : Transport::kUdp;
-    r.sender.blocks = h.ring;
-    r.sender.block_size = uint32_t(std::min<uint64_t>(h.max_message, UINT32_MAX));
-    r.sender.devices = h.devices;
-    r.finished = finished_ok;
-    r.reason = reason;
-    r.seconds = double(now_ns() - p.start_ns) / 1e9;
-    fill_report(p.session.device_accounts(), p.session.counters(), &r);
-    for (const auto& [d, pause] : p.store->pauses()) {
-      r.per_device[d].pauses = pause.count;
-      r.per_device[d].paused = pause.now;
-      r.stalls += pause.count;
-    }
-    r.held_blocks = p.session.held_slots();
-    return r;
-  }
 
   void send_fin_acks(Peer& p) {
     Finished f;
