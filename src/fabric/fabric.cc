@@ -1,5 +1,6 @@
 #include "fabric/fabric.h"
 
+#include "fabric/cm.h"
 #include "fabric/internal.h"
 #include "fabric/soft_rma.h"
 
@@ -46,6 +47,9 @@ void UcxDestroy::operator()(ucp_rkey* h) const { ucp_rkey_destroy(h); }
 namespace {
 using internal::from_ucs;
 
+// How long Endpoint::create waits for a connection through a peer's listener (cm.h).
+constexpr std::chrono::seconds kConnectTimeout{10};
+
 // The UCX transport list for a wire. "self" is always needed for loopback within a process.
 const char* tls_for(Transport t) { return t == Transport::kShm ? "posix,sysv,self" : "tcp,self"; }
 
@@ -72,6 +76,11 @@ Status configure_tcp(ucp_config_t* config) {
     // "TX_SEG_SIZE"); in a tcp context only the tcp transport has these two.
     if (getenv(("UCX_TCP_" + std::string(s.name)).c_str()) != nullptr) continue;
     SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_config_modify(config, s.name, s.value), s.name));
+  }
+  // Endpoints connect through the connection manager (cm.h); with one device per connection the
+  // manager's own exchange is the whole wire-up: no wire-up message that could be left queued.
+  if (getenv("UCX_CM_USE_ALL_DEVICES") == nullptr) {
+    SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_config_modify(config, "CM_USE_ALL_DEVICES", "n"), "CM_USE_ALL_DEVICES"));
   }
   return Status::ok();
 }
@@ -356,12 +365,11 @@ void Endpoint::on_error(void* arg, ucp_ep* /*ep*/, int status) {
   }
 }
 
-Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address, std::unique_ptr<Endpoint>* out) {
+Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address, const std::string& peer_host,
+                        std::unique_ptr<Endpoint>* out) {
   std::unique_ptr<Endpoint> ep(new Endpoint(worker));
   ucp_ep_params_t params{};
-  params.field_mask =
-      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  params.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   // Peer-failure handling makes UCX drop shared-memory transports for RMA (they have no peer
   // failure handler), so on shm we go without; a dead receiver is noticed through the control
   // socket instead (see Liveness). On tcp it turns a dead peer into an endpoint error.
@@ -369,8 +377,24 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
       worker.context().transport() == Transport::kTcp ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = [](void* arg, ucp_ep_h e, ucs_status_t st) { on_error(arg, e, st); };
   params.err_handler.arg = ep.get();
-  ucs_status_t st = ucp_ep_create(worker.handle(), &params, &ep->handle_);
-  if (st != UCS_OK) return from_ucs(st, "ucp_ep_create");
+  if (auto ports = decode_cm_address(remote_address)) {
+    SLOTSTREAM_RETURN_IF_ERROR(cm_connect(worker.handle(), peer_host, *ports, params, &ep->handle_));
+    // Operations issued while UCX still connects are queued and replayed, and UCX 1.13 does not
+    // keep their order against operations issued during the replay (a status read overtook the
+    // puts before it: duplicates and gaps). So nothing is issued before the connection stands:
+    // a flush completes once it does. The peer's worker must be progressed meanwhile.
+    const auto deadline = std::chrono::steady_clock::now() + kConnectTimeout;
+    Status st = ep->flush([&]() -> Status {
+      if (std::chrono::steady_clock::now() < deadline) return Status::ok();
+      return {Code::kConnectFailed, "the peer's worker did not accept the connection within " +
+                                        std::to_string(kConnectTimeout.count()) + " s"};
+    });
+    if (!st.is_ok()) return {st.code(), "connecting to " + peer_host + ": " + st.message()};
+  } else {
+    params.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+    SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_ep_create(worker.handle(), &params, &ep->handle_), "ucp_ep_create"));
+  }
   g_counters.endpoints.fetch_add(1, std::memory_order_relaxed);
   *out = std::move(ep);
   return Status::ok();
@@ -525,13 +549,19 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
   if (st != UCS_OK) return from_ucs(st, "ucp_worker_create");
   std::unique_ptr<Worker> w(new Worker(ctx, handle));
 
-  ucp_address_t* addr = nullptr;
-  size_t addr_len = 0;
-  st = ucp_worker_get_address(handle, &addr, &addr_len);
-  if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_address");
-  auto* bytes = reinterpret_cast<uint8_t*>(addr);
-  w->address_.assign(bytes, bytes + addr_len);
-  ucp_worker_release_address(handle, addr);
+  if (ctx.transport() == Transport::kTcp) {
+    // Peers connect through a listener (cm.h), never by worker address.
+    SLOTSTREAM_RETURN_IF_ERROR(CmListener::create(handle, &w->listener_));
+    w->address_ = encode_cm_address(w->listener_->ports());
+  } else {
+    ucp_address_t* addr = nullptr;
+    size_t addr_len = 0;
+    st = ucp_worker_get_address(handle, &addr, &addr_len);
+    if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_address");
+    auto* bytes = reinterpret_cast<uint8_t*>(addr);
+    w->address_.assign(bytes, bytes + addr_len);
+    ucp_worker_release_address(handle, addr);
+  }
 
   if (wakeup) {
     st = ucp_worker_get_efd(handle, &w->event_fd_);
@@ -546,14 +576,16 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
 Worker::Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}
 
 Worker::~Worker() {
-  soft_.reset();    // its handlers and replies use the worker
-  handle_.reset();  // before the AM handlers it may still point to
+  listener_.reset();  // closes the endpoints it accepted
+  soft_.reset();      // its handlers and replies use the worker
+  handle_.reset();    // before the AM handlers it may still point to
 }
 
 unsigned Worker::progress() {
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned n = ucp_worker_progress(handle());
   if (soft_) soft_->reap();
+  if (listener_) listener_->reap();
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   g_counters.progress_calls.fetch_add(1, std::memory_order_relaxed);
   g_counters.progress_ns.fetch_add(uint64_t(ns), std::memory_order_relaxed);

@@ -154,6 +154,7 @@ class RemoteKey {
 
 struct SoftOp;
 class SoftRma;
+class CmListener;
 
 // An outstanding non-blocking operation. Empty when the operation completed inside the call.
 // Dropping a pending one is allowed: UCX frees its request when it completes, and a get the
@@ -183,8 +184,11 @@ class Request {
 
 class Endpoint {
  public:
-  // Connects to a peer worker address obtained out of band.
-  static Status create(Worker& worker, std::span<const uint8_t> remote_address, std::unique_ptr<Endpoint>* out);
+  // Connects to a peer worker's address obtained out of band (Worker::address). `peer_host` is
+  // the numeric host the control connection reached the peer at: over tcp the address is the
+  // port of the peer worker's connection listener there (cm.h).
+  static Status create(Worker& worker, std::span<const uint8_t> remote_address, const std::string& peer_host,
+                       std::unique_ptr<Endpoint>* out);
   ~Endpoint();  // force-closes; flush first if data matters
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -284,6 +288,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   Context& context() const { return ctx_; }
+  // What a peer needs to connect to this worker (Endpoint::create): UCX's worker address, or over
+  // tcp the port of the worker's connection listener (cm.h). Opaque above the fabric.
   const std::vector<uint8_t>& address() const { return address_; }
 
   unsigned progress();
@@ -320,7 +326,8 @@ class Worker {
   ucp_worker* handle() const { return handle_.get(); }
   Context& ctx_;
   UcxHandle<ucp_worker> handle_;
-  std::unique_ptr<SoftRma> soft_;  // tcp: puts and gets carried by the fabric (soft_rma.h)
+  std::unique_ptr<SoftRma> soft_;         // tcp: puts and gets carried by the fabric (soft_rma.h)
+  std::unique_ptr<CmListener> listener_;  // tcp: peers connect through it (cm.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;

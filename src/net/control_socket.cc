@@ -194,6 +194,18 @@ Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uin
   return {Code::kProtocolError, "unexpected control message type " + std::to_string(int(f.type))};
 }
 
+Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body,
+                             const std::function<void()>& meanwhile) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    pollfd pfd{fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, 1) != 0) break;  // something to read (or an error for receive to report)
+    if (Clock::now() >= deadline) return {Code::kTimeout, "timed out waiting for the peer"};
+    meanwhile();
+  }
+  return expect(type, std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())), body);
+}
+
 Status ControlSocket::check_alive() {
   pollfd pfd{fd_, POLLIN, 0};
   int rc = ::poll(&pfd, 1, 0);
@@ -222,6 +234,17 @@ void ControlSocket::drain_and_close(Millis wait) {
   }
   ::close(fd_);
   fd_ = -1;
+}
+
+std::string ControlSocket::peer_host() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  char host[NI_MAXHOST] = "";
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+      getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  return host;
 }
 
 std::string ControlSocket::peer() const {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,10 +39,15 @@ class ControlSocket {
   Status receive(Millis timeout, wire::Frame* out);
   // Reads one frame that must be of `type` (a REFUSE is turned into its Status).
   Status expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body);
+  // expect(), calling `meanwhile` about every millisecond while no byte has come (a UCX worker
+  // that must be progressed for the peer to get on: its endpoint connects to ours).
+  Status expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body, const std::function<void()>& meanwhile);
   // Non-blocking: kPeerGone if the peer closed (or reset) the connection, ok if still open,
   // kInProgress if a frame is waiting to be read.
   Status check_alive();
   std::string peer() const;
+  // The peer's numeric host alone (no port, no brackets): where its other listeners are.
+  std::string peer_host() const;
   // Ends our side and discards what the peer still sends for up to `wait`, so that a reply
   // (REFUSE) is not destroyed by a reset when unread garbage is pending.
   void drain_and_close(Millis wait);

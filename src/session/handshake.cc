@@ -177,7 +177,13 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
 // The sender's half of the set-up (SETUP), then READY.
 std::optional<Refusal> ReceiverSession::connect() {
   std::vector<uint8_t> body;
-  if (Status st = control_->expect(wire::MsgType::kSetup, kHelloTimeout, &body); !st.is_ok()) {
+  // The sender connects its endpoint to our worker before it sends SETUP (fabric::Endpoint::create
+  // waits for the connection): a worker of this session's own is progressed meanwhile (the shared
+  // one has its progress thread).
+  auto progress = [this] {
+    if (own_worker_) own_worker_->progress();
+  };
+  if (Status st = control_->expect(wire::MsgType::kSetup, kHelloTimeout, &body, progress); !st.is_ok()) {
     return Refusal{st.code(), "no set-up from the sender: " + st.message()};
   }
   wire::Setup setup;
@@ -186,7 +192,8 @@ std::optional<Refusal> ReceiverSession::connect() {
     if (auto r = check_setup_proof(rx_options_.token, *my_nonce_, sender_nonce_, setup)) return r;
   }
   if (desc_->receiver_endpoint) {
-    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, &to_sender_); !st.is_ok()) {
+    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, control_->peer_host(), &to_sender_);
+        !st.is_ok()) {
       return Refusal{st.code(), "cannot reach the sender's memory: " + st.message()};
     }
   }

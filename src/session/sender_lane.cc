@@ -133,7 +133,8 @@ Status SenderLane::handshake(const wire::Hello& hello) {
   }
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kSetup, wire::encode(setup)));
   std::vector<uint8_t> body;
-  Status st = control_->expect(wire::MsgType::kReady, kHandshakeTimeout, &body);
+  // A receiver that reaches into our memory connects its endpoint to our worker before READY.
+  Status st = control_->expect(wire::MsgType::kReady, kHandshakeTimeout, &body, [this] { worker_->progress(); });
   if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
   return Status::ok();
 }
@@ -147,7 +148,8 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   // Always with a wake-up fd: a thread that waits for an operation's answer (a status read over
   // tcp is a round trip to the receiver's progress thread) sleeps until it comes (Request::wait).
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/true, &worker_));
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*worker_, accept.worker_address, &endpoint_));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_));
   const size_t local_size = size_t(options.blocks) * options.block_size;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(*context, local_size, &local_));
   ring_ = std::make_unique<stream::SendRing>(local_->data(), options.blocks, options.block_size);
