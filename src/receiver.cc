@@ -60,6 +60,7 @@ struct Receiver::Impl : session::SessionHost {
     std::set<uint16_t> devices;  // of every lane so far
     uint16_t live = 0;           // registered lanes not yet ended
     uint16_t ended = 0;
+    bool accepted = false;  // a lane completed its handshake: the sender is reported when it ends
     SessionReport report;
   };
   std::map<uint64_t, Group> groups;  // by an id of the receiver's own
@@ -87,6 +88,10 @@ struct Receiver::Impl : session::SessionHost {
   bool is_stopping() const override { return stopping.load(std::memory_order_acquire); }
   wire::CapacityInfo capacity() override;
   std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group) override;
+  void lane_accepted(uint64_t group) override {
+    std::lock_guard lock(mutex);
+    groups[group].accepted = true;
+  }
   void lane_ended(uint64_t group, const SessionReport& report) override;
   std::optional<std::string> reserve_memory(uint64_t bytes) override;
   void release_memory(uint64_t bytes) override;
@@ -250,7 +255,9 @@ void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
   // connecting its lanes never opens the rest).
   if (++g.ended < g.lanes && g.live > 0) return;
   SessionReport done = std::move(g.report);
+  const bool accepted = g.accepted;
   groups.erase(group);
+  if (!accepted) return;  // refused after registering: logged as refused, no ended session
   lock.unlock();
   if (options.on_session_end) options.on_session_end(done);
   lock.lock();

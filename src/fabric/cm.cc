@@ -52,8 +52,7 @@ std::optional<CmPorts> decode_cm_address(std::span<const uint8_t> address) {
                  static_cast<uint16_t>(address[6] | address[7] << 8)};
 }
 
-Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, ucp_ep_params_t params,
-                  ucp_ep_h* out) {
+Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, ucp_ep_params_t params, ucp_ep_h* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -101,7 +100,8 @@ Status CmListener::listen(int family, uint16_t* port) {
   params.sockaddr = {reinterpret_cast<const sockaddr*>(&any),
                      static_cast<socklen_t>(family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in))};
   ucp_listener_h listener = nullptr;
-  SLOTSTREAM_RETURN_IF_ERROR(internal::from_ucs(ucp_listener_create(worker_, &params, &listener), "ucp_listener_create"));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      internal::from_ucs(ucp_listener_create(worker_, &params, &listener), "ucp_listener_create"));
   listeners_.push_back(listener);
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;

@@ -68,7 +68,7 @@ class CmListener {
   ucp_worker_h worker_;
   std::vector<ucp_listener_h> listeners_;
   CmPorts ports_;
-  std::mutex mutex_;              // guards the lists (a shared worker's handlers and reap may race)
+  std::mutex mutex_;  // guards the lists (a shared worker's handlers and reap may race)
   std::vector<ucp_ep_h> accepted_;
   std::vector<ucp_ep_h> failed_;  // accepted endpoints whose peer left, to close
   std::vector<void*> closing_;    // their close requests

@@ -190,6 +190,8 @@ std::optional<Refusal> ReceiverSession::connect() {
   if (Status st = wire::decode(body, &setup); !st.is_ok()) return Refusal{st.code(), st.message()};
   if (my_nonce_) {
     if (auto r = check_setup_proof(rx_options_.token, *my_nonce_, sender_nonce_, setup)) return r;
+    // Both ends are authenticated: every frame from here on is signed (READY or REFUSE first).
+    control_->sign_frames(net::session_key(rx_options_.token, *my_nonce_, sender_nonce_), /*sender=*/false);
   }
   if (desc_->receiver_endpoint) {
     if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, control_->peer_host(), &to_sender_);

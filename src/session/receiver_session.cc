@@ -19,6 +19,25 @@ constexpr auto kBusyLogInterval = std::chrono::seconds(10);
 
 }  // namespace
 
+std::optional<std::string> check_fin(const wire::Fin& fin, const std::vector<uint16_t>& declared) {
+  for (const auto& [device, count] : fin.messages) {
+    if (std::find(declared.begin(), declared.end(), device) == declared.end()) {
+      return "FIN counts device " + std::to_string(device) + ", which this connection did not declare";
+    }
+  }
+  return std::nullopt;
+}
+
+uint64_t missing_messages(const wire::Fin& fin, const std::function<uint64_t(uint16_t)>& stored) {
+  uint64_t missing = 0;
+  for (const auto& [device, count] : fin.messages) {
+    const uint64_t got = stored(device);
+    const uint64_t gap = count > got ? count - got : 0;
+    missing = gap > UINT64_MAX - missing ? UINT64_MAX : missing + gap;
+  }
+  return missing;
+}
+
 ReceiverSession::ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control)
     : rx_(rx),
       rx_options_(rx.receiver_options()),
@@ -32,7 +51,9 @@ bool ReceiverSession::open() {
     refuse(*refusal);
     return false;
   }
-  return !capacity_only_;
+  if (capacity_only_) return false;
+  rx_.lane_accepted(group_);
+  return true;
 }
 
 void ReceiverSession::close() {
@@ -242,11 +263,8 @@ bool ReceiverSession::fin_complete(size_t consumed) {
   bool complete = desc_->reference || !delivery_->has_open_message();
   for (auto [d, n] : l.fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
   if (complete || (consumed == 0 && !l.stalled && !delivery_->any_paused() && Clock::now() > l.fin_deadline)) {
-    uint64_t missing = 0;
-    for (auto [d, n] : l.fin->messages) {
-      uint64_t got = delivery_->messages(d);
-      if (got < n && !desc_->reference) missing += n - got;
-    }
+    const uint64_t missing =
+        desc_->reference ? 0 : missing_messages(*l.fin, [this](uint16_t d) { return delivery_->messages(d); });
     delivery_->abort_partials();
     wire::FinAck ack;
     ack.ok = missing == 0;
@@ -279,7 +297,9 @@ void ReceiverSession::check_control(Clock::time_point now) {
     wire::Fin f;
     Status rs = control_->expect(wire::MsgType::kFin, Millis(1000), &body);
     if (rs.is_ok()) rs = wire::decode(body, &f);
+    if (auto why = rs.is_ok() ? check_fin(f, report_.sender.devices) : std::nullopt) rs = {Code::kProtocolError, *why};
     if (!rs.is_ok()) {
+      rx_.event("sender " + report_.sender.name + ": " + rs.message() + "; ending its session");
       lose_sender("bad control message: " + rs.message());
       return;
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +46,13 @@ inline Clock::duration idle_nap(Clock::duration idle) {
   return std::clamp<Clock::duration>(idle / 8, kMinIdleSleep, cap);
 }
 
+// A FIN may count only devices its connection declared: nullopt, or why not. Pure.
+std::optional<std::string> check_fin(const wire::Fin& fin, const std::vector<uint16_t>& declared);
+// Messages a FIN counts that were not stored: per device what it counts beyond `stored(device)`,
+// summed without wrapping (at most UINT64_MAX): counts that would wrap 2^64 can never add up to
+// "all stored". Pure.
+uint64_t missing_messages(const wire::Fin& fin, const std::function<uint64_t(uint16_t)>& stored);
+
 // UCX context + shared worker for one transport (shm or tcp), created when the first sender asks for it.
 struct TransportFabric {
   std::unique_ptr<fabric::Context> context;
@@ -63,7 +71,10 @@ class SessionHost {
   virtual wire::CapacityInfo capacity() = 0;
   // Takes the sender name for this connection's group (nullopt, *group set), or says why not.
   virtual std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group) = 0;
-  // A registered lane ended; reports the sender once all its lanes have.
+  // A registered lane completed its handshake (READY sent): its sender counts as accepted.
+  virtual void lane_accepted(uint64_t group) = 0;
+  // A registered lane ended; reports the sender once all its lanes have — if any was accepted (a
+  // sender refused after registering, e.g. for the memory budget, is no ended session).
   virtual void lane_ended(uint64_t group, const SessionReport& report) = 0;
   // Reserves `bytes` of the memory budget, or says why not.
   virtual std::optional<std::string> reserve_memory(uint64_t bytes) = 0;

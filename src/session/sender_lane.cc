@@ -132,6 +132,9 @@ Status SenderLane::handshake(const wire::Hello& hello) {
     setup.proof.assign(mac.begin(), mac.end());
   }
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kSetup, wire::encode(setup)));
+  // Authenticated both ways: the receiver's answer and every frame after it are signed.
+  if (receiver_nonce)
+    control_->sign_frames(net::session_key(options.token, *receiver_nonce, hello.nonce), /*sender=*/true);
   std::vector<uint8_t> body;
   // A receiver that reaches into our memory connects its endpoint to our worker before READY.
   Status st = control_->expect(wire::MsgType::kReady, kHandshakeTimeout, &body, [this] { worker_->progress(); });

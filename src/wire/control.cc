@@ -203,9 +203,10 @@ Status decode(std::span<const uint8_t> body, Fin* out) {
   Reader r(body);
   Fin m;
   uint16_t n = r.u16();
+  if (r.ok() && n > kMaxDevices) return malformed("fin: more devices than a connection may declare");
   for (uint16_t i = 0; i < n && r.ok(); ++i) {
     uint16_t dev = r.u16();
-    m.messages[dev] = r.u64();
+    if (!m.messages.emplace(dev, r.u64()).second) return malformed("fin: a device counted twice");
   }
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "fin"));
   *out = std::move(m);

@@ -1,6 +1,6 @@
 // Control messages exchanged over the out-of-band TCP socket. The socket carries connection
-// set-up, then stays open only as a liveness signal (EOF = the peer is gone) and for the final
-// FIN / FIN_ACK.
+// set-up, then stays open as a liveness signal (EOF = the peer is gone), for PAUSE and for the
+// final FIN / FIN_ACK.
 //
 // Frame:   u32 LE length (of type + body, 1..kMaxFrame) | u8 type | body
 // Session: sender -> HELLO
@@ -29,15 +29,25 @@
 // PAUSE:     u16 device | u8 paused (1: stop filling this device, 0: go on) — back-pressure for
 //            one device whose worker is behind; the others keep flowing
 // REFUSE:    u16 code | str16 message
-// FIN:       u16 n | n x (u16 device, u64 messages)
+// FIN:       u16 n | n x (u16 device, u64 messages)   (n <= kMaxDevices: one frame holds any FIN)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
 // CAPACITY_REQ: magic "SLST" | u16 version
 // CAPACITY:  u32 connected senders | u64 worker backlog bytes | u32 load (1-min load average per
 //            CPU, x1000) | u64 free bytes in /dev/shm
 //
+// Signed frames (with a token, both ends): from the receiver's answer to SETUP on (READY or
+// REFUSE, then PAUSE, FIN, FIN_ACK), every frame either way is
+//            u32 length | u8 type | body | u64 sequence | 32-byte MAC
+//   MAC = net::mac(session key, "frame s>r" or "frame r>s", {u8 type, u64 sequence, body})
+// (net/auth.h: the key is derived from the token and both handshake nonces, never sent). Each
+// direction counts its frames from 0; a frame whose MAC or sequence number is not the expected one
+// (forged, altered, replayed, reordered or reflected) ends the session. Without a token nothing is
+// signed: nothing could be.
+//
 // A receiver refuses any other control version rather than guessing (no silent forward
 // compatibility). Version 2 added protocol options, SETUP/READY and mutual authentication over
-// the whole handshake; the block header (wire/block_header.h) carries its own version.
+// the whole handshake; version 3 signed frames after the handshake. The block header
+// (wire/block_header.h) carries its own version.
 #pragma once
 
 #include <array>
@@ -54,10 +64,17 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
+// What a signed frame carries after its body: u64 sequence | MAC.
+inline constexpr size_t kFrameTrailer = 8 + kMacSize;
+// Devices one connection may declare (HELLO); its FIN lists at most as many, and that FIN, signed,
+// still fits one frame: the receiver can always be told the counts.
+inline constexpr uint32_t kMaxDevices = 4096;
+inline constexpr size_t kFinEntrySize = 2 + 8;
+static_assert(1 + 2 + kMaxDevices * kFinEntrySize + kFrameTrailer <= kMaxFrame, "a FIN of every device fits one frame");
 
 enum class MsgType : uint8_t {
   kHello = 1,

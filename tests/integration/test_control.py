@@ -11,7 +11,7 @@ from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
-VERSION = 2
+VERSION = 3
 MAX_FRAME = 65536
 
 
@@ -125,6 +125,7 @@ CASES = {
     "wrong_version": (hello(version=9), ["version"]),
     "version_zero": (hello(version=0), ["version"]),
     "version_one": (hello(version=1), ["version"]),  # the pre-2 layout is refused by its version, not misread
+    "version_two": (hello(version=2), ["version"]),  # unsigned frames after the handshake: refused
     "unknown_protocol_option": (hello(options=b"nope=1"), ["option"]),
     "malformed_protocol_options": (hello(options=b"budget"), ["option"]),
     "unknown_protocol": (hello(protocol=b"nope"), ["protocol"]),
@@ -397,3 +398,51 @@ def test_two_senders_with_one_name_and_group_are_not_merged(start_receiver, tmp_
     finally:
         first.close()
     still_serves(rx, tmp_path)
+
+
+# ------------------------------------------------------------------ FIN (issue 19, item 6)
+
+def connected_lane(addr, devices):
+    """A raw sender through HELLO, ACCEPT, SETUP and READY (status_byte: the receiver never reaches into the
+    sender, so an empty SETUP is enough); the socket stays open."""
+    s, t, body = open_lane(addr, name=b"counter", devices=devices)
+    assert t == ACCEPT, (t, body)
+    setup = struct.pack("<I", 0) + struct.pack("<I", 0) + bytes([0])
+    s.sendall(frame(SETUP, setup))
+    t, body, _ = recv_frame(s)
+    assert t == READY, (t, body)
+    return s
+
+
+def fin_ack_of(s):
+    s.settimeout(15)
+    t, body, _ = recv_frame(s)
+    assert t == FIN_ACK, (t, body)
+    ok, stored, mlen = struct.unpack("<BQH", body[:11])
+    return ok, stored, body[11:11 + mlen].decode()
+
+
+@pytest.mark.deadline(60)
+def test_a_fin_whose_counts_wrap_is_answered_missing_not_all_stored(start_receiver, tmp_path):
+    """Two devices counted 2^63 messages each: the sum wrapped to 0 and the receiver answered "all stored" having
+    stored nothing."""
+    rx = start_receiver(tmp_path / "out")
+    with connected_lane(rx.addr, (0, 1)) as s:
+        s.sendall(frame(FIN, struct.pack("<H", 2) + struct.pack("<HQ", 0, 1 << 63) + struct.pack("<HQ", 1, 1 << 63)))
+        ok, stored, message = fin_ack_of(s)
+    assert (ok, stored) == (0, 0), (ok, stored, message)
+    assert "did not arrive" in message, message
+    line = rx.stdout.wait_for(r"^sender counter ", 10)[1]
+    assert " lost: " in line, line
+
+
+@pytest.mark.deadline(60)
+def test_a_fin_that_counts_an_undeclared_device_ends_the_session(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    with connected_lane(rx.addr, (0,)) as s:
+        s.sendall(frame(FIN, struct.pack("<H", 1) + struct.pack("<HQ", 5, 1)))
+        data, closed = read_until_closed(s, 10)
+    assert closed and not any(t == FIN_ACK for t, _ in read_frames(data)), data
+    rx.stderr.wait_for(r"device 5, which this connection did not declare", 10)
+    still_serves(rx, tmp_path)
+

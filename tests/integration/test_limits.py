@@ -105,6 +105,23 @@ def test_the_budget_is_shared_by_every_connected_sender_and_returned_when_one_en
     assert_device(tmp_path / "out", "second", 0, files)
 
 
+@pytest.mark.deadline(60)
+def test_exit_after_senders_counts_accepted_senders_only(receiver, tmp_path):
+    """Issue 19: `--exit-after-senders 1` exited 0 after one refused hello (a sender over the memory budget is
+    registered before it is refused, and its end was counted)."""
+    rx = receiver("--out", tmp_path / "out", "--max-memory", "64K", "--exit-after-senders", 1)
+    files = make_files(tmp_path / "src", [3000], "x")
+    p = send_blocks(rx.addr, "toobig", 4, 1 << 20, "--file", f"0={files[0]}")
+    assert p.returncode == 1 and "memory" in p.stderr, f"{p.returncode}: {p.stderr}"
+    time.sleep(0.5)  # the receiver's main loop looks every 100 ms
+    assert rx.poll() is None, "the receiver exited after a refused sender"
+    assert not any(l.startswith("sender toobig ") for l in rx.stdout.lines), "a refused sender reported as ended"
+    p = send_blocks(rx.addr, "fits", 2, 4096, "--file", f"0={files[0]}")
+    assert p.returncode == 0, p.stderr
+    assert rx.wait(10) == 0
+    assert_device(tmp_path / "out", "fits", 0, files)
+
+
 def shm_used():
     usage = shutil.disk_usage("/dev/shm")
     return usage.used

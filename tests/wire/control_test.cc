@@ -51,7 +51,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 2);  // version, little-endian
+  EXPECT_EQ(b[4], 3);  // version, little-endian (3: signed frames after the handshake)
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);
@@ -192,6 +192,39 @@ TEST(Control, ARefuseIsAnErrorWhateverCodeThePeerWrote) {
   Refuse busy;
   ASSERT_TRUE(decode(encode(Refuse{Code::kBusy, "later"}), &busy).is_ok());
   EXPECT_EQ(busy.code, Code::kBusy);  // real error codes are kept
+}
+
+}  // namespace
+}  // namespace slotstream::wire
+
+namespace slotstream::wire {
+namespace {
+
+static_assert(kProtocolVersion == 3, "version 3: signed frames after an authenticated handshake");
+static_assert(kFrameTrailer == 40, "u64 sequence + HMAC-SHA256");
+
+// Issue 19: the receiver must always be told every device's count, so a FIN of the most devices a
+// connection may declare fits one frame (signed, too), and a FIN beyond that, or one that counts a
+// device twice, is refused rather than silently merged.
+TEST(Control, AFinOfEveryDeviceFitsOneSignedFrameAndNoMoreDevicesAreTaken) {
+  Fin all;
+  for (uint32_t d = 0; d < kMaxDevices; ++d) all.messages[uint16_t(d * 16)] = UINT64_MAX - d;
+  const auto body = encode(all);
+  EXPECT_LE(1 + body.size() + kFrameTrailer, kMaxFrame);
+  Fin back;
+  ASSERT_TRUE(decode(body, &back).is_ok());
+  EXPECT_EQ(back.messages, all.messages);
+
+  std::vector<uint8_t> too_many = {uint8_t((kMaxDevices + 1) & 0xff), uint8_t((kMaxDevices + 1) >> 8)};
+  for (uint32_t d = 0; d <= kMaxDevices; ++d) {
+    too_many.insert(too_many.end(), {uint8_t(d), uint8_t(d >> 8), 1, 0, 0, 0, 0, 0, 0, 0});
+  }
+  EXPECT_EQ(decode(too_many, &back).code(), Code::kProtocolError);
+
+  const std::vector<uint8_t> twice = {2, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 2, 0, 0, 0, 0, 0, 0, 0};
+  Status st = decode(twice, &back);
+  EXPECT_EQ(st.code(), Code::kProtocolError);
+  EXPECT_NE(st.message().find("twice"), std::string::npos) << st.message();
 }
 
 }  // namespace
