@@ -16,9 +16,13 @@
 #include <system_error>
 #include <thread>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "common.h"
 #include "fabric/fabric.h"
 #include "net/control_socket.h"
+#include "session/admission.h"
 #include "session/capacity.h"
 #include "session/receiver_session.h"
 #include "slotstream/slotstream.h"
@@ -32,9 +36,12 @@ using session::TransportFabric;
 
 namespace {
 
-// Connections served at once (handshakes included). Each costs a thread; beyond this a new
-// connection is refused at once instead of growing the process without bound.
-constexpr size_t kMaxConnections = 1024;
+// Threads for connections at once: the authenticated and unauthenticated budgets
+// (session/admission.h), and room for evicted connections whose threads are still ending. Beyond
+// this a new connection is closed at once instead of growing the process without bound.
+constexpr size_t kMaxSessionThreads = session::kMaxAuthenticated + 2 * session::kMaxUnauthenticated;
+// Evictions are logged together, at most this often (a flood would otherwise flood stderr too).
+constexpr auto kEvictionLogInterval = std::chrono::seconds(10);
 
 }  // namespace
 
@@ -74,19 +81,43 @@ struct Receiver::Impl : session::SessionHost {
   std::map<uint64_t, std::thread> sessions;
   std::vector<uint64_t> finished;
   uint64_t next_session = 0;
+  // Unauthenticated and authenticated connections (session/admission.h), by session id. To close an
+  // unauthenticated one for room, its socket is shut down through a duplicate of its descriptor
+  // (the session's own descriptor may be closed meanwhile; the duplicate keeps the socket).
+  session::Admission admission;
+  std::map<uint64_t, int> unauthenticated_fds;
+  std::set<uint64_t> evicted;  // closed for room: they end without a log line each
+  uint64_t evictions = 0;      // since the last log line
+  Clock::time_point next_eviction_log{};
   // Receiver memory (blocks) promised to senders now, against options.max_memory.
   uint64_t memory_in_use = 0;
 
   void accept_loop();
   void start_session(std::unique_ptr<net::ControlSocket> control);
+  void evict(uint64_t id);                      // with mutex held
+  void forget_unauthenticated_fd(uint64_t id);  // with mutex held
+  void connection_ended(uint64_t id);
   void reap_sessions();
-  void serve(std::unique_ptr<net::ControlSocket> control);
+  void serve(uint64_t id, std::unique_ptr<net::ControlSocket> control);
 
   // session::SessionHost: what each session uses of the receiver (receiver_session.h).
   const ReceiverOptions& receiver_options() const override { return options; }
   const std::string& receiver_host_id() const override { return my_host_id; }
   bool is_stopping() const override { return stopping.load(std::memory_order_acquire); }
   wire::CapacityInfo capacity() override;
+  void said_hello(uint64_t connection) override {
+    std::lock_guard lock(mutex);
+    admission.said_hello(connection);
+  }
+  std::optional<std::string> authenticated(uint64_t connection) override {
+    std::lock_guard lock(mutex);
+    forget_unauthenticated_fd(connection);
+    return admission.authenticate(connection);
+  }
+  bool evicted_for_room(uint64_t connection) override {
+    std::lock_guard lock(mutex);
+    return evicted.contains(connection);
+  }
   std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group) override;
   void lane_accepted(uint64_t group) override {
     std::lock_guard lock(mutex);
@@ -288,8 +319,8 @@ Status Receiver::Impl::transport_fabric(Transport transport, TransportFabric** o
 
 // A connection's own thread: the handshake, then the consumer loop here or on the round-robin
 // thread, then the session's end.
-void Receiver::Impl::serve(std::unique_ptr<net::ControlSocket> control) {
-  session::ReceiverSession s(*this, std::move(control));
+void Receiver::Impl::serve(uint64_t id, std::unique_ptr<net::ControlSocket> control) {
+  session::ReceiverSession s(*this, id, std::move(control));
   if (!s.open()) return;
   if (round_robin) {
     s.begin_consume();
@@ -317,26 +348,32 @@ void Receiver::Impl::accept_loop() {
   }
 }
 
+// A new connection: it starts unauthenticated (session/admission.h), possibly closing another
+// unauthenticated one for room, and gets a thread of its own.
 void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) {
+  const std::string source = control->peer_host();
   std::string refused;
   {
     std::lock_guard lock(mutex);
-    if (sessions.size() < kMaxConnections) {
+    if (sessions.size() < kMaxSessionThreads) {
       const uint64_t id = next_session++;
+      if (auto victim = admission.arrive(id, source)) evict(*victim);
+      unauthenticated_fds[id] = ::dup(control->fd());
       try {
         sessions.emplace(id, std::thread([this, id, c = std::move(control)]() mutable {
-                           serve(std::move(c));
-                           std::lock_guard done(mutex);
-                           finished.push_back(id);
+                           serve(id, std::move(c));
+                           connection_ended(id);
                          }));
         return;
       } catch (const std::system_error& e) {
         // Out of threads or memory: this connection is closed (the lambda owned it); every
         // stream already being served goes on.
+        admission.ended(id);
+        forget_unauthenticated_fd(id);
         refused = std::string("cannot start a thread for a new connection (") + e.what() + "); closed it";
       }
     } else {
-      refused = "refused a connection: " + std::to_string(kMaxConnections) + " connections are being served";
+      refused = "refused a connection: " + std::to_string(sessions.size()) + " connections are being served";
     }
   }
   if (control) {
@@ -344,6 +381,40 @@ void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) 
     (void)control->send(wire::MsgType::kRefuse, wire::encode(r));
   }
   event(refused);
+}
+
+// Closes an unauthenticated connection for room: its session's handshake read fails and it ends.
+void Receiver::Impl::evict(uint64_t id) {
+  if (auto it = unauthenticated_fds.find(id); it != unauthenticated_fds.end() && it->second >= 0) {
+    ::shutdown(it->second, SHUT_RDWR);
+  }
+  forget_unauthenticated_fd(id);
+  evicted.insert(id);
+  ++evictions;
+  const auto now = Clock::now();
+  if (now < next_eviction_log) return;
+  next_eviction_log = now + kEvictionLogInterval;
+  event("closed " + std::to_string(evictions) + " unauthenticated connection(s) to make room for new ones (at most " +
+        std::to_string(session::kMaxUnauthenticated) + " at once, " +
+        std::to_string(session::kMaxUnauthenticatedPerSource) +
+        " per address; senders that authenticate are not affected)");
+  evictions = 0;
+}
+
+void Receiver::Impl::forget_unauthenticated_fd(uint64_t id) {
+  if (auto it = unauthenticated_fds.find(id); it != unauthenticated_fds.end()) {
+    if (it->second >= 0) ::close(it->second);
+    unauthenticated_fds.erase(it);
+  }
+}
+
+// A connection's thread is done: it leaves the budgets and will be joined.
+void Receiver::Impl::connection_ended(uint64_t id) {
+  std::lock_guard lock(mutex);
+  admission.ended(id);
+  forget_unauthenticated_fd(id);
+  evicted.erase(id);
+  finished.push_back(id);
 }
 
 void Receiver::Impl::reap_sessions() {
@@ -396,6 +467,8 @@ void Receiver::stop() {
   std::map<uint64_t, std::thread> sessions;
   {
     std::lock_guard lock(im.mutex);
+    // Handshakes in progress end now rather than after their deadline.
+    for (const auto& [id, fd] : im.unauthenticated_fds) ::shutdown(fd, SHUT_RDWR);
     sessions.swap(im.sessions);
     im.finished.clear();
     im.ended_cv.notify_all();

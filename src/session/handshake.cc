@@ -73,12 +73,16 @@ std::optional<Refusal> ReceiverSession::handshake() {
   wire::Hello hello;
   if (auto r = read_hello(&hello)) return r;
   if (capacity_only_) return std::nullopt;
+  rx_.said_hello(connection_);
   HelloTerms terms;
   if (auto r = check_hello(hello, rx_options_.transport, rx_.receiver_host_id(), &terms)) return r;
   desc_ = terms.protocol;
   options_ = std::move(terms.options);
   transport_ = terms.transport;
   if (auto r = authenticate(hello)) return r;
+  // Authenticated (without a token: a hello the receiver accepts): out of the small budget of
+  // connections still in their handshake, into the authenticated one (session/admission.h).
+  if (auto why = rx_.authenticated(connection_)) return Refusal{Code::kBusy, *why};
   if (auto r = set_up(hello)) return r;
   return connect();
 }
@@ -210,7 +214,8 @@ std::optional<Refusal> ReceiverSession::connect() {
 void ReceiverSession::refuse(const Refusal& refusal) {
   std::string who =
       report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
-  rx_.event("refused sender " + who + ": " + refusal.message);
+  // A connection closed for room is logged with the others it was closed with (receiver.cc).
+  if (!rx_.evicted_for_room(connection_)) rx_.event("refused sender " + who + ": " + refusal.message);
   wire::Refuse r{refusal.code, refusal.message};
   (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
   control_->drain_and_close(net::Millis(200));

@@ -38,8 +38,9 @@ uint64_t missing_messages(const wire::Fin& fin, const std::function<uint64_t(uin
   return missing;
 }
 
-ReceiverSession::ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control)
+ReceiverSession::ReceiverSession(SessionHost& rx, uint64_t connection, std::unique_ptr<net::ControlSocket> control)
     : rx_(rx),
+      connection_(connection),
       rx_options_(rx.receiver_options()),
       control_(std::move(control)) {
   report_.sender.peer = control_->peer();

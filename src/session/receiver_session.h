@@ -69,6 +69,11 @@ class SessionHost {
   // The receiver is shutting down: every session ends.
   virtual bool is_stopping() const = 0;
   virtual wire::CapacityInfo capacity() = 0;
+  // Admission of this connection (session/admission.h): it sent a whole HELLO; it authenticated
+  // (nullopt: go on, else why it is refused); it was closed to make room for others.
+  virtual void said_hello(uint64_t connection) = 0;
+  virtual std::optional<std::string> authenticated(uint64_t connection) = 0;
+  virtual bool evicted_for_room(uint64_t connection) = 0;
   // Takes the sender name for this connection's group (nullopt, *group set), or says why not.
   virtual std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group) = 0;
   // A registered lane completed its handshake (READY sent): its sender counts as accepted.
@@ -91,7 +96,8 @@ class SessionHost {
 // receiver's round-robin thread while the own thread waits.
 class ReceiverSession {
  public:
-  ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control);
+  // `connection`: the receiver's id of this connection (SessionHost's admission calls).
+  ReceiverSession(SessionHost& rx, uint64_t connection, std::unique_ptr<net::ControlSocket> control);
 
   // The handshake. false: nothing more to do — the sender was refused (REFUSE sent, everything
   // released), or the connection only asked for capacity. true: call close() once the loop ended.
@@ -135,6 +141,7 @@ class ReceiverSession {
   void free_region();
 
   SessionHost& rx_;
+  const uint64_t connection_;
   const ReceiverOptions& rx_options_;
   std::unique_ptr<net::ControlSocket> control_;
   Clock::time_point opened_at_;

@@ -1,11 +1,15 @@
 """Resource bounds of the receiver under hostile or careless peers: a receiver serves tens of thousands of
 short connections with a flat footprint, and no sender gets more block memory than `recv --max-memory`
 allows — refused with a clear reason before anything is allocated."""
+import errno
 import os
 import re
+import resource
+import selectors
 import shutil
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -61,6 +65,76 @@ def test_tens_of_thousands_of_short_connections_leave_a_flat_footprint(start_rec
     files = make_files(tmp_path / "src", [70000], "after-churn")
     run_send(rx.addr, "--name", "after-churn", "--file", f"0={files[0]}")
     assert_device(tmp_path / "out", "after-churn", 0, files)
+
+
+class HalfOpenFlood:
+    """Keeps `count` connections to addr open that never send a byte, spread over the local `sources`, and reopens
+    each as soon as the receiver closes it (issue 19: 2,000 of them locked every real sender out)."""
+
+    def __init__(self, addr, sources, count):
+        host, port = addr.rsplit(":", 1)
+        self.target, self.sources, self.count = (host, int(port)), sources, count
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < count + 512:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
+        self.sel, self.stop, self.reopened = selectors.DefaultSelector(), threading.Event(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self, i):
+        s = socket.socket()
+        s.bind((self.sources[i % len(self.sources)], 0))
+        s.setblocking(False)
+        if s.connect_ex(self.target) not in (0, errno.EINPROGRESS):
+            s.close()
+            return
+        self.sel.register(s, selectors.EVENT_READ, i)
+
+    def _run(self):
+        for i in range(self.count):
+            self._open(i)
+        while not self.stop.is_set():
+            for key, _ in self.sel.select(0.05):
+                self.sel.unregister(key.fileobj)
+                key.fileobj.close()
+                self.reopened += 1
+                self._open(key.data)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("sources", [200, 1], ids=["from-200-addresses", "from-one-address"])
+def test_two_thousand_half_open_connections_do_not_lock_out_a_sender_with_the_token(start_receiver, tmp_path,
+                                                                                    sources):
+    """Issue 19, item 4: the 1,024-connection cap filled before authentication. Unauthenticated connections now
+    take turns in a budget of their own (128, 16 per address; src/session/admission.h)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    rx = start_receiver(tmp_path / "out", None, "--token-file", token)
+    files = make_files(tmp_path / "src", [20000], "t")
+    with HalfOpenFlood(rx.addr, [f"127.0.0.{2 + i}" for i in range(sources)], 2000) as flood:
+        wait_until(lambda: flood.reopened >= 500, 30, "the receiver to close flood connections")
+        for i in range(3):
+            p = run_send(rx.addr, "--name", f"real-{i}", "--token-file", token, "--file", f"0={files[0]}",
+                         check=False, timeout=60)
+            assert p.returncode == 0, f"a sender with the token was locked out (try {i}): {p.stderr}"
+        reopened = flood.reopened
+    for i in range(3):
+        assert_device(tmp_path / "out", f"real-{i}", 0, files)
+    threads = int(re.search(r"Threads:\s+(\d+)", open(f"/proc/{rx.pid}/status").read()).group(1))
+    print(f"flood connections closed by the receiver: {reopened}; receiver threads after: {threads}")
+    assert rx.poll() is None
+    # The log names the evictions once per 10 s rather than once per connection.
+    evictions = [l for l in rx.stderr.lines if "to make room" in l]
+    assert 1 <= len(evictions) <= 10, evictions[:3]
 
 
 def send_blocks(addr, name, blocks, block_size, *extra, timeout=30):
