@@ -395,9 +395,9 @@ void Receiver::Impl::evict(uint64_t id) {
   if (now < next_eviction_log) return;
   next_eviction_log = now + kEvictionLogInterval;
   event("closed " + std::to_string(evictions) + " unauthenticated connection(s) to make room for new ones (at most " +
-        std::to_string(session::kMaxUnauthenticated) + " at once, " +
-        std::to_string(session::kMaxUnauthenticatedPerSource) +
-        " per address; senders that authenticate are not affected)");
+        std::to_string(session::kMaxUnauthenticated) +
+        " handshakes at once, the address with the most losing its oldest; senders that authenticate are not "
+        "affected)");
   evictions = 0;
 }
 

@@ -4,26 +4,33 @@
 
 namespace slotstream::session {
 
-std::optional<uint64_t> Admission::victim(const std::string* from) const {
-  std::optional<uint64_t> oldest_with_hello;
-  for (const auto& [id, p] : pending_) {  // oldest first
-    if (from && p.source != *from) continue;
-    if (!p.said_hello) return id;
-    if (!oldest_with_hello) oldest_with_hello = id;
+std::optional<uint64_t> Admission::victim() const {
+  // The tier to take from: connections that have not said HELLO, if there are any.
+  const bool any_silent =
+      std::any_of(pending_.begin(), pending_.end(), [](const auto& kv) { return !kv.second.said_hello; });
+  std::map<std::string, size_t> per_source;
+  for (const auto& [id, p] : pending_) {
+    if (p.said_hello != any_silent) ++per_source[p.source];
   }
-  return oldest_with_hello;
+  // Of that tier, the address with the most connections; its oldest (ties: the oldest overall).
+  std::optional<uint64_t> out;
+  size_t most = 0;
+  for (const auto& [id, p] : pending_) {  // oldest first
+    if (p.said_hello == any_silent) continue;
+    if (const size_t n = per_source[p.source]; n > most) {
+      most = n;
+      out = id;
+    }
+  }
+  return out;
 }
 
 std::optional<uint64_t> Admission::arrive(uint64_t id, const std::string& source) {
-  const auto from_source = size_t(std::count_if(pending_.begin(), pending_.end(),
-                                                 [&](const auto& kv) { return kv.second.source == source; }));
   std::optional<uint64_t> evict;
-  if (from_source >= kMaxUnauthenticatedPerSource) {
-    evict = victim(&source);
-  } else if (pending_.size() >= kMaxUnauthenticated) {
-    evict = victim(nullptr);
+  if (pending_.size() >= kMaxUnauthenticated) {
+    evict = victim();
+    pending_.erase(*evict);
   }
-  if (evict) pending_.erase(*evict);
   pending_[id] = Pending{source};
   return evict;
 }

@@ -2,9 +2,9 @@
 // accept until its sender has proven the token (without a token: until its hello was accepted),
 // and those have a budget of their own, far smaller than the authenticated connections':
 //
-//   - at most kMaxUnauthenticated at once, and kMaxUnauthenticatedPerSource from one address;
-//   - a connection beyond either evicts an unauthenticated one (of its own address, for the
-//     per-address cap): one that has not sent a whole HELLO before one that has, the oldest first;
+//   - at most kMaxUnauthenticated at once; a connection beyond that evicts one of them: one that
+//     has not sent a whole HELLO before one that has, of the address that has the most of them
+//     (the per-address cap: whoever floods pays first), the oldest first;
 //   - at most kMaxAuthenticated authenticated connections; beyond that a sender is refused (busy).
 //
 // So connections that never authenticate — 2,000 half-open ones reopened as fast as they are
@@ -28,8 +28,6 @@ namespace slotstream::session {
 inline constexpr size_t kMaxAuthenticated = 1024;
 // Handshakes in progress: a real sender leaves this budget within a round trip or two.
 inline constexpr size_t kMaxUnauthenticated = 128;
-inline constexpr size_t kMaxUnauthenticatedPerSource = 16;
-static_assert(kMaxUnauthenticatedPerSource < kMaxUnauthenticated, "one address cannot take the whole budget");
 
 class Admission {
  public:
@@ -51,8 +49,8 @@ class Admission {
     std::string source;
     bool said_hello = false;
   };
-  // The unauthenticated connection to evict among those `from` (empty: every address).
-  std::optional<uint64_t> victim(const std::string* from) const;
+  // The unauthenticated connection to evict for room (see above).
+  std::optional<uint64_t> victim() const;
 
   std::map<uint64_t, Pending> pending_;  // by id: oldest first
   std::set<uint64_t> authenticated_;

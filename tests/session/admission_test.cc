@@ -34,20 +34,24 @@ TEST(Admission, HalfOpenConnectionsBeyondTheBudgetEvictTheOldestAndASenderThatAu
   EXPECT_EQ(a.authenticated(), 1u);
 }
 
-TEST(Admission, OneAddressCannotTakeMoreThanItsShare) {
+TEST(Admission, UnderPressureTheAddressWithTheMostConnectionsPays) {
   Admission a;
   uint64_t id = 0;
-  for (; id < 1000; ++id) {
-    const auto victim = a.arrive(id, "10.0.0.9");
-    if (id >= kMaxUnauthenticatedPerSource) {
-      ASSERT_TRUE(victim);
-      EXPECT_EQ(*victim, id - kMaxUnauthenticatedPerSource) << "its own oldest, nobody else's";
-    }
+  // Alone, one address may use the whole budget (a site behind one NAT address).
+  for (; id < kMaxUnauthenticated; ++id) EXPECT_FALSE(a.arrive(id, "10.0.0.9")) << id;
+  // Beyond it, every newcomer — from that address or any other — costs the flooding address its oldest.
+  for (uint64_t i = 0; i < 100; ++i, ++id) {
+    const auto victim = a.arrive(id, i % 2 ? "10.0.0.9" : "10.0.1." + std::to_string(i));
+    ASSERT_TRUE(victim);
+    EXPECT_LT(*victim, kMaxUnauthenticated + i) << "never one of the other addresses' connections";
   }
-  EXPECT_EQ(a.unauthenticated(), kMaxUnauthenticatedPerSource);
-  // Others still have the rest of the budget, untouched by that address.
-  for (uint64_t i = 0; i < kMaxUnauthenticated - kMaxUnauthenticatedPerSource; ++i, ++id) {
-    EXPECT_FALSE(a.arrive(id, "10.0.1." + std::to_string(i))) << i;
+  // A connection of another address survives as long as the flooding address has more.
+  const uint64_t other = id++;
+  a.arrive(other, "192.168.1.7");
+  for (int i = 0; i < 500; ++i, ++id) {
+    const auto victim = a.arrive(id, "10.0.0.9");
+    ASSERT_TRUE(victim);
+    EXPECT_NE(*victim, other);
   }
 }
 
@@ -82,11 +86,11 @@ TEST(Admission, AuthenticatedConnectionsAreCappedAndFreedWhenTheyEnd) {
 
 TEST(Admission, AnEvictedConnectionCannotAuthenticateAndItsEndChangesNothing) {
   Admission a;
-  for (uint64_t id = 0; id <= kMaxUnauthenticatedPerSource; ++id) a.arrive(id, "10.0.0.1");
+  for (uint64_t id = 0; id <= kMaxUnauthenticated; ++id) a.arrive(id, "10.0.0.1");
   // Connection 0 was evicted by the last arrival.
   EXPECT_TRUE(a.authenticate(0));
   a.ended(0);
-  EXPECT_EQ(a.unauthenticated(), kMaxUnauthenticatedPerSource);
+  EXPECT_EQ(a.unauthenticated(), kMaxUnauthenticated);
   EXPECT_EQ(a.authenticated(), 0u);
 }
 
