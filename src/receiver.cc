@@ -249,6 +249,12 @@ std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hell
   for (uint16_t d : hello.devices) {
     if (g.devices.contains(d)) return "device " + std::to_string(d) + " is already sent on another connection";
   }
+  // One connection declares at most wire::kMaxDevices; a sender of many lanes no more in all (each
+  // device costs delivery state and, once it carries data, metric series).
+  if (g.devices.size() + hello.devices.size() > wire::kMaxDevices) {
+    return "sender '" + hello.name + "' would have more than " + std::to_string(wire::kMaxDevices) +
+           " devices: a sender may declare at most that many over all its connections";
+  }
   g.lane_taken[hello.lane] = true;
   g.devices.insert(hello.devices.begin(), hello.devices.end());
   ++g.live;

@@ -50,6 +50,9 @@ using internal::from_ucs;
 // How long Endpoint::create waits for a connection through a peer's listener (cm.h).
 constexpr std::chrono::seconds kConnectTimeout{10};
 
+// UCX 1.13's default allocator list (UCX_ALLOC_PRIO) without its last entry, "heap".
+constexpr const char* kZeroFilledAllocators = "md:sysv,md:posix,huge,thp,md:*,mmap";
+
 // The UCX transport list for a wire. "self" is always needed for loopback within a process.
 const char* tls_for(Transport t) { return t == Transport::kShm ? "posix,sysv,self" : "tcp,self"; }
 
@@ -146,6 +149,13 @@ Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
   if (st != UCS_OK) return from_ucs(st, "ucp_config_read");
   // The user's UCX_TLS, if set, wins (that is how one runs on rc/dc/ud); otherwise we pick.
   if (getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", tls_for(transport));
+  // Regions UCX allocates (MemoryRegion::allocate) come from its allocators in this order, each of
+  // which hands out zero-filled pages that cost memory only once touched (SysV or POSIX shared
+  // memory, huge or transparent-huge or plain mmap) — UCX's default list ends with "heap"
+  // (malloc), which does neither: without it a region is zero without being cleared, and a
+  // sender's 1 GiB of blocks costs what it writes, not 1 GiB at once. A user's UCX_ALLOC_PRIO wins
+  // (the region is then cleared, see zero_filled_).
+  if (getenv("UCX_ALLOC_PRIO") == nullptr) ucp_config_modify(config, "ALLOC_PRIO", kZeroFilledAllocators);
   if (transport == Transport::kTcp) {
     if (Status cs = configure_tcp(config); !cs.is_ok()) {
       ucp_config_release(config);
@@ -163,6 +173,7 @@ Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
   ucp_config_release(config);
   if (st != UCS_OK) return from_ucs(st, "ucp_init");
   out->reset(new Context(handle, transport));
+  (*out)->zero_filled_ = getenv("UCX_ALLOC_PRIO") == nullptr;
   return Status::ok();
 }
 
@@ -201,7 +212,8 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
     ucp_mem_unmap(ctx.handle(), mem);
     return from_ucs(st, "ucp_mem_query");
   }
-  std::memset(attr.address, 0, length);
+  // Fresh pages are zero (Context::create); clearing them would commit every page at once.
+  if (!ctx.zero_filled_) std::memset(attr.address, 0, length);
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
   out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length));
   {

@@ -98,6 +98,7 @@ class Context {
   ucp_context* handle() const { return handle_.get(); }
   UcxHandle<ucp_context> handle_;
   Transport transport_;
+  bool zero_filled_ = false;  // UCX allocates only zero-filled pages (MemoryRegion::allocate)
   mutable std::mutex regions_mutex_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
   std::mutex parked_mutex_;

@@ -400,6 +400,19 @@ def test_two_senders_with_one_name_and_group_are_not_merged(start_receiver, tmp_
     still_serves(rx, tmp_path)
 
 
+@pytest.mark.deadline(60)
+def test_a_sender_of_many_lanes_declares_at_most_4096_devices_in_all(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    first, t, _ = open_lane(rx.addr, name=b"many", group=5, lane=0, lanes=2, devices=tuple(range(4096)))
+    assert t == ACCEPT
+    try:
+        s, t, body = open_lane(rx.addr, name=b"many", group=5, lane=1, lanes=2, devices=(5000,))
+        s.close()
+        assert t == REFUSE and "more than 4096 devices" in decode_refuse(body)[1], (t, body)
+    finally:
+        first.close()
+
+
 # ------------------------------------------------------------------ FIN (issue 19, item 6)
 
 def connected_lane(addr, devices):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import BIN, assert_device, make_files, run_send, wait_until
+from conftest import BIN, assert_device, make_files, run_send, send_argv, wait_until
 
 
 def footprint(pid):
@@ -195,6 +195,31 @@ def test_exit_after_senders_counts_accepted_senders_only(receiver, tmp_path):
     assert p.returncode == 0, p.stderr
     assert rx.wait(10) == 0
     assert_device(tmp_path / "out", "fits", 0, files)
+
+
+def rss_mib(pid):
+    """Resident memory of a process in MiB (anonymous, file and shared memory it has touched)."""
+    return int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{pid}/status").read()).group(1)) / 1024
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_gib_of_blocks_costs_what_is_written_not_a_gib_at_once(start_receiver, spawn, tmp_path, transport):
+    """Issue 19: a hello for 1 GiB of blocks committed 1.07 GB of the receiver's memory at once (the region was
+    cleared when allocated) and held it for the whole session; the sender's ring the same. Regions now come from
+    UCX's zero-filled allocators uncleared: memory is committed as blocks are written."""
+    rx = start_receiver(tmp_path / "out", transport)
+    base = rss_mib(rx.pid)
+    tx = spawn(send_argv(rx.addr, "--name", "gib", "--transport", transport, "--blocks", 256, "--block-size",
+                         4 << 20, "--synthetic", "0:5:64x64x1", "--duration", 3))
+    wait_until(lambda: (tmp_path / "out" / "gib" / "device-0").exists() or tx.poll() is not None, 20, "frames")
+    assert tx.poll() is None, tx.stderr.text
+    time.sleep(0.3)
+    grown, sender = rss_mib(rx.pid) - base, rss_mib(tx.pid)
+    print(f"{transport}: receiver RSS +{grown:.0f} MiB, sender RSS {sender:.0f} MiB for 1 GiB of blocks each")
+    assert grown < 256, f"the receiver committed {grown:.0f} MiB for a 1 GiB region of which a few KB were written"
+    assert sender < 400, f"the sender holds {sender:.0f} MiB for a 1 GiB ring of which a few KB were written"
+    assert tx.wait(30) == 0, tx.stderr.text
 
 
 def shm_used():
