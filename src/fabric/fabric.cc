@@ -1,5 +1,6 @@
 #include "fabric/fabric.h"
 
+#include "common.h"
 #include "fabric/cm.h"
 #include "fabric/internal.h"
 #include "fabric/soft_rma.h"
@@ -196,6 +197,14 @@ bool Context::registered(uint64_t address, uint64_t length) const {
 
 // ----------------------------------------------------------------------------- MemoryRegion
 Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
+  // Asked before UCX is: a region larger than the host (or container) can give would be written
+  // into shared memory until the machine runs out (UCX tries one allocator after another; its POSIX
+  // one writes the whole length first) — 24 GB of /dev/shm and OOM kills for a 100 GiB option.
+  if (const uint64_t available = available_memory(); length > available) {
+    return {Code::kInvalidArgument, "cannot allocate " + format_bytes(length) + ": only " + format_bytes(available) +
+                                        " of memory are available on this host (MemAvailable, or what a container's "
+                                        "limit leaves); ask for less"};
+  }
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = nullptr;

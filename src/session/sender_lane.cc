@@ -154,7 +154,9 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   SLOTSTREAM_RETURN_IF_ERROR(
       fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_));
   const size_t local_size = size_t(options.blocks) * options.block_size;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(*context, local_size, &local_));
+  if (Status st = fabric::MemoryRegion::allocate(*context, local_size, &local_); !st.is_ok()) {
+    return {st.code(), "the send blocks (--blocks x --block-size): " + st.message()};
+  }
   ring_ = std::make_unique<stream::SendRing>(local_->data(), options.blocks, options.block_size);
   if (desc.sender_wakeup) {
     // Idle, the sending thread sleeps where the peer's operations wake it (Descriptor).

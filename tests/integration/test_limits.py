@@ -222,6 +222,25 @@ def test_a_gib_of_blocks_costs_what_is_written_not_a_gib_at_once(start_receiver,
     assert tx.wait(30) == 0, tx.stderr.text
 
 
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("option", ["packed_ring:buffer=100G", "nic_assisted:buffer=100G", "nic_assisted:queue=65536"])
+def test_a_sender_size_option_beyond_the_host_memory_is_a_clear_error_before_anything_is_allocated(
+        start_receiver, tmp_path, option):
+    """Issue 19: `--protocol packed_ring:buffer=100G` was accepted and UCX wrote it into /dev/shm until the
+    machine ran out (24 GB left there, other processes OOM-killed). Every region is now checked against the
+    memory the host has before UCX is asked for it."""
+    rx = start_receiver(tmp_path / "out")
+    before = shm_used()
+    files = make_files(tmp_path / "src", [3000], "b")
+    t0 = time.monotonic()
+    p = send_blocks(rx.addr, "greedy", 4, 64 << 20, "--protocol", option, "--file", f"0={files[0]}")
+    assert p.returncode == 2, f"{option}: exit {p.returncode} (2: a usage error) {p.stderr}"
+    assert "available" in p.stderr and option.split(":")[1].split("=")[0] in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 20
+    assert shm_used() < before + (256 << 20), "shared memory grew"
+    assert rx.poll() is None
+
+
 def shm_used():
     usage = shutil.disk_usage("/dev/shm")
     return usage.used
