@@ -3,6 +3,7 @@
 #include "common.h"
 #include "fabric/cm.h"
 #include "fabric/internal.h"
+#include "fabric/shm_dir.h"
 #include "fabric/soft_rma.h"
 
 #include <poll.h>
@@ -157,6 +158,10 @@ Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
   // sender's 1 GiB of blocks costs what it writes, not 1 GiB at once. A user's UCX_ALLOC_PRIO wins
   // (the region is then cleared, see zero_filled_).
   if (getenv("UCX_ALLOC_PRIO") == nullptr) ucp_config_modify(config, "ALLOC_PRIO", kZeroFilledAllocators);
+  // POSIX shared-memory segments in a directory removed however this process ends (shm_dir.h).
+  if (const std::string& dir = posix_segment_dir(); transport == Transport::kShm && !dir.empty()) {
+    ucp_config_modify(config, "DIR", dir.c_str());  // UCX_POSIX_DIR, without its transport's prefix
+  }
   if (transport == Transport::kTcp) {
     if (Status cs = configure_tcp(config); !cs.is_ok()) {
       ucp_config_release(config);
