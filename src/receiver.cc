@@ -139,10 +139,13 @@ struct Receiver::Impl : session::SessionHost {
     if (options.on_event) options.on_event(text);
   }
 
-  // ReceiverOptions::round_robin: one consumer thread passes over every session in turn. A
-  // session's own thread hands it over after the handshake and waits for it to end.
+  // One consumer thread that passes over sessions in turn: every session after its handshake with
+  // ReceiverOptions::round_robin (its own thread waits for it to end), and otherwise the sessions
+  // whose own thread has parked while they are idle (ReceiverSession::consume): one thread that
+  // looks at 1,000 idle senders every 20 ms instead of 1,000 threads that each wake every 20 ms.
   class RoundRobin;
   std::unique_ptr<RoundRobin> round_robin;
+  std::unique_ptr<RoundRobin> idle_loop;
 };
 
 class Receiver::Impl::RoundRobin {
@@ -160,19 +163,23 @@ class Receiver::Impl::RoundRobin {
     thread_.join();
   }
 
-  // Runs `step` on the consumer thread until it returns false. Any thread; blocks until then.
-  void serve(const Step& step) {
-    Entry e{&step};
+  // Runs `step` on the consumer thread until it returns false — or, with `until_work`, until a
+  // pass did something. Any thread; blocks until then. Returns whether the session goes on.
+  bool serve(const Step& step, bool until_work = false) {
+    Entry e{&step, until_work};
     std::unique_lock lock(mutex_);
     entries_.push_back(&e);
     changed_.notify_all();
     changed_.wait(lock, [&] { return e.done; });
+    return e.goes_on;
   }
 
  private:
   struct Entry {
     const Step* step;
+    bool until_work = false;
     bool done = false;
+    bool goes_on = false;  // handed back because it worked (until_work), not because it ended
   };
 
   // The same idle policy as a session's own thread, over all sessions: a nap only when a whole
@@ -192,9 +199,10 @@ class Receiver::Impl::RoundRobin {
         bool worked = false;
         const bool go = (*e->step)(&worked);
         any = any || worked;
-        if (go) continue;
+        if (go && !(worked && e->until_work)) continue;
         std::lock_guard lock(mutex_);
         entries_.erase(std::find(entries_.begin(), entries_.end(), e));
+        e->goes_on = go;
         e->done = true;  // its thread may destroy it as soon as the lock is released
         changed_.notify_all();
       }
@@ -328,15 +336,16 @@ Status Receiver::Impl::transport_fabric(Transport transport, TransportFabric** o
 void Receiver::Impl::serve(uint64_t id, std::unique_ptr<net::ControlSocket> control) {
   session::ReceiverSession s(*this, id, std::move(control));
   if (!s.open()) return;
+  const RoundRobin::Step step = [&s](bool* worked) {
+    const bool go = s.step();
+    *worked = s.worked();
+    return go;
+  };
   if (round_robin) {
     s.begin_consume();
-    round_robin->serve([&s](bool* worked) {
-      const bool go = s.step();
-      *worked = s.worked();
-      return go;
-    });
+    round_robin->serve(step);
   } else {
-    s.consume();
+    s.consume([this, &step] { return idle_loop->serve(step, /*until_work=*/true); });
   }
   s.close();
 }
@@ -453,7 +462,11 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
     TransportFabric* tf = nullptr;
     SLOTSTREAM_RETURN_IF_ERROR(impl->transport_fabric(t, &tf));
   }
-  if (impl->options.round_robin) impl->round_robin = std::make_unique<Impl::RoundRobin>(impl->options);
+  if (impl->options.round_robin) {
+    impl->round_robin = std::make_unique<Impl::RoundRobin>(impl->options);
+  } else {
+    impl->idle_loop = std::make_unique<Impl::RoundRobin>(impl->options);
+  }
   std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
   Impl* im = rx->impl_.get();
   im->accept_thread = std::thread([im] { im->accept_loop(); });
@@ -481,6 +494,7 @@ void Receiver::stop() {
   }
   for (auto& [id, t] : sessions) t.join();
   im.round_robin.reset();  // every session it served has ended
+  im.idle_loop.reset();
   std::lock_guard lock(im.mutex);
   im.fabrics.clear();  // progress threads stop, workers and contexts are destroyed
 }

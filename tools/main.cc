@@ -78,7 +78,8 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                 "dgram_rc on TCP at the same port)")
       ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
       ->default_str("auto");
-  r->add_option("--token-file", recv->token_file, "require senders to prove they know this shared secret");
+  r->add_option("--token-file", recv->token_file,
+                "require senders to prove they know this shared secret (and sign every control message after it)");
   r->add_option("--max-memory", recv->max_memory,
                 "SIZE (e.g. 4G): most memory for all senders' blocks together; a sender that would pass it is "
                 "refused before anything is allocated (default: a quarter of this machine's or container's memory)");
@@ -127,7 +128,9 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--block-size", send->block_size,
                 "bytes per block incl. its 16-byte header (default 1 MiB: one 640x480x3 frame per block)")
       ->default_str(std::to_string(kDefaultBlockSize));
-  s->add_option("--token-file", send->token_file, "shared secret the receiver asks for");
+  s->add_option(
+      "--token-file", send->token_file,
+      "shared secret the receiver asks for (the receiver must prove it too; control messages are then signed)");
   s->add_flag("--json", send->json, "print one JSON summary object on stdout");
   s->add_option("--file", send->files, "D=PATH: the file is one message of device D (repeatable, in order)");
   s->add_option("--dir", send->dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");

@@ -1,6 +1,7 @@
 #include "fabric/cm.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -31,6 +32,38 @@ void reap_closing(std::vector<void*>* closing) {
     ucp_request_free(req);
     return true;
   });
+}
+
+// Whether `ss` (an IPv4 or IPv6 address, port ignored) is an address of an interface of this host.
+bool is_local_address(const sockaddr_storage& ss) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool local = false;
+  for (ifaddrs* i = list; i != nullptr && !local; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != ss.ss_family) continue;
+    if (ss.ss_family == AF_INET) {
+      local = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+              reinterpret_cast<const sockaddr_in&>(ss).sin_addr.s_addr;
+    } else {
+      local = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                          &reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr, sizeof(in6_addr)) == 0;
+    }
+  }
+  freeifaddrs(list);
+  return local;
+}
+
+// A peer on this very host is reached over loopback. UCX puts an endpoint's data on the device its
+// connection came over, found by the connection's local address; one of a device that is down (an
+// address the control connection still reached through the kernel's local routes) has no UCX
+// interface, and the connection would fail as unreachable.
+void prefer_loopback(sockaddr_storage* ss) {
+  if (!is_local_address(*ss)) return;
+  if (ss->ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(ss)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  } else {
+    reinterpret_cast<sockaddr_in6*>(ss)->sin6_addr = in6addr_loopback;
+  }
 }
 
 }  // namespace
@@ -75,6 +108,7 @@ Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, u
     std::memcpy(&ss, &v4, sizeof v4);
     len = sizeof v4;
   }
+  prefer_loopback(&ss);
   const uint16_t port = ss.ss_family == AF_INET6 ? ports.v6 : ports.v4;
   if (port == 0) return {Code::kConnectFailed, "the peer does not listen on " + host + "'s address family"};
   if (ss.ss_family == AF_INET6) {

@@ -16,6 +16,7 @@ constexpr Millis kFinGrace{1000};
 // After a sender died, let the progress thread apply what already arrived before the last drain.
 constexpr Millis kLostGrace{50};
 constexpr auto kBusyLogInterval = std::chrono::seconds(10);
+constexpr Millis kIdleCheck{100};
 
 }  // namespace
 
@@ -121,8 +122,28 @@ void ReceiverSession::fill_report(Clock::time_point start) {
 }
 
 void ReceiverSession::publish(Clock::time_point start) {
+  auto fingerprint = report_fingerprint();
+  if (fingerprint == loop_.published) return;
+  loop_.published = std::move(fingerprint);
   fill_report(start);
   rx_.publish(this, group_, report_);
+}
+
+std::vector<uint64_t> ReceiverSession::report_fingerprint() const {
+  const auto& c = delivery_->counters();
+  return {c.messages,
+          c.bytes,
+          c.gaps,
+          c.duplicates,
+          c.unknown_device,
+          c.out_of_window,
+          c.bad_headers,
+          c.broken_messages,
+          c.partial_discarded,
+          report_.stalls,
+          uint64_t(held_all_),
+          uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true)),
+          uint64_t(delivery_->any_paused())};
 }
 
 void ReceiverSession::apply_holds(Clock::time_point start) {
@@ -154,12 +175,15 @@ void ReceiverSession::begin_consume() {
 // receiver stalls a sender whose blocks are all full); once idle for kSpinIdle it sleeps, longer
 // the longer it has been idle (idle_nap) — so an idle receiver costs ~no CPU and a burst is picked
 // up within ~1 ms (20 ms after a long pause).
-void ReceiverSession::consume() {
+void ReceiverSession::consume(const std::function<bool()>& park) {
   begin_consume();
   while (step()) {
     if (rx_options_.busy_poll) continue;
     const auto now = loop_.now;
-    if (loop_.stalled && now < loop_.retry_at) {
+    if (can_park(now)) {
+      if (!park()) return;  // ended while parked
+      loop_.last_work = Clock::now();
+    } else if (loop_.stalled && now < loop_.retry_at) {
       std::this_thread::sleep_until(loop_.retry_at);
     } else if (now - loop_.last_work > kSpinIdle) {
       proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
@@ -167,6 +191,13 @@ void ReceiverSession::consume() {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
     }
   }
+}
+
+// Only a plainly idle session parks: one that waits on a timer of its own (a stall's retry, the
+// FIN's grace, a lost sender's drain, test holds) keeps its thread.
+bool ReceiverSession::can_park(Clock::time_point now) const {
+  const Loop& l = loop_;
+  return now - l.last_work > kParkAfter && !l.stalled && !l.fin && l.lost.empty() && rx_options_.holds.empty();
 }
 
 bool ReceiverSession::step() {
@@ -188,7 +219,9 @@ bool ReceiverSession::step() {
   l.worked = consumed > 0 || progressed;
   if (l.worked) l.last_work = now;
   if (now >= l.next_check) {
-    l.next_check = now + Millis(1);
+    // Every ms while data flows; an idle sender's socket (a FIN, or its end) every kIdleCheck: with
+    // a thousand idle senders the poll(2) of every socket at every look was a fifth of the cost.
+    l.next_check = now + (now - l.last_work > kLongIdle ? kIdleCheck : Millis(1));
     check_control(now);
   }
   return true;

@@ -38,6 +38,9 @@ constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
 // the ≤ 1 ms naps.
 constexpr auto kLongIdle = std::chrono::milliseconds(100);
 constexpr auto kLongIdleSleep = std::chrono::milliseconds(20);
+// Idle this long, a session's own thread hands it to the receiver's idle loop (one thread for every
+// idle session, looking at each every kLongIdleSleep as the thread did) and sleeps until it has work.
+constexpr auto kParkAfter = kLongIdle;
 
 // How long a consumer idle for `idle` sleeps before it looks again: an eighth of the idle time,
 // at least kMinIdleSleep, at most kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle).
@@ -106,7 +109,10 @@ class ReceiverSession {
   // FIN answered, sender lost, or receiver stopping). One pass per step, so that one thread can
   // serve several sessions in turn (ReceiverOptions::round_robin); consume() is the thread per
   // sender with its idle policy.
-  void consume();
+  // `park`: called when the session has been idle for kParkAfter — it serves the session from
+  // elsewhere (the receiver's idle loop) until a pass does something (true: go on here) or the
+  // session ends (false); this thread meanwhile sleeps without waking.
+  void consume(const std::function<bool()>& park);
   void begin_consume();
   bool step();
   bool worked() const { return loop_.worked; }
@@ -136,8 +142,12 @@ class ReceiverSession {
   fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *fabric_->worker; }
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
+  bool can_park(Clock::time_point now) const;
   void fill_report(Clock::time_point start);
   void publish(Clock::time_point start);
+  // What the live report shows that can change (counters, stalls, holds, pauses): an unchanged
+  // one is not published again (idle sessions then cost no copying).
+  std::vector<uint64_t> report_fingerprint() const;
   void free_region();
 
   SessionHost& rx_;
@@ -178,7 +188,8 @@ class ReceiverSession {
     bool logged_stall = false;
     bool worked = false;  // the last pass consumed something or the protocol progressed
     std::string last_error;
-    std::string lost;  // why the sender is gone (set: drain after lost_at, then end)
+    std::string lost;                 // why the sender is gone (set: drain after lost_at, then end)
+    std::vector<uint64_t> published;  // report_fingerprint() of the last live report
   } loop_;
 };
 
