@@ -12,6 +12,7 @@
 #include "bench_peer.h"
 #include "commands.h"
 #include "dgram_cli.h"
+#include "platform_cli.h"
 
 using namespace slotstream;
 using namespace slotstream::tools;
@@ -104,6 +105,7 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   r->add_option("--metrics", recv->metrics, "serve Prometheus /metrics and /health on HOST:PORT");
   r->add_option("--metrics-prune-after", recv->metrics_prune_after,
                 "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
+  add_platform_recv(r, &recv->platform);
   r->add_option("--hold-block", recv->holds,
                 "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
                 "sender connects (testing and benchmarks)");
@@ -114,8 +116,13 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
 CLI::App* add_send(CLI::App& app, SendArgs* send) {
   auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
   s->add_option("--to", send->to,
-                "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used")
-      ->required();
+                "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used");
+  s->callback([send] {  // the pointer by value: this function has returned by then
+    if (send->to.empty() == send->platform.url.empty()) {
+      throw CLI::ValidationError("--to/--platform",
+                                 "give the receiver (--to) or the platform that chooses it (--platform)");
+    }
+  });
   s->add_option("--name", send->name, "sender name, the receiver's directory for this sender (default: host name)");
   s->add_option("--protocol", send->protocol, protocol_help())->default_str(kDefaultProtocol);
   s->add_option("--transport", send->transport,
@@ -142,6 +149,7 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--synthetic", send->synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
   s->add_option("--duration", send->duration, "seconds of synthetic frames");
+  add_platform_send(s, &send->platform);
   return s;
 }
 
@@ -235,6 +243,12 @@ int main(int argc, char** argv) {
   CLI::App* bps = nullptr;
   add_bench_peer(app, &brecv, &bsend, &bpr, &bps);
 
+  PlatformStatusArgs pstatus;
+  auto* ps = add_platform_status(app, &pstatus);
+
+  EdgeArgs edge;
+  auto* e = add_edge(app, &edge);
+
   DgramPeerArgs dpeer;
   auto* dp = add_dgram_peer(app, &dpeer);
 
@@ -254,11 +268,20 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUsage;
   }
+  if ((*r && recv.transport == "udp" && !recv.platform.url.empty()) ||
+      (*s && is_dgram_send(send) && !send.platform.url.empty())) {
+    print_error(*r ? "recv" : "send",
+                "--platform serves UCX transports (shm, tcp); the datagram transport is not on it");
+    return kExitUsage;
+  }
   if (*r) return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
   if (*s) {
     send.name_given = s->count("--name") > 0;
+    if (!send.platform.url.empty()) return run_platform_send(send);
     return is_dgram_send(send) ? run_dgram_send(send, dgram) : run_send(send);
   }
+  if (*ps) return run_platform_status(pstatus);
+  if (*e) return run_edge(edge);
   if (*dp) return run_dgram_peer(dp, dpeer);
   if (*v) return run_verify(verify_dir);
   if (*pl) return run_protocols(protocols_json);

@@ -339,13 +339,11 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
   return Status::ok();
 }
 
-namespace {
-
-// Everything `send` needs before connecting: the receiver (one, or the least loaded of a list),
-// the plan of what each device sends, the sender's name and options, the token. kExitOk, or the
-// exit code after printing what is wrong.
+// Everything `send` needs before connecting: the receiver (one, or the least loaded of a list;
+// none with --platform, which chooses), the plan of what each device sends, the sender's name and
+// options, the token. kExitOk, or the exit code after printing what is wrong.
 int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
-  if (Status st = choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
+  if (Status st = a.to.empty() ? Status::ok() : choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
     print_error("send", st.message());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
@@ -366,6 +364,8 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   }
   return kExitOk;
 }
+
+namespace {
 
 // Live progress on stderr, twice a second, when it is a terminal; a final newline on stop().
 class ProgressLine {

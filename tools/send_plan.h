@@ -82,6 +82,10 @@ class Fillers {
   std::vector<std::thread> threads_;
 };
 
+// send's options as SenderOptions (with --to: the receiver, or the least loaded of a list), and
+// the plan. kExitOk, or the exit code after printing what is wrong.
+int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt);
+
 double cpu_seconds();        // this process's user + system time
 std::string default_name();  // the sender name when --name is not given: the host name
 
