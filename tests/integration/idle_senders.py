@@ -45,6 +45,8 @@ def open_sender(addr, token, name, blocks=2, block_size=4096, transport=1, versi
     nonce = os.urandom(32)
     body = hello_body(name=name.encode(), blocks=blocks, block_size=block_size, transport=transport,
                       host=host_id(), nonce=nonce, version=version)
+    if version <= 2:  # before version 3's flags byte (just before the nonce): to measure older receivers
+        body = body[:-33] + body[-32:]
     s.sendall(frame(1, body))
     t, challenge, rest = recv_frame(s)
     assert t == CHALLENGE, f"expected CHALLENGE, got {t}"
