@@ -102,19 +102,24 @@ def test_a_forged_fin_ack_does_not_make_the_sender_report_success(start_receiver
         assert ("s>r", FIN) in proxy.seen
 
 
-@pytest.mark.deadline(60)
-def test_an_injected_pause_ends_the_session_instead_of_stalling_a_device(start_receiver, tmp_path):
-    rx, token = token_pair(start_receiver, tmp_path)
+def send_injecting(rx, token, name, frame_of):
+    """`send` through a proxy that, 0.2 s after READY, sends the sender the frame frame_of(proxy) returns."""
     proxy = FrameProxy(rx.addr, lambda *a: True)
 
     def inject():
         if proxy.ready.wait(20):
             time.sleep(0.2)
-            proxy.inject("r>s", PAUSE, struct.pack("<HB", 0, 1))
+            proxy.inject("r>s", *frame_of(proxy))
 
     threading.Thread(target=inject, daemon=True).start()
-    p = run_send(proxy.addr, "--name", "paused", "--token-file", token, "--synthetic", "0:25:32x32x1",
-                 "--duration", 2, check=False, timeout=30)
+    return run_send(proxy.addr, "--name", name, "--token-file", token, "--synthetic", "0:25:32x32x1",
+                    "--duration", 2, check=False, timeout=30)
+
+
+@pytest.mark.deadline(60)
+def test_an_injected_pause_ends_the_session_instead_of_stalling_a_device(start_receiver, tmp_path):
+    rx, token = token_pair(start_receiver, tmp_path)
+    p = send_injecting(rx, token, "paused", lambda proxy: (PAUSE, struct.pack("<HB", 0, 1)))
     assert p.returncode == 1, f"an injected PAUSE was obeyed or ignored: exit {p.returncode} {p.stderr}"
     assert "authentication" in p.stderr, p.stderr
     # The receiver sees its sender go and ends the session (its report says lost).
@@ -126,16 +131,7 @@ def test_an_injected_pause_ends_the_session_instead_of_stalling_a_device(start_r
 def test_a_replayed_frame_of_the_receiver_ends_the_session(start_receiver, tmp_path):
     """The receiver's own READY (signed, sequence 0) sent to the sender a second time mid-stream."""
     rx, token = token_pair(start_receiver, tmp_path)
-    proxy = FrameProxy(rx.addr, lambda *a: True)
-
-    def replay():
-        if proxy.ready.wait(20):
-            time.sleep(0.2)
-            proxy.inject("r>s", READY, proxy.ready_frame)
-
-    threading.Thread(target=replay, daemon=True).start()
-    p = run_send(proxy.addr, "--name", "replayed", "--token-file", token, "--synthetic", "0:25:32x32x1",
-                 "--duration", 2, check=False, timeout=30)
+    p = send_injecting(rx, token, "replayed", lambda proxy: (READY, proxy.ready_frame))
     assert p.returncode == 1, f"a replayed frame was accepted: exit {p.returncode} {p.stderr}"
     assert "replayed" in p.stderr, p.stderr
 
