@@ -154,18 +154,21 @@ Status CmListener::create(ucp_worker_h worker, std::unique_ptr<CmListener>* out)
   return Status::ok();
 }
 
+// UCX is never called with mutex_ held: UCX calls the handlers below with the worker's lock held,
+// and they take mutex_ (the opposite order could deadlock two threads of a shared worker).
 CmListener::~CmListener() {
   for (ucp_listener_h l : listeners_) ucp_listener_destroy(l);
+  std::vector<ucp_ep_h> open;
   std::vector<void*> closing;
   {
     std::lock_guard lock(mutex_);
-    for (ucp_ep_h ep : accepted_) {
-      if (void* req = close_ep(ep)) closing.push_back(req);
-    }
-    accepted_.clear();
+    open.swap(accepted_);
+    open.insert(open.end(), failed_.begin(), failed_.end());
     failed_.clear();
-    closing.insert(closing.end(), closing_.begin(), closing_.end());
-    closing_.clear();
+    closing.swap(closing_);
+  }
+  for (ucp_ep_h ep : open) {
+    if (void* req = close_ep(ep)) closing.push_back(req);
   }
   for (int i = 0; i < 100000 && !closing.empty(); ++i) {
     ucp_worker_progress(worker_);
@@ -208,13 +211,20 @@ void CmListener::on_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
 
 void CmListener::reap() {
   if (!any_failed_.load(std::memory_order_acquire)) return;
-  std::lock_guard lock(mutex_);
-  for (ucp_ep_h ep : failed_) {
-    if (void* req = close_ep(ep)) closing_.push_back(req);
+  std::vector<ucp_ep_h> failed;
+  std::vector<void*> closing;
+  {
+    std::lock_guard lock(mutex_);
+    failed.swap(failed_);
+    closing.swap(closing_);
   }
-  failed_.clear();
-  reap_closing(&closing_);
-  any_failed_.store(!closing_.empty(), std::memory_order_release);
+  for (ucp_ep_h ep : failed) {
+    if (void* req = close_ep(ep)) closing.push_back(req);
+  }
+  reap_closing(&closing);
+  std::lock_guard lock(mutex_);
+  closing_.insert(closing_.end(), closing.begin(), closing.end());
+  any_failed_.store(!closing_.empty() || !failed_.empty(), std::memory_order_release);
 }
 
 }  // namespace slotstream::fabric
