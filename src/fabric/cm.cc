@@ -163,7 +163,7 @@ CmListener::~CmListener() {
   {
     std::lock_guard lock(mutex_);
     open.swap(accepted_);
-    open.insert(open.end(), failed_.begin(), failed_.end());
+    for (const auto& f : failed_) open.push_back(f.first);
     failed_.clear();
     closing.swap(closing_);
   }
@@ -205,26 +205,36 @@ void CmListener::on_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto it = std::find(self->accepted_.begin(), self->accepted_.end(), ep);
   if (it == self->accepted_.end()) return;
   self->accepted_.erase(it);
-  self->failed_.push_back(ep);
+  self->failed_.emplace_back(ep, Clock::now());
   self->any_failed_.store(true, std::memory_order_release);
 }
 
 void CmListener::reap() {
   if (!any_failed_.load(std::memory_order_acquire)) return;
-  std::vector<ucp_ep_h> failed;
+  const auto now = Clock::now();
+  if (now.time_since_epoch().count() < next_due_.load(std::memory_order_relaxed)) return;
+  std::vector<ucp_ep_h> due;
   std::vector<void*> closing;
   {
     std::lock_guard lock(mutex_);
-    failed.swap(failed_);
+    std::erase_if(failed_, [&](const auto& f) {
+      if (now - f.second < kFailedLinger) return false;
+      due.push_back(f.first);
+      return true;
+    });
     closing.swap(closing_);
   }
-  for (ucp_ep_h ep : failed) {
+  for (ucp_ep_h ep : due) {
     if (void* req = close_ep(ep)) closing.push_back(req);
   }
   reap_closing(&closing);
   std::lock_guard lock(mutex_);
   closing_.insert(closing_.end(), closing.begin(), closing.end());
   any_failed_.store(!closing_.empty() || !failed_.empty(), std::memory_order_release);
+  // Look again when the oldest failed endpoint is due, or soon while closes are under way.
+  auto next = now + (closing_.empty() ? kFailedLinger : std::chrono::milliseconds(10));
+  for (const auto& f : failed_) next = std::min(next, f.second + kFailedLinger);
+  next_due_.store(next.time_since_epoch().count(), std::memory_order_relaxed);
 }
 
 }  // namespace slotstream::fabric

@@ -13,11 +13,14 @@
 //
 // A tcp worker's address (Worker::address) is then only the port of its listener: the peer
 // connects to it at the host its control connection reached (Endpoint::create's peer_host).
-// Endpoints the listener accepts belong to the worker; one whose peer left is closed at the next
-// progress.
+// Endpoints the listener accepts belong to the worker. One whose peer left stays open (failed:
+// sending on it returns an error) for kFailedLinger and is closed after that, or with the worker:
+// a protocol may still answer on it (a ReplyEp kept from a notification, sliding_window's and the
+// rings' ACKs) until its session has noticed the loss, and a closed endpoint is freed memory.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -55,8 +58,12 @@ class CmListener {
   CmListener& operator=(const CmListener&) = delete;
 
   CmPorts ports() const { return ports_; }
-  // Closes accepted endpoints whose peer left (cheap when none did).
+  // Closes accepted endpoints whose peer left kFailedLinger ago or more (cheap when none did).
   void reap();
+
+  // Far longer than a session takes to notice its sender is gone and end (the control socket's EOF,
+  // or its keepalive: net::kPeerTimeout, 11 s).
+  static constexpr std::chrono::seconds kFailedLinger{60};
 
  private:
   explicit CmListener(ucp_worker_h worker) : worker_(worker) {}
@@ -70,9 +77,11 @@ class CmListener {
   CmPorts ports_;
   std::mutex mutex_;  // guards the lists (a shared worker's handlers and reap may race)
   std::vector<ucp_ep_h> accepted_;
-  std::vector<ucp_ep_h> failed_;  // accepted endpoints whose peer left, to close
-  std::vector<void*> closing_;    // their close requests
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::pair<ucp_ep_h, Clock::time_point>> failed_;  // accepted, peer left (when), to close
+  std::vector<void*> closing_;                                  // their close requests
   std::atomic<bool> any_failed_{false};
+  std::atomic<Clock::rep> next_due_{0};  // when reap() next has something to close
 };
 
 }  // namespace slotstream::fabric

@@ -93,7 +93,7 @@ def batch(binary, rx, transport, protocol, kills, max_delay, rng):
         time.sleep(0.02)
         if not rx.alive():
             problems.append(f"{protocol}/{transport}: the receiver died (exit {rx.proc.returncode}) after "
-                            f"kill {k} at {delay * 1000:.0f} ms: " + " | ".join(rx.errors[-6:]))
+                            f"kill {k} at {delay * 1000:.0f} ms:\n" + "\n".join(rx.errors[-40:]))
             break
         survived += 1
     try:
