@@ -57,6 +57,24 @@ Status validate(const SenderOptions& o, const protocol::Descriptor** desc, proto
   return protocol::check_options(**desc, *proto_options);
 }
 
+// Whether this sender offers rdma (auto), or can use it at all (rdma): a usable device, and a
+// locked-memory limit that covers the send blocks. Asked of UCX before anything connects, so that
+// `--transport rdma` on a host without a device fails at once with what to do.
+Status check_rdma(const SenderOptions& o, bool* offer) {
+  *offer = false;
+  if (o.transport != Transport::kAuto && o.transport != Transport::kRdma) return Status::ok();
+  const fabric::FabricSpec spec{Transport::kRdma, o.rdma.transport.value_or(RdmaTransport::kRc), o.rdma.device};
+  const fabric::RdmaReport& report = fabric::host_rdma(spec);
+  Status st = report.usable ? fabric::check_memlock(spec, uint64_t(o.blocks) * o.block_size, "the send blocks")
+                            : Status{Code::kInvalidArgument, report.why};
+  if (st.is_ok()) {
+    *offer = true;
+    return st;
+  }
+  if (o.transport == Transport::kAuto) return Status::ok();  // not offered: the receiver picks another
+  return {Code::kInvalidArgument, "transport rdma: " + st.message() + "; use --transport tcp (or auto)"};
+}
+
 }  // namespace
 
 struct Sender::Impl : session::LaneOwner {
@@ -64,6 +82,10 @@ struct Sender::Impl : session::LaneOwner {
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
   Transport transport = Transport::kShm;
+  uint8_t offer_bits = 0;     // what the HELLO offers (less after a failed set-up)
+  std::string tried;          // transports whose set-up failed here, and why
+  std::string accept_reason;  // the receiver's, for transport()
+  std::string transport_reason;
   std::unique_ptr<fabric::Context> context;  // shared by the lanes
   std::vector<std::unique_ptr<SenderLane>> lanes;
   std::map<uint16_t, SenderLane*> lane_of;
@@ -94,15 +116,36 @@ struct Sender::Impl : session::LaneOwner {
   const SenderOptions& sender_options() const override { return options; }
   const protocol::Descriptor& descriptor() const override { return *desc; }
   const protocol::Options& protocol_options() const override { return proto_options; }
-  Status shared_context(Transport t, fabric::Context** out) override {
+  Status shared_context(const wire::Accept& accept, fabric::Context** out) override {
+    const Transport t = accept.transport;
     if (!context) {
       transport = t;
-      SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(t, &context));
+      const fabric::FabricSpec spec{t, accept.rdma_transport.value_or(RdmaTransport::kRc),
+                                    t == Transport::kRdma ? options.rdma.device : ""};
+      SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(spec, &context));
+      for (const std::string& line : context->ucx_overrides()) transport_reason += "; " + line;
     } else if (t != transport) {
       return {Code::kProtocolError, "receiver chose different transports for one sender's connections"};
     }
     *out = context.get();
     return Status::ok();
+  }
+  uint8_t offers() const override { return offer_bits; }
+  void accepted(const wire::Accept& accept) override {
+    if (!lanes.empty()) return;  // the first connection's says it
+    transport_reason =
+        tried + transport_name(accept.transport) +
+        (accept.rdma_transport ? std::string(" (") + rdma_transport_name(*accept.rdma_transport) + ")" : "") + ": " +
+        accept.reason;
+  }
+  // Only an auto sender's first connection falls back: later lanes must follow the first.
+  bool set_up_failed(Transport t, const Status& st) override {
+    const uint8_t bit = t == Transport::kShm ? wire::kOfferShm : t == Transport::kRdma ? wire::kOfferRdma : 0;
+    if (options.transport != Transport::kAuto || !lanes.empty() || (offer_bits & bit) == 0) return false;
+    offer_bits &= uint8_t(~bit);
+    tried += std::string(transport_name(t)) + " failed (" + st.message() + "), then ";
+    context.reset();  // made for the failed transport; the lane has released its worker
+    return true;
   }
   bool failed() const override { return failed_flag.load(std::memory_order_acquire); }
   uint64_t messages_sent(uint16_t device) override { return messages[device].load(); }
@@ -162,11 +205,15 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
   SLOTSTREAM_RETURN_IF_ERROR(validate(options, &desc, &proto_options));
+  bool offer_rdma = false;
+  SLOTSTREAM_RETURN_IF_ERROR(check_rdma(options, &offer_rdma));
   std::unique_ptr<Sender> sender(new Sender(std::make_unique<Impl>()));
   Impl& im = *sender->impl_;
   im.options = options;
   im.desc = desc;
   im.proto_options = proto_options;
+  const bool shm = options.transport == Transport::kAuto || options.transport == Transport::kShm;
+  im.offer_bits = uint8_t((shm ? wire::kOfferShm : 0) | (offer_rdma ? wire::kOfferRdma : 0));
 
   // Group the devices into lanes (connections).
   std::vector<std::vector<uint16_t>> groups;
@@ -185,7 +232,9 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   hello.blocks = options.blocks;
   hello.block_size = options.block_size;
   hello.transport = options.transport;
+  hello.rdma_transport = options.rdma.transport;
   hello.host_id = host_id();
+  hello.shm_domain = shm_domain();
   hello.name = options.name;
   hello.group = group_id;
   hello.lanes = static_cast<uint16_t>(groups.size());
@@ -253,6 +302,7 @@ SenderStats Sender::stats() const {
 }
 
 Transport Sender::transport() const { return impl_->transport; }
+const std::string& Sender::transport_reason() const { return impl_->transport_reason; }
 uint32_t Sender::blocks() const { return impl_->options.blocks; }
 uint32_t Sender::block_size() const { return impl_->options.block_size; }
 

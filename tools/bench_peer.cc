@@ -62,6 +62,7 @@ json resources_json(uint64_t connections) {
           {"progress_calls", c.progress_calls},
           {"progress_useful", c.progress_useful},
           {"progress_seconds", c.progress_ns / 1e9},
+          {"setup_progress_calls", c.setup_progress_calls},
           {"connections", connections}};
 }
 
@@ -397,6 +398,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
     return recv_tcp_socket(*listener, a);
   }
   opt.transport = *parse_transport(a.transport);
+  opt.rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt.busy_poll = a.busy_poll;
   if (a.trace) stream::enable_trace(a.trace);
   opt.round_robin = a.round_robin;
@@ -450,7 +452,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
     print_error("bench-peer", st.to_string());
-    return kExitError;
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   print_json_line("listening on " + rx->listen_address());
   rx->wait_sessions(a.sessions);
@@ -482,6 +484,7 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.name = a.name;
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
+  opt.rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt.blocks = a.blocks;
   opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + wire::kBlockHeaderSize);
   opt.allow_reference = true;

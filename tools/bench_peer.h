@@ -10,6 +10,8 @@ namespace slotstream::tools {
 struct BenchRecvArgs {
   std::string listen;
   std::string transport = "auto";
+  std::string rdma_transport;
+  std::string rdma_device;
   bool busy_poll = false;
   std::vector<std::string> holds;
   uint64_t sessions = 1;
@@ -26,6 +28,8 @@ struct BenchSendArgs {
   std::string to;
   std::string name = "bench";  // distinct names let several senders share one receiver (fan-in)
   std::string transport = "auto";
+  std::string rdma_transport;
+  std::string rdma_device;
   std::string protocol = "status_byte";
   uint32_t blocks = 3;
   uint64_t size = 0;

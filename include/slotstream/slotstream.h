@@ -4,7 +4,12 @@
 //   Sender: connect -> device(D) per filler thread -> send()/send_with() -> finish()
 //   Receiver: start(options with a sink factory) -> ... -> stop()/wait()
 //
-// Everything here is independent of the UCX transport underneath (shm, tcp, rc/dc/ud).
+// The protocol code is the same on every transport: shm (UCX's posix/sysv shared memory, one host),
+// tcp (between hosts without RDMA NICs: the library carries puts and gets itself, so the receiver's
+// CPU places every block), and rdma (UCX's rc, dc or ud on InfiniBand/RoCE NICs: rc and dc are
+// one-sided in the NIC, so by design the receiver's CPU takes no part; ud keeps its reliability in
+// software and needs the receiver's progress). docs/rdma.md says what of rdma is tested without a
+// NIC and what only scripts/rdma-check.sh checks on hardware.
 #pragma once
 
 #include <cstddef>
@@ -22,9 +27,47 @@
 
 namespace slotstream {
 
-enum class Transport { kAuto, kShm, kTcp };
-std::optional<Transport> parse_transport(std::string_view text);
+// kAuto: shm when both ends share a host and its shared memory, else rdma when both ends have a
+// usable RDMA device, else tcp (the receiver decides from the HELLO and says why).
+enum class Transport { kAuto, kShm, kTcp, kRdma };
+std::optional<Transport> parse_transport(std::string_view text);  // "auto", "shm", "tcp", "rdma"
 const char* transport_name(Transport t);
+
+// Which of UCX's RDMA transports `rdma` uses: rc (reliable connection, the default: rc_mlx5 or
+// rc_verbs), dc (dynamically connected, ConnectX only: dc_mlx5) or ud (unreliable datagram with
+// UCX's software reliability: ud_mlx5 or ud_verbs; RMA is emulated, the receiver must progress).
+enum class RdmaTransport { kRc, kDc, kUd };
+std::optional<RdmaTransport> parse_rdma_transport(std::string_view text);  // "rc", "dc", "ud"
+const char* rdma_transport_name(RdmaTransport t);
+
+// Where and how `rdma` runs. A user's UCX_TLS / UCX_NET_DEVICES in the environment win over these
+// (and are reported).
+struct RdmaOptions {
+  // Receiver: which RDMA transport it serves (unset: rc). Sender: unset follows the receiver; set,
+  // a receiver that serves another one refuses it.
+  std::optional<RdmaTransport> transport;
+  // UCX's device name NAME:PORT (e.g. mlx5_0:1: UCX_NET_DEVICES); empty: any device UCX finds.
+  std::string device;
+};
+
+// What this host offers (`slotstream transports`): each transport, whether it can be used, why
+// not; for rdma every device port, from UCX (its components' memory domains and transport
+// resources) and, where UCX does not say, /sys/class/infiniband.
+struct RdmaPort {
+  std::string name;                         // UCX's device name, "mlx5_0:1"
+  std::string state;                        // "ACTIVE", "DOWN", ... ("" when unknown)
+  std::string link_layer;                   // "InfiniBand", "Ethernet" (RoCE), ... ("" when unknown)
+  std::vector<std::string> ucx_transports;  // what UCX offers on it: rc_mlx5, dc_mlx5, ud_verbs, ...
+};
+struct TransportInfo {
+  std::string name;  // shm, tcp, rdma, udp
+  bool available = false;
+  std::string why;  // what it is and why (not) available
+  std::vector<RdmaPort> ports;
+};
+// Queries UCX (and sysfs) each call; takes milliseconds. `rdma` selects the device and RDMA
+// transport that rdma's availability is judged for.
+std::vector<TransportInfo> host_transports(const RdmaOptions& rdma = {});
 
 // Defaults chosen for the paper's workload (12 cameras of 640x480x3 = 921,600-byte frames at
 // 25 fps): one frame fits one block with its header, and 32 blocks keep more than two frames per
@@ -60,6 +103,10 @@ struct ProtocolInfo {
   bool receiver_progress = false;      // the receiver's CPU takes part in every transfer
   bool receiver_endpoint = false;      // the receiver reaches into the sender's memory (gets, writes)
   bool sender_wakeup = false;          // the idle sending thread sleeps on its worker's wake-up fd
+  // Whether the receiver's CPU takes part in transfers on each transport (the protocol's own
+  // receiver_progress, or a transport whose RMA needs the target's progress: tcp, rdma over ud):
+  // keys "shm", "tcp", "rdma:rc", "rdma:dc", "rdma:ud". False everywhere for a passive receiver.
+  std::map<std::string, bool> receiver_progress_on;
 };
 // Every protocol; references (benchmark ceilings) only when asked.
 std::vector<ProtocolInfo> protocols(bool with_references = false);
@@ -72,6 +119,7 @@ struct SenderOptions {
   std::string name;                         // see invalid_sender_name()
   std::string protocol = kDefaultProtocol;  // NAME or NAME:key=value,... (e.g. "carc:budget=2M")
   Transport transport = Transport::kAuto;
+  RdmaOptions rdma;  // for transport rdma, and for auto (whether this end offers rdma)
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;
   std::string token;              // empty: no authentication
@@ -146,6 +194,9 @@ class Sender {
   Status finish();
   SenderStats stats() const;
   Transport transport() const;
+  // Why the receiver chose transport() (its ACCEPT), and what was tried before it (auto: a
+  // transport whose set-up failed on this side, e.g. "shm failed (...); then: tcp: ...").
+  const std::string& transport_reason() const;
   uint32_t blocks() const;
   uint32_t block_size() const;
   // With SenderOptions::confirm_stored: what the receiver has confirmed stored of `device` on this
@@ -251,6 +302,7 @@ struct ReceiverOptions {
   std::string host = "0.0.0.0";
   uint16_t port = 0;
   Transport transport = Transport::kAuto;  // which transports senders may use
+  RdmaOptions rdma;                        // rdma's device and RDMA transport (rc unless set)
   std::string token;                       // empty: no authentication
   // Creates the sink for a newly accepted sender.
   std::function<Status(const SenderInfo&, std::unique_ptr<MessageSink>*)> make_sink;

@@ -60,11 +60,23 @@ void PollBackoff::pause(fabric::Worker& worker) {
 namespace slotstream {
 
 std::vector<ProtocolInfo> protocols(bool with_references) {
+  // Every transport the fabric configures, for receiver_progress_on.
+  static const fabric::FabricSpec kSpecs[] = {{Transport::kShm},
+                                              {Transport::kTcp},
+                                              {Transport::kRdma, RdmaTransport::kRc},
+                                              {Transport::kRdma, RdmaTransport::kDc},
+                                              {Transport::kRdma, RdmaTransport::kUd}};
   std::vector<ProtocolInfo> out;
   for (const auto* d : protocol::all()) {
     if (d->reference && !with_references) continue;
-    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference, d->holds,
-                   d->connection_per_device, d->receiver_progress, d->receiver_endpoint, d->sender_wakeup});
+    ProtocolInfo info{
+        std::string(d->name),     std::string(d->summary), std::string(d->options_help), d->reference,    d->holds,
+        d->connection_per_device, d->receiver_progress,    d->receiver_endpoint,         d->sender_wakeup};
+    // The receiver takes part where the protocol needs it or the transport's RMA does.
+    for (const auto& spec : kSpecs) {
+      info.receiver_progress_on[fabric::spec_name(spec)] = d->receiver_progress || fabric::traits(spec).target_progress;
+    }
+    out.push_back(std::move(info));
   }
   return out;
 }

@@ -16,6 +16,8 @@ using net::Millis;
 namespace {
 constexpr Millis kHandshakeTimeout{10000};
 constexpr Millis kConnectTimeout{5000};
+// How long an rdma endpoint may take to connect before the receiver counts as unreachable.
+constexpr Millis kReachTimeout{3000};
 constexpr auto kLivenessInterval = Millis(1);
 // After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
 constexpr auto kLetGoTimeout = Millis(2000);
@@ -60,7 +62,6 @@ SenderLane::SenderLane(LaneOwner& owner, uint16_t index, std::vector<uint16_t> d
       devices_(std::move(devices)) {}
 
 Status SenderLane::connect(const std::string& host, uint16_t port, wire::Hello hello) {
-  SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(host, port, kConnectTimeout, &control_));
   hello.lane = index_;
   hello.devices = devices_;
   const SenderOptions& options = owner_.sender_options();
@@ -69,8 +70,28 @@ Status SenderLane::connect(const std::string& host, uint16_t port, wire::Hello h
     for (uint16_t d : devices_) hello.first.push_back(options.first_message.at(d));
   }
   if (options.confirm_stored) hello.flags |= wire::kHelloConfirm;
-  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&hello.nonce));
-  return handshake(hello);
+  for (;;) {
+    hello.offers = owner_.offers();
+    SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&hello.nonce));
+    std::optional<Transport> failed;
+    Status st = net::ControlSocket::connect(host, port, kConnectTimeout, &control_);
+    if (st.is_ok()) st = handshake(hello, &failed);
+    if (st.is_ok() || !failed) return st;
+    // Our half of the chosen transport could not be set up: an auto sender tries again without
+    // it (the receiver picks the next), saying why; otherwise that is the error.
+    reset();
+    if (!owner_.set_up_failed(*failed, st)) return st;
+  }
+}
+
+void SenderLane::reset() {
+  proto_.reset();
+  proto_fabric_.reset();
+  ring_.reset();
+  local_.reset();
+  endpoint_.reset();
+  worker_.reset();
+  control_.reset();
 }
 
 void SenderLane::start() {
@@ -89,7 +110,7 @@ void SenderLane::abort() {
 
 // HELLO, then CHALLENGE/AUTH when the receiver asks, ACCEPT (verified when we have a token),
 // our SETUP, READY (wire/control.h, net/auth.h).
-Status SenderLane::handshake(const wire::Hello& hello) {
+Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>* failed) {
   const SenderOptions& options = owner_.sender_options();
   const std::vector<uint8_t> hello_bytes = wire::encode(hello);
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kHello, hello_bytes));
@@ -128,7 +149,12 @@ Status SenderLane::handshake(const wire::Hello& hello) {
       return {Code::kAuthFailed, "authentication failed: the receiver's answer is not signed with the token"};
     }
   }
-  SLOTSTREAM_RETURN_IF_ERROR(setup_fabric(accept));
+  owner_.accepted(accept);
+  if (Status st = setup_fabric(accept); !st.is_ok()) {
+    *failed = accept.transport;
+    refuse_transport(accept.transport, st);
+    return st;
+  }
 
   wire::Setup setup;
   setup.worker_address = worker_->address();
@@ -142,24 +168,43 @@ Status SenderLane::handshake(const wire::Hello& hello) {
   if (receiver_nonce)
     control_->sign_frames(net::session_key(options.token, *receiver_nonce, hello.nonce), /*sender=*/true);
   std::vector<uint8_t> body;
-  // A receiver that reaches into our memory connects its endpoint to our worker before READY.
-  Status st = control_->expect(wire::MsgType::kReady, kHandshakeTimeout, &body, [this] { worker_->progress(); });
+  // A receiver that reaches into our memory may connect back to our worker now (rdma: wired up
+  // with our worker's help; tcp: through our listener, fabric/cm.h).
+  const fabric::TransportTraits t = worker_->context().traits();
+  fabric::Worker* helper = t.setup_progress || t.cm_connect ? worker_.get() : nullptr;
+  Status st = expect_progressing(*control_, wire::MsgType::kReady, kHandshakeTimeout, helper, &body);
   if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
   return Status::ok();
+}
+
+// Our half of the receiver's transport failed: REFUSE instead of SETUP tells the receiver why (it
+// frees what it set up for us), and it closes once it has released this connection's name and
+// lane — after that a new connection of ours is not mistaken for a second one.
+void SenderLane::refuse_transport(Transport transport, const Status& st) {
+  const std::string what = std::string("the sender could not set up transport ") + transport_name(transport);
+  (void)control_->send(wire::MsgType::kRefuse, wire::encode(wire::Refuse{st.code(), what + ": " + st.message()}));
+  wire::Frame ignored;
+  for (const auto until = Clock::now() + kHandshakeTimeout; Clock::now() < until;) {
+    if (control_->receive(Millis(100), &ignored).code() == Code::kPeerGone) break;
+  }
 }
 
 Status SenderLane::setup_fabric(const wire::Accept& accept) {
   const SenderOptions& options = owner_.sender_options();
   const protocol::Descriptor& desc = owner_.descriptor();
-  const Transport t = accept.transport;
   fabric::Context* context = nullptr;
-  SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(t, &context));
+  SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(accept, &context));
+  const size_t local_size = size_t(options.blocks) * options.block_size;
+  // Before anything is pinned: the NIC needs the locked-memory limit to cover the send blocks.
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::check_memlock(context->spec(), context->registered_bytes() + local_size,
+                                                   "the send blocks (--blocks x --block-size)"));
   // Always with a wake-up fd: a thread that waits for an operation's answer (a status read over
   // tcp is a round trip to the receiver's progress thread) sleeps until it comes (Request::wait).
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/true, &worker_));
-  SLOTSTREAM_RETURN_IF_ERROR(
-      fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_));
-  const size_t local_size = size_t(options.blocks) * options.block_size;
+  if (Status st = fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_);
+      !st.is_ok()) {
+    return unreachable(st);
+  }
   if (Status st = fabric::MemoryRegion::allocate(*context, local_size, &local_); !st.is_ok()) {
     return {st.code(), "the send blocks (--blocks x --block-size): " + st.message()};
   }
@@ -180,7 +225,34 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   ring_->set_claim_helper([this] { help_complete(); });
   proto_fabric_.reset(new protocol::SenderFabric{
       *context, *worker_, *endpoint_, {options.blocks, options.block_size}, [this] { return alive_st(); }});
-  return desc.make_sender(*proto_fabric_, accept.setup, owner_.protocol_options(), &proto_);
+  SLOTSTREAM_RETURN_IF_ERROR(desc.make_sender(*proto_fabric_, accept.setup, owner_.protocol_options(), &proto_));
+  return reach_receiver();
+}
+
+// Where the endpoint is wired up through an exchange with the receiver (rdma: rc's connection
+// request and reply), waits until UCX has connected it — a receiver the NIC cannot reach is an
+// error now, within kReachTimeout, not a hang at the first block.
+Status SenderLane::reach_receiver() {
+  if (!worker_->context().traits().setup_progress) return Status::ok();
+  const auto until = Clock::now() + kReachTimeout;
+  Status st = endpoint_->flush([&]() -> Status {
+    if (endpoint_->failed()) return endpoint_->failure();
+    if (Clock::now() > until)
+      return {Code::kTimeout, "no connection within " + std::to_string(kReachTimeout.count()) + " ms"};
+    return control_->check_alive().code() == Code::kPeerGone
+               ? Status{Code::kPeerGone, "the receiver closed the connection"}
+               : Status::ok();
+  });
+  return st.is_ok() ? st : unreachable(st);
+}
+
+// A receiver UCX cannot connect to: on rdma, what to look at.
+Status SenderLane::unreachable(const Status& st) const {
+  const fabric::FabricSpec& spec = worker_->context().spec();
+  if (spec.transport != Transport::kRdma) return st;
+  return {st.code(), "UCX cannot reach the receiver over " + fabric::spec_name(spec) + " (" + st.message() +
+                         "): are both NICs on one fabric (one InfiniBand subnet, or RoCE with a routable GID on both "
+                         "ends: UCX_IB_GID_INDEX)? docs/rdma.md"};
 }
 
 // Rate-limited: one poll() of the control socket per millisecond at most.

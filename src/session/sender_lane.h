@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -47,7 +48,14 @@ class LaneOwner {
   virtual const protocol::Options& protocol_options() const = 0;
   // The UCX context every lane shares, created for the transport the first ACCEPT names; a
   // later lane that was given another transport is an error. Called during Sender::connect.
-  virtual Status shared_context(Transport transport, fabric::Context** out) = 0;
+  virtual Status shared_context(const wire::Accept& accept, fabric::Context** out) = 0;
+  // What the sender offers in its HELLO (wire::kOfferShm, kOfferRdma): less after a failure.
+  virtual uint8_t offers() const = 0;
+  // A receiver's ACCEPT arrived (which transport, and why). Called during Sender::connect.
+  virtual void accepted(const wire::Accept& accept) = 0;
+  // This side could not set up `transport` (why: `st`). True: connect again offering less (an
+  // auto sender; said on stderr by the CLI through transport_reason()); false: `st` is the error.
+  virtual bool set_up_failed(Transport transport, const Status& st) = 0;
   // The first error of any lane ends the sender: every lane's ring is aborted.
   virtual void fail(Status st) = 0;
   virtual bool failed() const = 0;
@@ -64,8 +72,9 @@ class SenderLane {
  public:
   SenderLane(LaneOwner& owner, uint16_t index, std::vector<uint16_t> devices);
 
-  // Opens the control connection and runs the handshake with `hello` (lane, devices and nonce
-  // filled in here). Sender::connect's thread.
+  // Opens the control connection and runs the handshake with `hello` (lane, devices, offers and
+  // nonce filled in here); connects again, offering less, while the owner says so after a failed
+  // set-up (LaneOwner::set_up_failed). Sender::connect's thread.
   Status connect(const std::string& host, uint16_t port, wire::Hello hello);
   // Starts the sending thread. Once, after connect() succeeded; stop() must join it before the
   // lane is destroyed.
@@ -88,8 +97,13 @@ class SenderLane {
   uint64_t held_skips_live() const { return held_skips_live_.load(std::memory_order_relaxed); }
 
  private:
-  Status handshake(const wire::Hello& hello);
+  // *failed: set when the chosen transport's set-up failed on this side (the receiver was told).
+  Status handshake(const wire::Hello& hello, std::optional<Transport>* failed);
   Status setup_fabric(const wire::Accept& accept);
+  void refuse_transport(Transport transport, const Status& st);
+  Status reach_receiver();
+  Status unreachable(const Status& st) const;
+  void reset();  // back to before connect()
   // "_st": only whoever holds the ring's transmit token (protocol.h).
   Status transmit_filled_st(size_t* sent);
   Status reap_st();

@@ -2,8 +2,10 @@
 every buffer type is read in place, errors are Python exceptions with the library's message, and a
 blocked send() lets other Python threads run."""
 import hashlib
+import json
 import re
 import signal
+import subprocess
 import threading
 import time
 
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 import slotstream
-from integration_helpers import LOST_RE, TRANSPORTS, parse_finished, seq_name, tree
+from integration_helpers import BIN, LOST_RE, TRANSPORTS, parse_finished, seq_name, tree
 
 FRAME = (480, 640, 3)
 
@@ -105,7 +107,8 @@ def test_connection_errors_are_exceptions_with_the_librarys_message(start_receiv
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"to": "no-port"}, "HOST:PORT"),
-    ({"to": "127.0.0.1:1", "transport": "rdma"}, "transport must be"),
+    ({"to": "127.0.0.1:1", "transport": "udp"}, "transport must be 'auto', 'shm', 'tcp' or 'rdma'"),
+    ({"to": "127.0.0.1:1", "transport": "rdma", "rdma_transport": "xrc"}, "rdma_transport must be 'rc', 'dc' or 'ud'"),
     ({"to": "127.0.0.1:1", "name": "has space"}, "sender name may only contain"),
     ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, "block size must be"),
     ({"to": "127.0.0.1:1", "name": "n", "protocol": "nope"}, "unknown protocol 'nope'"),
@@ -117,6 +120,34 @@ def test_bad_options_raise_invalid_argument(kwargs, match):
     with pytest.raises(slotstream.InvalidArgument, match=match) as e:
         slotstream.Sender(**kwargs)
     assert isinstance(e.value, ValueError)
+
+
+def host_has_rdma():
+    return any(t["available"] for t in json.loads(subprocess.run([BIN, "transports", "--json"], capture_output=True,
+                                                                 text=True, timeout=30).stdout) if t["name"] == "rdma")
+
+
+@pytest.mark.deadline(30)
+def test_rdma_without_a_device_is_invalid_argument_before_connecting():
+    if host_has_rdma():
+        pytest.skip("this host has an RDMA device")
+    # Nothing listens on port 1: the error is the missing device, found before any connection.
+    t0 = time.monotonic()
+    with pytest.raises(slotstream.InvalidArgument, match=r"^transport rdma: no RDMA device .*; use --transport tcp") as e:
+        slotstream.Sender("127.0.0.1:1", name="n", transport="rdma")
+    assert time.monotonic() - t0 < 2 and isinstance(e.value, ValueError)
+    with pytest.raises(slotstream.InvalidArgument, match=r"^transport rdma: no RDMA device"):
+        slotstream.Receiver("127.0.0.1:0", transport="rdma")
+
+
+@pytest.mark.deadline(60)
+def test_the_sender_says_which_transport_and_why(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    with slotstream.Sender(rx.addr, name="why") as tx:
+        assert tx.transport == "shm"
+        assert tx.transport_reason == "shm: sender and receiver share this host and its shared memory"
+    with slotstream.Sender(rx.addr, name="why-tcp", transport="tcp") as tx:
+        assert tx.transport == "tcp" and tx.transport_reason == "tcp: the sender asked for it"
 
 
 @pytest.mark.deadline(60)
