@@ -349,7 +349,7 @@ class Worker {
   ucp_worker* handle() const { return handle_.get(); }
   Context& ctx_;
   UcxHandle<ucp_worker> handle_;
-  std::unique_ptr<SoftRma> soft_;  // puts and gets carried by the fabric (traits: tcp; soft_rma.h)
+  std::unique_ptr<SoftRma> soft_;         // puts and gets carried by the fabric (traits: tcp; soft_rma.h)
   std::unique_ptr<CmListener> listener_;  // peers connect through it (traits: tcp; cm.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
