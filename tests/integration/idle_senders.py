@@ -38,15 +38,20 @@ def host_id():
     return f"{boot}@{socket.gethostname()}".encode()
 
 
+def shm_domain():
+    """This host's shared-memory domain as the receiver computes it (common.cc shm_domain())."""
+    return f"ipc={os.stat('/proc/self/ns/ipc').st_ino},uid={os.geteuid()}".encode()
+
+
 def open_sender(addr, token, name, blocks=2, block_size=4096, transport=1, version=VERSION):
     """An authenticated, connected, silent status_byte sender: the socket, after READY."""
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=20)
     nonce = os.urandom(32)
     body = hello_body(name=name.encode(), blocks=blocks, block_size=block_size, transport=transport,
-                      host=host_id(), nonce=nonce, version=version)
-    if version <= 2:  # before version 3's flags byte (just before the nonce): to measure older receivers
-        body = body[:-33] + body[-32:]
+                      host=host_id(), nonce=nonce, version=version, shm_domain=shm_domain())
+    if version <= 2:  # the layout before version 3's flags and 4's rdma fields: to measure older receivers
+        body = hello_v2(body, name, blocks, block_size, transport, nonce)
     s.sendall(frame(1, body))
     t, challenge, rest = recv_frame(s)
     assert t == CHALLENGE, f"expected CHALLENGE, got {t}"
@@ -58,6 +63,16 @@ def open_sender(addr, token, name, blocks=2, block_size=4096, transport=1, versi
     t, _, _ = recv_frame(s, rest)
     assert t == READY, f"expected READY, got {t}"
     return s
+
+
+def hello_v2(body, name, blocks, block_size, transport, nonce):
+    """The version-2 HELLO of the same sender (no flags, rdma transport, offers or shm domain)."""
+    import struct
+    from test_control import str8, str16
+    out = b"SLST" + struct.pack("<H", 2) + str8(b"status_byte") + str16(b"")
+    out += struct.pack("<IIB", blocks, block_size, transport) + str8(host_id()) + str8(name.encode())
+    out += struct.pack("<HH", 1, 0) + struct.pack("<QHH", 0, 0, 1)
+    return out + nonce
 
 
 def cpu_seconds(pid):
