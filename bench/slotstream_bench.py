@@ -22,6 +22,7 @@ import time
 
 import cache_experiments
 import fan_in_experiments
+import rate_experiments
 import ring_experiments  # bench/ is the script's directory, first on sys.path
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -740,6 +741,8 @@ EXPERIMENTS = {
               cache_experiments.exp_cache),
     "fan_in": ("thesis", "1-12 senders into one receiver: a thread per sender vs one round-robin thread "
                          "(fan_in_experiments.py)", fan_in_experiments.exp_fan_in),
+    "message_rate": ("issue 21", "small messages per second, 16 B-1 KiB x 1-12 devices, beside ucx_perftest put_bw "
+                                 "(rate_experiments.py)", rate_experiments.exp_message_rate),
 }
 EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
 

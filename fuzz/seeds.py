@@ -13,7 +13,7 @@ import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 5  # wire::kProtocolVersion
+VERSION = 6  # wire::kProtocolVersion
 FUZZ_KEY = bytes([0x5A]) * 32  # control_frame_fuzz.cc's session key
 
 
@@ -43,10 +43,25 @@ def accept(transport, rdma, offers, reason, address, setup, proof):
     return bytes([transport, rdma, offers]) + s16(reason) + b32(address) + b32(setup) + s8(proof)
 
 
-def block_header(flags, device, packet, length, capacity):
+def record_header(flags, device, packet, length):
     w0 = 1 | flags << 8 | device << 16
     check = ~(w0 ^ packet ^ length) & 0xFFFFFFFF
-    return struct.pack("<I", capacity) + struct.pack("<BBHIII", 1, flags, device, packet, length, check)
+    return struct.pack("<BBHIII", 1, flags, device, packet, length, check)
+
+
+def block_header(flags, device, packet, length, capacity):
+    return struct.pack("<I", capacity) + record_header(flags, device, packet, length)
+
+
+def packed_unit(records, capacity):
+    """A packed unit (wire/block_header.h, version 2): header, then records padded to 8 bytes."""
+    body = b""
+    for flags, device, packet, payload in records:
+        r = record_header(flags, device, packet, len(payload)) + payload
+        body += r + b"\0" * (-len(r) % 8)
+    length = 16 + len(body)
+    check = ~(2 ^ len(records) ^ length) & 0xFFFFFFFF
+    return struct.pack("<I", capacity) + struct.pack("<BBHIII", 2, 0, 0, len(records), length, check) + body
 
 
 CRC32C_POLY = 0x82F63B78  # reflected
@@ -134,6 +149,8 @@ def main():
             "first": block_header(1, 11, 7, 1 << 20, 1 << 20),
             "middle": block_header(0, 65535, 0xFFFFFFFF, 0, 48),
             "last-too-long": block_header(2, 3, 9, 49, 48),
+            "packed-three": packed_unit([(3, 0, 0, b"abc"), (4, 9, 0, b"void...."), (3, 1, 5, b"")], 1 << 16),
+            "packed-fragment": packed_unit([(1, 2, 7, b"x" * 20), (3, 0, 1, b"y")], 4096),
         },
         "options": {
             "empty": b"",

@@ -465,6 +465,24 @@ class PySink final : public MessageSink {
   Status append(uint16_t device, std::span<const std::byte> data) override { return open_[device].append(data); }
   void abort(uint16_t device) override { open_.erase(device); }
 
+  // Every whole message of a consumer pass (issue 21): in iterator mode queued under one lock
+  // with one notification (each still waits for room as commit() does); in callback mode the GIL
+  // is taken once for the batch. Each message is copied once into a Frame of its own: the Python
+  // object outlives the receiver's block.
+  Status deliver(std::span<const Message> batch, size_t* stored) override {
+    *stored = 0;
+    if (shared_.callback_mode) return call_back_batch(batch, stored);
+    std::unique_lock lock(shared_.mutex);
+    Status st;
+    for (; *stored < batch.size(); ++*stored) {
+      const Message& m = batch[*stored];
+      st = queue_locked(lock, m.device, [&](Frame& f) { return f.append(m.data); });
+      if (!st.is_ok()) break;
+    }
+    if (*stored > 0) shared_.changed.notify_all();
+    return st;
+  }
+
   // The message is complete: hand it to the callback or the iterator queue. Failing (busy,
   // closing, callback raised) leaves it here; the receiver retries this call later.
   Status commit(uint16_t device) override {
@@ -476,29 +494,75 @@ class PySink final : public MessageSink {
       if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
       seq = shared_.next_seq[key];
       if (!shared_.callback_mode) {
-        if (!shared_.changed.wait_for(lock, kQueueWait,
-                                      [&] { return shared_.queue.size() < shared_.max_queue || shared_.closing; })) {
-          return {Code::kBusy,
-                  "the Python consumer is behind (" + std::to_string(shared_.max_queue) + " messages waiting)"};
+        Status st = queue_locked(lock, device, [&](Frame& f) {
+          f = std::move(open_[device]);
+          return Status::ok();
+        });
+        if (st.is_ok()) {
+          open_.erase(device);
+          shared_.changed.notify_all();
         }
-        if (shared_.closing) return {Code::kCancelled, "receiver closing"};
-        shared_.queue.push_back({sender_, device, seq, std::move(open_[device])});
-        shared_.next_seq[key] = seq + 1;
-        open_.erase(device);
-        shared_.changed.notify_all();
-        return Status::ok();
+        return st;
       }
     }
-    return call_back(device, seq, key);
+    if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
+    nb::gil_scoped_acquire gil;
+    SLOTSTREAM_RETURN_IF_ERROR(call_back(device, seq, std::move(open_[device])));
+    open_.erase(device);
+    std::lock_guard lock(shared_.mutex);
+    shared_.next_seq[key] = seq + 1;
+    return Status::ok();
   }
 
  private:
-  Status call_back(uint16_t device, uint64_t seq, const std::pair<std::string, uint16_t>& key) {
+  // Iterator mode, `shared_.mutex` held: waits for room in the queue (kBusy after kQueueWait),
+  // then queues the device's next message, made by `make`.
+  template <typename Make>
+  Status queue_locked(std::unique_lock<std::mutex>& lock, uint16_t device, Make&& make) {
+    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+    if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
+    // A full queue: the consumer must hear of what this batch queued before we wait for it.
+    if (shared_.queue.size() >= shared_.max_queue) shared_.changed.notify_all();
+    if (!shared_.changed.wait_for(lock, kQueueWait,
+                                  [&] { return shared_.queue.size() < shared_.max_queue || shared_.closing; })) {
+      return {Code::kBusy,
+              "the Python consumer is behind (" + std::to_string(shared_.max_queue) + " messages waiting)"};
+    }
+    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+    Frame frame;
+    SLOTSTREAM_RETURN_IF_ERROR(make(frame));
+    uint64_t& seq = shared_.next_seq[std::make_pair(sender_, device)];
+    shared_.queue.push_back({sender_, device, seq++, std::move(frame)});
+    return Status::ok();
+  }
+
+  Status call_back_batch(std::span<const Message> batch, size_t* stored) {
     if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
     nb::gil_scoped_acquire gil;
+    for (; *stored < batch.size(); ++*stored) {
+      const Message& m = batch[*stored];
+      const auto key = std::make_pair(sender_, m.device);
+      uint64_t seq;
+      {
+        std::lock_guard lock(shared_.mutex);
+        if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+        if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
+        seq = shared_.next_seq[key];
+      }
+      Frame frame;
+      SLOTSTREAM_RETURN_IF_ERROR(frame.append(m.data));
+      SLOTSTREAM_RETURN_IF_ERROR(call_back(m.device, seq, std::move(frame)));
+      std::lock_guard lock(shared_.mutex);
+      shared_.next_seq[key] = seq + 1;
+    }
+    return Status::ok();
+  }
+
+  // With the GIL: the callback gets a memoryview of `frame`. A callback that raises stops the receiver.
+  Status call_back(uint16_t device, uint64_t seq, Frame&& frame) {
     try {
-      nb::object frame = nb::cast(std::move(open_[device]));
-      nb::object view = nb::steal(PyMemoryView_FromObject(frame.ptr()));
+      nb::object obj = nb::cast(std::move(frame));
+      nb::object view = nb::steal(PyMemoryView_FromObject(obj.ptr()));
       if (!view.is_valid()) throw nb::python_error();
       shared_.callback(sender_, device, seq, view);
     } catch (nb::python_error& e) {
@@ -511,9 +575,6 @@ class PySink final : public MessageSink {
       shared_.changed.notify_all();
       return {Code::kCancelled, "the Python callback raised"};
     }
-    open_.erase(device);
-    std::lock_guard lock(shared_.mutex);
-    shared_.next_seq[key] = seq + 1;
     return Status::ok();
   }
 

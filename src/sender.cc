@@ -90,14 +90,12 @@ struct Sender::Impl : session::LaneOwner {
   std::vector<std::unique_ptr<SenderLane>> lanes;
   std::map<uint16_t, SenderLane*> lane_of;
   std::map<uint16_t, std::unique_ptr<DeviceStream>> devices;
-  std::map<uint16_t, std::atomic<uint64_t>> messages;  // completed send()s per device
-  struct Confirmation {                                // STORED from the receiver (SenderOptions::confirm_stored)
+  struct Confirmation {  // STORED from the receiver (SenderOptions::confirm_stored)
     std::atomic<bool> known{false};
     std::atomic<uint64_t> first{0};
     std::atomic<uint64_t> stored{0};
   };
   std::map<uint16_t, Confirmation> confirmations;  // every declared device, made at connect
-  std::atomic<uint64_t> bytes{0};
 
   // Devices the receiver paused (PAUSE: their worker is behind); fillers of others go on.
   std::mutex pause_mutex;
@@ -148,7 +146,10 @@ struct Sender::Impl : session::LaneOwner {
     return true;
   }
   bool failed() const override { return failed_flag.load(std::memory_order_acquire); }
-  uint64_t messages_sent(uint16_t device) override { return messages[device].load(); }
+  uint64_t messages_sent(uint16_t device) override {
+    auto it = devices.find(device);
+    return it == devices.end() ? 0 : it->second->messages_.load(std::memory_order_relaxed);
+  }
   void fail(Status st) override {
     {
       std::lock_guard lock(error_mutex);
@@ -245,8 +246,7 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
     im.lanes.push_back(std::move(lane));
   }
   for (uint16_t d : options.devices) {
-    im.devices[d].reset(new DeviceStream(*sender, d));
-    im.messages[d] = 0;
+    im.devices[d].reset(new DeviceStream(*sender, d, im.lane_of.at(d)));
     im.confirmations[d];
   }
   for (auto& lane : im.lanes) lane->start();
@@ -276,11 +276,11 @@ Status Sender::finish() {
 
 SenderStats Sender::stats() const {
   SenderStats s;
-  for (auto& [d, n] : impl_->messages) {
-    s.per_device[d] = n.load();
+  for (auto& [d, dev] : impl_->devices) {
+    s.per_device[d] = dev->messages_.load(std::memory_order_relaxed);
     s.messages += s.per_device[d];
+    s.bytes += dev->bytes_.load(std::memory_order_relaxed);
   }
-  s.bytes = impl_->bytes.load();
   if (!impl_->joined.load(std::memory_order_acquire)) {  // the sending threads own protocol counters
     for (auto& lane : impl_->lanes) s.held_skips += lane->held_skips_live();
     return s;
@@ -288,7 +288,8 @@ SenderStats Sender::stats() const {
   for (auto& lane : impl_->lanes) {
     if (!lane->protocol()) continue;
     protocol::ProtocolStats c = lane->protocol()->stats();
-    s.records += c.records;
+    s.records += lane->records();
+    s.units += lane->units();
     s.sync_operations += c.sync_ops;
     s.held_skips += c.held_skips;
     s.waits += c.waits;
@@ -328,7 +329,58 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
   Sender::Impl& im = *sender_.impl_;
   // Back-pressure for this device alone (its worker on the receiver is behind).
   SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_));
-  SenderLane& lane = *im.lane_of.at(device_);
+  auto& lane = *static_cast<SenderLane*>(lane_);
+  const bool small = length <= im.options.block_size - wire::kBlockHeaderSize &&
+                     wire::packed_record_size(length) <= lane.ring().max_packed();
+  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, fill) : send_blocks(length, fill));
+  // One thread per device writes these: a load and a store, no locked instruction.
+  messages_.store(messages_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+uint32_t DeviceStream::take_packet() {
+  if (const uint32_t every = sender_.impl_->options.skip_packet_every; every && next_packet_ % (every + 1) == every) {
+    ++next_packet_;  // testing aid: this packet number is never sent (SenderOptions)
+  }
+  return next_packet_++;
+}
+
+// A small message: one record appended to the lane's open block (stream/send_ring.h) — one atomic
+// add to reserve it, a copy, a store to publish it. It leaves with the block: at once if the lane
+// is idle (this filler transmits it), else with whatever the busy lane collects meanwhile.
+Status DeviceStream::send_packed(uint64_t length, const FillFn& fill) {
+  Sender::Impl& im = *sender_.impl_;
+  auto& lane = *static_cast<SenderLane*>(lane_);
+  stream::SendRing& ring = lane.ring();
+  stream::SendRing::Reservation r;
+  if (Status st = ring.reserve(uint32_t(wire::packed_record_size(length)), &r); !st.is_ok()) {
+    Status err = im.first_error();
+    return err.is_ok() ? st : err;
+  }
+  // paper §3.2.3: fill the payload, write device and packet number, then mark the record written.
+  Status filled = fill(0, {r.record + wire::kBlockHeaderSize, size_t(length)});
+  wire::BlockHeader h{wire::kFirstFragment | wire::kLastFragment, device_, 0, uint32_t(length)};
+  if (filled.is_ok()) {
+    h.packet = take_packet();
+  } else {  // the space is reserved: it leaves as a void record the receiver skips
+    h = {wire::kVoid, device_, 0, r.size - uint32_t(wire::kBlockHeaderSize)};
+  }
+  wire::encode_block_header(h, std::span<std::byte, wire::kBlockHeaderSize>(r.record, wire::kBlockHeaderSize));
+  ring.publish(r);
+  if (filled.is_ok()) stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
+  if (r.lane_idle) {
+    SLOTSTREAM_RETURN_IF_ERROR(lane.help());
+  } else if (r.wake) {
+    ring.wake_sender();
+  }
+  return filled;
+}
+
+// A message too large to pack (or packing off): a block per fragment, as the paper does.
+Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill) {
+  Sender::Impl& im = *sender_.impl_;
+  auto& lane = *static_cast<SenderLane*>(lane_);
   stream::SendRing& ring = lane.ring();
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);
@@ -343,19 +395,15 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
     Status st = fill(f.offset, slot.block.subspan(wire::kBlockHeaderSize, f.length));
     if (!st.is_ok()) {
       ring.commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
+      (void)lane.help();
       return st;
     }
-    if (const uint32_t every = im.options.skip_packet_every; every && next_packet_ % (every + 1) == every) {
-      ++next_packet_;  // testing aid: this packet number is never sent (SenderOptions)
-    }
-    wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
+    wire::BlockHeader h{f.flags, device_, take_packet(), f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
-    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length), /*wake=*/false);
+    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
     stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
-    if (Status st = lane.transmit_committed(); !st.is_ok()) return st;
+    SLOTSTREAM_RETURN_IF_ERROR(lane.help());
   }
-  im.messages[device_].fetch_add(1, std::memory_order_relaxed);
-  im.bytes.fetch_add(length, std::memory_order_relaxed);
   return Status::ok();
 }
 

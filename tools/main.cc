@@ -51,7 +51,8 @@ int run_protocols(bool json) {
                      {"receiver_progress", p.receiver_progress},
                      {"receiver_progress_on", p.receiver_progress_on},
                      {"receiver_endpoint", p.receiver_endpoint},
-                     {"sender_wakeup", p.sender_wakeup}});
+                     {"sender_wakeup", p.sender_wakeup},
+                     {"packs", p.packs}});
     }
     std::printf("%s\n", out.dump(1).c_str());
     return kExitOk;
@@ -203,6 +204,9 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
                   "processing: read every byte, then spin this many ns per byte")
       ->check(CLI::NonNegativeNumber);
   bpr->add_option("--trace", brecv->trace, "record when each packet was polled and delivered (up to N events)");
+  bpr->add_flag("--rate", brecv->rate,
+                "message-rate mode: count messages, keep only the first and the last arrival time (no per-message "
+                "record)");
   auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
   bps->add_option("--to", bsend->to, "HOST:PORT")->required();
   bps->add_option("--name", bsend->name, "sender name (default bench)");
@@ -225,6 +229,8 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--compute-us", bsend->compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend->tcp_socket, "plain TCP reference instead of slotstream");
   bps->add_option("--trace", bsend->trace, "record when each packet was committed and posted (up to N events)");
+  bps->add_flag("--rate", bsend->rate,
+                "message-rate mode: send one prepared payload with DeviceStream::send, no per-message time stamp");
   *recv_peer = bpr;
   *send_peer = bps;
 }

@@ -12,6 +12,7 @@
 // NIC and what only scripts/rdma-check.sh checks on hardware.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -103,6 +104,7 @@ struct ProtocolInfo {
   bool receiver_progress = false;      // the receiver's CPU takes part in every transfer
   bool receiver_endpoint = false;      // the receiver reaches into the sender's memory (gets, writes)
   bool sender_wakeup = false;          // the idle sending thread sleeps on its worker's wake-up fd
+  bool packs = false;                  // small messages share a block by default (pack=on|off)
   // Whether the receiver's CPU takes part in transfers on each transport (the protocol's own
   // receiver_progress, or a transport whose RMA needs the target's progress: tcp, rdma over ud):
   // keys "shm", "tcp", "rdma:rc", "rdma:dc", "rdma:ud". False everywhere for a passive receiver.
@@ -141,7 +143,8 @@ struct SenderOptions {
 struct SenderStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;            // payload bytes
-  uint64_t records = 0;          // records (block header + payload) transmitted
+  uint64_t records = 0;          // records (block header + payload: a message or a fragment) transmitted
+  uint64_t units = 0;            // what the protocol moved: blocks (packed: several records each)
   uint64_t sync_operations = 0;  // status-array reads, ACKs, credit updates...
   uint64_t held_skips = 0;       // receiver blocks skipped because they were held
                                  // (while sending: updated every 64 records)
@@ -159,11 +162,13 @@ struct SenderStats {
 class Sender;
 
 // One device's stream. Threading: use each DeviceStream from one thread at a time (a filler
-// thread); different devices may be filled concurrently. Fillers make no UCX calls.
+// thread); different devices may be filled concurrently. Fillers make no UCX calls, except that
+// a filler whose message finds the connection idle transmits it itself (no hand-off delay).
 class DeviceStream {
  public:
   // Writes `payload_offset`-relative bytes of the message into `dst` (the free space of a send
-  // block). Called once per fragment, in order.
+  // block). Called once per fragment, in order. A small message is written straight into a
+  // block that other devices' messages share (packing): `fill` should copy or compute, not wait.
   using FillFn = std::function<Status(uint64_t payload_offset, std::span<std::byte> dst)>;
 
   // Sends one message (copied into send blocks, fragmented if larger than one block).
@@ -174,10 +179,18 @@ class DeviceStream {
 
  private:
   friend class Sender;
-  DeviceStream(Sender& sender, uint16_t device) : sender_(sender), device_(device) {}
+  DeviceStream(Sender& sender, uint16_t device, void* lane) : sender_(sender), device_(device), lane_(lane) {}
+  Status send_packed(uint64_t length, const FillFn& fill);
+  Status send_blocks(uint64_t length, const FillFn& fill);
+  uint32_t take_packet();
   Sender& sender_;
   uint16_t device_;
+  void* lane_;  // the connection that carries this device (internal)
   uint32_t next_packet_ = 0;
+  // Completed send()s and their bytes: written by the device's one filler thread (no atomic
+  // read-modify-write per message), read by any thread.
+  std::atomic<uint64_t> messages_{0};
+  std::atomic<uint64_t> bytes_{0};
 };
 
 class Sender {
@@ -217,11 +230,25 @@ class Sender {
 
 // ---------------------------------------------------------------------------------- Receiver
 
-// Where one sender's messages go. Calls for one device come in message order:
-// begin, append..., commit (or abort). A failing call has no effect and is retried later with
-// the same arguments, so a sink can report a full disk and the data waits in the receiver's
-// block (back-pressure) instead of being lost. Threading: one sender's sink is called from one
-// thread only.
+// One complete message handed to a sink in place (MessageSink::deliver): its bytes lie in the
+// receiver block that brought it and are valid only during the call.
+struct Message {
+  uint16_t device = 0;
+  uint32_t packet = 0;  // the packet number of its record (per device, wraps at 2^32)
+  // Which of the pass's receive blocks holds it (several small messages can share one: packing).
+  // A sink that keeps views of blocks instead of copying (zero-copy receive, issue 22) holds
+  // blocks by this index; today every block is released once the call returned.
+  uint32_t block = 0;
+  std::span<const std::byte> data;
+};
+
+// Where one sender's messages go. Calls for one device come in message order. A message that
+// arrived whole in one block (every small message) comes in a batch: deliver() with every such
+// message of a consumer pass, devices interleaved, each device's in order. A message that spans
+// blocks comes piece by piece: begin, append..., commit (or abort). A failing call has no effect
+// and is retried later with the same arguments, so a sink can report a full disk and the data
+// waits in the receiver's block (back-pressure) instead of being lost. Threading: one sender's
+// sink is called from one thread only.
 class MessageSink {
  public:
   virtual ~MessageSink() = default;
@@ -229,6 +256,12 @@ class MessageSink {
   virtual Status append(uint16_t device, std::span<const std::byte> data) = 0;
   virtual Status commit(uint16_t device) = 0;
   virtual void abort(uint16_t device) = 0;
+  // Stores `batch` in order; `*stored` = how many were stored. A failure is about message
+  // `*stored` (nothing of it was stored: the receiver offers it again later; kBusy pauses its
+  // device alone, as from begin()); the messages after it were not looked at. The default calls
+  // begin/append/commit for each; a sink that can take a batch in one go (one lock, one
+  // notification, one write) overrides it.
+  virtual Status deliver(std::span<const Message> batch, size_t* stored);
   // A sink that numbers messages (DirSink): the number the next message of `device` gets, and
   // how many were recognised as stored already (SenderInfo::first_message) and dropped. Same
   // thread as the calls above.

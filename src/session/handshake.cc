@@ -173,13 +173,16 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
 
   if (auto r = set_up_transport(region)) return r;
   protocol::ReceiverFabric rf{*fabric_->context, worker(), geometry_};
-  if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
+  if (Status st = desc_->make_receiver(rf, protocol::protocol_options(options_), &proto_); !st.is_ok()) {
     return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
   }
   if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
     return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
   }
-  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
+  // A sender that packs can have many records per block in flight: the reorder window grows with it.
+  bool packs = false;
+  (void)protocol::packs(*desc_, options_, &packs);  // checked with the hello
+  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices, packs ? geometry_.block_size : 0);
   if (confirm_) {
     // The numbers this connection's messages start at: the sender's, or where the sink stands.
     for (uint16_t d : hello.devices) {
@@ -188,6 +191,8 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
     }
   }
   delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
+  // A paused device's records copied out of shared blocks: at most another region's worth.
+  delivery_->set_park_limit(geometry_.bytes());
 
   return send_accept();
 }

@@ -65,8 +65,10 @@
 // A receiver refuses any other control version rather than guessing (no silent forward
 // compatibility). Version 2 added protocol options, SETUP/READY and mutual authentication over
 // the whole handshake; version 3 HELLO's flags and first message numbers, and STORED; version 4
-// the rdma transport, the offers, the shm domain and ACCEPT's reason; version 5 signed frames after
-// the handshake. The block header
+// the rdma transport, the offers, the shm domain and ACCEPT's reason; version 5 says that blocks
+// may hold packed units (issue 21: a receiver of version 4 would count them as bad headers and lose
+// their messages, so it must refuse the sender instead); version 6 adds signed frames after the
+// handshake (issue 19; a sender of version 5 would not sign them). The block header
 // (wire/block_header.h) carries its own version.
 #pragma once
 
@@ -84,7 +86,7 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;

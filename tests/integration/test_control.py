@@ -11,7 +11,7 @@ from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
-VERSION = 5
+VERSION = 6
 MAX_FRAME = 65536
 
 
@@ -128,7 +128,8 @@ CASES = {
     "version_one": (hello(version=1), ["version"]),  # the pre-2 layout is refused by its version, not misread
     "version_two": (hello(version=2), ["version"]),
     "version_three": (hello(version=3), ["version"]),  # the layout before rdma
-    "version_four": (hello(version=4), ["version"]),  # unsigned frames after the handshake: refused
+    "version_four": (hello(version=4), ["version"]),  # no packed units, unsigned frames: refused
+    "version_five": (hello(version=5), ["version"]),  # unsigned frames after the handshake: refused
     "unknown_transport": (hello(transport=4), ["transport"]),
     "unknown_rdma_transport": (hello(rdma_transport=9), ["rdma transport"]),
     "unknown_offers": (hello(offers=0x80), ["offers"]),

@@ -7,7 +7,8 @@ import pytest
 
 from conftest import BIN
 
-FLAGS = {"reference", "holds", "connection_per_device", "receiver_progress", "receiver_endpoint", "sender_wakeup"}
+FLAGS = {"reference", "holds", "connection_per_device", "receiver_progress", "receiver_endpoint", "sender_wakeup",
+         "packs"}
 
 
 def run(*args):

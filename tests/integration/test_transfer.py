@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from conftest import (BIN, HEADER, PROTOCOLS, TRANSPORTS, assert_device, hidden, make_files, parse_finished, run_send,
-                      seq_name, sha256, tree)
+from conftest import (BIN, HEADER, OTHER_PACKING, PROTOCOLS, TRANSPORTS, assert_device, hidden, make_files,
+                      parse_finished, run_send, seq_name, sha256, tree)
 
 BLOCK = 65536
 EDGE_SIZES = [0, 1, BLOCK - HEADER, BLOCK, BLOCK + 1, 3 * 1024 * 1024]
@@ -27,7 +27,7 @@ def expected_tree(sender, per_device):
 
 @pytest.mark.deadline(60)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("protocol", PROTOCOLS + OTHER_PACKING)  # packing on and off for every protocol
 def test_edge_sizes_three_devices_files_and_dir(start_receiver, tmp_path, transport, protocol):
     out = tmp_path / "out"
     src = tmp_path / "src"

@@ -200,13 +200,16 @@ def test_receiver_killed_raises_peer_gone(start_receiver, tmp_path, transport):
 @pytest.mark.deadline(60)
 def test_a_blocked_send_releases_the_gil(tmp_path):
     # A Python receiver that is not iterated holds its blocks (max_queue reached): send() blocks.
+    # Messages of 3000 bytes take a 4 KiB block each (small ones would share blocks: issue 21's
+    # packing, and the receiver copies a paused device's records aside up to its region's size),
+    # so the two blocks on each side fill after a few.
     rx = slotstream.Receiver("127.0.0.1:0", transport="shm", max_queue=1, exit_after_senders=1)
     sent = []
 
     def produce():
         with slotstream.Sender(rx.address, name="blocked", blocks=2, block_size=4096, devices=[0]) as tx:
             for i in range(20):
-                tx.send(0, bytes([i]) * 100)
+                tx.send(0, bytes([i]) * 3000)
                 sent.append(i)
 
     producer = threading.Thread(target=produce)
@@ -221,4 +224,4 @@ def test_a_blocked_send_releases_the_gil(tmp_path):
     got = [bytes(data) for _, _, _, data in rx]  # drains; ends when the producer's session ends
     producer.join(10)
     rx.close()
-    assert got == [bytes([i]) * 100 for i in range(20)] and sent == list(range(20))
+    assert got == [bytes([i]) * 3000 for i in range(20)] and sent == list(range(20))

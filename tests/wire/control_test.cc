@@ -102,7 +102,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 5);  // version, little-endian (5: signed frames after the handshake)
+  EXPECT_EQ(b[4], 6);  // version, little-endian (6: packed units and signed frames)
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);
@@ -312,7 +312,7 @@ TEST(Control, ARefuseIsAnErrorWhateverCodeThePeerWrote) {
 namespace slotstream::wire {
 namespace {
 
-static_assert(kProtocolVersion == 5, "version 5: signed frames after an authenticated handshake");
+static_assert(kProtocolVersion == 6, "version 6: packed units (5) and signed frames after an authenticated handshake");
 static_assert(kFrameTrailer == 40, "u64 sequence + HMAC-SHA256");
 
 // Issue 19: the receiver must always be told every device's count, so a FIN of the most devices a
