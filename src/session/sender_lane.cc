@@ -267,6 +267,8 @@ Status SenderLane::alive_st() {
   auto now = Clock::now();
   if (now < next_liveness_) return Status::ok();
   next_liveness_ = now + kLivenessInterval;
+  // The sender failed elsewhere (another lane, Sender::abort): a wait for receiver space ends here too.
+  if (owner_.failed()) return owner_.first_error();
   if (endpoint_->failed()) return {Code::kPeerGone, "receiver unreachable (transport error: did it die?)"};
   Status st = control_->check_alive();
   if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection (did it die?)"};
