@@ -8,7 +8,8 @@
 #   P/lib/pkgconfig/slotstream.pc            pkg-config --cflags --libs slotstream
 #   P/share/slotstream/bench/                `slotstream bench`'s orchestrator and plots
 #   P/share/slotstream/workers/              example processing workers (docs/workers.md)
-#   P/share/slotstream/examples/             hello_stream.cc and the Python examples
+#   P/share/slotstream/examples/             hello_stream.cc, the Python and GStreamer examples
+#   P/lib/gstreamer-1.0/libgstslotstream.so  the GStreamer plugin (gst/CMakeLists.txt; GST_PLUGIN_PATH)
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -32,6 +33,7 @@ install(PROGRAMS workers/checksum.sh workers/h264.sh DESTINATION ${slotstream_sh
 install(FILES workers/README.md DESTINATION ${slotstream_share}/workers)
 install(FILES examples/hello_stream.cc DESTINATION ${slotstream_share}/examples)
 install(DIRECTORY examples/python DESTINATION ${slotstream_share}/examples PATTERN __pycache__ EXCLUDE)
+install(PROGRAMS examples/gstreamer/camera_to_file.sh DESTINATION ${slotstream_share}/examples/gstreamer)
 
 # The CMake package. A static libslotstream would have to export UCX, spdlog and OpenSSL as link
 # dependencies; the shared one keeps them inside, which is why only it is installed this way.

@@ -3,11 +3,15 @@
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
+#include "net/auth.h"
+#include "net/control_socket.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {
@@ -199,6 +203,40 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
+namespace {
+
+// The first number of a file (a cgroup value; "max" reads as nothing).
+std::optional<uint64_t> read_number(const char* path) {
+  std::ifstream in(path);
+  uint64_t v = 0;
+  if (in >> v) return v;
+  return std::nullopt;
+}
+
+}  // namespace
+
+uint64_t available_memory() {
+  uint64_t available = UINT64_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kib = 0;
+    if (key == "MemAvailable:" && meminfo >> kib) {
+      available = kib * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_path, usage_path] : cgroups) {
+    const auto limit = read_number(limit_path);
+    const auto usage = read_number(usage_path);
+    if (limit && usage) available = std::min(available, *limit > *usage ? *limit - *usage : 0);
+  }
+  return available;
+}
+
 uint64_t default_max_memory() {
   uint64_t physical = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
   // In a container the cgroup's limit is what the OOM killer enforces (v2, then v1).
@@ -209,5 +247,12 @@ uint64_t default_max_memory() {
   }
   return physical / 4;
 }
+
+// The public forms of what the CLI uses (programs and the GStreamer elements parse the same way).
+Status parse_address(std::string_view text, std::string* host, uint16_t* port) {
+  return net::parse_host_port(std::string(text), host, port);
+}
+
+Status read_token_file(const std::string& path, std::string* token) { return net::read_token_file(path, token); }
 
 }  // namespace slotstream

@@ -26,4 +26,8 @@ inline constexpr const char* kUdpNotHere =
     "transport udp is the datagram transport, a stack of its own (slotstream recv|send --transport udp; "
     "docs/design.md); Sender and Receiver speak shm, tcp and rdma";
 
+// Memory a new allocation can take now: the kernel's MemAvailable, and within a cgroup with a limit
+// (v2, then v1) what the limit leaves; UINT64_MAX when neither can be read.
+uint64_t available_memory();
+
 }  // namespace slotstream

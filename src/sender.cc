@@ -275,6 +275,8 @@ Status Sender::finish() {
   return st;
 }
 
+void Sender::abort(Status why) { impl_->fail(std::move(why)); }
+
 SenderStats Sender::stats() const {
   SenderStats s;
   for (auto& [d, dev] : impl_->devices) {

@@ -33,6 +33,12 @@ constexpr int kRequestTimeoutMs = 250;
 // refused after authentication (memory budget, failed set-up) ends with none.
 bool accepted(const SessionReport& r) { return !r.per_device.empty(); }
 
+// Series exist only for devices that have carried data (or been paused, or lost messages): a hello may declare up to
+// 4,096 devices, and 100 of them made 2 million series (issue 19) that no stream ever fed.
+bool carried_data(const DeviceStats& s) {
+  return s.messages || s.bytes || s.gaps || s.duplicates || s.partial || s.dropped || s.lost || s.pauses || s.paused;
+}
+
 int serve_health(mg_connection* conn) {
   const mg_request_info* req = mg_get_request_info(conn);
   if (!req || !req->local_uri || std::strcmp(req->local_uri, "/health") != 0) return 0;  // civetweb's turn
@@ -141,6 +147,7 @@ void MetricsState::device_families(const Totals& totals, std::vector<MetricFamil
     MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, s] : t.per_device) {
+        if (!carried_data(s)) continue;
         const std::string device = std::to_string(d);
         f.metric.push_back(sample({{"sender", sender}, {"device", device}}, MetricType::Counter,
                                   monotonic(sender, c.name, device, double(s.*c.field))));
@@ -156,6 +163,7 @@ void MetricsState::sender_families(const Totals& totals, const std::vector<Sessi
       "slotstream_device_paused", "1 while the device is paused (its worker is behind).", MetricType::Gauge, {}};
   for (const SessionReport& r : live) {
     for (const auto& [d, s] : r.per_device) {
+      if (!carried_data(s)) continue;
       paused.metric.push_back(
           sample({{"sender", r.sender.name}, {"device", std::to_string(d)}}, MetricType::Gauge, s.paused ? 1 : 0));
     }
