@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,6 +60,7 @@ std::optional<Transport> parse_transport(std::string_view text) {
   if (text == "shm") return Transport::kShm;
   if (text == "tcp") return Transport::kTcp;
   if (text == "rdma") return Transport::kRdma;
+  if (text == "udp") return Transport::kUdp;
   return std::nullopt;
 }
 
@@ -71,6 +74,8 @@ const char* transport_name(Transport t) {
       return "tcp";
     case Transport::kRdma:
       return "rdma";
+    case Transport::kUdp:
+      return "udp";
   }
   return "?";
 }
@@ -130,15 +135,19 @@ void SessionReport::merge(const SessionReport& lane) {
   seconds = std::max(seconds, lane.seconds);
   for (const auto& [k, v] : lane.protocol_counters) protocol_counters[k] += v;
   sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
-  for (const auto& [d, s] : lane.per_device) {
-    DeviceStats& acc = per_device[d];
-    acc.messages += s.messages;
-    acc.bytes += s.bytes;
-    acc.gaps += s.gaps;
-    acc.duplicates += s.duplicates;
-    acc.pauses += s.pauses;
-    acc.paused = acc.paused || s.paused;
-  }
+  for (const auto& [d, s] : lane.per_device) per_device[d].add(s);
+}
+
+void DeviceStats::add(const DeviceStats& o) {
+  messages += o.messages;
+  bytes += o.bytes;
+  gaps += o.gaps;
+  duplicates += o.duplicates;
+  partial += o.partial;
+  dropped += o.dropped;
+  lost += o.lost;
+  pauses += o.pauses;
+  paused = paused || o.paused;
 }
 
 std::string host_id() {
@@ -195,6 +204,40 @@ std::string format_bytes(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
   return buf;
+}
+
+namespace {
+
+// The first number of a file (a cgroup value; "max" reads as nothing).
+std::optional<uint64_t> read_number(const char* path) {
+  std::ifstream in(path);
+  uint64_t v = 0;
+  if (in >> v) return v;
+  return std::nullopt;
+}
+
+}  // namespace
+
+uint64_t available_memory() {
+  uint64_t available = UINT64_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kib = 0;
+    if (key == "MemAvailable:" && meminfo >> kib) {
+      available = kib * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_path, usage_path] : cgroups) {
+    const auto limit = read_number(limit_path);
+    const auto usage = read_number(usage_path);
+    if (limit && usage) available = std::min(available, *limit > *usage ? *limit - *usage : 0);
+  }
+  return available;
 }
 
 uint64_t default_max_memory() {

@@ -104,8 +104,9 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                    "rdma over UCX's rc (default: one-sided, the receiver takes no part), dc (ConnectX) or ud (the "
                    "receiver's CPU serves every put)");
   r->add_option("--token-file", recv->token_file,
-                "require senders to prove they know this shared secret (udp: nothing is kept for a sender before, "
-                "and every datagram then carries a MAC; without it the CRC is no authentication)");
+                "require senders to prove they know this shared secret (UCX: every control message after it is "
+                "signed; udp: nothing is kept for a sender before, and every datagram then carries a MAC; without "
+                "it the CRC is no authentication)");
   r->add_option("--max-memory", recv->max_memory,
                 "SIZE (e.g. 4G): most memory for all senders' blocks (udp: message regions) together; a sender that "
                 "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
@@ -124,7 +125,8 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   r->add_option("--worker-image", recv->worker_image, "podman: image (build it with `make image`)")
       ->default_str("localhost/slotstream:latest");
   r->add_option("--backlog-messages", recv->backlog_messages,
-                "hold blocks (back-pressure) while a device has this many unprocessed messages");
+                "hold blocks (back-pressure) while a device has this many unprocessed messages (udp: pause the "
+                "device: UD drops its messages, dgram_rd and dgram_rc hold the sender back)");
   r->add_option("--backlog-bytes", recv->backlog_bytes,
                 "hold blocks (back-pressure) while a device has this many unprocessed bytes");
   r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
@@ -134,7 +136,7 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   add_platform_recv(r, &recv->platform);
   r->add_option("--hold-block", recv->holds,
                 "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
-                "sender connects (testing and benchmarks)");
+                "sender connects (testing and benchmarks; udp: message slot INDEX of every device, MSN mod --blocks)");
   return r;
 }
 
@@ -165,7 +167,8 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
                 "bytes per block incl. its 16-byte header (default 1 MiB: one 640x480x3 frame per block)")
       ->default_str(std::to_string(kDefaultBlockSize));
   s->add_option("--token-file", send->token_file,
-                "shared secret the receiver asks for (udp: then every datagram carries a MAC)");
+                "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
+                "signed; udp: every datagram carries a MAC)");
   s->add_flag("--json", send->json, "print one JSON summary object on stdout");
   s->add_option("--file", send->files, "D=PATH: the file is one message of device D (repeatable, in order)");
   s->add_option("--dir", send->dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
