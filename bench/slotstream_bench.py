@@ -572,17 +572,23 @@ def time_bins(times_ns, sizes, t0, bin_ms, span_ms):
 
 
 HELD = 2  # the paper's "block 3": receiver block index 2 of three
+PAPER_PICK = "status_byte:pick=in_order"  # the paper's sender walk (docs/design.md)
 
 
 def exp_held_block(res, cfg):
     """Fig. 18: three blocks, a saturating sender (back to back), and the receiver holds block 3
     (index 2) from 100 ms to 200 ms after the sender connected; throughput in 10 ms bins. With one
     of three blocks unavailable, a protocol that can skip it keeps two thirds of its blocks; one
-    that must release in order stops."""
-    prog = Progress(len(cfg.transports) * len(cfg.protocols), "held_block", res.run, cfg.runs)
+    that must release in order stops. status_byte also runs with the paper's own pick
+    (status_byte:pick=in_order: blocks in order, waiting for a full one, skipping only the held one)
+    beside slotstream's default (pick=any)."""
+    protocols = list(cfg.protocols)
+    if "status_byte" in protocols and PAPER_PICK not in protocols:
+        protocols.insert(protocols.index("status_byte") + 1, PAPER_PICK)
+    prog = Progress(len(cfg.transports) * len(protocols), "held_block", res.run, cfg.runs)
     size, blocks = 65536, PAPER_BLOCKS
     for t in cfg.transports:
-        for p in cfg.protocols:
+        for p in protocols:
             try:
                 snd, rcv = run_pair(t, p, size, 10_000_000, blocks, seconds=0.5, hold=f"{HELD}:100:200")
             except PeerError as e:

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -142,6 +143,51 @@ int frame_getbuffer(PyObject* self, Py_buffer* view, int flags) {
 }
 
 PyType_Slot frame_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(frame_getbuffer)}, {0, nullptr}};
+
+// One message lent in place (Receiver(..., zero_copy=True); slotstream.h MessageView): the buffer
+// protocol exports the receive block itself, read-only. Its block stays held (status 2: the sender
+// skips it) until release(), the end of a `with` block, or garbage collection. release() while a
+// memoryview or numpy array still uses the bytes is refused (BufferError): the block would be
+// rewritten under it; once released, exporting raises instead of reading reused memory.
+struct PyView {
+  MessageView view;
+  std::string sender;
+  uint64_t seq = 0;
+  Py_ssize_t exports = 0;  // buffers handed out and not yet given back (GIL held)
+
+  void release() {
+    if (exports > 0) {
+      throw nb::buffer_error((std::to_string(exports) +
+                              " memoryview/numpy object(s) still use this message: delete them before release() "
+                              "(the message's block would be rewritten under them)")
+                                 .c_str());
+    }
+    view.release();
+  }
+};
+
+int view_getbuffer(PyObject* self, Py_buffer* out, int flags) {
+  PyView* v = nb::inst_ptr<PyView>(self);
+  if (!v->view) {
+    PyErr_SetString(PyExc_ValueError,
+                    "this message view was released: its receive block may hold other data now (keep the view, "
+                    "or copy the bytes before releasing it)");
+    out->obj = nullptr;
+    return -1;
+  }
+  static std::byte empty{};
+  auto data = v->view.data();
+  void* p = data.empty() ? static_cast<void*>(&empty) : const_cast<std::byte*>(data.data());
+  if (PyBuffer_FillInfo(out, self, p, Py_ssize_t(data.size()), /*readonly=*/1, flags) != 0) return -1;
+  ++v->exports;
+  return 0;
+}
+
+void view_releasebuffer(PyObject* self, Py_buffer*) { --nb::inst_ptr<PyView>(self)->exports; }
+
+PyType_Slot view_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(view_getbuffer)},
+                            {Py_bf_releasebuffer, reinterpret_cast<void*>(view_releasebuffer)},
+                            {0, nullptr}};
 
 // ------------------------------------------------------------------------------------ sender
 
@@ -416,6 +462,7 @@ struct Delivered {
   uint16_t device;
   uint64_t seq;
   Frame data;
+  MessageView view;  // zero_copy=True: the message in place instead of `data`
 };
 
 // What the receiver's threads and the Python object share. Outlives the library Receiver (the
@@ -454,9 +501,78 @@ struct RxShared {
   }
 };
 
-class PySink final : public MessageSink {
+// What both sinks below share: the iterator queue and the callback, for one sender.
+class PyDelivery {
+ protected:
+  PyDelivery(RxShared& shared, std::string sender) : shared_(shared), sender_(std::move(sender)) {}
+
+  // Iterator mode, `shared_.mutex` held: waits for room in the queue (kBusy after kQueueWait),
+  // then queues the device's next message, filled in by `make(Delivered&)`.
+  template <typename Make>
+  Status queue_locked(std::unique_lock<std::mutex>& lock, uint16_t device, Make&& make) {
+    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+    if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
+    // A full queue: the consumer must hear of what this batch queued before we wait for it.
+    if (shared_.queue.size() >= shared_.max_queue) shared_.changed.notify_all();
+    if (!shared_.changed.wait_for(lock, kQueueWait,
+                                  [&] { return shared_.queue.size() < shared_.max_queue || shared_.closing; })) {
+      return {Code::kBusy,
+              "the Python consumer is behind (" + std::to_string(shared_.max_queue) + " messages waiting)"};
+    }
+    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+    Delivered d{sender_, device, 0, Frame(), MessageView()};
+    SLOTSTREAM_RETURN_IF_ERROR(make(d));
+    uint64_t& seq = shared_.next_seq[std::make_pair(sender_, device)];
+    d.seq = seq++;
+    shared_.queue.push_back(std::move(d));
+    return Status::ok();
+  }
+
+  // Callback mode, GIL held: the device's next number, or why nothing more is delivered.
+  Status next_seq(uint16_t device, uint64_t* seq) {
+    std::lock_guard lock(shared_.mutex);
+    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+    if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
+    *seq = shared_.next_seq[std::make_pair(sender_, device)];
+    return Status::ok();
+  }
+  void delivered(uint16_t device, uint64_t seq) {
+    std::lock_guard lock(shared_.mutex);
+    shared_.next_seq[std::make_pair(sender_, device)] = seq + 1;
+  }
+
+  // With the GIL: the callback gets `data` (a memoryview, or a MessageView). A callback that
+  // raises stops the receiver.
+  Status call_back(uint16_t device, uint64_t seq, const std::function<nb::object()>& data) {
+    try {
+      shared_.callback(sender_, device, seq, data());
+    } catch (nb::python_error& e) {
+      std::lock_guard lock(shared_.mutex);
+      if (!shared_.failed) {
+        shared_.failed = true;
+        shared_.error = nb::borrow(e.value());
+        shared_.stop_soon();
+      }
+      shared_.changed.notify_all();
+      return {Code::kCancelled, "the Python callback raised"};
+    }
+    return Status::ok();
+  }
+
+  RxShared& shared_;
+  std::string sender_;
+};
+
+nb::object memoryview_of(Frame&& frame) {
+  nb::object obj = nb::cast(std::move(frame));
+  nb::object view = nb::steal(PyMemoryView_FromObject(obj.ptr()));
+  if (!view.is_valid()) throw nb::python_error();
+  return view;
+}
+
+class PySink final : public MessageSink, PyDelivery {
  public:
-  PySink(RxShared& shared, std::string sender) : shared_(shared), sender_(std::move(sender)) {}
+  PySink(RxShared& shared, std::string sender) : PyDelivery(shared, std::move(sender)) {}
 
   Status begin(uint16_t device) override {
     open_[device] = Frame();
@@ -476,7 +592,7 @@ class PySink final : public MessageSink {
     Status st;
     for (; *stored < batch.size(); ++*stored) {
       const Message& m = batch[*stored];
-      st = queue_locked(lock, m.device, [&](Frame& f) { return f.append(m.data); });
+      st = queue_locked(lock, m.device, [&](Delivered& d) { return d.data.append(m.data); });
       if (!st.is_ok()) break;
     }
     if (*stored > 0) shared_.changed.notify_all();
@@ -486,101 +602,79 @@ class PySink final : public MessageSink {
   // The message is complete: hand it to the callback or the iterator queue. Failing (busy,
   // closing, callback raised) leaves it here; the receiver retries this call later.
   Status commit(uint16_t device) override {
-    auto key = std::make_pair(sender_, device);
-    uint64_t seq;
-    {
+    if (!shared_.callback_mode) {
       std::unique_lock lock(shared_.mutex);
-      if (shared_.closing) return {Code::kCancelled, "receiver closing"};
-      if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
-      seq = shared_.next_seq[key];
-      if (!shared_.callback_mode) {
-        Status st = queue_locked(lock, device, [&](Frame& f) {
-          f = std::move(open_[device]);
-          return Status::ok();
-        });
-        if (st.is_ok()) {
-          open_.erase(device);
-          shared_.changed.notify_all();
-        }
-        return st;
+      Status st = queue_locked(lock, device, [&](Delivered& d) {
+        d.data = std::move(open_[device]);
+        return Status::ok();
+      });
+      if (st.is_ok()) {
+        open_.erase(device);
+        shared_.changed.notify_all();
       }
+      return st;
     }
     if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
     nb::gil_scoped_acquire gil;
-    SLOTSTREAM_RETURN_IF_ERROR(call_back(device, seq, std::move(open_[device])));
+    uint64_t seq;
+    SLOTSTREAM_RETURN_IF_ERROR(next_seq(device, &seq));
+    SLOTSTREAM_RETURN_IF_ERROR(call_back(device, seq, [&] { return memoryview_of(std::move(open_[device])); }));
     open_.erase(device);
-    std::lock_guard lock(shared_.mutex);
-    shared_.next_seq[key] = seq + 1;
+    delivered(device, seq);
     return Status::ok();
   }
 
  private:
-  // Iterator mode, `shared_.mutex` held: waits for room in the queue (kBusy after kQueueWait),
-  // then queues the device's next message, made by `make`.
-  template <typename Make>
-  Status queue_locked(std::unique_lock<std::mutex>& lock, uint16_t device, Make&& make) {
-    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
-    if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
-    // A full queue: the consumer must hear of what this batch queued before we wait for it.
-    if (shared_.queue.size() >= shared_.max_queue) shared_.changed.notify_all();
-    if (!shared_.changed.wait_for(lock, kQueueWait,
-                                  [&] { return shared_.queue.size() < shared_.max_queue || shared_.closing; })) {
-      return {Code::kBusy,
-              "the Python consumer is behind (" + std::to_string(shared_.max_queue) + " messages waiting)"};
-    }
-    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
-    Frame frame;
-    SLOTSTREAM_RETURN_IF_ERROR(make(frame));
-    uint64_t& seq = shared_.next_seq[std::make_pair(sender_, device)];
-    shared_.queue.push_back({sender_, device, seq++, std::move(frame)});
-    return Status::ok();
-  }
-
   Status call_back_batch(std::span<const Message> batch, size_t* stored) {
     if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
     nb::gil_scoped_acquire gil;
     for (; *stored < batch.size(); ++*stored) {
       const Message& m = batch[*stored];
-      const auto key = std::make_pair(sender_, m.device);
       uint64_t seq;
-      {
-        std::lock_guard lock(shared_.mutex);
-        if (shared_.closing) return {Code::kCancelled, "receiver closing"};
-        if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
-        seq = shared_.next_seq[key];
-      }
+      SLOTSTREAM_RETURN_IF_ERROR(next_seq(m.device, &seq));
       Frame frame;
       SLOTSTREAM_RETURN_IF_ERROR(frame.append(m.data));
-      SLOTSTREAM_RETURN_IF_ERROR(call_back(m.device, seq, std::move(frame)));
-      std::lock_guard lock(shared_.mutex);
-      shared_.next_seq[key] = seq + 1;
+      SLOTSTREAM_RETURN_IF_ERROR(call_back(m.device, seq, [&] { return memoryview_of(std::move(frame)); }));
+      delivered(m.device, seq);
     }
     return Status::ok();
   }
 
-  // With the GIL: the callback gets a memoryview of `frame`. A callback that raises stops the receiver.
-  Status call_back(uint16_t device, uint64_t seq, Frame&& frame) {
-    try {
-      nb::object obj = nb::cast(std::move(frame));
-      nb::object view = nb::steal(PyMemoryView_FromObject(obj.ptr()));
-      if (!view.is_valid()) throw nb::python_error();
-      shared_.callback(sender_, device, seq, view);
-    } catch (nb::python_error& e) {
-      std::lock_guard lock(shared_.mutex);
-      if (!shared_.failed) {
-        shared_.failed = true;
-        shared_.error = nb::borrow(e.value());
-        shared_.stop_soon();
-      }
-      shared_.changed.notify_all();
-      return {Code::kCancelled, "the Python callback raised"};
-    }
-    return Status::ok();
-  }
-
-  RxShared& shared_;
-  std::string sender_;
   std::map<uint16_t, Frame> open_;  // messages being assembled, per device
+};
+
+// Receiver(..., zero_copy=True): each message lent in place (a MessageView object, PyView).
+class PyViewSink final : public ViewSink, PyDelivery {
+ public:
+  PyViewSink(RxShared& shared, std::string sender) : PyDelivery(shared, std::move(sender)) {}
+
+  Status take(MessageView& view) override {
+    const uint16_t device = view.device();
+    if (!shared_.callback_mode) {
+      std::unique_lock lock(shared_.mutex);
+      Status st = queue_locked(lock, device, [&](Delivered& d) {
+        d.view = std::move(view);
+        return Status::ok();
+      });
+      if (st.is_ok()) shared_.changed.notify_all();
+      return st;
+    }
+    if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
+    nb::gil_scoped_acquire gil;
+    uint64_t seq;
+    SLOTSTREAM_RETURN_IF_ERROR(next_seq(device, &seq));
+    SLOTSTREAM_RETURN_IF_ERROR(call_back(device, seq, [&] { return make_view(std::move(view), seq); }));
+    delivered(device, seq);
+    return Status::ok();
+  }
+
+  static nb::object make_view(MessageView&& view, uint64_t seq) {
+    PyView v;
+    v.sender = view.sender();
+    v.seq = seq;
+    v.view = std::move(view);
+    return nb::cast(std::move(v));
+  }
 };
 
 nb::dict report_dict(const SessionReport& r) {
@@ -604,7 +698,8 @@ class PyReceiver {
  public:
   PyReceiver(const std::string& listen, nb::object callback, const std::string& transport,
              std::optional<std::string> token, std::optional<uint64_t> exit_after_senders, size_t max_queue,
-             std::optional<std::string> rdma_transport, std::optional<std::string> rdma_device)
+             std::optional<std::string> rdma_transport, std::optional<std::string> rdma_device, bool zero_copy,
+             uint32_t max_held_blocks)
       : shared_(std::make_unique<RxShared>()),
         exit_after_(exit_after_senders) {
     if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
@@ -618,10 +713,18 @@ class PyReceiver {
     shared->max_queue = max_queue;
     shared->callback_mode = !callback.is_none();
     if (shared->callback_mode) shared->callback = callback;
-    o.make_sink = [shared](const SenderInfo& info, std::unique_ptr<MessageSink>* out) {
-      *out = std::make_unique<PySink>(*shared, info.name);
-      return Status::ok();
-    };
+    if (zero_copy) {
+      o.max_held_blocks = max_held_blocks;
+      o.make_view_sink = [shared](const SenderInfo& info, std::unique_ptr<ViewSink>* out) {
+        *out = std::make_unique<PyViewSink>(*shared, info.name);
+        return Status::ok();
+      };
+    } else {
+      o.make_sink = [shared](const SenderInfo& info, std::unique_ptr<MessageSink>* out) {
+        *out = std::make_unique<PySink>(*shared, info.name);
+        return Status::ok();
+      };
+    }
     o.on_session_end = [shared](const SessionReport& r) {
       std::lock_guard lock(shared->mutex);
       shared->ended.push_back(r);
@@ -694,9 +797,9 @@ class PyReceiver {
       return s.closing || done_locked();
     });
     if (!item) throw nb::stop_iteration();
-    nb::object view = nb::steal(PyMemoryView_FromObject(nb::cast(std::move(item->data)).ptr()));
-    if (!view.is_valid()) throw nb::python_error();
-    return nb::make_tuple(item->sender, item->device, item->seq, view);
+    nb::object data =
+        item->view ? PyViewSink::make_view(std::move(item->view), item->seq) : memoryview_of(std::move(item->data));
+    return nb::make_tuple(item->sender, item->device, item->seq, data);
   }
 
   // Waits until `senders` sessions (default exit_after_senders) have ended; false on timeout.
@@ -864,6 +967,35 @@ NB_MODULE(_slotstream, m) {
   bind_sender(m);
   bind_platform_sender(m);
 
+  nb::class_<PyView>(
+      m, "MessageView", nb::type_slots(view_slots),
+      "One message lent in place by Receiver(..., zero_copy=True): memoryview(v) or numpy.frombuffer(v)\n"
+      "read the receive block itself (read-only, no copy). The block stays held (the sender skips it)\n"
+      "until release(), the end of a `with` block, or garbage collection. release() while a memoryview\n"
+      "or numpy array still uses it raises BufferError; reading a released view raises ValueError.")
+      .def("release", &PyView::release,
+           "Gives the message's block back to the sender (idempotent). Raises BufferError while a memoryview or\n"
+           "numpy array made from this view still exists.")
+      .def(
+          "__enter__", [](nb::handle self) { return self; }, nb::sig("def __enter__(self) -> MessageView"))
+      .def(
+          "__exit__", [](PyView& v, nb::args) { v.release(); }, nb::sig("def __exit__(self, *args) -> None"))
+      .def("__len__", [](const PyView& v) { return v.view.data().size(); })
+      .def_prop_ro(
+          "released", [](const PyView& v) { return !v.view; }, "Whether release() was called (or it was collected).")
+      .def_prop_ro(
+          "copied", [](const PyView& v) { return v.view.copied(); },
+          "True for a message that spanned several blocks: it was copied once (not in place).")
+      .def_prop_ro(
+          "in_place", [](const PyView& v) { return v.view.in_registered_memory(); },
+          "Whether the bytes lie in the receive memory registered with UCX (False for copies and once released).")
+      .def_prop_ro(
+          "address", [](const PyView& v) { return reinterpret_cast<uintptr_t>(v.view.data().data()); },
+          "Address of the first byte (0 once released): numpy's data pointer is the same, no copy.")
+      .def_ro("sender", &PyView::sender)
+      .def_prop_ro("device", [](const PyView& v) { return v.view.device(); })
+      .def_ro("seq", &PyView::seq, "The message's number on its device (as in the tuple).");
+
   nb::class_<PyReceiver> receiver(
       m, "Receiver",
       "A passive receiver: senders connect to `listen` and their messages arrive, complete\n"
@@ -871,14 +1003,16 @@ NB_MODULE(_slotstream, m) {
       "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.");
   receiver
       .def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
-                    std::optional<uint64_t>, size_t, std::optional<std::string>, std::optional<std::string>>(),
+                    std::optional<uint64_t>, size_t, std::optional<std::string>, std::optional<std::string>, bool,
+                    uint32_t>(),
            "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
            "exit_after_senders"_a = nb::none(), "max_queue"_a = 8, "rdma_transport"_a = nb::none(),
-           "rdma_device"_a = nb::none(),
-           nb::sig("def __init__(self, listen: str, callback: collections.abc.Callable[[str, int, int, memoryview], "
-                   "object] | None = None, *, transport: str = 'auto', token: str | None = None, "
-                   "exit_after_senders: int | None = None, max_queue: int = 8, rdma_transport: str | None = None, "
-                   "rdma_device: str | None = None) -> None"),
+           "rdma_device"_a = nb::none(), "zero_copy"_a = false, "max_held_blocks"_a = 0,
+           nb::sig("def __init__(self, listen: str, callback: collections.abc.Callable[[str, int, int, "
+                   "memoryview | MessageView], object] | None = None, *, transport: str = 'auto', "
+                   "token: str | None = None, exit_after_senders: int | None = None, max_queue: int = 8, "
+                   "rdma_transport: str | None = None, rdma_device: str | None = None, zero_copy: bool = False, "
+                   "max_held_blocks: int = 0) -> None"),
            "Listens on `listen` (\"HOST:PORT\"; port 0 picks one, see .address). With `callback`, it is\n"
            "called from a receiver thread (one per connected sender) with the GIL held; if it raises,\n"
            "the receiver stops (its senders see it gone) and wait()/close() raise that exception.\n"
@@ -886,11 +1020,15 @@ NB_MODULE(_slotstream, m) {
            "at most `max_queue` messages wait in memory, then the sender is slowed down (back-pressure).\n"
            "Iteration ends after `exit_after_senders` senders have ended, or after close().\n"
            "`transport`: what senders may use ('auto', 'shm', 'tcp', 'rdma'; 'rdma' without a usable RDMA\n"
-           "device raises InvalidArgument); `rdma_transport` 'rc' (default), 'dc' or 'ud'; `rdma_device`.")
+           "device raises InvalidArgument); `rdma_transport` 'rc' (default), 'dc' or 'ud'; `rdma_device`.\n"
+           "`zero_copy=True`: `data` is a MessageView of the message in its receive block (no copy; the\n"
+           "block is held until the view is released) — senders must use status_byte; at most\n"
+           "`max_held_blocks` blocks per sender (0: half) are held by views, beyond that the sender waits.")
       .def_prop_ro("address", &PyReceiver::address, "The bound \"HOST:PORT\".")
       .def(
           "__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))
-      .def("__next__", &PyReceiver::next, nb::sig("def __next__(self) -> tuple[str, int, int, memoryview]"))
+      .def("__next__", &PyReceiver::next,
+           nb::sig("def __next__(self) -> tuple[str, int, int, memoryview | MessageView]"))
       .def("wait", &PyReceiver::wait, "senders"_a = nb::none(), "timeout"_a = nb::none(),
            "Waits until `senders` (default exit_after_senders) sender sessions have ended; False on timeout.\n"
            "Raises the callback's exception if it raised.")

@@ -128,6 +128,9 @@ void SessionReport::merge(const SessionReport& lane) {
   partial_discarded += lane.partial_discarded;
   already_stored += lane.already_stored;
   held_blocks += lane.held_blocks;
+  views_lent += lane.views_lent;
+  views_held_blocks += lane.views_held_blocks;
+  view_limit_waits += lane.view_limit_waits;
   stalls += lane.stalls;
   seconds = std::max(seconds, lane.seconds);
   for (const auto& [k, v] : lane.protocol_counters) protocol_counters[k] += v;

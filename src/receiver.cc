@@ -325,7 +325,9 @@ Status Receiver::Impl::transport_fabric(Transport transport, TransportFabric** o
   auto& wf = fabrics[transport];
   if (!wf) {
     auto fresh = std::make_unique<TransportFabric>();
-    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(spec(transport), &fresh->context));
+    std::unique_ptr<fabric::Context> context;
+    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(spec(transport), &context));
+    fresh->context = std::move(context);
     SLOTSTREAM_RETURN_IF_ERROR(
         fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
     wf = std::move(fresh);
@@ -495,7 +497,13 @@ Status Receiver::Impl::bring_up() {
 }
 
 Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) {
-  if (!options.make_sink) return {Code::kInvalidArgument, "ReceiverOptions::make_sink is required"};
+  if (!options.make_sink && !options.make_view_sink) {
+    return {Code::kInvalidArgument, "ReceiverOptions::make_sink (or make_view_sink, for zero-copy) is required"};
+  }
+  if (options.make_sink && options.make_view_sink) {
+    return {Code::kInvalidArgument,
+            "ReceiverOptions: set make_sink (messages copied to a sink) or make_view_sink (zero-copy views), not both"};
+  }
   if (options.transport == Transport::kUdp) return {Code::kInvalidArgument, kUdpNotHere};
   if (options.max_memory == 0) options.max_memory = default_max_memory();
   auto impl = std::make_unique<Impl>();

@@ -285,6 +285,79 @@ class MessageSink {
   virtual std::optional<Numbering> numbering(uint16_t /*device*/) { return std::nullopt; }
 };
 
+// ------------------------------------------------------------- zero-copy receive (issue 22)
+//
+// The paper's status 2 (§3.3, §4.2.7) for applications: with ReceiverOptions::make_view_sink each
+// complete message is lent to the application where it arrived — a read-only view into the
+// receive block the sender wrote, no copy. While any view of a block lives, the block's status
+// byte is 2 (held): the sender skips it and keeps writing the other blocks. Releasing the last
+// view of a block (MessageView::release() or its destructor, from any thread) sets the byte back
+// to 0 and the sender may reuse the block.
+//
+//   - Small messages packed into one block (record packing) are each lent in place; their block
+//     is held until every one of its views is released.
+//   - A message that spans several blocks (fragmented), or one copied aside while its device
+//     was paused, is copied once into memory the view owns (copied() says so); its blocks are
+//     released at once.
+//   - Views of one device come in message order; releases may come in any order.
+//   - At most ReceiverOptions::max_held_blocks blocks of one sender are held by views at once.
+//     At the limit the receiver lends nothing more: further messages wait, unreleased, in their
+//     blocks, and the sender waits when it finds no free block — back-pressure, nothing is
+//     dropped. The receiver says so (ReceiverOptions::on_event, SessionReport::view_limit_waits):
+//     an application that keeps every view while it waits for the next message would otherwise
+//     wait forever.
+//   - Views may outlive the sender's session (the sender finished or died): the block memory
+//     stays mapped until the last view of it is released. Release every view before the
+//     Receiver is destroyed (its memory budget no longer counts the session's region).
+//   - Only protocols with a per-block status (ProtocolInfo::holds: status_byte) can lend blocks;
+//     a sender using another protocol is refused with the reason.
+// One message lent in place. Move-only. Threading: a view may be moved to, read on and released
+// from any thread; one view is not to be used from two threads at once.
+class MessageView {
+ public:
+  struct Lease;  // what keeps data() valid (internal: src/stream/lending.h)
+  MessageView() = default;
+  MessageView(MessageView&&) noexcept = default;
+  MessageView& operator=(MessageView&& other) noexcept;
+  MessageView(const MessageView&) = delete;
+  MessageView& operator=(const MessageView&) = delete;
+  ~MessageView() = default;  // releases
+
+  explicit operator bool() const { return lease_ != nullptr; }
+  const std::string& sender() const;  // the sender's name (empty for an empty view)
+  uint16_t device() const { return device_; }
+  uint32_t packet() const { return packet_; }  // the packet number of its (first) record
+  // The message's bytes: in the receive block (in place), or in the view's own copy (copied()).
+  // Valid until release(); empty afterwards.
+  std::span<const std::byte> data() const { return data_; }
+  bool copied() const { return copied_; }
+  // Whether data() lies in memory registered with UCX for the receive blocks (a check that the
+  // view is really in place; false for copies).
+  bool in_registered_memory() const;
+  // Gives the message back: once every view of its block is released, the sender may reuse the
+  // block. Idempotent. Any thread.
+  void release();
+
+ private:
+  std::shared_ptr<Lease> lease_;
+  std::span<const std::byte> data_;
+  uint16_t device_ = 0;
+  uint32_t packet_ = 0;
+  bool copied_ = false;
+};
+
+// Where a zero-copy receiver hands one sender's messages (ReceiverOptions::make_view_sink).
+// Threading: called from that sender's session thread only, per device in message order.
+class ViewSink {
+ public:
+  virtual ~ViewSink() = default;
+  // Takes one message: on success the view (moved out of `view`) is the application's to keep,
+  // hand to another thread and release. kBusy: not taken (leave `view` alone) — its device pauses
+  // and the message is offered again later (as MessageSink's kBusy). Any other error stalls the
+  // sender until it clears, as for a MessageSink.
+  virtual Status take(MessageView& view) = 0;
+};
+
 struct SenderInfo {
   std::string name;
   std::string peer;  // control connection's remote address
@@ -330,7 +403,13 @@ struct SessionReport {
   uint64_t partial_discarded = 0;
   uint64_t already_stored = 0;  // messages whose number was stored already (a resent stream), dropped
   uint64_t held_blocks = 0;     // blocks held right now (back-pressure, --hold-block)
-  uint64_t stalls = 0;          // times the sink refused data (disk full, worker backlog)
+  // Zero-copy receive: views lent (messages handed in place; copied ones not counted), blocks the
+  // application holds through views right now, and times the receiver stopped lending because
+  // that reached ReceiverOptions::max_held_blocks (the sender then waits).
+  uint64_t views_lent = 0;
+  uint64_t views_held_blocks = 0;
+  uint64_t view_limit_waits = 0;
+  uint64_t stalls = 0;  // times the sink refused data (disk full, worker backlog)
   // Buffer utilisation (SDP Fig. 6): receiver memory held by records not yet released, and the
   // payload bytes in it, on average over the session (bytes; time-weighted).
   double buffer_held_avg = 0;
@@ -363,6 +442,12 @@ struct ReceiverOptions {
   std::string token;                       // empty: no authentication
   // Creates the sink for a newly accepted sender.
   std::function<Status(const SenderInfo&, std::unique_ptr<MessageSink>*)> make_sink;
+  // Zero-copy receive (see MessageView): set instead of make_sink, each sender's messages are lent
+  // in place to the ViewSink it creates. Senders whose protocol cannot hold blocks are refused.
+  std::function<Status(const SenderInfo&, std::unique_ptr<ViewSink>*)> make_view_sink;
+  // Most blocks of one sender that views may hold at once (0: half its blocks, at least 1; more
+  // than its blocks counts as all of them).
+  uint32_t max_held_blocks = 0;
   // Called (from the session's thread) when a sender's session ends.
   std::function<void(const SessionReport&)> on_session_end;
   // Called when a connection is refused or a sink reports an error (for logs/CLI).

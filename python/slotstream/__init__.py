@@ -10,6 +10,13 @@
         for sender, device, seq, data in rx:                  # data: a memoryview
             ...
 
+    # zero-copy: each message stays in its receive block until its view is released
+    with slotstream.Receiver("0.0.0.0:7000", exit_after_senders=1, zero_copy=True) as rx:
+        for sender, device, seq, view in rx:
+            with view:
+                image = np.frombuffer(view, np.uint8).reshape(480, 640, 3)   # no copy, read-only
+                ...                                                          # del image before the block ends
+
     # or let the cloud-edge platform (etcd) choose and reserve a receiver (docs/platform.md)
     with slotstream.PlatformSender("etcd://e1:2379,e2:2379,e3:2379", name="edge-a", devices=range(12),
                                    need_cpu=3, need_bandwidth=12 * 25 * 921600) as tx:
@@ -23,8 +30,8 @@ from __future__ import annotations
 import atexit
 
 from . import errors
-from ._slotstream import (DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS, Frame, PlatformSender, Receiver, Sender, close_all,
-                          protocols)
+from ._slotstream import (DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS, Frame, MessageView, PlatformSender, Receiver, Sender,
+                          close_all, protocols)
 from .errors import (AuthFailed, Busy, Cancelled, ConnectFailed, Error, InvalidArgument, PeerGone, ProtocolError,
                      Refused, StorageError, Timeout, TransportError, VersionMismatch)
 
@@ -39,7 +46,7 @@ except Exception:  # not installed as a distribution (e.g. imported from a build
 atexit.register(close_all)
 
 __all__ = [
-    "Sender", "PlatformSender", "Receiver", "Frame", "protocols", "DEFAULT_BLOCKS", "DEFAULT_BLOCK_SIZE", "errors",
+    "Sender", "PlatformSender", "Receiver", "Frame", "MessageView", "protocols", "DEFAULT_BLOCKS", "DEFAULT_BLOCK_SIZE", "errors",
     "Error", "InvalidArgument", "ConnectFailed", "Refused", "AuthFailed", "ProtocolError", "VersionMismatch",
     "PeerGone", "TransportError", "StorageError", "Timeout", "Cancelled", "Busy",
 ]

@@ -191,6 +191,13 @@ class ReceiverProtocol {
   // Marks receiver block `slot` unavailable (paper status 2) or available again. Only called
   // when Descriptor::holds.
   virtual void set_hold(uint32_t /*slot*/, bool /*held*/) {}
+  // Zero-copy receive (paper §3.3: "the receiver might need to retain data within a memory
+  // block"): instead of release(id), record `id` stays where it is, unavailable to the sender
+  // (status 2), until release_retained(id). Only called when Descriptor::holds. retain() is the
+  // consumer's; release_retained() may come from any thread, also after the session ended (the
+  // protocol then outlives its session: it must not need its worker for it).
+  virtual void retain(uint64_t /*id*/) {}
+  virtual void release_retained(uint64_t /*id*/) {}
   // Called on every pass of the consumer loop, before poll(): protocols whose notifications
   // arrive through the UCX worker progress it here (the receiver polling its own completion
   // queue). Returns whether it found work.
@@ -218,8 +225,9 @@ struct Descriptor {
   // A benchmark reference that moves bytes but delivers no messages (ucx_raw_put): not offered
   // by `slotstream send`, and its receiver confirms FIN without counting messages.
   bool reference = false;
-  // The receiver can hold individual blocks (paper status 2). Without it, the receiver applies
-  // back-pressure by leaving records unprocessed.
+  // The receiver can hold individual blocks (paper status 2): set_hold, retain and
+  // release_retained work, so it can also lend blocks to the application in place (zero-copy
+  // receive). Without it, the receiver applies back-pressure by leaving records unprocessed.
   bool holds = false;
   // The receiver reaches into the sender's memory: it gets an endpoint to the sender's worker
   // with the SETUP, and the sender's worker must answer (on tcp: the sending thread progresses

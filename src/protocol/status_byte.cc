@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "wire/codec.h"
@@ -18,12 +19,12 @@ size_t status_offset(const Geometry& g) { return size_t(g.blocks) * g.block_size
 class StatusByteSender final : public SenderProtocol {
  public:
   StatusByteSender(SenderFabric& fabric, uint64_t blocks_addr, uint64_t status_addr,
-                   std::unique_ptr<fabric::RemoteKey> rkey)
+                   std::unique_ptr<fabric::RemoteKey> rkey, Pick pick)
       : fabric_(fabric),
         blocks_addr_(blocks_addr),
         status_addr_(status_addr),
         rkey_(std::move(rkey)),
-        cache_(fabric.geometry.blocks) {}
+        cache_(fabric.geometry.blocks, pick) {}
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
     SLOTSTREAM_RETURN_IF_ERROR(wait_space_st());
@@ -97,7 +98,8 @@ class StatusByteReceiver final : public ReceiverProtocol {
       : geometry_(fabric.geometry),
         region_(std::move(region)),
         rkey_(std::move(rkey)),
-        hold_wanted_(geometry_.blocks, false) {}
+        hold_wanted_(geometry_.blocks, 0),
+        retained_(geometry_.blocks, 0) {}
 
   std::vector<uint8_t> setup() const override {
     wire::Writer w;
@@ -123,14 +125,35 @@ class StatusByteReceiver final : public ReceiverProtocol {
     if (last != n) scan_from_ = (last + 1) % n;
   }
 
+  // No lock: hold_wanted_ is written only by this (the consumer's) thread, and a retained block
+  // is never released here.
   void release(uint64_t id) override {
     const auto index = static_cast<uint32_t>(id);
     // paper §3.2.5 step 3; §3.3: a block wanted held goes straight to 2.
     status(index).store(hold_wanted_[index] ? kHeld : kEmpty, std::memory_order_release);
   }
 
+  // paper §3.3: the application keeps the block's data in place; the sender skips it (status 2).
+  // The block is full (1) until now, so the sender cannot be writing its byte.
+  void retain(uint64_t id) override {
+    const auto index = static_cast<uint32_t>(id);
+    std::lock_guard lock(hold_mutex_);
+    retained_[index] = 1;
+    status(index).store(kHeld, std::memory_order_release);
+  }
+
+  // Any thread (the application's). The lock orders it against set_hold() on the consumer's.
+  void release_retained(uint64_t id) override {
+    const auto index = static_cast<uint32_t>(id);
+    std::lock_guard lock(hold_mutex_);
+    retained_[index] = 0;
+    status(index).store(hold_wanted_[index] ? kHeld : kEmpty, std::memory_order_release);
+  }
+
   void set_hold(uint32_t index, bool held) override {
+    std::lock_guard lock(hold_mutex_);
     hold_wanted_[index] = held;
+    if (retained_[index]) return;  // it stays 2 while lent; its release applies the hold
     // Compare-and-swap: the sender may be writing 1 into this very byte right now. If it wins,
     // the block is full and the hold applies when it is released.
     uint8_t expected = held ? kEmpty : kHeld;
@@ -148,12 +171,21 @@ class StatusByteReceiver final : public ReceiverProtocol {
   Geometry geometry_;
   std::unique_ptr<fabric::MemoryRegion> region_;
   std::vector<uint8_t> rkey_;
-  std::vector<bool> hold_wanted_;
+  std::vector<uint8_t> hold_wanted_;  // written by the consumer's thread only, under hold_mutex_
+  std::vector<uint8_t> retained_;     // lent to the application (zero-copy receive), under hold_mutex_
+  std::mutex hold_mutex_;
   uint32_t scan_from_ = 0;
 };
 
-Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
+Status check_options(const Options& options) {
+  Pick pick;
+  return parse_pick(options, &pick);
+}
+
+Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options& options,
                    std::unique_ptr<SenderProtocol>* out) {
+  Pick pick = Pick::kAny;
+  SLOTSTREAM_RETURN_IF_ERROR(parse_pick(options, &pick));
   wire::Reader r(setup);
   uint64_t blocks_addr = r.u64();
   uint64_t status_addr = r.u64();
@@ -161,7 +193,7 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed status_byte set-up from receiver"};
   std::unique_ptr<fabric::RemoteKey> rkey;
   SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
-  out->reset(new StatusByteSender(fabric, blocks_addr, status_addr, std::move(rkey)));
+  out->reset(new StatusByteSender(fabric, blocks_addr, status_addr, std::move(rkey), pick));
   return Status::ok();
 }
 
@@ -182,9 +214,21 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
   for (uint32_t k = 0; k < n; ++k) {
     uint32_t i = (cursor_ + k) % n;
     if (status_[i] == kEmpty) return i;
-    if (status_[i] == kHeld && held_skips) ++*held_skips;
+    if (status_[i] == kHeld) {
+      if (held_skips) ++*held_skips;
+      continue;  // paper §3.3: "skips the memory block with status 2"
+    }
+    if (policy_ == Pick::kInOrder) return -1;  // paper: the next block in order is still full: wait
   }
   return -1;
+}
+
+Status parse_pick(const Options& options, Pick* out) {
+  SLOTSTREAM_RETURN_IF_ERROR(options.check_known("status_byte", {"pick"}));
+  std::string pick;
+  SLOTSTREAM_RETURN_IF_ERROR(options.choice("pick", {"any", "in_order"}, "any", &pick));
+  *out = pick == "in_order" ? Pick::kInOrder : Pick::kAny;
+  return Status::ok();
 }
 
 const Descriptor kStatusByte = {
@@ -192,8 +236,12 @@ const Descriptor kStatusByte = {
     .summary =
         "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
         "writes data, fence, status byte, and reads the status array only when out of free blocks",
+    .options_help =
+        "pick=any|in_order: which receiver block is next — any: the first free one, passing full ones (default); "
+        "in_order: the paper's (Fig. 18): blocks in order, skipping only held ones (status 2), waiting for a full one",
     .holds = true,
     .packs = true,
+    .check_options = check_options,
     .make_sender = make_sender,
     .make_receiver = make_receiver,
 };

@@ -18,10 +18,19 @@ enum BlockStatus : uint8_t { kEmpty = 0, kFull = 1, kHeld = 2 };
 
 // The sender's bookkeeping of the receiver's status array, independent of UCX so that it can be
 // unit-tested: which receiver block to write next, and what a fresh read of the array means.
+//
+// Which block is next (`status_byte:pick=`):
+//   kAny      (default) the first empty block at or after the cursor, skipping full and held ones:
+//             a block the receiver is still consuming never stops the sender while another is free.
+//   kInOrder  the paper's (§3.2.4, §3.3, Fig. 18): blocks strictly in order; a held block (2) is
+//             skipped, but a full one (1) is waited for — the sender reads the status array again
+//             until that block is empty or held. What Fig. 18's throughput drop measures.
+enum class Pick { kAny, kInOrder };
+
 class StatusCache {
  public:
-  explicit StatusCache(uint32_t blocks) : status_(blocks, kEmpty) {}
-  // Next empty block at or after the cursor (round robin), or -1 if the cache has none.
+  explicit StatusCache(uint32_t blocks, Pick policy = Pick::kAny) : status_(blocks, kEmpty), policy_(policy) {}
+  // Next block to write by the policy, or -1 if the cache has none (then: read the status array).
   // Held blocks are skipped and counted (unless `held_skips` is null: only looking).
   int64_t pick(uint64_t* held_skips);
   void mark_full(uint32_t index) {
@@ -34,8 +43,12 @@ class StatusCache {
 
  private:
   std::vector<uint8_t> status_;
+  Pick policy_;
   uint32_t cursor_ = 0;
 };
+
+// `pick=any|in_order` from the protocol's options (default any); an error names what it takes.
+Status parse_pick(const Options& options, Pick* out);
 
 extern const Descriptor kStatusByte;
 

@@ -173,16 +173,17 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
 
   if (auto r = set_up_transport(region)) return r;
   protocol::ReceiverFabric rf{*fabric_->context, worker(), geometry_};
-  if (Status st = desc_->make_receiver(rf, protocol::protocol_options(options_), &proto_); !st.is_ok()) {
+  std::unique_ptr<protocol::ReceiverProtocol> proto;
+  if (Status st = desc_->make_receiver(rf, protocol::protocol_options(options_), &proto); !st.is_ok()) {
     return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
   }
-  if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
-    return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
-  }
+  proto_ = std::move(proto);
+  if (auto r = make_sink()) return r;
   // A sender that packs can have many records per block in flight: the reorder window grows with it.
   bool packs = false;
   (void)protocol::packs(*desc_, options_, &packs);  // checked with the hello
   delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices, packs ? geometry_.block_size : 0);
+  if (lender_) delivery_->set_lending(lender_->lending(), lender_);
   if (confirm_) {
     // The numbers this connection's messages start at: the sender's, or where the sink stands.
     for (uint16_t d : hello.devices) {
@@ -195,6 +196,34 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
   delivery_->set_park_limit(geometry_.bytes());
 
   return send_accept();
+}
+
+// The sender's sink: the application's MessageSink, or (zero-copy receive) a LendingSink that
+// lends messages in place to its ViewSink — only where the protocol can hold single blocks.
+std::optional<Refusal> ReceiverSession::make_sink() {
+  const SenderInfo& info = report_.sender;
+  if (!rx_options_.make_view_sink) {
+    if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
+      return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
+    }
+    return std::nullopt;
+  }
+  if (!desc_->holds) {
+    return Refusal{Code::kRefused,
+                   "this receiver lends messages in place (zero-copy), which needs a protocol that holds "
+                   "single blocks (status 2): use --protocol status_byte, not " +
+                       std::string(desc_->name)};
+  }
+  std::unique_ptr<ViewSink> views;
+  if (Status st = rx_options_.make_view_sink(info, &views); !st.is_ok()) {
+    return Refusal{st.code(), "cannot take this sender's data: " + st.message()};
+  }
+  auto lending = std::make_shared<stream::Lending>(info.name, fabric_->context, proto_, geometry_.blocks,
+                                                   rx_options_.max_held_blocks);
+  auto sink = std::make_unique<stream::LendingSink>(std::move(lending), std::move(views));
+  lender_ = sink.get();
+  sink_ = std::move(sink);
+  return std::nullopt;
 }
 
 // The transport's fabric for this sender: its context and worker (and one of the session's own),

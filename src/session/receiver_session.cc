@@ -73,6 +73,7 @@ void ReceiverSession::close() {
 
 void ReceiverSession::free_region() {
   delivery_.reset();
+  lender_ = nullptr;
   sink_.reset();
   proto_.reset();
   to_sender_.reset();
@@ -125,6 +126,10 @@ void ReceiverSession::fill_report(Clock::time_point start) {
   report_.held_blocks =
       held_all_ ? geometry_.blocks : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
   report_.per_device = delivery_->per_device();
+  if (lender_) {
+    report_.views_lent = lender_->lent();
+    report_.views_held_blocks = lender_->lending()->held();
+  }
   report_.protocol_counters = proto_->stats().counters;
 }
 
@@ -263,7 +268,27 @@ size_t ReceiverSession::deliver() {
   } else if (loop_.stalled) {
     unstall();
   }
+  if (lender_) note_lend_limit();
   return consumed;
+}
+
+// Zero-copy: the application holds the most blocks it may. Nothing more is lent (the sender waits
+// for free blocks) until it releases a view: say so once per episode — an application that keeps
+// every view while it waits for the next message would wait forever.
+// A consumer that keeps up touches the limit now and then: logged at most every kBusyLogInterval
+// (report_.view_limit_waits counts every time).
+void ReceiverSession::note_lend_limit() {
+  const bool limited = delivery_->lend_limited();
+  if (limited && !loop_.lend_limited) {
+    ++report_.view_limit_waits;
+    if (loop_.now >= loop_.next_limit_log) {
+      loop_.next_limit_log = loop_.now + kBusyLogInterval;
+      rx_.event("sender " + report_.sender.name + ": the application holds " +
+                std::to_string(lender_->lending()->held()) + " blocks through message views, the most it may " +
+                "(max_held_blocks); the sender waits until it releases one");
+    }
+  }
+  loop_.lend_limited = limited;
 }
 
 // Stop accepting: the data stays in its block, the empty ones are marked held (paper status 2),
@@ -303,7 +328,10 @@ bool ReceiverSession::fin_complete(size_t consumed) {
   // A reference protocol (ucx_raw_put) delivers nothing by design: the flushed FIN is all.
   bool complete = desc_->reference || !delivery_->has_open_message();
   for (auto [d, n] : l.fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
-  if (complete || (consumed == 0 && !l.stalled && !delivery_->any_paused() && Clock::now() > l.fin_deadline)) {
+  // Messages waiting for the sink, a paused device or the application's views (the lending
+  // limit) are not missing: the grace starts again while any of them waits.
+  const bool waiting = l.stalled || delivery_->any_paused() || delivery_->lend_limited();
+  if (complete || (consumed == 0 && !waiting && Clock::now() > l.fin_deadline)) {
     const uint64_t missing =
         desc_->reference ? 0 : missing_messages(*l.fin, [this](uint16_t d) { return delivery_->messages(d); });
     delivery_->abort_partials();
@@ -316,7 +344,7 @@ bool ReceiverSession::fin_complete(size_t consumed) {
     if (missing) report_.reason = ack.message;
     return true;
   }
-  if (consumed > 0 || l.stalled || delivery_->any_paused()) l.fin_deadline = Clock::now() + kFinGrace;
+  if (consumed > 0 || waiting) l.fin_deadline = Clock::now() + kFinGrace;
   return false;
 }
 

@@ -59,7 +59,8 @@ uint64_t missing_messages(const wire::Fin& fin, const std::function<uint64_t(uin
 // UCX context + shared worker for one transport (shm, tcp or rdma), created when the first sender
 // asks for it (rdma: the RDMA transport the receiver serves).
 struct TransportFabric {
-  std::unique_ptr<fabric::Context> context;
+  // Shared: blocks lent to the application (zero-copy receive) keep it until they are released.
+  std::shared_ptr<fabric::Context> context;
   std::unique_ptr<fabric::Worker> worker;
   std::unique_ptr<fabric::ProgressThread> progress;
 };
@@ -133,6 +134,7 @@ class ReceiverSession {
   std::optional<Refusal> set_up_transport(uint64_t region);
   std::optional<Refusal> send_accept();
   std::optional<Refusal> connect();
+  std::optional<Refusal> make_sink();
   void refuse(const Refusal& refusal);
 
   // --- receiver_session.cc: one pass of the consumer loop, by concern.
@@ -144,6 +146,7 @@ class ReceiverSession {
   bool fin_complete(size_t consumed);         // FIN answered: the session ends
   void check_control(Clock::time_point now);  // live report, liveness, FIN
   void on_pause(uint16_t device, bool paused);
+  void note_lend_limit();
   void confirm_stored(Clock::time_point now);
   void send_stored();
   // The UCX worker this session's protocol uses: its own, or the transport's shared one.
@@ -175,8 +178,10 @@ class ReceiverSession {
   // endpoint back to the sender, then the session's own worker).
   std::unique_ptr<fabric::Worker> own_worker_;   // Descriptor::receiver_progress
   std::unique_ptr<fabric::Endpoint> to_sender_;  // Descriptor::receiver_endpoint
-  std::unique_ptr<protocol::ReceiverProtocol> proto_;
+  // Shared with the views of a zero-copy receiver (stream/lending.h): they may outlive the session.
+  std::shared_ptr<protocol::ReceiverProtocol> proto_;
   std::unique_ptr<MessageSink> sink_;
+  stream::LendingSink* lender_ = nullptr;  // sink_, in zero-copy mode
   std::unique_ptr<stream::Delivery> delivery_;
   protocol::Geometry geometry_;
   SessionReport report_;
@@ -191,14 +196,16 @@ class ReceiverSession {
   std::map<uint16_t, Clock::time_point> next_pause_log_;
   std::vector<bool> hold_active_;
   struct Loop {  // the consumer loop's state between passes
-    Clock::time_point start, last_work, next_busy_log, next_publish, next_check, fin_deadline, retry_at, lost_at;
+    Clock::time_point start, last_work, next_busy_log, next_publish, next_check, fin_deadline, retry_at, lost_at,
+        next_limit_log;
     // When the current pass began: the one clock read of a pass (small messages are a pass each,
     // and a read costs ~25-50 ns in these VMs — five of them were a third of a 256 B message's cost).
     Clock::time_point now;
     std::optional<wire::Fin> fin;
     bool stalled = false;
     bool logged_stall = false;
-    bool worked = false;  // the last pass consumed something or the protocol progressed
+    bool lend_limited = false;  // the application holds the most blocks it may (zero-copy)
+    bool worked = false;        // the last pass consumed something or the protocol progressed
     std::string last_error;
     std::string lost;                 // why the sender is gone (set: drain after lost_at, then end)
     std::vector<uint64_t> published;  // report_fingerprint() of the last live report

@@ -43,6 +43,7 @@ int32_t Delivery::find_device(uint16_t id) const {
 
 Status Delivery::pass(size_t* consumed, std::chrono::steady_clock::time_point now) {
   *consumed = 0;
+  lend_limited_ = false;
   SLOTSTREAM_RETURN_IF_ERROR(retry_pending(consumed));
   collect(now, consumed);
   if (pass_interrupted_) {  // the last pass returned an error half-way: forget its marks
@@ -241,12 +242,13 @@ Status Delivery::flush(std::chrono::steady_clock::time_point now, size_t* consum
   size_t pos = 0;
   while (pos < batch_.size()) {
     messages_.clear();
-    for (size_t k = pos; k < batch_.size(); ++k) {
+    const size_t end = lender_ ? pos + gather_leases(pos) : batch_.size();
+    for (size_t k = pos; k < end; ++k) {
       const Entry& e = entries_[batch_[k]];
       messages_.push_back({e.header.device, e.header.packet, e.unit == kParked ? kNoBlock : e.unit, e.payload});
     }
     size_t stored = 0;
-    const Status st = sink_.deliver(messages_, &stored);
+    const Status st = lender_ ? lender_->lend(messages_, leases_, &stored) : sink_.deliver(messages_, &stored);
     stored = st.is_ok() ? messages_.size() : std::min(stored, messages_.size());
     for (size_t k = pos; k < pos + stored; ++k) {
       const Entry& e = entries_[batch_[k]];
@@ -256,6 +258,13 @@ Status Delivery::flush(std::chrono::steady_clock::time_point now, size_t* consum
       resumed(dev);
     }
     pos += stored;
+    leases_.clear();                          // the views hold theirs
+    if (st.is_ok() && pos < batch_.size()) {  // the lending limit: the rest waits in its units
+      roll_back(pos);
+      ++counters_.lend_limited;
+      lend_limited_ = true;
+      break;
+    }
     if (st.is_ok()) break;
     roll_back(pos);
     if (st.code() != Code::kBusy) {
@@ -275,6 +284,34 @@ Status Delivery::flush(std::chrono::steady_clock::time_point now, size_t* consum
   }
   batch_.clear();
   return Status::ok();
+}
+
+// Zero-copy: a lease for each batch entry from `pos` on (nullptr for a parked record: copied),
+// until the lending limit. Returns how many entries got one.
+size_t Delivery::gather_leases(size_t pos) {
+  leases_.clear();
+  for (size_t k = pos; k < batch_.size(); ++k) {
+    const Entry& e = entries_[batch_[k]];
+    if (e.unit == kParked) {
+      leases_.emplace_back();
+      continue;
+    }
+    auto lease = unit_lease(e.unit);
+    if (!lease) break;
+    leases_.push_back(std::move(lease));
+  }
+  return leases_.size();
+}
+
+std::shared_ptr<BlockLease> Delivery::unit_lease(uint32_t unit) {
+  UnitState& u = units_[unit];
+  if (u.lease) return u.lease;
+  const uint64_t id = u.record.id;
+  auto it = std::find_if(lent_units_.begin(), lent_units_.end(), [&](const auto& l) { return l->id == id; });
+  if (it != lent_units_.end()) return u.lease = *it;
+  u.lease = lending_->lease(id);
+  if (u.lease) lent_units_.push_back(u.lease);
+  return u.lease;
 }
 
 // Batch entries from `from` on were not stored: each device expects its first of them again.
@@ -343,10 +380,10 @@ void Delivery::park_paused() {
 // One release per unit whose records are all consumed; the consumed records of the others are
 // remembered so that the next pass skips them.
 void Delivery::release_units() {
-  for (const UnitState& u : units_) {
+  for (UnitState& u : units_) {
     auto part = std::find_if(partial_.begin(), partial_.end(), [&](const Partial& p) { return p.id == u.record.id; });
     if (u.left == 0) {
-      proto_.release(u.record.id);
+      release_unit(u);
       ++counters_.units;
       if (part != partial_.end()) partial_.erase(part);
       continue;
@@ -356,6 +393,23 @@ void Delivery::release_units() {
     if (part == partial_.end()) part = partial_.insert(partial_.end(), Partial{u.record.id, {}});
     part->consumed.assign(first, last);
   }
+}
+
+// A unit with lent messages is retained (paper §3.3: status 2) and left to its views: the last
+// one released gives it back (BlockLease). The others are released now.
+void Delivery::release_unit(UnitState& u) {
+  std::shared_ptr<BlockLease> lease = std::move(u.lease);
+  if (!lease && !lent_units_.empty()) {  // lent in an earlier pass, the rest consumed in this one
+    auto it = std::find_if(lent_units_.begin(), lent_units_.end(), [&](const auto& l) { return l->id == u.record.id; });
+    if (it != lent_units_.end()) lease = *it;
+  }
+  if (!lease) {
+    proto_.release(u.record.id);
+    return;
+  }
+  proto_.retain(u.record.id);
+  lease->retained = true;
+  std::erase(lent_units_, lease);
 }
 
 void Delivery::remember(uint64_t unit_id, uint32_t index) {
@@ -395,7 +449,8 @@ void Delivery::detect_gaps() {
       dev.stuck_passes = 0;  // a paused device waits for its sink, not for a lost packet
       continue;
     }
-    if (any_blocked || ++dev.stuck_passes < 2) continue;
+    // At the lending limit the expected packet may wait behind it, not be lost.
+    if (any_blocked || lend_limited_ || ++dev.stuck_passes < 2) continue;
     // Two passes without the expected packet while a later one waits: a real gap.
     counters_.gaps += static_cast<uint64_t>(waiting);
     dev.counters.gaps += static_cast<uint64_t>(waiting);
@@ -425,6 +480,7 @@ Status Delivery::apply(const Entry& e, Stage stage, uint64_t unit_id) {
         dev.open = false;
         ++counters_.broken_messages;
       }
+      if (lender_) lender_->set_first_packet(h.packet);
       if (Status st = sink_.begin(h.device); !st.is_ok()) return fail(st, Stage::kBegin);
       dev.open = true;
       dev.open_bytes = 0;

@@ -38,6 +38,7 @@
 
 #include "protocol/protocol.h"
 #include "slotstream/slotstream.h"
+#include "stream/lending.h"
 #include "wire/block_header.h"
 
 namespace slotstream::stream {
@@ -52,8 +53,9 @@ struct DeliveryCounters {
   uint64_t bad_headers = 0;
   uint64_t broken_messages = 0;  // discarded because a fragment was missing
   uint64_t partial_discarded = 0;
-  uint64_t units = 0;   // units released (blocks, ring records: several records when packed)
-  uint64_t parked = 0;  // records of a paused device copied out of a shared unit
+  uint64_t units = 0;         // units released (blocks, ring records: several records when packed)
+  uint64_t parked = 0;        // records of a paused device copied out of a shared unit
+  uint64_t lend_limited = 0;  // passes that stopped lending at the held-blocks limit (zero-copy)
   // Buffer utilisation (SDP Fig. 6), time-weighted between passes: receiver memory held by
   // unreleased records (Record::bytes) and the payload bytes in them, in byte-nanoseconds, and
   // the time observed (from the first pass to the last). Averages: *_byte_ns / observed_ns.
@@ -75,6 +77,16 @@ class Delivery {
   // Most bytes of paused devices' records copied out of shared units at once (default 16 MiB);
   // beyond it they wait in their units.
   void set_park_limit(uint64_t bytes) { park_limit_ = bytes; }
+  // Zero-copy receive (stream/lending.h): whole messages are lent in place through `sink` (the
+  // sink given to the constructor) under leases from `lending`; a unit with lent messages is
+  // retained (not released) once all its records are consumed. At the lending limit the rest of
+  // a batch waits in its units.
+  void set_lending(std::shared_ptr<Lending> lending, LendingSink* sink) {
+    lending_ = std::move(lending);
+    lender_ = sink;
+  }
+  // Whether the last pass stopped lending at the limit (the application holds max_held blocks).
+  bool lend_limited() const { return lend_limited_; }
 
   // One pass over the units complete now. `*consumed` = records consumed (delivered or dropped).
   // A sink error is returned as is; the record stays unreleased (back-pressure) and the next pass
@@ -136,7 +148,8 @@ class Delivery {
     protocol::Record record;
     uint32_t first_mark = 0;  // its records' consumed flags are marks_[first_mark, +records)
     uint32_t records = 0;
-    uint32_t left = 0;  // not consumed yet
+    uint32_t left = 0;                  // not consumed yet
+    std::shared_ptr<BlockLease> lease;  // zero-copy: some of its messages are lent
   };
   // Records of a unit consumed in earlier passes while others of it had to wait.
   struct Partial {
@@ -165,6 +178,9 @@ class Delivery {
   void roll_back(size_t from);
   void park_paused();
   void release_units();
+  void release_unit(UnitState& u);
+  size_t gather_leases(size_t pos);
+  std::shared_ptr<BlockLease> unit_lease(uint32_t unit);
   void compact_parked();
   void remember(uint64_t unit_id, uint32_t index);
   void detect_gaps();
@@ -194,6 +210,12 @@ class Delivery {
   std::vector<uint32_t> batch_;     // entries_ of whole messages for the next sink_.deliver
   std::vector<Message> messages_;
   std::vector<Partial> partial_;
+  // Zero-copy receive: units with lent messages not all consumed yet, across passes.
+  std::shared_ptr<Lending> lending_;
+  LendingSink* lender_ = nullptr;
+  std::vector<std::shared_ptr<BlockLease>> lent_units_;
+  std::vector<std::shared_ptr<BlockLease>> leases_;  // scratch: one per message of a lent batch
+  bool lend_limited_ = false;
   bool pass_interrupted_ = false;  // a pass returned early: the devices' pass_* marks are stale
   bool traced_ = false;            // this pass records the per-stage trace (stream/trace.h)
   // What the last pass found held (buffer utilisation is integrated from one pass to the next).

@@ -46,5 +46,70 @@ TEST(StatusCache, HeldBlockIsUsedAgainOnceReleased) {
   EXPECT_EQ(c.pick(&held), 0);
 }
 
+// The paper's policy (pick=in_order, Fig. 18): blocks in order; a held block is skipped, a full
+// one is waited for even when a later block is free.
+TEST(StatusCache, InOrderWaitsForAFullBlockAndSkipsOnlyHeldOnes) {
+  StatusCache c(4, Pick::kInOrder);
+  uint64_t held = 0;
+  for (uint32_t i = 0; i < 4; ++i) c.mark_full(c.pick(&held));  // cursor back at 0
+  auto raw = c.raw();
+  raw[0] = kFull;  // still being consumed
+  raw[1] = kEmpty;
+  raw[2] = kHeld;
+  raw[3] = kEmpty;
+  EXPECT_EQ(c.pick(&held), -1) << "in order: block 0 is full, so the sender waits (reads again)";
+  raw[0] = kEmpty;
+  EXPECT_EQ(c.pick(&held), 0);
+  c.mark_full(0);
+  EXPECT_EQ(c.pick(&held), 1);
+  c.mark_full(1);
+  EXPECT_EQ(held, 0u);
+  EXPECT_EQ(c.pick(&held), 3) << "block 2 is held (status 2): skipped";
+  EXPECT_EQ(held, 1u);
+  c.mark_full(3);
+  EXPECT_EQ(c.pick(&held), -1);
+}
+
+TEST(StatusCache, AnyPassesAFullBlockToTheNextFreeOne) {
+  StatusCache c(4, Pick::kAny);
+  uint64_t held = 0;
+  for (uint32_t i = 0; i < 4; ++i) c.mark_full(c.pick(&held));
+  auto raw = c.raw();
+  raw[0] = kFull;
+  raw[1] = kEmpty;
+  raw[2] = kEmpty;
+  raw[3] = kEmpty;
+  EXPECT_EQ(c.pick(&held), 1);
+}
+
+TEST(StatusCache, InOrderWithEveryOtherBlockHeldStillMoves) {
+  StatusCache c(4, Pick::kInOrder);
+  uint64_t held = 0;
+  auto raw = c.raw();
+  raw[0] = kHeld;
+  raw[2] = kHeld;
+  EXPECT_EQ(c.pick(&held), 1);
+  c.mark_full(1);
+  EXPECT_EQ(c.pick(&held), 3);
+  c.mark_full(3);
+  EXPECT_EQ(c.pick(&held), -1);  // 0 held, 1 full: wait
+}
+
+TEST(StatusByteOptions, PickTakesAnyOrInOrder) {
+  Pick p = Pick::kInOrder;
+  Options o;
+  ASSERT_TRUE(parse_pick(o, &p).is_ok());
+  EXPECT_EQ(p, Pick::kAny);
+  ASSERT_TRUE(Options::parse("pick=in_order", &o).is_ok());
+  ASSERT_TRUE(parse_pick(o, &p).is_ok());
+  EXPECT_EQ(p, Pick::kInOrder);
+  ASSERT_TRUE(Options::parse("pick=first", &o).is_ok());
+  Status st = parse_pick(o, &p);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("in_order"), std::string::npos) << st.message();
+  ASSERT_TRUE(Options::parse("order=1", &o).is_ok());
+  EXPECT_FALSE(parse_pick(o, &p).is_ok());
+}
+
 }  // namespace
 }  // namespace slotstream::protocol

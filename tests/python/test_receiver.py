@@ -153,8 +153,9 @@ def test_the_package_ships_type_stubs():
     stub = (pkg / "_slotstream.pyi").read_text()
     compile(stub, "_slotstream.pyi", "exec")  # valid Python syntax
     assert "def send(self, device: int, data: Buffer | numpy.typing.NDArray[Any]) -> None" in stub
-    assert "def __next__(self) -> tuple[str, int, int, memoryview]" in stub
-    assert "class Receiver" in stub and "class Sender" in stub
+    assert "def __next__(self) -> tuple[str, int, int, memoryview | MessageView]" in stub
+    assert "class Receiver" in stub and "class Sender" in stub and "class MessageView" in stub
+    assert "zero_copy: bool = False" in stub
     assert slotstream.__version__ == _cmake_version()
 
 
