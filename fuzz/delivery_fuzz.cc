@@ -355,8 +355,11 @@ class Run {
 
   // The device's next fragment (a new message when the last one is complete).
   void put_next(DeviceModel& d, Fate fate) {
-    // The sender waits (for a block, or behind records still waiting for one).
-    if (fate == Fate::kVisible && (blocks_->free_slots().empty() || !waiting_.empty())) return;
+    // The sender waits behind records still waiting for a block, whatever becomes of its next
+    // packet: it writes each device's packets in order, so a lost or late packet cannot be
+    // produced ahead of earlier ones still unwritten (the receiver would rightly count those as a
+    // gap the model never lost). A visible packet also waits for a free block.
+    if (!waiting_.empty() || (fate == Fate::kVisible && blocks_->free_slots().empty())) return;
     if (d.fragments_left == 0) start_message(d);
     auto record = next_fragment(d, in_.ConsumeIntegralInRange<uint32_t>(0, capacity_));
     switch (fate) {
