@@ -52,6 +52,17 @@ std::vector<std::string> WorkerManager::argv_for(const std::string& sender, uint
                                 worker_name(sender, device),
                                 "--network",
                                 "none",
+                                // The image's default user is the unprivileged daemon (10001); a
+                                // worker must own what the receiver created for it instead. That
+                                // is the container's root: the receiver's own root under rootful
+                                // podman, and the receiver's user under rootless podman. It needs
+                                // no capability to write its own files.
+                                "--user",
+                                "0:0",
+                                "--cap-drop",
+                                "all",
+                                "--security-opt",
+                                "no-new-privileges",
                                 "--ulimit",
                                 "nofile=20000:20000",
                                 "--ulimit",
