@@ -634,6 +634,7 @@ NB_MODULE(_slotstream, m) {
   // Objects still referenced from a script's globals through an exception's traceback are freed
   // after nanobind's exit-time leak check runs; its warning would be noise for every such script.
   nb::set_leak_warnings(false);
+  m.attr("__version__") = version();
   nb::class_<Frame>(m, "Frame", nb::type_slots(frame_slots),
                     "A received message's bytes, owned by this object; read it through memoryview().");
   bind_sender(m);

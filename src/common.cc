@@ -50,6 +50,8 @@ std::string Status::to_string() const {
   return std::string(code_name(code_)) + ": " + message_;
 }
 
+const char* version() { return SLOTSTREAM_VERSION; }
+
 std::optional<Transport> parse_transport(std::string_view text) {
   if (text == "auto") return Transport::kAuto;
   if (text == "shm") return Transport::kShm;

@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
       "slotstream — stream many devices' data over one one-sided RDMA connection (UCX: shared memory, tcp, "
       "InfiniBand/RoCE) with the status-byte-assisted transmission mechanism."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "slotstream 0.1.0");
+  app.set_version_flag("--version", std::string("slotstream ") + version());
 
   RecvArgs recv;
   auto* r = add_recv(app, &recv);

@@ -22,6 +22,9 @@
 
 namespace slotstream {
 
+// This library's version, "MAJOR.MINOR.PATCH" (CMake's project VERSION).
+const char* version();
+
 enum class Transport { kAuto, kShm, kTcp };
 std::optional<Transport> parse_transport(std::string_view text);
 const char* transport_name(Transport t);

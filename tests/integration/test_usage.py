@@ -63,3 +63,13 @@ def test_recv_unusable_out_dir(tmp_path, where):
     assert p.returncode != 0
     assert "listening on" not in p.stdout, "recv announced it was ready with an unusable --out"
     assert str(out) in p.stderr or "output" in p.stderr.lower(), f"unclear error: {p.stderr!r}"
+
+
+def test_version_is_cmakes_project_version():
+    # One version source: CMakeLists.txt's project(VERSION); the CLI reports it (and through it the image tag,
+    # pkg-config and the Python package: test_image, test_install, tests/python).
+    import re
+    from conftest import REPO
+    cmake = re.search(r"project\(slotstream VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"slotstream {cmake}", p.stdout
