@@ -7,6 +7,7 @@
 // Everything here is independent of the UCX transport underneath (shm, tcp, rc/dc/ud).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -188,6 +189,21 @@ struct DeviceStats {
   bool paused = false;  // paused right now
 };
 
+// How long the receiver took to store a sender's messages: from the consumer pass that first took
+// up a message's first block to the sink's commit (reassembly of fragments, back-pressure waits,
+// the write itself). Not end to end: a block header carries no send time, and two hosts' clocks
+// are not comparable. Prometheus-style buckets (slotstream_message_store_seconds).
+struct LatencyHistogram {
+  // Upper bounds in seconds; a last bucket counts what exceeds them all.
+  static constexpr std::array<double, 16> kBounds = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                     0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   5};
+  std::array<uint64_t, kBounds.size() + 1> buckets{};  // per bucket, not cumulative
+  uint64_t count = 0;
+  double sum_seconds = 0;
+  void observe(double seconds);
+  void merge(const LatencyHistogram& other);
+};
+
 struct SessionReport {
   SenderInfo sender;
   bool finished = false;  // true: clean FIN; false: lost (peer died) or stopped
@@ -212,6 +228,7 @@ struct SessionReport {
   // buffered_read's reads and bytes read), summed over the sender's connections; documented where
   // each protocol counts them (protocol.h).
   std::map<std::string, uint64_t> protocol_counters;
+  LatencyHistogram store_latency;  // complete messages, from first block to stored
 
   // Adds another connection (lane) of the same sender: every counter summed, devices and
   // per-device counters merged, finished only if both are, the first reason kept, the longer
@@ -258,6 +275,15 @@ struct Capacity {
 // Asks a receiver's control port for its capacity (2 s deadline).
 Status query_capacity(const std::string& host, uint16_t port, Capacity* out);
 
+// Connections a receiver refused since it started, by reason. `refused` counts every refusal
+// (reasons: protocol, options, geometry, name, devices, transport, authentication,
+// already_connected, memory, busy, bad_hello, timeout, setup, other); `authentication_failures`
+// counts the authentication ones again, by what failed (wrong_token, no_proof, unsigned_setup).
+struct RefusalCounts {
+  std::map<std::string, uint64_t> refused;
+  std::map<std::string, uint64_t> authentication_failures;
+};
+
 class Receiver {
  public:
   // Binds the control listener and starts serving. *out is set only on success.
@@ -273,6 +299,10 @@ class Receiver {
   std::vector<SessionReport> live_sessions() const;
   // Blocks until `sessions_ended() >= n` or stop() was called.
   void wait_sessions(uint64_t n);
+  // Refused connections so far, by reason. Any thread.
+  RefusalCounts refusals() const;
+  // The control listener is open and its accept loop runs (false once stop() was called).
+  bool accepting() const;
 
   struct Impl;
 

@@ -96,6 +96,7 @@ void ReceiverSession::fill_report(Clock::time_point start) {
       held_all_ ? geometry_.blocks : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
   report_.per_device = delivery_->per_device();
   report_.protocol_counters = proto_->stats().counters;
+  report_.store_latency = c.store_latency;
 }
 
 void ReceiverSession::publish(Clock::time_point start) {

@@ -22,8 +22,10 @@ Status Delivery::apply(const Entry& e, Stage stage) {
   };
   if (stage == Stage::kBegin) {
     if (h.first()) {
-      if (dev.open) {  // the previous message never got its last fragment
+      if (!dev.taken_up) dev.taken_up = pass_now_;  // kept while the sink is busy: waits count
+      if (dev.open) {                               // the previous message never got its last fragment
         sink_.abort(h.device);
+        dev.taken_up = pass_now_;
         dev.open = false;
         ++counters_.broken_messages;
       }
@@ -44,6 +46,11 @@ Status Delivery::apply(const Entry& e, Stage stage) {
   if (h.last()) {
     if (Status st = sink_.commit(h.device); !st.is_ok()) return fail(st, Stage::kCommit);
     trace(TraceStage::kDelivered, h.device, h.packet);
+    if (dev.taken_up) {
+      counters_.store_latency.observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *dev.taken_up).count());
+    }
+    dev.taken_up.reset();
     dev.open = false;
     ++dev.counters.messages;
     dev.counters.bytes += dev.open_bytes;
@@ -55,6 +62,7 @@ Status Delivery::apply(const Entry& e, Stage stage) {
 
 Status Delivery::pass(size_t* consumed, std::chrono::steady_clock::time_point now) {
   *consumed = 0;
+  pass_now_ = now;
   auto deliver = [&](const Entry& e, Stage stage) -> Status {
     SLOTSTREAM_RETURN_IF_ERROR(apply(e, stage));
     proto_.release(e.record.id);
@@ -174,6 +182,7 @@ Status Delivery::pass(size_t* consumed, std::chrono::steady_clock::time_point no
     dev.counters.gaps += static_cast<uint64_t>(waiting);
     dev.expected += static_cast<uint32_t>(waiting);
     dev.stuck_passes = 0;
+    dev.taken_up.reset();
     if (dev.open) {
       sink_.abort(d);
       dev.open = false;
@@ -190,6 +199,7 @@ uint64_t Delivery::abort_partials() {
     if (!dev.open) continue;
     sink_.abort(d);
     dev.open = false;
+    dev.taken_up.reset();
     ++n;
   }
   pending_.reset();

@@ -48,6 +48,8 @@ struct DeliveryCounters {
   double buffer_held_byte_ns = 0;
   double buffer_useful_byte_ns = 0;
   double buffer_observed_ns = 0;
+  // Complete messages, from the pass that first took up the first block to the sink's commit.
+  LatencyHistogram store_latency;
 };
 
 class Delivery {
@@ -88,6 +90,8 @@ class Delivery {
     uint64_t open_bytes = 0;
     uint32_t stuck_passes = 0;
     std::chrono::steady_clock::time_point retry_at{};  // while paused: when to try its sink again
+    // When the pass that first tried to begin the open message began (store latency).
+    std::optional<std::chrono::steady_clock::time_point> taken_up;
     DeviceStats counters;
     // Within one pass (reset at its end; no per-pass allocation): a packet was delivered, and the
     // distance of the nearest packet waiting behind a missing one (-1: none).
@@ -119,6 +123,7 @@ class Delivery {
   bool pass_interrupted_ = false;  // a pass returned early: the devices' pass_* marks are stale
   // What the last pass found held (buffer utilisation is integrated from one pass to the next).
   std::optional<std::chrono::steady_clock::time_point> last_pass_;
+  std::chrono::steady_clock::time_point pass_now_{};  // when the current pass began
   uint64_t last_held_ = 0;
   uint64_t last_useful_ = 0;
 };

@@ -131,6 +131,43 @@ TEST(Handshake, ProofsCoverTheTokenBothNoncesAndTheWholeHello) {
   EXPECT_TRUE(check_setup_proof("secret", nr, ns, setup));
 }
 
+// Every refusal check_hello makes is counted under a reason of its own, and authentication failures
+// under `authentication` plus what failed.
+TEST(Handshake, RefusalsAreCountedUnderTheirReason) {
+  auto label = [](wire::Hello h) {
+    HelloTerms terms;
+    auto r = check_hello(h, Transport::kShm, "host-a", &terms);
+    return r ? std::string(refusal_labels(*r).refused) : std::string("accepted");
+  };
+  wire::Hello h = good_hello();
+  EXPECT_EQ(label(h), "accepted");
+  h.protocol = "carrier_pigeon";
+  EXPECT_EQ(label(h), "protocol");
+  h = good_hello();
+  h.options = "no_such_option=1";
+  EXPECT_EQ(label(h), "options");
+  h = good_hello();
+  h.blocks = 0;
+  EXPECT_EQ(label(h), "geometry");
+  h = good_hello();
+  h.name = "../etc";
+  EXPECT_EQ(label(h), "name");
+  h = good_hello();
+  h.devices.clear();
+  EXPECT_EQ(label(h), "devices");
+  h = good_hello();
+  h.host_id = "host-b";  // shm only, across hosts
+  EXPECT_EQ(label(h), "transport");
+
+  const auto wrong = refusal_labels(*check_sender_proof("token", {}, {}, {}, std::vector<uint8_t>(32, 0)));
+  EXPECT_STREQ(wrong.refused, "authentication");
+  EXPECT_STREQ(wrong.auth_failure, "wrong_token");
+  EXPECT_EQ(refusal_labels({Code::kRefused, "x", "memory"}).auth_failure, nullptr);
+  EXPECT_STREQ(refusal_labels({Code::kProtocolError, "garbage"}).refused, "bad_hello");
+  EXPECT_STREQ(refusal_labels({Code::kTimeout, "slow"}).refused, "timeout");
+  EXPECT_STREQ(refusal_labels({Code::kAuthFailed, "x"}).auth_failure, "other");
+}
+
 TEST(Handshake, RegionIsTheBlocksAndOneStatusByteEach) {
   EXPECT_EQ(region_bytes({32, 1 << 20}), 32ull * (1 << 20) + 32);
   EXPECT_EQ(region_bytes({kMaxBlocks, kMaxBlockSize}), uint64_t(kMaxBlocks) * kMaxBlockSize + kMaxBlocks);

@@ -249,5 +249,28 @@ TEST(Delivery, ABusyDevicePausesAloneAndResumesWhereItStopped) {
   EXPECT_EQ(events.back(), (std::pair<uint16_t, bool>{0, false}));
 }
 
+TEST(Delivery, StoreLatencyRunsFromTakingUpTheFirstBlockToTheCommitAndIncludesWaits) {
+  Fixture f;
+  f.blocks.put(0, 0, 0, wire::kFirstFragment, "aaa");
+  f.pass();  // the message is taken up here...
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  f.blocks.put(1, 0, 1, wire::kLastFragment, "b");
+  f.pass();  // ...and stored here, 30 ms later
+  f.sink.busy = {1};
+  f.blocks.put(2, 1, 0, kOnly, "waits for its worker");
+  f.pass();
+  f.sink.busy.clear();
+  std::this_thread::sleep_for(Delivery::kBusyRetry + std::chrono::milliseconds(10));
+  f.pass();
+  const LatencyHistogram& h = f.delivery.counters().store_latency;
+  ASSERT_EQ(h.count, 2u);
+  EXPECT_GE(h.sum_seconds, 0.030 + 0.100);  // the fragments' 30 ms and the paused device's retry
+  EXPECT_LT(h.sum_seconds, 5.0);
+  uint64_t in_buckets = 0;
+  for (uint64_t n : h.buckets) in_buckets += n;
+  EXPECT_EQ(in_buckets, 2u);
+  EXPECT_EQ(h.buckets.back(), 0u);  // nothing above 5 s
+}
+
 }  // namespace
 }  // namespace slotstream::stream
