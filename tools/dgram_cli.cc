@@ -1,5 +1,6 @@
 // `slotstream recv|send --transport udp` and `send --transport tcp --protocol dgram_rc`.
 #include "dgram_cli.h"
+#include "log.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -334,7 +335,7 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
     };
   }
   o.on_session_end = [](const dgram::SessionReport& r) { print_line(stdout, report_line(r)); };
-  o.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+  o.on_event = [](const std::string& text) { log_info(text); };
 
   const sigset_t sigs = block_stop_signals();
   std::unique_ptr<dgram::DatagramReceiver> rx;
@@ -346,12 +347,13 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   if (!args.metrics.empty()) {
     const dgram::DatagramReceiver* r = rx.get();
     Status st = MetricsServer::start(
-        args.metrics, [r] { return collect_metrics(*r); }, &metrics);
+        args.metrics, [r] { return collect_metrics(*r); }, &metrics,
+        [out = args.discard ? std::string() : args.out] { return store_readiness(out); });
     if (!st.is_ok()) {
       print_error("recv", "--metrics: " + st.message());
       return kExitError;
     }
-    print_line(stderr, "slotstream recv: metrics on http://" + metrics->address() + "/metrics");
+    log_info("metrics on http://" + metrics->address() + "/metrics");
   }
   print_line(stdout, "listening on " + rx->listen_address());
   // After the last sender, linger while FINs are still being repeated (a lost FIN_ACK), then exit.

@@ -12,6 +12,7 @@
 #include "bench_peer.h"
 #include "commands.h"
 #include "dgram_cli.h"
+#include "log.h"
 
 using namespace slotstream;
 using namespace slotstream::tools;
@@ -100,7 +101,12 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   r->add_option("--backlog-bytes", recv->backlog_bytes,
                 "hold blocks (back-pressure) while a device has this many unprocessed bytes");
   r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
-  r->add_option("--metrics", recv->metrics, "serve Prometheus /metrics and /health on HOST:PORT");
+  r->add_option("--metrics", recv->metrics,
+                "serve Prometheus /metrics, /health (liveness) and /ready (readiness: listening, output "
+                "writable, workers running) on HOST:PORT");
+  r->add_option("--log-format", recv->log_format, "stderr log lines: text (timestamped) or json (one object a line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->default_str("text");
   r->add_option("--metrics-prune-after", recv->metrics_prune_after,
                 "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
   r->add_option("--hold-block", recv->holds,
@@ -139,6 +145,9 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--synthetic", send->synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
   s->add_option("--duration", send->duration, "seconds of synthetic frames");
+  s->add_option("--log-format", send->log_format, "stderr log lines: text (timestamped) or json (one object a line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->default_str("text");
   return s;
 }
 
@@ -251,8 +260,12 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUsage;
   }
-  if (*r) return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
+  if (*r) {
+    setup_logging("slotstream recv", recv.log_format);
+    return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
+  }
   if (*s) {
+    setup_logging("slotstream send", send.log_format);
     send.name_given = s->count("--name") > 0;
     return is_dgram_send(send) ? run_dgram_send(send, dgram) : run_send(send);
   }

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "log.h"
 #include "net/auth.h"
 #include "net/control_socket.h"
 #include "send_plan.h"
@@ -331,9 +332,7 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
     return std::tie(x.cap.backlog_bytes, x.cap.load, x.cap.senders) <
            std::tie(y.cap.backlog_bytes, y.cap.load, y.cap.senders);
   });
-  std::fprintf(stderr,
-               "slotstream send: using %s, the least loaded (fewest unprocessed bytes, then load, then senders):%s\n",
-               best->addr.c_str(), report.c_str());
+  log_info("using " + best->addr + ", the least loaded (fewest unprocessed bytes, then load, then senders):" + report);
   *host = best->host;
   *port = best->port;
   return Status::ok();

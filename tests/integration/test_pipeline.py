@@ -166,7 +166,7 @@ def test_metrics_and_health(receiver, tmp_path):
     maddr = metrics_address(rx)
     send(rx.addr, "--name", "m", "--synthetic", "0-1:50:32x32x3", "--duration", 0.2)
     with urllib.request.urlopen(f"http://{maddr}/health", timeout=5) as r:
-        assert r.status == 200 and r.read() == b"ok\n"
+        assert r.status == 200 and json.loads(r.read())["status"] == "ok"
     text = metrics(maddr)
     assert metric(text, "slotstream_messages_total", sender="m", device="1") == 10
     assert metric(text, "slotstream_gaps_total", sender="m", device="0") == 0
