@@ -40,7 +40,12 @@ Status validate(const SenderOptions& o, const protocol::Descriptor** desc, proto
   std::string name;
   SLOTSTREAM_RETURN_IF_ERROR(protocol::Options::parse_spec(o.protocol, &name, proto_options));
   *desc = protocol::find(name);
-  if (!*desc) return {Code::kInvalidArgument, "unknown protocol '" + name + "'"};
+  if (!*desc) {
+    std::string known;
+    for (const ProtocolInfo& p : protocols()) known += (known.empty() ? "" : ", ") + p.name;
+    return {Code::kInvalidArgument,
+            "unknown protocol '" + name + "'; this build has " + known + " (`slotstream protocols` describes them)"};
+  }
   if ((*desc)->reference && !o.allow_reference) {
     return {Code::kInvalidArgument, "'" + name + "' is a benchmark reference, not a protocol for data"};
   }
@@ -133,10 +138,16 @@ Sender::~Sender() {
   impl_->join_all();
 }
 
+Status Sender::validate(const SenderOptions& options) {
+  const protocol::Descriptor* desc = nullptr;
+  protocol::Options proto_options;
+  return slotstream::validate(options, &desc, &proto_options);
+}
+
 Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* out) {
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
-  SLOTSTREAM_RETURN_IF_ERROR(validate(options, &desc, &proto_options));
+  SLOTSTREAM_RETURN_IF_ERROR(slotstream::validate(options, &desc, &proto_options));
   std::unique_ptr<Sender> sender(new Sender(std::make_unique<Impl>()));
   Impl& im = *sender->impl_;
   im.options = options;

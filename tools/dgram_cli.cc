@@ -1,5 +1,6 @@
 // `slotstream recv|send --transport udp` and `send --transport tcp --protocol dgram_rc`.
 #include "dgram_cli.h"
+#include "cli_util.h"
 #include "log.h"
 
 #include <sys/stat.h>
@@ -269,13 +270,15 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->check(CLI::Range(0.1, 86400.0))
       ->default_str("30")
       ->group(kGroup);
-  recv->add_option("--max-message", a->max_message, "largest message (region) a sender may announce, bytes")
+  recv->add_option("--max-message", a->max_message, "SIZE: largest message (region) a sender may announce")
+      ->transform(size_value())
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 32))
       ->default_str(std::to_string(64 << 20))
       ->group(kGroup);
   add_inject_options(recv, a, "receives");
   send->add_option("--segment-size", a->segment_size,
-                   "payload bytes per datagram segment (udp: 64..65455; 1408 fits a 1500-byte Ethernet MTU)")
+                   "SIZE: payload bytes per datagram segment (udp: 64..65455; 1408 fits a 1500-byte Ethernet MTU)")
+      ->transform(size_value())
       ->default_str("8192")
       ->group(kGroup);
   add_inject_options(send, a, "sends");
@@ -421,6 +424,7 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     print_error("send", st.message());
     return kExitError;
   }
+  warn_late_frames(fillers.late_frames(), plan);
   const dgram::SenderStats s = tx->stats();
   dgram::DeliveryCounts total;
   nlohmann::json per = nlohmann::json::object();

@@ -133,6 +133,9 @@ class Sender {
  public:
   // Connects, authenticates and sets up the protocol. *out is set only on success.
   static Status connect(const SenderOptions& options, std::unique_ptr<Sender>* out);
+  // What connect() checks before it touches the network: name, geometry, devices, protocol and
+  // its options (an unknown protocol's error lists the known ones). Any thread.
+  static Status validate(const SenderOptions& options);
   ~Sender();
 
   // A handle per device declared in SenderOptions::devices (nullptr for others).
