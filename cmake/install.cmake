@@ -9,6 +9,9 @@
 #   P/share/slotstream/bench/                `slotstream bench`'s orchestrator and plots
 #   P/share/slotstream/workers/              example processing workers (docs/workers.md)
 #   P/share/slotstream/examples/             hello_stream.cc and the Python examples
+#   P/share/man/man1/slotstream.1            the man page         } generated from --help
+#   P/share/bash-completion/completions/     bash completion      } (tools/gen_cli_docs.py)
+#   P/share/zsh/site-functions/_slotstream   zsh completion       }
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -31,6 +34,10 @@ install(DIRECTORY bench/ DESTINATION ${slotstream_share}/bench
 install(PROGRAMS workers/checksum.sh workers/h264.sh DESTINATION ${slotstream_share}/workers)
 install(FILES workers/README.md DESTINATION ${slotstream_share}/workers)
 install(FILES examples/hello_stream.cc DESTINATION ${slotstream_share}/examples)
+install(FILES ${CMAKE_BINARY_DIR}/share/man/man1/slotstream.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+install(FILES ${CMAKE_BINARY_DIR}/share/bash-completion/completions/slotstream
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions)
+install(FILES ${CMAKE_BINARY_DIR}/share/zsh/site-functions/_slotstream DESTINATION ${CMAKE_INSTALL_DATADIR}/zsh/site-functions)
 install(DIRECTORY examples/python DESTINATION ${slotstream_share}/examples PATTERN __pycache__ EXCLUDE)
 
 # The CMake package. A static libslotstream would have to export UCX, spdlog and OpenSSL as link

@@ -42,7 +42,9 @@ def test_installed_layout(prefix):
                 "share/slotstream/bench/slotstream_bench.py", "share/slotstream/bench/plot.py",
                 "share/slotstream/bench/dgram_experiments.py", "share/slotstream/bench/dgram_plot.py",
                 "share/slotstream/workers/checksum.sh", "share/slotstream/workers/h264.sh",
-                "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py"]:
+                "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py",
+                "share/man/man1/slotstream.1", "share/bash-completion/completions/slotstream",
+                "share/zsh/site-functions/_slotstream"]:
         assert (prefix / rel).exists(), rel
     assert os.access(prefix / "share/slotstream/workers/checksum.sh", os.X_OK)
     libs = sorted(p.name for p in (prefix / "lib").glob("libslotstream*"))
