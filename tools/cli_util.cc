@@ -11,7 +11,8 @@ CLI::Validator size_value() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         auto bytes = parse_size(text);
-        if (!bytes) return "expects a size such as 4096, 64K, 1M or 4G (K/M/G/T = 2^10/2^20/2^30/2^40), got '" + text + "'";
+        if (!bytes)
+          return "expects a size such as 4096, 64K, 1M or 4G (K/M/G/T = 2^10/2^20/2^30/2^40), got '" + text + "'";
         text = std::to_string(*bytes);
         return "";
       },
@@ -111,7 +112,8 @@ std::string suggest_flags(const CLI::App& app, const std::vector<std::string>& a
     std::string flag = a.substr(0, a.find('='));
     if (!flag.starts_with("--") || std::find(names.begin(), names.end(), flag) != names.end()) continue;
     if (what.find(flag) == std::string::npos) continue;  // not what the error is about
-    if (std::string m = closest_match(flag, names); !m.empty()) out += "did you mean " + m + " instead of " + flag + "?\n";
+    if (std::string m = closest_match(flag, names); !m.empty())
+      out += "did you mean " + m + " instead of " + flag + "?\n";
   }
   // An unknown key in a config file: "INI was not able to parse recv.blok-size".
   const size_t dot = what.rfind('.');
