@@ -86,6 +86,25 @@ bool wait_interruptibly(std::mutex& m, std::condition_variable& cv, Pred done,
   }
 }
 
+// The deadline of a call's optional `timeout=` (seconds).
+std::optional<Clock::time_point> deadline_after(std::optional<double> timeout) {
+  if (!timeout) return std::nullopt;
+  if (*timeout < 0) throw nb::value_error("timeout must be >= 0 (or None: no limit)");
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
+}
+
+// One step of a wait: at most kSignalCheck, and never past the caller's deadline.
+Clock::time_point next_check(std::optional<Clock::time_point> deadline) {
+  const auto step = Clock::now() + kSignalCheck;
+  return deadline && *deadline < step ? *deadline : step;
+}
+
+std::string seconds_text(std::optional<double> timeout) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", timeout ? *timeout : 0.0);
+  return buf;
+}
+
 // A thread that asks for the GIL while the interpreter shuts down never gets it back.
 bool python_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -187,7 +206,10 @@ class PySender {
     sender_.reset();               // unfinished: the receiver keeps the complete messages and reports the sender lost
   }
 
-  void send(int device, nb::handle data) {
+  // Sends one message, returning to Python every kSignalCheck while every send block is in flight
+  // (Ctrl-C raises KeyboardInterrupt), and raising slotstream.Timeout after `timeout` seconds. A
+  // message that was interrupted was not sent (if it had begun, the receiver discards its part).
+  void send(int device, nb::handle data, std::optional<double> timeout) {
     if (!PyObject_CheckBuffer(data.ptr())) {
       throw nb::type_error(("send() needs a bytes-like object (bytes, bytearray, memoryview, numpy array), not " +
                             std::string(Py_TYPE(data.ptr())->tp_name))
@@ -198,44 +220,95 @@ class PySender {
       check({Code::kInvalidArgument,
              "device " + std::to_string(device) + " was not declared (Sender(..., devices=[...]) lists every device)"});
     }
+    const auto deadline = deadline_after(timeout);
     Py_buffer view;
     if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
       PyErr_Clear();
       throw nb::value_error("send() needs C-contiguous data (use numpy.ascontiguousarray(frame))");
     }
-    Status st;
-    {
-      // The buffer stays exported (it cannot be resized or freed) until PyBuffer_Release; the
-      // library copies it into a send block, so no copy is made here.
-      nb::gil_scoped_release nogil;
-      std::shared_lock life(life_);
-      if (!sender_ || closed_) {
-        st = {Code::kInvalidArgument, "send() on a Sender that is finished or closed"};
-      } else {
-        std::lock_guard one_thread_per_device(*lock->second);
-        st = sender_->device(uint16_t(device))->send({static_cast<const std::byte*>(view.buf), size_t(view.len)});
+    // The buffer stays exported (it cannot be resized or freed) until PyBuffer_Release; the
+    // library copies it into a send block, so no copy is made here.
+    struct Release {
+      Py_buffer* v;
+      ~Release() { PyBuffer_Release(v); }
+    } release{&view};
+    const std::span<const std::byte> message(static_cast<const std::byte*>(view.buf), size_t(view.len));
+    DeviceStream::Progress progress;
+    for (;;) {
+      Status st;
+      {
+        nb::gil_scoped_release nogil;
+        std::shared_lock life(life_);
+        if (!sender_ || closed_) {
+          st = {Code::kInvalidArgument, "send() on a Sender that is finished or closed"};
+        } else {
+          std::lock_guard one_thread_per_device(*lock->second);
+          st = sender_->device(uint16_t(device))->send(message, next_check(deadline), &progress);
+        }
       }
+      if (st.code() != Code::kTimeout) return check(st);
+      if (deadline && Clock::now() >= *deadline) {
+        check({Code::kTimeout,
+               "send() timed out after " + seconds_text(timeout) + ": " + st.message() + "; the message was not sent"});
+      }
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();  // KeyboardInterrupt, ...
     }
-    PyBuffer_Release(&view);
-    check(st);
   }
 
   // Waits until the receiver stored every message, then closes. Idempotent; a failed finish
-  // raises again when repeated.
-  void finish() {
-    Status st;
+  // raises again when repeated. The library's finish runs on a thread of its own while this one
+  // returns to Python every kSignalCheck: Ctrl-C (KeyboardInterrupt) or `timeout` seconds
+  // (slotstream.Timeout) abandon the connection, as close() does.
+  void finish(std::optional<double> timeout) {
+    const auto deadline = deadline_after(timeout);
+    std::unique_lock<std::shared_mutex> life;
     {
       nb::gil_scoped_release nogil;
-      std::unique_lock life(life_);
-      if (!sender_) {
-        st = {Code::kInvalidArgument, "finish() on a Sender that was closed without finishing"};
-      } else {
-        closed_ = finished_ = true;
-        st = sender_->finish();  // the library object stays, for stats()
-      }
+      life = std::unique_lock(life_);
     }
-    check(st);
+    if (!sender_) check({Code::kInvalidArgument, "finish() on a Sender that was closed without finishing"});
+    closed_ = finished_ = true;
+    struct Done {
+      std::mutex mutex;
+      std::condition_variable cv;
+      bool done = false;
+      Status st;
+    };
+    auto done = std::make_shared<Done>();
+    Sender* s = sender_.get();
+    std::thread finisher([s, done] {
+      Status st = s->finish();  // the library object stays, for stats()
+      std::lock_guard l(done->mutex);
+      done->st = std::move(st);
+      done->done = true;
+      done->cv.notify_all();
+    });
+    auto abandon = [&] {
+      nb::gil_scoped_release nogil;
+      s->cancel();  // finish() returns within ~100 ms
+      finisher.join();
+      finished_ = false;  // close() drops the connection
+    };
+    bool in_time;
+    try {
+      in_time = wait_interruptibly(
+          done->mutex, done->cv, [&] { return done->done; }, deadline);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    if (!in_time) {
+      abandon();
+      check({Code::kTimeout, "finish() timed out after " + seconds_text(timeout) +
+                                 " (the receiver had not confirmed every message); the connection was abandoned"});
+    }
+    {
+      nb::gil_scoped_release nogil;
+      finisher.join();
+    }
+    check(done->st);
   }
+  void finish_no_timeout() { finish(std::nullopt); }
 
   // Abandons the connection without waiting (what leaving a `with` block by an exception does):
   // the receiver keeps the complete messages and reports this sender lost.
@@ -491,21 +564,35 @@ class PyReceiver {
   // Iterator mode: the next (sender, device, seq, memoryview); StopIteration once
   // exit_after_senders have ended (or the receiver was closed) and every queued message is out.
   nb::tuple next() {
+    nb::object item = get(std::nullopt);
+    if (item.is_none()) throw nb::stop_iteration();
+    return nb::borrow<nb::tuple>(item);
+  }
+
+  // The next (sender, device, seq, memoryview) as iteration gives it, None where iteration would
+  // end; slotstream.Timeout when nothing came within `timeout` seconds. Returns to Python every
+  // kSignalCheck while it waits (Ctrl-C raises KeyboardInterrupt).
+  nb::object get(std::optional<double> timeout) {
     if (shared_->callback_mode) {
       check({Code::kInvalidArgument, "this Receiver delivers to its callback; iterate one made without a callback"});
     }
+    const auto deadline = deadline_after(timeout);
     std::optional<Delivered> item;
     RxShared& s = *shared_;
-    wait_interruptibly(s.mutex, s.changed, [&] {
-      if (!s.queue.empty()) {
-        item = std::move(s.queue.front());
-        s.queue.pop_front();
-        s.changed.notify_all();  // room for a waiting sink
-        return true;
-      }
-      return s.closing || done_locked();
-    });
-    if (!item) throw nb::stop_iteration();
+    const bool in_time = wait_interruptibly(
+        s.mutex, s.changed,
+        [&] {
+          if (!s.queue.empty()) {
+            item = std::move(s.queue.front());
+            s.queue.pop_front();
+            s.changed.notify_all();  // room for a waiting sink
+            return true;
+          }
+          return s.closing || done_locked();
+        },
+        deadline);
+    if (!in_time) check({Code::kTimeout, "no message within " + seconds_text(timeout)});
+    if (!item) return nb::none();
     nb::object view = nb::steal(PyMemoryView_FromObject(nb::cast(std::move(item->data)).ptr()));
     if (!view.is_valid()) throw nb::python_error();
     return nb::make_tuple(item->sender, item->device, item->seq, view);
@@ -601,15 +688,18 @@ void bind_sender(nb::module_& m) {
           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
           "and declares `devices`, the device numbers send() will use. Raises slotstream.Error\n"
           "subclasses (ConnectFailed, Refused, InvalidArgument, ...) with the library's message.")
-      .def(
-          "send", &PySender::send, "device"_a, "data"_a,
-          nb::sig(
-              "def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) -> None"),
-          "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
-          "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
-          "every block is in flight. Thread-safe.")
-      .def("finish", &PySender::finish,
-           "Waits until the receiver has stored every message, then closes the connection.")
+      .def("send", &PySender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
+           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
+                   "timeout: float | None = None) -> None"),
+           "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
+           "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
+           "every block is in flight, returning to Python every 0.1 s so that Ctrl-C raises\n"
+           "KeyboardInterrupt; after `timeout` seconds raises slotstream.Timeout. An interrupted message\n"
+           "was not sent (the receiver discards any part of it). Thread-safe.")
+      .def("finish", &PySender::finish, nb::kw_only(), "timeout"_a = nb::none(),
+           "Waits until the receiver has stored every message, then closes the connection. Ctrl-C\n"
+           "(KeyboardInterrupt, within 0.2 s) or `timeout` seconds (slotstream.Timeout) abandon the\n"
+           "connection instead: the receiver keeps the complete messages and reports the sender lost.")
       .def("close", &PySender::close, "Abandons the connection without waiting (unfinished messages are lost).")
       .def("stats", &PySender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
            "Counters: messages, bytes, per_device, held_skips (receiver blocks skipped because held),\n"
@@ -624,7 +714,7 @@ void bind_sender(nb::module_& m) {
           [](const PySender& s) { return std::vector<int>(s.options().devices.begin(), s.options().devices.end()); })
       .def_prop_ro("closed", &PySender::is_closed);
   // Leaving the block normally waits for the receiver; leaving it by an exception abandons.
-  def_context_manager<PySender, &PySender::finish, &PySender::close>(cls, "def __enter__(self) -> Sender");
+  def_context_manager<PySender, &PySender::finish_no_timeout, &PySender::close>(cls, "def __enter__(self) -> Sender");
 }
 
 }  // namespace
@@ -662,6 +752,11 @@ NB_MODULE(_slotstream, m) {
       .def(
           "__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))
       .def("__next__", &PyReceiver::next, nb::sig("def __next__(self) -> tuple[str, int, int, memoryview]"))
+      .def("get", &PyReceiver::get, nb::kw_only(), "timeout"_a = nb::none(),
+           nb::sig("def get(self, *, timeout: float | None = None) -> tuple[str, int, int, memoryview] | None"),
+           "The next message as iteration gives it, or None where iteration would end; raises\n"
+           "slotstream.Timeout when none came within `timeout` seconds. Like every wait here it\n"
+           "returns to Python every 0.1 s, so Ctrl-C raises KeyboardInterrupt.")
       .def("wait", &PyReceiver::wait, "senders"_a = nb::none(), "timeout"_a = nb::none(),
            "Waits until `senders` (default exit_after_senders) sender sessions have ended; False on timeout.\n"
            "Raises the callback's exception if it raised.")

@@ -116,10 +116,15 @@ struct Sender::Impl : session::LaneOwner {
     paused_count.store(paused.size(), std::memory_order_release);
   }
   // Blocks a filler while the receiver has its device paused; the first error ends the wait.
-  Status wait_unpaused(uint16_t device) {
+  Status wait_unpaused(uint16_t device, std::optional<std::chrono::steady_clock::time_point> deadline) {
     if (paused_count.load(std::memory_order_acquire) == 0) return Status::ok();  // the common case
     std::unique_lock lock(pause_mutex);
-    unpaused.wait(lock, [&] { return !paused.contains(device) || !first_error().is_ok(); });
+    auto go = [&] { return !paused.contains(device) || !first_error().is_ok(); };
+    if (!deadline) {
+      unpaused.wait(lock, go);
+    } else if (!unpaused.wait_until(lock, *deadline, go)) {
+      return {Code::kTimeout, "device " + std::to_string(device) + " is paused by the receiver (its worker is behind)"};
+    }
     return first_error();
   }
   Status first_error() override {
@@ -210,6 +215,8 @@ Status Sender::finish() {
   return st;
 }
 
+void Sender::cancel() { impl_->fail({Code::kCancelled, "sender cancelled"}); }
+
 SenderStats Sender::stats() const {
   SenderStats s;
   for (auto& [d, n] : impl_->messages) {
@@ -244,25 +251,49 @@ uint32_t Sender::block_size() const { return impl_->options.block_size; }
 // ----------------------------------------------------------------------------- DeviceStream
 
 Status DeviceStream::send(std::span<const std::byte> message) {
-  return send_with(message.size(), [&](uint64_t offset, std::span<std::byte> dst) {
-    std::memcpy(dst.data(), message.data() + offset, dst.size());
-    return Status::ok();
-  });
+  Progress progress;
+  return send_until(message.size(), copy_from(message), std::nullopt, &progress);
 }
 
 Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
+  Progress progress;
+  return send_until(length, fill, std::nullopt, &progress);
+}
+
+Status DeviceStream::send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline,
+                          Progress* progress) {
+  return send_until(message.size(), copy_from(message), deadline, progress);
+}
+
+Status DeviceStream::send_with(uint64_t length, const FillFn& fill, std::chrono::steady_clock::time_point deadline,
+                               Progress* progress) {
+  return send_until(length, fill, deadline, progress);
+}
+
+DeviceStream::FillFn DeviceStream::copy_from(std::span<const std::byte> message) {
+  return [message](uint64_t offset, std::span<std::byte> dst) {
+    std::memcpy(dst.data(), message.data() + offset, dst.size());
+    return Status::ok();
+  };
+}
+
+Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
+                                std::optional<std::chrono::steady_clock::time_point> deadline, Progress* progress) {
   Sender::Impl& im = *sender_.impl_;
   // Back-pressure for this device alone (its worker on the receiver is behind).
-  SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_));
+  if (progress->next_fragment == 0) {
+    SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_, deadline));
+  }
   SenderLane& lane = *im.lane_of.at(device_);
   stream::SendRing& ring = lane.ring();
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);
-  for (uint64_t i = 0; i < n; ++i) {
+  for (uint64_t i = progress->next_fragment; i < n; ++i) {
     stream::Fragment f = stream::fragment_at(length, capacity, i);
     stream::SendRing::Slot slot;
-    if (Status st = ring.claim(&slot); !st.is_ok()) {
+    if (Status st = ring.claim(&slot, deadline); !st.is_ok()) {
       Status err = im.first_error();
+      progress->next_fragment = i;  // a timeout: the caller may continue from here
       return err.is_ok() ? st : err;
     }
     // paper §3.2.3: fill the payload, write device and packet number, then mark the block full.
@@ -276,10 +307,16 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
     }
     wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
-    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length), /*wake=*/false);
+    // With a deadline the sending thread transmits: a filler holding the transmit token waits
+    // inside the protocol for receiver room (paper §3.2.6) for as long as that takes, and a caller
+    // with a deadline must only ever wait in claim() or wait_unpaused(), which give up in time.
+    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length), /*wake=*/deadline.has_value());
     stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
-    if (Status st = lane.transmit_committed(); !st.is_ok()) return st;
+    if (!deadline) {
+      if (Status st = lane.transmit_committed(); !st.is_ok()) return st;
+    }
   }
+  progress->next_fragment = 0;
   im.messages[device_].fetch_add(1, std::memory_order_relaxed);
   im.bytes.fetch_add(length, std::memory_order_relaxed);
   return Status::ok();

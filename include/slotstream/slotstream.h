@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -119,11 +120,28 @@ class DeviceStream {
   Status send(std::span<const std::byte> message);
   // Sends one message of `length` bytes produced in place by `fill` (no intermediate copy).
   Status send_with(uint64_t length, const FillFn& fill);
+
+  // Where a message that timed out stands (the fragments already sent).
+  struct Progress {
+    uint64_t next_fragment = 0;
+  };
+  // The same, giving up at `deadline` with kTimeout while no send block is free (the receiver is
+  // slow, stalled or has this device paused) — so that a caller can check for a signal or its own
+  // time limit and call again. Call again with the same message and *progress to continue it
+  // where it stopped; a fresh Progress starts a new message, and the receiver then discards the
+  // unfinished one (it never stores half a message). These leave the transmission to the
+  // sender's thread (the filler never waits inside the protocol), at the cost of its wake-up.
+  Status send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline, Progress* progress);
+  Status send_with(uint64_t length, const FillFn& fill, std::chrono::steady_clock::time_point deadline,
+                   Progress* progress);
   uint16_t device() const { return device_; }
 
  private:
   friend class Sender;
   DeviceStream(Sender& sender, uint16_t device) : sender_(sender), device_(device) {}
+  static FillFn copy_from(std::span<const std::byte> message);
+  Status send_until(uint64_t length, const FillFn& fill, std::optional<std::chrono::steady_clock::time_point> deadline,
+                    Progress* progress);
   Sender& sender_;
   uint16_t device_;
   uint32_t next_packet_ = 0;
@@ -144,6 +162,10 @@ class Sender {
   // Call after all fillers have returned. Any thread. Protocol counters in stats() are filled
   // in after this.
   Status finish();
+  // Abandons the connection from any thread: sends and finish() in progress return kCancelled
+  // (finish() within ~100 ms), and the receiver keeps the complete messages and reports this
+  // sender lost. What a caller does when its user interrupts a wait (the Python binding).
+  void cancel();
   SenderStats stats() const;
   Transport transport() const;
   uint32_t blocks() const;

@@ -15,7 +15,7 @@ SendRing::SendRing(std::byte* base, uint32_t blocks, uint32_t block_size)
   }
 }
 
-Status SendRing::claim(Slot* out) {
+Status SendRing::claim(Slot* out, std::optional<std::chrono::steady_clock::time_point> deadline) {
   uint64_t t = next_ticket_.fetch_add(1, std::memory_order_acq_rel);
   SlotState& s = slots_[t % blocks_];
   // Short spin first: with enough blocks the slot is almost always free already.
@@ -26,8 +26,15 @@ Status SendRing::claim(Slot* out) {
   if (s.turn.load(std::memory_order_acquire) != t) {
     std::unique_lock lock(mutex_);
     fillers_waiting_.fetch_add(1);
-    freed_.wait(lock, [&] { return s.turn.load(std::memory_order_acquire) == t || aborted_.load(); });
+    auto free_or_aborted = [&] { return s.turn.load(std::memory_order_acquire) == t || aborted_.load(); };
+    const bool got =
+        deadline ? freed_.wait_until(lock, *deadline, free_or_aborted) : (freed_.wait(lock, free_or_aborted), true);
     fillers_waiting_.fetch_sub(1);
+    if (!got) {
+      lock.unlock();
+      abandon(t);
+      return {Code::kTimeout, "no send block became free in time (every block is in flight)"};
+    }
   }
   if (aborted_.load(std::memory_order_acquire)) return {Code::kCancelled, "sender closed"};
   out->ticket = t;
@@ -91,10 +98,35 @@ void SendRing::release(uint64_t ticket) {
   SlotState& s = slots_[ticket % blocks_];
   s.length.store(-1, std::memory_order_relaxed);
   s.turn.store(ticket + blocks_, std::memory_order_seq_cst);  // pairs with fillers_waiting_
+  if (abandoned_count_.load(std::memory_order_seq_cst) > 0) {
+    std::unique_lock lock(mutex_);
+    if (abandoned_.erase(ticket + blocks_)) {  // its filler gave up: nothing to send from it
+      abandoned_count_.fetch_sub(1, std::memory_order_seq_cst);
+      lock.unlock();
+      commit({ticket + blocks_, uint32_t((ticket + blocks_) % blocks_), {}}, 0);
+    }
+  }
   if (fillers_waiting_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard lock(mutex_);
     freed_.notify_all();
   }
+}
+
+void SendRing::abandon(uint64_t ticket) {
+  SlotState& s = slots_[ticket % blocks_];
+  {
+    std::lock_guard lock(mutex_);
+    if (s.turn.load(std::memory_order_seq_cst) != ticket) {  // not free yet: release() commits it
+      abandoned_.insert(ticket);
+      abandoned_count_.fetch_add(1, std::memory_order_seq_cst);
+      // release() may have made it free between the check and the insert: it then looked at
+      // abandoned_count_ before our insert. Check once more, still under the lock.
+      if (s.turn.load(std::memory_order_seq_cst) != ticket) return;
+      abandoned_.erase(ticket);
+      abandoned_count_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  commit({ticket, uint32_t(ticket % blocks_), {}}, 0);  // free already: give it back empty ourselves
 }
 
 void SendRing::abort() {

@@ -24,6 +24,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <span>
 
 #include "slotstream/status.h"
@@ -57,7 +59,10 @@ class SendRing {
   void set_claim_helper(std::function<void()> helper) { claim_helper_ = std::move(helper); }
 
   // Filler side (any thread). Blocks until the next block is free; kCancelled after abort().
-  Status claim(Slot* out);
+  // With a deadline: kTimeout when the block is not free by then. The ticket taken is then given
+  // up (abandon): its block is committed empty as soon as it is free, so the cursor never waits
+  // for a filler that went away (a Python send() interrupted by Ctrl-C, or given a timeout).
+  Status claim(Slot* out, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   // Marks a claimed block filled with `length` bytes (paper: status byte 0 -> 1). `wake`: wake
   // a sending thread sleeping in wait_next(); a filler that then tries the token itself passes
   // false (no syscall per message) and calls wake_sender() only if it could not take it.
@@ -128,6 +133,11 @@ class SendRing {
   std::condition_variable freed_;
   std::condition_variable filled_;
   std::atomic<int> fillers_waiting_{0};
+  // Tickets whose filler gave up before its block was free (claim with a deadline): committed
+  // empty by release() when their turn comes. Guarded by mutex_; the count lets release() skip it.
+  std::set<uint64_t> abandoned_;
+  std::atomic<size_t> abandoned_count_{0};
+  void abandon(uint64_t ticket);
   std::atomic<bool> sender_waiting_{false};
   bool woken_ = false;  // wake_sender() was called during a nap() (under mutex_)
   Sleeper sleeper_;

@@ -137,6 +137,54 @@ TEST(SendRing, ANapWhileTheTokenIsHeldEndsWhenTheHolderWakesTheSender) {
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(30));
 }
 
+// A filler that gives up (claim with a deadline) leaves an empty block behind, so the cursor never
+// waits for it: once the block is free it is committed with length 0 (nothing to send), and the
+// next ticket goes on.
+TEST(SendRing, AClaimThatTimesOutLeavesAnEmptyBlockAndTheCursorGoesOn) {
+  std::vector<std::byte> mem(2 * 32);
+  SendRing ring(mem.data(), 2, 32);
+  SendRing::Slot s;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(ring.claim(&s).is_ok());
+    ring.commit(s, 7);
+    ring.advance();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(ring.claim(&s, t0 + std::chrono::milliseconds(50)).code(), Code::kTimeout);  // ticket 2: block 0 busy
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50));
+  EXPECT_EQ(ring.next_length(), -1);
+  ring.release(0);  // block 0 is free: the abandoned ticket 2 is given back empty at once
+  EXPECT_EQ(ring.cursor(), 2u);
+  EXPECT_EQ(ring.next_length(), 0);
+  ring.advance();
+  ring.release(2);
+  ring.release(1);
+  ASSERT_TRUE(ring.claim(&s, std::chrono::steady_clock::now()).is_ok());  // ticket 3: free, no wait
+  EXPECT_EQ(s.ticket, 3u);
+  ring.commit(s, 9);
+  EXPECT_EQ(ring.next_length(), 9);
+}
+
+// The block of a ticket that timed out may become free between the timeout and the give-up: then
+// the filler commits it empty itself.
+TEST(SendRing, ATicketFreedJustAsItsFillerGivesUpIsCommittedEmptyOnce) {
+  std::vector<std::byte> mem(1 * 32);
+  SendRing ring(mem.data(), 1, 32);
+  SendRing::Slot s;
+  ASSERT_TRUE(ring.claim(&s).is_ok());
+  ring.commit(s, 3);
+  ring.advance();
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ring.release(0);
+  });
+  Status st = ring.claim(&s, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+  releaser.join();
+  if (st.is_ok()) ring.commit(s, 0);  // won the race: gives it back itself, as send_until does on error
+  EXPECT_EQ(ring.cursor(), 1u);
+  EXPECT_EQ(ring.next_length(), 0) << "ticket 1 must be filled (empty) exactly once";
+}
+
 TEST(SendRing, AbortWakesAWaitingFiller) {
   std::vector<std::byte> mem(32);
   SendRing ring(mem.data(), 1, 32);
