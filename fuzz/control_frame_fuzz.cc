@@ -58,6 +58,11 @@ void decode_as_its_type(const wire::Frame& f) {
       (void)wire::decode(f.body, &m);
       break;
     }
+    case wire::MsgType::kStored: {
+      wire::Stored m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
     case wire::MsgType::kFinAck: {
       wire::FinAck m;
       (void)wire::decode(f.body, &m);

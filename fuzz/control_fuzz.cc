@@ -108,6 +108,18 @@ void pause(Bytes body) {
   FUZZ_CHECK(same(wire::encode(m), body));
 }
 
+void stored(Bytes body) {
+  wire::Stored m;
+  m.devices[7] = {7, 7};
+  Status st = wire::decode(body, &m);
+  if (!st.is_ok()) {
+    check_failure(st);
+    FUZZ_CHECK(m.devices.size() == 1 && m.devices[7].first == 7 && m.devices[7].stored == 7);
+    return;
+  }
+  FUZZ_CHECK(same(wire::encode(m), body));
+}
+
 void fin_ack(Bytes body) {
   wire::FinAck m{true, 7, "untouched"};
   Status st = wire::decode(body, &m);
@@ -152,6 +164,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   refuse(body);
   fin(body);
   pause(body);
+  stored(body);
   fin_ack(body);
   capacity(body);
   capacity_request(body);

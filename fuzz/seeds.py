@@ -11,7 +11,7 @@ import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 2  # wire::kProtocolVersion
+VERSION = 3  # wire::kProtocolVersion
 
 
 def s8(b):
@@ -26,10 +26,12 @@ def b32(b):
     return struct.pack("<I", len(b)) + b
 
 
-def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes=1, transport=0):
+def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes=1, transport=0, first=None):
+    flags = (1 | 2) if first is not None else 0  # numbered and confirm, with one first number per device
+    numbers = b"".join(struct.pack("<Q", f) for f in first) if first is not None else b""
     return (b"SLST" + struct.pack("<H", VERSION) + s8(protocol) + s16(options) + struct.pack("<II", 32, 1 << 20) +
             bytes([transport]) + s8(b"host-1234") + s8(b"edge-a") + struct.pack("<H", len(devices)) +
-            b"".join(struct.pack("<H", d) for d in devices) + struct.pack("<QHH", 0x1234, lane, lanes) + bytes(range(32)))
+            b"".join(struct.pack("<H", d) for d in devices) + struct.pack("<QHHB", 0x1234, lane, lanes, flags) + numbers + bytes(range(32)))
 
 
 def block_header(flags, device, packet, length, capacity):
@@ -83,6 +85,7 @@ def main():
     seeds = {
         "control": {
             "hello": hello(),
+            "hello-numbered": hello(first=(100, 0, 7)),
             "hello-lanes": hello(b"sliding_window", b"window=8", devices=(5,), lane=2, lanes=4, transport=2),
             "accept": bytes([1]) + b32(bytes(40)) + b32(bytes(24)) + s8(bytes(32)),
             "accept-no-proof": bytes([2]) + b32(b"addr") + b32(b"") + s8(b""),
@@ -91,6 +94,7 @@ def main():
             "fin": struct.pack("<H", 2) + struct.pack("<HQ", 0, 40) + struct.pack("<HQ", 1, 41),
             "fin-ack": bytes([1]) + struct.pack("<Q", 81) + s16(b""),
             "pause": struct.pack("<HB", 3, 1),
+            "stored": struct.pack("<H", 2) + struct.pack("<HQQ", 0, 40, 3) + struct.pack("<HQQ", 7, 0, 1),
             "capacity": struct.pack("<IQIQ", 3, 1 << 20, 250, 1 << 30),
             "capacity-request": b"SLST" + struct.pack("<H", VERSION),
         },

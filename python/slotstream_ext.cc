@@ -35,6 +35,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "net/control_socket.h"  // parse_host_port: the CLI's HOST:PORT syntax
+#include "slotstream/platform.h"
 #include "slotstream/slotstream.h"
 
 namespace nb = nanobind;
@@ -169,146 +170,89 @@ std::string default_sender_name() {
   return host;
 }
 
-class PySender {
+// A Python object's buffer, exported while this lives: what send() reads in place.
+class SendBuffer {
  public:
-  PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
-           const std::string& protocol, uint32_t blocks, uint32_t block_size, const std::vector<int>& devices,
-           std::optional<std::string> token) {
-    SenderOptions o;
-    check(net::parse_host_port(to, &o.host, &o.port));
-    auto t = parse_transport(transport);
-    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
-    o.transport = *t;
-    o.name = name ? *name : default_sender_name();
-    o.protocol = protocol;
-    o.blocks = blocks;
-    o.block_size = block_size;
-    o.token = token.value_or("");
-    std::set<int> seen;
-    for (int d : devices) {
-      if (d < 0 || d > 65535) check({Code::kInvalidArgument, "device " + std::to_string(d) + " is not in 0..65535"});
-      if (!seen.insert(d).second) check({Code::kInvalidArgument, "device " + std::to_string(d) + " is declared twice"});
-      o.devices.push_back(uint16_t(d));
-      device_locks_[uint16_t(d)] = std::make_unique<std::mutex>();
-    }
-    Status st;
-    {
-      nb::gil_scoped_release nogil;  // the handshake may take seconds
-      st = Sender::connect(o, &sender_);
-    }
-    check(st);
-    transport_ = transport_name(sender_->transport());
-    options_ = std::move(o);
-  }
-
-  ~PySender() {
-    nb::gil_scoped_release nogil;  // stopping the sending threads must not block other Python threads
-    sender_.reset();               // unfinished: the receiver keeps the complete messages and reports the sender lost
-  }
-
-  // Sends one message, returning to Python every kSignalCheck while every send block is in flight
-  // (Ctrl-C raises KeyboardInterrupt), and raising slotstream.Timeout after `timeout` seconds. A
-  // message that was interrupted was not sent (if it had begun, the receiver discards its part).
-  void send(int device, nb::handle data, std::optional<double> timeout) {
+  explicit SendBuffer(nb::handle data) {
     if (!PyObject_CheckBuffer(data.ptr())) {
       throw nb::type_error(("send() needs a bytes-like object (bytes, bytearray, memoryview, numpy array), not " +
                             std::string(Py_TYPE(data.ptr())->tp_name))
                                .c_str());
     }
-    auto lock = device_locks_.find(device);
-    if (lock == device_locks_.end()) {
-      check({Code::kInvalidArgument,
-             "device " + std::to_string(device) + " was not declared (Sender(..., devices=[...]) lists every device)"});
-    }
-    const auto deadline = deadline_after(timeout);
-    Py_buffer view;
-    if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
+    if (PyObject_GetBuffer(data.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
       PyErr_Clear();
       throw nb::value_error("send() needs C-contiguous data (use numpy.ascontiguousarray(frame))");
     }
-    // The buffer stays exported (it cannot be resized or freed) until PyBuffer_Release; the
-    // library copies it into a send block, so no copy is made here.
-    struct Release {
-      Py_buffer* v;
-      ~Release() { PyBuffer_Release(v); }
-    } release{&view};
-    const std::span<const std::byte> message(static_cast<const std::byte*>(view.buf), size_t(view.len));
-    DeviceStream::Progress progress;
-    for (;;) {
-      Status st;
-      {
-        nb::gil_scoped_release nogil;
-        std::shared_lock life(life_);
-        if (!sender_ || closed_) {
-          st = {Code::kInvalidArgument, "send() on a Sender that is finished or closed"};
-        } else {
-          std::lock_guard one_thread_per_device(*lock->second);
-          st = sender_->device(uint16_t(device))->send(message, next_check(deadline), &progress);
-        }
-      }
-      if (st.code() != Code::kTimeout) return check(st);
-      if (deadline && Clock::now() >= *deadline) {
-        check({Code::kTimeout,
-               "send() timed out after " + seconds_text(timeout) + ": " + st.message() + "; the message was not sent"});
-      }
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();  // KeyboardInterrupt, ...
-    }
+  }
+  ~SendBuffer() { PyBuffer_Release(&view_); }
+  SendBuffer(const SendBuffer&) = delete;
+  SendBuffer& operator=(const SendBuffer&) = delete;
+  std::span<const std::byte> bytes() const { return {static_cast<const std::byte*>(view_.buf), size_t(view_.len)}; }
+
+ private:
+  Py_buffer view_;
+};
+
+using DeviceLocks = std::map<int, std::unique_ptr<std::mutex>>;
+
+// Checks and declares devices for a sender: 0..65535, each once; one mutex each.
+std::vector<uint16_t> declare_devices(const std::vector<int>& devices, DeviceLocks* locks) {
+  std::vector<uint16_t> out;
+  for (int d : devices) {
+    if (d < 0 || d > 65535) check({Code::kInvalidArgument, "device " + std::to_string(d) + " is not in 0..65535"});
+    if (locks->contains(d)) check({Code::kInvalidArgument, "device " + std::to_string(d) + " is declared twice"});
+    out.push_back(uint16_t(d));
+    (*locks)[d] = std::make_unique<std::mutex>();
+  }
+  return out;
+}
+
+std::mutex* device_lock(DeviceLocks& locks, int device) {
+  auto it = locks.find(device);
+  if (it == locks.end()) {
+    check({Code::kInvalidArgument,
+           "device " + std::to_string(device) + " was not declared (Sender(..., devices=[...]) lists every device)"});
+  }
+  return it->second.get();
+}
+
+// What both Python senders share: the library's sender and its life — send() under a shared
+// lock and one mutex per declared device (DeviceStream's contract), finish()/close() exclusive, so
+// they wait for sends in progress. `what` names the class in messages.
+template <typename S>
+class SenderLife {
+ public:
+  explicit SenderLife(const char* what) : what_(what) {}
+  ~SenderLife() {
+    nb::gil_scoped_release nogil;  // stopping the sending threads must not block other Python threads
+    sender_.reset();               // unfinished: the receiver keeps the complete messages and reports the sender lost
   }
 
   // Waits until the receiver stored every message, then closes. Idempotent; a failed finish
-  // raises again when repeated. The library's finish runs on a thread of its own while this one
-  // returns to Python every kSignalCheck: Ctrl-C (KeyboardInterrupt) or `timeout` seconds
-  // (slotstream.Timeout) abandon the connection, as close() does.
-  void finish(std::optional<double> timeout) {
+  // raises again when repeated. A library sender that can be cancelled (Sender::cancel) finishes
+  // on a thread of its own while this one returns to Python every kSignalCheck: Ctrl-C
+  // (KeyboardInterrupt) or `timeout` seconds (slotstream.Timeout) abandon the connection, as
+  // close() does. (PlatformSender has no cancel yet: its finish() blocks.)
+  void finish(std::optional<double> timeout = std::nullopt) {
     const auto deadline = deadline_after(timeout);
     std::unique_lock<std::shared_mutex> life;
     {
       nb::gil_scoped_release nogil;
       life = std::unique_lock(life_);
     }
-    if (!sender_) check({Code::kInvalidArgument, "finish() on a Sender that was closed without finishing"});
+    if (!sender_) {
+      check({Code::kInvalidArgument, "finish() on a " + std::string(what_) + " that was closed without finishing"});
+    }
     closed_ = finished_ = true;
-    struct Done {
-      std::mutex mutex;
-      std::condition_variable cv;
-      bool done = false;
-      Status st;
-    };
-    auto done = std::make_shared<Done>();
-    Sender* s = sender_.get();
-    std::thread finisher([s, done] {
-      Status st = s->finish();  // the library object stays, for stats()
-      std::lock_guard l(done->mutex);
-      done->st = std::move(st);
-      done->done = true;
-      done->cv.notify_all();
-    });
-    auto abandon = [&] {
+    Status st;
+    if constexpr (requires(S & s) { s.cancel(); }) {
+      st = finish_interruptibly(deadline, timeout);
+    } else {
       nb::gil_scoped_release nogil;
-      s->cancel();  // finish() returns within ~100 ms
-      finisher.join();
-      finished_ = false;  // close() drops the connection
-    };
-    bool in_time;
-    try {
-      in_time = wait_interruptibly(
-          done->mutex, done->cv, [&] { return done->done; }, deadline);
-    } catch (...) {
-      abandon();
-      throw;
+      st = sender_->finish();
     }
-    if (!in_time) {
-      abandon();
-      check({Code::kTimeout, "finish() timed out after " + seconds_text(timeout) +
-                                 " (the receiver had not confirmed every message); the connection was abandoned"});
-    }
-    {
-      nb::gil_scoped_release nogil;
-      finisher.join();
-    }
-    check(done->st);
+    check(st);
   }
-  void finish_no_timeout() { finish(std::nullopt); }
 
   // Abandons the connection without waiting (what leaving a `with` block by an exception does):
   // the receiver keeps the complete messages and reports this sender lost.
@@ -319,13 +263,142 @@ class PySender {
     if (!finished_) sender_.reset();
   }
 
-  nb::dict stats() const {
-    std::optional<SenderStats> s;
-    {
-      nb::gil_scoped_release nogil;
-      std::shared_lock life(life_);
-      if (sender_) s = sender_->stats();
+  bool is_closed() const {
+    std::shared_lock life(life_);
+    return closed_;
+  }
+
+ protected:
+  // One message of `device` through `fn(sender, bytes, step deadline, progress)`, the buffer read
+  // in place. `fn` gives up with kTimeout at the step deadline (kSignalCheck, or the caller's
+  // `timeout`) and continues from `progress` when called again: between steps this thread runs
+  // Python's signal handlers (Ctrl-C raises KeyboardInterrupt). An interrupted message was not sent
+  // (if it had begun, the receiver discards its part).
+  template <typename F>
+  void send_with(int device, nb::handle data, std::optional<double> timeout, F&& fn) {
+    std::mutex* lock = device_lock(device_locks_, device);
+    const auto deadline = deadline_after(timeout);
+    SendBuffer view(data);
+    DeviceStream::Progress progress;
+    for (;;) {
+      Status st;
+      {
+        // The buffer stays exported (it cannot be resized or freed) until released; the library
+        // copies it, so no copy is made here.
+        nb::gil_scoped_release nogil;
+        std::shared_lock life(life_);
+        if (!sender_ || closed_) {
+          st = {Code::kInvalidArgument, "send() on a " + std::string(what_) + " that is finished or closed"};
+        } else {
+          std::lock_guard one_thread_per_device(*lock);
+          st = fn(*sender_, view.bytes(), next_check(deadline), &progress);
+        }
+      }
+      if (st.code() != Code::kTimeout) return check(st);
+      if (deadline && Clock::now() >= *deadline) {
+        check({Code::kTimeout,
+               "send() timed out after " + seconds_text(timeout) + ": " + st.message() + "; the message was not sent"});
+      }
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();  // KeyboardInterrupt, ...
     }
+  }
+  auto stats_snapshot() const {
+    std::optional<decltype(sender_->stats())> s;
+    nb::gil_scoped_release nogil;
+    std::shared_lock life(life_);
+    if (sender_) s = sender_->stats();
+    return s;
+  }
+
+  std::unique_ptr<S> sender_;
+  DeviceLocks device_locks_;
+
+ private:
+  // finish() of a library sender with cancel(), on a thread of its own (see finish()). Called with
+  // the GIL held and life_ held exclusively.
+  Status finish_interruptibly(std::optional<Clock::time_point> deadline, std::optional<double> timeout) {
+    struct Done {
+      std::mutex mutex;
+      std::condition_variable cv;
+      bool done = false;
+      Status st;
+    };
+    auto done = std::make_shared<Done>();
+    S* s = sender_.get();
+    std::thread finisher([s, done] {
+      Status st = s->finish();  // the library object stays, for stats()
+      std::lock_guard l(done->mutex);
+      done->st = std::move(st);
+      done->done = true;
+      done->cv.notify_all();
+    });
+    auto abandon = [&] {
+      nb::gil_scoped_release nogil;
+      s->cancel();  // the library's finish() returns within ~100 ms
+      finisher.join();
+      finished_ = false;  // close() drops the connection
+    };
+    bool in_time;
+    try {
+      in_time = wait_interruptibly(done->mutex, done->cv, [&] { return done->done; }, deadline);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    if (!in_time) {
+      abandon();
+      return {Code::kTimeout, "finish() timed out after " + seconds_text(timeout) +
+                                  " (the receiver had not confirmed every message); the connection was abandoned"};
+    }
+    nb::gil_scoped_release nogil;
+    finisher.join();
+    return done->st;
+  }
+
+  const char* what_;
+  mutable std::shared_mutex life_;  // send: shared; finish, close: exclusive
+  bool closed_ = false;
+  bool finished_ = false;
+};
+
+class PySender : public SenderLife<Sender> {
+ public:
+  PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
+           const std::string& protocol, uint32_t blocks, uint32_t block_size, const std::vector<int>& devices,
+           std::optional<std::string> token)
+      : SenderLife("Sender") {
+    SenderOptions o;
+    check(net::parse_host_port(to, &o.host, &o.port));
+    auto t = parse_transport(transport);
+    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
+    o.transport = *t;
+    o.name = name ? *name : default_sender_name();
+    o.protocol = protocol;
+    o.blocks = blocks;
+    o.block_size = block_size;
+    o.token = token.value_or("");
+    o.devices = declare_devices(devices, &device_locks_);
+    Status st;
+    {
+      nb::gil_scoped_release nogil;  // the handshake may take seconds
+      st = Sender::connect(o, &sender_);
+    }
+    check(st);
+    transport_ = transport_name(sender_->transport());
+    options_ = std::move(o);
+  }
+
+  void send(int device, nb::handle data, std::optional<double> timeout) {
+    send_with(device, data, timeout,
+              [device](Sender& s, std::span<const std::byte> bytes, Clock::time_point step,
+                       DeviceStream::Progress* progress) { return s.device(uint16_t(device))->send(bytes, step, progress); });
+  }
+  void finish(std::optional<double> timeout) { SenderLife::finish(timeout); }
+  void finish_no_timeout() { SenderLife::finish(); }
+  void close() { SenderLife::close(); }
+
+  nb::dict stats() const {
+    auto s = stats_snapshot();
     nb::dict d;
     if (!s) return d;
     // The protocol counters (blocks, synchronisations) are left out: their names are still
@@ -340,19 +413,65 @@ class PySender {
 
   const std::string& transport() const { return transport_; }
   const SenderOptions& options() const { return options_; }
-  bool is_closed() const {
-    std::shared_lock life(life_);
-    return closed_;
-  }
 
  private:
   SenderOptions options_;
   std::string transport_;  // what the receiver chose
-  std::unique_ptr<Sender> sender_;
-  std::map<int, std::unique_ptr<std::mutex>> device_locks_;
-  mutable std::shared_mutex life_;  // send: shared; finish, close: exclusive
-  bool closed_ = false;
-  bool finished_ = false;
+};
+
+// A sender whose receiver the platform chooses (include/slotstream/platform.h): the same
+// send/finish/close contract as PySender.
+class PyPlatformSender : public SenderLife<PlatformSender> {
+ public:
+  PyPlatformSender(const std::string& platform, std::optional<std::string> name, const std::vector<int>& devices,
+                   double need_cpu, double need_bandwidth, double need_fps, const std::string& transport,
+                   const std::string& protocol, uint32_t blocks, uint32_t block_size, std::optional<std::string> token,
+                   int64_t lease_ttl, double patience)
+      : SenderLife("PlatformSender") {
+    PlatformSenderOptions o;
+    o.platform = platform;
+    auto t = parse_transport(transport);
+    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
+    o.sender.transport = *t;
+    o.sender.name = name ? *name : default_sender_name();
+    o.sender.protocol = protocol;
+    o.sender.blocks = blocks;
+    o.sender.block_size = block_size;
+    o.sender.token = token.value_or("");
+    o.sender.devices = declare_devices(devices, &device_locks_);
+    o.need = {need_cpu, need_bandwidth, need_fps};
+    o.lease_ttl_seconds = lease_ttl;
+    o.patience = std::chrono::milliseconds(int64_t(patience * 1000));
+    Status st;
+    {
+      nb::gil_scoped_release nogil;  // scheduling and the handshake may take seconds
+      st = PlatformSender::connect(std::move(o), &sender_);
+    }
+    check(st);
+  }
+
+  // (The platform's sender has no deadline-aware send yet: this one blocks until it is sent.)
+  void send(int device, nb::handle data) {
+    send_with(device, data, std::nullopt,
+              [device](PlatformSender& s, std::span<const std::byte> bytes, Clock::time_point, DeviceStream::Progress*) {
+                return s.send(uint16_t(device), bytes);
+              });
+  }
+  void finish() { SenderLife::finish(); }
+  void close() { SenderLife::close(); }
+
+  nb::dict stats() const {
+    auto s = stats_snapshot();
+    nb::dict d;
+    if (!s) return d;
+    d["messages"] = s->messages;
+    d["resent"] = s->resent;
+    d["reschedules"] = s->reschedules;
+    d["connections"] = s->connections;
+    d["receiver"] = s->receiver;
+    d["schedule_ms"] = s->schedule_ms;
+    return d;
+  }
 };
 
 // ---------------------------------------------------------------------------------- receiver
@@ -712,9 +831,39 @@ void bind_sender(nb::module_& m) {
       .def_prop_ro(
           "devices",
           [](const PySender& s) { return std::vector<int>(s.options().devices.begin(), s.options().devices.end()); })
-      .def_prop_ro("closed", &PySender::is_closed);
+      .def_prop_ro("closed", [](const PySender& s) { return s.is_closed(); });
   // Leaving the block normally waits for the receiver; leaving it by an exception abandons.
   def_context_manager<PySender, &PySender::finish_no_timeout, &PySender::close>(cls, "def __enter__(self) -> Sender");
+}
+
+void bind_platform_sender(nb::module_& m) {
+  nb::class_<PyPlatformSender> cls(
+      m, "PlatformSender",
+      "A sender whose receiver the cloud-edge platform (etcd) chooses and reserves for the resources it\n"
+      "needs; when that receiver dies it gets another and sends again what was not confirmed stored\n"
+      "(docs/platform.md). The same send/finish/close contract and context manager as Sender.");
+  cls.def(nb::init<const std::string&, std::optional<std::string>, const std::vector<int>&, double, double, double,
+                   const std::string&, const std::string&, uint32_t, uint32_t, std::optional<std::string>, int64_t,
+                   double>(),
+          "platform"_a, "name"_a = nb::none(), nb::kw_only(), "devices"_a.sig("(0,)") = std::vector<int>{0},
+          "need_cpu"_a = 0.0, "need_bandwidth"_a = 0.0, "need_fps"_a = 0.0, "transport"_a = "auto",
+          "protocol"_a = kDefaultProtocol, "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize,
+          "token"_a = nb::none(), "lease_ttl"_a = 5, "patience"_a = 30.0,
+          "Asks the platform at `platform` (\"etcd://HOST:PORT[,HOST:PORT...]\") for a receiver with room for\n"
+          "need_cpu cores, need_bandwidth bytes/s and need_fps messages/s (and the blocks' memory), and\n"
+          "connects as sender `name`. Raises Refused with every receiver's shortfall when none has room.")
+      .def("send", &PyPlatformSender::send, "device"_a, "data"_a,
+           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) "
+                   "-> None"),
+           "Sends one message (kept until the receiver confirms it stored). Thread-safe.")
+      .def("finish", &PyPlatformSender::finish,
+           "Waits until every message is stored (moving on if the receiver dies), then releases the reservation.")
+      .def("close", &PyPlatformSender::close, "Abandons the stream without waiting; the reservation goes.")
+      .def("stats", &PyPlatformSender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
+           "Counters: messages, resent, reschedules, connections, receiver (the current one), schedule_ms.")
+      .def_prop_ro("closed", [](const PyPlatformSender& s) { return s.is_closed(); });
+  def_context_manager<PyPlatformSender, &PyPlatformSender::finish, &PyPlatformSender::close>(
+      cls, "def __enter__(self) -> PlatformSender");
 }
 
 }  // namespace
@@ -728,6 +877,7 @@ NB_MODULE(_slotstream, m) {
   nb::class_<Frame>(m, "Frame", nb::type_slots(frame_slots),
                     "A received message's bytes, owned by this object; read it through memoryview().");
   bind_sender(m);
+  bind_platform_sender(m);
 
   nb::class_<PyReceiver> receiver(
       m, "Receiver",

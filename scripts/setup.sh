@@ -6,7 +6,8 @@ pkgs=(build-essential cmake ninja-build pkg-config libucx-dev ucx-utils libcli11
       python3-yaml python3-venv python3-dev python3-numpy ffmpeg curl
       podman runc debootstrap catatonit systemd
       libisal-dev iproute2 nftables socat iperf3 sip-tester
-      prometheus-cpp-dev libcivetweb-dev clang clang-format libclang-rt-14-dev libfuzzer-14-dev)
+      prometheus-cpp-dev libcivetweb-dev clang clang-format libclang-rt-14-dev libfuzzer-14-dev
+      libcurl4-openssl-dev etcd-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

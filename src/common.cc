@@ -111,6 +111,7 @@ void SessionReport::merge(const SessionReport& lane) {
   buffer_held_avg += lane.buffer_held_avg;  // each lane has a buffer of its own
   buffer_useful_avg += lane.buffer_useful_avg;
   partial_discarded += lane.partial_discarded;
+  already_stored += lane.already_stored;
   held_blocks += lane.held_blocks;
   stalls += lane.stalls;
   seconds = std::max(seconds, lane.seconds);

@@ -418,6 +418,13 @@ std::vector<SessionReport> Receiver::live_sessions() const {
   return out;
 }
 
+uint64_t Receiver::memory_in_use() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->memory_in_use;
+}
+
+uint64_t Receiver::memory_budget() const { return impl_->options.max_memory; }
+
 uint64_t Receiver::sessions_ended() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->ended;

@@ -37,6 +37,16 @@ Status validate(const SenderOptions& o, const protocol::Descriptor** desc, proto
     return {Code::kInvalidArgument, "blocks must be 1.." + std::to_string(kMaxBlocks)};
   }
   if (o.devices.empty()) return {Code::kInvalidArgument, "no devices declared"};
+  if (!o.first_message.empty()) {
+    for (uint16_t d : o.devices) {
+      if (!o.first_message.contains(d)) {
+        return {Code::kInvalidArgument, "first_message names no number for device " + std::to_string(d)};
+      }
+    }
+    if (o.first_message.size() != o.devices.size()) {
+      return {Code::kInvalidArgument, "first_message names a device that is not declared"};
+    }
+  }
   std::string name;
   SLOTSTREAM_RETURN_IF_ERROR(protocol::Options::parse_spec(o.protocol, &name, proto_options));
   *desc = protocol::find(name);
@@ -64,6 +74,12 @@ struct Sender::Impl : session::LaneOwner {
   std::map<uint16_t, SenderLane*> lane_of;
   std::map<uint16_t, std::unique_ptr<DeviceStream>> devices;
   std::map<uint16_t, std::atomic<uint64_t>> messages;  // completed send()s per device
+  struct Confirmation {                                // STORED from the receiver (SenderOptions::confirm_stored)
+    std::atomic<bool> known{false};
+    std::atomic<uint64_t> first{0};
+    std::atomic<uint64_t> stored{0};
+  };
+  std::map<uint16_t, Confirmation> confirmations;  // every declared device, made at connect
   std::atomic<uint64_t> bytes{0};
 
   // Devices the receiver paused (PAUSE: their worker is behind); fillers of others go on.
@@ -131,6 +147,15 @@ struct Sender::Impl : session::LaneOwner {
     std::lock_guard lock(error_mutex);
     return error;
   }
+  void on_stored(const wire::Stored& m) override {
+    for (const auto& [d, c] : m.devices) {
+      auto it = confirmations.find(d);
+      if (it == confirmations.end()) continue;  // not ours: nothing to confirm
+      it->second.first.store(c.first, std::memory_order_relaxed);
+      it->second.stored.store(c.stored, std::memory_order_release);
+      it->second.known.store(true, std::memory_order_release);
+    }
+  }
   void join_all() {
     for (auto& lane : lanes) lane->stop();
   }
@@ -189,6 +214,7 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   for (uint16_t d : options.devices) {
     im.devices[d].reset(new DeviceStream(*sender, d));
     im.messages[d] = 0;
+    im.confirmations[d];
   }
   for (auto& lane : im.lanes) lane->start();
   *out = std::move(sender);
@@ -247,6 +273,15 @@ SenderStats Sender::stats() const {
 Transport Sender::transport() const { return impl_->transport; }
 uint32_t Sender::blocks() const { return impl_->options.blocks; }
 uint32_t Sender::block_size() const { return impl_->options.block_size; }
+
+Sender::Confirmed Sender::confirmed(uint16_t device) const {
+  Confirmed c;
+  auto it = impl_->confirmations.find(device);
+  if (it == impl_->confirmations.end() || !it->second.known.load(std::memory_order_acquire)) return c;
+  c.stored = it->second.stored.load(std::memory_order_acquire);
+  c.first = it->second.first.load(std::memory_order_relaxed);
+  return c;
+}
 
 // ----------------------------------------------------------------------------- DeviceStream
 

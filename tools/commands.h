@@ -19,6 +19,23 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;
 inline constexpr int kExitUsage = 2;
 
+// --platform and its options (tools/platform_cli.cc, docs/platform.md), for recv, send and edge.
+struct PlatformArgs {
+  std::string url;  // etcd://HOST:PORT[,HOST:PORT...]; empty: not on the platform
+  int64_t ttl = 5;  // seconds a dead process's record or reservation outlives it
+  // recv
+  std::string name;       // the receiver's name on the platform (default HOST:PORT advertised)
+  std::string advertise;  // HOST:PORT senders use (default: --listen, its port as bound)
+  std::optional<double> capacity_cpu;
+  std::optional<std::string> capacity_bandwidth;
+  std::optional<double> capacity_fps;
+  // send, edge
+  double need_cpu = 0;
+  std::optional<std::string> need_bandwidth;
+  std::optional<double> need_fps;
+  double patience = 30;  // seconds to look for a new receiver after losing one
+};
+
 struct RecvArgs {
   std::string listen;
   std::string out;
@@ -40,6 +57,7 @@ struct RecvArgs {
   unsigned metrics_prune_after = 300;     // seconds an ended sender's series stay
   std::optional<std::string> max_memory;  // SIZE (default: default_max_memory())
   std::string log_format = "text";        // text or json (log.h)
+  PlatformArgs platform;
 };
 int run_recv(const RecvArgs& args);
 
@@ -60,8 +78,11 @@ struct SendArgs {
   std::string synthetic;            // D0-D1:FPS:WxHxC
   double duration = 0;
   std::string log_format = "text";  // text or json (log.h)
+  PlatformArgs platform;
 };
 int run_send(const SendArgs& args);
+// send --platform: the receiver comes from the platform, and a lost one is replaced.
+int run_platform_send(const SendArgs& args);
 
 int run_verify(const std::string& dir);
 

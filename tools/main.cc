@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "dgram_cli.h"
 #include "log.h"
+#include "platform_cli.h"
 
 using namespace slotstream;
 using namespace slotstream::tools;
@@ -116,6 +117,7 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
       ->default_str("text");
   r->add_option("--metrics-prune-after", recv->metrics_prune_after,
                 "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
+  add_platform_recv(r, &recv->platform);
   r->add_option("--hold-block", recv->holds,
                 "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
                 "sender connects (testing and benchmarks)");
@@ -129,9 +131,13 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
       "Every option can also come from a TOML file: slotstream send --config FILE (docs/config.md); the "
       "command line wins.");
   s->add_option("--to", send->to,
-                "(required) receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used");
-  s->callback([send] {
-    if (send->to.empty()) throw CLI::RequiredError("--to");
+                "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used");
+  // Checked here, not with ->required(): CLI11 would check that before reading --config.
+  s->callback([send] {  // the pointer by value: this function has returned by then
+    if (send->to.empty() == send->platform.url.empty()) {
+      throw CLI::ValidationError("--to/--platform",
+                                 "give the receiver (--to) or the platform that chooses it (--platform)");
+    }
   });
   s->add_option("--name", send->name, "sender name, the receiver's directory for this sender (default: host name)");
   s->add_option("--protocol", send->protocol, protocol_help())->default_str(kDefaultProtocol);
@@ -163,6 +169,7 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--log-format", send->log_format, "stderr log lines: text (timestamped) or json (one object a line)")
       ->check(CLI::IsMember({"text", "json"}))
       ->default_str("text");
+  add_platform_send(s, &send->platform);
   return s;
 }
 
@@ -259,6 +266,12 @@ int main(int argc, char** argv) {
   CLI::App* bps = nullptr;
   add_bench_peer(app, &brecv, &bsend, &bpr, &bps);
 
+  PlatformStatusArgs pstatus;
+  auto* ps = add_platform_status(app, &pstatus);
+
+  EdgeArgs edge;
+  auto* e = add_edge(app, &edge);
+
   DgramPeerArgs dpeer;
   auto* dp = add_dgram_peer(app, &dpeer);
 
@@ -280,6 +293,12 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUsage;
   }
   apply_config_flags({r, s});
+  if ((*r && recv.transport == "udp" && !recv.platform.url.empty()) ||
+      (*s && is_dgram_send(send) && !send.platform.url.empty())) {
+    print_error(*r ? "recv" : "send",
+                "--platform serves UCX transports (shm, tcp); the datagram transport is not on it");
+    return kExitUsage;
+  }
   if (*r) {
     setup_logging("slotstream recv", recv.log_format);
     return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
@@ -287,8 +306,11 @@ int main(int argc, char** argv) {
   if (*s) {
     setup_logging("slotstream send", send.log_format);
     send.name_given = s->count("--name") > 0;
+    if (!send.platform.url.empty()) return run_platform_send(send);
     return is_dgram_send(send) ? run_dgram_send(send, dgram) : run_send(send);
   }
+  if (*ps) return run_platform_status(pstatus);
+  if (*e) return run_edge(edge);
   if (*dp) return run_dgram_peer(dp, dpeer);
   if (*v) return run_verify(verify_dir);
   if (*pl) return run_protocols(protocols_json);

@@ -12,6 +12,8 @@
 #include "net/auth.h"
 #include "net/control_socket.h"
 #include "pipeline/worker_manager.h"
+#include "platform/registration.h"
+#include "platform_cli.h"
 #include "sink/dir_sink.h"
 #include "sink/null_sink.h"
 
@@ -177,7 +179,7 @@ int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<pip
   const fs::path out = args.out;
   if (!uses_workers(args)) {
     opt->make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-      *sink = std::make_unique<sink::DirSink>(out / info.name);
+      *sink = std::make_unique<sink::DirSink>(out / info.name, info.first_message);
       return Status::ok();
     };
     return kExitOk;
@@ -186,7 +188,7 @@ int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<pip
   pipeline::WorkerManager* wm = workers->get();
   opt->backlog_bytes = [wm] { return wm->total_backlog_bytes(); };
   opt->make_sink = [out, wm](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-    *sink = pipeline::make_pipeline_sink(out / info.name, info.name, *wm);
+    *sink = pipeline::make_pipeline_sink(out / info.name, info.name, *wm, info.first_message);
     return Status::ok();
   };
   return kExitOk;
@@ -242,8 +244,18 @@ int run_recv(const RecvArgs& args) {
     return rc;
   }
   print_line(stdout, "listening on " + rx->listen_address());
+  std::unique_ptr<platform::Registration> registration;
+  if (!args.platform.url.empty()) {
+    std::function<uint64_t()> backlog;
+    if (workers) backlog = [wm = workers.get()] { return wm->total_backlog_bytes(); };
+    if (int rc = register_on_platform(args, *rx, backlog, &registration); rc != kExitOk) {
+      rx->stop();
+      return rc;
+    }
+  }
 
   wait_for_stop(sigs, [&] { return args.exit_after > 0 && rx->sessions_ended() >= args.exit_after; });
+  registration.reset();  // off the platform first: no sender is scheduled here any more
   rx->stop();
   metrics.reset();
   if (workers) workers->stop();

@@ -369,12 +369,10 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
   return Status::ok();
 }
 
-namespace {
-
 // Everything `send` needs before connecting, checked before anything touches the network: the
 // plan of what each device sends (every file opened), the sender's name and options, the
-// protocol, the token; then the receiver (one, or the least loaded of a list, which asks each).
-// kExitOk, or the exit code after printing what is wrong.
+// protocol, the token; then the receiver (one, or the least loaded of a list, which asks each;
+// none with --platform, which chooses). kExitOk, or the exit code after printing what is wrong.
 int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   if (Status st = plan_send(a, plan, &opt->name); !st.is_ok()) {
     print_error("send", st.message());
@@ -395,12 +393,14 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
     print_error("send", st.message());
     return kExitUsage;
   }
-  if (Status st = choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
+  if (Status st = a.to.empty() ? Status::ok() : choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
     print_error("send", st.message());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   return kExitOk;
 }
+
+namespace {
 
 // Live progress on stderr, twice a second, when it is a terminal; a final newline on stop().
 class ProgressLine {

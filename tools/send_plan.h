@@ -96,6 +96,10 @@ class Fillers {
 
 // A warning on stderr when synthetic frames were late (send_synthetic), naming the load asked for.
 void warn_late_frames(uint64_t late, const Plan& plan);
+// send's options as SenderOptions (with --to: the receiver, or the least loaded of a list), and
+// the plan. kExitOk, or the exit code after printing what is wrong.
+int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt);
+
 double cpu_seconds();        // this process's user + system time
 std::string default_name();  // the sender name when --name is not given: the host name
 

@@ -22,6 +22,13 @@ while :; do
       [ "$(stat -c %s "$f")" -eq "$bytes" ] || { echo "h264: $f is not one $size rgb24 frame ($bytes bytes)" >&2; exit 1; }
       n=$((n + 1)); waited=0; continue
     fi
+    # A gap that will not fill (its numbers were stored elsewhere, docs/platform.md: a higher one is
+    # here already): a segment ends before it, the next one starts after it.
+    above=$(ls "$in" | grep -E '^[0-9]{10}\.bin$' | awk -v s=$((start + n)) '{ k = $1 + 0 } k > s { print k; exit }')
+    if [ -n "$above" ]; then
+      [ "$n" -gt 0 ] && break
+      start=$above; continue
+    fi
     [ "$n" -gt 0 ] && [ "$waited" -ge $((idle * 20)) ] && break
     sleep 0.05; waited=$((waited + 1))
   done

@@ -86,6 +86,13 @@ struct SenderOptions {
   // number is left out, as if its block had been lost, so that gap detection can be tested end
   // to end. 0: never.
   uint32_t skip_packet_every = 0;
+  // Message numbers on the receiver's disk (a stream that moves between receivers keeps them,
+  // src/platform). Empty: each device continues after its last message there. Otherwise one
+  // entry per declared device: its first message on this connection is stored as that number,
+  // and a number the receiver already has is recognised as a duplicate (dropped, counted).
+  std::map<uint16_t, uint64_t> first_message;
+  // Ask the receiver to confirm what it has stored while data moves (Sender::confirmed()).
+  bool confirm_stored = false;
 };
 
 struct SenderStats {
@@ -170,6 +177,13 @@ class Sender {
   Transport transport() const;
   uint32_t blocks() const;
   uint32_t block_size() const;
+  // With SenderOptions::confirm_stored: what the receiver has confirmed stored of `device` on this
+  // connection — messages first .. first + stored - 1 (first: nullopt until it said). Any thread.
+  struct Confirmed {
+    std::optional<uint64_t> first;
+    uint64_t stored = 0;
+  };
+  Confirmed confirmed(uint16_t device) const;
 
   struct Impl;
 
@@ -193,6 +207,14 @@ class MessageSink {
   virtual Status append(uint16_t device, std::span<const std::byte> data) = 0;
   virtual Status commit(uint16_t device) = 0;
   virtual void abort(uint16_t device) = 0;
+  // A sink that numbers messages (DirSink): the number the next message of `device` gets, and
+  // how many were recognised as stored already (SenderInfo::first_message) and dropped. Same
+  // thread as the calls above.
+  struct Numbering {
+    uint64_t next = 0;
+    uint64_t already_stored = 0;
+  };
+  virtual std::optional<Numbering> numbering(uint16_t /*device*/) { return std::nullopt; }
 };
 
 struct SenderInfo {
@@ -203,6 +225,8 @@ struct SenderInfo {
   uint32_t blocks = 0;
   uint32_t block_size = 0;
   std::vector<uint16_t> devices;
+  // SenderOptions::first_message as the sender asked: empty, or each device's first number.
+  std::map<uint16_t, uint64_t> first_message;
 };
 
 struct DeviceStats {
@@ -241,8 +265,9 @@ struct SessionReport {
   uint64_t out_of_window = 0;   // packet numbers far outside the reorder window
   uint64_t bad_headers = 0;
   uint64_t partial_discarded = 0;
-  uint64_t held_blocks = 0;  // blocks held right now (back-pressure, --hold-block)
-  uint64_t stalls = 0;       // times the sink refused data (disk full, worker backlog)
+  uint64_t already_stored = 0;  // messages whose number was stored already (a resent stream), dropped
+  uint64_t held_blocks = 0;     // blocks held right now (back-pressure, --hold-block)
+  uint64_t stalls = 0;          // times the sink refused data (disk full, worker backlog)
   // Buffer utilisation (SDP Fig. 6): receiver memory held by records not yet released, and the
   // payload bytes in it, on average over the session (bytes; time-weighted).
   double buffer_held_avg = 0;
@@ -328,6 +353,10 @@ class Receiver {
   RefusalCounts refusals() const;
   // The control listener is open and its accept loop runs (false once stop() was called).
   bool accepting() const;
+  // Receiver memory promised to the connected senders' blocks, and the budget it counts against
+  // (ReceiverOptions::max_memory, or its default). Any thread.
+  uint64_t memory_in_use() const;
+  uint64_t memory_budget() const;
 
   struct Impl;
 

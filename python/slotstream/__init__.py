@@ -10,6 +10,11 @@
         for sender, device, seq, data in rx:                  # data: a memoryview
             ...
 
+    # or let the cloud-edge platform (etcd) choose and reserve a receiver (docs/platform.md)
+    with slotstream.PlatformSender("etcd://e1:2379,e2:2379,e3:2379", name="edge-a", devices=range(12),
+                                   need_cpu=3, need_bandwidth=12 * 25 * 921600) as tx:
+        ...
+
 The C++ library (include/slotstream/slotstream.h) does all the work; this package binds it.
 Errors are raised as slotstream.Error subclasses (slotstream.errors) carrying its messages.
 """
@@ -18,7 +23,8 @@ from __future__ import annotations
 import atexit
 
 from . import errors
-from ._slotstream import DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS, Frame, Receiver, Sender, __version__, close_all, protocols
+from ._slotstream import (DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS, Frame, PlatformSender, Receiver, Sender, __version__,
+                          close_all, protocols)
 from .errors import (AuthFailed, Busy, Cancelled, ConnectFailed, Error, InvalidArgument, PeerGone, ProtocolError,
                      Refused, StorageError, Timeout, TransportError, VersionMismatch)
 
@@ -27,7 +33,7 @@ from .errors import (AuthFailed, Busy, Cancelled, ConnectFailed, Error, InvalidA
 atexit.register(close_all)
 
 __all__ = [
-    "Sender", "Receiver", "Frame", "protocols", "DEFAULT_BLOCKS", "DEFAULT_BLOCK_SIZE", "errors",
+    "Sender", "PlatformSender", "Receiver", "Frame", "protocols", "DEFAULT_BLOCKS", "DEFAULT_BLOCK_SIZE", "errors",
     "Error", "InvalidArgument", "ConnectFailed", "Refused", "AuthFailed", "ProtocolError", "VersionMismatch",
     "PeerGone", "TransportError", "StorageError", "Timeout", "Cancelled", "Busy",
 ]

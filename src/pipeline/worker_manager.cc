@@ -369,8 +369,8 @@ namespace {
 
 class PipelineSink final : public MessageSink {
  public:
-  PipelineSink(fs::path dir, std::string sender, WorkerManager& manager)
-      : files_(std::move(dir)),
+  PipelineSink(fs::path dir, std::string sender, WorkerManager& manager, std::map<uint16_t, uint64_t> first)
+      : files_(std::move(dir), std::move(first)),
         sender_(std::move(sender)),
         manager_(manager) {}
   Status begin(uint16_t device) override {
@@ -380,12 +380,15 @@ class PipelineSink final : public MessageSink {
   }
   Status append(uint16_t device, std::span<const std::byte> data) override { return files_.append(device, data); }
   Status commit(uint16_t device) override {
+    const uint64_t before = files_.numbering(device)->already_stored;
     SLOTSTREAM_RETURN_IF_ERROR(files_.commit(device));
+    if (files_.numbering(device)->already_stored != before) return Status::ok();  // its worker has it
     auto last = files_.last_committed(device);
     manager_.stored(sender_, device, last.seq, last.bytes);
     return Status::ok();
   }
   void abort(uint16_t device) override { files_.abort(device); }
+  std::optional<Numbering> numbering(uint16_t device) override { return files_.numbering(device); }
 
  private:
   sink::DirSink files_;
@@ -395,8 +398,9 @@ class PipelineSink final : public MessageSink {
 
 }  // namespace
 
-std::unique_ptr<MessageSink> make_pipeline_sink(fs::path sender_dir, std::string sender, WorkerManager& manager) {
-  return std::make_unique<PipelineSink>(std::move(sender_dir), std::move(sender), manager);
+std::unique_ptr<MessageSink> make_pipeline_sink(fs::path sender_dir, std::string sender, WorkerManager& manager,
+                                                std::map<uint16_t, uint64_t> first) {
+  return std::make_unique<PipelineSink>(std::move(sender_dir), std::move(sender), manager, std::move(first));
 }
 
 }  // namespace slotstream::pipeline

@@ -103,7 +103,8 @@ class WorkerManager {
 
 // The receiver's sink when workers run: stores like DirSink, tells the manager, and refuses
 // (kBusy, retried: the data waits in its block) while the device's backlog is over its limit.
+// `first`: SenderInfo::first_message (DirSink).
 std::unique_ptr<MessageSink> make_pipeline_sink(std::filesystem::path sender_dir, std::string sender,
-                                                WorkerManager& manager);
+                                                WorkerManager& manager, std::map<uint16_t, uint64_t> first = {});
 
 }  // namespace slotstream::pipeline

@@ -150,6 +150,10 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
   info.blocks = hello.blocks;
   info.block_size = hello.block_size;
   info.devices = hello.devices;
+  if (hello.flags & wire::kHelloNumbered) {
+    for (size_t i = 0; i < hello.devices.size(); ++i) info.first_message[hello.devices[i]] = hello.first[i];
+  }
+  confirm_ = (hello.flags & wire::kHelloConfirm) != 0;
   geometry_ = {hello.blocks, hello.block_size};
 
   // Nothing is allocated for a sender before it is authenticated and fits the memory budget.
@@ -177,6 +181,13 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
     return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
   }
   delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
+  if (confirm_) {
+    // The numbers this connection's messages start at: the sender's, or where the sink stands.
+    for (uint16_t d : hello.devices) {
+      auto n = sink_->numbering(d);
+      confirmed_.devices[d].first = n ? n->next : 0;
+    }
+  }
   delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
 
   wire::Accept accept;
@@ -213,6 +224,8 @@ std::optional<Refusal> ReceiverSession::connect() {
     return Refusal{st.code(), "sender set-up rejected: " + st.message()};
   }
   if (Status st = control_->send(wire::MsgType::kReady, {}); !st.is_ok()) return Refusal{st.code(), st.message()};
+  // A sender that asked for confirmations learns at once where its numbers start.
+  if (confirm_) (void)control_->send(wire::MsgType::kStored, wire::encode(confirmed_));
   return std::nullopt;
 }
 

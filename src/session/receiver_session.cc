@@ -16,6 +16,9 @@ constexpr Millis kFinGrace{1000};
 // After a sender died, let the progress thread apply what already arrived before the last drain.
 constexpr Millis kLostGrace{50};
 constexpr auto kBusyLogInterval = std::chrono::seconds(10);
+// How often a sender that asked for confirmations hears what is stored (when something moved):
+// what it must keep for sending again if this receiver dies is about this much of its stream.
+constexpr Millis kConfirmInterval{50};
 
 }  // namespace
 
@@ -91,6 +94,10 @@ void ReceiverSession::fill_report(Clock::time_point start) {
     report_.buffer_useful_avg = c.buffer_useful_byte_ns / c.buffer_observed_ns;
   }
   report_.partial_discarded = c.partial_discarded + c.broken_messages;
+  report_.already_stored = 0;
+  for (uint16_t d : report_.sender.devices) {
+    if (auto n = sink_->numbering(d)) report_.already_stored += n->already_stored;
+  }
   report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report_.held_blocks =
       held_all_ ? geometry_.blocks : uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true));
@@ -262,6 +269,19 @@ bool ReceiverSession::fin_complete(size_t consumed) {
   return false;
 }
 
+// STORED, when the sender asked for it and something was stored since the last one.
+void ReceiverSession::confirm_stored(Clock::time_point now) {
+  if (!confirm_ || now < next_confirm_) return;
+  next_confirm_ = now + kConfirmInterval;
+  bool moved = false;
+  for (auto& [d, c] : confirmed_.devices) {
+    const uint64_t stored = delivery_->messages(d);
+    moved = moved || stored != c.stored;
+    c.stored = stored;
+  }
+  if (moved) (void)control_->send(wire::MsgType::kStored, wire::encode(confirmed_));
+}
+
 // About every ms: the live report (every 100 ms), then the control socket — a closed connection
 // means the sender is lost; a frame before FIN must be FIN.
 void ReceiverSession::check_control(Clock::time_point now) {
@@ -270,6 +290,7 @@ void ReceiverSession::check_control(Clock::time_point now) {
     l.next_publish = now + Millis(100);
     publish(l.start);
   }
+  confirm_stored(now);
   Status alive = control_->check_alive();
   if (alive.code() == Code::kPeerGone) {
     lose_sender("connection closed mid-stream");

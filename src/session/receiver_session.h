@@ -117,6 +117,7 @@ class ReceiverSession {
   bool fin_complete(size_t consumed);         // FIN answered: the session ends
   void check_control(Clock::time_point now);  // live report, liveness, FIN
   void on_pause(uint16_t device, bool paused);
+  void confirm_stored(Clock::time_point now);
   // The UCX worker this session's protocol uses: its own, or the transport's shared one.
   fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *fabric_->worker; }
   void apply_holds(Clock::time_point start);
@@ -150,6 +151,9 @@ class ReceiverSession {
   bool capacity_only_ = false;  // the connection only asked for capacity
   uint64_t group_ = 0;
   uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
+  bool confirm_ = false;         // the sender asked for STORED (wire::kHelloConfirm)
+  wire::Stored confirmed_;       // what the last STORED said
+  Clock::time_point next_confirm_{};
   std::map<uint16_t, Clock::time_point> next_pause_log_;
   std::vector<bool> hold_active_;
   struct Loop {  // the consumer loop's state between passes

@@ -63,6 +63,12 @@ Status SenderLane::connect(const std::string& host, uint16_t port, wire::Hello h
   SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(host, port, kConnectTimeout, &control_));
   hello.lane = index_;
   hello.devices = devices_;
+  const SenderOptions& options = owner_.sender_options();
+  if (!options.first_message.empty()) {
+    hello.flags |= wire::kHelloNumbered;
+    for (uint16_t d : devices_) hello.first.push_back(options.first_message.at(d));
+  }
+  if (options.confirm_stored) hello.flags |= wire::kHelloConfirm;
   SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&hello.nonce));
   return handshake(hello);
 }
@@ -193,6 +199,12 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
     wire::Pause pause;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &pause));
     owner_.set_paused(pause.device, pause.paused);
+    return Status::ok();
+  }
+  if (frame.type == wire::MsgType::kStored) {
+    wire::Stored stored;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &stored));
+    owner_.on_stored(stored);
     return Status::ok();
   }
   if (frame.type == wire::MsgType::kRefuse) {

@@ -56,6 +56,8 @@ class LaneOwner {
   virtual void set_paused(uint16_t device, bool paused) = 0;
   // Messages of `device` whose send() completed (for FIN).
   virtual uint64_t messages_sent(uint16_t device) = 0;
+  // STORED from the receiver: what it has stored so far (SenderOptions::confirm_stored).
+  virtual void on_stored(const wire::Stored& stored) = 0;
 };
 
 class SenderLane {
@@ -98,7 +100,7 @@ class SenderLane {
   Status sending_thread_st();
   void sending_loop_st();
   Status alive_st();
-  // A control frame from the receiver while data moves (PAUSE).
+  // A control frame from the receiver while data moves (PAUSE, STORED).
   Status control_frame(const wire::Frame& frame);
 
   LaneOwner& owner_;

@@ -73,7 +73,8 @@ Status DirSink::open_device(uint16_t device, Device** out) {
     std::string name = entry.path().filename().string();
     if (name.size() > 5 && name[0] == '.' && name.ends_with(".part")) fs::remove(entry.path(), ec);
   }
-  dev.next_seq = next_seq_on_disk(dev.dir);
+  dev.numbered = first_.contains(device);
+  dev.next_seq = dev.numbered ? first_.at(device) : next_seq_on_disk(dev.dir);
   *out = &devices_.emplace(device, std::move(dev)).first->second;
   return Status::ok();
 }
@@ -159,19 +160,38 @@ Status DirSink::commit(uint16_t device) {
     return io_error("cannot close " + tmp.string(), err);
   }
   dev.fd = -1;
-  // Never overwrite: a file that appeared under our name since start-up stops us.
-  if (::link(tmp.c_str(), final_path.c_str()) != 0) {
-    int err = errno;
-    dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
-    if (err == EEXIST) {
-      return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
-    }
-    return io_error("cannot rename " + tmp.string(), err);
-  }
-  ::unlink(tmp.c_str());
+  SLOTSTREAM_RETURN_IF_ERROR(link_in_place(dev, tmp, final_path));
   dev.last = {dev.next_seq, dev.offset};
   ++dev.next_seq;
   return Status::ok();
+}
+
+// Never overwrite: a file that appeared under our name since start-up stops us — unless the sender
+// numbers its messages and the file has this message's length: then it was stored before (sent
+// again after a receiver died before confirming it), and this copy is dropped.
+Status DirSink::link_in_place(Device& dev, const fs::path& tmp, const fs::path& final_path) {
+  if (::link(tmp.c_str(), final_path.c_str()) == 0) {
+    ::unlink(tmp.c_str());
+    return Status::ok();
+  }
+  const int err = errno;
+  std::error_code ec;
+  if (err == EEXIST && dev.numbered && fs::file_size(final_path, ec) == dev.offset && !ec) {
+    ::unlink(tmp.c_str());
+    ++dev.already_stored;
+    return Status::ok();
+  }
+  dev.fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
+  if (err == EEXIST) return {Code::kIoError, final_path.string() + " already exists; refusing to overwrite"};
+  return io_error("cannot rename " + tmp.string(), err);
+}
+
+std::optional<MessageSink::Numbering> DirSink::numbering(uint16_t device) {
+  if (auto it = devices_.find(device); it != devices_.end()) {
+    return Numbering{it->second.next_seq, it->second.already_stored};
+  }
+  if (auto it = first_.find(device); it != first_.end()) return Numbering{it->second, 0};
+  return Numbering{next_seq_on_disk(dir_ / ("device-" + std::to_string(device))), 0};
 }
 
 Status DirSink::next_seq(uint16_t device, uint64_t* out) {

@@ -4,8 +4,11 @@
 //
 // A message is written to a hidden temp file (.<SEQ>.bin.part) and renamed when complete, so a
 // reader never sees a half-written message. A sender that reconnects continues after the
-// highest SEQ already on disk; nothing is overwritten. Leftover temp files of a crashed run are
-// removed when a device directory is first opened.
+// highest SEQ already on disk; nothing is overwritten. A sender that numbers its messages itself
+// (SenderInfo::first_message: a stream that moved between receivers, src/platform) starts at its
+// number, and a message whose file exists with the same length is one stored before — sent again
+// because its confirmation was lost with a receiver: dropped and counted, not an error. Leftover temp files of a
+// crashed run are removed when a device directory is first opened.
 //
 // Writes use explicit offsets, so a failed append (disk full) can be retried with the same
 // data and leaves no trace — the MessageSink contract that lets the receiver back-pressure.
@@ -25,13 +28,18 @@ namespace slotstream::sink {
 class DirSink final : public MessageSink {
  public:
   // `dir` is ROOT/<sender>; it is created if missing.
-  explicit DirSink(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  // `first`: devices numbered by the sender (their first message's SEQ); others continue on disk.
+  explicit DirSink(std::filesystem::path dir, std::map<uint16_t, uint64_t> first = {})
+      : dir_(std::move(dir)),
+        first_(std::move(first)) {}
   ~DirSink() override;
 
   Status begin(uint16_t device) override;
   Status append(uint16_t device, std::span<const std::byte> data) override;
   Status commit(uint16_t device) override;
   void abort(uint16_t device) override;
+  // Never creates anything: a device not yet opened is looked up on disk.
+  std::optional<Numbering> numbering(uint16_t device) override;
 
   struct Committed {
     uint64_t seq = 0;
@@ -63,13 +71,17 @@ class DirSink final : public MessageSink {
     int fd = -1;  // open temp file of the message in progress
     uint64_t offset = 0;
     Committed last;
+    bool numbered = false;  // by the sender: an existing file is a duplicate
+    uint64_t already_stored = 0;
   };
   Status open_device(uint16_t device, Device** out);
   Status recreate_dir(Device& dev);
   Status restore_temp(Device& dev);
+  Status link_in_place(Device& dev, const std::filesystem::path& tmp, const std::filesystem::path& final_path);
   std::filesystem::path temp_path(const Device& d) const;
 
   std::filesystem::path dir_;
+  std::map<uint16_t, uint64_t> first_;
   std::map<uint16_t, Device> devices_;
   uint64_t recreated_ = 0;
 };

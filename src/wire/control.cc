@@ -72,6 +72,10 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.u64(m.group);
   w.u16(m.lane);
   w.u16(m.lanes);
+  w.u8(m.flags);
+  if (m.flags & kHelloNumbered) {
+    for (uint64_t f : m.first) w.u64(f);
+  }
   w.bytes(m.nonce);
   return std::move(w.buffer());
 }
@@ -102,6 +106,11 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
   h.group = r.u64();
   h.lane = r.u16();
   h.lanes = r.u16();
+  h.flags = r.u8();
+  if (r.ok() && (h.flags & ~(kHelloNumbered | kHelloConfirm))) return malformed("hello: unknown flags");
+  if (h.flags & kHelloNumbered) {
+    for (uint16_t i = 0; i < n && r.ok(); ++i) h.first.push_back(r.u64());
+  }
   auto nonce = r.bytes(kNonceSize);
   if (r.ok()) std::copy(nonce.begin(), nonce.end(), h.nonce.begin());
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "hello"));
@@ -228,6 +237,36 @@ Status decode(std::span<const uint8_t> body, Pause* out) {
   if (paused > 1) return malformed("pause: flag");
   m.paused = paused == 1;
   *out = m;
+  return Status::ok();
+}
+
+std::vector<uint8_t> encode(const Stored& m) {
+  Writer w;
+  w.u16(static_cast<uint16_t>(m.devices.size()));
+  for (const auto& [dev, c] : m.devices) {
+    w.u16(dev);
+    w.u64(c.first);
+    w.u64(c.stored);
+  }
+  return std::move(w.buffer());
+}
+
+Status decode(std::span<const uint8_t> body, Stored* out) {
+  Reader r(body);
+  Stored m;
+  uint16_t n = r.u16();
+  for (uint16_t i = 0; i < n && r.ok(); ++i) {
+    uint16_t dev = r.u16();
+    Stored::Device c;
+    c.first = r.u64();
+    c.stored = r.u64();
+    if (r.ok() && !m.devices.empty() && dev <= m.devices.rbegin()->first) {
+      return malformed("stored: devices out of order");
+    }
+    m.devices.emplace(dev, c);
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "stored"));
+  *out = std::move(m);
   return Status::ok();
 }
 

@@ -11,15 +11,21 @@
 //          receiver -> READY | REFUSE
 //          ... data moves over UCX ...
 //          receiver -> PAUSE (any number, while data moves: one device's sink is busy)
+//          receiver -> STORED (only when HELLO asked for it: at once, then whenever counts moved)
 //          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
 // Or, instead of HELLO, a capacity query: CAPACITY_REQ ; receiver -> CAPACITY, then close.
 //
 // HELLO:     magic "SLST" | u16 version | str8 protocol | str16 protocol options ("k=v,k=v") |
 //            u32 blocks | u32 block_size | u8 transport (0 auto, 1 shm, 2 tcp) | str8 host id |
 //            str8 sender name | u16 n | n x u16 device | u64 group | u16 lane | u16 lanes |
-//            32-byte sender nonce
+//            u8 flags | (flags bit 0) n x u64 first message number | 32-byte sender nonce
 //            (a sender whose protocol needs one connection per device opens `lanes`
 //            connections with the same random `group`; each declares its own devices)
+//            flags: bit 0 numbered — device i's first message is stored as number first[i] and a
+//            number already stored is a duplicate (dropped, counted); without it the receiver
+//            continues after the last message on disk. bit 1 confirm — the receiver sends STORED.
+//            Other bits are refused. (The platform's senders, src/platform: a stream that moves
+//            to another receiver keeps its numbers and sends again what was not confirmed.)
 // CHALLENGE: 32-byte receiver nonce
 // AUTH:      32-byte sender proof   (net/auth.h: an HMAC over the whole HELLO and both nonces)
 // ACCEPT:    u8 transport (1 shm, 2 tcp) | blob32 worker address | blob32 protocol set-up |
@@ -28,6 +34,9 @@
 // READY:     (empty)
 // PAUSE:     u16 device | u8 paused (1: stop filling this device, 0: go on) — back-pressure for
 //            one device whose worker is behind; the others keep flowing
+// STORED:    u16 n | n x (u16 device, u64 first message number, u64 messages stored), devices
+//            ascending — of this connection: messages first .. first + stored - 1 are on the
+//            receiver's disk
 // REFUSE:    u16 code | str16 message
 // FIN:       u16 n | n x (u16 device, u64 messages)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
@@ -37,7 +46,8 @@
 //
 // A receiver refuses any other control version rather than guessing (no silent forward
 // compatibility). Version 2 added protocol options, SETUP/READY and mutual authentication over
-// the whole handshake; the block header (wire/block_header.h) carries its own version.
+// the whole handshake; version 3 HELLO's flags and first message numbers, and STORED; the block header
+// (wire/block_header.h) carries its own version.
 #pragma once
 
 #include <array>
@@ -54,7 +64,7 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
@@ -72,7 +82,11 @@ enum class MsgType : uint8_t {
   kSetup = 10,
   kReady = 11,
   kPause = 12,
+  kStored = 13,
 };
+
+inline constexpr uint8_t kHelloNumbered = 1;  // HELLO flags (above)
+inline constexpr uint8_t kHelloConfirm = 2;
 
 // Transports on the wire: one byte, kAuto 0 (the sender lets the receiver choose), kShm 1, kTcp 2
 // (slotstream::Transport; encode_transport/decode_transport are the only conversion).
@@ -92,6 +106,8 @@ struct Hello {
   uint64_t group = 0;
   uint16_t lane = 0;
   uint16_t lanes = 1;
+  uint8_t flags = 0;                        // kHelloNumbered | kHelloConfirm
+  std::vector<uint64_t> first;              // with kHelloNumbered: one per device, in `devices` order
   std::array<uint8_t, kNonceSize> nonce{};  // the sender's, for the receiver's proof
 };
 
@@ -123,6 +139,14 @@ struct Pause {
   bool paused = false;
 };
 
+struct Stored {
+  struct Device {
+    uint64_t first = 0;   // the number the connection's first message of this device got
+    uint64_t stored = 0;  // messages of this device stored on this connection
+  };
+  std::map<uint16_t, Device> devices;
+};
+
 struct FinAck {
   bool ok = false;
   uint64_t stored = 0;
@@ -152,6 +176,7 @@ std::vector<uint8_t> signed_part(const Setup& m);
 std::vector<uint8_t> encode(const Refuse& m);
 std::vector<uint8_t> encode(const Fin& m);
 std::vector<uint8_t> encode(const Pause& m);
+std::vector<uint8_t> encode(const Stored& m);
 std::vector<uint8_t> encode(const FinAck& m);
 std::vector<uint8_t> encode(const CapacityInfo& m);
 std::vector<uint8_t> encode_capacity_request();
@@ -163,6 +188,7 @@ Status decode(std::span<const uint8_t> body, Setup* out);
 Status decode(std::span<const uint8_t> body, Refuse* out);
 Status decode(std::span<const uint8_t> body, Fin* out);
 Status decode(std::span<const uint8_t> body, Pause* out);
+Status decode(std::span<const uint8_t> body, Stored* out);
 Status decode(std::span<const uint8_t> body, FinAck* out);
 Status decode(std::span<const uint8_t> body, CapacityInfo* out);
 Status decode_capacity_request(std::span<const uint8_t> body);

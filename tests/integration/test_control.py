@@ -11,7 +11,7 @@ from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
-VERSION = 2
+VERSION = 3
 MAX_FRAME = 65536
 
 
@@ -30,12 +30,13 @@ def str16(b):
 
 
 def hello_body(magic=MAGIC, version=VERSION, protocol=b"status_byte", options=b"", blocks=4, block_size=4096,
-               transport=0, host=b"host", name=b"raw", devices=(0,), group=0, lane=0, lanes=1, nonce=b"\x11" * 32):
+               transport=0, host=b"host", name=b"raw", devices=(0,), group=0, lane=0, lanes=1, flags=0,
+               nonce=b"\x11" * 32):
     body = magic + struct.pack("<H", version) + str8(protocol) + str16(options)
     body += struct.pack("<IIB", blocks, block_size, transport)
     body += str8(host) + str8(name)
     body += struct.pack("<H", len(devices)) + b"".join(struct.pack("<H", d) for d in devices)
-    body += struct.pack("<QHH", group, lane, lanes)
+    body += struct.pack("<QHHB", group, lane, lanes, flags)  # flags 0: no first message numbers
     return body + nonce
 
 

@@ -328,8 +328,9 @@ def test_every_container_is_hardened():
     that may do nothing but chown the node directories the kubelet created."""
     for name, spec in pod_specs():
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        pod = {k: v for k, v in spec["securityContext"].items() if k in ("runAsNonRoot", "runAsUser")}
         for c in spec["containers"]:
-            sc = c["securityContext"]
+            sc = {**pod, **c["securityContext"]}  # the container's settings win over the pod's
             assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0, f"{name}/{c['name']}"
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, c["name"]
             assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add"), c["name"]
@@ -399,6 +400,33 @@ def test_image_build_uses_the_hosts_apt_mirror(tmp_path):
     assert mirror(own) == "http://mirror.example.org/debian"
     assert mirror("") == "http://deb.debian.org/debian"
     assert mirror(own, "http://override.example/debian") == "http://override.example/debian"
+
+
+def test_kustomize_platform_component_adds_a_three_member_etcd_and_registers_the_receivers(tmp_path):
+    # An overlay beside the base, as the component's comment says (Kustomize wants relative paths).
+    shutil.copytree(MANIFESTS, tmp_path / "kubernetes")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../kubernetes"], "components": ["../kubernetes/components/platform"]}))
+    docs = rendered(overlay, tmp_path)
+    etcd = docs[("StatefulSet", "slotstream-etcd")]
+    assert etcd["spec"]["replicas"] == 3
+    assert etcd["spec"]["podManagementPolicy"] == "Parallel"
+    args = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
+    cluster = next(a for a in args if a.startswith("--initial-cluster="))
+    assert cluster.count("slotstream-etcd-") == 2 * 3  # three members, each named and addressed
+    assert docs[("Service", "slotstream-etcd")]["spec"]["clusterIP"] == "None"
+    # Every receiver registers on the platform that the ConfigMap names, with all three members.
+    recv = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert recv[recv.index("--platform") + 1] == "$(SLOTSTREAM_PLATFORM)"
+    url = docs[("ConfigMap", "slotstream")]["data"]["SLOTSTREAM_PLATFORM"]
+    assert url.startswith("etcd://") and url.count(":2379") == 3
+    # The options exist in this build.
+    help_text = subprocess.run([BIN, "recv", "--help"], capture_output=True, text=True).stdout
+    for option in ("--platform", "--capacity-cpu"):
+        assert option in help_text
 
 
 def test_the_token_is_readable_by_the_unprivileged_receiver():

@@ -269,3 +269,25 @@ def test_a_worker_whose_command_ends_takes_its_children_along(receiver, tmp_path
     assert len(running(f"sleep {marker}")) <= 1, "background children of ended worker commands keep running"
     rx.stop()
     wait_for(lambda: running(f"sleep {marker}") == [], 10, "the worker's processes to end")
+
+
+@pytest.mark.deadline(60)
+def test_checksum_worker_goes_on_past_numbers_stored_elsewhere(tmp_path):
+    """A device that moved to another receiver and back leaves a gap in its directory (docs/platform.md):
+    the example worker processes what is here, in order, and does not wait for the gap."""
+    device, work = tmp_path / "device-0", tmp_path / "worker-0"
+    device.mkdir()
+    for n in (3, 4, 9, 10):
+        (device / seq_name(n)).write_bytes(bytes([n]) * 8)
+    env = dict(os.environ, SLOTSTREAM_DEVICE_DIR=str(device), SLOTSTREAM_WORKER_DIR=str(work), SLOTSTREAM_DEVICE="0")
+    w = subprocess.Popen(["sh", str(REPO / "workers" / "checksum.sh")], env=env)
+    try:
+        wait_for(lambda: done_of(work) == 10, 20, "the worker past the gap")
+        time.sleep(0.2)  # the gap's numbers do not appear later: a late one (5) is not waited for either
+        (device / seq_name(11)).write_bytes(b"x")
+        wait_for(lambda: done_of(work) == 11, 20, "the next message after the gap")
+        assert sorted(p.name for p in (work / "results").glob("*.json")) == [
+            f"{n:010d}.json" for n in (3, 4, 9, 10, 11)]
+    finally:
+        w.kill()
+        w.wait()

@@ -88,6 +88,43 @@ TEST_F(DirSinkTest, NeverOverwritesAnExistingFile) {
   EXPECT_EQ(slurp(root_ / "cam/device-0/0000000001.bin"), "someone else's");
 }
 
+// A stream that moved between receivers numbers its messages itself (SenderInfo::first_message):
+// what a dead receiver stored without confirming comes again under the same number.
+TEST_F(DirSinkTest, ANumberedMessageAlreadyStoredIsADuplicateNotAnError) {
+  {
+    DirSink first(root_ / "cam", {{0, 5}});
+    write(first, 0, "m5");
+    write(first, 0, "m6");
+  }
+  DirSink again(root_ / "cam", {{0, 6}, {1, 0}});
+  EXPECT_EQ(again.numbering(0)->next, 6u);  // before anything is opened or written
+  EXPECT_FALSE(fs::exists(root_ / "cam/device-1"));
+  write(again, 0, "m6");  // sent again: the same length, already there
+  write(again, 0, "m7");
+  EXPECT_EQ(slurp(root_ / "cam/device-0/0000000006.bin"), "m6");
+  EXPECT_EQ(slurp(root_ / "cam/device-0/0000000007.bin"), "m7");
+  EXPECT_EQ(again.numbering(0)->already_stored, 1u);
+  EXPECT_EQ(again.numbering(0)->next, 8u);
+  for (const auto& e : fs::directory_iterator(root_ / "cam/device-0")) {
+    EXPECT_NE(e.path().filename().string()[0], '.') << "temp file left: " << e.path();
+  }
+  // A different message under a stored number is no duplicate: it is refused as before.
+  DirSink other(root_ / "cam", {{0, 7}});
+  ASSERT_TRUE(other.begin(0).is_ok());
+  ASSERT_TRUE(other.append(0, bytes("longer than m7")).is_ok());
+  EXPECT_EQ(other.commit(0).code(), Code::kIoError);
+  EXPECT_EQ(slurp(root_ / "cam/device-0/0000000007.bin"), "m7");
+}
+
+TEST_F(DirSinkTest, UnnumberedDevicesSayWhereTheyContinue) {
+  DirSink s(root_ / "cam");
+  EXPECT_EQ(s.numbering(3)->next, 0u);
+  write(s, 3, "a");
+  DirSink again(root_ / "cam");
+  EXPECT_EQ(again.numbering(3)->next, 1u);
+  EXPECT_EQ(again.numbering(3)->already_stored, 0u);
+}
+
 TEST(DirSinkNames, FileNamesArePaddedToTenDigits) {
   EXPECT_EQ(DirSink::file_name(0), "0000000000.bin");
   EXPECT_EQ(DirSink::file_name(1234567890), "1234567890.bin");

@@ -40,6 +40,50 @@ TEST(Control, HelloRoundTrips) {
   EXPECT_EQ(out.nonce, sample_hello().nonce);
 }
 
+TEST(Control, HelloCarriesFlagsAndFirstMessageNumbersBeforeTheNonce) {
+  Hello h = sample_hello();
+  auto plain = encode(h);
+  EXPECT_EQ(plain[plain.size() - 33], 0);  // no flags: nothing between lanes and the nonce
+  h.flags = kHelloNumbered | kHelloConfirm;
+  h.first = {5, 0, 0x0102030405060708ull};
+  auto b = encode(h);
+  ASSERT_EQ(b.size(), plain.size() + 3 * 8);
+  EXPECT_EQ(b[plain.size() - 33], 3);
+  EXPECT_EQ(b[b.size() - 32 - 8], 0x08);  // the last device's number, u64 LE, just before the nonce
+  EXPECT_EQ(b[b.size() - 32 - 1], 0x01);
+  Hello out;
+  ASSERT_TRUE(decode(b, &out).is_ok());
+  EXPECT_EQ(out.flags, kHelloNumbered | kHelloConfirm);
+  EXPECT_EQ(out.first, h.first);
+  EXPECT_EQ(out.nonce, h.nonce);
+  // Confirm alone carries no numbers; an unknown flag is refused, not ignored.
+  h.flags = kHelloConfirm;
+  ASSERT_TRUE(decode(encode(h), &out).is_ok());
+  EXPECT_TRUE(out.first.empty());
+  h.flags = 4;
+  EXPECT_EQ(decode(encode(h), &out).code(), Code::kProtocolError);
+}
+
+TEST(Control, StoredIsPinnedAndItsDevicesAscend) {
+  Stored s;
+  s.devices[2] = {10, 3};
+  s.devices[513] = {0, 1};
+  auto b = encode(s);
+  std::vector<uint8_t> want = {2, 0, 2, 0, 10, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0,
+                               0, 1, 2, 0, 0,  0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(b, want);
+  Stored out;
+  ASSERT_TRUE(decode(b, &out).is_ok());
+  EXPECT_EQ(out.devices.at(2).first, 10u);
+  EXPECT_EQ(out.devices.at(513).stored, 1u);
+  // The same device twice, or out of order: refused.
+  auto bad = b;
+  std::copy(b.begin() + 2, b.begin() + 20, bad.begin() + 20);
+  EXPECT_EQ(decode(bad, &out).code(), Code::kProtocolError);
+  bad.pop_back();
+  EXPECT_FALSE(decode(bad, &out).is_ok());
+}
+
 TEST(Control, HelloRejectsALaneOutsideItsGroup) {
   Hello h = sample_hello();
   h.lane = 3;  // of 3 lanes: 0..2
@@ -51,7 +95,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 2);  // version, little-endian
+  EXPECT_EQ(b[4], 3);  // version, little-endian
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);

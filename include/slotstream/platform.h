@@ -1,0 +1,90 @@
+// slotstream on the cloud-edge management platform (status-byte paper §3.1, Fig. 2), whose state
+// lives in etcd: receivers register what they have free; a sender asks for a receiver with the
+// resources it needs, gets one reserved atomically, and keeps streaming when that receiver dies —
+// the platform gives it another and every message not confirmed stored is sent again, under the
+// same numbers (docs/platform.md).
+//
+//   PlatformSender: connect -> send(device, ...) per filler thread -> finish()
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slotstream/slotstream.h"
+
+namespace slotstream {
+
+// What a sender needs of a receiver, besides the receive memory its blocks take (computed from
+// SenderOptions): processing in CPU cores, bandwidth in bytes/s, messages per second.
+struct PlatformNeed {
+  double cpu = 0;
+  double bandwidth = 0;
+  double fps = 0;
+};
+
+struct PlatformSenderOptions {
+  std::string platform;  // etcd://HOST:PORT[,HOST:PORT...]
+  // name, protocol, transport, blocks, block size, token, devices. host/port are the platform's
+  // choice; first_message and confirm_stored are set by the PlatformSender.
+  SenderOptions sender;
+  PlatformNeed need;
+  int64_t lease_ttl_seconds = 5;  // a dead sender's reservation lasts this long
+  // After losing its receiver: how long to look for another before giving up (a first request
+  // that finds no receiver with room is refused at once).
+  std::chrono::milliseconds patience{30000};
+  // Most bytes of messages kept until confirmed stored; a send() beyond it waits for confirmations.
+  uint64_t replay_limit = 256ull << 20;
+  // Scheduling results, moves, losses, one line each (any thread; may be empty).
+  std::function<void(const std::string&)> on_event;
+};
+
+struct PlatformSenderStats {
+  uint64_t messages = 0;            // send() calls completed
+  uint64_t resent = 0;              // messages sent again to a new receiver
+  uint64_t reschedules = 0;         // receivers lost and replaced
+  uint64_t connections = 0;         // receivers connected to, in all
+  std::string receiver;             // the current one ("" none)
+  std::vector<double> schedule_ms;  // per connection: from the scheduling request to connected
+};
+
+// Threading: send() of one device from one thread at a time, different devices concurrently (as
+// DeviceStream); finish() and set_devices() from one thread while no send() is in progress... or
+// while sends of other devices are (set_devices waits for the current messages).
+class PlatformSender {
+ public:
+  // Schedules (reserves a receiver) and connects. kRefused says every receiver's shortfall.
+  static Status connect(PlatformSenderOptions options, std::unique_ptr<PlatformSender>* out);
+  ~PlatformSender();  // without finish(): the reservation goes, unsent messages are dropped
+
+  // Like DeviceStream::send/send_with; the message is kept until the receiver confirms it stored.
+  Status send(uint16_t device, std::span<const std::byte> message);
+  Status send_with(uint16_t device, uint64_t length, const DeviceStream::FillFn& fill);
+  // Waits until every message is stored (moving to another receiver if this one dies meanwhile),
+  // then releases the reservation and disconnects.
+  Status finish();
+
+  // The edge's moves: finishes with the current receiver (everything stored), then schedules the
+  // new set of devices (none: disconnect) with its need and connects. `next` names the on-disk
+  // number of the next message of each added device. Devices removed are given back with the
+  // number their next message must get wherever they go (`*removed`). When no receiver takes the
+  // new set, every device is given back in `*removed` and nothing is sent through the platform.
+  Status set_devices(const std::vector<uint16_t>& devices, const std::map<uint16_t, uint64_t>& next,
+                     const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed);
+  std::vector<uint16_t> devices() const;
+
+  PlatformSenderStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit PlatformSender(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slotstream

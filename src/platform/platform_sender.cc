@@ -1,0 +1,374 @@
+// PlatformSender (include/slotstream/platform.h): a Sender whose receiver the platform chooses,
+// and which outlives its receiver. Every message is kept (ReplayLog) until the receiver confirms
+// it stored (STORED); when the receiver dies, the first send() or finish() that fails takes the
+// gate exclusively, asks the platform for another receiver (the lost one excluded), connects with
+// each device numbered from its first unconfirmed message, and sends those again — so the numbers
+// on disk continue, and what the dead receiver stored without confirming is recognised there as
+// stored already (at-least-once on the wire, each number once in a directory).
+#include "slotstream/platform.h"
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <thread>
+
+#include "net/control_socket.h"
+#include "platform/etcd.h"
+#include "platform/replay_log.h"
+#include "platform/reservation.h"
+
+namespace slotstream {
+
+using Clock = std::chrono::steady_clock;
+using platform::ReplayLog;
+
+namespace {
+
+// How long to wait before asking the platform again when no receiver has room or the chosen one
+// cannot be reached, and how often a send() over the replay limit looks for confirmations.
+constexpr auto kRetryPause = std::chrono::milliseconds(200);
+constexpr auto kRoomPoll = std::chrono::milliseconds(2);
+
+// The receive memory a sender's connections take on the receiver (its blocks and status bytes,
+// one region per connection).
+double receive_memory(const SenderOptions& o, size_t devices) {
+  const std::string name = o.protocol.substr(0, o.protocol.find(':'));
+  size_t lanes = 1;
+  for (const auto& p : protocols()) {
+    if (p.name == name && p.connection_per_device) lanes = devices;
+  }
+  return double(lanes) * (double(o.blocks) * o.block_size + o.blocks);
+}
+
+}  // namespace
+
+struct PlatformSender::Impl {
+  PlatformSenderOptions options;
+  std::unique_ptr<platform::SenderLease> lease;
+
+  // send(): shared; a move to another receiver (recover, finish, set_devices): exclusive.
+  std::shared_mutex gate;
+  std::unique_ptr<Sender> sender;  // the current connection; null: none
+  uint64_t generation = 0;         // connections made; a failed send() names the one it used
+  std::string receiver;
+  std::vector<uint16_t> devices;
+  Status fatal;  // no receiver could be found: every later call fails with it
+
+  struct Device {
+    std::mutex mutex;  // the device's filler and whoever moves the stream
+    ReplayLog log;
+    uint64_t begin = 0;  // the log index the current connection began at
+  };
+  std::map<uint16_t, std::unique_ptr<Device>> streams;  // every device ever sent (changed exclusively)
+
+  mutable std::mutex stats_mutex;
+  PlatformSenderStats stats;
+
+  void event(const std::string& text) const {
+    if (options.on_event) options.on_event(text);
+  }
+  Device* stream(uint16_t d) {
+    auto it = streams.find(d);
+    return it == streams.end() ? nullptr : it->second.get();
+  }
+  // Drops what the receiver confirmed; learns the numbers from its first STORED. Under dev.mutex.
+  void trim(uint16_t d, Device& dev) {
+    if (!sender) return;
+    const Sender::Confirmed c = sender->confirmed(d);
+    if (!c.first) return;
+    if (!dev.log.base()) dev.log.learn_base(dev.begin, *c.first);
+    dev.log.confirm(dev.begin, c.stored);
+  }
+  Status wait_for_room(uint16_t d, Device& dev, size_t bytes);
+  Status connect_to(const platform::Placement& p);
+  Status replay();
+  // keep_asking: ask again while no receiver has room (after a loss); else refuse at once.
+  Status schedule(std::set<std::string> exclude, bool keep_asking);
+  Status recover_locked(const Status& cause);
+  Status recover(uint64_t gen, const Status& cause);
+  Status finish_locked();
+  Status send_owned(uint16_t d, std::vector<std::byte> message);
+};
+
+// A send() that would keep more than replay_limit bytes waits for the receiver's confirmations.
+// Shared gate held.
+Status PlatformSender::Impl::wait_for_room(uint16_t d, Device& dev, size_t bytes) {
+  for (;;) {
+    {
+      std::lock_guard lock(dev.mutex);
+      trim(d, dev);
+      if (dev.log.bytes() == 0 || dev.log.bytes() + bytes <= options.replay_limit) return Status::ok();
+    }
+    std::this_thread::sleep_for(kRoomPoll);
+  }
+}
+
+// Connects to the placement's receiver with every device numbered from its first unconfirmed
+// message (when the numbers are known: a receiver that died before saying where they start
+// leaves the next one to continue after its own disk). Exclusive gate held.
+Status PlatformSender::Impl::connect_to(const platform::Placement& p) {
+  SenderOptions so = options.sender;
+  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(p.address, &so.host, &so.port));
+  so.devices = devices;
+  so.confirm_stored = true;
+  so.first_message.clear();
+  bool numbered = true;
+  for (uint16_t d : devices) numbered = numbered && streams.at(d)->log.base().has_value();
+  for (uint16_t d : devices) {
+    Device& dev = *streams.at(d);
+    if (numbered) {
+      so.first_message[d] = *dev.log.first_unconfirmed_number();
+    } else {
+      dev.log.forget_base();  // learnt again from this receiver's first STORED
+    }
+    dev.begin = dev.log.confirmed();
+  }
+  std::unique_ptr<Sender> s;
+  SLOTSTREAM_RETURN_IF_ERROR(Sender::connect(so, &s));
+  sender = std::move(s);
+  receiver = p.receiver;
+  ++generation;
+  return Status::ok();
+}
+
+// Sends again, in order, every message not yet confirmed. Exclusive gate held.
+Status PlatformSender::Impl::replay() {
+  uint64_t resent = 0;
+  for (uint16_t d : devices) {
+    Device& dev = *streams.at(d);
+    std::lock_guard lock(dev.mutex);
+    for (const auto& m : dev.log.pending()) {
+      SLOTSTREAM_RETURN_IF_ERROR(sender->device(d)->send(m));
+      ++resent;
+    }
+  }
+  std::lock_guard lock(stats_mutex);
+  stats.resent += resent;
+  return Status::ok();
+}
+
+// Asks the platform for a receiver and connects, until one works or patience runs out.
+// Exclusive gate held.
+Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_asking) {
+  const auto deadline = Clock::now() + options.patience;
+  platform::Request req;
+  req.amount = {options.need.cpu, options.need.bandwidth, options.need.fps,
+                receive_memory(options.sender, devices.size())};
+  req.devices = devices;
+  if (options.sender.transport != Transport::kAuto) req.transport = transport_name(options.sender.transport);
+  Status last;
+  for (;;) {
+    const auto t0 = Clock::now();
+    req.exclude = exclude;
+    platform::Placement p;
+    last = lease->reserve(req, &p);
+    const auto reserved = Clock::now();
+    if (last.is_ok()) {
+      last = connect_to(p);
+      if (last.is_ok()) last = replay();
+      if (last.is_ok()) {
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        {
+          std::lock_guard lock(stats_mutex);
+          stats.schedule_ms.push_back(ms);
+          ++stats.connections;
+          stats.receiver = receiver;
+        }
+        char line[128];
+        std::snprintf(line, sizeof line, " (scheduled and connected in %.1f ms: reserved in %.1f, %d transaction%s)",
+                      ms, std::chrono::duration<double, std::milli>(reserved - t0).count(), p.attempts,
+                      p.attempts == 1 ? "" : "s");
+        event("using receiver " + p.why + line);
+        return Status::ok();
+      }
+      sender.reset();
+      // The receiver still holds our name while its session of our last connection ends: the
+      // same receiver again, shortly. Anything else: another receiver.
+      if (last.message().find("already connected") == std::string::npos) exclude.insert(p.receiver);
+      event("receiver " + p.receiver + " at " + p.address + " did not take the stream: " + last.message());
+    } else if (last.code() == Code::kRefused && !keep_asking) {
+      break;
+    }
+    if (Clock::now() + kRetryPause > deadline) break;
+    std::this_thread::sleep_for(kRetryPause);
+  }
+  return {last.code() == Code::kRefused ? Code::kRefused : Code::kConnectFailed,
+          "no receiver from the platform: " + last.message()};
+}
+
+// The receiver is gone (or the connection failed): schedule another and send again what it did
+// not confirm. Exclusive gate held.
+Status PlatformSender::Impl::recover_locked(const Status& cause) {
+  const std::string lost = receiver;
+  for (auto& [d, dev] : streams) {
+    std::lock_guard lock(dev->mutex);
+    trim(d, *dev);  // the last confirmations the dead connection received
+  }
+  sender.reset();
+  receiver.clear();
+  {
+    std::lock_guard lock(stats_mutex);
+    ++stats.reschedules;
+    stats.receiver.clear();
+  }
+  event("lost receiver " + lost + " (" + cause.message() + "); asking the platform for another");
+  Status st = schedule({lost}, /*keep_asking=*/true);
+  if (!st.is_ok()) fatal = st;
+  return st;
+}
+
+Status PlatformSender::Impl::recover(uint64_t gen, const Status& cause) {
+  std::unique_lock lock(gate);
+  if (!fatal.is_ok()) return fatal;
+  if (generation != gen && sender) return Status::ok();  // another thread moved the stream already
+  return recover_locked(cause);
+}
+
+// FIN on the current connection until it succeeds (moving as often as receivers die); then every
+// message is stored. Exclusive gate held.
+Status PlatformSender::Impl::finish_locked() {
+  while (sender) {
+    Status st = sender->finish();
+    if (st.is_ok()) {
+      for (auto& [d, dev] : streams) {
+        std::lock_guard lock(dev->mutex);
+        trim(d, *dev);                                               // learns the numbers if nothing else did
+        dev->log.confirm(dev->begin, dev->log.next() - dev->begin);  // FIN_ACK: all stored
+      }
+      sender.reset();
+      return Status::ok();
+    }
+    if (st.code() == Code::kInvalidArgument) return st;
+    SLOTSTREAM_RETURN_IF_ERROR(recover_locked(st));
+  }
+  return Status::ok();
+}
+
+Status PlatformSender::Impl::send_owned(uint16_t d, std::vector<std::byte> message) {
+  uint64_t gen = 0;
+  Status st;
+  {
+    std::shared_lock lock(gate);
+    if (!fatal.is_ok()) return fatal;
+    Device* dev = stream(d);
+    if (!dev || !sender || !sender->device(d)) {
+      return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not sent through the platform now"};
+    }
+    SLOTSTREAM_RETURN_IF_ERROR(wait_for_room(d, *dev, message.size()));
+    std::lock_guard dl(dev->mutex);
+    const uint64_t index = dev->log.append(std::move(message));
+    // A reference into the log stays valid: only this device's thread or an exclusive mover trims it.
+    st = sender->device(d)->send(dev->log.pending()[index - dev->log.confirmed()]);
+    gen = generation;
+  }
+  if (st.is_ok() || st.code() == Code::kInvalidArgument) return st;
+  // The message is in the log: the move sends it again with the others.
+  return recover(gen, st);
+}
+
+PlatformSender::PlatformSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PlatformSender::~PlatformSender() {
+  std::unique_lock lock(impl_->gate);
+  impl_->sender.reset();
+  impl_->lease.reset();  // revokes: the reservation goes at once
+}
+
+Status PlatformSender::connect(PlatformSenderOptions options, std::unique_ptr<PlatformSender>* out) {
+  std::vector<std::string> endpoints;
+  SLOTSTREAM_RETURN_IF_ERROR(platform::parse_etcd_url(options.platform, &endpoints));
+  auto impl = std::make_unique<Impl>();
+  Impl& im = *impl;
+  im.options = std::move(options);
+  im.devices = im.options.sender.devices;
+  SLOTSTREAM_RETURN_IF_ERROR(platform::SenderLease::start(
+      endpoints, im.options.sender.name, im.options.lease_ttl_seconds, im.options.on_event, &im.lease));
+  for (uint16_t d : im.devices) im.streams[d] = std::make_unique<Impl::Device>();
+  if (!im.devices.empty()) {
+    std::unique_lock lock(im.gate);
+    SLOTSTREAM_RETURN_IF_ERROR(im.schedule({}, /*keep_asking=*/false));
+  }
+  out->reset(new PlatformSender(std::move(impl)));
+  return Status::ok();
+}
+
+Status PlatformSender::send(uint16_t device, std::span<const std::byte> message) {
+  Status st = impl_->send_owned(device, std::vector<std::byte>(message.begin(), message.end()));
+  if (st.is_ok()) {
+    std::lock_guard lock(impl_->stats_mutex);
+    ++impl_->stats.messages;
+  }
+  return st;
+}
+
+Status PlatformSender::send_with(uint16_t device, uint64_t length, const DeviceStream::FillFn& fill) {
+  std::vector<std::byte> message(length);
+  SLOTSTREAM_RETURN_IF_ERROR(fill(0, message));
+  Status st = impl_->send_owned(device, std::move(message));
+  if (st.is_ok()) {
+    std::lock_guard lock(impl_->stats_mutex);
+    ++impl_->stats.messages;
+  }
+  return st;
+}
+
+Status PlatformSender::finish() {
+  std::unique_lock lock(impl_->gate);
+  if (!impl_->fatal.is_ok()) return impl_->fatal;
+  SLOTSTREAM_RETURN_IF_ERROR(impl_->finish_locked());
+  impl_->receiver.clear();
+  return impl_->lease->release();
+}
+
+Status PlatformSender::set_devices(const std::vector<uint16_t>& devices, const std::map<uint16_t, uint64_t>& next,
+                                   const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed) {
+  Impl& im = *impl_;
+  std::unique_lock lock(im.gate);
+  if (!im.fatal.is_ok()) return im.fatal;
+  SLOTSTREAM_RETURN_IF_ERROR(im.finish_locked());  // everything sent so far is stored
+  std::map<uint16_t, uint64_t> numbers;            // of every device sent so far: where it goes on
+  for (uint16_t d : im.devices) {
+    Impl::Device& dev = *im.streams.at(d);
+    if (!dev.log.first_unconfirmed_number()) {
+      return {Code::kProtocolError, "the receiver never said where device " + std::to_string(d) + "'s numbers start"};
+    }
+    numbers[d] = *dev.log.first_unconfirmed_number();
+  }
+  removed->clear();
+  for (auto [d, n] : numbers) {
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) (*removed)[d] = n;
+  }
+  for (uint16_t d : devices) {
+    auto& dev = im.streams[d];
+    if (!dev) dev = std::make_unique<Impl::Device>();
+    if (auto it = next.find(d); it != next.end()) dev->log.set_base(it->second - dev->log.next());
+  }
+  im.devices = devices;
+  im.options.need = need;
+  im.receiver.clear();
+  {
+    std::lock_guard sl(im.stats_mutex);
+    im.stats.receiver.clear();
+  }
+  if (devices.empty()) return im.lease->release();
+  Status st = im.schedule({}, /*keep_asking=*/false);
+  if (!st.is_ok()) {  // nothing is sent through the platform now: every device goes back
+    im.devices.clear();
+    *removed = std::move(numbers);
+    (void)im.lease->release();
+  }
+  return st;
+}
+
+std::vector<uint16_t> PlatformSender::devices() const {
+  std::shared_lock lock(impl_->gate);
+  return impl_->devices;
+}
+
+PlatformSenderStats PlatformSender::stats() const {
+  std::lock_guard lock(impl_->stats_mutex);
+  return impl_->stats;
+}
+
+}  // namespace slotstream

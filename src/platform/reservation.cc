@@ -1,0 +1,131 @@
+#include "platform/reservation.h"
+
+#include <random>
+#include <thread>
+
+#include "platform/scheduler.h"
+
+namespace slotstream::platform {
+
+using Clock = std::chrono::steady_clock;
+
+Status read_platform(EtcdClient& etcd, std::vector<ReceiverRecord>* receivers, std::vector<Reservation>* reservations,
+                     int64_t* revision) {
+  std::vector<KeyValue> kvs;
+  SLOTSTREAM_RETURN_IF_ERROR(etcd.range_prefix(kPrefix, &kvs, revision));
+  receivers->clear();
+  reservations->clear();
+  const std::string rp = receivers_prefix(), sp = reservations_prefix();
+  for (const auto& kv : kvs) {
+    if (kv.key.starts_with(rp)) {
+      ReceiverRecord r;
+      if (decode(kv.value, &r).is_ok()) receivers->push_back(std::move(r));
+    } else if (kv.key.starts_with(sp)) {
+      Reservation r;
+      if (decode(kv.value, &r).is_ok()) reservations->push_back(std::move(r));
+    }
+  }
+  return Status::ok();
+}
+
+Status SenderLease::start(const std::vector<std::string>& endpoints, const std::string& sender, int64_t ttl_seconds,
+                          std::function<void(const std::string&)> on_event, std::unique_ptr<SenderLease>* out) {
+  if (auto why = invalid_platform_name(sender))
+    return {Code::kInvalidArgument, "sender name '" + sender + "': " + *why};
+  std::unique_ptr<SenderLease> s(new SenderLease(sender, std::move(on_event)));
+  SLOTSTREAM_RETURN_IF_ERROR(EtcdClient::create(endpoints, &s->etcd_));
+  KeptLease::Options lo;
+  lo.endpoints = endpoints;
+  lo.ttl_seconds = ttl_seconds;
+  lo.tick_every = std::chrono::milliseconds(ttl_seconds * 1000);
+  lo.on_event = s->on_event_;
+  SenderLease* self = s.get();
+  lo.regained = [self](int64_t lease) { self->regained(lease); };
+  SLOTSTREAM_RETURN_IF_ERROR(KeptLease::start(std::move(lo), &s->lease_));
+  *out = std::move(s);
+  return Status::ok();
+}
+
+SenderLease::~SenderLease() { lease_.reset(); }
+
+// The lease ran out while etcd was out of reach, and the reservation with it: put it back, on the
+// same receiver, if it still has room (otherwise the stream goes on unreserved, and says so).
+void SenderLease::regained(int64_t) {
+  Request r;
+  {
+    std::lock_guard lock(mutex_);
+    if (reserved_on_.empty()) return;
+    r.amount = reservation_.amount;
+    r.devices = reservation_.devices;
+    reserved_on_.clear();
+  }
+  Placement p;
+  if (Status st = reserve(r, &p); !st.is_ok() && on_event_) {
+    on_event_("the reservation lapsed with the lease and could not be made again: " + st.message());
+  }
+}
+
+Status SenderLease::try_reserve(const Request& request, Placement* out, bool* conflict) {
+  *conflict = false;
+  std::vector<ReceiverRecord> records;
+  std::vector<Reservation> reservations;
+  int64_t revision = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(read_platform(*etcd_, &records, &reservations, &revision));
+  const Decision d =
+      choose(build_views(records, reservations, sender_), request.amount, request.exclude, request.transport);
+  if (!d.ok) return {Code::kRefused, d.why};
+  Reservation res{sender_, d.receiver, request.amount, request.devices};
+  std::vector<Compare> compares = {
+      {receiver_key(d.receiver), "", Compare::Target::kVersion, Compare::Result::kGreater, 0},
+      {reservations_prefix(d.receiver), prefix_end(reservations_prefix(d.receiver)), Compare::Target::kMod,
+       Compare::Result::kLess, revision + 1}};
+  std::vector<Op> ops = {{Op::Kind::kPut, reservation_key(d.receiver, sender_), encode(res), lease_->id()}};
+  std::lock_guard lock(mutex_);
+  if (!reserved_on_.empty() && reserved_on_ != d.receiver) {
+    ops.push_back({Op::Kind::kDelete, reservation_key(reserved_on_, sender_)});
+  }
+  bool ok = false;
+  SLOTSTREAM_RETURN_IF_ERROR(etcd_->txn(compares, ops, &ok));
+  if (!ok) {
+    *conflict = true;
+    return Status::ok();
+  }
+  reserved_on_ = d.receiver;
+  reservation_ = res;
+  for (const auto& r : records) {
+    if (r.name == d.receiver) out->address = r.address;
+  }
+  out->receiver = d.receiver;
+  out->why = d.why;
+  return Status::ok();
+}
+
+Status SenderLease::reserve(const Request& request, Placement* out) {
+  std::mt19937 rng(std::random_device{}());
+  const auto deadline = Clock::now() + request.patience;
+  for (int attempt = 1;; ++attempt) {
+    bool conflict = false;
+    SLOTSTREAM_RETURN_IF_ERROR(try_reserve(request, out, &conflict));
+    if (!conflict) {
+      out->attempts = attempt;
+      return Status::ok();
+    }
+    if (Clock::now() > deadline) {
+      return {Code::kTimeout, "could not reserve for " + std::to_string(attempt) +
+                                  " tries: other senders kept reserving the same receivers"};
+    }
+    // Another requester reserved on the same receiver since our read: read again, after a short
+    // random pause so that requesters that collided do not collide again in step.
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 5 * attempt)(rng)));
+  }
+}
+
+Status SenderLease::release() {
+  std::lock_guard lock(mutex_);
+  if (reserved_on_.empty()) return Status::ok();
+  Status st = etcd_->remove(reservation_key(reserved_on_, sender_));
+  if (st.is_ok()) reserved_on_.clear();
+  return st;
+}
+
+}  // namespace slotstream::platform

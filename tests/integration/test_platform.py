@@ -1,0 +1,252 @@
+"""The cloud-edge platform on etcd (docs/platform.md; status-byte paper §3.1): a real 3-member etcd
+cluster on loopback, real receivers registering, real senders scheduled, receivers and etcd members
+killed mid-stream, and an overloaded edge server offloading devices and taking them back.
+Everything a test checks on disk is checked against the synthetic frames' own content
+(`slotstream verify`) and their numbers, across every directory a stream went to."""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import BIN, Proc, Receiver, hidden, wait_until
+from platform_support import start_cluster
+
+FRAME = "64x64x3"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("etcd"), 3)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def procs():
+    """Every process a test starts; killed at its end (receivers gracefully, so they leave the platform)."""
+    started = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.terminate(10)
+
+
+def start_receivers(cluster, procs, out, n, *extra, ttl=2, url=None):
+    # An earlier test's killed receiver keeps its name until its lease runs out.
+    wait_until(lambda: not cluster.receivers(), 5, "earlier receivers' records to go")
+    rs = []
+    for i in range(n):
+        r = Receiver(["--out", out, "--platform", url or cluster.url, "--platform-name", f"r{i}",
+                      "--platform-ttl", ttl, *extra])
+        procs.append(r)
+        r.stderr.wait_for(r"registered on the platform as r%d " % i, 10)
+        rs.append(r)
+    wait_until(lambda: all(f"r{i}" in cluster.receivers() for i in range(n)), 10, "the receivers' records")
+    return rs
+
+
+def platform_send(cluster, procs, name, *args, url=None):
+    p = Proc([BIN, "send", "--platform", url or cluster.url, "--name", name, "--platform-ttl", 2, *args])
+    procs.append(p)
+    return p
+
+
+def chosen(sender, timeout=20):
+    """The receiver a `send --platform` says it uses (its first such line), and the line."""
+    _, line = sender.stderr.wait_for(r"using receiver ", timeout)
+    return re.search(r"using receiver (\S+) at", line).group(1), line
+
+
+def stored_numbers(roots, sender, device):
+    """Every message number of sender/device-D under each root, as {root index: [numbers]}."""
+    out = {}
+    for i, root in enumerate(roots):
+        d = pathlib.Path(root) / sender / f"device-{device}"
+        out[i] = sorted(int(p.name[:10]) for p in d.glob("*.bin")) if d.exists() else []
+    return out
+
+
+def assert_each_once(roots, sender, devices, expected):
+    """Numbers 0..expected-1 of every device are stored exactly once across all roots, none else."""
+    for d in devices:
+        per_root = stored_numbers(roots, sender, d)
+        everything = sorted(n for nums in per_root.values() for n in nums)
+        assert everything == list(range(expected)), (
+            f"device {d}: {len(everything)} files for {expected} messages; "
+            f"missing {sorted(set(range(expected)) - set(everything))[:10]}, "
+            f"duplicated {sorted({n for n in everything if everything.count(n) > 1})[:10]}")
+
+
+def verify(root):
+    r = subprocess.run([BIN, "verify", str(root)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+# ------------------------------------------------------------------ registration
+
+
+@pytest.mark.deadline(90)
+def test_receivers_register_with_their_capacity_and_vanish_with_their_lease(cluster, procs, tmp_path):
+    rs = start_receivers(cluster, procs, tmp_path / "out", 3, "--capacity-cpu", 1.5, "--max-memory", "256M", ttl=2)
+    records = cluster.receivers()
+    for i, r in enumerate(rs):
+        rec = records[f"r{i}"]
+        assert rec["address"] == r.addr
+        assert rec["capacity"] == {"cpu": 1.5, "memory": 256 * 2**20}  # bandwidth and fps: not limited
+        assert rec["free"]["receive_memory"] == 256 * 2**20
+        assert sorted(rec["transports"]) == ["shm", "tcp"]
+    # Under a lease: the record's lease is live and the record is refreshed.
+    leases = {k: lease for k, (_, lease) in cluster.range("/slotstream/v1/receivers/").items()}
+    assert all(leases.values())
+    # Killed: its record goes when the lease (2 s) runs out, not before the receiver died.
+    rs[0].sigkill()
+    t0 = time.monotonic()
+    wait_until(lambda: "r0" not in cluster.receivers(), 2 + 3, "the dead receiver's record to expire")
+    assert time.monotonic() - t0 <= 2 + 3
+    # Stopped: removed at once (its lease revoked).
+    rs[1].terminate(10)
+    assert "r1" not in cluster.receivers()
+    assert "r2" in cluster.receivers()
+    # A second live receiver cannot take a registered name.
+    dup = Proc([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path / "dup", "--platform", cluster.url,
+                "--platform-name", "r2"])
+    procs.append(dup)
+    assert dup.wait(20) == 1
+    assert "already registered as 'r2'" in dup.stderr.text
+
+
+# ------------------------------------------------------------------ scheduling with an amount
+
+
+@pytest.mark.deadline(120)
+def test_concurrent_senders_never_overcommit_a_receiver_and_one_too_many_is_refused(cluster, procs, tmp_path):
+    out = tmp_path / "out"
+    start_receivers(cluster, procs, out, 3, "--capacity-cpu", 2)
+    senders = [platform_send(cluster, procs, f"s{i}", "--need-cpu", 1, "--synthetic", f"0-1:25:{FRAME}",
+                             "--duration", 3, "--json") for i in range(6)]  # all at once
+    choices = [chosen(s)[0] for s in senders]
+    # While all six hold their reservations: every receiver has exactly two (2 CPUs, 1 each).
+    wait_until(lambda: len(cluster.reservations()) == 6, 10, "six reservations")
+    per_receiver = {}
+    for r in cluster.reservations():
+        per_receiver[r["receiver"]] = per_receiver.get(r["receiver"], 0) + r["amount"]["cpu"]
+    assert per_receiver == {"r0": 2, "r1": 2, "r2": 2}, per_receiver
+    assert sorted(choices) == ["r0", "r0", "r1", "r1", "r2", "r2"], choices
+    # A seventh finds no room and says what is short where, at once rather than hanging.
+    t0 = time.monotonic()
+    late = subprocess.run([BIN, "send", "--platform", cluster.url, "--name", "s6", "--need-cpu", "1", "--synthetic",
+                           f"0:25:{FRAME}", "--duration", "1"],
+                          capture_output=True, text=True, timeout=30)
+    assert late.returncode == 1
+    assert "no receiver has room for cpu 1.00" in late.stderr, late.stderr
+    for r in ("r0", "r1", "r2"):
+        assert f"{r}: cpu 1.00 short" in late.stderr, late.stderr
+    assert time.monotonic() - t0 < 10
+    for s in senders:
+        assert s.wait(30) == 0, s.stderr.text
+        assert json.loads(s.stdout.lines[-1])["messages"] == 150
+    # Finished senders released their reservations.
+    wait_until(lambda: cluster.reservations() == [], 5, "the reservations to be released")
+    for i in range(6):
+        assert_each_once([out], f"s{i}", [0, 1], 75)
+    verify(out)
+
+
+# ------------------------------------------------------------------ re-scheduling
+
+
+@pytest.mark.deadline(120)
+def test_a_dead_receivers_senders_move_on_with_no_message_lost_or_duplicated(cluster, procs, tmp_path):
+    out = tmp_path / "out"  # the receivers share one directory tree (one host): duplicates would show
+    rs = start_receivers(cluster, procs, out, 3, "--capacity-cpu", 2, ttl=2)
+    senders = [platform_send(cluster, procs, f"m{i}", "--need-cpu", 1, "--synthetic", f"0-2:50:{FRAME}",
+                             "--duration", 5, "--json", "--transport", t) for i, t in enumerate(["shm", "tcp"])]
+    firsts = [chosen(s)[0] for s in senders]
+    victim = firsts[0]
+    time.sleep(1.5)
+    killed_at = time.monotonic()
+    rs[int(victim[1:])].sigkill()
+    # Every sender of the dead receiver reports the loss and a new receiver within the TTL + 2 s.
+    for s, first in zip(senders, firsts):
+        if first != victim:
+            continue
+        i, _ = s.stderr.wait_for(r"lost receiver " + victim, 2 + 2)
+        _, line = s.stderr.wait_for(r"using receiver ", 2 + 2, start=i)
+        assert victim not in line.split(" at ")[0]
+        assert time.monotonic() - killed_at <= 2 + 2
+    for s in senders:
+        assert s.wait(30) == 0, s.stderr.text
+        summary = json.loads(s.stdout.lines[-1])
+        assert summary["messages"] == 750
+    moved = json.loads(senders[0].stdout.lines[-1])
+    assert moved["reschedules"] == 1 and moved["connections"] == 2
+    for i in range(2):
+        assert_each_once([out], f"m{i}", [0, 1, 2], 250)
+    assert hidden(out) == []
+    assert "verified 1500 frames" in verify(out)
+
+
+@pytest.mark.deadline(120)
+def test_killing_one_etcd_member_changes_nothing(tmp_path, procs):
+    c = start_cluster(tmp_path / "etcd", 3)
+    try:
+        out = tmp_path / "out"
+        start_receivers(c, procs, out, 2, "--capacity-cpu", 2, ttl=2)
+        c.kill(0)  # the first member every client asks first
+        time.sleep(2 + 1)  # longer than the leases: the receivers kept theirs alive through the others
+        assert sorted(c.receivers()) == ["r0", "r1"]
+        s = platform_send(c, procs, "after", "--need-cpu", 1, "--synthetic", f"0:25:{FRAME}", "--duration", 1)
+        chosen(s)
+        assert s.wait(30) == 0, s.stderr.text
+        assert_each_once([out], "after", [0], 25)
+    finally:
+        c.stop()
+
+
+# ------------------------------------------------------------------ the overload trigger
+
+
+@pytest.mark.deadline(120)
+def test_an_overloaded_edge_offloads_and_takes_back_devices_storing_every_message_once(cluster, procs, tmp_path):
+    rx_out, edge_out = tmp_path / "rx", tmp_path / "edge"
+    start_receivers(cluster, procs, rx_out, 2, "--capacity-cpu", 4)
+    load = tmp_path / "load"
+    load.write_text("0")
+    edge = Proc([BIN, "edge", "--platform", cluster.url, "--name", "edge-a", "--out", edge_out,
+                 "--synthetic", f"0-3:50:{FRAME}", "--duration", 6, "--load", f"file:{load}",
+                 "--offload-above", 70, "--take-back-below", 30, "--settle", 1, "--need-cpu", 0.5, "--json"])
+    procs.append(edge)
+    time.sleep(1)
+    load.write_text("90")  # overloaded: devices go, one per settle time
+    edge.stderr.wait_for(r"offloading device 3", 10)
+    edge.stderr.wait_for(r"offloading device 2", 10)
+    load.write_text("50")  # between the thresholds: nothing moves (hysteresis)
+    time.sleep(1)
+    load.write_text("10")  # quiet again: they come back, the last one offloaded first
+    i, _ = edge.stderr.wait_for(r"taking device \d back", 10)
+    assert re.search(r"taking device 2 back", edge.stderr.lines[i]), edge.stderr.text
+    edge.stderr.wait_for(r"taking device 3 back", 10)
+    assert edge.wait(40) == 0, edge.stderr.text
+    summary = json.loads(edge.stdout.lines[-1])
+    text = edge.stderr.text
+    assert text.count("offloading device") == text.count("taking device") >= 2, text
+    assert not re.search(r"offloading device [01]\b", text), "the load fell before devices 0-1 had to go"
+    # Devices 2 and 3 ran here, there, and here again; 0 and 1 stayed.
+    for d in ("2", "3"):
+        assert summary["devices"][d]["local"] > 0 and summary["devices"][d]["remote"] > 0, summary
+    assert summary["devices"]["0"]["remote"] == 0
+    # Every message of every device is stored exactly once, here or on a receiver, and is the right frame.
+    assert_each_once([edge_out, rx_out], "edge-a", [0, 1, 2, 3], 300)
+    merged = tmp_path / "merged"  # the frames' content, in order, across both places
+    for root in (edge_out, rx_out):
+        for f in (root / "edge-a").rglob("*.bin"):
+            target = merged / f.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(f, target)
+    assert "verified 1200 frames" in verify(merged)
+    wait_until(lambda: cluster.reservations() == [], 5, "the edge's reservation to be released")

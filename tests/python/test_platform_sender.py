@@ -1,0 +1,53 @@
+"""slotstream.PlatformSender: the Python face of `send --platform` (docs/platform.md), against a real
+etcd cluster and real `slotstream recv --platform` processes."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import slotstream
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
+from platform_support import start_cluster  # noqa: E402
+
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("etcd"), 1)
+    yield c
+    c.stop()
+
+
+def test_a_platform_sender_is_scheduled_and_a_dead_receiver_replaced_without_loss(cluster, receiver, tmp_path):
+    out = tmp_path / "out"
+    rxs = [receiver("--out", out, "--platform", cluster.url, "--platform-name", f"p{i}", "--platform-ttl", 2,
+                    "--capacity-cpu", 1) for i in range(2)]
+    for i, r in enumerate(rxs):
+        r.stderr.wait_for(f"registered on the platform as p{i} ", 10)
+    with slotstream.PlatformSender(cluster.url, name="py", devices=[0, 1], need_cpu=1, transport="tcp") as tx:
+        first = tx.stats()["receiver"]
+        assert first in ("p0", "p1")
+        assert cluster.reservations()[0]["amount"]["cpu"] == 1
+        for k in range(200):
+            if k == 100:
+                rxs[int(first[1])].sigkill()
+            tx.send(k % 2, k.to_bytes(4, "little") * 256)
+        stats = tx.stats()
+    assert stats["reschedules"] == 1 and stats["connections"] == 2
+    assert stats["receiver"] == "" or stats["receiver"] != first
+    for d in (0, 1):
+        files = sorted((out / "py" / f"device-{d}").glob("*.bin"))
+        assert [int(f.name[:10]) for f in files] == list(range(100))
+        assert [int.from_bytes(f.read_bytes()[:4], "little") for f in files] == list(range(d, 200, 2))
+    assert cluster.reservations() == []
+
+
+def test_no_receiver_with_room_is_refused_with_the_shortfall(cluster, receiver, tmp_path):
+    r = receiver("--out", tmp_path / "out", "--platform", cluster.url, "--platform-name", "small",
+                 "--capacity-cpu", 0.5)
+    r.stderr.wait_for("registered on the platform", 10)
+    with pytest.raises(slotstream.Refused, match=r"small: cpu 0\.50 short"):
+        slotstream.PlatformSender(cluster.url, name="big", devices=[0], need_cpu=1)
+    with pytest.raises(slotstream.InvalidArgument, match="etcd://HOST:PORT"):
+        slotstream.PlatformSender("http://nowhere:1", name="x")

@@ -1,0 +1,369 @@
+// `slotstream edge`: an edge server that processes its own devices (their messages stored under
+// OUT/<NAME>/device-<D>, per-device workers as `recv --worker` runs them) and, when its load
+// passes a threshold, offloads devices one at a time to a receiver the platform schedules — taking
+// them back when the load falls below another (src/platform/offload.h). A device's messages keep
+// their numbers across every move: the remote connection is numbered from the local directory's
+// next message, and a device coming back continues locally after the last one the receiver
+// confirmed (the connection is finished first: FIN/FIN_ACK, everything stored), so every message
+// is stored exactly once, here or on a receiver.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "pipeline/worker_manager.h"
+#include "platform/host.h"
+#include "platform/offload.h"
+#include "platform_cli.h"
+#include "sink/dir_sink.h"
+
+namespace slotstream::tools {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
+  auto* c = app.add_subcommand(
+      "edge",
+      "Process this edge server's devices locally (OUT/<NAME>/device-<D>, optional --worker per device) and "
+      "offload devices to receivers the platform schedules while the load is above --offload-above, taking "
+      "them back below --take-back-below (docs/platform.md).");
+  SendArgs& s = e->source;
+  c->add_option("--out", e->out, "where local messages are stored (OUT/<NAME>/device-<D>/<SEQ>.bin)")->required();
+  c->add_option("--name", s.name, "this edge server's name: its directory here and on receivers (default: host name)");
+  c->add_option("--file", s.files, "D=PATH: one message of device D (repeatable)");
+  c->add_option("--dir", s.dirs, "D=DIR: each file in DIR, sorted, is one message of device D");
+  c->add_option("--video", s.videos, "D=SOURCE: decoded 640x480 RGB frames (as send --video)");
+  c->add_flag("--realtime", s.realtime, "videos at their own frame rate");
+  c->add_option("--synthetic", s.synthetic, "D0-D1:FPS:WxHxC synthetic cameras (as send --synthetic)");
+  c->add_option("--duration", s.duration, "seconds of synthetic frames");
+  c->add_option("--protocol", s.protocol, "protocol towards receivers")->default_str(kDefaultProtocol);
+  c->add_option("--transport", s.transport, "towards receivers: shm, tcp or auto")
+      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+      ->default_str("auto");
+  c->add_option("--blocks", s.blocks, "blocks towards receivers")->default_str(std::to_string(kDefaultBlocks));
+  c->add_option("--block-size", s.block_size, "block size towards receivers")
+      ->default_str(std::to_string(kDefaultBlockSize));
+  c->add_option("--token-file", s.token_file, "shared secret receivers ask for");
+  c->add_option("--worker", e->worker, "COMMAND: a local processing worker per device (docs/workers.md)");
+  c->add_option("--backlog-messages", e->backlog_messages,
+                "local back-pressure: a device waits while its worker has this many unprocessed messages");
+  c->add_option("--load", e->load,
+                "what the thresholds compare: cpu (percent of all CPUs busy, the default), backlog (bytes waiting "
+                "for the local workers), or file:PATH (the number written in PATH: an operator's or a test's)")
+      ->default_str("cpu");
+  c->add_option("--offload-above", e->above, "offload one more device while the load is above this (default 80)");
+  c->add_option("--take-back-below", e->below, "take one device back while the load is below this (default 50)");
+  c->add_option("--settle", e->settle, "seconds between moves, for the load to show the last one (default 2)");
+  c->add_flag("--json", s.json, "print one JSON summary on stdout at the end");
+  add_platform_common(c, &s.platform);
+  add_platform_need(c, &s.platform, /*per_device=*/true);
+  c->callback([c] {
+    if (c->count("--platform") == 0) throw CLI::RequiredError("--platform");
+  });
+  return c;
+}
+
+namespace {
+
+// Where the edge's load comes from.
+class LoadSource {
+ public:
+  static Status parse(const std::string& spec, pipeline::WorkerManager* workers, std::unique_ptr<LoadSource>* out) {
+    auto s = std::make_unique<LoadSource>();
+    if (spec == "cpu") {
+      s->kind_ = Kind::kCpu;
+    } else if (spec == "backlog") {
+      if (!workers) return {Code::kInvalidArgument, "--load backlog needs --worker (the backlog is theirs)"};
+      s->kind_ = Kind::kBacklog;
+    } else if (spec.starts_with("file:") && spec.size() > 5) {
+      s->kind_ = Kind::kFile;
+      s->path_ = spec.substr(5);
+    } else {
+      return {Code::kInvalidArgument, "--load expects cpu, backlog or file:PATH, got '" + spec + "'"};
+    }
+    s->workers_ = workers;
+    *out = std::move(s);
+    return Status::ok();
+  }
+  double read() {
+    switch (kind_) {
+      case Kind::kCpu:
+        return 100 * meter_.read().busy;
+      case Kind::kBacklog:
+        return double(workers_->total_backlog_bytes());
+      case Kind::kFile: {
+        double v = 0;
+        std::ifstream f(path_);
+        f >> v;
+        return f ? v : 0;
+      }
+    }
+    return 0;
+  }
+
+ private:
+  enum class Kind { kCpu, kBacklog, kFile } kind_ = Kind::kCpu;
+  std::string path_;
+  pipeline::WorkerManager* workers_ = nullptr;
+  platform::CpuMeter meter_;
+};
+
+// One device: processed here (its own sink: a DirSink, or the pipeline's with workers) or sent
+// through the platform. The filler holds `mutex` for a message; a move holds it too.
+struct Route {
+  std::mutex mutex;
+  bool remote = false;
+  std::unique_ptr<MessageSink> local;
+  uint64_t local_messages = 0, remote_messages = 0;
+};
+
+class Edge {
+ public:
+  Edge(const EdgeArgs& args, std::string name, PlatformSender& remote, PlatformNeed per_device)
+      : args_(args),
+        name_(std::move(name)),
+        remote_(remote),
+        per_device_(per_device) {}
+  Route& route(uint16_t d) { return *routes_.at(d); }
+  void add(uint16_t d, std::unique_ptr<MessageSink> sink) {
+    routes_[d] = std::make_unique<Route>();
+    routes_[d]->local = std::move(sink);
+  }
+  Status send_with(uint16_t d, uint64_t length, const DeviceStream::FillFn& fill);
+  void control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done);
+  nlohmann::json summary() const;
+
+ private:
+  PlatformNeed need_for(size_t devices) const {
+    return {per_device_.cpu * devices, per_device_.bandwidth * devices, per_device_.fps * devices};
+  }
+  void move(platform::Move m, double load);
+  void give_back(const std::map<uint16_t, uint64_t>& removed);
+
+  const EdgeArgs& args_;
+  std::string name_;
+  PlatformSender& remote_;
+  PlatformNeed per_device_;
+  std::map<uint16_t, std::unique_ptr<Route>> routes_;
+  std::vector<uint16_t> offloaded_;  // in the order they went
+  uint64_t moves_ = 0, refused_ = 0;
+};
+
+// Stores one message locally. A busy sink (the worker is behind) is retried without holding
+// the route, so that a move can take the device meanwhile.
+Status Edge::send_with(uint16_t d, uint64_t length, const DeviceStream::FillFn& fill) {
+  std::vector<std::byte> message(length);
+  SLOTSTREAM_RETURN_IF_ERROR(fill(0, message));
+  Route& r = route(d);
+  for (;;) {
+    std::unique_lock lock(r.mutex);
+    if (r.remote) {
+      SLOTSTREAM_RETURN_IF_ERROR(remote_.send(d, message));
+      ++r.remote_messages;
+      return Status::ok();
+    }
+    Status st = r.local->begin(d);
+    if (st.code() == Code::kBusy) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    if (st.is_ok()) st = r.local->append(d, message);
+    if (st.is_ok()) st = r.local->commit(d);
+    if (!st.is_ok()) {
+      r.local->abort(d);
+      return st;
+    }
+    ++r.local_messages;
+    return Status::ok();
+  }
+}
+
+void Edge::give_back(const std::map<uint16_t, uint64_t>& removed) {
+  for (auto [d, next] : removed) {
+    auto* dir = dynamic_cast<sink::DirSink*>(route(d).local.get());
+    Status st = dir ? dir->skip_to(d, next) : Status::ok();
+    if (!st.is_ok()) print_line(stderr, "slotstream edge: device " + std::to_string(d) + ": " + st.message());
+    route(d).remote = false;
+    std::erase(offloaded_, d);
+  }
+}
+
+// One move: the device's route is held while the platform sender changes its set, so none of its
+// messages goes either way meanwhile.
+void Edge::move(platform::Move m, double load) {
+  uint16_t d = 0;
+  if (m == platform::Move::kOffload) {
+    for (auto& [dev, r] : routes_) {
+      if (!r->remote) d = dev;  // the highest-numbered local device
+    }
+  } else {
+    d = offloaded_.back();
+  }
+  Route& r = route(d);
+  std::lock_guard lock(r.mutex);
+  std::vector<uint16_t> set = offloaded_;
+  std::map<uint16_t, uint64_t> next, removed;
+  char why[128];
+  if (m == platform::Move::kOffload) {
+    set.push_back(d);
+    next[d] = r.local->numbering(d)->next;
+    std::snprintf(why, sizeof why, "load %.1f above %.1f: offloading device %u", load, args_.above, unsigned(d));
+  } else {
+    std::erase(set, d);
+    std::snprintf(why, sizeof why, "load %.1f below %.1f: taking device %u back", load, args_.below, unsigned(d));
+  }
+  print_line(stderr, std::string("slotstream edge: ") + why);
+  Status st = remote_.set_devices(set, next, need_for(set.size()), &removed);
+  ++moves_;
+  if (!st.is_ok()) {
+    ++refused_;
+    print_line(stderr, "slotstream edge: no receiver for the move, processing here: " + st.message());
+  }
+  give_back(removed);
+  if (st.is_ok() && m == platform::Move::kOffload) {
+    r.remote = true;
+    offloaded_.push_back(d);
+  }
+}
+
+void Edge::control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done) {
+  std::optional<Clock::time_point> last_move;
+  while (!done.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const double l = load.read();
+    std::optional<Clock::duration> since;
+    if (last_move) since = Clock::now() - *last_move;
+    const size_t remote = offloaded_.size(), local = routes_.size() - remote;
+    const platform::Move m = platform::decide(policy, l, local, remote, since);
+    if (m == platform::Move::kNone) continue;
+    move(m, l);
+    last_move = Clock::now();
+  }
+}
+
+nlohmann::json Edge::summary() const {
+  nlohmann::json per = nlohmann::json::object();
+  for (const auto& [d, r] : routes_) {
+    per[std::to_string(d)] = {{"local", r->local_messages}, {"remote", r->remote_messages}};
+  }
+  const PlatformSenderStats s = remote_.stats();
+  return {{"devices", per},
+          {"moves", moves_},
+          {"refused_moves", refused_},
+          {"resent", s.resent},
+          {"reschedules", s.reschedules},
+          {"schedule_ms", s.schedule_ms}};
+}
+
+class EdgeOut final : public MessageOut {
+ public:
+  EdgeOut(Edge& e, uint16_t d) : e_(e), d_(d) {}
+  uint16_t device() const override { return d_; }
+  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
+    return e_.send_with(d_, length, fill);
+  }
+  Status send(std::span<const std::byte> m) override {
+    return e_.send_with(d_, m.size(), [&](uint64_t off, std::span<std::byte> dst) {
+      std::memcpy(dst.data(), m.data() + off, dst.size());
+      return Status::ok();
+    });
+  }
+
+ private:
+  Edge& e_;
+  uint16_t d_;
+};
+
+std::unique_ptr<pipeline::WorkerManager> edge_workers(const EdgeArgs& args) {
+  if (args.worker.empty()) return nullptr;
+  pipeline::WorkerOptions wo;
+  wo.out = args.out;
+  wo.command = args.worker;
+  wo.backlog_messages = args.backlog_messages;
+  wo.on_event = [](const std::string& text) { print_line(stderr, "slotstream edge: " + text); };
+  return std::make_unique<pipeline::WorkerManager>(std::move(wo));
+}
+
+// The edge's platform sender, with no device offloaded yet; `*devices` all its devices and
+// `*per_device` what one offloaded device needs. kExitOk, or the exit code after printing why not.
+int connect_edge(const EdgeArgs& args, SendArgs& a, Plan* plan, std::vector<uint16_t>* devices,
+                 PlatformNeed* per_device, std::unique_ptr<PlatformSender>* remote) {
+  PlatformSenderOptions po;
+  if (int rc = platform_sender_options("edge", a, plan, &po); rc != kExitOk) return rc;
+  if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
+    print_error("edge", st.message());
+    return kExitError;
+  }
+  *devices = po.sender.devices;
+  const double n = double(devices->size());
+  // --synthetic's rate and bandwidth are the cameras' sum; --need-cpu is per device already.
+  *per_device = {a.platform.need_cpu, po.need.bandwidth / n, po.need.fps / n};
+  po.sender.devices.clear();  // nothing offloaded yet
+  a.name = po.sender.name;
+  if (Status st = PlatformSender::connect(po, remote); !st.is_ok()) {
+    print_error("edge", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_edge(const EdgeArgs& args) {
+  platform::OffloadPolicy policy{args.above, args.below, std::chrono::milliseconds(int64_t(args.settle * 1000))};
+  if (Status st = platform::check(policy); !st.is_ok()) {
+    print_error("edge", st.message());
+    return kExitUsage;
+  }
+  SendArgs a = args.source;
+  a.to.clear();
+  a.name_given = !a.name.empty();
+  Plan plan;
+  std::vector<uint16_t> devices;
+  PlatformNeed per_device;
+  std::unique_ptr<PlatformSender> remote;
+  if (int rc = connect_edge(args, a, &plan, &devices, &per_device, &remote); rc != kExitOk) return rc;
+  auto workers = edge_workers(args);
+  std::unique_ptr<LoadSource> load;
+  if (Status st = LoadSource::parse(args.load, workers.get(), &load); !st.is_ok()) {
+    print_error("edge", st.message());
+    return kExitUsage;
+  }
+  const std::string name = a.name;
+  Edge edge(args, name, *remote, per_device);
+  for (uint16_t d : devices) {
+    if (workers) {
+      edge.add(d, pipeline::make_pipeline_sink(fs::path(args.out) / name, name, *workers));
+    } else {
+      edge.add(d, std::make_unique<sink::DirSink>(fs::path(args.out) / name));
+    }
+  }
+  std::atomic<bool> done{false};
+  std::thread controller([&] { edge.control(*load, policy, done); });
+  Status st;
+  {
+    Fillers fillers(plan, a,
+                    [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<EdgeOut>(edge, d); });
+    st = fillers.join();
+  }
+  done.store(true);
+  controller.join();
+  Status fin = remote->finish();  // what went to receivers is stored there
+  if (st.is_ok()) st = fin;
+  if (workers) workers->stop();
+  if (!st.is_ok()) {
+    print_error("edge", st.message());
+    return kExitError;
+  }
+  if (a.json) std::printf("%s\n", edge.summary().dump().c_str());
+  return kExitOk;
+}
+
+}  // namespace slotstream::tools

@@ -1,0 +1,282 @@
+// The platform in the CLI (docs/platform.md): `recv --platform` registers the receiver,
+// `send --platform` asks the platform for a receiver (and another when it dies), `slotstream
+// platform status` shows what the platform holds. Thin: the work is in src/platform.
+#include "platform_cli.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "net/control_socket.h"
+#include "platform/etcd.h"
+#include "platform/host.h"
+#include "platform/registration.h"
+#include "platform/reservation.h"
+#include "send_plan.h"
+#include "slotstream/platform.h"
+
+namespace slotstream::tools {
+
+using Clock = std::chrono::steady_clock;
+
+void add_platform_common(CLI::App* app, PlatformArgs* p) {
+  app->add_option("--platform", p->url,
+                  "etcd://HOST:PORT[,HOST:PORT...]: the cloud-edge platform's etcd members (docs/platform.md)");
+  app->add_option("--platform-ttl", p->ttl,
+                  "seconds this process's platform record outlives it if it dies (its etcd lease; default 5)")
+      ->check(CLI::Range(1, 3600));
+}
+
+void add_platform_recv(CLI::App* recv, PlatformArgs* p) {
+  add_platform_common(recv, p);
+  recv->add_option("--platform-name", p->name, "this receiver's name on the platform (default: its HOST:PORT)");
+  recv->add_option("--advertise", p->advertise,
+                   "HOST:PORT senders reach this receiver at (default: --listen, with the port it bound)");
+  recv->add_option("--capacity-cpu", p->capacity_cpu,
+                   "CPU cores platform senders may reserve for processing here (default: the online CPUs)");
+  recv->add_option("--capacity-bandwidth", p->capacity_bandwidth,
+                   "bytes/s platform senders may reserve, e.g. 500M (default: not limited)");
+  recv->add_option("--capacity-fps", p->capacity_fps, "messages/s platform senders may reserve (default: not limited)");
+}
+
+void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device) {
+  app->add_option("--need-cpu", p->need_cpu,
+                  per_device ? "CPU cores of processing to reserve on the receiver per offloaded device (default 0)"
+                             : "CPU cores of processing to reserve on the receiver (default 0)");
+  app->add_option("--need-bandwidth", p->need_bandwidth,
+                  "bytes/s to reserve, e.g. 25M (default: --synthetic's frames x rate, else 0)");
+  app->add_option("--need-fps", p->need_fps, "messages/s to reserve (default: --synthetic's rate x cameras, else 0)");
+  app->add_option("--reschedule-patience", p->patience,
+                  "seconds to look for another receiver after losing one (default 30; a first request with no "
+                  "receiver with room is refused at once)");
+}
+
+void add_platform_send(CLI::App* send, PlatformArgs* p) {
+  add_platform_common(send, p);
+  add_platform_need(send, p, /*per_device=*/false);
+}
+
+Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out) {
+  PlatformNeed n;
+  n.cpu = p.need_cpu;
+  if (plan.synthetic) {
+    const double cameras = plan.synthetic->last - plan.synthetic->first + 1;
+    n.fps = plan.synthetic->fps * cameras;
+    n.bandwidth = n.fps * double(plan.synthetic->frame_bytes);
+  }
+  if (p.need_fps) n.fps = *p.need_fps;
+  if (p.need_bandwidth) {
+    auto bytes = parse_size(*p.need_bandwidth);
+    if (!bytes)
+      return {Code::kInvalidArgument, "--need-bandwidth expects bytes/s such as 25M, got '" + *p.need_bandwidth + "'"};
+    n.bandwidth = double(*bytes);
+  }
+  if (n.cpu < 0 || n.fps < 0) return {Code::kInvalidArgument, "--need-cpu and --need-fps must not be negative"};
+  *out = n;
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------ recv
+
+namespace {
+
+std::vector<std::string> served_transports(const std::string& transport) {
+  if (transport == "shm") return {"shm"};
+  if (transport == "tcp") return {"tcp"};
+  return {"shm", "tcp"};
+}
+
+// The address senders use: --advertise, or --listen with the port the listener bound (a
+// wildcard host becomes this host's name).
+Status advertised_address(const RecvArgs& args, const Receiver& rx, std::string* out) {
+  if (!args.platform.advertise.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(args.platform.advertise, &host, &port));
+    *out = args.platform.advertise;
+    return Status::ok();
+  }
+  std::string host, bound_host;
+  uint16_t port = 0, bound_port = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(args.listen, &host, &port));
+  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(rx.listen_address(), &bound_host, &bound_port));
+  if (host == "0.0.0.0" || host == "::" || host.empty()) host = default_name();
+  *out = host + ":" + std::to_string(bound_port);
+  return Status::ok();
+}
+
+}  // namespace
+
+int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint64_t()> backlog,
+                         std::unique_ptr<platform::Registration>* out) {
+  platform::RegistrationOptions ro;
+  if (Status st = platform::parse_etcd_url(args.platform.url, &ro.endpoints); !st.is_ok()) {
+    print_error("recv", "--platform: " + st.message());
+    return kExitUsage;
+  }
+  platform::ReceiverRecord& rec = ro.record;
+  if (Status st = advertised_address(args, rx, &rec.address); !st.is_ok()) {
+    print_error("recv", "--advertise: " + st.message());
+    return kExitUsage;
+  }
+  rec.name = args.platform.name.empty() ? rec.address : args.platform.name;
+  rec.transports = served_transports(args.transport);
+  rec.host_id = host_id();
+  rec.capacity.cpu = args.platform.capacity_cpu.value_or(platform::online_cpus());
+  if (args.platform.capacity_bandwidth) {
+    auto bytes = parse_size(*args.platform.capacity_bandwidth);
+    if (!bytes) {
+      print_error("recv",
+                  "--capacity-bandwidth expects bytes/s such as 500M, got '" + *args.platform.capacity_bandwidth + "'");
+      return kExitUsage;
+    }
+    rec.capacity.bandwidth = double(*bytes);
+  }
+  rec.capacity.fps = args.platform.capacity_fps;
+  rec.capacity.memory = double(rx.memory_budget());
+  ro.ttl_seconds = args.platform.ttl;
+  auto meter = std::make_shared<platform::CpuMeter>();
+  ro.measure = [&rx, backlog, meter](platform::ReceiverRecord* r) {
+    r->free_cpu = meter->read().idle_cores;
+    r->free_memory = platform::available_memory();
+    const uint64_t used = rx.memory_in_use(), budget = rx.memory_budget();
+    r->free_receive_memory = used < budget ? budget - used : 0;
+    r->senders = uint32_t(rx.live_sessions().size());
+    r->backlog_bytes = backlog ? backlog() : 0;
+  };
+  ro.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: platform: " + text); };
+  const std::string name = rec.name, address = rec.address;
+  if (Status st = platform::Registration::start(std::move(ro), out); !st.is_ok()) {
+    print_error("recv", "--platform: " + st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  print_line(stderr, "slotstream recv: registered on the platform as " + name + " (" + address + ")");
+  return kExitOk;
+}
+
+// ------------------------------------------------------------------------------------ send
+
+namespace {
+
+// A device's stream through the platform, as a MessageOut.
+class PlatformOut final : public MessageOut {
+ public:
+  PlatformOut(PlatformSender& s, uint16_t d) : s_(s), d_(d) {}
+  uint16_t device() const override { return d_; }
+  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
+    return s_.send_with(d_, length, fill);
+  }
+  Status send(std::span<const std::byte> message) override { return s_.send(d_, message); }
+
+ private:
+  PlatformSender& s_;
+  uint16_t d_;
+};
+
+void print_platform_json(const PlatformSender& sender, const SenderOptions& opt, double secs, double cpu) {
+  const PlatformSenderStats s = sender.stats();
+  nlohmann::json j;
+  j["messages"] = s.messages;
+  j["seconds"] = secs;
+  j["cpu_seconds"] = cpu;
+  j["protocol"] = opt.protocol;
+  j["connections"] = s.connections;
+  j["reschedules"] = s.reschedules;
+  j["resent"] = s.resent;
+  j["schedule_ms"] = s.schedule_ms;
+  std::printf("%s\n", j.dump().c_str());
+}
+
+}  // namespace
+
+int platform_sender_options(const char* cmd, const SendArgs& a, Plan* plan, PlatformSenderOptions* po) {
+  if (int rc = check_sender_options(a, plan, &po->sender); rc != kExitOk) return rc;
+  if (Status st = platform_need(a.platform, *plan, &po->need); !st.is_ok()) {
+    print_error(cmd, st.message());
+    return kExitUsage;
+  }
+  po->platform = a.platform.url;
+  po->lease_ttl_seconds = a.platform.ttl;
+  po->patience = std::chrono::milliseconds(int64_t(a.platform.patience * 1000));
+  const std::string prefix = std::string("slotstream ") + cmd + ": ";
+  po->on_event = [prefix](const std::string& text) { print_line(stderr, prefix + text); };
+  return kExitOk;
+}
+
+int run_platform_send(const SendArgs& a) {
+  PlatformSenderOptions po;
+  Plan plan;
+  if (int rc = platform_sender_options("send", a, &plan, &po); rc != kExitOk) return rc;
+  std::unique_ptr<PlatformSender> sender;
+  if (Status st = PlatformSender::connect(po, &sender); !st.is_ok()) {
+    print_error("send", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds();
+  Fillers fillers(plan, a,
+                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<PlatformOut>(*sender, d); });
+  Status st = fillers.join();
+  Status fin = sender->finish();
+  if (st.is_ok()) st = fin;
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!st.is_ok()) {
+    print_error("send", st.message());
+    return kExitError;
+  }
+  if (a.json) print_platform_json(*sender, po.sender, secs, cpu_seconds() - cpu0);
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------- platform status
+
+CLI::App* add_platform_status(CLI::App& app, PlatformStatusArgs* args) {
+  auto* p = app.add_subcommand("platform", "Show what the cloud-edge platform holds: receivers and reservations.");
+  p->add_option("--platform", args->url, "etcd://HOST:PORT[,HOST:PORT...]")->required();
+  p->add_flag("--json", args->json, "one JSON object {receivers: [...], reservations: [...]}");
+  return p;
+}
+
+int run_platform_status(const PlatformStatusArgs& args) {
+  std::vector<std::string> endpoints;
+  std::unique_ptr<platform::EtcdClient> etcd;
+  Status st = platform::parse_etcd_url(args.url, &endpoints);
+  if (!st.is_ok()) {
+    print_error("platform", st.message());
+    return kExitUsage;
+  }
+  std::vector<platform::ReceiverRecord> receivers;
+  std::vector<platform::Reservation> reservations;
+  int64_t revision = 0;
+  st = platform::EtcdClient::create(endpoints, &etcd);
+  if (st.is_ok()) st = platform::read_platform(*etcd, &receivers, &reservations, &revision);
+  if (!st.is_ok()) {
+    print_error("platform", st.message());
+    return kExitError;
+  }
+  if (args.json) {
+    nlohmann::json j = {
+        {"revision", revision}, {"receivers", nlohmann::json::array()}, {"reservations", nlohmann::json::array()}};
+    for (const auto& r : receivers) j["receivers"].push_back(nlohmann::json::parse(platform::encode(r)));
+    for (const auto& r : reservations) j["reservations"].push_back(nlohmann::json::parse(platform::encode(r)));
+    std::printf("%s\n", j.dump().c_str());
+    return kExitOk;
+  }
+  std::printf("%zu receivers, %zu reservations (etcd revision %lld)\n", receivers.size(), reservations.size(),
+              (long long)revision);
+  for (const auto& r : receivers) {
+    std::printf("receiver %s at %s: free cpu %.2f, %s free memory, %s free receive memory, %u senders\n",
+                r.name.c_str(), r.address.c_str(), r.free_cpu, format_bytes(r.free_memory).c_str(),
+                format_bytes(r.free_receive_memory).c_str(), r.senders);
+  }
+  for (const auto& r : reservations) {
+    std::printf("reservation %s -> %s: %s\n", r.sender.c_str(), r.receiver.c_str(),
+                platform::describe(r.amount).c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace slotstream::tools
