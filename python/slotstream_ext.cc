@@ -340,7 +340,8 @@ class SenderLife {
     };
     bool in_time;
     try {
-      in_time = wait_interruptibly(done->mutex, done->cv, [&] { return done->done; }, deadline);
+      in_time = wait_interruptibly(
+          done->mutex, done->cv, [&] { return done->done; }, deadline);
     } catch (...) {
       abandon();
       throw;
@@ -389,9 +390,10 @@ class PySender : public SenderLife<Sender> {
   }
 
   void send(int device, nb::handle data, std::optional<double> timeout) {
-    send_with(device, data, timeout,
-              [device](Sender& s, std::span<const std::byte> bytes, Clock::time_point step,
-                       DeviceStream::Progress* progress) { return s.device(uint16_t(device))->send(bytes, step, progress); });
+    send_with(
+        device, data, timeout,
+        [device](Sender& s, std::span<const std::byte> bytes, Clock::time_point step,
+                 DeviceStream::Progress* progress) { return s.device(uint16_t(device))->send(bytes, step, progress); });
   }
   void finish(std::optional<double> timeout) { SenderLife::finish(timeout); }
   void finish_no_timeout() { SenderLife::finish(); }
@@ -453,9 +455,8 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
   // (The platform's sender has no deadline-aware send yet: this one blocks until it is sent.)
   void send(int device, nb::handle data) {
     send_with(device, data, std::nullopt,
-              [device](PlatformSender& s, std::span<const std::byte> bytes, Clock::time_point, DeviceStream::Progress*) {
-                return s.send(uint16_t(device), bytes);
-              });
+              [device](PlatformSender& s, std::span<const std::byte> bytes, Clock::time_point,
+                       DeviceStream::Progress*) { return s.send(uint16_t(device), bytes); });
   }
   void finish() { SenderLife::finish(); }
   void close() { SenderLife::close(); }
