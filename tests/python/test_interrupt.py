@@ -37,6 +37,18 @@ CHILD = textwrap.dedent("""
 """)
 
 
+def stop(pid):
+    """SIGSTOP, and wait until the process is stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 @pytest.mark.deadline(60)
 @pytest.mark.parametrize("what", ["send", "finish"])
 def test_ctrl_c_interrupts_a_blocked_call(receiver, tmp_path, what):
@@ -45,7 +57,7 @@ def test_ctrl_c_interrupts_a_blocked_call(receiver, tmp_path, what):
                              stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "connected", child.stderr.read()
-        os.kill(rx.pid, signal.SIGSTOP)  # the receiver stops taking blocks and answering
+        stop(rx.pid)  # the receiver stops taking blocks and answering
         if what == "finish":
             assert child.stdout.readline().strip() == "finishing"
         time.sleep(1.0)  # the call is blocked by now
@@ -69,11 +81,13 @@ def test_timeouts_raise_timeout(receiver):
     tx = slotstream.Sender(rx.addr, name="timeouts", blocks=2, block_size=4096, devices=[0], transport="shm")
     try:
         tx.send(0, bytes(100), timeout=5)  # room: returns at once
-        os.kill(rx.pid, signal.SIGSTOP)
+        stop(rx.pid)
         t0 = time.monotonic()
         with pytest.raises(slotstream.Timeout) as e:
-            for _ in range(100):
+            for i in range(100):  # 2 receiver and 2 sender blocks: the fifth message at the latest waits
+                t0 = time.monotonic()
                 tx.send(0, bytes(4000), timeout=0.3)
+        assert i <= 6, f"{i} messages went to a stopped receiver: {tx.stats()}"
         assert 0.25 < time.monotonic() - t0 < 2.0
         assert "not sent" in str(e.value) and isinstance(e.value, slotstream.Error)
         t0 = time.monotonic()
