@@ -50,7 +50,7 @@ def run_fan_in(transport, protocol, size, senders, mode, count, timeout=120):
     (sender reports, receiver session reports)."""
     sb = _sb()
     rx_cmd = [sb.BIN, "bench-peer", "recv", "--listen", "127.0.0.1:0", "--transport", transport,
-              "--sessions", str(senders)]
+              *sb.rdma_args(transport), "--sessions", str(senders)]
     if mode == "round_robin":
         rx_cmd.append("--round-robin")
     rx = subprocess.Popen(rx_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -63,7 +63,7 @@ def run_fan_in(transport, protocol, size, senders, mode, count, timeout=120):
         for i in range(senders):
             txs.append(subprocess.Popen(
                 [sb.BIN, "bench-peer", "send", "--to", addr, "--name", f"fan{i}", "--transport", transport,
-                 "--protocol", protocol, "--blocks", str(blocks_for(size)), "--size", str(size),
+                 *sb.rdma_args(transport), "--protocol", protocol, "--blocks", str(blocks_for(size)), "--size", str(size),
                  "--count", str(count)], stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         reports = []
         deadline = time.monotonic() + timeout

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import cache_experiments  # noqa: E402
 import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
+import rate_experiments  # noqa: E402
 from fan_in_experiments import fan_in_table, plot_fan_in  # noqa: E402
 
 # One colour per protocol in every figure; the references are dashed/dotted and grey-black.
@@ -28,9 +29,10 @@ STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
          "buffered_read": dict(color="tab:olive", ls="-", marker="d"),
          "ucx_raw_put": dict(color="black", ls="--", marker="^"),
          "tcp_socket": dict(color="tab:gray", ls=":", marker="v"),
-         "ucx_perftest_put_bw": dict(color="black", ls=":", marker="1")}
-ORDER = ["status_byte", "sliding_window", "credit", "carc", "packed_ring", "packed_ring:flush=idle", "nic_assisted",
-         "buffered_read", "ucx_raw_put", "ucx_perftest_put_bw", "tcp_socket"]
+         "ucx_perftest_put_bw": dict(color="black", ls=":", marker="1"),
+         "status_byte:pack=off": dict(color="tab:cyan", ls="--", marker="o")}
+ORDER = ["status_byte", "status_byte:pack=off", "sliding_window", "credit", "carc", "packed_ring",
+         "packed_ring:flush=idle", "nic_assisted", "buffered_read", "ucx_raw_put", "ucx_perftest_put_bw", "tcp_socket"]
 
 
 def style(protocol):
@@ -221,6 +223,8 @@ def figures(doc, records, out):
             fig_no = name[3:5]
             made[name] = over_time(out / name, f"{title} (Fig. {fig_no})", samples[exp], hold=exp == "held_block")
     for name in cache_experiments.plot(records, out, style, proto_key, human, plt):
+        made[name] = name
+    for name in rate_experiments.plot(records, out, style, proto_key, plt):
         made[name] = name
     made.update(dgram_plot.figures(sys.modules[__name__], records, out))
     return {k: v for k, v in made.items() if v}
@@ -460,6 +464,14 @@ def targets(records):
                             blocks=32)
                 tg.row(f"throughput at {human(size)}, 32 blocks: status_byte ≥ 0.8x tcp_socket", t, ratio_runs(a, b),
                        "{:.2f}x", 0.8)
+        # Issue 21: small messages at memory speed (bench message_rate).
+        for size, least in ((256, 10e6), (64, 15e6)):
+            r = runs_of(records, "message_rate", "message_rate", protocol=sb, transport=t, size_bytes=size, devices=1)
+            tg.row(f"message rate, {size} B, 1 device: status_byte ≥ {least / 1e6:.0f} M msg/s", t,
+                   [v / 1e6 for v in r], "{:.2f} M/s", least / 1e6 if t == "shm" else None)
+        r = runs_of(records, "message_rate", "ratio_to_put_bw", protocol=sb, transport=t, size_bytes=256, devices=1)
+        tg.row("message rate, 256 B: status_byte ≥ 0.25x ucx_perftest put_bw (same run)", t, r, "{:.2f}x",
+               0.25 if t == "shm" else None)
         hb = runs_of(records, "held_block", "during_over_before", protocol=sb, transport=t)
         hw = runs_of(records, "held_block", "during_over_before", protocol=sw, transport=t)
         tg.row("held block (3 blocks, saturated): status_byte throughput during / before the hold", t, hb, "{:.2f}",
@@ -613,6 +625,7 @@ def report(doc, records, out, made):
                   "peak_rss_sender", "peak_rss_receiver"):
             md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
                                         by_blocks=False, variant=variant)]
+    md += rate_experiments.report(records, proto_key)
     md += cache_experiments.report(records, human)
     md += sdp_report(records)
     md += dgram_plot.report_sections(sys.modules[__name__], records)

@@ -14,7 +14,10 @@ import subprocess
 
 # The paper's designs (credit §2, packed_ring §3 and its fix, nic_assisted §4) and this
 # project's block protocols, in plot order.
-SMALL_PROTOCOLS = ["credit", "packed_ring", "nic_assisted", "status_byte", "sliding_window"]
+# status_byte packs small messages into its blocks by default (issue 21); `status_byte:pack=off` is
+# the paper's block protocol, one message per block, beside it (a binary from before issue 21 has
+# only the latter, under the plain name).
+SMALL_PROTOCOLS = ["credit", "packed_ring", "nic_assisted", "status_byte", "status_byte:pack=off", "sliding_window"]
 PROGRESS_PROTOCOLS = ["credit", "packed_ring", "packed_ring:flush=idle", "nic_assisted", "status_byte",
                       "sliding_window"]
 
@@ -47,9 +50,10 @@ def mode(cfg):
 
 def available(wanted, cfg):
     """The protocols of `wanted` (names, or NAME:options) whose name the run has (cfg.protocols:
-    every registered one, or the user's --protocols)."""
+    every registered one, or the user's --protocols); `pack=` variants only from a binary that packs."""
     have = {p.split(":")[0] for p in cfg.protocols}
-    return [p for p in wanted if p.split(":")[0] in have]
+    packs = any("packs" in e for e in cfg.registry.values())
+    return [p for p in wanted if p.split(":")[0] in have and (packs or "pack=" not in p)]
 
 
 def buffers(block_size):

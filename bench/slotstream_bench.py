@@ -22,12 +22,13 @@ import time
 
 import cache_experiments
 import fan_in_experiments
+import rate_experiments
 import ring_experiments  # bench/ is the script's directory, first on sys.path
 
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("SLOTSTREAM_BIN", str(HERE.parent / "build" / "slotstream"))
 
-TRANSPORTS = ["shm", "tcp"]
+TRANSPORTS = ["shm", "tcp", "rdma"]
 # References outside the C++ registry (the registry's own, e.g. ucx_raw_put, carry `reference`):
 # the transports each is measured on. tcp_socket is plain TCP, so it has no shm variant.
 OUTSIDE_REFERENCES = {"tcp_socket": ["tcp"]}
@@ -39,8 +40,29 @@ DEFAULT_BLOCKS = 32    # slotstream's default (`slotstream send --help`)
 CAMERA_FRAME = 640 * 480 * 3
 
 
-# What slotstream asks UCX for on each transport (src/fabric: tls_for); ucx_perftest gets the same.
-UCX_TLS = {"shm": "posix,sysv,self", "tcp": "tcp,self"}
+# What slotstream asks UCX for on each transport (src/fabric/transports.cc); ucx_perftest gets the same.
+# rdma: UCX's rc alias (rc_mlx5 or rc_verbs, with ud for wire-up), or dc/ud with --rdma-transport.
+UCX_TLS = {"shm": "posix,sysv,self", "tcp": "tcp,self", "rdma": "rc,self"}
+# --rdma-transport / --rdma-device: passed to every peer of the rdma transport (set by main()).
+RDMA = {"transport": None, "device": None}
+
+
+def rdma_args(transport):
+    """The peers' extra arguments on `transport` (the RDMA transport and device, on rdma)."""
+    if transport != "rdma":
+        return []
+    return ([f"--rdma-transport={RDMA['transport']}"] if RDMA["transport"] else []) + \
+        ([f"--rdma-device={RDMA['device']}"] if RDMA["device"] else [])
+
+
+def ucx_env(transport):
+    """ucx_perftest's environment on `transport`: the UCX transports (and device) slotstream uses there."""
+    env = dict(os.environ, UCX_TLS=UCX_TLS[transport])
+    if transport == "rdma":
+        env["UCX_TLS"] = f"{RDMA['transport'] or 'rc'},self"
+        if RDMA["device"]:
+            env["UCX_NET_DEVICES"] = RDMA["device"]
+    return env
 
 
 class PeerError(RuntimeError):
@@ -77,17 +99,14 @@ def ucx_ceiling(cfg):
 
 
 def host_transports():
-    """The transports of TRANSPORTS that this host's UCX offers (`ucx_info -d`); all of them when
-    ucx_info cannot say, so that a missing transport fails loudly in a peer instead of silently."""
+    """The transports of TRANSPORTS this host offers, as `slotstream transports --json` says (asked of UCX's
+    own resource lists); shm and tcp when it cannot say, so that a missing one fails loudly in a peer."""
     try:
-        out = subprocess.run(["ucx_info", "-d"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return TRANSPORTS
-    have = set(re.findall(r"Transport:\s*(\S+)", out))
-    if not have:
-        return TRANSPORTS
-    found = [t for t in TRANSPORTS if have & set(UCX_TLS[t].split(",")) - {"self"}]
-    return found or TRANSPORTS
+        out = subprocess.run([BIN, "transports", "--json"], capture_output=True, text=True, timeout=30).stdout
+        have = {t["name"] for t in json.loads(out) if t["available"]}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return ["shm", "tcp"]
+    return [t for t in TRANSPORTS if t in have] or ["shm", "tcp"]
 
 
 def log(msg):
@@ -125,7 +144,7 @@ def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_u
              hold=None, timeout=300, seconds=0.0, rx_extra=(), tx_extra=()):
     """One measurement: a receiver peer and a sender peer; returns (sender, receiver) JSON."""
     tcp_socket = protocol == "tcp_socket"
-    rx_cmd = [BIN, "bench-peer", "recv", "--listen", "127.0.0.1:0", "--transport", transport]
+    rx_cmd = [BIN, "bench-peer", "recv", "--listen", "127.0.0.1:0", "--transport", transport, *rdma_args(transport)]
     if busy_poll:
         rx_cmd.append("--busy-poll")
     if hold:
@@ -139,8 +158,8 @@ def run_pair(transport, protocol, size, count, blocks, devices=1, fps=0.0, gap_u
         if not line.startswith("listening on "):
             raise PeerError(f"receiver peer did not start: {line!r} {rx.stderr.read().decode()[:500]}")
         addr = line.split()[-1]
-        tx_cmd = [BIN, "bench-peer", "send", "--to", addr, "--transport", transport, "--protocol", protocol,
-                  "--blocks", str(blocks), "--size", str(size), "--count", str(count), "--devices", str(devices)]
+        tx_cmd = [BIN, "bench-peer", "send", "--to", addr, "--transport", transport, *rdma_args(transport),
+                  "--protocol", protocol, "--blocks", str(blocks), "--size", str(size), "--count", str(count), "--devices", str(devices)]
         if fps:
             tx_cmd += ["--fps", str(fps)]
         if gap_us:
@@ -192,7 +211,7 @@ def perftest(transport, test, size, iters, extra=(), timeout=120, warmup=10):
     """One `ucx_perftest -t TEST` pair over the transport slotstream uses (same UCX_TLS): the numbers
     of its "Final:" line, i.e. [iterations, overhead p(R) / avg / overall µs, bandwidth avg / overall
     MiB/s, message rate avg / overall msg/s]."""
-    env = dict(os.environ, UCX_TLS=UCX_TLS[transport])
+    env = ucx_env(transport)
     args = ["-t", test, "-s", str(size), "-n", str(iters), "-w", str(warmup), *extra]
     last = ""
     for _ in range(3):  # the port can be taken between free_port() and the server's bind
@@ -439,7 +458,7 @@ def latency_stages(snd, rcv, warm=0):
 
 def latency_gap_us(transport, size):
     """The sender's pause after each latency message: each one arrives before the next is sent
-    (no queueing): 200 µs plus the size's time on the wire at ~1 GB/s (shm) or ~100 MB/s (tcp)."""
+    (no queueing): 200 µs plus the size's time on the wire at ~1 GB/s (shm, rdma) or ~100 MB/s (tcp)."""
     return int(200 + size / (100 if transport == "tcp" else 1000))
 
 
@@ -653,9 +672,16 @@ def exp_cameras(res, cfg):
                       f"lost {CAMERAS * count - rcv['messages']}")
 
 
+def progress_key(transport):
+    """The key of `receiver_progress_on` (`slotstream protocols --json`) for a transport of this run."""
+    return f"rdma:{RDMA['transport'] or 'rc'}" if transport == "rdma" else transport
+
+
 def exp_resources(res, cfg):
     """Fig. 16-17: what each protocol asks of the transport, counted in the code paths, for one
-    device at the paper's 3 blocks (the 12-camera case is recorded by `cameras`)."""
+    device at the paper's 3 blocks (the 12-camera case is recorded by `cameras`). Beside the
+    receiver's progress calls: whether the protocol and transport let it stay passive by design
+    (`receiver_progress_on`: 1 = it takes part), so that a passive receiver that progressed shows."""
     prog = Progress(len(cfg.transports) * len(cfg.protocols), "resources", res.run, cfg.runs)
     size = 65536
     for t in cfg.transports:
@@ -669,7 +695,11 @@ def exp_resources(res, cfg):
             for side, peer in (("sender", snd), ("receiver", rcv)):
                 for k, v in peer["resources"].items():
                     res.add("resources", p, t, size, PAPER_BLOCKS, f"{side}_{k}", v, "count")
-            prog.step(f"{t} {p:14} receiver progress calls {rcv['resources']['progress_calls']}, "
+            takes_part = cfg.registry.get(p, {}).get("receiver_progress_on", {}).get(progress_key(t))
+            if takes_part is not None:
+                res.add("resources", p, t, size, PAPER_BLOCKS, "receiver_takes_part_by_design", int(takes_part), "bool")
+            prog.step(f"{t} {p:14} receiver progress calls {rcv['resources']['progress_calls']}"
+                      f"{'' if takes_part is None else ' (takes part)' if takes_part else ' (passive by design)'}, "
                       f"puts {snd['resources']['puts']}, gets {snd['resources']['gets']}")
 
 
@@ -713,6 +743,8 @@ EXPERIMENTS = {
               cache_experiments.exp_cache),
     "fan_in": ("thesis", "1-12 senders into one receiver: a thread per sender vs one round-robin thread "
                          "(fan_in_experiments.py)", fan_in_experiments.exp_fan_in),
+    "message_rate": ("issue 21", "small messages per second, 16 B-1 KiB x 1-12 devices, beside ucx_perftest put_bw "
+                                 "(rate_experiments.py)", rate_experiments.exp_message_rate),
 }
 EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, BIN))  # the SDP paper's
 
@@ -736,7 +768,10 @@ def main(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
     ap.add_argument("--protocols", help="comma-separated (default: every protocol of `slotstream protocols`)")
-    ap.add_argument("--transport", choices=TRANSPORTS, help="one transport (default: every one this host has)")
+    ap.add_argument("--transport", choices=TRANSPORTS, help="one transport (default: every one this host has, "
+                                                            "`slotstream transports`)")
+    ap.add_argument("--rdma-transport", choices=["rc", "dc", "ud"], help="rdma over UCX's rc (default), dc or ud")
+    ap.add_argument("--rdma-device", help="NAME:PORT of the RDMA device (e.g. mlx5_0:1; default: any)")
     ap.add_argument("--sizes", help="comma-separated message sizes in bytes")
     ap.add_argument("--blocks", type=int, help="block count for throughput (default: 3 and 32)")
     ap.add_argument("--repeats", type=int, help="rounds of consecutive transfers per run (default 10; quick 3)")
@@ -750,6 +785,7 @@ def main(argv):
         ap.error("--runs must be at least 1")
 
     cfg = argparse.Namespace()
+    RDMA.update(transport=a.rdma_transport, device=a.rdma_device)
     cfg.registry = registry()
     data_protocols = [n for n, p in cfg.registry.items() if not p["reference"]]
     cfg.protocols = [p for p in a.protocols.split(",") if p] if a.protocols else data_protocols
@@ -785,6 +821,7 @@ def main(argv):
     out.mkdir(parents=True, exist_ok=True)
     res = Results(out, argv)
     res.config["settings"] = {k: v for k, v in vars(cfg).items() if k != "registry"}
+    res.config["settings"]["rdma"] = dict(RDMA)
     names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
     t0 = time.monotonic()
     # Runs outermost: each run measures every experiment once, so that a slow phase of the machine

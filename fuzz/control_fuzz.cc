@@ -4,7 +4,9 @@
 //   - a decoded HELLO, ACCEPT, SETUP, PAUSE, CAPACITY or capacity request re-encodes to exactly the body
 //     (nothing in the body was skipped or invented); REFUSE, FIN and FIN_ACK, whose decoders
 //     normalise (unknown codes, repeated devices, any non-1 "ok"), survive a second round trip;
-//   - a decoded HELLO has lane < lanes and the one version this build speaks.
+//   - a decoded HELLO has lane < lanes, only known offer bits and the one version this build speaks;
+//   - a decoded ACCEPT names a concrete transport, an rdma transport exactly when it is rdma, and
+//     only known offer bits.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -40,6 +42,7 @@ void hello(Bytes body) {
   }
   FUZZ_CHECK(h.version == wire::kProtocolVersion);
   FUZZ_CHECK(h.lanes > 0 && h.lane < h.lanes);
+  FUZZ_CHECK((h.offers & ~wire::kOfferMask) == 0);
   FUZZ_CHECK(same(wire::encode(h), body));
 }
 
@@ -52,7 +55,10 @@ void accept(Bytes body) {
     FUZZ_CHECK(a.setup == std::vector<uint8_t>{42});
     return;
   }
-  FUZZ_CHECK(a.transport == slotstream::Transport::kShm || a.transport == slotstream::Transport::kTcp);
+  FUZZ_CHECK(a.transport == slotstream::Transport::kShm || a.transport == slotstream::Transport::kTcp ||
+             a.transport == slotstream::Transport::kRdma);
+  FUZZ_CHECK(a.rdma_transport.has_value() == (a.transport == slotstream::Transport::kRdma));
+  FUZZ_CHECK((a.offers & ~wire::kOfferMask) == 0);
   FUZZ_CHECK(a.proof.empty() || a.proof.size() == wire::kMacSize);
   FUZZ_CHECK(same(wire::encode(a), body));
 }

@@ -3,14 +3,16 @@
 // script of sender and receiver events, and a model of what the sender sent checks the result.
 //
 // Configuration (first bytes): blocks (1..16), payload capacity per block (0..48), declared
-// devices (1..4), whether records span the whole block (block protocols) or exactly header +
-// payload (ring protocols), and "lossy" — whether packets may be lost or made visible late.
-// Events: put a device's next fragment into a free block of the fuzzer's choice, a consumer pass,
-// a duplicate of an earlier record, a record with one header bit flipped, a record for an
-// undeclared device, a packet far beyond the reorder window or far behind it, sink failures (a
-// full disk; with FUZZ_BUSY also a busy worker, which pauses that device alone), holding or
-// releasing a block (set_blocked), a different poll order, and in lossy mode a lost packet or a
-// packet that becomes visible only some passes later. Then everything is drained.
+// devices (1..4), whether records span the whole block (block protocols) or exactly the unit
+// (ring protocols), "lossy" — whether packets may be lost or made visible late — and room for
+// packing (0..96 bytes more per block: packed units of several records, issue 21).
+// Events: put a device's next fragment into a free block of the fuzzer's choice, put a packed
+// unit of several devices' next records (with a void record now and then), a consumer pass, a
+// duplicate of an earlier unit, a unit with one header bit flipped, a record for an undeclared
+// device, a packet far beyond the reorder window or far behind it, sink failures (a full disk;
+// with FUZZ_BUSY also a busy worker, which pauses that device alone), holding or releasing a
+// block (set_blocked), a different poll order, and in lossy mode a lost packet or a packet that
+// becomes visible only some passes later. Then everything is drained.
 //
 // Invariants (any violation aborts, so libFuzzer keeps the input):
 //   - the sink sees begin / append... / commit-or-abort per device, never an append or commit
@@ -18,9 +20,9 @@
 //   - release() only on a record that is there and not yet released;
 //   - every stored message is one the sender sent, intact, and per device in sending order with
 //     none stored twice (a subsequence of what was sent);
-//   - without loss: every message is stored, no gap or broken message is counted, and duplicates,
-//     bad headers, unknown devices and out-of-window packets are counted exactly as injected
-//     (stale packets count as duplicates);
+//   - without loss: every message is stored, no gap or broken message is counted, and duplicates
+//     (each record of a duplicated unit), bad headers (one per damaged unit), unknown devices and
+//     out-of-window packets are counted exactly as injected (stale packets count as duplicates);
 //   - with loss: gaps never exceed the packets lost or delayed;
 //   - the counters agree with the sink (messages, bytes, per device) and every block drains.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -118,6 +120,7 @@ class CheckingSink : public slotstream::MessageSink {
     FUZZ_CHECK(!open_[d]);  // Delivery aborts an unfinished message before it begins the next
     if (busy_next > 0) {
       --busy_next;
+      TRACE("sink: device %u busy\n", d);
       return {Code::kBusy, "worker behind"};  // pauses this device alone
     }
     if (failing()) return {Code::kIoError, "disk full"};
@@ -180,6 +183,25 @@ std::vector<std::byte> make_record(const wire::BlockHeader& h, std::string_view 
   return r;
 }
 
+// Several records behind a packed header, each padded to 8 bytes (wire/block_header.h).
+std::vector<std::byte> make_unit(const std::vector<std::vector<std::byte>>& records) {
+  std::vector<std::byte> u(wire::kPackedHeaderSize);
+  for (const auto& r : records) {
+    const size_t at = u.size();
+    u.resize(at + wire::packed_record_size(r.size() - kHeader), std::byte{0x5C});
+    std::memcpy(u.data() + at, r.data(), r.size());
+  }
+  wire::encode_packed_header({uint32_t(records.size()), uint32_t(u.size())},
+                             std::span(u).first<wire::kPackedHeaderSize>());
+  return u;
+}
+
+// What was put into a block: its bytes and how many real records (messages' packets) it holds.
+struct Unit {
+  std::vector<std::byte> bytes;
+  uint32_t records = 1;
+};
+
 char content(uint16_t device, size_t message, size_t pos) {
   uint64_t x = (uint64_t(device) << 48) ^ (uint64_t(message) << 20) ^ pos;
   x *= 0x9E3779B97F4A7C15ull;
@@ -194,21 +216,23 @@ class Run {
     const bool exact = in_.ConsumeBool();
     lossy_ = in_.ConsumeBool();
     const int n_devices = in_.ConsumeIntegralInRange<int>(1, 4);
+    pack_room_ = in_.ConsumeIntegralInRange<uint32_t>(0, 96);
     std::vector<uint16_t> ids;
     for (int i = 0; i < n_devices; ++i) {
       uint16_t id = in_.ConsumeIntegral<uint16_t>();
       if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     }
     for (uint16_t id : ids) devices_.push_back(DeviceModel{.id = id});
-    blocks_ = std::make_unique<FakeBlocks>(blocks, uint32_t(kHeader + capacity_), exact);
-    delivery_ = std::make_unique<Delivery>(*blocks_, sink_, ids);
+    block_size_ = uint32_t(kHeader + capacity_ + pack_room_);
+    blocks_ = std::make_unique<FakeBlocks>(blocks, block_size_, exact);
+    delivery_ = std::make_unique<Delivery>(*blocks_, sink_, ids, pack_room_ ? block_size_ : 0);
     TRACE("%u blocks, capacity %u, %s records, %s, %zu devices\n", blocks, capacity_, exact ? "exact" : "block",
           lossy_ ? "lossy" : "lossless", ids.size());
   }
 
   void play() {
     for (int step = 0; step < 3000 && in_.remaining_bytes() > 0; ++step) {
-      switch (in_.ConsumeIntegralInRange<int>(0, lossy_ ? 11 : 9)) {
+      switch (in_.ConsumeIntegralInRange<int>(0, lossy_ ? 12 : 10)) {
         case 0:
         case 1:
           put_next(pick_device(), Fate::kVisible);
@@ -242,9 +266,12 @@ class Run {
           blocks_->rotation = in_.ConsumeIntegral<uint8_t>();
           break;
         case 10:
-          put_next(pick_device(), Fate::kLost);
+          put_packed();
           break;
         case 11:
+          put_next(pick_device(), Fate::kLost);
+          break;
+        case 12:
           put_next(pick_device(), Fate::kLate);
           break;
       }
@@ -269,32 +296,73 @@ class Run {
     return slots[in_.ConsumeIntegralInRange<size_t>(0, slots.size() - 1)];
   }
 
-  void put(const std::vector<std::byte>& record) {
+  void put(const std::vector<std::byte>& unit) {
     auto slot = free_slot();
     FUZZ_CHECK(slot.has_value());
-    blocks_->put(*slot, record);
-    auto h = wire::decode_block_header(std::span(record).first<kHeader>(), record.size() - kHeader);
-    if (h) {
-      TRACE("put slot %u: device %u packet %u flags %u length %u\n", *slot, h->device, h->packet, h->flags,
-            h->payload_length);
-    } else {
-      TRACE("put slot %u: bad header\n", *slot);
+    blocks_->put(*slot, unit);
+    if (!kTrace) return;
+    wire::UnitReader reader(unit);
+    for (wire::UnitReader::Item it; reader.next(&it);) {
+      TRACE("put slot %u: device %u packet %u flags %u length %u%s\n", *slot, it.header.device, it.header.packet,
+            it.header.flags, it.header.payload_length, reader.packed() ? " (packed)" : "");
+    }
+    if (reader.bad()) TRACE("put slot %u: bad unit\n", *slot);
+  }
+
+  // 2..4 devices' next records (and now and then a void one) behind a packed header, when they
+  // fit in a block; else each in a block of its own (in order, as the sender's ring would).
+  void put_packed() {
+    if (blocks_->free_slots().empty() || !waiting_.empty()) return;  // the sender waits for a block
+    std::vector<std::vector<std::byte>> records;
+    uint32_t real = 0;
+    size_t bytes = wire::kPackedHeaderSize;
+    const int n = in_.ConsumeIntegralInRange<int>(2, 4);
+    for (int k = 0; k < n; ++k) {
+      std::vector<std::byte> r;
+      if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) {
+        const uint32_t len = in_.ConsumeIntegralInRange<uint32_t>(0, 8);
+        r = make_record({wire::kVoid, in_.ConsumeIntegral<uint16_t>(), 0, len}, std::string(len, 'v'));
+      } else {
+        DeviceModel& d = pick_device();
+        if (d.fragments_left == 0) start_message(d);
+        r = next_fragment(d, in_.ConsumeIntegralInRange<uint32_t>(0, std::min<uint32_t>(capacity_, 16)));
+        ++real;
+      }
+      bytes += wire::packed_record_size(r.size() - kHeader);
+      records.push_back(std::move(r));
+    }
+    if (bytes <= block_size_) {
+      Unit u{make_unit(records), real};
+      put(u.bytes);
+      history_.push_back(std::move(u));
+      return;
+    }
+    for (auto& r : records) {  // too large to pack here: a block each (void ones are dropped)
+      if (std::to_integer<uint8_t>(r[1]) & wire::kVoid) continue;
+      waiting_.push_back(std::move(r));
+    }
+    place_waiting();
+  }
+
+  // Records that waited for a block get one, in their order.
+  void place_waiting() {
+    while (!waiting_.empty() && !blocks_->free_slots().empty()) {
+      put(waiting_.front());
+      history_.push_back(Unit{waiting_.front()});
+      waiting_.pop_front();
     }
   }
 
   // The device's next fragment (a new message when the last one is complete).
   void put_next(DeviceModel& d, Fate fate) {
-    if (fate == Fate::kVisible && blocks_->free_slots().empty()) return;  // the sender waits
-    if (d.fragments_left == 0) {
-      d.fragments_left = in_.ConsumeIntegralInRange<uint32_t>(1, 4);
-      d.fragment = 0;
-      d.offset = 0;
-      d.sent.emplace_back();
-    }
+    // The sender waits (for a block, or behind records still waiting for one).
+    if (fate == Fate::kVisible && (blocks_->free_slots().empty() || !waiting_.empty())) return;
+    if (d.fragments_left == 0) start_message(d);
     auto record = next_fragment(d, in_.ConsumeIntegralInRange<uint32_t>(0, capacity_));
     switch (fate) {
       case Fate::kVisible:
         put(record);
+        history_.push_back(Unit{record});
         break;
       case Fate::kLost:
         ++lost_;
@@ -306,7 +374,15 @@ class Run {
     }
   }
 
+  void start_message(DeviceModel& d) {
+    d.fragments_left = in_.ConsumeIntegralInRange<uint32_t>(1, 4);
+    d.fragment = 0;
+    d.offset = 0;
+    d.sent.emplace_back();
+  }
+
   void pass() {
+    place_waiting();
     size_t consumed = 0;
     Status st = delivery_->pass(&consumed);
     TRACE("pass: %zu consumed, %s\n", consumed, st.to_string().c_str());
@@ -323,19 +399,22 @@ class Run {
     }
   }
 
+  // An earlier unit again: each of its records is a duplicate.
   void duplicate() {
     if (history_.empty() || blocks_->free_slots().empty()) return;
-    put(history_[in_.ConsumeIntegralInRange<size_t>(0, history_.size() - 1)]);
-    ++injected_duplicates_;
+    const Unit& u = history_[in_.ConsumeIntegralInRange<size_t>(0, history_.size() - 1)];
+    put(u.bytes);
+    injected_duplicates_ += u.records;
   }
 
-  // One bit of a real record's header flipped: the check word catches every single-bit error.
+  // One bit of a real unit's first header flipped (a record's, or a packed unit's): the check
+  // word catches every single-bit error, and the whole unit counts as one bad header.
   void corrupt() {
     if (history_.empty() || blocks_->free_slots().empty()) return;
-    auto record = history_[in_.ConsumeIntegralInRange<size_t>(0, history_.size() - 1)];
+    auto unit = history_[in_.ConsumeIntegralInRange<size_t>(0, history_.size() - 1)].bytes;
     const uint32_t bit = in_.ConsumeIntegralInRange<uint32_t>(0, kHeader * 8 - 1);
-    record[bit / 8] ^= std::byte(1u << (bit % 8));
-    put(record);
+    unit[bit / 8] ^= std::byte(1u << (bit % 8));
+    put(unit);
     ++injected_bad_;
   }
 
@@ -384,15 +463,17 @@ class Run {
     sink_.fail_next = 0;
     sink_.busy_next = 0;
     for (int i = 0; i < 100000; ++i) {
-      bool sending = false;
+      place_waiting();
+      bool sending = !waiting_.empty();
       for (DeviceModel& d : devices_) {
         if (d.fragments_left == 0) continue;
         sending = true;
-        if (!blocks_->free_slots().empty()) put_final_fragment(d);
+        if (waiting_.empty() && !blocks_->free_slots().empty()) put_final_fragment(d);
       }
       // A paused device is tried again only after Delivery::kBusyRetry of real time.
       if (delivery_->any_paused()) std::this_thread::sleep_for(Delivery::kBusyRetry / 10);
-      if (!sending && late_.empty() && blocks_->empty() && i > 3) {
+      // A paused device's records may be copied aside (out of the blocks): it must resume first.
+      if (!sending && late_.empty() && blocks_->empty() && !delivery_->any_paused() && i > 3) {
         pass();
         pass();
         pass();
@@ -413,13 +494,15 @@ class Run {
     if (d.fragment++ == 0) flags |= wire::kFirstFragment;
     if (--d.fragments_left == 0) flags |= wire::kLastFragment;
     d.offset += length;
-    auto record = make_record({flags, d.id, d.next_packet++, length}, payload);
-    history_.push_back(record);
-    return record;
+    return make_record({flags, d.id, d.next_packet++, length}, payload);
   }
 
   // Like put_next, without consuming input (the input may have run out).
-  void put_final_fragment(DeviceModel& d) { put(next_fragment(d, std::min<uint32_t>(capacity_, 3))); }
+  void put_final_fragment(DeviceModel& d) {
+    auto record = next_fragment(d, std::min<uint32_t>(capacity_, 3));
+    put(record);
+    history_.push_back(Unit{std::move(record)});
+  }
 
   void check() {
     const auto& c = delivery_->counters();
@@ -435,6 +518,9 @@ class Run {
         FUZZ_CHECK(j < d.sent.size());  // stored something never sent, out of order, or twice
         ++j;
         device_bytes += m.size();
+      }
+      if (!lossy_ && stored != d.sent) {
+        TRACE("device %u: %zu of %zu messages stored\n", d.id, stored.size(), d.sent.size());
       }
       if (!lossy_) FUZZ_CHECK(stored == d.sent);
       FUZZ_CHECK(delivery_->messages(d.id) == stored.size());
@@ -464,7 +550,10 @@ class Run {
   CheckingSink sink_;
   std::unique_ptr<FakeBlocks> blocks_;
   std::unique_ptr<Delivery> delivery_;
-  std::vector<std::vector<std::byte>> history_;  // every real record the sender made
+  uint32_t pack_room_ = 0;
+  uint32_t block_size_ = 0;
+  std::vector<Unit> history_;                   // every real unit the sender made
+  std::deque<std::vector<std::byte>> waiting_;  // records waiting for a block (in sending order)
   std::deque<Late> late_;
   std::set<uint32_t> held_;
   uint64_t lost_ = 0;

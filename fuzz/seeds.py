@@ -11,7 +11,7 @@ import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 3  # wire::kProtocolVersion
+VERSION = 5  # wire::kProtocolVersion
 
 
 def s8(b):
@@ -26,18 +26,39 @@ def b32(b):
     return struct.pack("<I", len(b)) + b
 
 
-def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes=1, transport=0, first=None):
+def hello(protocol=b"status_byte", options=b"", devices=(0, 1, 2), lane=0, lanes=1, transport=0, rdma=0, offers=1,
+          first=None):
     flags = (1 | 2) if first is not None else 0  # numbered and confirm, with one first number per device
     numbers = b"".join(struct.pack("<Q", f) for f in first) if first is not None else b""
     return (b"SLST" + struct.pack("<H", VERSION) + s8(protocol) + s16(options) + struct.pack("<II", 32, 1 << 20) +
-            bytes([transport]) + s8(b"host-1234") + s8(b"edge-a") + struct.pack("<H", len(devices)) +
-            b"".join(struct.pack("<H", d) for d in devices) + struct.pack("<QHHB", 0x1234, lane, lanes, flags) + numbers + bytes(range(32)))
+            bytes([transport, rdma, offers]) + s8(b"host-1234") + s8(b"ipc=4026531839,uid=0") + s8(b"edge-a") +
+            struct.pack("<H", len(devices)) + b"".join(struct.pack("<H", d) for d in devices) +
+            struct.pack("<QHHB", 0x1234, lane, lanes, flags) + numbers + bytes(range(32)))
+
+
+def accept(transport, rdma, offers, reason, address, setup, proof):
+    return bytes([transport, rdma, offers]) + s16(reason) + b32(address) + b32(setup) + s8(proof)
+
+
+def record_header(flags, device, packet, length):
+    w0 = 1 | flags << 8 | device << 16
+    check = ~(w0 ^ packet ^ length) & 0xFFFFFFFF
+    return struct.pack("<BBHIII", 1, flags, device, packet, length, check)
 
 
 def block_header(flags, device, packet, length, capacity):
-    w0 = 1 | flags << 8 | device << 16
-    check = ~(w0 ^ packet ^ length) & 0xFFFFFFFF
-    return struct.pack("<I", capacity) + struct.pack("<BBHIII", 1, flags, device, packet, length, check)
+    return struct.pack("<I", capacity) + record_header(flags, device, packet, length)
+
+
+def packed_unit(records, capacity):
+    """A packed unit (wire/block_header.h, version 2): header, then records padded to 8 bytes."""
+    body = b""
+    for flags, device, packet, payload in records:
+        r = record_header(flags, device, packet, len(payload)) + payload
+        body += r + b"\0" * (-len(r) % 8)
+    length = 16 + len(body)
+    check = ~(2 ^ len(records) ^ length) & 0xFFFFFFFF
+    return struct.pack("<I", capacity) + struct.pack("<BBHIII", 2, 0, 0, len(records), length, check) + body
 
 
 CRC32C_POLY = 0x82F63B78  # reflected
@@ -55,28 +76,48 @@ def crc32c(data):
 assert crc32c(b"123456789") == 0xE3069283
 
 
-def segment(service, opcode, ddp_flags, extra, payload, rd=None):
-    """A datagram segment (src/dgram/wire.h): common header, RD header, opcode fields, payload, CRC32C."""
-    common = b"SD" + bytes([1, ddp_flags | 1, 0x40 | opcode, service]) + struct.pack("<HI", len(payload), 0x1234)
+def segment(service, opcode, ddp_flags, extra, payload, rd=None, mac=False):
+    """A datagram segment (src/dgram/wire.h, version 2): common header, RD header, opcode fields, payload, [a
+    16-byte MAC, here a fixed one: only its place matters to the decoder], CRC32C."""
+    flags = ddp_flags | 1 | (0x10 if mac else 0)
+    common = b"SD" + bytes([2, flags, 0x40 | opcode, service]) + struct.pack("<HI", len(payload), 0x1234)
     rdb = struct.pack("<IIIIQ", *rd) if rd else b""
-    body = common + rdb + extra + payload
+    body = common + rdb + extra + payload + (bytes(range(16)) if mac else b"")
     return body + struct.pack("<I", crc32c(body))
+
+
+def dgram_hello(auth=False, devices=(0, 1)):
+    """A HELLO payload (src/dgram/control.h, wire version 2), padded to 256 bytes."""
+    body = bytes([1, 1 if auth else 0, 12]) + b"write_record" + bytes([3]) + b"cam" + \
+        struct.pack("<IQIH", 4, 1 << 20, 8192, len(devices)) + b"".join(struct.pack("<H", d) for d in devices) + \
+        bytes(range(32))
+    pad = 256 - len(body) - 2
+    return body + struct.pack("<H", pad) + bytes(pad)
 
 
 def dgram_seeds():
     T, L, M = 0x80, 0x40, 0x20  # tagged, last, marker (DDP flags)
-    hello = bytes([1, 12]) + b"write_record" + bytes([3]) + b"cam" + struct.pack("<IQIH", 4, 1 << 20, 8192, 2) + \
-        struct.pack("<HH", 0, 1)
-    fin = bytes([4]) + struct.pack("<H", 1) + struct.pack("<HQQ", 0, 10, 10000)
+    fin = bytes([4]) + struct.pack("<HHH", 1, 0, 1) + struct.pack("<HQQ", 0, 10, 10000) + struct.pack("<H", 24) + \
+        bytes(24)
+    fin_ack = bytes([5]) + struct.pack("<HHH", 1, 0, 1) + struct.pack("<HQQQQQ", 0, 9, 0, 1, 0, 90000)
+    accept = bytes([2]) + struct.pack("<IIQIHB", 7, 512, 1 << 20, 1, 2, 32) + bytes(range(32))
+    auth = bytes([7]) + bytes(32) + struct.pack("<H", 256) + dgram_hello(auth=True) + bytes(32)
+    ctl = struct.pack("<III", 0xFFFFFFFF, 0, 0)
     return {
         "write_record_last": segment(0, 8, T | L | M, struct.pack("<IQI", 5, 8192, 7), b"\x11" * 100),
         "write_record_middle": segment(0, 8, T | M, struct.pack("<IQI", 5, 0, 7), b"\x22" * 64),
+        "write_record_signed": segment(0, 8, T | L | M, struct.pack("<IQI", 5, 0, 7), b"\x44" * 40, mac=True),
         "rdma_write_rc": segment(2, 0, T, struct.pack("<IQ", 9, 4096), b"\x33" * 32),
         "send_ud": segment(0, 3, L, struct.pack("<III", 2, 3, 0), b"hello"),
         "send_rd": segment(1, 3, L, struct.pack("<III", 0, 0, 0), b"rd", rd=(7, 0, 0, 1, 0)),
         "ack_rd": segment(1, 15, L, b"", b"", rd=(0, 8, 512, 2, 0b101)),
-        "control_hello": segment(0, 3, L, struct.pack("<III", 0xFFFFFFFF, 0, 0), hello),
-        "control_fin": segment(0, 3, L, struct.pack("<III", 0xFFFFFFFF, 1, 0), fin),
+        "ack_rd_signed": segment(1, 15, L, b"", b"", rd=(0, 8, 512, 2, 0), mac=True),
+        "control_hello": segment(0, 3, L, ctl, dgram_hello()),
+        "control_challenge": segment(0, 3, L, ctl, bytes([6]) + bytes(range(32))),
+        "control_auth": segment(0, 3, L, ctl, auth),
+        "control_accept": segment(0, 3, L, ctl, accept),
+        "control_fin": segment(0, 3, L, struct.pack("<III", 0xFFFFFFFF, 1, 0), fin, mac=True),
+        "control_fin_ack": segment(0, 3, L, ctl, fin_ack),
         "shim_send": segment(0, 3, L, struct.pack("<III", 0, 42, 0), b"\x47" + b"\x00" * 187),
     }
 
@@ -87,8 +128,10 @@ def main():
             "hello": hello(),
             "hello-numbered": hello(first=(100, 0, 7)),
             "hello-lanes": hello(b"sliding_window", b"window=8", devices=(5,), lane=2, lanes=4, transport=2),
-            "accept": bytes([1]) + b32(bytes(40)) + b32(bytes(24)) + s8(bytes(32)),
-            "accept-no-proof": bytes([2]) + b32(b"addr") + b32(b"") + s8(b""),
+            "hello-rdma": hello(transport=3, rdma=2, offers=3),
+            "accept": accept(1, 0, 1, b"sender and receiver share this host", bytes(40), bytes(24), bytes(32)),
+            "accept-no-proof": accept(2, 0, 0, b"", b"addr", b"", b""),
+            "accept-rdma": accept(3, 1, 3, b"both ends have a usable RDMA device", bytes(40), bytes(24), b""),
             "setup": b32(bytes(16)) + b32(b"") + s8(bytes(32)),
             "refuse": struct.pack("<H", 6) + s16(b"unknown sender"),
             "fin": struct.pack("<H", 2) + struct.pack("<HQ", 0, 40) + struct.pack("<HQ", 1, 41),
@@ -103,6 +146,8 @@ def main():
             "first": block_header(1, 11, 7, 1 << 20, 1 << 20),
             "middle": block_header(0, 65535, 0xFFFFFFFF, 0, 48),
             "last-too-long": block_header(2, 3, 9, 49, 48),
+            "packed-three": packed_unit([(3, 0, 0, b"abc"), (4, 9, 0, b"void...."), (3, 1, 5, b"")], 1 << 16),
+            "packed-fragment": packed_unit([(1, 2, 7, b"x" * 20), (3, 0, 1, b"y")], 4096),
         },
         "options": {
             "empty": b"",
@@ -130,6 +175,10 @@ def main():
     seeds["delivery"] = {f"script-{i}": bytes(rng.randrange(256) for _ in range(n))
                          for i, n in enumerate((16, 64, 128, 256, 512, 1024))}
     seeds["dgram_header"] = dgram_seeds()
+    # Session scripts (fuzz/dgram_session_fuzz.cc): protocol, shape, ring, largest message, then events.
+    seeds["dgram_session"] = {f"script-{i}": bytes([i % 4, i * 37 % 256, 2, 0, 16]) +
+                              bytes(rng.randrange(256) for _ in range(n))
+                              for i, n in enumerate((32, 64, 128, 256, 512, 1024, 96, 200))}
     for target, files in seeds.items():
         d = ROOT / target
         d.mkdir(parents=True, exist_ok=True)

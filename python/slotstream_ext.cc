@@ -362,17 +362,36 @@ class SenderLife {
   bool finished_ = false;
 };
 
+// transport="auto|shm|tcp|rdma", rdma_transport="rc|dc|ud" or None, rdma_device="NAME:PORT" or None.
+Transport transport_arg(const std::string& transport) {
+  auto t = parse_transport(transport);
+  if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm', 'tcp' or 'rdma', not '" + transport + "'"});
+  return *t;
+}
+
+RdmaOptions rdma_args(const std::optional<std::string>& transport, const std::optional<std::string>& device) {
+  RdmaOptions o;
+  if (transport) {
+    o.transport = parse_rdma_transport(*transport);
+    if (!o.transport) {
+      check({Code::kInvalidArgument, "rdma_transport must be 'rc', 'dc' or 'ud', not '" + *transport + "'"});
+    }
+  }
+  o.device = device.value_or("");
+  return o;
+}
+
 class PySender : public SenderLife<Sender> {
  public:
   PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
            const std::string& protocol, uint32_t blocks, uint32_t block_size, const std::vector<int>& devices,
-           std::optional<std::string> token)
+           std::optional<std::string> token, std::optional<std::string> rdma_transport,
+           std::optional<std::string> rdma_device)
       : SenderLife("Sender") {
     SenderOptions o;
     check(net::parse_host_port(to, &o.host, &o.port));
-    auto t = parse_transport(transport);
-    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
-    o.transport = *t;
+    o.transport = transport_arg(transport);
+    o.rdma = rdma_args(rdma_transport, rdma_device);
     o.name = name ? *name : default_sender_name();
     o.protocol = protocol;
     o.blocks = blocks;
@@ -386,6 +405,7 @@ class PySender : public SenderLife<Sender> {
     }
     check(st);
     transport_ = transport_name(sender_->transport());
+    transport_reason_ = sender_->transport_reason();
     options_ = std::move(o);
   }
 
@@ -414,11 +434,13 @@ class PySender : public SenderLife<Sender> {
   }
 
   const std::string& transport() const { return transport_; }
+  const std::string& transport_reason() const { return transport_reason_; }
   const SenderOptions& options() const { return options_; }
 
  private:
   SenderOptions options_;
   std::string transport_;  // what the receiver chose
+  std::string transport_reason_;
 };
 
 // A sender whose receiver the platform chooses (include/slotstream/platform.h): the same
@@ -432,9 +454,7 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
       : SenderLife("PlatformSender") {
     PlatformSenderOptions o;
     o.platform = platform;
-    auto t = parse_transport(transport);
-    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
-    o.sender.transport = *t;
+    o.sender.transport = transport_arg(transport);
     o.sender.name = name ? *name : default_sender_name();
     o.sender.protocol = protocol;
     o.sender.blocks = blocks;
@@ -531,6 +551,24 @@ class PySink final : public MessageSink {
   Status append(uint16_t device, std::span<const std::byte> data) override { return open_[device].append(data); }
   void abort(uint16_t device) override { open_.erase(device); }
 
+  // Every whole message of a consumer pass (issue 21): in iterator mode queued under one lock
+  // with one notification (each still waits for room as commit() does); in callback mode the GIL
+  // is taken once for the batch. Each message is copied once into a Frame of its own: the Python
+  // object outlives the receiver's block.
+  Status deliver(std::span<const Message> batch, size_t* stored) override {
+    *stored = 0;
+    if (shared_.callback_mode) return call_back_batch(batch, stored);
+    std::unique_lock lock(shared_.mutex);
+    Status st;
+    for (; *stored < batch.size(); ++*stored) {
+      const Message& m = batch[*stored];
+      st = queue_locked(lock, m.device, [&](Frame& f) { return f.append(m.data); });
+      if (!st.is_ok()) break;
+    }
+    if (*stored > 0) shared_.changed.notify_all();
+    return st;
+  }
+
   // The message is complete: hand it to the callback or the iterator queue. Failing (busy,
   // closing, callback raised) leaves it here; the receiver retries this call later.
   Status commit(uint16_t device) override {
@@ -542,29 +580,75 @@ class PySink final : public MessageSink {
       if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
       seq = shared_.next_seq[key];
       if (!shared_.callback_mode) {
-        if (!shared_.changed.wait_for(lock, kQueueWait,
-                                      [&] { return shared_.queue.size() < shared_.max_queue || shared_.closing; })) {
-          return {Code::kBusy,
-                  "the Python consumer is behind (" + std::to_string(shared_.max_queue) + " messages waiting)"};
+        Status st = queue_locked(lock, device, [&](Frame& f) {
+          f = std::move(open_[device]);
+          return Status::ok();
+        });
+        if (st.is_ok()) {
+          open_.erase(device);
+          shared_.changed.notify_all();
         }
-        if (shared_.closing) return {Code::kCancelled, "receiver closing"};
-        shared_.queue.push_back({sender_, device, seq, std::move(open_[device])});
-        shared_.next_seq[key] = seq + 1;
-        open_.erase(device);
-        shared_.changed.notify_all();
-        return Status::ok();
+        return st;
       }
     }
-    return call_back(device, seq, key);
+    if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
+    nb::gil_scoped_acquire gil;
+    SLOTSTREAM_RETURN_IF_ERROR(call_back(device, seq, std::move(open_[device])));
+    open_.erase(device);
+    std::lock_guard lock(shared_.mutex);
+    shared_.next_seq[key] = seq + 1;
+    return Status::ok();
   }
 
  private:
-  Status call_back(uint16_t device, uint64_t seq, const std::pair<std::string, uint16_t>& key) {
+  // Iterator mode, `shared_.mutex` held: waits for room in the queue (kBusy after kQueueWait),
+  // then queues the device's next message, made by `make`.
+  template <typename Make>
+  Status queue_locked(std::unique_lock<std::mutex>& lock, uint16_t device, Make&& make) {
+    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+    if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
+    // A full queue: the consumer must hear of what this batch queued before we wait for it.
+    if (shared_.queue.size() >= shared_.max_queue) shared_.changed.notify_all();
+    if (!shared_.changed.wait_for(lock, kQueueWait,
+                                  [&] { return shared_.queue.size() < shared_.max_queue || shared_.closing; })) {
+      return {Code::kBusy,
+              "the Python consumer is behind (" + std::to_string(shared_.max_queue) + " messages waiting)"};
+    }
+    if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+    Frame frame;
+    SLOTSTREAM_RETURN_IF_ERROR(make(frame));
+    uint64_t& seq = shared_.next_seq[std::make_pair(sender_, device)];
+    shared_.queue.push_back({sender_, device, seq++, std::move(frame)});
+    return Status::ok();
+  }
+
+  Status call_back_batch(std::span<const Message> batch, size_t* stored) {
     if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
     nb::gil_scoped_acquire gil;
+    for (; *stored < batch.size(); ++*stored) {
+      const Message& m = batch[*stored];
+      const auto key = std::make_pair(sender_, m.device);
+      uint64_t seq;
+      {
+        std::lock_guard lock(shared_.mutex);
+        if (shared_.closing) return {Code::kCancelled, "receiver closing"};
+        if (shared_.failed) return {Code::kCancelled, "the Python callback raised; nothing more is delivered"};
+        seq = shared_.next_seq[key];
+      }
+      Frame frame;
+      SLOTSTREAM_RETURN_IF_ERROR(frame.append(m.data));
+      SLOTSTREAM_RETURN_IF_ERROR(call_back(m.device, seq, std::move(frame)));
+      std::lock_guard lock(shared_.mutex);
+      shared_.next_seq[key] = seq + 1;
+    }
+    return Status::ok();
+  }
+
+  // With the GIL: the callback gets a memoryview of `frame`. A callback that raises stops the receiver.
+  Status call_back(uint16_t device, uint64_t seq, Frame&& frame) {
     try {
-      nb::object frame = nb::cast(std::move(open_[device]));
-      nb::object view = nb::steal(PyMemoryView_FromObject(frame.ptr()));
+      nb::object obj = nb::cast(std::move(frame));
+      nb::object view = nb::steal(PyMemoryView_FromObject(obj.ptr()));
       if (!view.is_valid()) throw nb::python_error();
       shared_.callback(sender_, device, seq, view);
     } catch (nb::python_error& e) {
@@ -577,9 +661,6 @@ class PySink final : public MessageSink {
       shared_.changed.notify_all();
       return {Code::kCancelled, "the Python callback raised"};
     }
-    open_.erase(device);
-    std::lock_guard lock(shared_.mutex);
-    shared_.next_seq[key] = seq + 1;
     return Status::ok();
   }
 
@@ -608,16 +689,16 @@ nb::dict report_dict(const SessionReport& r) {
 class PyReceiver {
  public:
   PyReceiver(const std::string& listen, nb::object callback, const std::string& transport,
-             std::optional<std::string> token, std::optional<uint64_t> exit_after_senders, size_t max_queue)
+             std::optional<std::string> token, std::optional<uint64_t> exit_after_senders, size_t max_queue,
+             std::optional<std::string> rdma_transport, std::optional<std::string> rdma_device)
       : shared_(std::make_unique<RxShared>()),
         exit_after_(exit_after_senders) {
     if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
     if (max_queue < 1) check({Code::kInvalidArgument, "max_queue must be at least 1"});
     ReceiverOptions o;
     check(net::parse_host_port(listen, &o.host, &o.port));
-    auto t = parse_transport(transport);
-    if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm' or 'tcp', not '" + transport + "'"});
-    o.transport = *t;
+    o.transport = transport_arg(transport);
+    o.rdma = rdma_args(rdma_transport, rdma_device);
     o.token = token.value_or("");
     RxShared* shared = shared_.get();
     shared->max_queue = max_queue;
@@ -801,13 +882,18 @@ void bind_sender(nb::module_& m) {
                            "Use it as a context manager: leaving the block normally waits until the receiver has\n"
                            "stored every message (finish()); leaving it by an exception abandons the connection.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, uint32_t,
-                   uint32_t, const std::vector<int>&, std::optional<std::string>>(),
+                   uint32_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
+                   std::optional<std::string>>(),
           "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
           "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
-          "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(),
+          "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(), "rdma_transport"_a = nb::none(),
+          "rdma_device"_a = nb::none(),
           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
-          "and declares `devices`, the device numbers send() will use. Raises slotstream.Error\n"
-          "subclasses (ConnectFailed, Refused, InvalidArgument, ...) with the library's message.")
+          "and declares `devices`, the device numbers send() will use. `transport`: 'auto' (shm on one\n"
+          "host, else rdma where both ends have an RDMA NIC, else tcp), 'shm', 'tcp' or 'rdma'\n"
+          "(`rdma_transport` 'rc', 'dc' or 'ud', default the receiver's; `rdma_device` 'mlx5_0:1').\n"
+          "Raises slotstream.Error subclasses (ConnectFailed, Refused, InvalidArgument — e.g. rdma\n"
+          "without a usable device —, ...) with the library's message.")
       .def("send", &PySender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
            nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
                    "timeout: float | None = None) -> None"),
@@ -824,7 +910,9 @@ void bind_sender(nb::module_& m) {
       .def("stats", &PySender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
            "Counters: messages, bytes, per_device, held_skips (receiver blocks skipped because held),\n"
            "connections (filled in by finish()).")
-      .def_prop_ro("transport", &PySender::transport, "'shm' or 'tcp': what the receiver chose.")
+      .def_prop_ro("transport", &PySender::transport, "'shm', 'tcp' or 'rdma': what the receiver chose.")
+      .def_prop_ro("transport_reason", &PySender::transport_reason,
+                   "Why the receiver chose it (and what failed on this side before it).")
       .def_prop_ro("name", [](const PySender& s) { return s.options().name; })
       .def_prop_ro("protocol", [](const PySender& s) { return s.options().protocol; })
       .def_prop_ro("blocks", [](const PySender& s) { return s.options().blocks; })
@@ -887,18 +975,22 @@ NB_MODULE(_slotstream, m) {
       "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.");
   receiver
       .def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
-                    std::optional<uint64_t>, size_t>(),
+                    std::optional<uint64_t>, size_t, std::optional<std::string>, std::optional<std::string>>(),
            "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
-           "exit_after_senders"_a = nb::none(), "max_queue"_a = 8,
+           "exit_after_senders"_a = nb::none(), "max_queue"_a = 8, "rdma_transport"_a = nb::none(),
+           "rdma_device"_a = nb::none(),
            nb::sig("def __init__(self, listen: str, callback: collections.abc.Callable[[str, int, int, memoryview], "
                    "object] | None = None, *, transport: str = 'auto', token: str | None = None, "
-                   "exit_after_senders: int | None = None, max_queue: int = 8) -> None"),
+                   "exit_after_senders: int | None = None, max_queue: int = 8, rdma_transport: str | None = None, "
+                   "rdma_device: str | None = None) -> None"),
            "Listens on `listen` (\"HOST:PORT\"; port 0 picks one, see .address). With `callback`, it is\n"
            "called from a receiver thread (one per connected sender) with the GIL held; if it raises,\n"
            "the receiver stops (its senders see it gone) and wait()/close() raise that exception.\n"
            "Without one, iterate the receiver;\n"
            "at most `max_queue` messages wait in memory, then the sender is slowed down (back-pressure).\n"
-           "Iteration ends after `exit_after_senders` senders have ended, or after close().")
+           "Iteration ends after `exit_after_senders` senders have ended, or after close().\n"
+           "`transport`: what senders may use ('auto', 'shm', 'tcp', 'rdma'; 'rdma' without a usable RDMA\n"
+           "device raises InvalidArgument); `rdma_transport` 'rc' (default), 'dc' or 'ud'; `rdma_device`.")
       .def_prop_ro("address", &PyReceiver::address, "The bound \"HOST:PORT\".")
       .def(
           "__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -56,6 +57,7 @@ std::optional<Transport> parse_transport(std::string_view text) {
   if (text == "auto") return Transport::kAuto;
   if (text == "shm") return Transport::kShm;
   if (text == "tcp") return Transport::kTcp;
+  if (text == "rdma") return Transport::kRdma;
   return std::nullopt;
 }
 
@@ -67,6 +69,27 @@ const char* transport_name(Transport t) {
       return "shm";
     case Transport::kTcp:
       return "tcp";
+    case Transport::kRdma:
+      return "rdma";
+  }
+  return "?";
+}
+
+std::optional<RdmaTransport> parse_rdma_transport(std::string_view text) {
+  if (text == "rc") return RdmaTransport::kRc;
+  if (text == "dc") return RdmaTransport::kDc;
+  if (text == "ud") return RdmaTransport::kUd;
+  return std::nullopt;
+}
+
+const char* rdma_transport_name(RdmaTransport t) {
+  switch (t) {
+    case RdmaTransport::kRc:
+      return "rc";
+    case RdmaTransport::kDc:
+      return "dc";
+    case RdmaTransport::kUd:
+      return "ud";
   }
   return "?";
 }
@@ -136,6 +159,18 @@ std::string host_id() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   return id + "@" + host;
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+std::string shm_domain() {
+  struct stat ipc {};
+  const std::string ns = ::stat("/proc/self/ns/ipc", &ipc) == 0 ? std::to_string(ipc.st_ino) : "?";
+  return "ipc=" + ns + ",uid=" + std::to_string(::geteuid());
 }
 
 std::optional<uint64_t> parse_size(std::string_view text) {

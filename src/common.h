@@ -2,15 +2,22 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "fabric/fabric.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {
 
-// Identifies this machine (boot id + host name): equal on both ends means shared memory works.
+// Identifies this machine (boot id + host name): equal on both ends means one host.
 std::string host_id();
-// A resolved transport (never kAuto) as the fabric's wire.
+// What two processes of one host must share for UCX's shared memory to reach from one to the
+// other: the IPC namespace (UCX's posix and sysv transports are reachable only within one, and
+// sysv segments live in it) and the user (segments are created 0600/0660 and posix segments are
+// opened through /proc/PID/fd, which needs the owner's user). "ipc=4026531839,uid=0".
+std::string shm_domain();
+// "a, b, c": items joined by `sep`, for messages a person reads.
+std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 // "1.5 GiB", "640 KiB", "12 B": for messages a person reads.
 std::string format_bytes(uint64_t bytes);
 

@@ -1,10 +1,10 @@
 // The receiver: accepts senders on the control socket, gives each its own block region, and
 // runs one consumer thread per sender that polls that region's status bytes (paper §3.2.5) and
 // hands complete messages to the sender's sink. The receiver makes no network operation on the
-// data path; on transports where UCX emulates RMA in software (tcp), a progress thread serves
-// the sender's puts and gets. Each connection is a session (src/session/receiver_session.h:
-// handshake and consumer loop); this file holds what sessions share: the accept loop, sender
-// groups (lanes), the memory budget, the transports' fabrics and the round-robin consumer.
+// data path; where RMA is not one-sided in hardware (tcp, rdma over ud) a progress thread serves
+// the sender's puts and gets (rdma over rc and dc needs none). Each connection is a session
+// (src/session/receiver_session.h: handshake and consumer loop); this file holds what sessions share: the accept loop,
+// sender groups (lanes), the memory budget, the transports' fabrics and the round-robin consumer.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -41,7 +41,7 @@ constexpr size_t kMaxConnections = 1024;
 struct Receiver::Impl : session::SessionHost {
   ReceiverOptions options;
   std::unique_ptr<net::Listener> listener;
-  std::string my_host_id = host_id();
+  session::ReceiverTerms terms;  // set by start(), before the first connection
   std::atomic<bool> stopping{false};
   std::thread accept_thread;
 
@@ -84,7 +84,15 @@ struct Receiver::Impl : session::SessionHost {
 
   // session::SessionHost: what each session uses of the receiver (receiver_session.h).
   const ReceiverOptions& receiver_options() const override { return options; }
-  const std::string& receiver_host_id() const override { return my_host_id; }
+  const session::ReceiverTerms& receiver_terms() const override { return terms; }
+  uint8_t receiver_offers() const override {
+    return (terms.facts.shm ? wire::kOfferShm : 0) | (terms.facts.rdma ? wire::kOfferRdma : 0);
+  }
+  fabric::FabricSpec spec(Transport t) const {
+    return {t, terms.rdma, t == Transport::kRdma ? options.rdma.device : ""};
+  }
+  Status decide_terms();
+  Status bring_up();
   bool is_stopping() const override { return stopping.load(std::memory_order_acquire); }
   wire::CapacityInfo capacity() override;
   std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group) override;
@@ -271,14 +279,15 @@ Status Receiver::Impl::transport_fabric(Transport transport, TransportFabric** o
   auto& wf = fabrics[transport];
   if (!wf) {
     auto fresh = std::make_unique<TransportFabric>();
-    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(transport, &fresh->context));
+    SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(spec(transport), &fresh->context));
     SLOTSTREAM_RETURN_IF_ERROR(
         fabric::Worker::create(*fresh->context, /*shared=*/true, /*wakeup=*/true, &fresh->worker));
     wf = std::move(fresh);
   }
-  // Software-emulated RMA (tcp) needs the target to progress. (Protocols whose receiver takes
-  // part in transfers progress a worker of their own session.)
-  if (!wf->progress && transport == Transport::kTcp) {
+  // RMA that is not one-sided in hardware (tcp: the fabric's own; rdma over ud: UCX's emulation
+  // and software reliability) needs the target to progress. (Protocols whose receiver takes part
+  // in transfers progress a worker of their own session.)
+  if (!wf->progress && wf->context->traits().target_progress) {
     wf->progress = std::make_unique<fabric::ProgressThread>(*wf->worker);
   }
   *out = wf.get();
@@ -364,18 +373,49 @@ Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Receiver::~Receiver() { stop(); }
 
+// What this receiver offers: rdma when a usable device is there (its absence is an error only when
+// rdma is the one transport allowed: nothing could ever connect).
+Status Receiver::Impl::decide_terms() {
+  terms.allowed = options.transport;
+  terms.rdma = options.rdma.transport.value_or(RdmaTransport::kRc);
+  terms.facts = {host_id(), shm_domain(), options.transport == Transport::kAuto || options.transport == Transport::kShm,
+                 false};
+  if (options.transport != Transport::kAuto && options.transport != Transport::kRdma) return Status::ok();
+  const fabric::RdmaReport& rdma = fabric::host_rdma(spec(Transport::kRdma));
+  if (!rdma.usable && options.transport == Transport::kRdma) {
+    return {Code::kInvalidArgument, "transport rdma: " + rdma.why + "; use --transport tcp (or auto)"};
+  }
+  terms.facts.rdma = rdma.usable;
+  return Status::ok();
+}
+
+// Brings up the transports we allow now, so a UCX problem shows at start, not at the first sender.
+// Under auto, an rdma that fails to come up is not offered (and said so).
+Status Receiver::Impl::bring_up() {
+  for (Transport t : {Transport::kShm, Transport::kTcp, Transport::kRdma}) {
+    if (options.transport != Transport::kAuto && options.transport != t) continue;
+    if (t == Transport::kRdma && !terms.facts.rdma) continue;
+    TransportFabric* tf = nullptr;
+    Status st = transport_fabric(t, &tf);
+    if (!st.is_ok() && t == Transport::kRdma && options.transport == Transport::kAuto) {
+      event("rdma not offered: " + st.message());
+      terms.facts.rdma = false;
+      continue;
+    }
+    SLOTSTREAM_RETURN_IF_ERROR(st);
+    for (const std::string& line : tf->context->ucx_overrides()) event(std::string(transport_name(t)) + ": " + line);
+  }
+  return Status::ok();
+}
+
 Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) {
   if (!options.make_sink) return {Code::kInvalidArgument, "ReceiverOptions::make_sink is required"};
   if (options.max_memory == 0) options.max_memory = default_max_memory();
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
+  SLOTSTREAM_RETURN_IF_ERROR(impl->decide_terms());
   SLOTSTREAM_RETURN_IF_ERROR(net::Listener::open(impl->options.host, impl->options.port, &impl->listener));
-  // Bring up the transports we allow now, so a UCX problem shows at start, not at first sender.
-  for (Transport t : {Transport::kShm, Transport::kTcp}) {
-    if (impl->options.transport != Transport::kAuto && impl->options.transport != t) continue;
-    TransportFabric* tf = nullptr;
-    SLOTSTREAM_RETURN_IF_ERROR(impl->transport_fabric(t, &tf));
-  }
+  SLOTSTREAM_RETURN_IF_ERROR(impl->bring_up());
   if (impl->options.round_robin) impl->round_robin = std::make_unique<Impl::RoundRobin>(impl->options);
   std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
   Impl* im = rx->impl_.get();

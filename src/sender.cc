@@ -62,6 +62,24 @@ Status validate(const SenderOptions& o, const protocol::Descriptor** desc, proto
   return protocol::check_options(**desc, *proto_options);
 }
 
+// Whether this sender offers rdma (auto), or can use it at all (rdma): a usable device, and a
+// locked-memory limit that covers the send blocks. Asked of UCX before anything connects, so that
+// `--transport rdma` on a host without a device fails at once with what to do.
+Status check_rdma(const SenderOptions& o, bool* offer) {
+  *offer = false;
+  if (o.transport != Transport::kAuto && o.transport != Transport::kRdma) return Status::ok();
+  const fabric::FabricSpec spec{Transport::kRdma, o.rdma.transport.value_or(RdmaTransport::kRc), o.rdma.device};
+  const fabric::RdmaReport& report = fabric::host_rdma(spec);
+  Status st = report.usable ? fabric::check_memlock(spec, uint64_t(o.blocks) * o.block_size, "the send blocks")
+                            : Status{Code::kInvalidArgument, report.why};
+  if (st.is_ok()) {
+    *offer = true;
+    return st;
+  }
+  if (o.transport == Transport::kAuto) return Status::ok();  // not offered: the receiver picks another
+  return {Code::kInvalidArgument, "transport rdma: " + st.message() + "; use --transport tcp (or auto)"};
+}
+
 }  // namespace
 
 struct Sender::Impl : session::LaneOwner {
@@ -69,18 +87,20 @@ struct Sender::Impl : session::LaneOwner {
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
   Transport transport = Transport::kShm;
+  uint8_t offer_bits = 0;     // what the HELLO offers (less after a failed set-up)
+  std::string tried;          // transports whose set-up failed here, and why
+  std::string accept_reason;  // the receiver's, for transport()
+  std::string transport_reason;
   std::unique_ptr<fabric::Context> context;  // shared by the lanes
   std::vector<std::unique_ptr<SenderLane>> lanes;
   std::map<uint16_t, SenderLane*> lane_of;
   std::map<uint16_t, std::unique_ptr<DeviceStream>> devices;
-  std::map<uint16_t, std::atomic<uint64_t>> messages;  // completed send()s per device
-  struct Confirmation {                                // STORED from the receiver (SenderOptions::confirm_stored)
+  struct Confirmation {  // STORED from the receiver (SenderOptions::confirm_stored)
     std::atomic<bool> known{false};
     std::atomic<uint64_t> first{0};
     std::atomic<uint64_t> stored{0};
   };
   std::map<uint16_t, Confirmation> confirmations;  // every declared device, made at connect
-  std::atomic<uint64_t> bytes{0};
 
   // Devices the receiver paused (PAUSE: their worker is behind); fillers of others go on.
   std::mutex pause_mutex;
@@ -99,18 +119,42 @@ struct Sender::Impl : session::LaneOwner {
   const SenderOptions& sender_options() const override { return options; }
   const protocol::Descriptor& descriptor() const override { return *desc; }
   const protocol::Options& protocol_options() const override { return proto_options; }
-  Status shared_context(Transport t, fabric::Context** out) override {
+  Status shared_context(const wire::Accept& accept, fabric::Context** out) override {
+    const Transport t = accept.transport;
     if (!context) {
       transport = t;
-      SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(t, &context));
+      const fabric::FabricSpec spec{t, accept.rdma_transport.value_or(RdmaTransport::kRc),
+                                    t == Transport::kRdma ? options.rdma.device : ""};
+      SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(spec, &context));
+      for (const std::string& line : context->ucx_overrides()) transport_reason += "; " + line;
     } else if (t != transport) {
       return {Code::kProtocolError, "receiver chose different transports for one sender's connections"};
     }
     *out = context.get();
     return Status::ok();
   }
+  uint8_t offers() const override { return offer_bits; }
+  void accepted(const wire::Accept& accept) override {
+    if (!lanes.empty()) return;  // the first connection's says it
+    transport_reason =
+        tried + transport_name(accept.transport) +
+        (accept.rdma_transport ? std::string(" (") + rdma_transport_name(*accept.rdma_transport) + ")" : "") + ": " +
+        accept.reason;
+  }
+  // Only an auto sender's first connection falls back: later lanes must follow the first.
+  bool set_up_failed(Transport t, const Status& st) override {
+    const uint8_t bit = t == Transport::kShm ? wire::kOfferShm : t == Transport::kRdma ? wire::kOfferRdma : 0;
+    if (options.transport != Transport::kAuto || !lanes.empty() || (offer_bits & bit) == 0) return false;
+    offer_bits &= uint8_t(~bit);
+    tried += std::string(transport_name(t)) + " failed (" + st.message() + "), then ";
+    context.reset();  // made for the failed transport; the lane has released its worker
+    return true;
+  }
   bool failed() const override { return failed_flag.load(std::memory_order_acquire); }
-  uint64_t messages_sent(uint16_t device) override { return messages[device].load(); }
+  uint64_t messages_sent(uint16_t device) override {
+    auto it = devices.find(device);
+    return it == devices.end() ? 0 : it->second->messages_.load(std::memory_order_relaxed);
+  }
   void fail(Status st) override {
     {
       std::lock_guard lock(error_mutex);
@@ -178,11 +222,15 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
   SLOTSTREAM_RETURN_IF_ERROR(slotstream::validate(options, &desc, &proto_options));
+  bool offer_rdma = false;
+  SLOTSTREAM_RETURN_IF_ERROR(check_rdma(options, &offer_rdma));
   std::unique_ptr<Sender> sender(new Sender(std::make_unique<Impl>()));
   Impl& im = *sender->impl_;
   im.options = options;
   im.desc = desc;
   im.proto_options = proto_options;
+  const bool shm = options.transport == Transport::kAuto || options.transport == Transport::kShm;
+  im.offer_bits = uint8_t((shm ? wire::kOfferShm : 0) | (offer_rdma ? wire::kOfferRdma : 0));
 
   // Group the devices into lanes (connections).
   std::vector<std::vector<uint16_t>> groups;
@@ -201,7 +249,9 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   hello.blocks = options.blocks;
   hello.block_size = options.block_size;
   hello.transport = options.transport;
+  hello.rdma_transport = options.rdma.transport;
   hello.host_id = host_id();
+  hello.shm_domain = shm_domain();
   hello.name = options.name;
   hello.group = group_id;
   hello.lanes = static_cast<uint16_t>(groups.size());
@@ -212,8 +262,7 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
     im.lanes.push_back(std::move(lane));
   }
   for (uint16_t d : options.devices) {
-    im.devices[d].reset(new DeviceStream(*sender, d));
-    im.messages[d] = 0;
+    im.devices[d].reset(new DeviceStream(*sender, d, im.lane_of.at(d)));
     im.confirmations[d];
   }
   for (auto& lane : im.lanes) lane->start();
@@ -245,11 +294,11 @@ void Sender::cancel() { impl_->fail({Code::kCancelled, "sender cancelled"}); }
 
 SenderStats Sender::stats() const {
   SenderStats s;
-  for (auto& [d, n] : impl_->messages) {
-    s.per_device[d] = n.load();
+  for (auto& [d, dev] : impl_->devices) {
+    s.per_device[d] = dev->messages_.load(std::memory_order_relaxed);
     s.messages += s.per_device[d];
+    s.bytes += dev->bytes_.load(std::memory_order_relaxed);
   }
-  s.bytes = impl_->bytes.load();
   if (!impl_->joined.load(std::memory_order_acquire)) {  // the sending threads own protocol counters
     for (auto& lane : impl_->lanes) s.held_skips += lane->held_skips_live();
     return s;
@@ -257,7 +306,8 @@ SenderStats Sender::stats() const {
   for (auto& lane : impl_->lanes) {
     if (!lane->protocol()) continue;
     protocol::ProtocolStats c = lane->protocol()->stats();
-    s.records += c.records;
+    s.records += lane->records();
+    s.units += lane->units();
     s.sync_operations += c.sync_ops;
     s.held_skips += c.held_skips;
     s.waits += c.waits;
@@ -271,6 +321,7 @@ SenderStats Sender::stats() const {
 }
 
 Transport Sender::transport() const { return impl_->transport; }
+const std::string& Sender::transport_reason() const { return impl_->transport_reason; }
 uint32_t Sender::blocks() const { return impl_->options.blocks; }
 uint32_t Sender::block_size() const { return impl_->options.block_size; }
 
@@ -319,7 +370,58 @@ Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
   if (progress->next_fragment == 0) {
     SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_, deadline));
   }
-  SenderLane& lane = *im.lane_of.at(device_);
+  auto& lane = *static_cast<SenderLane*>(lane_);
+  const bool small = length <= im.options.block_size - wire::kBlockHeaderSize &&
+                     wire::packed_record_size(length) <= lane.ring().max_packed();
+  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, fill, deadline) : send_blocks(length, fill, deadline, progress));
+  // One thread per device writes these: a load and a store, no locked instruction.
+  messages_.store(messages_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  bytes_.store(bytes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+uint32_t DeviceStream::take_packet() {
+  if (const uint32_t every = sender_.impl_->options.skip_packet_every; every && next_packet_ % (every + 1) == every) {
+    ++next_packet_;  // testing aid: this packet number is never sent (SenderOptions)
+  }
+  return next_packet_++;
+}
+
+// A small message: one record appended to the lane's open block (stream/send_ring.h) — one atomic
+// add to reserve it, a copy, a store to publish it. It leaves with the block: at once if the lane
+// is idle (this filler transmits it), else with whatever the busy lane collects meanwhile.
+Status DeviceStream::send_packed(uint64_t length, const FillFn& fill, Deadline deadline) {
+  Sender::Impl& im = *sender_.impl_;
+  auto& lane = *static_cast<SenderLane*>(lane_);
+  stream::SendRing& ring = lane.ring();
+  stream::SendRing::Reservation r;
+  if (Status st = ring.reserve(uint32_t(wire::packed_record_size(length)), &r, deadline); !st.is_ok()) {
+    Status err = im.first_error();
+    return err.is_ok() ? st : err;
+  }
+  // paper §3.2.3: fill the payload, write device and packet number, then mark the record written.
+  Status filled = fill(0, {r.record + wire::kBlockHeaderSize, size_t(length)});
+  wire::BlockHeader h{wire::kFirstFragment | wire::kLastFragment, device_, 0, uint32_t(length)};
+  if (filled.is_ok()) {
+    h.packet = take_packet();
+  } else {  // the space is reserved: it leaves as a void record the receiver skips
+    h = {wire::kVoid, device_, 0, r.size - uint32_t(wire::kBlockHeaderSize)};
+  }
+  wire::encode_block_header(h, std::span<std::byte, wire::kBlockHeaderSize>(r.record, wire::kBlockHeaderSize));
+  ring.publish(r);
+  if (filled.is_ok()) stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
+  if (r.lane_idle) {
+    SLOTSTREAM_RETURN_IF_ERROR(lane.help());
+  } else if (r.wake) {
+    ring.wake_sender();
+  }
+  return filled;
+}
+
+// A message too large to pack (or packing off): a block per fragment, as the paper does.
+Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress) {
+  Sender::Impl& im = *sender_.impl_;
+  auto& lane = *static_cast<SenderLane*>(lane_);
   stream::SendRing& ring = lane.ring();
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);
@@ -335,25 +437,19 @@ Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
     Status st = fill(f.offset, slot.block.subspan(wire::kBlockHeaderSize, f.length));
     if (!st.is_ok()) {
       ring.commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
+      (void)lane.help();
       return st;
     }
-    if (const uint32_t every = im.options.skip_packet_every; every && next_packet_ % (every + 1) == every) {
-      ++next_packet_;  // testing aid: this packet number is never sent (SenderOptions)
-    }
-    wire::BlockHeader h{f.flags, device_, next_packet_++, f.length};
+    wire::BlockHeader h{f.flags, device_, take_packet(), f.length};
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
-    // With a deadline the sending thread transmits: a filler holding the transmit token waits
-    // inside the protocol for receiver room (paper §3.2.6) for as long as that takes, and a caller
-    // with a deadline must only ever wait in claim() or wait_unpaused(), which give up in time.
-    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length), /*wake=*/deadline.has_value());
+    ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
     stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
-    if (!deadline) {
-      if (Status st = lane.transmit_committed(); !st.is_ok()) return st;
-    }
+    // The filler transmits only while the receiver has room (SenderLane::help hands the lane to
+    // the sending thread otherwise), so a caller with a deadline waits only in claim() and
+    // wait_unpaused(), which give up in time.
+    SLOTSTREAM_RETURN_IF_ERROR(lane.help());
   }
   progress->next_fragment = 0;
-  im.messages[device_].fetch_add(1, std::memory_order_relaxed);
-  im.bytes.fetch_add(length, std::memory_order_relaxed);
   return Status::ok();
 }
 

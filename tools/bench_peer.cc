@@ -62,6 +62,7 @@ json resources_json(uint64_t connections) {
           {"progress_calls", c.progress_calls},
           {"progress_useful", c.progress_useful},
           {"progress_seconds", c.progress_ns / 1e9},
+          {"setup_progress_calls", c.setup_progress_calls},
           {"connections", connections}};
 }
 
@@ -132,12 +133,45 @@ struct Recording {
   uint64_t connections = 0;
   double cpu_start = 0;
   uint64_t start_ns = 0;  // when the receiver accepted the sender (its --hold-block clock starts then)
+  // --rate: messages counted, first and last arrival (one clock read per batch of messages).
+  uint64_t counted = 0;
+  uint64_t first_ns = 0;
+  uint64_t last_ns = 0;
   void message(uint64_t stamp) {
     uint64_t t = now_ns();
     std::lock_guard lock(mutex);
     arrivals_ns.push_back(t);
     latencies_ns.push_back(stamp != 0 && t > stamp ? t - stamp : 0);
   }
+  void arrived(uint64_t n) {
+    const uint64_t t = now_ns();
+    std::lock_guard lock(mutex);
+    if (counted == 0) first_ns = t;
+    counted += n;
+    last_ns = t;
+  }
+};
+
+// --rate: what a message costs the receiver without the bench's per-message record — the count,
+// and when the first and the last arrived.
+class RateSink final : public MessageSink {
+ public:
+  explicit RateSink(std::shared_ptr<Recording> rec) : rec_(std::move(rec)) {}
+  Status begin(uint16_t) override { return Status::ok(); }
+  Status append(uint16_t, std::span<const std::byte>) override { return Status::ok(); }
+  Status commit(uint16_t) override {
+    rec_->arrived(1);
+    return Status::ok();
+  }
+  void abort(uint16_t) override {}
+  Status deliver(std::span<const Message> batch, size_t* stored) override {
+    *stored = batch.size();
+    rec_->arrived(batch.size());
+    return Status::ok();
+  }
+
+ private:
+  std::shared_ptr<Recording> rec_;
 };
 
 // Assembles nothing; reads the send stamp from each message's first 8 bytes.
@@ -166,6 +200,22 @@ class StampSink final : public MessageSink {
     return Status::ok();
   }
   void abort(uint16_t) override {}
+  // Every message of a batch arrived when the batch did: one clock read, one lock.
+  Status deliver(std::span<const Message> batch, size_t* stored) override {
+    const uint64_t t = now_ns();
+    for (const Message& m : batch) {
+      if (processing_) processing_->run(m.data);
+    }
+    std::lock_guard lock(rec_->mutex);
+    for (const Message& m : batch) {
+      uint64_t stamp = 0;
+      if (m.data.size() >= 8) std::memcpy(&stamp, m.data.data(), 8);
+      rec_->arrivals_ns.push_back(t);
+      rec_->latencies_ns.push_back(stamp != 0 && t > stamp ? t - stamp : 0);
+    }
+    *stored = batch.size();
+    return Status::ok();
+  }
 
  private:
   struct State {
@@ -216,6 +266,9 @@ json session_json(const std::string& name, const std::string& protocol, const st
           {"session_start_ns", rec.start_ns},
           {"buffer_held_avg", buffer_held},
           {"buffer_useful_avg", buffer_useful},
+          {"counted", rec.counted},
+          {"first_arrival_ns", rec.first_ns},
+          {"last_arrival_ns", rec.last_ns},
           {"resources", resources_json(rec.connections)}};
 }
 
@@ -397,6 +450,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
     return recv_tcp_socket(*listener, a);
   }
   opt.transport = *parse_transport(a.transport);
+  opt.rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt.busy_poll = a.busy_poll;
   if (a.trace) stream::enable_trace(a.trace);
   opt.round_robin = a.round_robin;
@@ -426,7 +480,11 @@ int run_bench_recv(const BenchRecvArgs& a) {
       std::lock_guard rl(rec->mutex);
       rec->processing.push_back(processing);
     }
-    *sink = std::make_unique<StampSink>(rec, processing);
+    if (a.rate) {
+      *sink = std::make_unique<RateSink>(rec);
+    } else {
+      *sink = std::make_unique<StampSink>(rec, processing);
+    }
     return Status::ok();
   };
   opt.on_session_end = [&](const SessionReport& r) {
@@ -450,7 +508,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
     print_error("bench-peer", st.to_string());
-    return kExitError;
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   print_json_line("listening on " + rx->listen_address());
   rx->wait_sessions(a.sessions);
@@ -482,6 +540,7 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.name = a.name;
   opt.protocol = a.protocol;
   opt.transport = *parse_transport(a.transport);
+  opt.rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt.blocks = a.blocks;
   opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + wire::kBlockHeaderSize);
   opt.allow_reference = true;
@@ -507,9 +566,22 @@ int run_bench_send(const BenchSendArgs& a) {
   const auto t0 = Clock::now();
   const auto stop_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));
   std::vector<std::thread> fillers;
+  // --rate: every message is the same prepared payload, sent with one call and no clock read.
+  std::vector<std::byte> payload(a.rate ? a.size : 0, std::byte{0xA5});
   for (uint32_t d = 0; d < a.devices; ++d) {
     fillers.emplace_back([&, d] {
       DeviceStream* dev = sender->device(uint16_t(d));
+      if (a.rate) {
+        for (uint64_t k = 0; k < a.count; ++k) {
+          if (a.seconds > 0 && (k & 1023) == 0 && Clock::now() >= stop_at) break;
+          if (Status st = dev->send(payload); !st.is_ok()) {
+            std::lock_guard lock(err_mutex);
+            if (first_error.is_ok()) first_error = st;
+            return;
+          }
+        }
+        return;
+      }
       Pacer pacer(a);
       for (uint64_t k = 0; k < a.count; ++k) {
         if (a.seconds > 0 && Clock::now() >= stop_at) break;
@@ -559,6 +631,9 @@ int run_bench_send(const BenchSendArgs& a) {
     out["compute_us"] = a.compute_us;
   }
   out["trace"] = trace_json();
+  out["start_ns"] = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count());
+  out["records"] = s.records;
+  out["units"] = s.units;
   print_json(out);
   return kExitOk;
 }

@@ -10,6 +10,8 @@ namespace slotstream::tools {
 struct BenchRecvArgs {
   std::string listen;
   std::string transport = "auto";
+  std::string rdma_transport;
+  std::string rdma_device;
   bool busy_poll = false;
   std::vector<std::string> holds;
   uint64_t sessions = 1;
@@ -19,6 +21,7 @@ struct BenchRecvArgs {
   // negative: no processing).
   double process_ns_per_byte = -1;
   uint64_t trace = 0;  // record per-stage timestamps of up to this many events (stream/trace.h)
+  bool rate = false;   // count messages; first and last arrival only (`bench message_rate`)
 };
 int run_bench_recv(const BenchRecvArgs& args);
 
@@ -26,6 +29,8 @@ struct BenchSendArgs {
   std::string to;
   std::string name = "bench";  // distinct names let several senders share one receiver (fan-in)
   std::string transport = "auto";
+  std::string rdma_transport;
+  std::string rdma_device;
   std::string protocol = "status_byte";
   uint32_t blocks = 3;
   uint64_t size = 0;
@@ -40,6 +45,7 @@ struct BenchSendArgs {
   uint64_t compute_us = 0;         // busy computation after each burst
   bool tcp_socket = false;
   uint64_t trace = 0;  // as BenchRecvArgs::trace
+  bool rate = false;   // one prepared payload, DeviceStream::send, no stamps (`bench message_rate`)
 };
 int run_bench_send(const BenchSendArgs& args);
 

@@ -19,6 +19,11 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;
 inline constexpr int kExitUsage = 2;
 
+// --rdma-transport / --rdma-device as the library's RdmaOptions (the values are checked by CLI11).
+RdmaOptions rdma_options(const std::string& transport, const std::string& device);
+// Why --rdma-* given with a --transport they do not apply to (shm, tcp) is a usage error; nullopt if fine.
+std::optional<std::string> misplaced_rdma_options(const std::string& transport, const std::string& rdma_transport,
+                                                  const std::string& rdma_device);
 // --platform and its options (tools/platform_cli.cc, docs/platform.md), for recv, send and edge.
 struct PlatformArgs {
   std::string url;  // etcd://HOST:PORT[,HOST:PORT...]; empty: not on the platform
@@ -40,6 +45,8 @@ struct RecvArgs {
   std::string listen;
   std::string out;
   std::string transport = "auto";
+  std::string rdma_transport;  // rc, dc, ud; empty: rc
+  std::string rdma_device;     // NAME:PORT; empty: any
   std::string token_file;
   uint64_t exit_after = 0;
   std::vector<std::string> holds;  // INDEX:FROM_MS:TO_MS
@@ -67,6 +74,8 @@ struct SendArgs {
   bool name_given = false;  // an explicit --name, even empty, is used as given
   std::string protocol = kDefaultProtocol;
   std::string transport = "auto";
+  std::string rdma_transport;  // empty: the receiver's
+  std::string rdma_device;
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;
   std::string token_file;
@@ -85,6 +94,9 @@ int run_send(const SendArgs& args);
 int run_platform_send(const SendArgs& args);
 
 int run_verify(const std::string& dir);
+
+// `slotstream transports [--json]`: what this host offers (host_transports()).
+int run_transports(bool json, const RdmaOptions& rdma);
 
 struct DemoArgs {
   double seconds = 10;

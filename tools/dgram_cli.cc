@@ -22,6 +22,7 @@
 #include "dgram/sender.h"
 #include "dgram/stores.h"
 #include "metrics.h"
+#include "net/auth.h"
 #include "net/control_socket.h"
 #include "send_plan.h"
 
@@ -37,10 +38,10 @@ constexpr const char* kGroup = "Datagram transport (--transport udp, docs/design
 constexpr int64_t kLinger = 1'000'000'000;
 
 // Options of the UCX path that mean nothing to the datagram transport.
-constexpr const char* kUcxOnlyRecv[] = {"--token-file",       "--hold-block",    "--worker",        "--worker-dir",
-                                        "--worker-runtime",   "--worker-cpus",   "--worker-memory", "--worker-image",
-                                        "--backlog-messages", "--backlog-bytes", "--keep-processed"};
-constexpr const char* kUcxOnlySend[] = {"--token-file", "--block-size"};
+constexpr const char* kUcxOnlyRecv[] = {"--hold-block",    "--worker",         "--worker-dir",     "--worker-runtime",
+                                        "--worker-cpus",   "--worker-memory",  "--worker-image",   "--backlog-messages",
+                                        "--backlog-bytes", "--keep-processed", "--rdma-transport", "--rdma-device"};
+constexpr const char* kUcxOnlySend[] = {"--block-size", "--rdma-transport", "--rdma-device"};
 constexpr const char* kInjectOptions[] = {"--inject-loss", "--inject-reorder", "--inject-duplicate", "--inject-corrupt",
                                           "--inject-seed"};
 constexpr const char* kDgramOnlyRecv[] = {"--partial", "--message-timeout", "--session-timeout", "--max-message"};
@@ -130,12 +131,10 @@ std::string report_line(const dgram::SessionReport& r) {
 
 // /metrics for the datagram receiver: ended sessions' counters (Prometheus counters never go back)
 // plus the live ones, from one snapshot.
-std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramReceiver& rx) {
+using Totals = std::map<std::string, dgram::SessionReport>;
+
+void device_metrics(const Totals& totals, std::vector<prometheus::MetricFamily>* out) {
   using prometheus::MetricType;
-  const dgram::DatagramReceiver::Snapshot snap = rx.snapshot();
-  std::map<std::string, dgram::SessionReport> totals = snap.ended;
-  for (const auto& r : snap.live) dgram::accumulate(&totals[r.name], r);
-  std::vector<prometheus::MetricFamily> out;
   struct DeviceCounter {
     const char* name;
     const char* help;
@@ -161,52 +160,110 @@ std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramRecei
             sample({{"sender", sender}, {"device", std::to_string(d)}}, MetricType::Counter, double(r.*c.field)));
       }
     }
-    out.push_back(std::move(f));
+    out->push_back(std::move(f));
   }
+}
+
+void datagram_metrics(const Totals& totals, const dgram::DatagramCounters& unattributed,
+                      std::vector<prometheus::MetricFamily>* out) {
+  using prometheus::MetricType;
+  using C = dgram::DatagramCounters;
   struct Counter {
     const char* name;
     const char* help;
-    uint64_t dgram::DatagramCounters::*field;
+    uint64_t C::*field;
   };
   for (Counter c :
-       {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.",
-                &dgram::DatagramCounters::datagrams},
+       {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.", &C::datagrams},
         Counter{"slotstream_dgram_crc_errors_total", "Datagrams that failed their CRC32C: never delivered.",
-                &dgram::DatagramCounters::crc_errors},
-        Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.",
-                &dgram::DatagramCounters::malformed},
-        Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.",
-                &dgram::DatagramCounters::truncated},
-        Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.",
-                &dgram::DatagramCounters::stale},
-        Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.",
-                &dgram::DatagramCounters::duplicates},
-        Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.",
-                &dgram::DatagramCounters::out_of_bounds},
-        Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.",
-                &dgram::DatagramCounters::no_buffer},
-        Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.",
-                &dgram::DatagramCounters::unknown},
-        Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.",
-                &dgram::DatagramCounters::rd_duplicates},
-        Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.",
-                &dgram::DatagramCounters::rd_beyond_window},
-        Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.", &dgram::DatagramCounters::acks_sent},
-        Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.",
-                &dgram::DatagramCounters::injected_loss},
+                &C::crc_errors},
+        Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.", &C::malformed},
+        Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.", &C::truncated},
+        Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.", &C::stale},
+        Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.", &C::duplicates},
+        Counter{"slotstream_dgram_conflicting_segments_total",
+                "Duplicate segments with different bytes (the first writer's bytes stay).", &C::conflicting},
+        Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.", &C::out_of_bounds},
+        Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.", &C::no_buffer},
+        Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.", &C::unknown},
+        Counter{"slotstream_dgram_forged_total", "Datagrams of an authenticated session without a valid MAC: dropped.",
+                &C::forged},
+        Counter{"slotstream_dgram_expired_total", "Messages whose timer fired before they were complete.", &C::expired},
+        Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.", &C::rd_duplicates},
+        Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.", &C::rd_beyond_window},
+        Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.", &C::acks_sent},
+        Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.", &C::injected_loss},
         Counter{"slotstream_dgram_injected_corrupt_total", "Datagrams corrupted by --inject-corrupt.",
-                &dgram::DatagramCounters::injected_corrupt},
+                &C::injected_corrupt},
         Counter{"slotstream_dgram_injected_duplicate_total", "Datagrams duplicated by --inject-duplicate.",
-                &dgram::DatagramCounters::injected_duplicate},
+                &C::injected_duplicate},
         Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
-                &dgram::DatagramCounters::injected_reorder}}) {
+                &C::injected_reorder}}) {
     prometheus::MetricFamily f{c.name, std::string(c.help) + " (sender=\"\": no session's)", MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       f.metric.push_back(sample({{"sender", sender}}, MetricType::Counter, double(t.counters.*c.field)));
     }
-    f.metric.push_back(sample({{"sender", ""}}, MetricType::Counter, double(snap.unattributed.*c.field)));
-    out.push_back(std::move(f));
+    f.metric.push_back(sample({{"sender", ""}}, MetricType::Counter, double(unattributed.*c.field)));
+    out->push_back(std::move(f));
   }
+}
+
+// What the receiver turned away, and what it has promised: no labels, one sample each.
+void receiver_metrics(const dgram::DatagramReceiver::Snapshot& snap, std::vector<prometheus::MetricFamily>* out) {
+  using prometheus::MetricType;
+  using R = dgram::ReceiverCounters;
+  struct Counter {
+    const char* name;
+    const char* help;
+    uint64_t R::*field;
+  };
+  for (Counter c :
+       {Counter{"slotstream_dgram_hellos_refused_total", "HELLOs and AUTHs refused.", &R::hellos_refused},
+        Counter{"slotstream_dgram_challenges_total", "CHALLENGEs sent (recv --token-file).", &R::challenges},
+        Counter{"slotstream_dgram_auth_failures_total", "AUTHs with a wrong proof or a stale or foreign cookie.",
+                &R::auth_failures},
+        Counter{"slotstream_dgram_replies_withheld_total",
+                "Answers not sent because they were larger than an unauthenticated request.", &R::replies_withheld},
+        Counter{"slotstream_dgram_sessions_evicted_total",
+                "Unauthenticated sessions ended to make room for a new sender.", &R::sessions_evicted},
+        Counter{"slotstream_dgram_memory_refusals_total", "Senders refused for recv --max-memory.",
+                &R::memory_refusals},
+        Counter{"slotstream_dgram_connections_refused_total", "TCP connections closed at once (cap reached).",
+                &R::connections_refused},
+        Counter{"slotstream_dgram_connections_evicted_total",
+                "TCP connections without a session closed for a newer one.", &R::connections_evicted},
+        Counter{"slotstream_dgram_connections_timed_out_total",
+                "TCP connections without a session after the hello deadline.", &R::connections_timed_out},
+        Counter{"slotstream_dgram_accept_errors_total", "Failed accept() calls (e.g. the descriptor limit).",
+                &R::accept_errors},
+        Counter{"slotstream_dgram_log_suppressed_total", "Log lines left out by the rate limit.",
+                &R::log_suppressed}}) {
+    out->push_back(
+        {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(snap.receiver.*c.field))}});
+  }
+  out->push_back({"slotstream_dgram_memory_promised_bytes",
+                  "Memory promised to the live sessions.",
+                  MetricType::Gauge,
+                  {sample({}, MetricType::Gauge, double(snap.memory_promised))}});
+  out->push_back({"slotstream_dgram_memory_budget_bytes",
+                  "recv --max-memory.",
+                  MetricType::Gauge,
+                  {sample({}, MetricType::Gauge, double(snap.memory_budget))}});
+  out->push_back({"slotstream_dgram_connections",
+                  "TCP connections open.",
+                  MetricType::Gauge,
+                  {sample({}, MetricType::Gauge, double(snap.connections))}});
+}
+
+std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramReceiver& rx) {
+  using prometheus::MetricType;
+  const dgram::DatagramReceiver::Snapshot snap = rx.snapshot();
+  Totals totals = snap.ended;
+  for (const auto& r : snap.live) dgram::accumulate(&totals[r.name], r);
+  std::vector<prometheus::MetricFamily> out;
+  device_metrics(totals, &out);
+  datagram_metrics(totals, snap.unattributed, &out);
+  receiver_metrics(snap, &out);
   prometheus::MetricFamily info{"slotstream_connection_info", "One per connected sender.", MetricType::Gauge, {}};
   for (const auto& r : snap.live) {
     info.metric.push_back(
@@ -266,7 +323,9 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->check(CLI::Range(1.0, 600000.0))
       ->default_str("200")
       ->group(kGroup);
-  recv->add_option("--session-timeout", a->session_timeout_s, "S of silence after which a UDP sender is lost")
+  recv->add_option("--session-timeout", a->session_timeout_s,
+                   "S of silence after which a sender is lost, and a dgram_rd/dgram_rc message without a new byte "
+                   "is given up (not while the receiver holds the sender back)")
       ->check(CLI::Range(0.1, 86400.0))
       ->default_str("30")
       ->group(kGroup);
@@ -277,7 +336,8 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->group(kGroup);
   add_inject_options(recv, a, "receives");
   send->add_option("--segment-size", a->segment_size,
-                   "SIZE: payload bytes per datagram segment (udp: 64..65455; 1408 fits a 1500-byte Ethernet MTU)")
+                   "SIZE: payload bytes per datagram segment (udp: 64.." + std::to_string(dgram::kMaxSegmentPayload) +
+                       "; 1408 fits a 1500-byte Ethernet MTU, 1392 with --token-file)")
       ->transform(size_value())
       ->default_str("8192")
       ->group(kGroup);
@@ -307,10 +367,34 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
 
 bool is_dgram_send(const SendArgs& a) { return a.transport == "udp" || dgram::find_protocol(a.protocol) != nullptr; }
 
+Status read_token_if_given(const std::string& file, std::string* token) {
+  return file.empty() ? Status::ok() : net::read_token_file(file, token);
+}
+
+namespace {
+
+// --max-memory and --token-file of `recv --transport udp`: what the UCX receiver reads too.
+Status dgram_recv_limits(const RecvArgs& args, dgram::ReceiverOptions* o) {
+  if (args.max_memory) {
+    auto bytes = parse_size(*args.max_memory);
+    if (!bytes || *bytes == 0) {
+      return {Code::kInvalidArgument, "--max-memory expects a size such as 512M or 4G, got '" + *args.max_memory + "'"};
+    }
+    o->max_memory = *bytes;
+  }
+  return read_token_if_given(args.token_file, &o->token);
+}
+
+}  // namespace
+
 int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   dgram::ReceiverOptions o;
   if (Status st = net::parse_host_port(args.listen, &o.host, &o.port); !st.is_ok()) {
     print_error("recv", "--listen: " + st.message());
+    return kExitUsage;
+  }
+  if (Status st = dgram_recv_limits(args, &o); !st.is_ok()) {
+    print_error("recv", st.message());
     return kExitUsage;
   }
   if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {
@@ -399,6 +483,10 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     print_error("send", st.message());
     return kExitUsage;
   }
+  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
+    print_error("send", st.message());
+    return kExitUsage;
+  }
   o.protocol = proto->name;
   o.devices = plan.devices();
   o.ring = a.blocks;
@@ -468,6 +556,8 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     j["retransmits"] = s.retransmits;
     j["retransmit_timeouts"] = s.timeouts;
     j["credit_waits"] = s.credit_waits;
+    j["authenticated"] = !o.token.empty();
+    j["forged"] = s.forged;  // datagrams from the receiver's address without a right MAC, dropped
     j["injected"] = {{"loss", s.injected_loss},
                      {"corrupt", s.injected_corrupt},
                      {"duplicate", s.injected_duplicate},

@@ -31,6 +31,8 @@ struct DgramArgs {
 void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* args);
 // The send options name the datagram transport (--transport udp, or a datagram protocol).
 bool is_dgram_send(const SendArgs& a);
+// --token-file's token (net::read_token_file), or nothing when no file was given.
+Status read_token_if_given(const std::string& file, std::string* token);
 int run_dgram_recv(const RecvArgs& r, const DgramArgs& d);
 int run_dgram_send(const SendArgs& s, const DgramArgs& d);
 
@@ -42,7 +44,8 @@ struct DgramPeerArgs {
   uint32_t segment_size = 8192, ring = 32;
   double gap_us = 0, max_seconds = 60;
   uint64_t sessions = 1;
-  DgramArgs faults;  // --partial, --inject-*
+  std::string token_file;  // both: authenticated sessions (the MAC's cost, measured)
+  DgramArgs faults;        // --partial, --inject-*
 };
 CLI::App* add_dgram_peer(CLI::App& app, DgramPeerArgs* args);
 int run_dgram_peer(const CLI::App* peer, const DgramPeerArgs& args);

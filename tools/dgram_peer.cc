@@ -19,6 +19,7 @@
 #include "dgram/receiver.h"
 #include "dgram/sender.h"
 #include "dgram_cli.h"
+#include "net/auth.h"
 #include "net/control_socket.h"
 #include "send_plan.h"
 
@@ -71,6 +72,10 @@ int run_peer_recv(const DgramPeerArgs& a) {
     return kExitUsage;
   }
   o.inject.seed = a.faults.inject_seed;
+  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return kExitUsage;
+  }
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Samples>> samples;
   o.make_store = [&](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
@@ -145,6 +150,10 @@ int run_peer_send(const DgramPeerArgs& a) {
     return kExitUsage;
   }
   o.inject.seed = a.faults.inject_seed;
+  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return kExitUsage;
+  }
   o.name = "peer";
   o.protocol = a.protocol;
   o.devices = {0};
@@ -218,6 +227,7 @@ CLI::App* add_dgram_peer(CLI::App& app, DgramPeerArgs* a) {
   r->add_option("--inject-loss", a->faults.inject_loss, "percent");
   r->add_option("--inject-seed", a->faults.inject_seed);
   r->add_option("--sessions", a->sessions, "exit after K senders")->check(CLI::PositiveNumber);
+  r->add_option("--token-file", a->token_file, "senders must prove this secret; every datagram carries a MAC");
   auto* s = peer->add_subcommand("send", "sends COUNT messages of SIZE bytes, prints one JSON line");
   s->add_option("--to", a->to, "HOST:PORT")->required();
   s->add_option("--protocol", a->protocol);
@@ -229,6 +239,7 @@ CLI::App* add_dgram_peer(CLI::App& app, DgramPeerArgs* a) {
   s->add_option("--max-seconds", a->max_seconds, "stop sending after this long");
   s->add_option("--inject-loss", a->faults.inject_loss, "percent");
   s->add_option("--inject-seed", a->faults.inject_seed);
+  s->add_option("--token-file", a->token_file, "authenticate: every datagram carries a MAC");
   return peer;
 }
 

@@ -43,8 +43,8 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
   c->add_option("--synthetic", s.synthetic, "D0-D1:FPS:WxHxC synthetic cameras (as send --synthetic)");
   c->add_option("--duration", s.duration, "seconds of synthetic frames");
   c->add_option("--protocol", s.protocol, "protocol towards receivers")->default_str(kDefaultProtocol);
-  c->add_option("--transport", s.transport, "towards receivers: shm, tcp or auto")
-      ->check(CLI::IsMember({"auto", "shm", "tcp"}))
+  c->add_option("--transport", s.transport, "towards receivers: shm, tcp, rdma or auto")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "rdma"}))
       ->default_str("auto");
   c->add_option("--blocks", s.blocks, "blocks towards receivers")->default_str(std::to_string(kDefaultBlocks));
   c->add_option("--block-size", s.block_size, "block size towards receivers")

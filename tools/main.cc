@@ -30,6 +30,15 @@ std::string protocol_help() {
   return s;
 }
 
+// Where the receiver stays passive: "shm, rdma:rc, rdma:dc" (transports where it takes no part).
+std::string passive_on(const ProtocolInfo& p) {
+  std::string out;
+  for (const auto& [transport, progress] : p.receiver_progress_on) {
+    if (!progress) out += (out.empty() ? "" : ", ") + transport;
+  }
+  return out.empty() ? "none" : out;
+}
+
 int run_protocols(bool json) {
   auto list = protocols(/*with_references=*/true);
   if (json) {
@@ -42,8 +51,10 @@ int run_protocols(bool json) {
                      {"holds", p.holds},
                      {"connection_per_device", p.connection_per_device},
                      {"receiver_progress", p.receiver_progress},
+                     {"receiver_progress_on", p.receiver_progress_on},
                      {"receiver_endpoint", p.receiver_endpoint},
-                     {"sender_wakeup", p.sender_wakeup}});
+                     {"sender_wakeup", p.sender_wakeup},
+                     {"packs", p.packs}});
     }
     std::printf("%s\n", out.dump(1).c_str());
     return kExitOk;
@@ -51,8 +62,17 @@ int run_protocols(bool json) {
   for (const auto& p : list) {
     std::printf("%s%s\n  %s\n", p.name.c_str(), p.reference ? " (benchmark reference)" : "", p.summary.c_str());
     if (!p.options.empty()) std::printf("  options: %s\n", p.options.c_str());
+    std::printf("  passive receiver on: %s\n", passive_on(p).c_str());
   }
   return kExitOk;
+}
+
+// The --rdma-transport and --rdma-device options of a command.
+void add_rdma_options(CLI::App* app, std::string* transport, std::string* device, const char* transport_help) {
+  app->add_option("--rdma-transport", *transport, transport_help)->check(CLI::IsMember({"rc", "dc", "ud"}));
+  app->add_option("--rdma-device", *device,
+                  "NAME:PORT: the RDMA device port to use (UCX's name, e.g. mlx5_0:1; `slotstream transports` lists "
+                  "them; default: any). A UCX_NET_DEVICES in the environment wins");
 }
 
 std::string self_exe(const char* argv0) {
@@ -82,14 +102,21 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
     if (recv->out.empty() && !recv->discard) throw CLI::RequiredError("--out (or --discard)");
   });
   r->add_option("--transport", recv->transport,
-                "transports senders may use: shm, tcp or auto (both); udp: the datagram transport (its RC baseline "
-                "dgram_rc on TCP at the same port)")
-      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
+                "transports senders may use: shm, tcp, rdma (one-sided over an RDMA NIC; exit 2 without a usable "
+                "device) or auto (all this host has); udp: the datagram transport (its RC baseline dgram_rc on TCP "
+                "at the same port)")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "rdma", "udp"}))
       ->default_str("auto");
-  r->add_option("--token-file", recv->token_file, "require senders to prove they know this shared secret");
+  add_rdma_options(r, &recv->rdma_transport, &recv->rdma_device,
+                   "rdma over UCX's rc (default: one-sided, the receiver takes no part), dc (ConnectX) or ud (the "
+                   "receiver's CPU serves every put)");
+  r->add_option("--token-file", recv->token_file,
+                "require senders to prove they know this shared secret (udp: nothing is kept for a sender before, "
+                "and every datagram then carries a MAC; without it the CRC is no authentication)");
   r->add_option("--max-memory", recv->max_memory,
-                "SIZE (e.g. 4G): most memory for all senders' blocks together; a sender that would pass it is "
-                "refused before anything is allocated (default: a quarter of this machine's or container's memory)");
+                "SIZE (e.g. 4G): most memory for all senders' blocks (udp: message regions) together; a sender that "
+                "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
+                "container's memory)");
   r->add_option("--exit-after-senders", recv->exit_after, "exit after K accepted senders have ended");
   r->add_option("--worker", recv->worker,
                 "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
@@ -142,9 +169,12 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--name", send->name, "sender name, the receiver's directory for this sender (default: host name)");
   s->add_option("--protocol", send->protocol, protocol_help())->default_str(kDefaultProtocol);
   s->add_option("--transport", send->transport,
-                "shm, tcp, or auto (shm when both ends share a host); udp: the datagram transport")
-      ->check(CLI::IsMember({"auto", "shm", "tcp", "udp"}))
+                "shm, tcp, rdma, or auto (shm when both ends share a host and its shared memory, else rdma when both "
+                "have a usable RDMA device, else tcp; said on stderr with the reason); udp: the datagram transport")
+      ->check(CLI::IsMember({"auto", "shm", "tcp", "rdma", "udp"}))
       ->default_str("auto");
+  add_rdma_options(s, &send->rdma_transport, &send->rdma_device,
+                   "rc, dc or ud (default: whichever the receiver serves; a receiver serving another refuses)");
   s->add_option("--blocks", send->blocks,
                 "number of blocks N (default 32: >2 frames in flight per camera for 12 cameras)")
       ->default_str(std::to_string(kDefaultBlocks));
@@ -152,7 +182,8 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
                 "SIZE per block incl. its 16-byte header, e.g. 64K or 1M (default 1M: one 640x480x3 frame per block)")
       ->transform(size_value())
       ->default_str("1M");
-  s->add_option("--token-file", send->token_file, "shared secret the receiver asks for");
+  s->add_option("--token-file", send->token_file,
+                "shared secret the receiver asks for (udp: then every datagram carries a MAC)");
   s->add_flag("--json", send->json, "print one JSON summary object on stdout");
   s->add_option("--file", send->files, "D=PATH: the file is one message of device D (repeatable, in order)");
   s->add_option("--dir", send->dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
@@ -183,7 +214,8 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bp->require_subcommand(1);
   auto* bpr = bp->add_subcommand("recv", "receiver peer: discards data, prints one JSON line per sender");
   bpr->add_option("--listen", brecv->listen, "HOST:PORT")->required();
-  bpr->add_option("--transport", brecv->transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bpr->add_option("--transport", brecv->transport)->check(CLI::IsMember({"auto", "shm", "tcp", "rdma"}));
+  add_rdma_options(bpr, &brecv->rdma_transport, &brecv->rdma_device, "rc, dc or ud");
   bpr->add_flag("--busy-poll", brecv->busy_poll, "never sleep when idle");
   bpr->add_option("--hold-block", brecv->holds, "INDEX:FROM_MS:TO_MS");
   bpr->add_option("--sessions", brecv->sessions, "exit after K senders")->check(CLI::PositiveNumber);
@@ -193,10 +225,14 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
                   "processing: read every byte, then spin this many ns per byte")
       ->check(CLI::NonNegativeNumber);
   bpr->add_option("--trace", brecv->trace, "record when each packet was polled and delivered (up to N events)");
+  bpr->add_flag("--rate", brecv->rate,
+                "message-rate mode: count messages, keep only the first and the last arrival time (no per-message "
+                "record)");
   auto* bps = bp->add_subcommand("send", "sender peer: sends COUNT messages of SIZE bytes, prints one JSON line");
   bps->add_option("--to", bsend->to, "HOST:PORT")->required();
   bps->add_option("--name", bsend->name, "sender name (default bench)");
-  bps->add_option("--transport", bsend->transport)->check(CLI::IsMember({"auto", "shm", "tcp"}));
+  bps->add_option("--transport", bsend->transport)->check(CLI::IsMember({"auto", "shm", "tcp", "rdma"}));
+  add_rdma_options(bps, &bsend->rdma_transport, &bsend->rdma_device, "rc, dc or ud");
   bps->add_option("--protocol", bsend->protocol);
   bps->add_option("--blocks", bsend->blocks)->check(CLI::Range(1u, kMaxBlocks));
   bps->add_option("--size", bsend->size, "payload bytes per message (block size SIZE + 16 unless --block-size)")
@@ -216,6 +252,8 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--compute-us", bsend->compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend->tcp_socket, "plain TCP reference instead of slotstream");
   bps->add_option("--trace", bsend->trace, "record when each packet was committed and posted (up to N events)");
+  bps->add_flag("--rate", bsend->rate,
+                "message-rate mode: send one prepared payload with DeviceStream::send, no per-message time stamp");
   *recv_peer = bpr;
   *send_peer = bps;
 }
@@ -225,8 +263,8 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   CLI::App app{
-      "slotstream — stream many devices' data over one one-sided RDMA connection (UCX: shared memory, tcp, "
-      "InfiniBand/RoCE) with the status-byte-assisted transmission mechanism."};
+      "slotstream — stream many devices' data over one one-sided RDMA connection (UCX: shared memory, "
+      "InfiniBand/RoCE rc/dc/ud, tcp) with the status-byte-assisted transmission mechanism."};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("slotstream ") + version());
 
@@ -245,6 +283,14 @@ int main(int argc, char** argv) {
                                 "List the flow-control protocols of this build, their options and the "
                                 "benchmark references.");
   pl->add_flag("--json", protocols_json, "one JSON array (what `slotstream bench` reads)");
+
+  bool transports_json = false;
+  std::string transports_rdma, transports_device;
+  auto* tl = app.add_subcommand("transports",
+                                "What this host offers: shm, tcp, rdma (its devices, ports, state, link layer and the "
+                                "UCX transports on each, asked of UCX), udp — each available or not, and why.");
+  tl->add_flag("--json", transports_json, "one JSON array");
+  add_rdma_options(tl, &transports_rdma, &transports_device, "judge rdma for rc (default), dc or ud");
 
   std::string verify_dir;
   auto* v = app.add_subcommand("verify", "Check every received synthetic frame under DIR (content and order).");
@@ -314,6 +360,7 @@ int main(int argc, char** argv) {
   if (*dp) return run_dgram_peer(dp, dpeer);
   if (*v) return run_verify(verify_dir);
   if (*pl) return run_protocols(protocols_json);
+  if (*tl) return run_transports(transports_json, rdma_options(transports_rdma, transports_device));
   if (*d) return run_demo(demo, self_exe(argv[0]));
   if (*bpr) return run_bench_recv(brecv);
   if (*bps) return run_bench_send(bsend);

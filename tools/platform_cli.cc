@@ -83,10 +83,15 @@ Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out)
 
 namespace {
 
-std::vector<std::string> served_transports(const std::string& transport) {
-  if (transport == "shm") return {"shm"};
-  if (transport == "tcp") return {"tcp"};
-  return {"shm", "tcp"};
+// What the receiver serves, for the platform's choice: its --transport, or under auto shm and tcp,
+// and rdma when this host has a usable RDMA device (the receiver offers it then).
+std::vector<std::string> served_transports(const RecvArgs& args) {
+  if (args.transport != "auto") return {args.transport};
+  std::vector<std::string> out = {"shm", "tcp"};
+  for (const TransportInfo& t : host_transports(rdma_options(args.rdma_transport, args.rdma_device))) {
+    if (t.name == "rdma" && t.available) out.push_back("rdma");
+  }
+  return out;
 }
 
 // The address senders use: --advertise, or --listen with the port the listener bound (a
@@ -123,7 +128,7 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
     return kExitUsage;
   }
   rec.name = args.platform.name.empty() ? rec.address : args.platform.name;
-  rec.transports = served_transports(args.transport);
+  rec.transports = served_transports(args);
   rec.host_id = host_id();
   rec.capacity.cpu = args.platform.capacity_cpu.value_or(platform::online_cpus());
   if (args.platform.capacity_bandwidth) {

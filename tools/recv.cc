@@ -24,6 +24,20 @@ void print_error(const char* cmd, const std::string& message) {
   std::fprintf(stderr, "slotstream %s: error: %s\n", cmd, message.c_str());
 }
 
+std::optional<std::string> misplaced_rdma_options(const std::string& transport, const std::string& rdma_transport,
+                                                  const std::string& rdma_device) {
+  if (rdma_transport.empty() && rdma_device.empty()) return std::nullopt;
+  if (transport == "rdma" || transport == "auto") return std::nullopt;
+  return "--rdma-transport and --rdma-device apply to --transport rdma or auto, not " + transport;
+}
+
+RdmaOptions rdma_options(const std::string& transport, const std::string& device) {
+  RdmaOptions o;
+  if (!transport.empty()) o.transport = parse_rdma_transport(transport);
+  o.device = device;
+  return o;
+}
+
 bool parse_hold_spec(const std::string& text, HoldSpec* out) {
   unsigned idx = 0, from = 0, to = 0;
   char extra;
@@ -104,6 +118,11 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     return kExitUsage;
   }
   opt->transport = *parse_transport(args.transport);
+  if (auto why = misplaced_rdma_options(args.transport, args.rdma_transport, args.rdma_device)) {
+    print_error("recv", *why);
+    return kExitUsage;
+  }
+  opt->rdma = rdma_options(args.rdma_transport, args.rdma_device);
   for (const auto& h : args.holds) {
     HoldSpec spec;
     if (!parse_hold_spec(h, &spec)) {
@@ -235,8 +254,9 @@ int run_recv(const RecvArgs& args) {
 
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
-    print_error("recv", st.to_string());
-    return kExitError;
+    // A transport this host cannot offer (rdma without a device) is a usage error: exit 2.
+    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;
   if (int rc = start_metrics(args, *rx, metrics_state, workers.get(), &metrics); rc != kExitOk) {

@@ -380,6 +380,11 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   }
   opt->protocol = a.protocol;
   opt->transport = *parse_transport(a.transport);
+  if (auto why = misplaced_rdma_options(a.transport, a.rdma_transport, a.rdma_device)) {
+    print_error("send", *why);
+    return kExitUsage;
+  }
+  opt->rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt->blocks = a.blocks;
   opt->block_size = a.block_size;
   opt->devices = plan->devices();
@@ -443,6 +448,7 @@ void print_send_json(const Sender& sender, const SenderOptions& opt, double secs
   j["devices"] = per;
   j["cpu_seconds"] = cpu;
   j["transport"] = transport_name(sender.transport());
+  j["transport_reason"] = sender.transport_reason();
   j["protocol"] = opt.protocol;
   j["blocks"] = opt.blocks;
   j["block_size"] = opt.block_size;
@@ -468,6 +474,8 @@ int run_send(const SendArgs& a) {
     print_error("send", st.message());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
+  // Which transport the receiver chose, and why (what failed before it, the UCX environment).
+  print_line(stderr, "slotstream send: transport " + sender->transport_reason());
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
 

@@ -4,10 +4,16 @@
 //   Sender: connect -> device(D) per filler thread -> send()/send_with() -> finish()
 //   Receiver: start(options with a sink factory) -> ... -> stop()/wait()
 //
-// Everything here is independent of the UCX transport underneath (shm, tcp, rc/dc/ud).
+// The protocol code is the same on every transport: shm (UCX's posix/sysv shared memory, one host),
+// tcp (between hosts without RDMA NICs: the library carries puts and gets itself, so the receiver's
+// CPU places every block), and rdma (UCX's rc, dc or ud on InfiniBand/RoCE NICs: rc and dc are
+// one-sided in the NIC, so by design the receiver's CPU takes no part; ud keeps its reliability in
+// software and needs the receiver's progress). docs/rdma.md says what of rdma is tested without a
+// NIC and what only scripts/rdma-check.sh checks on hardware.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -27,9 +33,47 @@ namespace slotstream {
 // This library's version, "MAJOR.MINOR.PATCH" (CMake's project VERSION).
 const char* version();
 
-enum class Transport { kAuto, kShm, kTcp };
-std::optional<Transport> parse_transport(std::string_view text);
+// kAuto: shm when both ends share a host and its shared memory, else rdma when both ends have a
+// usable RDMA device, else tcp (the receiver decides from the HELLO and says why).
+enum class Transport { kAuto, kShm, kTcp, kRdma };
+std::optional<Transport> parse_transport(std::string_view text);  // "auto", "shm", "tcp", "rdma"
 const char* transport_name(Transport t);
+
+// Which of UCX's RDMA transports `rdma` uses: rc (reliable connection, the default: rc_mlx5 or
+// rc_verbs), dc (dynamically connected, ConnectX only: dc_mlx5) or ud (unreliable datagram with
+// UCX's software reliability: ud_mlx5 or ud_verbs; RMA is emulated, the receiver must progress).
+enum class RdmaTransport { kRc, kDc, kUd };
+std::optional<RdmaTransport> parse_rdma_transport(std::string_view text);  // "rc", "dc", "ud"
+const char* rdma_transport_name(RdmaTransport t);
+
+// Where and how `rdma` runs. A user's UCX_TLS / UCX_NET_DEVICES in the environment win over these
+// (and are reported).
+struct RdmaOptions {
+  // Receiver: which RDMA transport it serves (unset: rc). Sender: unset follows the receiver; set,
+  // a receiver that serves another one refuses it.
+  std::optional<RdmaTransport> transport;
+  // UCX's device name NAME:PORT (e.g. mlx5_0:1: UCX_NET_DEVICES); empty: any device UCX finds.
+  std::string device;
+};
+
+// What this host offers (`slotstream transports`): each transport, whether it can be used, why
+// not; for rdma every device port, from UCX (its components' memory domains and transport
+// resources) and, where UCX does not say, /sys/class/infiniband.
+struct RdmaPort {
+  std::string name;                         // UCX's device name, "mlx5_0:1"
+  std::string state;                        // "ACTIVE", "DOWN", ... ("" when unknown)
+  std::string link_layer;                   // "InfiniBand", "Ethernet" (RoCE), ... ("" when unknown)
+  std::vector<std::string> ucx_transports;  // what UCX offers on it: rc_mlx5, dc_mlx5, ud_verbs, ...
+};
+struct TransportInfo {
+  std::string name;  // shm, tcp, rdma, udp
+  bool available = false;
+  std::string why;  // what it is and why (not) available
+  std::vector<RdmaPort> ports;
+};
+// Queries UCX (and sysfs) each call; takes milliseconds. `rdma` selects the device and RDMA
+// transport that rdma's availability is judged for.
+std::vector<TransportInfo> host_transports(const RdmaOptions& rdma = {});
 
 // Defaults chosen for the paper's workload (12 cameras of 640x480x3 = 921,600-byte frames at
 // 25 fps): one frame fits one block with its header, and 32 blocks keep more than two frames per
@@ -65,6 +109,11 @@ struct ProtocolInfo {
   bool receiver_progress = false;      // the receiver's CPU takes part in every transfer
   bool receiver_endpoint = false;      // the receiver reaches into the sender's memory (gets, writes)
   bool sender_wakeup = false;          // the idle sending thread sleeps on its worker's wake-up fd
+  bool packs = false;                  // small messages share a block by default (pack=on|off)
+  // Whether the receiver's CPU takes part in transfers on each transport (the protocol's own
+  // receiver_progress, or a transport whose RMA needs the target's progress: tcp, rdma over ud):
+  // keys "shm", "tcp", "rdma:rc", "rdma:dc", "rdma:ud". False everywhere for a passive receiver.
+  std::map<std::string, bool> receiver_progress_on;
 };
 // Every protocol; references (benchmark ceilings) only when asked.
 std::vector<ProtocolInfo> protocols(bool with_references = false);
@@ -77,6 +126,7 @@ struct SenderOptions {
   std::string name;                         // see invalid_sender_name()
   std::string protocol = kDefaultProtocol;  // NAME or NAME:key=value,... (e.g. "carc:budget=2M")
   Transport transport = Transport::kAuto;
+  RdmaOptions rdma;  // for transport rdma, and for auto (whether this end offers rdma)
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;
   std::string token;              // empty: no authentication
@@ -98,7 +148,8 @@ struct SenderOptions {
 struct SenderStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;            // payload bytes
-  uint64_t records = 0;          // records (block header + payload) transmitted
+  uint64_t records = 0;          // records (block header + payload: a message or a fragment) transmitted
+  uint64_t units = 0;            // what the protocol moved: blocks (packed: several records each)
   uint64_t sync_operations = 0;  // status-array reads, ACKs, credit updates...
   uint64_t held_skips = 0;       // receiver blocks skipped because they were held
                                  // (while sending: updated every 64 records)
@@ -116,11 +167,13 @@ struct SenderStats {
 class Sender;
 
 // One device's stream. Threading: use each DeviceStream from one thread at a time (a filler
-// thread); different devices may be filled concurrently. Fillers make no UCX calls.
+// thread); different devices may be filled concurrently. Fillers make no UCX calls, except that
+// a filler whose message finds the connection idle transmits it itself (no hand-off delay).
 class DeviceStream {
  public:
   // Writes `payload_offset`-relative bytes of the message into `dst` (the free space of a send
-  // block). Called once per fragment, in order.
+  // block). Called once per fragment, in order. A small message is written straight into a
+  // block that other devices' messages share (packing): `fill` should copy or compute, not wait.
   using FillFn = std::function<Status(uint64_t payload_offset, std::span<std::byte> dst)>;
 
   // Sends one message (copied into send blocks, fragmented if larger than one block).
@@ -136,8 +189,8 @@ class DeviceStream {
   // slow, stalled or has this device paused) — so that a caller can check for a signal or its own
   // time limit and call again. Call again with the same message and *progress to continue it
   // where it stopped; a fresh Progress starts a new message, and the receiver then discards the
-  // unfinished one (it never stores half a message). These leave the transmission to the
-  // sender's thread (the filler never waits inside the protocol), at the cost of its wake-up.
+  // unfinished one (it never stores half a message). The filler never waits inside the protocol:
+  // it transmits only while the receiver has room, and leaves the rest to the sending thread.
   Status send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline, Progress* progress);
   Status send_with(uint64_t length, const FillFn& fill, std::chrono::steady_clock::time_point deadline,
                    Progress* progress);
@@ -145,13 +198,21 @@ class DeviceStream {
 
  private:
   friend class Sender;
-  DeviceStream(Sender& sender, uint16_t device) : sender_(sender), device_(device) {}
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+  DeviceStream(Sender& sender, uint16_t device, void* lane) : sender_(sender), device_(device), lane_(lane) {}
   static FillFn copy_from(std::span<const std::byte> message);
-  Status send_until(uint64_t length, const FillFn& fill, std::optional<std::chrono::steady_clock::time_point> deadline,
-                    Progress* progress);
+  Status send_until(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
+  Status send_packed(uint64_t length, const FillFn& fill, Deadline deadline);
+  Status send_blocks(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
+  uint32_t take_packet();
   Sender& sender_;
   uint16_t device_;
+  void* lane_;  // the connection that carries this device (internal)
   uint32_t next_packet_ = 0;
+  // Completed send()s and their bytes: written by the device's one filler thread (no atomic
+  // read-modify-write per message), read by any thread.
+  std::atomic<uint64_t> messages_{0};
+  std::atomic<uint64_t> bytes_{0};
 };
 
 class Sender {
@@ -175,6 +236,9 @@ class Sender {
   void cancel();
   SenderStats stats() const;
   Transport transport() const;
+  // Why the receiver chose transport() (its ACCEPT), and what was tried before it (auto: a
+  // transport whose set-up failed on this side, e.g. "shm failed (...); then: tcp: ...").
+  const std::string& transport_reason() const;
   uint32_t blocks() const;
   uint32_t block_size() const;
   // With SenderOptions::confirm_stored: what the receiver has confirmed stored of `device` on this
@@ -195,11 +259,25 @@ class Sender {
 
 // ---------------------------------------------------------------------------------- Receiver
 
-// Where one sender's messages go. Calls for one device come in message order:
-// begin, append..., commit (or abort). A failing call has no effect and is retried later with
-// the same arguments, so a sink can report a full disk and the data waits in the receiver's
-// block (back-pressure) instead of being lost. Threading: one sender's sink is called from one
-// thread only.
+// One complete message handed to a sink in place (MessageSink::deliver): its bytes lie in the
+// receiver block that brought it and are valid only during the call.
+struct Message {
+  uint16_t device = 0;
+  uint32_t packet = 0;  // the packet number of its record (per device, wraps at 2^32)
+  // Which of the pass's receive blocks holds it (several small messages can share one: packing).
+  // A sink that keeps views of blocks instead of copying (zero-copy receive, issue 22) holds
+  // blocks by this index; today every block is released once the call returned.
+  uint32_t block = 0;
+  std::span<const std::byte> data;
+};
+
+// Where one sender's messages go. Calls for one device come in message order. A message that
+// arrived whole in one block (every small message) comes in a batch: deliver() with every such
+// message of a consumer pass, devices interleaved, each device's in order. A message that spans
+// blocks comes piece by piece: begin, append..., commit (or abort). A failing call has no effect
+// and is retried later with the same arguments, so a sink can report a full disk and the data
+// waits in the receiver's block (back-pressure) instead of being lost. Threading: one sender's
+// sink is called from one thread only.
 class MessageSink {
  public:
   virtual ~MessageSink() = default;
@@ -207,6 +285,12 @@ class MessageSink {
   virtual Status append(uint16_t device, std::span<const std::byte> data) = 0;
   virtual Status commit(uint16_t device) = 0;
   virtual void abort(uint16_t device) = 0;
+  // Stores `batch` in order; `*stored` = how many were stored. A failure is about message
+  // `*stored` (nothing of it was stored: the receiver offers it again later; kBusy pauses its
+  // device alone, as from begin()); the messages after it were not looked at. The default calls
+  // begin/append/commit for each; a sink that can take a batch in one go (one lock, one
+  // notification, one write) overrides it.
+  virtual Status deliver(std::span<const Message> batch, size_t* stored);
   // A sink that numbers messages (DirSink): the number the next message of `device` gets, and
   // how many were recognised as stored already (SenderInfo::first_message) and dropped. Same
   // thread as the calls above.
@@ -296,6 +380,7 @@ struct ReceiverOptions {
   std::string host = "0.0.0.0";
   uint16_t port = 0;
   Transport transport = Transport::kAuto;  // which transports senders may use
+  RdmaOptions rdma;                        // rdma's device and RDMA transport (rc unless set)
   std::string token;                       // empty: no authentication
   // Creates the sink for a newly accepted sender.
   std::function<Status(const SenderInfo&, std::unique_ptr<MessageSink>*)> make_sink;

@@ -1,5 +1,7 @@
 #include "dgram/control.h"
 
+#include <algorithm>
+
 #include "wire/codec.h"
 
 namespace slotstream::dgram {
@@ -7,9 +9,6 @@ namespace {
 
 using wire::Reader;
 using wire::Writer;
-
-// Device lists are bounded by the u16 count and by the datagram they travel in.
-inline constexpr size_t kMaxListed = 4096;
 
 Writer start(ControlType t) {
   Writer w;
@@ -31,10 +30,45 @@ std::optional<T> done(const Reader& r, T value) {
   return value;
 }
 
+void pad(Writer& w, uint16_t n) {
+  w.u16(n);
+  w.buffer().resize(w.buffer().size() + n, 0);
+}
+
+// Reads `u16 p | p x 0`; false if any padding byte is not zero.
+bool read_padding(Reader& r, uint16_t* n) {
+  *n = r.u16();
+  for (uint8_t b : r.bytes(*n)) {
+    if (b != 0) return false;
+  }
+  return r.ok();
+}
+
+template <size_t N>
+void read_array(Reader& r, std::array<uint8_t, N>* out) {
+  auto b = r.bytes(N);
+  if (b.size() == N) std::copy(b.begin(), b.end(), out->begin());
+}
+
+void part_header(Writer& w, uint16_t total, uint16_t first, size_t n) {
+  w.u16(total);
+  w.u16(first);
+  w.u16(static_cast<uint16_t>(n));
+}
+
+// A part's header, checked: n devices from `first`, inside `total`, at most kFinPartDevices.
+bool read_part_header(Reader& r, uint16_t* total, uint16_t* first, uint16_t* n) {
+  *total = r.u16();
+  *first = r.u16();
+  *n = r.u16();
+  return r.ok() && *n <= kFinPartDevices && size_t(*first) + *n <= *total;
+}
+
 }  // namespace
 
 std::vector<uint8_t> encode_control(const Hello& m) {
   Writer w = start(ControlType::kHello);
+  w.u8(m.flags);
   w.str8(m.protocol);
   w.str8(m.name);
   w.u32(m.ring);
@@ -42,6 +76,8 @@ std::vector<uint8_t> encode_control(const Hello& m) {
   w.u32(m.segment_size);
   w.u16(static_cast<uint16_t>(m.devices.size()));
   for (uint16_t d : m.devices) w.u16(d);
+  w.bytes(m.nonce);
+  pad(w, m.padding);
   return std::move(w.buffer());
 }
 
@@ -50,11 +86,10 @@ std::vector<uint8_t> encode_control(const Accept& m) {
   w.u32(m.receiver_qp);
   w.u32(m.credits);
   w.u64(m.region_length);
-  w.u16(static_cast<uint16_t>(m.rings.size()));
-  for (const auto& r : m.rings) {
-    w.u16(r.device);
-    w.u32(r.first_stag);
-  }
+  w.u32(m.first_stag);
+  w.u16(m.devices);
+  w.u8(static_cast<uint8_t>(m.proof.size()));
+  w.bytes(m.proof);
   return std::move(w.buffer());
 }
 
@@ -66,18 +101,19 @@ std::vector<uint8_t> encode_control(const Refuse& m) {
 
 std::vector<uint8_t> encode_control(const Fin& m) {
   Writer w = start(ControlType::kFin);
-  w.u16(static_cast<uint16_t>(m.devices.size()));
+  part_header(w, m.total, m.first, m.devices.size());
   for (const auto& d : m.devices) {
     w.u16(d.device);
     w.u64(d.messages);
     w.u64(d.bytes);
   }
+  pad(w, m.padding);
   return std::move(w.buffer());
 }
 
 std::vector<uint8_t> encode_control(const FinAck& m) {
   Writer w = start(ControlType::kFinAck);
-  w.u16(static_cast<uint16_t>(m.devices.size()));
+  part_header(w, m.total, m.first, m.devices.size());
   for (const auto& d : m.devices) {
     w.u16(d.device);
     w.u64(d.counts.complete);
@@ -89,8 +125,23 @@ std::vector<uint8_t> encode_control(const FinAck& m) {
   return std::move(w.buffer());
 }
 
+std::vector<uint8_t> encode_control(const Challenge& m) {
+  Writer w = start(ControlType::kChallenge);
+  w.bytes(m.nonce);
+  return std::move(w.buffer());
+}
+
+std::vector<uint8_t> encode_control(const Auth& m) {
+  Writer w = start(ControlType::kAuth);
+  w.bytes(m.receiver_nonce);
+  w.u16(static_cast<uint16_t>(m.hello.size()));
+  w.bytes(m.hello);
+  w.bytes(m.proof);
+  return std::move(w.buffer());
+}
+
 std::optional<ControlType> control_type(std::span<const uint8_t> p) {
-  if (p.empty() || p[0] < uint8_t(ControlType::kHello) || p[0] > uint8_t(ControlType::kFinAck)) return std::nullopt;
+  if (p.empty() || p[0] < uint8_t(ControlType::kHello) || p[0] > uint8_t(ControlType::kAuth)) return std::nullopt;
   return static_cast<ControlType>(p[0]);
 }
 
@@ -98,14 +149,19 @@ std::optional<Hello> decode_hello(std::span<const uint8_t> p) {
   auto r = open(p, ControlType::kHello);
   if (!r) return std::nullopt;
   Hello m;
+  m.flags = r->u8();
+  if (m.flags & ~kHelloAuth) return std::nullopt;
   m.protocol = r->str8();
   m.name = r->str8();
   m.ring = r->u32();
   m.max_message = r->u64();
   m.segment_size = r->u32();
   uint16_t n = r->u16();
-  if (n > kMaxListed) return std::nullopt;
+  if (n > kMaxHelloDevices) return std::nullopt;
+  m.devices.reserve(n);
   for (uint16_t i = 0; i < n && r->ok(); ++i) m.devices.push_back(r->u16());
+  read_array(*r, &m.nonce);
+  if (!read_padding(*r, &m.padding)) return std::nullopt;
   return done(*r, std::move(m));
 }
 
@@ -116,14 +172,12 @@ std::optional<Accept> decode_accept(std::span<const uint8_t> p) {
   m.receiver_qp = r->u32();
   m.credits = r->u32();
   m.region_length = r->u64();
-  uint16_t n = r->u16();
-  if (n > kMaxListed) return std::nullopt;
-  for (uint16_t i = 0; i < n && r->ok(); ++i) {
-    Accept::Ring ring;
-    ring.device = r->u16();
-    ring.first_stag = r->u32();
-    m.rings.push_back(ring);
-  }
+  m.first_stag = r->u32();
+  m.devices = r->u16();
+  const uint8_t k = r->u8();
+  if (k != 0 && k != kDgramProofSize) return std::nullopt;
+  auto proof = r->bytes(k);
+  m.proof.assign(proof.begin(), proof.end());
   return done(*r, std::move(m));
 }
 
@@ -138,8 +192,8 @@ std::optional<Fin> decode_fin(std::span<const uint8_t> p) {
   auto r = open(p, ControlType::kFin);
   if (!r) return std::nullopt;
   Fin m;
-  uint16_t n = r->u16();
-  if (n > kMaxListed) return std::nullopt;
+  uint16_t n = 0;
+  if (!read_part_header(*r, &m.total, &m.first, &n)) return std::nullopt;
   for (uint16_t i = 0; i < n && r->ok(); ++i) {
     Fin::Device d;
     d.device = r->u16();
@@ -147,6 +201,7 @@ std::optional<Fin> decode_fin(std::span<const uint8_t> p) {
     d.bytes = r->u64();
     m.devices.push_back(d);
   }
+  if (!read_padding(*r, &m.padding)) return std::nullopt;
   return done(*r, std::move(m));
 }
 
@@ -154,8 +209,8 @@ std::optional<FinAck> decode_fin_ack(std::span<const uint8_t> p) {
   auto r = open(p, ControlType::kFinAck);
   if (!r) return std::nullopt;
   FinAck m;
-  uint16_t n = r->u16();
-  if (n > kMaxListed) return std::nullopt;
+  uint16_t n = 0;
+  if (!read_part_header(*r, &m.total, &m.first, &n)) return std::nullopt;
   for (uint16_t i = 0; i < n && r->ok(); ++i) {
     FinAck::Device d;
     d.device = r->u16();
@@ -166,6 +221,25 @@ std::optional<FinAck> decode_fin_ack(std::span<const uint8_t> p) {
     d.counts.valid_bytes = r->u64();
     m.devices.push_back(d);
   }
+  return done(*r, std::move(m));
+}
+
+std::optional<Challenge> decode_challenge(std::span<const uint8_t> p) {
+  auto r = open(p, ControlType::kChallenge);
+  if (!r) return std::nullopt;
+  Challenge m;
+  read_array(*r, &m.nonce);
+  return done(*r, m);
+}
+
+std::optional<Auth> decode_auth(std::span<const uint8_t> p) {
+  auto r = open(p, ControlType::kAuth);
+  if (!r) return std::nullopt;
+  Auth m;
+  read_array(*r, &m.receiver_nonce);
+  auto hello = r->bytes(r->u16());
+  m.hello.assign(hello.begin(), hello.end());
+  read_array(*r, &m.proof);
   return done(*r, std::move(m));
 }
 

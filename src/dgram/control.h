@@ -6,22 +6,40 @@
 // it is unavoidable ... there must be a handshake between the source and target that
 // establishes the acceptable STag, memory region length").
 //
-// Payload layouts (little-endian; str8 = u8 length + bytes):
+// Payload layouts (little-endian; str8 = u8 length + bytes; nonces and proofs are 32 bytes):
 //
-//   HELLO    u8 1 | str8 protocol | str8 sender name | u32 STags per device (ring length)
-//            | u64 largest message | u32 segment payload | u16 n | n x u16 device
-//   ACCEPT   u8 2 | u32 receiver QP | u32 RD credits | u64 region length
-//            | u16 n | n x (u16 device, u32 first STag)       (device d's ring: first .. first+K-1)
-//   REFUSE   u8 3 | str8 reason
-//   FIN      u8 4 | u16 n | n x (u16 device, u64 messages sent, u64 bytes sent)
-//   FIN_ACK  u8 5 | u16 n | n x (u16 device, u64 complete, u64 partial kept, u64 incomplete
-//            dropped, u64 lost, u64 valid bytes)
+//   HELLO     u8 1 | u8 flags (1: the sender has a token and will authenticate) | str8 protocol
+//             | str8 sender name | u32 STags per device (ring length) | u64 largest message
+//             | u32 segment payload | u16 n | n x u16 device (no repeats) | nonce Ns
+//             | u16 p | p x 0 (padding: see below)
+//   ACCEPT    u8 2 | u32 receiver QP | u32 RD credits | u64 region length | u32 first STag
+//             | u16 n (the HELLO's device count) | u8 k (0, or 32 with a token) | k bytes of proof
+//             Device i of the HELLO's list has the ring of STags first + i*K .. first + i*K + K - 1.
+//   REFUSE    u8 3 | str8 reason
+//   FIN       u8 4 | u16 devices in all | u16 first | u16 n | n x (u16 device, u64 messages sent,
+//             u64 bytes sent) | u16 p | p x 0
+//   FIN_ACK   u8 5 | u16 devices in all | u16 first | u16 n | n x (u16 device, u64 complete,
+//             u64 partial kept, u64 incomplete dropped, u64 lost, u64 valid bytes)
+//   CHALLENGE u8 6 | nonce Nr
+//   AUTH      u8 7 | nonce Nr | u16 length | the HELLO payload as sent | proof
 //
-// The sender repeats HELLO until ACCEPT/REFUSE and FIN until FIN_ACK; the receiver answers a
-// repeated HELLO or FIN with the same answer. Unknown types are an error (no silent forward
-// compatibility).
+// FIN and FIN_ACK travel in parts of at most kFinPartDevices devices, each covering the HELLO's
+// devices first .. first + n - 1, so that any device count fits in datagrams (and in the 16-bit
+// frames over TCP); FIN_ACK part i answers FIN part i. With a token, HELLO is answered by a
+// CHALLENGE and the session starts only after AUTH has proved the token (dgram/auth.h).
+//
+// A request is never answered by more bytes than it carried before the sender is authenticated
+// (no amplification for a forged source address): a HELLO is padded to kHelloPaddedSize bytes,
+// room for a readable REFUSE; a FIN part to the size of its FIN_ACK part (fin_padding()). The
+// receiver cuts a REFUSE to fit and does not answer a request too small for its answer.
+//
+// The sender repeats HELLO until CHALLENGE/ACCEPT/REFUSE, AUTH until ACCEPT/REFUSE and FIN parts
+// until their FIN_ACK parts; the receiver answers a repeated request with the same answer. Unknown
+// types are an error (no silent forward compatibility); the layouts are wire version 2's
+// (dgram/wire.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -31,16 +49,39 @@
 namespace slotstream::dgram {
 
 inline constexpr uint32_t kControlQueue = 0xFFFFFFFFu;
+inline constexpr size_t kDgramNonceSize = 32;
+inline constexpr size_t kDgramProofSize = 32;
+using DgramNonce = std::array<uint8_t, kDgramNonceSize>;
+// Devices per FIN / FIN_ACK part: a FIN_ACK part is then 2.7 KB, two Ethernet frames.
+inline constexpr size_t kFinPartDevices = 64;
+// A HELLO's payload is padded to this many bytes (see above).
+inline constexpr size_t kHelloPaddedSize = 256;
+// Devices a HELLO may list: what fits one datagram, and the block receiver's limit.
+inline constexpr size_t kMaxHelloDevices = 4096;
 
-enum class ControlType : uint8_t { kHello = 1, kAccept = 2, kRefuse = 3, kFin = 4, kFinAck = 5 };
+enum class ControlType : uint8_t {
+  kHello = 1,
+  kAccept = 2,
+  kRefuse = 3,
+  kFin = 4,
+  kFinAck = 5,
+  kChallenge = 6,
+  kAuth = 7,
+};
+
+inline constexpr uint8_t kHelloAuth = 1;  // HELLO flags
 
 struct Hello {
+  uint8_t flags = 0;
   std::string protocol;
   std::string name;
   uint32_t ring = 0;  // STags (message slots) per device
   uint64_t max_message = 0;
   uint32_t segment_size = 0;
   std::vector<uint16_t> devices;
+  DgramNonce nonce{};
+  uint16_t padding = 0;  // zero bytes at the end
+  bool auth() const { return flags & kHelloAuth; }
   bool operator==(const Hello&) const = default;
 };
 
@@ -48,18 +89,27 @@ struct Accept {
   uint32_t receiver_qp = 0;
   uint32_t credits = 0;
   uint64_t region_length = 0;
-  struct Ring {
-    uint16_t device = 0;
-    uint32_t first_stag = 0;
-    bool operator==(const Ring&) const = default;
-  };
-  std::vector<Ring> rings;
+  uint32_t first_stag = 0;
+  uint16_t devices = 0;
+  std::vector<uint8_t> proof;  // empty, or kDgramProofSize bytes
   bool operator==(const Accept&) const = default;
 };
 
 struct Refuse {
   std::string reason;
   bool operator==(const Refuse&) const = default;
+};
+
+struct Challenge {
+  DgramNonce nonce{};
+  bool operator==(const Challenge&) const = default;
+};
+
+struct Auth {
+  DgramNonce receiver_nonce{};
+  std::vector<uint8_t> hello;  // the HELLO payload as the sender sent it
+  std::array<uint8_t, kDgramProofSize> proof{};
+  bool operator==(const Auth&) const = default;
 };
 
 struct Fin {
@@ -69,7 +119,10 @@ struct Fin {
     uint64_t bytes = 0;
     bool operator==(const Device&) const = default;
   };
+  uint16_t total = 0;  // devices of the session
+  uint16_t first = 0;  // index (in the HELLO's list) of devices[0]
   std::vector<Device> devices;
+  uint16_t padding = 0;
   bool operator==(const Fin&) const = default;
 };
 
@@ -90,15 +143,22 @@ struct FinAck {
     DeliveryCounts counts;
     bool operator==(const Device&) const = default;
   };
+  uint16_t total = 0;
+  uint16_t first = 0;
   std::vector<Device> devices;
   bool operator==(const FinAck&) const = default;
 };
+
+// The padding a FIN part of n devices carries so that it is at least as long as its FIN_ACK part.
+inline uint16_t fin_padding(size_t n) { return static_cast<uint16_t>(n * (42 - 18)); }  // entry sizes
 
 std::vector<uint8_t> encode_control(const Hello& m);
 std::vector<uint8_t> encode_control(const Accept& m);
 std::vector<uint8_t> encode_control(const Refuse& m);
 std::vector<uint8_t> encode_control(const Fin& m);
 std::vector<uint8_t> encode_control(const FinAck& m);
+std::vector<uint8_t> encode_control(const Challenge& m);
+std::vector<uint8_t> encode_control(const Auth& m);
 
 // The type of a control payload, or nullopt if empty/unknown.
 std::optional<ControlType> control_type(std::span<const uint8_t> payload);
@@ -108,5 +168,7 @@ std::optional<Accept> decode_accept(std::span<const uint8_t> payload);
 std::optional<Refuse> decode_refuse(std::span<const uint8_t> payload);
 std::optional<Fin> decode_fin(std::span<const uint8_t> payload);
 std::optional<FinAck> decode_fin_ack(std::span<const uint8_t> payload);
+std::optional<Challenge> decode_challenge(std::span<const uint8_t> payload);
+std::optional<Auth> decode_auth(std::span<const uint8_t> payload);
 
 }  // namespace slotstream::dgram

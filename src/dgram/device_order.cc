@@ -1,5 +1,6 @@
 #include "dgram/device_order.h"
 
+#include <algorithm>
 #include <climits>
 
 namespace slotstream::dgram {
@@ -64,17 +65,29 @@ void DeviceOrder::poll(int64_t now_ns, std::vector<Release>* out) {
     auto g = gaps_.begin();
     if (g == gaps_.end() || g->first > next_) return;  // not known to exist yet
     if (now_ns - g->second.since_ns < timeout_ns_) return;
-    out->push_back(Release{uint32_t(next_), Kind::kLost, std::nullopt});
-    ++next_;
+    // Nothing inside a gap was seen (seen() splits it), so the rest of it is one run of losses.
+    const uint64_t end = fin_count_ ? std::min(g->second.end, *fin_count_) : g->second.end;
+    if (end <= next_) {
+      gaps_.erase(g);
+      continue;
+    }
+    out->push_back(Release{uint32_t(next_), Kind::kLost, end - next_, std::nullopt});
     const Gap rest = g->second;
+    next_ = end;
     gaps_.erase(g);
     if (next_ < rest.end) gaps_[next_] = rest;
   }
 }
 
 int64_t DeviceOrder::next_deadline() const {
-  if (gaps_.empty()) return INT64_MAX;
-  return gaps_.begin()->second.since_ns + timeout_ns_;
+  // Only the gap at the head can be released by a timer: a later one waits for the head anyway, and
+  // a head still being placed is finished by its own timer (its target's). Reporting a later gap's
+  // deadline made the receiver's loop spin once it had passed (up to a reliable message's 30 s).
+  if (gaps_.empty() || active_.contains(next_) || done_.contains(next_)) return INT64_MAX;
+  if (fin_count_ && next_ >= *fin_count_) return INT64_MAX;
+  auto g = gaps_.begin();
+  if (g->first > next_) return INT64_MAX;
+  return g->second.since_ns + timeout_ns_;
 }
 
 }  // namespace slotstream::dgram

@@ -31,6 +31,7 @@ class DeviceOrder {
   struct Release {
     uint32_t msn = 0;
     Kind kind = Kind::kLost;
+    uint64_t count = 1;                    // kLost: messages msn, msn + 1, ... lost in one run
     std::optional<Completion> completion;  // kComplete, kIncomplete
   };
 
@@ -46,13 +47,16 @@ class DeviceOrder {
   void finished(Completion c, int64_t now_ns);
   // The sender says it sent `count` messages in all.
   void fin(uint64_t count, int64_t now_ns);
-  // Releases, in order, every message that is ready.
+  // Releases, in order, every message that is ready (a run of lost ones as one Release, so a FIN
+  // claiming billions of messages costs one entry, not billions).
   void poll(int64_t now_ns, std::vector<Release>* out);
 
   uint64_t next() const { return next_; }
   bool fin_known() const { return fin_count_.has_value(); }
   bool all_released() const { return fin_count_ && next_ >= *fin_count_; }
-  int64_t next_deadline() const;  // when poll() may release a lost message; INT64_MAX if never
+  // When poll() will release a lost message at the head, if nothing else happens first; INT64_MAX if
+  // no timer of this order's is what the head waits for.
+  int64_t next_deadline() const;
 
  private:
   int64_t timeout_ns_;

@@ -73,6 +73,21 @@ bool Address::operator==(const Address& o) const {
   return false;
 }
 
+std::string Address::identity() const {
+  std::string k(1, char(ss.ss_family));
+  const uint16_t p = port();
+  k.push_back(char(p & 0xFF));
+  k.push_back(char(p >> 8));
+  if (ss.ss_family == AF_INET) {
+    const auto* a = &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr;
+    k.append(reinterpret_cast<const char*>(a), sizeof *a);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+    k.append(reinterpret_cast<const char*>(a), sizeof *a);
+  }
+  return k;
+}
+
 Status resolve(const std::string& host, uint16_t port, Address* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -32,6 +32,8 @@ struct Address {
   std::string str() const;  // "1.2.3.4:5" / "[::1]:5"
   uint16_t port() const;
   bool operator==(const Address& o) const;
+  // Family, port and address as bytes: equal for equal addresses (a map key; what a cookie names).
+  std::string identity() const;
 };
 // Resolves HOST:PORT parts (numeric or a name; IPv4 first) for UDP or TCP.
 Status resolve(const std::string& host, uint16_t port, Address* out);

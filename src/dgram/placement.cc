@@ -60,9 +60,20 @@ Placed Assembly::place(uint64_t offset, std::span<const std::byte> payload, bool
     length_ = end;
   }
   if (data_.capacity() < capacity) data_ = Buffer(capacity);
-  const uint64_t fresh = valid_.add(offset, payload.size());
-  if (!payload.empty()) std::memcpy(data_.data() + offset, payload.data(), payload.size());
-  if (fresh == 0 && !payload.empty()) return Placed::kDuplicate;
+  // First writer wins: copy only the bytes not there yet, and tell a duplicate that differs.
+  uint64_t fresh = 0;
+  valid_.for_each_missing(offset, payload.size(), [&](uint64_t at, uint64_t n) {
+    std::memcpy(data_.data() + at, payload.data() + (at - offset), n);
+    fresh += n;
+  });
+  if (fresh == 0 && !payload.empty()) {
+    bool differs = false;
+    valid_.for_each_present(offset, payload.size(), [&](uint64_t at, uint64_t n) {
+      differs = differs || std::memcmp(data_.data() + at, payload.data() + (at - offset), n) != 0;
+    });
+    return differs ? Placed::kConflict : Placed::kDuplicate;
+  }
+  valid_.add(offset, payload.size());
   return Placed::kPlaced;
 }
 

@@ -30,10 +30,18 @@ void ReceiveQueues::mark_finished(Queue& q, uint32_t msn) {
   }
 }
 
+void ReceiveQueues::post_all(uint32_t count, uint64_t capacity) {
+  default_posted_ = count;
+  default_capacity_ = capacity;
+}
+
 Placed ReceiveQueues::place(uint32_t qn, uint32_t msn, uint64_t offset, std::span<const std::byte> payload, bool last,
                             int64_t now_ns, std::vector<Completion>* out) {
   auto qit = queues_.find(qn);
-  if (qit == queues_.end()) return Placed::kUnknownKey;
+  if (qit == queues_.end()) {
+    if (default_posted_ == 0) return Placed::kUnknownKey;
+    qit = queues_.emplace(qn, Queue{default_posted_, default_capacity_, {}, 0, {}}).first;
+  }
   Queue& q = qit->second;
   if (finished(q, msn)) return Placed::kStale;
   auto it = q.active.find(msn);
@@ -42,7 +50,8 @@ Placed ReceiveQueues::place(uint32_t qn, uint32_t msn, uint64_t offset, std::spa
     it = q.active.emplace(msn, Assembly(msn, now_ns, now_ns + timeout_ns_)).first;
   }
   Placed p = it->second.place(offset, payload, last, q.capacity);
-  if ((p == Placed::kPlaced || p == Placed::kDuplicate) && it->second.complete()) {
+  if (p == Placed::kPlaced && idle_) it->second.extend_deadline(now_ns + timeout_ns_);
+  if ((p == Placed::kPlaced || p == Placed::kDuplicate || p == Placed::kConflict) && it->second.complete()) {
     out->push_back(it->second.finish(qn, Outcome::kComplete, now_ns));
     q.active.erase(it);
     mark_finished(q, msn);
@@ -63,6 +72,12 @@ void ReceiveQueues::expire(int64_t now_ns, std::vector<Completion>* out) {
         ++it;
       }
     }
+  }
+}
+
+void ReceiveQueues::extend_all(int64_t deadline_ns) {
+  for (auto& [_, q] : queues_) {
+    for (auto& [_, a] : q.active) a.extend_deadline(deadline_ns);
   }
 }
 

@@ -12,7 +12,9 @@
 // A queue has `posted` receive buffers: that many messages may be in progress at once; the
 // segment of a further message finds no buffer (Placed::kNoBuffer, iWARP's "receiver not
 // ready") and is dropped. A completion re-posts its buffer. One ReceiveQueues serves one
-// source. Threading: one thread.
+// source. post_all() posts on every queue without allocating anything: a queue's bookkeeping
+// appears with its first segment. Timers as in dgram/tagged.h (idle mode for RD). Threading: one
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +29,17 @@ namespace slotstream::dgram {
 
 class ReceiveQueues {
  public:
-  explicit ReceiveQueues(int64_t timeout_ns) : timeout_ns_(timeout_ns) {}
+  explicit ReceiveQueues(int64_t timeout_ns, bool idle = false) : timeout_ns_(timeout_ns), idle_(idle) {}
 
   // Posts `count` receive buffers of `capacity` bytes each on queue `qn`.
   void post(uint32_t qn, uint32_t count, uint64_t capacity);
+  // The same for every queue not posted on by post() (the caller decides which queue numbers exist).
+  void post_all(uint32_t count, uint64_t capacity);
 
   Placed place(uint32_t qn, uint32_t msn, uint64_t offset, std::span<const std::byte> payload, bool last,
                int64_t now_ns, std::vector<Completion>* out);
   void expire(int64_t now_ns, std::vector<Completion>* out);
+  void extend_all(int64_t deadline_ns);
   int64_t next_deadline() const;
   size_t outstanding() const;
 
@@ -51,6 +56,9 @@ class ReceiveQueues {
   static void mark_finished(Queue& q, uint32_t msn);
 
   int64_t timeout_ns_;
+  bool idle_;
+  uint32_t default_posted_ = 0;
+  uint64_t default_capacity_ = 0;
   std::map<uint32_t, Queue> queues_;
 };
 

@@ -12,10 +12,13 @@
 #include <optional>
 #include <random>
 
+#include "dgram/auth.h"
 #include "dgram/llp.h"
+#include "dgram/mac.h"
 #include "dgram/protocols.h"
 #include "dgram/rd.h"
 #include "dgram/wire.h"
+#include "net/auth.h"
 #include "wire/codec.h"
 
 namespace slotstream::dgram {
@@ -79,19 +82,26 @@ struct DatagramSender::Impl {
   // RC
   std::unique_ptr<FramedStream> tcp;
 
+  // The handshake.
+  DgramNonce nonce{};
+  std::vector<uint8_t> hello_bytes;  // the HELLO as sent (AUTH's proof covers it)
+  std::optional<Challenge> challenge;
+  std::unique_ptr<SegmentMac> tx_mac, rx_mac;  // with a token, from ACCEPT on
   // From ACCEPT.
   bool accepted = false;
   std::optional<std::string> refused;
+  std::optional<std::string> auth_error;
   uint64_t region_length = 0;
-  std::map<uint16_t, uint32_t> first_stag;
+  uint32_t first_stag = 0;
 
   struct Device {
+    size_t index = 0;  // in the HELLO's list: its STags are first_stag + index * ring ...
     uint32_t next_msn = 0;
     uint64_t bytes = 0;
   };
   std::map<uint16_t, Device> devices;
   uint32_t control_msn = 0;
-  std::optional<FinAck> fin_ack;
+  std::map<uint16_t, FinAck> fin_acks;  // FIN_ACK parts received, by their first device
   SenderStats stats;
   std::vector<std::byte> scratch;
 
@@ -127,11 +137,16 @@ struct DatagramSender::Impl {
 
   bool rd_active() const { return proto->service == Service::kRD; }
 
+  // The segment into `scratch`, signed once the session has keys.
+  void encode(const SegmentHeader& h, std::span<const std::byte> payload) {
+    scratch.resize(header_size(h) + payload.size() + kMaxTrailerSize);
+    scratch.resize(encode_segment(h, payload, scratch, tx_mac.get()));
+  }
+
   Status emit(SegmentHeader h, std::span<const std::byte> payload) {
     h.source_qp = qp;
     if (tcp) {
-      scratch.resize(header_size(h) + payload.size() + kCrcSize);
-      scratch.resize(encode_segment(h, payload, scratch));
+      encode(h, payload);
       tcp->queue(scratch);
       ++stats.datagrams;
       return tcp->pending() >= kTcpFlushBytes ? tcp->flush() : Status::ok();
@@ -139,21 +154,20 @@ struct DatagramSender::Impl {
     if (h.service == Service::kRD) {
       SLOTSTREAM_RETURN_IF_ERROR(wait_credit());
       h.rd = RdFields{rd.next_seq(), 0, 0, kRdSeqValid, 0};
-      std::vector<std::byte> d(header_size(h) + payload.size() + kCrcSize);
-      d.resize(encode_segment(h, payload, d));
+      std::vector<std::byte> d(header_size(h) + payload.size() + kMaxTrailerSize);
+      d.resize(encode_segment(h, payload, d, tx_mac.get()));
       SLOTSTREAM_RETURN_IF_ERROR(put_datagram(d));
       rd.sent(std::move(d), now_ns());
       return Status::ok();
     }
     if (!faults) {
       // The common case: encode straight into the batch.
-      auto dst = batch.add(header_size(h) + payload.size() + kCrcSize);
-      encode_segment(h, payload, dst);
+      auto dst = batch.add(header_size(h) + payload.size() + kMaxTrailerSize);
+      batch.shrink_last(encode_segment(h, payload, dst, tx_mac.get()));
       ++stats.datagrams;
       return batch.full() ? udp->send(batch) : Status::ok();
     }
-    scratch.resize(header_size(h) + payload.size() + kCrcSize);
-    scratch.resize(encode_segment(h, payload, scratch));
+    encode(h, payload);
     return put_datagram(scratch);
   }
 
@@ -179,27 +193,64 @@ struct DatagramSender::Impl {
       return tcp->flush();
     }
     h.source_qp = qp;
-    scratch.resize(header_size(h) + payload.size() + kCrcSize);
-    scratch.resize(encode_segment(h, as_bytes(payload), scratch));
+    encode(h, as_bytes(payload));
     SLOTSTREAM_RETURN_IF_ERROR(put_datagram(scratch));
     return flush();
+  }
+
+  void on_accept(std::span<const uint8_t> p) {
+    auto a = decode_accept(p);
+    if (!a || accepted) return;
+    if (!o.token.empty()) {
+      const Proof want = accept_proof(o.token, challenge ? challenge->nonce : DgramNonce{}, nonce, hello_bytes, *a);
+      if (!challenge || !proof_equal(a->proof, want)) {
+        auth_error = "the receiver at " + peer.str() +
+                     " did not prove that it has the token: a different token, or not the receiver you meant";
+        return;
+      }
+      const SessionKeys keys = session_keys(o.token, challenge->nonce, nonce);
+      tx_mac = std::make_unique<SegmentMac>(keys.to_receiver);
+      rx_mac = std::make_unique<SegmentMac>(keys.to_sender);
+    }
+    accepted = true;
+    region_length = a->region_length;
+    first_stag = a->first_stag;
+    if (a->devices != o.devices.size()) auth_error = "the receiver's ACCEPT does not match this sender's devices";
+  }
+
+  size_t fin_part_count() const { return (o.devices.size() + kFinPartDevices - 1) / kFinPartDevices; }
+  bool all_fin_acked() const { return fin_acks.size() >= fin_part_count(); }
+
+  void on_fin_ack(std::span<const uint8_t> p) {
+    auto f = decode_fin_ack(p);
+    if (!f || f->total != o.devices.size() || f->first % kFinPartDevices != 0) return;
+    for (size_t i = 0; i < f->devices.size(); ++i) {
+      if (f->devices[i].device != o.devices[f->first + i]) return;
+    }
+    fin_acks.emplace(f->first, std::move(*f));
   }
 
   void on_control(std::span<const std::byte> payload) {
     auto p = as_u8(payload);
     switch (control_type(p).value_or(ControlType::kHello)) {
-      case ControlType::kAccept:
-        if (auto a = decode_accept(p); a && !accepted) {
-          accepted = true;
-          region_length = a->region_length;
-          for (const auto& r : a->rings) first_stag[r.device] = r.first_stag;
+      case ControlType::kChallenge:
+        if (auto c = decode_challenge(p); c && !accepted) {
+          if (o.token.empty()) {
+            auth_error = "the receiver at " + peer.str() + " requires authentication: give its token (--token-file)";
+          } else if (!challenge) {
+            challenge = *c;
+          }
         }
         break;
+      case ControlType::kAccept:
+        on_accept(p);
+        break;
       case ControlType::kRefuse:
-        if (auto r = decode_refuse(p)) refused = r->reason;
+        // Only an answer to our HELLO or AUTH: once accepted, an unsigned REFUSE is no one's word.
+        if (auto r = decode_refuse(p); r && !accepted) refused = r->reason;
         break;
       case ControlType::kFinAck:
-        if (auto f = decode_fin_ack(p)) fin_ack = *f;
+        on_fin_ack(p);
         break;
       default:
         break;  // a sender is never sent anything else; ignore
@@ -210,10 +261,19 @@ struct DatagramSender::Impl {
     auto seg = decode_segment(d);
     if (!seg) return;  // damaged or foreign: the receiver repeats what matters
     const SegmentHeader& h = seg->header;
+    const bool control = h.opcode == Opcode::kSend && h.queue == kControlQueue;
+    if (rx_mac && !rx_mac->verify(*seg)) {
+      // A late copy of the handshake's own answers is unsigned; anything else is forged.
+      const auto type = control ? control_type(as_u8(seg->payload)) : std::nullopt;
+      if (type != ControlType::kAccept && type != ControlType::kChallenge && type != ControlType::kRefuse) {
+        ++stats.forged;
+      }
+      return;
+    }
     if (h.service == Service::kRD && (h.rd.flags & kRdAckValid)) {
       rd.on_ack(h.rd.ack, h.rd.credits, h.rd.sack, now_ns());
     }
-    if (h.opcode == Opcode::kSend && h.queue == kControlQueue) on_control(seg->payload);
+    if (control) on_control(seg->payload);
   }
 
   // Waits up to timeout_ms for input, handles it, and (RD) retransmits what is due.
@@ -224,7 +284,10 @@ struct DatagramSender::Impl {
         Status st = tcp->read_available();
         std::span<const std::byte> f;
         while (tcp->next_frame(&f)) on_segment(f);
-        if (!st.is_ok() && !fin_ack) return {Code::kPeerGone, "receiver closed the connection: " + st.message()};
+        // A REFUSE (or a failed proof) comes just before the receiver closes: that is the news, not the close.
+        if (!st.is_ok() && !all_fin_acked() && !refused && !auth_error) {
+          return {Code::kPeerGone, "receiver closed the connection: " + st.message()};
+        }
       }
       return Status::ok();
     }
@@ -257,56 +320,77 @@ struct DatagramSender::Impl {
         h.opcode = Opcode::kAck;
         h.source_qp = qp;
         h.rd.flags = kRdProbe;
-        std::byte buf[kMaxHeaderSize + kCrcSize];
-        SLOTSTREAM_RETURN_IF_ERROR(put_datagram(std::span(buf, encode_segment(h, {}, buf))));
+        std::byte buf[kMaxHeaderSize + kMaxTrailerSize];
+        SLOTSTREAM_RETURN_IF_ERROR(put_datagram(std::span(buf, encode_segment(h, {}, buf, tx_mac.get()))));
       }
       SLOTSTREAM_RETURN_IF_ERROR(flush());
     }
     return Status::ok();
   }
 
-  Status handshake() {
+  Status make_hello() {
     Hello hello;
+    hello.flags = o.token.empty() ? 0 : kHelloAuth;
     hello.protocol = proto->name;
     hello.name = o.name;
     hello.ring = o.ring;
     hello.max_message = o.max_message;
     hello.segment_size = o.segment_size;
     hello.devices = o.devices;
-    const auto payload = encode_control(hello);
+    net::Nonce n;
+    SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&n));
+    static_assert(sizeof(n) == sizeof(nonce));
+    std::copy(n.begin(), n.end(), nonce.begin());
+    hello.nonce = nonce;
+    // Padded, so that the receiver may answer it before knowing who we are (dgram/control.h).
+    const size_t bare = encode_control(hello).size();
+    hello.padding = uint16_t(bare < kHelloPaddedSize ? kHelloPaddedSize - bare : 0);
+    hello_bytes = encode_control(hello);
+    return Status::ok();
+  }
+
+  // HELLO, or AUTH once the receiver has challenged us.
+  std::vector<uint8_t> handshake_request() const {
+    if (!challenge) return hello_bytes;
+    Auth a;
+    a.receiver_nonce = challenge->nonce;
+    a.hello = hello_bytes;
+    a.proof = hello_proof(o.token, challenge->nonce, nonce, hello_bytes);
+    return encode_control(a);
+  }
+
+  Status handshake_failed(const Status& st, const std::string& where) const {
+    if (st.code() == Code::kPeerGone && !tcp) {
+      return {Code::kConnectFailed, "nothing listens at " + where +
+                                        " (port unreachable): is `slotstream recv --transport udp` running there?"};
+    }
+    return {Code::kConnectFailed, "no receiver at " + where + ": " + st.message()};
+  }
+
+  Status handshake() {
+    SLOTSTREAM_RETURN_IF_ERROR(make_hello());
     const int64_t deadline = now_ns() + o.handshake_timeout_ns;
     const std::string where = peer.str() + (tcp ? " (tcp)" : " (udp)");
-    if (tcp) SLOTSTREAM_RETURN_IF_ERROR(send_control(payload));
-    while (!accepted && !refused) {
+    bool sent_auth = false;
+    int64_t next_send = 0;
+    while (!accepted && !refused && !auth_error) {
       const int64_t now = now_ns();
       if (now >= deadline) {
         return {Code::kConnectFailed, "no slotstream datagram receiver answered at " + where + " within " +
                                           std::to_string(o.handshake_timeout_ns / 1'000'000'000) + " s"};
       }
-      auto failed = [&](const Status& st) -> Status {
-        if (st.code() == Code::kPeerGone && !tcp) {
-          return {Code::kConnectFailed, "nothing listens at " + where +
-                                            " (port unreachable): is `slotstream recv "
-                                            "--transport udp` running there?"};
-        }
-        return {Code::kConnectFailed, "no receiver at " + where + ": " + st.message()};
-      };
-      if (!tcp) {
-        Status st = send_control(payload);  // repeated: a datagram may be lost
-        if (!st.is_ok()) return failed(st);
+      // Over UDP repeated (a datagram may be lost); over TCP once per step.
+      const bool first_auth = challenge && !sent_auth;
+      if (tcp ? (next_send == 0 || first_auth) : (now >= next_send || first_auth)) {
+        if (Status st = send_control(handshake_request()); !st.is_ok()) return handshake_failed(st, where);
+        sent_auth = challenge.has_value();
+        next_send = now + kHelloInterval;
       }
-      const int64_t until = std::min(deadline, now + kHelloInterval);
-      while (!accepted && !refused && now_ns() < until) {
-        Status st = progress(int(std::max<int64_t>(1, (until - now_ns()) / kMs)));
-        if (!st.is_ok()) return failed(st);
-      }
+      Status st = progress(int(std::max<int64_t>(1, std::min(deadline, next_send) - now_ns()) / kMs));
+      if (!st.is_ok()) return handshake_failed(st, where);
     }
+    if (auth_error) return {Code::kAuthFailed, *auth_error};
     if (refused) return {Code::kRefused, "receiver refused: " + *refused};
-    for (uint16_t d : o.devices) {
-      if (proto->data_op != Opcode::kSend && !first_stag.contains(d)) {
-        return {Code::kProtocolError, "receiver advertised no STags for device " + std::to_string(d)};
-      }
-    }
     if (region_length < o.max_message && proto->data_op != Opcode::kSend) {
       return {Code::kProtocolError,
               "receiver's regions (" + std::to_string(region_length) + " B) are smaller than the largest message"};
@@ -335,7 +419,7 @@ struct DatagramSender::Impl {
       h.queue = device;
       h.msn = msn;
     } else {
-      stag = first_stag[device] + msn % o.ring;
+      stag = first_stag + uint32_t(dev.index * o.ring + msn % o.ring);
       h.stag = stag;
       h.has_msn = proto->data_op == Opcode::kWriteRecord;
       h.msn = h.has_msn ? msn : 0;
@@ -372,30 +456,52 @@ struct DatagramSender::Impl {
     return Status::ok();
   }
 
+  // FIN in parts of kFinPartDevices devices, each padded to the size of its answer.
+  std::vector<std::vector<uint8_t>> fin_parts() const {
+    std::vector<Fin::Device> all;
+    for (uint16_t d : o.devices) all.push_back({d, devices.at(d).next_msn, devices.at(d).bytes});
+    std::vector<std::vector<uint8_t>> parts;
+    for (size_t first = 0; first < all.size(); first += kFinPartDevices) {
+      Fin f;
+      f.total = uint16_t(all.size());
+      f.first = uint16_t(first);
+      f.devices.assign(all.begin() + ptrdiff_t(first),
+                       all.begin() + ptrdiff_t(std::min(all.size(), first + kFinPartDevices)));
+      f.padding = fin_padding(f.devices.size());
+      parts.push_back(encode_control(f));
+    }
+    return parts;
+  }
+
   Status finish(FinAck* report) {
     SLOTSTREAM_RETURN_IF_ERROR(flush());
     if (rd_active()) {
       while (!rd.all_acked()) SLOTSTREAM_RETURN_IF_ERROR(progress(5));
     }
-    Fin fin;
-    for (const auto& [d, dev] : devices) fin.devices.push_back({d, dev.next_msn, dev.bytes});
-    const auto payload = encode_control(fin);
+    const auto parts = fin_parts();
     const int64_t deadline = now_ns() + o.finish_timeout_ns;
-    if (tcp) SLOTSTREAM_RETURN_IF_ERROR(send_control(payload));
     int64_t next_fin = 0;
-    while (!fin_ack) {
+    while (!all_fin_acked()) {
       const int64_t now = now_ns();
       if (now >= deadline) {
         return {Code::kTimeout, "the receiver at " + peer.str() + " did not confirm the end of the stream within " +
                                     std::to_string(o.finish_timeout_ns / 1'000'000'000) + " s"};
       }
-      if (!tcp && now >= next_fin) {
-        SLOTSTREAM_RETURN_IF_ERROR(send_control(payload));
+      if (now >= next_fin && (!tcp || next_fin == 0)) {
+        // Over UDP the parts not yet answered, again and again; over TCP each once.
+        for (size_t i = 0; i < parts.size(); ++i) {
+          if (!fin_acks.contains(uint16_t(i * kFinPartDevices))) SLOTSTREAM_RETURN_IF_ERROR(send_control(parts[i]));
+        }
         next_fin = now + kFinInterval;
       }
       SLOTSTREAM_RETURN_IF_ERROR(progress(20));
     }
-    if (report) *report = *fin_ack;
+    if (report) {
+      report->devices.clear();
+      for (auto& [_, part] : fin_acks)
+        report->devices.insert(report->devices.end(), part.devices.begin(), part.devices.end());
+      report->total = uint16_t(o.devices.size());
+    }
     return Status::ok();
   }
 };
@@ -419,7 +525,14 @@ Status DatagramSender::connect(const SenderOptions& o, std::unique_ptr<DatagramS
             "fault injection applies to datagrams; dgram_rc runs over TCP "
             "(use an nftables rule for real loss on both)"};
   }
-  for (uint16_t d : o.devices) impl->devices[d];
+  if (o.devices.size() > kMaxHelloDevices) {
+    return {Code::kInvalidArgument, "at most " + std::to_string(kMaxHelloDevices) + " devices per datagram sender"};
+  }
+  for (size_t i = 0; i < o.devices.size(); ++i) {
+    auto [it, fresh] = impl->devices.try_emplace(o.devices[i]);
+    if (!fresh) return {Code::kInvalidArgument, "device " + std::to_string(o.devices[i]) + " is listed twice"};
+    it->second.index = i;
+  }
   SLOTSTREAM_RETURN_IF_ERROR(resolve(o.host, o.port, &impl->peer));
   if (impl->proto->over_tcp()) {
     Fd fd;

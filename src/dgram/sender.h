@@ -1,9 +1,13 @@
 // The sending end of the datagram transport: a queue pair bound to its own UDP socket (UD, RD)
 // or TCP connection (RC), one session with one receiver.
 //
-//   connect (HELLO -> ACCEPT: the receiver's STags and region length)
+//   connect (HELLO -> ACCEPT: the receiver's STags and region length; with a token HELLO ->
+//            CHALLENGE -> AUTH -> ACCEPT, the receiver's proof checked, dgram/auth.h)
 //   send(device, message) ...          messages of one device are numbered 0, 1, 2, ... (the MSN)
-//   finish (FIN -> FIN_ACK: what the receiver made of every message)
+//   finish (FIN parts -> FIN_ACK parts: what the receiver made of every message)
+//
+// With a token every datagram after ACCEPT carries a MAC under the session's key (dgram/mac.h), and
+// datagrams from the receiver without a right one are dropped (SenderStats::forged).
 //
 // How a message travels depends on the protocol (dgram/protocols.h):
 //   write_record  RDMA Write-Record segments to STag ring[device][msn % ring], TO = byte offset,
@@ -45,6 +49,7 @@ struct SenderOptions {
   uint32_t ring = 4;                // STags per device (receives posted per device for Send)
   uint64_t max_message = 1u << 20;  // the largest message this sender will send
   uint32_t segment_size = 8192;     // payload bytes per segment (one datagram)
+  std::string token;                // non-empty: authenticate (send --token-file); the receiver must have it
   InjectOptions inject;             // faults on the datagrams this end sends
   size_t socket_buffer = 8u << 20;
   int64_t handshake_timeout_ns = 5'000'000'000;
@@ -58,6 +63,7 @@ struct SenderStats {
   uint64_t retransmits = 0;   // RD
   uint64_t timeouts = 0;      // RD: retransmission timer fired
   uint64_t credit_waits = 0;  // RD: sends that waited for credits
+  uint64_t forged = 0;        // datagrams from the receiver's address without a right MAC: dropped
   uint64_t injected_loss = 0, injected_corrupt = 0, injected_duplicate = 0, injected_reorder = 0;
   std::map<uint16_t, uint64_t> per_device;
 };
@@ -73,7 +79,8 @@ class DatagramSender {
   Status send(uint16_t device, std::span<const std::byte> message);
   // A message of `length` bytes written by `fill` (called once, for the whole message).
   Status send_with(uint16_t device, uint64_t length, const FillFn& fill);
-  // FIN, then waits for the receiver's FIN_ACK (RD: after every datagram is acknowledged).
+  // FIN, then waits for the receiver's FIN_ACK parts (RD: after every datagram is acknowledged); *report
+  // holds every device's counts.
   Status finish(FinAck* report);
 
   SenderStats stats() const;

@@ -4,13 +4,28 @@
 
 namespace slotstream::dgram {
 
-void TaggedTarget::add_region(uint32_t stag, uint64_t length) { regions_[stag] = Region{length, std::nullopt, 0}; }
+void TaggedTarget::add_regions(uint32_t first, uint32_t count, uint64_t length) {
+  declared_.push_back({first, count, length});
+}
+
+TaggedTarget::Region* TaggedTarget::region(uint32_t stag) {
+  if (auto it = regions_.find(stag); it != regions_.end()) return &it->second;
+  for (const Declared& d : declared_) {
+    if (stag >= d.first && stag - d.first < d.count)
+      return &regions_.emplace(stag, Region{d.length, std::nullopt, 0}).first->second;
+  }
+  return nullptr;
+}
+
+void TaggedTarget::start_timer(Assembly& a, int64_t now_ns) const {
+  if (idle_) a.extend_deadline(now_ns + timeout_ns_);
+}
 
 Placed TaggedTarget::write_record(uint32_t stag, uint32_t msn, uint64_t offset, std::span<const std::byte> payload,
                                   bool last, int64_t now_ns, std::vector<Completion>* out) {
-  auto it = regions_.find(stag);
-  if (it == regions_.end()) return Placed::kUnknownKey;
-  Region& r = it->second;
+  Region* rp = region(stag);
+  if (!rp) return Placed::kUnknownKey;
+  Region& r = *rp;
   if (msn < r.floor) return Placed::kStale;
   if (r.active && msn < r.active->msn()) return Placed::kStale;
   if (r.active && msn > r.active->msn()) {
@@ -23,7 +38,8 @@ Placed TaggedTarget::write_record(uint32_t stag, uint32_t msn, uint64_t offset, 
     r.floor = msn;
   }
   Placed p = r.active->place(offset, payload, last, r.length);
-  if ((p == Placed::kPlaced || p == Placed::kDuplicate) && r.active->complete()) {
+  if (p == Placed::kPlaced) start_timer(*r.active, now_ns);
+  if ((p == Placed::kPlaced || p == Placed::kDuplicate || p == Placed::kConflict) && r.active->complete()) {
     out->push_back(r.active->finish(stag, Outcome::kComplete, now_ns));
     r.active.reset();
     r.floor = msn + 1;
@@ -33,20 +49,21 @@ Placed TaggedTarget::write_record(uint32_t stag, uint32_t msn, uint64_t offset, 
 }
 
 Placed TaggedTarget::write(uint32_t stag, uint64_t offset, std::span<const std::byte> payload, int64_t now_ns) {
-  auto it = regions_.find(stag);
-  if (it == regions_.end()) return Placed::kUnknownKey;
-  Region& r = it->second;
-  // No MSN, no timer: the reliable stream orders the write before its notification.
-  if (!r.active) r.active.emplace(0, now_ns, INT64_MAX);
+  Region* rp = region(stag);
+  if (!rp) return Placed::kUnknownKey;
+  Region& r = *rp;
+  // No MSN: the reliable stream orders the write before its notification.
+  if (!r.active) r.active.emplace(0, now_ns, now_ns + timeout_ns_);
   Placed p = r.active->place(offset, payload, /*last=*/false, r.length);
-  return p == Placed::kDuplicate ? Placed::kPlaced : p;
+  if (p == Placed::kPlaced) start_timer(*r.active, now_ns);
+  return p == Placed::kDuplicate || p == Placed::kConflict ? Placed::kPlaced : p;
 }
 
 std::optional<Completion> TaggedTarget::take_written(uint32_t stag, uint32_t msn, uint64_t length, int64_t now_ns) {
-  auto it = regions_.find(stag);
-  if (it == regions_.end() || length > it->second.length) return std::nullopt;
-  Region& r = it->second;
-  if (!r.active) r.active.emplace(msn, now_ns, INT64_MAX);  // a zero-length message writes nothing
+  Region* rp = region(stag);
+  if (!rp || length > rp->length) return std::nullopt;
+  Region& r = *rp;
+  if (!r.active) r.active.emplace(msn, now_ns, now_ns + timeout_ns_);  // a zero-length message writes nothing
   Completion c = r.active->finish(stag, Outcome::kComplete, now_ns);
   r.active.reset();
   if (!c.valid.covers(length) || c.valid.end() > length) return std::nullopt;
@@ -65,6 +82,12 @@ void TaggedTarget::expire(int64_t now_ns, std::vector<Completion>* out) {
       r.active.reset();
       r.floor = msn + 1;
     }
+  }
+}
+
+void TaggedTarget::extend_all(int64_t deadline_ns) {
+  for (auto& [_, r] : regions_) {
+    if (r.active) r.active->extend_deadline(deadline_ns);
   }
 }
 

@@ -12,9 +12,14 @@
 //     valid, or its timer, "started upon the first reception of a message segment", fires
 //     (Outcome::kIncomplete: the consumer decides to keep it as a partial message or drop it).
 //
-// One TaggedTarget serves one source (a session), so the source is implied. Regions are
-// allocated when a message starts and handed to the consumer with its completion (a user-space
-// stack has no NIC memory to keep pinned). Threading: one thread (the receiver's network thread).
+// One TaggedTarget serves one source (a session), so the source is implied. STags are declared
+// as ranges (no memory); a region's bookkeeping appears with the first segment written to it, and
+// its memory is allocated when a message starts and handed to the consumer with its completion (a
+// user-space stack has no NIC memory to keep pinned). Timers: UD messages are given up `timeout`
+// after their first segment (the patent's rule); over the reliable services (RD, RC) every segment
+// comes, so there the timer measures silence instead (idle mode: restarted by every new byte), and
+// extend_all() holds it while the receiver itself keeps the sender back. Threading: one thread (the
+// receiver's network thread).
 #pragma once
 
 #include <cstdint>
@@ -29,9 +34,11 @@ namespace slotstream::dgram {
 
 class TaggedTarget {
  public:
-  explicit TaggedTarget(int64_t timeout_ns) : timeout_ns_(timeout_ns) {}
+  explicit TaggedTarget(int64_t timeout_ns, bool idle = false) : timeout_ns_(timeout_ns), idle_(idle) {}
 
-  void add_region(uint32_t stag, uint64_t length);
+  // Declares STags first .. first + count - 1, each a region of `length` bytes. Nothing is allocated.
+  void add_regions(uint32_t first, uint32_t count, uint64_t length);
+  void add_region(uint32_t stag, uint64_t length) { add_regions(stag, 1, length); }
 
   // RDMA Write-Record segment. Completions (this message's, or a retired older one's) are
   // appended to *out.
@@ -43,10 +50,14 @@ class TaggedTarget {
   // The RC notification: the region's first `length` bytes are message `msn`.
   std::optional<Completion> take_written(uint32_t stag, uint32_t msn, uint64_t length, int64_t now_ns);
 
-  // Ends every Write-Record message whose timer has fired (Outcome::kIncomplete).
+  // Ends every message whose timer has fired (Outcome::kIncomplete).
   void expire(int64_t now_ns, std::vector<Completion>* out);
+  // Moves every running timer to at least `deadline_ns`.
+  void extend_all(int64_t deadline_ns);
   int64_t next_deadline() const;  // INT64_MAX when nothing is outstanding
   size_t outstanding() const;
+  // STags that have had a segment (each keeps a small record: the region's bookkeeping).
+  size_t touched() const { return regions_.size(); }
 
  private:
   struct Region {
@@ -54,7 +65,17 @@ class TaggedTarget {
     std::optional<Assembly> active;
     uint32_t floor = 0;  // every MSN below it is finished on this STag: later segments are stale
   };
+  struct Declared {
+    uint32_t first, count;
+    uint64_t length;
+  };
+  // The region of a declared STag, made on first use; nullptr if the STag was never declared.
+  Region* region(uint32_t stag);
+  void start_timer(Assembly& a, int64_t now_ns) const;
+
   int64_t timeout_ns_;
+  bool idle_;
+  std::vector<Declared> declared_;
   std::map<uint32_t, Region> regions_;
 };
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "dgram/crc32c.h"
+#include "dgram/mac.h"
 #include "wire/codec.h"
 
 namespace slotstream::dgram {
@@ -48,6 +49,7 @@ size_t encode_header(const SegmentHeader& h, size_t payload_length, std::span<st
   if (tagged) ddp |= kDdpTagged;
   if (h.last) ddp |= kDdpLast;
   if (tagged && h.has_msn) ddp |= kDdpMsn;
+  if (h.has_mac) ddp |= kDdpMac;
   p[3] = std::byte{ddp};
   p[4] = static_cast<std::byte>((kRdmapVersion << 6) | static_cast<uint8_t>(h.opcode));
   p[5] = static_cast<std::byte>(h.service);
@@ -77,14 +79,21 @@ size_t encode_header(const SegmentHeader& h, size_t payload_length, std::span<st
 
 void put_crc(uint32_t crc, std::span<std::byte, kCrcSize> out) { put_le(out.data(), crc, 4); }
 
-size_t encode_segment(const SegmentHeader& h, std::span<const std::byte> payload, std::span<std::byte> out) {
+size_t encode_segment(const SegmentHeader& header, std::span<const std::byte> payload, std::span<std::byte> out,
+                      SegmentMac* mac) {
+  SegmentHeader h = header;
+  h.has_mac = mac != nullptr;
   const size_t hs = header_size(h);
-  const size_t total = hs + payload.size() + kCrcSize;
+  const size_t total = segment_size(h, payload.size());
   if (payload.size() > 0xFFFF || out.size() < total) return 0;
   encode_header(h, payload.size(), out);
   if (!payload.empty()) std::memcpy(out.data() + hs, payload.data(), payload.size());
-  const uint32_t crc = crc32c(out.first(hs + payload.size()));
-  put_crc(crc, std::span<std::byte, kCrcSize>(out.data() + hs + payload.size(), kCrcSize));
+  size_t body = hs + payload.size();
+  if (mac) {
+    mac->sign({out.first(body)}, std::span<std::byte, kMacTagSize>(out.data() + body, kMacTagSize));
+    body += kMacTagSize;
+  }
+  put_crc(crc32c(out.first(body)), std::span<std::byte, kCrcSize>(out.data() + body, kCrcSize));
   return total;
 }
 
@@ -101,7 +110,7 @@ std::optional<Segment> decode_segment(std::span<const std::byte> d, DecodeError*
   if (byte_at(p, 2) != kWireVersion) return fail(DecodeError::kVersion);
   const uint8_t ddp = byte_at(p, 3), rdmap = byte_at(p, 4), service = byte_at(p, 5);
   if ((ddp & 0x03) != kDdpVersion || (rdmap >> 6) != kRdmapVersion) return fail(DecodeError::kVersion);
-  if ((ddp & 0x1C) || (rdmap & 0x30)) return fail(DecodeError::kReserved);
+  if ((ddp & 0x0C) || (rdmap & 0x30)) return fail(DecodeError::kReserved);
   if (service > static_cast<uint8_t>(Service::kRC)) return fail(DecodeError::kService);
   const uint8_t op = rdmap & 0x0F;
   if (!known_opcode(op)) return fail(DecodeError::kOpcode);
@@ -118,10 +127,12 @@ std::optional<Segment> decode_segment(std::span<const std::byte> d, DecodeError*
   if (!tagged && (ddp & kDdpMsn)) return fail(DecodeError::kReserved);
   h.last = ddp & kDdpLast;
   h.has_msn = tagged && (ddp & kDdpMsn);
+  h.has_mac = ddp & kDdpMac;
   const size_t payload_length = get_le(p + 6, 2);
   h.source_qp = static_cast<uint32_t>(get_le(p + 8, 4));
   const size_t hs = header_size(h);
-  if (hs + payload_length != body) return fail(DecodeError::kLength);
+  const size_t mac_size = h.has_mac ? kMacTagSize : 0;
+  if (hs + payload_length + mac_size != body) return fail(DecodeError::kLength);
   const std::byte* q = p + kCommonSize;
   if (h.service == Service::kRD) {
     h.rd.seq = static_cast<uint32_t>(get_le(q + 0, 4));
@@ -146,7 +157,8 @@ std::optional<Segment> decode_segment(std::span<const std::byte> d, DecodeError*
     h.offset = get_le(q + 8, 4);
   }
   if (why) *why = DecodeError::kNone;
-  return Segment{h, d.subspan(hs, payload_length)};
+  return Segment{h, d.subspan(hs, payload_length), d.first(hs + payload_length),
+                 d.subspan(hs + payload_length, mac_size)};
 }
 
 const char* decode_error_name(DecodeError e) {

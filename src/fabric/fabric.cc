@@ -46,40 +46,22 @@ void UcxDestroy::operator()(ucp_rkey* h) const { ucp_rkey_destroy(h); }
 namespace {
 using internal::from_ucs;
 
-// The UCX transport list for a wire. "self" is always needed for loopback within a process.
-const char* tls_for(Transport t) { return t == Transport::kShm ? "posix,sysv,self" : "tcp,self"; }
-
-// UCX's tcp transport settings the fabric chooses (a user's UCX_TCP_<NAME> in the environment wins).
-// Over tcp every put is one active message carrying the block (soft_rma.h). With UCX's default
-// 8 KiB send segments a 1 MiB block leaves in 129 fragments, each its own sendmsg(2), and the
-// target reassembles them into a fresh buffer before the fabric copies the block into place; one
-// segment a block (the default 1 MiB block with its headers) is one system call a block and one
-// copy fewer, which is what took status_byte over tcp toward a plain socket (docs/benchmarks.md,
-// "TCP at socket speed"). The receive segment is the target's read buffer: it must hold a whole
-// send segment. Blocks larger than a segment still go, in several.
-struct TcpSetting {
-  const char* name;
-  const char* value;
-};
-constexpr TcpSetting kTcpSettings[] = {
-    {"TX_SEG_SIZE", "1028K"},  // 1 MiB + 4 KiB: a 1 MiB block, its 16-byte header and the AM's headers
-    {"RX_SEG_SIZE", "2056K"},  // two of them
-};
-
-Status configure_tcp(ucp_config_t* config) {
-  for (const TcpSetting& s : kTcpSettings) {
-    // ucp_config_modify takes a transport's setting without its prefix (UCX_TCP_TX_SEG_SIZE is
-    // "TX_SEG_SIZE"); in a tcp context only the tcp transport has these two.
-    if (getenv(("UCX_TCP_" + std::string(s.name)).c_str()) != nullptr) continue;
-    SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_config_modify(config, s.name, s.value), s.name));
+// Applies the fabric's UCX settings for `spec` (transports.h) to `config`; a user's UCX_* in the
+// environment wins. ucp_config_modify takes a transport's setting without its prefix
+// (UCX_TCP_TX_SEG_SIZE is "TX_SEG_SIZE"); in a tcp context only the tcp transport has those.
+Status configure(ucp_config_t* config, const FabricSpec& spec, std::vector<std::string>* overrides) {
+  UcxChoice choice = ucx_settings(spec, [](const char* name) { return static_cast<const char*>(getenv(name)); });
+  for (const UcxSetting& s : choice.apply) {
+    SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_config_modify(config, s.key.c_str(), s.value.c_str()), s.env.c_str()));
   }
+  *overrides = std::move(choice.overridden);
   return Status::ok();
 }
 
 struct AtomicCounters {
   std::atomic<uint64_t> endpoints{0}, registered_now{0}, registered_max{0}, puts{0}, gets{0}, am_sends{0},
       am_received{0}, tag_sends{0}, tag_receives{0}, tag_unexpected{0}, outstanding{0}, max_outstanding{0},
-      completions{0}, progress_calls{0}, progress_useful{0}, progress_ns{0};
+      completions{0}, progress_calls{0}, progress_useful{0}, progress_ns{0}, setup_progress_calls{0};
 };
 AtomicCounters g_counters;
 
@@ -116,13 +98,15 @@ Counters counters() {
   out.progress_calls = c.progress_calls.load();
   out.progress_useful = c.progress_useful.load();
   out.progress_ns = c.progress_ns.load();
+  out.setup_progress_calls = c.setup_progress_calls.load();
   return out;
 }
 
 void reset_counters() {
   auto& c = g_counters;
-  for (auto* a : {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.tag_sends, &c.tag_receives,
-                  &c.tag_unexpected, &c.completions, &c.progress_calls, &c.progress_useful, &c.progress_ns}) {
+  for (auto* a :
+       {&c.endpoints, &c.puts, &c.gets, &c.am_sends, &c.am_received, &c.tag_sends, &c.tag_receives, &c.tag_unexpected,
+        &c.completions, &c.progress_calls, &c.progress_useful, &c.progress_ns, &c.setup_progress_calls}) {
     a->store(0);
   }
   c.registered_max.store(c.registered_now.load());
@@ -130,18 +114,16 @@ void reset_counters() {
 }
 
 // ---------------------------------------------------------------------------------- Context
-Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
-  if (transport == Transport::kAuto) return {Code::kInvalidArgument, "a fabric context needs shm or tcp, not auto"};
+Status Context::create(const FabricSpec& spec, std::unique_ptr<Context>* out) {
+  if (spec.transport == Transport::kAuto)
+    return {Code::kInvalidArgument, "a fabric context needs a transport, not auto"};
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return from_ucs(st, "ucp_config_read");
-  // The user's UCX_TLS, if set, wins (that is how one runs on rc/dc/ud); otherwise we pick.
-  if (getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", tls_for(transport));
-  if (transport == Transport::kTcp) {
-    if (Status cs = configure_tcp(config); !cs.is_ok()) {
-      ucp_config_release(config);
-      return cs;
-    }
+  std::vector<std::string> overrides;
+  if (Status cs = configure(config, spec, &overrides); !cs.is_ok()) {
+    ucp_config_release(config);
+    return cs;
   }
 
   ucp_params_t params{};
@@ -152,8 +134,8 @@ Status Context::create(Transport transport, std::unique_ptr<Context>* out) {
   ucp_context_h handle = nullptr;
   st = ucp_init(&params, config, &handle);
   ucp_config_release(config);
-  if (st != UCS_OK) return from_ucs(st, "ucp_init");
-  out->reset(new Context(handle, transport));
+  if (st != UCS_OK) return from_ucs(st, ("ucp_init (" + spec_name(spec) + ")").c_str());
+  out->reset(new Context(handle, spec, std::move(overrides)));
   return Status::ok();
 }
 
@@ -166,6 +148,13 @@ void Context::park(std::unique_ptr<MemoryRegion> region) {
   parked_.push_back(std::move(region));
 }
 
+uint64_t Context::registered_bytes() const {
+  std::lock_guard lock(regions_mutex_);
+  uint64_t sum = 0;
+  for (const auto& [base, size] : regions_) sum += size;
+  return sum;
+}
+
 bool Context::registered(uint64_t address, uint64_t length) const {
   std::lock_guard lock(regions_mutex_);
   for (const auto& [base, size] : regions_) {
@@ -175,6 +164,19 @@ bool Context::registered(uint64_t address, uint64_t length) const {
 }
 
 // ----------------------------------------------------------------------------- MemoryRegion
+namespace {
+// What a failed ucp_mem_map most likely ran into on this transport.
+const char* map_failure(const Context& ctx) {
+  if (ctx.traits().registers_memory) {
+    return "ucp_mem_map (the NIC could not pin the memory: is the locked-memory limit, ulimit -l, too low?)";
+  }
+  if (ctx.transport() == Transport::kShm) {
+    return "ucp_mem_map (out of shared memory? UCX allocates SysV segments or /dev/shm files for it)";
+  }
+  return "ucp_mem_map";
+}
+}  // namespace
+
 Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
@@ -183,8 +185,7 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
   params.flags = UCP_MEM_MAP_ALLOCATE;
   ucp_mem_h mem = nullptr;
   ucs_status_t st = ucp_mem_map(ctx.handle(), &params, &mem);
-  if (st != UCS_OK)
-    return from_ucs(st, "ucp_mem_map (out of shared memory? UCX allocates SysV segments or /dev/shm files for it)");
+  if (st != UCS_OK) return from_ucs(st, map_failure(ctx));
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   st = ucp_mem_query(mem, &attr);
@@ -209,7 +210,7 @@ Status MemoryRegion::map(Context& ctx, void* address, size_t length, std::unique
   params.length = length;
   ucp_mem_h mem = nullptr;
   ucs_status_t st = ucp_mem_map(ctx.handle(), &params, &mem);
-  if (st != UCS_OK) return from_ucs(st, "ucp_mem_map (registering local memory)");
+  if (st != UCS_OK) return from_ucs(st, map_failure(ctx));
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
   out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(address), length));
   {
@@ -364,9 +365,9 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
   params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
   // Peer-failure handling makes UCX drop shared-memory transports for RMA (they have no peer
   // failure handler), so on shm we go without; a dead receiver is noticed through the control
-  // socket instead (see Liveness). On tcp it turns a dead peer into an endpoint error.
-  params.err_mode =
-      worker.context().transport() == Transport::kTcp ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  // socket instead (see Liveness). On tcp and rdma (rc, dc and ud handle it natively) it turns a
+  // dead peer into an endpoint error.
+  params.err_mode = worker.context().traits().peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = [](void* arg, ucp_ep_h e, ucs_status_t st) { on_error(arg, e, st); };
   params.err_handler.arg = ep.get();
   ucs_status_t st = ucp_ep_create(worker.handle(), &params, &ep->handle_);
@@ -537,8 +538,9 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
     st = ucp_worker_get_efd(handle, &w->event_fd_);
     if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_efd");
   }
-  // tcp has no one-sided transport: the fabric carries puts and gets itself (soft_rma.h).
-  if (ctx.transport() == Transport::kTcp) SLOTSTREAM_RETURN_IF_ERROR(SoftRma::create(*w, &w->soft_));
+  // tcp has no one-sided transport: the fabric carries puts and gets itself (soft_rma.h). rdma
+  // and shm take UCX's own one-sided operations.
+  if (ctx.traits().soft_rma) SLOTSTREAM_RETURN_IF_ERROR(SoftRma::create(*w, &w->soft_));
   *out = std::move(w);
   return Status::ok();
 }
@@ -558,6 +560,13 @@ unsigned Worker::progress() {
   g_counters.progress_calls.fetch_add(1, std::memory_order_relaxed);
   g_counters.progress_ns.fetch_add(uint64_t(ns), std::memory_order_relaxed);
   if (n != 0) g_counters.progress_useful.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
+
+unsigned Worker::progress_setup() {
+  const unsigned n = ucp_worker_progress(handle());
+  if (soft_) soft_->reap();
+  g_counters.setup_progress_calls.fetch_add(1, std::memory_order_relaxed);
   return n;
 }
 

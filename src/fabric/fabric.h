@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/transports.h"
 #include "slotstream/slotstream.h"
 #include "slotstream/status.h"
 
@@ -59,6 +60,9 @@ struct Counters {
   uint64_t progress_calls = 0;
   uint64_t progress_useful = 0;  // calls that found something to do
   uint64_t progress_ns = 0;
+  // Progress calls made only while a peer connected (Worker::progress_setup: rc's wire-up is
+  // answered by the target's worker), not counted above: before the data path starts.
+  uint64_t setup_progress_calls = 0;
 };
 Counters counters();
 void reset_counters();
@@ -71,14 +75,24 @@ class MemoryRegion;
 
 class Context {
  public:
-  // `transport` (shm or tcp; not kAuto) is which UCX transports it may use. The protocols never
+  // `spec` (never kAuto) is which UCX transports it may use (transports.h). The protocols never
   // look at it; only the fabric does, to configure UCX.
-  static Status create(Transport transport, std::unique_ptr<Context>* out);
+  static Status create(const FabricSpec& spec, std::unique_ptr<Context>* out);
+  static Status create(Transport transport, std::unique_ptr<Context>* out) {
+    return create(FabricSpec{transport}, out);
+  }
   ~Context();  // unmaps parked regions, then cleans up (every worker must be gone by then)
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
-  Transport transport() const { return transport_; }
+  Transport transport() const { return spec_.transport; }
+  const FabricSpec& spec() const { return spec_; }
+  TransportTraits traits() const { return fabric::traits(spec_); }
+  // The UCX settings of the user's environment that replaced the fabric's own (transports.h),
+  // for the CLI to report: empty when the environment changed nothing.
+  const std::vector<std::string>& ucx_overrides() const { return overrides_; }
+  // Bytes registered through this context now (what the NIC pins on rdma). Any thread.
+  uint64_t registered_bytes() const;
   // Whether [address, address + length) lies in one memory region registered through this
   // context: what a peer may read or write where the fabric carries puts and gets (soft_rma.h).
   // Any thread.
@@ -94,10 +108,14 @@ class Context {
  private:
   friend class MemoryRegion;
   friend class Worker;
-  Context(ucp_context* handle, Transport transport) : handle_(handle), transport_(transport) {}
+  Context(ucp_context* handle, FabricSpec spec, std::vector<std::string> overrides)
+      : handle_(handle),
+        spec_(std::move(spec)),
+        overrides_(std::move(overrides)) {}
   ucp_context* handle() const { return handle_.get(); }
   UcxHandle<ucp_context> handle_;
-  Transport transport_;
+  FabricSpec spec_;
+  std::vector<std::string> overrides_;
   mutable std::mutex regions_mutex_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
   std::mutex parked_mutex_;
@@ -285,8 +303,12 @@ class Worker {
 
   Context& context() const { return ctx_; }
   const std::vector<uint8_t>& address() const { return address_; }
+  // Whether the fabric carries this worker's puts and gets itself (soft_rma.h): on tcp only.
+  bool soft_rma() const { return soft_ != nullptr; }
 
   unsigned progress();
+  // progress() while a peer connects (counted apart: Counters::setup_progress_calls).
+  unsigned progress_setup();
   // Orders every put/get issued before it before every one issued after it.
   Status fence();
   // Blocks until the worker has an event, `signal()` is called (also before this call: a signal
@@ -320,7 +342,7 @@ class Worker {
   ucp_worker* handle() const { return handle_.get(); }
   Context& ctx_;
   UcxHandle<ucp_worker> handle_;
-  std::unique_ptr<SoftRma> soft_;  // tcp: puts and gets carried by the fabric (soft_rma.h)
+  std::unique_ptr<SoftRma> soft_;  // puts and gets carried by the fabric (traits: tcp; soft_rma.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;
@@ -328,8 +350,9 @@ class Worker {
 };
 
 // Drives a shared worker from its own thread, sleeping in the kernel while there is nothing to
-// do (so an idle receiver costs no CPU). Needed wherever UCX emulates RMA in software (tcp);
-// on a real RNIC or on shared memory it only serves connection wire-up.
+// do (so an idle receiver costs no CPU). Needed wherever RMA needs the target's progress
+// (TransportTraits::target_progress: tcp, rdma over ud); rdma over rc/dc and shared memory run
+// without it.
 class ProgressThread {
  public:
   explicit ProgressThread(Worker& worker);

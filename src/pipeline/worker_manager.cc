@@ -241,8 +241,17 @@ void WorkerManager::refresh_locked(DeviceWorker& w) {
 }
 
 void WorkerManager::stored(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes) {
+  const StoredFile file{device, seq, bytes};
+  stored(sender, std::span(&file, 1));
+}
+
+void WorkerManager::stored(const std::string& sender, std::span<const StoredFile> files) {
   std::lock_guard lock(mutex_);
   if (stopping_) return;
+  for (const StoredFile& f : files) stored_locked(sender, f.device, f.seq, f.bytes);
+}
+
+void WorkerManager::stored_locked(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes) {
   DeviceWorker& w = worker_locked(sender, device);
   if (int64_t(seq) > w.done && (w.pending.empty() || w.pending.back().first < seq)) {
     w.pending.emplace_back(seq, bytes);
@@ -259,19 +268,26 @@ void WorkerManager::stored(const std::string& sender, uint16_t device, uint64_t 
 }
 
 bool WorkerManager::over_limit(const std::string& sender, uint16_t device, std::string* why) {
+  return over(device, backlog(sender, device), why);
+}
+
+WorkerManager::Backlog WorkerManager::backlog(const std::string& sender, uint16_t device) {
   std::lock_guard lock(mutex_);
   auto it = workers_.find({sender, device});
-  if (it == workers_.end()) return false;
+  if (it == workers_.end()) return {};
   DeviceWorker& w = it->second;
   refresh_locked(w);
-  const uint64_t n = w.pending.size();
-  if (options_.backlog_messages && n >= options_.backlog_messages) {
-    *why = "device " + std::to_string(device) + " has " + std::to_string(n) +
+  return {w.pending.size(), w.pending_bytes};
+}
+
+bool WorkerManager::over(uint16_t device, const Backlog& b, std::string* why) const {
+  if (options_.backlog_messages && b.messages >= options_.backlog_messages) {
+    *why = "device " + std::to_string(device) + " has " + std::to_string(b.messages) +
            " unprocessed messages (--backlog-messages " + std::to_string(options_.backlog_messages) + ")";
     return true;
   }
-  if (options_.backlog_bytes && w.pending_bytes >= options_.backlog_bytes) {
-    *why = "device " + std::to_string(device) + " has " + std::to_string(w.pending_bytes) +
+  if (options_.backlog_bytes && b.bytes >= options_.backlog_bytes) {
+    *why = "device " + std::to_string(device) + " has " + std::to_string(b.bytes) +
            " unprocessed bytes (--backlog-bytes " + std::to_string(options_.backlog_bytes) + ")";
     return true;
   }
@@ -388,9 +404,47 @@ class PipelineSink final : public MessageSink {
     return Status::ok();
   }
   void abort(uint16_t device) override { files_.abort(device); }
+  // A batch: each device's backlog is looked up once (one lock) and counted up as its messages
+  // are stored, so the limit holds message by message; what was stored is told to the manager
+  // in one call.
+  Status deliver(std::span<const Message> batch, size_t* stored) override {
+    *stored = 0;
+    Status st;
+    size_t n = 0;
+    for (; n < batch.size(); ++n) {
+      WorkerManager::Backlog& b = backlog_of(batch[n].device);
+      std::string why;
+      if (manager_.over(batch[n].device, b, &why)) {
+        st = {Code::kBusy, "worker backlog: " + why};
+        break;
+      }
+      const uint16_t d = batch[n].device;
+      const uint64_t before = files_.numbering(d)->already_stored;
+      size_t one = 0;
+      st = files_.deliver(batch.subspan(n, 1), &one);
+      if (!st.is_ok()) break;
+      if (files_.numbering(d)->already_stored != before) continue;  // stored before: its worker has it
+      ++b.messages;
+      b.bytes += batch[n].data.size();
+      files_done_.push_back({d, files_.last_committed(d).seq, batch[n].data.size()});
+    }
+    manager_.stored(sender_, files_done_);
+    files_done_.clear();
+    *stored = n;
+    backlogs_.clear();
+    return st;
+  }
   std::optional<Numbering> numbering(uint16_t device) override { return files_.numbering(device); }
 
  private:
+  WorkerManager::Backlog& backlog_of(uint16_t device) {
+    for (auto& [d, b] : backlogs_) {
+      if (d == device) return b;
+    }
+    return backlogs_.emplace_back(device, manager_.backlog(sender_, device)).second;
+  }
+  std::vector<std::pair<uint16_t, WorkerManager::Backlog>> backlogs_;
+  std::vector<WorkerManager::StoredFile> files_done_;  // what a batch stored, told in one call
   sink::DirSink files_;
   std::string sender_;
   WorkerManager& manager_;

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,8 +59,24 @@ class WorkerManager {
 
   // Message file `seq` of `bytes` bytes was stored for (sender, device).
   void stored(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes);
+  struct StoredFile {
+    uint16_t device = 0;
+    uint64_t seq = 0;
+    uint64_t bytes = 0;
+  };
+  // The same for a batch of files, under one lock.
+  void stored(const std::string& sender, std::span<const StoredFile> files);
   // True (and the reason) while the device's unprocessed backlog is over a limit.
   bool over_limit(const std::string& sender, uint16_t device, std::string* why);
+  // A device's unprocessed backlog now (what over_limit judges), for a sink that stores a batch
+  // and counts what it adds.
+  struct Backlog {
+    uint64_t messages = 0;
+    uint64_t bytes = 0;
+  };
+  Backlog backlog(const std::string& sender, uint16_t device);
+  // Whether `b` is over the limits (and why).
+  bool over(uint16_t device, const Backlog& b, std::string* why) const;
   std::vector<WorkerStats> stats() const;
   uint64_t total_backlog_bytes() const;
   void stop();
@@ -86,6 +103,7 @@ class WorkerManager {
   };
 
   DeviceWorker& worker_locked(const std::string& sender, uint16_t device);
+  void stored_locked(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes);
   void start_locked(DeviceWorker& w);
   void refresh_locked(DeviceWorker& w);  // reads `done`, forgets and deletes processed messages
   void supervise();

@@ -25,6 +25,12 @@ class Options {
   std::string text() const;
   bool empty() const { return values_.empty(); }
   bool has(std::string_view key) const { return values_.contains(std::string(key)); }
+  // A copy without `key` (the stream layer's own options, split from the protocol's).
+  Options without(std::string_view key) const {
+    Options o = *this;
+    o.values_.erase(std::string(key));
+    return o;
+  }
 
   // Typed reads; an absent key yields `fallback`, a malformed value an error naming the key.
   Status size(std::string_view key, uint64_t fallback, uint64_t* out) const;  // "2M", "65536"

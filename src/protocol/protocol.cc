@@ -12,6 +12,7 @@ void add_sample(std::vector<uint64_t>& samples, uint64_t ns) {
 }
 
 WaitTimer::~WaitTimer() {
+  if (dismissed_) return;
   const uint64_t ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
   ++stats_.waits;

@@ -10,11 +10,15 @@
 //             nothing is waiting; finish_st() once at the end
 //   receiver: poll(records) -> the stream layer consumes each record -> release(id)
 //
-// What the sender hands to transmit_st is one *record*: a 16-byte block header
-// (wire/block_header.h) and its payload, at most one block. Block protocols put each record in
-// a block of its own (status_byte, sliding_window, credit); ring protocols pack records back to
-// back (packed_ring, buffered_read). Every record keeps its header, so device, packet number and
-// length survive any packing.
+// What the sender hands to transmit_st is one *unit*, at most one block: a record (a 16-byte
+// block header and its payload), or several records behind a packed header when the stream layer
+// packed small messages (issue 21; wire/block_header.h, stream/send_ring.h). Block protocols put
+// each unit in a block of its own (status_byte, sliding_window, credit); ring protocols pack units
+// back to back (packed_ring, buffered_read). Every record keeps its header, so device, packet
+// number and length survive any packing; the receiver's stream layer unpacks (stream/delivery.h).
+//
+// Packing is the stream layer's, not a protocol's: every protocol takes the option `pack=on|off`
+// beside its own (packs(), protocol_options()); Descriptor::packs says which default it has.
 #pragma once
 
 #include <chrono>
@@ -98,10 +102,14 @@ class WaitTimer {
   ~WaitTimer();
   WaitTimer(const WaitTimer&) = delete;
   WaitTimer& operator=(const WaitTimer&) = delete;
+  // The wait is not over here and goes on elsewhere (a filler hands it to the sending thread,
+  // which times it again): record nothing.
+  void dismiss() { dismissed_ = true; }
 
  private:
   ProtocolStats& stats_;
   std::chrono::steady_clock::time_point t0_;
+  bool dismissed_ = false;
 };
 
 // Appends a sample unless `samples` already holds kMaxSamples.
@@ -116,10 +124,22 @@ class SenderProtocol {
   virtual ~SenderProtocol() = default;
   // Bytes the receiver needs to reach into this sender (sent in SETUP; most protocols: none).
   virtual std::vector<uint8_t> setup() const { return {}; }
-  // Moves the `length`-byte record at `src` (a local send block) into receiver memory and makes
+  // Moves the `length`-byte unit at `src` (a local send block) into receiver memory and makes
   // it visible there. May block for receiver space. If the data transfer is still running on
   // return, `*data_req` holds it and `src` must stay untouched until it completes.
   virtual Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) = 0;
+  // Whether transmit_st would place a unit now without waiting for receiver space, looking once if
+  // it must (status_byte: one status read when its cache has no free block). A filler that
+  // transmits asks before each unit and leaves the lane to the sending thread when there is none,
+  // going back to filling (the lane is busy: records pack meanwhile). Default: always.
+  virtual Status space_st(bool* ready) {
+    *ready = true;
+    return Status::ok();
+  }
+  // Waits until transmit_st would not wait for receiver space; the sending thread calls it before
+  // it seals the open block, so that what arrives meanwhile leaves with it. Protocols whose
+  // transmit_st waits by itself need not override it. Counted as a wait (WaitTimer) like one.
+  virtual Status wait_space_st() { return Status::ok(); }
   // Nothing is waiting to be transmitted right now (the sending thread polls about every ms while
   // idle, more often while data flows). Protocols that coalesce or expect credits act here.
   virtual Status idle_st() { return Status::ok(); }
@@ -210,7 +230,9 @@ struct Descriptor {
   // operation that needs this worker is answered at once. (Without it the idle sending thread
   // naps, and a filler's commit transmits from the filler without a hand-off.)
   bool sender_wakeup = false;
-  // Rejects options the protocol does not take (nullptr: it takes none).
+  // The stream layer packs small records into a unit by default (pack=on|off overrides it).
+  bool packs = false;
+  // Rejects options the protocol does not take (nullptr: it takes none). Never sees `pack`.
   Status (*check_options)(const Options& options) = nullptr;
   Status (*make_sender)(SenderFabric& fabric, std::span<const uint8_t> setup, const Options& options,
                         std::unique_ptr<SenderProtocol>* out) = nullptr;
@@ -221,7 +243,14 @@ struct Descriptor {
 // The registry: every protocol this build has, in a fixed order.
 std::span<const Descriptor* const> all();
 const Descriptor* find(std::string_view name);
-// `options` against the protocol's check_options (none allowed without one).
+// `options` against the protocol's check_options (none allowed without one), `pack` against the
+// stream layer's rule.
 Status check_options(const Descriptor& d, const Options& options);
+// Whether the sender packs small records (Descriptor::packs unless `pack=` says otherwise).
+Status packs(const Descriptor& d, const Options& options, bool* out);
+// The options without the stream layer's (`pack`): what make_sender / make_receiver get.
+Options protocol_options(const Options& options);
+inline constexpr std::string_view kPackHelp =
+    "pack=on|off: small messages share a block while the lane is busy (every protocol; default: on for status_byte)";
 
 }  // namespace slotstream::protocol

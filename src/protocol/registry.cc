@@ -31,9 +31,16 @@ const Descriptor* find(std::string_view name) {
 }
 
 Status check_options(const Descriptor& d, const Options& options) {
-  if (d.check_options) return d.check_options(options);
-  return options.check_known(d.name, {});
+  bool pack = false;
+  SLOTSTREAM_RETURN_IF_ERROR(packs(d, options, &pack));
+  const Options own = protocol_options(options);
+  if (d.check_options) return d.check_options(own);
+  return own.check_known(d.name, {});
 }
+
+Status packs(const Descriptor& d, const Options& options, bool* out) { return options.flag("pack", d.packs, out); }
+
+Options protocol_options(const Options& options) { return options.without("pack"); }
 
 namespace {
 constexpr uint32_t kSpinPolls = 64;
@@ -60,11 +67,32 @@ void PollBackoff::pause(fabric::Worker& worker) {
 namespace slotstream {
 
 std::vector<ProtocolInfo> protocols(bool with_references) {
+  // Every transport the fabric configures, for receiver_progress_on.
+  static const fabric::FabricSpec kSpecs[] = {{Transport::kShm},
+                                              {Transport::kTcp},
+                                              {Transport::kRdma, RdmaTransport::kRc},
+                                              {Transport::kRdma, RdmaTransport::kDc},
+                                              {Transport::kRdma, RdmaTransport::kUd}};
   std::vector<ProtocolInfo> out;
   for (const auto* d : protocol::all()) {
     if (d->reference && !with_references) continue;
-    out.push_back({std::string(d->name), std::string(d->summary), std::string(d->options_help), d->reference, d->holds,
-                   d->connection_per_device, d->receiver_progress, d->receiver_endpoint, d->sender_wakeup});
+    std::string options(d->options_help);
+    if (!d->reference) options += (options.empty() ? "" : "; ") + std::string(protocol::kPackHelp);
+    ProtocolInfo info{std::string(d->name),
+                      std::string(d->summary),
+                      options,
+                      d->reference,
+                      d->holds,
+                      d->connection_per_device,
+                      d->receiver_progress,
+                      d->receiver_endpoint,
+                      d->sender_wakeup,
+                      d->packs};
+    // The receiver takes part where the protocol needs it or the transport's RMA does.
+    for (const auto& spec : kSpecs) {
+      info.receiver_progress_on[fabric::spec_name(spec)] = d->receiver_progress || fabric::traits(spec).target_progress;
+    }
+    out.push_back(std::move(info));
   }
   return out;
 }

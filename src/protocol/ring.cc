@@ -70,9 +70,13 @@ void split_records(std::span<const std::byte> segment, std::vector<std::span<con
   while (!segment.empty()) {
     size_t length = segment.size();  // unless a valid header says otherwise: the rest is one bad record
     if (segment.size() >= wire::kBlockHeaderSize) {
-      auto h =
-          wire::decode_block_header(segment.first<wire::kBlockHeaderSize>(), segment.size() - wire::kBlockHeaderSize);
-      if (h) length = wire::kBlockHeaderSize + h->payload_length;
+      // A packed unit (the stream layer's, pack=on) is one record here: the stream layer unpacks it.
+      if (auto p = wire::decode_packed_header(segment.first<wire::kPackedHeaderSize>(), segment.size())) {
+        length = p->length;
+      } else if (auto h = wire::decode_block_header(segment.first<wire::kBlockHeaderSize>(),
+                                                    segment.size() - wire::kBlockHeaderSize)) {
+        length = wire::kBlockHeaderSize + h->payload_length;
+      }
     }
     out->push_back(segment.first(length));
     segment = segment.subspan(length);

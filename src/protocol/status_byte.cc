@@ -26,16 +26,8 @@ class StatusByteSender final : public SenderProtocol {
         cache_(fabric.geometry.blocks) {}
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
-    int64_t j = cache_.pick(&stats_.held_skips);
-    if (j < 0) {
-      // paper §3.2.6: no free block in the cache. The sender is blocked from here until a block
-      // is free: status reads, their fences and back-off all count as this one wait.
-      WaitTimer wait(stats_);
-      for (PollBackoff backoff; j < 0; backoff.pause()) {
-        SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
-        j = cache_.pick(&stats_.held_skips);
-      }
-    }
+    SLOTSTREAM_RETURN_IF_ERROR(wait_space_st());
+    const int64_t j = cache_.pick(&stats_.held_skips);
     const auto& g = fabric_.geometry;
     // paper §3.2.2: two writes — the data (no completion of its own), then, behind a fence, the
     // status byte: the fence is what lets the receiver trust a status byte of 1.
@@ -43,6 +35,29 @@ class StatusByteSender final : public SenderProtocol {
                                                             &kFullByte, 1, status_addr_ + j, *rkey_, data_req));
     cache_.mark_full(static_cast<uint32_t>(j));
     ++stats_.records;
+    return Status::ok();
+  }
+
+  // paper §3.2.6: no free block in the cache. The sender is blocked from here until a block is
+  // free: status reads, their fences and back-off all count as this one wait.
+  Status wait_space_st() override {
+    if (cache_.pick(nullptr) >= 0) return Status::ok();
+    WaitTimer wait(stats_);
+    for (PollBackoff backoff;; backoff.pause()) {
+      SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
+      if (cache_.pick(nullptr) >= 0) return Status::ok();
+    }
+  }
+
+  // One status read when the cache has no free block: a filler that finds none leaves the wait
+  // to the sending thread (which times it from there on).
+  Status space_st(bool* ready) override {
+    *ready = cache_.pick(nullptr) >= 0;
+    if (*ready) return Status::ok();
+    WaitTimer wait(stats_);
+    SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
+    *ready = cache_.pick(nullptr) >= 0;
+    if (!*ready) wait.dismiss();
     return Status::ok();
   }
 
@@ -93,12 +108,19 @@ class StatusByteReceiver final : public ReceiverProtocol {
   }
 
   void poll(std::vector<Record>* out) override {
-    for (uint32_t i = 0; i < geometry_.blocks; ++i) {
+    // From the block after the last one found full: the sender fills blocks round robin, so this
+    // is the order it sent them in (mostly), and the stream layer seldom has to sort.
+    const uint32_t n = geometry_.blocks;
+    uint32_t last = n;
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t i = (scan_from_ + k) % n;
       // Acquire: the block's data (written before the status byte, behind a fence) is visible.
       if (status(i).load(std::memory_order_acquire) == kFull) {
         out->push_back({i, i, {region_->data() + size_t(i) * geometry_.block_size, geometry_.block_size}});
+        last = i;
       }
     }
+    if (last != n) scan_from_ = (last + 1) % n;
   }
 
   void release(uint64_t id) override {
@@ -127,6 +149,7 @@ class StatusByteReceiver final : public ReceiverProtocol {
   std::unique_ptr<fabric::MemoryRegion> region_;
   std::vector<uint8_t> rkey_;
   std::vector<bool> hold_wanted_;
+  uint32_t scan_from_ = 0;
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
@@ -159,7 +182,7 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
   for (uint32_t k = 0; k < n; ++k) {
     uint32_t i = (cursor_ + k) % n;
     if (status_[i] == kEmpty) return i;
-    if (status_[i] == kHeld) ++*held_skips;
+    if (status_[i] == kHeld && held_skips) ++*held_skips;
   }
   return -1;
 }
@@ -170,6 +193,7 @@ const Descriptor kStatusByte = {
         "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
         "writes data, fence, status byte, and reads the status array only when out of free blocks",
     .holds = true,
+    .packs = true,
     .make_sender = make_sender,
     .make_receiver = make_receiver,
 };

@@ -22,7 +22,7 @@ class StatusCache {
  public:
   explicit StatusCache(uint32_t blocks) : status_(blocks, kEmpty) {}
   // Next empty block at or after the cursor (round robin), or -1 if the cache has none.
-  // Held blocks are skipped and counted.
+  // Held blocks are skipped and counted (unless `held_skips` is null: only looking).
   int64_t pick(uint64_t* held_skips);
   void mark_full(uint32_t index) {
     status_[index] = kFull;

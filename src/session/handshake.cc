@@ -2,14 +2,20 @@
 // to the sender (declared in receiver_session.h).
 #include "session/handshake.h"
 
+#include <thread>
+
 #include "common.h"
 #include "session/receiver_session.h"
 #include "session/transport_choice.h"
 
 namespace slotstream::session {
 
-std::optional<Refusal> check_hello(const wire::Hello& hello, Transport allowed, const std::string& receiver_host_id,
-                                   HelloTerms* terms) {
+EndFacts sender_facts(const wire::Hello& hello) {
+  return {hello.host_id, hello.shm_domain, (hello.offers & wire::kOfferShm) != 0,
+          (hello.offers & wire::kOfferRdma) != 0};
+}
+
+std::optional<Refusal> check_hello(const wire::Hello& hello, const ReceiverTerms& receiver, HelloTerms* terms) {
   HelloTerms t;
   t.protocol = protocol::find(hello.protocol);
   if (!t.protocol) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'", "protocol"};
@@ -31,9 +37,16 @@ std::optional<Refusal> check_hello(const wire::Hello& hello, Transport allowed, 
   if (hello.devices.empty() || hello.devices.size() > kMaxDevices) {
     return Refusal{Code::kRefused, "a sender must declare 1.." + std::to_string(kMaxDevices) + " devices", "devices"};
   }
-  TransportChoice choice = choose_transport(allowed, hello.transport, hello.host_id, receiver_host_id);
+  TransportChoice choice = choose_transport(receiver.allowed, hello.transport, sender_facts(hello), receiver.facts);
   if (!choice.transport) return Refusal{Code::kRefused, choice.refusal, "transport"};
+  if (*choice.transport == Transport::kRdma && hello.rdma_transport && *hello.rdma_transport != receiver.rdma) {
+    return Refusal{Code::kRefused, std::string("this receiver serves rdma over ") + rdma_transport_name(receiver.rdma) +
+                                       ", the sender asks for " + rdma_transport_name(*hello.rdma_transport) +
+                                       " (--rdma-transport on both ends)",
+                   "transport"};
+  }
   t.transport = *choice.transport;
+  t.reason = std::move(choice.reason);
   *terms = std::move(t);
   return std::nullopt;
 }
@@ -86,6 +99,18 @@ std::optional<Refusal> check_setup_proof(const std::string& token, const net::No
   return std::nullopt;
 }
 
+Status expect_progressing(net::ControlSocket& control, wire::MsgType type, net::Millis timeout, fabric::Worker* worker,
+                          std::vector<uint8_t>* body) {
+  if (worker == nullptr) return control.expect(type, timeout, body);
+  for (const auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
+    Status alive = control.check_alive();
+    if (alive.code() == Code::kInProgress) return control.expect(type, timeout, body);  // a frame is there
+    if (!alive.is_ok()) return alive;
+    if (worker->progress_setup() == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return {Code::kTimeout, "timed out waiting for the peer"};
+}
+
 // ------------------------------------------------------------------ ReceiverSession's steps
 
 std::optional<Refusal> ReceiverSession::handshake() {
@@ -93,10 +118,11 @@ std::optional<Refusal> ReceiverSession::handshake() {
   if (auto r = read_hello(&hello)) return r;
   if (capacity_only_) return std::nullopt;
   HelloTerms terms;
-  if (auto r = check_hello(hello, rx_options_.transport, rx_.receiver_host_id(), &terms)) return r;
+  if (auto r = check_hello(hello, rx_.receiver_terms(), &terms)) return r;
   desc_ = terms.protocol;
   options_ = std::move(terms.options);
   transport_ = terms.transport;
+  transport_reason_ = std::move(terms.reason);
   if (auto r = authenticate(hello)) return r;
   if (auto r = set_up(hello)) return r;
   return connect();
@@ -161,8 +187,43 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
   if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why, "memory"};
   reserved_bytes_ = region;
 
+  if (auto r = set_up_transport(region)) return r;
+  protocol::ReceiverFabric rf{*fabric_->context, worker(), geometry_};
+  if (Status st = desc_->make_receiver(rf, protocol::protocol_options(options_), &proto_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
+  }
+  if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
+    return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
+  }
+  // A sender that packs can have many records per block in flight: the reorder window grows with it.
+  bool packs = false;
+  (void)protocol::packs(*desc_, options_, &packs);  // checked with the hello
+  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices, packs ? geometry_.block_size : 0);
+  if (confirm_) {
+    // The numbers this connection's messages start at: the sender's, or where the sink stands.
+    for (uint16_t d : hello.devices) {
+      auto n = sink_->numbering(d);
+      confirmed_.devices[d].first = n ? n->next : 0;
+    }
+  }
+  delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
+  // A paused device's records copied out of shared blocks: at most another region's worth.
+  delivery_->set_park_limit(geometry_.bytes());
+
+  return send_accept();
+}
+
+// The transport's fabric for this sender: its context and worker (and one of the session's own),
+// once the NIC may pin this sender's region (rdma: the locked-memory limit).
+std::optional<Refusal> ReceiverSession::set_up_transport(uint64_t region) {
   if (Status st = rx_.transport_fabric(transport_, &fabric_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
+  }
+  // The NIC pins every region of this context: this sender's and the ones already connected.
+  if (Status st = fabric::check_memlock(fabric_->context->spec(), fabric_->context->registered_bytes() + region,
+                                        "this sender's blocks and those of the senders already connected");
+      !st.is_ok()) {
+    return Refusal{Code::kRefused, "the receiver cannot pin the blocks: " + st.message(), "memory"};
   }
   // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
   // own that only this session's thread progresses — as an RDMA receiver polls its own
@@ -173,25 +234,16 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
       return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
     }
   }
-  protocol::ReceiverFabric rf{*fabric_->context, worker(), geometry_};
-  if (Status st = desc_->make_receiver(rf, options_, &proto_); !st.is_ok()) {
-    return Refusal{st.code(), "cannot set up " + format_bytes(geometry_.bytes()) + " of blocks: " + st.message()};
-  }
-  if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
-    return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
-  }
-  delivery_ = std::make_unique<stream::Delivery>(*proto_, *sink_, hello.devices);
-  if (confirm_) {
-    // The numbers this connection's messages start at: the sender's, or where the sink stands.
-    for (uint16_t d : hello.devices) {
-      auto n = sink_->numbering(d);
-      confirmed_.devices[d].first = n ? n->next : 0;
-    }
-  }
-  delivery_->set_pause_handler([this](uint16_t device, bool paused) { on_pause(device, paused); });
+  return std::nullopt;
+}
 
+// ACCEPT: the transport and why, what this receiver offers, where the sender writes.
+std::optional<Refusal> ReceiverSession::send_accept() {
   wire::Accept accept;
   accept.transport = transport_;
+  if (transport_ == Transport::kRdma) accept.rdma_transport = fabric_->context->spec().rdma;
+  accept.offers = rx_.receiver_offers();
+  accept.reason = transport_reason_.substr(0, 1024);
   accept.worker_address = worker().address();
   accept.setup = proto_->setup();
   if (my_nonce_) {
@@ -204,10 +256,14 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
   return std::nullopt;
 }
 
-// The sender's half of the set-up (SETUP), then READY.
+// The sender's half of the set-up (SETUP), then READY. The sender may REFUSE instead: its half of
+// the transport could not be set up (it says why, and an auto sender connects again).
 std::optional<Refusal> ReceiverSession::connect() {
   std::vector<uint8_t> body;
-  if (Status st = control_->expect(wire::MsgType::kSetup, kHelloTimeout, &body); !st.is_ok()) {
+  // Where the sender's endpoint is wired up with our worker's help (rdma: rc's connection request
+  // is answered by the target's worker), that worker runs until SETUP — before the data path.
+  fabric::Worker* helper = fabric_->context->traits().setup_progress ? &worker() : nullptr;
+  if (Status st = expect_progressing(*control_, wire::MsgType::kSetup, kHelloTimeout, helper, &body); !st.is_ok()) {
     return Refusal{st.code(), "no set-up from the sender: " + st.message()};
   }
   wire::Setup setup;
@@ -229,7 +285,9 @@ std::optional<Refusal> ReceiverSession::connect() {
   return std::nullopt;
 }
 
-// REFUSE with the reason, then release whatever the handshake had taken.
+// REFUSE with the reason, then release whatever the handshake had taken — before the connection
+// closes: a sender that connects again once it sees the close (an auto sender whose transport
+// failed) finds its name and lane free. (No data moves before READY: nothing writes the region.)
 void ReceiverSession::refuse(const Refusal& refusal) {
   std::string who =
       report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
@@ -237,13 +295,13 @@ void ReceiverSession::refuse(const Refusal& refusal) {
   rx_.count_refusal(refusal_labels(refusal));
   wire::Refuse r{refusal.code, refusal.message};
   (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
-  control_->drain_and_close(net::Millis(200));
   free_region();
   if (reserved_bytes_) rx_.release_memory(reserved_bytes_);
   if (registered_) {
     report_.reason = "refused: " + refusal.message;
     rx_.lane_ended(group_, report_);
   }
+  control_->drain_and_close(net::Millis(200));
 }
 
 }  // namespace slotstream::session

@@ -19,6 +19,7 @@
 #include "net/control_socket.h"
 #include "protocol/options.h"
 #include "protocol/protocol.h"
+#include "session/transport_choice.h"
 #include "slotstream/slotstream.h"
 #include "wire/control.h"
 
@@ -51,14 +52,25 @@ struct HelloTerms {
   const protocol::Descriptor* protocol = nullptr;
   protocol::Options options;
   Transport transport = Transport::kShm;
+  std::string reason;  // why this transport (ACCEPT carries it)
 };
 
+// What the receiver brings to the choice of transport: what it allows (`recv --transport`), the
+// RDMA transport it serves, and its own facts (host, shm domain, whether it has a usable device).
+struct ReceiverTerms {
+  Transport allowed = Transport::kAuto;
+  RdmaTransport rdma = RdmaTransport::kRc;
+  EndFacts facts;
+};
+
+// The sender's facts as its HELLO states them.
+EndFacts sender_facts(const wire::Hello& hello);
+
 // Everything about a hello that can be judged without the token: its protocol and options, the
-// block geometry, the sender name, the devices, and the transport (choose_transport, with the
-// receiver's `allowed` transport and host id). Nothing is allocated yet. *terms is set only when
-// accepted. Pure; any thread.
-std::optional<Refusal> check_hello(const wire::Hello& hello, Transport allowed, const std::string& receiver_host_id,
-                                   HelloTerms* terms);
+// block geometry, the sender name, the devices, and the transport (choose_transport; over rdma
+// the RDMA transport the sender insists on must be the one the receiver serves). Nothing is
+// allocated yet. *terms is set only when accepted. Pure; any thread.
+std::optional<Refusal> check_hello(const wire::Hello& hello, const ReceiverTerms& receiver, HelloTerms* terms);
 
 // The authentication proofs (net/auth.h) over the receiver's nonce, the sender's, and the HELLO
 // as sent. Both sides compute them here (the sender in sender_lane.cc). Pure; any thread.
@@ -77,6 +89,13 @@ std::optional<Refusal> check_sender_proof(const std::string& token, const net::N
                                           std::span<const uint8_t> mac);
 std::optional<Refusal> check_setup_proof(const std::string& token, const net::Nonce& receiver_nonce,
                                          const net::Nonce& sender_nonce, const wire::Setup& setup);
+
+// control.expect(type, timeout), progressing `worker` (unless null) until the frame arrives: set-up
+// that needs this end's worker to answer the peer (rdma: rc's wire-up) completes meanwhile. Those
+// calls are counted apart from the data path's (fabric::Counters::setup_progress_calls). The
+// handshake's thread.
+Status expect_progressing(net::ControlSocket& control, wire::MsgType type, net::Millis timeout, fabric::Worker* worker,
+                          std::vector<uint8_t>* body);
 
 // The receiver memory a sender's region takes against `recv --max-memory`: its blocks and a
 // status byte for each.

@@ -45,7 +45,8 @@ inline Clock::duration idle_nap(Clock::duration idle) {
   return std::clamp<Clock::duration>(idle / 8, kMinIdleSleep, cap);
 }
 
-// UCX context + shared worker for one transport (shm or tcp), created when the first sender asks for it.
+// UCX context + shared worker for one transport (shm, tcp or rdma), created when the first sender
+// asks for it (rdma: the RDMA transport the receiver serves).
 struct TransportFabric {
   std::unique_ptr<fabric::Context> context;
   std::unique_ptr<fabric::Worker> worker;
@@ -57,7 +58,10 @@ class SessionHost {
  public:
   virtual ~SessionHost() = default;
   virtual const ReceiverOptions& receiver_options() const = 0;
-  virtual const std::string& receiver_host_id() const = 0;  // this host's (common.h host_id())
+  // What the receiver brings to the choice of transport (handshake.h), and the transports it
+  // offers (wire::kOfferShm, kOfferRdma) for ACCEPT.
+  virtual const ReceiverTerms& receiver_terms() const = 0;
+  virtual uint8_t receiver_offers() const = 0;
   // The receiver is shutting down: every session ends.
   virtual bool is_stopping() const = 0;
   virtual wire::CapacityInfo capacity() = 0;
@@ -105,6 +109,8 @@ class ReceiverSession {
   std::optional<Refusal> read_hello(wire::Hello* hello);
   std::optional<Refusal> authenticate(const wire::Hello& hello);
   std::optional<Refusal> set_up(const wire::Hello& hello);
+  std::optional<Refusal> set_up_transport(uint64_t region);
+  std::optional<Refusal> send_accept();
   std::optional<Refusal> connect();
   void refuse(const Refusal& refusal);
 
@@ -133,6 +139,7 @@ class ReceiverSession {
   const protocol::Descriptor* desc_ = nullptr;
   protocol::Options options_;
   Transport transport_ = Transport::kShm;
+  std::string transport_reason_;
   TransportFabric* fabric_ = nullptr;
   std::vector<uint8_t> hello_bytes_;    // as received: the authentication proofs cover them
   std::optional<net::Nonce> my_nonce_;  // set when the sender was challenged (token)

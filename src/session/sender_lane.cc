@@ -16,6 +16,8 @@ using net::Millis;
 namespace {
 constexpr Millis kHandshakeTimeout{10000};
 constexpr Millis kConnectTimeout{5000};
+// How long an rdma endpoint may take to connect before the receiver counts as unreachable.
+constexpr Millis kReachTimeout{3000};
 constexpr auto kLivenessInterval = Millis(1);
 // After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
 constexpr auto kLetGoTimeout = Millis(2000);
@@ -60,7 +62,6 @@ SenderLane::SenderLane(LaneOwner& owner, uint16_t index, std::vector<uint16_t> d
       devices_(std::move(devices)) {}
 
 Status SenderLane::connect(const std::string& host, uint16_t port, wire::Hello hello) {
-  SLOTSTREAM_RETURN_IF_ERROR(net::ControlSocket::connect(host, port, kConnectTimeout, &control_));
   hello.lane = index_;
   hello.devices = devices_;
   const SenderOptions& options = owner_.sender_options();
@@ -69,8 +70,28 @@ Status SenderLane::connect(const std::string& host, uint16_t port, wire::Hello h
     for (uint16_t d : devices_) hello.first.push_back(options.first_message.at(d));
   }
   if (options.confirm_stored) hello.flags |= wire::kHelloConfirm;
-  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&hello.nonce));
-  return handshake(hello);
+  for (;;) {
+    hello.offers = owner_.offers();
+    SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&hello.nonce));
+    std::optional<Transport> failed;
+    Status st = net::ControlSocket::connect(host, port, kConnectTimeout, &control_);
+    if (st.is_ok()) st = handshake(hello, &failed);
+    if (st.is_ok() || !failed) return st;
+    // Our half of the chosen transport could not be set up: an auto sender tries again without
+    // it (the receiver picks the next), saying why; otherwise that is the error.
+    reset();
+    if (!owner_.set_up_failed(*failed, st)) return st;
+  }
+}
+
+void SenderLane::reset() {
+  proto_.reset();
+  proto_fabric_.reset();
+  ring_.reset();
+  local_.reset();
+  endpoint_.reset();
+  worker_.reset();
+  control_.reset();
 }
 
 void SenderLane::start() {
@@ -89,7 +110,7 @@ void SenderLane::abort() {
 
 // HELLO, then CHALLENGE/AUTH when the receiver asks, ACCEPT (verified when we have a token),
 // our SETUP, READY (wire/control.h, net/auth.h).
-Status SenderLane::handshake(const wire::Hello& hello) {
+Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>* failed) {
   const SenderOptions& options = owner_.sender_options();
   const std::vector<uint8_t> hello_bytes = wire::encode(hello);
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kHello, hello_bytes));
@@ -128,7 +149,12 @@ Status SenderLane::handshake(const wire::Hello& hello) {
       return {Code::kAuthFailed, "authentication failed: the receiver's answer is not signed with the token"};
     }
   }
-  SLOTSTREAM_RETURN_IF_ERROR(setup_fabric(accept));
+  owner_.accepted(accept);
+  if (Status st = setup_fabric(accept); !st.is_ok()) {
+    *failed = accept.transport;
+    refuse_transport(accept.transport, st);
+    return st;
+  }
 
   wire::Setup setup;
   setup.worker_address = worker_->address();
@@ -139,41 +165,94 @@ Status SenderLane::handshake(const wire::Hello& hello) {
   }
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kSetup, wire::encode(setup)));
   std::vector<uint8_t> body;
-  Status st = control_->expect(wire::MsgType::kReady, kHandshakeTimeout, &body);
+  // A receiver that reaches into our memory may connect back to our worker now (rdma: wired up
+  // with our worker's help).
+  fabric::Worker* helper = worker_->context().traits().setup_progress ? worker_.get() : nullptr;
+  Status st = expect_progressing(*control_, wire::MsgType::kReady, kHandshakeTimeout, helper, &body);
   if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
   return Status::ok();
+}
+
+// Our half of the receiver's transport failed: REFUSE instead of SETUP tells the receiver why (it
+// frees what it set up for us), and it closes once it has released this connection's name and
+// lane — after that a new connection of ours is not mistaken for a second one.
+void SenderLane::refuse_transport(Transport transport, const Status& st) {
+  const std::string what = std::string("the sender could not set up transport ") + transport_name(transport);
+  (void)control_->send(wire::MsgType::kRefuse, wire::encode(wire::Refuse{st.code(), what + ": " + st.message()}));
+  wire::Frame ignored;
+  for (const auto until = Clock::now() + kHandshakeTimeout; Clock::now() < until;) {
+    if (control_->receive(Millis(100), &ignored).code() == Code::kPeerGone) break;
+  }
 }
 
 Status SenderLane::setup_fabric(const wire::Accept& accept) {
   const SenderOptions& options = owner_.sender_options();
   const protocol::Descriptor& desc = owner_.descriptor();
-  const Transport t = accept.transport;
   fabric::Context* context = nullptr;
-  SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(t, &context));
+  SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(accept, &context));
+  const size_t local_size = size_t(options.blocks) * stream::SendRing::block_stride(options.block_size);
+  // Before anything is pinned: the NIC needs the locked-memory limit to cover the send blocks.
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::check_memlock(context->spec(), context->registered_bytes() + local_size,
+                                                   "the send blocks (--blocks x --block-size)"));
   // Always with a wake-up fd: a thread that waits for an operation's answer (a status read over
   // tcp is a round trip to the receiver's progress thread) sleeps until it comes (Request::wait).
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/true, &worker_));
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*worker_, accept.worker_address, &endpoint_));
-  const size_t local_size = size_t(options.blocks) * options.block_size;
+  if (Status st = fabric::Endpoint::create(*worker_, accept.worker_address, &endpoint_); !st.is_ok()) {
+    return unreachable(st);
+  }
   SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(*context, local_size, &local_));
-  ring_ = std::make_unique<stream::SendRing>(local_->data(), options.blocks, options.block_size);
+  bool pack = false;
+  SLOTSTREAM_RETURN_IF_ERROR(protocol::packs(desc, owner_.protocol_options(), &pack));
+  ring_ = std::make_unique<stream::SendRing>(local_->data(), options.blocks, options.block_size, pack);
   if (desc.sender_wakeup) {
     // Idle, the sending thread sleeps where the peer's operations wake it (Descriptor).
-    // Waiting for an event progresses the worker: only with the transmit token.
+    // Waiting for an event progresses the worker: only with the transmit token; a filler that
+    // reserves or commits meanwhile wakes it (SendRing::begin_sleep).
     fabric::Worker* w = worker_.get();
     stream::SendRing* r = ring_.get();
     ring_->set_sleeper({[w, r](std::chrono::microseconds t) {
                           if (!r->try_take_token()) return std::this_thread::sleep_for(std::min(t, kTokenTakenNap));
-                          (void)w->wait_for_event(t);
-                          r->give_token();
+                          if (r->begin_sleep()) {
+                            (void)w->wait_for_event(t);
+                            r->end_sleep();
+                          }
+                          (void)r->give_token();  // work left is seen by wait_work at once
                         },
                         [w] { w->signal(); }});
   }
-  // A filler that waits for a block helps complete the transfers holding the blocks.
-  ring_->set_claim_helper([this] { help_complete(); });
+  // A filler that may have to transmit, or that waits for a block, takes the token if it is free.
+  ring_->set_helper([this] { (void)help(); });
   proto_fabric_.reset(new protocol::SenderFabric{
       *context, *worker_, *endpoint_, {options.blocks, options.block_size}, [this] { return alive_st(); }});
-  return desc.make_sender(*proto_fabric_, accept.setup, owner_.protocol_options(), &proto_);
+  SLOTSTREAM_RETURN_IF_ERROR(
+      desc.make_sender(*proto_fabric_, accept.setup, protocol::protocol_options(owner_.protocol_options()), &proto_));
+  return reach_receiver();
+}
+
+// Where the endpoint is wired up through an exchange with the receiver (rdma: rc's connection
+// request and reply), waits until UCX has connected it — a receiver the NIC cannot reach is an
+// error now, within kReachTimeout, not a hang at the first block.
+Status SenderLane::reach_receiver() {
+  if (!worker_->context().traits().setup_progress) return Status::ok();
+  const auto until = Clock::now() + kReachTimeout;
+  Status st = endpoint_->flush([&]() -> Status {
+    if (endpoint_->failed()) return endpoint_->failure();
+    if (Clock::now() > until)
+      return {Code::kTimeout, "no connection within " + std::to_string(kReachTimeout.count()) + " ms"};
+    return control_->check_alive().code() == Code::kPeerGone
+               ? Status{Code::kPeerGone, "the receiver closed the connection"}
+               : Status::ok();
+  });
+  return st.is_ok() ? st : unreachable(st);
+}
+
+// A receiver UCX cannot connect to: on rdma, what to look at.
+Status SenderLane::unreachable(const Status& st) const {
+  const fabric::FabricSpec& spec = worker_->context().spec();
+  if (spec.transport != Transport::kRdma) return st;
+  return {st.code(), "UCX cannot reach the receiver over " + fabric::spec_name(spec) + " (" + st.message() +
+                         "): are both NICs on one fabric (one InfiniBand subnet, or RoCE with a routable GID on both "
+                         "ends: UCX_IB_GID_INDEX)? docs/rdma.md"};
 }
 
 // Rate-limited: one poll() of the control socket per millisecond at most.
@@ -215,45 +294,71 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
   return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type)) + " while sending"};
 }
 
-// With the token: transmits the filled blocks from the cursor on, in ring order (at most one
-// ring's worth, so a filler that holds the token goes back to filling), then reaps finished
-// transfers. `*sent`: blocks handed to the protocol.
-Status SenderLane::transmit_filled_st(size_t* sent) {
+// With the token: transmits units from the cursor on, in ticket order (at most a ring's worth, so
+// that a filler holding the token goes back to filling), then reaps finished transfers.
+Status SenderLane::drain_st(bool filler, size_t budget, size_t* sent, bool* handed) {
   *sent = 0;
-  for (uint32_t n = 0; n < ring_->blocks(); ++n) {
-    const int64_t len = ring_->next_length();
-    if (len < 0) break;
-    const uint64_t ticket = ring_->cursor();
-    ring_->advance();
-    if (len == 0) {  // a filler gave up on this block: nothing to send
-      ring_->release(ticket);
-      continue;
-    }
-    fabric::Request req;
-    SLOTSTREAM_RETURN_IF_ERROR(proto_->transmit_st(ring_->block(ticket), size_t(len), &req));
-    if (stream::tracing()) {
-      if (auto h = wire::decode_block_header(
-              std::span<const std::byte, wire::kBlockHeaderSize>(ring_->block(ticket), wire::kBlockHeaderSize),
-              size_t(len) - wire::kBlockHeaderSize)) {
-        stream::trace(stream::TraceStage::kPosted, h->device, h->packet);
+  *handed = false;
+  for (size_t n = 0; ring_->has_work(); ++n) {
+    if (n == budget) {
+      if (filler) {  // its share done: the sending thread goes on, the filler goes back to filling
+        ring_->hand_to_sender();
+        *handed = true;
       }
+      break;
     }
-    if (req.pending()) {
-      inflight_.emplace_back(ticket, std::move(req));
+    // No receiver room: a filler does not wait (the lane is busy: others' records pack meanwhile);
+    // the sending thread waits before it seals the open block, so that they leave with it.
+    if (filler) {
+      bool ready = true;
+      SLOTSTREAM_RETURN_IF_ERROR(proto_->space_st(&ready));
+      if (!ready) {
+        ring_->hand_to_sender();
+        *handed = true;
+        break;
+      }
     } else {
-      ring_->release(ticket);
+      SLOTSTREAM_RETURN_IF_ERROR(proto_->wait_space_st());
     }
+    stream::SendRing::Unit unit;
+    if (!ring_->next_unit(&unit, /*seal_open=*/true)) break;
+    SLOTSTREAM_RETURN_IF_ERROR(send_unit_st(unit));
     ++*sent;
-    if ((++transmitted_ & 63) == 0) {
-      SLOTSTREAM_RETURN_IF_ERROR(alive_st());
-      held_skips_live_.store(proto_->held_skips_st(), std::memory_order_relaxed);
-    }
   }
   // Transfers that complete only through this worker's progress (a rendezvous tagged send, a tcp
   // put) advance now, by whoever transmitted them: a filler holding the token would otherwise
   // leave them to the sending thread's next turn.
   if (!inflight_.empty()) worker_->progress();
   return reap_st();
+}
+
+Status SenderLane::send_unit_st(const stream::SendRing::Unit& unit) {
+  ring_->advance();
+  if (unit.length == 0) {  // nothing in it (a fill gave up): free the block unsent
+    ring_->release(unit.ticket);
+    return Status::ok();
+  }
+  fabric::Request req;
+  SLOTSTREAM_RETURN_IF_ERROR(proto_->transmit_st(unit.data, unit.length, &req));
+  records_ += unit.records;
+  ++units_;
+  packed_ |= unit.packed;
+  if (stream::tracing()) {
+    wire::UnitReader reader({unit.data, unit.length});
+    for (wire::UnitReader::Item item; reader.next(&item);) {
+      if (!item.header.is_void()) stream::trace(stream::TraceStage::kPosted, item.header.device, item.header.packet);
+    }
+  }
+  if (req.pending()) {
+    inflight_.emplace_back(unit.ticket, std::move(req));
+  } else {
+    ring_->release(unit.ticket);
+  }
+  if ((++transmitted_ & 63) == 0) {
+    SLOTSTREAM_RETURN_IF_ERROR(alive_st());
+    held_skips_live_.store(proto_->held_skips_st(), std::memory_order_relaxed);
+  }
+  return Status::ok();
 }
 
 // Frees the blocks of finished transfers, oldest first (their completions come in order).
@@ -269,55 +374,76 @@ Status SenderLane::reap_st() {
   return Status::ok();
 }
 
-// A filler committed a block. If no one transmits right now, transmit from this thread: the
-// put leaves without waking the sending thread (the latency path, stream/send_ring.h). Otherwise
-// the token's holder sees the block when it gives the token back.
-Status SenderLane::transmit_committed() {
-  if (!ring_->try_take_token()) {
-    ring_->wake_sender();  // the holder may be the sending thread asleep in its worker
-    return Status::ok();
+// A filler may have to transmit. If no one holds the token, transmit from this thread: a lone
+// message leaves without waking the sending thread (the latency path, stream/send_ring.h).
+// Otherwise the holder sees the work before it can give the token back.
+Status SenderLane::help() {
+  // A filler transmits at most a ring's worth of units in one call, then goes back to filling.
+  size_t budget = ring_->blocks();
+  for (;;) {
+    bool holder_sleeps = false;
+    if (!ring_->try_take_token(&holder_sleeps)) {
+      if (holder_sleeps) ring_->wake_sender();  // the sending thread waits in its worker with it
+      return Status::ok();
+    }
+    size_t sent = 0;
+    bool handed = false;
+    Status st = drain_st(/*filler=*/true, budget, &sent, &handed);
+    if (handed && st.is_ok()) return st;  // the token went to the sending thread
+    if (!st.is_ok() || !ring_->give_token()) return leave_token(st);
+    // Work arrived that relied on us while we held the token: take it again (the sending thread
+    // gets it once our share is done: drain_st hands it over on an empty budget).
+    budget -= std::min(budget, sent);
   }
-  size_t sent = 0;
-  return leave_token(transmit_filled_st(&sent));
 }
 
-void SenderLane::help_complete() {
-  if (!in_flight_.load(std::memory_order_relaxed) || !ring_->try_take_token()) return;
-  worker_->progress();
-  (void)leave_token(reap_st());  // an error aborts the waiting fillers
-}
-
-// A filler's turn with the token ends: blocks left over (the pass is bounded, or committed
-// meanwhile) and transfers that need the worker progressed to complete (tcp, rendezvous) are the
-// sending thread's; an error of the turn fails the sender, and every filler returns it.
+// A filler's turn with the token ended (given back): transfers that need the worker progressed to
+// complete (tcp, rendezvous) are the sending thread's; an error of the turn fails the sender, and
+// every filler returns it.
 Status SenderLane::leave_token(Status st) {
-  if (ring_->give_token() || needs_watcher()) ring_->wake_sender();
+  if (needs_watcher()) ring_->wake_sender();
   if (st.is_ok()) return st;
   owner_.fail(explain_transmit_error(st));
   return owner_.first_error();
 }
 
-// The sending thread: transmits whatever the fillers leave to it, and otherwise does the lane's
-// idle work with the token (progresses the worker, the protocol's timers, completions, the
-// receiver's liveness), about every millisecond, until finish().
+bool SenderLane::linger_st() {
+  const auto until = Clock::now() + kBusySpin;
+  for (int i = 0;; ++i) {
+    if (ring_->has_work()) return true;
+    if ((i & 15) == 15 && Clock::now() >= until) return false;
+    if (i >= 16) std::this_thread::yield();
+  }
+}
+
+// The sending thread: transmits what fillers hand to it (the receiver had no room, or a filler
+// sent a ring's worth), keeps the token for a moment after it moved data (fillers pack meanwhile),
+// and otherwise does the lane's idle work with the token (progresses the worker, the protocol's
+// timers, completions, the receiver's liveness), about every millisecond, until finish().
 Status SenderLane::sending_thread_st() {
-  bool moved = false;  // the last turn transmitted: spin for the next block rather than sleep
+  bool moved = false;  // the last turn transmitted: spin for the next unit rather than sleep
+  bool holding = false;
   std::chrono::microseconds period = kIdlePeriod;
   uint64_t last_cursor = 0;
   Clock::time_point last_activity = Clock::now();
   std::chrono::microseconds token_nap = kTokenTakenNap;
   for (;;) {
-    (void)ring_->wait_next(moved ? kBusySpin : kIdleSpin, period);
-    if (owner_.failed()) return Status::ok();  // reported by its thread
-    if (!ring_->try_take_token()) {            // a filler is transmitting
-      ring_->nap(token_nap);
-      token_nap = std::min(2 * token_nap, kMaxTokenTakenNap);
-      moved = false;
-      continue;
+    if (!holding) {
+      (void)ring_->wait_work(moved ? kBusySpin : kIdleSpin, period);
+      if (owner_.failed()) return Status::ok();  // reported by its thread
+      holding = ring_->take_handoff() || ring_->try_take_token();
+      if (!holding) {  // a filler is transmitting
+        ring_->nap(token_nap);
+        token_nap = std::min(2 * token_nap, kMaxTokenTakenNap);
+        moved = false;
+        continue;
+      }
     }
     token_nap = kTokenTakenNap;
     size_t sent = 0;
-    Status st = transmit_filled_st(&sent);
+    bool handed = false;
+    packed_ = false;
+    Status st = drain_st(/*filler=*/false, ring_->blocks(), &sent, &handed);
     if (st.is_ok() && sent == 0) {  // idle
       worker_->progress();
       st = proto_->idle_st();
@@ -325,7 +451,8 @@ Status SenderLane::sending_thread_st() {
       if (st.is_ok()) st = alive_st();
     }
     SLOTSTREAM_RETURN_IF_ERROR(st);  // keeps the token: the lane is done
-    if (finishing_.load(std::memory_order_acquire) && ring_->cursor() == ring_->claimed()) break;
+    if (owner_.failed()) return Status::ok();
+    if (finishing_.load(std::memory_order_acquire) && ring_->drained()) break;
     const auto now = Clock::now();
     if (ring_->cursor() != last_cursor) {  // someone transmitted since the last turn
       last_cursor = ring_->cursor();
@@ -334,7 +461,11 @@ Status SenderLane::sending_thread_st() {
     watching_inflight_.store(!inflight_.empty(), std::memory_order_relaxed);
     period = sending_idle_period(!inflight_.empty(), proto_->holding_st(), now - last_activity);
     moved = sent > 0;
-    ring_->give_token();  // a block committed meanwhile is seen at once by wait_next
+    // After small messages it keeps the token a moment, so that the next ones pack; whole blocks
+    // (large messages) gain nothing from that: their fillers transmit themselves again.
+    if (moved && packed_ && linger_st()) continue;  // still holding: the next unit is already there
+    holding = ring_->give_token();                  // work that relied on us: keep going (we retake it below)
+    if (holding) holding = ring_->try_take_token();
   }
   for (auto& [t, req] : inflight_) SLOTSTREAM_RETURN_IF_ERROR(req.wait(*worker_, [this] { return alive_st(); }));
   inflight_.clear();

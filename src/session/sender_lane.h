@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -47,7 +48,14 @@ class LaneOwner {
   virtual const protocol::Options& protocol_options() const = 0;
   // The UCX context every lane shares, created for the transport the first ACCEPT names; a
   // later lane that was given another transport is an error. Called during Sender::connect.
-  virtual Status shared_context(Transport transport, fabric::Context** out) = 0;
+  virtual Status shared_context(const wire::Accept& accept, fabric::Context** out) = 0;
+  // What the sender offers in its HELLO (wire::kOfferShm, kOfferRdma): less after a failure.
+  virtual uint8_t offers() const = 0;
+  // A receiver's ACCEPT arrived (which transport, and why). Called during Sender::connect.
+  virtual void accepted(const wire::Accept& accept) = 0;
+  // This side could not set up `transport` (why: `st`). True: connect again offering less (an
+  // auto sender; said on stderr by the CLI through transport_reason()); false: `st` is the error.
+  virtual bool set_up_failed(Transport transport, const Status& st) = 0;
   // The first error of any lane ends the sender: every lane's ring is aborted.
   virtual void fail(Status st) = 0;
   virtual bool failed() const = 0;
@@ -64,8 +72,9 @@ class SenderLane {
  public:
   SenderLane(LaneOwner& owner, uint16_t index, std::vector<uint16_t> devices);
 
-  // Opens the control connection and runs the handshake with `hello` (lane, devices and nonce
-  // filled in here). Sender::connect's thread.
+  // Opens the control connection and runs the handshake with `hello` (lane, devices, offers and
+  // nonce filled in here); connects again, offering less, while the owner says so after a failed
+  // set-up (LaneOwner::set_up_failed). Sender::connect's thread.
   Status connect(const std::string& host, uint16_t port, wire::Hello hello);
   // Starts the sending thread. Once, after connect() succeeded; stop() must join it before the
   // lane is destroyed.
@@ -74,9 +83,12 @@ class SenderLane {
   void stop();
   // Aborts the ring: fillers waiting for a block return. Any thread.
   void abort();
-  // A filler committed a block: transmits it from the caller's thread when no one else does.
+  // A filler published a record or committed a block and may have to transmit it (the lane was
+  // idle when it reserved, or it committed a whole block): takes the transmit token if no one
+  // holds it and transmits — at most a ring's worth, or until the receiver has no room, then the
+  // sending thread takes over (stream/send_ring.h). Also what a filler waiting for a block does.
   // Filler threads.
-  Status transmit_committed();
+  Status help();
   // After stop(): FIN, then waits until the receiver confirmed every message stored.
   Status fin();
 
@@ -86,16 +98,31 @@ class SenderLane {
   protocol::SenderProtocol* protocol() { return proto_.get(); }
   // Records held back so far, for progress displays while sending. Any thread.
   uint64_t held_skips_live() const { return held_skips_live_.load(std::memory_order_relaxed); }
+  // Records (messages and fragments) and units (what the protocol transmitted: blocks; several
+  // records when packed) so far: only once stop() returned.
+  uint64_t records() const { return records_; }
+  uint64_t units() const { return units_; }
 
  private:
-  Status handshake(const wire::Hello& hello);
+  // *failed: set when the chosen transport's set-up failed on this side (the receiver was told).
+  Status handshake(const wire::Hello& hello, std::optional<Transport>* failed);
   Status setup_fabric(const wire::Accept& accept);
+  void refuse_transport(Transport transport, const Status& st);
+  Status reach_receiver();
+  Status unreachable(const Status& st) const;
+  void reset();  // back to before connect()
   // "_st": only whoever holds the ring's transmit token (protocol.h).
-  Status transmit_filled_st(size_t* sent);
+  // Transmits units from the cursor on (`budget` at most). A filler (`filler`) hands the lane to
+  // the sending thread instead of waiting for receiver room, and once its budget is spent
+  // (`*handed`); the sending thread waits for room without sealing the open block first, so that
+  // the records that arrive meanwhile leave with it.
+  Status drain_st(bool filler, size_t budget, size_t* sent, bool* handed);
+  Status send_unit_st(const stream::SendRing::Unit& unit);
   Status reap_st();
-  // A filler waits for a block held by transfers in flight: progress them if the token is free.
-  void help_complete();
-  // Gives the token back after a filler's turn (see .cc); returns the turn's status, explained.
+  // The sending thread keeps the token for a moment after it moved packed units: fillers then
+  // pack instead of transmitting themselves. True: work came.
+  bool linger_st();
+  // A filler's turn with the token ends (see .cc); returns the turn's status, explained.
   Status leave_token(Status st);
   Status sending_thread_st();
   void sending_loop_st();
@@ -121,6 +148,9 @@ class SenderLane {
   // worker, the protocol, and these.
   std::deque<std::pair<uint64_t, fabric::Request>> inflight_;  // (ticket, transfer), oldest first
   uint64_t transmitted_ = 0;
+  uint64_t records_ = 0;
+  uint64_t units_ = 0;
+  bool packed_ = false;  // the sending thread's last turn sent a packed unit
   std::chrono::steady_clock::time_point next_liveness_{};
   std::atomic<bool> in_flight_{false};  // !inflight_.empty(), for a filler leaving the token
   // The sending thread saw transfers in flight at its last turn, so it comes back within

@@ -166,6 +166,56 @@ Status DirSink::commit(uint16_t device) {
   return Status::ok();
 }
 
+Status DirSink::deliver(std::span<const Message> batch, size_t* stored) {
+  for (*stored = 0; *stored < batch.size(); ++*stored) {
+    const Message& m = batch[*stored];
+    Device* dev = nullptr;
+    SLOTSTREAM_RETURN_IF_ERROR(open_device(m.device, &dev));
+    if (dev->fd >= 0) abort(m.device);  // a message spanning blocks that never ended
+    SLOTSTREAM_RETURN_IF_ERROR(store_whole(*dev, m.data));
+  }
+  return Status::ok();
+}
+
+// begin + append + commit for a message that is all here, without the checks a message written
+// piece by piece needs (its directory removed between pieces): a removed directory shows as
+// ENOENT when the temp file is created, and is made again. A failure leaves nothing behind.
+Status DirSink::store_whole(Device& dev, std::span<const std::byte> data) {
+  const fs::path tmp = temp_path(dev);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    SLOTSTREAM_RETURN_IF_ERROR(recreate_dir(dev));
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  if (fd < 0) return io_error("cannot create " + tmp.string(), errno);
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done, off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot write " + tmp.string(), err);
+    }
+    done += size_t(n);
+  }
+  if (::close(fd) != 0 && errno != EINTR) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return io_error("cannot close " + tmp.string(), err);
+  }
+  dev.offset = data.size();
+  if (Status st = link_in_place(dev, tmp, dev.dir / file_name(dev.next_seq)); !st.is_ok()) {
+    if (dev.fd >= 0) ::close(dev.fd);  // link_in_place keeps a piecewise message open: not this one
+    dev.fd = -1;
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  dev.last = {dev.next_seq, data.size()};
+  ++dev.next_seq;
+  return Status::ok();
+}
+
 // Never overwrite: a file that appeared under our name since start-up stops us — unless the sender
 // numbers its messages and the file has this message's length: then it was stored before (sent
 // again after a receiver died before confirming it), and this copy is dropped.

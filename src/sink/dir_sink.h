@@ -38,6 +38,9 @@ class DirSink final : public MessageSink {
   Status append(uint16_t device, std::span<const std::byte> data) override;
   Status commit(uint16_t device) override;
   void abort(uint16_t device) override;
+  // Each whole message is written in one go: its temp file, one write, close, link into place
+  // (one file per message is the layout; the syscalls are the file's, not the receive path's).
+  Status deliver(std::span<const Message> batch, size_t* stored) override;
   // Never creates anything: a device not yet opened is looked up on disk.
   std::optional<Numbering> numbering(uint16_t device) override;
 
@@ -75,6 +78,7 @@ class DirSink final : public MessageSink {
     uint64_t already_stored = 0;
   };
   Status open_device(uint16_t device, Device** out);
+  Status store_whole(Device& dev, std::span<const std::byte> data);
   Status recreate_dir(Device& dev);
   Status restore_temp(Device& dev);
   Status link_in_place(Device& dev, const std::filesystem::path& tmp, const std::filesystem::path& final_path);

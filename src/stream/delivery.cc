@@ -6,18 +6,427 @@
 
 namespace slotstream::stream {
 
-Delivery::Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices)
-    : proto_(proto),
-      sink_(sink) {
-  for (uint16_t d : devices) devices_[d];
+namespace {
+constexpr uint32_t kNoBlock = 0xFFFFFFFFu;  // Message::block of a record copied aside (parked)
+constexpr uint16_t kSmallIds = 4096;        // devices below this are found in a table
+}  // namespace
+
+uint64_t Delivery::window(uint64_t max_records, uint64_t per_unit) {
+  const uint64_t in_flight = std::max<uint64_t>(1, max_records) * std::max<uint64_t>(1, per_unit);
+  return std::min<uint64_t>(4 * std::max<uint64_t>(64, in_flight), uint64_t(1) << 30);
 }
 
-Status Delivery::apply(const Entry& e, Stage stage) {
+Delivery::Delivery(protocol::ReceiverProtocol& proto, MessageSink& sink, const std::vector<uint16_t>& devices,
+                   uint32_t block_size)
+    : proto_(proto),
+      sink_(sink) {
+  std::vector<uint16_t> ids = devices;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (uint16_t d : ids) devices_.push_back(DeviceState{.id = d});
+  if (!ids.empty() && ids.back() < kSmallIds) {
+    device_table_.assign(size_t(ids.back()) + 1, -1);
+    for (size_t i = 0; i < ids.size(); ++i) device_table_[ids[i]] = int32_t(i);
+  }
+  // A packed record takes at least its 16-byte header.
+  window_ = window(proto.max_records(), block_size / wire::kBlockHeaderSize);
+}
+
+int32_t Delivery::find_device(uint16_t id) const {
+  if (!device_table_.empty()) return id < device_table_.size() ? device_table_[id] : -1;
+  auto it =
+      std::lower_bound(devices_.begin(), devices_.end(), id, [](const DeviceState& d, uint16_t v) { return d.id < v; });
+  return it != devices_.end() && it->id == id ? int32_t(it - devices_.begin()) : -1;
+}
+
+// ------------------------------------------------------------------------------------ pass
+
+Status Delivery::pass(size_t* consumed, std::chrono::steady_clock::time_point now) {
+  *consumed = 0;
+  pass_now_ = now;
+  SLOTSTREAM_RETURN_IF_ERROR(retry_pending(consumed));
+  collect(now, consumed);
+  if (pass_interrupted_) {  // the last pass returned an error half-way: forget its marks
+    for (DeviceState& dev : devices_) {
+      dev.pass_progressed = false;
+      dev.pass_waiting = -1;
+    }
+  }
+  pass_interrupted_ = true;
+  const Status st = order(now, consumed);
+  if (st.is_ok()) park_paused();
+  // Also after an error: what was consumed is released or remembered, never offered twice.
+  release_units();
+  compact_parked();
+  SLOTSTREAM_RETURN_IF_ERROR(st);
+  detect_gaps();
+  pass_interrupted_ = false;
+  return Status::ok();
+}
+
+// Every device's next records in the order found (units come mostly in sending order), then what
+// came ahead of its predecessor, nearest first; whole messages go to the sink in batches.
+Status Delivery::order(std::chrono::steady_clock::time_point now, size_t* consumed) {
+  for (uint32_t i = 0; i < entries_.size(); ++i) SLOTSTREAM_RETURN_IF_ERROR(consider(i, now, true, consumed));
+  SLOTSTREAM_RETURN_IF_ERROR(flush(now, consumed));
+  if (deferred_.empty()) return Status::ok();
+  std::sort(deferred_.begin(), deferred_.end(), [&](uint32_t a, uint32_t b) {
+    const Entry &x = entries_[a], &y = entries_[b];
+    if (x.dev != y.dev) return x.dev < y.dev;
+    const uint32_t exp = devices_[x.dev].expected;
+    return wire::packet_distance(exp, x.header.packet) < wire::packet_distance(exp, y.header.packet);
+  });
+  for (uint32_t i : deferred_) SLOTSTREAM_RETURN_IF_ERROR(consider(i, now, false, consumed));
+  return flush(now, consumed);
+}
+
+Status Delivery::retry_pending(size_t* consumed) {
+  if (!pending_) return Status::ok();
+  Pending p = *pending_;
+  pending_.reset();
+  SLOTSTREAM_RETURN_IF_ERROR(apply(p.entry, p.stage, p.unit_id));
+  DeviceState& dev = devices_[p.entry.dev];
+  ++dev.expected;
+  ++*consumed;
+  if (p.entry.unit == kParked) {
+    Parked& parked = dev.parked[p.entry.mark];
+    parked.taken = true;
+    parked_bytes_ -= parked.payload.size();
+    compact_parked();
+  } else {
+    remember(p.unit_id, p.entry.index);  // its unit is polled again below: skip it there
+  }
+  return Status::ok();
+}
+
+void Delivery::collect(std::chrono::steady_clock::time_point now, size_t* consumed) {
+  records_.clear();
+  proto_.poll(&records_);
+  units_.clear();
+  marks_.clear();
+  entries_.clear();
+  deferred_.clear();
+  pass_held_ = pass_useful_ = 0;
+  traced_ = tracing();
+  collect_parked();
+  for (const protocol::Record& rec : records_) {
+    pass_held_ += rec.bytes.size();
+    if (!blocked_.empty()) {
+      auto b = blocked_.find(rec.slot);
+      if (b != blocked_.end() && b->second) continue;
+    }
+    collect_unit(rec, consumed);
+  }
+  if (last_pass_) {
+    const double dt = double(std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_pass_).count());
+    counters_.buffer_held_byte_ns += double(last_held_) * dt;
+    counters_.buffer_useful_byte_ns += double(last_useful_) * dt;
+    counters_.buffer_observed_ns += dt;
+  }
+  last_pass_ = now;
+  last_held_ = pass_held_;
+  last_useful_ = pass_useful_;
+}
+
+// Records copied aside while their device was paused come first: they are its oldest.
+void Delivery::collect_parked() {
+  for (uint32_t d = 0; d < devices_.size(); ++d) {
+    auto& parked = devices_[d].parked;
+    for (uint32_t k = 0; k < parked.size(); ++k) {
+      entries_.push_back({parked[k].header, parked[k].payload, d, kParked, k, 0});
+      pass_useful_ += parked[k].payload.size();
+    }
+  }
+}
+
+// Unpacks one unit: its records become entries, except those consumed in an earlier pass, void
+// ones, unknown devices (counted, never written as data) and a bad rest (counted once).
+void Delivery::collect_unit(const protocol::Record& rec, size_t* consumed) {
+  const auto part = std::find_if(partial_.begin(), partial_.end(), [&](const Partial& p) { return p.id == rec.id; });
+  const Partial* seen = part == partial_.end() ? nullptr : &*part;
+  const auto unit = uint32_t(units_.size());
+  UnitState u{rec, uint32_t(marks_.size())};
+  wire::UnitReader reader(rec.bytes);
+  for (wire::UnitReader::Item it; reader.next(&it);) {
+    const auto mark = uint32_t(marks_.size());
+    marks_.push_back(1);  // consumed unless it becomes an entry below
+    ++u.records;
+    if (seen && seen->has(it.index)) continue;
+    const int32_t d = it.header.is_void() ? -1 : find_device(it.header.device);
+    if (d < 0) {
+      if (!it.header.is_void()) ++counters_.unknown_device;
+      ++*consumed;
+      continue;
+    }
+    marks_[mark] = 0;
+    ++u.left;
+    entries_.push_back({it.header, it.payload, uint32_t(d), unit, mark, it.index});
+    pass_useful_ += it.header.payload_length;
+    if (traced_) trace(TraceStage::kPolled, it.header.device, it.header.packet);
+  }
+  if (reader.bad()) {  // the rest of the unit cannot be trusted: one bad record
+    marks_.push_back(1);
+    if (!(seen && seen->has(u.records))) {
+      ++counters_.bad_headers;
+      ++*consumed;
+    }
+    ++u.records;
+  }
+  units_.push_back(u);
+}
+
+Status Delivery::consider(uint32_t i, std::chrono::steady_clock::time_point now, bool defer, size_t* consumed) {
+  const Entry& e = entries_[i];
+  DeviceState& dev = devices_[e.dev];
+  const int64_t dist = wire::packet_distance(dev.expected, e.header.packet);
+  if (dist < 0) {
+    ++counters_.duplicates;
+    ++dev.counters.duplicates;
+    consume(e, consumed);
+    return Status::ok();
+  }
+  if (dist >= int64_t(window_)) {
+    ++counters_.out_of_window;
+    consume(e, consumed);
+    return Status::ok();
+  }
+  if (dist > 0) {
+    if (defer) {
+      deferred_.push_back(i);
+    } else if (dev.pass_waiting < 0) {
+      dev.pass_waiting = dist;  // deferred entries are sorted: the nearest first
+    }
+    return Status::ok();
+  }
+  if (dev.counters.paused && now < dev.retry_at) return Status::ok();  // its records wait
+  if (e.header.first() && e.header.last()) {                           // a whole message: into the batch
+    if (dev.open) {  // the previous message never got its last fragment
+      sink_.abort(dev.id);
+      dev.open = false;
+      dev.taken_up.reset();
+      ++counters_.broken_messages;
+    }
+    batch_.push_back(i);
+    ++dev.expected;
+    dev.pass_progressed = true;
+    return Status::ok();
+  }
+  // A piece of a message that spans blocks: after everything batched so far (per-device order).
+  SLOTSTREAM_RETURN_IF_ERROR(flush(now, consumed));
+  if (wire::packet_distance(dev.expected, e.header.packet) != 0 || (dev.counters.paused && now < dev.retry_at)) {
+    return Status::ok();  // the batch was refused for this device: its records wait
+  }
+  return deliver_piece(e, now, consumed);
+}
+
+Status Delivery::deliver_piece(const Entry& e, std::chrono::steady_clock::time_point now, size_t* consumed) {
+  DeviceState& dev = devices_[e.dev];
+  const uint64_t unit_id = e.unit == kParked ? 0 : units_[e.unit].record.id;
+  Status st = apply(e, Stage::kBegin, unit_id);
+  if (st.code() == Code::kBusy && pending_ && pending_->stage == Stage::kBegin) {
+    pending_.reset();  // nothing of this message was started: pause the device, not the pass
+    pause(dev, now);
+    return Status::ok();
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(st);
+  consume(e, consumed);
+  ++dev.expected;
+  resumed(dev);
+  dev.pass_progressed = true;
+  return Status::ok();
+}
+
+// Hands the batched whole messages to the sink in one call (more only after a refusal). A
+// refused message and those after it are undone (their devices expect them again); kBusy pauses
+// that device alone and the others' messages go on.
+Status Delivery::flush(std::chrono::steady_clock::time_point now, size_t* consumed) {
+  size_t pos = 0;
+  while (pos < batch_.size()) {
+    messages_.clear();
+    for (size_t k = pos; k < batch_.size(); ++k) {
+      const Entry& e = entries_[batch_[k]];
+      messages_.push_back({e.header.device, e.header.packet, e.unit == kParked ? kNoBlock : e.unit, e.payload});
+    }
+    size_t stored = 0;
+    const Status st = sink_.deliver(messages_, &stored);
+    const auto stored_at = std::chrono::steady_clock::now();
+    stored = st.is_ok() ? messages_.size() : std::min(stored, messages_.size());
+    for (size_t k = pos; k < pos + stored; ++k) {
+      const Entry& e = entries_[batch_[k]];
+      consume(e, consumed);
+      DeviceState& dev = devices_[e.dev];
+      delivered(dev, e.header.payload_length, e.header.packet, stored_at);
+      resumed(dev);
+    }
+    pos += stored;
+    if (st.is_ok()) break;
+    roll_back(pos);
+    if (st.code() != Code::kBusy) {
+      batch_.clear();
+      return st;
+    }
+    const uint32_t paused = entries_[batch_[pos]].dev;
+    pause(devices_[paused], now);
+    // The paused device's messages leave the batch; the others' are expected past again.
+    auto keep = std::remove_if(batch_.begin() + std::ptrdiff_t(pos), batch_.end(),
+                               [&](uint32_t k) { return entries_[k].dev == paused; });
+    batch_.erase(keep, batch_.end());
+    for (size_t k = pos; k < batch_.size(); ++k) {
+      const Entry& e = entries_[batch_[k]];
+      devices_[e.dev].expected = e.header.packet + 1;
+    }
+  }
+  batch_.clear();
+  return Status::ok();
+}
+
+// Batch entries from `from` on were not stored: each device expects its first of them again.
+void Delivery::roll_back(size_t from) {
+  for (size_t k = batch_.size(); k-- > from;) {
+    const Entry& e = entries_[batch_[k]];
+    devices_[e.dev].expected = e.header.packet;
+  }
+}
+
+void Delivery::pause(DeviceState& dev, std::chrono::steady_clock::time_point now) {
+  dev.retry_at = now + kBusyRetry;
+  if (!dev.taken_up) dev.taken_up = now;  // its next message waits for the sink from now: that counts
+  if (dev.counters.paused) return;
+  dev.counters.paused = true;
+  ++dev.counters.pauses;
+  if (on_pause_) on_pause_(dev.id, true);
+}
+
+void Delivery::resumed(DeviceState& dev) {
+  if (!dev.counters.paused) return;
+  dev.counters.paused = false;
+  if (on_pause_) on_pause_(dev.id, false);
+}
+
+// `stored_at`: when the sink had it; the store latency runs from the pass that first took the
+// message up (dev.taken_up while it waited for a busy sink or spanned passes, else this pass).
+void Delivery::delivered(DeviceState& dev, uint64_t bytes, uint32_t packet,
+                         std::chrono::steady_clock::time_point stored_at) {
+  if (traced_) trace(TraceStage::kDelivered, dev.id, packet);
+  counters_.store_latency.observe(
+      std::chrono::duration<double>(stored_at - dev.taken_up.value_or(pass_now_)).count());
+  dev.taken_up.reset();
+  ++dev.counters.messages;
+  dev.counters.bytes += bytes;
+  ++counters_.messages;
+  counters_.bytes += bytes;
+}
+
+bool Delivery::is_consumed(const Entry& e) const {
+  return e.unit == kParked ? devices_[e.dev].parked[e.mark].taken : marks_[e.mark] != 0;
+}
+
+void Delivery::consume(const Entry& e, size_t* consumed) {
+  ++*consumed;
+  if (e.unit == kParked) {
+    Parked& p = devices_[e.dev].parked[e.mark];
+    p.taken = true;
+    parked_bytes_ -= p.payload.size();
+    return;
+  }
+  marks_[e.mark] = 1;
+  --units_[e.unit].left;
+}
+
+// A paused device's records that share a packed unit with other records are copied aside, so
+// that the unit can be released and the other devices keep flowing (a unit of its own waits in
+// place, as a block always did).
+void Delivery::park_paused() {
+  if (!any_paused()) return;
+  for (const Entry& e : entries_) {
+    if (e.unit == kParked || marks_[e.mark] || units_[e.unit].records < 2) continue;
+    DeviceState& dev = devices_[e.dev];
+    if (!dev.counters.paused || parked_bytes_ + e.payload.size() > park_limit_) continue;
+    dev.parked.push_back({e.header, std::vector<std::byte>(e.payload.begin(), e.payload.end())});
+    parked_bytes_ += e.payload.size();
+    ++counters_.parked;
+    marks_[e.mark] = 1;
+    --units_[e.unit].left;
+  }
+}
+
+// One release per unit whose records are all consumed; the consumed records of the others are
+// remembered so that the next pass skips them.
+void Delivery::release_units() {
+  for (const UnitState& u : units_) {
+    auto part = std::find_if(partial_.begin(), partial_.end(), [&](const Partial& p) { return p.id == u.record.id; });
+    if (u.left == 0) {
+      proto_.release(u.record.id);
+      ++counters_.units;
+      if (part != partial_.end()) partial_.erase(part);
+      continue;
+    }
+    const auto first = marks_.begin() + u.first_mark, last = first + u.records;
+    if (std::find(first, last, uint8_t(1)) == last) continue;  // nothing of it consumed yet
+    if (part == partial_.end()) part = partial_.insert(partial_.end(), Partial{u.record.id, {}});
+    part->consumed.assign(first, last);
+  }
+}
+
+void Delivery::remember(uint64_t unit_id, uint32_t index) {
+  auto part = std::find_if(partial_.begin(), partial_.end(), [&](const Partial& p) { return p.id == unit_id; });
+  if (part == partial_.end()) part = partial_.insert(partial_.end(), Partial{unit_id, {}});
+  if (part->consumed.size() <= index) part->consumed.resize(index + 1, 0);
+  part->consumed[index] = 1;
+}
+
+void Delivery::compact_parked() {
+  for (uint32_t d = 0; d < devices_.size(); ++d) {
+    auto& parked = devices_[d].parked;
+    if (parked.empty()) continue;
+    uint32_t kept = 0;
+    for (uint32_t k = 0; k < parked.size(); ++k) {
+      if (parked[k].taken) continue;
+      // A message begun from a parked record and not finished keeps pointing at it.
+      if (pending_ && pending_->entry.unit == kParked && pending_->entry.dev == d && pending_->entry.mark == k) {
+        pending_->entry.mark = kept;
+      }
+      if (kept != k) parked[kept] = std::move(parked[k]);
+      ++kept;
+    }
+    parked.resize(kept);
+  }
+}
+
+void Delivery::detect_gaps() {
+  // A blocked block may hold the expected packet: no gap can be concluded meanwhile.
+  const bool any_blocked = std::any_of(blocked_.begin(), blocked_.end(), [](const auto& b) { return b.second; });
+  for (DeviceState& dev : devices_) {
+    const bool progressed = dev.pass_progressed;
+    const int64_t waiting = dev.pass_waiting;
+    dev.pass_progressed = false;
+    dev.pass_waiting = -1;
+    if (progressed || waiting < 0 || dev.counters.paused) {
+      dev.stuck_passes = 0;  // a paused device waits for its sink, not for a lost packet
+      continue;
+    }
+    if (any_blocked || ++dev.stuck_passes < 2) continue;
+    // Two passes without the expected packet while a later one waits: a real gap.
+    counters_.gaps += static_cast<uint64_t>(waiting);
+    dev.counters.gaps += static_cast<uint64_t>(waiting);
+    dev.expected += static_cast<uint32_t>(waiting);
+    dev.stuck_passes = 0;
+    dev.taken_up.reset();
+    if (dev.open) {
+      sink_.abort(dev.id);
+      dev.open = false;
+      ++counters_.broken_messages;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- one piece of a long message
+
+Status Delivery::apply(const Entry& e, Stage stage, uint64_t unit_id) {
   const wire::BlockHeader& h = e.header;
-  DeviceState& dev = devices_[h.device];
-  auto payload = e.record.bytes.subspan(wire::kBlockHeaderSize, h.payload_length);
+  DeviceState& dev = devices_[e.dev];
   auto fail = [&](Status st, Stage at) {
-    pending_ = Pending{e, at};
+    pending_ = Pending{e, unit_id, at};
     return st;
   };
   if (stage == Stage::kBegin) {
@@ -39,165 +448,25 @@ Status Delivery::apply(const Entry& e, Stage stage) {
     stage = Stage::kAppend;
   }
   if (stage == Stage::kAppend) {
-    if (Status st = sink_.append(h.device, payload); !st.is_ok()) return fail(st, Stage::kAppend);
-    dev.open_bytes += payload.size();
+    if (Status st = sink_.append(h.device, e.payload); !st.is_ok()) return fail(st, Stage::kAppend);
+    dev.open_bytes += e.payload.size();
     stage = Stage::kCommit;
   }
   if (h.last()) {
     if (Status st = sink_.commit(h.device); !st.is_ok()) return fail(st, Stage::kCommit);
-    trace(TraceStage::kDelivered, h.device, h.packet);
-    if (dev.taken_up) {
-      counters_.store_latency.observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - *dev.taken_up).count());
-    }
-    dev.taken_up.reset();
     dev.open = false;
-    ++dev.counters.messages;
-    dev.counters.bytes += dev.open_bytes;
-    ++counters_.messages;
-    counters_.bytes += dev.open_bytes;
+    delivered(dev, dev.open_bytes, h.packet, std::chrono::steady_clock::now());
   }
   return Status::ok();
 }
 
-Status Delivery::pass(size_t* consumed, std::chrono::steady_clock::time_point now) {
-  *consumed = 0;
-  pass_now_ = now;
-  auto deliver = [&](const Entry& e, Stage stage) -> Status {
-    SLOTSTREAM_RETURN_IF_ERROR(apply(e, stage));
-    proto_.release(e.record.id);
-    ++devices_[e.header.device].expected;
-    ++*consumed;
-    return Status::ok();
-  };
-  if (pending_) {
-    Pending p = *pending_;
-    pending_.reset();
-    SLOTSTREAM_RETURN_IF_ERROR(deliver(p.entry, p.stage));
-  }
-
-  records_.clear();
-  proto_.poll(&records_);
-  entries_.clear();
-  uint64_t held = 0, useful = 0;
-  for (const protocol::Record& rec : records_) {
-    held += rec.bytes.size();
-    if (!blocked_.empty()) {
-      auto b = blocked_.find(rec.slot);
-      if (b != blocked_.end() && b->second) continue;
-    }
-    std::optional<wire::BlockHeader> h;
-    if (rec.bytes.size() >= wire::kBlockHeaderSize) {
-      h = wire::decode_block_header(rec.bytes.first<wire::kBlockHeaderSize>(),
-                                    rec.bytes.size() - wire::kBlockHeaderSize);
-    }
-    if (!h) {
-      ++counters_.bad_headers;
-      proto_.release(rec.id);
-      ++*consumed;
-    } else if (!devices_.contains(h->device)) {
-      ++counters_.unknown_device;  // counted, never written as data
-      proto_.release(rec.id);
-      ++*consumed;
-    } else {
-      trace(TraceStage::kPolled, h->device, h->packet);
-      entries_.push_back({rec, *h});
-      useful += h->payload_length;
-    }
-  }
-  if (last_pass_) {
-    const double dt = double(std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_pass_).count());
-    counters_.buffer_held_byte_ns += double(last_held_) * dt;
-    counters_.buffer_useful_byte_ns += double(last_useful_) * dt;
-    counters_.buffer_observed_ns += dt;
-  }
-  last_pass_ = now;
-  last_held_ = held;
-  last_useful_ = useful;
-  // Per device, nearest packet first: consecutive packets then deliver in one pass.
-  std::sort(entries_.begin(), entries_.end(), [&](const Entry& a, const Entry& b) {
-    if (a.header.device != b.header.device) return a.header.device < b.header.device;
-    uint32_t exp = devices_[a.header.device].expected;
-    return wire::packet_distance(exp, a.header.packet) < wire::packet_distance(exp, b.header.packet);
-  });
-
-  if (pass_interrupted_) {  // the last pass returned an error half-way: forget its marks
-    for (auto& [d, dev] : devices_) {
-      dev.pass_progressed = false;
-      dev.pass_waiting = -1;
-    }
-  }
-  pass_interrupted_ = true;
-  const auto window = static_cast<int64_t>(Delivery::window(proto_.max_records()));
-  for (const Entry& e : entries_) {
-    DeviceState& dev = devices_[e.header.device];
-    int64_t dist = wire::packet_distance(dev.expected, e.header.packet);
-    if (dist < 0) {
-      ++counters_.duplicates;
-      ++dev.counters.duplicates;
-      proto_.release(e.record.id);
-      ++*consumed;
-    } else if (dist >= window) {
-      ++counters_.out_of_window;
-      proto_.release(e.record.id);
-      ++*consumed;
-    } else if (dist == 0) {
-      if (dev.counters.paused && now < dev.retry_at) continue;  // its records wait in place
-      Status st = deliver(e, Stage::kBegin);
-      if (st.code() == Code::kBusy && pending_ && pending_->stage == Stage::kBegin) {
-        // Nothing of this message was started: pause the device, not the pass.
-        pending_.reset();
-        dev.retry_at = now + kBusyRetry;
-        if (!dev.counters.paused) {
-          dev.counters.paused = true;
-          ++dev.counters.pauses;
-          if (on_pause_) on_pause_(e.header.device, true);
-        }
-        continue;
-      }
-      SLOTSTREAM_RETURN_IF_ERROR(st);
-      if (dev.counters.paused) {
-        dev.counters.paused = false;
-        if (on_pause_) on_pause_(e.header.device, false);
-      }
-      dev.pass_progressed = true;
-    } else if (dev.pass_waiting < 0) {
-      dev.pass_waiting = dist;  // entries are sorted: the nearest first
-    }
-  }
-  for (auto& [d, dev] : devices_) {
-    const bool progressed = dev.pass_progressed;
-    const int64_t waiting = dev.pass_waiting;
-    dev.pass_progressed = false;
-    dev.pass_waiting = -1;
-    if (progressed || waiting < 0 || dev.counters.paused) {
-      dev.stuck_passes = 0;  // a paused device waits for its sink, not for a lost packet
-      continue;
-    }
-    // A blocked block may hold the expected packet: no gap can be concluded meanwhile.
-    bool any_blocked = std::any_of(blocked_.begin(), blocked_.end(), [](const auto& b) { return b.second; });
-    if (any_blocked || ++dev.stuck_passes < 2) continue;
-    // Two passes without the expected packet while a later one waits: a real gap.
-    counters_.gaps += static_cast<uint64_t>(waiting);
-    dev.counters.gaps += static_cast<uint64_t>(waiting);
-    dev.expected += static_cast<uint32_t>(waiting);
-    dev.stuck_passes = 0;
-    dev.taken_up.reset();
-    if (dev.open) {
-      sink_.abort(d);
-      dev.open = false;
-      ++counters_.broken_messages;
-    }
-  }
-  pass_interrupted_ = false;
-  return Status::ok();
-}
+// ------------------------------------------------------------------------------- queries
 
 uint64_t Delivery::abort_partials() {
   uint64_t n = 0;
-  for (auto& [d, dev] : devices_) {
+  for (DeviceState& dev : devices_) {
     if (!dev.open) continue;
-    sink_.abort(d);
+    sink_.abort(dev.id);
     dev.open = false;
     dev.taken_up.reset();
     ++n;
@@ -208,21 +477,21 @@ uint64_t Delivery::abort_partials() {
 }
 
 bool Delivery::has_open_message() const {
-  return std::any_of(devices_.begin(), devices_.end(), [](const auto& kv) { return kv.second.open; });
+  return std::any_of(devices_.begin(), devices_.end(), [](const DeviceState& d) { return d.open; });
 }
 
 bool Delivery::any_paused() const {
-  return std::any_of(devices_.begin(), devices_.end(), [](const auto& kv) { return kv.second.counters.paused; });
+  return std::any_of(devices_.begin(), devices_.end(), [](const DeviceState& d) { return d.counters.paused; });
 }
 
 uint64_t Delivery::messages(uint16_t device) const {
-  auto it = devices_.find(device);
-  return it == devices_.end() ? 0 : it->second.counters.messages;
+  const int32_t i = find_device(device);
+  return i < 0 ? 0 : devices_[i].counters.messages;
 }
 
 std::map<uint16_t, DeviceStats> Delivery::per_device() const {
   std::map<uint16_t, DeviceStats> out;
-  for (const auto& [d, dev] : devices_) out[d] = dev.counters;
+  for (const DeviceState& dev : devices_) out[dev.id] = dev.counters;
   return out;
 }
 

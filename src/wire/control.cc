@@ -31,6 +31,8 @@ uint8_t encode_transport(Transport t) {
       return 1;
     case Transport::kTcp:
       return 2;
+    case Transport::kRdma:
+      return 3;
   }
   return 0;
 }
@@ -43,9 +45,31 @@ std::optional<Transport> decode_transport(uint8_t code) {
       return Transport::kShm;
     case 2:
       return Transport::kTcp;
+    case 3:
+      return Transport::kRdma;
     default:
       return std::nullopt;
   }
+}
+
+uint8_t encode_rdma_transport(std::optional<RdmaTransport> t) {
+  if (!t) return 0;
+  switch (*t) {
+    case RdmaTransport::kRc:
+      return 1;
+    case RdmaTransport::kDc:
+      return 2;
+    case RdmaTransport::kUd:
+      return 3;
+  }
+  return 0;
+}
+
+bool decode_rdma_transport(uint8_t code, std::optional<RdmaTransport>* out) {
+  constexpr RdmaTransport kByCode[] = {RdmaTransport::kRc, RdmaTransport::kDc, RdmaTransport::kUd};
+  if (code > 3) return false;
+  *out = code == 0 ? std::nullopt : std::optional(kByCode[code - 1]);
+  return true;
 }
 
 std::vector<uint8_t> encode_frame(MsgType type, std::span<const uint8_t> body) {
@@ -65,7 +89,10 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.u32(m.blocks);
   w.u32(m.block_size);
   w.u8(encode_transport(m.transport));
+  w.u8(encode_rdma_transport(m.rdma_transport));
+  w.u8(m.offers);
   w.str8(m.host_id);
+  w.str8(m.shm_domain);
   w.str8(m.name);
   w.u16(static_cast<uint16_t>(m.devices.size()));
   for (uint16_t d : m.devices) w.u16(d);
@@ -99,7 +126,11 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
   const auto t = decode_transport(r.u8());
   if (r.ok() && !t) return malformed("hello: unknown transport code");
   h.transport = t.value_or(Transport::kAuto);
+  if (!decode_rdma_transport(r.u8(), &h.rdma_transport) && r.ok()) return malformed("hello: unknown rdma transport");
+  h.offers = r.u8();
+  if (r.ok() && (h.offers & ~kOfferMask) != 0) return malformed("hello: unknown offers");
   h.host_id = r.str8();
+  h.shm_domain = r.str8();
   h.name = r.str8();
   uint16_t n = r.u16();
   for (uint16_t i = 0; i < n && r.ok(); ++i) h.devices.push_back(r.u16());
@@ -122,6 +153,9 @@ Status decode(std::span<const uint8_t> body, Hello* out) {
 std::vector<uint8_t> signed_part(const Accept& m) {
   Writer w;
   w.u8(encode_transport(m.transport));
+  w.u8(encode_rdma_transport(m.rdma_transport));
+  w.u8(m.offers);
+  w.str16(m.reason);
   w.blob32(m.worker_address);
   w.blob32(m.setup);
   return std::move(w.buffer());
@@ -140,6 +174,13 @@ Status decode(std::span<const uint8_t> body, Accept* out) {
   const auto t = decode_transport(r.u8());
   if (r.ok() && (!t || *t == Transport::kAuto)) return malformed("accept: transport");
   a.transport = t.value_or(Transport::kShm);
+  if (!decode_rdma_transport(r.u8(), &a.rdma_transport) && r.ok()) return malformed("accept: rdma transport");
+  if (r.ok() && a.rdma_transport.has_value() != (a.transport == Transport::kRdma)) {
+    return malformed("accept: an rdma transport goes with rdma only");
+  }
+  a.offers = r.u8();
+  if (r.ok() && (a.offers & ~kOfferMask) != 0) return malformed("accept: unknown offers");
+  a.reason = r.str16();
   a.worker_address = r.blob32(kMaxBlob);
   a.setup = r.blob32(kMaxBlob);
   auto proof = r.bytes(r.u8());

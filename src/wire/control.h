@@ -16,11 +16,15 @@
 // Or, instead of HELLO, a capacity query: CAPACITY_REQ ; receiver -> CAPACITY, then close.
 //
 // HELLO:     magic "SLST" | u16 version | str8 protocol | str16 protocol options ("k=v,k=v") |
-//            u32 blocks | u32 block_size | u8 transport (0 auto, 1 shm, 2 tcp) | str8 host id |
-//            str8 sender name | u16 n | n x u16 device | u64 group | u16 lane | u16 lanes |
-//            u8 flags | (flags bit 0) n x u64 first message number | 32-byte sender nonce
+//            u32 blocks | u32 block_size | u8 transport (0 auto, 1 shm, 2 tcp, 3 rdma) |
+//            u8 rdma transport (0 the receiver's, 1 rc, 2 dc, 3 ud) | u8 offers | str8 host id |
+//            str8 shm domain | str8 sender name | u16 n | n x u16 device | u64 group | u16 lane |
+//            u16 lanes | u8 flags | (flags bit 0) n x u64 first message number | 32-byte sender nonce
 //            (a sender whose protocol needs one connection per device opens `lanes`
 //            connections with the same random `group`; each declares its own devices)
+//            offers: bit 0 shm (the sender may use shared memory: cleared when its shm set-up
+//            failed and it connects again), bit 1 rdma (it has a usable RDMA device); tcp always.
+//            shm domain: common.h shm_domain(), what shared memory needs besides one host.
 //            flags: bit 0 numbered — device i's first message is stored as number first[i] and a
 //            number already stored is a duplicate (dropped, counted); without it the receiver
 //            continues after the last message on disk. bit 1 confirm — the receiver sends STORED.
@@ -28,7 +32,9 @@
 //            to another receiver keeps its numbers and sends again what was not confirmed.)
 // CHALLENGE: 32-byte receiver nonce
 // AUTH:      32-byte sender proof   (net/auth.h: an HMAC over the whole HELLO and both nonces)
-// ACCEPT:    u8 transport (1 shm, 2 tcp) | blob32 worker address | blob32 protocol set-up |
+// ACCEPT:    u8 transport (1 shm, 2 tcp, 3 rdma) | u8 rdma transport (0 unless rdma; 1 rc, 2 dc,
+//            3 ud) | u8 offers (the receiver's, as HELLO's) | str16 why this transport |
+//            blob32 worker address | blob32 protocol set-up |
 //            blob8 receiver proof (empty without a token; else an HMAC over HELLO and this ACCEPT)
 // SETUP:     blob32 worker address | blob32 protocol set-up | blob8 sender proof (as ACCEPT's)
 // READY:     (empty)
@@ -44,9 +50,15 @@
 // CAPACITY:  u32 connected senders | u64 worker backlog bytes | u32 load (1-min load average per
 //            CPU, x1000) | u64 free bytes in /dev/shm
 //
+// Either side may send REFUSE during set-up: the sender does so instead of SETUP when its half of
+// the transport could not be set up (it may then connect again offering less).
+//
 // A receiver refuses any other control version rather than guessing (no silent forward
 // compatibility). Version 2 added protocol options, SETUP/READY and mutual authentication over
-// the whole handshake; version 3 HELLO's flags and first message numbers, and STORED; the block header
+// the whole handshake; version 3 HELLO's flags and first message numbers, and STORED; version 4
+// the rdma transport, the offers, the shm domain and ACCEPT's reason; version 5 says that blocks
+// may hold packed units (issue 21: a receiver of version 4 would count them as bad headers and lose
+// their messages, so it must refuse the sender instead). The block header
 // (wire/block_header.h) carries its own version.
 #pragma once
 
@@ -64,7 +76,7 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
@@ -88,10 +100,19 @@ enum class MsgType : uint8_t {
 inline constexpr uint8_t kHelloNumbered = 1;  // HELLO flags (above)
 inline constexpr uint8_t kHelloConfirm = 2;
 
-// Transports on the wire: one byte, kAuto 0 (the sender lets the receiver choose), kShm 1, kTcp 2
-// (slotstream::Transport; encode_transport/decode_transport are the only conversion).
+// Transports on the wire: one byte, kAuto 0 (the sender lets the receiver choose), kShm 1, kTcp 2,
+// kRdma 3 (slotstream::Transport; encode_transport/decode_transport are the only conversion).
 uint8_t encode_transport(Transport t);
 std::optional<Transport> decode_transport(uint8_t code);
+// RDMA transports: one byte, 0 none/unset, rc 1, dc 2, ud 3. decode: nullopt for 0; false for an
+// unknown code.
+uint8_t encode_rdma_transport(std::optional<RdmaTransport> t);
+bool decode_rdma_transport(uint8_t code, std::optional<RdmaTransport>* out);
+
+// The transports an end offers besides tcp (HELLO, ACCEPT).
+inline constexpr uint8_t kOfferShm = 1;
+inline constexpr uint8_t kOfferRdma = 2;
+inline constexpr uint8_t kOfferMask = kOfferShm | kOfferRdma;
 
 struct Hello {
   uint16_t version = kProtocolVersion;
@@ -100,7 +121,10 @@ struct Hello {
   uint32_t blocks = 0;
   uint32_t block_size = 0;
   Transport transport = Transport::kAuto;
+  std::optional<RdmaTransport> rdma_transport;  // unset: whichever the receiver serves
+  uint8_t offers = kOfferShm;
   std::string host_id;
+  std::string shm_domain;
   std::string name;
   std::vector<uint16_t> devices;
   uint64_t group = 0;
@@ -113,6 +137,9 @@ struct Hello {
 
 struct Accept {
   Transport transport = Transport::kShm;
+  std::optional<RdmaTransport> rdma_transport;  // set exactly when transport is rdma
+  uint8_t offers = 0;
+  std::string reason;  // why this transport (choose_transport), for the sender to say
   std::vector<uint8_t> worker_address;
   std::vector<uint8_t> setup;  // protocol-specific (region addresses, packed keys)
   std::vector<uint8_t> proof;  // empty, or kMacSize bytes when the receiver has a token

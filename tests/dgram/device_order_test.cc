@@ -21,7 +21,9 @@ std::vector<std::pair<uint32_t, Kind>> poll(DeviceOrder& d, int64_t now) {
   std::vector<DeviceOrder::Release> out;
   d.poll(now, &out);
   std::vector<std::pair<uint32_t, Kind>> r;
-  for (auto& x : out) r.emplace_back(x.msn, x.kind);
+  for (auto& x : out) {
+    for (uint64_t i = 0; i < x.count; ++i) r.emplace_back(uint32_t(x.msn + i), x.kind);
+  }
   return r;
 }
 
@@ -65,6 +67,20 @@ TEST(DeviceOrder, FinAccountsForTrailingLosses) {
   EXPECT_TRUE(poll(d, 599).empty());
   EXPECT_EQ(poll(d, 600), (std::vector<std::pair<uint32_t, Kind>>{{1, Kind::kLost}, {2, Kind::kLost}}));
   EXPECT_TRUE(d.all_released());
+}
+
+// A gap behind a head still being placed is not a deadline: its passing changes nothing until the
+// head's own timer fires, and a receiver waking for it would spin until then.
+TEST(DeviceOrder, AGapBehindAnActiveHeadIsNoDeadline) {
+  DeviceOrder d(kT);
+  d.seen(2, 0);  // 0 and 1 unseen: a gap since 0
+  EXPECT_EQ(d.next_deadline(), kT);
+  d.seen(0, 50);  // the head turns up and is being placed
+  EXPECT_EQ(d.next_deadline(), INT64_MAX);
+  EXPECT_TRUE(poll(d, 500).empty());
+  d.finished(done(0, Outcome::kIncomplete), 150);
+  EXPECT_EQ(poll(d, 150), (std::vector<std::pair<uint32_t, Kind>>{{0, Kind::kIncomplete}, {1, Kind::kLost}}));
+  EXPECT_EQ(d.next_deadline(), INT64_MAX);  // 2 is active
 }
 
 TEST(DeviceOrder, ChecksStaleAndFarAhead) {

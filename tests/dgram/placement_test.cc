@@ -33,6 +33,33 @@ TEST(RangeSet, CountsOnlyNewBytes) {
   EXPECT_EQ(s.bytes(), 30u);
 }
 
+TEST(RangeSet, WalksWhatIsMissingAndWhatIsThere) {
+  RangeSet s;
+  s.add(10, 10);
+  s.add(30, 10);
+  std::vector<R> missing, present;
+  s.for_each_missing(5, 40, [&](uint64_t o, uint64_t n) { missing.push_back({o, n}); });
+  s.for_each_present(5, 40, [&](uint64_t o, uint64_t n) { present.push_back({o, n}); });
+  EXPECT_EQ(missing, (std::vector<R>{{5, 5}, {20, 10}, {40, 5}}));
+  EXPECT_EQ(present, (std::vector<R>{{10, 10}, {30, 10}}));
+  missing.clear();
+  s.for_each_missing(12, 5, [&](uint64_t o, uint64_t n) { missing.push_back({o, n}); });
+  EXPECT_TRUE(missing.empty());
+}
+
+TEST(Assembly, TheFirstWriterWins) {
+  Assembly a(0, 0, 100);
+  std::vector<std::byte> first(8, std::byte{1}), forged(8, std::byte{9});
+  EXPECT_EQ(a.place(0, first, false, 64), Placed::kPlaced);
+  EXPECT_EQ(a.place(0, forged, false, 64), Placed::kConflict);
+  EXPECT_EQ(a.place(0, first, false, 64), Placed::kDuplicate);
+  EXPECT_EQ(a.place(4, forged, true, 64), Placed::kPlaced);  // 8..12 is new, 4..8 stays
+  Completion c = a.finish(0, Outcome::kComplete, 1);
+  EXPECT_EQ(c.length, 12u);
+  EXPECT_EQ(c.data[7], std::byte{1});
+  EXPECT_EQ(c.data[8], std::byte{9});
+}
+
 TEST(RangeSet, KeepsHoles) {
   RangeSet s;
   s.add(0, 8);

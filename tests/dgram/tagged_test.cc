@@ -80,7 +80,7 @@ TEST(RdmaWrite, NotificationHandsOverTheRegion) {
   t.add_region(3, 100);
   EXPECT_EQ(t.write(3, 0, bytes(50, 1), 0), Placed::kPlaced);
   EXPECT_EQ(t.write(3, 50, bytes(20, 2), 0), Placed::kPlaced);
-  EXPECT_EQ(t.next_deadline(), INT64_MAX);  // plain writes have no timer
+  EXPECT_EQ(t.next_deadline(), kTimeout);  // a Write whose notification never comes expires too
   auto c = t.take_written(3, 17, 70, 5);
   ASSERT_TRUE(c);
   EXPECT_EQ(c->msn, 17u);
@@ -90,6 +90,41 @@ TEST(RdmaWrite, NotificationHandsOverTheRegion) {
   t.write(3, 0, bytes(10, 1), 6);
   EXPECT_FALSE(t.take_written(3, 18, 20, 7));
   EXPECT_TRUE(t.take_written(3, 19, 0, 8));  // an empty message
+}
+
+TEST(RdmaWrite, ReliableTimersMeasureSilenceAndWaitOutBackPressure) {
+  TaggedTarget t(kTimeout, /*idle=*/true);
+  t.add_regions(10, 4, 100);
+  EXPECT_EQ(t.touched(), 0u);  // declaring STags allocates nothing
+  t.write(11, 0, bytes(10, 1), 0);
+  EXPECT_EQ(t.touched(), 1u);
+  t.write(11, 10, bytes(10, 1), 90);
+  EXPECT_EQ(t.next_deadline(), 90 + kTimeout);  // every new byte restarts it
+  t.write(11, 10, bytes(10, 1), 150);           // a duplicate does not
+  EXPECT_EQ(t.next_deadline(), 90 + kTimeout);
+  t.extend_all(500);  // the receiver held the sender back until now
+  std::vector<Completion> out;
+  t.expire(499, &out);
+  EXPECT_TRUE(out.empty());
+  t.expire(500, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].outcome, Outcome::kIncomplete);
+  EXPECT_EQ(t.write(14, 0, bytes(1, 1), 0), Placed::kUnknownKey);  // past the declared range
+}
+
+TEST(WriteRecord, ADuplicateWithOtherBytesDoesNotOverwrite) {
+  TaggedTarget t(kTimeout);
+  t.add_region(1, 100);
+  std::vector<Completion> out;
+  EXPECT_EQ(t.write_record(1, 0, 0, bytes(10, 1), false, 0, &out), Placed::kPlaced);
+  EXPECT_EQ(t.write_record(1, 0, 0, bytes(10, 9), false, 1, &out), Placed::kConflict);  // forged or damaged
+  EXPECT_EQ(t.write_record(1, 0, 0, bytes(10, 1), false, 1, &out), Placed::kDuplicate);
+  // Overlapping: only the new bytes are taken, the first writer's stay.
+  EXPECT_EQ(t.write_record(1, 0, 5, bytes(10, 7), true, 2, &out), Placed::kCompleted);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].data[9], std::byte{1});
+  EXPECT_EQ(out[0].data[10], std::byte{7});
+  EXPECT_EQ(out[0].length, 15u);
 }
 
 }  // namespace

@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <vector>
 
 #include "dgram/crc32c.h"
+#include "dgram/mac.h"
 
 namespace slotstream::dgram {
 namespace {
@@ -39,7 +42,7 @@ TEST(DgramWire, WriteRecordLayoutIsPinned) {
   ASSERT_EQ(d.size(), 12u + 16 + 2 + 4);
   EXPECT_EQ(at(d, 0), 'S');
   EXPECT_EQ(at(d, 1), 'D');
-  EXPECT_EQ(at(d, 2), 1);                          // wire version
+  EXPECT_EQ(at(d, 2), 2);                          // wire version
   EXPECT_EQ(at(d, 3), 0x80 | 0x40 | 0x20 | 0x01);  // T, L, M, DDP version 1
   EXPECT_EQ(at(d, 4), 0x40 | 8);                   // RDMAP version 1, opcode 8 (Write-Record)
   EXPECT_EQ(at(d, 5), 0);                          // UD
@@ -151,7 +154,10 @@ TEST(DgramWire, RejectsWhatItCannotTrust) {
   d[0] = std::byte{'X'};
   expect(d, DecodeError::kMagic);
   d = good;
-  d[2] = std::byte{2};
+  d[2] = std::byte{1};
+  expect(d, DecodeError::kVersion);  // version 1: before authentication
+  d = good;
+  d[2] = std::byte{3};
   expect(d, DecodeError::kVersion);
   d = good;
   d[3] = std::byte{0x42};
@@ -204,9 +210,60 @@ TEST(DgramWire, LargestSegmentFitsOneDatagram) {
   h.opcode = Opcode::kWriteRecord;
   h.has_msn = true;
   EXPECT_EQ(header_size(h), kMaxHeaderSize);
-  EXPECT_LE(kMaxHeaderSize + kMaxSegmentPayload + kCrcSize, kMaxUdpPayload);
+  EXPECT_EQ(kMaxHeaderSize + kMaxSegmentPayload + kMaxTrailerSize, kMaxUdpPayload);
   std::vector<std::byte> payload(kMaxSegmentPayload), out(kMaxUdpPayload);
-  EXPECT_EQ(encode_segment(h, payload, out), kMaxUdpPayload);
+  SegmentMac mac(MacKey{});
+  EXPECT_EQ(encode_segment(h, payload, out, &mac), kMaxUdpPayload);
+}
+
+// The A flag and the MAC's place: after the payload, before the CRC, over headers and payload.
+TEST(DgramWire, MacLayoutIsPinned) {
+  SegmentHeader h;
+  h.opcode = Opcode::kSend;
+  h.queue = 5;
+  MacKey key;
+  key.fill(0x42);
+  SegmentMac mac(key);
+  std::vector<std::byte> out(kMaxHeaderSize + 3 + kMaxTrailerSize);
+  out.resize(encode_segment(h, std::vector<std::byte>(3, std::byte{0xEE}), out, &mac));
+  ASSERT_EQ(out.size(), 12u + 12 + 3 + 16 + 4);
+  EXPECT_EQ(at(out, 3), 0x40 | 0x10 | 0x01);  // L, A, DDP version 1
+  EXPECT_EQ(le(out, 6, 2), 3u);               // the payload length leaves the MAC out
+  std::array<std::byte, kMacTagSize> tag;
+  SegmentMac(key).sign({std::span(out).first(27)}, tag);
+  EXPECT_TRUE(std::equal(tag.begin(), tag.end(), out.begin() + 27));
+  EXPECT_EQ(le(out, 43, 4), crc32c(std::span(out).first(43)));
+  auto seg = decode_segment(out);
+  ASSERT_TRUE(seg);
+  EXPECT_TRUE(seg->header.has_mac);
+  EXPECT_EQ(seg->payload.size(), 3u);
+  EXPECT_TRUE(mac.verify(*seg));
+}
+
+// A CRC anyone can compute: only the MAC tells a forged segment from the session's.
+TEST(DgramWire, AForgedSegmentWithARightCrcFailsItsMac) {
+  SegmentHeader h;
+  h.opcode = Opcode::kSend;
+  MacKey key;
+  key.fill(1);
+  SegmentMac mac(key);
+  auto d = std::vector<std::byte>(kMaxHeaderSize + 8 + kMaxTrailerSize);
+  d.resize(encode_segment(h, std::vector<std::byte>(8, std::byte{1}), d, &mac));
+  d[24] = std::byte{2};             // a payload byte, changed by someone without the key, CRC fixed up
+  const auto resealed = reseal(d);  // (kept: the segment points into it)
+  auto seg = decode_segment(resealed);
+  ASSERT_TRUE(seg);
+  EXPECT_FALSE(mac.verify(*seg));
+  MacKey other;
+  other.fill(2);
+  const auto plain = encode(h, std::vector<std::byte>(8));
+  auto unsigned_seg = decode_segment(plain);
+  ASSERT_TRUE(unsigned_seg);
+  EXPECT_FALSE(mac.verify(*unsigned_seg));  // no MAC at all
+  auto forged = std::vector<std::byte>(kMaxHeaderSize + 8 + kMaxTrailerSize);
+  SegmentMac wrong(other);
+  forged.resize(encode_segment(h, std::vector<std::byte>(8), forged, &wrong));
+  EXPECT_FALSE(mac.verify(*decode_segment(forged)));  // signed with another key
 }
 
 }  // namespace

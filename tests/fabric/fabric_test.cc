@@ -130,5 +130,68 @@ TEST_P(PutFlaggedTcp, AFlagOutsideRegisteredMemoryIsRefusedWithItsData) {
 INSTANTIATE_TEST_SUITE_P(Tcp, PutFlaggedTcp, testing::Values(Transport::kTcp),
                          [](const testing::TestParamInfo<Transport>&) { return std::string("tcp"); });
 
+// Which workers get the fabric's own puts and gets (soft_rma.h): tcp's, and no other. An
+// rdma-configured context (UCX_TLS rc/dc/ud, peer-failure mode) can be created on a host without a
+// NIC — UCX then has only its `self` transport — so its worker is looked at too.
+TEST(FabricWorkers, OnlyATcpWorkerHasTheSoftwareRma) {
+  const FabricSpec specs[] = {{Transport::kShm},
+                              {Transport::kTcp},
+                              {Transport::kRdma, RdmaTransport::kRc},
+                              {Transport::kRdma, RdmaTransport::kDc},
+                              {Transport::kRdma, RdmaTransport::kUd}};
+  for (const FabricSpec& spec : specs) {
+    SCOPED_TRACE(spec_name(spec));
+    std::unique_ptr<Context> ctx;
+    ASSERT_TRUE(Context::create(spec, &ctx).is_ok());
+    EXPECT_EQ(ctx->spec().transport, spec.transport);
+    std::unique_ptr<Worker> shared, single;
+    ASSERT_TRUE(Worker::create(*ctx, /*shared=*/true, /*wakeup=*/true, &shared).is_ok());
+    ASSERT_TRUE(Worker::create(*ctx, /*shared=*/false, /*wakeup=*/false, &single).is_ok());
+    EXPECT_EQ(shared->soft_rma(), spec.transport == Transport::kTcp);
+    EXPECT_EQ(single->soft_rma(), spec.transport == Transport::kTcp);
+  }
+}
+
+// What the software RMA means in operation: over tcp a put is an active message the fabric sends;
+// on shared memory it is UCX's own one-sided put (the CPU copies, no message).
+class APut : public Loopback, public testing::WithParamInterface<Transport> {};
+
+TEST_P(APut, IsAMessageOnlyWhereTheFabricCarriesIt) {
+  open(GetParam());
+  serve();
+  const char data[] = "one block";
+  reset_counters();
+  Request r;
+  ASSERT_TRUE(ep_->put(data, sizeof data, remote(0), *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  ASSERT_TRUE(flush().is_ok());
+  EXPECT_EQ(std::memcmp(region_->data(), data, sizeof data), 0);
+  EXPECT_EQ(counters().am_sends > 0, GetParam() == Transport::kTcp) << counters().am_sends;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, APut, testing::Values(Transport::kShm, Transport::kTcp),
+                         [](const testing::TestParamInfo<Transport>& p) {
+                           return std::string(transport_name(p.param));
+                         });
+
+// A peer UCX cannot reach over rdma (here: no NIC, so no lane to another worker) is an error at
+// once, never a hang. On a host with an RDMA device every worker is reachable: nothing to show.
+TEST(FabricWorkers, APeerUcxCannotReachOverRdmaIsAnErrorAtOnce) {
+  const FabricSpec spec{Transport::kRdma, RdmaTransport::kRc};
+  if (host_rdma(spec).usable) GTEST_SKIP() << "this host has an RDMA device: every peer is reachable";
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<Worker> a, b;
+  ASSERT_TRUE(Context::create(spec, &ctx).is_ok());
+  ASSERT_TRUE(Worker::create(*ctx, false, false, &a).is_ok());
+  ASSERT_TRUE(Worker::create(*ctx, true, true, &b).is_ok());
+  std::unique_ptr<Endpoint> ep;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = Endpoint::create(*a, b->address(), &ep);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(st.code(), Code::kPeerGone) << st.to_string();
+  EXPECT_NE(st.message().find("unreachable"), std::string::npos) << st.message();
+  EXPECT_EQ(ep, nullptr);
+}
+
 }  // namespace
 }  // namespace slotstream::fabric

@@ -3,6 +3,7 @@
 Helpers (import them with `from conftest import ...`):
   BIN, REPO, TRANSPORTS, HEADER     where the binary is; the transports every data test runs on
   PROTOCOLS                         every protocol of this build for data (`slotstream protocols --json`)
+  OTHER_PACKING                     each of them with the packing it does not have by default (NAME:pack=on|off)
   start_receiver (fixture)          start_receiver(out, transport=None, *extra) -> Receiver (killed at test end)
   receiver (fixture)                receiver(*args) -> Receiver, the raw-argument form
   spawn (fixture)                   spawn(argv) -> Proc, a background process killed at test end
@@ -31,16 +32,19 @@ HEADER = 16  # bytes of block header per block (docs: block_size - 16 is the lar
 START_TIMEOUT = 10.0  # seconds for `listening on HOST:PORT`
 
 
-def _protocols():
+def _registry():
     """The data protocols the binary registers (benchmark references excluded); [] without a binary."""
     try:
         out = subprocess.run([BIN, "protocols", "--json"], capture_output=True, text=True, timeout=20).stdout
-        return [p["name"] for p in json.loads(out) if not p["reference"]]
+        return [p for p in json.loads(out) if not p["reference"]]
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return []
 
 
-PROTOCOLS = _protocols()
+PROTOCOLS = [p["name"] for p in _registry()]
+# Each protocol with the packing it does not have by default (issue 21: pack=on|off is the stream
+# layer's, so every protocol carries both): status_byte:pack=off, sliding_window:pack=on, ...
+OTHER_PACKING = [f"{p['name']}:pack={'off' if p.get('packs') else 'on'}" for p in _registry()]
 
 
 def pytest_configure(config):

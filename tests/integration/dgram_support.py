@@ -4,7 +4,7 @@
   netns_pair(tag)                  two namespaces joined by a veth pair: (ns_a, addr_a, ns_b, addr_b)
   nft_loss(ns, percent)            drops that share of UDP and TCP packets arriving in ns (nftables, input hook)
   in_ns(ns, argv)                  argv run inside ns
-  DgramReceiver(out, *args, ns=)   `slotstream recv --transport udp`, started and ready
+  DgramReceiver(out, *args, ns=, prefix=)  `slotstream recv --transport udp`, started and ready (prefix: e.g. prlimit)
   dgram_send(addr, *args, ns=)     `slotstream send ... --json` to completion -> (CompletedProcess, json)
   check_store(dev_dir, sources)    every stored message is byte-exact or, partial, exact where valid
 Names are unique per process and call, so parallel runs never collide; namespaces need root.
@@ -94,8 +94,8 @@ def in_ns(ns, argv):
 class DgramReceiver(Proc):
     """`slotstream recv --transport udp --listen HOST:0 --out OUT ARGS`, ready (its `listening on` line read)."""
 
-    def __init__(self, out, *args, ns=None, host="127.0.0.1"):
-        argv = [BIN, "recv", "--transport", "udp", "--listen", f"{host}:0"]
+    def __init__(self, out, *args, ns=None, host="127.0.0.1", prefix=()):
+        argv = [*prefix, BIN, "recv", "--transport", "udp", "--listen", f"{host}:0"]
         argv += ["--out", str(out)] if out else ["--discard"]
         super().__init__(in_ns(ns, argv + [str(a) for a in args]))
         _, line = self.stdout.wait_for(r"^listening on ", 10)

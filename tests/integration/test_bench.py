@@ -16,7 +16,8 @@ KEYS = {"experiment": str, "protocol": str, "transport": str, "size_bytes": int,
 EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "cameras", "idle"]
 # Experiments with axes of their own carry them as further keys of their records.
 DIMENSIONS = {"cache": {"devices": int, "process_ns_per_byte": float, "window_bytes": int, "window_of_cache": float},
-              "fan_in_threads": {"senders": int}, "fan_in_round_robin": {"senders": int}}
+              "fan_in_threads": {"senders": int}, "fan_in_round_robin": {"senders": int},
+              "message_rate": {"devices": int}}
 FIGURES = ["fig10_sync_latency.png", "fig11_sync_distribution.png", "fig12_latency.png", "fig12_latency_median.png",
            "fig13_throughput_3_blocks.png", "fig15_cpu_sender_3_blocks.png", "fig15_cpu_receiver_3_blocks.png",
            "fig16_resources_sender.png", "fig17_resources_receiver.png", "fig18_held_block.png", "fig19_cameras.png",
@@ -86,7 +87,7 @@ def test_tiny_run_of_every_experiment(tmp_path):
     assert all(r["value"] == 0 for r in doc["records"] if r["metric"] in ("frames_lost", "messages_lost"))
     # Two independent runs: every experiment measured in each.
     assert {r["run"] for r in doc["records"]} == {0, 1}
-    for exp in EXPERIMENTS + ["fan_in_threads", "fan_in_round_robin"]:
+    for exp in EXPERIMENTS + ["fan_in_threads", "fan_in_round_robin", "message_rate"]:
         assert {r["run"] for r in doc["records"] if r["experiment"] == exp} == {0, 1}, exp
     # fan_in (buffered_read thesis): the thesis's protocol in both receiver modes on every transport.
     for t in transports:
@@ -112,7 +113,24 @@ def test_tiny_run_of_every_experiment(tmp_path):
     assert len(set(equal.values())) == 1, f"equal-memory cameras do not have equal memory: {equal}"
     for png in FIGURES:
         assert (out / png).stat().st_size > 1000, png
+    # message_rate (issue 21; --tiny measures status_byte with and without packing and the sliding window,
+    # every protocol otherwise), UCX's put rate as the ceiling, on every transport; rates and their ratio to
+    # the ceiling, a figure per transport; measured in both runs.
+    tiny = {"status_byte", "status_byte:pack=off", "sliding_window"}
+    for t in transports:
+        rates = {r["protocol"]: r["value"] for r in doc["records"]
+                 if (r["experiment"], r["transport"], r["metric"]) == ("message_rate", t, "message_rate")}
+        for proto in tiny | {"ucx_perftest_put_bw"}:
+            assert rates.get(proto, 0) > 0, f"message_rate has no rate for {proto} on {t}"
+        ratios = {r["protocol"] for r in doc["records"]
+                  if (r["experiment"], r["transport"], r["metric"]) == ("message_rate", t, "ratio_to_put_bw")}
+        assert ratios == tiny, ratios
+        per_unit = {r["protocol"]: r["value"] for r in doc["records"]
+                    if (r["experiment"], r["transport"], r["metric"]) == ("message_rate", t, "records_per_unit")}
+        assert per_unit["status_byte:pack=off"] == 1.0, "pack=off must send one message per block"
+        assert (out / f"fig_message_rate_{t}.png").stat().st_size > 1000
     report = (out / "report.md").read_text()
+    assert "## Small messages per second" in report
     assert "## Targets" in report
     assert "–" in report and "[" in report, "no min–max ranges over the runs in the report"
     assert "## Cache-aware rate control" in report

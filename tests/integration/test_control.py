@@ -11,7 +11,7 @@ from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
-VERSION = 3
+VERSION = 5
 MAX_FRAME = 65536
 
 
@@ -31,10 +31,10 @@ def str16(b):
 
 def hello_body(magic=MAGIC, version=VERSION, protocol=b"status_byte", options=b"", blocks=4, block_size=4096,
                transport=0, host=b"host", name=b"raw", devices=(0,), group=0, lane=0, lanes=1, flags=0,
-               nonce=b"\x11" * 32):
+               nonce=b"\x11" * 32, rdma_transport=0, offers=1, shm_domain=b"ipc=1,uid=0"):
     body = magic + struct.pack("<H", version) + str8(protocol) + str16(options)
-    body += struct.pack("<IIB", blocks, block_size, transport)
-    body += str8(host) + str8(name)
+    body += struct.pack("<IIBBB", blocks, block_size, transport, rdma_transport, offers)
+    body += str8(host) + str8(shm_domain) + str8(name)
     body += struct.pack("<H", len(devices)) + b"".join(struct.pack("<H", d) for d in devices)
     body += struct.pack("<QHHB", group, lane, lanes, flags)  # flags 0: no first message numbers
     return body + nonce
@@ -126,6 +126,11 @@ CASES = {
     "wrong_version": (hello(version=9), ["version"]),
     "version_zero": (hello(version=0), ["version"]),
     "version_one": (hello(version=1), ["version"]),  # the pre-2 layout is refused by its version, not misread
+    "version_two": (hello(version=2), ["version"]),
+    "version_three": (hello(version=3), ["version"]),  # the layout before rdma
+    "unknown_transport": (hello(transport=4), ["transport"]),
+    "unknown_rdma_transport": (hello(rdma_transport=9), ["rdma transport"]),
+    "unknown_offers": (hello(offers=0x80), ["offers"]),
     "unknown_protocol_option": (hello(options=b"nope=1"), ["option"]),
     "malformed_protocol_options": (hello(options=b"budget"), ["option"]),
     "unknown_protocol": (hello(protocol=b"nope"), ["protocol"]),
@@ -288,8 +293,9 @@ def add_device(hello):
     off = 4 + 2
     off += 1 + hello[off]                                   # protocol
     off += 2 + struct.unpack_from("<H", hello, off)[0]      # options
-    off += 4 + 4 + 1                                        # blocks, block size, transport
+    off += 4 + 4 + 1 + 1 + 1                                # blocks, block size, transport, rdma transport, offers
     off += 1 + hello[off]                                   # host id
+    off += 1 + hello[off]                                   # shm domain
     off += 1 + hello[off]                                   # name
     n = struct.unpack_from("<H", hello, off)[0]
     devices = hello[off + 2:off + 2 + 2 * n]
@@ -344,7 +350,9 @@ def test_a_sender_refuses_a_receiver_that_cannot_prove_the_token(tmp_path):
             c.sendall(frame(CHALLENGE, os.urandom(32)))
             t, body, rest = recv_frame(c, rest)
             seen.append(t)
-            accept = bytes([1]) + struct.pack("<I", 4) + b"addr" + struct.pack("<I", 0) + bytes([32]) + os.urandom(32)
+            # shm, no rdma transport, no offers, an empty reason; address, set-up, a made-up proof
+            accept = bytes([1, 0, 0]) + str16(b"") + struct.pack("<I", 4) + b"addr" + struct.pack("<I", 0) + \
+                bytes([32]) + os.urandom(32)
             c.sendall(frame(ACCEPT, accept))
             try:
                 while True:

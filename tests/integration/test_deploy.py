@@ -167,8 +167,8 @@ def test_kustomize_tcp_only_component(tmp_path):
         f"resources: [{base}]\ncomponents: [{base}/components/tcp-only]\n")
     docs = rendered(overlay, tmp_path)
     cm = docs[("ConfigMap", "slotstream")]["data"]
-    assert cm["UCX_TLS"] == "tcp,sm,self"
-    assert "UCX_NET_DEVICES" not in cm and "UCX_IB_GID_INDEX" not in cm
+    assert cm["SLOTSTREAM_TRANSPORT"] == "auto" and cm["SLOTSTREAM_RDMA_DEVICE"] == ""
+    assert "UCX_TLS" not in cm and "UCX_IB_GID_INDEX" not in cm
     rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]
     assert rx["nodeSelector"] == {"slotstream.io/receiver": "true"}
     res = rx["containers"][0]["resources"]
@@ -204,7 +204,13 @@ def test_receiver_runs_recv_with_the_expected_options():
     assert option(args, "--listen") == "0.0.0.0:7000"
     assert option(args, "--out") == "/data/streams"
     assert option(args, "--metrics") == "0.0.0.0:9100"
-    assert option(args, "--transport") == "auto"
+    # The transport and RDMA device come from the ConfigMap: rdma on RDMA nodes (the tcp-only
+    # component makes it auto), never UCX_TLS, which would replace slotstream's choice everywhere.
+    assert option(args, "--transport") == "$(SLOTSTREAM_TRANSPORT)"
+    assert option(args, "--rdma-device") == "$(SLOTSTREAM_RDMA_DEVICE)"
+    cm = documents()[("ConfigMap", "slotstream")]["data"]
+    assert cm["SLOTSTREAM_TRANSPORT"] == "rdma" and cm["SLOTSTREAM_RDMA_DEVICE"] == "mlx5_0:1"
+    assert "UCX_TLS" not in cm
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"control": 7000, "metrics": 9100}
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": 9100}

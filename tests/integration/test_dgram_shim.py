@@ -106,7 +106,7 @@ def test_a_receiver_without_the_shim_sees_the_wrapping(tmp_path):
         assert p.returncode == 0, p.stderr
         d = plain.recv(65536)
     assert d != b"hello, world"
-    assert d[:3] == b"SD\x01" and len(d) == 12 + 12 + len(b"hello, world") + 4
+    assert d[:3] == b"SD\x02" and len(d) == 12 + 12 + len(b"hello, world") + 4
     assert d[5] == 0 and d[4] & 0x0F == 3  # UD, Send
     assert d[24:-4] == b"hello, world"
 

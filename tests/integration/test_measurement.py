@@ -33,6 +33,8 @@ def test_a_status_byte_receiver_makes_no_ucx_call_on_shared_memory():
     r = rcv["resources"]
     for k in ("progress_calls", "puts", "gets", "am_sends", "am_received"):
         assert r[k] == 0, f"the receiver made UCX calls after set-up: {k} = {r[k]} ({r})"
+    # Nor during it: only rdma's wire-up needs the receiver's worker while a sender connects.
+    assert r["setup_progress_calls"] == 0, r
     # The counter does count: a receiver that must take part (two-sided ACKs) shows its progress calls.
     _, rcv = bench_pair("shm", "sliding_window", 4096, 300, 4)
     assert rcv["resources"]["progress_calls"] > 0 and rcv["resources"]["am_sends"] >= 300, rcv["resources"]

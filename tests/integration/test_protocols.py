@@ -7,7 +7,8 @@ import pytest
 
 from conftest import BIN
 
-FLAGS = {"reference", "holds", "connection_per_device", "receiver_progress", "receiver_endpoint", "sender_wakeup"}
+FLAGS = {"reference", "holds", "connection_per_device", "receiver_progress", "receiver_endpoint", "sender_wakeup",
+         "packs"}
 
 
 def run(*args):
@@ -25,7 +26,8 @@ def test_every_protocol_exports_every_descriptor_flag_as_a_boolean():
     protocols = listing()
     assert protocols, "no protocol listed"
     for name, e in protocols.items():
-        assert set(e) == {"name", "summary", "options"} | FLAGS, (name, sorted(e))
+        # receiver_progress_on: per transport (tests/integration/test_rdma.py).
+        assert set(e) == {"name", "summary", "options", "receiver_progress_on"} | FLAGS, (name, sorted(e))
         for flag in FLAGS:
             assert isinstance(e[flag], bool), (name, flag, e[flag])
     # A flag exported as a constant would pass the checks above: each one is true for some protocol

@@ -4,6 +4,7 @@
 // compared byte for byte and in order. A new protocol is tested here by registering it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -64,21 +65,30 @@ std::string message(uint16_t d, size_t i, size_t length) {
 }
 
 struct Case {
-  std::string protocol;
+  std::string protocol;  // NAME, or NAME:pack=on|off (the other packing than its default)
   Transport transport;
+  bool packs = false;  // small messages share blocks in this case
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.protocol << " over " << transport_name(c.transport); }
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return info.param.protocol + "_" + transport_name(info.param.transport);
+  std::string name = info.param.protocol + "_" + transport_name(info.param.transport);
+  std::replace(name.begin(), name.end(), ':', '_');
+  std::replace(name.begin(), name.end(), '=', '_');
+  return name;
 }
 
-std::vector<Case> cases() {
+// Every data protocol on both transports; `other_packing`: with the packing it does not have by
+// default (pack=on|off is the stream layer's, so every protocol must carry both).
+std::vector<Case> cases(bool other_packing = false) {
   std::vector<Case> out;
   for (const auto* d : protocol::all()) {
     if (d->reference) continue;  // delivers nothing by design
-    for (Transport t : {Transport::kShm, Transport::kTcp}) out.push_back({std::string(d->name), t});
+    const bool packs = d->packs != other_packing;
+    std::string spec(d->name);
+    if (other_packing) spec += packs ? ":pack=on" : ":pack=off";
+    for (Transport t : {Transport::kShm, Transport::kTcp}) out.push_back({spec, t, packs});
   }
   return out;
 }
@@ -183,6 +193,11 @@ class EveryProtocol : public testing::TestWithParam<Case> {
       SenderStats s = txs[n]->stats();
       EXPECT_EQ(s.messages, per_device * devices.size());
       EXPECT_EQ(s.records, fragments) << "one record per fragment";
+      if (GetParam().packs) {
+        EXPECT_LE(s.units, s.records) << "packed: a unit holds one record or more";
+      } else {
+        EXPECT_EQ(s.units, s.records) << "not packed: one record per unit";
+      }
       EXPECT_EQ(s.waits, s.wait_samples_ns.size());
     }
     if (round_robin) {
@@ -217,7 +232,92 @@ TEST_P(EveryProtocol, ThreeSendersEachWithAConsumerThreadOfItsOwn) {
   stream(4, 2048, {0, 100, 2032, 5000}, 40, {0, 1}, /*senders=*/3, /*round_robin=*/false);
 }
 
+// Issue 21: twelve devices of mixed sizes, 1 B to 4 KiB, filled at once: small ones pack (where
+// the protocol packs), the largest take blocks of their own or several — every byte and every
+// device's order checked.
+TEST_P(EveryProtocol, TwelveDevicesOfMixedSizesFrom1ByteTo4KiB) {
+  stream(8, 8192, {1, 4096, 17, 300, 2, 1000, 64, 3001, 255, 8}, 150, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+}
+
 INSTANTIATE_TEST_SUITE_P(Registered, EveryProtocol, testing::ValuesIn(cases()), case_name);
+
+// The same streams with the other packing than each protocol's default (a subset, for CI time).
+class OtherPacking : public EveryProtocol {};
+TEST_P(OtherPacking, SizesFromEmptyToSeveralBlocksOnThreeDevicesWrapAround) {
+  const uint32_t bs = 4096, cap = bs - wire::kBlockHeaderSize;
+  stream(4, bs, {0, 1, 100, cap - 1, cap, cap + 1, 3 * cap + 7}, 120, {0, 5, 65535});
+}
+TEST_P(OtherPacking, ManySmallMessagesInTinyBlocks) { stream(3, 64, {1, 8, 47, 48, 49}, 400, {1, 2}); }
+TEST_P(OtherPacking, TwelveDevicesOfMixedSizesFrom1ByteTo4KiB) {
+  stream(8, 8192, {1, 4096, 17, 300, 2, 1000, 64, 3001, 255, 8}, 150, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+}
+INSTANTIATE_TEST_SUITE_P(Registered, OtherPacking, testing::ValuesIn(cases(/*other_packing=*/true)), case_name);
+
+// A receiver block held (paper §3.3, status 2) while a busy lane packs small messages: the sender
+// skips it and packs into the others; nothing is lost or reordered.
+class HeldWhilePacking : public testing::TestWithParam<Transport> {};
+
+TEST_P(HeldWhilePacking, TheSenderSkipsTheHeldBlockAndLosesNothing) {
+  constexpr uint16_t kDevices = 4;
+  constexpr size_t kPerDevice = 3000;
+  std::mutex m;
+  std::map<std::string, std::map<uint16_t, std::vector<std::string>>> received;
+  std::set<std::thread::id> threads;
+  ReceiverOptions ro;
+  ro.host = "127.0.0.1";
+  ro.transport = GetParam();
+  ro.holds = {{1, 0, 300}};  // block 1 held for the first 300 ms
+  ro.make_sink = [&](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+    std::lock_guard lock(m);
+    *sink = std::make_unique<MemorySink>(received[info.name], m, threads);
+    return Status::ok();
+  };
+  std::unique_ptr<Receiver> rx;
+  ASSERT_TRUE(Receiver::start(ro, &rx).is_ok());
+  const std::string addr = rx->listen_address();
+  SenderOptions so;
+  so.host = "127.0.0.1";
+  so.port = uint16_t(std::stoi(addr.substr(addr.rfind(':') + 1)));
+  so.name = "held-while-packing";
+  so.protocol = "status_byte";
+  so.transport = GetParam();
+  so.blocks = 4;
+  so.block_size = 1024;
+  for (uint16_t d = 0; d < kDevices; ++d) so.devices.push_back(d);
+  std::unique_ptr<Sender> tx;
+  ASSERT_TRUE(Sender::connect(so, &tx).is_ok());
+  std::vector<std::thread> fillers;
+  std::vector<Status> errors(kDevices);
+  for (uint16_t d = 0; d < kDevices; ++d) {
+    fillers.emplace_back([&, d] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+      for (size_t i = 0; i < kPerDevice && errors[d].is_ok(); ++i) {
+        std::string msg = message(d, i, 1 + (i * 13 + d) % 90);
+        errors[d] = tx->device(d)->send(std::as_bytes(std::span(msg)));
+        // Spread the messages over the hold (and past it) rather than sending them all at once.
+        if (i % 100 == 99 && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+    });
+  }
+  for (auto& t : fillers) t.join();
+  for (const Status& e : errors) ASSERT_TRUE(e.is_ok()) << e.to_string();
+  ASSERT_TRUE(tx->finish().is_ok());
+  rx->wait_sessions(1);
+  rx->stop();
+  auto& got = received[so.name];
+  for (uint16_t d = 0; d < kDevices; ++d) {
+    ASSERT_EQ(got[d].size(), kPerDevice) << "device " << d;
+    for (size_t i = 0; i < kPerDevice; ++i) ASSERT_EQ(got[d][i], message(d, i, 1 + (i * 13 + d) % 90));
+  }
+  SenderStats s = tx->stats();
+  EXPECT_GT(s.held_skips, 0u) << "the sender never met the held block";
+  EXPECT_LT(s.units, s.records) << "the busy lane did not pack";
+}
+
+INSTANTIATE_TEST_SUITE_P(StatusByte, HeldWhilePacking, testing::Values(Transport::kShm, Transport::kTcp),
+                         [](const testing::TestParamInfo<Transport>& i) { return transport_name(i.param); });
 
 }  // namespace
 }  // namespace slotstream

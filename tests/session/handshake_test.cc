@@ -12,15 +12,22 @@ wire::Hello good_hello() {
   h.block_size = 1 << 20;
   h.transport = Transport::kAuto;
   h.host_id = "host-a";
+  h.shm_domain = "ipc=1,uid=0";
   h.name = "edge-a";
   h.devices = {0, 1, 2};
   return h;
 }
 
+// A receiver on host-a in shm domain "ipc=1,uid=0" that allows `allowed` and serves rdma over `rdma`.
+ReceiverTerms receiver(Transport allowed = Transport::kAuto, bool has_rdma = false,
+                       RdmaTransport rdma = RdmaTransport::kRc) {
+  return {allowed, rdma, {"host-a", "ipc=1,uid=0", true, has_rdma}};
+}
+
 // The refusal message for `hello` (asserting it is refused with kRefused and leaves *terms alone).
 std::string refused(const wire::Hello& hello, Transport allowed = Transport::kAuto) {
   HelloTerms terms;
-  auto r = check_hello(hello, allowed, "host-a", &terms);
+  auto r = check_hello(hello, receiver(allowed), &terms);
   if (!r) {
     ADD_FAILURE() << "accepted";
     return "";
@@ -33,12 +40,12 @@ std::string refused(const wire::Hello& hello, Transport allowed = Transport::kAu
 TEST(Handshake, AcceptsAGoodHelloAndSaysWhatItAsksFor) {
   HelloTerms terms;
   wire::Hello h = good_hello();
-  ASSERT_FALSE(check_hello(h, Transport::kAuto, "host-a", &terms));
+  ASSERT_FALSE(check_hello(h, receiver(), &terms));
   ASSERT_NE(terms.protocol, nullptr);
   EXPECT_EQ(terms.protocol, protocol::find("status_byte"));
   EXPECT_EQ(terms.transport, Transport::kShm);  // auto on one host
   h.host_id = "host-b";
-  ASSERT_FALSE(check_hello(h, Transport::kAuto, "host-a", &terms));
+  ASSERT_FALSE(check_hello(h, receiver(), &terms));
   EXPECT_EQ(terms.transport, Transport::kTcp);
 }
 
@@ -69,7 +76,7 @@ TEST(Handshake, RefusesBlockGeometryOutsideTheLimits) {
     wire::Hello h = good_hello();
     h.blocks = blocks;
     h.block_size = size;
-    EXPECT_FALSE(check_hello(h, Transport::kAuto, "host-a", &terms)) << blocks << " x " << size;
+    EXPECT_FALSE(check_hello(h, receiver(), &terms)) << blocks << " x " << size;
   }
 }
 
@@ -84,7 +91,7 @@ TEST(Handshake, RefusesBadNamesAndDeviceCounts) {
   EXPECT_EQ(refused(h), "a sender must declare 1..4096 devices");
   h.devices.resize(kMaxDevices);
   HelloTerms terms;
-  EXPECT_FALSE(check_hello(h, Transport::kAuto, "host-a", &terms));
+  EXPECT_FALSE(check_hello(h, receiver(), &terms));
 }
 
 TEST(Handshake, RefusesATransportTheReceiverDoesNotAllow) {
@@ -94,6 +101,32 @@ TEST(Handshake, RefusesATransportTheReceiverDoesNotAllow) {
   h.transport = Transport::kShm;
   h.host_id = "host-b";
   EXPECT_EQ(refused(h), "transport shm needs sender and receiver on one host; use tcp");
+}
+
+TEST(Handshake, RdmaGoesWhereBothEndsOfferItAndTheRdmaTransportsAgree) {
+  wire::Hello h = good_hello();
+  h.host_id = "host-b";
+  h.offers = wire::kOfferShm | wire::kOfferRdma;
+  HelloTerms terms;
+  ASSERT_FALSE(check_hello(h, receiver(Transport::kAuto, true), &terms));
+  EXPECT_EQ(terms.transport, Transport::kRdma);
+  EXPECT_EQ(terms.reason, "no shm (sender and receiver are on different hosts); both ends have a usable RDMA device");
+  // A sender that insists on dc reaches a receiver serving rc: refused, saying both.
+  h.rdma_transport = RdmaTransport::kDc;
+  auto r = check_hello(h, receiver(Transport::kAuto, true), &terms);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->message, "this receiver serves rdma over rc, the sender asks for dc (--rdma-transport on both ends)");
+  EXPECT_STREQ(refusal_labels(*r).refused, "transport");
+  ASSERT_FALSE(check_hello(h, receiver(Transport::kAuto, true, RdmaTransport::kDc), &terms));
+  EXPECT_EQ(terms.transport, Transport::kRdma);
+  // Its rdma transport does not matter where rdma is not chosen.
+  ASSERT_FALSE(check_hello(h, receiver(Transport::kAuto, false), &terms));
+  EXPECT_EQ(terms.transport, Transport::kTcp);
+  // The offers are what the sender's facts say.
+  h.offers = 0;
+  EXPECT_FALSE(sender_facts(h).shm);
+  EXPECT_FALSE(sender_facts(h).rdma);
+  EXPECT_EQ(sender_facts(h).shm_domain, "ipc=1,uid=0");
 }
 
 TEST(Handshake, ProofsCoverTheTokenBothNoncesAndTheWholeHello) {
@@ -136,7 +169,7 @@ TEST(Handshake, ProofsCoverTheTokenBothNoncesAndTheWholeHello) {
 TEST(Handshake, RefusalsAreCountedUnderTheirReason) {
   auto label = [](wire::Hello h) {
     HelloTerms terms;
-    auto r = check_hello(h, Transport::kShm, "host-a", &terms);
+    auto r = check_hello(h, receiver(Transport::kShm), &terms);
     return r ? std::string(refusal_labels(*r).refused) : std::string("accepted");
   };
   wire::Hello h = good_hello();

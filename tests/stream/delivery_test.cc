@@ -249,6 +249,210 @@ TEST(Delivery, ABusyDevicePausesAloneAndResumesWhereItStopped) {
   EXPECT_EQ(events.back(), (std::pair<uint16_t, bool>{0, false}));
 }
 
+// ------------------------------------------------------------------ packed units (issue 21)
+
+constexpr uint32_t kUnitBlock = 512;
+
+struct Rec {
+  uint16_t device;
+  uint32_t packet;
+  std::string payload;
+  uint8_t flags = kOnly;
+};
+
+// Blocks that hold packed units (wire/block_header.h), built as the sender builds them.
+class UnitBlocks : public protocol::ReceiverProtocol {
+ public:
+  explicit UnitBlocks(uint32_t n) : data_(n * kUnitBlock), status_(n, 0) {}
+  std::vector<uint8_t> setup() const override { return {}; }
+  void poll(std::vector<protocol::Record>* out) override {
+    for (uint32_t i = 0; i < status_.size(); ++i) {
+      if (status_[i] == 1) out->push_back({i, i, {data_.data() + i * kUnitBlock, kUnitBlock}});
+    }
+  }
+  void release(uint64_t i) override {
+    ASSERT_EQ(status_[i], 1) << "block " << i << " released twice";
+    status_[i] = 0;
+    ++releases;
+  }
+  uint64_t max_records() const override { return status_.size(); }
+  // Returns the unit's bytes so that a test can damage them. One record is a plain record.
+  std::span<std::byte> put(uint32_t index, const std::vector<Rec>& records) {
+    std::byte* b = data_.data() + index * kUnitBlock;
+    status_[index] = 1;
+    if (records.size() == 1) {
+      const Rec& r = records[0];
+      wire::encode_block_header({r.flags, r.device, r.packet, uint32_t(r.payload.size())},
+                                std::span<std::byte, wire::kBlockHeaderSize>(b, wire::kBlockHeaderSize));
+      std::memcpy(b + wire::kBlockHeaderSize, r.payload.data(), r.payload.size());
+      return {b, wire::kBlockHeaderSize + r.payload.size()};
+    }
+    size_t at = wire::kPackedHeaderSize;
+    for (const Rec& r : records) {
+      wire::encode_block_header({r.flags, r.device, r.packet, uint32_t(r.payload.size())},
+                                std::span<std::byte, wire::kBlockHeaderSize>(b + at, wire::kBlockHeaderSize));
+      std::memcpy(b + at + wire::kBlockHeaderSize, r.payload.data(), r.payload.size());
+      at += wire::packed_record_size(r.payload.size());
+    }
+    wire::encode_packed_header({uint32_t(records.size()), uint32_t(at)},
+                               std::span<std::byte, wire::kPackedHeaderSize>(b, wire::kPackedHeaderSize));
+    return {b, at};
+  }
+  uint8_t status(uint32_t i) const { return status_[i]; }
+  int releases = 0;
+
+ private:
+  std::vector<std::byte> data_;
+  std::vector<uint8_t> status_;
+};
+
+// Takes whole messages in batches and can refuse one half-way through a batch.
+class BatchSink : public RecordingSink {
+ public:
+  Status deliver(std::span<const Message> batch, size_t* stored) override {
+    ++batches;
+    for (*stored = 0; *stored < batch.size(); ++*stored) {
+      const Message& m = batch[*stored];
+      if (busy.contains(m.device)) return {Code::kBusy, "worker backlog"};
+      if (refuse_after >= 0 && refuse_after-- == 0) return {Code::kIoError, "disk full"};
+      messages[m.device].emplace_back(reinterpret_cast<const char*>(m.data.data()), m.data.size());
+    }
+    return Status::ok();
+  }
+  int batches = 0;
+  int refuse_after = -1;  // store this many more messages, then refuse one
+};
+
+struct UnitFixture {
+  UnitBlocks blocks{8};
+  BatchSink sink;
+  Delivery delivery{blocks, sink, {0, 1, 2}, kUnitBlock};
+  size_t pass() {
+    size_t n = 0;
+    EXPECT_TRUE(delivery.pass(&n).is_ok());
+    return n;
+  }
+  std::vector<std::string>& got(uint16_t d) { return sink.messages[d]; }
+};
+
+TEST(Delivery, APackedUnitIsOneBatchAndOneRelease) {
+  UnitFixture f;
+  f.blocks.put(4, {{0, 0, "a0"}, {1, 0, "b0"}, {0, 1, "a1"}, {2, 0, ""}, {1, 1, "b1"}});
+  EXPECT_EQ(f.pass(), 5u);
+  EXPECT_EQ(f.sink.batches, 1);
+  EXPECT_EQ(f.got(0), (std::vector<std::string>{"a0", "a1"}));
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0", "b1"}));
+  EXPECT_EQ(f.got(2), (std::vector<std::string>{""}));
+  EXPECT_EQ(f.blocks.releases, 1);
+  EXPECT_EQ(f.delivery.counters().units, 1u);
+  EXPECT_EQ(f.delivery.counters().messages, 5u);
+}
+
+TEST(Delivery, ARecordAheadOfItsPredecessorWaitsWhileTheRestOfItsUnitGoes) {
+  UnitFixture f;
+  f.blocks.put(2, {{0, 1, "a1"}, {1, 0, "b0"}});  // a0 is in a block the scan has not seen yet
+  f.pass();
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0"}));
+  EXPECT_TRUE(f.got(0).empty());
+  EXPECT_EQ(f.blocks.status(2), 1) << "a1 still waits in it";
+  f.blocks.put(6, {{0, 0, "a0"}, {1, 1, "b1"}});
+  f.pass();
+  EXPECT_EQ(f.got(0), (std::vector<std::string>{"a0", "a1"}));
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0", "b1"})) << "b0 was not offered twice";
+  EXPECT_EQ(f.delivery.counters().duplicates, 0u);
+  EXPECT_EQ(f.delivery.counters().gaps, 0u);
+  EXPECT_EQ(f.blocks.status(2), 0);
+  EXPECT_EQ(f.blocks.status(6), 0);
+}
+
+TEST(Delivery, ABatchRefusedHalfWayIsOfferedAgainFromWhereItStopped) {
+  UnitFixture f;
+  f.blocks.put(0, {{0, 0, "a0"}, {1, 0, "b0"}, {0, 1, "a1"}, {1, 1, "b1"}});
+  f.sink.refuse_after = 2;  // a0 and b0 stored, then the disk is full
+  size_t n = 0;
+  EXPECT_EQ(f.delivery.pass(&n).code(), Code::kIoError);
+  EXPECT_EQ(f.blocks.status(0), 1) << "back-pressure: the unit stays";
+  EXPECT_EQ(f.got(0), (std::vector<std::string>{"a0"}));
+  f.pass();
+  EXPECT_EQ(f.got(0), (std::vector<std::string>{"a0", "a1"}));
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0", "b1"}));
+  EXPECT_EQ(f.delivery.counters().duplicates, 0u);
+  EXPECT_EQ(f.blocks.status(0), 0);
+}
+
+TEST(Delivery, ABusyDevicesRecordsAreCopiedOutOfASharedUnitSoTheOthersFlow) {
+  UnitFixture f;
+  std::vector<std::pair<uint16_t, bool>> events;
+  f.delivery.set_pause_handler([&](uint16_t d, bool paused) { events.push_back({d, paused}); });
+  f.sink.busy = {0};
+  f.blocks.put(1, {{0, 0, "a0"}, {1, 0, "b0"}, {0, 1, "a1"}});
+  f.blocks.put(3, {{1, 1, "b1"}, {0, 2, "a2"}});
+  f.pass();
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0", "b1"}));
+  EXPECT_EQ(f.blocks.status(1), 0) << "released: device 0's records were copied aside";
+  EXPECT_EQ(f.blocks.status(3), 0);
+  EXPECT_EQ(f.delivery.counters().parked, 3u);
+  EXPECT_EQ(events, (std::vector<std::pair<uint16_t, bool>>{{0, true}}));
+  for (int i = 0; i < 3; ++i) f.pass();
+  EXPECT_EQ(f.delivery.counters().gaps, 0u);
+  // Its later records keep coming: they wait too (copied aside, in order).
+  f.blocks.put(5, {{0, 3, "a3"}, {1, 2, "b2"}});
+  f.pass();
+  f.sink.busy.clear();
+  std::this_thread::sleep_for(Delivery::kBusyRetry + std::chrono::milliseconds(10));
+  f.pass();
+  EXPECT_EQ(f.got(0), (std::vector<std::string>{"a0", "a1", "a2", "a3"}));
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0", "b1", "b2"}));
+  EXPECT_EQ(events.back(), (std::pair<uint16_t, bool>{0, false}));
+  EXPECT_EQ(f.delivery.counters().duplicates, 0u);
+}
+
+TEST(Delivery, VoidRecordsAreSkippedAndABadRestCountsOnceHoweverLongItsUnitWaits) {
+  UnitFixture f;
+  f.blocks.put(0, {{0, 0, "a0"}, {1, 0, "--void--", wire::kVoid}, {0, 1, "a1"}});
+  f.pass();
+  EXPECT_EQ(f.got(0), (std::vector<std::string>{"a0", "a1"}));
+  EXPECT_TRUE(f.got(1).empty());
+  EXPECT_EQ(f.delivery.counters().bad_headers, 0u);
+  // b1 waits for b0 (in a block held back meanwhile: no gap can be concluded), and the record
+  // after b1 is torn: the unit stays over several passes.
+  auto u = f.blocks.put(2, {{1, 1, "b1"}, {2, 0, "c0"}});
+  u[wire::kPackedHeaderSize + 24 + 6] ^= std::byte{1};
+  f.blocks.put(4, {{1, 0, "b0"}, {2, 1, "c1"}});
+  f.delivery.set_blocked(4, true);
+  for (int i = 0; i < 4; ++i) f.pass();
+  EXPECT_EQ(f.blocks.status(2), 1);
+  EXPECT_EQ(f.delivery.counters().bad_headers, 1u);
+  f.delivery.set_blocked(4, false);
+  f.pass();
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0", "b1"}));
+  EXPECT_EQ(f.delivery.counters().bad_headers, 1u);
+  EXPECT_EQ(f.blocks.status(2), 0);
+}
+
+TEST(Delivery, AMessageSpanningBlocksComesAfterTheWholeOnesBeforeIt) {
+  UnitFixture f;
+  f.blocks.put(0, {{0, 0, "small"}, {1, 0, "b0"}});
+  f.blocks.put(1, {{0, 1, "big-", wire::kFirstFragment}, {1, 1, "b1"}});
+  f.blocks.put(2, {{0, 2, "end", wire::kLastFragment}});
+  f.pass();
+  EXPECT_EQ(f.got(0), (std::vector<std::string>{"small", "big-end"}));
+  EXPECT_EQ(f.got(1), (std::vector<std::string>{"b0", "b1"}));
+}
+
+TEST(Delivery, TheReorderWindowGrowsWithTheRecordsABlockCanHold) {
+  EXPECT_EQ(Delivery::window(32), 256u);  // one record per block: as before packing
+  EXPECT_EQ(Delivery::window(32, 65536 / 16), 4u * 32 * 4096);
+  EXPECT_EQ(Delivery::window(4096, (64u << 20) / 16), uint64_t(1) << 30);  // capped
+  UnitFixture f;
+  // 8 blocks of 512 bytes, 32 records each: a packet 300 ahead is believable (and waits), one
+  // 2000 ahead is not.
+  f.blocks.put(0, {{0, 300, "far"}, {1, 2000, "too far"}});
+  f.pass();
+  EXPECT_EQ(f.delivery.counters().out_of_window, 1u);
+  EXPECT_EQ(f.blocks.status(0), 1) << "the believable one waits in its unit";
+}
+
 TEST(Delivery, StoreLatencyRunsFromTakingUpTheFirstBlockToTheCommitAndIncludesWaits) {
   Fixture f;
   f.blocks.put(0, 0, 0, wire::kFirstFragment, "aaa");
@@ -270,6 +474,24 @@ TEST(Delivery, StoreLatencyRunsFromTakingUpTheFirstBlockToTheCommitAndIncludesWa
   for (uint64_t n : h.buckets) in_buckets += n;
   EXPECT_EQ(in_buckets, 2u);
   EXPECT_EQ(h.buckets.back(), 0u);  // nothing above 5 s
+}
+
+// Whole messages stored in one batch are each observed once; a device paused by its busy sink
+// counts its wait, the others' messages of the same unit do not.
+TEST(Delivery, StoreLatencyOfABatchCountsEveryMessageAndAPausedDevicesWait) {
+  UnitFixture f;
+  f.sink.busy = {0};
+  f.blocks.put(1, {{0, 0, "a0"}, {1, 0, "b0"}, {1, 1, "b1"}});
+  f.pass();
+  const LatencyHistogram& h = f.delivery.counters().store_latency;
+  EXPECT_EQ(h.count, 2u) << "b0 and b1";
+  EXPECT_LT(h.sum_seconds, 0.090) << "they did not wait for device 0";
+  f.sink.busy.clear();
+  std::this_thread::sleep_for(Delivery::kBusyRetry + std::chrono::milliseconds(10));
+  f.pass();
+  ASSERT_EQ(f.got(0), (std::vector<std::string>{"a0"}));
+  EXPECT_EQ(h.count, 3u);
+  EXPECT_GE(h.sum_seconds, 0.100) << "a0 waited for its sink from the pass that took it up";
 }
 
 }  // namespace

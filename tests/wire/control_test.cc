@@ -13,7 +13,10 @@ Hello sample_hello() {
   h.blocks = 32;
   h.block_size = 1 << 20;
   h.transport = Transport::kTcp;
+  h.rdma_transport = RdmaTransport::kDc;
+  h.offers = kOfferRdma;
   h.host_id = "boot@host";
+  h.shm_domain = "ipc=4026531839,uid=0";
   h.name = "edge-1";
   h.devices = {0, 7, 65535};
   h.group = 0x1122334455667788ull;
@@ -31,6 +34,10 @@ TEST(Control, HelloRoundTrips) {
   EXPECT_EQ(out.blocks, 32u);
   EXPECT_EQ(out.block_size, 1u << 20);
   EXPECT_EQ(out.transport, Transport::kTcp);
+  EXPECT_EQ(out.rdma_transport, RdmaTransport::kDc);
+  EXPECT_EQ(out.offers, kOfferRdma);
+  EXPECT_EQ(out.host_id, "boot@host");
+  EXPECT_EQ(out.shm_domain, "ipc=4026531839,uid=0");
   EXPECT_EQ(out.name, "edge-1");
   EXPECT_EQ(out.devices, (std::vector<uint16_t>{0, 7, 65535}));
   EXPECT_EQ(out.group, 0x1122334455667788ull);
@@ -95,7 +102,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 3);  // version, little-endian
+  EXPECT_EQ(b[4], 5);  // version, little-endian
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);
@@ -130,9 +137,56 @@ TEST(Control, HelloRejectsBadMagicVersionTruncationAndTrailingBytes) {
   bad.push_back(0);
   EXPECT_FALSE(decode(bad, &out).is_ok());
 
-  bad = b;
-  bad[4 + 2 + 1 + 11 + 2 + 9 + 8] = 7;  // transport code after magic, version, protocol, options, blocks, size
-  EXPECT_FALSE(decode(bad, &out).is_ok());
+  // After magic, version, protocol, options, blocks and size: transport, rdma transport, offers.
+  constexpr size_t kTransportAt = 4 + 2 + 1 + 11 + 2 + 9 + 8;
+  EXPECT_EQ(b[kTransportAt], 2);
+  EXPECT_EQ(b[kTransportAt + 1], 2);  // dc
+  EXPECT_EQ(b[kTransportAt + 2], kOfferRdma);
+  EXPECT_EQ(b[kTransportAt + 3], 9);  // the host id's length
+  for (auto [at, value] : {std::pair{kTransportAt, 4}, {kTransportAt + 1, 4}, {kTransportAt + 2, 4}}) {
+    bad = b;
+    bad[at] = uint8_t(value);  // an unknown transport, rdma transport, offer bit
+    st = decode(bad, &out);
+    EXPECT_EQ(st.code(), Code::kProtocolError) << at;
+    EXPECT_NE(st.message().find("unknown"), std::string::npos) << st.message();
+  }
+}
+
+TEST(Control, ARdmaHelloAndAcceptRoundTripWithTheirReason) {
+  Hello h = sample_hello();
+  h.transport = Transport::kRdma;
+  h.rdma_transport.reset();  // whichever the receiver serves
+  h.offers = kOfferShm | kOfferRdma;
+  Hello out;
+  ASSERT_TRUE(decode(encode(h), &out).is_ok());
+  EXPECT_EQ(out.transport, Transport::kRdma);
+  EXPECT_EQ(out.rdma_transport, std::nullopt);
+  EXPECT_EQ(out.offers, kOfferShm | kOfferRdma);
+
+  Accept a;
+  a.transport = Transport::kRdma;
+  a.rdma_transport = RdmaTransport::kRc;
+  a.offers = kOfferRdma;
+  a.reason = "both ends have a usable RDMA device";
+  a.worker_address = {1, 2};
+  const auto body = encode(a);
+  // transport, rdma transport, offers, then the reason (str16).
+  EXPECT_EQ(body[0], 3);
+  EXPECT_EQ(body[1], 1);
+  EXPECT_EQ(body[2], kOfferRdma);
+  EXPECT_EQ(body[3] | body[4] << 8, int(a.reason.size()));
+  Accept back;
+  ASSERT_TRUE(decode(body, &back).is_ok());
+  EXPECT_EQ(back.transport, Transport::kRdma);
+  EXPECT_EQ(back.rdma_transport, RdmaTransport::kRc);
+  EXPECT_EQ(back.reason, a.reason);
+  // An rdma transport goes with rdma, and only with it.
+  auto bad = body;
+  bad[1] = 0;
+  EXPECT_EQ(decode(bad, &back).code(), Code::kProtocolError);
+  bad = body;
+  bad[0] = encode_transport(Transport::kTcp);
+  EXPECT_EQ(decode(bad, &back).code(), Code::kProtocolError);
 }
 
 TEST(Control, TransportCodesArePinnedAndUnknownOnesRefused) {
@@ -140,12 +194,24 @@ TEST(Control, TransportCodesArePinnedAndUnknownOnesRefused) {
   EXPECT_EQ(encode_transport(Transport::kAuto), 0);
   EXPECT_EQ(encode_transport(Transport::kShm), 1);
   EXPECT_EQ(encode_transport(Transport::kTcp), 2);
-  for (Transport t : {Transport::kAuto, Transport::kShm, Transport::kTcp}) {
+  EXPECT_EQ(encode_transport(Transport::kRdma), 3);
+  for (Transport t : {Transport::kAuto, Transport::kShm, Transport::kTcp, Transport::kRdma}) {
     EXPECT_EQ(decode_transport(encode_transport(t)), t);
   }
-  for (int code = 3; code < 256; ++code) EXPECT_FALSE(decode_transport(uint8_t(code)).has_value()) << code;
+  for (int code = 4; code < 256; ++code) EXPECT_FALSE(decode_transport(uint8_t(code)).has_value()) << code;
+  // RDMA transports: 0 unset, rc 1, dc 2, ud 3.
+  EXPECT_EQ(encode_rdma_transport(std::nullopt), 0);
+  EXPECT_EQ(encode_rdma_transport(RdmaTransport::kRc), 1);
+  EXPECT_EQ(encode_rdma_transport(RdmaTransport::kDc), 2);
+  EXPECT_EQ(encode_rdma_transport(RdmaTransport::kUd), 3);
+  for (int code = 0; code < 256; ++code) {
+    std::optional<RdmaTransport> t = RdmaTransport::kUd;
+    EXPECT_EQ(decode_rdma_transport(uint8_t(code), &t), code <= 3) << code;
+    if (code <= 3) EXPECT_EQ(encode_rdma_transport(t), code);
+  }
   // An ACCEPT must name the transport chosen: auto is refused there.
-  Accept a{Transport::kShm, {1}, {}, {}};
+  Accept a;
+  a.worker_address = {1};
   auto body = encode(a);
   body[0] = encode_transport(Transport::kAuto);
   Accept out;
@@ -161,7 +227,9 @@ TEST(Control, FrameHasLengthPrefix) {
 }
 
 TEST(Control, OtherMessagesRoundTrip) {
-  Accept a{Transport::kShm, {1, 2, 3}, {9, 8}, {}};
+  Accept a;
+  a.worker_address = {1, 2, 3};
+  a.setup = {9, 8};
   Accept a2;
   ASSERT_TRUE(decode(encode(a), &a2).is_ok());
   EXPECT_EQ(a2.worker_address, a.worker_address);

@@ -17,7 +17,16 @@
 // the kernel unchanged): sendfile/splice into a UDP socket, and calls glibc makes internally
 // (e.g. stdio on a socket).
 //
+// A CRC is not authentication: anyone who can reach the program's port can send it a datagram with
+// a right CRC, and it is delivered. With SLOTSTREAM_UDP_KEY_FILE (the same file for every program
+// that talks to each other) every datagram also carries a MAC (dgram/mac.h: HMAC-SHA256 under a key
+// derived from the file) and one without a right MAC is dropped (counted: dropped_auth); a
+// datagram with a MAC reaching a program without the key is dropped too. A whole datagram captured
+// on the way can still be replayed (there is no session to number them in).
+//
 // Environment:
+//   SLOTSTREAM_UDP_KEY_FILE       a shared secret (the file's contents, trailing whitespace removed):
+//                                 sign every datagram and accept only signed ones
 //   SLOTSTREAM_UDP_PORTS          which datagrams: "5000-5999,8000" (either end's port); default
 //                                 every one except port 53; "all" (dgram/shim/ports.h)
 //   SLOTSTREAM_UDP_LOG            "1": counters on stderr at exit; a path: appended there
@@ -35,6 +44,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +56,7 @@
 
 #include "dgram/crc32c.h"
 #include "dgram/injector.h"
+#include "dgram/mac.h"
 #include "dgram/shim/ports.h"
 #include "dgram/wire.h"
 
@@ -85,14 +96,16 @@ Real& real() {
 // ------------------------------------------------------------------ configuration and counters
 
 struct Counters {
-  std::atomic<uint64_t> wrapped{0}, unwrapped{0}, passed{0}, dropped_crc{0}, dropped_malformed{0}, emsgsize{0},
-      injected_loss{0}, injected_corrupt{0}, injected_duplicate{0};
+  std::atomic<uint64_t> wrapped{0}, unwrapped{0}, passed{0}, dropped_crc{0}, dropped_malformed{0}, dropped_auth{0},
+      emsgsize{0}, injected_loss{0}, injected_corrupt{0}, injected_duplicate{0};
 };
 
 struct Config {
   PortSet ports;
   InjectOptions inject;
   std::string log;
+  bool keyed = false;
+  MacKey key{};
 };
 
 [[noreturn]] void die(const std::string& why) {
@@ -101,9 +114,24 @@ struct Config {
   _exit(2);
 }
 
+// SLOTSTREAM_UDP_KEY_FILE's contents without trailing whitespace (what net::read_token_file reads).
+void load_key(const char* path, Config* c) {
+  FILE* f = std::fopen(path, "rb");
+  if (!f) die(std::string("cannot read SLOTSTREAM_UDP_KEY_FILE '") + path + "': " + std::strerror(errno));
+  std::string token;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) token.append(buf, n);
+  std::fclose(f);
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) die(std::string("SLOTSTREAM_UDP_KEY_FILE '") + path + "' is empty");
+  c->keyed = true;
+  c->key = shim_key(token);
+}
+
 Config load_config() {
   Config c;
   std::string err;
+  if (const char* k = std::getenv("SLOTSTREAM_UDP_KEY_FILE"); k && *k) load_key(k, &c);
   if (const char* p = std::getenv("SLOTSTREAM_UDP_PORTS")) {
     if (!PortSet::parse(p, &c.ports, &err)) die(err);
   }
@@ -135,6 +163,13 @@ Injector& injector() {
   return inj;
 }
 
+// This thread's MAC (an OpenSSL context is for one thread at a time); nullptr without a key.
+SegmentMac* mac() {
+  if (!config().keyed) return nullptr;
+  thread_local SegmentMac m(config().key);
+  return &m;
+}
+
 __attribute__((constructor)) void shim_init() {
   (void)real();
   (void)config();  // malformed settings stop the program now, not at its first datagram
@@ -145,17 +180,18 @@ __attribute__((destructor)) void shim_report() {
   if (c.log.empty()) return;
   const Counters& k = g_counters;
   // Programs that never touched a UDP socket (shells, helpers a program starts) say nothing.
-  if (k.wrapped + k.unwrapped + k.passed + k.dropped_crc + k.dropped_malformed + k.emsgsize == 0) return;
+  if (k.wrapped + k.unwrapped + k.passed + k.dropped_crc + k.dropped_malformed + k.dropped_auth + k.emsgsize == 0)
+    return;
   char line[512];
   int n = std::snprintf(line, sizeof line,
                         "slotstream_udp pid=%d wrapped=%llu unwrapped=%llu passed=%llu dropped_crc=%llu "
-                        "dropped_malformed=%llu emsgsize=%llu injected_loss=%llu injected_corrupt=%llu "
-                        "injected_duplicate=%llu\n",
+                        "dropped_malformed=%llu dropped_auth=%llu emsgsize=%llu injected_loss=%llu "
+                        "injected_corrupt=%llu injected_duplicate=%llu\n",
                         int(getpid()), (unsigned long long)k.wrapped.load(), (unsigned long long)k.unwrapped.load(),
                         (unsigned long long)k.passed.load(), (unsigned long long)k.dropped_crc.load(),
-                        (unsigned long long)k.dropped_malformed.load(), (unsigned long long)k.emsgsize.load(),
-                        (unsigned long long)k.injected_loss.load(), (unsigned long long)k.injected_corrupt.load(),
-                        (unsigned long long)k.injected_duplicate.load());
+                        (unsigned long long)k.dropped_malformed.load(), (unsigned long long)k.dropped_auth.load(),
+                        (unsigned long long)k.emsgsize.load(), (unsigned long long)k.injected_loss.load(),
+                        (unsigned long long)k.injected_corrupt.load(), (unsigned long long)k.injected_duplicate.load());
   if (n <= 0) return;
   int fd = c.log == "1" ? STDERR_FILENO : ::open(c.log.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return;
@@ -255,7 +291,7 @@ void forget_peer(int fd) {
 
 size_t max_payload(int family) {
   const size_t udp_max = family == AF_INET6 ? 65527 : kMaxUdpPayload;
-  return udp_max - kCommonSize - kUntaggedSize - kCrcSize;
+  return udp_max - kCommonSize - kUntaggedSize - kCrcSize - (config().keyed ? kMacTagSize : 0);
 }
 
 size_t iov_total(const iovec* iov, size_t n) {
@@ -265,6 +301,27 @@ size_t iov_total(const iovec* iov, size_t n) {
 }
 
 // ------------------------------------------------------------------ send
+
+// Writes the trailer of a datagram (header, then msg's payload): the MAC when keyed, then the CRC
+// over all of it. Returns the MAC's size (0 without a key).
+size_t seal(std::span<const std::byte> header, const msghdr* msg, std::byte* trailer) {
+  auto part = [&](size_t i) {
+    return std::span(static_cast<const std::byte*>(msg->msg_iov[i].iov_base), msg->msg_iov[i].iov_len);
+  };
+  size_t tag = 0;
+  if (SegmentMac* m = mac()) {
+    m->start();
+    m->add(header);
+    for (size_t i = 0; i < msg->msg_iovlen; ++i) m->add(part(i));
+    m->finish(std::span<std::byte, kMacTagSize>(trailer, kMacTagSize));
+    tag = kMacTagSize;
+  }
+  uint32_t crc = crc32c(header);
+  for (size_t i = 0; i < msg->msg_iovlen; ++i) crc = crc32c_extend(crc, part(i));
+  if (tag) crc = crc32c_extend(crc, std::span<const std::byte>(trailer, tag));
+  put_crc(crc, std::span<std::byte, kCrcSize>(trailer + tag, kCrcSize));
+  return tag;
+}
 
 ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
   SocketInfo info;
@@ -288,20 +345,17 @@ ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
   h.queue = 0;
   h.msn = next_msn(fd);
   h.offset = 0;
+  h.has_mac = config().keyed;
   std::byte header[kCommonSize + kUntaggedSize];
   const size_t hs = encode_header(h, len, header);
-  uint32_t crc = crc32c(std::span(header, hs));
-  for (size_t i = 0; i < msg->msg_iovlen; ++i) {
-    crc =
-        crc32c_extend(crc, std::span(static_cast<const std::byte*>(msg->msg_iov[i].iov_base), msg->msg_iov[i].iov_len));
-  }
-  std::byte trailer[kCrcSize];
-  put_crc(crc, trailer);
+  // Trailer: [MAC over header and payload] CRC over everything before it.
+  std::byte trailer[kMacTagSize + kCrcSize];
+  const size_t tag = seal(std::span(header, hs), msg, trailer);
 
   Injector::Verdict v;
   if (config().inject.any()) {
     std::lock_guard lock(g_inject_mu);
-    v = injector().next(hs + len + kCrcSize);
+    v = injector().next(hs + len + tag + kCrcSize);
   }
   if (v.drop) {
     ++g_counters.injected_loss;
@@ -311,7 +365,7 @@ ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
   std::vector<iovec> iov(msg->msg_iovlen + 2);
   iov[0] = {header, hs};
   for (size_t i = 0; i < msg->msg_iovlen; ++i) iov[i + 1] = msg->msg_iov[i];
-  iov[msg->msg_iovlen + 1] = {trailer, kCrcSize};
+  iov[msg->msg_iovlen + 1] = {trailer, tag + kCrcSize};
   msghdr m = *msg;
   m.msg_iov = iov.data();
   m.msg_iovlen = iov.size();
@@ -408,12 +462,16 @@ ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
     auto seg = decode_segment(std::span(buf, size_t(n)), &why);
     const bool ours = seg && seg->header.service == Service::kUD && seg->header.opcode == Opcode::kSend &&
                       seg->header.last && seg->header.offset == 0 && seg->header.queue == 0;
-    if (ours) {
+    // With a key only signed datagrams count; without one, a signed datagram cannot be checked.
+    const bool genuine = ours && (mac() ? mac()->verify(*seg) : !seg->header.has_mac);
+    if (genuine) {
       if (!(flags & MSG_PEEK)) ++g_counters.unwrapped;
       return finish(seg->payload.data(), seg->payload.size());
     }
     // Dropped like a datagram with a bad UDP checksum. A peeked one must still be taken off the queue.
-    ++(why == DecodeError::kCrc ? g_counters.dropped_crc : g_counters.dropped_malformed);
+    ++(ours                       ? g_counters.dropped_auth
+       : why == DecodeError::kCrc ? g_counters.dropped_crc
+                                  : g_counters.dropped_malformed);
     if (flags & MSG_PEEK) {
       iovec skip{buf, 65536};
       msghdr d{};

@@ -1,0 +1,318 @@
+#include "fabric/transports.h"
+
+#include <sys/resource.h>
+#include <uct/api/uct.h>
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "common.h"
+
+namespace slotstream::fabric {
+
+std::string spec_name(const FabricSpec& spec) {
+  if (spec.transport != Transport::kRdma) return transport_name(spec.transport);
+  return std::string("rdma:") + rdma_transport_name(spec.rdma);
+}
+
+TransportTraits traits(const FabricSpec& spec) {
+  TransportTraits t;
+  switch (spec.transport) {
+    case Transport::kTcp:
+      // UCX 1.13 emulates RMA over tcp and its target aborts when the initiator dies mid-answer:
+      // the fabric carries puts and gets itself (soft_rma.h), answered by the target's worker.
+      t.soft_rma = true;
+      t.target_progress = true;
+      t.peer_errors = true;
+      break;
+    case Transport::kRdma:
+      // rc and dc write and read in the NIC; ud has no RMA in hardware (UCX emulates it with
+      // active messages) and keeps its reliability in software (acks, retransmissions): the
+      // target's worker must run for either. rc's wire-up is a request the target answers.
+      t.target_progress = spec.rdma == RdmaTransport::kUd;
+      t.peer_errors = true;
+      t.setup_progress = true;
+      t.registers_memory = true;
+      break;
+    default:  // shm: the initiator's CPU copies into the target's UCX-allocated segment
+      break;
+  }
+  return t;
+}
+
+namespace {
+
+const char* tls_for(const FabricSpec& spec) {
+  switch (spec.transport) {
+    case Transport::kTcp:
+      return "tcp,self";
+    case Transport::kRdma:
+      // "self": a sender and a receiver in one process (tests, the Python package) reach each
+      // other without the NIC; between processes every lane is the NIC's.
+      return spec.rdma == RdmaTransport::kDc ? "dc,self" : spec.rdma == RdmaTransport::kUd ? "ud,self" : "rc,self";
+    default:
+      return "posix,sysv,self";
+  }
+}
+
+// UCX's tcp transport settings the fabric chooses. Over tcp every put is one active message
+// carrying the block (soft_rma.h). With UCX's default 8 KiB send segments a 1 MiB block leaves in
+// 129 fragments, each its own sendmsg(2), and the target reassembles them into a fresh buffer
+// before the fabric copies the block into place; one segment a block (the default 1 MiB block with
+// its headers) is one system call a block and one copy fewer, which is what took status_byte over
+// tcp toward a plain socket (docs/benchmarks.md, "TCP at socket speed"). The receive segment is
+// the target's read buffer: it must hold a whole send segment. Larger blocks still go, in several.
+const UcxSetting kTcpSettings[] = {
+    {"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "1028K"},  // 1 MiB + 4 KiB: a block, its header, the AM's
+    {"UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "2056K"},  // two of them
+};
+
+}  // namespace
+
+UcxChoice ucx_settings(const FabricSpec& spec, const Getenv& env) {
+  std::vector<UcxSetting> wanted = {{"UCX_TLS", "TLS", tls_for(spec)}};
+  if (spec.transport == Transport::kTcp) wanted.insert(wanted.end(), std::begin(kTcpSettings), std::end(kTcpSettings));
+  if (spec.transport == Transport::kRdma && !spec.device.empty()) {
+    wanted.push_back({"UCX_NET_DEVICES", "NET_DEVICES", spec.device});
+  }
+  UcxChoice out;
+  for (UcxSetting& s : wanted) {
+    const char* user = env(s.env.c_str());
+    if (user == nullptr) {
+      out.apply.push_back(std::move(s));
+    } else if (s.value != user) {
+      out.overridden.push_back(s.env + "=" + user + " from the environment (slotstream would use " + s.value + ")");
+    }
+  }
+  return out;
+}
+
+std::span<const char* const> rdma_tls(RdmaTransport kind) {
+  static constexpr std::array<const char*, 2> kRc = {"rc_mlx5", "rc_verbs"};
+  static constexpr std::array<const char*, 1> kDc = {"dc_mlx5"};
+  static constexpr std::array<const char*, 2> kUd = {"ud_mlx5", "ud_verbs"};
+  switch (kind) {
+    case RdmaTransport::kDc:
+      return kDc;
+    case RdmaTransport::kUd:
+      return kUd;
+    default:
+      return kRc;
+  }
+}
+
+namespace {
+
+// UCX's IB transports: rc_verbs, rc_mlx5, dc_mlx5, ud_verbs, ud_mlx5.
+bool is_rdma_tl(const std::string& tl) {
+  return tl.starts_with("rc_") || tl.starts_with("dc_") || tl.starts_with("ud_");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t pos = 0; pos <= text.size();) {
+    size_t comma = std::min(text.find(',', pos), text.size());
+    if (comma > pos) out.push_back(text.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// Every RDMA port UCX or sysfs knows, sorted by name, with what each offers.
+std::vector<RdmaPort> merge_ports(std::span<const UcxResource> ucx, std::span<const SysfsPort> sysfs) {
+  std::map<std::string, RdmaPort> ports;
+  for (const UcxResource& r : ucx) {
+    if (!is_rdma_tl(r.tl)) continue;
+    RdmaPort& p = ports[r.device];
+    p.name = r.device;
+    if (std::find(p.ucx_transports.begin(), p.ucx_transports.end(), r.tl) == p.ucx_transports.end()) {
+      p.ucx_transports.push_back(r.tl);
+    }
+  }
+  for (const SysfsPort& s : sysfs) {
+    RdmaPort& p = ports[s.device];
+    p.name = s.device;
+    p.state = s.state;
+    p.link_layer = s.link_layer;
+  }
+  std::vector<RdmaPort> out;
+  for (auto& [name, p] : ports) {
+    std::sort(p.ucx_transports.begin(), p.ucx_transports.end());
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::string describe(const RdmaPort& p) {
+  std::string d = p.name;
+  if (!p.state.empty() || !p.link_layer.empty()) d += " (" + join({p.state, p.link_layer}, " ") + ")";
+  return d;
+}
+
+// Why no port serves `kind`: the ports looked at, and what they lack.
+std::string why_not(const std::vector<const RdmaPort*>& candidates, RdmaTransport kind) {
+  const std::string kind_name = rdma_transport_name(kind);
+  std::vector<std::string> seen;
+  bool any_ucx = false;
+  for (const RdmaPort* p : candidates) {
+    seen.push_back(describe(*p) +
+                   (p->ucx_transports.empty() ? ": UCX offers nothing" : ": UCX offers " + join(p->ucx_transports)));
+    any_ucx = any_ucx || !p->ucx_transports.empty();
+  }
+  std::string why = "no RDMA device offers " + kind_name + " (" + join(seen, "; ") + ")";
+  if (!any_ucx) why += ": a port must be ACTIVE, and UCX must find it (libibverbs, the NIC's rdma-core provider)";
+  if (any_ucx && kind == RdmaTransport::kDc) why += ": dc needs a ConnectX (mlx5) NIC; use --rdma-transport rc";
+  return why;
+}
+
+}  // namespace
+
+RdmaReport rdma_report(std::span<const UcxResource> ucx, std::span<const SysfsPort> sysfs, const FabricSpec& spec) {
+  RdmaReport r;
+  r.ports = merge_ports(ucx, sysfs);
+  if (r.ports.empty()) {
+    r.why = "no RDMA device (UCX reports none and /sys/class/infiniband is empty)";
+    return r;
+  }
+  const std::vector<std::string> wanted = split_list(spec.device);
+  const bool any = wanted.empty() || (wanted.size() == 1 && wanted[0] == "all");
+  std::vector<const RdmaPort*> candidates;
+  for (const RdmaPort& p : r.ports) {
+    if (any || std::find(wanted.begin(), wanted.end(), p.name) != wanted.end()) candidates.push_back(&p);
+  }
+  if (candidates.empty()) {
+    std::vector<std::string> names;
+    for (const RdmaPort& p : r.ports) names.push_back(p.name);
+    r.why = "RDMA device " + spec.device + " not found (this host has " + join(names) + ")";
+    return r;
+  }
+  const auto tls = rdma_tls(spec.rdma);
+  std::vector<std::string> usable;
+  for (const RdmaPort* p : candidates) {
+    for (const std::string& tl : p->ucx_transports) {
+      if (std::find(tls.begin(), tls.end(), tl) != tls.end()) {
+        usable.push_back(p->name + " " + tl);
+        break;
+      }
+    }
+  }
+  if (usable.empty()) {
+    r.why = why_not(candidates, spec.rdma);
+    return r;
+  }
+  r.usable = true;
+  r.why = std::string(rdma_transport_name(spec.rdma)) + " on " + join(usable);
+  return r;
+}
+
+std::vector<UcxResource> ucx_resources() {
+  std::vector<UcxResource> out;
+  uct_component_h* components = nullptr;
+  unsigned count = 0;
+  if (uct_query_components(&components, &count) != UCS_OK) return out;
+  for (unsigned c = 0; c < count; ++c) {
+    uct_component_attr_t attr{};
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+    if (uct_component_query(components[c], &attr) != UCS_OK) continue;
+    std::vector<uct_md_resource_desc_t> mds(attr.md_resource_count);
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+    attr.md_resources = mds.data();
+    if (uct_component_query(components[c], &attr) != UCS_OK) continue;
+    for (const uct_md_resource_desc_t& md_desc : mds) {
+      uct_md_config_t* config = nullptr;
+      if (uct_md_config_read(components[c], nullptr, nullptr, &config) != UCS_OK) continue;
+      uct_md_h md = nullptr;
+      const ucs_status_t st = uct_md_open(components[c], md_desc.md_name, config, &md);
+      uct_config_release(config);
+      if (st != UCS_OK) continue;
+      uct_tl_resource_desc_t* resources = nullptr;
+      unsigned n = 0;
+      if (uct_md_query_tl_resources(md, &resources, &n) == UCS_OK) {
+        for (unsigned i = 0; i < n; ++i) out.push_back({resources[i].tl_name, resources[i].dev_name});
+        uct_release_tl_resource_list(resources);
+      }
+      uct_md_close(md);
+    }
+  }
+  uct_release_component_list(components);
+  return out;
+}
+
+namespace {
+std::string read_line(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+}  // namespace
+
+std::vector<SysfsPort> sysfs_ports() {
+  namespace fs = std::filesystem;
+  std::vector<SysfsPort> out;
+  std::error_code ec;
+  for (const auto& dev : fs::directory_iterator("/sys/class/infiniband", ec)) {
+    std::error_code ec2;
+    for (const auto& port : fs::directory_iterator(dev.path() / "ports", ec2)) {
+      // state reads "4: ACTIVE"; link_layer "InfiniBand" or "Ethernet" (RoCE).
+      std::string state = read_line(port.path() / "state");
+      if (auto colon = state.find(": "); colon != std::string::npos) state = state.substr(colon + 2);
+      out.push_back({dev.path().filename().string() + ":" + port.path().filename().string(), state,
+                     read_line(port.path() / "link_layer")});
+    }
+  }
+  return out;
+}
+
+const RdmaReport& host_rdma(const FabricSpec& spec) {
+  static std::mutex mutex;
+  static std::map<std::string, RdmaReport> cache;
+  // A user's UCX_NET_DEVICES decides which devices UCX uses: judge those.
+  FabricSpec effective = spec;
+  if (const char* env = getenv("UCX_NET_DEVICES")) effective.device = env;
+  const std::string key = spec_name(effective) + "/" + effective.device;
+  std::lock_guard lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const auto ucx = ucx_resources();
+    const auto sysfs = sysfs_ports();
+    it = cache.emplace(key, rdma_report(ucx, sysfs, effective)).first;
+  }
+  return it->second;
+}
+
+std::optional<std::string> memlock_shortfall(uint64_t limit, bool ipc_lock, uint64_t needed, const std::string& what) {
+  if (ipc_lock || limit >= needed) return std::nullopt;
+  return "the locked-memory limit (ulimit -l) is " + format_bytes(limit) + ", but the NIC must pin " +
+         format_bytes(needed) + " for " + what +
+         " (and UCX needs more for its own buffers): raise it (ulimit -l unlimited; systemd LimitMEMLOCK=infinity; "
+         "a container needs --ulimit memlock=-1 and the IPC_LOCK capability) or use fewer or smaller blocks";
+}
+
+namespace {
+// CAP_IPC_LOCK (bit 14) in the effective set: the process may lock any amount.
+bool has_ipc_lock() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("CapEff:")) continue;
+    const uint64_t caps = std::stoull(line.substr(7), nullptr, 16);
+    return (caps >> 14) & 1;
+  }
+  return false;
+}
+}  // namespace
+
+Status check_memlock(const FabricSpec& spec, uint64_t needed, const std::string& what) {
+  if (!traits(spec).registers_memory) return Status::ok();
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return Status::ok();  // cannot tell: UCX will say
+  const uint64_t limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : uint64_t(rl.rlim_cur);
+  if (auto why = memlock_shortfall(limit, has_ipc_lock(), needed, what)) return {Code::kInvalidArgument, *why};
+  return Status::ok();
+}
+
+}  // namespace slotstream::fabric

@@ -1,0 +1,20 @@
+// MessageSink's batch call for sinks that take one message at a time (slotstream.h).
+#include "slotstream/slotstream.h"
+
+namespace slotstream {
+
+Status MessageSink::deliver(std::span<const Message> batch, size_t* stored) {
+  for (*stored = 0; *stored < batch.size(); ++*stored) {
+    const Message& m = batch[*stored];
+    SLOTSTREAM_RETURN_IF_ERROR(begin(m.device));
+    Status st = append(m.device, m.data);
+    if (st.is_ok()) st = commit(m.device);
+    if (!st.is_ok()) {
+      abort(m.device);  // nothing of it stays: offered again whole
+      return st;
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace slotstream
