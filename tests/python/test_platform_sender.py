@@ -33,7 +33,9 @@ def test_a_platform_sender_is_scheduled_and_a_dead_receiver_replaced_without_los
             if k == 100:
                 rxs[int(first[1])].sigkill()
             tx.send(k % 2, k.to_bytes(4, "little") * 256)
-        stats = tx.stats()
+    # After finish (leaving the block): with record packing, the 100 messages after the kill can all
+    # fit the blocks already written, so the loss may show first at FIN, which moves the stream too.
+    stats = tx.stats()
     assert stats["reschedules"] == 1 and stats["connections"] == 2
     assert stats["receiver"] == "" or stats["receiver"] != first
     for d in (0, 1):
