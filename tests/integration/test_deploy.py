@@ -447,6 +447,9 @@ def test_the_token_is_readable_by_the_unprivileged_receiver():
 
 CHART = REPO / "deploy" / "helm" / "slotstream"
 EXAMPLE_VALUES = CHART / "ci" / "edge-cluster-values.yaml"
+TCP_PLATFORM_VALUES = CHART / "ci" / "tcp-platform-values.yaml"
+VALUE_SETS = [[], [EXAMPLE_VALUES], [TCP_PLATFORM_VALUES]]
+VALUE_IDS = ["defaults", "edge-cluster", "tcp-platform"]
 HELM_TOOL = REPO / "build" / "tools-bin" / "helm"
 MONITORING = {"ServiceMonitor", "PrometheusRule"}  # Prometheus Operator CRDs: no schema in kubernetes-validate
 
@@ -470,7 +473,7 @@ def render(tmp_path, *values):
     return [d for d in yaml.safe_load_all(p.stdout) if d]
 
 
-@pytest.mark.parametrize("values", [[], [EXAMPLE_VALUES]], ids=["defaults", "edge-cluster"])
+@pytest.mark.parametrize("values", VALUE_SETS, ids=VALUE_IDS)
 def test_chart_lints(values):
     args = ["lint", "--strict", CHART]
     for v in values:
@@ -479,7 +482,7 @@ def test_chart_lints(values):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-@pytest.mark.parametrize("values", [[], [EXAMPLE_VALUES]], ids=["defaults", "edge-cluster"])
+@pytest.mark.parametrize("values", VALUE_SETS, ids=VALUE_IDS)
 def test_chart_renders_objects_that_validate(tmp_path, values):
     docs = render(tmp_path, *values)
     plain = [d for d in docs if d["kind"] not in MONITORING]
@@ -488,7 +491,9 @@ def test_chart_renders_objects_that_validate(tmp_path, values):
     p = validate(f)
     assert p.returncode == 0 and "passed" in p.stdout, p.stdout + p.stderr
     kinds = sorted(d["kind"] for d in docs)
-    if values:
+    if values == [TCP_PLATFORM_VALUES]:
+        assert kinds == ["DaemonSet", "Deployment", "Secret", "Service"], kinds
+    elif values:
         assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "PrometheusRule", "Service", "ServiceMonitor",
                          "StatefulSet", "StatefulSet"], kinds
     else:
@@ -543,6 +548,37 @@ def test_chart_commands_exist_in_this_binary(tmp_path):
     h264 = next(w for w in workers if "edge-b" in w["metadata"]["name"])["spec"]["template"]["spec"]
     assert h264["containers"][0]["args"] == ["sh", "/opt/slotstream/workers/h264.sh"]
     assert h264["nodeSelector"] == {"kubernetes.io/hostname": "edge-b"}
+
+
+def test_chart_serves_rdma_as_the_kustomize_base_does_and_tcp_only_nodes_auto(tmp_path):
+    """RDMA nodes: --transport rdma on the configured device and the RDMA resource, never UCX_TLS (it
+    would replace slotstream's own transport choice); TCP-only nodes: auto, no device, no resource."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path)}
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+    assert option(rx["args"], "--transport") == "rdma" and option(rx["args"], "--rdma-device") == "mlx5_0:1"
+    assert "--rdma-transport" not in rx["args"] and "--platform" not in rx["args"]
+    assert RDMA in rx["resources"]["limits"]
+    assert "UCX_TLS" not in {e["name"] for e in rx["env"]}
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path, TCP_PLATFORM_VALUES)}
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+    assert option(rx["args"], "--transport") == "auto" and "--rdma-device" not in rx["args"]
+    assert RDMA not in rx["resources"]["limits"] and RDMA not in rx["resources"]["requests"]
+
+
+def test_chart_platform_registers_receivers_and_schedules_senders(tmp_path):
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path, TCP_PLATFORM_VALUES)}
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+    tx = docs[("Deployment", "slotstream-sender-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    url = yaml.safe_load(TCP_PLATFORM_VALUES.read_text())["platform"]["url"]
+    assert option(rx["args"], "--platform") == url and option(rx["args"], "--capacity-cpu") == "4"
+    assert option(tx["args"], "--platform") == url and "--to" not in tx["args"]
+    for args in (rx["args"], tx["args"]):  # every option exists in this binary
+        help_text = subprocess.run([BIN, args[0], "--help"], capture_output=True, text=True).stdout
+        for a in args[1:]:
+            if a.startswith("--"):
+                assert re.search(rf"(^|[\s,]){re.escape(a)}\b", help_text), f"{args[0]} has no option {a}"
+    p = helm("template", "slotstream", CHART, "--set", "platform.enabled=true")
+    assert p.returncode != 0 and "platform.url" in p.stderr, p.stderr
 
 
 def monitoring(tmp_path):
