@@ -8,7 +8,8 @@
 #   P/lib/pkgconfig/slotstream.pc            pkg-config --cflags --libs slotstream
 #   P/share/slotstream/bench/                `slotstream bench`'s orchestrator and plots
 #   P/share/slotstream/workers/              example processing workers (docs/workers.md)
-#   P/share/slotstream/examples/             hello_stream.cc and the Python examples
+#   P/share/slotstream/examples/             hello_stream.cc, the Python and GStreamer examples
+#   P/lib/gstreamer-1.0/libgstslotstream.so  the GStreamer plugin (gst/CMakeLists.txt; GST_PLUGIN_PATH)
 #   P/share/man/man1/slotstream.1            the man page         } generated from --help
 #   P/share/bash-completion/completions/     bash completion      } (tools/gen_cli_docs.py)
 #   P/share/zsh/site-functions/_slotstream   zsh completion       }
@@ -39,6 +40,7 @@ install(FILES ${CMAKE_BINARY_DIR}/share/bash-completion/completions/slotstream
         DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions)
 install(FILES ${CMAKE_BINARY_DIR}/share/zsh/site-functions/_slotstream DESTINATION ${CMAKE_INSTALL_DATADIR}/zsh/site-functions)
 install(DIRECTORY examples/python DESTINATION ${slotstream_share}/examples PATTERN __pycache__ EXCLUDE)
+install(PROGRAMS examples/gstreamer/camera_to_file.sh DESTINATION ${slotstream_share}/examples/gstreamer)
 
 # The CMake package. A static libslotstream would have to export UCX, spdlog and OpenSSL as link
 # dependencies; the shared one keeps them inside, which is why only it is installed this way.

@@ -3,8 +3,9 @@
 
 Seeds are valid inputs, so that the fuzzers start from the real formats: one encoding of every
 control message (wire/control.h), a few block headers (wire/block_header.h), typical protocol
-options, for the delivery script a few fixed pseudo-random event scripts, and one valid datagram
-segment of every shape src/dgram/wire.h defines (control payloads too), each with its CRC32C.
+options, for the delivery script a few fixed pseudo-random event scripts, one valid datagram
+segment of every shape src/dgram/wire.h defines (control payloads too), each with its CRC32C, and
+the GStreamer plugin's messages (gst/frame.h).
 """
 import pathlib
 import random
@@ -179,6 +180,17 @@ def main():
     seeds["dgram_session"] = {f"script-{i}": bytes([i % 4, i * 37 % 256, 2, 0, 16]) +
                               bytes(rng.randrange(256) for _ in range(n))
                               for i, n in enumerate((32, 64, 128, 256, 512, 1024, 96, 200))}
+    # gst/frame.h: one byte of piece size, then a slotstreamsink message (caps, buffer, end of stream).
+    def gst_buffer(payload, pts=0):
+        return (b"SSGF" + bytes([1, 2, 0, 0]) + struct.pack("<QQQQQQII", len(payload), pts, 2**64 - 1, 40000000, 0, 1,
+                                                              0x40, 0) + struct.pack("<QQ", 123456789, 0) + payload)
+    caps = b"video/x-raw, format=(string)RGB, width=(int)4, height=(int)2"
+    seeds["gst_frame"] = {
+        "caps": bytes([255]) + b"SSGF" + bytes([1, 1, 0, 0]) + struct.pack("<II", len(caps), 0) + caps,
+        "buffer-in-pieces": bytes([6]) + gst_buffer(bytes(range(24))),
+        "buffer-empty": bytes([79]) + gst_buffer(b""),
+        "eos": bytes([0]) + b"SSGF" + bytes([1, 3, 0, 0]),
+    }
     for target, files in seeds.items():
         d = ROOT / target
         d.mkdir(parents=True, exist_ok=True)

@@ -229,10 +229,10 @@ class SenderLife {
   }
 
   // Waits until the receiver stored every message, then closes. Idempotent; a failed finish
-  // raises again when repeated. A library sender that can be cancelled (Sender::cancel) finishes
+  // raises again when repeated. A library sender that can be aborted (Sender::abort) finishes
   // on a thread of its own while this one returns to Python every kSignalCheck: Ctrl-C
   // (KeyboardInterrupt) or `timeout` seconds (slotstream.Timeout) abandon the connection, as
-  // close() does. (PlatformSender has no cancel yet: its finish() blocks.)
+  // close() does. (PlatformSender has no abort yet: its finish() blocks.)
   void finish(std::optional<double> timeout = std::nullopt) {
     const auto deadline = deadline_after(timeout);
     std::unique_lock<std::shared_mutex> life;
@@ -245,7 +245,7 @@ class SenderLife {
     }
     closed_ = finished_ = true;
     Status st;
-    if constexpr (requires(S & s) { s.cancel(); }) {
+    if constexpr (requires(S & s) { s.abort(Status{}); }) {
       st = finish_interruptibly(deadline, timeout);
     } else {
       nb::gil_scoped_release nogil;
@@ -314,7 +314,7 @@ class SenderLife {
   DeviceLocks device_locks_;
 
  private:
-  // finish() of a library sender with cancel(), on a thread of its own (see finish()). Called with
+  // finish() of a library sender with abort(), on a thread of its own (see finish()). Called with
   // the GIL held and life_ held exclusively.
   Status finish_interruptibly(std::optional<Clock::time_point> deadline, std::optional<double> timeout) {
     struct Done {
@@ -334,7 +334,7 @@ class SenderLife {
     });
     auto abandon = [&] {
       nb::gil_scoped_release nogil;
-      s->cancel();  // the library's finish() returns within ~100 ms
+      s->abort({Code::kCancelled, "sender cancelled"});  // the library's finish() returns within ~100 ms
       finisher.join();
       finished_ = false;  // close() drops the connection
     };

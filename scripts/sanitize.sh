@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the unit tests, the protocol tests (tests/protocol: every protocol over real
-# UCX, shm and tcp), the platform's etcd tests and the library example under a sanitizer, each in
-# a build directory of its own:
+# UCX, shm and tcp), the platform's etcd tests, the GStreamer plugin's core (tests/gst) and the library
+# example under a sanitizer, each in a build directory of its own:
 #   bash scripts/sanitize.sh thread     ThreadSanitizer                     -> build-tsan/
 #   bash scripts/sanitize.sh address    AddressSanitizer + UBSan (+ leaks)  -> build-asan/
 #   bash scripts/sanitize.sh            both
@@ -24,7 +24,7 @@ for kind in "${kinds[@]}"; do
   # -O1 -g1: what the sanitizers recommend (usable stacks with file:line), and a quicker build.
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DSLOTSTREAM_SANITIZE="$kind" "${py[@]}" >/dev/null
-  cmake --build "$dir" --target unit_tests protocol_tests platform_tests hello_stream
+  cmake --build "$dir" --target unit_tests protocol_tests platform_tests gst_tests hello_stream
   # halt_on_error / abort: the first report fails the test that caused it. history_size=7 (the
   # most): with less, the other stack of a report is often lost, and a suppression (which matches
   # either stack) cannot apply.

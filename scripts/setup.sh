@@ -7,7 +7,9 @@ pkgs=(build-essential cmake ninja-build pkg-config libucx-dev ucx-utils libcli11
       podman runc debootstrap catatonit systemd
       libisal-dev iproute2 nftables socat iperf3 sip-tester
       prometheus-cpp-dev libcivetweb-dev clang clang-format libclang-rt-14-dev libfuzzer-14-dev
-      libcurl4-openssl-dev etcd-server)
+      libcurl4-openssl-dev etcd-server
+      libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools gstreamer1.0-plugins-base
+      gstreamer1.0-plugins-good python3-gst-1.0)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

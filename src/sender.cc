@@ -290,7 +290,7 @@ Status Sender::finish() {
   return st;
 }
 
-void Sender::cancel() { impl_->fail({Code::kCancelled, "sender cancelled"}); }
+void Sender::abort(Status why) { impl_->fail(std::move(why)); }
 
 SenderStats Sender::stats() const {
   SenderStats s;

@@ -98,6 +98,12 @@ std::optional<uint64_t> parse_size(std::string_view text);
 // or of the container's memory limit when that is lower.
 uint64_t default_max_memory();
 
+// "HOST:PORT" or "[IPv6]:PORT" (port 0..65535) as the CLI's --to/--listen take it. *host and *port are set only
+// on success; the error says what is wrong with `text`.
+Status parse_address(std::string_view text, std::string* host, uint16_t* port);
+// A --token-file: the whole file without trailing whitespace; a missing, unreadable or empty file is an error.
+Status read_token_file(const std::string& path, std::string* token);
+
 // The protocols this build knows, for --help, `slotstream protocols` and the benchmark.
 struct ProtocolInfo {
   std::string name;
@@ -230,10 +236,13 @@ class Sender {
   // Call after all fillers have returned. Any thread. Protocol counters in stats() are filled
   // in after this.
   Status finish();
-  // Abandons the connection from any thread: sends and finish() in progress return kCancelled
-  // (finish() within ~100 ms), and the receiver keeps the complete messages and reports this
-  // sender lost. What a caller does when its user interrupts a wait (the Python binding).
-  void cancel();
+  // Ends the connection at once from any thread, e.g. a watchdog whose filler has waited too long for
+  // receiver space, or a caller whose user interrupted a wait (the Python binding): fillers waiting in
+  // send() and every later send() or finish() return `why` (the first error wins if the connection had
+  // already failed); a finish() in progress returns within ~100 ms. What the receiver has stored stays
+  // stored; a message half sent is discarded there, and the receiver reports this sender lost. The
+  // Sender must still be destroyed as usual.
+  void abort(Status why);
   SenderStats stats() const;
   Transport transport() const;
   // Why the receiver chose transport() (its ACCEPT), and what was tried before it (auto: a

@@ -257,11 +257,13 @@ Status SenderLane::unreachable(const Status& st) const {
 
 // Rate-limited: one poll() of the control socket per millisecond at most.
 Status SenderLane::alive_st() {
-  // A sender failed or cancelled (Sender::cancel) elsewhere: waits inside the protocol end here.
+  // A sender failed or cancelled (Sender::abort) elsewhere: waits inside the protocol end here.
   if (owner_.failed()) return owner_.first_error();
   auto now = Clock::now();
   if (now < next_liveness_) return Status::ok();
   next_liveness_ = now + kLivenessInterval;
+  // The sender failed elsewhere (another lane, Sender::abort): a wait for receiver space ends here too.
+  if (owner_.failed()) return owner_.first_error();
   if (endpoint_->failed()) return {Code::kPeerGone, "receiver unreachable (transport error: did it die?)"};
   Status st = control_->check_alive();
   if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection (did it die?)"};
@@ -489,7 +491,7 @@ Status SenderLane::fin() {
   const bool answer = owner_.descriptor().receiver_endpoint;
   wire::Frame frame;
   for (;;) {
-    // Short waits: a sender cancelled meanwhile (Sender::cancel) stops waiting within 100 ms.
+    // Short waits: a sender cancelled meanwhile (Sender::abort) stops waiting within 100 ms.
     Status st = control_->receive(answer ? Millis(1) : Millis(100), &frame);
     if (st.code() == Code::kTimeout) {
       if (answer) worker_->progress();

@@ -133,3 +133,32 @@ def test_the_prefix_can_move(prefix, tmp_path):
     assert "experiments:" in run([moved / "bin" / "slotstream", "bench", "--help"]).stdout
     digest = hashlib.sha256((moved / "share/slotstream/bench/slotstream_bench.py").read_bytes()).hexdigest()
     assert digest == hashlib.sha256((REPO / "bench/slotstream_bench.py").read_bytes()).hexdigest()
+
+
+@pytest.mark.deadline(120)
+def test_installed_gstreamer_plugin(prefix, tmp_path):
+    """The plugin lands in P/lib/gstreamer-1.0, is found there through GST_PLUGIN_PATH, stands alone (the library
+    linked in, its symbols private), and streams from the installed slotstreamsink to the installed `slotstream recv`."""
+    plugin = prefix / "lib" / "gstreamer-1.0" / "libgstslotstream.so"
+    assert plugin.exists()
+    assert "libslotstream" not in elf_dynamic(plugin), "the plugin is self-contained"
+    exported = run(["nm", "-D", "--defined-only", plugin]).stdout
+    assert "gst_plugin_slotstream_get_desc" in exported
+    leaked = [line for line in exported.splitlines() if "slotstream" in line and " gst_plugin_slotstream_" not in line]
+    assert leaked == [], "the library's symbols are private to the plugin"
+    env = dict(os.environ, GST_PLUGIN_PATH=str(plugin.parent), GST_REGISTRY=str(tmp_path / "registry.bin"))
+    inspect = run(["gst-inspect-1.0", "slotstream"], env=env).stdout
+    assert f"Filename                 {plugin}" in inspect
+    out = tmp_path / "out"
+    rx = Receiver(["--out", out, "--exit-after-senders", "1"], binary=prefix / "bin" / "slotstream")
+    try:
+        run(["gst-launch-1.0", "videotestsrc", "num-buffers=5", "!", "video/x-raw,width=32,height=24,format=RGB", "!",
+             "slotstreamsink", f"to={rx.addr}", "sender-name=installed", "sync=false"], env=env, timeout=60)
+        assert parse_finished(rx.stdout.next_line(15))["messages"] == 7  # caps, 5 buffers, end of stream
+    finally:
+        rx.terminate(10)
+    # The installed example finds the installed plugin by itself.
+    example = prefix / "share/slotstream/examples/gstreamer/camera_to_file.sh"
+    env.pop("GST_PLUGIN_PATH")
+    p = run(["bash", example, tmp_path / "camera.avi", "10"], env=env, timeout=60)
+    assert "10 frames received" in p.stdout

@@ -1,0 +1,177 @@
+// The shared receiver over real UCX (shm) in one process: routing, reassembly, back-pressure, stream ends.
+#include "shared_receiver.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "gst_test_support.h"
+
+namespace slotstream::gst {
+namespace {
+
+using namespace testing;
+
+struct Hub {
+  std::shared_ptr<ReceiverHub> hub;
+  std::vector<std::shared_ptr<Outlet>> outlets;
+  std::shared_ptr<Outlet> add(const std::string& sender, uint16_t device, size_t capacity = 4) {
+    auto o = make_outlet(sender, device, capacity);
+    std::shared_ptr<ReceiverHub> h;
+    Status st = ReceiverHub::attach("127.0.0.1:0", "", o, &h);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    if (!hub) hub = h;
+    EXPECT_EQ(hub, h) << "srcs of one listen text share one receiver";
+    outlets.push_back(o);
+    return o;
+  }
+  ~Hub() {
+    for (auto& o : outlets) hub->detach(o);
+  }
+};
+
+Delivery pop(Outlet& o) {
+  Delivery d;
+  EXPECT_TRUE(o.pop(&d).is_ok());
+  return d;
+}
+
+void expect_buffer(Outlet& o, uint16_t device, int index, size_t n) {
+  Delivery d = pop(o);
+  ASSERT_EQ(d.kind, Delivery::Kind::kBuffer) << d.error.to_string();
+  EXPECT_EQ(d.buffer.pts, uint64_t(index));
+  ASSERT_TRUE(d.payload);
+  EXPECT_EQ(static_cast<VectorPayload&>(*d.payload).data(), pattern(device, index, n));
+}
+
+std::unique_ptr<Sender> connect(const ReceiverHub& hub, const std::string& name, std::vector<uint16_t> devices,
+                                uint32_t block_size = 4096, uint32_t blocks = 8) {
+  ConnectionSpec s = spec_for(hub, name, block_size, blocks);
+  SenderOptions o;
+  o.host = s.host;
+  o.port = s.port;
+  o.name = name;
+  o.transport = Transport::kShm;
+  o.block_size = block_size;
+  o.blocks = blocks;
+  o.devices = std::move(devices);
+  std::unique_ptr<Sender> tx;
+  Status st = Sender::connect(o, &tx);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return tx;
+}
+
+// Expect: each device's stream reaches the outlet that asked for it — by name, or any sender — whole, in
+// order, also when a buffer spans several blocks (256-byte blocks, 1,000-byte payloads).
+TEST(SharedReceiver, RoutesEachDeviceToItsSrcAndReassembles) {
+  Hub h;
+  auto named = h.add("cam", 1);
+  auto any = h.add("", 2);
+  auto tx = connect(*h.hub, "cam", {1, 2}, 256);
+  for (uint16_t d : {1, 2}) {
+    ASSERT_TRUE(tx->device(d)->send(encode_caps("video/x-raw")).is_ok());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(tx->device(d)->send(buffer_message(d, i, 1000)).is_ok());
+    ASSERT_TRUE(tx->device(d)->send(encode_eos()).is_ok());
+  }
+  for (auto& [o, d] : {std::pair{named, uint16_t(1)}, std::pair{any, uint16_t(2)}}) {
+    Delivery c = pop(*o);
+    EXPECT_EQ(c.kind, Delivery::Kind::kCaps);
+    EXPECT_EQ(c.caps, "video/x-raw");
+    EXPECT_EQ(c.sender, "cam");
+    for (int i = 0; i < 3; ++i) expect_buffer(*o, d, i, 1000);
+    EXPECT_EQ(pop(*o).kind, Delivery::Kind::kEos);
+  }
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+// Expect: a message no src takes yet waits in its block (the device is paused), and arrives once one does.
+TEST(SharedReceiver, AnUnclaimedDeviceWaitsForItsSrc) {
+  Hub h;
+  h.add("", 9);  // the receiver exists, but nothing takes device 3 yet
+  auto tx = connect(*h.hub, "late", {3});
+  ASSERT_TRUE(tx->device(3)->send(buffer_message(3, 0, 100)).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto o = h.add("late", 3);
+  expect_buffer(*o, 3, 0, 100);
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+// Expect: a src that does not keep up pauses its device; every buffer still arrives, in order.
+TEST(SharedReceiver, AFullQueuePausesTheDeviceAndLosesNothing) {
+  Hub h;
+  auto o = h.add("slow", 0, /*capacity=*/1);
+  auto tx = connect(*h.hub, "slow", {0}, 4096, /*blocks=*/2);
+  constexpr int kBuffers = 6;
+  std::thread producer([&] {
+    for (int i = 0; i < kBuffers; ++i) EXPECT_TRUE(tx->device(0)->send(buffer_message(0, i, 2000)).is_ok());
+  });
+  for (int i = 0; i < kBuffers; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    expect_buffer(*o, 0, i, 2000);
+  }
+  producer.join();
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+// Expect: a message that is not a slotstreamsink frame ends that device's stream with an error; the
+// sender's other devices go on.
+TEST(SharedReceiver, AForeignMessageEndsOnlyItsStream) {
+  Hub h;
+  auto bad = h.add("mixed", 1);
+  auto good = h.add("mixed", 2);
+  auto tx = connect(*h.hub, "mixed", {1, 2});
+  const std::string hello = "hello, not a frame";
+  ASSERT_TRUE(tx->device(1)->send(std::as_bytes(std::span(hello))).is_ok());
+  ASSERT_TRUE(tx->device(2)->send(buffer_message(2, 0, 10)).is_ok());
+  Delivery d = pop(*bad);
+  EXPECT_EQ(d.kind, Delivery::Kind::kError);
+  EXPECT_NE(d.error.message().find("device 1 of sender 'mixed'"), std::string::npos) << d.error.message();
+  EXPECT_NE(d.error.message().find("not a slotstreamsink message"), std::string::npos) << d.error.message();
+  expect_buffer(*good, 2, 0, 10);
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+// Expect: a sender that finishes ends its streams (EOS); one that dies ends them with an error.
+TEST(SharedReceiver, TheSendersEndEndsItsStreams) {
+  Hub h;
+  auto finished = h.add("fine", 0);
+  auto lost = h.add("gone", 0);
+  auto a = connect(*h.hub, "fine", {0});
+  auto b = connect(*h.hub, "gone", {0});
+  ASSERT_TRUE(a->device(0)->send(encode_caps("x")).is_ok());
+  ASSERT_TRUE(b->device(0)->send(encode_caps("x")).is_ok());
+  ASSERT_TRUE(a->finish().is_ok());
+  b.reset();  // closed without finish(): as if the process died
+  EXPECT_EQ(pop(*finished).kind, Delivery::Kind::kCaps);
+  EXPECT_EQ(pop(*finished).kind, Delivery::Kind::kEos);
+  EXPECT_EQ(pop(*lost).kind, Delivery::Kind::kCaps);
+  Delivery d = pop(*lost);
+  EXPECT_EQ(d.kind, Delivery::Kind::kError);
+  EXPECT_NE(d.error.message().find("device 0 of sender 'gone': the sender was lost mid-stream"), std::string::npos)
+      << d.error.message();
+}
+
+TEST(SharedReceiver, RefusesASecondSrcForTheSameStream) {
+  Hub h;
+  h.add("cam", 1);
+  std::shared_ptr<ReceiverHub> other;
+  Status st = ReceiverHub::attach("127.0.0.1:0", "", make_outlet("cam", 1), &other);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("already takes device 1 of sender 'cam'"), std::string::npos) << st.message();
+  st = ReceiverHub::attach("127.0.0.1:0", "secret", make_outlet("cam", 2), &other);
+  EXPECT_NE(st.message().find("different token-file"), std::string::npos) << st.message();
+}
+
+TEST(SharedReceiver, FlushingWakesAWaitingSrc) {
+  auto o = make_outlet("", 0);
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    o->set_flushing(true);
+  });
+  Delivery d;
+  EXPECT_EQ(o->pop(&d).code(), Code::kCancelled);
+  t.join();
+}
+
+}  // namespace
+}  // namespace slotstream::gst
