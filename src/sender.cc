@@ -373,7 +373,8 @@ Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
   auto& lane = *static_cast<SenderLane*>(lane_);
   const bool small = length <= im.options.block_size - wire::kBlockHeaderSize &&
                      wire::packed_record_size(length) <= lane.ring().max_packed();
-  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, fill, deadline) : send_blocks(length, fill, deadline, progress));
+  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, fill, deadline)
+                                   : send_blocks(length, fill, deadline, progress));
   // One thread per device writes these: a load and a store, no locked instruction.
   messages_.store(messages_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);

@@ -40,9 +40,10 @@ std::optional<Refusal> check_hello(const wire::Hello& hello, const ReceiverTerms
   TransportChoice choice = choose_transport(receiver.allowed, hello.transport, sender_facts(hello), receiver.facts);
   if (!choice.transport) return Refusal{Code::kRefused, choice.refusal, "transport"};
   if (*choice.transport == Transport::kRdma && hello.rdma_transport && *hello.rdma_transport != receiver.rdma) {
-    return Refusal{Code::kRefused, std::string("this receiver serves rdma over ") + rdma_transport_name(receiver.rdma) +
-                                       ", the sender asks for " + rdma_transport_name(*hello.rdma_transport) +
-                                       " (--rdma-transport on both ends)",
+    return Refusal{Code::kRefused,
+                   std::string("this receiver serves rdma over ") + rdma_transport_name(receiver.rdma) +
+                       ", the sender asks for " + rdma_transport_name(*hello.rdma_transport) +
+                       " (--rdma-transport on both ends)",
                    "transport"};
   }
   t.transport = *choice.transport;

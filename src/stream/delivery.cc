@@ -308,8 +308,7 @@ void Delivery::resumed(DeviceState& dev) {
 void Delivery::delivered(DeviceState& dev, uint64_t bytes, uint32_t packet,
                          std::chrono::steady_clock::time_point stored_at) {
   if (traced_) trace(TraceStage::kDelivered, dev.id, packet);
-  counters_.store_latency.observe(
-      std::chrono::duration<double>(stored_at - dev.taken_up.value_or(pass_now_)).count());
+  counters_.store_latency.observe(std::chrono::duration<double>(stored_at - dev.taken_up.value_or(pass_now_)).count());
   dev.taken_up.reset();
   ++dev.counters.messages;
   dev.counters.bytes += bytes;

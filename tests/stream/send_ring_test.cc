@@ -414,7 +414,7 @@ struct SealedThenWaiting {
     EXPECT_TRUE(ring.try_take_token());
     EXPECT_EQ(take(ring).ticket, 0u);
     ring.release(0);
-    EXPECT_EQ(take(ring).ticket, 1u);  // in flight: not released yet
+    EXPECT_EQ(take(ring).ticket, 1u);              // in flight: not released yet
     write(ring, reserve(ring, 8), 5, 0, 8, 0x55);  // opens block 0 as ticket 2
   }
 };
@@ -422,8 +422,7 @@ struct SealedThenWaiting {
 TEST(SendRing, AClaimThatTimesOutAfterSealingLeavesAnEmptyBlockAndTheCursorGoesOn) {
   SealedThenWaiting f;
   SendRing::Slot s;
-  EXPECT_EQ(f.ring.claim(&s, std::chrono::steady_clock::now() + std::chrono::milliseconds(20)).code(),
-            Code::kTimeout);
+  EXPECT_EQ(f.ring.claim(&s, std::chrono::steady_clock::now() + std::chrono::milliseconds(20)).code(), Code::kTimeout);
   f.ring.release(1);  // ticket 3's block is free: it is committed empty at once
   SendRing::Unit u = take(f.ring);
   EXPECT_EQ(u.ticket, 2u);
@@ -457,7 +456,6 @@ TEST(SendRing, ATicketFreedJustAsItsFillerGivesUpIsCommittedEmptyOnce) {
   f.ring.release(3);
   EXPECT_FALSE(f.ring.has_work()) << "ticket 3 was filled exactly once";
 }
-
 
 }  // namespace
 }  // namespace slotstream::stream
