@@ -7,12 +7,15 @@ options, for the delivery script a few fixed pseudo-random event scripts, one va
 segment of every shape src/dgram/wire.h defines (control payloads too), each with its CRC32C, and
 the GStreamer plugin's messages (gst/frame.h).
 """
+import hashlib
+import hmac
 import pathlib
 import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 5  # wire::kProtocolVersion
+VERSION = 6  # wire::kProtocolVersion
+FUZZ_KEY = bytes([0x5A]) * 32  # control_frame_fuzz.cc's session key
 
 
 def s8(b):
@@ -163,8 +166,16 @@ def main():
     # picks the type expect() waits for.
     def frame(t, body):
         return struct.pack("<IB", len(body) + 1, t) + body
+    def signed(t, body, seq):  # a frame from the sender's end of an authenticated connection
+        msg = b"slotstream-auth-v2" + s8(b"frame s>r")
+        for part in (bytes([t]), struct.pack("<Q", seq), body):
+            msg += b32(part)
+        return frame(t, body + struct.pack("<Q", seq) + hmac.new(FUZZ_KEY, msg, hashlib.sha256).digest())
     c = seeds["control"]
     seeds["control_frame"] = {
+        "signed-fin-then-unsigned": bytes([0x80 | 6]) + signed(6, c["fin"], 0) + frame(6, c["fin"]),
+        "signed-pauses-replayed": bytes([0x80 | 12]) + signed(12, c["pause"], 0) + signed(12, c["pause"], 1) +
+                                  signed(12, c["pause"], 1),
         "hello-then-fin": bytes([1]) + frame(1, c["hello"]) + frame(6, c["fin"]),
         "pause-resume": bytes([6]) + frame(12, c["pause"]) + frame(12, struct.pack("<HB", 3, 0)) + frame(6, c["fin"]),
         "refused": bytes([4]) + frame(5, c["refuse"]),

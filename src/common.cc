@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -208,6 +210,40 @@ std::string format_bytes(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
   return buf;
+}
+
+namespace {
+
+// The first number of a file (a cgroup value; "max" reads as nothing).
+std::optional<uint64_t> read_number(const char* path) {
+  std::ifstream in(path);
+  uint64_t v = 0;
+  if (in >> v) return v;
+  return std::nullopt;
+}
+
+}  // namespace
+
+uint64_t available_memory() {
+  uint64_t available = UINT64_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kib = 0;
+    if (key == "MemAvailable:" && meminfo >> kib) {
+      available = kib * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  const std::pair<const char*, const char*> cgroups[] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& [limit_path, usage_path] : cgroups) {
+    const auto limit = read_number(limit_path);
+    const auto usage = read_number(usage_path);
+    if (limit && usage) available = std::min(available, *limit > *usage ? *limit - *usage : 0);
+  }
+  return available;
 }
 
 uint64_t default_max_memory() {

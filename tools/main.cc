@@ -111,8 +111,9 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                    "rdma over UCX's rc (default: one-sided, the receiver takes no part), dc (ConnectX) or ud (the "
                    "receiver's CPU serves every put)");
   r->add_option("--token-file", recv->token_file,
-                "require senders to prove they know this shared secret (udp: nothing is kept for a sender before, "
-                "and every datagram then carries a MAC; without it the CRC is no authentication)");
+                "require senders to prove they know this shared secret (UCX: every control message after it is "
+                "signed; udp: nothing is kept for a sender before, and every datagram then carries a MAC; without "
+                "it the CRC is no authentication)");
   r->add_option("--max-memory", recv->max_memory,
                 "SIZE (e.g. 4G): most memory for all senders' blocks (udp: message regions) together; a sender that "
                 "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
@@ -183,7 +184,8 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
       ->transform(size_value())
       ->default_str("1M");
   s->add_option("--token-file", send->token_file,
-                "shared secret the receiver asks for (udp: then every datagram carries a MAC)");
+                "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
+                "signed; udp: every datagram carries a MAC)");
   s->add_flag("--json", send->json, "print one JSON summary object on stdout");
   s->add_option("--file", send->files, "D=PATH: the file is one message of device D (repeatable, in order)");
   s->add_option("--dir", send->dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");

@@ -41,6 +41,12 @@ constexpr int kRequestTimeoutMs = 250;
 // refused after authentication (memory budget, failed set-up) ends with none.
 bool accepted(const SessionReport& r) { return !r.per_device.empty(); }
 
+// Series exist only for devices that have carried data (or been paused): a hello may declare up to
+// 4,096 devices, and 100 of them made 2 million series (issue 19) that no stream ever fed.
+bool carried_data(const DeviceStats& s) {
+  return s.messages || s.bytes || s.gaps || s.duplicates || s.pauses || s.paused;
+}
+
 // Refused connections by reason, and authentication failures by what failed (Receiver::refusals).
 void append_refusals(const RefusalCounts& counts, std::vector<MetricFamily>* out) {
   MetricFamily refused{"slotstream_refused_connections_total",
@@ -218,6 +224,7 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
     MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, s] : t.per_device) {
+        if (!carried_data(s)) continue;
         const std::string device = std::to_string(d);
         f.metric.push_back(sample({{"sender", sender}, {"device", device}}, MetricType::Counter,
                                   monotonic(sender, c.name, device, double(s.*c.field))));
@@ -229,6 +236,7 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
       "slotstream_device_paused", "1 while the device is paused (its worker is behind).", MetricType::Gauge, {}};
   for (const SessionReport& r : live) {
     for (const auto& [d, s] : r.per_device) {
+      if (!carried_data(s)) continue;
       paused.metric.push_back(
           sample({{"sender", r.sender.name}, {"device", std::to_string(d)}}, MetricType::Gauge, s.paused ? 1 : 0));
     }

@@ -421,7 +421,8 @@ Status query_capacity(const std::string& host, uint16_t port, Capacity* out);
 
 // Connections a receiver refused since it started, by reason. `refused` counts every refusal
 // (reasons: protocol, options, geometry, name, devices, transport, authentication,
-// already_connected, memory, busy, bad_hello, timeout, setup, other); `authentication_failures`
+// already_connected, memory, busy, evicted (an unauthenticated connection closed to make room for
+// new ones), bad_hello, timeout, setup, other); `authentication_failures`
 // counts the authentication ones again, by what failed (wrong_token, no_proof, unsigned_setup).
 struct RefusalCounts {
   std::map<std::string, uint64_t> refused;

@@ -1,6 +1,9 @@
 #include "fabric/fabric.h"
 
+#include "common.h"
+#include "fabric/cm.h"
 #include "fabric/internal.h"
+#include "fabric/shm_dir.h"
 #include "fabric/soft_rma.h"
 
 #include <poll.h>
@@ -45,6 +48,9 @@ void UcxDestroy::operator()(ucp_rkey* h) const { ucp_rkey_destroy(h); }
 
 namespace {
 using internal::from_ucs;
+
+// How long Endpoint::create waits for a connection through a peer's listener (cm.h).
+constexpr std::chrono::seconds kConnectTimeout{10};
 
 // Applies the fabric's UCX settings for `spec` (transports.h) to `config`; a user's UCX_* in the
 // environment wins. ucp_config_modify takes a transport's setting without its prefix
@@ -125,6 +131,10 @@ Status Context::create(const FabricSpec& spec, std::unique_ptr<Context>* out) {
     ucp_config_release(config);
     return cs;
   }
+  // POSIX shared-memory segments in a directory removed however this process ends (shm_dir.h).
+  if (const std::string& dir = posix_segment_dir(); spec.transport == Transport::kShm && !dir.empty()) {
+    ucp_config_modify(config, "DIR", dir.c_str());  // UCX_POSIX_DIR, without its transport's prefix
+  }
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -136,6 +146,8 @@ Status Context::create(const FabricSpec& spec, std::unique_ptr<Context>* out) {
   ucp_config_release(config);
   if (st != UCS_OK) return from_ucs(st, ("ucp_init (" + spec_name(spec) + ")").c_str());
   out->reset(new Context(handle, spec, std::move(overrides)));
+  // Regions come from zero-filled allocators (transports.h, ALLOC_PRIO) unless a user chose others.
+  (*out)->zero_filled_ = getenv("UCX_ALLOC_PRIO") == nullptr;
   return Status::ok();
 }
 
@@ -178,6 +190,14 @@ const char* map_failure(const Context& ctx) {
 }  // namespace
 
 Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
+  // Asked before UCX is: a region larger than the host (or container) can give would be written
+  // into shared memory until the machine runs out (UCX tries one allocator after another; its POSIX
+  // one writes the whole length first) — 24 GB of /dev/shm and OOM kills for a 100 GiB option.
+  if (const uint64_t available = available_memory(); length > available) {
+    return {Code::kInvalidArgument, "cannot allocate " + format_bytes(length) + ": only " + format_bytes(available) +
+                                        " of memory are available on this host (MemAvailable, or what a container's "
+                                        "limit leaves); ask for less"};
+  }
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = nullptr;
@@ -193,7 +213,8 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
     ucp_mem_unmap(ctx.handle(), mem);
     return from_ucs(st, "ucp_mem_query");
   }
-  std::memset(attr.address, 0, length);
+  // Fresh pages are zero (Context::create); clearing them would commit every page at once.
+  if (!ctx.zero_filled_) std::memset(attr.address, 0, length);
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
   out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length));
   {
@@ -357,12 +378,11 @@ void Endpoint::on_error(void* arg, ucp_ep* /*ep*/, int status) {
   }
 }
 
-Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address, std::unique_ptr<Endpoint>* out) {
+Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address, const std::string& peer_host,
+                        std::unique_ptr<Endpoint>* out) {
   std::unique_ptr<Endpoint> ep(new Endpoint(worker));
   ucp_ep_params_t params{};
-  params.field_mask =
-      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  params.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   // Peer-failure handling makes UCX drop shared-memory transports for RMA (they have no peer
   // failure handler), so on shm we go without; a dead receiver is noticed through the control
   // socket instead (see Liveness). On tcp and rdma (rc, dc and ud handle it natively) it turns a
@@ -370,8 +390,24 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
   params.err_mode = worker.context().traits().peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = [](void* arg, ucp_ep_h e, ucs_status_t st) { on_error(arg, e, st); };
   params.err_handler.arg = ep.get();
-  ucs_status_t st = ucp_ep_create(worker.handle(), &params, &ep->handle_);
-  if (st != UCS_OK) return from_ucs(st, "ucp_ep_create");
+  if (auto ports = decode_cm_address(remote_address)) {
+    SLOTSTREAM_RETURN_IF_ERROR(cm_connect(worker.handle(), peer_host, *ports, params, &ep->handle_));
+    // Operations issued while UCX still connects are queued and replayed, and UCX 1.13 does not
+    // keep their order against operations issued during the replay (a status read overtook the
+    // puts before it: duplicates and gaps). So nothing is issued before the connection stands:
+    // a flush completes once it does. The peer's worker must be progressed meanwhile.
+    const auto deadline = std::chrono::steady_clock::now() + kConnectTimeout;
+    Status st = ep->flush([&]() -> Status {
+      if (std::chrono::steady_clock::now() < deadline) return Status::ok();
+      return {Code::kConnectFailed, "the peer's worker did not accept the connection within " +
+                                        std::to_string(kConnectTimeout.count()) + " s"};
+    });
+    if (!st.is_ok()) return {st.code(), "connecting to " + peer_host + ": " + st.message()};
+  } else {
+    params.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+    SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_ep_create(worker.handle(), &params, &ep->handle_), "ucp_ep_create"));
+  }
   g_counters.endpoints.fetch_add(1, std::memory_order_relaxed);
   *out = std::move(ep);
   return Status::ok();
@@ -526,13 +562,19 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
   if (st != UCS_OK) return from_ucs(st, "ucp_worker_create");
   std::unique_ptr<Worker> w(new Worker(ctx, handle));
 
-  ucp_address_t* addr = nullptr;
-  size_t addr_len = 0;
-  st = ucp_worker_get_address(handle, &addr, &addr_len);
-  if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_address");
-  auto* bytes = reinterpret_cast<uint8_t*>(addr);
-  w->address_.assign(bytes, bytes + addr_len);
-  ucp_worker_release_address(handle, addr);
+  if (ctx.traits().cm_connect) {
+    // Peers connect through a listener (cm.h), never by worker address.
+    SLOTSTREAM_RETURN_IF_ERROR(CmListener::create(handle, &w->listener_));
+    w->address_ = encode_cm_address(w->listener_->ports());
+  } else {
+    ucp_address_t* addr = nullptr;
+    size_t addr_len = 0;
+    st = ucp_worker_get_address(handle, &addr, &addr_len);
+    if (st != UCS_OK) return from_ucs(st, "ucp_worker_get_address");
+    auto* bytes = reinterpret_cast<uint8_t*>(addr);
+    w->address_.assign(bytes, bytes + addr_len);
+    ucp_worker_release_address(handle, addr);
+  }
 
   if (wakeup) {
     st = ucp_worker_get_efd(handle, &w->event_fd_);
@@ -548,14 +590,16 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
 Worker::Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}
 
 Worker::~Worker() {
-  soft_.reset();    // its handlers and replies use the worker
-  handle_.reset();  // before the AM handlers it may still point to
+  listener_.reset();  // closes the endpoints it accepted
+  soft_.reset();      // its handlers and replies use the worker
+  handle_.reset();    // before the AM handlers it may still point to
 }
 
 unsigned Worker::progress() {
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned n = ucp_worker_progress(handle());
   if (soft_) soft_->reap();
+  if (listener_) listener_->reap();
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   g_counters.progress_calls.fetch_add(1, std::memory_order_relaxed);
   g_counters.progress_ns.fetch_add(uint64_t(ns), std::memory_order_relaxed);

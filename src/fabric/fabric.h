@@ -116,6 +116,7 @@ class Context {
   UcxHandle<ucp_context> handle_;
   FabricSpec spec_;
   std::vector<std::string> overrides_;
+  bool zero_filled_ = false;  // UCX allocates only zero-filled pages (MemoryRegion::allocate)
   mutable std::mutex regions_mutex_;
   std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
   std::mutex parked_mutex_;
@@ -172,6 +173,7 @@ class RemoteKey {
 
 struct SoftOp;
 class SoftRma;
+class CmListener;
 
 // An outstanding non-blocking operation. Empty when the operation completed inside the call.
 // Dropping a pending one is allowed: UCX frees its request when it completes, and a get the
@@ -201,8 +203,11 @@ class Request {
 
 class Endpoint {
  public:
-  // Connects to a peer worker address obtained out of band.
-  static Status create(Worker& worker, std::span<const uint8_t> remote_address, std::unique_ptr<Endpoint>* out);
+  // Connects to a peer worker's address obtained out of band (Worker::address). `peer_host` is
+  // the numeric host the control connection reached the peer at: over tcp the address is the
+  // port of the peer worker's connection listener there (cm.h).
+  static Status create(Worker& worker, std::span<const uint8_t> remote_address, const std::string& peer_host,
+                       std::unique_ptr<Endpoint>* out);
   ~Endpoint();  // force-closes; flush first if data matters
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -302,6 +307,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   Context& context() const { return ctx_; }
+  // What a peer needs to connect to this worker (Endpoint::create): UCX's worker address, or over
+  // tcp the port of the worker's connection listener (cm.h). Opaque above the fabric.
   const std::vector<uint8_t>& address() const { return address_; }
   // Whether the fabric carries this worker's puts and gets itself (soft_rma.h): on tcp only.
   bool soft_rma() const { return soft_ != nullptr; }
@@ -342,7 +349,8 @@ class Worker {
   ucp_worker* handle() const { return handle_.get(); }
   Context& ctx_;
   UcxHandle<ucp_worker> handle_;
-  std::unique_ptr<SoftRma> soft_;  // puts and gets carried by the fabric (traits: tcp; soft_rma.h)
+  std::unique_ptr<SoftRma> soft_;         // puts and gets carried by the fabric (traits: tcp; soft_rma.h)
+  std::unique_ptr<CmListener> listener_;  // peers connect through it (traits: tcp; cm.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;

@@ -8,6 +8,7 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 
 #include <spdlog/spdlog.h>
 
@@ -115,28 +116,31 @@ Status SoftRma::create(Worker& worker, std::unique_ptr<SoftRma>* out) {
   return Status::ok();
 }
 
+// Requests are freed with mutex_ released (here and in reap): ucp_request_free takes a shared
+// worker's lock, which a thread in ucp_worker_progress holds while our handlers take mutex_ — the
+// opposite order (ThreadSanitizer: lock-order inversion, a possible deadlock of two threads).
 SoftRma::~SoftRma() {
-  std::lock_guard lock(mutex_);
-  for (auto& [id, op] : ops_) finish_op(*op, {Code::kCancelled, "worker destroyed"});
-  ops_.clear();
+  std::list<Reply> replies;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, op] : ops_) finish_op(*op, {Code::kCancelled, "worker destroyed"});
+    ops_.clear();
+    replies.swap(replies_);
+  }
   // UCX completes (or purges) these later and reads their headers until then: a header of a send
   // still running is left behind (only sends to a peer that stopped answering are).
-  for (Reply& r : replies_) {
+  for (Reply& r : replies) {
     if (ucp_request_check_status(r.req) == UCS_INPROGRESS) (void)r.header.release();
     ucp_request_free(r.req);
   }
-  replies_.clear();
 }
 
 void SoftRma::finish_op(SoftOp& op, const Status& st) {
   if (op.state.load(std::memory_order_relaxed) != SoftOp::kPending) return;
   if (op.send_req != nullptr) {
-    if (ucp_request_check_status(op.send_req) == UCS_INPROGRESS) {
-      replies_.push_back({op.send_req, std::move(op.header)});  // its header is read until it is sent
-      reply_count_.store(replies_.size(), std::memory_order_relaxed);
-    } else {
-      ucp_request_free(op.send_req);
-    }
+    // Its header is read until it is sent; reap() frees the request (not here: mutex_ is held).
+    replies_.push_back({op.send_req, std::move(op.header)});
+    reply_count_.store(replies_.size(), std::memory_order_relaxed);
     op.send_req = nullptr;
   }
   op.error = st;
@@ -254,16 +258,17 @@ void SoftRma::forget(SoftOp* op) {
 
 void SoftRma::reap() {
   if (reply_count_.load(std::memory_order_relaxed) == 0) return;  // every progress call: stay cheap
-  std::lock_guard lock(mutex_);
-  for (auto it = replies_.begin(); it != replies_.end();) {
-    if (ucp_request_check_status(it->req) == UCS_INPROGRESS) {
-      ++it;
-      continue;
+  std::list<Reply> done;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = replies_.begin(); it != replies_.end();) {
+      const auto next = std::next(it);
+      if (ucp_request_check_status(it->req) != UCS_INPROGRESS) done.splice(done.end(), replies_, it);
+      it = next;
     }
-    ucp_request_free(it->req);
-    it = replies_.erase(it);
+    reply_count_.store(replies_.size(), std::memory_order_relaxed);
   }
-  reply_count_.store(replies_.size(), std::memory_order_relaxed);
+  for (Reply& r : done) ucp_request_free(r.req);  // with mutex_ released (see ~SoftRma)
 }
 
 void SoftRma::reply(void* reply_ep, unsigned id, const void* header, size_t header_len, const void* data,

@@ -28,6 +28,7 @@ TransportTraits traits(const FabricSpec& spec) {
       t.soft_rma = true;
       t.target_progress = true;
       t.peer_errors = true;
+      t.cm_connect = true;
       break;
     case Transport::kRdma:
       // rc and dc write and read in the NIC; ud has no RMA in hardware (UCX emulates it with
@@ -66,15 +67,25 @@ const char* tls_for(const FabricSpec& spec) {
 // its headers) is one system call a block and one copy fewer, which is what took status_byte over
 // tcp toward a plain socket (docs/benchmarks.md, "TCP at socket speed"). The receive segment is
 // the target's read buffer: it must hold a whole send segment. Larger blocks still go, in several.
+// Endpoints connect through the connection manager (cm.h); with one device per connection the
+// manager's own exchange is the whole wire-up: no wire-up message that could be left queued.
 const UcxSetting kTcpSettings[] = {
     {"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "1028K"},  // 1 MiB + 4 KiB: a block, its header, the AM's
     {"UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "2056K"},  // two of them
+    {"UCX_CM_USE_ALL_DEVICES", "CM_USE_ALL_DEVICES", "n"},
 };
+
+// Regions UCX allocates (MemoryRegion::allocate) come from its allocators in this order, each of
+// which hands out zero-filled pages that cost memory only once touched (SysV or POSIX shared
+// memory, huge or transparent-huge or plain mmap): UCX 1.13's default list without its last
+// fallback, "heap" (malloc), which does neither. A region is then zero without being cleared, and
+// 1 GiB of blocks costs what is written, not 1 GiB at once (Context::zero_filled_).
+const UcxSetting kZeroFilledAllocators = {"UCX_ALLOC_PRIO", "ALLOC_PRIO", "md:sysv,md:posix,huge,thp,md:*,mmap"};
 
 }  // namespace
 
 UcxChoice ucx_settings(const FabricSpec& spec, const Getenv& env) {
-  std::vector<UcxSetting> wanted = {{"UCX_TLS", "TLS", tls_for(spec)}};
+  std::vector<UcxSetting> wanted = {{"UCX_TLS", "TLS", tls_for(spec)}, kZeroFilledAllocators};
   if (spec.transport == Transport::kTcp) wanted.insert(wanted.end(), std::begin(kTcpSettings), std::end(kTcpSettings));
   if (spec.transport == Transport::kRdma && !spec.device.empty()) {
     wanted.push_back({"UCX_NET_DEVICES", "NET_DEVICES", spec.device});

@@ -48,6 +48,9 @@ struct TransportTraits {
   // initiator from the target's worker; after that, rc's and dc's puts and gets need no target).
   bool setup_progress = false;
   bool registers_memory = false;  // memory is pinned for the NIC: the locked-memory limit applies
+  // Endpoints connect through UCX's connection manager, a worker's address is its listener's ports
+  // (tcp; cm.h: UCX 1.13's wire-up by worker address aborts when the peer dies during it).
+  bool cm_connect = false;
 };
 TransportTraits traits(const FabricSpec& spec);
 

@@ -25,6 +25,14 @@ Status make_nonce_u64(uint64_t* out) {
 }
 
 Mac proof(const std::string& token, std::string_view label, std::initializer_list<std::span<const uint8_t>> parts) {
+  return mac({reinterpret_cast<const uint8_t*>(token.data()), token.size()}, label, parts);
+}
+
+Key session_key(const std::string& token, const Nonce& receiver_nonce, const Nonce& sender_nonce) {
+  return proof(token, "session-key", {receiver_nonce, sender_nonce});
+}
+
+Mac mac(std::span<const uint8_t> key, std::string_view label, std::initializer_list<std::span<const uint8_t>> parts) {
   static constexpr std::string_view kDomain = "slotstream-auth-v2";
   std::vector<uint8_t> msg(kDomain.begin(), kDomain.end());
   msg.push_back(static_cast<uint8_t>(label.size()));
@@ -34,10 +42,10 @@ Mac proof(const std::string& token, std::string_view label, std::initializer_lis
     for (int i = 0; i < 4; ++i) msg.push_back(static_cast<uint8_t>(part.size() >> (8 * i)));
     msg.insert(msg.end(), part.begin(), part.end());
   }
-  Mac mac{};
+  Mac out{};
   unsigned len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(), msg.size(), mac.data(), &len);
-  return mac;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), msg.data(), msg.size(), out.data(), &len);
+  return out;
 }
 
 bool mac_equal(std::span<const uint8_t> a, std::span<const uint8_t> b) {

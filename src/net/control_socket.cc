@@ -122,7 +122,57 @@ Status ControlSocket::connect(const std::string& host, uint16_t port, Millis tim
   return last;
 }
 
+namespace {
+
+// The MAC of one signed frame (wire/control.h): its direction, type, sequence number and body.
+Mac frame_mac(const Key& key, bool from_sender, wire::MsgType type, uint64_t sequence, std::span<const uint8_t> body) {
+  const uint8_t t = static_cast<uint8_t>(type);
+  std::array<uint8_t, 8> seq{};
+  for (int i = 0; i < 8; ++i) seq[i] = static_cast<uint8_t>(sequence >> (8 * i));
+  return mac(key, from_sender ? "frame s>r" : "frame r>s", {{&t, 1}, seq, body});
+}
+
+}  // namespace
+
+void ControlSocket::sign_frames(const Key& key, bool sender) { signing_ = Signing{key, sender}; }
+
+Status ControlSocket::verify(wire::Frame* frame) {
+  Signing& s = *signing_;
+  std::vector<uint8_t>& body = frame->body;
+  if (body.size() < wire::kFrameTrailer) {
+    return {Code::kAuthFailed, "control frame authentication failed: an unsigned frame (type " +
+                                   std::to_string(int(frame->type)) +
+                                   ") on an authenticated connection, forged by something between the two ends"};
+  }
+  const size_t n = body.size() - wire::kFrameTrailer;
+  uint64_t sequence = 0;
+  for (int i = 0; i < 8; ++i) sequence |= uint64_t(body[n + i]) << (8 * i);
+  const Mac expected = frame_mac(s.key, !s.sender, frame->type, sequence, {body.data(), n});
+  if (!mac_equal({body.data() + n + 8, wire::kMacSize}, expected)) {
+    return {Code::kAuthFailed, "control frame authentication failed: a frame (type " +
+                                   std::to_string(int(frame->type)) +
+                                   ") without the session's MAC, forged or altered by something between the two ends"};
+  }
+  if (sequence != s.received) {
+    return {Code::kAuthFailed, "control frame authentication failed: a frame replayed or reordered (sequence " +
+                                   std::to_string(sequence) + ", expected " + std::to_string(s.received) + ")"};
+  }
+  ++s.received;
+  body.resize(n);
+  return Status::ok();
+}
+
 Status ControlSocket::send(wire::MsgType type, std::span<const uint8_t> body) {
+  std::vector<uint8_t> signed_body;
+  if (signing_) {
+    Signing& s = *signing_;
+    const Mac m = frame_mac(s.key, s.sender, type, s.sent, body);
+    signed_body.assign(body.begin(), body.end());
+    for (int i = 0; i < 8; ++i) signed_body.push_back(static_cast<uint8_t>(s.sent >> (8 * i)));
+    signed_body.insert(signed_body.end(), m.begin(), m.end());
+    ++s.sent;
+    body = signed_body;
+  }
   auto frame = wire::encode_frame(type, body);
   size_t off = 0;
   auto deadline = Clock::now() + Millis(5000);
@@ -176,7 +226,7 @@ Status ControlSocket::receive(Millis timeout, wire::Frame* out) {
   SLOTSTREAM_RETURN_IF_ERROR(read_exact(buf.data(), len, deadline));
   out->type = static_cast<wire::MsgType>(buf[0]);
   out->body.assign(buf.begin() + 1, buf.end());
-  return Status::ok();
+  return signing_ ? verify(out) : Status::ok();
 }
 
 Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body) {
@@ -192,6 +242,18 @@ Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uin
     return {refuse.code, "refused by peer: " + refuse.message};
   }
   return {Code::kProtocolError, "unexpected control message type " + std::to_string(int(f.type))};
+}
+
+Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body,
+                             const std::function<void()>& meanwhile) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    pollfd pfd{fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, 1) != 0) break;  // something to read (or an error for receive to report)
+    if (Clock::now() >= deadline) return {Code::kTimeout, "timed out waiting for the peer"};
+    meanwhile();
+  }
+  return expect(type, std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())), body);
 }
 
 Status ControlSocket::check_alive() {
@@ -222,6 +284,17 @@ void ControlSocket::drain_and_close(Millis wait) {
   }
   ::close(fd_);
   fd_ = -1;
+}
+
+std::string ControlSocket::peer_host() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  char host[NI_MAXHOST] = "";
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+      getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) {
+    return "";
+  }
+  return host;
 }
 
 std::string ControlSocket::peer() const {

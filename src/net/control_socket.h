@@ -4,11 +4,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "net/auth.h"
 #include "slotstream/status.h"
 #include "wire/control.h"
 
@@ -32,16 +35,29 @@ class ControlSocket {
 
   static Status connect(const std::string& host, uint16_t port, Millis timeout, std::unique_ptr<ControlSocket>* out);
 
+  // From now on every frame sent carries a sequence number and a MAC under `key`, and every frame
+  // received must carry the next one (wire/control.h, "Signed frames"); `sender`: which end this
+  // is (each direction signs with its own label, so a frame reflected back fails). Called once,
+  // after an authenticated handshake. Frames are then sent by one thread at a time, and received
+  // by one thread at a time.
+  void sign_frames(const Key& key, bool sender);
+  bool signing() const { return signing_.has_value(); }
+
   Status send(wire::MsgType type, std::span<const uint8_t> body);
   // Reads one frame; kTimeout if none within `timeout`, kPeerGone on EOF, kProtocolError on a
-  // bad length prefix.
+  // bad length prefix, kAuthFailed on a signed connection's frame that fails its MAC or sequence.
   Status receive(Millis timeout, wire::Frame* out);
   // Reads one frame that must be of `type` (a REFUSE is turned into its Status).
   Status expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body);
+  // expect(), calling `meanwhile` about every millisecond while no byte has come (a UCX worker
+  // that must be progressed for the peer to get on: its endpoint connects to ours).
+  Status expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body, const std::function<void()>& meanwhile);
   // Non-blocking: kPeerGone if the peer closed (or reset) the connection, ok if still open,
   // kInProgress if a frame is waiting to be read.
   Status check_alive();
   std::string peer() const;
+  // The peer's numeric host alone (no port, no brackets): where its other listeners are.
+  std::string peer_host() const;
   // Ends our side and discards what the peer still sends for up to `wait`, so that a reply
   // (REFUSE) is not destroyed by a reset when unread garbage is pending.
   void drain_and_close(Millis wait);
@@ -49,7 +65,16 @@ class ControlSocket {
 
  private:
   Status read_exact(uint8_t* p, size_t n, std::chrono::steady_clock::time_point deadline);
+  // A received signed frame's body without its trailer, once its MAC and sequence are right.
+  Status verify(wire::Frame* frame);
+  struct Signing {
+    Key key;
+    bool sender;
+    uint64_t sent = 0;      // sequence number of the next frame sent
+    uint64_t received = 0;  // ...and of the next one expected
+  };
   int fd_;
+  std::optional<Signing> signing_;
 };
 
 class Listener {

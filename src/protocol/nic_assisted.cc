@@ -150,8 +150,13 @@ class NicAssistedSender final : public RingSender {
   Status init(const RingSetup& setup, uint64_t window, uint64_t slots, uint64_t buffer_bytes) {
     SLOTSTREAM_RETURN_IF_ERROR(connect(setup));
     const uint32_t slot_size = fabric_.geometry.block_size;
-    SLOTSTREAM_RETURN_IF_ERROR(link_->allocate(slots * slot_size, &queue_));
-    SLOTSTREAM_RETURN_IF_ERROR(link_->allocate(buffer_bytes, &buffer_));
+    if (Status st = link_->allocate(slots * slot_size, &queue_); !st.is_ok()) {
+      return {st.code(), "nic_assisted: the send queue (queue=" + std::to_string(slots) + " blocks): " + st.message()};
+    }
+    if (Status st = link_->allocate(buffer_bytes, &buffer_); !st.is_ok()) {
+      return {st.code(),
+              "nic_assisted: the coalescing buffer (buffer=" + std::to_string(buffer_bytes) + "): " + st.message()};
+    }
     core_ = std::make_unique<NicAssistedCore>(*link_, setup.bytes, window, std::span(queue_->data(), slots * slot_size),
                                               slot_size, std::span(buffer_->data(), buffer_bytes));
     return Status::ok();

@@ -87,7 +87,10 @@ class PackedRingSender final : public RingSender {
 
   Status init(const RingSetup& setup, uint64_t buffer_bytes) {
     SLOTSTREAM_RETURN_IF_ERROR(connect(setup));
-    SLOTSTREAM_RETURN_IF_ERROR(link_->allocate(buffer_bytes, &buffer_));
+    if (Status st = link_->allocate(buffer_bytes, &buffer_); !st.is_ok()) {
+      return {st.code(),
+              "packed_ring: the sender buffer (buffer=" + std::to_string(buffer_bytes) + "): " + st.message()};
+    }
     core_ = std::make_unique<PackedRingCore>(*link_, setup.bytes, std::span(buffer_->data(), buffer_bytes));
     return Status::ok();
   }

@@ -61,6 +61,8 @@ RefusalLabels refusal_labels(const Refusal& r) {
       return {"bad_hello", nullptr};
     case Code::kTimeout:
       return {"timeout", nullptr};
+    case Code::kBusy:
+      return {"busy", nullptr};
     default:
       return {"other", nullptr};
   }
@@ -118,6 +120,7 @@ std::optional<Refusal> ReceiverSession::handshake() {
   wire::Hello hello;
   if (auto r = read_hello(&hello)) return r;
   if (capacity_only_) return std::nullopt;
+  rx_.said_hello(connection_);
   HelloTerms terms;
   if (auto r = check_hello(hello, rx_.receiver_terms(), &terms)) return r;
   desc_ = terms.protocol;
@@ -125,6 +128,9 @@ std::optional<Refusal> ReceiverSession::handshake() {
   transport_ = terms.transport;
   transport_reason_ = std::move(terms.reason);
   if (auto r = authenticate(hello)) return r;
+  // Authenticated (without a token: a hello the receiver accepts): out of the small budget of
+  // connections still in their handshake, into the authenticated one (session/admission.h).
+  if (auto why = rx_.authenticated(connection_)) return Refusal{Code::kBusy, *why, "busy"};
   if (auto r = set_up(hello)) return r;
   return connect();
 }
@@ -262,8 +268,10 @@ std::optional<Refusal> ReceiverSession::send_accept() {
 std::optional<Refusal> ReceiverSession::connect() {
   std::vector<uint8_t> body;
   // Where the sender's endpoint is wired up with our worker's help (rdma: rc's connection request
-  // is answered by the target's worker), that worker runs until SETUP — before the data path.
-  fabric::Worker* helper = fabric_->context->traits().setup_progress ? &worker() : nullptr;
+  // is answered by the target's worker; tcp: our listener accepts it, fabric/cm.h), that worker runs
+  // until SETUP — before the data path. (A shared worker over tcp has its progress thread.)
+  const fabric::TransportTraits t = fabric_->context->traits();
+  fabric::Worker* helper = t.setup_progress || (t.cm_connect && own_worker_) ? &worker() : nullptr;
   if (Status st = expect_progressing(*control_, wire::MsgType::kSetup, kHelloTimeout, helper, &body); !st.is_ok()) {
     return Refusal{st.code(), "no set-up from the sender: " + st.message()};
   }
@@ -271,9 +279,12 @@ std::optional<Refusal> ReceiverSession::connect() {
   if (Status st = wire::decode(body, &setup); !st.is_ok()) return Refusal{st.code(), st.message()};
   if (my_nonce_) {
     if (auto r = check_setup_proof(rx_options_.token, *my_nonce_, sender_nonce_, setup)) return r;
+    // Both ends are authenticated: every frame from here on is signed (READY or REFUSE first).
+    control_->sign_frames(net::session_key(rx_options_.token, *my_nonce_, sender_nonce_), /*sender=*/false);
   }
   if (desc_->receiver_endpoint) {
-    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, &to_sender_); !st.is_ok()) {
+    if (Status st = fabric::Endpoint::create(worker(), setup.worker_address, control_->peer_host(), &to_sender_);
+        !st.is_ok()) {
       return Refusal{st.code(), "cannot reach the sender's memory: " + st.message()};
     }
   }
@@ -282,7 +293,7 @@ std::optional<Refusal> ReceiverSession::connect() {
   }
   if (Status st = control_->send(wire::MsgType::kReady, {}); !st.is_ok()) return Refusal{st.code(), st.message()};
   // A sender that asked for confirmations learns at once where its numbers start.
-  if (confirm_) (void)control_->send(wire::MsgType::kStored, wire::encode(confirmed_));
+  if (confirm_) send_stored();
   return std::nullopt;
 }
 
@@ -292,8 +303,10 @@ std::optional<Refusal> ReceiverSession::connect() {
 void ReceiverSession::refuse(const Refusal& refusal) {
   std::string who =
       report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
-  rx_.event("refused sender " + who + ": " + refusal.message);
-  rx_.count_refusal(refusal_labels(refusal));
+  // A connection closed for room is logged with the others it was closed with (receiver.cc).
+  const bool evicted = rx_.evicted_for_room(connection_);
+  if (!evicted) rx_.event("refused sender " + who + ": " + refusal.message);
+  rx_.count_refusal(evicted ? RefusalLabels{"evicted", nullptr} : refusal_labels(refusal));
   wire::Refuse r{refusal.code, refusal.message};
   (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
   free_region();

@@ -27,7 +27,7 @@ namespace slotstream::session {
 
 // How long the receiver waits for each handshake message (HELLO, AUTH, SETUP).
 constexpr net::Millis kHelloTimeout{5000};
-constexpr uint32_t kMaxDevices = 4096;
+constexpr uint32_t kMaxDevices = wire::kMaxDevices;
 
 // Why a sender is refused: sent back as REFUSE (code and message), logged, and counted under
 // `reason` (a short metric label; see refusal_labels for the default).

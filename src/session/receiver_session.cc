@@ -16,14 +16,35 @@ constexpr Millis kFinGrace{1000};
 // After a sender died, let the progress thread apply what already arrived before the last drain.
 constexpr Millis kLostGrace{50};
 constexpr auto kBusyLogInterval = std::chrono::seconds(10);
+constexpr Millis kIdleCheck{100};
 // How often a sender that asked for confirmations hears what is stored (when something moved):
 // what it must keep for sending again if this receiver dies is about this much of its stream.
 constexpr Millis kConfirmInterval{50};
 
 }  // namespace
 
-ReceiverSession::ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control)
+std::optional<std::string> check_fin(const wire::Fin& fin, const std::vector<uint16_t>& declared) {
+  for (const auto& [device, count] : fin.messages) {
+    if (std::find(declared.begin(), declared.end(), device) == declared.end()) {
+      return "FIN counts device " + std::to_string(device) + ", which this connection did not declare";
+    }
+  }
+  return std::nullopt;
+}
+
+uint64_t missing_messages(const wire::Fin& fin, const std::function<uint64_t(uint16_t)>& stored) {
+  uint64_t missing = 0;
+  for (const auto& [device, count] : fin.messages) {
+    const uint64_t got = stored(device);
+    const uint64_t gap = count > got ? count - got : 0;
+    missing = gap > UINT64_MAX - missing ? UINT64_MAX : missing + gap;
+  }
+  return missing;
+}
+
+ReceiverSession::ReceiverSession(SessionHost& rx, uint64_t connection, std::unique_ptr<net::ControlSocket> control)
     : rx_(rx),
+      connection_(connection),
       rx_options_(rx.receiver_options()),
       control_(std::move(control)) {
   report_.sender.peer = control_->peer();
@@ -35,7 +56,9 @@ bool ReceiverSession::open() {
     refuse(*refusal);
     return false;
   }
-  return !capacity_only_;
+  if (capacity_only_) return false;
+  rx_.lane_accepted(group_);
+  return true;
 }
 
 void ReceiverSession::close() {
@@ -107,8 +130,28 @@ void ReceiverSession::fill_report(Clock::time_point start) {
 }
 
 void ReceiverSession::publish(Clock::time_point start) {
+  auto fingerprint = report_fingerprint();
+  if (fingerprint == loop_.published) return;
+  loop_.published = std::move(fingerprint);
   fill_report(start);
   rx_.publish(this, group_, report_);
+}
+
+std::vector<uint64_t> ReceiverSession::report_fingerprint() const {
+  const auto& c = delivery_->counters();
+  return {c.messages,
+          c.bytes,
+          c.gaps,
+          c.duplicates,
+          c.unknown_device,
+          c.out_of_window,
+          c.bad_headers,
+          c.broken_messages,
+          c.partial_discarded,
+          report_.stalls,
+          uint64_t(held_all_),
+          uint64_t(std::count(hold_active_.begin(), hold_active_.end(), true)),
+          uint64_t(delivery_->any_paused())};
 }
 
 void ReceiverSession::apply_holds(Clock::time_point start) {
@@ -140,12 +183,15 @@ void ReceiverSession::begin_consume() {
 // receiver stalls a sender whose blocks are all full); once idle for kSpinIdle it sleeps, longer
 // the longer it has been idle (idle_nap) — so an idle receiver costs ~no CPU and a burst is picked
 // up within ~1 ms (20 ms after a long pause).
-void ReceiverSession::consume() {
+void ReceiverSession::consume(const std::function<bool()>& park) {
   begin_consume();
   while (step()) {
     if (rx_options_.busy_poll) continue;
     const auto now = loop_.now;
-    if (loop_.stalled && now < loop_.retry_at) {
+    if (can_park(now)) {
+      if (!park()) return;  // ended while parked
+      loop_.last_work = Clock::now();
+    } else if (loop_.stalled && now < loop_.retry_at) {
       std::this_thread::sleep_until(loop_.retry_at);
     } else if (now - loop_.last_work > kSpinIdle) {
       proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
@@ -153,6 +199,13 @@ void ReceiverSession::consume() {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
     }
   }
+}
+
+// Only a plainly idle session parks: one that waits on a timer of its own (a stall's retry, the
+// FIN's grace, a lost sender's drain, test holds) keeps its thread.
+bool ReceiverSession::can_park(Clock::time_point now) const {
+  const Loop& l = loop_;
+  return now - l.last_work > kParkAfter && !l.stalled && !l.fin && l.lost.empty() && rx_options_.holds.empty();
 }
 
 bool ReceiverSession::step() {
@@ -174,7 +227,9 @@ bool ReceiverSession::step() {
   l.worked = consumed > 0 || progressed;
   if (l.worked) l.last_work = now;
   if (now >= l.next_check) {
-    l.next_check = now + Millis(1);
+    // Every ms while data flows; an idle sender's socket (a FIN, or its end) every kIdleCheck: with
+    // a thousand idle senders the poll(2) of every socket at every look was a fifth of the cost.
+    l.next_check = now + (now - l.last_work > kLongIdle ? kIdleCheck : Millis(1));
     check_control(now);
   }
   return true;
@@ -250,11 +305,8 @@ bool ReceiverSession::fin_complete(size_t consumed) {
   bool complete = desc_->reference || !delivery_->has_open_message();
   for (auto [d, n] : l.fin->messages) complete = complete && (desc_->reference || delivery_->messages(d) >= n);
   if (complete || (consumed == 0 && !l.stalled && !delivery_->any_paused() && Clock::now() > l.fin_deadline)) {
-    uint64_t missing = 0;
-    for (auto [d, n] : l.fin->messages) {
-      uint64_t got = delivery_->messages(d);
-      if (got < n && !desc_->reference) missing += n - got;
-    }
+    const uint64_t missing =
+        desc_->reference ? 0 : missing_messages(*l.fin, [this](uint16_t d) { return delivery_->messages(d); });
     delivery_->abort_partials();
     wire::FinAck ack;
     ack.ok = missing == 0;
@@ -279,7 +331,12 @@ void ReceiverSession::confirm_stored(Clock::time_point now) {
     moved = moved || stored != c.stored;
     c.stored = stored;
   }
-  if (moved) (void)control_->send(wire::MsgType::kStored, wire::encode(confirmed_));
+  if (moved) send_stored();
+}
+
+// Several frames when one cannot hold every device (wire::split_stored).
+void ReceiverSession::send_stored() {
+  for (const auto& body : wire::split_stored(confirmed_)) (void)control_->send(wire::MsgType::kStored, body);
 }
 
 // About every ms: the live report (every 100 ms), then the control socket — a closed connection
@@ -301,7 +358,9 @@ void ReceiverSession::check_control(Clock::time_point now) {
     wire::Fin f;
     Status rs = control_->expect(wire::MsgType::kFin, Millis(1000), &body);
     if (rs.is_ok()) rs = wire::decode(body, &f);
+    if (auto why = rs.is_ok() ? check_fin(f, report_.sender.devices) : std::nullopt) rs = {Code::kProtocolError, *why};
     if (!rs.is_ok()) {
+      rx_.event("sender " + report_.sender.name + ": " + rs.message() + "; ending its session");
       lose_sender("bad control message: " + rs.message());
       return;
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -37,6 +38,9 @@ constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
 // the ≤ 1 ms naps.
 constexpr auto kLongIdle = std::chrono::milliseconds(100);
 constexpr auto kLongIdleSleep = std::chrono::milliseconds(20);
+// Idle this long, a session's own thread hands it to the receiver's idle loop (one thread for every
+// idle session, looking at each every kLongIdleSleep as the thread did) and sleeps until it has work.
+constexpr auto kParkAfter = kLongIdle;
 
 // How long a consumer idle for `idle` sleeps before it looks again: an eighth of the idle time,
 // at least kMinIdleSleep, at most kMaxIdleSleep (kLongIdleSleep once idle for kLongIdle).
@@ -44,6 +48,13 @@ inline Clock::duration idle_nap(Clock::duration idle) {
   const Clock::duration cap = idle > kLongIdle ? Clock::duration(kLongIdleSleep) : kMaxIdleSleep;
   return std::clamp<Clock::duration>(idle / 8, kMinIdleSleep, cap);
 }
+
+// A FIN may count only devices its connection declared: nullopt, or why not. Pure.
+std::optional<std::string> check_fin(const wire::Fin& fin, const std::vector<uint16_t>& declared);
+// Messages a FIN counts that were not stored: per device what it counts beyond `stored(device)`,
+// summed without wrapping (at most UINT64_MAX): counts that would wrap 2^64 can never add up to
+// "all stored". Pure.
+uint64_t missing_messages(const wire::Fin& fin, const std::function<uint64_t(uint16_t)>& stored);
 
 // UCX context + shared worker for one transport (shm, tcp or rdma), created when the first sender
 // asks for it (rdma: the RDMA transport the receiver serves).
@@ -65,9 +76,17 @@ class SessionHost {
   // The receiver is shutting down: every session ends.
   virtual bool is_stopping() const = 0;
   virtual wire::CapacityInfo capacity() = 0;
+  // Admission of this connection (session/admission.h): it sent a whole HELLO; it authenticated
+  // (nullopt: go on, else why it is refused); it was closed to make room for others.
+  virtual void said_hello(uint64_t connection) = 0;
+  virtual std::optional<std::string> authenticated(uint64_t connection) = 0;
+  virtual bool evicted_for_room(uint64_t connection) = 0;
   // Takes the sender name for this connection's group (nullopt, *group set), or says why not.
   virtual std::optional<std::string> register_lane(const wire::Hello& hello, uint64_t* group) = 0;
-  // A registered lane ended; reports the sender once all its lanes have.
+  // A registered lane completed its handshake (READY sent): its sender counts as accepted.
+  virtual void lane_accepted(uint64_t group) = 0;
+  // A registered lane ended; reports the sender once all its lanes have — if any was accepted (a
+  // sender refused after registering, e.g. for the memory budget, is no ended session).
   virtual void lane_ended(uint64_t group, const SessionReport& report) = 0;
   // Reserves `bytes` of the memory budget, or says why not.
   virtual std::optional<std::string> reserve_memory(uint64_t bytes) = 0;
@@ -86,7 +105,8 @@ class SessionHost {
 // receiver's round-robin thread while the own thread waits.
 class ReceiverSession {
  public:
-  ReceiverSession(SessionHost& rx, std::unique_ptr<net::ControlSocket> control);
+  // `connection`: the receiver's id of this connection (SessionHost's admission calls).
+  ReceiverSession(SessionHost& rx, uint64_t connection, std::unique_ptr<net::ControlSocket> control);
 
   // The handshake. false: nothing more to do — the sender was refused (REFUSE sent, everything
   // released), or the connection only asked for capacity. true: call close() once the loop ended.
@@ -95,7 +115,10 @@ class ReceiverSession {
   // FIN answered, sender lost, or receiver stopping). One pass per step, so that one thread can
   // serve several sessions in turn (ReceiverOptions::round_robin); consume() is the thread per
   // sender with its idle policy.
-  void consume();
+  // `park`: called when the session has been idle for kParkAfter — it serves the session from
+  // elsewhere (the receiver's idle loop) until a pass does something (true: go on here) or the
+  // session ends (false); this thread meanwhile sleeps without waking.
+  void consume(const std::function<bool()>& park);
   void begin_consume();
   bool step();
   bool worked() const { return loop_.worked; }
@@ -124,15 +147,21 @@ class ReceiverSession {
   void check_control(Clock::time_point now);  // live report, liveness, FIN
   void on_pause(uint16_t device, bool paused);
   void confirm_stored(Clock::time_point now);
+  void send_stored();
   // The UCX worker this session's protocol uses: its own, or the transport's shared one.
   fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *fabric_->worker; }
   void apply_holds(Clock::time_point start);
   void hold_all(bool held);
+  bool can_park(Clock::time_point now) const;
   void fill_report(Clock::time_point start);
   void publish(Clock::time_point start);
+  // What the live report shows that can change (counters, stalls, holds, pauses): an unchanged
+  // one is not published again (idle sessions then cost no copying).
+  std::vector<uint64_t> report_fingerprint() const;
   void free_region();
 
   SessionHost& rx_;
+  const uint64_t connection_;
   const ReceiverOptions& rx_options_;
   std::unique_ptr<net::ControlSocket> control_;
   Clock::time_point opened_at_;
@@ -173,7 +202,8 @@ class ReceiverSession {
     bool logged_stall = false;
     bool worked = false;  // the last pass consumed something or the protocol progressed
     std::string last_error;
-    std::string lost;  // why the sender is gone (set: drain after lost_at, then end)
+    std::string lost;                 // why the sender is gone (set: drain after lost_at, then end)
+    std::vector<uint64_t> published;  // report_fingerprint() of the last live report
   } loop_;
 };
 

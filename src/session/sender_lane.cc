@@ -164,10 +164,14 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
     setup.proof.assign(mac.begin(), mac.end());
   }
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kSetup, wire::encode(setup)));
+  // Authenticated both ways: the receiver's answer and every frame after it are signed.
+  if (receiver_nonce)
+    control_->sign_frames(net::session_key(options.token, *receiver_nonce, hello.nonce), /*sender=*/true);
   std::vector<uint8_t> body;
   // A receiver that reaches into our memory may connect back to our worker now (rdma: wired up
-  // with our worker's help).
-  fabric::Worker* helper = worker_->context().traits().setup_progress ? worker_.get() : nullptr;
+  // with our worker's help; tcp: through our listener, fabric/cm.h).
+  const fabric::TransportTraits t = worker_->context().traits();
+  fabric::Worker* helper = t.setup_progress || t.cm_connect ? worker_.get() : nullptr;
   Status st = expect_progressing(*control_, wire::MsgType::kReady, kHandshakeTimeout, helper, &body);
   if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
   return Status::ok();
@@ -197,10 +201,13 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   // Always with a wake-up fd: a thread that waits for an operation's answer (a status read over
   // tcp is a round trip to the receiver's progress thread) sleeps until it comes (Request::wait).
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/true, &worker_));
-  if (Status st = fabric::Endpoint::create(*worker_, accept.worker_address, &endpoint_); !st.is_ok()) {
+  if (Status st = fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_);
+      !st.is_ok()) {
     return unreachable(st);
   }
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(*context, local_size, &local_));
+  if (Status st = fabric::MemoryRegion::allocate(*context, local_size, &local_); !st.is_ok()) {
+    return {st.code(), "the send blocks (--blocks x --block-size): " + st.message()};
+  }
   bool pack = false;
   SLOTSTREAM_RETURN_IF_ERROR(protocol::packs(desc, owner_.protocol_options(), &pack));
   ring_ = std::make_unique<stream::SendRing>(local_->data(), options.blocks, options.block_size, pack);

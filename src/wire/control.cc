@@ -253,9 +253,10 @@ Status decode(std::span<const uint8_t> body, Fin* out) {
   Reader r(body);
   Fin m;
   uint16_t n = r.u16();
+  if (r.ok() && n > kMaxDevices) return malformed("fin: more devices than a connection may declare");
   for (uint16_t i = 0; i < n && r.ok(); ++i) {
     uint16_t dev = r.u16();
-    m.messages[dev] = r.u64();
+    if (!m.messages.emplace(dev, r.u64()).second) return malformed("fin: a device counted twice");
   }
   SLOTSTREAM_RETURN_IF_ERROR(finish(r, "fin"));
   *out = std::move(m);
@@ -290,6 +291,20 @@ std::vector<uint8_t> encode(const Stored& m) {
     w.u64(c.stored);
   }
   return std::move(w.buffer());
+}
+
+std::vector<std::vector<uint8_t>> split_stored(const Stored& m) {
+  std::vector<std::vector<uint8_t>> out;
+  Stored part;
+  for (const auto& [d, c] : m.devices) {
+    part.devices.emplace(d, c);
+    if (part.devices.size() == kMaxStoredDevices) {
+      out.push_back(encode(part));
+      part.devices.clear();
+    }
+  }
+  if (!part.devices.empty() || out.empty()) out.push_back(encode(part));
+  return out;
 }
 
 Status decode(std::span<const uint8_t> body, Stored* out) {

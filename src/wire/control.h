@@ -1,6 +1,6 @@
 // Control messages exchanged over the out-of-band TCP socket. The socket carries connection
-// set-up, then stays open only as a liveness signal (EOF = the peer is gone) and for the final
-// FIN / FIN_ACK.
+// set-up, then stays open as a liveness signal (EOF = the peer is gone), for PAUSE and for the
+// final FIN / FIN_ACK.
 //
 // Frame:   u32 LE length (of type + body, 1..kMaxFrame) | u8 type | body
 // Session: sender -> HELLO
@@ -44,7 +44,7 @@
 //            ascending — of this connection: messages first .. first + stored - 1 are on the
 //            receiver's disk
 // REFUSE:    u16 code | str16 message
-// FIN:       u16 n | n x (u16 device, u64 messages)
+// FIN:       u16 n | n x (u16 device, u64 messages)   (n <= kMaxDevices: one frame holds any FIN)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
 // CAPACITY_REQ: magic "SLST" | u16 version
 // CAPACITY:  u32 connected senders | u64 worker backlog bytes | u32 load (1-min load average per
@@ -53,12 +53,22 @@
 // Either side may send REFUSE during set-up: the sender does so instead of SETUP when its half of
 // the transport could not be set up (it may then connect again offering less).
 //
+// Signed frames (with a token, both ends): from the receiver's answer to SETUP on (READY or
+// REFUSE, then PAUSE, STORED, FIN, FIN_ACK), every frame either way is
+//            u32 length | u8 type | body | u64 sequence | 32-byte MAC
+//   MAC = net::mac(session key, "frame s>r" or "frame r>s", {u8 type, u64 sequence, body})
+// (net/auth.h: the key is derived from the token and both handshake nonces, never sent). Each
+// direction counts its frames from 0; a frame whose MAC or sequence number is not the expected one
+// (forged, altered, replayed, reordered or reflected) ends the session. Without a token nothing is
+// signed: nothing could be.
+//
 // A receiver refuses any other control version rather than guessing (no silent forward
 // compatibility). Version 2 added protocol options, SETUP/READY and mutual authentication over
 // the whole handshake; version 3 HELLO's flags and first message numbers, and STORED; version 4
 // the rdma transport, the offers, the shm domain and ACCEPT's reason; version 5 says that blocks
 // may hold packed units (issue 21: a receiver of version 4 would count them as bad headers and lose
-// their messages, so it must refuse the sender instead). The block header
+// their messages, so it must refuse the sender instead); version 6 adds signed frames after the
+// handshake (issue 19; a sender of version 5 would not sign them). The block header
 // (wire/block_header.h) carries its own version.
 #pragma once
 
@@ -76,10 +86,21 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
+// What a signed frame carries after its body: u64 sequence | MAC.
+inline constexpr size_t kFrameTrailer = 8 + kMacSize;
+// Devices one connection may declare (HELLO); its FIN lists at most as many, and that FIN, signed,
+// still fits one frame: the receiver can always be told the counts.
+inline constexpr uint32_t kMaxDevices = 4096;
+inline constexpr size_t kFinEntrySize = 2 + 8;
+static_assert(1 + 2 + kMaxDevices * kFinEntrySize + kFrameTrailer <= kMaxFrame, "a FIN of every device fits one frame");
+// A STORED of every device does not (18 bytes each): it is sent as several, each of at most this
+// many devices (split_stored); the sender takes each device's entry on its own.
+inline constexpr size_t kStoredEntrySize = 2 + 8 + 8;
+inline constexpr size_t kMaxStoredDevices = (kMaxFrame - 1 - 2 - kFrameTrailer) / kStoredEntrySize;
 
 enum class MsgType : uint8_t {
   kHello = 1,
@@ -204,6 +225,8 @@ std::vector<uint8_t> encode(const Refuse& m);
 std::vector<uint8_t> encode(const Fin& m);
 std::vector<uint8_t> encode(const Pause& m);
 std::vector<uint8_t> encode(const Stored& m);
+// `m` as STORED bodies of at most kMaxStoredDevices devices each (one for a small one).
+std::vector<std::vector<uint8_t>> split_stored(const Stored& m);
 std::vector<uint8_t> encode(const FinAck& m);
 std::vector<uint8_t> encode(const CapacityInfo& m);
 std::vector<uint8_t> encode_capacity_request();

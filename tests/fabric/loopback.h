@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "connect.h"
 #include "fabric/fabric.h"
 
 namespace slotstream::fabric {
@@ -19,7 +20,7 @@ class Loopback : public testing::Test {
     ASSERT_TRUE(Context::create(transport, &ctx_).is_ok());
     ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/false, /*wakeup=*/false, &initiator_).is_ok());
     ASSERT_TRUE(Worker::create(*ctx_, /*shared=*/true, /*wakeup=*/true, &target_).is_ok());
-    ASSERT_TRUE(Endpoint::create(*initiator_, target_->address(), &ep_).is_ok());
+    ASSERT_TRUE(connect_pair(*initiator_, *target_, &ep_).is_ok());
     ASSERT_TRUE(MemoryRegion::allocate(*ctx_, kRegion, &region_).is_ok());
     ASSERT_TRUE(region_->pack_rkey(&packed_).is_ok());
     ASSERT_TRUE(RemoteKey::unpack(*ep_, packed_, &rkey_).is_ok());

@@ -32,22 +32,31 @@ std::map<std::string, std::string> applied(const UcxChoice& c) {
 
 TEST(Transports, UcxIsAskedForEachTransportsOwnTransports) {
   const auto none = env_of({});
+  // Every transport: regions from UCX's zero-filled allocators only (no "heap": a region is then
+  // never cleared, and costs what is written).
+  const std::string zero_filled = "md:sysv,md:posix,huge,thp,md:*,mmap";
   EXPECT_EQ(applied(ucx_settings({Transport::kShm}, none)),
-            (std::map<std::string, std::string>{{"UCX_TLS", "posix,sysv,self"}}));
+            (std::map<std::string, std::string>{{"UCX_TLS", "posix,sysv,self"}, {"UCX_ALLOC_PRIO", zero_filled}}));
+  // tcp: connections through the connection manager on one device (fabric/cm.h).
   EXPECT_EQ(applied(ucx_settings({Transport::kTcp}, none)),
-            (std::map<std::string, std::string>{
-                {"UCX_TLS", "tcp,self"}, {"UCX_TCP_TX_SEG_SIZE", "1028K"}, {"UCX_TCP_RX_SEG_SIZE", "2056K"}}));
+            (std::map<std::string, std::string>{{"UCX_TLS", "tcp,self"},
+                                                {"UCX_TCP_TX_SEG_SIZE", "1028K"},
+                                                {"UCX_TCP_RX_SEG_SIZE", "2056K"},
+                                                {"UCX_CM_USE_ALL_DEVICES", "n"},
+                                                {"UCX_ALLOC_PRIO", zero_filled}}));
   // rdma: UCX 1.13's aliases (rc = rc_mlx5 + rc_verbs with ud:aux for wire-up; dc = dc_mlx5; ud).
   EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc}, none)),
-            (std::map<std::string, std::string>{{"UCX_TLS", "rc,self"}}));
+            (std::map<std::string, std::string>{{"UCX_TLS", "rc,self"}, {"UCX_ALLOC_PRIO", zero_filled}}));
   EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kDc}, none))["UCX_TLS"], "dc,self");
   EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kUd}, none))["UCX_TLS"], "ud,self");
   // --rdma-device is UCX's net device list.
   EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc, "mlx5_1:1"}, none)),
-            (std::map<std::string, std::string>{{"UCX_TLS", "rc,self"}, {"UCX_NET_DEVICES", "mlx5_1:1"}}));
+            (std::map<std::string, std::string>{
+                {"UCX_TLS", "rc,self"}, {"UCX_NET_DEVICES", "mlx5_1:1"}, {"UCX_ALLOC_PRIO", zero_filled}}));
   // The key is what ucp_config_modify takes: without UCX_, and a transport's own without its prefix.
   for (const auto& s : ucx_settings({Transport::kTcp}, none).apply) {
-    EXPECT_EQ(s.key, s.env == "UCX_TLS" ? "TLS" : s.env.substr(std::string("UCX_TCP_").size()));
+    const std::string prefix = s.env.starts_with("UCX_TCP_") ? "UCX_TCP_" : "UCX_";
+    EXPECT_EQ(s.key, s.env.substr(prefix.size()));
   }
   for (const auto* t : {"shm", "tcp"}) EXPECT_TRUE(ucx_settings({*parse_transport(t)}, none).overridden.empty());
 }
@@ -55,14 +64,16 @@ TEST(Transports, UcxIsAskedForEachTransportsOwnTransports) {
 TEST(Transports, AUsersUcxEnvironmentWinsAndIsReported) {
   const auto env = env_of({{"UCX_TLS", "rc_verbs,ud_verbs:aux"}, {"UCX_NET_DEVICES", "mlx5_0:1"}});
   const UcxChoice c = ucx_settings({Transport::kRdma, RdmaTransport::kRc, "mlx5_1:1"}, env);
-  EXPECT_TRUE(c.apply.empty()) << "nothing of ours where the environment decides";
+  EXPECT_EQ(applied(c), (std::map<std::string, std::string>{{"UCX_ALLOC_PRIO", "md:sysv,md:posix,huge,thp,md:*,mmap"}}))
+      << "nothing of ours where the environment decides";
   ASSERT_EQ(c.overridden.size(), 2u);
   EXPECT_EQ(c.overridden[0], "UCX_TLS=rc_verbs,ud_verbs:aux from the environment (slotstream would use rc,self)");
   EXPECT_EQ(c.overridden[1], "UCX_NET_DEVICES=mlx5_0:1 from the environment (slotstream would use mlx5_1:1)");
   // A tcp segment size of the user's stays, the other is still ours; the same value is no override.
   const UcxChoice t =
       ucx_settings({Transport::kTcp}, env_of({{"UCX_TCP_TX_SEG_SIZE", "64k"}, {"UCX_TLS", "tcp,self"}}));
-  EXPECT_EQ(applied(t), (std::map<std::string, std::string>{{"UCX_TCP_RX_SEG_SIZE", "2056K"}}));
+  EXPECT_EQ(applied(t).count("UCX_TCP_TX_SEG_SIZE"), 0u);
+  EXPECT_EQ(applied(t).at("UCX_TCP_RX_SEG_SIZE"), "2056K");
   EXPECT_EQ(t.overridden,
             std::vector<std::string>{"UCX_TCP_TX_SEG_SIZE=64k from the environment (slotstream would use 1028K)"});
 }
@@ -71,14 +82,14 @@ TEST(Transports, TheFabricKnowsWhichTransportsNeedTheTargetsProgress) {
   // The passivity table of docs/rdma.md: who carries RMA, who must progress the target.
   struct Row {
     FabricSpec spec;
-    bool soft_rma, target_progress, peer_errors, setup_progress, registers_memory;
+    bool soft_rma, target_progress, peer_errors, setup_progress, registers_memory, cm_connect;
   };
   const Row rows[] = {
-      {{Transport::kShm}, false, false, false, false, false},
-      {{Transport::kTcp}, true, true, true, false, false},
-      {{Transport::kRdma, RdmaTransport::kRc}, false, false, true, true, true},
-      {{Transport::kRdma, RdmaTransport::kDc}, false, false, true, true, true},
-      {{Transport::kRdma, RdmaTransport::kUd}, false, true, true, true, true},
+      {{Transport::kShm}, false, false, false, false, false, false},
+      {{Transport::kTcp}, true, true, true, false, false, true},
+      {{Transport::kRdma, RdmaTransport::kRc}, false, false, true, true, true, false},
+      {{Transport::kRdma, RdmaTransport::kDc}, false, false, true, true, true, false},
+      {{Transport::kRdma, RdmaTransport::kUd}, false, true, true, true, true, false},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(spec_name(r.spec));
@@ -88,6 +99,7 @@ TEST(Transports, TheFabricKnowsWhichTransportsNeedTheTargetsProgress) {
     EXPECT_EQ(t.peer_errors, r.peer_errors);
     EXPECT_EQ(t.setup_progress, r.setup_progress);
     EXPECT_EQ(t.registers_memory, r.registers_memory);
+    EXPECT_EQ(t.cm_connect, r.cm_connect);
   }
   EXPECT_EQ(spec_name({Transport::kRdma, RdmaTransport::kUd}), "rdma:ud");
   EXPECT_EQ(spec_name({Transport::kTcp}), "tcp");

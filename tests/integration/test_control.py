@@ -11,7 +11,7 @@ from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
-VERSION = 5
+VERSION = 6
 MAX_FRAME = 65536
 
 
@@ -128,6 +128,8 @@ CASES = {
     "version_one": (hello(version=1), ["version"]),  # the pre-2 layout is refused by its version, not misread
     "version_two": (hello(version=2), ["version"]),
     "version_three": (hello(version=3), ["version"]),  # the layout before rdma
+    "version_four": (hello(version=4), ["version"]),  # no packed units, unsigned frames: refused
+    "version_five": (hello(version=5), ["version"]),  # unsigned frames after the handshake: refused
     "unknown_transport": (hello(transport=4), ["transport"]),
     "unknown_rdma_transport": (hello(rdma_transport=9), ["rdma transport"]),
     "unknown_offers": (hello(offers=0x80), ["offers"]),
@@ -406,3 +408,64 @@ def test_two_senders_with_one_name_and_group_are_not_merged(start_receiver, tmp_
     finally:
         first.close()
     still_serves(rx, tmp_path)
+
+
+@pytest.mark.deadline(60)
+def test_a_sender_of_many_lanes_declares_at_most_4096_devices_in_all(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    first, t, _ = open_lane(rx.addr, name=b"many", group=5, lane=0, lanes=2, devices=tuple(range(4096)))
+    assert t == ACCEPT
+    try:
+        s, t, body = open_lane(rx.addr, name=b"many", group=5, lane=1, lanes=2, devices=(5000,))
+        s.close()
+        assert t == REFUSE and "more than 4096 devices" in decode_refuse(body)[1], (t, body)
+    finally:
+        first.close()
+
+
+# ------------------------------------------------------------------ FIN (issue 19, item 6)
+
+def connected_lane(addr, devices):
+    """A raw sender through HELLO, ACCEPT, SETUP and READY (status_byte: the receiver never reaches into the
+    sender, so an empty SETUP is enough); the socket stays open."""
+    s, t, body = open_lane(addr, name=b"counter", devices=devices)
+    assert t == ACCEPT, (t, body)
+    setup = struct.pack("<I", 0) + struct.pack("<I", 0) + bytes([0])
+    s.sendall(frame(SETUP, setup))
+    t, body, _ = recv_frame(s)
+    assert t == READY, (t, body)
+    return s
+
+
+def fin_ack_of(s):
+    s.settimeout(15)
+    t, body, _ = recv_frame(s)
+    assert t == FIN_ACK, (t, body)
+    ok, stored, mlen = struct.unpack("<BQH", body[:11])
+    return ok, stored, body[11:11 + mlen].decode()
+
+
+@pytest.mark.deadline(60)
+def test_a_fin_whose_counts_wrap_is_answered_missing_not_all_stored(start_receiver, tmp_path):
+    """Two devices counted 2^63 messages each: the sum wrapped to 0 and the receiver answered "all stored" having
+    stored nothing."""
+    rx = start_receiver(tmp_path / "out")
+    with connected_lane(rx.addr, (0, 1)) as s:
+        s.sendall(frame(FIN, struct.pack("<H", 2) + struct.pack("<HQ", 0, 1 << 63) + struct.pack("<HQ", 1, 1 << 63)))
+        ok, stored, message = fin_ack_of(s)
+    assert (ok, stored) == (0, 0), (ok, stored, message)
+    assert "did not arrive" in message, message
+    line = rx.stdout.wait_for(r"^sender counter ", 10)[1]
+    assert " lost: " in line, line
+
+
+@pytest.mark.deadline(60)
+def test_a_fin_that_counts_an_undeclared_device_ends_the_session(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out")
+    with connected_lane(rx.addr, (0,)) as s:
+        s.sendall(frame(FIN, struct.pack("<H", 1) + struct.pack("<HQ", 5, 1)))
+        data, closed = read_until_closed(s, 10)
+    assert closed and not any(t == FIN_ACK for t, _ in read_frames(data)), data
+    rx.stderr.wait_for(r"device 5, which this connection did not declare", 10)
+    still_serves(rx, tmp_path)
+

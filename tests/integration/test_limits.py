@@ -1,16 +1,20 @@
 """Resource bounds of the receiver under hostile or careless peers: a receiver serves tens of thousands of
 short connections with a flat footprint, and no sender gets more block memory than `recv --max-memory`
 allows — refused with a clear reason before anything is allocated."""
+import errno
 import os
 import re
+import resource
+import selectors
 import shutil
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
 
-from conftest import BIN, assert_device, make_files, run_send, wait_until
+from conftest import BIN, assert_device, make_files, run_send, send_argv, wait_until
 
 
 def footprint(pid):
@@ -63,6 +67,77 @@ def test_tens_of_thousands_of_short_connections_leave_a_flat_footprint(start_rec
     assert_device(tmp_path / "out", "after-churn", 0, files)
 
 
+class HalfOpenFlood:
+    """Keeps `count` connections to addr open that never send a byte, spread over the local `sources`, and reopens
+    each as soon as the receiver closes it (issue 19: 2,000 of them locked every real sender out)."""
+
+    def __init__(self, addr, sources, count):
+        host, port = addr.rsplit(":", 1)
+        self.target, self.sources, self.count = (host, int(port)), sources, count
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < count + 512:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
+        self.sel, self.stop, self.reopened = selectors.DefaultSelector(), threading.Event(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self, i):
+        s = socket.socket()
+        s.bind((self.sources[i % len(self.sources)], 0))
+        s.setblocking(False)
+        if s.connect_ex(self.target) not in (0, errno.EINPROGRESS):
+            s.close()
+            return
+        self.sel.register(s, selectors.EVENT_READ, i)
+
+    def _run(self):
+        for i in range(self.count):
+            self._open(i)
+        while not self.stop.is_set():
+            for key, _ in self.sel.select(0.05):
+                self.sel.unregister(key.fileobj)
+                key.fileobj.close()
+                self.reopened += 1
+                self._open(key.data)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("sources", [200, 1], ids=["from-200-addresses", "from-one-address"])
+def test_two_thousand_half_open_connections_do_not_lock_out_a_sender_with_the_token(start_receiver, tmp_path,
+                                                                                    sources):
+    """Issue 19, item 4: the 1,024-connection cap filled before authentication. Unauthenticated connections now
+    take turns in a budget of their own (128 handshakes; under pressure the address with the most pays first;
+    src/session/admission.h)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    rx = start_receiver(tmp_path / "out", None, "--token-file", token)
+    files = make_files(tmp_path / "src", [20000], "t")
+    with HalfOpenFlood(rx.addr, [f"127.0.0.{2 + i}" for i in range(sources)], 2000) as flood:
+        wait_until(lambda: flood.reopened >= 500, 30, "the receiver to close flood connections")
+        for i in range(3):
+            p = run_send(rx.addr, "--name", f"real-{i}", "--token-file", token, "--file", f"0={files[0]}",
+                         check=False, timeout=60)
+            assert p.returncode == 0, f"a sender with the token was locked out (try {i}): {p.stderr}"
+        reopened = flood.reopened
+    for i in range(3):
+        assert_device(tmp_path / "out", f"real-{i}", 0, files)
+    threads = int(re.search(r"Threads:\s+(\d+)", open(f"/proc/{rx.pid}/status").read()).group(1))
+    print(f"flood connections closed by the receiver: {reopened}; receiver threads after: {threads}")
+    assert rx.poll() is None
+    # The log names the evictions once per 10 s rather than once per connection.
+    evictions = [l for l in rx.stderr.lines if "to make room" in l]
+    assert 1 <= len(evictions) <= 10, evictions[:3]
+
+
 def send_blocks(addr, name, blocks, block_size, *extra, timeout=30):
     return subprocess.run([BIN, "send", "--to", addr, "--name", name, "--blocks", str(blocks),
                            "--block-size", str(block_size), *extra],
@@ -103,6 +178,67 @@ def test_the_budget_is_shared_by_every_connected_sender_and_returned_when_one_en
     p = send_blocks(rx.addr, "second", 4, 1 << 20, "--file", f"0={files[0]}")
     assert p.returncode == 0, f"the first sender's memory was not returned to the budget: {p.stderr}"
     assert_device(tmp_path / "out", "second", 0, files)
+
+
+@pytest.mark.deadline(60)
+def test_exit_after_senders_counts_accepted_senders_only(receiver, tmp_path):
+    """Issue 19: `--exit-after-senders 1` exited 0 after one refused hello (a sender over the memory budget is
+    registered before it is refused, and its end was counted)."""
+    rx = receiver("--out", tmp_path / "out", "--max-memory", "64K", "--exit-after-senders", 1)
+    files = make_files(tmp_path / "src", [3000], "x")
+    p = send_blocks(rx.addr, "toobig", 4, 1 << 20, "--file", f"0={files[0]}")
+    assert p.returncode == 1 and "memory" in p.stderr, f"{p.returncode}: {p.stderr}"
+    time.sleep(0.5)  # the receiver's main loop looks every 100 ms
+    assert rx.poll() is None, "the receiver exited after a refused sender"
+    assert not any(l.startswith("sender toobig ") for l in rx.stdout.lines), "a refused sender reported as ended"
+    p = send_blocks(rx.addr, "fits", 2, 4096, "--file", f"0={files[0]}")
+    assert p.returncode == 0, p.stderr
+    assert rx.wait(10) == 0
+    assert_device(tmp_path / "out", "fits", 0, files)
+
+
+def rss_mib(pid):
+    """Resident memory of a process in MiB (anonymous, file and shared memory it has touched)."""
+    return int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{pid}/status").read()).group(1)) / 1024
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_gib_of_blocks_costs_what_is_written_not_a_gib_at_once(start_receiver, spawn, tmp_path, transport):
+    """Issue 19: a hello for 1 GiB of blocks committed 1.07 GB of the receiver's memory at once (the region was
+    cleared when allocated) and held it for the whole session; the sender's ring the same. Regions now come from
+    UCX's zero-filled allocators uncleared: memory is committed as blocks are written."""
+    rx = start_receiver(tmp_path / "out", transport)
+    base = rss_mib(rx.pid)
+    tx = spawn(send_argv(rx.addr, "--name", "gib", "--transport", transport, "--blocks", 256, "--block-size",
+                         4 << 20, "--synthetic", "0:5:64x64x1", "--duration", 3))
+    wait_until(lambda: (tmp_path / "out" / "gib" / "device-0").exists() or tx.poll() is not None, 20, "frames")
+    assert tx.poll() is None, tx.stderr.text
+    time.sleep(0.3)
+    grown, sender = rss_mib(rx.pid) - base, rss_mib(tx.pid)
+    print(f"{transport}: receiver RSS +{grown:.0f} MiB, sender RSS {sender:.0f} MiB for 1 GiB of blocks each")
+    assert grown < 256, f"the receiver committed {grown:.0f} MiB for a 1 GiB region of which a few KB were written"
+    assert sender < 400, f"the sender holds {sender:.0f} MiB for a 1 GiB ring of which a few KB were written"
+    assert tx.wait(30) == 0, tx.stderr.text
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("option", ["packed_ring:buffer=100G", "nic_assisted:buffer=100G", "nic_assisted:queue=65536"])
+def test_a_sender_size_option_beyond_the_host_memory_is_a_clear_error_before_anything_is_allocated(
+        start_receiver, tmp_path, option):
+    """Issue 19: `--protocol packed_ring:buffer=100G` was accepted and UCX wrote it into /dev/shm until the
+    machine ran out (24 GB left there, other processes OOM-killed). Every region is now checked against the
+    memory the host has before UCX is asked for it."""
+    rx = start_receiver(tmp_path / "out")
+    before = shm_used()
+    files = make_files(tmp_path / "src", [3000], "b")
+    t0 = time.monotonic()
+    p = send_blocks(rx.addr, "greedy", 4, 64 << 20, "--protocol", option, "--file", f"0={files[0]}")
+    assert p.returncode == 2, f"{option}: exit {p.returncode} (2: a usage error) {p.stderr}"
+    assert "available" in p.stderr and option.split(":")[1].split("=")[0] in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 20
+    assert shm_used() < before + (256 << 20), "shared memory grew"
+    assert rx.poll() is None
 
 
 def shm_used():

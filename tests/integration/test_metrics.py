@@ -16,7 +16,8 @@ import urllib.request
 import pytest
 
 from conftest import BIN, metrics_address, run_send, send_argv, wait_until
-from test_control import REFUSE, connect, decode_refuse, hello, read_frames, read_until_closed
+from test_control import (ACCEPT, READY, REFUSE, SETUP, connect, decode_refuse, frame, hello, open_lane, read_frames,
+                          read_until_closed, recv_frame)
 from test_pipeline import metric
 
 
@@ -75,6 +76,33 @@ def test_hellos_never_accepted_create_no_series(receiver):
     _, text = get(url + "/metrics")
     assert metric(text, "slotstream_messages_total", sender="welcome", device="0") == 10
     assert metric(text, "slotstream_sessions_ended_total") == 1
+
+
+@pytest.mark.deadline(60)
+def test_declared_devices_without_data_create_no_series(receiver):
+    """Issue 19: 100 accepted hellos declaring 4,096 devices each made 2,052,206 series (a 119 MB scrape, the
+    receiver's RSS 16 -> 1,028 MB). Series are now made for devices that carried data only."""
+    rx, url = metrics_receiver(receiver)
+    lanes = []
+    try:
+        for i in range(100):
+            s, t, body = open_lane(rx.addr, name=f"wide-{i}".encode(), group=i + 1, blocks=2, block_size=4096,
+                                   devices=tuple(range(4096)))
+            lanes.append(s)
+            assert t == ACCEPT, (t, body)
+            s.sendall(frame(SETUP, bytes(9)))  # empty worker address, set-up and proof: status_byte needs none
+            assert recv_frame(s)[0] == READY
+        wait_until(lambda: "wide-99" in get(url + "/metrics")[1], 10, "the live sessions in the scrape")
+        _, text = get(url + "/metrics")
+        print(f"scrape with 100 senders of 4,096 declared devices: {len(text)} bytes")
+        assert 'slotstream_messages_total{sender="wide-' not in text
+        assert len(text) < 256 * 1024, f"{len(text)} bytes of metrics for 100 senders that sent nothing"
+    finally:
+        for s in lanes:
+            s.close()
+    run_send(rx.addr, "--name", "narrow", "--synthetic", "0-1:50:32x32x3", "--duration", "0.2")
+    _, text = get(url + "/metrics")
+    assert metric(text, "slotstream_messages_total", sender="narrow", device="1") == 10
 
 
 @pytest.mark.deadline(60)

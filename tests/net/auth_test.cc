@@ -11,6 +11,16 @@
 namespace slotstream::net {
 namespace {
 
+std::string hex(const Mac& m) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (uint8_t c : m) {
+    out += d[c >> 4];
+    out += d[c & 15];
+  }
+  return out;
+}
+
 TEST(Auth, ProofDependsOnTokenLabelAndEveryByteOfEveryPart) {
   const std::vector<uint8_t> a = {1, 2, 3}, b = {4, 5}, b2 = {4, 6};
   Mac base = proof("secret", "sender-hello", {a, b});
@@ -29,14 +39,26 @@ TEST(Auth, ProofMatchesHmacSha256OfTheDocumentedMessage) {
   // python3 -c 'import
   // hmac,hashlib;print(hmac.new(b"k",b"slotstream-auth-v2\x01x\x01\x00\x00\x00y",hashlib.sha256).hexdigest())'
   const std::vector<uint8_t> y = {'y'};
-  Mac m = proof("k", "x", {y});
-  std::string hex;
-  for (uint8_t c : m) {
-    static const char* d = "0123456789abcdef";
-    hex += d[c >> 4];
-    hex += d[c & 15];
+  EXPECT_EQ(hex(proof("k", "x", {y})), "a690ccc4e9d5348d878499020316f252d527a245667dd0a940316e6ebf38269a");
+}
+
+// The session key both ends derive (issue 19, item 5): pinned against an independent HMAC, and
+// different for another token or either nonce.
+TEST(Auth, TheSessionKeyIsAnHmacOfBothNoncesUnderTheToken) {
+  // python3: hmac.new(b"k", b"slotstream-auth-v2\x0bsession-key" + (32).to_bytes(4, "little") + bytes(range(32))
+  //          + (32).to_bytes(4, "little") + bytes(range(32, 64)), hashlib.sha256).hexdigest()
+  Nonce nr, ns;
+  for (int i = 0; i < 32; ++i) {
+    nr[i] = uint8_t(i);
+    ns[i] = uint8_t(32 + i);
   }
-  EXPECT_EQ(hex, "a690ccc4e9d5348d878499020316f252d527a245667dd0a940316e6ebf38269a");
+  const Key k = session_key("k", nr, ns);
+  EXPECT_EQ(hex(k), "64149468137b7e6a50affca13a58485e4e4f0bdda96e1e9e6f67fde56af9847f");
+  EXPECT_FALSE(mac_equal(k, session_key("K", nr, ns)));
+  EXPECT_FALSE(mac_equal(k, session_key("k", ns, nr)));
+  Nonce other = ns;
+  other[31] ^= 1;
+  EXPECT_FALSE(mac_equal(k, session_key("k", nr, other)));
 }
 
 TEST(Auth, NoncesDiffer) {

@@ -155,6 +155,91 @@ TEST(ControlSocket, ExpectTakesItsTypeTurnsARefusalIntoItsStatusAndRefusesOthers
   EXPECT_EQ(p.b->expect(wire::MsgType::kAccept, Millis(2000), &body).code(), Code::kProtocolError);
 }
 
+// Issue 19, item 5: after an authenticated handshake every frame carries a sequence number and a
+// MAC under the session key; a forged, altered, replayed or reflected frame is an authentication
+// failure that names what happened.
+Key key_of(uint8_t b) {
+  Key k;
+  k.fill(b);
+  return k;
+}
+
+TEST(ControlSocket, SignedFramesArriveWithTheirBodiesAndEachDirectionCounts) {
+  Pair p;
+  ASSERT_TRUE(p.a && p.b);
+  p.a->sign_frames(key_of(7), /*sender=*/true);
+  p.b->sign_frames(key_of(7), /*sender=*/false);
+  wire::Frame f;
+  for (uint8_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(p.a->send(wire::MsgType::kFin, std::vector<uint8_t>{i, 1}).is_ok());
+    ASSERT_TRUE(p.b->receive(Millis(2000), &f).is_ok()) << int(i);
+    EXPECT_EQ(f.type, wire::MsgType::kFin);
+    EXPECT_EQ(f.body, (std::vector<uint8_t>{i, 1}));
+  }
+  ASSERT_TRUE(p.b->send(wire::MsgType::kFinAck, {}).is_ok());
+  ASSERT_TRUE(p.a->receive(Millis(2000), &f).is_ok());
+  EXPECT_TRUE(f.body.empty());
+}
+
+// The bytes a signed frame of `type` and `body` with sequence number `seq` has on the wire.
+std::vector<uint8_t> signed_frame(const Key& key, bool from_sender, wire::MsgType type, uint64_t seq,
+                                  std::vector<uint8_t> body) {
+  const uint8_t t = uint8_t(type);
+  std::vector<uint8_t> s(8);
+  for (int i = 0; i < 8; ++i) s[i] = uint8_t(seq >> (8 * i));
+  const Mac m = mac(key, from_sender ? "frame s>r" : "frame r>s", {{&t, 1}, s, body});
+  body.insert(body.end(), s.begin(), s.end());
+  body.insert(body.end(), m.begin(), m.end());
+  return wire::encode_frame(type, body);
+}
+
+Status receive_on_signed(const std::vector<uint8_t>& bytes, std::string* message) {
+  Pair p;
+  p.b->sign_frames(key_of(7), /*sender=*/false);
+  send_raw(*p.a, bytes);
+  wire::Frame f;
+  Status st = p.b->receive(Millis(2000), &f);
+  *message = st.message();
+  return st;
+}
+
+TEST(ControlSocket, ASignedConnectionRefusesForgedAlteredReplayedAndReflectedFrames) {
+  std::string why;
+  const auto good = signed_frame(key_of(7), true, wire::MsgType::kPause, 0, {0, 0, 1});
+  EXPECT_TRUE(receive_on_signed(good, &why).is_ok()) << why;
+
+  EXPECT_EQ(receive_on_signed(wire::encode_frame(wire::MsgType::kPause, std::vector<uint8_t>{0, 0, 1}), &why).code(),
+            Code::kAuthFailed);
+  EXPECT_NE(why.find("unsigned"), std::string::npos) << why;
+
+  EXPECT_EQ(receive_on_signed(signed_frame(key_of(8), true, wire::MsgType::kPause, 0, {0, 0, 1}), &why).code(),
+            Code::kAuthFailed);  // another key: forged
+  EXPECT_NE(why.find("without the session's MAC"), std::string::npos) << why;
+
+  auto altered = good;
+  altered[5] ^= 1;  // the device number
+  EXPECT_EQ(receive_on_signed(altered, &why).code(), Code::kAuthFailed);
+
+  auto retyped = good;
+  retyped[4] = uint8_t(wire::MsgType::kFinAck);
+  EXPECT_EQ(receive_on_signed(retyped, &why).code(), Code::kAuthFailed);
+
+  EXPECT_EQ(receive_on_signed(signed_frame(key_of(7), false, wire::MsgType::kPause, 0, {0, 0, 1}), &why).code(),
+            Code::kAuthFailed);  // the receiver's own frame sent back to it
+  EXPECT_EQ(receive_on_signed(signed_frame(key_of(7), true, wire::MsgType::kPause, 1, {0, 0, 1}), &why).code(),
+            Code::kAuthFailed);  // a later sequence number: a frame went missing
+  EXPECT_NE(why.find("replayed or reordered"), std::string::npos) << why;
+
+  // The same valid frame twice: the second is a replay.
+  Pair p;
+  p.b->sign_frames(key_of(7), /*sender=*/false);
+  send_raw(*p.a, good);
+  send_raw(*p.a, good);
+  wire::Frame f;
+  EXPECT_TRUE(p.b->receive(Millis(2000), &f).is_ok());
+  EXPECT_EQ(p.b->receive(Millis(2000), &f).code(), Code::kAuthFailed);
+}
+
 TEST(Listener, AcceptWithoutACallerReturnsNothingInTime) {
   std::unique_ptr<Listener> listener;
   ASSERT_TRUE(Listener::open("127.0.0.1", 0, &listener).is_ok());

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../fabric/connect.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
@@ -35,8 +36,8 @@ class Pair {
     EXPECT_TRUE(fabric::Context::create(wire, &ctx_).is_ok());
     EXPECT_TRUE(fabric::Worker::create(*ctx_, false, true, &sender_worker_).is_ok());
     EXPECT_TRUE(fabric::Worker::create(*ctx_, true, true, &receiver_worker_).is_ok());
-    EXPECT_TRUE(fabric::Endpoint::create(*sender_worker_, receiver_worker_->address(), &to_receiver_).is_ok());
-    EXPECT_TRUE(fabric::Endpoint::create(*receiver_worker_, sender_worker_->address(), &to_sender_).is_ok());
+    EXPECT_TRUE(fabric::connect_pair(*sender_worker_, *receiver_worker_, &to_receiver_).is_ok());
+    EXPECT_TRUE(fabric::connect_pair(*receiver_worker_, *sender_worker_, &to_sender_).is_ok());
     sender_fabric_.reset(new SenderFabric{*ctx_, *sender_worker_, *to_receiver_, g, [this] { return alive(); }});
     receiver_fabric_.reset(new ReceiverFabric{*ctx_, *receiver_worker_, g});
   }
@@ -280,7 +281,7 @@ class HandRing : public testing::Test {
     ASSERT_TRUE(fabric::Context::create(Transport::kShm, &ctx_).is_ok());
     ASSERT_TRUE(fabric::Worker::create(*ctx_, false, false, &owner_).is_ok());
     ASSERT_TRUE(fabric::Worker::create(*ctx_, true, false, &reader_).is_ok());
-    ASSERT_TRUE(fabric::Endpoint::create(*reader_, owner_->address(), &ep_).is_ok());
+    ASSERT_TRUE(fabric::connect_pair(*reader_, *owner_, &ep_).is_ok());
     capacity_ = RingLayout::capacity(geometry_);
     ASSERT_TRUE(fabric::MemoryRegion::allocate(*ctx_, RingLayout::kDataOffset + capacity_, &region_).is_ok());
     ASSERT_TRUE(region_->pack_rkey(&rkey_).is_ok());

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "../fabric/connect.h"
 #include "fabric/fabric.h"
 #include "protocol/protocol.h"
 #include "slotstream/slotstream.h"
@@ -54,7 +55,7 @@ struct FabricPair {
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*rx_context, true, true, &rx_worker));
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*tx_context, false, false, &tx_worker));
     progress = std::make_unique<fabric::ProgressThread>(*rx_worker);
-    SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*tx_worker, rx_worker->address(), &tx_endpoint));
+    SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*tx_worker, rx_worker->address(), "127.0.0.1", &tx_endpoint));
     protocol::ReceiverFabric rf{*rx_context, *rx_worker, geometry};
     SLOTSTREAM_RETURN_IF_ERROR(d->make_receiver(rf, opts, &rx));
     if (!with_sender) return Status::ok();
@@ -64,7 +65,7 @@ struct FabricPair {
                                                    }});
     SLOTSTREAM_RETURN_IF_ERROR(d->make_sender(*sender_fabric, rx->setup(), opts, &tx));
     if (d->receiver_endpoint) {
-      SLOTSTREAM_RETURN_IF_ERROR(fabric::Endpoint::create(*rx_worker, tx_worker->address(), &rx_endpoint));
+      SLOTSTREAM_RETURN_IF_ERROR(fabric::connect_pair(*rx_worker, *tx_worker, &rx_endpoint));
     }
     return rx->connect({rx_endpoint.get(), tx->setup()});
   }

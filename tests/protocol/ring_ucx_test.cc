@@ -10,6 +10,7 @@
 #include <deque>
 #include <thread>
 
+#include "../fabric/connect.h"
 #include "fabric/fabric.h"
 #include "protocol/ring.h"
 #include "wire/block_header.h"
@@ -30,7 +31,7 @@ class RingReceiverTest : public testing::TestWithParam<Transport> {
     ASSERT_TRUE(fabric::Context::create(GetParam(), &ctx_).is_ok());
     ASSERT_TRUE(fabric::Worker::create(*ctx_, false, true, &rx_worker_).is_ok());
     ASSERT_TRUE(fabric::Worker::create(*ctx_, false, false, &tx_worker_).is_ok());
-    ASSERT_TRUE(fabric::Endpoint::create(*tx_worker_, rx_worker_->address(), &ep_).is_ok());
+    ASSERT_TRUE(fabric::connect_pair(*tx_worker_, *rx_worker_, &ep_).is_ok());
   }
   void TearDown() override {
     reqs_.clear();

@@ -198,6 +198,7 @@ TEST(Handshake, RefusalsAreCountedUnderTheirReason) {
   EXPECT_EQ(refusal_labels({Code::kRefused, "x", "memory"}).auth_failure, nullptr);
   EXPECT_STREQ(refusal_labels({Code::kProtocolError, "garbage"}).refused, "bad_hello");
   EXPECT_STREQ(refusal_labels({Code::kTimeout, "slow"}).refused, "timeout");
+  EXPECT_STREQ(refusal_labels({Code::kBusy, "no room for another authenticated connection"}).refused, "busy");
   EXPECT_STREQ(refusal_labels({Code::kAuthFailed, "x"}).auth_failure, "other");
 }
 

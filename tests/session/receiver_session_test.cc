@@ -39,5 +39,27 @@ TEST(IdleNap, NeverShorterForALongerIdleTime) {
   }
 }
 
+// Issue 19, item 6: a FIN whose counts wrap 2^64 once summed made the receiver answer "all stored"
+// with nothing stored; the sum now saturates, so such a FIN can only be answered "missing".
+TEST(Fin, MissingMessagesNeverWrapAndCountOnlyWhatIsBeyondTheStored) {
+  wire::Fin fin;
+  fin.messages = {{0, 1ull << 63}, {1, 1ull << 63}};  // 2^64 in all: wrapped to 0 before
+  EXPECT_EQ(missing_messages(fin, [](uint16_t) { return uint64_t(0); }), UINT64_MAX);
+  fin.messages = {{0, UINT64_MAX}, {1, UINT64_MAX}, {2, 2}};
+  EXPECT_EQ(missing_messages(fin, [](uint16_t) { return uint64_t(1); }), UINT64_MAX);
+  fin.messages = {{0, 10}, {1, 3}};
+  EXPECT_EQ(missing_messages(fin, [](uint16_t d) { return d == 0 ? uint64_t(7) : uint64_t(5); }), 3u);  // 3 + 0
+  EXPECT_EQ(missing_messages(wire::Fin{}, [](uint16_t) { return uint64_t(0); }), 0u);
+}
+
+TEST(Fin, OnlyDevicesTheConnectionDeclaredMayBeCounted) {
+  wire::Fin fin;
+  fin.messages = {{0, 1}, {7, 2}};
+  EXPECT_EQ(check_fin(fin, {0, 7, 9}), std::nullopt);
+  auto why = check_fin(fin, {0, 9});
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("device 7"), std::string::npos) << *why;
+}
+
 }  // namespace
 }  // namespace slotstream::session

@@ -102,7 +102,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 5);  // version, little-endian
+  EXPECT_EQ(b[4], 6);  // version, little-endian (6: packed units and signed frames)
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);
@@ -304,6 +304,58 @@ TEST(Control, ARefuseIsAnErrorWhateverCodeThePeerWrote) {
   Refuse busy;
   ASSERT_TRUE(decode(encode(Refuse{Code::kBusy, "later"}), &busy).is_ok());
   EXPECT_EQ(busy.code, Code::kBusy);  // real error codes are kept
+}
+
+}  // namespace
+}  // namespace slotstream::wire
+
+namespace slotstream::wire {
+namespace {
+
+static_assert(kProtocolVersion == 6, "version 6: packed units (5) and signed frames after an authenticated handshake");
+static_assert(kFrameTrailer == 40, "u64 sequence + HMAC-SHA256");
+
+// Issue 19: the receiver must always be told every device's count, so a FIN of the most devices a
+// connection may declare fits one frame (signed, too), and a FIN beyond that, or one that counts a
+// device twice, is refused rather than silently merged.
+TEST(Control, AFinOfEveryDeviceFitsOneSignedFrameAndNoMoreDevicesAreTaken) {
+  Fin all;
+  for (uint32_t d = 0; d < kMaxDevices; ++d) all.messages[uint16_t(d * 16)] = UINT64_MAX - d;
+  const auto body = encode(all);
+  EXPECT_LE(1 + body.size() + kFrameTrailer, kMaxFrame);
+  Fin back;
+  ASSERT_TRUE(decode(body, &back).is_ok());
+  EXPECT_EQ(back.messages, all.messages);
+
+  std::vector<uint8_t> too_many = {uint8_t((kMaxDevices + 1) & 0xff), uint8_t((kMaxDevices + 1) >> 8)};
+  for (uint32_t d = 0; d <= kMaxDevices; ++d) {
+    too_many.insert(too_many.end(), {uint8_t(d), uint8_t(d >> 8), 1, 0, 0, 0, 0, 0, 0, 0});
+  }
+  EXPECT_EQ(decode(too_many, &back).code(), Code::kProtocolError);
+
+  const std::vector<uint8_t> twice = {2, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 2, 0, 0, 0, 0, 0, 0, 0};
+  Status st = decode(twice, &back);
+  EXPECT_EQ(st.code(), Code::kProtocolError);
+  EXPECT_NE(st.message().find("twice"), std::string::npos) << st.message();
+}
+
+// The same for STORED (control version 3): 18 bytes a device, so 4,096 devices do not fit one frame
+// (an oversize frame the sender refused as garbage); they go as several, each device once.
+TEST(Control, AStoredOfEveryDeviceIsSplitIntoFramesThatFitAndCarryEachDeviceOnce) {
+  Stored all;
+  for (uint32_t d = 0; d < kMaxDevices; ++d) all.devices[uint16_t(d)] = {d * 10ull, d + 1ull};
+  const auto bodies = split_stored(all);
+  ASSERT_EQ(bodies.size(), 2u);
+  Stored back;
+  for (const auto& body : bodies) {
+    EXPECT_LE(1 + body.size() + kFrameTrailer, kMaxFrame);
+    Stored part;
+    ASSERT_TRUE(decode(body, &part).is_ok());
+    for (const auto& [d, c] : part.devices) EXPECT_TRUE(back.devices.emplace(d, c).second) << "device " << d;
+  }
+  ASSERT_EQ(back.devices.size(), all.devices.size());
+  EXPECT_EQ(back.devices.at(4095).first, 40950u);
+  EXPECT_EQ(split_stored(Stored{}).size(), 1u);  // an empty STORED is still sent (and valid)
 }
 
 }  // namespace
