@@ -623,8 +623,10 @@ def test_every_metric_the_alerts_and_dashboard_use_is_exported(tmp_path, receive
                                      "--duration", "4"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         scrape = lambda: urllib.request.urlopen(url, timeout=10).read().decode()  # noqa: E731
-        wait_until(lambda: "slotstream_worker_processed_total{" in scrape() and "slotstream_active_senders 1" in
-                   scrape(), 20, "a live sender and its worker")
+        # Per-device series appear once a device has carried data (issue 19), not at the hello.
+        wait_until(lambda: all(m in scrape() for m in ("slotstream_worker_processed_total{", "slotstream_active_senders 1",
+                                                       "slotstream_messages_total{")), 20,
+                   "a live sender that has sent, and its worker")
         text = scrape()
     finally:
         cam.wait(30)
