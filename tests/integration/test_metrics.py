@@ -100,7 +100,9 @@ def test_declared_devices_without_data_create_no_series(receiver):
     finally:
         for s in lanes:
             s.close()
-    run_send(rx.addr, "--name", "narrow", "--synthetic", "0-1:50:32x32x3", "--duration", "0.2")
+    # Ten files, not synthetic frames: --duration is wall-clock time, and on a loaded machine a 0.2 s run may
+    # produce fewer frames than its rate promises.
+    run_send(rx.addr, "--name", "narrow", *[a for _ in range(10) for a in ("--file", "1=/etc/hostname")])
     _, text = get(url + "/metrics")
     assert metric(text, "slotstream_messages_total", sender="narrow", device="1") == 10
 
