@@ -85,7 +85,7 @@ Hello make_hello(Script& in) {
 SegmentHeader make_segment(Script& in, const Session& s) {
   const Hello& h = s.hello();
   SegmentHeader g;
-  g.service = s.protocol().over_tcp() ? Service::kRC : s.protocol().service;
+  g.service = s.protocol().service;  // (dgram_rc: RC, over its TCP stream)
   if (in.u8() % 16 == 0) g.service = Service(in.u8() % 3);
   const uint8_t kind = in.u8();
   g.opcode = kind % 3 == 0 ? Opcode::kSend : s.protocol().data_op;
@@ -143,7 +143,8 @@ void fin(Run& r, Script& in) {
 void release(Run& r, uint64_t room) {
   std::vector<Session::Ready> out;
   const uint64_t room0 = room;
-  r.s->release(r.now, r.keep_partial, &room, &out);
+  Session::Room rm{room, nullptr};
+  r.s->release(r.now, rm, &out);
   uint64_t taken = 0;
   for (const auto& m : out) {
     auto [it, fresh] = r.last_msn.try_emplace(m.device, -1);
@@ -164,7 +165,7 @@ void check_accounts(const Run& r, bool finished) {
   const Hello& h = r.s->hello();
   FUZZ_CHECK(r.s->devices_with_state() <= h.devices.size());
   FUZZ_CHECK(r.s->stags_touched() <= h.devices.size() * h.ring);
-  const auto reports = r.s->device_reports();
+  const auto reports = r.s->device_accounts();
   for (const auto& [d, rep] : reports) {
     const auto it = r.handed.find(d);
     FUZZ_CHECK(rep.complete + rep.partial == (it == r.handed.end() ? 0 : it->second));
@@ -227,7 +228,7 @@ void step(Run& r, Script& in) {
       break;
     }
     case 9:
-      r.keep_partial = in.u8() & 1;
+      (void)in.u8();  // (was: keep_partial per release; now the session's, Session::Config)
       release(r, in.u8() % 4 == 0 ? in.u16() : UINT64_MAX);
       break;
   }
@@ -249,10 +250,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.message_timeout_ns = 200 * kMs;
   c.reliable_timeout_ns = 1000 * kMs;
   c.rd_window = 32;
+  c.keep_partial = in.u8() & 1;
+  const bool keep_partial = c.keep_partial;
   Session s(std::move(c));
   FUZZ_CHECK(s.devices_with_state() == 0 && s.stags_touched() == 0);
   Run r;
   r.s = &s;
+  r.keep_partial = keep_partial;
   for (int events = 0; in.more() && events < 400; ++events) {
     step(r, in);
     check_accounts(r, false);

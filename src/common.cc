@@ -62,6 +62,7 @@ std::optional<Transport> parse_transport(std::string_view text) {
   if (text == "shm") return Transport::kShm;
   if (text == "tcp") return Transport::kTcp;
   if (text == "rdma") return Transport::kRdma;
+  if (text == "udp") return Transport::kUdp;
   return std::nullopt;
 }
 
@@ -75,6 +76,8 @@ const char* transport_name(Transport t) {
       return "tcp";
     case Transport::kRdma:
       return "rdma";
+    case Transport::kUdp:
+      return "udp";
   }
   return "?";
 }
@@ -145,15 +148,19 @@ void SessionReport::merge(const SessionReport& lane) {
   for (const auto& [k, v] : lane.protocol_counters) protocol_counters[k] += v;
   store_latency.merge(lane.store_latency);
   sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
-  for (const auto& [d, s] : lane.per_device) {
-    DeviceStats& acc = per_device[d];
-    acc.messages += s.messages;
-    acc.bytes += s.bytes;
-    acc.gaps += s.gaps;
-    acc.duplicates += s.duplicates;
-    acc.pauses += s.pauses;
-    acc.paused = acc.paused || s.paused;
-  }
+  for (const auto& [d, s] : lane.per_device) per_device[d].add(s);
+}
+
+void DeviceStats::add(const DeviceStats& o) {
+  messages += o.messages;
+  bytes += o.bytes;
+  gaps += o.gaps;
+  duplicates += o.duplicates;
+  partial += o.partial;
+  dropped += o.dropped;
+  lost += o.lost;
+  pauses += o.pauses;
+  paused = paused || o.paused;
 }
 
 std::string host_id() {

@@ -21,6 +21,11 @@ std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 // "1.5 GiB", "640 KiB", "12 B": for messages a person reads.
 std::string format_bytes(uint64_t bytes);
 
+// Why Sender and Receiver refuse Transport::kUdp.
+inline constexpr const char* kUdpNotHere =
+    "transport udp is the datagram transport, a stack of its own (slotstream recv|send --transport udp; "
+    "docs/design.md); Sender and Receiver speak shm, tcp and rdma";
+
 // Memory a new allocation can take now: the kernel's MemAvailable, and within a cgroup with a limit
 // (v2, then v1) what the limit leaves; UINT64_MAX when neither can be read.
 uint64_t available_memory();

@@ -503,6 +503,7 @@ Status Receiver::Impl::bring_up() {
 
 Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) {
   if (!options.make_sink) return {Code::kInvalidArgument, "ReceiverOptions::make_sink is required"};
+  if (options.transport == Transport::kUdp) return {Code::kInvalidArgument, kUdpNotHere};
   if (options.max_memory == 0) options.max_memory = default_max_memory();
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);

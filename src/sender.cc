@@ -29,6 +29,7 @@ namespace {
 // Checks the options and resolves the protocol ("NAME[:key=value,...]").
 Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
   if (auto why = invalid_sender_name(o.name)) return {Code::kInvalidArgument, *why + " ('" + o.name + "')"};
+  if (o.transport == Transport::kUdp) return {Code::kInvalidArgument, kUdpNotHere};
   if (o.block_size < kMinBlockSize || o.block_size > kMaxBlockSize) {
     return {Code::kInvalidArgument,
             "block size must be " + std::to_string(kMinBlockSize) + ".." + std::to_string(kMaxBlockSize) + " bytes"};

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_peer.h"
+#include "clock.h"
 #include "commands.h"
 #include "fabric/fabric.h"
 #include "net/control_socket.h"
@@ -31,10 +32,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC on Linux: shared by both peers
 using nlohmann::json;
-
-uint64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
 
 struct Usage {
   double cpu_seconds;

@@ -7,11 +7,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "slotstream/slotstream.h"
+
+namespace slotstream::pipeline {
+class WorkerManager;
+}  // namespace slotstream::pipeline
 
 namespace slotstream::tools {
 
@@ -109,6 +114,14 @@ int run_demo(const DemoArgs& args, const std::string& self_exe);
 
 // "INDEX:FROM_MS:TO_MS" with FROM <= TO.
 bool parse_hold_spec(const std::string& text, HoldSpec* out);
+// recv --hold-block, every one parsed: kExitOk, or kExitUsage after printing what is wrong.
+int parse_holds(const RecvArgs& args, std::vector<HoldSpec>* holds);
+// recv's per-device workers (--worker, --worker-dir; docs/workers.md), for either receiver: whether
+// they are asked for; whether --discard, --out and the backlog limits agree with that (kExitOk, or
+// kExitUsage after printing what is wrong); the manager that runs them.
+bool uses_workers(const RecvArgs& args);
+int check_sink_options(const RecvArgs& args);
+std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args);
 
 // Prints "slotstream <cmd>: error: <message>" to stderr.
 void print_error(const char* cmd, const std::string& message);

@@ -17,13 +17,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dgram/protocols.h"
+#include "dgram/protocol.h"
 #include "dgram/receiver.h"
 #include "dgram/sender.h"
 #include "dgram/stores.h"
 #include "metrics.h"
 #include "net/auth.h"
 #include "net/control_socket.h"
+#include "pipeline/worker_manager.h"
 #include "send_plan.h"
 
 namespace slotstream::tools {
@@ -37,10 +38,8 @@ constexpr const char* kGroup = "Datagram transport (--transport udp, docs/design
 // 200 ms until it hears a FIN_ACK).
 constexpr int64_t kLinger = 1'000'000'000;
 
-// Options of the UCX path that mean nothing to the datagram transport.
-constexpr const char* kUcxOnlyRecv[] = {"--hold-block",    "--worker",         "--worker-dir",     "--worker-runtime",
-                                        "--worker-cpus",   "--worker-memory",  "--worker-image",   "--backlog-messages",
-                                        "--backlog-bytes", "--keep-processed", "--rdma-transport", "--rdma-device"};
+// Options of the UCX path that mean nothing to the datagram sender (the datagram receiver takes every
+// option of the block receiver's; --rdma-* are refused there as for every transport but rdma).
 constexpr const char* kUcxOnlySend[] = {"--block-size", "--rdma-transport", "--rdma-device"};
 constexpr const char* kInjectOptions[] = {"--inject-loss", "--inject-reorder", "--inject-duplicate", "--inject-corrupt",
                                           "--inject-seed"};
@@ -94,122 +93,65 @@ Status parse_inject(const DgramArgs& a, dgram::InjectOptions* o) {
 
 std::string protocol_list() {
   std::string s;
-  for (const auto& p : dgram::protocols()) s += "\n  " + std::string(p.name) + ": " + p.summary;
+  for (const dgram::Descriptor* p : dgram::protocols())
+    s += "\n  " + std::string(p->name) + ": " + std::string(p->summary);
   return s;
 }
 
 // ------------------------------------------------------------------------------------ recv
 
-// The transport a session's protocol runs over (dgram_rc: TCP; the others: UDP datagrams).
-const char* session_transport(const std::string& protocol) {
-  const dgram::Protocol* p = dgram::find_protocol(protocol);
-  return p && p->over_tcp() ? "tcp" : "udp";
-}
-
-std::string report_line(const dgram::SessionReport& r) {
-  const dgram::DeviceReport t = dgram::device_totals(r);
-  const auto& c = r.counters;
+// The block receiver's line (docs/cli-contract.md) with the datagram counters after it: messages =
+// complete ones, gaps = messages of which nothing arrived.
+std::string report_line(const SessionReport& r) {
+  const DeviceStats t = dgram::device_totals(r);
+  auto counter = [&r](const char* key) { return dgram::counter(r, key); };
   std::ostringstream o;
   if (r.finished) {
-    // The UCX receiver's line (docs/cli-contract.md) with the datagram counters after it:
-    // messages = complete ones, gaps = messages of which nothing arrived.
-    o << "sender " << r.name << " finished: messages=" << t.complete << " bytes=" << t.valid_bytes << " gaps=" << t.lost
-      << " duplicates=" << c.duplicates << " unknown_device=" << c.unknown << " out_of_window=" << c.out_of_bounds;
+    o << "sender " << r.sender.name << " finished: messages=" << t.messages << " bytes=" << t.bytes
+      << " gaps=" << t.lost << " duplicates=" << r.duplicates << " unknown_device=" << r.unknown_device
+      << " out_of_window=" << r.out_of_window;
   } else {
-    o << "sender " << r.name << " lost: kept " << t.complete << " complete messages, discarded " << t.dropped
+    o << "sender " << r.sender.name << " lost: kept " << t.messages << " complete messages, discarded " << t.dropped
       << " partial (" << r.reason << ");";
   }
-  o << " transport=" << session_transport(r.protocol) << " protocol=" << r.protocol << " sent=" << t.sent
-    << " partial=" << t.partial << " dropped=" << t.dropped << " lost=" << t.lost << " retired=" << t.retired
-    << " crc_errors=" << c.crc_errors << " malformed=" << c.malformed << " stale=" << c.stale
-    << " datagrams=" << c.datagrams;
+  o << " transport=" << transport_name(r.sender.transport) << " protocol=" << r.sender.protocol
+    << " sent=" << counter("sent") << " partial=" << t.partial << " dropped=" << t.dropped << " lost=" << t.lost
+    << " retired=" << counter("retired") << " crc_errors=" << counter("crc_errors")
+    << " malformed=" << counter("malformed") << " stale=" << counter("stale") << " datagrams=" << counter("datagrams");
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.2f", r.seconds);
   o << " seconds=" << secs;
   return o.str();
 }
 
-// /metrics for the datagram receiver: ended sessions' counters (Prometheus counters never go back)
-// plus the live ones, from one snapshot.
-using Totals = std::map<std::string, dgram::SessionReport>;
-
-void device_metrics(const Totals& totals, std::vector<prometheus::MetricFamily>* out) {
-  using prometheus::MetricType;
-  struct DeviceCounter {
-    const char* name;
-    const char* help;
-    uint64_t dgram::DeviceReport::*field;
-  };
-  for (DeviceCounter c :
-       {DeviceCounter{"slotstream_messages_total", "Complete messages stored.", &dgram::DeviceReport::complete},
-        DeviceCounter{"slotstream_bytes_total", "Valid bytes of stored messages (complete and partial).",
-                      &dgram::DeviceReport::valid_bytes},
-        DeviceCounter{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
-                      &dgram::DeviceReport::partial},
-        DeviceCounter{"slotstream_dgram_dropped_total", "Incomplete messages discarded.",
-                      &dgram::DeviceReport::dropped},
-        DeviceCounter{"slotstream_dgram_lost_total", "Messages of which no segment arrived.",
-                      &dgram::DeviceReport::lost},
-        DeviceCounter{"slotstream_dgram_retired_total",
-                      "Incomplete messages displaced by a newer MSN on their STag (counted in dropped).",
-                      &dgram::DeviceReport::retired}}) {
-    prometheus::MetricFamily f{c.name, c.help, MetricType::Counter, {}};
-    for (const auto& [sender, t] : totals) {
-      for (const auto& [d, r] : t.devices) {
-        f.metric.push_back(
-            sample({{"sender", sender}, {"device", std::to_string(d)}}, MetricType::Counter, double(r.*c.field)));
-      }
-    }
-    out->push_back(std::move(f));
+// What /metrics shows of the datagram receiver beyond the families every receiver has: the devices'
+// partial, dropped and lost messages, and the session counters (dgram/report.h counter_docs()).
+ExtraFamilies datagram_families() {
+  ExtraFamilies x;
+  x.per_device = {{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
+                   &DeviceStats::partial},
+                  {"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &DeviceStats::dropped},
+                  {"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &DeviceStats::lost}};
+  for (const dgram::CounterDoc& d : dgram::counter_docs()) {
+    if (d.metric) x.per_sender.push_back({d.key, d.metric, std::string(d.help) + " (sender=\"\": no session's)"});
   }
+  return x;
 }
 
-void datagram_metrics(const Totals& totals, const dgram::DatagramCounters& unattributed,
-                      std::vector<prometheus::MetricFamily>* out) {
-  using prometheus::MetricType;
-  using C = dgram::DatagramCounters;
-  struct Counter {
-    const char* name;
-    const char* help;
-    uint64_t C::*field;
-  };
-  for (Counter c :
-       {Counter{"slotstream_dgram_datagrams_total", "Datagrams (segments) received.", &C::datagrams},
-        Counter{"slotstream_dgram_crc_errors_total", "Datagrams that failed their CRC32C: never delivered.",
-                &C::crc_errors},
-        Counter{"slotstream_dgram_malformed_total", "Datagrams with a bad header.", &C::malformed},
-        Counter{"slotstream_dgram_truncated_total", "Datagrams too long to receive.", &C::truncated},
-        Counter{"slotstream_dgram_stale_total", "Segments of messages already finished.", &C::stale},
-        Counter{"slotstream_dgram_duplicate_segments_total", "Segments whose bytes were all there.", &C::duplicates},
-        Counter{"slotstream_dgram_conflicting_segments_total",
-                "Duplicate segments with different bytes (the first writer's bytes stay).", &C::conflicting},
-        Counter{"slotstream_dgram_out_of_bounds_total", "Segments outside their region or message.", &C::out_of_bounds},
-        Counter{"slotstream_dgram_no_buffer_total", "Sends that found no posted receive.", &C::no_buffer},
-        Counter{"slotstream_dgram_unknown_total", "Segments for no session, STag or queue.", &C::unknown},
-        Counter{"slotstream_dgram_forged_total", "Datagrams of an authenticated session without a valid MAC: dropped.",
-                &C::forged},
-        Counter{"slotstream_dgram_expired_total", "Messages whose timer fired before they were complete.", &C::expired},
-        Counter{"slotstream_dgram_rd_duplicates_total", "RD sequences received twice.", &C::rd_duplicates},
-        Counter{"slotstream_dgram_rd_beyond_window_total", "RD sequences beyond the credits.", &C::rd_beyond_window},
-        Counter{"slotstream_dgram_acks_sent_total", "RD acknowledgements sent.", &C::acks_sent},
-        Counter{"slotstream_dgram_injected_loss_total", "Datagrams dropped by --inject-loss.", &C::injected_loss},
-        Counter{"slotstream_dgram_injected_corrupt_total", "Datagrams corrupted by --inject-corrupt.",
-                &C::injected_corrupt},
-        Counter{"slotstream_dgram_injected_duplicate_total", "Datagrams duplicated by --inject-duplicate.",
-                &C::injected_duplicate},
-        Counter{"slotstream_dgram_injected_reorder_total", "Datagrams reordered by --inject-reorder.",
-                &C::injected_reorder}}) {
-    prometheus::MetricFamily f{c.name, std::string(c.help) + " (sender=\"\": no session's)", MetricType::Counter, {}};
-    for (const auto& [sender, t] : totals) {
-      f.metric.push_back(sample({{"sender", sender}}, MetricType::Counter, double(t.counters.*c.field)));
+// The datagrams that belonged to no session, as the sender="" sample of each session counter family.
+void unattributed_samples(const dgram::DatagramCounters& c, std::vector<prometheus::MetricFamily>* out) {
+  const std::map<std::string, uint64_t> values = dgram::protocol_counters(c);
+  for (const dgram::CounterDoc& d : dgram::counter_docs()) {
+    if (!d.metric) continue;
+    for (auto& f : *out) {
+      if (f.name == d.metric)
+        f.metric.push_back(sample({{"sender", ""}}, prometheus::MetricType::Counter, double(values.at(d.key))));
     }
-    f.metric.push_back(sample({{"sender", ""}}, MetricType::Counter, double(unattributed.*c.field)));
-    out->push_back(std::move(f));
   }
 }
 
 // What the receiver turned away, and what it has promised: no labels, one sample each.
-void receiver_metrics(const dgram::DatagramReceiver::Snapshot& snap, std::vector<prometheus::MetricFamily>* out) {
+void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<prometheus::MetricFamily>* out) {
   using prometheus::MetricType;
   using R = dgram::ReceiverCounters;
   struct Counter {
@@ -239,42 +181,24 @@ void receiver_metrics(const dgram::DatagramReceiver::Snapshot& snap, std::vector
         Counter{"slotstream_dgram_log_suppressed_total", "Log lines left out by the rate limit.",
                 &R::log_suppressed}}) {
     out->push_back(
-        {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(snap.receiver.*c.field))}});
+        {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(rc.receiver.*c.field))}});
   }
-  out->push_back({"slotstream_dgram_memory_promised_bytes",
-                  "Memory promised to the live sessions.",
-                  MetricType::Gauge,
-                  {sample({}, MetricType::Gauge, double(snap.memory_promised))}});
-  out->push_back({"slotstream_dgram_memory_budget_bytes",
-                  "recv --max-memory.",
-                  MetricType::Gauge,
-                  {sample({}, MetricType::Gauge, double(snap.memory_budget))}});
-  out->push_back({"slotstream_dgram_connections",
-                  "TCP connections open.",
-                  MetricType::Gauge,
-                  {sample({}, MetricType::Gauge, double(snap.connections))}});
+  for (auto [name, help, value] :
+       {std::tuple{"slotstream_dgram_memory_promised_bytes", "Memory promised to the live sessions.",
+                   rc.memory_promised},
+        std::tuple{"slotstream_dgram_memory_budget_bytes", "recv --max-memory.", rc.memory_budget},
+        std::tuple{"slotstream_dgram_connections", "TCP connections open.", uint64_t(rc.connections)}}) {
+    out->push_back({name, help, MetricType::Gauge, {sample({}, MetricType::Gauge, double(value))}});
+  }
 }
 
-std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramReceiver& rx) {
-  using prometheus::MetricType;
-  const dgram::DatagramReceiver::Snapshot snap = rx.snapshot();
-  Totals totals = snap.ended;
-  for (const auto& r : snap.live) dgram::accumulate(&totals[r.name], r);
-  std::vector<prometheus::MetricFamily> out;
-  device_metrics(totals, &out);
-  datagram_metrics(totals, snap.unattributed, &out);
-  receiver_metrics(snap, &out);
-  prometheus::MetricFamily info{"slotstream_connection_info", "One per connected sender.", MetricType::Gauge, {}};
-  for (const auto& r : snap.live) {
-    info.metric.push_back(
-        sample({{"sender", r.name}, {"protocol", r.protocol}, {"transport", session_transport(r.protocol)}},
-               MetricType::Gauge, 1));
-  }
-  out.push_back(std::move(info));
-  out.push_back({"slotstream_sessions_ended_total",
-                 "Sender sessions that have ended.",
-                 MetricType::Counter,
-                 {sample({}, MetricType::Counter, double(snap.sessions_ended))}});
+// The shared collector's families (tools/metrics.h) and the datagram receiver's own.
+std::vector<prometheus::MetricFamily> collect_metrics(const dgram::DatagramReceiver& rx, MetricsState& state,
+                                                      const pipeline::WorkerManager* workers) {
+  std::vector<prometheus::MetricFamily> out = state.collect(rx.live_sessions(), workers);
+  const dgram::DatagramReceiver::Counters rc = rx.counters();
+  unattributed_samples(rc.unattributed, &out);
+  receiver_metrics(rc, &out);
   return out;
 }
 
@@ -347,9 +271,7 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
                                "\ndatagram protocols (--transport udp; dgram_rc: --transport tcp):" + protocol_list());
 
   recv->parse_complete_callback([recv] {
-    if (value_of(recv, "--transport") == "udp") {
-      refuse_given(recv, kUcxOnlyRecv, "does not apply to --transport udp");
-    } else {
+    if (value_of(recv, "--transport") != "udp") {
       refuse_given(recv, kDgramOnlyRecv, "applies to --transport udp only");
       refuse_given(recv, kInjectOptions, "applies to --transport udp only");
     }
@@ -374,7 +296,7 @@ Status read_token_if_given(const std::string& file, std::string* token) {
 namespace {
 
 // --max-memory and --token-file of `recv --transport udp`: what the UCX receiver reads too.
-Status dgram_recv_limits(const RecvArgs& args, dgram::ReceiverOptions* o) {
+Status dgram_recv_limits(const RecvArgs& args, dgram::DatagramReceiverOptions* o) {
   if (args.max_memory) {
     auto bytes = parse_size(*args.max_memory);
     if (!bytes || *bytes == 0) {
@@ -385,43 +307,76 @@ Status dgram_recv_limits(const RecvArgs& args, dgram::ReceiverOptions* o) {
   return read_token_if_given(args.token_file, &o->token);
 }
 
-}  // namespace
-
-int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
-  dgram::ReceiverOptions o;
-  if (Status st = net::parse_host_port(args.listen, &o.host, &o.port); !st.is_ok()) {
+// The receiver's options from the command line, as the block receiver reads them where they are the
+// same (--listen, --hold-block, --max-memory, --token-file; --rdma-* are rdma's). kExitOk, or
+// kExitUsage after printing what is wrong.
+int dgram_recv_options(const RecvArgs& args, const DgramArgs& d, dgram::DatagramReceiverOptions* o) {
+  if (Status st = net::parse_host_port(args.listen, &o->host, &o->port); !st.is_ok()) {
     print_error("recv", "--listen: " + st.message());
     return kExitUsage;
   }
-  if (Status st = dgram_recv_limits(args, &o); !st.is_ok()) {
-    print_error("recv", st.message());
+  if (auto why = misplaced_rdma_options(args.transport, args.rdma_transport, args.rdma_device)) {
+    print_error("recv", *why);
     return kExitUsage;
   }
-  if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {
-    print_error("recv", st.message());
-    return kExitUsage;
+  if (int rc = parse_holds(args, &o->holds); rc != kExitOk) return rc;
+  for (Status st : {dgram_recv_limits(args, o), parse_inject(d, &o->inject)}) {
+    if (!st.is_ok()) {
+      print_error("recv", st.message());
+      return kExitUsage;
+    }
   }
-  o.keep_partial = d.partial == "keep";
-  o.message_timeout_ns = int64_t(d.message_timeout_ms * 1e6);
-  o.session_timeout_ns = int64_t(d.session_timeout_s * 1e9);
-  o.max_message = d.max_message;
+  o->keep_partial = d.partial == "keep";
+  o->message_timeout_ns = int64_t(d.message_timeout_ms * 1e6);
+  o->session_timeout_ns = int64_t(d.session_timeout_s * 1e9);
+  o->max_message = d.max_message;
+  return kExitOk;
+}
+
+// Each sender's store: nothing (--discard), its directory below --out, or that directory feeding the
+// per-device workers (started here, into *workers; a device whose worker is behind pauses, as over
+// UCX). kExitOk, or kExitError if --out cannot be used.
+int dgram_stores(const RecvArgs& args, dgram::DatagramReceiverOptions* o,
+                 std::unique_ptr<pipeline::WorkerManager>* workers) {
   if (args.discard) {
-    o.make_store = [](const std::string&, std::unique_ptr<dgram::MessageStore>* s) {
+    o->make_store = [](const std::string&, std::unique_ptr<dgram::MessageStore>* s) {
       *s = std::make_unique<dgram::NullStore>();
       return Status::ok();
     };
-  } else {
-    if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
-      print_error("recv", st.message());
-      return kExitError;
-    }
-    const fs::path out = args.out;
-    o.make_store = [out](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
-      *s = std::make_unique<dgram::DirStore>(out / name);
-      return Status::ok();
-    };
+    return kExitOk;
   }
-  o.on_session_end = [](const dgram::SessionReport& r) { print_line(stdout, report_line(r)); };
+  if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
+    print_error("recv", st.message());
+    return kExitError;
+  }
+  if (uses_workers(args)) *workers = start_workers(args);
+  pipeline::WorkerManager* wm = workers->get();
+  const fs::path out = args.out;
+  o->make_store = [out, wm](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
+    dgram::DirStore::Workers w;
+    if (wm) {
+      w.over_limit = [wm, name](uint16_t d, std::string* why) { return wm->over_limit(name, d, why); };
+      w.stored = [wm, name](uint16_t d, uint64_t seq, uint64_t bytes) { wm->stored(name, d, seq, bytes); };
+    }
+    *s = std::make_unique<dgram::DirStore>(out / name, std::move(w));
+    return Status::ok();
+  };
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
+  dgram::DatagramReceiverOptions o;
+  if (int rc = dgram_recv_options(args, d, &o); rc != kExitOk) return rc;
+  if (int rc = check_sink_options(args); rc != kExitOk) return rc;
+  std::unique_ptr<pipeline::WorkerManager> workers;
+  if (int rc = dgram_stores(args, &o, &workers); rc != kExitOk) return rc;
+  MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after), datagram_families()};
+  o.on_session_end = [&metrics_state](const SessionReport& r) {
+    metrics_state.session_ended(r);
+    print_line(stdout, report_line(r));
+  };
   o.on_event = [](const std::string& text) { log_info(text); };
 
   const sigset_t sigs = block_stop_signals();
@@ -434,8 +389,8 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   if (!args.metrics.empty()) {
     const dgram::DatagramReceiver* r = rx.get();
     Status st = MetricsServer::start(
-        args.metrics, [r] { return collect_metrics(*r); }, &metrics,
-        [out = args.discard ? std::string() : args.out] { return store_readiness(out); });
+        args.metrics, [r, &metrics_state, wm = workers.get()] { return collect_metrics(*r, metrics_state, wm); },
+        &metrics, [out = args.discard ? std::string() : args.out] { return store_readiness(out); });
     if (!st.is_ok()) {
       print_error("recv", "--metrics: " + st.message());
       return kExitError;
@@ -449,71 +404,61 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   });
   rx->stop();
   metrics.reset();
+  if (workers) workers->stop();
   return kExitOk;
 }
 
-int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
+namespace {
+
+// The protocol `send` asked for, if it is a datagram one over the transport given; else nullptr after
+// printing why.
+const dgram::Descriptor* dgram_send_protocol(const SendArgs& a, const DgramArgs& d) {
   const bool protocol_given = d.protocol_opt && d.protocol_opt->count() > 0;
   const std::string protocol = protocol_given ? a.protocol : dgram::kDefaultProtocol;
-  const dgram::Protocol* proto = dgram::find_protocol(protocol);
+  const dgram::Descriptor* proto = dgram::find_protocol(protocol);
   if (!proto) {
     print_error("send", "--protocol " + protocol + " runs over UCX (--transport shm|tcp); over udp:" + protocol_list());
-    return kExitUsage;
+    return nullptr;
   }
-  const std::string want = proto->over_tcp() ? "tcp" : "udp";
+  const std::string want = proto->over_tcp ? "tcp" : "udp";
   if (a.transport != want) {
-    print_error("send", std::string("--protocol ") + proto->name + " runs over " + want + ": give --transport " + want);
-    return kExitUsage;
+    print_error("send", "--protocol " + std::string(proto->name) + " runs over " + want + ": give --transport " + want);
+    return nullptr;
   }
-  dgram::SenderOptions o;
+  return proto;
+}
+
+// The sender's options and what it sends, from the command line: kExitOk, or kExitUsage after printing
+// what is wrong.
+int dgram_send_options(const SendArgs& a, const DgramArgs& d, const dgram::Descriptor& proto,
+                       dgram::DatagramSenderOptions* o, Plan* plan) {
   if (a.to.find(',') != std::string::npos) {
     print_error("send", "--to: the datagram transport sends to one receiver");
     return kExitUsage;
   }
-  if (Status st = net::parse_host_port(a.to, &o.host, &o.port); !st.is_ok()) {
+  if (Status st = net::parse_host_port(a.to, &o->host, &o->port); !st.is_ok()) {
     print_error("send", "--to: " + st.message());
     return kExitUsage;
   }
-  Plan plan;
-  if (Status st = plan_send(a, &plan, &o.name); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
+  for (Status st :
+       {plan_send(a, plan, &o->name), parse_inject(d, &o->inject), read_token_if_given(a.token_file, &o->token)}) {
+    if (!st.is_ok()) {
+      print_error("send", st.message());
+      return kExitUsage;
+    }
   }
-  if (Status st = parse_inject(d, &o.inject); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
-  }
-  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
-  }
-  o.protocol = proto->name;
-  o.devices = plan.devices();
-  o.ring = a.blocks;
-  o.segment_size = d.segment_size;
-  o.max_message = largest_message(plan);
+  o->protocol = proto.name;
+  o->devices = plan->devices();
+  o->ring = a.blocks;
+  o->segment_size = d.segment_size;
+  o->max_message = largest_message(*plan);
+  return kExitOk;
+}
 
-  std::unique_ptr<dgram::DatagramSender> tx;
-  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
-    print_error("send", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
-  }
-  const auto t0 = Clock::now();
-  const double cpu0 = cpu_seconds();
-  // One filler thread per device, as `send` does over UCX.
-  Fillers fillers(plan, a,
-                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
-  dgram::FinAck report;
-  Status st = fillers.join();
-  Status fin = tx->finish(&report);
-  if (st.is_ok()) st = fin;
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!st.is_ok()) {
-    print_error("send", st.message());
-    return kExitError;
-  }
-  warn_late_frames(fillers.late_frames(), plan);
-  const dgram::SenderStats s = tx->stats();
+// What the receiver's FIN_ACK says of every message: a line on stderr when not all arrived complete,
+// and `--json`'s receiver object.
+nlohmann::json receiver_accounting(const dgram::FinAck& report, const dgram::DatagramSenderStats& s,
+                                   const dgram::Descriptor& proto) {
   dgram::DeliveryCounts total;
   nlohmann::json per = nlohmann::json::object();
   for (const auto& dev : report.devices) {
@@ -536,34 +481,74 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
                  "%llu lost)%s\n",
                  (unsigned long long)total.complete, (unsigned long long)s.messages, (unsigned long long)total.partial,
                  (unsigned long long)total.dropped, (unsigned long long)total.lost,
-                 total.dropped > 0 && !proto->over_tcp() && proto->service == dgram::Service::kUD
+                 total.dropped > 0 && !proto.over_tcp && proto.service == dgram::Service::kUD
                      ? "; a message not complete within the receiver's --message-timeout of its first segment is "
                        "given up (UD has no retransmission: raise the timeout, or use dgram_rd)"
                      : "");
   }
+  return {{"complete", total.complete}, {"partial", total.partial},         {"dropped", total.dropped},
+          {"lost", total.lost},         {"valid_bytes", total.valid_bytes}, {"devices", per}};
+}
+
+// `send --json` of the datagram transport (docs/cli-contract.md).
+nlohmann::json send_json(const dgram::DatagramSenderOptions& o, const dgram::DatagramSenderStats& s,
+                         const dgram::Descriptor& proto, double secs, double cpu) {
+  nlohmann::json j;
+  j["messages"] = s.messages;
+  j["bytes"] = s.bytes;
+  j["seconds"] = secs;
+  j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
+  j["cpu_seconds"] = cpu;
+  j["transport"] = proto.over_tcp ? "tcp" : "udp";
+  j["protocol"] = proto.name;
+  j["segment_size"] = o.segment_size;
+  j["blocks"] = o.ring;
+  j["datagrams"] = s.datagrams;
+  j["retransmits"] = s.retransmits;
+  j["retransmit_timeouts"] = s.timeouts;
+  j["credit_waits"] = s.credit_waits;
+  j["authenticated"] = !o.token.empty();
+  j["forged"] = s.forged;  // datagrams from the receiver's address without a right MAC, dropped
+  j["injected"] = {{"loss", s.injected_loss},
+                   {"corrupt", s.injected_corrupt},
+                   {"duplicate", s.injected_duplicate},
+                   {"reorder", s.injected_reorder}};
+  return j;
+}
+
+}  // namespace
+
+int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
+  const dgram::Descriptor* proto = dgram_send_protocol(a, d);
+  if (!proto) return kExitUsage;
+  dgram::DatagramSenderOptions o;
+  Plan plan;
+  if (int rc = dgram_send_options(a, d, *proto, &o, &plan); rc != kExitOk) return rc;
+  std::unique_ptr<dgram::DatagramSender> tx;
+  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
+    print_error("send", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds();
+  // One filler thread per device, as `send` does over UCX.
+  Fillers fillers(plan, a,
+                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
+  dgram::FinAck report;
+  Status st = fillers.join();
+  Status fin = tx->finish(&report);
+  if (st.is_ok()) st = fin;
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!st.is_ok()) {
+    print_error("send", st.message());
+    return kExitError;
+  }
+  warn_late_frames(fillers.late_frames(), plan);
+  const dgram::DatagramSenderStats s = tx->stats();
+  nlohmann::json accounting = receiver_accounting(report, s, *proto);
   if (a.json) {
-    nlohmann::json j;
-    j["messages"] = s.messages;
-    j["bytes"] = s.bytes;
-    j["seconds"] = secs;
-    j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
-    j["cpu_seconds"] = cpu_seconds() - cpu0;
-    j["transport"] = want;
-    j["protocol"] = proto->name;
-    j["segment_size"] = o.segment_size;
-    j["blocks"] = o.ring;
-    j["datagrams"] = s.datagrams;
-    j["retransmits"] = s.retransmits;
-    j["retransmit_timeouts"] = s.timeouts;
-    j["credit_waits"] = s.credit_waits;
-    j["authenticated"] = !o.token.empty();
-    j["forged"] = s.forged;  // datagrams from the receiver's address without a right MAC, dropped
-    j["injected"] = {{"loss", s.injected_loss},
-                     {"corrupt", s.injected_corrupt},
-                     {"duplicate", s.injected_duplicate},
-                     {"reorder", s.injected_reorder}};
-    j["receiver"] = {{"complete", total.complete}, {"partial", total.partial},         {"dropped", total.dropped},
-                     {"lost", total.lost},         {"valid_bytes", total.valid_bytes}, {"devices", per}};
+    nlohmann::json j = send_json(o, s, *proto, secs, cpu_seconds() - cpu0);
+    j["receiver"] = std::move(accounting);
     std::printf("%s\n", j.dump().c_str());
   }
   return kExitOk;

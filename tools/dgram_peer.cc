@@ -59,7 +59,7 @@ long peak_rss_kb() {
 }
 
 int run_peer_recv(const DgramPeerArgs& a) {
-  dgram::ReceiverOptions o;
+  dgram::DatagramReceiverOptions o;
   if (Status st = net::parse_host_port(a.listen, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
@@ -86,29 +86,30 @@ int run_peer_recv(const DgramPeerArgs& a) {
     return Status::ok();
   };
   const double cpu0 = cpu_seconds();
-  o.on_session_end = [&](const dgram::SessionReport& r) {
+  o.on_session_end = [&](const SessionReport& r) {
     std::shared_ptr<Samples> x;
     {
       std::lock_guard lock(mu);
-      x = samples[r.name];
-      samples.erase(r.name);
+      x = samples[r.sender.name];
+      samples.erase(r.sender.name);
     }
     nlohmann::json j;
-    const dgram::DeviceReport t = dgram::device_totals(r);
-    j["name"] = r.name;
-    j["protocol"] = r.protocol;
+    const DeviceStats t = dgram::device_totals(r);
+    auto counter = [&r](const char* key) { return dgram::counter(r, key); };
+    j["name"] = r.sender.name;
+    j["protocol"] = r.sender.protocol;
     j["finished"] = r.finished;
     j["reason"] = r.reason;
-    j["sent"] = t.sent;
-    j["bytes_sent"] = t.bytes_sent;
-    j["complete"] = t.complete;
+    j["sent"] = counter("sent");
+    j["bytes_sent"] = counter("bytes_sent");
+    j["complete"] = t.messages;
     j["partial"] = t.partial;
     j["dropped"] = t.dropped;
     j["lost"] = t.lost;
-    j["retired"] = t.retired;
-    j["valid_bytes"] = t.valid_bytes;
-    j["datagrams"] = r.counters.datagrams;
-    j["crc_errors"] = r.counters.crc_errors;
+    j["retired"] = counter("retired");
+    j["valid_bytes"] = t.bytes;
+    j["datagrams"] = counter("datagrams");
+    j["crc_errors"] = counter("crc_errors");
     j["seconds"] = r.seconds;
     j["cpu_seconds"] = cpu_seconds() - cpu0;
     j["peak_rss_kb"] = peak_rss_kb();
@@ -136,7 +137,7 @@ int run_peer_recv(const DgramPeerArgs& a) {
 }
 
 int run_peer_send(const DgramPeerArgs& a) {
-  dgram::SenderOptions o;
+  dgram::DatagramSenderOptions o;
   if (Status st = net::parse_host_port(a.to, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
@@ -171,10 +172,10 @@ int run_peer_send(const DgramPeerArgs& a) {
   std::vector<int64_t> sends;
   sends.reserve(a.count);
   const double cpu0 = cpu_seconds();
-  const int64_t t0 = dgram::now_ns();
+  const int64_t t0 = now_ns();
   const int64_t stop = t0 + int64_t(a.max_seconds * 1e9);
   for (uint64_t i = 0; i < a.count; ++i) {
-    const int64_t now = dgram::now_ns();
+    const int64_t now = now_ns();
     if (now > stop) break;
     std::memcpy(msg.data(), &now, 8);
     sends.push_back(now);
@@ -185,13 +186,12 @@ int run_peer_send(const DgramPeerArgs& a) {
     if (a.gap_us > 0) {
       // Sleep most of the gap, spin the rest: one message in flight at a time, no drift.
       const int64_t until = now + int64_t(a.gap_us * 1000);
-      if (until - dgram::now_ns() > 200'000)
-        std::this_thread::sleep_for(std::chrono::nanoseconds(until - dgram::now_ns() - 100'000));
-      while (dgram::now_ns() < until) {
+      if (until - now_ns() > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(until - now_ns() - 100'000));
+      while (now_ns() < until) {
       }
     }
   }
-  const int64_t t_sent = dgram::now_ns();
+  const int64_t t_sent = now_ns();
   dgram::FinAck report;
   if (Status st = tx->finish(&report); !st.is_ok()) {
     print_error("dgram-peer", st.message());
@@ -201,7 +201,7 @@ int run_peer_send(const DgramPeerArgs& a) {
   nlohmann::json j;
   j["messages"] = s.messages;
   j["bytes"] = s.bytes;
-  j["seconds"] = double(dgram::now_ns() - t0) / 1e9;
+  j["seconds"] = double(now_ns() - t0) / 1e9;
   j["send_seconds"] = double(t_sent - t0) / 1e9;
   j["cpu_seconds"] = cpu_seconds() - cpu0;
   j["datagrams"] = s.datagrams;

@@ -132,7 +132,8 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   r->add_option("--worker-image", recv->worker_image, "podman: image (build it with `make image`)")
       ->default_str("localhost/slotstream:latest");
   r->add_option("--backlog-messages", recv->backlog_messages,
-                "hold blocks (back-pressure) while a device has this many unprocessed messages");
+                "hold blocks (back-pressure) while a device has this many unprocessed messages (udp: pause the "
+                "device: UD drops its messages, dgram_rd and dgram_rc hold the sender back)");
   r->add_option("--backlog-bytes", recv->backlog_bytes,
                 "SIZE: hold blocks (back-pressure) while a device has this many unprocessed bytes")
       ->transform(size_value());
@@ -148,7 +149,7 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   add_platform_recv(r, &recv->platform);
   r->add_option("--hold-block", recv->holds,
                 "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
-                "sender connects (testing and benchmarks)");
+                "sender connects (testing and benchmarks; udp: message slot INDEX of every device, MSN mod --blocks)");
   return r;
 }
 

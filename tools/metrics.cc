@@ -41,10 +41,10 @@ constexpr int kRequestTimeoutMs = 250;
 // refused after authentication (memory budget, failed set-up) ends with none.
 bool accepted(const SessionReport& r) { return !r.per_device.empty(); }
 
-// Series exist only for devices that have carried data (or been paused): a hello may declare up to
+// Series exist only for devices that have carried data (or been paused, or lost messages): a hello may declare up to
 // 4,096 devices, and 100 of them made 2 million series (issue 19) that no stream ever fed.
 bool carried_data(const DeviceStats& s) {
-  return s.messages || s.bytes || s.gaps || s.duplicates || s.pauses || s.paused;
+  return s.messages || s.bytes || s.gaps || s.duplicates || s.partial || s.dropped || s.lost || s.pauses || s.paused;
 }
 
 // Refused connections by reason, and authentication failures by what failed (Receiver::refusals).
@@ -177,13 +177,44 @@ void MetricsState::session_ended(const SessionReport& r) {
   ++sessions_ended_;
 }
 
-std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeline::WorkerManager* workers,
-                                                MetricsClock::time_point now) {
-  const std::vector<SessionReport> live = rx.live_sessions();
-  std::lock_guard lock(mutex_);
+namespace {
 
+void worker_families(const pipeline::WorkerManager& workers, std::vector<MetricFamily>* out) {
+  const auto ws = workers.stats();
+  struct Worker {
+    const char* name;
+    MetricType type;
+    const char* help;
+    uint64_t pipeline::WorkerStats::*field;
+  };
+  for (Worker w : {Worker{"slotstream_worker_backlog_messages", MetricType::Gauge,
+                          "Stored messages the worker has not finished.", &pipeline::WorkerStats::backlog_messages},
+                   Worker{"slotstream_worker_backlog_bytes", MetricType::Gauge, "Bytes of those messages.",
+                          &pipeline::WorkerStats::backlog_bytes},
+                   Worker{"slotstream_worker_processed_total", MetricType::Counter,
+                          "Messages the worker recorded as done.", &pipeline::WorkerStats::processed},
+                   Worker{"slotstream_worker_restarts_total", MetricType::Counter, "Times the worker was restarted.",
+                          &pipeline::WorkerStats::restarts}}) {
+    MetricFamily f{w.name, w.help, w.type, {}};
+    for (const auto& s : ws) {
+      f.metric.push_back(
+          sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, w.type, double(s.*w.field)));
+    }
+    out->push_back(std::move(f));
+  }
+  MetricFamily running{"slotstream_worker_running", "1 while the worker process runs.", MetricType::Gauge, {}};
+  for (const auto& s : ws) {
+    running.metric.push_back(
+        sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, MetricType::Gauge, s.running ? 1 : 0));
+  }
+  out->push_back(std::move(running));
+}
+
+}  // namespace
+
+MetricsState::Totals MetricsState::totals(const std::vector<SessionReport>& live, MetricsClock::time_point now) {
   // Per sender name: what has ended, merged with what is live now.
-  std::map<std::string, SessionReport> totals;
+  Totals totals;
   for (auto it = ended_.begin(); it != ended_.end();) {
     const std::string& name = it->first;
     const bool back =
@@ -201,26 +232,27 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
     auto [it, fresh] = totals.try_emplace(r.sender.name, r);
     if (!fresh) it->second.merge(r);
   }
+  return totals;
+}
 
-  // A counter never goes back within a series' life (see last_).
-  auto monotonic = [&](const std::string& sender, const char* family, const std::string& device, double value) {
-    double& seen = last_[sender + '\n' + family + '\n' + device];
-    seen = std::max(seen, value);
-    return seen;
-  };
+// A counter never goes back within a series' life (see last_).
+double MetricsState::monotonic(const std::string& sender, const std::string& family, const std::string& device,
+                               double value) {
+  double& seen = last_[sender + '\n' + family + '\n' + device];
+  seen = std::max(seen, value);
+  return seen;
+}
 
-  std::vector<MetricFamily> out;
-  struct Counter {
-    const char* name;
-    const char* help;
-    uint64_t DeviceStats::*field;
-  };
-  for (Counter c : {Counter{"slotstream_messages_total", "Complete messages stored.", &DeviceStats::messages},
-                    Counter{"slotstream_bytes_total", "Payload bytes of complete messages.", &DeviceStats::bytes},
-                    Counter{"slotstream_gaps_total", "Packets that never arrived.", &DeviceStats::gaps},
-                    Counter{"slotstream_duplicates_total", "Duplicate packets dropped.", &DeviceStats::duplicates},
-                    Counter{"slotstream_device_pauses_total",
-                            "Times a device was paused because its worker was behind.", &DeviceStats::pauses}}) {
+void MetricsState::device_families(const Totals& totals, std::vector<MetricFamily>* out) {
+  std::vector<ExtraFamilies::Device> families = {
+      {"slotstream_messages_total", "Complete messages stored.", &DeviceStats::messages},
+      {"slotstream_bytes_total", "Payload bytes of stored messages.", &DeviceStats::bytes},
+      {"slotstream_gaps_total", "Packets (datagram: messages) that never arrived.", &DeviceStats::gaps},
+      {"slotstream_duplicates_total", "Duplicate packets (datagram: segments) dropped.", &DeviceStats::duplicates},
+      {"slotstream_device_pauses_total", "Times a device was paused because its worker was behind.",
+       &DeviceStats::pauses}};
+  families.insert(families.end(), extra_.per_device.begin(), extra_.per_device.end());
+  for (const auto& c : families) {
     MetricFamily f{c.name, c.help, MetricType::Counter, {}};
     for (const auto& [sender, t] : totals) {
       for (const auto& [d, s] : t.per_device) {
@@ -230,8 +262,12 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
                                   monotonic(sender, c.name, device, double(s.*c.field))));
       }
     }
-    out.push_back(std::move(f));
+    out->push_back(std::move(f));
   }
+}
+
+void MetricsState::sender_families(const Totals& totals, const std::vector<SessionReport>& live,
+                                   std::vector<MetricFamily>* out) {
   MetricFamily paused{
       "slotstream_device_paused", "1 while the device is paused (its worker is behind).", MetricType::Gauge, {}};
   for (const SessionReport& r : live) {
@@ -241,7 +277,7 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
           sample({{"sender", r.sender.name}, {"device", std::to_string(d)}}, MetricType::Gauge, s.paused ? 1 : 0));
     }
   }
-  out.push_back(std::move(paused));
+  out->push_back(std::move(paused));
   MetricFamily stalls{"slotstream_stalls_total",
                       "Times the receiver refused data (a full disk, or a device paused).",
                       MetricType::Counter,
@@ -250,7 +286,59 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
     stalls.metric.push_back(sample({{"sender", sender}}, MetricType::Counter,
                                    monotonic(sender, "slotstream_stalls_total", "", double(t.stalls))));
   }
-  out.push_back(std::move(stalls));
+  out->push_back(std::move(stalls));
+  for (const auto& c : extra_.per_sender) {
+    MetricFamily f{c.name, c.help, MetricType::Counter, {}};
+    for (const auto& [sender, t] : totals) {
+      const auto it = t.protocol_counters.find(c.key);
+      const double v = it == t.protocol_counters.end() ? 0 : double(it->second);
+      f.metric.push_back(sample({{"sender", sender}}, MetricType::Counter, monotonic(sender, c.name, "", v)));
+    }
+    out->push_back(std::move(f));
+  }
+}
+
+// Per sender: the store-latency histogram (stream::Delivery), cumulative buckets kept monotonic.
+MetricFamily MetricsState::store_latency_family(const Totals& totals) {
+  MetricFamily latency{"slotstream_message_store_seconds",
+                       "Per sender: seconds from the receiver taking up a message's first block to the message "
+                       "being stored (reassembly, back-pressure waits, the write; not end to end).",
+                       MetricType::Histogram,
+                       {}};
+  for (const auto& [sender, t] : totals) {
+    const LatencyHistogram& h = t.store_latency;
+    ClientMetric m;
+    m.label = {{"sender", sender}};
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < LatencyHistogram::kBounds.size(); ++i) {
+      cumulative += h.buckets[i];
+      const std::string bucket = "le" + std::to_string(i);
+      m.histogram.bucket.push_back({uint64_t(monotonic(sender, latency.name.c_str(), bucket, double(cumulative))),
+                                    LatencyHistogram::kBounds[i]});
+    }
+    m.histogram.bucket.push_back({uint64_t(monotonic(sender, latency.name.c_str(), "count", double(h.count))),
+                                  std::numeric_limits<double>::infinity()});
+    m.histogram.sample_count = m.histogram.bucket.back().cumulative_count;
+    m.histogram.sample_sum = monotonic(sender, latency.name.c_str(), "sum", h.sum_seconds);
+    latency.metric.push_back(std::move(m));
+  }
+  return latency;
+}
+
+std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeline::WorkerManager* workers,
+                                                MetricsClock::time_point now) {
+  std::vector<MetricFamily> out = collect(rx.live_sessions(), workers, now);
+  append_refusals(rx.refusals(), &out);
+  return out;
+}
+
+std::vector<MetricFamily> MetricsState::collect(const std::vector<SessionReport>& live,
+                                                const pipeline::WorkerManager* workers, MetricsClock::time_point now) {
+  std::lock_guard lock(mutex_);
+  const Totals all = totals(live, now);
+  std::vector<MetricFamily> out;
+  device_families(all, &out);
+  sender_families(all, live, &out);
 
   MetricFamily held{"slotstream_held_blocks", "Receiver blocks held (status 2) right now.", MetricType::Gauge, {}};
   MetricFamily info{"slotstream_connection_info",
@@ -276,62 +364,8 @@ std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeli
                  "Senders being served now (one per sender name, whatever its number of connections).",
                  MetricType::Gauge,
                  {sample({}, MetricType::Gauge, double(live.size()))}});
-  append_refusals(rx.refusals(), &out);
-
-  MetricFamily latency{"slotstream_message_store_seconds",
-                       "Per sender: seconds from the receiver taking up a message's first block to the message "
-                       "being stored (reassembly, back-pressure waits, the write; not end to end).",
-                       MetricType::Histogram,
-                       {}};
-  for (const auto& [sender, t] : totals) {
-    const LatencyHistogram& h = t.store_latency;
-    ClientMetric m;
-    m.label = {{"sender", sender}};
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < LatencyHistogram::kBounds.size(); ++i) {
-      cumulative += h.buckets[i];
-      const std::string bucket = "le" + std::to_string(i);
-      m.histogram.bucket.push_back({uint64_t(monotonic(sender, latency.name.c_str(), bucket, double(cumulative))),
-                                    LatencyHistogram::kBounds[i]});
-    }
-    m.histogram.bucket.push_back({uint64_t(monotonic(sender, latency.name.c_str(), "count", double(h.count))),
-                                  std::numeric_limits<double>::infinity()});
-    m.histogram.sample_count = m.histogram.bucket.back().cumulative_count;
-    m.histogram.sample_sum = monotonic(sender, latency.name.c_str(), "sum", h.sum_seconds);
-    latency.metric.push_back(std::move(m));
-  }
-  out.push_back(std::move(latency));
-
-  if (workers) {
-    const auto ws = workers->stats();
-    struct Worker {
-      const char* name;
-      MetricType type;
-      const char* help;
-      uint64_t pipeline::WorkerStats::*field;
-    };
-    for (Worker w : {Worker{"slotstream_worker_backlog_messages", MetricType::Gauge,
-                            "Stored messages the worker has not finished.", &pipeline::WorkerStats::backlog_messages},
-                     Worker{"slotstream_worker_backlog_bytes", MetricType::Gauge, "Bytes of those messages.",
-                            &pipeline::WorkerStats::backlog_bytes},
-                     Worker{"slotstream_worker_processed_total", MetricType::Counter,
-                            "Messages the worker recorded as done.", &pipeline::WorkerStats::processed},
-                     Worker{"slotstream_worker_restarts_total", MetricType::Counter, "Times the worker was restarted.",
-                            &pipeline::WorkerStats::restarts}}) {
-      MetricFamily f{w.name, w.help, w.type, {}};
-      for (const auto& s : ws) {
-        f.metric.push_back(
-            sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, w.type, double(s.*w.field)));
-      }
-      out.push_back(std::move(f));
-    }
-    MetricFamily running{"slotstream_worker_running", "1 while the worker process runs.", MetricType::Gauge, {}};
-    for (const auto& s : ws) {
-      running.metric.push_back(
-          sample({{"sender", s.sender}, {"device", std::to_string(s.device)}}, MetricType::Gauge, s.running ? 1 : 0));
-    }
-    out.push_back(std::move(running));
-  }
+  out.push_back(store_latency_family(all));
+  if (workers) worker_families(*workers, &out);
   return out;
 }
 

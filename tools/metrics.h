@@ -56,15 +56,40 @@ std::string probe_writable(const std::string& dir);
 prometheus::ClientMetric sample(std::vector<prometheus::ClientMetric::Label> labels, prometheus::MetricType type,
                                 double value);
 
+// Families a receiver shows beyond the ones every receiver has (the datagram receiver's, from
+// dgram/report.h): per-device counters of DeviceStats, and per-sender counters read from a
+// SessionReport's protocol_counters.
+struct ExtraFamilies {
+  struct Device {
+    const char* name;
+    const char* help;
+    uint64_t DeviceStats::*field;
+  };
+  struct Counter {
+    std::string key;  // of SessionReport::protocol_counters
+    std::string name;
+    std::string help;
+  };
+  std::vector<Device> per_device;
+  std::vector<Counter> per_sender;
+};
+
 // Counters of senders that have ended (Prometheus counters never go back), plus the live ones
-// read from the Receiver at scrape time. Threading: any thread (one mutex).
+// read from the receiver at scrape time: one collector for the block receiver and the datagram
+// receiver, whose reports are the same SessionReport. Threading: any thread (one mutex).
 class MetricsState {
  public:
   // `prune_after`: how long an ended sender's series stay when it does not come back.
-  explicit MetricsState(std::chrono::seconds prune_after = std::chrono::minutes(5)) : prune_after_(prune_after) {}
-  // From Receiver's on_session_end. Reports of senders that were never accepted are ignored.
+  explicit MetricsState(std::chrono::seconds prune_after = std::chrono::minutes(5), ExtraFamilies extra = {})
+      : prune_after_(prune_after),
+        extra_(std::move(extra)) {}
+  // From the receiver's on_session_end. Reports of senders that were never accepted are ignored.
   void session_ended(const SessionReport& r);
-  // Every metric family, now (for the exposer, or a test).
+  // Every metric family, now (for the exposer, or a test): `live` is the receiver's live_sessions().
+  std::vector<prometheus::MetricFamily> collect(const std::vector<SessionReport>& live,
+                                                const pipeline::WorkerManager* workers,
+                                                MetricsClock::time_point now = MetricsClock::now());
+  // The same for a block receiver, with its refusal counters.
   std::vector<prometheus::MetricFamily> collect(const Receiver& rx, const pipeline::WorkerManager* workers,
                                                 MetricsClock::time_point now = MetricsClock::now());
 
@@ -73,8 +98,17 @@ class MetricsState {
     SessionReport totals;           // every ended connection of this name, merged
     MetricsClock::time_point last;  // when the last one ended
   };
+  using Totals = std::map<std::string, SessionReport>;  // by sender name
+  Totals totals(const std::vector<SessionReport>& live, MetricsClock::time_point now);
+  double monotonic(const std::string& sender, const std::string& family, const std::string& device, double value);
+  void device_families(const Totals& totals, std::vector<prometheus::MetricFamily>* out);
+  prometheus::MetricFamily store_latency_family(const Totals& totals);
+  void sender_families(const Totals& totals, const std::vector<SessionReport>& live,
+                       std::vector<prometheus::MetricFamily>* out);
+
   std::mutex mutex_;
   std::chrono::seconds prune_after_;
+  ExtraFamilies extra_;
   std::map<std::string, Ended> ended_;  // by sender name
   // What each counter series last showed, so that it never goes back: a lane that has just ended
   // is, for a moment, in neither the live view nor the ended totals (see collect()).
@@ -87,9 +121,9 @@ class MetricsServer {
   // Serves /metrics, /health and /ready on HOST:PORT (port 0: any free port, see address()).
   static Status start(const std::string& address, const Receiver& rx, MetricsState& state,
                       const pipeline::WorkerManager* workers, ReadyFn ready, std::unique_ptr<MetricsServer>* out);
-  // Serves what `collect` returns on /metrics (the datagram receiver's; called on the server's
-  // threads, possibly two at once, so `collect` must be safe to call concurrently), and what
-  // `ready` says on /ready (none: ready while serving).
+  // Serves what `collect` returns on /metrics (called on the server's threads, possibly two at
+  // once, so `collect` must be safe to call concurrently), and what `ready` says on /ready (none:
+  // ready while serving).
   static Status start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out,
                       ReadyFn ready = {});
   ~MetricsServer();

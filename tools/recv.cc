@@ -88,6 +88,50 @@ void wait_for_stop(const sigset_t& sigs, const std::function<bool()>& done) {
   }
 }
 
+int parse_holds(const RecvArgs& args, std::vector<HoldSpec>* holds) {
+  for (const auto& h : args.holds) {
+    HoldSpec spec;
+    if (!parse_hold_spec(h, &spec)) {
+      print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
+      return kExitUsage;
+    }
+    holds->push_back(spec);
+  }
+  return kExitOk;
+}
+
+bool uses_workers(const RecvArgs& args) { return !args.worker.empty() || !args.worker_dir.empty(); }
+
+// Where messages go (--discard, --out, --worker) must be one consistent choice.
+int check_sink_options(const RecvArgs& args) {
+  if (uses_workers(args) && args.discard) {
+    print_error("recv", "--worker needs --out (workers read the stored files)");
+    return kExitUsage;
+  }
+  if (!uses_workers(args) && (args.backlog_bytes || args.backlog_messages)) {
+    print_error("recv",
+                "--backlog-messages/--backlog-bytes need --worker or --worker-dir (nothing else consumes the backlog)");
+    return kExitUsage;
+  }
+  return kExitOk;
+}
+
+std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args) {
+  pipeline::WorkerOptions wo;
+  wo.out = args.out;
+  wo.progress = args.worker_dir;
+  wo.command = args.worker;
+  wo.runtime = args.worker_runtime == "podman" ? pipeline::Runtime::kPodman : pipeline::Runtime::kProcess;
+  wo.image = args.worker_image;
+  wo.cpus = args.worker_cpus;
+  wo.memory = args.worker_memory;
+  wo.backlog_messages = args.backlog_messages;
+  wo.backlog_bytes = args.backlog_bytes;
+  wo.keep_processed = args.keep_processed;
+  wo.on_event = [](const std::string& text) { log_info(text); };
+  return std::make_unique<pipeline::WorkerManager>(std::move(wo));
+}
+
 namespace {
 
 std::string session_line(const SessionReport& r) {
@@ -123,14 +167,7 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     return kExitUsage;
   }
   opt->rdma = rdma_options(args.rdma_transport, args.rdma_device);
-  for (const auto& h : args.holds) {
-    HoldSpec spec;
-    if (!parse_hold_spec(h, &spec)) {
-      print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
-      return kExitUsage;
-    }
-    opt->holds.push_back(spec);
-  }
+  if (int rc = parse_holds(args, &opt->holds); rc != kExitOk) return rc;
   if (args.max_memory) {
     auto bytes = parse_size(*args.max_memory);
     if (!bytes || *bytes == 0) {
@@ -146,38 +183,6 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     }
   }
   return kExitOk;
-}
-
-bool uses_workers(const RecvArgs& args) { return !args.worker.empty() || !args.worker_dir.empty(); }
-
-// Where messages go (--discard, --out, --worker) must be one consistent choice.
-int check_sink_options(const RecvArgs& args) {
-  if (uses_workers(args) && args.discard) {
-    print_error("recv", "--worker needs --out (workers read the stored files)");
-    return kExitUsage;
-  }
-  if (!uses_workers(args) && (args.backlog_bytes || args.backlog_messages)) {
-    print_error("recv",
-                "--backlog-messages/--backlog-bytes need --worker or --worker-dir (nothing else consumes the backlog)");
-    return kExitUsage;
-  }
-  return kExitOk;
-}
-
-std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args) {
-  pipeline::WorkerOptions wo;
-  wo.out = args.out;
-  wo.progress = args.worker_dir;
-  wo.command = args.worker;
-  wo.runtime = args.worker_runtime == "podman" ? pipeline::Runtime::kPodman : pipeline::Runtime::kProcess;
-  wo.image = args.worker_image;
-  wo.cpus = args.worker_cpus;
-  wo.memory = args.worker_memory;
-  wo.backlog_messages = args.backlog_messages;
-  wo.backlog_bytes = args.backlog_bytes;
-  wo.keep_processed = args.keep_processed;
-  wo.on_event = [](const std::string& text) { log_info(text); };
-  return std::make_unique<pipeline::WorkerManager>(std::move(wo));
 }
 
 // Each sender's sink: nothing (--discard), its directory below --out, or its directory feeding

@@ -34,9 +34,11 @@ namespace slotstream {
 const char* version();
 
 // kAuto: shm when both ends share a host and its shared memory, else rdma when both ends have a
-// usable RDMA device, else tcp (the receiver decides from the HELLO and says why).
-enum class Transport { kAuto, kShm, kTcp, kRdma };
-std::optional<Transport> parse_transport(std::string_view text);  // "auto", "shm", "tcp", "rdma"
+// usable RDMA device, else tcp (the receiver decides from the HELLO and says why). kUdp is the
+// datagram transport (RDMA over UDP datagrams: `slotstream recv|send --transport udp`, its own stack;
+// docs/design.md): it appears in reports (SenderInfo::transport), and Sender and Receiver refuse it.
+enum class Transport { kAuto, kShm, kTcp, kRdma, kUdp };
+std::optional<Transport> parse_transport(std::string_view text);  // "auto", "shm", "tcp", "rdma", "udp"
 const char* transport_name(Transport t);
 
 // Which of UCX's RDMA transports `rdma` uses: rc (reliable connection, the default: rc_mlx5 or
@@ -322,13 +324,23 @@ struct SenderInfo {
   std::map<uint16_t, uint64_t> first_message;
 };
 
+// What became of one device's messages: the same report for every transport. A block transport
+// (shm, tcp, rdma) delivers every message or breaks it with a gap; the datagram transport (udp, and
+// its RC baseline) may also keep a message partial, drop it, or lose it whole, and says which.
 struct DeviceStats {
-  uint64_t messages = 0;
-  uint64_t bytes = 0;
-  uint64_t gaps = 0;
-  uint64_t duplicates = 0;
-  uint64_t pauses = 0;  // times the device was paused because its sink was busy (worker backlog)
-  bool paused = false;  // paused right now
+  uint64_t messages = 0;    // complete messages stored
+  uint64_t bytes = 0;       // payload bytes stored (datagram: also the valid bytes of kept partial messages)
+  uint64_t gaps = 0;        // missing packet numbers (datagram: messages of which nothing arrived, = lost)
+  uint64_t duplicates = 0;  // duplicate packets dropped (datagram: segments whose bytes were all there)
+  uint64_t partial = 0;     // incomplete messages kept (datagram RDMA Write-Record, recv --partial keep)
+  uint64_t dropped = 0;     // incomplete messages (or ones not storable in time) discarded
+  uint64_t lost = 0;        // messages of which nothing arrived (datagram)
+  uint64_t pauses = 0;      // times the device was paused because its sink was busy (worker backlog)
+  bool paused = false;      // paused right now
+
+  // Adds another report of the same device (a lane, or another device for a total): counters
+  // summed, paused if either is.
+  void add(const DeviceStats& o);
 };
 
 // How long the receiver took to store a sender's messages: from the consumer pass that first took
@@ -368,8 +380,9 @@ struct SessionReport {
   double seconds = 0;
   std::map<uint16_t, DeviceStats> per_device;
   // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes,
-  // buffered_read's reads and bytes read), summed over the sender's connections; documented where
-  // each protocol counts them (protocol.h).
+  // buffered_read's reads and bytes read; the datagram transport's datagrams, CRC errors, ...),
+  // summed over the sender's connections; documented where each protocol counts them (protocol.h,
+  // src/dgram/report.h).
   std::map<std::string, uint64_t> protocol_counters;
   LatencyHistogram store_latency;  // complete messages, from first block to stored
 

@@ -57,10 +57,10 @@ std::optional<std::string> check_geometry(const Hello& h, const HelloLimits& lim
 }  // namespace
 
 std::optional<std::string> check_hello(const Hello& h, const HelloLimits& limits, HelloTerms* terms) {
-  const Protocol* proto = find_protocol(h.protocol);
+  const Descriptor* proto = find_protocol(h.protocol);
   if (!proto) return "unknown datagram protocol '" + h.protocol.substr(0, 64) + "'";
-  if (proto->over_tcp() != limits.over_tcp) {
-    return std::string("protocol ") + proto->name + " runs over " + (proto->over_tcp() ? "TCP" : "UDP");
+  if (proto->over_tcp != limits.over_tcp) {
+    return "protocol " + std::string(proto->name) + " runs over " + (proto->over_tcp ? "TCP" : "UDP");
   }
   if (auto why = invalid_sender_name(h.name)) return "sender name: " + *why;
   if (auto why = check_auth(h, limits)) return why;
@@ -70,12 +70,12 @@ std::optional<std::string> check_hello(const Hello& h, const HelloLimits& limits
   return std::nullopt;
 }
 
-uint64_t reservation_bytes(const Hello& h, const Protocol& p, uint32_t rd_window) {
+uint64_t reservation_bytes(const Hello& h, const Descriptor& p, uint32_t rd_window) {
   const uint64_t slots = mul_sat(h.devices.size(), h.ring);
   uint64_t total = mul_sat(slots, add_sat(h.max_message, kSlotOverhead));
   total = add_sat(total, mul_sat(h.devices.size(), kDeviceOverhead));
   total = add_sat(total, kSessionOverhead);
-  if (p.service == Service::kRD) {
+  if (p.sequenced) {
     total = add_sat(total, mul_sat(rd_window, add_sat(h.segment_size, kMaxHeaderSize + kMaxTrailerSize)));
   }
   return total;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dgram/control.h"
-#include "dgram/protocols.h"
+#include "dgram/protocol.h"
 
 namespace slotstream::dgram {
 
@@ -29,7 +29,7 @@ struct HelloLimits {
 };
 
 struct HelloTerms {
-  const Protocol* protocol = nullptr;
+  const Descriptor* protocol = nullptr;
   uint64_t reservation = 0;  // reservation_bytes(): what the session is charged against --max-memory
 };
 
@@ -42,7 +42,7 @@ std::optional<std::string> check_hello(const Hello& h, const HelloLimits& limits
 // The most memory a session of this hello can come to hold: every STag (or posted receive) of every
 // device with a message of the largest size in it, the bookkeeping of each, and RD's buffer beyond a
 // hole. Regions are allocated only as data arrives; this is what may be promised. Saturates.
-uint64_t reservation_bytes(const Hello& h, const Protocol& p, uint32_t rd_window);
+uint64_t reservation_bytes(const Hello& h, const Descriptor& p, uint32_t rd_window);
 
 // Nullopt if `want` more bytes fit a budget of `budget` with `in_use` promised already; else why not.
 std::optional<std::string> check_budget(uint64_t want, uint64_t in_use, uint64_t budget);

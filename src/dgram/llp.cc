@@ -35,12 +35,6 @@ bool wait_fd(int fd, short events, int timeout_ms) {
 
 }  // namespace
 
-int64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 std::string Address::str() const {
   char host[INET6_ADDRSTRLEN] = "?";
   if (ss.ss_family == AF_INET) {

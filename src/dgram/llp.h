@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "clock.h"
 #include "dgram/injector.h"
 #include "slotstream/status.h"
 
@@ -187,8 +188,5 @@ void FaultyLink::pass(std::span<const std::byte> d, Emit&& emit) {
   if (v.duplicate) emit(out, false);
   flush(emit);  // a held datagram goes after the one that overtook it
 }
-
-// Current CLOCK_MONOTONIC time in nanoseconds (the same clock on both ends of one host).
-int64_t now_ns();
 
 }  // namespace slotstream::dgram

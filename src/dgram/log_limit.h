@@ -3,10 +3,13 @@
 // ~10,000). Each kind of event may print kBurst lines per kWindow; the rest are counted (the
 // receiver's counters and /metrics keep the whole count), and the next line printed for that kind
 // says how many were left out. Pure: the caller passes the time. Threading: one thread.
+// EventLog is the receiver's: the limiter in front of its on_event callback, for any thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -31,6 +34,19 @@ class LogLimiter {
   };
   std::map<std::string, Kind> kinds_;
   uint64_t suppressed_ = 0;
+};
+
+class EventLog {
+ public:
+  explicit EventLog(std::function<void(const std::string&)> sink) : sink_(std::move(sink)) {}
+  // Logs `line` unless lines of this kind are being rate-limited. Any thread.
+  void operator()(const std::string& kind, const std::string& line, int burst = LogLimiter::kBurst);
+  uint64_t suppressed() const;
+
+ private:
+  std::function<void(const std::string&)> sink_;
+  mutable std::mutex mu_;
+  LogLimiter limit_;
 };
 
 }  // namespace slotstream::dgram

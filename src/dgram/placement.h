@@ -131,6 +131,7 @@ enum class Placed {
   kUnknownKey,   // no such STag / queue
   kOutOfBounds,  // beyond the region, or past the message's known end
   kNoBuffer,     // untagged: no receive posted (receiver not ready)
+  kMalformed,    // not a segment this placement takes (e.g. RC's notice of the wrong length)
 };
 
 // A message being placed.

@@ -7,12 +7,16 @@
 //     (dgram_send, dgram_rd) — or REFUSE. With a token (`token`), HELLO gets a CHALLENGE and only
 //     an AUTH that proves the token starts a session (dgram/auth.h); every datagram of that session
 //     then carries a MAC (dgram/mac.h) and one without a right one is dropped and counted (forged).
-//     Nothing is kept for a sender before that, and no answer is larger than its request.
+//     Nothing is kept for a sender before that, and no answer is larger than its request
+//     (dgram/admission.h).
 //   - a session's memory is promised before it starts (its devices x STags x largest message, against
 //     `max_memory`) and allocated only as data arrives (dgram/session.h).
 //   - segments are checked (CRC32C first: a corrupted datagram is never delivered, only counted),
-//     placed (first writer wins), and finished messages go to the store in order per device, each
-//     exactly once as complete, partial (kept: Write-Record only, with keep_partial), dropped, or lost.
+//     placed by the session's protocol (dgram/protocol.h; first writer wins), and finished messages go
+//     to the store in order per device (dgram/store_queue.h), each exactly once as complete, partial
+//     (kept: Write-Record only, with keep_partial), dropped, or lost.
+//   - a store that answers kBusy for a device (its worker is behind) pauses that device: UD drops its
+//     messages (counted), RD grants no credits and RC's connection is not read until it goes on.
 //   - FIN parts (how many messages each device sent) are answered with FIN_ACK parts once every
 //     message is accounted for and stored.
 //   - a sender name is one session at a time; a new UDP session may replace an old one of the same name
@@ -21,8 +25,9 @@
 //     ending an unauthenticated session (those that carried no data first, the longest silent first)
 //     or connection (the oldest without a session); a connection without a session after
 //     hello_timeout is closed, a session silent for session_timeout is lost.
-// Threading: a network thread (sockets, placement, timers) and a storing thread (the stores);
-// the public functions may be called from any thread.
+// Its reports are slotstream's (SessionReport: dgram/report.h says how the datagram counts map).
+// Threading: a network thread (dgram/net_loop.h: sockets, placement, timers) and a storing thread
+// (the stores); the public functions may be called from any thread.
 #pragma once
 
 #include <cstdint>
@@ -33,35 +38,14 @@
 #include <string>
 #include <vector>
 
-#include "dgram/control.h"
 #include "dgram/injector.h"
-#include "dgram/placement.h"
 #include "dgram/report.h"
-#include "slotstream/status.h"
+#include "dgram/stores.h"
+#include "slotstream/slotstream.h"
 
 namespace slotstream::dgram {
 
-// A message handed to a store.
-struct Delivered {
-  uint16_t device = 0;
-  uint32_t msn = 0;      // the sender's message number for this device (0, 1, 2, ...)
-  bool partial = false;  // an incomplete Write-Record message kept under keep_partial
-  std::span<const std::byte> data;
-  const RangeSet* valid = nullptr;  // partial: the bytes that arrived (others are zero)
-  bool length_known = true;         // partial: false if the last segment never came (length = highest valid end)
-  int64_t first_ns = 0;             // first segment's arrival (CLOCK_MONOTONIC)
-  int64_t done_ns = 0;              // complete, or its timer fired
-};
-
-// Where one session's messages go. Called from the receiver's storing thread only. A failing
-// call is retried with the same message every 100 ms (the error is reported through on_event).
-class MessageStore {
- public:
-  virtual ~MessageStore() = default;
-  virtual Status store(const Delivered& m) = 0;
-};
-
-struct ReceiverOptions {
+struct DatagramReceiverOptions {
   std::string host = "0.0.0.0";
   uint16_t port = 0;                            // 0: a free port (the same number for UDP and TCP)
   bool keep_partial = false;                    // store incomplete Write-Record messages as partial
@@ -79,15 +63,17 @@ struct ReceiverOptions {
   uint64_t max_backlog_bytes = 512ull << 20;  // messages waiting for the store; beyond: UD drops, RD/RC wait
   size_t socket_buffer = 64u << 20;
   InjectOptions inject;  // faults on received datagrams (before the CRC check)
-  // Creates the store of a newly accepted sender.
+  // Message slots held in a window after each sender's session starts (recv --hold-block; Session::hold).
+  std::vector<HoldSpec> holds;
+  // Creates the store of a newly accepted sender (nullptr store, or no function: nothing is stored).
   std::function<Status(const std::string& name, std::unique_ptr<MessageStore>*)> make_store;
-  std::function<void(const SessionReport&)> on_session_end;
+  std::function<void(const SessionReport&)> on_session_end;  // from the network thread
   std::function<void(const std::string&)> on_event;
 };
 
 class DatagramReceiver {
  public:
-  static Status start(ReceiverOptions options, std::unique_ptr<DatagramReceiver>* out);
+  static Status start(DatagramReceiverOptions options, std::unique_ptr<DatagramReceiver>* out);
   ~DatagramReceiver();  // stops
   std::string listen_address() const;
   // Ends every session (their reports say "stopped") and the threads. Any thread.
@@ -100,21 +86,18 @@ class DatagramReceiver {
   // hears one (a closed port would answer it with "port unreachable" instead).
   int64_t since_last_fin_ack_ns() const;
   // Senders being served now (refreshed about every 100 ms): sessions that authenticated or placed data.
+  // A session that ends leaves this list before on_session_end reports it.
   std::vector<SessionReport> live_sessions() const;
 
-  // Everything a metrics endpoint shows, taken at one instant: a session that ends moves from
-  // `live` to `ended` at once, so a counter never shows it twice or not at all.
-  struct Snapshot {
-    std::vector<SessionReport> live;
-    std::map<std::string, SessionReport> ended;  // per sender name, every ended session summed
-    uint64_t sessions_ended = 0;
+  // What the receiver itself counts, besides its senders' reports (for /metrics).
+  struct Counters {
     DatagramCounters unattributed;  // datagrams that belonged to no session
     ReceiverCounters receiver;
     uint64_t memory_promised = 0;  // against memory_budget
     uint64_t memory_budget = 0;
     size_t connections = 0;  // TCP connections open
   };
-  Snapshot snapshot() const;
+  Counters counters() const;
 
   struct Impl;
 
@@ -122,8 +105,5 @@ class DatagramReceiver {
   explicit DatagramReceiver(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Writes the valid ranges as the `<SEQ>.valid` JSON text: [[offset, length], ...].
-std::string valid_ranges_json(const RangeSet& valid);
 
 }  // namespace slotstream::dgram

@@ -42,6 +42,8 @@ class ReceiveQueues {
   void extend_all(int64_t deadline_ns);
   int64_t next_deadline() const;
   size_t outstanding() const;
+  // Queues that have had a segment (each keeps a small record).
+  size_t touched() const { return queues_.size(); }
 
  private:
   struct Queue {

@@ -1,15 +1,24 @@
-// What the datagram receiver reports: per device (what became of every message), per session and
-// receiver-wide (what became of every datagram), and the receiver's defences (ReceiverCounters).
-// Plain values. Threading: none of their own.
+// What the datagram receiver counts, and how it shows it in slotstream's one reporting surface: a
+// sender's session becomes a SessionReport (include/slotstream/slotstream.h) like a block sender's —
+// per device what became of every message (DeviceStats: complete, partial, dropped, lost, gaps,
+// duplicates, bytes), and the transport's own counters in protocol_counters, each documented in
+// counter_docs() with the /metrics family it becomes. Receiver-wide counters (ReceiverCounters) and the
+// datagrams that belong to no session are the receiver's own. Plain values; threading: none.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
+#include <string_view>
+
+#include "slotstream/slotstream.h"
 
 namespace slotstream::dgram {
 
-struct DeviceReport {
+// One device's messages as the session accounts for them: each exactly once as complete, partial,
+// dropped or lost (the sender's FIN says how many there were).
+struct DeviceAccount {
   uint64_t sent = 0;  // from the sender's FIN (0 until it arrives)
   uint64_t bytes_sent = 0;
   uint64_t complete = 0;
@@ -18,6 +27,7 @@ struct DeviceReport {
   uint64_t lost = 0;         // nothing of it arrived
   uint64_t retired = 0;      // of the incomplete ones: displaced by a newer MSN on the STag
   uint64_t valid_bytes = 0;  // bytes of complete and kept partial messages that arrived
+  uint64_t duplicates = 0;   // segments of this device whose bytes were all there
 };
 
 // Per-datagram counters, for one session or (unattributable datagrams) the whole receiver.
@@ -25,7 +35,7 @@ struct DatagramCounters {
   uint64_t datagrams = 0;
   uint64_t bytes = 0;             // payload bytes of segments accepted for placement
   uint64_t crc_errors = 0;        // failed CRC32C: never delivered
-  uint64_t malformed = 0;         // other header errors (see dgram/wire.h DecodeError)
+  uint64_t malformed = 0;         // other header errors (see dgram/wire.h DecodeError), or not the protocol's
   uint64_t truncated = 0;         // longer than the receive buffer
   uint64_t stale = 0;             // for a message already finished
   uint64_t duplicates = 0;        // every byte already there
@@ -39,18 +49,6 @@ struct DatagramCounters {
   uint64_t rd_beyond_window = 0;  // RD: past the credits granted
   uint64_t acks_sent = 0;         // RD
   uint64_t injected_loss = 0, injected_corrupt = 0, injected_duplicate = 0, injected_reorder = 0;
-};
-
-struct SessionReport {
-  std::string name;
-  std::string peer;
-  std::string protocol;
-  bool finished = false;  // FIN/FIN_ACK; false: lost (silence, TCP reset), evicted or stopped
-  bool authenticated = false;
-  std::string reason;
-  double seconds = 0;
-  std::map<uint16_t, DeviceReport> devices;  // the devices that carried data (or were in a FIN)
-  DatagramCounters counters;
 };
 
 // What the receiver turned away or cut short, receiver-wide.
@@ -68,9 +66,29 @@ struct ReceiverCounters {
   uint64_t log_suppressed = 0;         // log lines not printed (rate limit); the counters still count
 };
 
-// Adds r's device and datagram counters to *into (names and reasons are left as they are).
-void accumulate(SessionReport* into, const SessionReport& r);
-// Every device of r summed.
-DeviceReport device_totals(const SessionReport& r);
+// A key of SessionReport::protocol_counters, what it counts, and the /metrics counter family it
+// becomes (`metric`, one sample per sender; nullptr: reports and the recv line only).
+struct CounterDoc {
+  const char* key;
+  const char* metric;
+  const char* help;
+};
+std::span<const CounterDoc> counter_docs();
+
+// The session's counters and its devices' totals (retired, sent, bytes_sent) as protocol_counters.
+std::map<std::string, uint64_t> protocol_counters(const DatagramCounters& c,
+                                                  const std::map<uint16_t, DeviceAccount>& devices = {});
+
+// Fills the message and datagram accounting of `r` (its sender, outcome and duration are the
+// receiver's): per device DeviceStats, the session sums (messages = complete, gaps = lost,
+// partial_discarded = dropped, unknown_device = unknown STag or queue, out_of_window = out of bounds,
+// bad_headers = malformed) and protocol_counters. Devices' pauses are left as they are.
+void fill_report(const std::map<uint16_t, DeviceAccount>& devices, const DatagramCounters& c, SessionReport* r);
+
+// protocol_counters[key] of `r`, 0 if it has none.
+uint64_t counter(const SessionReport& r, std::string_view key);
+
+// Every device of `r` summed (the recv line's and the benchmark's totals).
+DeviceStats device_totals(const SessionReport& r);
 
 }  // namespace slotstream::dgram

@@ -7,20 +7,15 @@
 //   finish (FIN parts -> FIN_ACK parts: what the receiver made of every message)
 //
 // With a token every datagram after ACCEPT carries a MAC under the session's key (dgram/mac.h), and
-// datagrams from the receiver without a right one are dropped (SenderStats::forged).
+// datagrams from the receiver without a right one are dropped (DatagramSenderStats::forged).
 //
-// How a message travels depends on the protocol (dgram/protocols.h):
-//   write_record  RDMA Write-Record segments to STag ring[device][msn % ring], TO = byte offset,
-//                 MSN present; the last one flagged L. Completes at the sender when the last
-//                 segment is handed to UDP (patent: "the source completes the operation at the
-//                 moment that the last bit of the message is passed to transport layer").
-//   dgram_send    Send segments on queue number = device, MSN, MO = byte offset.
-//   dgram_rd      the same, each datagram sequenced and kept until acknowledged (dgram/rd.h); a
-//                 send waits while the receiver's credits are used up.
-//   dgram_rc      RDMA Write segments (no MSN) to the STag, then a Send on queue = device whose
-//                 12-byte payload (u32 STag, u64 length) says the message is in place — RDMA
-//                 Write over a reliable connection notified by a send (patent, "RDMA Write Over
-//                 Datagrams").
+// How a message travels is the protocol's (dgram/protocol.h: Descriptor::data_header and ::notice;
+// write_record.h, send_recv.h, rc_write.h): its segments carry its bytes at their offsets, the last
+// flagged L, and a write_record message completes at the sender when the last segment is handed to
+// UDP (patent: "the source completes the operation at the moment that the last bit of the message is
+// passed to transport layer"). Below it, the link (dgram/sender_link.h): UDP datagrams — sequenced
+// and kept until acknowledged for dgram_rd (a send waits while the receiver's credits are used up) —
+// or dgram_rc's TCP stream. The handshake is dgram/sender_handshake.h.
 // Threading: every public function may be called from any thread; calls are serialised
 // internally. Messages of one device must not be sent from two threads at once (their order
 // would be undefined).
@@ -40,7 +35,7 @@
 
 namespace slotstream::dgram {
 
-struct SenderOptions {
+struct DatagramSenderOptions {
   std::string host;
   uint16_t port = 0;
   std::string name;
@@ -56,7 +51,7 @@ struct SenderOptions {
   int64_t finish_timeout_ns = 30'000'000'000;  // for FIN_ACK after the last message
 };
 
-struct SenderStats {
+struct DatagramSenderStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;
   uint64_t datagrams = 0;     // segments sent, retransmissions and control included
@@ -73,7 +68,7 @@ class DatagramSender {
   using FillFn = std::function<Status(uint64_t offset, std::span<std::byte> dst)>;
 
   // Resolves, binds, and runs the handshake. *out is set only on success.
-  static Status connect(const SenderOptions& options, std::unique_ptr<DatagramSender>* out);
+  static Status connect(const DatagramSenderOptions& options, std::unique_ptr<DatagramSender>* out);
   ~DatagramSender();
 
   Status send(uint16_t device, std::span<const std::byte> message);
@@ -83,7 +78,7 @@ class DatagramSender {
   // holds every device's counts.
   Status finish(FinAck* report);
 
-  SenderStats stats() const;
+  DatagramSenderStats stats() const;
   const std::string& protocol() const;
   uint32_t segment_size() const;
 

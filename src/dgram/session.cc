@@ -23,19 +23,10 @@ constexpr uint64_t kMaxMessages = UINT32_MAX;
 
 Session::Session(Config c)
     : c_(std::move(c)),
-      tagged_(reliable() ? c_.reliable_timeout_ns : c_.message_timeout_ns, reliable()),
-      queues_(reliable() ? c_.reliable_timeout_ns : c_.message_timeout_ns, reliable()),
+      placement_(c_.protocol->make_placement(
+          placement_spec(*c_.protocol, c_.hello, c_.first_stag, c_.message_timeout_ns, c_.reliable_timeout_ns))),
       credits_granted_(c_.rd_window) {
-  const auto& devs = c_.hello.devices;
-  index_.reserve(devs.size());
-  for (size_t i = 0; i < devs.size(); ++i) index_.emplace_back(devs[i], uint16_t(i));
-  std::sort(index_.begin(), index_.end());
-  if (c_.protocol->data_op == Opcode::kSend) {
-    queues_.post_all(c_.hello.ring, c_.hello.max_message);
-  } else {
-    tagged_.add_regions(c_.first_stag, uint32_t(devs.size() * c_.hello.ring), c_.hello.max_message);
-  }
-  if (c_.protocol->service == Service::kRD) rd_.emplace(c_.rd_window);
+  if (c_.protocol->sequenced) rd_.emplace(c_.rd_window);
 }
 
 Accept Session::accept(uint32_t receiver_qp) const {
@@ -46,19 +37,6 @@ Accept Session::accept(uint32_t receiver_qp) const {
   a.devices = uint16_t(c_.hello.devices.size());
   if (rd_) a.credits = c_.rd_window;
   return a;
-}
-
-std::optional<size_t> Session::index_of(uint16_t device) const {
-  auto it = std::lower_bound(index_.begin(), index_.end(), std::pair<uint16_t, uint16_t>(device, 0));
-  if (it == index_.end() || it->first != device) return std::nullopt;
-  return it->second;
-}
-
-std::optional<uint16_t> Session::device_of_stag(uint32_t stag) const {
-  if (stag < c_.first_stag) return std::nullopt;
-  const uint64_t i = (uint64_t(stag) - c_.first_stag) / c_.hello.ring;
-  if (i >= c_.hello.devices.size()) return std::nullopt;
-  return c_.hello.devices[i];
 }
 
 Session::DeviceState& Session::device(uint16_t d) {
@@ -72,13 +50,11 @@ Session::DeviceState& Session::device(uint16_t d) {
 // ------------------------------------------------------------------ segments
 
 void Session::on_segment(const Segment& seg, std::span<const std::byte> datagram, int64_t now_ns) {
-  const SegmentHeader& h = seg.header;
-  const Service want = c_.protocol->over_tcp() ? Service::kRC : c_.protocol->service;
-  if (h.service != want) {
+  if (seg.header.service != c_.protocol->service) {
     ++counters_.malformed;
     return;
   }
-  if (want == Service::kRD) return on_rd(seg, datagram, now_ns);
+  if (rd_) return on_rd(seg, datagram, now_ns);
   place(seg, now_ns);
 }
 
@@ -128,7 +104,11 @@ bool Session::admit(uint16_t d, uint32_t msn) {
   return false;
 }
 
-void Session::count_placed(Placed p, size_t bytes) {
+void Session::count_placed(Placed p, size_t bytes, uint16_t d) {
+  auto duplicate = [&] {
+    ++counters_.duplicates;
+    if (auto it = devices_.find(d); it != devices_.end()) ++it->second.account.duplicates;
+  };
   switch (p) {
     case Placed::kPlaced:
     case Placed::kCompleted:
@@ -137,10 +117,10 @@ void Session::count_placed(Placed p, size_t bytes) {
       break;
     case Placed::kConflict:
       ++counters_.conflicting;
-      ++counters_.duplicates;
+      duplicate();
       break;
     case Placed::kDuplicate:
-      ++counters_.duplicates;
+      duplicate();
       break;
     case Placed::kStale:
       ++counters_.stale;
@@ -154,91 +134,33 @@ void Session::count_placed(Placed p, size_t bytes) {
     case Placed::kNoBuffer:
       ++counters_.no_buffer;
       break;
-  }
-}
-
-void Session::place(const Segment& seg, int64_t now_ns) {
-  std::vector<Completion> done;
-  switch (seg.header.opcode) {
-    case Opcode::kWriteRecord:
-    case Opcode::kWrite:
-      place_tagged(seg, now_ns, &done);
-      break;
-    case Opcode::kSend:
-      place_send(seg, now_ns, &done);
-      break;
-    default:
+    case Placed::kMalformed:
       ++counters_.malformed;
-      return;
+      break;
   }
+}
+
+// Placement is the protocol's (dgram/protocol.h): where the segment goes and which device and message
+// it belongs to. The session checks it against the device's order, counts, and notes the message.
+void Session::place(const Segment& seg, int64_t now_ns) {
+  Reject why = Reject::kMalformed;
+  const std::optional<Located> at = placement_->locate(seg.header, &why);
+  if (!at) {
+    ++(why == Reject::kUnknown ? counters_.unknown : counters_.malformed);
+    return;
+  }
+  if (at->ordered && !admit(at->device, at->msn)) return;
+  std::vector<Completion> done;
+  const Placed p = placement_->place(seg, *at, now_ns, &done);
+  if (at->ordered && held(p)) device(at->device).order.seen(at->msn, now_ns);
+  count_placed(p, seg.payload.size(), at->device);
   finish(done, now_ns);
-}
-
-void Session::place_tagged(const Segment& seg, int64_t now_ns, std::vector<Completion>* done) {
-  const SegmentHeader& h = seg.header;
-  if (c_.protocol->data_op != h.opcode || (h.opcode == Opcode::kWriteRecord && !h.has_msn)) {
-    ++counters_.malformed;
-    return;
-  }
-  const auto dev = device_of_stag(h.stag);
-  if (!dev) {
-    ++counters_.unknown;
-    return;
-  }
-  if (h.opcode == Opcode::kWrite) {
-    // RC: placed now, recorded for no one; the Send after it says the message is there.
-    count_placed(tagged_.write(h.stag, h.offset, seg.payload, now_ns), seg.payload.size());
-    return;
-  }
-  if (!admit(*dev, h.msn)) return;
-  const Placed p = tagged_.write_record(h.stag, h.msn, h.offset, seg.payload, h.last, now_ns, done);
-  count_placed(p, seg.payload.size());
-  if (held(p)) device(*dev).order.seen(h.msn, now_ns);
-}
-
-void Session::place_send(const Segment& seg, int64_t now_ns, std::vector<Completion>* done) {
-  const SegmentHeader& h = seg.header;
-  if (h.queue > 0xFFFF || !index_of(uint16_t(h.queue))) {
-    ++counters_.unknown;
-    return;
-  }
-  const uint16_t d = uint16_t(h.queue);
-  if (!admit(d, h.msn)) return;
-  if (c_.protocol->data_op != Opcode::kWrite) {
-    const Placed p = queues_.place(h.queue, h.msn, h.offset, seg.payload, h.last, now_ns, done);
-    count_placed(p, seg.payload.size());
-    if (held(p)) device(d).order.seen(h.msn, now_ns);
-    return;
-  }
-  // RC: the Send after an RDMA Write says which STag holds how many bytes of message MSN.
-  if (seg.payload.size() != 12) {
-    ++counters_.malformed;
-    return;
-  }
-  const uint32_t stag = uint32_t(wire::get_le(seg.payload.data(), 4));
-  const uint64_t length = wire::get_le(seg.payload.data() + 4, 8);
-  if (device_of_stag(stag) != d) {
-    ++counters_.unknown;
-    return;
-  }
-  device(d).order.seen(h.msn, now_ns);
-  auto c = tagged_.take_written(stag, h.msn, length, now_ns);
-  if (!c) {
-    ++counters_.out_of_bounds;
-    return;
-  }
-  carried_data_ = true;
-  done->push_back(std::move(*c));
 }
 
 void Session::finish(std::vector<Completion>& done, int64_t now_ns) {
   for (auto& c : done) {
     if (c.outcome == Outcome::kIncomplete) ++counters_.expired;
-    // An RC Write whose notification never came names no message: counted, nothing to hand over.
-    if (c_.protocol->data_op == Opcode::kWrite && c.outcome != Outcome::kComplete) continue;
-    const std::optional<uint16_t> d =
-        c_.protocol->data_op == Opcode::kSend ? std::optional<uint16_t>(uint16_t(c.key)) : device_of_stag(c.key);
-    if (d) device(*d).order.finished(std::move(c), now_ns);
+    if (const auto d = placement_->device_of(c)) device(*d).order.finished(std::move(c), now_ns);
   }
 }
 
@@ -263,8 +185,8 @@ bool Session::on_fin(const Fin& part, int64_t now_ns) {
     if (f.messages == 0 && !devices_.contains(f.device)) continue;  // nothing sent, nothing to account for
     DeviceState& st = device(f.device);
     st.order.fin(f.messages, now_ns);
-    st.report.sent = f.messages;
-    st.report.bytes_sent = f.bytes;
+    st.account.sent = f.messages;
+    st.account.bytes_sent = f.bytes;
   }
   return true;
 }
@@ -272,7 +194,7 @@ bool Session::on_fin(const Fin& part, int64_t now_ns) {
 bool Session::all_released() const {
   if (!fin_complete()) return false;
   for (const auto& [_, st] : devices_) {
-    if (!st.order.all_released()) return false;
+    if (!st.order.all_released() || !st.waiting.empty()) return false;
   }
   return true;
 }
@@ -280,8 +202,7 @@ bool Session::all_released() const {
 void Session::set_backpressure(bool on, int64_t now_ns) {
   if (backpressure_ && !on && reliable()) {
     // The sender was held back: its messages' silence was ours, so their timers start over.
-    tagged_.extend_all(now_ns + c_.reliable_timeout_ns);
-    queues_.extend_all(now_ns + c_.reliable_timeout_ns);
+    placement_->extend_all(now_ns + c_.reliable_timeout_ns);
   }
   backpressure_ = on;
   if (rd_ && (on ? 0 : rd_->window()) != credits_granted_) ack_due_ = true;  // a window update
@@ -297,54 +218,70 @@ std::optional<RdFields> Session::take_ack() {
 
 // ------------------------------------------------------------------ hand-over
 
-void Session::release(int64_t now_ns, bool keep_partial, uint64_t* room, std::vector<Ready>* out) {
+void Session::hold(uint32_t slot, bool on) {
+  if (slot >= c_.hello.ring) return;
+  if (holds_.size() <= slot) holds_.resize(slot + 1, false);
+  holds_[slot] = on;
+}
+
+size_t Session::held_slots() const { return size_t(std::count(holds_.begin(), holds_.end(), true)); }
+
+bool Session::withheld(const DeviceOrder::Release& r) const {
+  if (r.kind == DeviceOrder::Kind::kLost) return false;  // nothing of it to keep back
+  const uint32_t slot = r.msn % c_.hello.ring;
+  return slot < holds_.size() && holds_[slot];
+}
+
+void Session::release(int64_t now_ns, Room& room, std::vector<Ready>* out) {
   if (!(backpressure_ && reliable())) {
     std::vector<Completion> done;
-    tagged_.expire(now_ns, &done);
-    queues_.expire(now_ns, &done);
+    placement_->expire(now_ns, &done);
     finish(done, now_ns);
   }
   std::vector<DeviceOrder::Release> ready;
   for (auto& [d, st] : devices_) {
     ready.clear();
     st.order.poll(now_ns, &ready);
-    for (auto& r : ready) hand_over(d, st, r, keep_partial, room, out);
+    for (auto& r : ready) st.waiting.push_back(std::move(r));
+    while (!st.waiting.empty() && !withheld(st.waiting.front())) {
+      hand_over(d, st, st.waiting.front(), room, out);
+      st.waiting.pop_front();
+    }
   }
 }
 
-void Session::hand_over(uint16_t d, DeviceState& st, DeviceOrder::Release& r, bool keep_partial, uint64_t* room,
-                        std::vector<Ready>* out) {
-  DeviceReport& dr = st.report;
+void Session::hand_over(uint16_t d, DeviceState& st, DeviceOrder::Release& r, Room& room, std::vector<Ready>* out) {
+  DeviceAccount& a = st.account;
   if (r.kind == DeviceOrder::Kind::kLost) {
-    dr.lost += r.count;
+    a.lost += r.count;
     return;
   }
   Completion& c = *r.completion;
   const bool partial = r.kind != DeviceOrder::Kind::kComplete;
   bool keep = !partial;
   if (partial) {
-    if (c.outcome == Outcome::kRetired) ++dr.retired;
+    if (c.outcome == Outcome::kRetired) ++a.retired;
     // Partial placement is Write-Record's: a Send delivers whole messages or nothing, and a retired
     // message's memory belongs to its successor (patent: "discard ... and do not deliver").
-    keep = keep_partial && c_.protocol->data_op == Opcode::kWriteRecord && c.outcome == Outcome::kIncomplete &&
-           !c.valid.empty();
+    keep = c_.keep_partial && c_.protocol->partial && c.outcome == Outcome::kIncomplete && !c.valid.empty();
   }
-  // UD has no back-pressure: what the store cannot take in time is dropped (and counted).
-  if (keep && !reliable() && c.data.size() > *room) keep = false;
+  // UD has no back-pressure: what the store cannot take in time, or a paused device's store at all,
+  // is dropped (and counted).
+  if (keep && !reliable() && (c.data.size() > room.bytes || (room.paused && room.paused(d)))) keep = false;
   if (!keep) {
-    ++dr.dropped;
+    ++a.dropped;
     return;
   }
-  *room -= std::min<uint64_t>(*room, c.data.size());
-  ++(partial ? dr.partial : dr.complete);
-  dr.valid_bytes += c.valid.bytes();
+  room.bytes -= std::min<uint64_t>(room.bytes, c.data.size());
+  ++(partial ? a.partial : a.complete);
+  a.valid_bytes += c.valid.bytes();
   out->push_back(Ready{d, r.msn, partial, std::move(c)});
 }
 
 int64_t Session::next_deadline() const {
   int64_t d = INT64_MAX;
   // Timers that stand still under back-pressure are not waited for (the loop would spin on them).
-  if (!(backpressure_ && reliable())) d = std::min(tagged_.next_deadline(), queues_.next_deadline());
+  if (!(backpressure_ && reliable())) d = placement_->next_deadline();
   for (const auto& [_, st] : devices_) d = std::min(d, st.order.next_deadline());
   return d;
 }
@@ -359,7 +296,7 @@ FinAck Session::fin_ack_part(uint16_t first) const {
   for (size_t i = first; i < devs.size() && i < size_t(first) + kFinPartDevices; ++i) {
     DeliveryCounts k;
     if (auto it = devices_.find(devs[i]); it != devices_.end()) {
-      const DeviceReport& r = it->second.report;
+      const DeviceAccount& r = it->second.account;
       k = {r.complete, r.partial, r.dropped, r.lost, r.valid_bytes};
     }
     a.devices.push_back({devs[i], k});
@@ -375,9 +312,9 @@ std::vector<FinAck> Session::fin_ack_parts() const {
   return parts;
 }
 
-std::map<uint16_t, DeviceReport> Session::device_reports() const {
-  std::map<uint16_t, DeviceReport> m;
-  for (const auto& [d, st] : devices_) m[d] = st.report;
+std::map<uint16_t, DeviceAccount> Session::device_accounts() const {
+  std::map<uint16_t, DeviceAccount> m;
+  for (const auto& [d, st] : devices_) m[d] = st.account;
   return m;
 }
 

@@ -1,9 +1,9 @@
 // One datagram sender's session at the receiver (dgram/receiver.h): its devices, the placement of
-// its segments (dgram/tagged.h, dgram/recv_queue.h; RD's sequence layer dgram/rd.h first), the
-// in-order hand-over of each device's messages (dgram/device_order.h), its FIN and FIN_ACK parts and
-// its report. No sockets and no clock of its own: the receiver passes it decoded segments (their MAC
-// already checked) and the time, and sends what it asks for. Unit-tested (tests/dgram/session_test.cc)
-// and fuzzed (fuzz/dgram_session_fuzz.cc).
+// its segments (the protocol's Placement, dgram/protocol.h; RD's sequence layer dgram/rd.h first),
+// the in-order hand-over of each device's messages (dgram/device_order.h), its FIN and FIN_ACK parts
+// and its accounting. No sockets and no clock of its own: the receiver passes it decoded segments
+// (their MAC already checked) and the time, and sends what it asks for. Unit-tested
+// (tests/dgram/session_test.cc) and fuzzed (fuzz/dgram_session_fuzz.cc).
 //
 // Allocation follows the data, never the hello: a device's state appears with its first segment (or a
 // FIN entry announcing messages), an STag's record with the first segment written to it, a message's
@@ -18,20 +18,20 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "dgram/control.h"
 #include "dgram/device_order.h"
 #include "dgram/placement.h"
-#include "dgram/protocols.h"
+#include "dgram/protocol.h"
 #include "dgram/rd.h"
-#include "dgram/recv_queue.h"
 #include "dgram/report.h"
-#include "dgram/tagged.h"
 #include "dgram/wire.h"
 
 namespace slotstream::dgram {
@@ -39,18 +39,19 @@ namespace slotstream::dgram {
 class Session {
  public:
   struct Config {
-    const Protocol* protocol = nullptr;
+    const Descriptor* protocol = nullptr;
     Hello hello;                                   // checked (handshake.h check_hello)
     uint32_t first_stag = 1;                       // STag 0 names nothing
     int64_t message_timeout_ns = 200'000'000;      // UD
     int64_t reliable_timeout_ns = 30'000'000'000;  // RD, RC: silence within a message
     uint32_t rd_window = 512;
+    bool keep_partial = false;  // incomplete Write-Record messages are handed over as partial ones
   };
   explicit Session(Config c);
 
   const Hello& hello() const { return c_.hello; }
-  const Protocol& protocol() const { return *c_.protocol; }
-  bool reliable() const { return c_.protocol->service != Service::kUD; }
+  const Descriptor& protocol() const { return *c_.protocol; }
+  bool reliable() const { return c_.protocol->reliable; }
   // ACCEPT (without a proof): device i's STags are first_stag + i * ring ...
   Accept accept(uint32_t receiver_qp) const;
 
@@ -69,6 +70,12 @@ class Session {
   // RD: the acknowledgement to send now, if one is due (data or a probe arrived, or the credits
   // changed). Counts it.
   std::optional<RdFields> take_ack();
+  // `recv --hold-block`: while held, message slot `slot` of every device (STag ring[d][slot], or the
+  // `slot`th receive: the messages whose MSN % ring is `slot`) is not handed over, and each device's
+  // later messages wait behind it — the paper's held block, as a protocol without per-block status
+  // keeps it (unprocessed). Slots past the ring are ignored.
+  void hold(uint32_t slot, bool held);
+  size_t held_slots() const;
 
   struct Ready {
     uint16_t device = 0;
@@ -76,11 +83,16 @@ class Session {
     bool partial = false;
     Completion completion;
   };
+  // What the store can take now (the receiver's store queue, dgram/store_queue.h).
+  struct Room {
+    uint64_t bytes = UINT64_MAX;  // an unreliable session's complete messages beyond it are dropped
+    // Whether a device's store is paused (its worker is behind): an unreliable session drops that
+    // device's messages (a reliable one is held back by the receiver instead, and hands them over).
+    std::function<bool(uint16_t)> paused;
+  };
   // Fires timers and hands over, per device and in MSN order, the messages that are ready for the
-  // store; lost and dropped ones are only counted. `room`: bytes the store queue may still take; an
-  // unreliable session's complete messages beyond it are dropped (and counted); what is handed
-  // over is taken from it. Partial Write-Record messages are kept only with keep_partial.
-  void release(int64_t now_ns, bool keep_partial, uint64_t* room, std::vector<Ready>* out);
+  // store; lost and dropped ones are only counted. What is handed over is taken from room.bytes.
+  void release(int64_t now_ns, Room& room, std::vector<Ready>* out);
   int64_t next_deadline() const;  // INT64_MAX: nothing to wait for
 
   // The FIN_ACK part that answers FIN part `first` (the devices first .. first + kFinPartDevices - 1).
@@ -89,41 +101,38 @@ class Session {
 
   DatagramCounters& counters() { return counters_; }
   const DatagramCounters& counters() const { return counters_; }
-  std::map<uint16_t, DeviceReport> device_reports() const;
+  // Per device that carried data (or was in a FIN): what became of its messages.
+  std::map<uint16_t, DeviceAccount> device_accounts() const;
   // A segment of a message was placed (the sender is not only saying hello).
   bool carried_data() const { return carried_data_; }
   // Devices and STags with state: what has been allocated so far (tests, fuzzing).
   size_t devices_with_state() const { return devices_.size(); }
-  size_t stags_touched() const { return tagged_.touched(); }
+  size_t stags_touched() const { return placement_->touched(); }
 
  private:
   struct DeviceState {
     explicit DeviceState(int64_t timeout) : order(timeout) {}
     DeviceOrder order;
-    DeviceReport report;
+    DeviceAccount account;
+    std::deque<DeviceOrder::Release> waiting;  // released by the order, not yet handed over (holds)
   };
-  std::optional<size_t> index_of(uint16_t device) const;
-  std::optional<uint16_t> device_of_stag(uint32_t stag) const;
   DeviceState& device(uint16_t d);
   void on_rd(const Segment& seg, std::span<const std::byte> datagram, int64_t now_ns);
   void place(const Segment& seg, int64_t now_ns);
-  void place_tagged(const Segment& seg, int64_t now_ns, std::vector<Completion>* done);
-  void place_send(const Segment& seg, int64_t now_ns, std::vector<Completion>* done);
   bool admit(uint16_t device, uint32_t msn);
-  void count_placed(Placed p, size_t bytes);
+  void count_placed(Placed p, size_t bytes, uint16_t device);
   void finish(std::vector<Completion>& done, int64_t now_ns);
-  void hand_over(uint16_t device, DeviceState& st, DeviceOrder::Release& r, bool keep_partial, uint64_t* room,
-                 std::vector<Ready>* out);
+  bool withheld(const DeviceOrder::Release& r) const;
+  void hand_over(uint16_t device, DeviceState& st, DeviceOrder::Release& r, Room& room, std::vector<Ready>* out);
 
   Config c_;
-  std::vector<std::pair<uint16_t, uint16_t>> index_;  // (device, its index in the hello), sorted
-  TaggedTarget tagged_;
-  ReceiveQueues queues_;
+  std::unique_ptr<Placement> placement_;
   std::map<uint16_t, DeviceState> devices_;
   std::optional<RdReceiver> rd_;
   bool ack_due_ = false;
   uint32_t credits_granted_;
   bool backpressure_ = false;
+  std::vector<bool> holds_;  // by slot (recv --hold-block)
   std::vector<bool> fin_seen_;
   size_t fin_known_ = 0;
   bool carried_data_ = false;

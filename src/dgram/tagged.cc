@@ -4,6 +4,13 @@
 
 namespace slotstream::dgram {
 
+std::optional<uint16_t> StagRings::device_of(uint32_t stag) const {
+  if (stag < first_) return std::nullopt;
+  const uint64_t i = (uint64_t(stag) - first_) / ring_;
+  if (i >= devices_.size()) return std::nullopt;
+  return devices_[i];
+}
+
 void TaggedTarget::add_regions(uint32_t first, uint32_t count, uint64_t length) {
   declared_.push_back({first, count, length});
 }

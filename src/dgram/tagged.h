@@ -32,6 +32,29 @@
 
 namespace slotstream::dgram {
 
+// The STags of a tagged session (Write-Record, RC): device i of the hello's list owns the ring
+// first + i * ring .. first + i * ring + ring - 1, and message `msn` of it goes to STag
+// first + i * ring + msn % ring — so ACCEPT names only `first`, whatever the device count.
+inline uint32_t stag_of(uint32_t first, size_t index, uint32_t ring, uint32_t msn) {
+  return first + uint32_t(index * ring + msn % ring);
+}
+
+class StagRings {
+ public:
+  StagRings(std::span<const uint16_t> devices, uint32_t first, uint32_t ring)
+      : devices_(devices.begin(), devices.end()),
+        first_(first),
+        ring_(ring) {}
+  // The device that owns `stag`, if any.
+  std::optional<uint16_t> device_of(uint32_t stag) const;
+  uint32_t first() const { return first_; }
+  uint32_t count() const { return uint32_t(devices_.size() * ring_); }
+
+ private:
+  std::vector<uint16_t> devices_;
+  uint32_t first_, ring_;
+};
+
 class TaggedTarget {
  public:
   explicit TaggedTarget(int64_t timeout_ns, bool idle = false) : timeout_ns_(timeout_ns), idle_(idle) {}

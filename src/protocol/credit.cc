@@ -8,17 +8,14 @@
 #include <deque>
 #include <thread>
 
+#include "clock.h"
 #include "protocol/posted_receives.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
 namespace {
 
-using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: comparable across local processes
-
-uint64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
+using Clock = std::chrono::steady_clock;
 
 // Active-message id of the credit update (receiver -> sender), on the sender's own worker.
 constexpr unsigned kCreditAm = 21;
@@ -154,7 +151,7 @@ class CreditReceiver final : public ReceiverProtocol {
     if (!receives_->release(id)) return;  // not a buffer we handed out: must not return a credit
     if (!batcher_.on_release()) return;
     // SDP §2.1: the credits go back in one update once half of them were used.
-    auto u = std::make_unique<CreditUpdate>(CreditUpdate{batcher_.released(), now_ns()});
+    auto u = std::make_unique<CreditUpdate>(CreditUpdate{batcher_.released(), uint64_t(now_ns())});
     fabric::Request req;
     if (to_sender_ == nullptr ||
         !to_sender_->am_send(kCreditAm, u.get(), sizeof(CreditUpdate), nullptr, 0, false, &req).is_ok()) {

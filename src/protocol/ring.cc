@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "clock.h"
 #include "net/auth.h"
 #include "protocol/reply_queue.h"
 #include "wire/block_header.h"
@@ -15,13 +16,6 @@
 namespace slotstream::protocol {
 
 static_assert(std::endian::native == std::endian::little, "AM headers are copied as little-endian structs");
-
-namespace {
-using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: comparable across local processes
-uint64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 // ----------------------------------------------------------------------------- RingSpace
 
@@ -490,7 +484,7 @@ class RingReceiver final : public ReceiverProtocol {
     ledger_.grant();
     const bool due = window_ ? ledger_.granted() != acked_credits_ : ledger_.head() != acked_head_;
     if (!due || !reply_) return false;
-    const RingAck ack{ledger_.head(), ledger_.granted(), now_ns()};
+    const RingAck ack{ledger_.head(), ledger_.granted(), uint64_t(now_ns())};
     if (!acks_.send(reply_, kRingAckAm, ack).is_ok()) {
       ++ack_failures_;  // retried on the next pass; fails for good only when the sender is gone
       return false;

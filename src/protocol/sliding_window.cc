@@ -6,18 +6,13 @@
 #include <deque>
 #include <thread>
 
+#include "clock.h"
 #include "net/auth.h"
 #include "protocol/reply_queue.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
 namespace {
-
-using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: comparable across local processes
-
-uint64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
 
 // Active-message ids on the wire.
 constexpr unsigned kNotifyAm = 11;  // sender -> receiver: "block index, length" (the immediate)
@@ -246,7 +241,7 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
     // The ACK, two-sided, right after processing (paper: "the receiver sends an ACK
     // notification"). If it cannot leave at once (e.g. the shared-memory FIFO to the sender is
     // full), the next progress() pushes it.
-    if (acks_.send(reply_, kAckAm, Ack{index, 0, now_ns()}).is_ok()) {
+    if (acks_.send(reply_, kAckAm, Ack{index, 0, uint64_t(now_ns())}).is_ok()) {
       ++acks_sent_;
     } else {
       ++ack_failures_;

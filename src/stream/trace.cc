@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <memory>
+
+#include "clock.h"
 
 namespace slotstream::stream {
 namespace {
@@ -44,10 +45,7 @@ void trace(TraceStage stage, uint16_t device, uint64_t packet) {
   if (!b) return;
   const size_t i = b->next.fetch_add(1, std::memory_order_relaxed);
   if (i >= b->capacity) return;
-  const uint64_t ns =
-      uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-                   .count());
-  b->events[i] = {ns, packet, device, stage};
+  b->events[i] = {uint64_t(now_ns()), packet, device, stage};
 }
 
 std::vector<TraceEvent> trace_events(uint64_t* dropped) {

@@ -33,6 +33,8 @@ uint8_t encode_transport(Transport t) {
       return 2;
     case Transport::kRdma:
       return 3;
+    case Transport::kUdp:  // never in a HELLO: Sender refuses it
+      break;
   }
   return 0;
 }

@@ -63,7 +63,8 @@ SegmentHeader rd_send(uint32_t seq, uint16_t device, uint32_t msn, uint64_t offs
 
 std::vector<Session::Ready> release(Session& s, int64_t now, uint64_t room = UINT64_MAX) {
   std::vector<Session::Ready> out;
-  s.release(now, false, &room, &out);
+  Session::Room r{room, nullptr};
+  s.release(now, r, &out);
   return out;
 }
 
@@ -111,7 +112,7 @@ TEST(DgramSession, MessagesGoOutInOrderAndSegmentsOutsideTheRingsAreUnknown) {
   h.stag = 1 + 2 * 4;  // past the last device's ring
   feed(s, h, bytes(1, 1), 4);
   EXPECT_EQ(s.counters().unknown, 1u);
-  EXPECT_EQ(s.device_reports().at(9).complete, 2u);
+  EXPECT_EQ(s.device_accounts().at(9).complete, 2u);
 }
 
 TEST(DgramSession, ADuplicateWithOtherBytesLosesToTheFirst) {
@@ -140,7 +141,7 @@ TEST(DgramSession, ReliableMessagesExpireAfterSilenceButNotUnderBackPressure) {
   EXPECT_TRUE(release(s, 3999 * kMs).empty());
   EXPECT_TRUE(release(s, 4000 * kMs).empty());  // expired and dropped: Send has no partial messages
   EXPECT_EQ(s.counters().expired, 1u);
-  EXPECT_EQ(s.device_reports().at(0).dropped, 1u);
+  EXPECT_EQ(s.device_accounts().at(0).dropped, 1u);
 }
 
 TEST(DgramSession, RdAcksGrantNoCreditsUnderBackPressure) {
@@ -202,7 +203,7 @@ TEST(DgramSession, AHugeFinCountIsLostInOneRun) {
   EXPECT_TRUE(release(s, 0).empty());
   EXPECT_TRUE(release(s, 200 * kMs).empty());
   EXPECT_TRUE(s.all_released());
-  EXPECT_EQ(s.device_reports().at(0).lost, UINT32_MAX);
+  EXPECT_EQ(s.device_accounts().at(0).lost, UINT32_MAX);
   EXPECT_EQ(s.fin_ack_part(0).devices[0].counts.lost, UINT32_MAX);
 }
 
@@ -217,7 +218,23 @@ TEST(DgramSession, UnreliableMessagesBeyondTheStoreRoomAreDroppedAndCounted) {
   }
   auto out = release(s, 0, 250);
   EXPECT_EQ(out.size(), 2u);
-  EXPECT_EQ(s.device_reports().at(0).dropped, 1u);
+  EXPECT_EQ(s.device_accounts().at(0).dropped, 1u);
+}
+
+// recv --hold-block over udp: a held slot keeps its message, and the device's later ones, back.
+TEST(DgramSession, AHeldSlotKeepsItsMessageAndTheDevicesLaterOnesBack) {
+  Session s(config("write_record", {0, 1}, 2));
+  s.hold(0, true);
+  s.hold(7, true);  // past the ring: ignored
+  EXPECT_EQ(s.held_slots(), 1u);
+  for (uint32_t m = 0; m < 3; ++m) feed(s, wr(s, 0, m, 0, true), bytes(5, int(m)), 0);
+  feed(s, wr(s, 1, 1, 0, true), bytes(5, 9), 0);  // device 1's message 1 waits behind its message 0
+  EXPECT_TRUE(release(s, 1).empty());
+  s.hold(0, false);
+  auto out = release(s, 2);
+  ASSERT_EQ(out.size(), 3u);
+  for (uint32_t m = 0; m < 3; ++m) EXPECT_EQ(out[m].msn, m);
+  EXPECT_EQ(s.device_accounts().at(0).complete, 3u);
 }
 
 }  // namespace

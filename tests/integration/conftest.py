@@ -129,6 +129,27 @@ def wait_until(pred, timeout, what, interval=0.05):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+# Workers (docs/workers.md): the example that checksums every message, and one slower than any sender
+# (50 ms a message); done_of reads how far a worker got (-1: not started).
+CHECKSUM = f"sh {REPO / 'workers' / 'checksum.sh'}"
+SLOW_WORKER = """
+seq=$(cat "$SLOTSTREAM_WORKER_DIR/done" 2>/dev/null || echo -1)
+while :; do
+  n=$(printf %010d $((seq+1)))
+  [ -f "$SLOTSTREAM_DEVICE_DIR/$n.bin" ] || { sleep 0.02; continue; }
+  sleep 0.05
+  seq=$((seq+1)); echo $seq > "$SLOTSTREAM_WORKER_DIR/done.tmp"; mv "$SLOTSTREAM_WORKER_DIR/done.tmp" "$SLOTSTREAM_WORKER_DIR/done"
+done
+"""
+
+
+def done_of(worker_dir):
+    try:
+        return int((worker_dir / "done").read_text())
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
 FINISHED_RE = re.compile(r"^sender (?P<name>\S*) finished: messages=(?P<messages>\d+) bytes=(?P<bytes>\d+) "
                          r"gaps=(?P<gaps>\d+) duplicates=(?P<duplicates>\d+) "
                          r"unknown_device=(?P<unknown_device>\d+) out_of_window=(?P<out_of_window>\d+)"

@@ -1,7 +1,9 @@
 """The datagram transport at 0 % loss: `slotstream recv --transport udp` and `send --transport udp` (and the RC
 baseline over TCP) move files and synthetic cameras byte-exact, on loopback and between two network namespaces."""
+import hashlib
 import json
 import os
+import pathlib
 import re
 import subprocess
 import time
@@ -9,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, make_files, run_verify
+from conftest import BIN, CHECKSUM, SLOW_WORKER, done_of, make_files, run_verify, wait_until
 from dgram_support import DgramReceiver, accounted, check_store, dgram_send, netns_pair
 
 PROTOCOLS = [("write_record", "udp"), ("dgram_send", "udp"), ("dgram_rd", "udp"), ("dgram_rc", "tcp")]
@@ -119,7 +121,11 @@ def test_usage_errors(tmp_path):
     f = make_files(tmp_path, [10], "x")[0]
     cases = [
         ([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path, "--partial", "keep"], "--partial"),
-        ([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path, "--transport", "udp", "--worker", "true"], "--worker"),
+        ([BIN, "recv", "--listen", "127.0.0.1:0", "--discard", "--transport", "udp", "--worker", "true"], "--worker"),
+        ([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path, "--transport", "udp", "--rdma-device", "x"],
+         "--rdma-device"),
+        ([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path, "--transport", "udp", "--hold-block", "x"],
+         "--hold-block"),
         ([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path, "--transport", "udp", "--partial", "maybe"], "--partial"),
         ([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path, "--transport", "udp", "--inject-loss", "x"], "--inject-loss"),
         ([BIN, "send", "--to", "127.0.0.1:9", "--transport", "udp", "--block-size", "100", "--file", f"0={f}"], "--block-size"),
@@ -178,3 +184,40 @@ def test_a_name_is_one_session_and_a_dead_senders_name_can_be_reused(tmp_path):
     names = sorted(os.listdir(tmp_path / "out/cam/device-0"))
     assert len(names) == stored + 25 and names[-1] == f"{stored + 24:010d}.bin"
     assert run_verify(tmp_path / "out").returncode == 0
+
+
+def test_workers_process_every_message_of_a_datagram_sender(tmp_path):
+    """recv --transport udp runs the per-device workers as the block receiver does (issue 23: it used to refuse
+    --worker): every stored message is handed to its device's worker once, in order."""
+    srcs = make_files(tmp_path / "src", [1000 + i for i in range(8)], "m")
+    out = tmp_path / "out"
+    rx = DgramReceiver(out, "--worker", CHECKSUM, "--keep-processed")
+    _, j = dgram_send(rx.addr, "--protocol", "dgram_rd", "--name", "w", *[f"--file={d}={p}" for d in (0, 3) for p in srcs])
+    assert accounted(j)["complete"] == 16
+    for d in (0, 3):
+        w = out / "w" / f"worker-{d}"
+        wait_until(lambda: done_of(w) == len(srcs) - 1, 20, f"worker {d}")
+        for i, src in enumerate(srcs):
+            r = json.loads((w / "results" / f"{i:010d}.json").read_text())
+            assert r["seq"] == i and r["device"] == d and r["bytes"] == 1000 + i
+            assert r["sha256"] == hashlib.sha256(pathlib.Path(src).read_bytes()).hexdigest()
+    rx.stop()
+
+
+def test_a_slow_worker_pauses_its_device_and_rd_holds_the_sender_back(tmp_path):
+    """--backlog-messages over udp: a device whose worker is behind pauses (counted in
+    slotstream_device_pauses_total); dgram_rd's sender is held back by credits, so nothing is dropped."""
+    srcs = make_files(tmp_path / "src", [2000] * 20, "m")
+    out = tmp_path / "out"
+    rx = DgramReceiver(out, "--worker", SLOW_WORKER, "--backlog-messages", 2, "--keep-processed",
+                       "--metrics", "127.0.0.1:0")
+    _, line = rx.stderr.wait_for(r"metrics on http://", 10)
+    url = line.split()[-1]
+    _, j = dgram_send(rx.addr, "--protocol", "dgram_rd", "--name", "slow", *[f"--file=0={p}" for p in srcs])
+    r = accounted(j)
+    assert r["complete"] == 20 and r["dropped"] == 0
+    wait_until(lambda: done_of(out / "slow" / "worker-0") == 19, 20, "the slow worker")
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    m = re.search(r'slotstream_device_pauses_total\{sender="slow",device="0"\} (\d+)', text)
+    assert m and int(m.group(1)) >= 1, text
+    rx.stop()

@@ -10,9 +10,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, REPO, make_files, metrics_address, send, seq_name, sha256
-
-CHECKSUM = f"sh {REPO / 'workers' / 'checksum.sh'}"
+from conftest import BIN, CHECKSUM, REPO, SLOW_WORKER, done_of, metrics_address, send, seq_name, sha256
 
 
 def wait_for(pred, timeout, what):
@@ -22,13 +20,6 @@ def wait_for(pred, timeout, what):
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def done_of(worker_dir):
-    try:
-        return int((worker_dir / "done").read_text())
-    except (FileNotFoundError, ValueError):
-        return -1
 
 
 def metrics(addr):
@@ -68,15 +59,6 @@ def test_processed_files_are_removed(receiver, tmp_path):
     wait_for(lambda: os.listdir(dev) == [], 5, "processed files to be removed")
 
 
-SLOW_WORKER = """
-seq=$(cat "$SLOTSTREAM_WORKER_DIR/done" 2>/dev/null || echo -1)
-while :; do
-  n=$(printf %010d $((seq+1)))
-  [ -f "$SLOTSTREAM_DEVICE_DIR/$n.bin" ] || { sleep 0.02; continue; }
-  sleep 0.05
-  seq=$((seq+1)); echo $seq > "$SLOTSTREAM_WORKER_DIR/done.tmp"; mv "$SLOTSTREAM_WORKER_DIR/done.tmp" "$SLOTSTREAM_WORKER_DIR/done"
-done
-"""
 
 
 def test_slow_worker_throttles_the_sender_with_bounded_backlog(receiver, tmp_path):

@@ -107,7 +107,8 @@ def test_connection_errors_are_exceptions_with_the_librarys_message(start_receiv
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"to": "no-port"}, "HOST:PORT"),
-    ({"to": "127.0.0.1:1", "transport": "udp"}, "transport must be 'auto', 'shm', 'tcp' or 'rdma'"),
+    ({"to": "127.0.0.1:1", "transport": "udp"}, "transport udp is the datagram transport"),
+    ({"to": "127.0.0.1:1", "transport": "ib"}, "transport must be 'auto', 'shm', 'tcp' or 'rdma'"),
     ({"to": "127.0.0.1:1", "transport": "rdma", "rdma_transport": "xrc"}, "rdma_transport must be 'rc', 'dc' or 'ud'"),
     ({"to": "127.0.0.1:1", "name": "has space"}, "sender name may only contain"),
     ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, "block size must be"),

@@ -1,0 +1,28 @@
+// write_record: UD + RDMA Write-Record, the patent's operation (dgram/protocol.h).
+//
+// Source: message `msn` of a device goes to STag ring[device][msn % ring] (dgram/tagged.h StagRings),
+// its segments at tagged offset TO = their byte offset, each carrying the MSN; the last one flagged L.
+// Target: TaggedTarget::write_record places each segment where it belongs, in any order, and records
+// the valid bytes; a message completes with its last byte, or its timer (from its first segment)
+// ends it incomplete — which the receiver may keep as a partial message (Descriptor::partial).
+#pragma once
+
+#include "dgram/protocol.h"
+#include "dgram/tagged.h"
+
+namespace slotstream::dgram {
+
+extern const Descriptor kWriteRecord;
+
+class WriteRecordPlacement final : public TimedPlacement<TaggedTarget> {
+ public:
+  explicit WriteRecordPlacement(const PlacementSpec& s);
+  std::optional<Located> locate(const SegmentHeader& h, Reject* why) const override;
+  Placed place(const Segment& seg, const Located& at, int64_t now_ns, std::vector<Completion>* done) override;
+  std::optional<uint16_t> device_of(const Completion& c) const override { return rings_.device_of(c.key); }
+
+ private:
+  StagRings rings_;
+};
+
+}  // namespace slotstream::dgram
