@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, CHECKSUM, REPO, SLOW_WORKER, done_of, metrics_address, send, seq_name, sha256
+from conftest import BIN, CHECKSUM, REPO, SLOW_WORKER, done_of, make_files, metrics_address, send, seq_name, sha256
 
 
 def wait_for(pred, timeout, what):
