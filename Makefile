@@ -5,4 +5,4 @@ image:
 	bash deploy/image/build.sh
 clean-image:
 	rm -rf build/image-rootfs
-	-podman rmi localhost/slotstream:latest
+	-podman rmi -f $$(podman images -q localhost/slotstream)

@@ -205,9 +205,10 @@ def plot(records, out, style, proto_key, human, plt):
 
 
 def _spread(vals, fmt):
+    """'median [min–max] (n=N)' over N runs, as every report cell (plot.spread_text)."""
     if len(vals) == 1:
-        return fmt.format(vals[0])
-    return f"{fmt.format(statistics.median(vals))} ({fmt.format(min(vals))}–{fmt.format(max(vals))})"
+        return f"{fmt.format(vals[0])} (n=1)"
+    return f"{fmt.format(statistics.median(vals))} [{fmt.format(min(vals))}–{fmt.format(max(vals))}] (n={len(vals)})"
 
 
 def claims(records):

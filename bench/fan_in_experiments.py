@@ -186,6 +186,13 @@ def plot_fan_in(records, out, plt, style):
     return path.name
 
 
+def _spread(vals):
+    """'median [min–max] (n=N)' over the N runs, as every report cell."""
+    if len(vals) == 1:
+        return f"{vals[0]:.1f} (n=1)"
+    return f"{statistics.median(vals):.1f} [{min(vals):.1f}–{max(vals):.1f}] (n={len(vals)})"
+
+
 def fan_in_table(records):
     """Markdown: aggregate MB/s per (transport, size, senders) and (protocol, mode), median over runs."""
     rows = [r for r in records if r["experiment"] in ("fan_in_threads", "fan_in_round_robin")
@@ -202,6 +209,6 @@ def fan_in_table(records):
              "| transport | size | senders | " + " | ".join(f"{p} {m}" for p, m in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     for t, s, n in sorted({k[:3] for k in vals}):
-        cells = [f"{statistics.median(vals[(t, s, n, p, m)]):.1f}" if (t, s, n, p, m) in vals else "–" for p, m in cols]
+        cells = [_spread(vals[(t, s, n, p, m)]) if (t, s, n, p, m) in vals else "–" for p, m in cols]
         lines.append(f"| {t} | {s} B | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 to it); with --report also writes report.md with every table, plot and the targets."""
 import argparse
 import json
+import re
 import pathlib
 import statistics
 import sys
@@ -67,10 +68,49 @@ def pick(records, experiment, metric, **where):
 
 
 def spread_text(values, fmt):
-    """'median' for one run, 'median [min–max]' for several."""
+    """'median [min–max] (n=N)' over the N runs; 'value (n=1)' for one run, which has no spread."""
     if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
+        return f"{fmt.format(values[0])} (n=1)"
+    return (f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}–{fmt.format(max(values))}] "
+            f"(n={len(values)})")
+
+
+def _has_data(lines):
+    """A table row below a table's header, a figure, or a list item (errors)."""
+    in_table = False
+    for line in lines:
+        if line.startswith("|"):
+            if in_table and not line.startswith("|---"):
+                return True
+            in_table = True
+        else:
+            in_table = False
+            if line.startswith("![") or line.startswith("- "):
+                return True
+    return False
+
+
+def drop_empty(text):
+    """report.md without the sections that hold no data (a heading and everything up to the next
+    heading of its level or above: an experiment that was not run leaves nothing behind), and without
+    a caption ("...:") whose table is empty."""
+    lines = text.split("\n")
+    heads = [(i, len(l) - len(l.lstrip("#"))) for i, l in enumerate(lines) if l.startswith("#") and " " in l[:7]]
+    drop = set()
+    for n, (i, level) in enumerate(heads):
+        if level == 1:
+            continue
+        end = next((j for j, lv in heads[n + 1:] if lv <= level), len(lines))
+        if not _has_data(lines[i + 1:end]):
+            drop.update(range(i, end))
+    kept = [l for i, l in enumerate(lines) if i not in drop]
+    out = []
+    for i, line in enumerate(kept):
+        nxt = next((l for l in kept[i + 1:] if l.strip()), "")
+        if line.rstrip().endswith(":") and not line.startswith(("|", "#")) and not nxt.startswith("|"):
+            continue  # a caption whose table is empty
+        out.append(line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out))
 
 
 def series(values, fixed_blocks=None, x="size"):
@@ -470,8 +510,8 @@ def report(doc, records, out, made):
           "Every number comes from two real processes over real UCX (or plain TCP for `tcp_socket`); "
           "records are in `results.json`, figures are drawn from it by `bench/plot.py`.\n",
           f"Runs: {c.get('settings', {}).get('runs', 1)} independent runs (fresh processes each); every cell is "
-          "the median over runs with [min–max] when there were several; a target is met when its median "
-          "meets it.\n",
+          "the median over its runs with [min–max] and n, the number of runs (a cell of one run has no spread: "
+          "`(n=1)`); a target is met when its median meets it.\n",
           "## Targets\n", targets(records),
           "## Synchronisation-control latency (Fig. 10-11)\n",
           "The same quantity for every protocol: each time the sender finds no free receiver block it is "
@@ -493,8 +533,11 @@ def report(doc, records, out, made):
           "wire time after each). Each point times as many messages as fit in about a second of gaps, 100 to "
           "2,000 (the count is the `latency_samples` record), after untimed warm-up messages (100, or a tenth "
           "of the timed ones for large messages, at least 5), so a p99 at small sizes rests on ~20 samples, "
-          "not on the slowest one or two of a cold start. ucx_raw_put is `ucx_perftest -t ucp_put_lat` on the same transport and size, with the same "
-          "warm-up and count (half a put ping-pong round trip, both sides polling memory; one buffer, so blocks = 1); the "
+          "not on the slowest one or two of a cold start. Within a run a point's mean, median and p99 come from the "
+          "same samples. ucx_raw_put is `ucx_perftest -t ucp_put_lat` on the same transport and size, with the same "
+          "warm-up and count (half a put ping-pong round trip, both sides polling memory; one buffer, so blocks = 1); "
+          "ucx_perftest reports one percentile per run, so its median and mean come from one run and it has no p99 "
+          "(a p99 from a second run is not comparable: it once fell below the first run's median); the "
           "bench-peer's raw put loop delivers nothing a receiver could time. A scheduler stall of either "
           "process lands in these numbers in full, so read the mean next to the median.\n",
           "Mean:\n\n", table(records, "latency", "latency_mean", "{:.1f}", by_blocks=False),
@@ -591,7 +634,7 @@ def report(doc, records, out, made):
     if doc.get("errors"):
         md.append("## Errors\n")
         md += [f"- {e['what']}: {e['error']}" for e in doc["errors"]]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    (out / "report.md").write_text(drop_empty("\n".join(md)) + "\n")
 
 
 # ------------------------------------------------------------ the SDP paper (bench/ring_experiments.py)

@@ -10,6 +10,9 @@
 #   P/share/slotstream/workers/              example processing workers (docs/workers.md)
 #   P/share/slotstream/examples/             hello_stream.cc, the Python and GStreamer examples
 #   P/lib/gstreamer-1.0/libgstslotstream.so  the GStreamer plugin (gst/CMakeLists.txt; GST_PLUGIN_PATH)
+#   P/share/man/man1/slotstream.1            the man page         } generated from --help
+#   P/share/bash-completion/completions/     bash completion      } (tools/gen_cli_docs.py)
+#   P/share/zsh/site-functions/_slotstream   zsh completion       }
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -32,6 +35,10 @@ install(DIRECTORY bench/ DESTINATION ${slotstream_share}/bench
 install(PROGRAMS workers/checksum.sh workers/h264.sh DESTINATION ${slotstream_share}/workers)
 install(FILES workers/README.md DESTINATION ${slotstream_share}/workers)
 install(FILES examples/hello_stream.cc DESTINATION ${slotstream_share}/examples)
+install(FILES ${CMAKE_BINARY_DIR}/share/man/man1/slotstream.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+install(FILES ${CMAKE_BINARY_DIR}/share/bash-completion/completions/slotstream
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions)
+install(FILES ${CMAKE_BINARY_DIR}/share/zsh/site-functions/_slotstream DESTINATION ${CMAKE_INSTALL_DATADIR}/zsh/site-functions)
 install(DIRECTORY examples/python DESTINATION ${slotstream_share}/examples PATTERN __pycache__ EXCLUDE)
 install(PROGRAMS examples/gstreamer/camera_to_file.sh DESTINATION ${slotstream_share}/examples/gstreamer)
 

@@ -88,6 +88,25 @@ bool wait_interruptibly(std::mutex& m, std::condition_variable& cv, Pred done,
   }
 }
 
+// The deadline of a call's optional `timeout=` (seconds).
+std::optional<Clock::time_point> deadline_after(std::optional<double> timeout) {
+  if (!timeout) return std::nullopt;
+  if (*timeout < 0) throw nb::value_error("timeout must be >= 0 (or None: no limit)");
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
+}
+
+// One step of a wait: at most kSignalCheck, and never past the caller's deadline.
+Clock::time_point next_check(std::optional<Clock::time_point> deadline) {
+  const auto step = Clock::now() + kSignalCheck;
+  return deadline && *deadline < step ? *deadline : step;
+}
+
+std::string seconds_text(std::optional<double> timeout) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", timeout ? *timeout : 0.0);
+  return buf;
+}
+
 // A thread that asks for the GIL while the interpreter shuts down never gets it back.
 bool python_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -256,18 +275,27 @@ class SenderLife {
   }
 
   // Waits until the receiver stored every message, then closes. Idempotent; a failed finish
-  // raises again when repeated.
-  void finish() {
-    Status st;
+  // raises again when repeated. A library sender that can be aborted (Sender::abort) finishes
+  // on a thread of its own while this one returns to Python every kSignalCheck: Ctrl-C
+  // (KeyboardInterrupt) or `timeout` seconds (slotstream.Timeout) abandon the connection, as
+  // close() does. (PlatformSender has no abort yet: its finish() blocks.)
+  void finish(std::optional<double> timeout = std::nullopt) {
+    const auto deadline = deadline_after(timeout);
+    std::unique_lock<std::shared_mutex> life;
     {
       nb::gil_scoped_release nogil;
-      std::unique_lock life(life_);
-      if (!sender_) {
-        st = {Code::kInvalidArgument, "finish() on a " + std::string(what_) + " that was closed without finishing"};
-      } else {
-        closed_ = finished_ = true;
-        st = sender_->finish();  // the library object stays, for stats()
-      }
+      life = std::unique_lock(life_);
+    }
+    if (!sender_) {
+      check({Code::kInvalidArgument, "finish() on a " + std::string(what_) + " that was closed without finishing"});
+    }
+    closed_ = finished_ = true;
+    Status st;
+    if constexpr (requires(S & s) { s.abort(Status{}); }) {
+      st = finish_interruptibly(deadline, timeout);
+    } else {
+      nb::gil_scoped_release nogil;
+      st = sender_->finish();
     }
     check(st);
   }
@@ -287,25 +315,38 @@ class SenderLife {
   }
 
  protected:
-  // One message of `device` through `fn(sender, bytes)`, the buffer read in place.
+  // One message of `device` through `fn(sender, bytes, step deadline, progress)`, the buffer read
+  // in place. `fn` gives up with kTimeout at the step deadline (kSignalCheck, or the caller's
+  // `timeout`) and continues from `progress` when called again: between steps this thread runs
+  // Python's signal handlers (Ctrl-C raises KeyboardInterrupt). An interrupted message was not sent
+  // (if it had begun, the receiver discards its part).
   template <typename F>
-  void send_with(int device, nb::handle data, F&& fn) {
+  void send_with(int device, nb::handle data, std::optional<double> timeout, F&& fn) {
     std::mutex* lock = device_lock(device_locks_, device);
+    const auto deadline = deadline_after(timeout);
     SendBuffer view(data);
-    Status st;
-    {
-      // The buffer stays exported (it cannot be resized or freed) until released; the library
-      // copies it, so no copy is made here.
-      nb::gil_scoped_release nogil;
-      std::shared_lock life(life_);
-      if (!sender_ || closed_) {
-        st = {Code::kInvalidArgument, "send() on a " + std::string(what_) + " that is finished or closed"};
-      } else {
-        std::lock_guard one_thread_per_device(*lock);
-        st = fn(*sender_, view.bytes());
+    DeviceStream::Progress progress;
+    for (;;) {
+      Status st;
+      {
+        // The buffer stays exported (it cannot be resized or freed) until released; the library
+        // copies it, so no copy is made here.
+        nb::gil_scoped_release nogil;
+        std::shared_lock life(life_);
+        if (!sender_ || closed_) {
+          st = {Code::kInvalidArgument, "send() on a " + std::string(what_) + " that is finished or closed"};
+        } else {
+          std::lock_guard one_thread_per_device(*lock);
+          st = fn(*sender_, view.bytes(), next_check(deadline), &progress);
+        }
       }
+      if (st.code() != Code::kTimeout) return check(st);
+      if (deadline && Clock::now() >= *deadline) {
+        check({Code::kTimeout,
+               "send() timed out after " + seconds_text(timeout) + ": " + st.message() + "; the message was not sent"});
+      }
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();  // KeyboardInterrupt, ...
     }
-    check(st);
   }
   auto stats_snapshot() const {
     std::optional<decltype(sender_->stats())> s;
@@ -319,6 +360,48 @@ class SenderLife {
   DeviceLocks device_locks_;
 
  private:
+  // finish() of a library sender with abort(), on a thread of its own (see finish()). Called with
+  // the GIL held and life_ held exclusively.
+  Status finish_interruptibly(std::optional<Clock::time_point> deadline, std::optional<double> timeout) {
+    struct Done {
+      std::mutex mutex;
+      std::condition_variable cv;
+      bool done = false;
+      Status st;
+    };
+    auto done = std::make_shared<Done>();
+    S* s = sender_.get();
+    std::thread finisher([s, done] {
+      Status st = s->finish();  // the library object stays, for stats()
+      std::lock_guard l(done->mutex);
+      done->st = std::move(st);
+      done->done = true;
+      done->cv.notify_all();
+    });
+    auto abandon = [&] {
+      nb::gil_scoped_release nogil;
+      s->abort({Code::kCancelled, "sender cancelled"});  // the library's finish() returns within ~100 ms
+      finisher.join();
+      finished_ = false;  // close() drops the connection
+    };
+    bool in_time;
+    try {
+      in_time = wait_interruptibly(
+          done->mutex, done->cv, [&] { return done->done; }, deadline);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    if (!in_time) {
+      abandon();
+      return {Code::kTimeout, "finish() timed out after " + seconds_text(timeout) +
+                                  " (the receiver had not confirmed every message); the connection was abandoned"};
+    }
+    nb::gil_scoped_release nogil;
+    finisher.join();
+    return done->st;
+  }
+
   const char* what_;
   mutable std::shared_mutex life_;  // send: shared; finish, close: exclusive
   bool closed_ = false;
@@ -372,12 +455,14 @@ class PySender : public SenderLife<Sender> {
     options_ = std::move(o);
   }
 
-  void send(int device, nb::handle data) {
-    send_with(device, data, [device](Sender& s, std::span<const std::byte> bytes) {
-      return s.device(uint16_t(device))->send(bytes);
-    });
+  void send(int device, nb::handle data, std::optional<double> timeout) {
+    send_with(
+        device, data, timeout,
+        [device](Sender& s, std::span<const std::byte> bytes, Clock::time_point step,
+                 DeviceStream::Progress* progress) { return s.device(uint16_t(device))->send(bytes, step, progress); });
   }
-  void finish() { SenderLife::finish(); }
+  void finish(std::optional<double> timeout) { SenderLife::finish(timeout); }
+  void finish_no_timeout() { SenderLife::finish(); }
   void close() { SenderLife::close(); }
 
   nb::dict stats() const {
@@ -433,10 +518,11 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
     check(st);
   }
 
+  // (The platform's sender has no deadline-aware send yet: this one blocks until it is sent.)
   void send(int device, nb::handle data) {
-    send_with(device, data, [device](PlatformSender& s, std::span<const std::byte> bytes) {
-      return s.send(uint16_t(device), bytes);
-    });
+    send_with(device, data, std::nullopt,
+              [device](PlatformSender& s, std::span<const std::byte> bytes, Clock::time_point,
+                       DeviceStream::Progress*) { return s.send(uint16_t(device), bytes); });
   }
   void finish() { SenderLife::finish(); }
   void close() { SenderLife::close(); }
@@ -782,21 +868,35 @@ class PyReceiver {
   // Iterator mode: the next (sender, device, seq, memoryview); StopIteration once
   // exit_after_senders have ended (or the receiver was closed) and every queued message is out.
   nb::tuple next() {
+    nb::object item = get(std::nullopt);
+    if (item.is_none()) throw nb::stop_iteration();
+    return nb::borrow<nb::tuple>(item);
+  }
+
+  // The next (sender, device, seq, memoryview) as iteration gives it, None where iteration would
+  // end; slotstream.Timeout when nothing came within `timeout` seconds. Returns to Python every
+  // kSignalCheck while it waits (Ctrl-C raises KeyboardInterrupt).
+  nb::object get(std::optional<double> timeout) {
     if (shared_->callback_mode) {
       check({Code::kInvalidArgument, "this Receiver delivers to its callback; iterate one made without a callback"});
     }
+    const auto deadline = deadline_after(timeout);
     std::optional<Delivered> item;
     RxShared& s = *shared_;
-    wait_interruptibly(s.mutex, s.changed, [&] {
-      if (!s.queue.empty()) {
-        item = std::move(s.queue.front());
-        s.queue.pop_front();
-        s.changed.notify_all();  // room for a waiting sink
-        return true;
-      }
-      return s.closing || done_locked();
-    });
-    if (!item) throw nb::stop_iteration();
+    const bool in_time = wait_interruptibly(
+        s.mutex, s.changed,
+        [&] {
+          if (!s.queue.empty()) {
+            item = std::move(s.queue.front());
+            s.queue.pop_front();
+            s.changed.notify_all();  // room for a waiting sink
+            return true;
+          }
+          return s.closing || done_locked();
+        },
+        deadline);
+    if (!in_time) check({Code::kTimeout, "no message within " + seconds_text(timeout)});
+    if (!item) return nb::none();
     nb::object data =
         item->view ? PyViewSink::make_view(std::move(item->view), item->seq) : memoryview_of(std::move(item->data));
     return nb::make_tuple(item->sender, item->device, item->seq, data);
@@ -897,15 +997,18 @@ void bind_sender(nb::module_& m) {
           "(`rdma_transport` 'rc', 'dc' or 'ud', default the receiver's; `rdma_device` 'mlx5_0:1').\n"
           "Raises slotstream.Error subclasses (ConnectFailed, Refused, InvalidArgument — e.g. rdma\n"
           "without a usable device —, ...) with the library's message.")
-      .def(
-          "send", &PySender::send, "device"_a, "data"_a,
-          nb::sig(
-              "def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) -> None"),
-          "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
-          "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
-          "every block is in flight. Thread-safe.")
-      .def("finish", &PySender::finish,
-           "Waits until the receiver has stored every message, then closes the connection.")
+      .def("send", &PySender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
+           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
+                   "timeout: float | None = None) -> None"),
+           "Sends one message: any C-contiguous buffer (bytes, bytearray, memoryview, numpy array)\n"
+           "is read in place and copied once, into the library's send block. Waits (GIL released) while\n"
+           "every block is in flight, returning to Python every 0.1 s so that Ctrl-C raises\n"
+           "KeyboardInterrupt; after `timeout` seconds raises slotstream.Timeout. An interrupted message\n"
+           "was not sent (the receiver discards any part of it). Thread-safe.")
+      .def("finish", &PySender::finish, nb::kw_only(), "timeout"_a = nb::none(),
+           "Waits until the receiver has stored every message, then closes the connection. Ctrl-C\n"
+           "(KeyboardInterrupt, within 0.2 s) or `timeout` seconds (slotstream.Timeout) abandon the\n"
+           "connection instead: the receiver keeps the complete messages and reports the sender lost.")
       .def("close", &PySender::close, "Abandons the connection without waiting (unfinished messages are lost).")
       .def("stats", &PySender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
            "Counters: messages, bytes, per_device, held_skips (receiver blocks skipped because held),\n"
@@ -922,7 +1025,7 @@ void bind_sender(nb::module_& m) {
           [](const PySender& s) { return std::vector<int>(s.options().devices.begin(), s.options().devices.end()); })
       .def_prop_ro("closed", [](const PySender& s) { return s.is_closed(); });
   // Leaving the block normally waits for the receiver; leaving it by an exception abandons.
-  def_context_manager<PySender, &PySender::finish, &PySender::close>(cls, "def __enter__(self) -> Sender");
+  def_context_manager<PySender, &PySender::finish_no_timeout, &PySender::close>(cls, "def __enter__(self) -> Sender");
 }
 
 void bind_platform_sender(nb::module_& m) {
@@ -962,6 +1065,7 @@ NB_MODULE(_slotstream, m) {
   // Objects still referenced from a script's globals through an exception's traceback are freed
   // after nanobind's exit-time leak check runs; its warning would be noise for every such script.
   nb::set_leak_warnings(false);
+  m.attr("__version__") = version();
   nb::class_<Frame>(m, "Frame", nb::type_slots(frame_slots),
                     "A received message's bytes, owned by this object; read it through memoryview().");
   bind_sender(m);
@@ -1029,6 +1133,12 @@ NB_MODULE(_slotstream, m) {
           "__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))
       .def("__next__", &PyReceiver::next,
            nb::sig("def __next__(self) -> tuple[str, int, int, memoryview | MessageView]"))
+      .def("get", &PyReceiver::get, nb::kw_only(), "timeout"_a = nb::none(),
+           nb::sig("def get(self, *, timeout: float | None = None) -> tuple[str, int, int, memoryview | MessageView] "
+                   "| None"),
+           "The next message as iteration gives it, or None where iteration would end; raises\n"
+           "slotstream.Timeout when none came within `timeout` seconds. Like every wait here it\n"
+           "returns to Python every 0.1 s, so Ctrl-C raises KeyboardInterrupt.")
       .def("wait", &PyReceiver::wait, "senders"_a = nb::none(), "timeout"_a = nb::none(),
            "Waits until `senders` (default exit_after_senders) sender sessions have ended; False on timeout.\n"
            "Raises the callback's exception if it raised.")

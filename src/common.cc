@@ -55,6 +55,8 @@ std::string Status::to_string() const {
   return std::string(code_name(code_)) + ": " + message_;
 }
 
+const char* version() { return SLOTSTREAM_VERSION; }
+
 std::optional<Transport> parse_transport(std::string_view text) {
   if (text == "auto") return Transport::kAuto;
   if (text == "shm") return Transport::kShm;
@@ -113,6 +115,19 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   return std::nullopt;
 }
 
+void LatencyHistogram::observe(double seconds) {
+  const auto it = std::lower_bound(kBounds.begin(), kBounds.end(), seconds);  // first bound >= seconds
+  ++buckets[size_t(it - kBounds.begin())];
+  ++count;
+  sum_seconds += seconds;
+}
+
+void LatencyHistogram::merge(const LatencyHistogram& other) {
+  for (size_t i = 0; i < buckets.size(); ++i) buckets[i] += other.buckets[i];
+  count += other.count;
+  sum_seconds += other.sum_seconds;
+}
+
 void SessionReport::merge(const SessionReport& lane) {
   finished = finished && lane.finished;
   if (reason.empty()) reason = lane.reason;
@@ -134,6 +149,7 @@ void SessionReport::merge(const SessionReport& lane) {
   stalls += lane.stalls;
   seconds = std::max(seconds, lane.seconds);
   for (const auto& [k, v] : lane.protocol_counters) protocol_counters[k] += v;
+  store_latency.merge(lane.store_latency);
   sender.devices.insert(sender.devices.end(), lane.sender.devices.begin(), lane.sender.devices.end());
   for (const auto& [d, s] : lane.per_device) per_device[d].add(s);
 }

@@ -91,6 +91,7 @@ struct Receiver::Impl : session::SessionHost {
   Clock::time_point next_eviction_log{};
   // Receiver memory (blocks) promised to senders now, against options.max_memory.
   uint64_t memory_in_use = 0;
+  RefusalCounts refusals;  // Receiver::refusals()
 
   void accept_loop();
   void start_session(std::unique_ptr<net::ControlSocket> control);
@@ -145,6 +146,11 @@ struct Receiver::Impl : session::SessionHost {
   }
   void event(const std::string& text) override {
     if (options.on_event) options.on_event(text);
+  }
+  void count_refusal(const session::RefusalLabels& labels) override {
+    std::lock_guard lock(mutex);
+    ++refusals.refused[labels.refused];
+    if (labels.auth_failure) ++refusals.authentication_failures[labels.auth_failure];
   }
 
   // One consumer thread that passes over sessions in turn: every session after its handshake with
@@ -406,6 +412,7 @@ void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) 
     wire::Refuse r{Code::kBusy, "receiver busy: too many connections, try again later"};
     (void)control->send(wire::MsgType::kRefuse, wire::encode(r));
   }
+  count_refusal({"busy", nullptr});
   event(refused);
 }
 
@@ -570,6 +577,15 @@ uint64_t Receiver::memory_budget() const { return impl_->options.max_memory; }
 uint64_t Receiver::sessions_ended() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->ended;
+}
+
+RefusalCounts Receiver::refusals() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->refusals;
+}
+
+bool Receiver::accepting() const {
+  return !impl_->stopping.load(std::memory_order_acquire) && impl_->accept_thread.joinable();
 }
 
 void Receiver::wait_sessions(uint64_t n) {

@@ -51,7 +51,12 @@ Status validate(const SenderOptions& o, const protocol::Descriptor** desc, proto
   std::string name;
   SLOTSTREAM_RETURN_IF_ERROR(protocol::Options::parse_spec(o.protocol, &name, proto_options));
   *desc = protocol::find(name);
-  if (!*desc) return {Code::kInvalidArgument, "unknown protocol '" + name + "'"};
+  if (!*desc) {
+    std::string known;
+    for (const ProtocolInfo& p : protocols()) known += (known.empty() ? "" : ", ") + p.name;
+    return {Code::kInvalidArgument,
+            "unknown protocol '" + name + "'; this build has " + known + " (`slotstream protocols` describes them)"};
+  }
   if ((*desc)->reference && !o.allow_reference) {
     return {Code::kInvalidArgument, "'" + name + "' is a benchmark reference, not a protocol for data"};
   }
@@ -172,10 +177,15 @@ struct Sender::Impl : session::LaneOwner {
     paused_count.store(paused.size(), std::memory_order_release);
   }
   // Blocks a filler while the receiver has its device paused; the first error ends the wait.
-  Status wait_unpaused(uint16_t device) {
+  Status wait_unpaused(uint16_t device, std::optional<std::chrono::steady_clock::time_point> deadline) {
     if (paused_count.load(std::memory_order_acquire) == 0) return Status::ok();  // the common case
     std::unique_lock lock(pause_mutex);
-    unpaused.wait(lock, [&] { return !paused.contains(device) || !first_error().is_ok(); });
+    auto go = [&] { return !paused.contains(device) || !first_error().is_ok(); };
+    if (!deadline) {
+      unpaused.wait(lock, go);
+    } else if (!unpaused.wait_until(lock, *deadline, go)) {
+      return {Code::kTimeout, "device " + std::to_string(device) + " is paused by the receiver (its worker is behind)"};
+    }
     return first_error();
   }
   Status first_error() override {
@@ -203,10 +213,16 @@ Sender::~Sender() {
   impl_->join_all();
 }
 
+Status Sender::validate(const SenderOptions& options) {
+  const protocol::Descriptor* desc = nullptr;
+  protocol::Options proto_options;
+  return slotstream::validate(options, &desc, &proto_options);
+}
+
 Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* out) {
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
-  SLOTSTREAM_RETURN_IF_ERROR(validate(options, &desc, &proto_options));
+  SLOTSTREAM_RETURN_IF_ERROR(slotstream::validate(options, &desc, &proto_options));
   bool offer_rdma = false;
   SLOTSTREAM_RETURN_IF_ERROR(check_rdma(options, &offer_rdma));
   std::unique_ptr<Sender> sender(new Sender(std::make_unique<Impl>()));
@@ -322,20 +338,44 @@ Sender::Confirmed Sender::confirmed(uint16_t device) const {
 // ----------------------------------------------------------------------------- DeviceStream
 
 Status DeviceStream::send(std::span<const std::byte> message) {
-  return send_with(message.size(), [&](uint64_t offset, std::span<std::byte> dst) {
-    std::memcpy(dst.data(), message.data() + offset, dst.size());
-    return Status::ok();
-  });
+  Progress progress;
+  return send_until(message.size(), copy_from(message), std::nullopt, &progress);
 }
 
 Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
+  Progress progress;
+  return send_until(length, fill, std::nullopt, &progress);
+}
+
+Status DeviceStream::send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline,
+                          Progress* progress) {
+  return send_until(message.size(), copy_from(message), deadline, progress);
+}
+
+Status DeviceStream::send_with(uint64_t length, const FillFn& fill, std::chrono::steady_clock::time_point deadline,
+                               Progress* progress) {
+  return send_until(length, fill, deadline, progress);
+}
+
+DeviceStream::FillFn DeviceStream::copy_from(std::span<const std::byte> message) {
+  return [message](uint64_t offset, std::span<std::byte> dst) {
+    std::memcpy(dst.data(), message.data() + offset, dst.size());
+    return Status::ok();
+  };
+}
+
+Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
+                                std::optional<std::chrono::steady_clock::time_point> deadline, Progress* progress) {
   Sender::Impl& im = *sender_.impl_;
   // Back-pressure for this device alone (its worker on the receiver is behind).
-  SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_));
+  if (progress->next_fragment == 0) {
+    SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_, deadline));
+  }
   auto& lane = *static_cast<SenderLane*>(lane_);
   const bool small = length <= im.options.block_size - wire::kBlockHeaderSize &&
                      wire::packed_record_size(length) <= lane.ring().max_packed();
-  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, fill) : send_blocks(length, fill));
+  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, fill, deadline)
+                                   : send_blocks(length, fill, deadline, progress));
   // One thread per device writes these: a load and a store, no locked instruction.
   messages_.store(messages_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
@@ -352,12 +392,12 @@ uint32_t DeviceStream::take_packet() {
 // A small message: one record appended to the lane's open block (stream/send_ring.h) — one atomic
 // add to reserve it, a copy, a store to publish it. It leaves with the block: at once if the lane
 // is idle (this filler transmits it), else with whatever the busy lane collects meanwhile.
-Status DeviceStream::send_packed(uint64_t length, const FillFn& fill) {
+Status DeviceStream::send_packed(uint64_t length, const FillFn& fill, Deadline deadline) {
   Sender::Impl& im = *sender_.impl_;
   auto& lane = *static_cast<SenderLane*>(lane_);
   stream::SendRing& ring = lane.ring();
   stream::SendRing::Reservation r;
-  if (Status st = ring.reserve(uint32_t(wire::packed_record_size(length)), &r); !st.is_ok()) {
+  if (Status st = ring.reserve(uint32_t(wire::packed_record_size(length)), &r, deadline); !st.is_ok()) {
     Status err = im.first_error();
     return err.is_ok() ? st : err;
   }
@@ -381,17 +421,18 @@ Status DeviceStream::send_packed(uint64_t length, const FillFn& fill) {
 }
 
 // A message too large to pack (or packing off): a block per fragment, as the paper does.
-Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill) {
+Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress) {
   Sender::Impl& im = *sender_.impl_;
   auto& lane = *static_cast<SenderLane*>(lane_);
   stream::SendRing& ring = lane.ring();
   const uint32_t capacity = im.options.block_size - uint32_t(wire::kBlockHeaderSize);
   const uint64_t n = stream::fragment_count(length, capacity);
-  for (uint64_t i = 0; i < n; ++i) {
+  for (uint64_t i = progress->next_fragment; i < n; ++i) {
     stream::Fragment f = stream::fragment_at(length, capacity, i);
     stream::SendRing::Slot slot;
-    if (Status st = ring.claim(&slot); !st.is_ok()) {
+    if (Status st = ring.claim(&slot, deadline); !st.is_ok()) {
       Status err = im.first_error();
+      progress->next_fragment = i;  // a timeout: the caller may continue from here
       return err.is_ok() ? st : err;
     }
     // paper §3.2.3: fill the payload, write device and packet number, then mark the block full.
@@ -405,8 +446,12 @@ Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill) {
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
     ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
     stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
+    // The filler transmits only while the receiver has room (SenderLane::help hands the lane to
+    // the sending thread otherwise), so a caller with a deadline waits only in claim() and
+    // wait_unpaused(), which give up in time.
     SLOTSTREAM_RETURN_IF_ERROR(lane.help());
   }
+  progress->next_fragment = 0;
   return Status::ok();
 }
 

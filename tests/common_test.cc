@@ -1,6 +1,8 @@
 // Small public helpers (src/common.cc): sizes as people write them.
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "common.h"
@@ -45,6 +47,27 @@ TEST(DefaultMaxMemory, IsAQuarterOfMemoryAtMost) {
 
 namespace slotstream {
 namespace {
+
+TEST(LatencyHistogram, CountsEachObservationInTheFirstBucketThatHoldsItAndMerges) {
+  LatencyHistogram h;
+  h.observe(0.00001);  // below the first bound
+  h.observe(0.001);    // exactly on a bound: that bucket (Prometheus' le)
+  h.observe(0.0011);
+  h.observe(60);  // above every bound
+  const auto& b = LatencyHistogram::kBounds;
+  const auto at = [&](double bound) { return size_t(std::find(b.begin(), b.end(), bound) - b.begin()); };
+  EXPECT_EQ(h.buckets[0], 1u);
+  EXPECT_EQ(h.buckets[at(0.001)], 1u);
+  EXPECT_EQ(h.buckets[at(0.0025)], 1u);
+  EXPECT_EQ(h.buckets.back(), 1u);
+  EXPECT_EQ(h.count, 4u);
+  EXPECT_NEAR(h.sum_seconds, 60.00211, 1e-9);
+  LatencyHistogram other;
+  other.observe(0.001);
+  h.merge(other);
+  EXPECT_EQ(h.buckets[at(0.001)], 2u);
+  EXPECT_EQ(h.count, 5u);
+}
 
 TEST(SessionReportMerge, KeepsEveryLanesDevicesAndCounters) {
   // Two connections of one sender (one per device, as the sliding window uses).

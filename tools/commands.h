@@ -68,6 +68,7 @@ struct RecvArgs {
   std::string metrics;                    // HOST:PORT
   unsigned metrics_prune_after = 300;     // seconds an ended sender's series stay
   std::optional<std::string> max_memory;  // SIZE (default: default_max_memory())
+  std::string log_format = "text";        // text or json (log.h)
   PlatformArgs platform;
 };
 int run_recv(const RecvArgs& args);
@@ -90,6 +91,7 @@ struct SendArgs {
   bool realtime = false;            // videos at their own frame rate
   std::string synthetic;            // D0-D1:FPS:WxHxC
   double duration = 0;
+  std::string log_format = "text";  // text or json (log.h)
   PlatformArgs platform;
 };
 int run_send(const SendArgs& args);

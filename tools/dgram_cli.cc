@@ -1,5 +1,7 @@
 // `slotstream recv|send --transport udp` and `send --transport tcp --protocol dgram_rc`.
 #include "dgram_cli.h"
+#include "cli_util.h"
+#include "log.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -251,14 +253,16 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->check(CLI::Range(0.1, 86400.0))
       ->default_str("30")
       ->group(kGroup);
-  recv->add_option("--max-message", a->max_message, "largest message (region) a sender may announce, bytes")
+  recv->add_option("--max-message", a->max_message, "SIZE: largest message (region) a sender may announce")
+      ->transform(size_value())
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 32))
       ->default_str(std::to_string(64 << 20))
       ->group(kGroup);
   add_inject_options(recv, a, "receives");
   send->add_option("--segment-size", a->segment_size,
-                   "payload bytes per datagram segment (udp: 64.." + std::to_string(dgram::kMaxSegmentPayload) +
+                   "SIZE: payload bytes per datagram segment (udp: 64.." + std::to_string(dgram::kMaxSegmentPayload) +
                        "; 1408 fits a 1500-byte Ethernet MTU, 1392 with --token-file)")
+      ->transform(size_value())
       ->default_str("8192")
       ->group(kGroup);
   add_inject_options(send, a, "sends");
@@ -373,7 +377,7 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
     metrics_state.session_ended(r);
     print_line(stdout, report_line(r));
   };
-  o.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+  o.on_event = [](const std::string& text) { log_info(text); };
 
   const sigset_t sigs = block_stop_signals();
   std::unique_ptr<dgram::DatagramReceiver> rx;
@@ -386,12 +390,12 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
     const dgram::DatagramReceiver* r = rx.get();
     Status st = MetricsServer::start(
         args.metrics, [r, &metrics_state, wm = workers.get()] { return collect_metrics(*r, metrics_state, wm); },
-        &metrics);
+        &metrics, [out = args.discard ? std::string() : args.out] { return store_readiness(out); });
     if (!st.is_ok()) {
       print_error("recv", "--metrics: " + st.message());
       return kExitError;
     }
-    print_line(stderr, "slotstream recv: metrics on http://" + metrics->address() + "/metrics");
+    log_info("metrics on http://" + metrics->address() + "/metrics");
   }
   print_line(stdout, "listening on " + rx->listen_address());
   // After the last sender, linger while FINs are still being repeated (a lost FIN_ACK), then exit.
@@ -539,6 +543,7 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
     print_error("send", st.message());
     return kExitError;
   }
+  warn_late_frames(fillers.late_frames(), plan);
   const dgram::DatagramSenderStats s = tx->stats();
   nlohmann::json accounting = receiver_accounting(report, s, *proto);
   if (a.json) {

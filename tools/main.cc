@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_peer.h"
+#include "cli_util.h"
 #include "commands.h"
 #include "dgram_cli.h"
+#include "log.h"
 #include "platform_cli.h"
 
 using namespace slotstream;
@@ -86,12 +88,17 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   auto* r = app.add_subcommand("recv",
                                "Run a passive receiver: store every complete message as "
                                "OUT/<SENDER>/device-<D>/<SEQ>.bin, until SIGINT/SIGTERM.");
-  r->add_option("--listen", recv->listen, "control address HOST:PORT (port 0 picks a free one)")->required();
+  // Required, but checked in the callback below: CLI11 would check ->required() before reading --config.
+  r->add_option("--listen", recv->listen, "(required) control address HOST:PORT (port 0 picks a free one)");
   auto* out_opt = r->add_option("--out", recv->out, "output directory (created if missing)");
   auto* discard_opt =
       r->add_flag("--discard", recv->discard, "store nothing, only count complete messages (to measure the transport)");
   out_opt->excludes(discard_opt);
+  r->footer(
+      "Every option can also come from a TOML file: slotstream recv --config FILE (docs/config.md); the "
+      "command line wins.");
   r->callback([recv] {  // the pointer by value: this function has returned by then
+    if (recv->listen.empty()) throw CLI::RequiredError("--listen");
     if (recv->out.empty() && !recv->discard) throw CLI::RequiredError("--out (or --discard)");
   });
   r->add_option("--transport", recv->transport,
@@ -128,9 +135,15 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                 "hold blocks (back-pressure) while a device has this many unprocessed messages (udp: pause the "
                 "device: UD drops its messages, dgram_rd and dgram_rc hold the sender back)");
   r->add_option("--backlog-bytes", recv->backlog_bytes,
-                "hold blocks (back-pressure) while a device has this many unprocessed bytes");
+                "SIZE: hold blocks (back-pressure) while a device has this many unprocessed bytes")
+      ->transform(size_value());
   r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
-  r->add_option("--metrics", recv->metrics, "serve Prometheus /metrics and /health on HOST:PORT");
+  r->add_option("--metrics", recv->metrics,
+                "serve Prometheus /metrics, /health (liveness) and /ready (readiness: listening, output "
+                "writable, workers running) on HOST:PORT");
+  r->add_option("--log-format", recv->log_format, "stderr log lines: text (timestamped) or json (one object a line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->default_str("text");
   r->add_option("--metrics-prune-after", recv->metrics_prune_after,
                 "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
   add_platform_recv(r, &recv->platform);
@@ -143,8 +156,12 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
 // `slotstream send` and its options.
 CLI::App* add_send(CLI::App& app, SendArgs* send) {
   auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
+  s->footer(
+      "Every option can also come from a TOML file: slotstream send --config FILE (docs/config.md); the "
+      "command line wins.");
   s->add_option("--to", send->to,
                 "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used");
+  // Checked here, not with ->required(): CLI11 would check that before reading --config.
   s->callback([send] {  // the pointer by value: this function has returned by then
     if (send->to.empty() == send->platform.url.empty()) {
       throw CLI::ValidationError("--to/--platform",
@@ -164,8 +181,9 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
                 "number of blocks N (default 32: >2 frames in flight per camera for 12 cameras)")
       ->default_str(std::to_string(kDefaultBlocks));
   s->add_option("--block-size", send->block_size,
-                "bytes per block incl. its 16-byte header (default 1 MiB: one 640x480x3 frame per block)")
-      ->default_str(std::to_string(kDefaultBlockSize));
+                "SIZE per block incl. its 16-byte header, e.g. 64K or 1M (default 1M: one 640x480x3 frame per block)")
+      ->transform(size_value())
+      ->default_str("1M");
   s->add_option("--token-file", send->token_file,
                 "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
                 "signed; udp: every datagram carries a MAC)");
@@ -179,7 +197,12 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_flag("--realtime", send->realtime, "send videos at their own frame rate (default: as fast as possible)");
   s->add_option("--synthetic", send->synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
-  s->add_option("--duration", send->duration, "seconds of synthetic frames");
+  s->add_option("--duration", send->duration,
+                "seconds of synthetic frames, wall-clock: frames the sender cannot produce in time are counted as "
+                "late and skipped, never queued (send --json: late_frames)");
+  s->add_option("--log-format", send->log_format, "stderr log lines: text (timestamped) or json (one object a line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->default_str("text");
   add_platform_send(s, &send->platform);
   return s;
 }
@@ -216,6 +239,7 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--protocol", bsend->protocol);
   bps->add_option("--blocks", bsend->blocks)->check(CLI::Range(1u, kMaxBlocks));
   bps->add_option("--size", bsend->size, "payload bytes per message (block size SIZE + 16 unless --block-size)")
+      ->transform(size_value())
       ->required();
   bps->add_option("--count", bsend->count, "messages per device");
   bps->add_option("--devices", bsend->devices);
@@ -225,6 +249,7 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--skip-packet-every", bsend->skip_packet_every,
                   "testing aid: leave out one packet number after every N (the receiver must report gaps)");
   bps->add_option("--block-size", bsend->block_size, "block size (default SIZE + 16: one message per block)")
+      ->transform(size_value())
       ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
   bps->add_option("--burst", bsend->burst, "messages per burst (with --compute-us)");
   bps->add_option("--compute-us", bsend->compute_us, "busy computation after each burst (SDP Fig. 5)");
@@ -244,7 +269,7 @@ int main(int argc, char** argv) {
       "slotstream — stream many devices' data over one one-sided RDMA connection (UCX: shared memory, "
       "InfiniBand/RoCE rc/dc/ud, tcp) with the status-byte-assisted transmission mechanism."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "slotstream 0.1.0");
+  app.set_version_flag("--version", std::string("slotstream ") + version());
 
   RecvArgs recv;
   auto* r = add_recv(app, &recv);
@@ -254,6 +279,7 @@ int main(int argc, char** argv) {
 
   DgramArgs dgram;
   add_dgram_options(r, s, &dgram);
+  add_config_option(app, {r, s});
 
   bool protocols_json = false;
   auto* pl = app.add_subcommand("protocols",
@@ -312,16 +338,22 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
+    if (rc != 0) std::fputs(suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e).c_str(), stderr);
     return rc == 0 ? 0 : kExitUsage;
   }
+  apply_config_flags({r, s});
   if ((*r && recv.transport == "udp" && !recv.platform.url.empty()) ||
       (*s && is_dgram_send(send) && !send.platform.url.empty())) {
     print_error(*r ? "recv" : "send",
                 "--platform serves UCX transports (shm, tcp); the datagram transport is not on it");
     return kExitUsage;
   }
-  if (*r) return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
+  if (*r) {
+    setup_logging("slotstream recv", recv.log_format);
+    return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
+  }
   if (*s) {
+    setup_logging("slotstream send", send.log_format);
     send.name_given = s->count("--name") > 0;
     if (!send.platform.url.empty()) return run_platform_send(send);
     return is_dgram_send(send) ? run_dgram_send(send, dgram) : run_send(send);

@@ -1,6 +1,10 @@
 // `recv --metrics HOST:PORT`: the receiver's counters as Prometheus metric families, served by
-// prometheus-cpp's exposer (/metrics) with a /health answer of our own (civetweb's begin_request).
+// prometheus-cpp's exposer (/metrics) with /health and /ready answers of our own (civetweb's
+// begin_request).
 #include "metrics.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
@@ -9,10 +13,14 @@
 #include <civetweb.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <stdexcept>
 
 #include "net/control_socket.h"
+#include "process_metrics.h"
 
 namespace slotstream::tools {
 namespace {
@@ -39,16 +47,117 @@ bool carried_data(const DeviceStats& s) {
   return s.messages || s.bytes || s.gaps || s.duplicates || s.partial || s.dropped || s.lost || s.pauses || s.paused;
 }
 
-int serve_health(mg_connection* conn) {
+// Refused connections by reason, and authentication failures by what failed (Receiver::refusals).
+void append_refusals(const RefusalCounts& counts, std::vector<MetricFamily>* out) {
+  MetricFamily refused{"slotstream_refused_connections_total",
+                       "Connections the receiver refused, by reason (authentication failures included).",
+                       MetricType::Counter,
+                       {}};
+  for (const auto& [reason, n] : counts.refused) {
+    refused.metric.push_back(sample({{"reason", reason}}, MetricType::Counter, double(n)));
+  }
+  MetricFamily auth{"slotstream_authentication_failures_total",
+                    "Senders that failed authentication, by what failed (wrong_token, no_proof, unsigned_setup).",
+                    MetricType::Counter,
+                    {}};
+  for (const auto& [reason, n] : counts.authentication_failures) {
+    auth.metric.push_back(sample({{"reason", reason}}, MetricType::Counter, double(n)));
+  }
+  out->push_back(std::move(refused));
+  out->push_back(std::move(auth));
+}
+
+// What /health and /ready of one server need, found by the port a request came in on (the
+// exposer owns the civetweb server, so its user data is not ours to set).
+struct Probes {
+  ReadyFn ready;
+  MetricsClock::time_point started = MetricsClock::now();
+};
+std::mutex g_probes_mutex;
+std::map<int, std::shared_ptr<Probes>> g_probes;  // by listening port
+
+std::shared_ptr<Probes> probes_for(int port) {
+  std::lock_guard lock(g_probes_mutex);
+  auto it = g_probes.find(port);
+  return it == g_probes.end() ? nullptr : it->second;
+}
+
+void reply_json(mg_connection* conn, int status, const nlohmann::json& body) {
+  const std::string text = body.dump() + "\n";
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n"
+            "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+            status, status == 200 ? "OK" : "Service Unavailable", text.size());
+  mg_write(conn, text.data(), text.size());
+}
+
+// /health: the process serves requests (liveness; no dependency is checked, so a restart is never
+// asked for because of something a restart cannot fix). /ready: what receiver_readiness checks.
+int serve_probes(mg_connection* conn) {
   const mg_request_info* req = mg_get_request_info(conn);
-  if (!req || !req->local_uri || std::strcmp(req->local_uri, "/health") != 0) return 0;  // civetweb's turn
-  static const char kReply[] =
-      "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n";
-  mg_write(conn, kReply, sizeof kReply - 1);
-  return 200;
+  if (!req || !req->local_uri) return 0;
+  const bool health = std::strcmp(req->local_uri, "/health") == 0;
+  if (!health && std::strcmp(req->local_uri, "/ready") != 0) return 0;  // civetweb's turn (/metrics)
+  auto probes = probes_for(req->server_port);
+  if (health) {
+    const double up = probes ? std::chrono::duration<double>(MetricsClock::now() - probes->started).count() : 0.0;
+    reply_json(conn, 200, {{"status", "ok"}, {"version", version()}, {"uptime_seconds", up}});
+    return 200;
+  }
+  Readiness r;
+  if (!probes) {
+    r.check("started", false, "the server is starting");
+  } else if (probes->ready) {
+    r = probes->ready();
+  }
+  reply_json(conn, r.ready ? 200 : 503, {{"ready", r.ready}, {"checks", r.checks}});
+  return r.ready ? 200 : 503;
 }
 
 }  // namespace
+
+void Readiness::check(const std::string& name, bool ok, const std::string& detail) {
+  checks[name] = {{"ok", ok}, {"detail", detail}};
+  ready = ready && ok;
+}
+
+std::string probe_writable(const std::string& dir) {
+  const std::string path = dir + "/.slotstream-ready-" + std::to_string(getpid());
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return "cannot create a file in " + dir + ": " + std::strerror(errno);
+  const bool wrote = ::write(fd, "r", 1) == 1;
+  const int err = errno;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return wrote ? "" : "cannot write in " + dir + ": " + std::strerror(err);
+}
+
+Readiness store_readiness(const std::string& out) {
+  Readiness r;
+  if (out.empty()) {
+    r.check("sinks_writable", true, "nothing is stored (--discard)");
+  } else {
+    const std::string why = probe_writable(out);
+    r.check("sinks_writable", why.empty(), why.empty() ? out + " takes files" : why);
+  }
+  return r;
+}
+
+Readiness receiver_readiness(const Receiver& rx, const std::string& out, const pipeline::WorkerManager* workers) {
+  Readiness r = store_readiness(out);
+  r.check("listening", rx.accepting(), rx.accepting() ? rx.listen_address() : "the control listener is closed");
+  if (workers) {
+    std::string down;
+    size_t n = 0;
+    for (const auto& s : workers->stats()) {
+      ++n;
+      if (!s.running) down += (down.empty() ? "" : ", ") + s.sender + "/device-" + std::to_string(s.device);
+    }
+    r.check("workers", down.empty(),
+            down.empty() ? std::to_string(n) + " running" : "not running (waiting to be restarted): " + down);
+  }
+  return r;
+}
 
 ClientMetric sample(std::vector<ClientMetric::Label> labels, MetricType type, double value) {
   ClientMetric m;
@@ -189,6 +298,40 @@ void MetricsState::sender_families(const Totals& totals, const std::vector<Sessi
   }
 }
 
+// Per sender: the store-latency histogram (stream::Delivery), cumulative buckets kept monotonic.
+MetricFamily MetricsState::store_latency_family(const Totals& totals) {
+  MetricFamily latency{"slotstream_message_store_seconds",
+                       "Per sender: seconds from the receiver taking up a message's first block to the message "
+                       "being stored (reassembly, back-pressure waits, the write; not end to end).",
+                       MetricType::Histogram,
+                       {}};
+  for (const auto& [sender, t] : totals) {
+    const LatencyHistogram& h = t.store_latency;
+    ClientMetric m;
+    m.label = {{"sender", sender}};
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < LatencyHistogram::kBounds.size(); ++i) {
+      cumulative += h.buckets[i];
+      const std::string bucket = "le" + std::to_string(i);
+      m.histogram.bucket.push_back({uint64_t(monotonic(sender, latency.name.c_str(), bucket, double(cumulative))),
+                                    LatencyHistogram::kBounds[i]});
+    }
+    m.histogram.bucket.push_back({uint64_t(monotonic(sender, latency.name.c_str(), "count", double(h.count))),
+                                  std::numeric_limits<double>::infinity()});
+    m.histogram.sample_count = m.histogram.bucket.back().cumulative_count;
+    m.histogram.sample_sum = monotonic(sender, latency.name.c_str(), "sum", h.sum_seconds);
+    latency.metric.push_back(std::move(m));
+  }
+  return latency;
+}
+
+std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeline::WorkerManager* workers,
+                                                MetricsClock::time_point now) {
+  std::vector<MetricFamily> out = collect(rx.live_sessions(), workers, now);
+  append_refusals(rx.refusals(), &out);
+  return out;
+}
+
 std::vector<MetricFamily> MetricsState::collect(const std::vector<SessionReport>& live,
                                                 const pipeline::WorkerManager* workers, MetricsClock::time_point now) {
   std::lock_guard lock(mutex_);
@@ -217,17 +360,30 @@ std::vector<MetricFamily> MetricsState::collect(const std::vector<SessionReport>
                  "Accepted senders whose connections have all ended.",
                  MetricType::Counter,
                  {sample({}, MetricType::Counter, double(sessions_ended_))}});
+  out.push_back({"slotstream_active_senders",
+                 "Senders being served now (one per sender name, whatever its number of connections).",
+                 MetricType::Gauge,
+                 {sample({}, MetricType::Gauge, double(live.size()))}});
+  out.push_back(store_latency_family(all));
   if (workers) worker_families(*workers, &out);
   return out;
 }
 
 namespace {
 
-// What the exposer scrapes: a receiver's families, read at scrape time (from civetweb's threads).
+// What the exposer scrapes: a receiver's families, read at scrape time (from civetweb's threads),
+// with the process metrics and the build info.
 class Collector : public prometheus::Collectable {
  public:
   explicit Collector(CollectFn collect) : collect_(std::move(collect)) {}
-  std::vector<MetricFamily> Collect() const override { return collect_(); }
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> out = collect_();
+    for (auto* more : {&process_families, &build_info_families}) {
+      auto families = (*more)();
+      std::move(families.begin(), families.end(), std::back_inserter(out));
+    }
+    return out;
+  }
 
  private:
   CollectFn collect_;
@@ -235,22 +391,28 @@ class Collector : public prometheus::Collectable {
 
 }  // namespace
 
-MetricsServer::~MetricsServer() = default;  // the exposer stops (joins civetweb's threads) first
-
-Status MetricsServer::start(const std::string& address, const Receiver& rx, MetricsState& state,
-                            const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out) {
-  return start(
-      address, [&rx, &state, workers] { return state.collect(rx, workers); }, out);
+MetricsServer::~MetricsServer() {
+  exposer_.reset();  // stops (joins civetweb's threads): no request is being answered after this
+  std::lock_guard lock(g_probes_mutex);
+  g_probes.erase(port_);
 }
 
-Status MetricsServer::start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out) {
+Status MetricsServer::start(const std::string& address, const Receiver& rx, MetricsState& state,
+                            const pipeline::WorkerManager* workers, ReadyFn ready,
+                            std::unique_ptr<MetricsServer>* out) {
+  return start(
+      address, [&rx, &state, workers] { return state.collect(rx, workers); }, out, std::move(ready));
+}
+
+Status MetricsServer::start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out,
+                            ReadyFn ready) {
   std::string host;
   uint16_t port = 0;
   SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(address, &host, &port));
   const std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
   CivetCallbacks callbacks;
-  callbacks.begin_request = serve_health;
+  callbacks.begin_request = serve_probes;
   try {
     server->exposer_ = std::make_unique<prometheus::Exposer>(
         std::vector<std::string>{"listening_ports", bracketed + ":" + std::to_string(port), "num_threads",
@@ -265,7 +427,14 @@ Status MetricsServer::start(const std::string& address, CollectFn collect, std::
   server->exposer_->RegisterCollectable(collector);
   server->collectable_ = collector;
   const auto ports = server->exposer_->GetListeningPorts();
-  server->address_ = bracketed + ":" + std::to_string(ports.empty() ? port : ports.front());
+  server->port_ = ports.empty() ? port : ports.front();
+  server->address_ = bracketed + ":" + std::to_string(server->port_);
+  {
+    auto probes = std::make_shared<Probes>();
+    probes->ready = std::move(ready);
+    std::lock_guard lock(g_probes_mutex);
+    g_probes[server->port_] = std::move(probes);
+  }
   *out = std::move(server);
   return Status::ok();
 }

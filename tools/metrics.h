@@ -1,6 +1,8 @@
-// Prometheus metrics for `slotstream recv --metrics HOST:PORT`: /metrics (text exposition) and
-// /health ("ok"), served by prometheus-cpp's pull exposer (civetweb, a pool of threads with a
-// bounded request time, so idle or slow connections cannot starve the liveness probe).
+// Prometheus metrics for `slotstream recv --metrics HOST:PORT`: /metrics (text exposition), /health
+// (liveness) and /ready (readiness), both JSON, served by prometheus-cpp's pull exposer (civetweb,
+// a pool of threads with a bounded request time, so idle or slow connections cannot starve the
+// probes). Every /metrics also carries the process metrics and slotstream_build_info
+// (process_metrics.h).
 //
 // Series exist only for accepted senders: the live ones come from Receiver::live_sessions() and
 // the ended ones from on_session_end, and neither ever sees a sender that was refused. An ended
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include <prometheus/metric_family.h>
+#include <nlohmann/json.hpp>
 
 #include "pipeline/worker_manager.h"
 #include "slotstream/slotstream.h"
@@ -29,6 +32,25 @@ namespace slotstream::tools {
 using MetricsClock = std::chrono::steady_clock;
 // Every metric family of a receiver, read at scrape time (label values are escaped by prometheus-cpp).
 using CollectFn = std::function<std::vector<prometheus::MetricFamily>()>;
+
+// What /ready answers: 200 with {"ready": true, "checks": ...} or 503 with "ready": false. Each
+// check is {"ok": bool, "detail": text}.
+struct Readiness {
+  bool ready = true;
+  nlohmann::json checks = nlohmann::json::object();
+  void check(const std::string& name, bool ok, const std::string& detail);
+};
+// Called on the server's threads (possibly two at once).
+using ReadyFn = std::function<Readiness()>;
+
+// The receiver's readiness: its control listener accepts, `out` takes a file (a real write and
+// delete, so a read-only, full or vanished directory shows; empty `out`: nothing is stored), and
+// every worker it started is running (not waiting to be restarted after a crash).
+Readiness receiver_readiness(const Receiver& rx, const std::string& out, const pipeline::WorkerManager* workers);
+// The output directory part alone (the datagram receiver's /ready: it serves while it runs).
+Readiness store_readiness(const std::string& out);
+// `dir` takes a new file now (created, written, deleted). Empty: why not. Any thread.
+std::string probe_writable(const std::string& dir);
 
 // One sample of a counter or gauge family.
 prometheus::ClientMetric sample(std::vector<prometheus::ClientMetric::Label> labels, prometheus::MetricType type,
@@ -67,10 +89,9 @@ class MetricsState {
   std::vector<prometheus::MetricFamily> collect(const std::vector<SessionReport>& live,
                                                 const pipeline::WorkerManager* workers,
                                                 MetricsClock::time_point now = MetricsClock::now());
+  // The same for a block receiver, with its refusal counters.
   std::vector<prometheus::MetricFamily> collect(const Receiver& rx, const pipeline::WorkerManager* workers,
-                                                MetricsClock::time_point now = MetricsClock::now()) {
-    return collect(rx.live_sessions(), workers, now);
-  }
+                                                MetricsClock::time_point now = MetricsClock::now());
 
  private:
   struct Ended {
@@ -81,6 +102,7 @@ class MetricsState {
   Totals totals(const std::vector<SessionReport>& live, MetricsClock::time_point now);
   double monotonic(const std::string& sender, const std::string& family, const std::string& device, double value);
   void device_families(const Totals& totals, std::vector<prometheus::MetricFamily>* out);
+  prometheus::MetricFamily store_latency_family(const Totals& totals);
   void sender_families(const Totals& totals, const std::vector<SessionReport>& live,
                        std::vector<prometheus::MetricFamily>* out);
 
@@ -96,12 +118,14 @@ class MetricsState {
 
 class MetricsServer {
  public:
-  // Serves /metrics and /health on HOST:PORT (port 0: any free port, see address()).
+  // Serves /metrics, /health and /ready on HOST:PORT (port 0: any free port, see address()).
   static Status start(const std::string& address, const Receiver& rx, MetricsState& state,
-                      const pipeline::WorkerManager* workers, std::unique_ptr<MetricsServer>* out);
+                      const pipeline::WorkerManager* workers, ReadyFn ready, std::unique_ptr<MetricsServer>* out);
   // Serves what `collect` returns on /metrics (called on the server's threads, possibly two at
-  // once, so `collect` must be safe to call concurrently).
-  static Status start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out);
+  // once, so `collect` must be safe to call concurrently), and what `ready` says on /ready (none:
+  // ready while serving).
+  static Status start(const std::string& address, CollectFn collect, std::unique_ptr<MetricsServer>* out,
+                      ReadyFn ready = {});
   ~MetricsServer();
   const std::string& address() const { return address_; }
 
@@ -110,6 +134,7 @@ class MetricsServer {
   std::shared_ptr<void> collectable_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string address_;
+  int port_ = 0;
 };
 
 }  // namespace slotstream::tools

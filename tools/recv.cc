@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "commands.h"
+#include "log.h"
 #include "metrics.h"
 #include "net/auth.h"
 #include "net/control_socket.h"
@@ -80,8 +81,7 @@ void wait_for_stop(const sigset_t& sigs, const std::function<bool()>& done) {
     timespec tick{0, 100 * 1000 * 1000};
     int sig = sigtimedwait(&sigs, nullptr, &tick);
     if (sig == SIGINT || sig == SIGTERM) {
-      print_line(stderr, std::string("slotstream recv: ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-                             ", shutting down (partial messages are discarded)");
+      log_info(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down (partial messages are discarded)");
       return;
     }
     if (done()) return;
@@ -128,7 +128,7 @@ std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args) {
   wo.backlog_messages = args.backlog_messages;
   wo.backlog_bytes = args.backlog_bytes;
   wo.keep_processed = args.keep_processed;
-  wo.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+  wo.on_event = [](const std::string& text) { log_info(text); };
   return std::make_unique<pipeline::WorkerManager>(std::move(wo));
 }
 
@@ -224,18 +224,22 @@ void report_sessions(MetricsState& metrics_state, ReceiverOptions* opt) {
     metrics_state.session_ended(r);
     print_line(stdout, session_line(r));
   };
-  opt->on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: " + text); };
+  opt->on_event = [](const std::string& text) { log_info(text); };
 }
 
 // --metrics: the /metrics and /health server. kExitOk (also without --metrics), or kExitError.
 int start_metrics(const RecvArgs& args, Receiver& rx, MetricsState& metrics_state, pipeline::WorkerManager* workers,
                   std::unique_ptr<MetricsServer>* metrics) {
   if (args.metrics.empty()) return kExitOk;
-  if (Status st = MetricsServer::start(args.metrics, rx, metrics_state, workers, metrics); !st.is_ok()) {
+  // Workers are checked only where this receiver runs them (--worker), not with --worker-dir alone.
+  ReadyFn ready = [&rx, out = args.discard ? std::string() : args.out,
+                   managed = args.worker.empty() ? nullptr : workers] { return receiver_readiness(rx, out, managed); };
+  if (Status st = MetricsServer::start(args.metrics, rx, metrics_state, workers, std::move(ready), metrics);
+      !st.is_ok()) {
     print_error("recv", "--metrics: " + st.message());
     return kExitError;
   }
-  print_line(stderr, "slotstream recv: metrics on http://" + (*metrics)->address() + "/metrics");
+  log_info("metrics on http://" + (*metrics)->address() + "/metrics");
   return kExitOk;
 }
 

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "log.h"
 #include "net/auth.h"
 #include "net/control_socket.h"
 #include "send_plan.h"
@@ -83,6 +84,16 @@ Status parse_synthetic(const std::string& text, Synthetic* out) {
   return Status::ok();
 }
 
+// A file is read only after connecting: opening it now turns "permission denied" into a usage
+// error before the receiver has seen anything.
+Status check_readable(const char* opt, const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return {Code::kInvalidArgument, std::string(opt) + ": cannot read '" + path.string() + "': " + strerror(errno)};
+  ::close(fd);
+  return Status::ok();
+}
+
 }  // namespace
 
 Status build_plan(const SendArgs& a, Plan* plan) {
@@ -93,6 +104,7 @@ Status build_plan(const SendArgs& a, Plan* plan) {
     std::error_code ec;
     if (!fs::is_regular_file(path, ec))
       return {Code::kInvalidArgument, "--file: '" + path + "' is not a readable regular file"};
+    SLOTSTREAM_RETURN_IF_ERROR(check_readable("--file", path));
     plan->files[d].push_back(path);
   }
   for (const auto& spec : a.dirs) {
@@ -107,6 +119,7 @@ Status build_plan(const SendArgs& a, Plan* plan) {
     if (ec) return {Code::kInvalidArgument, "--dir: cannot list '" + dir + "': " + ec.message()};
     std::sort(entries.begin(), entries.end(),
               [](const fs::path& x, const fs::path& y) { return x.filename().string() < y.filename().string(); });
+    for (const auto& e : entries) SLOTSTREAM_RETURN_IF_ERROR(check_readable("--dir", e));
     auto& list = plan->files[d];
     list.insert(list.end(), entries.begin(), entries.end());
   }
@@ -164,17 +177,25 @@ Status send_file(MessageOut& dev, const fs::path& path) {
   return result;
 }
 
-Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration) {
+Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration, std::atomic<uint64_t>* late) {
   const auto t0 = Clock::now();
-  const uint64_t frames = uint64_t(duration * s.fps);
+  const uint64_t slots = uint64_t(duration * s.fps);
+  const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1 / s.fps));
   const uint32_t device = dev.device();
-  for (uint64_t k = 0; k < frames; ++k) {
-    std::this_thread::sleep_until(
-        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / s.fps)));
+  uint32_t frame = 0;
+  for (uint64_t k = 0; k < slots; ++k) {
+    const auto due = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / s.fps));
+    const auto now = Clock::now();
+    if (now > due + period + kLateAfter) {
+      late->fetch_add(1, std::memory_order_relaxed);  // its time has passed: not produced, not queued
+      continue;
+    }
+    if (now < due) std::this_thread::sleep_until(due);
     SLOTSTREAM_RETURN_IF_ERROR(dev.send_with(s.frame_bytes, [&](uint64_t offset, std::span<std::byte> dst) {
-      fill_synthetic(device, uint32_t(k), s.frame_bytes, offset, dst);
+      fill_synthetic(device, frame, s.frame_bytes, offset, dst);
       return Status::ok();
     }));
+    ++frame;
   }
   return Status::ok();
 }
@@ -259,8 +280,9 @@ Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for)
   }
   if (plan.synthetic) {
     for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
-      threads_.emplace_back(
-          [this, &plan, &a, out = out_for(uint16_t(d))] { record(send_synthetic(*out, *plan.synthetic, a.duration)); });
+      threads_.emplace_back([this, &plan, &a, out = out_for(uint16_t(d))] {
+        record(send_synthetic(*out, *plan.synthetic, a.duration, &late_frames_));
+      });
     }
   }
 }
@@ -276,6 +298,16 @@ Status Fillers::join() {
   }
   std::lock_guard lock(mutex_);
   return first_error_;
+}
+
+void warn_late_frames(uint64_t late, const Plan& plan) {
+  if (late == 0 || !plan.synthetic) return;
+  const Synthetic& s = *plan.synthetic;
+  char fps[32];
+  std::snprintf(fps, sizeof fps, "%g", s.fps);
+  log_warning(std::to_string(late) + " synthetic frames were late and not sent: this sender could not produce " +
+              std::to_string(s.last - s.first + 1) + " cameras of " + std::to_string(s.frame_bytes) + " B at " + fps +
+              " fps (--duration is wall-clock time)");
 }
 
 double cpu_seconds() {
@@ -331,22 +363,17 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
     return std::tie(x.cap.backlog_bytes, x.cap.load, x.cap.senders) <
            std::tie(y.cap.backlog_bytes, y.cap.load, y.cap.senders);
   });
-  std::fprintf(stderr,
-               "slotstream send: using %s, the least loaded (fewest unprocessed bytes, then load, then senders):%s\n",
-               best->addr.c_str(), report.c_str());
+  log_info("using " + best->addr + ", the least loaded (fewest unprocessed bytes, then load, then senders):" + report);
   *host = best->host;
   *port = best->port;
   return Status::ok();
 }
 
-// Everything `send` needs before connecting: the receiver (one, or the least loaded of a list;
-// none with --platform, which chooses), the plan of what each device sends, the sender's name and
-// options, the token. kExitOk, or the exit code after printing what is wrong.
+// Everything `send` needs before connecting, checked before anything touches the network: the
+// plan of what each device sends (every file opened), the sender's name and options, the
+// protocol, the token; then the receiver (one, or the least loaded of a list, which asks each;
+// none with --platform, which chooses). kExitOk, or the exit code after printing what is wrong.
 int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
-  if (Status st = a.to.empty() ? Status::ok() : choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
-    print_error("send", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
-  }
   if (Status st = plan_send(a, plan, &opt->name); !st.is_ok()) {
     print_error("send", st.message());
     return kExitUsage;
@@ -366,6 +393,14 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
       print_error("send", st.message());
       return kExitUsage;
     }
+  }
+  if (Status st = Sender::validate(*opt); !st.is_ok()) {
+    print_error("send", st.message());
+    return kExitUsage;
+  }
+  if (Status st = a.to.empty() ? Status::ok() : choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
+    print_error("send", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   return kExitOk;
 }
@@ -401,7 +436,7 @@ class ProgressLine {
 };
 
 // `send --json`: one line of the run's totals and the sender's counters.
-void print_send_json(const Sender& sender, const SenderOptions& opt, double secs, double cpu) {
+void print_send_json(const Sender& sender, const SenderOptions& opt, double secs, double cpu, uint64_t late) {
   SenderStats s = sender.stats();
   nlohmann::json j;
   j["messages"] = s.messages;
@@ -423,6 +458,7 @@ void print_send_json(const Sender& sender, const SenderOptions& opt, double secs
   j["wait_seconds"] = s.wait_ns / 1e9;
   j["held_skips"] = s.held_skips;
   j["protocol_counters"] = s.protocol_counters;
+  j["late_frames"] = late;
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -456,7 +492,8 @@ int run_send(const SendArgs& a) {
     print_error("send", st.message());
     return kExitError;
   }
-  if (a.json) print_send_json(*sender, opt, secs, cpu_seconds() - cpu0);
+  warn_late_frames(fillers.late_frames(), plan);
+  if (a.json) print_send_json(*sender, opt, secs, cpu_seconds() - cpu0, fillers.late_frames());
   return kExitOk;
 }
 

@@ -3,6 +3,8 @@
 // library's DeviceStream (UCX) or the datagram transport (tools/dgram_cli.cc).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -63,7 +65,14 @@ class StreamOut final : public MessageOut {
 };
 
 Status send_file(MessageOut& dev, const std::filesystem::path& path);
-Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration);
+// Synthetic cameras on the wall clock: a device's frame slot k is due k / FPS seconds after the
+// start, for the slots of `duration` seconds. A slot that cannot be started by the end of its
+// period plus kLateAfter is not produced but counted in *late: a sender that cannot keep up sends
+// fewer frames instead of queueing them, and the run ends about `duration` seconds after it began
+// (`--synthetic 0-3:100000:640x480x3 --duration 2` once ran 165 s). Frames are numbered in the
+// order they are sent, so a receiver sees consecutive frames either way.
+inline constexpr std::chrono::milliseconds kLateAfter{250};
+Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration, std::atomic<uint64_t>* late);
 Status send_video(MessageOut& dev, const std::string& source, bool realtime);
 
 // One filler thread per device of the plan, each sending through its own out_for(device). join() waits
@@ -74,14 +83,19 @@ class Fillers {
   Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for);
   ~Fillers() { (void)join(); }
   Status join();
+  // Synthetic frame slots that could not be produced in time (send_synthetic).
+  uint64_t late_frames() const { return late_frames_.load(); }
 
  private:
   void record(Status st);
+  std::atomic<uint64_t> late_frames_{0};
   std::mutex mutex_;
   Status first_error_;
   std::vector<std::thread> threads_;
 };
 
+// A warning on stderr when synthetic frames were late (send_synthetic), naming the load asked for.
+void warn_late_frames(uint64_t late, const Plan& plan);
 // send's options as SenderOptions (with --to: the receiver, or the least loaded of a list), and
 // the plan. kExitOk, or the exit code after printing what is wrong.
 int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt);

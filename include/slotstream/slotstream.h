@@ -12,7 +12,9 @@
 // NIC and what only scripts/rdma-check.sh checks on hardware.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -27,6 +29,9 @@
 #include "slotstream/status.h"
 
 namespace slotstream {
+
+// This library's version, "MAJOR.MINOR.PATCH" (CMake's project VERSION).
+const char* version();
 
 // kAuto: shm when both ends share a host and its shared memory, else rdma when both ends have a
 // usable RDMA device, else tcp (the receiver decides from the HELLO and says why). kUdp is the
@@ -183,13 +188,30 @@ class DeviceStream {
   Status send(std::span<const std::byte> message);
   // Sends one message of `length` bytes produced in place by `fill` (no intermediate copy).
   Status send_with(uint64_t length, const FillFn& fill);
+
+  // Where a message that timed out stands (the fragments already sent).
+  struct Progress {
+    uint64_t next_fragment = 0;
+  };
+  // The same, giving up at `deadline` with kTimeout while no send block is free (the receiver is
+  // slow, stalled or has this device paused) — so that a caller can check for a signal or its own
+  // time limit and call again. Call again with the same message and *progress to continue it
+  // where it stopped; a fresh Progress starts a new message, and the receiver then discards the
+  // unfinished one (it never stores half a message). The filler never waits inside the protocol:
+  // it transmits only while the receiver has room, and leaves the rest to the sending thread.
+  Status send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline, Progress* progress);
+  Status send_with(uint64_t length, const FillFn& fill, std::chrono::steady_clock::time_point deadline,
+                   Progress* progress);
   uint16_t device() const { return device_; }
 
  private:
   friend class Sender;
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
   DeviceStream(Sender& sender, uint16_t device, void* lane) : sender_(sender), device_(device), lane_(lane) {}
-  Status send_packed(uint64_t length, const FillFn& fill);
-  Status send_blocks(uint64_t length, const FillFn& fill);
+  static FillFn copy_from(std::span<const std::byte> message);
+  Status send_until(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
+  Status send_packed(uint64_t length, const FillFn& fill, Deadline deadline);
+  Status send_blocks(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
   uint32_t take_packet();
   Sender& sender_;
   uint16_t device_;
@@ -205,6 +227,9 @@ class Sender {
  public:
   // Connects, authenticates and sets up the protocol. *out is set only on success.
   static Status connect(const SenderOptions& options, std::unique_ptr<Sender>* out);
+  // What connect() checks before it touches the network: name, geometry, devices, protocol and
+  // its options (an unknown protocol's error lists the known ones). Any thread.
+  static Status validate(const SenderOptions& options);
   ~Sender();
 
   // A handle per device declared in SenderOptions::devices (nullptr for others).
@@ -214,9 +239,11 @@ class Sender {
   // in after this.
   Status finish();
   // Ends the connection at once from any thread, e.g. a watchdog whose filler has waited too long for
-  // receiver space: fillers waiting in send() and every later send() or finish() return `why` (the first
-  // error wins if the connection had already failed). What the receiver has stored stays stored; a message
-  // half sent is discarded there. The Sender must still be destroyed as usual.
+  // receiver space, or a caller whose user interrupted a wait (the Python binding): fillers waiting in
+  // send() and every later send() or finish() return `why` (the first error wins if the connection had
+  // already failed); a finish() in progress returns within ~100 ms. What the receiver has stored stays
+  // stored; a message half sent is discarded there, and the receiver reports this sender lost. The
+  // Sender must still be destroyed as usual.
   void abort(Status why);
   SenderStats stats() const;
   Transport transport() const;
@@ -389,6 +416,21 @@ struct DeviceStats {
   void add(const DeviceStats& o);
 };
 
+// How long the receiver took to store a sender's messages: from the consumer pass that first took
+// up a message's first block to the sink's commit (reassembly of fragments, back-pressure waits,
+// the write itself). Not end to end: a block header carries no send time, and two hosts' clocks
+// are not comparable. Prometheus-style buckets (slotstream_message_store_seconds).
+struct LatencyHistogram {
+  // Upper bounds in seconds; a last bucket counts what exceeds them all.
+  static constexpr std::array<double, 16> kBounds = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                     0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   5};
+  std::array<uint64_t, kBounds.size() + 1> buckets{};  // per bucket, not cumulative
+  uint64_t count = 0;
+  double sum_seconds = 0;
+  void observe(double seconds);
+  void merge(const LatencyHistogram& other);
+};
+
 struct SessionReport {
   SenderInfo sender;
   bool finished = false;  // true: clean FIN; false: lost (peer died) or stopped
@@ -421,6 +463,7 @@ struct SessionReport {
   // summed over the sender's connections; documented where each protocol counts them (protocol.h,
   // src/dgram/report.h).
   std::map<std::string, uint64_t> protocol_counters;
+  LatencyHistogram store_latency;  // complete messages, from first block to stored
 
   // Adds another connection (lane) of the same sender: every counter summed, devices and
   // per-device counters merged, finished only if both are, the first reason kept, the longer
@@ -474,6 +517,16 @@ struct Capacity {
 // Asks a receiver's control port for its capacity (2 s deadline).
 Status query_capacity(const std::string& host, uint16_t port, Capacity* out);
 
+// Connections a receiver refused since it started, by reason. `refused` counts every refusal
+// (reasons: protocol, options, geometry, name, devices, transport, authentication,
+// already_connected, memory, busy, evicted (an unauthenticated connection closed to make room for
+// new ones), bad_hello, timeout, setup, other); `authentication_failures`
+// counts the authentication ones again, by what failed (wrong_token, no_proof, unsigned_setup).
+struct RefusalCounts {
+  std::map<std::string, uint64_t> refused;
+  std::map<std::string, uint64_t> authentication_failures;
+};
+
 class Receiver {
  public:
   // Binds the control listener and starts serving. *out is set only on success.
@@ -489,6 +542,10 @@ class Receiver {
   std::vector<SessionReport> live_sessions() const;
   // Blocks until `sessions_ended() >= n` or stop() was called.
   void wait_sessions(uint64_t n);
+  // Refused connections so far, by reason. Any thread.
+  RefusalCounts refusals() const;
+  // The control listener is open and its accept loop runs (false once stop() was called).
+  bool accepting() const;
   // Receiver memory promised to the connected senders' blocks, and the budget it counts against
   // (ReceiverOptions::max_memory, or its default). Any thread.
   uint64_t memory_in_use() const;

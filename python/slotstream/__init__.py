@@ -31,17 +31,11 @@ import atexit
 
 from . import errors
 from ._slotstream import (DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS, Frame, MessageView, PlatformSender, Receiver, Sender,
-                          close_all, protocols)
+                          __version__, close_all, protocols)
 from .errors import (AuthFailed, Busy, Cancelled, ConnectFailed, Error, InvalidArgument, PeerGone, ProtocolError,
                      Refused, StorageError, Timeout, TransportError, VersionMismatch)
 
-try:
-    from importlib.metadata import version as _version
-
-    __version__ = _version("slotstream")
-except Exception:  # not installed as a distribution (e.g. imported from a build tree)
-    __version__ = "unknown"
-
+# __version__ is the C++ library's (CMake's project VERSION, which pyproject.toml's version reads too).
 # Receivers still open at exit are stopped while Python can still run their callbacks.
 atexit.register(close_all)
 

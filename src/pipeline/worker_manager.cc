@@ -39,6 +39,10 @@ std::vector<std::string> WorkerManager::argv_for(const std::string& sender, uint
   const std::string dev = std::to_string(device);
   if (options_.runtime == Runtime::kProcess) return {"/bin/sh", "-c", options_.command};
   fs::path base = fs::absolute(options_.out) / sender;
+  // --user 0:0: the image's default user is the unprivileged daemon (10001), but a worker must own
+  // what the receiver created for it. That is the container's root: the receiver's own root under
+  // rootful podman, the receiver's user under rootless podman. It needs no capability to write its
+  // own files, so it gets none (--cap-drop all, no-new-privileges).
   // --init: a tiny init as PID 1 forwards SIGTERM (a shell as PID 1 ignores it, so every stop
   // would wait out the timeout); it needs catatonit, which scripts/setup.sh installs.
   std::vector<std::string> a = {"podman",
@@ -52,6 +56,12 @@ std::vector<std::string> WorkerManager::argv_for(const std::string& sender, uint
                                 worker_name(sender, device),
                                 "--network",
                                 "none",
+                                "--user",
+                                "0:0",
+                                "--cap-drop",
+                                "all",
+                                "--security-opt",
+                                "no-new-privileges",
                                 "--ulimit",
                                 "nofile=20000:20000",
                                 "--ulimit",

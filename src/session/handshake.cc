@@ -18,33 +18,54 @@ EndFacts sender_facts(const wire::Hello& hello) {
 std::optional<Refusal> check_hello(const wire::Hello& hello, const ReceiverTerms& receiver, HelloTerms* terms) {
   HelloTerms t;
   t.protocol = protocol::find(hello.protocol);
-  if (!t.protocol) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'"};
+  if (!t.protocol) return Refusal{Code::kRefused, "unknown protocol '" + hello.protocol + "'", "protocol"};
   if (Status st = protocol::Options::parse(hello.options, &t.options); !st.is_ok()) {
-    return Refusal{Code::kRefused, st.message()};
+    return Refusal{Code::kRefused, st.message(), "options"};
   }
   if (Status st = protocol::check_options(*t.protocol, t.options); !st.is_ok()) {
-    return Refusal{Code::kRefused, st.message()};
+    return Refusal{Code::kRefused, st.message(), "options"};
   }
   if (hello.block_size < kMinBlockSize || hello.block_size > kMaxBlockSize || hello.blocks < 1 ||
       hello.blocks > kMaxBlocks) {
-    return Refusal{Code::kRefused, "unsupported block geometry " + std::to_string(hello.blocks) + " x " +
-                                       std::to_string(hello.block_size) + " B"};
+    return Refusal{
+        Code::kRefused,
+        "unsupported block geometry " + std::to_string(hello.blocks) + " x " + std::to_string(hello.block_size) + " B",
+        "geometry"};
   }
-  if (auto why = invalid_sender_name(hello.name)) return Refusal{Code::kRefused, "invalid sender name: " + *why};
+  if (auto why = invalid_sender_name(hello.name))
+    return Refusal{Code::kRefused, "invalid sender name: " + *why, "name"};
   if (hello.devices.empty() || hello.devices.size() > kMaxDevices) {
-    return Refusal{Code::kRefused, "a sender must declare 1.." + std::to_string(kMaxDevices) + " devices"};
+    return Refusal{Code::kRefused, "a sender must declare 1.." + std::to_string(kMaxDevices) + " devices", "devices"};
   }
   TransportChoice choice = choose_transport(receiver.allowed, hello.transport, sender_facts(hello), receiver.facts);
-  if (!choice.transport) return Refusal{Code::kRefused, choice.refusal};
+  if (!choice.transport) return Refusal{Code::kRefused, choice.refusal, "transport"};
   if (*choice.transport == Transport::kRdma && hello.rdma_transport && *hello.rdma_transport != receiver.rdma) {
-    return Refusal{Code::kRefused, std::string("this receiver serves rdma over ") + rdma_transport_name(receiver.rdma) +
-                                       ", the sender asks for " + rdma_transport_name(*hello.rdma_transport) +
-                                       " (--rdma-transport on both ends)"};
+    return Refusal{Code::kRefused,
+                   std::string("this receiver serves rdma over ") + rdma_transport_name(receiver.rdma) +
+                       ", the sender asks for " + rdma_transport_name(*hello.rdma_transport) +
+                       " (--rdma-transport on both ends)",
+                   "transport"};
   }
   t.transport = *choice.transport;
   t.reason = std::move(choice.reason);
   *terms = std::move(t);
   return std::nullopt;
+}
+
+RefusalLabels refusal_labels(const Refusal& r) {
+  if (r.code == Code::kAuthFailed) return {"authentication", r.reason ? r.reason : "other"};
+  if (r.reason) return {r.reason, nullptr};
+  switch (r.code) {
+    case Code::kProtocolError:
+    case Code::kVersionMismatch:
+      return {"bad_hello", nullptr};
+    case Code::kTimeout:
+      return {"timeout", nullptr};
+    case Code::kBusy:
+      return {"busy", nullptr};
+    default:
+      return {"other", nullptr};
+  }
 }
 
 net::Mac hello_proof(const std::string& token, const net::Nonce& receiver_nonce, const net::Nonce& sender_nonce,
@@ -66,7 +87,8 @@ std::optional<Refusal> check_sender_proof(const std::string& token, const net::N
                                           const net::Nonce& sender_nonce, std::span<const uint8_t> hello_bytes,
                                           std::span<const uint8_t> mac) {
   if (!net::mac_equal(mac, hello_proof(token, receiver_nonce, sender_nonce, hello_bytes))) {
-    return Refusal{Code::kAuthFailed, "authentication failed: wrong token (or the hello was altered on the way)"};
+    return Refusal{Code::kAuthFailed, "authentication failed: wrong token (or the hello was altered on the way)",
+                   "wrong_token"};
   }
   return std::nullopt;
 }
@@ -74,7 +96,8 @@ std::optional<Refusal> check_sender_proof(const std::string& token, const net::N
 std::optional<Refusal> check_setup_proof(const std::string& token, const net::Nonce& receiver_nonce,
                                          const net::Nonce& sender_nonce, const wire::Setup& setup) {
   if (!net::mac_equal(setup.proof, setup_proof(token, receiver_nonce, sender_nonce, setup))) {
-    return Refusal{Code::kAuthFailed, "authentication failed: the sender's set-up is not signed with the token"};
+    return Refusal{Code::kAuthFailed, "authentication failed: the sender's set-up is not signed with the token",
+                   "unsigned_setup"};
   }
   return std::nullopt;
 }
@@ -107,7 +130,7 @@ std::optional<Refusal> ReceiverSession::handshake() {
   if (auto r = authenticate(hello)) return r;
   // Authenticated (without a token: a hello the receiver accepts): out of the small budget of
   // connections still in their handshake, into the authenticated one (session/admission.h).
-  if (auto why = rx_.authenticated(connection_)) return Refusal{Code::kBusy, *why};
+  if (auto why = rx_.authenticated(connection_)) return Refusal{Code::kBusy, *why, "busy"};
   if (auto r = set_up(hello)) return r;
   return connect();
 }
@@ -115,7 +138,7 @@ std::optional<Refusal> ReceiverSession::handshake() {
 std::optional<Refusal> ReceiverSession::read_hello(wire::Hello* hello) {
   wire::Frame frame;
   if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
-    return Refusal{st.code(), "no valid hello: " + st.message()};
+    return Refusal{st.code(), "no valid hello: " + st.message(), st.code() == Code::kTimeout ? "timeout" : "bad_hello"};
   }
   if (frame.type == wire::MsgType::kCapacityRequest) {
     if (Status st = wire::decode_capacity_request(frame.body); !st.is_ok()) return Refusal{st.code(), st.message()};
@@ -142,7 +165,7 @@ std::optional<Refusal> ReceiverSession::authenticate(const wire::Hello& hello) {
     return Refusal{st.code(), st.message()};
   std::vector<uint8_t> mac;
   if (Status st = control_->expect(wire::MsgType::kAuth, kHelloTimeout, &mac); !st.is_ok()) {
-    return Refusal{Code::kAuthFailed, "authentication failed: " + st.message()};
+    return Refusal{Code::kAuthFailed, "authentication failed: " + st.message(), "no_proof"};
   }
   if (auto r = check_sender_proof(rx_options_.token, nonce, sender_nonce_, hello_bytes_, mac)) return r;
   my_nonce_ = nonce;
@@ -150,7 +173,7 @@ std::optional<Refusal> ReceiverSession::authenticate(const wire::Hello& hello) {
 }
 
 std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
-  if (auto why = rx_.register_lane(hello, &group_)) return Refusal{Code::kRefused, *why};
+  if (auto why = rx_.register_lane(hello, &group_)) return Refusal{Code::kRefused, *why, "already_connected"};
   registered_ = true;
 
   SenderInfo& info = report_.sender;
@@ -168,7 +191,7 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
 
   // Nothing is allocated for a sender before it is authenticated and fits the memory budget.
   const uint64_t region = region_bytes(geometry_);
-  if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why};
+  if (auto why = rx_.reserve_memory(region)) return Refusal{Code::kRefused, *why, "memory"};
   reserved_bytes_ = region;
 
   if (auto r = set_up_transport(region)) return r;
@@ -236,7 +259,7 @@ std::optional<Refusal> ReceiverSession::set_up_transport(uint64_t region) {
   if (Status st = fabric::check_memlock(fabric_->context->spec(), fabric_->context->registered_bytes() + region,
                                         "this sender's blocks and those of the senders already connected");
       !st.is_ok()) {
-    return Refusal{Code::kRefused, "the receiver cannot pin the blocks: " + st.message()};
+    return Refusal{Code::kRefused, "the receiver cannot pin the blocks: " + st.message(), "memory"};
   }
   // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
   // own that only this session's thread progresses — as an RDMA receiver polls its own
@@ -310,7 +333,9 @@ void ReceiverSession::refuse(const Refusal& refusal) {
   std::string who =
       report_.sender.name.empty() ? report_.sender.peer : report_.sender.name + " (" + report_.sender.peer + ")";
   // A connection closed for room is logged with the others it was closed with (receiver.cc).
-  if (!rx_.evicted_for_room(connection_)) rx_.event("refused sender " + who + ": " + refusal.message);
+  const bool evicted = rx_.evicted_for_room(connection_);
+  if (!evicted) rx_.event("refused sender " + who + ": " + refusal.message);
+  rx_.count_refusal(evicted ? RefusalLabels{"evicted", nullptr} : refusal_labels(refusal));
   wire::Refuse r{refusal.code, refusal.message};
   (void)control_->send(wire::MsgType::kRefuse, wire::encode(r));
   free_region();

@@ -29,11 +29,23 @@ namespace slotstream::session {
 constexpr net::Millis kHelloTimeout{5000};
 constexpr uint32_t kMaxDevices = wire::kMaxDevices;
 
-// Why a sender is refused: sent back as REFUSE (code and message) and logged.
+// Why a sender is refused: sent back as REFUSE (code and message), logged, and counted under
+// `reason` (a short metric label; see refusal_labels for the default).
 struct Refusal {
   Code code;
   std::string message;
+  const char* reason = nullptr;
 };
+
+// The labels a refusal is counted under (Receiver::refusals): in `refused` always, and for an
+// authentication failure in `authentication_failures` too (auth_failure non-null). Without an
+// explicit reason: authentication, bad_hello (protocol or version errors), timeout, else other.
+// Pure; any thread.
+struct RefusalLabels {
+  const char* refused;
+  const char* auth_failure;  // nullptr unless Code::kAuthFailed
+};
+RefusalLabels refusal_labels(const Refusal& refusal);
 
 // What an acceptable HELLO asks for.
 struct HelloTerms {

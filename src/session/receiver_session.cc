@@ -131,6 +131,7 @@ void ReceiverSession::fill_report(Clock::time_point start) {
     report_.views_held_blocks = lender_->lending()->held();
   }
   report_.protocol_counters = proto_->stats().counters;
+  report_.store_latency = c.store_latency;
 }
 
 void ReceiverSession::publish(Clock::time_point start) {

@@ -97,6 +97,8 @@ class SessionHost {
   virtual void publish(const void* session, uint64_t group, const SessionReport& report) = 0;
   virtual void withdraw(const void* session) = 0;
   virtual void event(const std::string& text) = 0;
+  // A connection was refused (Receiver::refusals).
+  virtual void count_refusal(const RefusalLabels& /*labels*/) {}
 };
 
 // One connection. Threading: open() and close() on the connection's own thread; the consumer

@@ -264,6 +264,8 @@ Status SenderLane::unreachable(const Status& st) const {
 
 // Rate-limited: one poll() of the control socket per millisecond at most.
 Status SenderLane::alive_st() {
+  // A sender failed or cancelled (Sender::abort) elsewhere: waits inside the protocol end here.
+  if (owner_.failed()) return owner_.first_error();
   auto now = Clock::now();
   if (now < next_liveness_) return Status::ok();
   next_liveness_ = now + kLivenessInterval;
@@ -496,9 +498,11 @@ Status SenderLane::fin() {
   const bool answer = owner_.descriptor().receiver_endpoint;
   wire::Frame frame;
   for (;;) {
-    Status st = control_->receive(answer ? Millis(1) : Millis(1000), &frame);
+    // Short waits: a sender cancelled meanwhile (Sender::abort) stops waiting within 100 ms.
+    Status st = control_->receive(answer ? Millis(1) : Millis(100), &frame);
     if (st.code() == Code::kTimeout) {
       if (answer) worker_->progress();
+      SLOTSTREAM_RETURN_IF_ERROR(owner_.first_error());
       continue;
     }
     if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};

@@ -44,6 +44,7 @@ int32_t Delivery::find_device(uint16_t id) const {
 Status Delivery::pass(size_t* consumed, std::chrono::steady_clock::time_point now) {
   *consumed = 0;
   lend_limited_ = false;
+  pass_now_ = now;
   SLOTSTREAM_RETURN_IF_ERROR(retry_pending(consumed));
   collect(now, consumed);
   if (pass_interrupted_) {  // the last pass returned an error half-way: forget its marks
@@ -203,6 +204,7 @@ Status Delivery::consider(uint32_t i, std::chrono::steady_clock::time_point now,
     if (dev.open) {  // the previous message never got its last fragment
       sink_.abort(dev.id);
       dev.open = false;
+      dev.taken_up.reset();
       ++counters_.broken_messages;
     }
     batch_.push_back(i);
@@ -249,12 +251,13 @@ Status Delivery::flush(std::chrono::steady_clock::time_point now, size_t* consum
     }
     size_t stored = 0;
     const Status st = lender_ ? lender_->lend(messages_, leases_, &stored) : sink_.deliver(messages_, &stored);
+    const auto stored_at = std::chrono::steady_clock::now();
     stored = st.is_ok() ? messages_.size() : std::min(stored, messages_.size());
     for (size_t k = pos; k < pos + stored; ++k) {
       const Entry& e = entries_[batch_[k]];
       consume(e, consumed);
       DeviceState& dev = devices_[e.dev];
-      delivered(dev, e.header.payload_length, e.header.packet);
+      delivered(dev, e.header.payload_length, e.header.packet, stored_at);
       resumed(dev);
     }
     pos += stored;
@@ -324,6 +327,7 @@ void Delivery::roll_back(size_t from) {
 
 void Delivery::pause(DeviceState& dev, std::chrono::steady_clock::time_point now) {
   dev.retry_at = now + kBusyRetry;
+  if (!dev.taken_up) dev.taken_up = now;  // its next message waits for the sink from now: that counts
   if (dev.counters.paused) return;
   dev.counters.paused = true;
   ++dev.counters.pauses;
@@ -336,8 +340,13 @@ void Delivery::resumed(DeviceState& dev) {
   if (on_pause_) on_pause_(dev.id, false);
 }
 
-void Delivery::delivered(DeviceState& dev, uint64_t bytes, uint32_t packet) {
+// `stored_at`: when the sink had it; the store latency runs from the pass that first took the
+// message up (dev.taken_up while it waited for a busy sink or spanned passes, else this pass).
+void Delivery::delivered(DeviceState& dev, uint64_t bytes, uint32_t packet,
+                         std::chrono::steady_clock::time_point stored_at) {
   if (traced_) trace(TraceStage::kDelivered, dev.id, packet);
+  counters_.store_latency.observe(std::chrono::duration<double>(stored_at - dev.taken_up.value_or(pass_now_)).count());
+  dev.taken_up.reset();
   ++dev.counters.messages;
   dev.counters.bytes += bytes;
   ++counters_.messages;
@@ -456,6 +465,7 @@ void Delivery::detect_gaps() {
     dev.counters.gaps += static_cast<uint64_t>(waiting);
     dev.expected += static_cast<uint32_t>(waiting);
     dev.stuck_passes = 0;
+    dev.taken_up.reset();
     if (dev.open) {
       sink_.abort(dev.id);
       dev.open = false;
@@ -475,8 +485,10 @@ Status Delivery::apply(const Entry& e, Stage stage, uint64_t unit_id) {
   };
   if (stage == Stage::kBegin) {
     if (h.first()) {
-      if (dev.open) {  // the previous message never got its last fragment
+      if (!dev.taken_up) dev.taken_up = pass_now_;  // kept while the sink is busy: waits count
+      if (dev.open) {                               // the previous message never got its last fragment
         sink_.abort(h.device);
+        dev.taken_up = pass_now_;
         dev.open = false;
         ++counters_.broken_messages;
       }
@@ -498,7 +510,7 @@ Status Delivery::apply(const Entry& e, Stage stage, uint64_t unit_id) {
   if (h.last()) {
     if (Status st = sink_.commit(h.device); !st.is_ok()) return fail(st, Stage::kCommit);
     dev.open = false;
-    delivered(dev, dev.open_bytes, h.packet);
+    delivered(dev, dev.open_bytes, h.packet, std::chrono::steady_clock::now());
   }
   return Status::ok();
 }
@@ -511,6 +523,7 @@ uint64_t Delivery::abort_partials() {
     if (!dev.open) continue;
     sink_.abort(dev.id);
     dev.open = false;
+    dev.taken_up.reset();
     ++n;
   }
   pending_.reset();

@@ -62,6 +62,8 @@ struct DeliveryCounters {
   double buffer_held_byte_ns = 0;
   double buffer_useful_byte_ns = 0;
   double buffer_observed_ns = 0;
+  // Complete messages, from the pass that first took up the first block to the sink's commit.
+  LatencyHistogram store_latency;
 };
 
 class Delivery {
@@ -127,6 +129,8 @@ class Delivery {
     uint64_t open_bytes = 0;
     uint32_t stuck_passes = 0;
     std::chrono::steady_clock::time_point retry_at{};  // while paused: when to try its sink again
+    // When the pass that first tried to begin the open message began (store latency).
+    std::optional<std::chrono::steady_clock::time_point> taken_up;
     DeviceStats counters;
     std::vector<Parked> parked;  // records copied out of shared units while paused
     // Within one pass (reset at its end; no per-pass allocation): a packet was delivered, and the
@@ -185,7 +189,7 @@ class Delivery {
   void remember(uint64_t unit_id, uint32_t index);
   void detect_gaps();
   void consume(const Entry& e, size_t* consumed);
-  void delivered(DeviceState& dev, uint64_t bytes, uint32_t packet);
+  void delivered(DeviceState& dev, uint64_t bytes, uint32_t packet, std::chrono::steady_clock::time_point stored_at);
   bool is_consumed(const Entry& e) const;
   // Applies one in-order fragment from `stage` on; on error records where to resume.
   Status apply(const Entry& e, Stage stage, uint64_t unit_id);
@@ -220,6 +224,7 @@ class Delivery {
   bool traced_ = false;            // this pass records the per-stage trace (stream/trace.h)
   // What the last pass found held (buffer utilisation is integrated from one pass to the next).
   std::optional<std::chrono::steady_clock::time_point> last_pass_;
+  std::chrono::steady_clock::time_point pass_now_{};  // when the current pass began
   uint64_t last_held_ = 0;
   uint64_t last_useful_ = 0;
   uint64_t pass_held_ = 0;

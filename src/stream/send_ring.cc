@@ -42,12 +42,12 @@ SendRing::SendRing(std::byte* base, uint32_t blocks, uint32_t block_size, bool p
 
 // ------------------------------------------------------------------------------ filler side
 
-Status SendRing::reserve(uint32_t size, Reservation* out) {
+Status SendRing::reserve(uint32_t size, Reservation* out, Deadline deadline) {
   for (int spins = 0;;) {
     uint64_t w = word_.load(std::memory_order_acquire);
     if (!is_open(w)) {
       if (is_pending(w) && try_open(w)) continue;
-      SLOTSTREAM_RETURN_IF_ERROR(wait_turn(&spins));
+      SLOTSTREAM_RETURN_IF_ERROR(wait_turn(&spins, deadline));
       continue;
     }
     // The one atomic read-modify-write of a message: its bytes in the open block.
@@ -107,8 +107,12 @@ bool SendRing::try_open(uint64_t w) {
   return true;  // opened, by us or another filler (or the word moved on): look again
 }
 
-Status SendRing::wait_turn(int* spins) {
+Status SendRing::wait_turn(int* spins, Deadline deadline) {
   if (aborted_.load(std::memory_order_acquire)) return {Code::kCancelled, "sender closed"};
+  // Checked once per turn: a turn sleeps at most kFillerSleep, so a deadline is kept to ~1 ms.
+  if (deadline && std::chrono::steady_clock::now() >= *deadline) {
+    return {Code::kTimeout, "no send block became free in time (every block is in flight)"};
+  }
   if (++*spins < kSpinTurns) {
     // The transfers holding the block may need the worker progressed, or sealed blocks a holder.
     if (helper_ && (*spins & 7) == 0) helper_();
@@ -129,7 +133,7 @@ Status SendRing::wait_turn(int* spins) {
   return aborted_.load(std::memory_order_acquire) ? Status{Code::kCancelled, "sender closed"} : Status::ok();
 }
 
-Status SendRing::claim(Slot* out) {
+Status SendRing::claim(Slot* out, Deadline deadline) {
   for (int spins = 0;;) {
     if (aborted_.load(std::memory_order_acquire)) return {Code::kCancelled, "sender closed"};
     uint64_t w = word_.load(std::memory_order_acquire);
@@ -138,7 +142,7 @@ Status SendRing::claim(Slot* out) {
       const uint32_t i = index(w);
       const uint64_t turn = slots_[i].turn.load(std::memory_order_acquire);
       if ((turn & kGenMask) != gen(w)) {
-        SLOTSTREAM_RETURN_IF_ERROR(wait_turn(&spins));
+        SLOTSTREAM_RETURN_IF_ERROR(wait_turn(&spins, deadline));
         continue;
       }
       if (!word_.compare_exchange_weak(w, make(w, turn + 1, uint32_t((turn + 1) % blocks_), kPendingBase),
@@ -147,7 +151,7 @@ Status SendRing::claim(Slot* out) {
       }
       mine = turn;
     } else if (!is_open(w)) {  // being sealed by the filler whose record overflowed it
-      SLOTSTREAM_RETURN_IF_ERROR(wait_turn(&spins));
+      SLOTSTREAM_RETURN_IF_ERROR(wait_turn(&spins, deadline));
       continue;
     } else {
       const uint64_t t = slots_[index(w)].turn.load(std::memory_order_acquire);
@@ -170,7 +174,10 @@ Status SendRing::claim(Slot* out) {
     }
     // Our block may still hold its previous ticket (in flight): wait until it is released.
     while (slots_[mine % blocks_].turn.load(std::memory_order_acquire) != mine) {
-      SLOTSTREAM_RETURN_IF_ERROR(wait_turn(&spins));
+      if (Status st = wait_turn(&spins, deadline); !st.is_ok()) {
+        if (st.code() == Code::kTimeout) abandon(mine);
+        return st;
+      }
     }
     slots_[mine % blocks_].whole.store(true, std::memory_order_relaxed);
     out->ticket = mine;
@@ -288,10 +295,36 @@ void SendRing::release(uint64_t ticket) {
   s.whole.store(false, std::memory_order_relaxed);
   s.length.store(-1, std::memory_order_relaxed);
   s.turn.store(ticket + blocks_, std::memory_order_seq_cst);  // pairs with fillers_waiting_
+  if (abandoned_count_.load(std::memory_order_seq_cst) > 0) {
+    std::unique_lock lock(mutex_);
+    if (abandoned_.erase(ticket + blocks_)) {  // its filler gave up: nothing to send from it
+      abandoned_count_.fetch_sub(1, std::memory_order_seq_cst);
+      lock.unlock();
+      commit({ticket + blocks_, uint32_t((ticket + blocks_) % blocks_), {}}, 0);
+    }
+  }
   if (fillers_waiting_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard lock(mutex_);
     freed_.notify_all();
   }
+}
+
+void SendRing::abandon(uint64_t ticket) {
+  SlotState& s = slots_[ticket % blocks_];
+  {
+    std::lock_guard lock(mutex_);
+    if (s.turn.load(std::memory_order_seq_cst) != ticket) {  // not free yet: release() commits it
+      abandoned_.insert(ticket);
+      abandoned_count_.fetch_add(1, std::memory_order_seq_cst);
+      // release() may have made it free between the check and the insert: it then looked at
+      // abandoned_count_ before our insert. Check once more, still under the lock.
+      if (s.turn.load(std::memory_order_seq_cst) != ticket) return;
+      abandoned_.erase(ticket);
+      abandoned_count_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  commit({ticket, uint32_t(ticket % blocks_), {}}, 0);  // free already: give it back empty ourselves
+  if (helper_) helper_();                               // and see that it is passed
 }
 
 bool SendRing::drained() const {

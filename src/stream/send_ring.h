@@ -50,6 +50,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <span>
 
 #include "slotstream/status.h"
@@ -103,7 +105,9 @@ class SendRing {
   };
   // Reserves `size` bytes (at most max_packed()) in the open block: one fetch_add unless the block
   // is full (then the first filler that overflows seals it) or not yet free. kCancelled after abort().
-  Status reserve(uint32_t size, Reservation* out);
+  // With a deadline: kTimeout when no block opened by then (nothing is reserved).
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+  Status reserve(uint32_t size, Reservation* out, Deadline deadline = std::nullopt);
   // The record is written (header and payload): the transmitter may send it. A plain release
   // store; the caller then calls the helper if `lane_idle`, wake_sender() if `wake`.
   void publish(const Reservation& r);
@@ -114,8 +118,11 @@ class SendRing {
     std::span<std::byte> block;  // block_size bytes for one record (after the packed header's room)
   };
   // Takes the next block whole (sealing the open one first if it holds records). Blocks until it
-  // is free; kCancelled after abort().
-  Status claim(Slot* out);
+  // is free; kCancelled after abort(). With a deadline: kTimeout when the block is not free by
+  // then. A ticket already taken is then given up (abandon): its block is committed empty as soon
+  // as it is free, so the cursor never waits for a filler that went away (a Python send()
+  // interrupted by Ctrl-C, or given a timeout).
+  Status claim(Slot* out, Deadline deadline = std::nullopt);
   // The claimed block holds a `length`-byte record (0: nothing, the fill gave up). Then call the
   // helper: the committer transmits if no one else does.
   void commit(const Slot& slot, uint32_t length);
@@ -217,7 +224,7 @@ class SendRing {
   // PENDING -> OPEN once the block is free; false: not free yet.
   bool try_open(uint64_t w);
   // A filler waits (for a block to open or be freed): spins, helps, then sleeps briefly.
-  Status wait_turn(int* spins);
+  Status wait_turn(int* spins, Deadline deadline);
   bool unit_at_cursor() const;
   void walk(uint64_t ticket, Unit* out);
 
@@ -241,6 +248,11 @@ class SendRing {
   std::condition_variable freed_;
   std::condition_variable work_;
   std::atomic<int> fillers_waiting_{0};
+  // Tickets whose filler gave up before its block was free (claim with a deadline): committed
+  // empty by release() when their turn comes. Guarded by mutex_; the count lets release() skip it.
+  std::set<uint64_t> abandoned_;
+  std::atomic<size_t> abandoned_count_{0};
+  void abandon(uint64_t ticket);
   std::atomic<bool> sender_waiting_{false};
   bool woken_ = false;  // wake_sender() was called during a sleep (under mutex_)
   Sleeper sleeper_;

@@ -4,6 +4,7 @@ No cluster and no kubectl are needed: every plain manifest is checked against th
 schemas with `kubernetes-validate --strict` (installed by scripts/setup.sh into build/tools-venv).
 Where kubectl happens to be installed, the Kustomize renderings are validated as well.
 """
+import json
 import os
 import re
 import shutil
@@ -182,7 +183,9 @@ def test_receiver_has_what_rdma_needs():
     assert rx["hostNetwork"] is True
     assert rx["nodeSelector"]["slotstream.io/rdma"] == "true"
     c = rx["containers"][0]
-    assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+    # Pinned memory comes from the locked-memory limit, which the wrapper raises and logs; an
+    # unprivileged process needs no capability for it (and would get none from `add`).
+    assert "ulimit -l unlimited" in c["command"][2]
     assert c["resources"]["requests"][RDMA] == 1
     assert c["resources"]["limits"][RDMA] == 1  # extended resources: request == limit
     vols = {v["name"]: v for v in rx["volumes"]}
@@ -210,9 +213,8 @@ def test_receiver_runs_recv_with_the_expected_options():
     assert "UCX_TLS" not in cm
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"control": 7000, "metrics": 9100}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"]["path"] == "/health"
-        assert c[probe]["httpGet"]["port"] == 9100
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": 9100}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 9100}
 
 
 def test_receiver_requires_a_token_and_bounds_its_memory():
@@ -320,6 +322,32 @@ def test_worker_wrapper_waits_for_data_then_runs_the_worker(tmp_path):
 
 # --------------------------------------------------------------------- everything else
 
+def pod_specs():
+    for (kind, name), d in documents().items():
+        if kind in ("DaemonSet", "StatefulSet", "Deployment", "Job"):
+            yield name, d["spec"]["template"]["spec"]
+
+
+def test_every_container_is_hardened():
+    """seccomp RuntimeDefault, no privilege escalation, read-only root, every capability dropped; the
+    long-running containers as the image's unprivileged user, and the only root step an init container
+    that may do nothing but chown the node directories the kubelet created."""
+    for name, spec in pod_specs():
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        pod = {k: v for k, v in spec["securityContext"].items() if k in ("runAsNonRoot", "runAsUser")}
+        for c in spec["containers"]:
+            sc = {**pod, **c["securityContext"]}  # the container's settings win over the pod's
+            assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0, f"{name}/{c['name']}"
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add"), c["name"]
+        for c in spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}, f"{name}/{c['name']}"
+            assert c["command"][0] == "chown", c["command"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+
+
+
 def test_every_container_has_requests_and_limits():
     for (kind, name), d in documents().items():
         if kind not in ("DaemonSet", "StatefulSet", "Deployment", "Job"):
@@ -405,3 +433,227 @@ def test_kustomize_platform_component_adds_a_three_member_etcd_and_registers_the
     help_text = subprocess.run([BIN, "recv", "--help"], capture_output=True, text=True).stdout
     for option in ("--platform", "--capacity-cpu"):
         assert option in help_text
+
+
+def test_the_token_is_readable_by_the_unprivileged_receiver():
+    rx = receiver()
+    vols = {v["name"]: v for v in rx["volumes"]}
+    user = rx["containers"][0]["securityContext"]["runAsUser"]
+    assert rx["securityContext"]["fsGroup"] == user, "the token's files must belong to the receiver's group"
+    assert vols["token"]["secret"]["defaultMode"] & 0o040, "group-readable"
+
+
+# ------------------------------------------------------------------------------ the Helm chart
+
+CHART = REPO / "deploy" / "helm" / "slotstream"
+EXAMPLE_VALUES = CHART / "ci" / "edge-cluster-values.yaml"
+TCP_PLATFORM_VALUES = CHART / "ci" / "tcp-platform-values.yaml"
+VALUE_SETS = [[], [EXAMPLE_VALUES], [TCP_PLATFORM_VALUES]]
+VALUE_IDS = ["defaults", "edge-cluster", "tcp-platform"]
+HELM_TOOL = REPO / "build" / "tools-bin" / "helm"
+MONITORING = {"ServiceMonitor", "PrometheusRule"}  # Prometheus Operator CRDs: no schema in kubernetes-validate
+
+
+def helm(*args):
+    tool = str(HELM_TOOL) if HELM_TOOL.exists() else shutil.which("helm")
+    if not tool:
+        pytest.fail("helm is missing: run `bash scripts/setup.sh` (it builds helm from the Go module proxy into "
+                    "build/tools-bin)")
+    return subprocess.run([tool, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def render(tmp_path, *values):
+    args = ["template", "slotstream", CHART, "--namespace", "edge"]
+    for v in values:
+        args += ["-f", v]
+    p = helm(*args)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "rendered.yaml"
+    out.write_text(p.stdout)
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=VALUE_IDS)
+def test_chart_lints(values):
+    args = ["lint", "--strict", CHART]
+    for v in values:
+        args += ["-f", v]
+    p = helm(*args)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=VALUE_IDS)
+def test_chart_renders_objects_that_validate(tmp_path, values):
+    docs = render(tmp_path, *values)
+    plain = [d for d in docs if d["kind"] not in MONITORING]
+    f = tmp_path / "plain.yaml"
+    f.write_text(yaml.safe_dump_all(plain))
+    p = validate(f)
+    assert p.returncode == 0 and "passed" in p.stdout, p.stdout + p.stderr
+    kinds = sorted(d["kind"] for d in docs)
+    if values == [TCP_PLATFORM_VALUES]:
+        assert kinds == ["DaemonSet", "Deployment", "Secret", "Service"], kinds
+    elif values:
+        assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "PrometheusRule", "Service", "ServiceMonitor",
+                         "StatefulSet", "StatefulSet"], kinds
+    else:
+        assert kinds == ["DaemonSet", "Secret", "Service"], kinds
+    for d in docs:
+        assert d["metadata"]["namespace"] == "edge" and d["metadata"]["labels"]["app.kubernetes.io/part-of"] == \
+            "slotstream", d["metadata"]["name"]
+
+
+def pod_specs_of(docs):
+    return [(d["metadata"]["name"], d["spec"]["template"]["spec"]) for d in docs
+            if d["kind"] in ("DaemonSet", "StatefulSet", "Deployment")]
+
+
+def test_chart_pods_are_hardened_and_run_this_version(tmp_path):
+    docs = render(tmp_path, EXAMPLE_VALUES)
+    version = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split()[1]
+    for name, spec in pod_specs_of(docs):
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001, f"{name}/{c['name']}"
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]}, f"{name}/{c['name']}: {sc['capabilities']}"
+            assert c["image"] == f"localhost/slotstream:{version}", c["image"]
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]) and {"cpu", "memory"} <= set(
+                c["resources"]["requests"])
+        for c in spec.get("initContainers", []):
+            assert c["command"][0] == "chown" and c["securityContext"]["capabilities"] == {
+                "drop": ["ALL"], "add": ["CHOWN"]}, f"{name}/{c['name']}"
+
+
+def test_chart_version_is_cmakes():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    cmake = re.search(r"project\(slotstream VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+    assert chart["version"] == cmake and chart["appVersion"] == cmake, chart
+
+
+def test_chart_commands_exist_in_this_binary(tmp_path):
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path, EXAMPLE_VALUES)}
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+    tx = docs[("Deployment", "slotstream-sender-edge-a")]["spec"]["template"]["spec"]["containers"][0]
+    for args in (rx["args"], tx["args"]):
+        help_text = subprocess.run([BIN, args[0], "--help"], capture_output=True, text=True).stdout
+        for a in args[1:]:
+            if a.startswith("--"):
+                assert re.search(rf"(^|[\s,]){re.escape(a)}\b", help_text), f"{args[0]} has no option {a}"
+    assert option(tx["args"], "--to") == "edge-b.example:7000,edge-c.example:7000"
+    assert rx["readinessProbe"]["httpGet"]["path"] == "/ready" and rx["livenessProbe"]["httpGet"]["path"] == "/health"
+    workers = [d for (k, _), d in docs.items() if k == "StatefulSet"]
+    assert sorted(w["spec"]["replicas"] for w in workers) == [12, 12]
+    h264 = next(w for w in workers if "edge-b" in w["metadata"]["name"])["spec"]["template"]["spec"]
+    assert h264["containers"][0]["args"] == ["sh", "/opt/slotstream/workers/h264.sh"]
+    assert h264["nodeSelector"] == {"kubernetes.io/hostname": "edge-b"}
+
+
+def test_chart_serves_rdma_as_the_kustomize_base_does_and_tcp_only_nodes_auto(tmp_path):
+    """RDMA nodes: --transport rdma on the configured device and the RDMA resource, never UCX_TLS (it
+    would replace slotstream's own transport choice); TCP-only nodes: auto, no device, no resource."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path)}
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+    assert option(rx["args"], "--transport") == "rdma" and option(rx["args"], "--rdma-device") == "mlx5_0:1"
+    assert "--rdma-transport" not in rx["args"] and "--platform" not in rx["args"]
+    assert RDMA in rx["resources"]["limits"]
+    assert "UCX_TLS" not in {e["name"] for e in rx["env"]}
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path, TCP_PLATFORM_VALUES)}
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+    assert option(rx["args"], "--transport") == "auto" and "--rdma-device" not in rx["args"]
+    assert RDMA not in rx["resources"]["limits"] and RDMA not in rx["resources"]["requests"]
+
+
+def test_chart_platform_registers_receivers_and_schedules_senders(tmp_path):
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path, TCP_PLATFORM_VALUES)}
+    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+    tx = docs[("Deployment", "slotstream-sender-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    url = yaml.safe_load(TCP_PLATFORM_VALUES.read_text())["platform"]["url"]
+    assert option(rx["args"], "--platform") == url and option(rx["args"], "--capacity-cpu") == "4"
+    assert option(tx["args"], "--platform") == url and "--to" not in tx["args"]
+    for args in (rx["args"], tx["args"]):  # every option exists in this binary
+        help_text = subprocess.run([BIN, args[0], "--help"], capture_output=True, text=True).stdout
+        for a in args[1:]:
+            if a.startswith("--"):
+                assert re.search(rf"(^|[\s,]){re.escape(a)}\b", help_text), f"{args[0]} has no option {a}"
+    p = helm("template", "slotstream", CHART, "--set", "platform.enabled=true")
+    assert p.returncode != 0 and "platform.url" in p.stderr, p.stderr
+
+
+def monitoring(tmp_path):
+    docs = render(tmp_path, EXAMPLE_VALUES)
+    rules = next(d for d in docs if d["kind"] == "PrometheusRule")["spec"]["groups"][0]["rules"]
+    dashboard = json.loads((CHART / "files" / "slotstream-dashboard.json").read_text())
+    exprs = [r["expr"] for r in rules] + [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    return rules, dashboard, exprs
+
+
+def test_alerts_cover_what_the_issue_asks_and_are_well_formed(tmp_path):
+    rules, dashboard, _ = monitoring(tmp_path)
+    names = {r["alert"] for r in rules}
+    assert {"SlotstreamGaps", "SlotstreamBacklogHigh", "SlotstreamDevicePaused", "SlotstreamWorkerRestarts",
+            "SlotstreamRefusedConnections"} <= names, names
+    for r in rules:
+        assert r["labels"]["severity"] in ("warning", "critical") and r["annotations"]["summary"], r
+        assert r["expr"].count("(") == r["expr"].count(")") and r["expr"].count("{") == r["expr"].count("}"), r
+    assert dashboard["uid"] == "slotstream" and len(dashboard["panels"]) >= 10
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.deadline(90)
+def test_every_metric_the_alerts_and_dashboard_use_is_exported(tmp_path, receiver):
+    """Every slotstream_* and process_* name in the rules and the dashboard is on a real receiver's /metrics (run
+    with a worker, an accepted sender and a refused one, so that every family has samples)."""
+    _, _, exprs = monitoring(tmp_path)
+    used = set()
+    for e in exprs:
+        used |= set(re.findall(r"\b((?:slotstream|process)_[a-z_]+)", e))
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    rx = receiver("--out", tmp_path / "out", "--worker", "sh " + str(REPO / "workers" / "checksum.sh"),
+                  "--metrics", "127.0.0.1:0", "--token-file", token)
+    from conftest import metrics_address, run_send, send_argv, wait_until
+    import urllib.request
+    url = f"http://{metrics_address(rx)}/metrics"
+    run_send(rx.addr, "--name", "intruder", "--file", "0=/etc/hostname", check=False)
+    # Some series exist only while a sender is connected (held blocks, paused devices, connection info).
+    cam = subprocess.Popen(send_argv(rx.addr, "--name", "cam", "--token-file", token, "--synthetic", "0:25:16x16x3",
+                                     "--duration", "4"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        scrape = lambda: urllib.request.urlopen(url, timeout=10).read().decode()  # noqa: E731
+        # Per-device series appear once a device has carried data (issue 19), not at the hello.
+        wait_until(lambda: all(m in scrape() for m in ("slotstream_worker_processed_total{", "slotstream_active_senders 1",
+                                                       "slotstream_messages_total{")), 20,
+                   "a live sender that has sent, and its worker")
+        text = scrape()
+    finally:
+        cam.wait(30)
+    exported = set(re.findall(r"^([a-z_]+)(?:\{| )", text, re.M))
+    missing = {u for u in used if u not in exported}
+    assert not missing, f"used by alerts or the dashboard but not exported: {sorted(missing)}"
+
+
+# ------------------------------------------------------------------------------ systemd
+
+UNIT = REPO / "deploy" / "systemd" / "slotstream-recv.service"
+
+
+def test_systemd_unit_verifies_and_pins_memory(tmp_path):
+    text = UNIT.read_text()
+    assert re.search(r"^LimitMEMLOCK=infinity$", text, re.M)
+    assert re.search(r"^User=slotstream$", text, re.M) and re.search(r"^NoNewPrivileges=yes$", text, re.M)
+    exec_start = re.search(r"^ExecStart=(\S+) (.*)$", text, re.M)
+    args = exec_start.group(2).split()
+    help_text = subprocess.run([BIN, args[0], "--help"], capture_output=True, text=True).stdout
+    for a in args[1:]:
+        if a.startswith("--"):
+            assert a in help_text, f"recv has no option {a}"
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed (package systemd): the unit's syntax is not checked")
+    unit = tmp_path / UNIT.name
+    unit.write_text(text.replace(exec_start.group(1), BIN))  # verify checks the binary exists
+    p = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and not p.stderr.strip(), p.stderr

@@ -1,6 +1,7 @@
 """Idle and stalled peers cost (almost) no CPU (issue 13): a receiver with many accepted but idle sessions
 sleeps, and a sender whose receiver stopped mid-stream waits without spinning — then finishes, every message
 verified. CPU is what the kernel charged the process (/proc/PID/stat utime + stime, every thread)."""
+import json
 import os
 import pathlib
 import signal
@@ -119,7 +120,7 @@ def test_a_tcp_sender_whose_receiver_stopped_does_not_spin_and_finishes_after_it
     devices, fps, seconds = 2, 200, 4
     total = devices * fps * seconds
     tx = spawn(send_argv(rx.addr, "--name", "stalled", "--transport", "tcp", "--blocks", "4", "--block-size",
-                         "16384", "--synthetic", f"0-{devices - 1}:{fps}:32x32x3", "--duration", seconds))
+                         "16384", "--synthetic", f"0-{devices - 1}:{fps}:32x32x3", "--duration", seconds, "--json"))
     stored = lambda: sum(1 for _ in out.rglob("*.bin"))  # noqa: E731
     wait_until(lambda: stored() >= 50, 30, "the first 50 messages")
     rx.signal(signal.SIGSTOP)
@@ -140,6 +141,10 @@ def test_a_tcp_sender_whose_receiver_stopped_does_not_spin_and_finishes_after_it
     assert rx.wait(30) == 0, rx.stderr.text
     line = next(l for l in rx.stdout.lines if FINISHED_RE.match(l))
     report = parse_finished(line)
-    assert report["messages"] == total and report["gaps"] == 0 and report["duplicates"] == 0, line
+    # --duration is wall-clock time: the frames whose time passed while the receiver was stopped were
+    # counted late, not queued; every frame that was sent is stored, in order.
+    sent = json.loads(tx.stdout.lines[-1])
+    assert sent["messages"] + sent["late_frames"] == total and sent["late_frames"] > 0, sent
+    assert report["messages"] == sent["messages"] and report["gaps"] == 0 and report["duplicates"] == 0, line
     v = run_verify(out)
-    assert v.returncode == 0 and f"verified {total} frames" in v.stdout, v.stdout + v.stderr
+    assert v.returncode == 0 and f"verified {sent['messages']} frames" in v.stdout, v.stdout + v.stderr

@@ -42,7 +42,9 @@ def test_installed_layout(prefix):
                 "share/slotstream/bench/slotstream_bench.py", "share/slotstream/bench/plot.py",
                 "share/slotstream/bench/dgram_experiments.py", "share/slotstream/bench/dgram_plot.py",
                 "share/slotstream/workers/checksum.sh", "share/slotstream/workers/h264.sh",
-                "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py"]:
+                "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py",
+                "share/man/man1/slotstream.1", "share/bash-completion/completions/slotstream",
+                "share/zsh/site-functions/_slotstream"]:
         assert (prefix / rel).exists(), rel
     assert os.access(prefix / "share/slotstream/workers/checksum.sh", os.X_OK)
     libs = sorted(p.name for p in (prefix / "lib").glob("libslotstream*"))
@@ -59,10 +61,12 @@ def consumers(prefix, tmp_path_factory):
     work = tmp_path_factory.mktemp("consumer")
     run(["cmake", "-S", CONSUMER, "-B", work / "cmake", "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"])
     run(["cmake", "--build", work / "cmake"])
+    # Exactly the README's command: `c++ app.cc $(pkg-config --cflags --libs slotstream)`, nothing added
+    # (no -std, no rpath, no LD_LIBRARY_PATH): it must compile, link and run as it is.
     env = dict(os.environ, PKG_CONFIG_PATH=str(prefix / "lib/pkgconfig"))
-    flags = run(["pkg-config", "--cflags", "--libs", "slotstream"], env=env).stdout.split()
-    libdir = run(["pkg-config", "--variable=libdir", "slotstream"], env=env).stdout.strip()
-    run(["c++", "-std=c++20", CONSUMER / "consumer.cc", *flags, f"-Wl,-rpath,{libdir}", "-o", work / "consumer-pc"])
+    env.pop("LD_LIBRARY_PATH", None)
+    run(["sh", "-c", f"c++ {CONSUMER / 'consumer.cc'} $(pkg-config --cflags --libs slotstream) -o {work / 'consumer-pc'}"],
+        env=env)
     return {"find_package": work / "cmake" / "consumer", "pkg-config": work / "consumer-pc"}
 
 
@@ -83,7 +87,8 @@ def test_consumer_streams_to_the_installed_receiver(prefix, consumers, tmp_path,
                   binary=prefix / "bin" / "slotstream")
     try:
         host, port = rx.addr.rsplit(":", 1)
-        p = run([program, host, port, f"consumer-{transport}", transport], timeout=60)
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # the rpath finds the library
+        p = run([program, host, port, f"consumer-{transport}", transport], timeout=60, env=env)
         assert f"over {transport}" in p.stdout
         assert parse_finished(rx.stdout.next_line(15))["messages"] == 20
         for d in (0, 1):
@@ -105,6 +110,15 @@ def test_installed_bench_runs_outside_the_source_tree(prefix, tmp_path):
     protocols = {r["protocol"] for r in doc["records"]}
     assert {"status_byte", "sliding_window"} <= protocols, protocols
     assert (out / "fig12_latency.png").stat().st_size > 1000
+
+
+def test_pkg_config_names_cxx20_an_rpath_and_the_version(prefix):
+    env = dict(os.environ, PKG_CONFIG_PATH=str(prefix / "lib/pkgconfig"))
+    assert "-std=c++20" in run(["pkg-config", "--cflags", "slotstream"], env=env).stdout.split()
+    libdir = run(["pkg-config", "--variable=libdir", "slotstream"], env=env).stdout.strip()
+    assert f"-Wl,-rpath,{libdir}" in run(["pkg-config", "--libs", "slotstream"], env=env).stdout.split()
+    version = run([BIN, "--version"]).stdout.split()[1]
+    assert run(["pkg-config", "--modversion", "slotstream"], env=env).stdout.strip() == version
 
 
 def test_the_prefix_can_move(prefix, tmp_path):

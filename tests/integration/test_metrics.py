@@ -1,13 +1,21 @@
 """recv --metrics under load and attack (tools/metrics.cc): idle connections do not starve /health, hellos that
 are never accepted create no series, ended senders' series are pruned after the grace period, and a sender that
 comes back within it keeps counting up."""
+import json
+import re
+import os
+import pathlib
+import shutil
 import socket
+import subprocess
+import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import pytest
 
-from conftest import metrics_address, run_send, wait_until
+from conftest import BIN, metrics_address, run_send, send_argv, wait_until
 from test_control import (ACCEPT, READY, REFUSE, SETUP, connect, decode_refuse, frame, hello, open_lane, read_frames,
                           read_until_closed, recv_frame)
 from test_pipeline import metric
@@ -34,7 +42,7 @@ def test_idle_connections_do_not_delay_health(receiver):
         status, body = get(url + "/health", timeout=10)
         took = time.monotonic() - t0
         print(f"/health with 200 idle connections: {took:.3f} s")
-        assert (status, body) == (200, "ok\n")
+        assert status == 200 and json.loads(body)["status"] == "ok"
         # Not a speed test: a bound far above the measured ~0.75 s and far below the 6.5 s it was.
         assert took < 3.0, f"/health took {took:.1f} s behind 200 idle connections"
         status, _ = get(url + "/metrics")
@@ -60,6 +68,7 @@ def test_hellos_never_accepted_create_no_series(receiver):
     print(f"scrape after 200 refused hellos: {len(text)} bytes")
     assert "intruder" not in text
     assert metric(text, "slotstream_sessions_ended_total") == 0
+    assert metric(text, "slotstream_refused_connections_total", reason="memory") == 200
     assert len(text) < 8192, f"{len(text)} bytes of metrics after 200 refused hellos"
 
     run_send(rx.addr, "--name", "welcome", "--blocks", "4", "--block-size", "4096",
@@ -91,7 +100,9 @@ def test_declared_devices_without_data_create_no_series(receiver):
     finally:
         for s in lanes:
             s.close()
-    run_send(rx.addr, "--name", "narrow", "--synthetic", "0-1:50:32x32x3", "--duration", "0.2")
+    # Ten files, not synthetic frames: --duration is wall-clock time, and on a loaded machine a 0.2 s run may
+    # produce fewer frames than its rate promises.
+    run_send(rx.addr, "--name", "narrow", *[a for _ in range(10) for a in ("--file", "1=/etc/hostname")])
     _, text = get(url + "/metrics")
     assert metric(text, "slotstream_messages_total", sender="narrow", device="1") == 10
 
@@ -117,3 +128,130 @@ def test_a_sender_back_within_the_grace_period_keeps_counting(receiver):
     _, text = get(url + "/metrics")
     assert metric(text, "slotstream_messages_total", sender="again", device="0") == 20
     assert metric(text, "slotstream_sessions_ended_total") == 2
+
+
+# ------------------------------------------------------------------ what an operator watches
+
+@pytest.mark.deadline(60)
+def test_build_info_process_metrics_and_active_senders(receiver, tmp_path):
+    version = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.split()[1]
+    rx, url = metrics_receiver(receiver)
+    _, text = get(url + "/metrics")
+    assert metric(text, "slotstream_build_info", version=version) == 1
+    assert metric(text, "process_resident_memory_bytes") > 1e6
+    assert metric(text, "process_open_fds") >= 3
+    assert metric(text, "process_threads") >= 2
+    assert abs(metric(text, "process_start_time_seconds") - time.time()) < 600
+    assert metric(text, "slotstream_active_senders") == 0
+    # A sender streaming for a while is active while it streams, and no longer once it is done.
+    p = subprocess.Popen(send_argv(rx.addr, "--name", "live", "--synthetic", "0-1:25:32x32x3", "--duration", 3),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: metric(get(url + "/metrics")[1], "slotstream_active_senders") == 1, 10,
+                   "the sender to be counted as active")
+    finally:
+        assert p.wait(30) == 0, p.stderr.read()
+    wait_until(lambda: metric(get(url + "/metrics")[1], "slotstream_active_senders") == 0, 10,
+               "the sender to be no longer active")
+    _, text = get(url + "/metrics")
+    # Every stored message is in the store-latency histogram (75 frames per device, two devices).
+    assert metric(text, "slotstream_message_store_seconds_count", sender="live") == 150
+    assert metric(text, "slotstream_message_store_seconds_bucket", sender="live", le="+Inf") == 150
+
+
+@pytest.mark.deadline(60)
+def test_refused_and_authentication_failures_are_counted_by_reason(receiver, tmp_path):
+    token, wrong = tmp_path / "token", tmp_path / "wrong"
+    token.write_text("the right one\n")
+    wrong.write_text("not it\n")
+    rx, url = metrics_receiver(receiver, "--token-file", token)
+    for _ in range(2):
+        p = run_send(rx.addr, "--name", "guess", "--token-file", wrong, "--file", "0=/etc/hostname", check=False)
+        assert p.returncode != 0
+    p = run_send(rx.addr, "--name", "nokey", "--file", "0=/etc/hostname", check=False)
+    assert p.returncode != 0
+    with connect(rx.addr) as s:  # not a hello at all
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        read_until_closed(s, 10)
+    _, text = get(url + "/metrics")
+    assert metric(text, "slotstream_refused_connections_total", reason="authentication") == 3
+    assert metric(text, "slotstream_authentication_failures_total", reason="wrong_token") == 2
+    # Without a token the sender cannot answer the challenge.
+    assert metric(text, "slotstream_authentication_failures_total", reason="no_proof") == 1
+    assert metric(text, "slotstream_refused_connections_total", reason="bad_hello") == 1
+    run_send(rx.addr, "--name", "friend", "--token-file", token, "--file", "0=/etc/hostname")
+    _, again = get(url + "/metrics")
+    assert metric(again, "slotstream_refused_connections_total", reason="authentication") == 3
+
+
+_cleanup = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_later():
+    yield
+    while _cleanup:
+        shutil.rmtree(_cleanup.pop(), ignore_errors=True)
+
+
+def request_cleanup(path):
+    _cleanup.append(path)
+
+
+def ready(url):
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.deadline(60)
+def test_health_is_liveness_and_ready_follows_the_output_directory(spawn):
+    # An unprivileged receiver (root writes anywhere): its output directory is made read-only under it.
+    # Outside pytest's tmp_path, which only root may enter.
+    base = pathlib.Path(tempfile.mkdtemp(prefix="slotstream-ready-"))
+    base.chmod(0o755)
+    request_cleanup(base)
+    out = base / "out"
+    out.mkdir()
+    nobody = 65534
+    os.chown(out, nobody, nobody)
+    rx = spawn(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", BIN, "recv", "--listen",
+                "127.0.0.1:0", "--out", out, "--metrics", "127.0.0.1:0"])
+    url = f"http://{metrics_address(rx)}"
+    status, body = ready(url)
+    assert status == 200 and body["ready"] is True, body
+    assert body["checks"]["listening"]["ok"] and body["checks"]["sinks_writable"]["ok"], body
+    os.chmod(out, 0o555)
+    status, body = ready(url)
+    assert status == 503 and body["ready"] is False, body
+    assert not body["checks"]["sinks_writable"]["ok"] and str(out) in body["checks"]["sinks_writable"]["detail"]
+    assert body["checks"]["listening"]["ok"], "only the output directory is at fault"
+    status, health = get(url + "/health")
+    assert status == 200 and json.loads(health)["status"] == "ok", "liveness does not depend on the disk"
+    os.chmod(out, 0o755)
+    assert ready(url)[0] == 200
+    assert not [f for f in os.listdir(out) if f.startswith(".slotstream-ready")], "the probe leaves nothing behind"
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_log_lines_are_timestamped_and_json_on_request(receiver, tmp_path, fmt):
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    rx, _ = metrics_receiver(receiver, "--token-file", token, "--log-format", fmt)
+    assert run_send(rx.addr, "--name", "stranger", "--file", "0=/etc/hostname", check=False).returncode != 0
+    rx.stderr.wait_for(r"refused sender", 10)
+    _, _, err = rx.stop()
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) >= 3, err  # metrics address, the refusal, the shutdown
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
+    for line in lines:
+        if fmt == "json":
+            o = json.loads(line)
+            assert re.fullmatch(stamp, o["time"]) and o["level"] in ("info", "warning", "error"), o
+            assert o["logger"] == "slotstream recv" and o["message"], o
+        else:
+            assert re.match(stamp + r" (info|warning|error) slotstream recv: \S", line), line
+    assert any("refused sender stranger" in l for l in lines), lines

@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, CHECKSUM, REPO, SLOW_WORKER, done_of, metrics_address, send, seq_name, sha256
+from conftest import BIN, CHECKSUM, REPO, SLOW_WORKER, done_of, make_files, metrics_address, send, seq_name, sha256
+
 
 def wait_for(pred, timeout, what):
     deadline = time.monotonic() + timeout
@@ -67,8 +68,11 @@ def test_slow_worker_throttles_the_sender_with_bounded_backlog(receiver, tmp_pat
     rx = receiver("--out", out, "--worker", f"sh {script}", "--backlog-messages", 4,
                   "--metrics", "127.0.0.1:0")
     maddr = metrics_address(rx)
+    # 40 files, not synthetic frames: frames that cannot be sent in their time (--duration is wall-clock) would
+    # be counted late, and back-pressure is what this test makes.
+    make_files(tmp_path / "frames", [3072] * 40, "f")
     tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "cam", "--blocks", "4", "--block-size", "8192",
-                           "--synthetic", "0:400:32x32x3", "--duration", "0.1", "--json"],
+                           "--dir", f"0={tmp_path / 'frames'}", "--json"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     backlog, paused = [], []
     while tx.poll() is None:
@@ -105,8 +109,11 @@ def test_a_slow_worker_holds_back_its_own_device_only(receiver, tmp_path):
     script = tmp_path / "pick.sh"
     script.write_text(f'if [ "$SLOTSTREAM_DEVICE" = 0 ]; then exec sh {slow}; else exec sh {fast}; fi\n')
     rx = receiver("--out", out, "--worker", f"sh {script}", "--backlog-messages", 3)
+    # 40 files per device (synthetic frames held back this long would be counted late: --duration is wall-clock).
+    make_files(tmp_path / "frames", [3072] * 40, "f")
+    frames = f"{tmp_path / 'frames'}"
     tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "cam", "--blocks", "8", "--block-size", "8192",
-                           "--synthetic", "0-2:100:32x32x3", "--duration", "0.4"],
+                           "--dir", f"0={frames}", "--dir", f"1={frames}", "--dir", f"2={frames}"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for d in (1, 2):
         wait_for(lambda: done_of(out / "cam" / f"worker-{d}") == 39, 30, f"device {d}'s worker to finish")
@@ -147,7 +154,7 @@ def test_metrics_and_health(receiver, tmp_path):
     maddr = metrics_address(rx)
     send(rx.addr, "--name", "m", "--synthetic", "0-1:50:32x32x3", "--duration", 0.2)
     with urllib.request.urlopen(f"http://{maddr}/health", timeout=5) as r:
-        assert r.status == 200 and r.read() == b"ok\n"
+        assert r.status == 200 and json.loads(r.read())["status"] == "ok"
     text = metrics(maddr)
     assert metric(text, "slotstream_messages_total", sender="m", device="1") == 10
     assert metric(text, "slotstream_gaps_total", sender="m", device="0") == 0

@@ -63,3 +63,116 @@ def test_recv_unusable_out_dir(tmp_path, where):
     assert p.returncode != 0
     assert "listening on" not in p.stdout, "recv announced it was ready with an unusable --out"
     assert str(out) in p.stderr or "output" in p.stderr.lower(), f"unclear error: {p.stderr!r}"
+
+
+def test_version_is_cmakes_project_version():
+    # One version source: CMakeLists.txt's project(VERSION); the CLI reports it (and through it the image tag,
+    # pkg-config and the Python package: test_image, test_install, tests/python).
+    import re
+    from conftest import REPO
+    cmake = re.search(r"project\(slotstream VERSION ([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"slotstream {cmake}", p.stdout
+
+
+# ------------------------------------------------------------------ no traps (issue 20)
+
+def test_sizes_take_units_everywhere():
+    # --block-size 1M used to be refused while --max-memory 4G worked; a bad size says what a size looks like.
+    p = run("send", "--to", "127.0.0.1:1", "--name", "u", "--block-size", "1X", "--file", "0=/etc/hostname")
+    assert p.returncode == 2 and "64K, 1M or 4G" in p.stderr, p.stderr
+    for args in (["recv", "--listen", "127.0.0.1:0", "--out", "/tmp", "--worker-dir", "/tmp", "--backlog-bytes",
+                  "1G", "--help"], ["send", "--to", "x:1", "--block-size", "64K", "--help"]):
+        assert run(*args).returncode == 0
+
+
+def test_unknown_protocol_and_transport_list_the_valid_ones():
+    p = run("send", "--to", "127.0.0.1:1", "--name", "u", "--protocol", "carrier_pigeon", "--file", "0=/etc/hostname")
+    assert p.returncode == 2, p.stderr
+    assert "carrier_pigeon" in p.stderr and "status_byte" in p.stderr and "sliding_window" in p.stderr, p.stderr
+    p = run("send", "--to", "127.0.0.1:1", "--name", "u", "--transport", "ib", "--file", "0=/etc/hostname")
+    assert p.returncode == 2 and all(t in p.stderr for t in ("shm", "tcp", "auto")), p.stderr
+
+
+@pytest.mark.parametrize("typo,meant", [("--blok-size", "--block-size"), ("--synthtic", "--synthetic"),
+                                        ("--tocken-file", "--token-file")])
+def test_a_mistyped_flag_suggests_the_closest(typo, meant):
+    p = run("send", "--to", "127.0.0.1:1", typo, "5")
+    assert p.returncode == 2
+    assert f"did you mean {meant} instead of {typo}?" in p.stderr, p.stderr
+
+
+def test_an_unreadable_file_is_reported_before_connecting():
+    # As an unprivileged user (root reads anything): the file cannot be opened. The receiver address is one nothing
+    # listens on, so a message about the file, not about connecting, shows the check came first. (Not in pytest's
+    # tmp_path, which only root may enter.)
+    import pathlib
+    import shutil
+    import tempfile
+    base = pathlib.Path(tempfile.mkdtemp(prefix="slotstream-usage-"))
+    base.chmod(0o755)
+    secret = base / "secret.raw"
+    secret.write_bytes(b"x")
+    secret.chmod(0o600)
+    try:
+        check_unreadable(secret)
+    finally:
+        shutil.rmtree(base)
+
+
+def check_unreadable(secret):
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", BIN, "send", "--to",
+                        "127.0.0.1:1", "--name", "u", "--file", f"0={secret}"], capture_output=True, text=True,
+                       timeout=20)
+    assert p.returncode == 2, p.stderr
+    assert "cannot read" in p.stderr and "secret.raw" in p.stderr and "connect" not in p.stderr, p.stderr
+
+
+@pytest.mark.deadline(60)
+def test_duration_is_wall_clock_time_even_at_an_impossible_rate(receiver):
+    # 4 cameras of 640x480x3 at 100,000 fps for 2 s (368 GB/s): it ran 165 s and would have written ~737 GB.
+    import json
+    import time
+    rx = receiver("--discard")
+    t0 = time.monotonic()
+    p = subprocess.run([BIN, "send", "--to", rx.addr, "--name", "fast", "--synthetic", "0-3:100000:640x480x3",
+                        "--duration", "2", "--json"], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert took < 6, f"--duration 2 ran {took:.1f} s"  # 2 s + kLateAfter + start and FIN, on a loaded machine
+    assert report["messages"] + report["late_frames"] == 4 * 200000, report
+    assert report["late_frames"] > 0 and "late" in p.stderr, p.stderr
+
+
+def run_completion(words):
+    """What bash completes for `words` (the last one being completed) with the generated completion."""
+    script = REPO_BUILD / "share" / "bash-completion" / "completions" / "slotstream"
+    quoted = " ".join(f"'{w}'" for w in words)
+    cmd = f"source {script}; COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; _slotstream; echo ${{COMPREPLY[@]}}"
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.split()
+
+
+REPO_BUILD = __import__("pathlib").Path(BIN).resolve().parent
+
+
+def test_bash_completion_knows_commands_options_and_choices():
+    assert {"recv", "send", "bench", "protocols"} <= set(run_completion(["slotstream", ""]))
+    assert run_completion(["slotstream", "send", "--block-s"]) == ["--block-size"]
+    assert set(run_completion(["slotstream", "recv", "--transport", ""])) >= {"auto", "shm", "tcp"}
+    assert "--listen" in run_completion(["slotstream", "recv", "--li"])
+
+
+def test_man_page_has_every_option_of_every_command():
+    page = REPO_BUILD / "share" / "man" / "man1" / "slotstream.1"
+    text = subprocess.run(["man", "-l", "-P", "cat", str(page)], capture_output=True, text=True, timeout=30,
+                          env={"MANWIDTH": "200", "PATH": "/usr/bin:/bin"}).stdout
+    assert "slotstream recv" in text and "slotstream send" in text
+    for command in ("recv", "send", "demo"):
+        helptext = run(command, "--help").stdout
+        for flag in set(__import__("re").findall(r"^  (?:-\w,)?(--[\w-]+)", helptext, __import__("re").M)) - {"--help"}:
+            assert flag in text, f"{flag} of {command} is missing from the man page"
+    zsh = (REPO_BUILD / "share" / "zsh" / "site-functions" / "_slotstream").read_text()
+    assert zsh.startswith("#compdef slotstream") and "'--block-size[" in zsh

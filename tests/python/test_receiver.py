@@ -152,7 +152,9 @@ def test_the_package_ships_type_stubs():
     assert (pkg / "py.typed").exists()
     stub = (pkg / "_slotstream.pyi").read_text()
     compile(stub, "_slotstream.pyi", "exec")  # valid Python syntax
-    assert "def send(self, device: int, data: Buffer | numpy.typing.NDArray[Any]) -> None" in stub
+    assert ("def send(self, device: int, data: Buffer | numpy.typing.NDArray[Any], *, timeout: float | None = None) "
+            "-> None") in stub
+    assert "def get(self, *, timeout: float | None = None)" in stub
     assert "def __next__(self) -> tuple[str, int, int, memoryview | MessageView]" in stub
     assert "class Receiver" in stub and "class Sender" in stub and "class MessageView" in stub
     assert "zero_copy: bool = False" in stub

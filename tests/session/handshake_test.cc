@@ -116,6 +116,7 @@ TEST(Handshake, RdmaGoesWhereBothEndsOfferItAndTheRdmaTransportsAgree) {
   auto r = check_hello(h, receiver(Transport::kAuto, true), &terms);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->message, "this receiver serves rdma over rc, the sender asks for dc (--rdma-transport on both ends)");
+  EXPECT_STREQ(refusal_labels(*r).refused, "transport");
   ASSERT_FALSE(check_hello(h, receiver(Transport::kAuto, true, RdmaTransport::kDc), &terms));
   EXPECT_EQ(terms.transport, Transport::kRdma);
   // Its rdma transport does not matter where rdma is not chosen.
@@ -161,6 +162,44 @@ TEST(Handshake, ProofsCoverTheTokenBothNoncesAndTheWholeHello) {
   EXPECT_EQ(bad->code, Code::kAuthFailed);
   setup.proof.clear();  // unsigned
   EXPECT_TRUE(check_setup_proof("secret", nr, ns, setup));
+}
+
+// Every refusal check_hello makes is counted under a reason of its own, and authentication failures
+// under `authentication` plus what failed.
+TEST(Handshake, RefusalsAreCountedUnderTheirReason) {
+  auto label = [](wire::Hello h) {
+    HelloTerms terms;
+    auto r = check_hello(h, receiver(Transport::kShm), &terms);
+    return r ? std::string(refusal_labels(*r).refused) : std::string("accepted");
+  };
+  wire::Hello h = good_hello();
+  EXPECT_EQ(label(h), "accepted");
+  h.protocol = "carrier_pigeon";
+  EXPECT_EQ(label(h), "protocol");
+  h = good_hello();
+  h.options = "no_such_option=1";
+  EXPECT_EQ(label(h), "options");
+  h = good_hello();
+  h.blocks = 0;
+  EXPECT_EQ(label(h), "geometry");
+  h = good_hello();
+  h.name = "../etc";
+  EXPECT_EQ(label(h), "name");
+  h = good_hello();
+  h.devices.clear();
+  EXPECT_EQ(label(h), "devices");
+  h = good_hello();
+  h.host_id = "host-b";  // shm only, across hosts
+  EXPECT_EQ(label(h), "transport");
+
+  const auto wrong = refusal_labels(*check_sender_proof("token", {}, {}, {}, std::vector<uint8_t>(32, 0)));
+  EXPECT_STREQ(wrong.refused, "authentication");
+  EXPECT_STREQ(wrong.auth_failure, "wrong_token");
+  EXPECT_EQ(refusal_labels({Code::kRefused, "x", "memory"}).auth_failure, nullptr);
+  EXPECT_STREQ(refusal_labels({Code::kProtocolError, "garbage"}).refused, "bad_hello");
+  EXPECT_STREQ(refusal_labels({Code::kTimeout, "slow"}).refused, "timeout");
+  EXPECT_STREQ(refusal_labels({Code::kBusy, "no room for another authenticated connection"}).refused, "busy");
+  EXPECT_STREQ(refusal_labels({Code::kAuthFailed, "x"}).auth_failure, "other");
 }
 
 TEST(Handshake, RegionIsTheBlocksAndOneStatusByteEach) {

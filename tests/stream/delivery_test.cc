@@ -453,5 +453,46 @@ TEST(Delivery, TheReorderWindowGrowsWithTheRecordsABlockCanHold) {
   EXPECT_EQ(f.blocks.status(0), 1) << "the believable one waits in its unit";
 }
 
+TEST(Delivery, StoreLatencyRunsFromTakingUpTheFirstBlockToTheCommitAndIncludesWaits) {
+  Fixture f;
+  f.blocks.put(0, 0, 0, wire::kFirstFragment, "aaa");
+  f.pass();  // the message is taken up here...
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  f.blocks.put(1, 0, 1, wire::kLastFragment, "b");
+  f.pass();  // ...and stored here, 30 ms later
+  f.sink.busy = {1};
+  f.blocks.put(2, 1, 0, kOnly, "waits for its worker");
+  f.pass();
+  f.sink.busy.clear();
+  std::this_thread::sleep_for(Delivery::kBusyRetry + std::chrono::milliseconds(10));
+  f.pass();
+  const LatencyHistogram& h = f.delivery.counters().store_latency;
+  ASSERT_EQ(h.count, 2u);
+  EXPECT_GE(h.sum_seconds, 0.030 + 0.100);  // the fragments' 30 ms and the paused device's retry
+  EXPECT_LT(h.sum_seconds, 5.0);
+  uint64_t in_buckets = 0;
+  for (uint64_t n : h.buckets) in_buckets += n;
+  EXPECT_EQ(in_buckets, 2u);
+  EXPECT_EQ(h.buckets.back(), 0u);  // nothing above 5 s
+}
+
+// Whole messages stored in one batch are each observed once; a device paused by its busy sink
+// counts its wait, the others' messages of the same unit do not.
+TEST(Delivery, StoreLatencyOfABatchCountsEveryMessageAndAPausedDevicesWait) {
+  UnitFixture f;
+  f.sink.busy = {0};
+  f.blocks.put(1, {{0, 0, "a0"}, {1, 0, "b0"}, {1, 1, "b1"}});
+  f.pass();
+  const LatencyHistogram& h = f.delivery.counters().store_latency;
+  EXPECT_EQ(h.count, 2u) << "b0 and b1";
+  EXPECT_LT(h.sum_seconds, 0.090) << "they did not wait for device 0";
+  f.sink.busy.clear();
+  std::this_thread::sleep_for(Delivery::kBusyRetry + std::chrono::milliseconds(10));
+  f.pass();
+  ASSERT_EQ(f.got(0), (std::vector<std::string>{"a0"}));
+  EXPECT_EQ(h.count, 3u);
+  EXPECT_GE(h.sum_seconds, 0.100) << "a0 waited for its sink from the pass that took it up";
+}
+
 }  // namespace
 }  // namespace slotstream::stream

@@ -372,5 +372,90 @@ TEST(SendRing, ConcurrentFillersAndOneTransmitterKeepEveryDevicesOrder) {
   EXPECT_LT(units, uint64_t(kDevices) * kPerDevice);
 }
 
+// A filler with a deadline (a Python send() that returns to check for Ctrl-C) that finds no block
+// free takes no ticket: nothing is left behind.
+TEST(SendRing, AClaimOrReserveThatTimesOutBeforeABlockIsFreeTakesNothing) {
+  Memory m(2, 128);
+  SendRing ring(m.bytes.data(), 2, 128);
+  SendRing::Slot s;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(ring.claim(&s).is_ok());
+    ring.commit(s, 7);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(ring.claim(&s, t0 + std::chrono::milliseconds(30)).code(), Code::kTimeout);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(30));
+  SendRing::Reservation r;
+  EXPECT_EQ(ring.reserve(uint32_t(wire::packed_record_size(8)), &r, std::chrono::steady_clock::now()).code(),
+            Code::kTimeout);
+  ASSERT_TRUE(ring.try_take_token());
+  for (uint64_t t = 0; t < 2; ++t) {
+    SendRing::Unit u = take(ring);
+    EXPECT_EQ(u.ticket, t);
+    ring.release(u.ticket);
+  }
+  EXPECT_FALSE(ring.has_work()) << "the timed-out calls left nothing";
+  ASSERT_TRUE(ring.claim(&s, std::chrono::steady_clock::now()).is_ok()) << "a free block: no wait";
+  EXPECT_EQ(s.ticket, 2u);
+}
+
+// Ring of 2: ticket 1 in flight, records in the open block 2. A whole-block claim seals block 2
+// and takes ticket 3, whose block (that of ticket 1) is not free: when it times out, ticket 3 is
+// given up and committed empty the moment ticket 1 is released — the cursor never waits for it.
+struct SealedThenWaiting {
+  Memory m{2, 128};
+  SendRing ring{m.bytes.data(), 2, 128};
+  SealedThenWaiting() {
+    SendRing::Slot s;
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(ring.claim(&s).is_ok());
+      ring.commit(s, 7);
+    }
+    EXPECT_TRUE(ring.try_take_token());
+    EXPECT_EQ(take(ring).ticket, 0u);
+    ring.release(0);
+    EXPECT_EQ(take(ring).ticket, 1u);              // in flight: not released yet
+    write(ring, reserve(ring, 8), 5, 0, 8, 0x55);  // opens block 0 as ticket 2
+  }
+};
+
+TEST(SendRing, AClaimThatTimesOutAfterSealingLeavesAnEmptyBlockAndTheCursorGoesOn) {
+  SealedThenWaiting f;
+  SendRing::Slot s;
+  EXPECT_EQ(f.ring.claim(&s, std::chrono::steady_clock::now() + std::chrono::milliseconds(20)).code(), Code::kTimeout);
+  f.ring.release(1);  // ticket 3's block is free: it is committed empty at once
+  SendRing::Unit u = take(f.ring);
+  EXPECT_EQ(u.ticket, 2u);
+  ASSERT_EQ(records_of(u).size(), 1u);
+  f.ring.release(2);
+  u = take(f.ring);
+  EXPECT_EQ(u.ticket, 3u);
+  EXPECT_EQ(u.length, 0u) << "nothing to send from a ticket its filler gave up";
+  f.ring.release(3);
+  EXPECT_FALSE(f.ring.has_work());
+  ASSERT_TRUE(f.ring.claim(&s, std::chrono::steady_clock::now()).is_ok());
+  EXPECT_EQ(s.ticket, 4u);
+}
+
+// The block may become free between the timeout and the give-up: then it is committed empty once.
+TEST(SendRing, ATicketFreedJustAsItsFillerGivesUpIsCommittedEmptyOnce) {
+  SealedThenWaiting f;
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    f.ring.release(1);
+  });
+  SendRing::Slot s;
+  Status st = f.ring.claim(&s, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+  releaser.join();
+  if (st.is_ok()) f.ring.commit(s, 0);  // won the race: gives it back itself, as send_blocks does on error
+  EXPECT_EQ(take(f.ring).ticket, 2u);
+  f.ring.release(2);
+  SendRing::Unit u = take(f.ring);
+  EXPECT_EQ(u.ticket, 3u);
+  EXPECT_EQ(u.length, 0u);
+  f.ring.release(3);
+  EXPECT_FALSE(f.ring.has_work()) << "ticket 3 was filled exactly once";
+}
+
 }  // namespace
 }  // namespace slotstream::stream

@@ -1,0 +1,129 @@
+#include "cli_util.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "slotstream/slotstream.h"
+
+namespace slotstream::tools {
+
+CLI::Validator size_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        auto bytes = parse_size(text);
+        if (!bytes)
+          return "expects a size such as 4096, 64K, 1M or 4G (K/M/G/T = 2^10/2^20/2^30/2^40), got '" + text + "'";
+        text = std::to_string(*bytes);
+        return "";
+      },
+      "SIZE", "size");
+}
+
+namespace {
+
+// A flat TOML file as the options of the command that was given (see add_config_option).
+class CommandConfig : public CLI::ConfigTOML {
+ public:
+  explicit CommandConfig(std::vector<CLI::App*> commands) : commands_(std::move(commands)) {}
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    auto items = CLI::ConfigTOML::from_config(input);
+    for (CLI::App* c : commands_) {
+      if (!c->parsed()) continue;
+      for (auto& item : items) item.parents.insert(item.parents.begin(), c->get_name());
+    }
+    return items;
+  }
+
+ private:
+  std::vector<CLI::App*> commands_;
+};
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  std::iota(row.begin(), row.end(), 0);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The subcommand named in argv (the first argument naming one), or the app itself.
+const CLI::App* command_in(const CLI::App& app, const std::vector<std::string>& argv) {
+  for (const std::string& a : argv) {
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->get_name() == a) return sub;
+    }
+  }
+  return &app;
+}
+
+}  // namespace
+
+void add_config_option(CLI::App& app, const std::vector<CLI::App*>& commands) {
+  app.set_config("--config", "",
+                 "FILE: TOML with any of the command's options (key = long option without dashes); "
+                 "options on the command line win. Example: docs/config.md");
+  app.config_formatter(std::make_shared<CommandConfig>(commands));
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  for (CLI::App* c : commands) c->fallthrough();
+}
+
+void apply_config_flags(const std::vector<CLI::App*>& commands) {
+  for (CLI::App* c : commands) {
+    if (!c->parsed()) continue;
+    for (CLI::Option* o : c->get_options()) {
+      if (o->get_expected_min() == 0 && o->count() > 0) o->run_callback();
+    }
+  }
+}
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = std::string::npos;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  // A typo: a few edits, fewer than a third of the word (so "--x" does not become "--to").
+  const size_t allowed = std::max<size_t>(1, std::min<size_t>(3, word.size() / 3));
+  return best_distance <= allowed ? best : "";
+}
+
+std::string suggest_flags(const CLI::App& app, const std::vector<std::string>& argv, const CLI::ParseError& e) {
+  const CLI::App* cmd = command_in(app, argv);
+  std::vector<std::string> names;
+  for (const CLI::App* owner : {cmd, &app}) {
+    for (const CLI::Option* o : owner->get_options()) {
+      for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+    }
+  }
+  std::string out;
+  const std::string what = e.what();
+  for (const std::string& a : argv) {
+    std::string flag = a.substr(0, a.find('='));
+    if (!flag.starts_with("--") || std::find(names.begin(), names.end(), flag) != names.end()) continue;
+    if (what.find(flag) == std::string::npos) continue;  // not what the error is about
+    if (std::string m = closest_match(flag, names); !m.empty())
+      out += "did you mean " + m + " instead of " + flag + "?\n";
+  }
+  // An unknown key in a config file: "INI was not able to parse recv.blok-size".
+  const size_t dot = what.rfind('.');
+  if (e.get_name() == "ConfigError" && dot != std::string::npos) {
+    const std::string key = "--" + what.substr(dot + 1);
+    if (std::string m = closest_match(key, names); !m.empty()) {
+      out += "did you mean " + m.substr(2) + " instead of " + key.substr(2) + " (in the config file)?\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace slotstream::tools
