@@ -593,6 +593,12 @@ Worker::~Worker() {
   listener_.reset();  // closes the endpoints it accepted
   soft_.reset();      // its handlers and replies use the worker
   handle_.reset();    // before the AM handlers it may still point to
+  kept_.clear();      // buffers of requests that ended with the worker
+}
+
+void Worker::keep(std::shared_ptr<const void> buffer) {
+  std::lock_guard lock(kept_mutex_);
+  kept_.push_back(std::move(buffer));
 }
 
 unsigned Worker::progress() {

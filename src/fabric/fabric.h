@@ -342,9 +342,19 @@ class Worker {
   // message completes after a later eager one). Any thread of a shared worker.
   Status tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out);
 
+  // Keeps `buffer` until this worker is gone: the header or source of a send that UCX may still
+  // read after its owner gave up waiting for it (a reply stuck towards a peer that left). Freed
+  // after the UCX worker, which ends every request it has, so it is neither freed under UCX nor
+  // leaked. Any thread.
+  template <typename T>
+  void keep_until_destroyed(std::unique_ptr<T> buffer) {
+    if (buffer) keep(std::shared_ptr<const void>(std::move(buffer)));
+  }
+
  private:
   friend class Endpoint;
   friend class SoftRma;
+  void keep(std::shared_ptr<const void> buffer);
   Worker(Context& ctx, ucp_worker* handle);
   ucp_worker* handle() const { return handle_.get(); }
   Context& ctx_;
@@ -355,6 +365,8 @@ class Worker {
   int event_fd_ = -1;
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;
   std::vector<unsigned> am_ids_;  // ids with a handler, for has_am_handler()
+  std::mutex kept_mutex_;
+  std::vector<std::shared_ptr<const void>> kept_;  // keep_until_destroyed(): freed after handle_
 };
 
 // Drives a shared worker from its own thread, sleeping in the kernel while there is nothing to

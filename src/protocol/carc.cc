@@ -145,14 +145,14 @@ class CarcReceiver final : public ReceiverProtocol {
         source_(new std::array<std::byte, kProcessedWordSize>{}) {}
 
   ~CarcReceiver() override {
-    // The put's source must outlive it: give the last one a moment, then leak the 24 bytes
-    // rather than free them under UCX (the sender is gone).
+    // The put's source must outlive it: give the last one a moment, then leave the 24 bytes to
+    // the worker rather than free them under UCX (the sender is gone).
     const auto deadline = Clock::now() + std::chrono::milliseconds(50);
     while (put_.pending() && put_.check().code() == Code::kInProgress && Clock::now() < deadline) {
       worker_.progress();
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    if (put_.pending()) (void)source_.release();
+    if (put_.pending()) worker_.keep_until_destroyed(std::move(source_));
   }
 
   std::vector<uint8_t> setup() const override {

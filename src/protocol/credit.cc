@@ -115,14 +115,14 @@ class CreditReceiver final : public ReceiverProtocol {
 
   ~CreditReceiver() override {
     // An update's header must outlive its request. Give the last ones a moment; one still stuck
-    // (the sender is gone) is leaked rather than freed under UCX.
+    // (the sender is gone) stays with the worker until it is destroyed, not freed under UCX.
     const auto deadline = Clock::now() + std::chrono::milliseconds(50);
     while (!updates_.empty() && Clock::now() < deadline) {
       worker_.progress();
       reap();
       if (!updates_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    for (auto& u : updates_) (void)u.second.release();
+    for (auto& u : updates_) worker_.keep_until_destroyed(std::move(u.second));
   }
 
   std::vector<uint8_t> setup() const override {

@@ -22,7 +22,7 @@ class ReplyQueue {
   ReplyQueue(const ReplyQueue&) = delete;
   ReplyQueue& operator=(const ReplyQueue&) = delete;
   // Gives the last replies a moment to leave; a header whose reply is still stuck (the sender is
-  // gone) is leaked rather than freed under UCX.
+  // gone) stays with the worker until it is destroyed, not freed under UCX.
   ~ReplyQueue() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
     while (!pending_.empty() && std::chrono::steady_clock::now() < deadline) {
@@ -30,7 +30,7 @@ class ReplyQueue {
       reap();
       if (!pending_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    for (auto& p : pending_) (void)p.second.release();
+    for (auto& p : pending_) worker_.keep_until_destroyed(std::move(p.second));
   }
 
   // Sends `header` as active message `id`; if it cannot leave at once, the next progress pushes it.

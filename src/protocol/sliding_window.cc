@@ -48,13 +48,14 @@ class SlidingWindowSender final : public SenderProtocol {
 
   // The Sender destroys its protocol before its endpoint, whose close still progresses the
   // worker: unhook the ACK handler (it points at this object), and leave the notification
-  // headers to UCX if a notification is still queued (only when the receiver stopped answering).
+  // headers to the worker if a notification is still queued (only when the receiver stopped
+  // answering): freed when it is destroyed, after UCX.
   ~SlidingWindowSender() override {
     (void)fabric_.worker.set_am_handler(kAckAm,
                                         [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
     for (auto& r : notify_req_) {
       if (r.check().code() == Code::kInProgress) {
-        (void)notify_.release();
+        fabric_.worker.keep_until_destroyed(std::move(notify_));
         break;
       }
     }
