@@ -23,8 +23,6 @@ const std::string& MessageView::sender() const {
   return lease_ ? lease_->lending->sender() : kNone;
 }
 
-bool MessageView::in_registered_memory() const { return lease_ && !copied_ && lease_->lending->registered(data_); }
-
 void MessageView::release() {
   data_ = {};
   lease_.reset();  // the last view of a block gives it back (BlockLease::~BlockLease)
@@ -72,10 +70,6 @@ std::shared_ptr<BlockLease> Lending::lease(uint64_t id) {
 }
 
 std::shared_ptr<CopyLease> Lending::copy() { return std::make_shared<CopyLease>(shared_from_this()); }
-
-bool Lending::registered(std::span<const std::byte> bytes) const {
-  return context_ && context_->registered(reinterpret_cast<uint64_t>(bytes.data()), bytes.size());
-}
 
 // ------------------------------------------------------------------------------ the sink
 
