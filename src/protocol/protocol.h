@@ -49,6 +49,11 @@ struct SenderFabric {
   fabric::Endpoint& endpoint;
   Geometry geometry;
   fabric::Liveness alive;  // consulted inside every blocking wait
+  // Where `endpoint` leads (the receiver's worker address from ACCEPT, and the host the control
+  // connection reached): for a protocol that opens a second connection to the same receiver worker
+  // from a worker of its own (sliding_window:ack=thread, its ACK thread's completion queue).
+  std::vector<uint8_t> peer_address = {};
+  std::string peer_host = {};
 };
 
 // What a receiver-side protocol works with, for one connected sender.

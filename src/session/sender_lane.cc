@@ -229,8 +229,13 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   }
   // A filler that may have to transmit, or that waits for a block, takes the token if it is free.
   ring_->set_helper([this] { (void)help(); });
-  proto_fabric_.reset(new protocol::SenderFabric{
-      *context, *worker_, *endpoint_, {options.blocks, options.block_size}, [this] { return alive_st(); }});
+  proto_fabric_.reset(new protocol::SenderFabric{*context,
+                                                 *worker_,
+                                                 *endpoint_,
+                                                 {options.blocks, options.block_size},
+                                                 [this] { return alive_st(); },
+                                                 accept.worker_address,
+                                                 control_->peer_host()});
   SLOTSTREAM_RETURN_IF_ERROR(
       desc.make_sender(*proto_fabric_, accept.setup, protocol::protocol_options(owner_.protocol_options()), &proto_));
   return reach_receiver();

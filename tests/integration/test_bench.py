@@ -49,8 +49,8 @@ def test_tiny_run_of_every_experiment(tmp_path):
                 assert (exp, proto, t) in seen, f"{exp} has no record for {proto} on {t}"
         for exp in ("throughput", "latency"):
             assert (exp, "ucx_raw_put", t) in seen, f"{exp}: the UCX ceiling is missing on {t}"
-        # Fig. 18 also with the paper's own sender walk (status_byte:pick=in_order), beside ours.
-        assert ("held_block", "status_byte:pick=in_order", t) in seen, f"held_block: the paper's pick is missing on {t}"
+        # Fig. 18 also with the paper's own sender walk (status_byte:policy=paper), beside ours.
+        assert ("held_block", "status_byte:policy=paper", t) in seen, f"held_block: the paper's policy is missing on {t}"
     if "tcp" in transports:
         for exp in ("throughput", "latency"):
             assert (exp, "tcp_socket", "tcp") in seen, f"{exp}: the plain TCP reference is missing"
