@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import cache_experiments  # noqa: E402
 import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
+import paper_variants  # noqa: E402  (the paper's configurations beside ours, issue 22)
 import rate_experiments  # noqa: E402
 from fan_in_experiments import fan_in_table, plot_fan_in  # noqa: E402
 
@@ -625,6 +626,7 @@ def report(doc, records, out, made):
                   "peak_rss_sender", "peak_rss_receiver"):
             md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
                                         by_blocks=False, variant=variant)]
+    md += paper_variants.report_section(records, spread_text)
     md += rate_experiments.report(records, proto_key)
     md += cache_experiments.report(records, human)
     md += sdp_report(records)

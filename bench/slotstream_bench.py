@@ -22,6 +22,7 @@ import time
 
 import cache_experiments
 import fan_in_experiments
+import paper_variants
 import rate_experiments
 import ring_experiments  # bench/ is the script's directory, first on sys.path
 
@@ -358,8 +359,9 @@ def throughput_count(size, blocks, cfg):
 
 
 def exp_throughput(res, cfg):
-    """Fig. 13-14 (throughput) and Fig. 15 (CPU) from the same runs."""
-    protocols = cfg.protocols + references(cfg)
+    """Fig. 13-14 (throughput) and Fig. 15 (CPU) from the same runs; the paper's configurations of
+    status_byte and sliding_window beside ours (bench/paper_variants.py)."""
+    protocols = paper_variants.with_variants(cfg.protocols, cfg, res.run) + references(cfg)
     runs = [(t, p, s, b) for t in cfg.transports for b in cfg.block_sets for s in cfg.sizes for p in protocols
             if runs_on(p, t)]
     prog = Progress(len(runs), "throughput", res.run, cfg.runs)
@@ -539,7 +541,9 @@ def exp_sync_latency(res, cfg):
     free — one sample per such wait, from the moment it found none until it has one (status reads
     or ACK polling, fences, back-off all included). What one synchronisation operation costs (a
     status-array read, an ACK's delivery) is recorded beside it as sync_op_*."""
-    runs = [(t, p, b) for t in cfg.transports for b in cfg.sync_blocks for p in cfg.protocols]
+    runs = [(t, p, b) for t in cfg.transports for b in cfg.sync_blocks
+            for p in paper_variants.with_variants(cfg.protocols, cfg, res.run)
+            if not paper_variants.tiny_skips(cfg, p, blocks=b)]
     prog = Progress(len(runs), "sync_latency", res.run, cfg.runs)
     size = 4096
     for t, p, b in runs:
@@ -574,19 +578,16 @@ def time_bins(times_ns, sizes, t0, bin_ms, span_ms):
 
 
 HELD = 2  # the paper's "block 3": receiver block index 2 of three
-PAPER_PICK = "status_byte:pick=in_order"  # the paper's sender walk (docs/design.md)
 
 
 def exp_held_block(res, cfg):
     """Fig. 18: three blocks, a saturating sender (back to back), and the receiver holds block 3
     (index 2) from 100 ms to 200 ms after the sender connected; throughput in 10 ms bins. With one
     of three blocks unavailable, a protocol that can skip it keeps two thirds of its blocks; one
-    that must release in order stops. status_byte also runs with the paper's own pick
-    (status_byte:pick=in_order: blocks in order, waiting for a full one, skipping only the held one)
-    beside slotstream's default (pick=any)."""
-    protocols = list(cfg.protocols)
-    if "status_byte" in protocols and PAPER_PICK not in protocols:
-        protocols.insert(protocols.index("status_byte") + 1, PAPER_PICK)
+    that must release in order stops. status_byte and sliding_window also run as the paper ran them
+    (status_byte:policy=paper: blocks in order, waiting for a full one, skipping only the held one;
+    sliding_window:ack=thread), beside slotstream's defaults (bench/paper_variants.py)."""
+    protocols = paper_variants.with_variants(cfg.protocols, cfg, res.run)
     prog = Progress(len(cfg.transports) * len(protocols), "held_block", res.run, cfg.runs)
     size, blocks = 65536, PAPER_BLOCKS
     for t in cfg.transports:
@@ -613,21 +614,34 @@ CAMERAS, CAMERA_FPS = 12, 25
 EQUAL_MEMORY_BLOCKS = 36  # about 3 frame blocks per camera, in total
 
 
-def camera_settings(cfg):
+def camera_settings(cfg, run=0):
     """(variant, blocks per connection) per protocol: slotstream's default of 32 blocks per
     connection (a baseline with one connection per camera then holds 12 times the memory), and
     the same total memory for every protocol (36 frame blocks, 3 per camera)."""
     out = []
-    for p in cfg.protocols:
-        per_device = cfg.registry[p]["connection_per_device"]
-        out.append(("per_connection", p, DEFAULT_BLOCKS))
-        out.append(("equal_memory", p, EQUAL_MEMORY_BLOCKS // CAMERAS if per_device else EQUAL_MEMORY_BLOCKS))
+    for p in paper_variants.with_variants(cfg.protocols, cfg, run):
+        per_device = paper_variants.registry_entry(cfg.registry, p)["connection_per_device"]
+        for variant, blocks in (("per_connection", DEFAULT_BLOCKS),
+                                ("equal_memory", EQUAL_MEMORY_BLOCKS // CAMERAS if per_device else EQUAL_MEMORY_BLOCKS)):
+            if not paper_variants.tiny_skips(cfg, p, variant=variant):
+                out.append((variant, p, blocks))
     return out
 
 
+def host_memory_kib():
+    """The host's RAM (MemTotal), for memory as % of it (the paper's Fig. 19 figure), or 0."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
 def exp_cameras(res, cfg):
-    """Fig. 19: 12 cameras, 25 fps, 640x480x3, one connection (status byte) vs one per camera."""
-    settings = camera_settings(cfg)
+    """Fig. 19: 12 cameras, 25 fps, 640x480x3, one connection (status byte) vs one per camera; the
+    paper's configurations of status_byte and sliding_window beside ours."""
+    settings = camera_settings(cfg, res.run)
+    host_kib = host_memory_kib()
     prog = Progress(len(cfg.transports) * len(settings), "cameras", res.run, cfg.runs)
     count = int(cfg.camera_seconds * CAMERA_FPS)
     for t in cfg.transports:
@@ -669,6 +683,10 @@ def exp_cameras(res, cfg):
                     ("peak_rss_sender", snd["peak_rss_kb"] / 1024, "MiB"),
                     ("peak_rss_receiver", rcv["peak_rss_kb"] / 1024, "MiB")):
                 res.add("cameras", p, t, CAMERA_FRAME, blocks, metric, v, unit, variant=variant)
+            if host_kib:  # Fig. 19 gives memory as a share of the host's (1.3 % vs 2.4 %)
+                for side, peer in (("sender", snd), ("receiver", rcv)):
+                    res.add("cameras", p, t, CAMERA_FRAME, blocks, f"memory_{side}",
+                            100 * peer["peak_rss_kb"] / host_kib, "% of host memory", variant=variant)
             add_cpu(res, "cameras", p, t, CAMERA_FRAME, blocks, snd, rcv, variant=variant)
             if variant == "per_connection":
                 for side, peer in (("sender", snd), ("receiver", rcv)):

@@ -221,7 +221,7 @@ bool ReceiverSession::step() {
     return false;
   }
   if (!l.lost.empty()) return drain_lost();
-  if (!rx_options_.holds.empty()) apply_holds(l.start);
+  if (!rx_options_.holds.empty()) apply_holds(hold_clock_);
 
   const bool progressed = proto_->progress();
   const auto now = l.now = Clock::now();

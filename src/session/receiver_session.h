@@ -168,6 +168,9 @@ class ReceiverSession {
   const ReceiverOptions& rx_options_;
   std::unique_ptr<net::ControlSocket> control_;
   Clock::time_point opened_at_;
+  // --hold-block's clock: "after each sender connects", i.e. when its sink was made (the bench peer's
+  // session start, which its held-block bins count from), not when consuming began a set-up later.
+  Clock::time_point hold_clock_{};
   const protocol::Descriptor* desc_ = nullptr;
   protocol::Options options_;
   Transport transport_ = Transport::kShm;
