@@ -339,6 +339,10 @@ Status SenderLane::drain_st(bool filler, size_t budget, size_t* sent, bool* hand
     SLOTSTREAM_RETURN_IF_ERROR(send_unit_st(unit));
     ++*sent;
   }
+  // A filler that handed the lane to the sending thread holds nothing any more: from the hand-off on
+  // the worker and the transfers in flight are that thread's (two threads in ucp_worker_progress
+  // abort UCX: "Assertion `worker->inprogress++ == 0' failed", seen over tcp with 12 cameras).
+  if (*handed) return Status::ok();
   // Transfers that complete only through this worker's progress (a rendezvous tagged send, a tcp
   // put) advance now, by whoever transmitted them: a filler holding the token would otherwise
   // leave them to the sending thread's next turn.
