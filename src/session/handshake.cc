@@ -225,7 +225,6 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
 // lends messages in place to its ViewSink — only where the protocol can hold single blocks.
 std::optional<Refusal> ReceiverSession::make_sink() {
   const SenderInfo& info = report_.sender;
-  hold_clock_ = Clock::now();
   if (!rx_options_.make_view_sink) {
     if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
       return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
