@@ -170,11 +170,11 @@ class EveryProtocol : public testing::TestWithParam<Case> {
     // Under ThreadSanitizer (scripts/sanitize.sh) this checks Sender's threading contract.
     // It also counts the process's ACK threads (sliding_window:ack=thread names them), most at once.
     std::atomic<bool> watching{true};
-    size_t ack_threads = 0;
+    std::atomic<size_t> ack_threads{0};
     std::thread watcher([&] {
       for (unsigned pass = 0; watching.load(); ++pass) {
         for (auto& t : txs) (void)t->stats();
-        if (pass % 25 == 0) ack_threads = std::max(ack_threads, threads_named("slotstream-ack"));
+        if (pass % 25 == 0) ack_threads = std::max(ack_threads.load(), threads_named("slotstream-ack"));
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     });
@@ -224,7 +224,7 @@ class EveryProtocol : public testing::TestWithParam<Case> {
         }
       }
       SenderStats s = txs[n]->stats();
-      check_ack_thread(s, ack_threads, devices.size() * senders);
+      check_ack_thread(s, ack_threads.load(), devices.size() * senders);
       EXPECT_EQ(s.messages, per_device * devices.size());
       EXPECT_EQ(s.records, fragments) << "one record per fragment";
       if (GetParam().packs) {
