@@ -38,11 +38,14 @@ def test_no_bench_module_imports_the_entry_script():
     # Run as __main__, an import of slotstream_bench loads a second copy whose settings (RDMA) main() never set.
     offenders = [p.name for p in modules() if ENTRY in imported(p)]
     assert offenders == []
+    # Nor does a module hand itself to another (plot.py did, to dgram_plot, for its helpers: plot_common's now).
+    assert [p.name for p in modules() if "sys.modules[__name__]" in p.read_text()] == []
 
 
-def test_the_harness_imports_no_experiment_module():
+def test_the_shared_modules_import_no_other_bench_module():
     local = {p.stem for p in modules()}
-    assert imported(BENCH / "harness.py") & local == set()
+    for leaf in ("harness.py", "plot_common.py"):
+        assert imported(BENCH / leaf) & local == set(), leaf
 
 
 def test_the_parser_catches_a_missing_import():
