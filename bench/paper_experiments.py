@@ -99,7 +99,7 @@ def put_bw_point(res, cfg, t, sz):
 def exp_throughput(res, cfg):
     """Fig. 13-14 (throughput) and Fig. 15 (CPU) from the same runs; the paper's configurations of
     status_byte and sliding_window beside ours (bench/paper_variants.py)."""
-    protocols = paper_variants.with_variants(cfg.protocols, cfg, res.run) + references(cfg)
+    protocols = paper_variants.with_variants(cfg.protocols, cfg, res.run, "throughput") + references(cfg)
     points = [(t, p, s, b) for t in cfg.transports for b in cfg.block_sets for s in cfg.sizes for p in protocols
               if runs_on(p, t)]
     ceiling = {}
@@ -252,7 +252,7 @@ def exp_sync_latency(res, cfg):
     status-array read, an ACK's delivery) is recorded beside it as sync_op_*."""
     points = [(t, p, b) for t in cfg.transports for b in cfg.sync_blocks
               for p in paper_variants.with_variants(cfg.protocols, cfg, res.run)
-              if not paper_variants.tiny_skips(cfg, p, blocks=b)]
+              if not paper_variants.tiny_skips(cfg, p, t, blocks=b)]
     for_each_point(res, cfg, "sync_latency", points, lambda *pt: sync_point(res, cfg, *pt),
                    lambda t, p, b: f"{t} {p} {b} blocks")
 
@@ -297,7 +297,7 @@ def exp_held_block(res, cfg):
     (status_byte:policy=paper: blocks in order, waiting for a full one, skipping only the held one;
     sliding_window:ack=thread), beside slotstream's defaults (bench/paper_variants.py)."""
     protocols = paper_variants.with_variants(cfg.protocols, cfg, res.run)
-    points = [(t, p) for t in cfg.transports for p in protocols]
+    points = [(t, p) for t in cfg.transports for p in protocols if not paper_variants.tiny_skips(cfg, p, t)]
     for_each_point(res, cfg, "held_block", points, lambda t, p: held_block_point(res, t, p),
                    lambda t, p: f"{t} {p}")
 
@@ -316,10 +316,8 @@ def camera_settings(cfg, run=0):
     out = []
     for p in paper_variants.with_variants(cfg.protocols, cfg, run):
         per_device = paper_variants.registry_entry(cfg.registry, p)["connection_per_device"]
-        for variant, blocks in (("per_connection", DEFAULT_BLOCKS),
-                                ("equal_memory", EQUAL_MEMORY_BLOCKS // CAMERAS if per_device else EQUAL_MEMORY_BLOCKS)):
-            if not paper_variants.tiny_skips(cfg, p, variant=variant):
-                out.append((variant, p, blocks))
+        out.append(("per_connection", p, DEFAULT_BLOCKS))
+        out.append(("equal_memory", p, EQUAL_MEMORY_BLOCKS // CAMERAS if per_device else EQUAL_MEMORY_BLOCKS))
     return out
 
 
@@ -391,7 +389,8 @@ def camera_point(res, cfg, t, variant, p, blocks):
 def exp_cameras(res, cfg):
     """Fig. 19: 12 cameras, 25 fps, 640x480x3, one connection (status byte) vs one per camera; the
     paper's configurations of status_byte and sliding_window beside ours."""
-    points = [(t, *setting) for t in cfg.transports for setting in camera_settings(cfg, res.run)]
+    points = [(t, variant, p, blocks) for t in cfg.transports for variant, p, blocks in camera_settings(cfg, res.run)
+              if not paper_variants.tiny_skips(cfg, p, t, variant=variant)]
     for_each_point(res, cfg, "cameras", points, lambda *pt: camera_point(res, cfg, *pt),
                    lambda t, variant, p, blocks: f"{t} {p} {variant}")
 

@@ -16,10 +16,11 @@ SB, SW = "status_byte", "sliding_window"
 PSB, PSW = VARIANTS[SB], VARIANTS[SW]
 
 
-def with_variants(protocols, cfg, run):
+def with_variants(protocols, cfg, run, experiment=""):
     """`protocols` with each default's paper variant right after it (measured back to back with it).
-    --tiny (the CI test) measures the variants in the first run only, to stay within its time."""
-    if cfg.tiny and run > 0:
+    --tiny (the CI test, which must not get slower) measures the variants in the first run only, and not
+    in throughput/cpu; tiny_skips() narrows it further."""
+    if cfg.tiny and (run > 0 or experiment == "throughput"):
         return list(protocols)
     out = []
     for p in protocols:
@@ -30,12 +31,13 @@ def with_variants(protocols, cfg, run):
     return out
 
 
-def tiny_skips(cfg, protocol, **point):
-    """--tiny measures a variant at one point of an experiment only: the paper's 3 blocks (sync_latency),
-    equal memory (cameras)."""
+def tiny_skips(cfg, protocol, transport, **point):
+    """--tiny measures a variant at one point of an experiment only: on the first transport, at the paper's
+    3 blocks (sync_latency), with equal memory (cameras)."""
     if not cfg.tiny or protocol not in VARIANTS.values():
         return False
-    return point.get("blocks", 3) != 3 or point.get("variant", "equal_memory") != "equal_memory"
+    return (transport != cfg.transports[0] or point.get("blocks", 3) != 3
+            or point.get("variant", "equal_memory") != "equal_memory")
 
 
 def registry_entry(registry, protocol):
