@@ -253,6 +253,12 @@ struct Descriptor {
                           std::unique_ptr<ReceiverProtocol>* out) = nullptr;
 };
 
+// The set-up the block protocols' receivers send (status_byte, sliding_window, ucx_raw_put): `words`
+// u64 words (addresses, a session id), then their region's packed remote key, little-endian; unpacked
+// for `endpoint`. Anything else is a kProtocolError naming `protocol`.
+Status read_keyed_setup(std::span<const uint8_t> setup, std::string_view protocol, fabric::Endpoint& endpoint,
+                        std::span<uint64_t> words, std::unique_ptr<fabric::RemoteKey>* rkey);
+
 // The registry: every protocol this build has, in a fixed order.
 std::span<const Descriptor* const> all();
 const Descriptor* find(std::string_view name);

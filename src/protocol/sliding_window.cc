@@ -470,14 +470,10 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
                    std::unique_ptr<SenderProtocol>* out) {
   AckMode mode = AckMode::kLoop;
   SLOTSTREAM_RETURN_IF_ERROR(parse_ack(options, &mode));
-  wire::Reader r(setup);
-  uint64_t pool = r.u64();
-  uint64_t session = r.u64();
-  std::vector<uint8_t> packed = r.blob32(setup.size());
-  if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed sliding_window set-up from receiver"};
+  uint64_t words[2];  // pool, session
   std::unique_ptr<fabric::RemoteKey> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
-  auto sender = std::make_unique<SlidingWindowSender>(fabric, pool, session, std::move(rkey), mode);
+  SLOTSTREAM_RETURN_IF_ERROR(read_keyed_setup(setup, "sliding_window", fabric.endpoint, words, &rkey));
+  auto sender = std::make_unique<SlidingWindowSender>(fabric, words[0], words[1], std::move(rkey), mode);
   SLOTSTREAM_RETURN_IF_ERROR(sender->init());
   *out = std::move(sender);
   return Status::ok();

@@ -200,14 +200,10 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
                    std::unique_ptr<SenderProtocol>* out) {
   Pick pick = Pick::kAny;
   SLOTSTREAM_RETURN_IF_ERROR(parse_pick(options, &pick));
-  wire::Reader r(setup);
-  uint64_t blocks_addr = r.u64();
-  uint64_t status_addr = r.u64();
-  std::vector<uint8_t> packed = r.blob32(setup.size());
-  if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed status_byte set-up from receiver"};
+  uint64_t words[2];  // blocks, status array
   std::unique_ptr<fabric::RemoteKey> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
-  out->reset(new StatusByteSender(fabric, blocks_addr, status_addr, std::move(rkey), pick));
+  SLOTSTREAM_RETURN_IF_ERROR(read_keyed_setup(setup, "status_byte", fabric.endpoint, words, &rkey));
+  out->reset(new StatusByteSender(fabric, words[0], words[1], std::move(rkey), pick));
   return Status::ok();
 }
 
