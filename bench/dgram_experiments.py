@@ -52,6 +52,8 @@ def register(experiments, orchestrator):
         "apps": ("patent 18-19", "ffmpeg first frame and frame loss, SIPp response time: shim vs UDP vs TCP",
                  exp_apps),
     })
+    import shim_experiments  # the socket shim's large datagrams under loss (bench/shim_experiments.py)
+    shim_experiments.register(experiments, orchestrator)
 
 
 def mode(cfg):

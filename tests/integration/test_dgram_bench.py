@@ -70,3 +70,18 @@ def test_bench_help_lists_the_datagram_experiments():
     assert p.returncode == 0
     for exp in ("datagram", "loss", "apps"):
         assert exp in p.stdout
+
+
+@pytest.mark.deadline(90)
+def test_shimloss_experiment(tmp_path):
+    """Large datagrams through the socket shim under 5 % nftables loss: every datagram sent is whole, partial or
+    lost, and the theory beside it is (1-p)^segments."""
+    out, doc, log = bench(tmp_path, "shimloss")
+    if "skipped" in log:
+        pytest.skip("shimloss needs root (network namespaces, nftables): " + log.strip()[-200:])
+    recs = {r["metric"]: r["value"] for r in doc["records"] if r["experiment"] == "shimloss"}
+    assert recs["datagrams_sent"] == 100 and recs["segments_per_datagram"] == 12  # 16 KiB in 1,440-byte segments
+    assert abs(recs["whole_fraction"] + recs["partial_fraction"] + recs["lost_fraction"] - 1) < 1e-9
+    assert all(0 <= recs[m] <= 1 for m in ("whole_fraction", "partial_fraction", "lost_fraction"))
+    assert recs["whole_theory"] == pytest.approx(0.95 ** 12)
+    assert 0 < recs["loss_measured"] < 0.2
