@@ -5,6 +5,8 @@ import statistics
 
 import matplotlib.pyplot as plt
 
+import shim_plot  # bench/shim_plot.py: `bench shimloss`
+
 PROTOCOL_ORDER = ["write_record", "dgram_send", "dgram_rd", "dgram_rc", "status_byte", "sliding_window"]
 STYLE = {"write_record": dict(color="tab:green", ls="-", marker="o"),
          "dgram_send": dict(color="tab:purple", ls="-", marker="s"),
@@ -130,6 +132,7 @@ def figures(pl, records, out):
                                                     "fig_dgram_loss_valid.png",
                                                     "Fraction of the bytes delivered usable (complete, or valid in a partial)")
     made["fig_dgram_apps.png"] = _apps_figure(pl, records, out)
+    made["fig_shim_loss.png"] = shim_plot.figure(pl, records, out)
     return {k: v for k, v in made.items() if v}
 
 
@@ -142,7 +145,7 @@ def _ratio_line(pl, records, metric, protocol, sizes_ok, label, fmt="{:.2f}"):
 
 
 def report_sections(pl, records):
-    if not any(r["experiment"] in ("datagram", "loss", "apps") for r in records):
+    if not any(r["experiment"] in ("datagram", "loss", "apps", "shimloss") for r in records):
         return []
     md = ["## Datagram RDMA over UDP (issue 10; the datagram-iWARP patent)\n",
           "The four datagram protocols (`--transport udp`: write_record, dgram_send, dgram_rd; `--transport tcp`: "
@@ -215,4 +218,4 @@ def report_sections(pl, records):
                 if any(c != "–" for c in cells):
                     md.append(f"| {prog} | {metric} | {v} | " + " | ".join(cells) + " |")
         md.append("")
-    return md
+    return md + shim_plot.report_section(pl, records)

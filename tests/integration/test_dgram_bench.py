@@ -85,3 +85,8 @@ def test_shimloss_experiment(tmp_path):
     assert all(0 <= recs[m] <= 1 for m in ("whole_fraction", "partial_fraction", "lost_fraction"))
     assert recs["whole_theory"] == pytest.approx(0.95 ** 12)
     assert 0 < recs["loss_measured"] < 0.2
+    r = subprocess.run([PYTHON, str(REPO / "bench" / "plot.py"), str(out / "results.json"), "--report"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (out / "fig_shim_loss.png").stat().st_size > 1000
+    assert "socket shim under loss" in (out / "report.md").read_text()
