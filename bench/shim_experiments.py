@@ -1,4 +1,6 @@
-"""`slotstream bench shimloss`: large datagrams through the preload shim under real loss (issue 25, item 5).
+"""The preload socket shim's experiments (issue 25): `slotstream bench shimloss` and `shimperf`.
+
+shimloss — large datagrams through the shim under real loss (item 5).
 
 An unmodified program (python3's socket module, under LD_PRELOAD=libslotstream_udp.so) sends datagrams of 4 KiB
 to 64 KiB; the shim turns each into one UD Write-Record message of MTU-sized segments (1,440 B of payload at the
@@ -9,12 +11,23 @@ patent's rates; dgram_experiments.LossNamespace). Recorded per size and loss: th
 delivered whole, partial, and lost entirely (every segment dropped), from the receiving shim's counters, beside
 the patent's theory for independent loss p and k segments: P(whole) = (1-p)^k, P(lost) = p^k, P(partial) the
 rest — at the nominal rate and at the rate the rule measured.
+
+shimperf — what the shim costs an unmodified program (item 4; the patent: "a very minimal approximate 2 %
+increase in overall pre-buffering time when using our socket interface"): iperf3 UDP throughput with and without
+the shim, 1,400 B datagrams (one UD Send each) and 8,000 / 32,000 B ones (Write-Record segments through the
+shim, IP fragments without it), and ffmpeg's time to the first decoded frame of a real-time MPEG-TS stream over
+udp://, with and without. Everything in a namespace whose lo has an Ethernet MTU (1,500 B, no offload), no loss;
+with and without alternate within each run.
 """
+import json
 import os
 import pathlib
 import re
+import shutil
+import statistics
 import subprocess
 import sys
+import time
 
 import dgram_experiments as dx
 
@@ -58,6 +71,8 @@ def register(experiments, orchestrator):
     sb = orchestrator
     experiments["shimloss"] = ("patent 16-17", "large datagrams through the socket shim under 0.1-5 % loss: whole, "
                                "partial, lost vs (1-p)^segments", exp_shimloss)
+    experiments["shimperf"] = ("patent 19", "the socket shim's cost: iperf3 UDP throughput and ffmpeg first frame, "
+                               "with and without", exp_shimperf)
 
 
 def settings(cfg):
@@ -159,3 +174,103 @@ def record(res, variant, level, size, count, c, received, measured):
                             ("segments_per_datagram", k, "count"), ("loss_measured", measured, "ratio"),
                             ("datagrams_sent", c.get("large", 0), "count")):
         res.add("shimloss", "shim", "udp+shim", size, 1, metric, v, unit, variant=variant)
+
+
+# ----------------------------------------------------------------------------- shimperf
+
+IPERF_SIZES = [1400, 8000, 32000]
+
+
+def shimperf_settings(cfg):
+    m = dx.mode(cfg)
+    return {"tiny": (1, [1400], 0), "quick": (2, IPERF_SIZES, 2), "full": (4, IPERF_SIZES, 5)}[m]
+
+
+def iperf3_once(ns, shim, size, seconds, log):
+    """iperf3 -u at an unlimited rate, `size`-byte datagrams: (sender Mbit/s, loss %, receiver Mbit/s)."""
+    port = 5201
+    env = dict(os.environ)
+    if shim:
+        env.update(LD_PRELOAD=str(dx.shim_path()), SLOTSTREAM_UDP_PORTS=str(port), SLOTSTREAM_UDP_LOG=str(log))
+    srv = subprocess.Popen(dx.in_ns(ns, ["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", port]), env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        cli = subprocess.run(dx.in_ns(ns, ["iperf3", "-c", "127.0.0.1", "-p", port, "-u", "-b", "0", "-l", size,
+                                           "-w", "8M", "-t", seconds, "--json"]), env=env, capture_output=True,
+                             text=True, timeout=seconds + 60)
+    finally:
+        try:
+            srv.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait(10)
+    try:
+        end = json.loads(cli.stdout)["end"]["sum"]
+    except (ValueError, KeyError) as e:
+        raise sb.PeerError(f"iperf3 gave no result ({cli.returncode}): {cli.stdout[-300:]} {cli.stderr[-200:]}") from e
+    sent = end["bits_per_second"] / 1e6
+    return sent, end["lost_percent"], sent * (1 - end["lost_percent"] / 100)
+
+
+def exp_shimperf(res, cfg):
+    missing = [t for t in ("iperf3", "ffmpeg") if not shutil.which(t)]
+    if missing or not dx.shim_path().exists():
+        res.error("shimperf", f"needs {', '.join(missing) or dx.shim_path()} (scripts/setup.sh, scripts/build.sh)")
+        return
+    seconds, sizes, ffmpeg_rounds = shimperf_settings(cfg)
+    prog = sb.Progress(2 * len(sizes) + 2 * ffmpeg_rounds, "shimperf", res.run, cfg.runs)
+    work = pathlib.Path(res.out) / "shimperf-work"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        ns = dx.LossNamespace(0).__enter__()
+    except sb.PeerError as e:
+        if cfg.tiny:
+            sb.log(f"  (shimperf skipped in this tiny run: {e})")
+            return
+        res.error("shimperf", e)
+        return
+    try:
+        for size in sizes:
+            for shim in (True, False):
+                t = "udp+shim" if shim else "udp"
+                try:
+                    sent, lost, got = iperf3_once(ns.name, shim, size, seconds, work / f"iperf-{size}.log")
+                except (sb.PeerError, subprocess.TimeoutExpired) as e:
+                    res.error(f"shimperf iperf3 {t} {size} B", e)
+                    prog.step(f"iperf3 {t} {size} B: FAILED")
+                    continue
+                for metric, v, unit in (("iperf3_sent", sent, "Mbit/s"), ("iperf3_lost", lost, "%"),
+                                        ("iperf3_received", got, "Mbit/s")):
+                    res.add("shimperf", "iperf3", t, size, 1, metric, v, unit)
+                prog.step(f"iperf3 {t:9} {size:>6} B: sent {sent:8.1f} Mbit/s, lost {lost:5.2f} %, "
+                          f"received {got:8.1f} Mbit/s")
+        for _ in range(ffmpeg_rounds):
+            for mode in ("shim", "udp"):
+                t = dx.APP_TRANSPORT[mode]
+                try:
+                    first_ms, decoded, _ = dx.ffmpeg_once(mode, 2, [], ns=ns.name)
+                except (sb.PeerError, subprocess.TimeoutExpired) as e:
+                    res.error(f"shimperf ffmpeg {t}", e)
+                    prog.step(f"ffmpeg {t}: FAILED")
+                    continue
+                res.add("shimperf", "ffmpeg", t, 0, 1, "first_frame_ms", first_ms, "ms")
+                res.add("shimperf", "ffmpeg", t, 0, 1, "frames_decoded", decoded, "count")
+                prog.step(f"ffmpeg {t:9} first frame {first_ms:7.1f} ms, {decoded} frames")
+    finally:
+        ns.__exit__(None, None, None)
+    add_ratios(res)
+
+
+def add_ratios(res):
+    """With the shim as a multiple of without, within this run (medians of its rounds)."""
+    for metric in ("iperf3_received", "first_frame_ms"):
+        vals = {}
+        for r in res.records:
+            if r["experiment"] == "shimperf" and r["metric"] == metric and r["run"] == res.run:
+                vals.setdefault((r["protocol"], r["transport"], r["size_bytes"]), []).append(r["value"])
+        for (p, t, s), v in vals.items():
+            base = vals.get((p, "udp", s))
+            if t == "udp+shim" and base and statistics.median(base) > 0:
+                res.add("shimperf", p, t, s, 1, f"{metric}_vs_plain", statistics.median(v) / statistics.median(base),
+                        "ratio")

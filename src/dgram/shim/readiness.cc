@@ -182,7 +182,9 @@ void note(int epfd, int op, int fd, const epoll_event* ev) {
   const bool udp = op != EPOLL_CTL_DEL && ev && (ev->events & kEpollIn) && readiness(fd, false).udp;
   std::lock_guard lock(g_ep_mu);
   auto& m = g_ep[epfd];
-  std::erase_if(m, [&](const auto& kv) { return kv.second.fd == fd; });
+  // Whatever this descriptor, or this data, named before (a descriptor closed without EPOLL_CTL_DEL leaves
+  // the kernel's set by itself, and its number or data may come back for another file).
+  std::erase_if(m, [&](const auto& kv) { return kv.second.fd == fd || (ev && kv.first == ev->data.u64); });
   if (udp) m[ev->data.u64] = {fd, ev->events};
   if (m.empty()) g_ep.erase(epfd);
 }

@@ -775,6 +775,47 @@ ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, 
   return n;
 }
 
+// Whether the datagram whose first bytes are `head` is one recv would hand over: a datagram of a port the shim
+// leaves alone, a plain one accepted, or a small UD Send. Its CRC (and MAC) are checked when it is read, so a
+// corrupted or forged small datagram can make a socket readable once, and recv then drops it (EAGAIN for a
+// non-blocking one); everything else the shim takes is taken before the application is told.
+bool looks_deliverable(const SocketInfo& info, std::span<const std::byte> head, const sockaddr_storage& from) {
+  if (!config().ports.applies(info.local_port, port_of(from))) return true;
+  if (!claims_ours(head)) return config().plain_accept;
+  if (head.size() < kCommonSize) return false;
+  const auto ddp = uint8_t(head[3]), rdmap = uint8_t(head[4]), service = uint8_t(head[5]);
+  return service == uint8_t(Service::kUD) && (rdmap & 0x0F) == uint8_t(Opcode::kSend) && (ddp & kDdpLast) &&
+         !(ddp & kDdpTagged);
+}
+
+// Reads the head of the kernel's queue for the shim (a segment to place, a datagram to drop). Should another
+// thread have changed the head since it was looked at, a datagram for the application is kept in the shim's
+// queue, not lost.
+void take_head(int fd, SocketInfo& info) {
+  std::byte* buf = rx_buffer();
+  sockaddr_storage from{};
+  iovec iov{buf, kRxBuffer};
+  msghdr m{};
+  m.msg_name = &from;
+  m.msg_namelen = sizeof from;
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  const ssize_t n = real().recvmsg(fd, &m, MSG_DONTWAIT);
+  if (n < 0) return;
+  std::span<const std::byte> payload;
+  if (judge(fd, info, std::span(buf, size_t(n)), from, m.msg_namelen, true, &payload) != Fate::kDeliver) return;
+  if (const auto st = rx_state(fd, &info)) {
+    ShimDatagram d;
+    d.from = from;
+    d.from_len = m.msg_namelen;
+    d.data = Buffer(payload.size());
+    std::memcpy(d.data.data(), payload.data(), payload.size());
+    d.data.set_size(payload.size());
+    std::lock_guard lock(st->mu);
+    st->ready.push_back(std::move(d));
+  }
+}
+
 }  // namespace
 
 namespace slotstream::dgram::shim {
@@ -788,7 +829,6 @@ Readiness readiness(int fd, bool drain) {
   if (!classify(fd, &info)) return {};
   Readiness r;
   r.udp = true;
-  std::byte* buf = rx_buffer();
   for (;;) {
     if (info.rx) {
       std::lock_guard lock(info.rx->mu);
@@ -798,8 +838,10 @@ Readiness readiness(int fd, bool drain) {
       if (r.readable) return r;
     }
     if (!drain) return r;
+    // The head of the kernel's queue, its first bytes only: enough to tell the application's from the shim's.
+    std::byte head[kCommonSize];
     sockaddr_storage from{};
-    iovec iov{buf, kRxBuffer};
+    iovec iov{head, sizeof head};
     msghdr m{};
     m.msg_name = &from;
     m.msg_namelen = sizeof from;
@@ -808,12 +850,11 @@ Readiness readiness(int fd, bool drain) {
     const ssize_t n = real().recvmsg(fd, &m, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0) return r;  // nothing (more) queued
     learn_local_port(fd, info);
-    std::span<const std::byte> payload;
-    if (judge(fd, info, std::span(buf, size_t(n)), from, m.msg_namelen, true, &payload) == Fate::kDeliver) {
+    if (looks_deliverable(info, std::span(head, std::min(size_t(n), sizeof head)), from)) {
       r.readable = true;
       return r;
     }
-    discard_head(fd);
+    take_head(fd, info);
   }
 }
 
