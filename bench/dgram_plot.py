@@ -145,7 +145,7 @@ def _ratio_line(pl, records, metric, protocol, sizes_ok, label, fmt="{:.2f}"):
 
 
 def report_sections(pl, records):
-    if not any(r["experiment"] in ("datagram", "loss", "apps", "shimloss") for r in records):
+    if not any(r["experiment"] in ("datagram", "loss", "apps", "shimloss", "shimperf") for r in records):
         return []
     md = ["## Datagram RDMA over UDP (issue 10; the datagram-iWARP patent)\n",
           "The four datagram protocols (`--transport udp`: write_record, dgram_send, dgram_rd; `--transport tcp`: "

@@ -90,3 +90,17 @@ def test_shimloss_experiment(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (out / "fig_shim_loss.png").stat().st_size > 1000
     assert "socket shim under loss" in (out / "report.md").read_text()
+
+
+@pytest.mark.deadline(90)
+def test_shimperf_experiment(tmp_path):
+    """iperf3 UDP with and without the shim, in a namespace: both measured, the ratio recorded (no speed asserted)."""
+    import shutil
+    if not shutil.which("iperf3"):
+        pytest.skip("iperf3 is not installed (scripts/setup.sh installs it)")
+    out, doc, log = bench(tmp_path, "shimperf")
+    if "skipped" in log:
+        pytest.skip("shimperf needs root (network namespaces): " + log.strip()[-200:])
+    got = {(r["transport"], r["metric"]) for r in doc["records"] if r["experiment"] == "shimperf"}
+    assert {("udp+shim", "iperf3_received"), ("udp", "iperf3_received"), ("udp+shim", "iperf3_received_vs_plain")} <= got
+    assert all(r["value"] > 0 for r in doc["records"] if r["metric"] == "iperf3_received")

@@ -62,7 +62,9 @@ int64_t deadline_ms(int ms) { return ms < 0 ? kForever : now_ns() + int64_t(ms) 
 int64_t deadline_ts(const timespec* t) {
   return t ? now_ns() + int64_t(t->tv_sec) * 1'000'000'000 + t->tv_nsec : kForever;
 }
-int64_t deadline_tv(const timeval* t) { return t ? now_ns() + int64_t(t->tv_sec) * 1'000'000'000 + t->tv_usec * 1000 : kForever; }
+int64_t deadline_tv(const timeval* t) {
+  return t ? now_ns() + int64_t(t->tv_sec) * 1'000'000'000 + t->tv_usec * 1000 : kForever;
+}
 bool passed(int64_t deadline) { return deadline != kForever && now_ns() >= deadline; }
 
 // A timeout in milliseconds for poll/epoll_wait reaching `until` (rounded up; -1: forever).

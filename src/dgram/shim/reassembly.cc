@@ -64,15 +64,22 @@ void Reassembly::feed(const Segment& seg, const sockaddr_storage& from, socklen_
   }
   std::vector<Completion> done;
   switch (s->placement.place(seg, *at, now_ns, &done)) {
-    case Placed::kStale: ++counters_->late_segments; break;
+    case Placed::kStale:
+      ++counters_->late_segments;
+      break;
     case Placed::kDuplicate:
-    case Placed::kConflict: ++counters_->duplicate_segments; break;
+    case Placed::kConflict:
+      ++counters_->duplicate_segments;
+      break;
     case Placed::kUnknownKey:
     case Placed::kOutOfBounds:
     case Placed::kMalformed:
-    case Placed::kNoBuffer: ++counters_->bad_segments; break;
+    case Placed::kNoBuffer:
+      ++counters_->bad_segments;
+      break;
     case Placed::kPlaced:
-    case Placed::kCompleted: break;
+    case Placed::kCompleted:
+      break;
   }
   finish(*s, done, out);
 }
@@ -104,7 +111,8 @@ void Reassembly::expire(int64_t now_ns, std::deque<ShimDatagram>* out) {
   }
   // Forget sources long silent with nothing in progress (a late segment of theirs starts afresh).
   const int64_t forget = now_ns - kForgetAfter * o_.timeout_ns;
-  std::erase_if(sources_, [&](const auto& s) { return s->last_ns < forget && s->placement.next_deadline() == INT64_MAX; });
+  std::erase_if(sources_,
+                [&](const auto& s) { return s->last_ns < forget && s->placement.next_deadline() == INT64_MAX; });
 }
 
 int64_t Reassembly::wake_ns() const {

@@ -30,9 +30,9 @@ namespace slotstream::dgram {
 
 // The shim's Write-Record addressing: part of its wire format (both ends must agree).
 inline constexpr uint32_t kShimFirstStag = 1;
-inline constexpr uint32_t kShimRing = 8;         // STags per source: large datagrams that may overlap in flight
-inline constexpr uint64_t kShimRegion = 65536;   // a region: the largest UDP payload fits
-inline constexpr int kForgetAfter = 10;          // timeouts of silence before an idle source is forgotten
+inline constexpr uint32_t kShimRing = 8;        // STags per source: large datagrams that may overlap in flight
+inline constexpr uint64_t kShimRegion = 65536;  // a region: the largest UDP payload fits
+inline constexpr int kForgetAfter = 10;         // timeouts of silence before an idle source is forgotten
 
 // A datagram for the application: a small one taken off the queue early (readiness checks), or a
 // recombined large one.
@@ -76,8 +76,7 @@ class Reassembly {
 
  private:
   struct Source;
-  Source* source(const sockaddr_storage& from, socklen_t from_len, uint32_t qp,
-                 std::deque<ShimDatagram>* out);
+  Source* source(const sockaddr_storage& from, socklen_t from_len, uint32_t qp, std::deque<ShimDatagram>* out);
   void finish(Source& s, std::vector<Completion>& done, std::deque<ShimDatagram>* out);
 
   ReassemblyOptions o_;

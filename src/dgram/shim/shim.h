@@ -8,8 +8,8 @@
 namespace slotstream::dgram::shim {
 
 struct Readiness {
-  bool udp = false;       // a UDP socket the shim handles (else: the kernel's answer stands)
-  bool readable = false;  // a datagram for the application is there now
+  bool udp = false;             // a UDP socket the shim handles (else: the kernel's answer stands)
+  bool readable = false;        // a datagram for the application is there now
   int64_t wake_ns = INT64_MAX;  // when a reassembly timer may hand one over (partial delivery only)
 };
 

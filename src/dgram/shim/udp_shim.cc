@@ -468,47 +468,70 @@ Injector::Verdict inject(size_t bytes) {
   return injector().next(bytes);
 }
 
-// Sends one segment to msg's destination with msg's control data: h's headers, the `len` payload bytes
-// gathered from iov, [MAC,] CRC. Returns len, or -1 with errno.
-ssize_t send_segment(int fd, const msghdr* msg, SegmentHeader h, const iovec* iov, size_t iovlen, size_t len,
-                     int flags) {
-  h.has_mac = config().keyed;
+// One segment ready to go: headers, the payload's pieces and the trailer as one scatter list (or, corrupted by
+// the injector, one flat copy). Its iov points into itself: it stays where it was made.
+struct Prepared {
   std::byte header[kMaxHeaderSize];
-  const size_t hs = encode_header(h, len, header);
   std::byte trailer[kMaxTrailerSize];
-  const size_t tag = seal(std::span(header, hs), iov, iovlen, trailer);
-  const Injector::Verdict v = inject(hs + len + tag + kCrcSize);
-  if (v.drop) {
-    ++g_counters.injected_loss;
-    return ssize_t(len);  // "sent": the network lost it
-  }
-  std::vector<iovec> all(iovlen + 2);
-  all[0] = {header, hs};
-  for (size_t i = 0; i < iovlen; ++i) all[i + 1] = iov[i];
-  all[iovlen + 1] = {trailer, tag + kCrcSize};
-  msghdr m = *msg;
-  m.msg_iov = all.data();
-  m.msg_iovlen = all.size();
+  std::vector<iovec> iov;
   std::vector<std::byte> flat;
-  iovec one;
-  if (v.flip_bit >= 0) {
+  Injector::Verdict verdict;
+};
+
+// Makes segment h carrying the `len` payload bytes of iov: headers, [MAC,] CRC, and the injector's verdict.
+void prepare(Prepared* p, SegmentHeader h, const iovec* iov, size_t iovlen, size_t len) {
+  h.has_mac = config().keyed;
+  const size_t hs = encode_header(h, len, p->header);
+  const size_t tag = seal(std::span(p->header, hs), iov, iovlen, p->trailer);
+  p->verdict = inject(hs + len + tag + kCrcSize);
+  p->iov.clear();
+  p->iov.push_back({p->header, hs});
+  p->iov.insert(p->iov.end(), iov, iov + iovlen);
+  p->iov.push_back({p->trailer, tag + kCrcSize});
+  if (p->verdict.flip_bit >= 0 && !p->verdict.drop) {
     // Corrupt a copy after the CRC was computed: the receiver must catch it.
-    for (const iovec& x : all) {
-      auto* p = static_cast<const std::byte*>(x.iov_base);
-      flat.insert(flat.end(), p, p + x.iov_len);
+    for (const iovec& x : p->iov) {
+      auto* b = static_cast<const std::byte*>(x.iov_base);
+      p->flat.insert(p->flat.end(), b, b + x.iov_len);
     }
-    Injector::corrupt(flat, v);
-    one = {flat.data(), flat.size()};
-    m.msg_iov = &one;
-    m.msg_iovlen = 1;
+    Injector::corrupt(p->flat, p->verdict);
+    p->iov = {{p->flat.data(), p->flat.size()}};
     ++g_counters.injected_corrupt;
   }
-  if (real().sendmsg(fd, &m, flags) < 0) return -1;
-  if (v.duplicate) {
-    ++g_counters.injected_duplicate;
-    (void)real().sendmsg(fd, &m, flags | MSG_DONTWAIT);
+}
+
+// Sends prepared segments to msg's destination, with msg's control data: sendmmsg, as many per call as the
+// kernel takes. Once the first is out, the rest follow even on a non-blocking socket (waiting up to a second
+// for room each time), so that a large datagram is not cut short by a full send buffer. False (errno set) if
+// nothing could be sent, or a later call failed otherwise.
+bool send_prepared(int fd, const msghdr* msg, std::vector<Prepared>& parts, int flags) {
+  std::vector<mmsghdr> mm;
+  mm.reserve(parts.size() + 1);
+  for (Prepared& p : parts) {
+    if (p.verdict.drop) {
+      ++g_counters.injected_loss;  // "sent": the network lost it
+      continue;
+    }
+    mmsghdr one{};
+    one.msg_hdr = *msg;
+    one.msg_hdr.msg_iov = p.iov.data();
+    one.msg_hdr.msg_iovlen = p.iov.size();
+    mm.push_back(one);
+    if (p.verdict.duplicate) {
+      ++g_counters.injected_duplicate;
+      mm.push_back(one);
+    }
   }
-  return ssize_t(len);
+  for (size_t done = 0; done < mm.size();) {
+    const int r = real().sendmmsg(fd, mm.data() + done, unsigned(mm.size() - done), flags);
+    if (r > 0) {
+      done += size_t(r);
+      continue;
+    }
+    pollfd room{fd, POLLOUT, 0};
+    if (done == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || real().poll(&room, 1, 1000) <= 0) return false;
+  }
+  return true;
 }
 
 // [off, off + len) of a scatter list, as a scatter list.
@@ -527,31 +550,40 @@ void slice(const iovec* iov, size_t n, size_t off, size_t len, std::vector<iovec
 }
 
 // A datagram larger than one MTU: one UD RDMA Write-Record message in MTU-sized segments (dgram/segments.h,
-// the Write-Record descriptor's addressing). Once its first segment is out, the rest follow even on a
-// non-blocking socket (waiting up to a second for room each), so that a datagram is not cut short by a
-// full send buffer.
-ssize_t send_large(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+// the Write-Record descriptor's addressing), handed to the kernel together.
+bool send_large(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
   const MessageSlot slot{0, 0, next_msn(fd), kShimRing, kShimFirstStag, len};
   SegmentHeader h = kWriteRecord.data_header(slot);
   h.service = Service::kUD;
-  std::vector<iovec> part;
-  bool first = true;
-  const bool ok = for_each_segment(h, len, segment_max(info.family), [&](const SegmentHeader& s, uint64_t off,
-                                                                         uint64_t n) {
-    slice(msg->msg_iov, msg->msg_iovlen, off, n, &part);
-    ssize_t r = send_segment(fd, msg, s, part.data(), part.size(), n, flags);
-    while (r < 0 && !first && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (real().poll(&p, 1, 1000) <= 0) break;
-      r = send_segment(fd, msg, s, part.data(), part.size(), n, flags);
-    }
-    first = false;
-    g_counters.segments += r >= 0;
-    return r >= 0;
+  h.source_qp = info.qp;
+  const size_t seg = segment_max(info.family);
+  std::vector<Prepared> parts(segment_count(len, seg));  // never reallocated: each iov points into its part
+  std::vector<iovec> piece;
+  size_t i = 0;
+  for_each_segment(h, len, seg, [&](const SegmentHeader& s, uint64_t off, uint64_t n) {
+    slice(msg->msg_iov, msg->msg_iovlen, off, n, &piece);
+    prepare(&parts[i++], s, piece.data(), piece.size(), n);
+    return true;
   });
-  if (!ok) return -1;
+  if (!send_prepared(fd, msg, parts, flags)) return false;
+  g_counters.segments += parts.size();
   ++g_counters.large;
-  return ssize_t(len);
+  return true;
+}
+
+// A datagram that fits one MTU: one UD Send segment (queue 0, the socket's own MSN, MO 0, last).
+bool send_small(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+  SegmentHeader h;
+  h.service = Service::kUD;
+  h.opcode = Opcode::kSend;
+  h.last = true;
+  h.source_qp = info.qp;
+  h.queue = 0;
+  h.msn = next_msn(fd);
+  h.offset = 0;
+  std::vector<Prepared> one(1);
+  prepare(&one[0], h, msg->msg_iov, msg->msg_iovlen, len);
+  return send_prepared(fd, msg, one, flags);
 }
 
 ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
@@ -568,24 +600,12 @@ ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
     errno = EMSGSIZE;
     return -1;
   }
-  ssize_t n;
-  if (len > small_max(info.family)) {
-    n = send_large(fd, msg, flags, info, len);
-  } else {
-    SegmentHeader h;
-    h.service = Service::kUD;
-    h.opcode = Opcode::kSend;
-    h.last = true;
-    h.source_qp = info.qp;
-    h.queue = 0;
-    h.msn = next_msn(fd);
-    h.offset = 0;
-    n = send_segment(fd, msg, h, msg->msg_iov, msg->msg_iovlen, len, flags);
-  }
-  if (n < 0) return n;
+  const bool sent =
+      len > small_max(info.family) ? send_large(fd, msg, flags, info, len) : send_small(fd, msg, flags, info, len);
+  if (!sent) return -1;
   ++g_counters.wrapped;
   if (info.local_port == 0) forget_peer(fd);  // the first send bound it: learn the port next time
-  return n;
+  return ssize_t(len);
 }
 
 ssize_t shim_send_buf(int fd, const void* buf, size_t len, int flags, const sockaddr* to, socklen_t tolen) {
@@ -620,8 +640,8 @@ size_t scatter(const std::byte* src, size_t n, const iovec* iov, size_t iovlen) 
 
 // Hands `payload` to the application as recvmsg would: the address, ancillary data (already in msg's
 // buffer, `controllen` bytes), MSG_TRUNC in and out.
-ssize_t deliver(std::span<const std::byte> payload, const sockaddr_storage& from, socklen_t from_len,
-                size_t controllen, int kernel_flags, msghdr* msg, int flags) {
+ssize_t deliver(std::span<const std::byte> payload, const sockaddr_storage& from, socklen_t from_len, size_t controllen,
+                int kernel_flags, msghdr* msg, int flags) {
   const size_t room = iov_total(msg->msg_iov, msg->msg_iovlen);
   const size_t copied = scatter(payload.data(), payload.size(), msg->msg_iov, msg->msg_iovlen);
   if (msg->msg_name) std::memcpy(msg->msg_name, &from, std::min<size_t>(msg->msg_namelen, from_len));
