@@ -85,6 +85,15 @@ def settings(cfg):
     return sizes, levels, count
 
 
+def wait_or_kill(proc, seconds):
+    """Waits for a program that should end by itself; kills it if it has not after `seconds`."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def counters(log):
     total = {}
     if log.exists():
@@ -110,11 +119,8 @@ def once(ns, size, count, log):
         if tx.returncode != 0:
             raise sb.PeerError(f"shimmed sender failed: {tx.stderr[-300:]}")
         got = rx.stdout.readline().strip()
-        rx.wait(15)
     finally:
-        if rx.poll() is None:
-            rx.kill()
-            rx.wait(10)
+        wait_or_kill(rx, 15)
     if not got.isdigit():
         raise sb.PeerError(f"shimmed receiver gave no count: {rx.stderr.read()[-300:]}")
     return counters(log), int(got)
@@ -200,11 +206,7 @@ def iperf3_once(ns, shim, size, seconds, log):
                                            "-w", "8M", "-t", seconds, "--json"]), env=env, capture_output=True,
                              text=True, timeout=seconds + 60)
     finally:
-        try:
-            srv.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait(10)
+        wait_or_kill(srv, 15)
     try:
         end = json.loads(cli.stdout)["end"]["sum"]
     except (ValueError, KeyError) as e:
