@@ -30,6 +30,7 @@ import sys
 import time
 
 import dgram_experiments as dx
+from harness import Experiment, PeerError, Progress, for_each_point, log
 
 SEGMENT = 1500 - 20 - 8 - 28 - 4  # a Write-Record segment's payload at the default MTU over IPv4
 LEVELS = [0.1, 0.5, 1, 5]
@@ -62,18 +63,6 @@ for i in range(count):
     s.send(d[:size])
     time.sleep(0.001)
 """
-
-sb = None
-
-
-def register(experiments, orchestrator):
-    global sb
-    sb = orchestrator
-    experiments["shimloss"] = ("patent 16-17", "large datagrams through the socket shim under 0.1-5 % loss: whole, "
-                               "partial, lost vs (1-p)^segments", exp_shimloss)
-    experiments["shimperf"] = ("patent 19", "the socket shim's cost: iperf3 UDP throughput and ffmpeg first frame, "
-                               "with and without", exp_shimperf)
-
 
 def settings(cfg):
     m = dx.mode(cfg)
@@ -113,17 +102,43 @@ def once(ns, size, count, log):
     try:
         port = rx.stdout.readline().strip()
         if not port.isdigit():
-            raise sb.PeerError(f"shimmed receiver did not start: {rx.stderr.read()[-300:]}")
+            raise PeerError(f"shimmed receiver did not start: {rx.stderr.read()[-300:]}")
         tx = subprocess.run(dx.in_ns(ns, [sys.executable, "-c", TX, port, size, count]), env=env,
                             capture_output=True, text=True, timeout=120)
         if tx.returncode != 0:
-            raise sb.PeerError(f"shimmed sender failed: {tx.stderr[-300:]}")
+            raise PeerError(f"shimmed sender failed: {tx.stderr[-300:]}")
         got = rx.stdout.readline().strip()
     finally:
         wait_or_kill(rx, 15)
     if not got.isdigit():
-        raise sb.PeerError(f"shimmed receiver gave no count: {rx.stderr.read()[-300:]}")
+        raise PeerError(f"shimmed receiver gave no count: {rx.stderr.read()[-300:]}")
     return counters(log), int(got)
+
+
+def enter_namespace(res, cfg, name, level):
+    """The experiment's lossy namespace, or None (an error record; in a tiny run without root, a log line)."""
+    try:
+        return dx.LossNamespace(level).__enter__()
+    except PeerError as e:
+        if cfg.tiny:
+            log(f"  ({name} skipped in this tiny run: {e})")
+        else:
+            res.error(f"{name} {level}%", e)
+        return None
+
+
+def shimloss_point(res, ns, work, level, size, count):
+    counts = work / f"r{res.run}-{level}-{size}.log"
+    counts.unlink(missing_ok=True)
+    seen0, dropped0 = ns.counters()
+    try:
+        c, received = once(ns.name, size, count, counts)
+    except subprocess.TimeoutExpired as e:
+        raise PeerError(str(e)) from None
+    seen, dropped = ns.counters()
+    record(res, f"loss {level:g}%", level, size, count, c, received, (dropped - dropped0) / max(seen - seen0, 1))
+    return (f"{level:>4g}% {size:>6} B: whole {c.get('reassembled', 0)}, partial {c.get('partial_delivered', 0)} of "
+            f"{c.get('large', 0)}")
 
 
 def exp_shimloss(res, cfg):
@@ -131,36 +146,21 @@ def exp_shimloss(res, cfg):
         res.error("shimloss", f"needs {dx.shim_path()} (scripts/build.sh)")
         return
     sizes, levels, count = settings(cfg)
-    prog = sb.Progress(len(levels) * len(sizes), "shimloss", res.run, cfg.runs)
+    prog = Progress(len(levels) * len(sizes), "shimloss", res.run, cfg.runs)
     work = pathlib.Path(res.out) / "shimloss-work"
     work.mkdir(parents=True, exist_ok=True)
     for level in levels:
-        variant = f"loss {level:g}%"
-        try:
-            ns = dx.LossNamespace(level).__enter__()
-        except sb.PeerError as e:
+        ns = enter_namespace(res, cfg, "shimloss", level)
+        if ns is None:
             if cfg.tiny:
-                sb.log(f"  (shimloss skipped in this tiny run: {e})")
                 return
-            res.error(f"shimloss {level}%", e)
             for _ in sizes:
                 prog.step(f"{level}%: FAILED")
             continue
         try:
-            for size in sizes:
-                log = work / f"r{res.run}-{level}-{size}.log"
-                log.unlink(missing_ok=True)
-                seen0, dropped0 = ns.counters()
-                try:
-                    c, received = once(ns.name, size, count, log)
-                except (sb.PeerError, subprocess.TimeoutExpired) as e:
-                    res.error(f"shimloss {size} B {level}%", e)
-                    prog.step(f"{level}% {size} B: FAILED")
-                    continue
-                seen, dropped = ns.counters()
-                record(res, variant, level, size, count, c, received, (dropped - dropped0) / max(seen - seen0, 1))
-                prog.step(f"{level:>4g}% {size:>6} B: whole {c.get('reassembled', 0)}, partial "
-                          f"{c.get('partial_delivered', 0)} of {c.get('large', 0)}")
+            for_each_point(res, cfg, "shimloss", [(s,) for s in sizes],
+                           lambda s: shimloss_point(res, ns, work, level, s, count), lambda s: f"{level}% {s} B",
+                           prog=prog)
         finally:
             ns.__exit__(None, None, None)
 
@@ -210,9 +210,32 @@ def iperf3_once(ns, shim, size, seconds, log):
     try:
         end = json.loads(cli.stdout)["end"]["sum"]
     except (ValueError, KeyError) as e:
-        raise sb.PeerError(f"iperf3 gave no result ({cli.returncode}): {cli.stdout[-300:]} {cli.stderr[-200:]}") from e
+        raise PeerError(f"iperf3 gave no result ({cli.returncode}): {cli.stdout[-300:]} {cli.stderr[-200:]}") from e
     sent = end["bits_per_second"] / 1e6
     return sent, end["lost_percent"], sent * (1 - end["lost_percent"] / 100)
+
+
+def iperf3_point(res, ns, work, seconds, size, shim):
+    t = "udp+shim" if shim else "udp"
+    try:
+        sent, lost, got = iperf3_once(ns.name, shim, size, seconds, work / f"iperf-{size}.log")
+    except subprocess.TimeoutExpired as e:
+        raise PeerError(str(e)) from None
+    for metric, v, unit in (("iperf3_sent", sent, "Mbit/s"), ("iperf3_lost", lost, "%"),
+                            ("iperf3_received", got, "Mbit/s")):
+        res.add("shimperf", "iperf3", t, size, 1, metric, v, unit)
+    return f"iperf3 {t:9} {size:>6} B: sent {sent:8.1f} Mbit/s, lost {lost:5.2f} %, received {got:8.1f} Mbit/s"
+
+
+def ffmpeg_point(res, ns, mode):
+    t = dx.APP_TRANSPORT[mode]
+    try:
+        first_ms, decoded, _ = dx.ffmpeg_once(mode, 2, [], ns=ns.name)
+    except subprocess.TimeoutExpired as e:
+        raise PeerError(str(e)) from None
+    res.add("shimperf", "ffmpeg", t, 0, 1, "first_frame_ms", first_ms, "ms")
+    res.add("shimperf", "ffmpeg", t, 0, 1, "frames_decoded", decoded, "count")
+    return f"ffmpeg {t:9} first frame {first_ms:7.1f} ms, {decoded} frames"
 
 
 def exp_shimperf(res, cfg):
@@ -221,44 +244,20 @@ def exp_shimperf(res, cfg):
         res.error("shimperf", f"needs {', '.join(missing) or dx.shim_path()} (scripts/setup.sh, scripts/build.sh)")
         return
     seconds, sizes, ffmpeg_rounds = shimperf_settings(cfg)
-    prog = sb.Progress(2 * len(sizes) + 2 * ffmpeg_rounds, "shimperf", res.run, cfg.runs)
     work = pathlib.Path(res.out) / "shimperf-work"
     work.mkdir(parents=True, exist_ok=True)
-    try:
-        ns = dx.LossNamespace(0).__enter__()
-    except sb.PeerError as e:
-        if cfg.tiny:
-            sb.log(f"  (shimperf skipped in this tiny run: {e})")
-            return
-        res.error("shimperf", e)
+    ns = enter_namespace(res, cfg, "shimperf", 0)
+    if ns is None:
         return
+    # With and without alternate, so that both see the same moments of a shared machine.
+    iperf = [(s, shim) for s in sizes for shim in (True, False)]
+    ffmpeg = [(m,) for _ in range(ffmpeg_rounds) for m in ("shim", "udp")]
+    prog = Progress(len(iperf) + len(ffmpeg), "shimperf", res.run, cfg.runs)
     try:
-        for size in sizes:
-            for shim in (True, False):
-                t = "udp+shim" if shim else "udp"
-                try:
-                    sent, lost, got = iperf3_once(ns.name, shim, size, seconds, work / f"iperf-{size}.log")
-                except (sb.PeerError, subprocess.TimeoutExpired) as e:
-                    res.error(f"shimperf iperf3 {t} {size} B", e)
-                    prog.step(f"iperf3 {t} {size} B: FAILED")
-                    continue
-                for metric, v, unit in (("iperf3_sent", sent, "Mbit/s"), ("iperf3_lost", lost, "%"),
-                                        ("iperf3_received", got, "Mbit/s")):
-                    res.add("shimperf", "iperf3", t, size, 1, metric, v, unit)
-                prog.step(f"iperf3 {t:9} {size:>6} B: sent {sent:8.1f} Mbit/s, lost {lost:5.2f} %, "
-                          f"received {got:8.1f} Mbit/s")
-        for _ in range(ffmpeg_rounds):
-            for mode in ("shim", "udp"):
-                t = dx.APP_TRANSPORT[mode]
-                try:
-                    first_ms, decoded, _ = dx.ffmpeg_once(mode, 2, [], ns=ns.name)
-                except (sb.PeerError, subprocess.TimeoutExpired) as e:
-                    res.error(f"shimperf ffmpeg {t}", e)
-                    prog.step(f"ffmpeg {t}: FAILED")
-                    continue
-                res.add("shimperf", "ffmpeg", t, 0, 1, "first_frame_ms", first_ms, "ms")
-                res.add("shimperf", "ffmpeg", t, 0, 1, "frames_decoded", decoded, "count")
-                prog.step(f"ffmpeg {t:9} first frame {first_ms:7.1f} ms, {decoded} frames")
+        for_each_point(res, cfg, "shimperf", iperf, lambda s, shim: iperf3_point(res, ns, work, seconds, s, shim),
+                       lambda s, shim: f"iperf3 {'udp+shim' if shim else 'udp'} {s} B", prog=prog)
+        for_each_point(res, cfg, "shimperf", ffmpeg, lambda m: ffmpeg_point(res, ns, m),
+                       lambda m: f"ffmpeg {dx.APP_TRANSPORT[m]}", prog=prog)
     finally:
         ns.__exit__(None, None, None)
     add_ratios(res)
@@ -276,3 +275,11 @@ def add_ratios(res):
             if t == "udp+shim" and base and statistics.median(base) > 0:
                 res.add("shimperf", p, t, s, 1, f"{metric}_vs_plain", statistics.median(v) / statistics.median(base),
                         "ratio")
+
+
+EXPERIMENTS = {
+    "shimloss": Experiment("patent 16-17", "large datagrams through the socket shim under 0.1-5 % loss: whole, "
+                                           "partial, lost vs (1-p)^segments", exp_shimloss),
+    "shimperf": Experiment("patent 19", "the socket shim's cost: iperf3 UDP throughput and ffmpeg first frame, with "
+                                        "and without", exp_shimperf),
+}

@@ -1,6 +1,6 @@
-"""Figure and report section of `slotstream bench shimloss` (bench/shim_experiments.py), drawn from
-results.json; bench/dgram_plot.py calls them with bench/plot.py as `pl`."""
-import matplotlib.pyplot as plt
+"""Figure and report sections of `slotstream bench shimloss` and `shimperf` (bench/shim_experiments.py), drawn
+from results.json; bench/dgram_plot.py calls them (helpers: plot_common's)."""
+from plot_common import per_run, pick, plt, spread_text
 
 PATENT = ("a 64 KB datagram is many MTU-sized packets, and \"the loss of any one of these individual packets then "
           "will cause the loss of the entire UDP message\"; the design stage's theory (whole messages need every "
@@ -13,21 +13,21 @@ def _level(variant):
     return dgram_plot._loss_of(variant)
 
 
-def _series(pl, records, metric):
+def _series(records, metric):
     """{size: [(loss %, median over runs)]}"""
     out = {}
     for v in {r.get("variant", "") for r in records if r["experiment"] == "shimloss"}:
         level = _level(v)
-        for (p, t, b, s), x in pl.pick(records, "shimloss", metric, variant=v).items():
+        for (p, t, b, s), x in pick(records, "shimloss", metric, variant=v).items():
             out.setdefault(s, []).append((level, x))
     return {s: sorted(xs) for s, xs in out.items()}
 
 
-def figure(pl, records, out):
-    whole = _series(pl, records, "whole_fraction")
+def figure(records, out):
+    whole = _series(records, "whole_fraction")
     if not whole:
         return None
-    partial, theory = _series(pl, records, "partial_fraction"), _series(pl, records, "whole_theory_measured")
+    partial, theory = _series(records, "partial_fraction"), _series(records, "whole_theory_measured")
     sizes = sorted(whole)
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.6), squeeze=False)
     for ax, s in zip(axes[0], sizes):
@@ -50,11 +50,11 @@ def figure(pl, records, out):
     return "fig_shim_loss.png"
 
 
-def report_section(pl, records):
-    return _loss_section(pl, records) + _perf_section(pl, records)
+def report_section(records):
+    return _loss_section(records) + _perf_section(records)
 
 
-def _perf_section(pl, records):
+def _perf_section(records):
     if not any(r["experiment"] == "shimperf" for r in records):
         return []
     md = ["### What the socket shim costs (issue 25)\n",
@@ -68,18 +68,18 @@ def _perf_section(pl, records):
           "| program | size | metric | udp+shim | udp | shim / plain |", "|---|---|---|---|---|---|"]
     for prog, metric, fmt in (("iperf3", "iperf3_received", "{:.0f}"), ("iperf3", "iperf3_lost", "{:.2f}"),
                               ("ffmpeg", "first_frame_ms", "{:.0f}")):
-        vals = pl.per_run(records, "shimperf", metric)
-        ratios = pl.per_run(records, "shimperf", f"{metric}_vs_plain")
+        vals = per_run(records, "shimperf", metric)
+        ratios = per_run(records, "shimperf", f"{metric}_vs_plain")
         for s in sorted({k[3] for k in vals if k[0] == prog}):
-            cell = lambda t: pl.spread_text(vals[(prog, t, 1, s)], fmt) if (prog, t, 1, s) in vals else "–"
+            cell = lambda t: spread_text(vals[(prog, t, 1, s)], fmt) if (prog, t, 1, s) in vals else "–"
             ratio = ratios.get((prog, "udp+shim", 1, s))
             md.append(f"| {prog} | {f'{s:,} B' if s else '–'} | {metric} | {cell('udp+shim')} | {cell('udp')} | "
-                      f"{pl.spread_text(ratio, '{:.3f}') if ratio else '–'} |")
+                      f"{spread_text(ratio, '{:.3f}') if ratio else '–'} |")
     md.append("")
     return md
 
 
-def _loss_section(pl, records):
+def _loss_section(records):
     rows = [r for r in records if r["experiment"] == "shimloss"]
     if not rows:
         return []
@@ -95,9 +95,9 @@ def _loss_section(pl, records):
     for s in sizes:
         for v in variants:
             def cell(metric, fmt):
-                vals = pl.per_run(records, "shimloss", metric, variant=v).get(("shim", "udp+shim", 1, s))
-                return pl.spread_text(vals, fmt) if vals else "–"
-            k = pl.pick(records, "shimloss", "segments_per_datagram", variant=v).get(("shim", "udp+shim", 1, s))
+                vals = per_run(records, "shimloss", metric, variant=v).get(("shim", "udp+shim", 1, s))
+                return spread_text(vals, fmt) if vals else "–"
+            k = pick(records, "shimloss", "segments_per_datagram", variant=v).get(("shim", "udp+shim", 1, s))
             if k is None:
                 continue
             md.append(f"| {s:,} B | {k:.0f} | {v.split()[1]} / {cell('loss_measured', '{:.2%}')} | "
