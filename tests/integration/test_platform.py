@@ -272,7 +272,8 @@ def test_an_edge_move_that_waits_on_its_receiver_holds_the_camera_frames_instead
     stopped for 0.8 s) made the move, and with it the moving device's camera thread, wait — frame slots
     it could not start in time were skipped and the edge exited 0 with that device's tail missing. Now the
     device's new messages wait in the edge during the move, every stored number is checked at the end, and
-    skipped frames are reported. Twice over: a device offloaded and taken back repeatedly."""
+    skipped frames are reported. Twice over: a device offloaded and taken back repeatedly. With workers: a
+    device taken back must continue after the receiver's numbers in the workers' sink too."""
     rx_out, edge_out = tmp_path / "rx", tmp_path / "edge"
     rx, = start_receivers(cluster, procs, rx_out, 1, "--capacity-cpu", 4, ttl=5)
     load = tmp_path / "load"
@@ -280,7 +281,8 @@ def test_an_edge_move_that_waits_on_its_receiver_holds_the_camera_frames_instead
     edge = Proc([BIN, "edge", "--platform", cluster.url, "--name", "edge-b", "--out", edge_out,
                  "--synthetic", f"0-1:50:{FRAME}", "--duration", 5, "--load", f"file:{load}",
                  "--offload-above", 70, "--take-back-below", 30, "--settle", 0.3, "--need-cpu", 0.5,
-                 "--blocks", 512, "--block-size", 65536, "--json"])  # blocks for the 0.8 s the receiver sleeps
+                 "--blocks", 512, "--block-size", 65536,  # blocks for the 0.8 s the receiver sleeps
+                 "--worker", "sleep 60", "--json"])  # the pipeline's sink: workers that keep every file
     procs.append(edge)
     time.sleep(0.3)
     at = 0
