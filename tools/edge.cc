@@ -280,13 +280,13 @@ void Edge::move(platform::Move m, double load) {
     std::erase(set, d);
     std::snprintf(why, sizeof why, "load %.1f below %.1f: taking device %u back", load, args_.below, unsigned(d));
   }
-  for (uint16_t t : touched) {
+  print_line(stderr, std::string("slotstream edge: ") + why);
+  for (uint16_t t : touched) {  // waits for a message on its way (a remote one may wait for its receiver)
     Route& r = route(t);
     std::lock_guard lock(r.mutex);
     r.moving = true;
     if (t == d && m == platform::Move::kOffload) next[d] = r.local->numbering(d)->next;  // no local message now
   }
-  print_line(stderr, std::string("slotstream edge: ") + why);
   Status st = remote_.set_devices(set, next, need_for(set.size()), &removed);
   ++moves_;
   if (!st.is_ok()) {
