@@ -98,6 +98,17 @@ def verify(root):
     return r.stdout
 
 
+def verify_merged(tmp_path, roots, sender):
+    """`slotstream verify` of a sender's frames, in order, across every place they were stored."""
+    merged = tmp_path / "merged"
+    for root in roots:
+        for f in (pathlib.Path(root) / sender).rglob("*.bin"):
+            target = merged / f.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(f, target)
+    return verify(merged)
+
+
 # ------------------------------------------------------------------ registration
 
 
@@ -256,13 +267,7 @@ def test_an_overloaded_edge_offloads_and_takes_back_devices_storing_every_messag
     # A move holds the moving devices' new messages instead of stalling their cameras, so frame slots are
     # skipped (and counted) only when this loaded machine cannot run a camera thread in time.
     assert_edge_stored_each_once([edge_out, rx_out], "edge-a", summary, 400)
-    merged = tmp_path / "merged"  # the frames' content, in order, across both places
-    for root in (edge_out, rx_out):
-        for f in (root / "edge-a").rglob("*.bin"):
-            target = merged / f.relative_to(root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(f, target)
-    assert f"verified {1600 - summary['late_frames']} frames" in verify(merged)
+    assert f"verified {1600 - summary['late_frames']} frames" in verify_merged(tmp_path, [edge_out, rx_out], "edge-a")
     wait_until(lambda: cluster.reservations() == [], 5, "the edge's reservation to be released")
 
 
@@ -312,10 +317,4 @@ def test_an_edge_move_that_waits_on_its_receiver_holds_the_camera_frames_instead
     assert moved["late"] <= stayed["late"] + 25, summary
     assert ("synthetic frames were late" in text) == (summary["late_frames"] > 0), text
     assert_edge_stored_each_once([edge_out, rx_out], "edge-b", summary, 300)
-    merged = tmp_path / "merged"
-    for root in (edge_out, rx_out):
-        for f in (root / "edge-b").rglob("*.bin"):
-            target = merged / f.relative_to(root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(f, target)
-    assert f"verified {600 - summary['late_frames']} frames" in verify(merged)
+    assert f"verified {600 - summary['late_frames']} frames" in verify_merged(tmp_path, [edge_out, rx_out], "edge-b")
