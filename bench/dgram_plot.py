@@ -1,10 +1,11 @@
 """Figures and report sections of the datagram experiments (bench/dgram_experiments.py), drawn from
-results.json like everything in bench/plot.py, which calls figures() and report_sections(); the table,
-per_run, style and plotting helpers are plot_common's."""
+results.json like everything in bench/plot.py, which calls figures() and report_sections(); the style and
+figure helpers are plot_common's, the tables and cells report_cells'."""
 import statistics
 
 import plot_common
-from plot_common import human, line_plot, per_run, pick, plt, spread_text, table
+from plot_common import line_plot, plt
+from report_cells import human, per_run, pick, spread_text, table
 
 import shim_plot  # bench/shim_plot.py: `bench shimloss` and `shimperf`
 
