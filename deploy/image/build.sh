@@ -96,6 +96,12 @@ recipe="bookworm minbase ${packages[*]} -${gpu_only[*]} v4"
 if [ "$(cat "$rootfs/.recipe" 2>/dev/null)" != "$recipe" ]; then
   say "debootstrap bookworm (minbase) into $rootfs from $mirror (1-3 minutes)"
   say "slotstream's libraries come from: ${libpackages[*]}"
+  # An interrupted debootstrap (killed, timed out) leaves proc and sys mounted inside the root
+  # filesystem, and rm -rf would fail on them (or reach into the host's /proc): unmount first.
+  if [ -d "$rootfs" ]; then
+    findmnt -rn -o TARGET | awk -v r="$(realpath "$rootfs")/" 'index($0 "/", r) == 1' | sort -r |
+      while read -r m; do umount -l "$m" || die "cannot unmount $m inside $rootfs"; done
+  fi
   rm -rf "$rootfs"
   mkdir -p "$rootfs/etc/dpkg/dpkg.cfg.d"
   # No documentation, man pages or translations, now or for anything installed later.
