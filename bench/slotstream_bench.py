@@ -757,6 +757,8 @@ EXPERIMENTS.update(ring_experiments.experiments(run_pair, Progress, PeerError, B
 
 import dgram_experiments  # noqa: E402  (bench/dgram_experiments.py: the datagram transport's experiments)
 dgram_experiments.register(EXPERIMENTS, sys.modules[__name__])
+import zero_copy  # noqa: E402  (bench/zero_copy.py: issue 22's zero-copy receive against the copy path)
+zero_copy.register(EXPERIMENTS)
 
 
 def check_cpu(res, cpus):

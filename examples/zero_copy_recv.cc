@@ -5,12 +5,14 @@
 // tests/integration/test_zero_copy.py and by the zero-copy measurement in docs/benchmarks.md.
 //
 //   zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K]
-//                  [--window W] [--hold-first-ms MS] [--verify on|off] [--self-send N] [--delay-ms MS]
+//                  [--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]
 //
 // Prints `listening on HOST:PORT`, serves N senders, then one JSON line. --window W: the consumer
 // keeps the W newest views and releases older ones (an application that looks back at frames);
 // --hold-first-ms: the first message's view is kept that long while the stream goes on, and its
-// bytes are checked unchanged afterwards (the sender must have skipped its block, status 2).
+// bytes are checked unchanged afterwards (the sender must have skipped its block, status 2);
+// --hold K: the first K views are kept until the end (the sender works around K held blocks).
+// The JSON line includes the process's peak resident memory (VmHWM, rss_hwm_kb).
 // --self-send N: no other process — a Sender in this one sends N synthetic frames on each of two
 // devices through 8 blocks of 64 KiB, and the exit code says whether every check held (the
 // sanitizer builds run it: views released on the consumer thread while UCX writes other blocks).
@@ -138,6 +140,7 @@ struct Args {
   uint32_t max_held = 0;
   size_t window = 0;
   int hold_first_ms = 0;
+  size_t hold = 0;  // --hold K: the first K views kept to the end
   bool verify = true;  // --verify off: only sum every 8-byte word (a cheap consumer, for measuring)
   uint32_t self_send = 0;
   int delay_ms = 0;  // --delay-ms: the consumer takes this long per message (a slow application)  // --self-send N: a
@@ -163,6 +166,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->self_send = uint32_t(std::stoul(v));
     } else if (k == "--verify" && (v == "on" || v == "off")) {
       a->verify = v == "on";
+    } else if (k == "--hold") {
+      a->hold = std::stoul(v);
     } else if (k == "--hold-first-ms") {
       a->hold_first_ms = std::stoi(v);
     } else {
@@ -208,6 +213,7 @@ void inspect(const Item& item, const Args& args, std::map<uint32_t, uint32_t>& n
 void consume(Queue& q, const Args& args, Tally* t) {
   std::map<uint32_t, uint32_t> next_frame;
   std::deque<Item> window;
+  std::vector<Item> held;  // --hold K
   Item first;  // --hold-first-ms: the first view, kept until first_until
   uint64_t first_sum = 0;
   Clock::time_point first_until{};
@@ -228,10 +234,27 @@ void consume(Queue& q, const Args& args, Tally* t) {
       first = std::move(item);
       continue;
     }
+    if (held.size() < args.hold && item.view) {
+      held.push_back(std::move(item));
+      continue;
+    }
     window.push_back(std::move(item));
     while (window.size() > args.window) window.pop_front();  // releases the oldest view
   }
   if (first.view) t->held_intact = fnv(first.view.data()) == first_sum;
+}
+
+// The process's peak resident memory (kB), from /proc/self/status.
+long rss_hwm_kb() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb;
 }
 
 double cpu_seconds() {
@@ -245,13 +268,13 @@ void print_summary(const Args& args, const Tally& tally, const SessionReport& la
       "{\"mode\":\"%s\",\"messages\":%llu,\"bytes\":%llu,\"bad\":%llu,\"out_of_order\":%llu,\"copied\":%llu,"
       "\"in_place\":%llu,\"registered\":%llu,\"during_hold\":%llu,\"held_intact\":%s,\"cpu_s\":%.3f,"
       "\"seconds\":%.3f,\"views_lent\":%llu,\"view_limit_waits\":%llu,\"stored\":%llu,\"gaps\":%llu,"
-      "\"sum\":%llu,\"first_error\":\"%s\"}\n",
+      "\"sum\":%llu,\"rss_hwm_kb\":%ld,\"first_error\":\"%s\"}\n",
       args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
       (unsigned long long)tally.bad, (unsigned long long)tally.out_of_order, (unsigned long long)tally.copied,
       (unsigned long long)tally.in_place, (unsigned long long)tally.registered, (unsigned long long)tally.during_hold,
       tally.held_intact ? "true" : "false", cpu, last.seconds, (unsigned long long)last.views_lent,
       (unsigned long long)last.view_limit_waits, (unsigned long long)last.messages, (unsigned long long)last.gaps,
-      (unsigned long long)tally.sum, tally.first_error.c_str());
+      (unsigned long long)tally.sum, rss_hwm_kb(), tally.first_error.c_str());
 }
 
 // --self-send: `frames` synthetic 30,000-byte frames on devices 0 and 1, through 8 blocks.
@@ -285,7 +308,7 @@ int main(int argc, char** argv) {
   if (!parse(argc, argv, &args)) {
     std::fprintf(stderr,
                  "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K] "
-                 "[--window W] [--hold-first-ms MS] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
+                 "[--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
     return 2;
   }
   Queue queue;
