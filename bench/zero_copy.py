@@ -62,14 +62,15 @@ def one(mode, transport, size, seconds, pin=False, hold=0):
         raise RuntimeError(f"received {got['messages']} of {sent['messages']} messages")
     return {"fps": got["messages"] / got["seconds"], "cpu_us": 1e6 * got["cpu_s"] / got["messages"],
             "rss_mb": got["rss_hwm_kb"] / 1024, "in_place": got["in_place"], "tx_fps": sent["messages"] / sent["seconds"],
-            "tx_mb_s": sent["mb_per_s"], "held_skips": sent.get("held_skips", 0)}
+            "tx_mb_s": sent["mb_per_s"], "held_skips": sent.get("held_skips", 0),
+            "tx_cpu_us": 1e6 * sent["cpu_seconds"] / max(sent["messages"], 1)}
 
 
-def held_list():
-    return sorted({0, 4, 16, BLOCKS // 2})
+def held_list(tiny=False):
+    return [BLOCKS // 2] if tiny else sorted({0, 4, 16, BLOCKS // 2})
 
 
-def measure_run(transport, sizes, seconds, run, pin, results, say):
+def measure_run(transport, sizes, seconds, run, pin, results, say, tiny=False):
     """One run: every size in both modes (order alternating with the run), pinned if asked, then held K."""
     modes = ("copy", "view") if run % 2 == 0 else ("view", "copy")
     for size in sizes:
@@ -78,9 +79,10 @@ def measure_run(transport, sizes, seconds, run, pin, results, say):
                 r = one(mode, transport, size, seconds, pin=variant == "pinned")
                 results.setdefault(("saturation", variant, size, mode), []).append(r)
                 say(f"run {run + 1} {variant:6} {size:12} {mode}: {r['fps']:7.0f} frames/s, {r['cpu_us']:7.1f} µs "
-                    f"receiver CPU/frame, peak RSS {r['rss_mb']:6.1f} MiB (in place: {r['in_place']})")
+                    f"receiver CPU/frame ({r['tx_cpu_us']:6.1f} sender), peak RSS {r['rss_mb']:6.1f} MiB "
+                    f"(in place: {r['in_place']})")
     size = sizes[-1]
-    for k in held_list() if run % 2 == 0 else reversed(held_list()):
+    for k in held_list(tiny) if run % 2 == 0 else reversed(held_list(tiny)):
         r = one("view", transport, size, seconds, hold=k)
         results.setdefault(("held", k, size), []).append(r)
         say(f"run {run + 1} held K={k:2} {size}: sender {r['tx_fps']:7.0f} frames/s = {r['tx_mb_s']:7.0f} MB/s, "
@@ -100,8 +102,9 @@ def tables(results, transport, runs):
     """The run's tables as markdown lines (median [min–max] over the runs)."""
     out = [f"{transport}, {runs} runs, median [min–max]", "",
            "| frame | sender/receiver | copy frames/s | zero-copy frames/s | ratio | copy CPU µs/frame | "
-           "zero-copy CPU µs/frame | ratio | receiver limit ratio (CPU) | copy peak RSS MiB | zero-copy peak RSS MiB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "zero-copy CPU µs/frame | ratio | sender CPU µs/frame | receiver limit ratio | CPU-bound ratio | "
+           "copy peak RSS MiB | zero-copy peak RSS MiB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, c in sorted(results.items(), key=str):
         if key[0] != "saturation" or key[3] != "copy":
             continue
@@ -110,9 +113,12 @@ def tables(results, transport, runs):
         cf, vf = [r["fps"] for r in c], [r["fps"] for r in v]
         cc, vc = [r["cpu_us"] for r in c], [r["cpu_us"] for r in v]
         cm, vm = [r["rss_mb"] for r in c], [r["rss_mb"] for r in v]
-        # What each receiver could take with a core to itself: 1 / (its CPU per frame).
+        tc = [(x["tx_cpu_us"] + y["tx_cpu_us"]) / 2 for x, y in zip(c, v)]
+        # Receiver limit: what each receiver could take with a core to itself, 1 / (its CPU per frame). CPU-bound:
+        # the frame rate when sender and receiver share saturated CPUs, 1 / (sender + receiver CPU per frame).
         out.append(f"| {size} | {'one CPU each' if variant == 'pinned' else 'shared'} | {fmt(cf)} | {fmt(vf)} | "
-                   f"{ratio(vf, cf)} | {fmt(cc, 1)} | {fmt(vc, 1)} | {ratio(vc, cc)} | {ratio(cc, vc)} | {fmt(cm, 1)} | "
+                   f"{ratio(vf, cf)} | {fmt(cc, 1)} | {fmt(vc, 1)} | {ratio(vc, cc)} | {fmt(tc, 1)} | {ratio(cc, vc)} | "
+                   f"{ratio([t + x for t, x in zip(tc, cc)], [t + x for t, x in zip(tc, vc)])} | {fmt(cm, 1)} | "
                    f"{fmt(vm, 1)} |")
     held = sorted((key[1], key[2]) for key in results if key[0] == "held")
     if held:
@@ -148,14 +154,15 @@ def main():
 
 
 def exp_zero_copy(res, cfg):
-    """`slotstream bench zero_copy`: one run of every measurement per --runs round, on shm and tcp; records under
-    experiment "zero_copy", the tables in OUT/zero_copy.md."""
-    seconds = 0.3 if cfg.tiny else 1.0 if cfg.quick else 2.0
+    """`slotstream bench zero_copy`: one run of every measurement per --runs round, on shm and tcp (--tiny: shm,
+    K = half only: records, not figures); records under experiment "zero_copy", the tables in OUT/zero_copy.md."""
+    seconds = 0.2 if cfg.tiny else 1.0 if cfg.quick else 2.0
     sizes = ["640x480x3"] if cfg.quick or cfg.tiny else ["256x256x1", "640x480x3"]
-    for t in [t for t in cfg.transports if t in ("shm", "tcp")]:
+    for t in [t for t in cfg.transports if t in (("shm",) if cfg.tiny else ("shm", "tcp"))]:
         results = {}
         try:
-            measure_run(t, sizes, seconds, res.run, can_pin() and not cfg.tiny, results, lambda s: print("  " + s))
+            measure_run(t, sizes, seconds, res.run, can_pin() and not cfg.tiny, results, lambda s: print("  " + s),
+                        tiny=cfg.tiny)
         except (RuntimeError, OSError, subprocess.SubprocessError, ValueError, AttributeError) as e:
             res.error(f"zero_copy {t} (run {res.run})", e)
             continue
