@@ -8,7 +8,9 @@ see the same machine. Measures, per run:
   saturation  receiver frames/s, receiver CPU per frame (the whole receiver process: session thread + consumer),
               and the receiver's peak resident memory (VmHWM), copy vs zero-copy;
   pinned      the same with the sender on CPU 0 and the receiver on CPU 1 (`taskset`; hosts with 2+ CPUs): the
-              sender's cost no longer shares the receiver's core;
+              sender's cost no longer shares the receiver's core; and again with the cheapest sender there is
+              (`bench-peer send`, a memset per frame) — the receiver's own limit — where the copy path is also
+              measured copying into reused buffers (copy-pool: no fresh pages per frame);
   held        zero-copy only: the consumer keeps the first K views to the end (K = 0, 4, 16, half the blocks) and
               the sender's throughput is what it makes around the K held blocks (the paper's status 2, §4.2.7).
 
@@ -86,10 +88,12 @@ def held_list(tiny=False):
 
 def measure_run(transport, sizes, seconds, run, pin, results, say, tiny=False):
     """One run: every size in both modes (order alternating with the run), pinned if asked, then held K."""
-    modes = ("copy", "view") if run % 2 == 0 else ("view", "copy")
     for size in sizes:
         for variant in (["free", "pinned", "memset-pinned"] if pin else ["free"]):
-            for mode in modes:
+            # The copy path copies into a fresh buffer per message; copy-pool (the cheapest copying application:
+            # buffers reused, no fresh pages) beside it where the receiver's own limit is measured.
+            modes = ["copy", "view"] + (["copy-pool"] if variant == "memset-pinned" else [])
+            for mode in modes if run % 2 == 0 else reversed(modes):
                 r = one(mode, transport, size, seconds, pin=variant != "free", memset=variant == "memset-pinned")
                 results.setdefault(("saturation", variant, size, mode), []).append(r)
                 say(f"run {run + 1} {variant:6} {size:12} {mode}: {r['fps']:7.0f} frames/s, {r['cpu_us']:7.1f} µs "
@@ -119,9 +123,9 @@ def tables(results, transport, runs):
            "zero-copy CPU µs/frame | ratio | receiver limit ratio | copy peak RSS MiB | zero-copy peak RSS MiB |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, c in sorted(results.items(), key=str):
-        if key[0] != "saturation" or key[3] != "copy":
+        if key[0] != "saturation" or key[3] == "view":
             continue
-        kind, variant, size, _ = key
+        kind, variant, size, copy_mode = key
         v = results[(kind, variant, size, "view")]
         cf, vf = [r["fps"] for r in c], [r["fps"] for r in v]
         cc, vc = [r["cpu_us"] for r in c], [r["cpu_us"] for r in v]
@@ -130,7 +134,8 @@ def tables(results, transport, runs):
         # includes polling while it waits for the sender, so a receiver faster than its sender is overcharged:
         # the zero-copy figure is an upper bound.
         who = {"free": "synthetic, shared CPUs", "pinned": "synthetic, a CPU each", "memset-pinned": "memset, a CPU each"}
-        out.append(f"| {size} | {who[variant]} | {fmt(cf)} | {fmt(vf)} | "
+        label = size if copy_mode == "copy" else f"{size} (copy-pool)"
+        out.append(f"| {label} | {who[variant]} | {fmt(cf)} | {fmt(vf)} | "
                    f"{ratio(vf, cf)} | {fmt(cc, 1)} | {fmt(vc, 1)} | {ratio(vc, cc)} | {ratio(cc, vc)} | {fmt(cm, 1)} | "
                    f"{fmt(vm, 1)} |")
     held = sorted((key[1], key[2]) for key in results if key[0] == "held")

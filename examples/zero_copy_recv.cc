@@ -4,7 +4,7 @@
 // (`slotstream send --synthetic`): every byte, per-device order. Used by
 // tests/integration/test_zero_copy.py and by the zero-copy measurement in docs/benchmarks.md.
 //
-//   zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K]
+//   zero_copy_recv [--transport shm|tcp] [--mode view|copy|copy-pool] [--senders N] [--max-held K]
 //                  [--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]
 //
 // Prints `listening on HOST:PORT`, serves N senders, then one JSON line. --window W: the consumer
@@ -89,11 +89,34 @@ class QueueViews : public ViewSink {
   Queue& q_;
 };
 
-// The copy path: every message copied out of its block once, as a copying application would.
+// Buffers the consumer is done with, for --mode copy-pool.
+class Pool {
+ public:
+  std::vector<std::byte> get() {
+    std::lock_guard lock(mu_);
+    if (spare_.empty()) return {};
+    auto b = std::move(spare_.back());
+    spare_.pop_back();
+    return b;
+  }
+  void put(std::vector<std::byte> b) {
+    std::lock_guard lock(mu_);
+    if (spare_.size() < 64) spare_.push_back(std::move(b));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<std::byte>> spare_;
+};
+
+// The copy path: every message copied out of its block once, as a copying application would — into a fresh
+// buffer (--mode copy: a new numpy array or bytes object per frame), or into one the consumer gave back
+// (--mode copy-pool: the cheapest copying application, no page faults for fresh memory).
 class QueueCopies : public MessageSink {
  public:
-  explicit QueueCopies(Queue& q) : q_(q) {}
+  QueueCopies(Queue& q, Pool* pool) : q_(q), pool_(pool) {}
   Status begin(uint16_t device) override {
+    if (pool_) open_[device] = pool_->get();
     open_[device].clear();
     return Status::ok();
   }
@@ -112,6 +135,7 @@ class QueueCopies : public MessageSink {
 
  private:
   Queue& q_;
+  Pool* pool_;
   std::map<uint16_t, std::vector<std::byte>> open_;
 };
 
@@ -136,6 +160,7 @@ uint64_t fnv(std::span<const std::byte> d) {
 struct Args {
   Transport transport = Transport::kShm;
   bool copy = false;
+  bool pool = false;  // --mode copy-pool
   uint64_t senders = 1;
   uint32_t max_held = 0;
   size_t window = 0;
@@ -152,8 +177,9 @@ bool parse(int argc, char** argv, Args* a) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--transport" && parse_transport(v)) {
       a->transport = *parse_transport(v);
-    } else if (k == "--mode" && (v == "view" || v == "copy")) {
-      a->copy = v == "copy";
+    } else if (k == "--mode" && (v == "view" || v == "copy" || v == "copy-pool")) {
+      a->copy = v != "view";
+      a->pool = v == "copy-pool";
     } else if (k == "--senders") {
       a->senders = std::stoull(v);
     } else if (k == "--max-held") {
@@ -210,7 +236,7 @@ void inspect(const Item& item, const Args& args, std::map<uint32_t, uint32_t>& n
   it->second = id->frame + 1;
 }
 
-void consume(Queue& q, const Args& args, Tally* t) {
+void consume(Queue& q, const Args& args, Tally* t, Pool* pool) {
   std::map<uint32_t, uint32_t> next_frame;
   std::deque<Item> window;
   std::vector<Item> held;  // --hold K
@@ -239,7 +265,9 @@ void consume(Queue& q, const Args& args, Tally* t) {
       continue;
     }
     window.push_back(std::move(item));
-    while (window.size() > args.window) window.pop_front();  // releases the oldest view
+    for (; window.size() > args.window; window.pop_front()) {  // releases the oldest view
+      if (args.pool) pool->put(std::move(window.front().copy));
+    }
   }
   if (first.view) t->held_intact = fnv(first.view.data()) == first_sum;
 }
@@ -269,7 +297,7 @@ void print_summary(const Args& args, const Tally& tally, const SessionReport& la
       "\"in_place\":%llu,\"registered\":%llu,\"during_hold\":%llu,\"held_intact\":%s,\"cpu_s\":%.3f,"
       "\"seconds\":%.3f,\"views_lent\":%llu,\"view_limit_waits\":%llu,\"stored\":%llu,\"gaps\":%llu,"
       "\"sum\":%llu,\"rss_hwm_kb\":%ld,\"first_error\":\"%s\"}\n",
-      args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
+      args.pool ? "copy-pool" : args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
       (unsigned long long)tally.bad, (unsigned long long)tally.out_of_order, (unsigned long long)tally.copied,
       (unsigned long long)tally.in_place, (unsigned long long)tally.registered, (unsigned long long)tally.during_hold,
       tally.held_intact ? "true" : "false", cpu, last.seconds, (unsigned long long)last.views_lent,
@@ -307,11 +335,12 @@ int main(int argc, char** argv) {
   Args args;
   if (!parse(argc, argv, &args)) {
     std::fprintf(stderr,
-                 "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K] "
+                 "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy|copy-pool] [--senders N] [--max-held K] "
                  "[--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
     return 2;
   }
   Queue queue;
+  Pool pool;
   SessionReport last;
   std::mutex report_mu;
   ReceiverOptions ro;
@@ -320,7 +349,7 @@ int main(int argc, char** argv) {
   ro.max_held_blocks = args.max_held;
   if (args.copy) {
     ro.make_sink = [&](const SenderInfo&, std::unique_ptr<MessageSink>* s) {
-      *s = std::make_unique<QueueCopies>(queue);
+      *s = std::make_unique<QueueCopies>(queue, args.pool ? &pool : nullptr);
       return Status::ok();
     };
   } else {
@@ -341,7 +370,7 @@ int main(int argc, char** argv) {
 
   Tally tally;
   const double cpu0 = cpu_seconds();
-  std::thread consumer([&] { consume(queue, args, &tally); });
+  std::thread consumer([&] { consume(queue, args, &tally, &pool); });
   std::thread sender;
   Status sent;
   if (args.self_send) sender = std::thread([&] { sent = self_send(args, rx->listen_address(), args.self_send); });
