@@ -165,7 +165,7 @@ struct Args {
   uint32_t max_held = 0;
   size_t window = 0;
   int hold_first_ms = 0;
-  size_t hold = 0;  // --hold K: the first K views kept to the end
+  size_t hold = 0;     // --hold K: the first K views kept to the end
   bool verify = true;  // --verify off: only sum every 8-byte word (a cheap consumer, for measuring)
   uint32_t self_send = 0;
   int delay_ms = 0;  // --delay-ms: the consumer takes this long per message (a slow application)  // --self-send N: a
@@ -240,7 +240,7 @@ void consume(Queue& q, const Args& args, Tally* t, Pool* pool) {
   std::map<uint32_t, uint32_t> next_frame;
   std::deque<Item> window;
   std::vector<Item> held;  // --hold K
-  Item first;  // --hold-first-ms: the first view, kept until first_until
+  Item first;              // --hold-first-ms: the first view, kept until first_until
   uint64_t first_sum = 0;
   Clock::time_point first_until{};
   for (;;) {
@@ -291,13 +291,18 @@ double cpu_seconds() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+const char* mode_name(const Args& args) {
+  if (args.pool) return "copy-pool";
+  return args.copy ? "copy" : "view";
+}
+
 void print_summary(const Args& args, const Tally& tally, const SessionReport& last, double cpu) {
   std::printf(
       "{\"mode\":\"%s\",\"messages\":%llu,\"bytes\":%llu,\"bad\":%llu,\"out_of_order\":%llu,\"copied\":%llu,"
       "\"in_place\":%llu,\"registered\":%llu,\"during_hold\":%llu,\"held_intact\":%s,\"cpu_s\":%.3f,"
       "\"seconds\":%.3f,\"views_lent\":%llu,\"view_limit_waits\":%llu,\"stored\":%llu,\"gaps\":%llu,"
       "\"sum\":%llu,\"rss_hwm_kb\":%ld,\"first_error\":\"%s\"}\n",
-      args.pool ? "copy-pool" : args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
+      mode_name(args), (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
       (unsigned long long)tally.bad, (unsigned long long)tally.out_of_order, (unsigned long long)tally.copied,
       (unsigned long long)tally.in_place, (unsigned long long)tally.registered, (unsigned long long)tally.during_hold,
       tally.held_intact ? "true" : "false", cpu, last.seconds, (unsigned long long)last.views_lent,
@@ -334,9 +339,10 @@ Status self_send(const Args& args, const std::string& address, uint32_t frames) 
 int main(int argc, char** argv) {
   Args args;
   if (!parse(argc, argv, &args)) {
-    std::fprintf(stderr,
-                 "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy|copy-pool] [--senders N] [--max-held K] "
-                 "[--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
+    std::fprintf(
+        stderr,
+        "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy|copy-pool] [--senders N] [--max-held K] "
+        "[--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
     return 2;
   }
   Queue queue;

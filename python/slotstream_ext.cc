@@ -837,8 +837,7 @@ class PyWorkers {
     return Status::ok();
   }
 
-  static Status call(RxShared& shared, PyRef& worker, const std::string& sender, uint16_t device,
-                     MessageView& view) {
+  static Status call(RxShared& shared, PyRef& worker, const std::string& sender, uint16_t device, MessageView& view) {
     SLOTSTREAM_RETURN_IF_ERROR(refused(shared));
     nb::gil_scoped_acquire gil;
     uint64_t seq;
@@ -1019,8 +1018,8 @@ class PyReceiver {
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
     RxShared& s = *shared_;
     bool ok = wait_interruptibly(
-        s.mutex, s.changed,
-        [&] { return (s.ended.size() >= *senders && (!workers_ || workers_->idle())) || s.failed; }, deadline);
+        s.mutex, s.changed, [&] { return (s.ended.size() >= *senders && (!workers_ || workers_->idle())) || s.failed; },
+        deadline);
     raise_callback_error();
     return ok;
   }
@@ -1231,8 +1230,8 @@ NB_MODULE(_slotstream, m) {
                     uint32_t, nb::object, uint32_t>(),
            "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
            "exit_after_senders"_a = nb::none(), "max_queue"_a = 8, "rdma_transport"_a = nb::none(),
-           "rdma_device"_a = nb::none(), "zero_copy"_a = false, "max_held_blocks"_a = 0,
-           "workers"_a = nb::none(), "worker_backlog"_a = 16,
+           "rdma_device"_a = nb::none(), "zero_copy"_a = false, "max_held_blocks"_a = 0, "workers"_a = nb::none(),
+           "worker_backlog"_a = 16,
            nb::sig("def __init__(self, listen: str, callback: collections.abc.Callable[[str, int, int, "
                    "memoryview | MessageView], object] | None = None, *, transport: str = 'auto', "
                    "token: str | None = None, exit_after_senders: int | None = None, max_queue: int = 8, "

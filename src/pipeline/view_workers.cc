@@ -45,8 +45,8 @@ struct ViewWorkers::Impl : std::enable_shared_from_this<Impl> {
   mutable std::condition_variable idle_cv;
   std::map<std::pair<std::string, uint16_t>, std::shared_ptr<DeviceQueue>> devices;
   bool stopped = false;
-  std::mutex stop_mu;                  // one stop() at a time
-  std::atomic<uint64_t> pending{0};    // views queued or being processed, all devices
+  std::mutex stop_mu;                // one stop() at a time
+  std::atomic<uint64_t> pending{0};  // views queued or being processed, all devices
 
   // The queue of (sender, device), its thread started on first use. *out stays null once stopped.
   Status device(const std::string& sender, uint16_t device, std::shared_ptr<DeviceQueue>* out) {
@@ -180,7 +180,8 @@ namespace {
 class WorkerSink final : public ViewSink {
  public:
   WorkerSink(std::shared_ptr<ViewWorkers::Impl> impl, std::string sender)
-      : impl_(std::move(impl)), sender_(std::move(sender)) {}
+      : impl_(std::move(impl)),
+        sender_(std::move(sender)) {}
   Status take(MessageView& view) override {
     auto& q = queues_[view.device()];
     if (!q) SLOTSTREAM_RETURN_IF_ERROR(impl_->device(sender_, view.device(), &q));
