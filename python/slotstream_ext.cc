@@ -11,6 +11,8 @@
 //   * Receiver: the library calls the sink from one thread per connected sender. The sink never
 //     touches Python objects except to call the user's callback, under the GIL; in iterator
 //     mode it only queues C++ data, converted to Python objects by the iterating thread.
+//   * Receiver(..., workers=...): slotstream::ViewWorkers calls each device's Python worker on that
+//     device's own thread, with the GIL; Python objects it holds are let go with the GIL (PyRef).
 #include <unistd.h>
 
 #include <chrono>
