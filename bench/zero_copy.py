@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import shutil
 import statistics
 import subprocess
@@ -63,7 +62,10 @@ def one(mode, transport, size, seconds, pin=False, hold=0, memset=False):
         rx_argv += ["--hold", str(hold), "--max-held", str(hold + max(1, (BLOCKS - hold) // 2))]
     rx = subprocess.Popen(rx_argv, stdout=subprocess.PIPE, text=True)
     try:
-        addr = re.fullmatch(r"listening on (\S+)\n", rx.stdout.readline()).group(1)
+        line = rx.stdout.readline()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"the receiver did not start (exit {rx.wait(10)}, said {line!r})")
+        addr = line.split()[2]
         tx = subprocess.run([*taskset(0 if pin else None), *sender_argv(addr, transport, size, seconds, memset)],
                             capture_output=True, text=True, timeout=seconds * 10 + 60)
         got = json.loads(rx.stdout.readline())
@@ -82,6 +84,15 @@ def one(mode, transport, size, seconds, pin=False, hold=0, memset=False):
             "tx_cpu_us": 1e6 * sent["cpu_seconds"] / max(sent["messages"], 1)}
 
 
+def measured(say, *args, **kwargs):
+    """one(), tried a second time after a failure (a loaded machine: a process that did not start in time)."""
+    try:
+        return one(*args, **kwargs)
+    except (RuntimeError, subprocess.SubprocessError) as e:
+        say(f"  (failed, measuring again: {e})")
+        return one(*args, **kwargs)
+
+
 def held_list(tiny=False):
     return [BLOCKS // 2] if tiny else sorted({0, 4, 16, BLOCKS // 2})
 
@@ -94,14 +105,14 @@ def measure_run(transport, sizes, seconds, run, pin, results, say, tiny=False):
             # buffers reused, no fresh pages) beside it where the receiver's own limit is measured.
             modes = ["copy", "view"] + (["copy-pool"] if variant == "memset-pinned" else [])
             for mode in modes if run % 2 == 0 else reversed(modes):
-                r = one(mode, transport, size, seconds, pin=variant != "free", memset=variant == "memset-pinned")
+                r = measured(say, mode, transport, size, seconds, pin=variant != "free", memset=variant == "memset-pinned")
                 results.setdefault(("saturation", variant, size, mode), []).append(r)
                 say(f"run {run + 1} {variant:6} {size:12} {mode}: {r['fps']:7.0f} frames/s, {r['cpu_us']:7.1f} µs "
                     f"receiver CPU/frame ({r['tx_cpu_us']:6.1f} sender), peak RSS {r['rss_mb']:6.1f} MiB "
                     f"(in place: {r['in_place']})")
     size = sizes[-1]
     for k in held_list(tiny) if run % 2 == 0 else reversed(held_list(tiny)):
-        r = one("view", transport, size, seconds, hold=k)
+        r = measured(say, "view", transport, size, seconds, hold=k)
         results.setdefault(("held", k, size), []).append(r)
         say(f"run {run + 1} held K={k:2} {size}: sender {r['tx_fps']:7.0f} frames/s = {r['tx_mb_s']:7.0f} MB/s, "
             f"held-block skips {r['held_skips']}")
