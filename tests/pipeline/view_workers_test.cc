@@ -245,6 +245,42 @@ TEST_P(ViewWorkersTest, FailingWorkerReleasesItsViews) {
   EXPECT_NE(p.events[0].find("cannot analyse frame 3"), std::string::npos) << p.events[0];
 }
 
+// A device whose worker is behind (backlog_messages queued) is paused alone: the other device's messages keep
+// flowing past it, and the slow device's arrive later, all of them, in order.
+TEST_P(ViewWorkersTest, SlowDevicePausesAlone) {
+  std::mutex mu;
+  std::map<uint16_t, uint32_t> next, out_of_order;
+  std::map<uint16_t, std::chrono::steady_clock::time_point> last;
+  ViewWorkersOptions o;
+  o.backlog_messages = 2;
+  o.make_worker = [&](const std::string&, uint16_t device, ViewWorker* out) {
+    *out = [&, device](MessageView& v) {
+      if (device == 0) std::this_thread::sleep_for(25ms);  // the slow analysis: 1 s for the stream
+      std::lock_guard lock(mu);
+      if (index_of(v.data()) != next[device]++) ++out_of_order[device];
+      last[device] = std::chrono::steady_clock::now();
+      return Status::ok();
+    };
+    return Status::ok();
+  };
+  constexpr uint32_t kN = 40;
+  Pair p(GetParam(), o, {0, 1});
+  p.send_all(kN);
+  SessionReport r = p.finish();
+  EXPECT_EQ(r.messages, 2 * kN);
+  EXPECT_EQ(r.gaps, 0u);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(next[0], kN);
+  EXPECT_EQ(next[1], kN);
+  EXPECT_EQ(out_of_order[0] + out_of_order[1], 0u);
+  EXPECT_LT(last[1] + 400ms, last[0]) << "the fast device finished long before the slow one";
+  uint64_t busy = 0;
+  for (const auto& st : p.workers->stats()) busy += st.device == 0 ? st.busy : 0;
+  EXPECT_GT(busy, 0u) << "the slow device was paused at its backlog";
+  EXPECT_GT(r.per_device[0].pauses, 0u);
+  EXPECT_EQ(r.per_device[1].pauses, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ViewWorkersTest, ::testing::Values(Transport::kShm, Transport::kTcp),
                          [](const auto& info) { return std::string(transport_name(info.param)); });
 
