@@ -152,7 +152,10 @@ def test_a_worker_keeping_views_back_pressures_without_loss(tmp_path):
     with slotstream.Receiver("127.0.0.1:0", transport="shm", exit_after_senders=1, zero_copy=True,
                              max_held_blocks=2, workers=lambda sender, device: worker) as rx:
         tx = sender(rx.address, "shm", paths, "--protocol", "status_byte:pack=off")
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30
+        while len(kept) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # room for a third view, were the limit not kept
         with lock:
             assert len(kept) == 2, "the held limit stops lending"
         assert tx.poll() is None, "the sender waits for a block"
