@@ -180,7 +180,7 @@ TEST_P(ViewWorkersTest, WorkerHoldingViewsBackPressuresWithoutLoss) {
   Pair p(GetParam(), o, {0});
   std::thread filler([&] { p.send_all(kN); });
   // The worker holds the held limit's blocks (kBlocks / 2) and gets nothing more while it keeps them.
-  for (int i = 0; i < 200 && taken < kBlocks / 2; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 2000 && taken < kBlocks / 2; ++i) std::this_thread::sleep_for(10ms);
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(taken.load(), kBlocks / 2) << "the held limit stops lending";
   auto live = p.rx->live_sessions();
