@@ -28,6 +28,8 @@ import statistics
 import subprocess
 import time
 
+import harness
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BIN = os.environ.get("SLOTSTREAM_BIN", str(REPO / "build" / "slotstream"))
 RECV = os.environ.get("SLOTSTREAM_ZERO_COPY_RECV", str(REPO / "build" / "examples" / "zero_copy_recv"))
@@ -185,38 +187,45 @@ def main():
 def exp_zero_copy(res, cfg):
     """`slotstream bench zero_copy`: one run of every measurement per --runs round, on shm and tcp (--tiny: shm,
     K = half only: records, not figures); records under experiment "zero_copy", the tables in OUT/zero_copy.md."""
-    seconds = 0.2 if cfg.tiny else 1.0 if cfg.quick else 2.0
     sizes = ["640x480x3"] if cfg.quick or cfg.tiny else ["256x256x1", "640x480x3"]
-    for t in [t for t in cfg.transports if t in (("shm",) if cfg.tiny else ("shm", "tcp"))]:
+    transports = [t for t in cfg.transports if t in (("shm",) if cfg.tiny else ("shm", "tcp"))]
+
+    def measure(t):
         results = {}
-        try:
-            measure_run(t, sizes, seconds, res.run, can_pin() and not cfg.tiny, results, lambda s: print("  " + s),
-                        tiny=cfg.tiny)
-        except (RuntimeError, OSError, subprocess.SubprocessError, ValueError, AttributeError) as e:
-            res.error(f"zero_copy {t} (run {res.run})", e)
-            continue
-        for key, rs in results.items():
-            r = rs[0]
-            size = key[2]
-            n = 1
-            for d in size.split("x"):
-                n *= int(d)
-            if key[0] == "saturation":
-                v = f"{key[3]},{key[1]}"
-                res.add("zero_copy", "status_byte", t, n, BLOCKS, "frames_per_s", r["fps"], "frames/s", variant=v)
-                res.add("zero_copy", "status_byte", t, n, BLOCKS, "cpu_per_frame", r["cpu_us"], "µs", variant=v)
-                res.add("zero_copy", "status_byte", t, n, BLOCKS, "peak_rss", r["rss_mb"], "MiB", variant=v)
-            else:
-                res.add("zero_copy", "status_byte", t, n, BLOCKS, "sender_frames_per_s", r["tx_fps"], "frames/s",
-                        variant=f"held={key[1]}")
+        measure_run(t, sizes, cfg.zero_copy_seconds, res.run, can_pin() and not cfg.tiny, results,
+                    lambda s: print("  " + s, flush=True), tiny=cfg.tiny)
+        record(res, t, results)
         with open(res.out / "zero_copy.md", "a") as f:
             f.write("\n".join(tables(results, t, 1)) + "\n\n")
+        return f"{t}: {len(results)} measurements (tables in zero_copy.md)"
+
+    harness.for_each_point(res, cfg, "zero_copy", [(t,) for t in transports], measure, lambda t: t,
+                           errors=(RuntimeError, OSError, subprocess.SubprocessError, ValueError))
 
 
-def register(experiments):
-    experiments["zero_copy"] = ("issue 22", "12 cameras into an in-process consumer, copy vs zero-copy: frames/s, "
-                                            "CPU/frame, peak memory; sender throughput around K held blocks "
-                                            "(zero_copy.py)", exp_zero_copy)
+def record(res, t, results):
+    """One record per measurement (the first of each key: a call measures each once)."""
+    for key, rs in results.items():
+        r = rs[0]
+        n = 1
+        for d in key[2].split("x"):
+            n *= int(d)
+        if key[0] == "saturation":
+            v = f"{key[3]},{key[1]}"
+            res.add("zero_copy", "status_byte", t, n, BLOCKS, "frames_per_s", r["fps"], "frames/s", variant=v)
+            res.add("zero_copy", "status_byte", t, n, BLOCKS, "cpu_per_frame", r["cpu_us"], "µs", variant=v)
+            res.add("zero_copy", "status_byte", t, n, BLOCKS, "peak_rss", r["rss_mb"], "MiB", variant=v)
+        else:
+            res.add("zero_copy", "status_byte", t, n, BLOCKS, "sender_frames_per_s", r["tx_fps"], "frames/s",
+                    variant=f"held={key[1]}")
+
+
+EXPERIMENTS = {
+    "zero_copy": harness.Experiment(
+        "issue 22", "12 cameras into an in-process consumer, copy vs zero-copy: frames/s, CPU/frame, peak memory; "
+                    "sender throughput around K held blocks (zero_copy.py)", exp_zero_copy,
+        {"zero_copy_seconds": (2.0, 1.0, 0.2)}),
+}
 
 
 if __name__ == "__main__":
