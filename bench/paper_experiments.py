@@ -9,6 +9,7 @@ figures and the report from the records.
 """
 import statistics
 
+import paper_variants  # the paper's configurations of status_byte and sliding_window (issue 22)
 from harness import (DEFAULT_BLOCKS, PAPER_BLOCKS, RDMA, Experiment, PeerError, Progress, add_cpu, cpu_percent,
                      for_each_point, pct, perftest_bandwidth, perftest_latency, run_pair)
 
@@ -96,8 +97,9 @@ def put_bw_point(res, cfg, t, sz):
 
 
 def exp_throughput(res, cfg):
-    """Fig. 13-14 (throughput) and Fig. 15 (CPU) from the same runs."""
-    protocols = cfg.protocols + references(cfg)
+    """Fig. 13-14 (throughput) and Fig. 15 (CPU) from the same runs; the paper's configurations of
+    status_byte and sliding_window beside ours (bench/paper_variants.py)."""
+    protocols = paper_variants.with_variants(cfg.protocols, cfg, res.run, "throughput") + references(cfg)
     points = [(t, p, s, b) for t in cfg.transports for b in cfg.block_sets for s in cfg.sizes for p in protocols
               if runs_on(p, t)]
     ceiling = {}
@@ -248,7 +250,9 @@ def exp_sync_latency(res, cfg):
     free — one sample per such wait, from the moment it found none until it has one (status reads
     or ACK polling, fences, back-off all included). What one synchronisation operation costs (a
     status-array read, an ACK's delivery) is recorded beside it as sync_op_*."""
-    points = [(t, p, b) for t in cfg.transports for b in cfg.sync_blocks for p in cfg.protocols]
+    points = [(t, p, b) for t in cfg.transports for b in cfg.sync_blocks
+              for p in paper_variants.with_variants(cfg.protocols, cfg, res.run)
+              if not paper_variants.tiny_skips(cfg, p, t, blocks=b)]
     for_each_point(res, cfg, "sync_latency", points, lambda *pt: sync_point(res, cfg, *pt),
                    lambda t, p, b: f"{t} {p} {b} blocks")
 
@@ -265,13 +269,15 @@ def time_bins(times_ns, sizes, t0, bin_ms, span_ms):
 
 
 HELD = 2  # the paper's "block 3": receiver block index 2 of three
-PAPER_PICK = "status_byte:pick=in_order"  # the paper's sender walk (docs/design.md)
 
 
 def held_block_point(res, t, p):
     size, blocks = 65536, PAPER_BLOCKS
     snd, rcv = run_pair(t, p, size, 10_000_000, blocks, seconds=0.5, hold=f"{HELD}:100:200")
-    t0 = rcv["session_start_ns"]
+    # The receiver's hold clock starts at the sender's first data (recv --hold-block), so do the bins:
+    # counted from the session's start they were off by the connection's set-up, tens of ms on a
+    # loaded machine (the hold then fell partly outside the "during" bins).
+    t0 = min(rcv["arrivals_ns"], default=rcv["session_start_ns"])
     mbps = time_bins(rcv["arrivals_ns"], [size] * len(rcv["arrivals_ns"]), t0, 10, 500)
     res.sample("held_block", f"{p}/{t}", {"bin_ms": 10, "mb_per_s": mbps, "held": HELD})
     during = statistics.mean(mbps[11:20])
@@ -285,15 +291,13 @@ def held_block_point(res, t, p):
 
 def exp_held_block(res, cfg):
     """Fig. 18: three blocks, a saturating sender (back to back), and the receiver holds block 3
-    (index 2) from 100 ms to 200 ms after the sender connected; throughput in 10 ms bins. With one
+    (index 2) from 100 ms to 200 ms after the sender's first data; throughput in 10 ms bins. With one
     of three blocks unavailable, a protocol that can skip it keeps two thirds of its blocks; one
-    that must release in order stops. status_byte also runs with the paper's own pick
-    (status_byte:pick=in_order: blocks in order, waiting for a full one, skipping only the held one)
-    beside slotstream's default (pick=any)."""
-    protocols = list(cfg.protocols)
-    if "status_byte" in protocols and PAPER_PICK not in protocols:
-        protocols.insert(protocols.index("status_byte") + 1, PAPER_PICK)
-    points = [(t, p) for t in cfg.transports for p in protocols]
+    that must release in order stops. status_byte and sliding_window also run as the paper ran them
+    (status_byte:policy=paper: blocks in order, waiting for a full one, skipping only the held one;
+    sliding_window:ack=thread), beside slotstream's defaults (bench/paper_variants.py)."""
+    protocols = paper_variants.with_variants(cfg.protocols, cfg, res.run)
+    points = [(t, p) for t in cfg.transports for p in protocols if not paper_variants.tiny_skips(cfg, p, t)]
     for_each_point(res, cfg, "held_block", points, lambda t, p: held_block_point(res, t, p),
                    lambda t, p: f"{t} {p}")
 
@@ -304,16 +308,26 @@ CAMERAS, CAMERA_FPS = 12, 25
 EQUAL_MEMORY_BLOCKS = 36  # about 3 frame blocks per camera, in total
 
 
-def camera_settings(cfg):
+def camera_settings(cfg, run=0):
     """(variant, blocks per connection) per protocol: slotstream's default of 32 blocks per
     connection (a baseline with one connection per camera then holds 12 times the memory), and
-    the same total memory for every protocol (36 frame blocks, 3 per camera)."""
+    the same total memory for every protocol (36 frame blocks, 3 per camera); the paper's
+    configurations of status_byte and sliding_window beside ours (bench/paper_variants.py)."""
     out = []
-    for p in cfg.protocols:
-        per_device = cfg.registry[p]["connection_per_device"]
+    for p in paper_variants.with_variants(cfg.protocols, cfg, run):
+        per_device = paper_variants.registry_entry(cfg.registry, p)["connection_per_device"]
         out.append(("per_connection", p, DEFAULT_BLOCKS))
         out.append(("equal_memory", p, EQUAL_MEMORY_BLOCKS // CAMERAS if per_device else EQUAL_MEMORY_BLOCKS))
     return out
+
+
+def host_memory_kib():
+    """The host's RAM (MemTotal), for memory as % of it (the paper's Fig. 19 figure), or 0."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
 
 
 def camera_stream(cfg, snd, rcv):
@@ -358,6 +372,11 @@ def camera_point(res, cfg, t, variant, p, blocks):
             ("peak_rss_sender", snd["peak_rss_kb"] / 1024, "MiB"),
             ("peak_rss_receiver", rcv["peak_rss_kb"] / 1024, "MiB")):
         res.add("cameras", p, t, CAMERA_FRAME, blocks, metric, v, unit, variant=variant)
+    host_kib = host_memory_kib()
+    if host_kib:  # Fig. 19 gives memory as a share of the host's (1.3 % vs 2.4 %)
+        for side, peer in (("sender", snd), ("receiver", rcv)):
+            res.add("cameras", p, t, CAMERA_FRAME, blocks, f"memory_{side}", 100 * peer["peak_rss_kb"] / host_kib,
+                    "% of host memory", variant=variant)
     add_cpu(res, "cameras", p, t, CAMERA_FRAME, blocks, snd, rcv, variant=variant)
     if variant == "per_connection":
         for side, peer in (("sender", snd), ("receiver", rcv)):
@@ -368,8 +387,10 @@ def camera_point(res, cfg, t, variant, p, blocks):
 
 
 def exp_cameras(res, cfg):
-    """Fig. 19: 12 cameras, 25 fps, 640x480x3, one connection (status byte) vs one per camera."""
-    points = [(t, *setting) for t in cfg.transports for setting in camera_settings(cfg)]
+    """Fig. 19: 12 cameras, 25 fps, 640x480x3, one connection (status byte) vs one per camera; the
+    paper's configurations of status_byte and sliding_window beside ours."""
+    points = [(t, variant, p, blocks) for t in cfg.transports for variant, p, blocks in camera_settings(cfg, res.run)
+              if not paper_variants.tiny_skips(cfg, p, t, variant=variant)]
     for_each_point(res, cfg, "cameras", points, lambda *pt: camera_point(res, cfg, *pt),
                    lambda t, variant, p, blocks: f"{t} {p} {variant}")
 

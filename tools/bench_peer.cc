@@ -129,7 +129,7 @@ struct Recording {
   std::map<std::string, uint64_t> protocol_counters;
   uint64_t connections = 0;
   double cpu_start = 0;
-  uint64_t start_ns = 0;  // when the receiver accepted the sender (its --hold-block clock starts then)
+  uint64_t start_ns = 0;  // when the receiver accepted the sender (--hold-block counts from its first data)
   // --rate: messages counted, first and last arrival (one clock read per batch of messages).
   uint64_t counted = 0;
   uint64_t first_ns = 0;

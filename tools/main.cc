@@ -148,8 +148,9 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                 "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
   add_platform_recv(r, &recv->platform);
   r->add_option("--hold-block", recv->holds,
-                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window after each "
-                "sender connects (testing and benchmarks; udp: message slot INDEX of every device, MSN mod --blocks)");
+                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window, counted from each "
+                "sender's first data (testing and benchmarks; udp: from its session's start, message slot INDEX of "
+                "every device, MSN mod --blocks)");
   return r;
 }
 

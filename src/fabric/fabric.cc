@@ -123,6 +123,10 @@ void reset_counters() {
 Status Context::create(const FabricSpec& spec, std::unique_ptr<Context>* out) {
   if (spec.transport == Transport::kAuto)
     return {Code::kInvalidArgument, "a fabric context needs a transport, not auto"};
+  // spdlog's registry is a function-local static of an uninstrumented library: build it here, before
+  // the threads of this context's workers (progress, ACK threads) may log first at once — TSan cannot
+  // see that static's guard and reported two ACK threads' first error logs as a race.
+  (void)spdlog::default_logger_raw();
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return from_ucs(st, "ucp_config_read");

@@ -49,6 +49,11 @@ struct SenderFabric {
   fabric::Endpoint& endpoint;
   Geometry geometry;
   fabric::Liveness alive;  // consulted inside every blocking wait
+  // Where `endpoint` leads (the receiver's worker address from ACCEPT, and the host the control
+  // connection reached): for a protocol that opens a second connection to the same receiver worker
+  // from a worker of its own (sliding_window:ack=thread, its ACK thread's completion queue).
+  std::vector<uint8_t> peer_address = {};
+  std::string peer_host = {};
 };
 
 // What a receiver-side protocol works with, for one connected sender.
@@ -247,6 +252,12 @@ struct Descriptor {
   Status (*make_receiver)(ReceiverFabric& fabric, const Options& options,
                           std::unique_ptr<ReceiverProtocol>* out) = nullptr;
 };
+
+// The set-up the block protocols' receivers send (status_byte, sliding_window, ucx_raw_put): `words`
+// u64 words (addresses, a session id), then their region's packed remote key, little-endian; unpacked
+// for `endpoint`. Anything else is a kProtocolError naming `protocol`.
+Status read_keyed_setup(std::span<const uint8_t> setup, std::string_view protocol, fabric::Endpoint& endpoint,
+                        std::span<uint64_t> words, std::unique_ptr<fabric::RemoteKey>* rkey);
 
 // The registry: every protocol this build has, in a fixed order.
 std::span<const Descriptor* const> all();

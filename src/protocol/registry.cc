@@ -13,6 +13,7 @@
 #include "protocol/status_byte.h"
 #include "protocol/ucx_raw_put.h"
 #include "slotstream/slotstream.h"
+#include "wire/codec.h"
 
 namespace slotstream::protocol {
 namespace {
@@ -41,6 +42,16 @@ Status check_options(const Descriptor& d, const Options& options) {
 Status packs(const Descriptor& d, const Options& options, bool* out) { return options.flag("pack", d.packs, out); }
 
 Options protocol_options(const Options& options) { return options.without("pack"); }
+
+Status read_keyed_setup(std::span<const uint8_t> setup, std::string_view protocol, fabric::Endpoint& endpoint,
+                        std::span<uint64_t> words, std::unique_ptr<fabric::RemoteKey>* rkey) {
+  wire::Reader r(setup);
+  for (uint64_t& w : words) w = r.u64();
+  std::vector<uint8_t> packed = r.blob32(setup.size());
+  if (!r.ok() || !r.at_end())
+    return {Code::kProtocolError, "malformed " + std::string(protocol) + " set-up from receiver"};
+  return fabric::RemoteKey::unpack(endpoint, packed, rkey);
+}
 
 namespace {
 constexpr uint32_t kSpinPolls = 64;

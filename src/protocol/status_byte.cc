@@ -1,5 +1,6 @@
 #include "protocol/status_byte.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -44,9 +45,11 @@ class StatusByteSender final : public SenderProtocol {
   Status wait_space_st() override {
     if (cache_.pick(nullptr) >= 0) return Status::ok();
     WaitTimer wait(stats_);
+    bool counted = false;
     for (PollBackoff backoff;; backoff.pause()) {
       SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
       if (cache_.pick(nullptr) >= 0) return Status::ok();
+      count_paper_wait(&counted);
     }
   }
 
@@ -58,6 +61,8 @@ class StatusByteSender final : public SenderProtocol {
     WaitTimer wait(stats_);
     SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
     *ready = cache_.pick(nullptr) >= 0;
+    bool counted = false;
+    if (!*ready) count_paper_wait(&counted);
     if (!*ready) wait.dismiss();
     return Status::ok();
   }
@@ -82,6 +87,15 @@ class StatusByteSender final : public SenderProtocol {
     add_sample(stats_.sync_op_samples_ns,
                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     return fabric_.alive ? fabric_.alive() : Status::ok();
+  }
+
+  // counters["paper_full_waits"]: waits in which policy=paper read the status array and still found
+  // its next block full while a later one was empty — the waits policy=any would not have made.
+  // Counted once per wait (`*counted`: this wait was).
+  void count_paper_wait(bool* counted) {
+    if (cache_.policy() != Pick::kPaper || *counted || !cache_.any_empty()) return;
+    *counted = true;
+    ++stats_.counters["paper_full_waits"];
   }
 
   SenderFabric& fabric_;
@@ -186,14 +200,10 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
                    std::unique_ptr<SenderProtocol>* out) {
   Pick pick = Pick::kAny;
   SLOTSTREAM_RETURN_IF_ERROR(parse_pick(options, &pick));
-  wire::Reader r(setup);
-  uint64_t blocks_addr = r.u64();
-  uint64_t status_addr = r.u64();
-  std::vector<uint8_t> packed = r.blob32(setup.size());
-  if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed status_byte set-up from receiver"};
+  uint64_t words[2];  // blocks, status array
   std::unique_ptr<fabric::RemoteKey> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
-  out->reset(new StatusByteSender(fabric, blocks_addr, status_addr, std::move(rkey), pick));
+  SLOTSTREAM_RETURN_IF_ERROR(read_keyed_setup(setup, "status_byte", fabric.endpoint, words, &rkey));
+  out->reset(new StatusByteSender(fabric, words[0], words[1], std::move(rkey), pick));
   return Status::ok();
 }
 
@@ -218,16 +228,18 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
       if (held_skips) ++*held_skips;
       continue;  // paper §3.3: "skips the memory block with status 2"
     }
-    if (policy_ == Pick::kInOrder) return -1;  // paper: the next block in order is still full: wait
+    if (policy_ == Pick::kPaper) return -1;  // paper §3.2.4: the next block is still full: synchronise
   }
   return -1;
 }
 
+bool StatusCache::any_empty() const { return std::find(status_.begin(), status_.end(), kEmpty) != status_.end(); }
+
 Status parse_pick(const Options& options, Pick* out) {
-  SLOTSTREAM_RETURN_IF_ERROR(options.check_known("status_byte", {"pick"}));
-  std::string pick;
-  SLOTSTREAM_RETURN_IF_ERROR(options.choice("pick", {"any", "in_order"}, "any", &pick));
-  *out = pick == "in_order" ? Pick::kInOrder : Pick::kAny;
+  SLOTSTREAM_RETURN_IF_ERROR(options.check_known("status_byte", {"policy"}));
+  std::string policy;
+  SLOTSTREAM_RETURN_IF_ERROR(options.choice("policy", {"any", "paper"}, "any", &policy));
+  *out = policy == "paper" ? Pick::kPaper : Pick::kAny;
   return Status::ok();
 }
 
@@ -237,8 +249,9 @@ const Descriptor kStatusByte = {
         "paper §3: receiver exposes N blocks + N status bytes and stays passive; the sender "
         "writes data, fence, status byte, and reads the status array only when out of free blocks",
     .options_help =
-        "pick=any|in_order: which receiver block is next — any: the first free one, passing full ones (default); "
-        "in_order: the paper's (Fig. 18): blocks in order, skipping only held ones (status 2), waiting for a full one",
+        "policy=any|paper: which receiver block is next — any: the first free one, passing full ones (default); "
+        "paper: the paper's sender walk (§3.2.4, Fig. 18): blocks in order, skipping only held ones (status 2), "
+        "waiting (status reads) while the next one is full",
     .holds = true,
     .packs = true,
     .check_options = check_options,

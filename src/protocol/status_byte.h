@@ -19,13 +19,14 @@ enum BlockStatus : uint8_t { kEmpty = 0, kFull = 1, kHeld = 2 };
 // The sender's bookkeeping of the receiver's status array, independent of UCX so that it can be
 // unit-tested: which receiver block to write next, and what a fresh read of the array means.
 //
-// Which block is next (`status_byte:pick=`):
-//   kAny      (default) the first empty block at or after the cursor, skipping full and held ones:
-//             a block the receiver is still consuming never stops the sender while another is free.
-//   kInOrder  the paper's (§3.2.4, §3.3, Fig. 18): blocks strictly in order; a held block (2) is
-//             skipped, but a full one (1) is waited for — the sender reads the status array again
-//             until that block is empty or held. What Fig. 18's throughput drop measures.
-enum class Pick { kAny, kInOrder };
+// Which block is next (`status_byte:policy=`):
+//   kAny    (default) the first empty block at or after the cursor, skipping full and held ones:
+//           a block the receiver is still consuming never stops the sender while another is free.
+//   kPaper  the paper's sender walk (§3.2.4 step 1, §3.3, Fig. 18): blocks strictly in order; a
+//           held block (2) is skipped, but when the next block is full (1) the sender synchronises
+//           — reads the whole status array — until that block is empty (0) or held, even if a later
+//           block is free. Either way the status array is read only when the cache offers no block.
+enum class Pick { kAny, kPaper };
 
 class StatusCache {
  public:
@@ -37,6 +38,9 @@ class StatusCache {
     status_[index] = kFull;
     cursor_ = (index + 1) % status_.size();
   }
+  // Whether the cache shows an empty block anywhere (policy=paper may wait with one: not next).
+  bool any_empty() const;
+  Pick policy() const { return policy_; }
   // The raw array that an RDMA read fills.
   std::span<uint8_t> raw() { return status_; }
   uint32_t size() const { return static_cast<uint32_t>(status_.size()); }
@@ -47,7 +51,7 @@ class StatusCache {
   uint32_t cursor_ = 0;
 };
 
-// `pick=any|in_order` from the protocol's options (default any); an error names what it takes.
+// `policy=paper|any` from the protocol's options (default any); an error names what it takes.
 Status parse_pick(const Options& options, Pick* out);
 
 extern const Descriptor kStatusByte;

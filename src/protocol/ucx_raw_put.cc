@@ -51,13 +51,10 @@ class RawPutReceiver final : public ReceiverProtocol {
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
                    std::unique_ptr<SenderProtocol>* out) {
-  wire::Reader r(setup);
-  uint64_t addr = r.u64();
-  std::vector<uint8_t> packed = r.blob32(setup.size());
-  if (!r.ok() || !r.at_end()) return {Code::kProtocolError, "malformed ucx_raw_put set-up from receiver"};
+  uint64_t addr[1];
   std::unique_ptr<fabric::RemoteKey> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::RemoteKey::unpack(fabric.endpoint, packed, &rkey));
-  out->reset(new RawPutSender(fabric, addr, std::move(rkey)));
+  SLOTSTREAM_RETURN_IF_ERROR(read_keyed_setup(setup, "ucx_raw_put", fabric.endpoint, addr, &rkey));
+  out->reset(new RawPutSender(fabric, addr[0], std::move(rkey)));
   return Status::ok();
 }
 

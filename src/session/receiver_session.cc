@@ -160,7 +160,7 @@ std::vector<uint64_t> ReceiverSession::report_fingerprint() const {
 }
 
 void ReceiverSession::apply_holds(Clock::time_point start) {
-  auto ms = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
+  const auto ms = start == Clock::time_point{} ? 0 : std::chrono::duration_cast<Millis>(Clock::now() - start).count();
   for (const HoldSpec& h : rx_options_.holds) {
     if (h.index >= geometry_.blocks) continue;
     bool want = ms >= h.from_ms && ms < h.to_ms;
@@ -225,12 +225,13 @@ bool ReceiverSession::step() {
     return false;
   }
   if (!l.lost.empty()) return drain_lost();
-  if (!rx_options_.holds.empty()) apply_holds(l.start);
+  if (!rx_options_.holds.empty()) apply_holds(hold_clock_);
 
   const bool progressed = proto_->progress();
   const auto now = l.now = Clock::now();
   size_t consumed = 0;
   if (!l.stalled || now >= l.retry_at) consumed = deliver();
+  if (hold_clock_ == Clock::time_point{} && delivery_->seen_data()) hold_clock_ = now;
   if (l.fin && fin_complete(consumed)) return false;
 
   l.worked = consumed > 0 || progressed;

@@ -170,6 +170,10 @@ class ReceiverSession {
   const ReceiverOptions& rx_options_;
   std::unique_ptr<net::ControlSocket> control_;
   Clock::time_point opened_at_;
+  // --hold-block's clock: from the sender's first data (the paper's Fig. 18 holds "at the 100-ms mark"
+  // of the transmission; the bench's bins count from the first arrival too). Unset until then: a
+  // window that starts at 0 is held from the start.
+  Clock::time_point hold_clock_{};
   const protocol::Descriptor* desc_ = nullptr;
   protocol::Options options_;
   Transport transport_ = Transport::kShm;

@@ -229,8 +229,13 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   }
   // A filler that may have to transmit, or that waits for a block, takes the token if it is free.
   ring_->set_helper([this] { (void)help(); });
-  proto_fabric_.reset(new protocol::SenderFabric{
-      *context, *worker_, *endpoint_, {options.blocks, options.block_size}, [this] { return alive_st(); }});
+  proto_fabric_.reset(new protocol::SenderFabric{*context,
+                                                 *worker_,
+                                                 *endpoint_,
+                                                 {options.blocks, options.block_size},
+                                                 [this] { return alive_st(); },
+                                                 accept.worker_address,
+                                                 control_->peer_host()});
   SLOTSTREAM_RETURN_IF_ERROR(
       desc.make_sender(*proto_fabric_, accept.setup, protocol::protocol_options(owner_.protocol_options()), &proto_));
   return reach_receiver();
@@ -334,6 +339,10 @@ Status SenderLane::drain_st(bool filler, size_t budget, size_t* sent, bool* hand
     SLOTSTREAM_RETURN_IF_ERROR(send_unit_st(unit));
     ++*sent;
   }
+  // A filler that handed the lane to the sending thread holds nothing any more: from the hand-off on
+  // the worker and the transfers in flight are that thread's (two threads in ucp_worker_progress
+  // abort UCX: "Assertion `worker->inprogress++ == 0' failed", seen over tcp with 12 cameras).
+  if (*handed) return Status::ok();
   // Transfers that complete only through this worker's progress (a rendezvous tagged send, a tcp
   // put) advance now, by whoever transmitted them: a filler holding the token would otherwise
   // leave them to the sending thread's next turn.

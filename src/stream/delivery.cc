@@ -103,6 +103,7 @@ Status Delivery::retry_pending(size_t* consumed) {
 void Delivery::collect(std::chrono::steady_clock::time_point now, size_t* consumed) {
   records_.clear();
   proto_.poll(&records_);
+  seen_data_ |= !records_.empty();
   units_.clear();
   marks_.clear();
   entries_.clear();

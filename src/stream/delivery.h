@@ -108,6 +108,8 @@ class Delivery {
   uint64_t messages(uint16_t device) const;
   std::map<uint16_t, DeviceStats> per_device() const;
   const DeliveryCounters& counters() const { return counters_; }
+  // Whether any pass has found a record yet (the sender's first data; --hold-block counts from it).
+  bool seen_data() const { return seen_data_; }
 
   // Packets further ahead than this are not believed (a corrupt or hostile header): four times
   // what the protocol can have unreleased at once (`per_unit` records in each of its units), at
@@ -220,6 +222,7 @@ class Delivery {
   std::vector<std::shared_ptr<BlockLease>> lent_units_;
   std::vector<std::shared_ptr<BlockLease>> leases_;  // scratch: one per message of a lent batch
   bool lend_limited_ = false;
+  bool seen_data_ = false;         // seen_data()
   bool pass_interrupted_ = false;  // a pass returned early: the devices' pass_* marks are stale
   bool traced_ = false;            // this pass records the per-stage trace (stream/trace.h)
   // What the last pass found held (buffer utilisation is integrated from one pass to the next).

@@ -79,13 +79,14 @@ def send_argv(binary, addr, name, transport, protocol, devices, duration):
 def batch(binary, rx, transport, protocol, kills, max_delay, rng):
     """One protocol's batch; returns (deaths survived, problems)."""
     problems = []
+    tag = re.sub(r"[^A-Za-z0-9._-]", "-", protocol)  # a sender name: sliding_window:ack=thread -> ...-ack-thread
     live_seconds = max(2.0, kills * (max_delay / 2 + 0.15) + 1.0)
-    live = subprocess.Popen(send_argv(binary, rx.addr, f"live-{protocol}", transport, protocol, 2, live_seconds),
+    live = subprocess.Popen(send_argv(binary, rx.addr, f"live-{tag}", transport, protocol, 2, live_seconds),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     survived = 0
     for k in range(kills):
         delay = rng.uniform(0, EARLY if k % 2 == 0 else max_delay)
-        tx = subprocess.Popen(send_argv(binary, rx.addr, f"kill-{protocol}-{k}", transport, protocol, KILL_DEVICES, 30),
+        tx = subprocess.Popen(send_argv(binary, rx.addr, f"kill-{tag}-{k}", transport, protocol, KILL_DEVICES, 30),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)
         tx.kill()
@@ -104,7 +105,7 @@ def batch(binary, rx, transport, protocol, kills, max_delay, rng):
     if live.returncode != 0:
         problems.append(f"{protocol}/{transport}: the live sender failed (exit {live.returncode}): {err.strip()[-500:]}")
     elif rx.alive():
-        line = rx.finished_line(f"live-{protocol}")
+        line = rx.finished_line(f"live-{tag}")
         if not line or " finished: " not in line:
             problems.append(f"{protocol}/{transport}: no `finished` report for the live sender: {line!r}")
     return survived, problems

@@ -102,11 +102,11 @@ def test_a_protocol_without_block_status_is_refused_with_the_reason(zc_receiver)
 
 
 @pytest.mark.deadline(120)
-def test_the_papers_in_order_pick_skips_a_block_held_by_a_view(zc_receiver):
-    # status_byte:pick=in_order (paper §3.3, Fig. 18): blocks strictly in order, waiting for a full one,
+def test_the_papers_policy_skips_a_block_held_by_a_view(zc_receiver):
+    # status_byte:policy=paper (paper §3.2.4, §3.3, Fig. 18): blocks strictly in order, waiting for a full one,
     # skipping only a held one — here held by the application's view.
     rx, addr = zc_receiver("--transport", "shm", "--hold-first-ms", 300)
-    tx = send_synthetic(addr, "shm", "--protocol", "status_byte:pick=in_order")
+    tx = send_synthetic(addr, "shm", "--protocol", "status_byte:policy=paper")
     got = summary(rx)
     assert tx["messages"] == got["messages"] > 0 and got["bad"] == 0 and got["out_of_order"] == 0
     assert got["held_intact"] and got["during_hold"] > 8 * 4

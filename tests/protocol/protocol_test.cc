@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -93,8 +95,36 @@ std::vector<Case> cases(bool other_packing = false) {
   return out;
 }
 
+// How many of this process's threads carry `name` (pthread_setname_np) right now.
+size_t threads_named(const std::string& name) {
+  size_t n = 0;
+  for (const auto& task : std::filesystem::directory_iterator(
+           "/proc/self/task", std::filesystem::directory_options::skip_permission_denied)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++n;
+  }
+  return n;
+}
+
 class EveryProtocol : public testing::TestWithParam<Case> {
  protected:
+  // sliding_window:ack=thread (the paper's dedicated ACK thread, §4.2.1): a thread of its own per
+  // connection handled every ACK; every other protocol and option has none.
+  void check_ack_thread(const SenderStats& s, size_t most_threads_seen, size_t connections) {
+    const bool ack_thread = GetParam().protocol.find("ack=thread") != std::string::npos;
+    const auto it = s.protocol_counters.find("ack_thread_acks");
+    if (!ack_thread) {
+      EXPECT_EQ(it, s.protocol_counters.end()) << "an ACK thread without ack=thread";
+      EXPECT_EQ(most_threads_seen, 0u) << "an ACK thread without ack=thread";
+      return;
+    }
+    ASSERT_NE(it, s.protocol_counters.end()) << "ack=thread reported no ACKs handled on its ACK thread";
+    EXPECT_EQ(it->second, s.protocol_counters.at("notifications_sent")) << "every block's ACK on the ACK thread";
+    EXPECT_GE(most_threads_seen, 1u) << "no thread named slotstream-ack while sending";
+    EXPECT_LE(most_threads_seen, connections);
+  }
+
   // Streams `per_device` messages on each device with the given sizes (cycled) and checks them.
   // With `senders` > 1 that many senders stream the same at once (their own names, their own
   // sinks); `round_robin`: one receiver thread serves them all (ReceiverOptions::round_robin).
@@ -138,10 +168,13 @@ class EveryProtocol : public testing::TestWithParam<Case> {
 
     // Like `send`'s progress display: stats() from another thread all along, finish() included.
     // Under ThreadSanitizer (scripts/sanitize.sh) this checks Sender's threading contract.
+    // It also counts the process's ACK threads (sliding_window:ack=thread names them), most at once.
     std::atomic<bool> watching{true};
+    std::atomic<size_t> ack_threads{0};
     std::thread watcher([&] {
-      while (watching.load()) {
+      for (unsigned pass = 0; watching.load(); ++pass) {
         for (auto& t : txs) (void)t->stats();
+        if (pass % 25 == 0) ack_threads = std::max(ack_threads.load(), threads_named("slotstream-ack"));
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     });
@@ -191,6 +224,7 @@ class EveryProtocol : public testing::TestWithParam<Case> {
         }
       }
       SenderStats s = txs[n]->stats();
+      check_ack_thread(s, ack_threads.load(), devices.size() * senders);
       EXPECT_EQ(s.messages, per_device * devices.size());
       EXPECT_EQ(s.records, fragments) << "one record per fragment";
       if (GetParam().packs) {
@@ -252,6 +286,23 @@ TEST_P(OtherPacking, TwelveDevicesOfMixedSizesFrom1ByteTo4KiB) {
   stream(8, 8192, {1, 4096, 17, 300, 2, 1000, 64, 3001, 255, 8}, 150, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
 }
 INSTANTIATE_TEST_SUITE_P(Registered, OtherPacking, testing::ValuesIn(cases(/*other_packing=*/true)), case_name);
+
+// The paper's own configurations beside slotstream's defaults (issue 22): status_byte's in-order
+// sender walk and the sliding window's dedicated ACK thread, byte-exact over both transports.
+class PaperVariants : public EveryProtocol {};
+TEST_P(PaperVariants, SizesFromEmptyToSeveralBlocksOnThreeDevicesWrapAround) {
+  const uint32_t bs = 4096, cap = bs - wire::kBlockHeaderSize;
+  stream(4, bs, {0, 1, 100, cap - 1, cap, cap + 1, 3 * cap + 7}, 120, {0, 5, 65535});
+}
+TEST_P(PaperVariants, ThreeSendersIntoOneRoundRobinConsumer) {
+  stream(4, 2048, {0, 100, 2032, 5000}, 40, {0, 1}, /*senders=*/3, /*round_robin=*/true);
+}
+INSTANTIATE_TEST_SUITE_P(Paper, PaperVariants,
+                         testing::Values(Case{"status_byte:policy=paper", Transport::kShm, true},
+                                         Case{"status_byte:policy=paper", Transport::kTcp, true},
+                                         Case{"sliding_window:ack=thread", Transport::kShm, false},
+                                         Case{"sliding_window:ack=thread", Transport::kTcp, false}),
+                         case_name);
 
 // A receiver block held (paper §3.3, status 2) while a busy lane packs small messages: the sender
 // skips it and packs into the others; nothing is lost or reordered.

@@ -46,10 +46,10 @@ TEST(StatusCache, HeldBlockIsUsedAgainOnceReleased) {
   EXPECT_EQ(c.pick(&held), 0);
 }
 
-// The paper's policy (pick=in_order, Fig. 18): blocks in order; a held block is skipped, a full
-// one is waited for even when a later block is free.
-TEST(StatusCache, InOrderWaitsForAFullBlockAndSkipsOnlyHeldOnes) {
-  StatusCache c(4, Pick::kInOrder);
+// The paper's policy (policy=paper, §3.2.4, §3.3, Fig. 18): blocks in order; a held block is skipped,
+// a full one is waited for (the status array read again) even when a later block is free.
+TEST(StatusCache, PaperWaitsForAFullBlockAndSkipsOnlyHeldOnes) {
+  StatusCache c(4, Pick::kPaper);
   uint64_t held = 0;
   for (uint32_t i = 0; i < 4; ++i) c.mark_full(c.pick(&held));  // cursor back at 0
   auto raw = c.raw();
@@ -82,8 +82,8 @@ TEST(StatusCache, AnyPassesAFullBlockToTheNextFreeOne) {
   EXPECT_EQ(c.pick(&held), 1);
 }
 
-TEST(StatusCache, InOrderWithEveryOtherBlockHeldStillMoves) {
-  StatusCache c(4, Pick::kInOrder);
+TEST(StatusCache, PaperWithEveryOtherBlockHeldStillMoves) {
+  StatusCache c(4, Pick::kPaper);
   uint64_t held = 0;
   auto raw = c.raw();
   raw[0] = kHeld;
@@ -95,19 +95,22 @@ TEST(StatusCache, InOrderWithEveryOtherBlockHeldStillMoves) {
   EXPECT_EQ(c.pick(&held), -1);  // 0 held, 1 full: wait
 }
 
-TEST(StatusByteOptions, PickTakesAnyOrInOrder) {
-  Pick p = Pick::kInOrder;
+TEST(StatusByteOptions, PolicyTakesAnyOrPaper) {
+  Pick p = Pick::kPaper;
   Options o;
   ASSERT_TRUE(parse_pick(o, &p).is_ok());
   EXPECT_EQ(p, Pick::kAny);
-  ASSERT_TRUE(Options::parse("pick=in_order", &o).is_ok());
+  ASSERT_TRUE(Options::parse("policy=paper", &o).is_ok());
   ASSERT_TRUE(parse_pick(o, &p).is_ok());
-  EXPECT_EQ(p, Pick::kInOrder);
-  ASSERT_TRUE(Options::parse("pick=first", &o).is_ok());
+  EXPECT_EQ(p, Pick::kPaper);
+  ASSERT_TRUE(Options::parse("policy=any", &o).is_ok());
+  ASSERT_TRUE(parse_pick(o, &p).is_ok());
+  EXPECT_EQ(p, Pick::kAny);
+  ASSERT_TRUE(Options::parse("policy=in_order", &o).is_ok());
   Status st = parse_pick(o, &p);
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
-  EXPECT_NE(st.message().find("in_order"), std::string::npos) << st.message();
-  ASSERT_TRUE(Options::parse("order=1", &o).is_ok());
+  EXPECT_NE(st.message().find("paper"), std::string::npos) << st.message();
+  ASSERT_TRUE(Options::parse("pick=in_order", &o).is_ok());  // its first name, never released: one name
   EXPECT_FALSE(parse_pick(o, &p).is_ok());
 }
 
