@@ -1,6 +1,7 @@
 """Figure and report sections of `slotstream bench shimloss` and `shimperf` (bench/shim_experiments.py), drawn
-from results.json; bench/dgram_plot.py calls them (helpers: plot_common's)."""
-from plot_common import per_run, pick, plt, spread_text
+from results.json; bench/dgram_plot.py calls them (helpers: plot_common's and report_cells')."""
+from plot_common import plt
+from report_cells import per_run, pick, spread_text
 
 PATENT = ("a 64 KB datagram is many MTU-sized packets, and \"the loss of any one of these individual packets then "
           "will cause the loss of the entire UDP message\"; the design stage's theory (whole messages need every "

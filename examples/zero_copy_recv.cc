@@ -4,13 +4,15 @@
 // (`slotstream send --synthetic`): every byte, per-device order. Used by
 // tests/integration/test_zero_copy.py and by the zero-copy measurement in docs/benchmarks.md.
 //
-//   zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K]
-//                  [--window W] [--hold-first-ms MS] [--verify on|off] [--self-send N] [--delay-ms MS]
+//   zero_copy_recv [--transport shm|tcp] [--mode view|copy|copy-pool] [--senders N] [--max-held K]
+//                  [--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]
 //
 // Prints `listening on HOST:PORT`, serves N senders, then one JSON line. --window W: the consumer
 // keeps the W newest views and releases older ones (an application that looks back at frames);
 // --hold-first-ms: the first message's view is kept that long while the stream goes on, and its
-// bytes are checked unchanged afterwards (the sender must have skipped its block, status 2).
+// bytes are checked unchanged afterwards (the sender must have skipped its block, status 2);
+// --hold K: the first K views are kept until the end (the sender works around K held blocks).
+// The JSON line includes the process's peak resident memory (VmHWM, rss_hwm_kb).
 // --self-send N: no other process — a Sender in this one sends N synthetic frames on each of two
 // devices through 8 blocks of 64 KiB, and the exit code says whether every check held (the
 // sanitizer builds run it: views released on the consumer thread while UCX writes other blocks).
@@ -87,11 +89,34 @@ class QueueViews : public ViewSink {
   Queue& q_;
 };
 
-// The copy path: every message copied out of its block once, as a copying application would.
+// Buffers the consumer is done with, for --mode copy-pool.
+class Pool {
+ public:
+  std::vector<std::byte> get() {
+    std::lock_guard lock(mu_);
+    if (spare_.empty()) return {};
+    auto b = std::move(spare_.back());
+    spare_.pop_back();
+    return b;
+  }
+  void put(std::vector<std::byte> b) {
+    std::lock_guard lock(mu_);
+    if (spare_.size() < 64) spare_.push_back(std::move(b));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<std::byte>> spare_;
+};
+
+// The copy path: every message copied out of its block once, as a copying application would — into a fresh
+// buffer (--mode copy: a new numpy array or bytes object per frame), or into one the consumer gave back
+// (--mode copy-pool: the cheapest copying application, no page faults for fresh memory).
 class QueueCopies : public MessageSink {
  public:
-  explicit QueueCopies(Queue& q) : q_(q) {}
+  QueueCopies(Queue& q, Pool* pool) : q_(q), pool_(pool) {}
   Status begin(uint16_t device) override {
+    if (pool_) open_[device] = pool_->get();
     open_[device].clear();
     return Status::ok();
   }
@@ -110,6 +135,7 @@ class QueueCopies : public MessageSink {
 
  private:
   Queue& q_;
+  Pool* pool_;
   std::map<uint16_t, std::vector<std::byte>> open_;
 };
 
@@ -134,10 +160,12 @@ uint64_t fnv(std::span<const std::byte> d) {
 struct Args {
   Transport transport = Transport::kShm;
   bool copy = false;
+  bool pool = false;  // --mode copy-pool
   uint64_t senders = 1;
   uint32_t max_held = 0;
   size_t window = 0;
   int hold_first_ms = 0;
+  size_t hold = 0;     // --hold K: the first K views kept to the end
   bool verify = true;  // --verify off: only sum every 8-byte word (a cheap consumer, for measuring)
   uint32_t self_send = 0;
   int delay_ms = 0;  // --delay-ms: the consumer takes this long per message (a slow application)  // --self-send N: a
@@ -149,8 +177,9 @@ bool parse(int argc, char** argv, Args* a) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--transport" && parse_transport(v)) {
       a->transport = *parse_transport(v);
-    } else if (k == "--mode" && (v == "view" || v == "copy")) {
-      a->copy = v == "copy";
+    } else if (k == "--mode" && (v == "view" || v == "copy" || v == "copy-pool")) {
+      a->copy = v != "view";
+      a->pool = v == "copy-pool";
     } else if (k == "--senders") {
       a->senders = std::stoull(v);
     } else if (k == "--max-held") {
@@ -163,6 +192,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->self_send = uint32_t(std::stoul(v));
     } else if (k == "--verify" && (v == "on" || v == "off")) {
       a->verify = v == "on";
+    } else if (k == "--hold") {
+      a->hold = std::stoul(v);
     } else if (k == "--hold-first-ms") {
       a->hold_first_ms = std::stoi(v);
     } else {
@@ -205,10 +236,11 @@ void inspect(const Item& item, const Args& args, std::map<uint32_t, uint32_t>& n
   it->second = id->frame + 1;
 }
 
-void consume(Queue& q, const Args& args, Tally* t) {
+void consume(Queue& q, const Args& args, Tally* t, Pool* pool) {
   std::map<uint32_t, uint32_t> next_frame;
   std::deque<Item> window;
-  Item first;  // --hold-first-ms: the first view, kept until first_until
+  std::vector<Item> held;  // --hold K
+  Item first;              // --hold-first-ms: the first view, kept until first_until
   uint64_t first_sum = 0;
   Clock::time_point first_until{};
   for (;;) {
@@ -228,10 +260,29 @@ void consume(Queue& q, const Args& args, Tally* t) {
       first = std::move(item);
       continue;
     }
+    if (held.size() < args.hold && item.view) {
+      held.push_back(std::move(item));
+      continue;
+    }
     window.push_back(std::move(item));
-    while (window.size() > args.window) window.pop_front();  // releases the oldest view
+    for (; window.size() > args.window; window.pop_front()) {  // releases the oldest view
+      if (args.pool) pool->put(std::move(window.front().copy));
+    }
   }
   if (first.view) t->held_intact = fnv(first.view.data()) == first_sum;
+}
+
+// The process's peak resident memory (kB), from /proc/self/status.
+long rss_hwm_kb() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb;
 }
 
 double cpu_seconds() {
@@ -240,18 +291,23 @@ double cpu_seconds() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+const char* mode_name(const Args& args) {
+  if (args.pool) return "copy-pool";
+  return args.copy ? "copy" : "view";
+}
+
 void print_summary(const Args& args, const Tally& tally, const SessionReport& last, double cpu) {
   std::printf(
       "{\"mode\":\"%s\",\"messages\":%llu,\"bytes\":%llu,\"bad\":%llu,\"out_of_order\":%llu,\"copied\":%llu,"
       "\"in_place\":%llu,\"registered\":%llu,\"during_hold\":%llu,\"held_intact\":%s,\"cpu_s\":%.3f,"
       "\"seconds\":%.3f,\"views_lent\":%llu,\"view_limit_waits\":%llu,\"stored\":%llu,\"gaps\":%llu,"
-      "\"sum\":%llu,\"first_error\":\"%s\"}\n",
-      args.copy ? "copy" : "view", (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
+      "\"sum\":%llu,\"rss_hwm_kb\":%ld,\"first_error\":\"%s\"}\n",
+      mode_name(args), (unsigned long long)tally.messages, (unsigned long long)tally.bytes,
       (unsigned long long)tally.bad, (unsigned long long)tally.out_of_order, (unsigned long long)tally.copied,
       (unsigned long long)tally.in_place, (unsigned long long)tally.registered, (unsigned long long)tally.during_hold,
       tally.held_intact ? "true" : "false", cpu, last.seconds, (unsigned long long)last.views_lent,
       (unsigned long long)last.view_limit_waits, (unsigned long long)last.messages, (unsigned long long)last.gaps,
-      (unsigned long long)tally.sum, tally.first_error.c_str());
+      (unsigned long long)tally.sum, rss_hwm_kb(), tally.first_error.c_str());
 }
 
 // --self-send: `frames` synthetic 30,000-byte frames on devices 0 and 1, through 8 blocks.
@@ -283,12 +339,14 @@ Status self_send(const Args& args, const std::string& address, uint32_t frames) 
 int main(int argc, char** argv) {
   Args args;
   if (!parse(argc, argv, &args)) {
-    std::fprintf(stderr,
-                 "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy] [--senders N] [--max-held K] "
-                 "[--window W] [--hold-first-ms MS] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
+    std::fprintf(
+        stderr,
+        "usage: zero_copy_recv [--transport shm|tcp] [--mode view|copy|copy-pool] [--senders N] [--max-held K] "
+        "[--window W] [--hold-first-ms MS] [--hold K] [--verify on|off] [--self-send N] [--delay-ms MS]\n");
     return 2;
   }
   Queue queue;
+  Pool pool;
   SessionReport last;
   std::mutex report_mu;
   ReceiverOptions ro;
@@ -297,7 +355,7 @@ int main(int argc, char** argv) {
   ro.max_held_blocks = args.max_held;
   if (args.copy) {
     ro.make_sink = [&](const SenderInfo&, std::unique_ptr<MessageSink>* s) {
-      *s = std::make_unique<QueueCopies>(queue);
+      *s = std::make_unique<QueueCopies>(queue, args.pool ? &pool : nullptr);
       return Status::ok();
     };
   } else {
@@ -318,7 +376,7 @@ int main(int argc, char** argv) {
 
   Tally tally;
   const double cpu0 = cpu_seconds();
-  std::thread consumer([&] { consume(queue, args, &tally); });
+  std::thread consumer([&] { consume(queue, args, &tally, &pool); });
   std::thread sender;
   Status sent;
   if (args.self_send) sender = std::thread([&] { sent = self_send(args, rx->listen_address(), args.self_send); });

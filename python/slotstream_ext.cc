@@ -11,6 +11,8 @@
 //   * Receiver: the library calls the sink from one thread per connected sender. The sink never
 //     touches Python objects except to call the user's callback, under the GIL; in iterator
 //     mode it only queues C++ data, converted to Python objects by the iterating thread.
+//   * Receiver(..., workers=...): slotstream::ViewWorkers calls each device's Python worker on that
+//     device's own thread, with the GIL; Python objects it holds are let go with the GIL (PyRef).
 #include <unistd.h>
 
 #include <chrono>
@@ -38,6 +40,7 @@
 #include "net/control_socket.h"  // parse_host_port: the CLI's HOST:PORT syntax
 #include "slotstream/platform.h"
 #include "slotstream/slotstream.h"
+#include "slotstream/view_workers.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -562,8 +565,9 @@ struct RxShared {
   std::vector<SessionReport> ended;
   std::deque<std::string> events;
   bool closing = false;
-  bool failed = false;         // the callback raised: deliver nothing more
+  bool failed = false;         // the callback or a worker raised: deliver nothing more
   bool callback_mode = false;  // set before the receiver starts
+  bool workers_mode = false;   // Receiver(..., workers=...): set before the receiver starts
   // Callback mode only: read with the GIL held; dropped when the receiver has stopped, which
   // breaks the cycle of a callback that refers to its own Receiver.
   nb::object callback;
@@ -584,6 +588,17 @@ struct RxShared {
   // for messages that will never be delivered. Called with `mutex` held.
   void stop_soon() {
     if (!stopper.joinable()) stopper = std::thread([this] { stop_receiver(); });
+  }
+  // The callback or a worker raised `e` (GIL held): the first exception is kept for wait()/close(),
+  // and the receiver stops.
+  void raised(nb::python_error& e) {
+    std::lock_guard lock(mutex);
+    if (!failed) {
+      failed = true;
+      error = nb::borrow(e.value());
+      stop_soon();
+    }
+    changed.notify_all();
   }
 };
 
@@ -633,13 +648,7 @@ class PyDelivery {
     try {
       shared_.callback(sender_, device, seq, data());
     } catch (nb::python_error& e) {
-      std::lock_guard lock(shared_.mutex);
-      if (!shared_.failed) {
-        shared_.failed = true;
-        shared_.error = nb::borrow(e.value());
-        shared_.stop_soon();
-      }
-      shared_.changed.notify_all();
+      shared_.raised(e);
       return {Code::kCancelled, "the Python callback raised"};
     }
     return Status::ok();
@@ -763,6 +772,97 @@ class PyViewSink final : public ViewSink, PyDelivery {
   }
 };
 
+// ----------------------------------------------------------------- in-process workers (issue 22)
+
+// A Python object held by C++ code that may drop it on a thread without the GIL (a worker thread
+// destroys a failed worker; the last sink may go on a session thread): the GIL is taken to let go.
+struct PyRef {
+  explicit PyRef(nb::object o) : obj(std::move(o)) {}
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  ~PyRef() {
+    if (python_finalizing()) {
+      obj.release();  // the interpreter is going: no thread can take the GIL any more
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    obj.reset();
+  }
+  nb::object obj;
+};
+
+// Receiver(..., workers=factory, zero_copy=True): slotstream::ViewWorkers (view_workers.h) with a
+// Python worker per (sender, device), made by `factory(sender, device)` and called as
+// `worker(seq, view)` on the device's own thread, with the GIL. A factory or worker that raises
+// stops the receiver as a raising callback does; the view it was given is released (its
+// traceback's frames are cleared first: they would keep every array made from the view alive).
+class PyWorkers {
+ public:
+  static ViewWorkersOptions options(RxShared& shared, nb::object factory, uint32_t backlog) {
+    ViewWorkersOptions o;
+    o.backlog_messages = backlog;
+    auto f = std::make_shared<PyRef>(std::move(factory));
+    o.make_worker = [&shared, f](const std::string& sender, uint16_t device, ViewWorker* out) {
+      return make(shared, *f, sender, device, out);
+    };
+    o.on_event = [&shared](const std::string& text) {
+      std::lock_guard lock(shared.mutex);
+      shared.events.push_back(text);
+      if (shared.events.size() > kMaxEvents) shared.events.pop_front();
+    };
+    return o;
+  }
+
+ private:
+  static Status refused(RxShared& shared) {
+    if (python_finalizing()) return {Code::kCancelled, "Python is shutting down"};
+    std::lock_guard lock(shared.mutex);
+    if (shared.failed) return {Code::kCancelled, "a Python worker raised; nothing more is delivered"};
+    return Status::ok();
+  }
+
+  static Status make(RxShared& shared, PyRef& factory, const std::string& sender, uint16_t device, ViewWorker* out) {
+    SLOTSTREAM_RETURN_IF_ERROR(refused(shared));
+    nb::gil_scoped_acquire gil;
+    std::shared_ptr<PyRef> worker;
+    try {
+      worker = std::make_shared<PyRef>(factory.obj(sender, device));
+      if (!PyCallable_Check(worker->obj.ptr())) {
+        PyErr_SetString(PyExc_TypeError, "workers(sender, device) must return a callable worker(seq, view)");
+        throw nb::python_error();
+      }
+    } catch (nb::python_error& e) {
+      shared.raised(e);
+      return {Code::kCancelled, "the Python workers factory raised"};
+    }
+    *out = [&shared, worker, sender, device](MessageView& view) { return call(shared, *worker, sender, device, view); };
+    return Status::ok();
+  }
+
+  static Status call(RxShared& shared, PyRef& worker, const std::string& sender, uint16_t device, MessageView& view) {
+    SLOTSTREAM_RETURN_IF_ERROR(refused(shared));
+    nb::gil_scoped_acquire gil;
+    uint64_t seq;
+    {
+      std::lock_guard lock(shared.mutex);
+      seq = shared.next_seq[std::make_pair(sender, device)]++;
+    }
+    nb::object obj = PyViewSink::make_view(std::move(view), seq);
+    try {
+      worker.obj(seq, obj);
+    } catch (nb::python_error& e) {
+      nb::module_::import_("traceback").attr("clear_frames")(e.traceback());
+      PyView* v = nb::inst_ptr<PyView>(obj.ptr());
+      if (v->exports == 0) v->view.release();  // else arrays kept beyond the call keep it
+      shared.raised(e);
+      return {Code::kCancelled, "the Python worker raised"};
+    }
+    std::lock_guard lock(shared.mutex);
+    shared.changed.notify_all();  // wait(): the workers may be idle now
+    return Status::ok();
+  }
+};
+
 nb::dict report_dict(const SessionReport& r) {
   nb::dict d;
   d["sender"] = r.sender.name;
@@ -785,10 +885,11 @@ class PyReceiver {
   PyReceiver(const std::string& listen, nb::object callback, const std::string& transport,
              std::optional<std::string> token, std::optional<uint64_t> exit_after_senders, size_t max_queue,
              std::optional<std::string> rdma_transport, std::optional<std::string> rdma_device, bool zero_copy,
-             uint32_t max_held_blocks)
+             uint32_t max_held_blocks, nb::object workers, uint32_t worker_backlog)
       : shared_(std::make_unique<RxShared>()),
         exit_after_(exit_after_senders) {
     if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
+    if (!workers.is_none()) check_workers(workers, callback, zero_copy);
     if (max_queue < 1) check({Code::kInvalidArgument, "max_queue must be at least 1"});
     ReceiverOptions o;
     check(net::parse_host_port(listen, &o.host, &o.port));
@@ -799,7 +900,12 @@ class PyReceiver {
     shared->max_queue = max_queue;
     shared->callback_mode = !callback.is_none();
     if (shared->callback_mode) shared->callback = callback;
-    if (zero_copy) {
+    shared->workers_mode = !workers.is_none();
+    if (shared->workers_mode) {
+      o.max_held_blocks = max_held_blocks;
+      check(ViewWorkers::start(PyWorkers::options(*shared, std::move(workers), worker_backlog), &workers_));
+      o.make_view_sink = workers_->view_sink();
+    } else if (zero_copy) {
       o.max_held_blocks = max_held_blocks;
       o.make_view_sink = [shared](const SenderInfo& info, std::unique_ptr<ViewSink>* out) {
         *out = std::make_unique<PyViewSink>(*shared, info.name);
@@ -856,6 +962,7 @@ class PyReceiver {
         stopper = std::move(shared_->stopper);
       }
       if (stopper.joinable()) stopper.join();
+      if (workers_) workers_->stop();  // each worker finishes what was handed to it, then its thread ends
     }
     shared_->callback = nb::object();  // no session thread is left to call it
   }
@@ -877,8 +984,10 @@ class PyReceiver {
   // end; slotstream.Timeout when nothing came within `timeout` seconds. Returns to Python every
   // kSignalCheck while it waits (Ctrl-C raises KeyboardInterrupt).
   nb::object get(std::optional<double> timeout) {
-    if (shared_->callback_mode) {
-      check({Code::kInvalidArgument, "this Receiver delivers to its callback; iterate one made without a callback"});
+    if (shared_->callback_mode || shared_->workers_mode) {
+      check({Code::kInvalidArgument, std::string("this Receiver delivers to its ") +
+                                         (shared_->workers_mode ? "workers" : "callback") +
+                                         "; iterate one made without a callback or workers"});
     }
     const auto deadline = deadline_after(timeout);
     std::optional<Delivered> item;
@@ -911,7 +1020,8 @@ class PyReceiver {
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
     RxShared& s = *shared_;
     bool ok = wait_interruptibly(
-        s.mutex, s.changed, [&] { return s.ended.size() >= *senders || s.failed; }, deadline);
+        s.mutex, s.changed, [&] { return (s.ended.size() >= *senders && (!workers_ || workers_->idle())) || s.failed; },
+        deadline);
     raise_callback_error();
     return ok;
   }
@@ -952,7 +1062,18 @@ class PyReceiver {
     throw nb::python_error();
   }
 
+  static void check_workers(nb::handle workers, nb::handle callback, bool zero_copy) {
+    if (!PyCallable_Check(workers.ptr())) throw nb::type_error("workers must be callable: workers(sender, device)");
+    if (!callback.is_none()) check({Code::kInvalidArgument, "give a callback or workers, not both"});
+    if (!zero_copy) {
+      check({Code::kInvalidArgument,
+             "workers= hands each device's worker the messages in place: pass zero_copy=True as well (a callback "
+             "gets copies)"});
+    }
+  }
+
   std::unique_ptr<RxShared> shared_;
+  std::unique_ptr<ViewWorkers> workers_;  // Receiver(..., workers=...); stopped after the receiver
   std::unique_ptr<Receiver> receiver_;
   std::optional<uint64_t> exit_after_;
   std::string address_;
@@ -1108,15 +1229,18 @@ NB_MODULE(_slotstream, m) {
   receiver
       .def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
                     std::optional<uint64_t>, size_t, std::optional<std::string>, std::optional<std::string>, bool,
-                    uint32_t>(),
+                    uint32_t, nb::object, uint32_t>(),
            "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
            "exit_after_senders"_a = nb::none(), "max_queue"_a = 8, "rdma_transport"_a = nb::none(),
-           "rdma_device"_a = nb::none(), "zero_copy"_a = false, "max_held_blocks"_a = 0,
+           "rdma_device"_a = nb::none(), "zero_copy"_a = false, "max_held_blocks"_a = 0, "workers"_a = nb::none(),
+           "worker_backlog"_a = 16,
            nb::sig("def __init__(self, listen: str, callback: collections.abc.Callable[[str, int, int, "
                    "memoryview | MessageView], object] | None = None, *, transport: str = 'auto', "
                    "token: str | None = None, exit_after_senders: int | None = None, max_queue: int = 8, "
                    "rdma_transport: str | None = None, rdma_device: str | None = None, zero_copy: bool = False, "
-                   "max_held_blocks: int = 0) -> None"),
+                   "max_held_blocks: int = 0, workers: collections.abc.Callable[[str, int], "
+                   "collections.abc.Callable[[int, MessageView], object]] | None = None, worker_backlog: int = 16) "
+                   "-> None"),
            "Listens on `listen` (\"HOST:PORT\"; port 0 picks one, see .address). With `callback`, it is\n"
            "called from a receiver thread (one per connected sender) with the GIL held; if it raises,\n"
            "the receiver stops (its senders see it gone) and wait()/close() raise that exception.\n"
@@ -1127,7 +1251,13 @@ NB_MODULE(_slotstream, m) {
            "device raises InvalidArgument); `rdma_transport` 'rc' (default), 'dc' or 'ud'; `rdma_device`.\n"
            "`zero_copy=True`: `data` is a MessageView of the message in its receive block (no copy; the\n"
            "block is held until the view is released) — senders must use status_byte; at most\n"
-           "`max_held_blocks` blocks per sender (0: half) are held by views, beyond that the sender waits.")
+           "`max_held_blocks` blocks per sender (0: half) are held by views, beyond that the sender waits.\n"
+           "`workers=factory` (with zero_copy=True): in-process workers, one per (sender, device) on a\n"
+           "thread of its own — `factory(sender, device)` makes it, and it is called as `worker(seq, view)`\n"
+           "for each of the device's messages in order, with the GIL; the view is released when the call\n"
+           "returns unless the worker keeps it. At most `worker_backlog` messages wait per device (then\n"
+           "that device pauses). A factory or worker that raises stops the receiver like a callback (its\n"
+           "view is released); wait() also waits until the workers have processed what they were given.")
       .def_prop_ro("address", &PyReceiver::address, "The bound \"HOST:PORT\".")
       .def(
           "__iter__", [](nb::handle self) { return self; }, nb::sig("def __iter__(self) -> Receiver"))

@@ -17,6 +17,14 @@
                 image = np.frombuffer(view, np.uint8).reshape(480, 640, 3)   # no copy, read-only
                 ...                                                          # del image before the block ends
 
+    # the per-device worker pipeline in process: a worker per (sender, device), on its own thread, given views
+    class Analyser:
+        def __init__(self, sender, device): ...
+        def __call__(self, seq, view): ...                                   # the device's messages in order
+
+    with slotstream.Receiver("0.0.0.0:7000", exit_after_senders=1, zero_copy=True, workers=Analyser) as rx:
+        rx.wait()                                                            # senders ended, workers done
+
     # or let the cloud-edge platform (etcd) choose and reserve a receiver (docs/platform.md)
     with slotstream.PlatformSender("etcd://e1:2379,e2:2379,e3:2379", name="edge-a", devices=range(12),
                                    need_cpu=3, need_bandwidth=12 * 25 * 921600) as tx:

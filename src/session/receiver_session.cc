@@ -198,6 +198,10 @@ void ReceiverSession::consume(const std::function<bool()>& park) {
       loop_.last_work = Clock::now();
     } else if (loop_.stalled && now < loop_.retry_at) {
       std::this_thread::sleep_until(loop_.retry_at);
+    } else if (!loop_.worked && lender_ && delivery_->lend_limited()) {
+      // The application holds as many blocks as it may: wait for it to release one rather than poll
+      // (polling took half of a core the application's releasing thread shared; issue 22).
+      lender_->lending()->wait_release(kLendWait);
     } else if (now - loop_.last_work > kSpinIdle) {
       proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
     } else if (!loop_.worked) {

@@ -30,6 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 // The consumer's idle policy (ReceiverSession::consume, and the receiver's round-robin thread).
 constexpr auto kSpinIdle = std::chrono::microseconds(200);
+// Longest sleep at the zero-copy held limit before the session looks again (its socket, its FIN).
+constexpr auto kLendWait = std::chrono::microseconds(1000);
 constexpr auto kMinIdleSleep = std::chrono::microseconds(20);
 constexpr auto kMaxIdleSleep = std::chrono::microseconds(1000);
 // A sender idle for 100 ms or more (a camera that stopped, a once-a-second sensor, a quiet night)

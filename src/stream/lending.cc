@@ -49,6 +49,7 @@ BlockLease::~BlockLease() {
   // paper §3.3: the retained block becomes free again; the sender may write it.
   if (retained) lending->protocol().release_retained(id);
   lending->held_.fetch_sub(1, std::memory_order_relaxed);
+  lending->released();
 }
 
 Lending::Lending(std::string sender, std::shared_ptr<fabric::Context> context,
@@ -67,6 +68,21 @@ std::shared_ptr<BlockLease> Lending::lease(uint64_t id) {
   if (held_.load(std::memory_order_relaxed) >= max_held_) return nullptr;
   held_.fetch_add(1, std::memory_order_relaxed);
   return std::make_shared<BlockLease>(shared_from_this(), id);
+}
+
+void Lending::released() {
+  {
+    std::lock_guard lock(release_mu_);
+    ++releases_;
+  }
+  release_cv_.notify_all();
+}
+
+void Lending::wait_release(std::chrono::microseconds timeout) {
+  std::unique_lock lock(release_mu_);
+  const uint64_t seen = releases_;
+  release_cv_.wait_for(lock, timeout,
+                       [&] { return releases_ != seen || held_.load(std::memory_order_relaxed) < max_held_; });
 }
 
 std::shared_ptr<CopyLease> Lending::copy() { return std::make_shared<CopyLease>(shared_from_this()); }

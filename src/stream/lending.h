@@ -16,8 +16,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,15 +81,22 @@ class Lending : public std::enable_shared_from_this<Lending> {
   const std::string& sender() const { return sender_; }
   bool registered(std::span<const std::byte> bytes) const;
   protocol::ReceiverProtocol& protocol() { return *proto_; }
+  // Waits until a unit is given back or `timeout` passes: the consumer at the held limit sleeps here
+  // instead of polling, so that on a shared core the thread that reads and releases the views runs.
+  void wait_release(std::chrono::microseconds timeout);
 
  private:
   friend struct BlockLease;
+  void released();
   std::string sender_;
   // Declared before the protocol: its region is unmapped through the context.
   std::shared_ptr<fabric::Context> context_;
   std::shared_ptr<protocol::ReceiverProtocol> proto_;
   uint32_t max_held_;
   std::atomic<uint32_t> held_{0};
+  std::mutex release_mu_;
+  std::condition_variable release_cv_;
+  uint64_t releases_ = 0;  // guarded by release_mu_
 };
 
 // The delivery's sink in zero-copy mode. Threading: the consumer's (one sender's session).

@@ -62,7 +62,8 @@ def test_tiny_run_of_every_experiment(tmp_path):
     for m in (("throughput", "throughput_ratio_to_ucx"), ("latency", "latency_mean_ratio_to_ucx"),
               ("cpu", "cpu_sender"), ("cpu", "cpu_receiver"), ("cameras", "throughput_cov"),
               ("cameras", "frames_lost"), ("held_block", "throughput_during_hold"), ("throughput", "bytes_per_read"),
-              ("fan_in_round_robin", "ratio_to_threads")):
+              ("fan_in_round_robin", "ratio_to_threads"), ("zero_copy", "frames_per_s"), ("zero_copy", "peak_rss"),
+              ("zero_copy", "cpu_per_frame"), ("zero_copy", "sender_frames_per_s")):
         assert m in metrics, m
     assert all(r["unit"] == "MB/s" for r in doc["records"] if r["metric"] == "throughput")
     # The latency trace (bench-peer --trace on both peers) splits every slotstream protocol's latency

@@ -4,6 +4,7 @@ released view raises, release() is refused while numpy still uses it, garbage co
 spanning blocks is copied once."""
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -105,3 +106,94 @@ def test_a_sender_with_another_protocol_is_refused(tmp_path):
         tx = sender(rx.address, "shm", paths, "--protocol", "credit")
         assert tx.wait(30) != 0
         assert "zero-copy" in tx.stderr.read()
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_workers_get_every_message_of_their_device_in_order_in_place(tmp_path, transport):
+    paths = {d: make_files(tmp_path / f"d{d}", [1 + 997 * i for i in range(30)], f"{d}-") for d in range(3)}
+    seen, lock = {}, threading.Lock()
+
+    class Worker:  # one per (sender, device), called on the device's own thread
+        def __init__(self, sender, device):
+            self.key, self.got, self.threads = (sender, device), [], set()
+            with lock:
+                seen[self.key] = self
+
+        def __call__(self, seq, view):
+            assert view.in_place and not view.copied and view.seq == seq == len(self.got)
+            self.got.append(np.frombuffer(view, np.uint8).tobytes())
+            self.threads.add(threading.get_ident())
+
+    with slotstream.Receiver("127.0.0.1:0", transport=transport, exit_after_senders=1, zero_copy=True,
+                             workers=Worker) as rx:
+        files = [x for d in range(3) for p in paths[d] for x in ("--file", f"{d}={p}")]
+        tx = subprocess.Popen([str(a) for a in [BIN, "send", "--to", rx.address, "--name", "cam", "--transport",
+                                                 transport, "--block-size", BLOCK, *files]],
+                              stderr=subprocess.PIPE, text=True)
+        assert rx.wait(timeout=30)
+        assert tx.wait(30) == 0, tx.stderr.read()
+    assert sorted(seen) == [("cam", 0), ("cam", 1), ("cam", 2)]
+    for (_, d), w in seen.items():
+        assert w.got == [p.read_bytes() for p in paths[d]], f"device {d}"
+        assert len(w.threads) == 1
+    assert len(set().union(*(w.threads for w in seen.values()))) == 3, "a thread per device"
+
+
+@pytest.mark.deadline(60)
+def test_a_worker_keeping_views_back_pressures_without_loss(tmp_path):
+    paths = make_files(tmp_path, [3000] * 24, "f")
+    kept, lock = [], threading.Lock()
+
+    def worker(seq, view):
+        with lock:
+            kept.append(view)  # held: the sender can reuse none of these blocks
+
+    with slotstream.Receiver("127.0.0.1:0", transport="shm", exit_after_senders=1, zero_copy=True,
+                             max_held_blocks=2, workers=lambda sender, device: worker) as rx:
+        tx = sender(rx.address, "shm", paths, "--protocol", "status_byte:pack=off")
+        deadline = time.monotonic() + 30
+        while len(kept) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # room for a third view, were the limit not kept
+        with lock:
+            assert len(kept) == 2, "the held limit stops lending"
+        assert tx.poll() is None, "the sender waits for a block"
+        got = []
+        while len(got) < len(paths):
+            with lock:
+                got += [bytes(memoryview(v)) for v in kept]
+                for v in kept:
+                    v.release()
+                kept.clear()
+            time.sleep(0.01)
+        assert rx.wait(timeout=30)
+        assert tx.wait(30) == 0, tx.stderr.read()
+    assert got == [p.read_bytes() for p in paths]
+
+
+@pytest.mark.deadline(60)
+def test_a_raising_worker_releases_its_view_and_stops_the_receiver(tmp_path):
+    paths = make_files(tmp_path, [3000] * 8, "f")
+    given = []
+
+    def worker(seq, view):
+        arr = np.frombuffer(view, np.uint8)  # in the traceback's frame: must not keep the block
+        given.append(view)
+        if seq == 2:
+            raise RuntimeError(f"cannot analyse frame {seq} of {len(arr)} bytes")
+
+    rx = slotstream.Receiver("127.0.0.1:0", transport="shm", exit_after_senders=1, zero_copy=True,
+                             workers=lambda sender, device: worker)
+    tx = sender(rx.address, "shm", paths)
+    with pytest.raises(RuntimeError, match="cannot analyse frame 2 of 3000 bytes"):
+        rx.wait(timeout=30)
+    assert tx.wait(30) != 0, "the sender sees the receiver gone"
+    rx.close()  # the exception was raised once, by wait()
+    assert len(given) == 3, "nothing more is delivered"
+    assert given[2].released, "the raising worker's view was released (its array in the traceback too)"
+    assert not given[0].released and not given[1].released, "views the worker kept stay the worker's"
+    for v in given[:2]:
+        v.release()
+    with pytest.raises(ValueError, match="workers= hands"):
+        slotstream.Receiver("127.0.0.1:0", workers=lambda s, d: worker)
