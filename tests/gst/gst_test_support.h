@@ -24,9 +24,10 @@ class VectorPayload : public Payload {
   std::vector<std::byte> bytes_;
 };
 
-inline std::shared_ptr<Outlet> make_outlet(const std::string& sender, uint16_t device, size_t capacity = 4) {
-  return std::make_shared<Outlet>(sender, device, capacity,
-                                  [](uint64_t n) { return std::make_unique<VectorPayload>(n); });
+inline std::shared_ptr<Outlet> make_outlet(const std::string& sender, uint16_t device, size_t capacity = 4,
+                                           ZeroCopy zero_copy = ZeroCopy::kAuto) {
+  return std::make_shared<Outlet>(
+      sender, device, capacity, [](uint64_t n) { return std::make_unique<VectorPayload>(n); }, zero_copy);
 }
 
 // A payload of `n` bytes that differs per (device, index).
