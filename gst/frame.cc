@@ -144,8 +144,7 @@ Status Assembler::finish(Frame* out) {
   return Status::ok();
 }
 
-Status Assembler::decode_in_place(std::span<const std::byte> message, Frame* out,
-                                  std::span<const std::byte>* payload) {
+Status Assembler::decode_in_place(std::span<const std::byte> message, Frame* out, std::span<const std::byte>* payload) {
   reset();
   in_place_ = true;
   SLOTSTREAM_RETURN_IF_ERROR(feed(message, nullptr));

@@ -263,7 +263,7 @@ class ViewRouter : public ViewSink {
     const uint16_t device = view.device();
     std::shared_ptr<Outlet> outlet;
     SLOTSTREAM_RETURN_IF_ERROR(routes_.claim(device, &outlet));  // kBusy: the view stays, offered again later
-    if (!outlet) return Status::ok();  // consumed (released by the caller)
+    if (!outlet) return Status::ok();                            // consumed (released by the caller)
     Frame frame;
     std::span<const std::byte> payload;
     if (Status st = assembler_.decode_in_place(view.data(), &frame, &payload); !st.is_ok()) {

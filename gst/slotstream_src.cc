@@ -10,6 +10,7 @@
 #include <string>
 
 #include "elements.h"
+#include "lent_memory.h"
 #include "shared_receiver.h"
 
 GST_DEBUG_CATEGORY_STATIC(slotstream_src_debug);
@@ -295,24 +296,10 @@ void line_up_timestamps(GstSlotstreamSrc* self, GstClockTime pts) {
   gst_pad_set_offset(GST_BASE_SRC_PAD(self), running - GstClockTimeDiff(pts));
 }
 
-// A lent message's payload as a read-only GstMemory over its receive block (or over the receiver's one copy of a
-// message that spanned blocks): the block stays held (status 2) until the last buffer sharing the memory is
-// freed, on whichever thread frees it (MessageView::release may be called from any). READONLY: an element that
-// maps it for writing gets a copy (gst_buffer_map), never writes into the block.
-GstBuffer* wrap_lent(Delivery& d) {
-  GstBuffer* buf = gst_buffer_new();
-  auto* view = new MessageView(std::move(d.view));
-  auto* data = const_cast<std::byte*>(d.lent.data());  // not written through: the memory is READONLY
-  gst_buffer_append_memory(buf, gst_memory_new_wrapped(GST_MEMORY_FLAG_READONLY, data, d.lent.size(), 0,
-                                                       d.lent.size(), view,
-                                                       [](gpointer v) { delete static_cast<MessageView*>(v); }));
-  return buf;
-}
-
 GstBuffer* make_buffer(GstSlotstreamSrc* self, Delivery& d) {
   const bool in_place = d.view && !d.view.copied();
   const bool copied = d.payload || (d.view && d.view.copied());
-  GstBuffer* buf = d.view      ? wrap_lent(d)
+  GstBuffer* buf = d.view      ? wrap_lent(std::move(d.view), d.lent)
                    : d.payload ? static_cast<BufferPayload&>(*d.payload).take()
                                : gst_buffer_new();
   GST_OBJECT_LOCK(self);
@@ -350,7 +337,7 @@ void post_note(GstSlotstreamSrc* self, const Delivery& d) {
                                                                   "reason", G_TYPE_STRING, d.note.c_str(), nullptr)));
   if (asked && !d.zero_copy) {
     GST_ELEMENT_INFO(self, RESOURCE, READ, ("copying: %s", d.note.c_str()),
-                     ("device %u of sender '%s': %s", device, d.sender.c_str(), d.note.c_str()));
+                     ("device %u of sender '%s' is copied, not lent: %s", device, d.sender.c_str(), d.note.c_str()));
   }
 }
 
@@ -475,7 +462,8 @@ static void gst_slotstream_src_class_init(GstSlotstreamSrcClass* klass) {
       ec, "slotstream source", "Source/Network",
       "Receives one device of a slotstreamsink over slotstream's one-sided RDMA transport (UCX: shm, tcp, rdma) and "
       "pushes one buffer per message with the sender's caps and timestamps (the sent time as a reference-timestamp "
-      "meta, timestamp/x-slotstream-sent). Zero-copy: a buffer is its receive block itself, held until downstream frees "
+      "meta, timestamp/x-slotstream-sent). Zero-copy: a buffer is its receive block itself, held until downstream "
+      "frees "
       "it (status_byte senders; others, zero-copy=off and messages larger than a block are copied once). A lost "
       "sender is an error on the bus; its end of stream is EOS",
       "slotstream");

@@ -60,6 +60,27 @@ inline ConnectionSpec spec_for(const ReceiverHub& hub, const std::string& name, 
   return s;
 }
 
+// A sender of `devices` to the hub's receiver (status_byte unless `protocol` says).
+inline std::unique_ptr<Sender> connect(const ReceiverHub& hub, const std::string& name, std::vector<uint16_t> devices,
+                                       uint32_t block_size = 4096, uint32_t blocks = 8,
+                                       Transport transport = Transport::kShm,
+                                       const std::string& protocol = kDefaultProtocol) {
+  ConnectionSpec s = spec_for(hub, name, block_size, blocks);
+  SenderOptions o;
+  o.host = s.host;
+  o.port = s.port;
+  o.name = name;
+  o.protocol = protocol;
+  o.transport = transport;
+  o.block_size = block_size;
+  o.blocks = blocks;
+  o.devices = std::move(devices);
+  std::unique_ptr<Sender> tx;
+  Status st = Sender::connect(o, &tx);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return tx;
+}
+
 inline constexpr std::chrono::milliseconds kNoLimit{0};
 
 }  // namespace slotstream::gst::testing

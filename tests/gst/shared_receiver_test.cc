@@ -56,25 +56,6 @@ Delivery expect_buffer(Outlet& o, uint16_t device, int index, size_t n) {
   return d;
 }
 
-std::unique_ptr<Sender> connect(const ReceiverHub& hub, const std::string& name, std::vector<uint16_t> devices,
-                                uint32_t block_size = 4096, uint32_t blocks = 8, Transport transport = Transport::kShm,
-                                const std::string& protocol = kDefaultProtocol) {
-  ConnectionSpec s = spec_for(hub, name, block_size, blocks);
-  SenderOptions o;
-  o.host = s.host;
-  o.port = s.port;
-  o.name = name;
-  o.protocol = protocol;
-  o.transport = transport;
-  o.block_size = block_size;
-  o.blocks = blocks;
-  o.devices = std::move(devices);
-  std::unique_ptr<Sender> tx;
-  Status st = Sender::connect(o, &tx);
-  EXPECT_TRUE(st.is_ok()) << st.to_string();
-  return tx;
-}
-
 // Expect: each device's stream reaches the outlet that asked for it — by name, or any sender — whole, in
 // order, also when a buffer spans several blocks (256-byte blocks, 1,000-byte payloads).
 TEST(SharedReceiver, RoutesEachDeviceToItsSrcAndReassembles) {
