@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <set>
 
 namespace slotstream::gst {
@@ -330,6 +331,11 @@ Status ReceiverHub::start() {
   ReceiverOptions o;
   if (Status st = parse_address(listen_, &o.host, &o.port); !st.is_ok()) return {st.code(), "listen: " + st.message()};
   o.token = token_;
+  // Lent buffers may hold every block of a sender. The library's default, half, would let units leased to a
+  // paused device (its src's queue full) keep the other devices from being lent anything: under load the sender
+  // then timed out (max-wait) where the copy path kept flowing. Back-pressure is the same either way: a sender
+  // whose blocks are all held waits, nothing is lost.
+  o.max_held_blocks = std::numeric_limits<uint32_t>::max();
   // Senders whose protocol holds blocks (status_byte) are lent in place; the others copied (make_sink).
   o.make_view_sink = [this](const SenderInfo& info, std::unique_ptr<ViewSink>* sink) {
     *sink = std::make_unique<ViewRouter>(*this, info);

@@ -6,8 +6,8 @@
 // that device arrives is then bound to it until the stream ends. A message nobody asked for, or for a src
 // whose queue is full, waits in its receive block: the sink answers kBusy, the receiver pauses that device
 // (its sender waits, up to its max-wait) and offers it again 100 ms later. Nothing is dropped. Blocks lent to
-// srcs count against the receiver's held limit (half a sender's blocks): at the limit nothing more is lent and
-// the sender waits for a free block — back-pressure again, never loss.
+// srcs may hold all of a sender's blocks: then the sender waits for a free block — back-pressure again, never
+// loss.
 //
 // Zero-copy (issue 22's MessageView): the receiver lends each sender's messages in place. A buffer message
 // for a src that lends (zero-copy auto or on) reaches it as the view itself — its receive block held with status

@@ -45,14 +45,16 @@ bool arrives_within(Outlet& o, std::chrono::milliseconds wait, Delivery* d) {
 
 // Expect: the GstBuffer's memory is the view's payload where it lies in the registered receive region (mapped at
 // that address, not copied) and read-only — a write map gets a copy and the block keeps its bytes. While it lives
-// its block is held: with a held limit of one block (2 blocks) the next message is not lent. Its last unref, on
-// another thread, gives the block back, and the next message arrives.
+// its block is held: with 2 blocks, one held by the buffer and one by the next message (queued), a third message
+// finds no free block. The buffer's last unref, on another thread, gives its block back, and the third arrives.
 TEST_P(LentMemory, TheBufferIsTheReceiveBlockUntilItsLastUnref) {
   auto outlet = make_outlet("mem", 0, 8);
   std::shared_ptr<ReceiverHub> hub;
   ASSERT_TRUE(ReceiverHub::attach("127.0.0.1:0", "", outlet, &hub).is_ok());
   auto tx = connect(*hub, "mem", {0}, 4096, /*blocks=*/2, GetParam());
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(tx->device(0)->send(testing::buffer_message(0, i, 3000)).is_ok());
+  std::thread producer([&] {
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(tx->device(0)->send(testing::buffer_message(0, i, 3000)).is_ok());
+  });
 
   Delivery d = next_buffer(*outlet);
   ASSERT_TRUE(d.view && !d.view.copied());
@@ -73,18 +75,21 @@ TEST_P(LentMemory, TheBufferIsTheReceiveBlockUntilItsLastUnref) {
   gst_buffer_unmap(buf, &info);
   EXPECT_EQ(std::vector<std::byte>(where, where + 3000), pattern(0, 0, 3000)) << "the block was not written";
 
-  Delivery next;
-  EXPECT_FALSE(arrives_within(*outlet, std::chrono::milliseconds(300), &next)) << "the held limit: not lent yet";
+  Delivery second = next_buffer(*outlet);  // kept: its block stays held too
+  ASSERT_TRUE(second.view);
+  Delivery third;
+  EXPECT_FALSE(arrives_within(*outlet, std::chrono::milliseconds(300), &third)) << "no free block for it yet";
   std::thread([&] {
     gst_buffer_unref(buf);
     gst_memory_unref(mem);  // the last reference: the block is given back, from this thread
   }).join();
-  Delivery second = next_buffer(*outlet);
-  EXPECT_EQ(second.buffer.pts, 1u);
-  ASSERT_TRUE(second.view);
-  GstBuffer* again = wrap_lent(std::move(second.view), second.lent);
+  third = next_buffer(*outlet);
+  EXPECT_EQ(third.buffer.pts, 2u);
+  GstBuffer* again = wrap_lent(std::move(third.view), third.lent);
   EXPECT_EQ(gst_buffer_get_size(again), 3000u);
   gst_buffer_unref(again);
+  second.view.release();
+  producer.join();
   ASSERT_TRUE(tx->finish().is_ok());
   hub->detach(outlet);
 }

@@ -199,7 +199,7 @@ TEST_P(SharedReceiverZeroCopy, AHeldBufferStaysIntactAsMoreFlow) {
 INSTANTIATE_TEST_SUITE_P(Transports, SharedReceiverZeroCopy, ::testing::Values(Transport::kShm, Transport::kTcp),
                          [](const auto& info) { return std::string(transport_name(info.param)); });
 
-// Expect: buffers downstream keeps hold blocks up to the held limit (half of 4 blocks); the sender then waits
+// Expect: buffers downstream keeps (2) and buffers queued for the src hold all 4 blocks; the sender then waits
 // for a free block instead of finishing, and once they are released every buffer arrives, in order.
 TEST(SharedReceiver, HeldBuffersAtTheLimitPauseTheSenderAndLoseNothing) {
   Hub h;
