@@ -435,8 +435,8 @@ void install_properties(GObjectClass* oc) {
           "auto: a buffer's memory is its receive block itself (read-only), held (status 2) while downstream keeps "
           "the buffer, where the sender's protocol can lend blocks (status_byte), else copied once; on: a sender that "
           "cannot lend is an error; off: copy once. Each stream says which in a slotstream-receiving element message. "
-          "Held blocks are limited to half the sender's blocks: downstream keeping more buffers pauses the sender "
-          "(nothing is lost); raise the slotstreamsink's blocks for deep queues",
+          "Lent buffers may hold all the sender's blocks: downstream keeping that many buffers pauses the sender "
+          "(nothing is lost; its max-wait applies); raise the slotstreamsink's blocks for deep queues",
           GST_TYPE_SLOTSTREAM_ZERO_COPY, gint(ZeroCopy::kAuto), flags));
   g_object_class_install_property(
       oc, PROP_STATS,

@@ -125,7 +125,7 @@ def test_gst_inspect_documents_every_property(gst_env):
             assert len(props[name]) >= 30, f"{element}'s {name} is not explained: {props[name]!r}"
     text, props = inspect_properties(gst_env, "slotstreamsrc")
     assert "Zero-copy: a buffer is its receive block itself" in text, "the src says how it hands buffers on"
-    for value in ["(0): auto", "(1): on", "(2): off", "half the sender's blocks"]:
+    for value in ["(0): auto", "(1): on", "(2): off", "all the sender's blocks"]:
         assert value in text, f"zero-copy's {value} is explained"
     text, props = inspect_properties(gst_env, "slotstreamsink")
     for value in ["auto", "shm", "tcp", "rdma", "(2): dc"]:
