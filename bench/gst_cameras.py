@@ -2,7 +2,7 @@
 """12 cameras through the GStreamer elements: `videotestsrc is-live=true` (640x480 RGB, 25 fps) into slotstreamsink,
 one sender-name (one connection), into 12 slotstreamsrc of one receiving process, each into a fakesink.
 
-    flock /work/.bench.lock /usr/bin/python3 bench/gst_cameras.py --runs 3 --seconds 10
+    flock /work/.bench.lock /usr/bin/python3 bench/gst_cameras.py --runs 3 --seconds 10 --zero-copy off,auto
 
 Per run and transport it measures:
   frames lost    frames the cameras produced minus frames that reached the receiving fakesinks
@@ -16,7 +16,8 @@ Per run and transport it measures:
   receiver CPU   CPU time of a receiving gst-launch-1.0 (12 slotstreamsrc into fakesinks) per frame, over its
                  whole life; and of the Python receiver that measures latency, from its first frame to its last
                  (with its probe: one Python call per frame)
-The receiving side copies each frame once (zero-copy receive does not exist yet). In the same window, the CLI's
+The receiving side runs with each --zero-copy mode of slotstreamsrc, alternating within each run: auto (each frame
+is its receive block, lent in place) and off (each frame copied once into a pooled GstBuffer). In the same window, the CLI's
 figures for the same cameras: `slotstream send --synthetic` into `slotstream recv --discard` (no copy out). Needs python3-gst-1.0 (setup.sh)
 and the plugin in build/gst. Prints a Markdown table for docs/benchmarks.md and writes the raw runs to --out.
 """
@@ -42,13 +43,13 @@ def cpu_seconds():
     return r.ru_utime + r.ru_stime
 
 
-def receiver(cameras, expected):
+def receiver(cameras, expected, zero_copy):
     """The receiving process (run by this script): prints its address, then one JSON line at the end."""
     import gi
     gi.require_version("Gst", "1.0")
     from gi.repository import GLib, Gst
     Gst.init(None)
-    branches = " ".join(f"slotstreamsrc listen=127.0.0.1:0 sender=cams device={d} ! "
+    branches = " ".join(f"slotstreamsrc listen=127.0.0.1:0 sender=cams device={d} zero-copy={zero_copy} ! "
                         f"fakesink name=sink{d} sync=false async=false" for d in range(cameras))
     pipeline = Gst.parse_launch(branches)
     sent_caps = Gst.Caps.from_string("timestamp/x-slotstream-sent")
@@ -115,11 +116,12 @@ def run_sender(argv, env):
     return p.returncode, usage.ru_utime + usage.ru_stime, p.stderr.read()
 
 
-def plain_receiver_cpu(transport, cameras, frames, env):
+def plain_receiver_cpu(transport, cameras, frames, env, zero_copy):
     """CPU seconds of a receiving gst-launch-1.0 (12 slotstreamsrc into fakesinks) over a whole sending run; it exits 0
     only once every src had its EOS."""
     argv = ["gst-launch-1.0", "-m"] + " ".join(
-        f"slotstreamsrc listen=127.0.0.1:0 sender=cams device={d} ! fakesink sync=false async=false"
+        f"slotstreamsrc listen=127.0.0.1:0 sender=cams device={d} zero-copy={zero_copy} ! fakesink sync=false "
+        f"async=false"
         for d in range(cameras)).split()
     rx = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                           text=True)
@@ -144,10 +146,10 @@ def plain_receiver_cpu(transport, cameras, frames, env):
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(transport, cameras, seconds, env):
+def one_run(transport, cameras, seconds, env, zero_copy):
     frames = FPS * seconds
     expected = cameras * frames
-    rx = subprocess.Popen([sys.executable, __file__, "--receiver", str(cameras), str(expected)], env=env,
+    rx = subprocess.Popen([sys.executable, __file__, "--receiver", str(cameras), str(expected), zero_copy], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     addr = rx.stdout.readline().strip()
     if not re.fullmatch(r"\S+:\d+", addr):
@@ -163,12 +165,13 @@ def one_run(transport, cameras, seconds, env):
     if result["error"]:
         raise SystemExit(f"receiver failed: {result['error']}\n{rx_err}")
     # The receiving side once more as a plain gst-launch-1.0 (no Python, no probe): its CPU per frame.
-    result["receiver_gst_launch_cpu_us_per_frame"] = plain_receiver_cpu(transport, cameras, frames, env) * 1e6 / expected
+    result["receiver_gst_launch_cpu_us_per_frame"] = plain_receiver_cpu(transport, cameras, frames, env,
+                                                                        zero_copy) * 1e6 / expected
     # The same cameras into fakesink, right after: what the sending pipeline costs without slotstream.
     rc, base_cpu, err = run_sender(sender_argv("fakesink sync=true", cameras, frames), env)
     if rc != 0:
         raise SystemExit(f"baseline sender failed ({rc}): {err}")
-    result.update(transport=transport, sender_cpu_us_per_frame=tx_cpu * 1e6 / expected,
+    result.update(transport=transport, zero_copy=zero_copy, sender_cpu_us_per_frame=tx_cpu * 1e6 / expected,
                   baseline_cpu_us_per_frame=base_cpu * 1e6 / expected,
                   sink_cpu_us_per_frame=(tx_cpu - base_cpu) * 1e6 / expected, expected=expected)
     return result
@@ -205,8 +208,8 @@ def summary_ms(values):
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "--receiver":
-        return receiver(int(sys.argv[2]), int(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--receiver":
+        return receiver(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=10, help="frames per camera = 25 x seconds")
@@ -215,34 +218,41 @@ def main():
     ap.add_argument("--plugin-path", default=str(REPO / "build" / "gst"))
     ap.add_argument("--bin", default=str(REPO / "build" / "slotstream"), help="the CLI, for its figures beside")
     ap.add_argument("--out", default="/tmp/gst_cameras.json")
+    ap.add_argument("--zero-copy", default="auto", help="slotstreamsrc zero-copy modes to alternate (auto,off)")
+    ap.add_argument("--no-cli", action="store_true", help="skip the CLI's figures")
     args = ap.parse_args()
     env = dict(os.environ, GST_PLUGIN_PATH=args.plugin_path)
     runs = []
     print(f"load average at start: {os.getloadavg()}", file=sys.stderr)
     for i in range(args.runs):
         for transport in args.transports.split(","):
-            r = one_run(transport, args.cameras, args.seconds, env)
-            r["load_average"] = os.getloadavg()[0]
-            print(f"run {i + 1} {transport}: {json.dumps(r)}", file=sys.stderr, flush=True)
-            runs.append(r)
+            for mode in args.zero_copy.split(","):
+                r = one_run(transport, args.cameras, args.seconds, env, mode)
+                r["load_average"] = os.getloadavg()[0]
+                print(f"run {i + 1} {transport} zero-copy={mode}: {json.dumps(r)}", file=sys.stderr, flush=True)
+                runs.append(r)
+            if args.no_cli:
+                continue
             c = cli_run(args.bin, transport, args.cameras, args.seconds)
             c["cli"] = True
             print(f"run {i + 1} {transport} CLI: {json.dumps(c)}", file=sys.stderr, flush=True)
             runs.append(c)
     pathlib.Path(args.out).write_text(json.dumps(runs, indent=1))
-    print(f"| transport | frames lost | latency p50 ms | p99 ms | max ms | first second max ms | sender CPU µs/frame "
+    print(f"| transport | zero-copy | frames lost | latency p50 ms | p99 ms | max ms | first second max ms | sender CPU µs/frame "
           f"(of which slotstreamsink) | receiver CPU µs/frame (gst-launch; Python with probe) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for transport in args.transports.split(","):
-        rs = [r for r in runs if r["transport"] == transport and not r.get("cli")]
+    print("|---|---|---|---|---|---|---|---|---|")
+    for transport, mode in [(t, m) for t in args.transports.split(",") for m in args.zero_copy.split(",")]:
+        rs = [r for r in runs if r["transport"] == transport and r.get("zero_copy") == mode]
         lost = ", ".join(str(r["lost"]) for r in rs)
-        print(f"| {transport} | {lost} of {rs[0]['expected']} | "
+        print(f"| {transport} | {mode} | {lost} of {rs[0]['expected']} | "
               f"{summary_ms([r['latency_ms']['p50'] for r in rs])} | {summary_ms([r['latency_ms']['p99'] for r in rs])} | "
               f"{summary_ms([r['latency_ms']['max'] for r in rs])} | {summary_ms([r['first_second_max_ms'] for r in rs])} | "
               f"{summary([r['sender_cpu_us_per_frame'] for r in rs])} ({summary([r['sink_cpu_us_per_frame'] for r in rs])}) | "
               f"{summary([r['receiver_gst_launch_cpu_us_per_frame'] for r in rs])}; "
               f"{summary([r['cpu_us_per_frame'] for r in rs])} |")
 
+    if args.no_cli:
+        return
     print()
     print("| transport | CLI: frames lost | sender CPU µs/frame | receiver (`recv --discard`) CPU µs/frame |")
     print("|---|---|---|---|")

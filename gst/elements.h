@@ -24,6 +24,8 @@ G_DECLARE_FINAL_TYPE(GstSlotstreamSrc, gst_slotstream_src, GST, SLOTSTREAM_SRC, 
 GType gst_slotstream_transport_get_type(void);
 #define GST_TYPE_SLOTSTREAM_RDMA_TRANSPORT (gst_slotstream_rdma_transport_get_type())
 GType gst_slotstream_rdma_transport_get_type(void);
+#define GST_TYPE_SLOTSTREAM_ZERO_COPY (gst_slotstream_zero_copy_get_type())
+GType gst_slotstream_zero_copy_get_type(void);  // slotstreamsrc's zero-copy: slotstream::gst::ZeroCopy
 
 G_END_DECLS
 

@@ -118,7 +118,7 @@ Status Assembler::feed(std::span<const std::byte> data, const Allocate& allocate
     header_have_ += n;
     data = data.subspan(n);
     if (header_have_ == header_size()) SLOTSTREAM_RETURN_IF_ERROR(parse_header());
-    if (header_done_ && frame_.kind == FrameKind::kBuffer && body_length_ > 0) {
+    if (header_done_ && frame_.kind == FrameKind::kBuffer && body_length_ > 0 && !in_place_) {
       payload_ = allocate(body_length_);
       if (payload_.size() != body_length_) {
         return {Code::kIoError, "no memory for a buffer of " + std::to_string(body_length_) + " bytes"};
@@ -131,7 +131,7 @@ Status Assembler::feed(std::span<const std::byte> data, const Allocate& allocate
   }
   if (frame_.kind == FrameKind::kCaps) {
     frame_.caps.append(reinterpret_cast<const char*>(data.data()), data.size());
-  } else {
+  } else if (!in_place_) {
     std::memcpy(payload_.data() + body_have_, data.data(), data.size());  // the one copy of the copy path
   }
   body_have_ += data.size();
@@ -141,6 +141,15 @@ Status Assembler::feed(std::span<const std::byte> data, const Allocate& allocate
 Status Assembler::finish(Frame* out) {
   if (!header_done_ || body_have_ != body_length_) return bad("a slotstreamsink message cut short");
   *out = std::move(frame_);
+  return Status::ok();
+}
+
+Status Assembler::decode_in_place(std::span<const std::byte> message, Frame* out, std::span<const std::byte>* payload) {
+  reset();
+  in_place_ = true;
+  SLOTSTREAM_RETURN_IF_ERROR(feed(message, nullptr));
+  SLOTSTREAM_RETURN_IF_ERROR(finish(out));
+  *payload = out->kind == FrameKind::kBuffer ? message.last(out->buffer.payload_length) : std::span<const std::byte>{};
   return Status::ok();
 }
 

@@ -76,7 +76,8 @@ struct Frame {
 };
 
 // Receiving side: rebuilds one message from the pieces a slotstream sink is handed (begin, append...,
-// commit), copying the payload once, into memory the caller provides as soon as its length is known.
+// commit), copying the payload once, into memory the caller provides as soon as its length is known; or
+// decodes a message lent whole (decode_in_place: zero-copy, the payload is not moved).
 class Assembler {
  public:
   // Where a buffer's payload goes: called once per buffer message, with its length, when its header is
@@ -89,6 +90,9 @@ class Assembler {
   Status feed(std::span<const std::byte> data, const Allocate& allocate);
   // The message ended: *out is its frame, or an error if it was cut short.
   Status finish(Frame* out);
+  // A whole message in one span (a zero-copy view of its receive block): *out is its frame and *payload
+  // where a buffer's payload lies inside `message` — nothing is copied but a caps string. Same errors.
+  Status decode_in_place(std::span<const std::byte> message, Frame* out, std::span<const std::byte>* payload);
 
  private:
   Status parse_header();
@@ -101,6 +105,7 @@ class Assembler {
   uint64_t body_length_ = 0;  // caps string or payload
   uint64_t body_have_ = 0;
   std::span<std::byte> payload_;  // kBuffer: where its bytes go
+  bool in_place_ = false;         // decode_in_place: the payload stays where it lies
 };
 
 }  // namespace slotstream::gst

@@ -37,12 +37,28 @@ GType gst_slotstream_rdma_transport_get_type(void) {
   return type;
 }
 
+GType gst_slotstream_zero_copy_get_type(void) {
+  static GType type = 0;
+  static const GEnumValue values[] = {
+      {gint(slotstream::gst::ZeroCopy::kAuto),
+       "buffers are the receive blocks where the sender's protocol can lend them (status_byte), else copied once",
+       "auto"},
+      {gint(slotstream::gst::ZeroCopy::kOn),
+       "buffers are the receive blocks; a sender whose protocol cannot lend them is an error", "on"},
+      {gint(slotstream::gst::ZeroCopy::kOff), "every buffer is copied once out of its receive block", "off"},
+      {0, nullptr, nullptr},
+  };
+  if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstSlotstreamZeroCopy", values));
+  return type;
+}
+
 static gboolean plugin_init(GstPlugin* plugin) {
   GST_DEBUG_CATEGORY_INIT(slotstream_debug, "slotstream", 0, "slotstream receiver");
   // The shared receiver's warnings (a device no src takes, a refused sender) go to GStreamer's log.
   slotstream::gst::ReceiverHub::set_log([](const std::string& text) { GST_WARNING("%s", text.c_str()); });
   gst_type_mark_as_plugin_api(GST_TYPE_SLOTSTREAM_TRANSPORT, GstPluginAPIFlags(0));
   gst_type_mark_as_plugin_api(GST_TYPE_SLOTSTREAM_RDMA_TRANSPORT, GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(GST_TYPE_SLOTSTREAM_ZERO_COPY, GstPluginAPIFlags(0));
   return gst_element_register(plugin, "slotstreamsink", GST_RANK_NONE, GST_TYPE_SLOTSTREAM_SINK) &&
          gst_element_register(plugin, "slotstreamsrc", GST_RANK_NONE, GST_TYPE_SLOTSTREAM_SRC);
 }

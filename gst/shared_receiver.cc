@@ -1,6 +1,8 @@
 #include "shared_receiver.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <set>
 
 namespace slotstream::gst {
@@ -27,11 +29,12 @@ std::string describe(const std::string& sender, uint16_t device) {
 
 // ------------------------------------------------------------------------------------- Outlet
 
-Outlet::Outlet(std::string sender, uint16_t device, size_t capacity, PayloadFactory factory)
+Outlet::Outlet(std::string sender, uint16_t device, size_t capacity, PayloadFactory factory, ZeroCopy zero_copy)
     : wanted_(std::move(sender)),
       device_(device),
       capacity_(std::max<size_t>(capacity, 1)),
-      factory_(std::move(factory)) {
+      factory_(std::move(factory)),
+      zero_copy_(zero_copy) {
   bound_ = wanted_;
 }
 
@@ -56,6 +59,13 @@ bool Outlet::has_room() {
   return buffers_ < capacity_;
 }
 
+bool Outlet::first_from(const std::string& sender) {
+  std::lock_guard lock(mutex_);
+  if (noted_ == sender) return false;
+  noted_ = sender;
+  return true;
+}
+
 void Outlet::push(Delivery d) {
   std::lock_guard lock(mutex_);
   if (d.kind == Delivery::Kind::kBuffer) ++buffers_;
@@ -63,18 +73,23 @@ void Outlet::push(Delivery d) {
   cv_.notify_all();
 }
 
-// --------------------------------------------------------------------------------- RouterSink
+// ------------------------------------------------------------------------------ SenderRoutes
 
-// One sender's sink on the shared receiver: reassembles each device's messages into deliveries for the
-// outlet of that device. Called from the sender's session thread only (MessageSink's contract).
-class RouterSink : public MessageSink {
+// What both sinks of one sender share (RouterSink copies, ViewRouter lends): routing each device's messages to
+// the outlet that takes them, its note, and the frames. Called from the sender's session thread only.
+class SenderRoutes {
  public:
-  RouterSink(ReceiverHub& hub, const SenderInfo& info)
+  // copy_reason: why this sender's buffers cannot be lent ("" when they can).
+  SenderRoutes(ReceiverHub& hub, const SenderInfo& info, std::string copy_reason)
       : hub_(hub),
         sender_(info.name),
+        block_size_(info.block_size),
+        copy_reason_(std::move(copy_reason)),
         streaming_(info.devices.begin(), info.devices.end()) {}
 
-  Status begin(uint16_t device) override {
+  // The outlet that takes `device`'s next message now; kBusy when none does or its queue is full (the device
+  // pauses; nothing is lost). Ok with a null outlet: the message is to be consumed, its src ended with an error.
+  Status claim(uint16_t device, std::shared_ptr<Outlet>* out) {
     std::shared_ptr<Outlet> outlet = hub_.route(sender_, device);
     if (!outlet) {
       if (unclaimed_.insert(device).second) {
@@ -85,8 +100,104 @@ class RouterSink : public MessageSink {
     }
     unclaimed_.erase(device);
     if (!outlet->has_room()) return {Code::kBusy, "the slotstreamsrc's queue is full"};  // back-pressure
+    if (outlet->first_from(sender_)) {
+      if (outlet->zero_copy() == ZeroCopy::kOn && !copy_reason_.empty()) {
+        fail(*outlet, device, {Code::kRefused, "zero-copy=on, but " + copy_reason_ + " (zero-copy=auto accepts that)"});
+        return Status::ok();
+      }
+      note(*outlet, outlet->zero_copy() != ZeroCopy::kOff && copy_reason_.empty(), initial_note(*outlet));
+    }
+    *out = std::move(outlet);
+    return Status::ok();
+  }
+
+  // The once-per-stream note that lent buffers still arrive copied (a message that spanned blocks, or one
+  // set aside while its device was paused: the receiver's one copy, handed on as it is).
+  void note_copied(Outlet& outlet, uint16_t device, size_t message_size) {
+    if (!copied_noted_.insert(device).second) return;
+    const bool spans = message_size + kBlockHeaderSize > block_size_;
+    note(outlet, false,
+         spans ? "a message of " + std::to_string(message_size) + " bytes spans several receive blocks of " +
+                     std::to_string(block_size_) +
+                     " bytes: such buffers are copied once by the receiver (raise the slotstreamsink's block-size "
+                     "for zero-copy)"
+               : "a message set aside while its device was paused is copied once by the receiver");
+  }
+
+  // A decoded message to its outlet; end of stream ends the device.
+  void deliver(Outlet& outlet, uint16_t device, Frame& frame, Delivery d) {
+    d.kind = frame.kind == FrameKind::kCaps     ? Delivery::Kind::kCaps
+             : frame.kind == FrameKind::kBuffer ? Delivery::Kind::kBuffer
+                                                : Delivery::Kind::kEos;
+    d.caps = std::move(frame.caps);
+    d.buffer = frame.buffer;
+    d.sender = sender_;
+    if (d.kind == Delivery::Kind::kEos) {
+      hub_.mark_ended(outlet);
+      // Every device ended: the sender finishes next (FIN), which a receiver stopping now would cut short.
+      if (streaming_.erase(device) && streaming_.empty()) hub_.session_closing(sender_);
+    }
+    outlet.push(std::move(d));
+  }
+
+  // A message that is not a slotstreamsink frame ends that src's stream with an error; the sender's other
+  // devices go on. The message is consumed, not retried: retrying cannot make it valid.
+  void fail(Outlet& outlet, uint16_t device, const Status& st) {
+    Delivery d;
+    d.kind = Delivery::Kind::kError;
+    d.error = {st.code(), describe(sender_, device) + ": " + st.message()};
+    d.sender = sender_;
+    hub_.mark_ended(outlet);
+    outlet.push(std::move(d));
+  }
+
+ private:
+  // slotstream's block header before a message that starts a block (docs/design.md, the block layout).
+  static constexpr size_t kBlockHeaderSize = 16;
+
+  std::string initial_note(const Outlet& outlet) const {
+    if (outlet.zero_copy() == ZeroCopy::kOff) return "zero-copy=off: buffers are copied once out of the receive blocks";
+    if (!copy_reason_.empty()) return copy_reason_;
+    return "buffers are the receive blocks themselves (zero-copy): each block stays held (status 2) until "
+           "downstream frees its buffer";
+  }
+
+  void note(Outlet& outlet, bool zero_copy, std::string text) {
+    Delivery d;
+    d.kind = Delivery::Kind::kNote;
+    d.zero_copy = zero_copy;
+    d.note = std::move(text);
+    d.sender = sender_;
+    outlet.push(std::move(d));
+  }
+
+  ReceiverHub& hub_;
+  const std::string sender_;
+  const uint32_t block_size_;
+  const std::string copy_reason_;
+  std::set<uint16_t> unclaimed_;     // devices already reported as unclaimed
+  std::set<uint16_t> streaming_;     // declared devices whose end-of-stream message has not come
+  std::set<uint16_t> copied_noted_;  // devices already told that a lent buffer arrived copied
+};
+
+// --------------------------------------------------------------------------------- RouterSink
+
+// The copy path for a sender whose protocol cannot lend blocks: reassembles each device's messages, copying
+// each payload once into the outlet's memory. Called from the sender's session thread only (MessageSink).
+class RouterSink : public MessageSink {
+ public:
+  RouterSink(ReceiverHub& hub, const SenderInfo& info)
+      : routes_(hub, info,
+                "sender '" + info.name + "' uses protocol " + info.protocol +
+                    ", which cannot lend receive blocks (no status 2): buffers are copied once (protocol=status_byte "
+                    "on its slotstreamsink for zero-copy)") {}
+
+  Status begin(uint16_t device) override {
+    std::shared_ptr<Outlet> outlet;
+    SLOTSTREAM_RETURN_IF_ERROR(routes_.claim(device, &outlet));
     Open& o = open_[device];
     o = Open{};
+    o.broken = !outlet;  // its src ended: the message is consumed
     o.outlet = std::move(outlet);
     return Status::ok();
   }
@@ -96,7 +207,7 @@ class RouterSink : public MessageSink {
     if (it == open_.end() || it->second.broken) return Status::ok();  // the rest of a refused message
     Open& o = it->second;
     Status st = o.assembler.feed(data, [&](uint64_t length) {
-      o.payload = o.outlet->factory_(length);
+      o.payload = o.outlet->allocate(length);
       return o.payload ? o.payload->bytes() : std::span<std::byte>{};
     });
     if (!st.is_ok()) fail(o, device, st);
@@ -113,19 +224,8 @@ class RouterSink : public MessageSink {
         fail(o, device, st);
       } else {
         Delivery d;
-        d.kind = frame.kind == FrameKind::kCaps     ? Delivery::Kind::kCaps
-                 : frame.kind == FrameKind::kBuffer ? Delivery::Kind::kBuffer
-                                                    : Delivery::Kind::kEos;
-        d.caps = std::move(frame.caps);
-        d.buffer = frame.buffer;
         d.payload = std::move(o.payload);
-        d.sender = sender_;
-        if (d.kind == Delivery::Kind::kEos) {
-          hub_.mark_ended(*o.outlet);
-          // Every device ended: the sender finishes next (FIN), which a receiver stopping now would cut short.
-          if (streaming_.erase(device) && streaming_.empty()) hub_.session_closing(sender_);
-        }
-        o.outlet->push(std::move(d));
+        routes_.deliver(*o.outlet, device, frame, std::move(d));
       }
     }
     open_.erase(it);
@@ -142,23 +242,63 @@ class RouterSink : public MessageSink {
     bool broken = false;
   };
 
-  // A message that is not a slotstreamsink frame ends that src's stream with an error; the sender's other
-  // devices go on. The message is consumed, not retried: retrying cannot make it valid.
   void fail(Open& o, uint16_t device, const Status& st) {
     o.broken = true;
-    Delivery d;
-    d.kind = Delivery::Kind::kError;
-    d.error = {st.code(), describe(sender_, device) + ": " + st.message()};
-    d.sender = sender_;
-    hub_.mark_ended(*o.outlet);
-    o.outlet->push(std::move(d));
+    routes_.fail(*o.outlet, device, st);
   }
 
-  ReceiverHub& hub_;
-  const std::string sender_;
+  SenderRoutes routes_;
   std::map<uint16_t, Open> open_;
-  std::set<uint16_t> unclaimed_;  // devices already reported as unclaimed
-  std::set<uint16_t> streaming_;  // declared devices whose end-of-stream message has not come
+};
+
+// --------------------------------------------------------------------------------- ViewRouter
+
+// Zero-copy: each message comes whole, lent in place (MessageView). A buffer for a src that lends goes to it as
+// the view (its block held until the src's buffer is freed); for a src with zero-copy off its payload is copied
+// once and the view released at once. Called from the sender's session thread only (ViewSink).
+class ViewRouter : public ViewSink {
+ public:
+  ViewRouter(ReceiverHub& hub, const SenderInfo& info) : routes_(hub, info, "") {}
+
+  Status take(MessageView& view) override {
+    const uint16_t device = view.device();
+    std::shared_ptr<Outlet> outlet;
+    SLOTSTREAM_RETURN_IF_ERROR(routes_.claim(device, &outlet));  // kBusy: the view stays, offered again later
+    if (!outlet) return Status::ok();                            // consumed (released by the caller)
+    Frame frame;
+    std::span<const std::byte> payload;
+    if (Status st = assembler_.decode_in_place(view.data(), &frame, &payload); !st.is_ok()) {
+      routes_.fail(*outlet, device, st);
+      return Status::ok();
+    }
+    Delivery d;
+    if (!payload.empty() && outlet->zero_copy() != ZeroCopy::kOff) {
+      if (view.copied()) routes_.note_copied(*outlet, device, view.data().size());
+      d.lent = payload;
+      d.view = std::move(view);
+    } else if (!payload.empty()) {
+      if (Status st = copy_out(*outlet, payload, &d); !st.is_ok()) {
+        routes_.fail(*outlet, device, st);
+        return Status::ok();
+      }
+    }
+    view.release();  // a caps or end-of-stream message, or a copied buffer: its block is free again
+    routes_.deliver(*outlet, device, frame, std::move(d));
+    return Status::ok();
+  }
+
+ private:
+  static Status copy_out(Outlet& outlet, std::span<const std::byte> payload, Delivery* d) {
+    d->payload = outlet.allocate(payload.size());
+    if (!d->payload || d->payload->bytes().size() != payload.size()) {
+      return {Code::kIoError, "no memory for a buffer of " + std::to_string(payload.size()) + " bytes"};
+    }
+    std::memcpy(d->payload->bytes().data(), payload.data(), payload.size());  // the one copy of zero-copy=off
+    return Status::ok();
+  }
+
+  SenderRoutes routes_;
+  Assembler assembler_;
 };
 
 // -------------------------------------------------------------------------------- ReceiverHub
@@ -191,6 +331,16 @@ Status ReceiverHub::start() {
   ReceiverOptions o;
   if (Status st = parse_address(listen_, &o.host, &o.port); !st.is_ok()) return {st.code(), "listen: " + st.message()};
   o.token = token_;
+  // Lent buffers may hold every block of a sender. The library's default, half, would let units leased to a
+  // paused device (its src's queue full) keep the other devices from being lent anything: under load the sender
+  // then timed out (max-wait) where the copy path kept flowing. Back-pressure is the same either way: a sender
+  // whose blocks are all held waits, nothing is lost.
+  o.max_held_blocks = std::numeric_limits<uint32_t>::max();
+  // Senders whose protocol holds blocks (status_byte) are lent in place; the others copied (make_sink).
+  o.make_view_sink = [this](const SenderInfo& info, std::unique_ptr<ViewSink>* sink) {
+    *sink = std::make_unique<ViewRouter>(*this, info);
+    return Status::ok();
+  };
   o.make_sink = [this](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
     *sink = std::make_unique<RouterSink>(*this, info);
     return Status::ok();

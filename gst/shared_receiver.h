@@ -5,11 +5,17 @@
 // Routing: a src asks for (sender, device), or for (any sender, device) — the first sender whose message of
 // that device arrives is then bound to it until the stream ends. A message nobody asked for, or for a src
 // whose queue is full, waits in its receive block: the sink answers kBusy, the receiver pauses that device
-// (its sender waits, up to its max-wait) and offers it again 100 ms later. Nothing is dropped.
+// (its sender waits, up to its max-wait) and offers it again 100 ms later. Nothing is dropped. Blocks lent to
+// srcs may hold all of a sender's blocks: then the sender waits for a free block — back-pressure again, never
+// loss.
 //
-// The copy path: each buffer's payload is copied once, from the receive block into memory the src's
-// PayloadFactory gave (a GstBuffer's). Zero-copy (issue 22) replaces that factory by a view of the block held
-// with status 2 until downstream frees the GstMemory; see docs/gstreamer.md, "Zero-copy".
+// Zero-copy (issue 22's MessageView): the receiver lends each sender's messages in place. A buffer message
+// for a src that lends (zero-copy auto or on) reaches it as the view itself — its receive block held with status
+// 2 until the src's GstMemory over it is freed, the sender writing other blocks meanwhile. A src with zero-copy
+// off, and every sender whose protocol cannot hold blocks (only status_byte can), take the copy path: the
+// payload is copied once, from the receive block into memory the src's PayloadFactory gives (a GstBuffer's),
+// and the block is given back at once. Each stream starts with a note saying which path it takes and why.
+// See docs/gstreamer.md, "Zero-copy".
 #pragma once
 
 #include <chrono>
@@ -39,13 +45,21 @@ class Payload {
 // Null when there is no memory.
 using PayloadFactory = std::function<std::unique_ptr<Payload>(uint64_t length)>;
 
+// A src's zero-copy property: lend where the sender's protocol can (auto), insist (on: a sender that cannot
+// lend ends the stream with an error), or always copy (off).
+enum class ZeroCopy { kAuto, kOn, kOff };
+
 // What a src takes from its outlet, in stream order.
 struct Delivery {
-  enum class Kind { kCaps, kBuffer, kEos, kError } kind = Kind::kEos;
+  enum class Kind { kNote, kCaps, kBuffer, kEos, kError } kind = Kind::kEos;
   std::string caps;                  // kCaps
   BufferHeader buffer;               // kBuffer
-  std::unique_ptr<Payload> payload;  // kBuffer with a payload
+  std::unique_ptr<Payload> payload;  // kBuffer, copied: its payload (null when empty)
+  MessageView view;                  // kBuffer, lent: the message, holding its receive block while it lives
+  std::span<const std::byte> lent;   // kBuffer, lent: where the payload lies in view
   Status error;                      // kError: why the stream cannot go on (lost sender, foreign message)
+  bool zero_copy = false;            // kNote: whether buffers come lent in place from now on
+  std::string note;                  // kNote: how the stream is received, and why
   std::string sender;                // the sender it came from
 };
 
@@ -53,25 +67,32 @@ struct Delivery {
 // the src's threads; the rest from the receiver's threads, through the hub.
 class Outlet {
  public:
-  // sender: "" for any; capacity: buffers queued before the device is paused.
-  Outlet(std::string sender, uint16_t device, size_t capacity, PayloadFactory factory);
+  // sender: "" for any; capacity: buffers queued before the device is paused (lent ones hold their blocks).
+  Outlet(std::string sender, uint16_t device, size_t capacity, PayloadFactory factory,
+         ZeroCopy zero_copy = ZeroCopy::kAuto);
   // The next delivery; kCancelled while flushing (set_flushing(true) wakes a waiting pop).
   Status pop(Delivery* out);
   void set_flushing(bool flushing);
 
   uint16_t device() const { return device_; }
   const std::string& wanted_sender() const { return wanted_; }
+  ZeroCopy zero_copy() const { return zero_copy_; }
+  // Memory for a copied payload (the src's factory). The receiver's threads.
+  std::unique_ptr<Payload> allocate(uint64_t length) const { return factory_(length); }
 
  private:
   friend class ReceiverHub;
-  friend class RouterSink;
+  friend class SenderRoutes;
   bool has_room();
   void push(Delivery d);
+  // Whether `sender` feeds it for the first time (its note is due).
+  bool first_from(const std::string& sender);
 
   const std::string wanted_;
   const uint16_t device_;
   const size_t capacity_;
   const PayloadFactory factory_;
+  const ZeroCopy zero_copy_;
   // Routing state: guarded by the hub's mutex.
   std::string bound_;   // the sender feeding it ("" until one is)
   bool ended_ = false;  // end of stream or an error was queued: no more routing to it
@@ -81,6 +102,7 @@ class Outlet {
   std::deque<Delivery> queue_;
   size_t buffers_ = 0;  // kBuffer deliveries in queue_
   bool flushing_ = false;
+  std::string noted_;  // the sender whose note was pushed
 };
 
 class ReceiverHub {
@@ -99,7 +121,7 @@ class ReceiverHub {
   static void set_log(std::function<void(const std::string&)> log);
 
  private:
-  friend class RouterSink;
+  friend class SenderRoutes;
   ReceiverHub(std::string listen, std::string token) : listen_(std::move(listen)), token_(std::move(token)) {}
   Status start();
   // The outlet that takes (sender, device) now, binding an any-sender one; null if none.

@@ -1,14 +1,16 @@
 // slotstreamsrc: one device of one sender, received by the process's receiver for its listen address
 // (shared_receiver.h), pushed as one buffer per message with the sender's caps and timestamps.
 //
-// Copy path (today): each buffer's payload is copied once, from the receive block into a GstBuffer of its own,
-// and the block is released at once. Zero-copy (issue 22's held views) replaces BufferPayload by a view whose
-// GstMemory returns the block when downstream frees it; see docs/gstreamer.md, "Zero-copy".
+// Zero-copy (zero-copy=auto, the default, with a status_byte sender): a buffer's memory is its receive block
+// itself, a read-only GstMemory over the MessageView that holds the block (status 2) until downstream frees the
+// buffer. Copy path (zero-copy=off, or a sender whose protocol cannot lend blocks): each payload is copied once
+// into a pooled GstBuffer (BufferPayload) and the block is released at once. See docs/gstreamer.md, "Zero-copy".
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "elements.h"
+#include "lent_memory.h"
 #include "shared_receiver.h"
 
 GST_DEBUG_CATEGORY_STATIC(slotstream_src_debug);
@@ -19,7 +21,7 @@ using namespace slotstream::gst;
 
 namespace {
 
-enum { PROP_0, PROP_LISTEN, PROP_SENDER, PROP_DEVICE, PROP_TOKEN_FILE, PROP_MAX_BUFFERS };
+enum { PROP_0, PROP_LISTEN, PROP_SENDER, PROP_DEVICE, PROP_TOKEN_FILE, PROP_MAX_BUFFERS, PROP_ZERO_COPY, PROP_STATS };
 
 constexpr const char* kDefaultListen = "0.0.0.0:7000";
 constexpr guint kDefaultMaxBuffers = 4;
@@ -32,6 +34,13 @@ struct Settings {
   guint device = 0;
   std::string token_file;
   guint max_buffers = kDefaultMaxBuffers;
+  ZeroCopy zero_copy = ZeroCopy::kAuto;
+};
+
+// Buffers pushed since start, by how they were made (the stats property; the slotstream-stats message at EOS).
+struct Counters {
+  guint64 lent = 0;    // the receive block itself (zero-copy)
+  guint64 copied = 0;  // copied once (by this src, or by the receiver: a message that spanned blocks)
 };
 
 struct Running {
@@ -108,8 +117,9 @@ class BufferPayload : public Payload {
 
 struct _GstSlotstreamSrc {
   GstPushSrc parent;
-  Settings* settings;
+  Settings* settings;  // guarded by the object lock
   Running* running;
+  Counters* counters;  // guarded by the object lock
 };
 
 G_DEFINE_TYPE(GstSlotstreamSrc, gst_slotstream_src, GST_TYPE_PUSH_SRC)
@@ -139,11 +149,20 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_MAX_BUFFERS:
       s.max_buffers = g_value_get_uint(value);
       break;
+    case PROP_ZERO_COPY:
+      s.zero_copy = ZeroCopy(g_value_get_enum(value));
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
       break;
   }
   GST_OBJECT_UNLOCK(self);
+}
+
+// Object lock held.
+GstStructure* stats_locked(GstSlotstreamSrc* self) {
+  return gst_structure_new("slotstream-stats", "lent", G_TYPE_UINT64, self->counters->lent, "copied", G_TYPE_UINT64,
+                           self->counters->copied, nullptr);
 }
 
 void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
@@ -166,6 +185,12 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
       break;
     case PROP_MAX_BUFFERS:
       g_value_set_uint(value, s.max_buffers);
+      break;
+    case PROP_ZERO_COPY:
+      g_value_set_enum(value, gint(s.zero_copy));
+      break;
+    case PROP_STATS:
+      g_value_take_boxed(value, stats_locked(self));
       break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
@@ -196,9 +221,12 @@ gboolean start(GstBaseSrc* base) {
   std::string token;
   Running& r = *self->running;
   auto pool = std::make_shared<BufferPool>();  // the outlet's factory keeps it while the receiver may call it
-  r.outlet = std::make_shared<Outlet>(s.sender, uint16_t(s.device), s.max_buffers, [pool](uint64_t length) {
-    return std::make_unique<BufferPayload>(*pool, length);
-  });
+  r.outlet = std::make_shared<Outlet>(
+      s.sender, uint16_t(s.device), s.max_buffers,
+      [pool](uint64_t length) { return std::make_unique<BufferPayload>(*pool, length); }, s.zero_copy);
+  GST_OBJECT_LOCK(self);
+  *self->counters = Counters{};
+  GST_OBJECT_UNLOCK(self);
   Status st = check(s, &token);
   if (st.is_ok()) st = ReceiverHub::attach(s.listen, token, r.outlet, &r.hub);
   if (!st.is_ok()) {
@@ -269,7 +297,15 @@ void line_up_timestamps(GstSlotstreamSrc* self, GstClockTime pts) {
 }
 
 GstBuffer* make_buffer(GstSlotstreamSrc* self, Delivery& d) {
-  GstBuffer* buf = d.payload ? static_cast<BufferPayload&>(*d.payload).take() : gst_buffer_new();
+  const bool in_place = d.view && !d.view.copied();
+  const bool copied = d.payload || (d.view && d.view.copied());
+  GstBuffer* buf = d.view      ? wrap_lent(std::move(d.view), d.lent)
+                   : d.payload ? static_cast<BufferPayload&>(*d.payload).take()
+                               : gst_buffer_new();
+  GST_OBJECT_LOCK(self);
+  self->counters->lent += in_place;
+  self->counters->copied += copied;
+  GST_OBJECT_UNLOCK(self);
   const BufferHeader& h = d.buffer;
   GST_BUFFER_PTS(buf) = h.pts;
   GST_BUFFER_DTS(buf) = h.dts;
@@ -285,6 +321,34 @@ GstBuffer* make_buffer(GstSlotstreamSrc* self, Delivery& d) {
   return buf;
 }
 
+// How the stream is received (zero-copy or why not), as a slotstream-receiving element message; a copy the user
+// did not ask for (zero-copy not off) also as an INFO message, which gst-launch-1.0 prints.
+void post_note(GstSlotstreamSrc* self, const Delivery& d) {
+  GST_OBJECT_LOCK(self);
+  const guint device = self->settings->device;
+  const bool asked = self->settings->zero_copy != ZeroCopy::kOff;
+  GST_OBJECT_UNLOCK(self);
+  GST_INFO_OBJECT(self, "device %u of sender '%s': %s", device, d.sender.c_str(), d.note.c_str());
+  gst_element_post_message(
+      GST_ELEMENT(self),
+      gst_message_new_element(GST_OBJECT(self), gst_structure_new("slotstream-receiving", "sender", G_TYPE_STRING,
+                                                                  d.sender.c_str(), "device", G_TYPE_UINT, device,
+                                                                  "zero-copy", G_TYPE_BOOLEAN, gboolean(d.zero_copy),
+                                                                  "reason", G_TYPE_STRING, d.note.c_str(), nullptr)));
+  if (asked && !d.zero_copy) {
+    GST_ELEMENT_INFO(self, RESOURCE, READ, ("copying: %s", d.note.c_str()),
+                     ("device %u of sender '%s' is copied, not lent: %s", device, d.sender.c_str(), d.note.c_str()));
+  }
+}
+
+// What the stream's buffers were (lent in place, copied), as a slotstream-stats element message at its end.
+void post_stats(GstSlotstreamSrc* self) {
+  GST_OBJECT_LOCK(self);
+  GstStructure* stats = stats_locked(self);
+  GST_OBJECT_UNLOCK(self);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), stats));
+}
+
 GstFlowReturn create(GstPushSrc* base, GstBuffer** out) {
   auto* self = GST_SLOTSTREAM_SRC(base);
   Running& r = *self->running;
@@ -292,6 +356,9 @@ GstFlowReturn create(GstPushSrc* base, GstBuffer** out) {
     Delivery d;
     if (!r.outlet->pop(&d).is_ok()) return GST_FLOW_FLUSHING;
     switch (d.kind) {
+      case Delivery::Kind::kNote:
+        post_note(self, d);
+        continue;
       case Delivery::Kind::kCaps:
         if (GstFlowReturn ret = take_caps(self, d.caps); ret != GST_FLOW_OK) return ret;
         continue;
@@ -302,6 +369,7 @@ GstFlowReturn create(GstPushSrc* base, GstBuffer** out) {
         return GST_FLOW_OK;
       case Delivery::Kind::kEos:
         GST_INFO_OBJECT(self, "end of stream from sender '%s'", d.sender.c_str());
+        post_stats(self);
         return GST_FLOW_EOS;
       case Delivery::Kind::kError:
         return stream_error(self, d.error);
@@ -326,6 +394,7 @@ void finalize(GObject* object) {
   if (self->running->caps) gst_caps_unref(self->running->caps);
   delete self->settings;
   delete self->running;
+  delete self->counters;
   G_OBJECT_CLASS(gst_slotstream_src_parent_class)->finalize(object);
 }
 
@@ -359,6 +428,23 @@ void install_properties(GObjectClass* oc) {
                         "buffers received but not yet pushed before the device is paused (back-pressure to the sender: "
                         "nothing is dropped)",
                         1, 1024, kDefaultMaxBuffers, flags));
+  g_object_class_install_property(
+      oc, PROP_ZERO_COPY,
+      g_param_spec_enum(
+          "zero-copy", "Zero-copy",
+          "auto: a buffer's memory is its receive block itself (read-only), held (status 2) while downstream keeps "
+          "the buffer, where the sender's protocol can lend blocks (status_byte), else copied once; on: a sender that "
+          "cannot lend is an error; off: copy once. Each stream says which in a slotstream-receiving element message. "
+          "Lent buffers may hold all the sender's blocks: downstream keeping that many buffers pauses the sender "
+          "(nothing is lost; its max-wait applies); raise the slotstreamsink's blocks for deep queues",
+          GST_TYPE_SLOTSTREAM_ZERO_COPY, gint(ZeroCopy::kAuto), flags));
+  g_object_class_install_property(
+      oc, PROP_STATS,
+      g_param_spec_boxed("stats", "Statistics",
+                         "buffers pushed since start: lent (the receive block itself, zero-copy) and copied (once: "
+                         "zero-copy=off, a protocol that cannot lend, or a message larger than one block); also "
+                         "posted as a slotstream-stats element message at end of stream",
+                         GST_TYPE_STRUCTURE, GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));
 }
 
 }  // namespace
@@ -376,8 +462,10 @@ static void gst_slotstream_src_class_init(GstSlotstreamSrcClass* klass) {
       ec, "slotstream source", "Source/Network",
       "Receives one device of a slotstreamsink over slotstream's one-sided RDMA transport (UCX: shm, tcp, rdma) and "
       "pushes one buffer per message with the sender's caps and timestamps (the sent time as a reference-timestamp "
-      "meta, timestamp/x-slotstream-sent). Copies each buffer once out of its receive block (zero-copy will come "
-      "with held receive blocks). A lost sender is an error on the bus; its end of stream is EOS",
+      "meta, timestamp/x-slotstream-sent). Zero-copy: a buffer is its receive block itself, held until downstream "
+      "frees "
+      "it (status_byte senders; others, zero-copy=off and messages larger than a block are copied once). A lost "
+      "sender is an error on the bus; its end of stream is EOS",
       "slotstream");
   auto* bc = GST_BASE_SRC_CLASS(klass);
   bc->start = start;
@@ -391,6 +479,7 @@ static void gst_slotstream_src_class_init(GstSlotstreamSrcClass* klass) {
 static void gst_slotstream_src_init(GstSlotstreamSrc* self) {
   self->settings = new Settings;
   self->running = new Running;
+  self->counters = new Counters;
   gst_base_src_set_live(GST_BASE_SRC(self), TRUE);
   gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_TIME);
 }

@@ -507,10 +507,6 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
   if (!options.make_sink && !options.make_view_sink) {
     return {Code::kInvalidArgument, "ReceiverOptions::make_sink (or make_view_sink, for zero-copy) is required"};
   }
-  if (options.make_sink && options.make_view_sink) {
-    return {Code::kInvalidArgument,
-            "ReceiverOptions: set make_sink (messages copied to a sink) or make_view_sink (zero-copy views), not both"};
-  }
   if (options.transport == Transport::kUdp) return {Code::kInvalidArgument, kUdpNotHere};
   if (options.max_memory == 0) options.max_memory = default_max_memory();
   auto impl = std::make_unique<Impl>();

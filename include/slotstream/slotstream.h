@@ -337,7 +337,8 @@ class MessageSink {
 //     stays mapped until the last view of it is released. Release every view before the
 //     Receiver is destroyed (its memory budget no longer counts the session's region).
 //   - Only protocols with a per-block status (ProtocolInfo::holds: status_byte) can lend blocks;
-//     a sender using another protocol is refused with the reason.
+//     a sender using another protocol is refused with the reason, or, where the receiver also has
+//     a make_sink, served by that sink (a copy; slotstreamsrc does so).
 // One message lent in place. Move-only. Threading: a view may be moved to, read on and released
 // from any thread; one view is not to be used from two threads at once.
 class MessageView {
@@ -485,8 +486,9 @@ struct ReceiverOptions {
   std::string token;                       // empty: no authentication
   // Creates the sink for a newly accepted sender.
   std::function<Status(const SenderInfo&, std::unique_ptr<MessageSink>*)> make_sink;
-  // Zero-copy receive (see MessageView): set instead of make_sink, each sender's messages are lent
-  // in place to the ViewSink it creates. Senders whose protocol cannot hold blocks are refused.
+  // Zero-copy receive (see MessageView): each sender's messages are lent in place to the ViewSink
+  // it creates. A sender whose protocol cannot hold blocks gets make_sink's sink instead (its
+  // messages copied; SenderInfo::protocol says which), or is refused when make_sink is unset.
   std::function<Status(const SenderInfo&, std::unique_ptr<ViewSink>*)> make_view_sink;
   // Most blocks of one sender that views may hold at once (0: half its blocks, at least 1; more
   // than its blocks counts as all of them).

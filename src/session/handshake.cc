@@ -222,10 +222,11 @@ std::optional<Refusal> ReceiverSession::set_up(const wire::Hello& hello) {
 }
 
 // The sender's sink: the application's MessageSink, or (zero-copy receive) a LendingSink that
-// lends messages in place to its ViewSink — only where the protocol can hold single blocks.
+// lends messages in place to its ViewSink — only where the protocol can hold single blocks. With
+// both set, a sender whose protocol cannot hold blocks gets the MessageSink (its messages copied).
 std::optional<Refusal> ReceiverSession::make_sink() {
   const SenderInfo& info = report_.sender;
-  if (!rx_options_.make_view_sink) {
+  if (!rx_options_.make_view_sink || (!desc_->holds && rx_options_.make_sink)) {
     if (Status st = rx_options_.make_sink(info, &sink_); !st.is_ok()) {
       return Refusal{st.code(), "cannot store this sender's data: " + st.message()};
     }

@@ -127,6 +127,32 @@ TEST(Frame, RefusesWhatIsNotAFrame) {
   EXPECT_FALSE(assemble(caps, 4096, &f, &p).is_ok());
 }
 
+// Expect: a message lent whole is decoded where it lies — the payload span points into the message — and what
+// the assembler refuses is refused here too.
+TEST(Frame, DecodesInPlace) {
+  BufferHeader h{1000, 40000000, kNone, 40000000, 3, 4, 0x2000, 123456789};
+  std::vector<std::byte> m = buffer_message(h, 1000);
+  Assembler a;
+  Frame f;
+  std::span<const std::byte> payload;
+  ASSERT_TRUE(a.decode_in_place(m, &f, &payload).is_ok());
+  EXPECT_EQ(f.kind, FrameKind::kBuffer);
+  EXPECT_EQ(f.buffer, h);
+  EXPECT_EQ(payload.data(), m.data() + kBufferHeaderSize) << "in place, not copied";
+  EXPECT_EQ(payload.size(), 1000u);
+  ASSERT_TRUE(a.decode_in_place(encode_caps("video/x-raw"), &f, &payload).is_ok());
+  EXPECT_EQ(f.caps, "video/x-raw");
+  EXPECT_TRUE(payload.empty());
+  ASSERT_TRUE(a.decode_in_place(encode_eos(), &f, &payload).is_ok());
+  EXPECT_EQ(f.kind, FrameKind::kEos);
+  m.push_back(std::byte{0});
+  EXPECT_FALSE(a.decode_in_place(m, &f, &payload).is_ok()) << "longer than its header says";
+  m.resize(m.size() - 2);
+  EXPECT_NE(a.decode_in_place(m, &f, &payload).message().find("cut short"), std::string::npos);
+  m[0] = std::byte{'X'};
+  EXPECT_EQ(a.decode_in_place(m, &f, &payload).code(), Code::kProtocolError);
+}
+
 TEST(Frame, NoMemoryIsAnError) {
   Assembler a;
   std::vector<std::byte> m = buffer_message({100}, 100);

@@ -24,9 +24,10 @@ class VectorPayload : public Payload {
   std::vector<std::byte> bytes_;
 };
 
-inline std::shared_ptr<Outlet> make_outlet(const std::string& sender, uint16_t device, size_t capacity = 4) {
-  return std::make_shared<Outlet>(sender, device, capacity,
-                                  [](uint64_t n) { return std::make_unique<VectorPayload>(n); });
+inline std::shared_ptr<Outlet> make_outlet(const std::string& sender, uint16_t device, size_t capacity = 4,
+                                           ZeroCopy zero_copy = ZeroCopy::kAuto) {
+  return std::make_shared<Outlet>(
+      sender, device, capacity, [](uint64_t n) { return std::make_unique<VectorPayload>(n); }, zero_copy);
 }
 
 // A payload of `n` bytes that differs per (device, index).
@@ -57,6 +58,27 @@ inline ConnectionSpec spec_for(const ReceiverHub& hub, const std::string& name, 
   s.block_size = block_size;
   s.blocks = blocks;
   return s;
+}
+
+// A sender of `devices` to the hub's receiver (status_byte unless `protocol` says).
+inline std::unique_ptr<Sender> connect(const ReceiverHub& hub, const std::string& name, std::vector<uint16_t> devices,
+                                       uint32_t block_size = 4096, uint32_t blocks = 8,
+                                       Transport transport = Transport::kShm,
+                                       const std::string& protocol = kDefaultProtocol) {
+  ConnectionSpec s = spec_for(hub, name, block_size, blocks);
+  SenderOptions o;
+  o.host = s.host;
+  o.port = s.port;
+  o.name = name;
+  o.protocol = protocol;
+  o.transport = transport;
+  o.block_size = block_size;
+  o.blocks = blocks;
+  o.devices = std::move(devices);
+  std::unique_ptr<Sender> tx;
+  Status st = Sender::connect(o, &tx);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return tx;
 }
 
 inline constexpr std::chrono::milliseconds kNoLimit{0};

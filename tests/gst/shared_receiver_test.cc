@@ -1,4 +1,5 @@
-// The shared receiver over real UCX (shm) in one process: routing, reassembly, back-pressure, stream ends.
+// The shared receiver over real UCX (shm, and tcp where zero-copy is checked) in one process: routing,
+// reassembly, back-pressure, stream ends, and zero-copy (buffers lent in place, the copy fallback and its reason).
 #include "shared_receiver.h"
 
 #include <gtest/gtest.h>
@@ -15,8 +16,9 @@ using namespace testing;
 struct Hub {
   std::shared_ptr<ReceiverHub> hub;
   std::vector<std::shared_ptr<Outlet>> outlets;
-  std::shared_ptr<Outlet> add(const std::string& sender, uint16_t device, size_t capacity = 4) {
-    auto o = make_outlet(sender, device, capacity);
+  std::shared_ptr<Outlet> add(const std::string& sender, uint16_t device, size_t capacity = 4,
+                              ZeroCopy zero_copy = ZeroCopy::kAuto) {
+    auto o = make_outlet(sender, device, capacity, zero_copy);
     std::shared_ptr<ReceiverHub> h;
     Status st = ReceiverHub::attach("127.0.0.1:0", "", o, &h);
     EXPECT_TRUE(st.is_ok()) << st.to_string();
@@ -30,35 +32,28 @@ struct Hub {
   }
 };
 
-Delivery pop(Outlet& o) {
+// The next delivery; notes (how the stream is received) are skipped unless asked for.
+Delivery pop(Outlet& o, bool notes = false) {
   Delivery d;
-  EXPECT_TRUE(o.pop(&d).is_ok());
+  do {
+    EXPECT_TRUE(o.pop(&d).is_ok());
+  } while (!notes && d.kind == Delivery::Kind::kNote);
   return d;
 }
 
-void expect_buffer(Outlet& o, uint16_t device, int index, size_t n) {
-  Delivery d = pop(o);
-  ASSERT_EQ(d.kind, Delivery::Kind::kBuffer) << d.error.to_string();
-  EXPECT_EQ(d.buffer.pts, uint64_t(index));
-  ASSERT_TRUE(d.payload);
-  EXPECT_EQ(static_cast<VectorPayload&>(*d.payload).data(), pattern(device, index, n));
+// A buffer's payload, lent (zero-copy) or copied.
+std::vector<std::byte> bytes_of(const Delivery& d) {
+  if (d.view) return {d.lent.begin(), d.lent.end()};
+  if (d.payload) return static_cast<VectorPayload&>(*d.payload).data();
+  return {};
 }
 
-std::unique_ptr<Sender> connect(const ReceiverHub& hub, const std::string& name, std::vector<uint16_t> devices,
-                                uint32_t block_size = 4096, uint32_t blocks = 8) {
-  ConnectionSpec s = spec_for(hub, name, block_size, blocks);
-  SenderOptions o;
-  o.host = s.host;
-  o.port = s.port;
-  o.name = name;
-  o.transport = Transport::kShm;
-  o.block_size = block_size;
-  o.blocks = blocks;
-  o.devices = std::move(devices);
-  std::unique_ptr<Sender> tx;
-  Status st = Sender::connect(o, &tx);
-  EXPECT_TRUE(st.is_ok()) << st.to_string();
-  return tx;
+Delivery expect_buffer(Outlet& o, uint16_t device, int index, size_t n) {
+  Delivery d = pop(o);
+  EXPECT_EQ(d.kind, Delivery::Kind::kBuffer) << d.error.to_string();
+  EXPECT_EQ(d.buffer.pts, uint64_t(index));
+  EXPECT_EQ(bytes_of(d), pattern(device, index, n));
+  return d;
 }
 
 // Expect: each device's stream reaches the outlet that asked for it — by name, or any sender — whole, in
@@ -74,11 +69,16 @@ TEST(SharedReceiver, RoutesEachDeviceToItsSrcAndReassembles) {
     ASSERT_TRUE(tx->device(d)->send(encode_eos()).is_ok());
   }
   for (auto& [o, d] : {std::pair{named, uint16_t(1)}, std::pair{any, uint16_t(2)}}) {
-    Delivery c = pop(*o);
+    Delivery note = pop(*o, /*notes=*/true);
+    EXPECT_EQ(note.kind, Delivery::Kind::kNote);
+    Delivery c = pop(*o, /*notes=*/true);
     EXPECT_EQ(c.kind, Delivery::Kind::kCaps);
     EXPECT_EQ(c.caps, "video/x-raw");
     EXPECT_EQ(c.sender, "cam");
-    for (int i = 0; i < 3; ++i) expect_buffer(*o, d, i, 1000);
+    for (int i = 0; i < 3; ++i) {
+      Delivery b = expect_buffer(*o, d, i, 1000);
+      EXPECT_TRUE(b.view.copied()) << "a buffer that spanned blocks arrives as the receiver's one copy";
+    }
     EXPECT_EQ(pop(*o).kind, Delivery::Kind::kEos);
   }
   ASSERT_TRUE(tx->finish().is_ok());
@@ -149,6 +149,117 @@ TEST(SharedReceiver, TheSendersEndEndsItsStreams) {
   EXPECT_EQ(d.kind, Delivery::Kind::kError);
   EXPECT_NE(d.error.message().find("device 0 of sender 'gone': the sender was lost mid-stream"), std::string::npos)
       << d.error.message();
+}
+
+class SharedReceiverZeroCopy : public ::testing::TestWithParam<Transport> {};
+
+// Expect: the stream's note says zero-copy; each buffer is the receive block itself — its view lies in the
+// memory registered for the receive blocks, not copied, and the payload is the message's bytes after its
+// 80-byte header, in place.
+TEST_P(SharedReceiverZeroCopy, EachBufferIsItsReceiveBlock) {
+  Hub h;
+  auto o = h.add("lend", 0);
+  auto tx = connect(*h.hub, "lend", {0}, 4096, 8, GetParam());
+  ASSERT_TRUE(tx->device(0)->send(encode_caps("video/x-raw")).is_ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(tx->device(0)->send(buffer_message(0, i, 3000)).is_ok());
+  Delivery note = pop(*o, /*notes=*/true);
+  ASSERT_EQ(note.kind, Delivery::Kind::kNote);
+  EXPECT_TRUE(note.zero_copy) << note.note;
+  EXPECT_NE(note.note.find("receive blocks themselves"), std::string::npos) << note.note;
+  EXPECT_EQ(pop(*o).kind, Delivery::Kind::kCaps);
+  for (int i = 0; i < 3; ++i) {
+    Delivery d = expect_buffer(*o, 0, i, 3000);
+    ASSERT_TRUE(d.view);
+    EXPECT_FALSE(d.payload) << "nothing copied";
+    EXPECT_FALSE(d.view.copied());
+    EXPECT_TRUE(d.view.in_registered_memory()) << "the view lies in the receive region";
+    EXPECT_EQ(d.lent.data(), d.view.data().data() + kBufferHeaderSize);
+    EXPECT_EQ(d.lent.size(), 3000u);
+  }
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+// Expect: a buffer downstream keeps holds its block: its bytes stay as they were while 24 more buffers flow
+// through the same 8 blocks (and reach the src whole).
+TEST_P(SharedReceiverZeroCopy, AHeldBufferStaysIntactAsMoreFlow) {
+  Hub h;
+  auto o = h.add("hold", 0);
+  auto tx = connect(*h.hub, "hold", {0}, 4096, 8, GetParam());
+  std::thread producer([&] {
+    for (int i = 0; i < 25; ++i) EXPECT_TRUE(tx->device(0)->send(buffer_message(0, i, 3000)).is_ok());
+  });
+  Delivery held = expect_buffer(*o, 0, 0, 3000);
+  ASSERT_TRUE(held.view && !held.view.copied());
+  for (int i = 1; i < 25; ++i) expect_buffer(*o, 0, i, 3000);  // released as each goes out of scope
+  producer.join();
+  EXPECT_EQ(bytes_of(held), pattern(0, 0, 3000)) << "the held block was not written";
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SharedReceiverZeroCopy, ::testing::Values(Transport::kShm, Transport::kTcp),
+                         [](const auto& info) { return std::string(transport_name(info.param)); });
+
+// Expect: buffers downstream keeps (2) and buffers queued for the src hold all 4 blocks; the sender then waits
+// for a free block instead of finishing, and once they are released every buffer arrives, in order.
+TEST(SharedReceiver, HeldBuffersAtTheLimitPauseTheSenderAndLoseNothing) {
+  Hub h;
+  auto o = h.add("deep", 0, /*capacity=*/32);
+  auto tx = connect(*h.hub, "deep", {0}, 4096, /*blocks=*/4);
+  constexpr int kBuffers = 14;
+  std::atomic<int> sent = 0;
+  std::thread producer([&] {
+    for (int i = 0; i < kBuffers; ++i) {
+      EXPECT_TRUE(tx->device(0)->send(buffer_message(0, i, 3000)).is_ok());
+      ++sent;
+    }
+  });
+  std::vector<Delivery> kept;
+  for (int i = 0; i < 2; ++i) kept.push_back(expect_buffer(*o, 0, i, 3000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LT(sent.load(), kBuffers) << "the sender waits while downstream holds the limit";
+  kept.clear();  // downstream lets go
+  for (int i = 2; i < kBuffers; ++i) expect_buffer(*o, 0, i, 3000);
+  producer.join();
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+// Expect: zero-copy=off copies each buffer once (the block is not held) and its note says so.
+TEST(SharedReceiver, ZeroCopyOffCopies) {
+  Hub h;
+  auto o = h.add("copy", 0, 4, ZeroCopy::kOff);
+  auto tx = connect(*h.hub, "copy", {0});
+  ASSERT_TRUE(tx->device(0)->send(buffer_message(0, 0, 3000)).is_ok());
+  Delivery note = pop(*o, /*notes=*/true);
+  EXPECT_FALSE(note.zero_copy);
+  EXPECT_NE(note.note.find("zero-copy=off"), std::string::npos) << note.note;
+  Delivery d = expect_buffer(*o, 0, 0, 3000);
+  EXPECT_FALSE(d.view);
+  EXPECT_TRUE(d.payload);
+  ASSERT_TRUE(tx->finish().is_ok());
+}
+
+// Expect: a sender whose protocol cannot lend blocks is still received (copied once), and the note says why;
+// a src with zero-copy=on ends its stream with an error that says what to change instead.
+TEST(SharedReceiver, ASenderThatCannotLendIsCopiedAndSaysWhy) {
+  Hub h;
+  auto any = h.add("window", 0);
+  auto strict = h.add("window", 1, 4, ZeroCopy::kOn);
+  auto tx = connect(*h.hub, "window", {0, 1}, 4096, 8, Transport::kShm, "sliding_window");
+  ASSERT_TRUE(tx->device(0)->send(buffer_message(0, 0, 3000)).is_ok());
+  ASSERT_TRUE(tx->device(1)->send(buffer_message(1, 0, 3000)).is_ok());
+  Delivery note = pop(*any, /*notes=*/true);
+  ASSERT_EQ(note.kind, Delivery::Kind::kNote);
+  EXPECT_FALSE(note.zero_copy);
+  EXPECT_NE(note.note.find("uses protocol sliding_window, which cannot lend receive blocks"), std::string::npos)
+      << note.note;
+  Delivery d = expect_buffer(*any, 0, 0, 3000);
+  EXPECT_FALSE(d.view);
+  Delivery e = pop(*strict, /*notes=*/true);
+  ASSERT_EQ(e.kind, Delivery::Kind::kError);
+  EXPECT_NE(e.error.message().find("device 1 of sender 'window': zero-copy=on, but sender 'window' uses protocol "
+                                   "sliding_window"),
+            std::string::npos)
+      << e.error.message();
 }
 
 TEST(SharedReceiver, RefusesASecondSrcForTheSameStream) {

@@ -72,6 +72,8 @@ TEST(SharedSender, SinksOfOneNameShareOneConnection) {
   Delivery d;
   for (auto& o : rx.outlets) {
     ASSERT_TRUE(o->pop(&d).is_ok());
+    EXPECT_EQ(d.kind, Delivery::Kind::kNote) << "how the stream is received";
+    ASSERT_TRUE(o->pop(&d).is_ok());
     EXPECT_EQ(d.kind, Delivery::Kind::kCaps);
     ASSERT_TRUE(o->pop(&d).is_ok());
     EXPECT_EQ(d.kind, Delivery::Kind::kEos) << "a finished sender ends its streams";

@@ -103,7 +103,7 @@ def frame_digests(directory):
 
 SINK_PROPERTIES = ["to", "sender-name", "device", "transport", "rdma-transport", "rdma-device", "protocol", "blocks",
                    "block-size", "token-file", "max-wait"]
-SRC_PROPERTIES = ["listen", "sender", "device", "token-file", "max-buffers"]
+SRC_PROPERTIES = ["listen", "sender", "device", "token-file", "max-buffers", "zero-copy", "stats"]
 
 
 def inspect_properties(gst_env, element):
@@ -124,7 +124,9 @@ def test_gst_inspect_documents_every_property(gst_env):
             assert name in props, f"{element} has no property {name}"
             assert len(props[name]) >= 30, f"{element}'s {name} is not explained: {props[name]!r}"
     text, props = inspect_properties(gst_env, "slotstreamsrc")
-    assert "Copies each buffer once" in text, "the src says that it copies (until zero-copy receive exists)"
+    assert "Zero-copy: a buffer is its receive block itself" in text, "the src says how it hands buffers on"
+    for value in ["(0): auto", "(1): on", "(2): off", "all the sender's blocks"]:
+        assert value in text, f"zero-copy's {value} is explained"
     text, props = inspect_properties(gst_env, "slotstreamsink")
     for value in ["auto", "shm", "tcp", "rdma", "(2): dc"]:
         assert value in text, f"the transport enums' value {value} is listed"
@@ -156,6 +158,66 @@ def test_frames_and_timestamps_equal_at_both_ends(receiving, gst_env, tmp_path, 
     assert pts_got[1] == "0:00:00.040000000"
     assert "width=(int)320, height=(int)240" in rx.stdout.text, "the caps were restored"
     assert "Got EOS from element" in rx.stdout.text
+    if transport == "tcp":  # frames span blocks: the receiver's one copy goes downstream, and the src says so
+        assert stats_of(rx.stdout.text) == {"lent": 0, "copied": 30}
+        assert "spans several receive blocks of 65536 bytes" in rx.stdout.text
+
+
+def stats_of(text):
+    """The slotstream-stats element message (gst-launch -m) of a src at its end of stream."""
+    m = re.search(r"slotstream-stats, lent=\(guint64\)(\d+), copied=\(guint64\)(\d+)", text)
+    assert m, "a slotstream-stats message at end of stream:\n" + text[-3000:]
+    return {"lent": int(m.group(1)), "copied": int(m.group(2))}
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_zero_copy_buffers_are_the_receive_blocks(receiving, gst_env, tmp_path, transport):
+    """zero-copy=auto with a status_byte sender: every buffer is lent in place (its receive block, held while
+    downstream keeps it). A queue downstream holds 10 frames before it lets any through, while the sender goes on
+    writing the other blocks: every frame still reaches the file as it was sent (checksums), so no held block was
+    written. The src says zero-copy on the bus."""
+    (tmp_path / "tx").mkdir()
+    (tmp_path / "rx").mkdir()
+    rx, addr = receiving(f"slotstreamsrc listen=127.0.0.1:0 device=3 ! queue min-threshold-buffers=10 "
+                         f"max-size-buffers=0 max-size-bytes=0 max-size-time=0 ! "
+                         f"multifilesink location={tmp_path}/rx/%05d.raw")
+    tx = run_pipeline(gst_env, f"videotestsrc num-buffers=30 pattern=snow ! "
+                               f"video/x-raw,width=320,height=240,format=RGB,framerate=25/1 ! tee name=t ! queue ! "
+                               f"multifilesink location={tmp_path}/tx/%05d.raw t. ! queue ! "
+                               f"slotstreamsink to={addr} device=3 transport={transport} sync=false")
+    assert tx.returncode == 0, tx.stdout[-2000:] + tx.stderr
+    assert rx.wait(30) == 0, rx.stderr.text
+    sent, got = frame_digests(tmp_path / "tx"), frame_digests(tmp_path / "rx")
+    assert len(sent) == 30 and got == sent and len(set(sent)) == 30
+    assert stats_of(rx.stdout.text) == {"lent": 30, "copied": 0}
+    assert re.search(r"slotstream-receiving, sender=\(string\)gstreamer, device=\(uint\)3, "
+                     r"zero-copy=\(boolean\)true", rx.stdout.text), rx.stdout.text[-3000:]
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_a_protocol_that_cannot_lend_is_copied_and_says_why(receiving, gst_env, tmp_path, mode):
+    """Only status_byte can lend blocks: a sliding_window sender's frames still arrive whole (copied once), and with
+    zero-copy=auto the src says why on the bus (an INFO message); zero-copy=on refuses it with the reason."""
+    rx, addr = receiving(f"slotstreamsrc listen=127.0.0.1:0 zero-copy={mode} ! multifilesink "
+                         f"location={tmp_path}/%03d.raw")
+    tx = run_pipeline(gst_env, f"videotestsrc num-buffers=10 pattern=snow ! {FRAME} ! slotstreamsink to={addr} "
+                               f"protocol=sliding_window sync=false")
+    assert tx.returncode == 0, tx.stderr
+    assert rx.wait(30) == 0, rx.stderr.text
+    assert stats_of(rx.stdout.text) == {"lent": 0, "copied": 10}
+    assert len(list(tmp_path.glob("*.raw"))) == 10
+    reason = "sender 'gstreamer' uses protocol sliding_window, which cannot lend receive blocks"
+    if mode == "off":
+        assert "copied, not lent" not in rx.stdout.text, "a copy asked for is not announced as a fallback"
+        return
+    assert "INFO:" in rx.stdout.text and "is copied, not lent: " + reason in rx.stdout.text, rx.stdout.text[-3000:]
+    strict, addr = receiving("slotstreamsrc listen=127.0.0.1:0 zero-copy=on ! fakesink")
+    tx = run_pipeline(gst_env, f"videotestsrc num-buffers=10 ! {FRAME} ! slotstreamsink to={addr} "
+                               f"protocol=sliding_window max-wait=1000 sync=false", timeout=30)
+    assert strict.wait(20) != 0
+    assert "zero-copy=on, but " + reason in strict.stdout.text + strict.stderr.text, strict.stderr.text
 
 
 @pytest.mark.deadline(120)
@@ -220,7 +282,8 @@ def test_receiver_killed_mid_stream_is_an_error_on_the_bus(receiving, launch, tr
     assert rc != 0
     err = tx.stderr.text
     assert re.search(r"ERROR: from element .*slotstreamsink0: device 0 of sender-name 'gstreamer' to "
-                     + re.escape(addr) + r": receiver (closed the connection|unreachable)", err), err
+                     + re.escape(addr) + r": (receiver (closed the connection|unreachable)"
+                     r"|lost the receiver \(did it die\?\))", err), err  # tcp: the control EOF or a status read
     assert "Segmentation" not in err and "CRITICAL" not in err
 
 
