@@ -179,7 +179,9 @@ void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<p
         Counter{"slotstream_dgram_accept_errors_total", "Failed accept() calls (e.g. the descriptor limit).",
                 &R::accept_errors},
         Counter{"slotstream_dgram_log_suppressed_total", "Log lines left out by the rate limit.",
-                &R::log_suppressed}}) {
+                &R::log_suppressed},
+        Counter{"slotstream_dgram_sessions_terminated_total",
+                "Sessions ended by a TERMINATE (a protocol error), sent or received.", &R::sessions_terminated}}) {
     out->push_back(
         {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(rc.receiver.*c.field))}});
   }

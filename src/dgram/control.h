@@ -37,6 +37,23 @@
 // until their FIN_ACK parts; the receiver answers a repeated request with the same answer. Unknown
 // types are an error (no silent forward compatibility); the layouts are wire version 2's
 // (dgram/wire.h).
+//
+// TERMINATE is not a control-queue Send but RDMAP's own message (opcode 7, RFC 5040 §4.8; issue 25):
+// an untagged segment on queue number kTerminateQueue (2, RFC 5040's), MSN the sender's count of
+// TERMINATEs, MO 0, L set; over UDP with service UD even in an RD session (it is not sequenced: the
+// session it ends will retransmit nothing), over TCP RC; signed like any datagram of an authenticated
+// session (an unsigned one is then ignored). Its payload:
+//
+//   TERMINATE u8 layer (0 RDMAP, 1 DDP, 2 LLP: where the error was found, RFC 5040's Layer)
+//             | u8 code (TerminateCode: 1 protocol, 2 placement, 3 crc, 4 handshake, 5 aborted)
+//             | str8 reason (UTF-8, for people: what was wrong, what to do)
+//
+// The side that detects a protocol error — a segment whose opcode or service the session's protocol
+// does not use, a placement outside its STags, queues or regions, more datagrams failing their CRC
+// than passing it, an ACCEPT the sender cannot honour — or that stops early on an error of its own
+// sends TERMINATE and ends the session; the peer reports the reason and stops too. Over UDP it may be
+// lost: the receiver answers a terminated session's later datagrams with it again (at most every
+// 100 ms, for 10 s). Unknown layers or codes are malformed (no silent forward compatibility).
 #pragma once
 
 #include <array>
@@ -46,9 +63,12 @@
 #include <string>
 #include <vector>
 
+#include "dgram/wire.h"
+
 namespace slotstream::dgram {
 
 inline constexpr uint32_t kControlQueue = 0xFFFFFFFFu;
+inline constexpr uint32_t kTerminateQueue = 2;  // RFC 5040 §5.1: queue 2 is the Terminate queue
 inline constexpr size_t kDgramNonceSize = 32;
 inline constexpr size_t kDgramProofSize = 32;
 using DgramNonce = std::array<uint8_t, kDgramNonceSize>;
@@ -151,6 +171,30 @@ struct FinAck {
 
 // The padding a FIN part of n devices carries so that it is at least as long as its FIN_ACK part.
 inline uint16_t fin_padding(size_t n) { return static_cast<uint16_t>(n * (42 - 18)); }  // entry sizes
+
+enum class TerminateLayer : uint8_t { kRdmap = 0, kDdp = 1, kLlp = 2 };
+enum class TerminateCode : uint8_t {
+  kProtocol = 1,   // an opcode or service the session's protocol does not use
+  kPlacement = 2,  // a segment outside the session's STags or queues, or beyond its region
+  kCrc = 3,        // more of the session's datagrams failed their CRC32C than passed it
+  kHandshake = 4,  // an answer of the handshake the peer cannot honour
+  kAborted = 5,    // the peer stopped before the end of the session, on an error of its own
+};
+const char* terminate_code_name(TerminateCode c);
+
+struct Terminate {
+  TerminateLayer layer = TerminateLayer::kRdmap;
+  TerminateCode code = TerminateCode::kProtocol;
+  std::string reason;  // at most 255 bytes travel
+  bool operator==(const Terminate&) const = default;
+};
+std::vector<uint8_t> encode_terminate(const Terminate& m);
+// nullopt unless the payload is exactly one well-formed TERMINATE with a known layer and code.
+std::optional<Terminate> decode_terminate(std::span<const uint8_t> payload);
+// The header of a TERMINATE segment (the caller sets source_qp, and the MAC when signing).
+SegmentHeader terminate_header(bool over_tcp, uint32_t msn);
+// "code: reason", as both ends print it.
+std::string describe(const Terminate& t);
 
 std::vector<uint8_t> encode_control(const Hello& m);
 std::vector<uint8_t> encode_control(const Accept& m);

@@ -40,10 +40,13 @@ struct Peer {
   const Address& peer_address() const { return conn ? conn->peer : addr; }
 };
 
-// A session that finished: its FIN_ACK parts, for FINs that cross them (UDP only).
+// A session that finished: its FIN_ACK parts, for FINs that cross them (UDP only); or one the receiver
+// terminated: its TERMINATE, for the datagrams the sender sends before it hears it.
 struct Finished {
   std::string key;
   std::vector<std::vector<uint8_t>> parts;  // by FIN part index
+  std::vector<std::byte> terminate;         // the TERMINATE segment as sent, if terminated
+  int64_t terminate_sent_ns = 0;
   std::unique_ptr<SegmentMac> rx_mac, tx_mac;
   int64_t until_ns;
 };

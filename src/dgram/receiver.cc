@@ -29,6 +29,8 @@ constexpr int64_t kFinishedMemory = 10'000 * kMs;
 constexpr int kSessionLines = 50;
 // Freed message memory goes back to the system at most this often (see give_back_memory).
 constexpr int64_t kTrimInterval = 1000 * kMs;
+// A terminated session's later datagrams are answered with its TERMINATE at most this often.
+constexpr int64_t kTerminateInterval = 100 * kMs;
 // Live reports are refreshed this often.
 constexpr int64_t kPublishInterval = 100 * kMs;
 
@@ -126,6 +128,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     if (type == ControlType::kHello) return admission->on_hello(from, h.source_qp, payload, conn, d.size());
     if (type == ControlType::kAuth) return admission->on_auth(from, h.source_qp, payload, conn, d.size());
     if (!p) {
+      if (!conn && answer_terminated(*seg, from)) return;
       if (type == ControlType::kFin && answer_finished(*seg, from, conn, d.size())) return;
       ++unattributed.datagrams;
       ++unattributed.unknown;
@@ -144,6 +147,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
       return;
     }
     p.last_heard_ns = now_ns();
+    if (seg.header.opcode == Opcode::kTerminate) return on_terminate(p, as_u8(seg.payload));
     if (type == ControlType::kFin) return on_fin(p, as_u8(seg.payload), d.size());
     if (is_control(seg.header)) {
       ++c.malformed;
@@ -162,6 +166,50 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     const size_t answer = control_size(encode_control(p.session.fin_ack_part(fin->first)).size());
     if (!p.authenticated() && answer > request) return replies->withhold();
     (void)p.session.on_fin(*fin, now_ns());
+  }
+
+  // The sender ended the session on a protocol error of ours or an error of its own (dgram/control.h).
+  void on_terminate(Peer& p, std::span<const uint8_t> payload) {
+    auto t = decode_terminate(payload);
+    if (!t) {
+      ++p.session.counters().malformed;
+      return;
+    }
+    ++rc.sessions_terminated;
+    log("terminate", "sender " + p.name() + " terminated its session: " + describe(*t), kSessionLines);
+    end_session(p, false, "terminated by the sender: " + describe(*t));
+  }
+
+  // A protocol error of the sender's: TERMINATE with the reason, remembered for the datagrams it sends
+  // before it hears it (UDP), and the session ends.
+  void terminate(Peer& p, const Terminate& t) {
+    ++rc.sessions_terminated;
+    log("terminate", "terminated sender " + p.name() + " from " + p.peer_address().str() + ": " + describe(t),
+        kSessionLines);
+    std::vector<std::byte> sent = replies->terminate(p, t);
+    if (!p.conn) {
+      Finished f;
+      f.key = p.key;
+      f.terminate = std::move(sent);
+      f.terminate_sent_ns = now_ns();
+      f.rx_mac = std::move(p.rx_mac);
+      f.tx_mac = std::move(p.tx_mac);
+      f.until_ns = now_ns() + kFinishedMemory;
+      table.remember(std::move(f));
+    }
+    end_session(p, false, "terminated: " + describe(t));
+  }
+
+  // A datagram of a session the receiver terminated: its TERMINATE again, at most every 100 ms.
+  bool answer_terminated(const Segment& seg, const Address& from) {
+    Finished* f = table.finished(SessionTable::udp_key(from, seg.header.source_qp));
+    if (!f || f->terminate.empty() || (f->rx_mac && !f->rx_mac->verify(seg))) return false;
+    ++unattributed.datagrams;
+    ++unattributed.unknown;
+    if (now_ns() - f->terminate_sent_ns < kTerminateInterval) return true;
+    f->terminate_sent_ns = now_ns();
+    net->send_udp(f->terminate, from);
+    return true;
   }
 
   // A FIN from a session that has finished: its FIN_ACK part again (the first one was lost).
@@ -220,7 +268,11 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
       release(p, now);
       if (auto ack = p->session.take_ack()) replies->send_ack(*p, *ack);
       expired += p->session.counters().expired;
-      if (auto why = ending(*p, now)) end_session(*p, why->empty(), *why);
+      if (auto error = p->session.protocol_error()) {
+        terminate(*p, *error);
+      } else if (auto why = ending(*p, now)) {
+        end_session(*p, why->empty(), *why);
+      }
     }
     table.forget_finished(now);
     give_back_memory(expired, now);

@@ -64,4 +64,14 @@ void Replies::send_ack(Peer& p, const RdFields& f) {
   net_.send_udp(std::span(buf, encode_segment(h, {}, buf, p.tx_mac.get())), p.addr);
 }
 
+std::vector<std::byte> Replies::terminate(Peer& p, const Terminate& t) {
+  SegmentHeader h = terminate_header(p.conn != nullptr, p.control_msn++);
+  h.source_qp = qp_;
+  const std::vector<uint8_t> payload = encode_terminate(t);
+  std::vector<std::byte> d(kMaxHeaderSize + payload.size() + kMaxTrailerSize);
+  d.resize(encode_segment(h, as_bytes(payload), d, p.tx_mac.get()));
+  net_.send(p.conn, p.addr, d);
+  return d;
+}
+
 }  // namespace slotstream::dgram

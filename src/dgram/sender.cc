@@ -13,6 +13,8 @@ namespace {
 
 constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kFinInterval = 200 * kMs;
+// A UD sender looks for a TERMINATE from the receiver this often.
+constexpr int64_t kPollInterval = 20 * kMs;
 
 std::span<const uint8_t> as_u8(std::span<const std::byte> s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
@@ -35,6 +37,13 @@ Status check_options(const DatagramSenderOptions& o, const Descriptor* proto) {
     return {Code::kInvalidArgument, "at most " + std::to_string(kMaxHelloDevices) + " devices per datagram sender"};
   }
   return Status::ok();
+}
+
+// The control message a segment carries, if it is one (a Send on the control queue).
+std::optional<ControlType> control_type_of(const Segment& seg) {
+  const SegmentHeader& h = seg.header;
+  if (h.opcode != Opcode::kSend || h.queue != kControlQueue) return std::nullopt;
+  return control_type({reinterpret_cast<const uint8_t*>(seg.payload.data()), seg.payload.size()});
 }
 
 // A lower layer's "port unreachable" names the socket call; the user wants to know who is gone.
@@ -61,6 +70,10 @@ struct DatagramSender::Impl {
   std::map<uint16_t, Device> devices;
   std::map<uint16_t, FinAck> fin_acks;  // FIN_ACK parts received, by their first device
   DatagramSenderStats stats;
+  bool terminated = false;  // a TERMINATE was received or sent
+  std::string last_error;   // of a failed call: what abort_session() tells the receiver
+  bool finished = false;    // FIN_ACK received
+  int64_t next_poll_ns = 0;
 
   size_t fin_part_count() const { return (o.devices.size() + kFinPartDevices - 1) / kFinPartDevices; }
   bool all_fin_acked() const { return fin_acks.size() >= fin_part_count(); }
@@ -74,13 +87,44 @@ struct DatagramSender::Impl {
     fin_acks.emplace(f->first, std::move(*f));
   }
 
+  // The receiver ended the session on a protocol error of ours (dgram/control.h): every later call fails
+  // with its reason.
+  void on_terminate(std::span<const uint8_t> p) {
+    auto t = decode_terminate(p);
+    if (!t || terminated) return;
+    terminated = true;
+    link->abort({Code::kProtocolError,
+                 "the receiver at " + link->peer().str() + " terminated the session: " + describe(*t)});
+  }
+
+  // Without TERMINATE, a sender that stops early tells the receiver why (it would wait for a FIN until
+  // its session timeout otherwise). Best effort.
+  void abort_session(const std::string& why) {
+    if (terminated || finished || !handshake || !handshake->accepted()) return;
+    terminated = true;
+    (void)link->send_terminate({TerminateLayer::kRdmap, TerminateCode::kAborted, why});
+  }
+
+  Status noted(Status st) {
+    if (!st.is_ok() && last_error.empty()) last_error = st.message();
+    return st;
+  }
+
+  // UD sends never wait for the receiver: look for a TERMINATE now and then.
+  Status poll_unsequenced() {
+    if (proto->sequenced || link->over_tcp()) return Status::ok();
+    const int64_t now = now_ns();
+    if (now < next_poll_ns) return Status::ok();
+    next_poll_ns = now + kPollInterval;
+    return link->progress(0);
+  }
+
   // A datagram from the receiver: its MAC (once the session has keys), RD's ack, a control message.
   void on_segment(std::span<const std::byte> d) {
     auto seg = decode_segment(d);
     if (!seg) return;  // damaged or foreign: the receiver repeats what matters
     const SegmentHeader& h = seg->header;
-    const bool control = h.opcode == Opcode::kSend && h.queue == kControlQueue;
-    const auto type = control ? control_type(as_u8(seg->payload)) : std::nullopt;
+    const std::optional<ControlType> type = control_type_of(*seg);
     if (SegmentMac* mac = handshake->rx_mac(); mac && !mac->verify(*seg)) {
       // A late copy of the handshake's own answers is unsigned; anything else is forged.
       if (type != ControlType::kAccept && type != ControlType::kChallenge && type != ControlType::kRefuse) {
@@ -88,9 +132,11 @@ struct DatagramSender::Impl {
       }
       return;
     }
+    if (h.opcode == Opcode::kTerminate) return on_terminate(as_u8(seg->payload));
     link->on_ack(h);
-    if (type == ControlType::kFinAck) return on_fin_ack(as_u8(seg->payload));
-    if (type) handshake->on_control(*type, as_u8(seg->payload));
+    if (!type) return;
+    if (*type == ControlType::kFinAck) return on_fin_ack(as_u8(seg->payload));
+    handshake->on_control(*type, as_u8(seg->payload));
   }
 
   // The link's progress; over TCP the receiver closing after its last FIN_ACK is the end, not an error.
@@ -114,6 +160,7 @@ struct DatagramSender::Impl {
     const MessageSlot slot{device, dev.index, dev.next_msn++, o.ring, handshake->first_stag(), m.size()};
     SLOTSTREAM_RETURN_IF_ERROR(send_segments(slot, m));
     SLOTSTREAM_RETURN_IF_ERROR(link->end_message());
+    SLOTSTREAM_RETURN_IF_ERROR(poll_unsequenced());
     ++stats.messages;
     stats.bytes += m.size();
     ++stats.per_device[device];
@@ -186,6 +233,7 @@ struct DatagramSender::Impl {
       while (!link->all_acked()) SLOTSTREAM_RETURN_IF_ERROR(progress(5));
     }
     SLOTSTREAM_RETURN_IF_ERROR(exchange_fin());
+    finished = true;
     if (report) {
       report->devices.clear();
       for (auto& [_, part] : fin_acks)
@@ -197,7 +245,11 @@ struct DatagramSender::Impl {
 };
 
 DatagramSender::DatagramSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-DatagramSender::~DatagramSender() = default;
+DatagramSender::~DatagramSender() {
+  std::lock_guard lock(impl_->mu);
+  impl_->abort_session("the sender stopped before the end of its stream" +
+                       (impl_->last_error.empty() ? std::string() : ": " + impl_->last_error));
+}
 
 Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<DatagramSender>* out) {
   auto impl = std::make_unique<Impl>();
@@ -215,14 +267,21 @@ Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<D
   im->link->set_receiver([im](std::span<const std::byte> d) { im->on_segment(d); });
   HandshakeOptions ho{o.name, o.devices, o.ring, o.max_message, o.segment_size, o.token, o.handshake_timeout_ns};
   im->handshake = std::make_unique<SenderHandshake>(ho, *im->proto, *im->link);
-  SLOTSTREAM_RETURN_IF_ERROR(im->handshake->run());
+  if (Status st = im->handshake->run(); !st.is_ok()) {
+    // An ACCEPT this sender cannot honour: the receiver has a session for it; tell it why it ends.
+    if (im->handshake->accepted() && !im->terminated) {
+      im->terminated = true;
+      (void)im->link->send_terminate({TerminateLayer::kRdmap, TerminateCode::kHandshake, st.message()});
+    }
+    return st;
+  }
   out->reset(new DatagramSender(std::move(impl)));
   return Status::ok();
 }
 
 Status DatagramSender::send(uint16_t device, std::span<const std::byte> message) {
   std::lock_guard lock(impl_->mu);
-  return peer_named(impl_->send_message(device, message), impl_->link->peer());
+  return impl_->noted(peer_named(impl_->send_message(device, message), impl_->link->peer()));
 }
 
 Status DatagramSender::send_with(uint16_t device, uint64_t length, const FillFn& fill) {
@@ -231,12 +290,12 @@ Status DatagramSender::send_with(uint16_t device, uint64_t length, const FillFn&
   const std::span<std::byte> message(buf.get(), length);
   SLOTSTREAM_RETURN_IF_ERROR(fill(0, message));
   std::lock_guard lock(impl_->mu);
-  return peer_named(impl_->send_message(device, message), impl_->link->peer());
+  return impl_->noted(peer_named(impl_->send_message(device, message), impl_->link->peer()));
 }
 
 Status DatagramSender::finish(FinAck* report) {
   std::lock_guard lock(impl_->mu);
-  return peer_named(impl_->finish(report), impl_->link->peer());
+  return impl_->noted(peer_named(impl_->finish(report), impl_->link->peer()));
 }
 
 DatagramSenderStats DatagramSender::stats() const {

@@ -43,6 +43,7 @@ std::vector<uint8_t> SenderHandshake::request() const {
 }
 
 Status SenderHandshake::failed(const Status& st, const std::string& where) const {
+  if (st.code() == Code::kProtocolError) return st;  // the receiver's TERMINATE says it all
   if (st.code() == Code::kPeerGone && !link_.over_tcp()) {
     return {Code::kConnectFailed,
             "nothing listens at " + where + " (port unreachable): is `slotstream recv --transport udp` running there?"};

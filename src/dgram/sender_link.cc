@@ -101,6 +101,7 @@ Status SenderLink::flush() {
 }
 
 Status SenderLink::emit(SegmentHeader h, std::span<const std::byte> payload) {
+  if (!aborted_.is_ok()) return aborted_;
   h.source_qp = qp_;
   if (tcp_) return emit_tcp(h, payload);
   if (h.service == Service::kRD) return emit_rd(h, payload);
@@ -159,6 +160,20 @@ Status SenderLink::send_control(std::span<const uint8_t> payload) {
   return flush();
 }
 
+Status SenderLink::send_terminate(const Terminate& t) {
+  SegmentHeader h = terminate_header(tcp_ != nullptr, terminate_msn_++);
+  h.source_qp = qp_;
+  const std::vector<uint8_t> payload = encode_terminate(t);
+  if (tcp_) {
+    SLOTSTREAM_RETURN_IF_ERROR(emit_tcp(h, as_bytes(payload)));
+    return tcp_->flush();
+  }
+  encode(h, as_bytes(payload));
+  batch_add(scratch_);  // not through the fault injector: the session ends either way
+  ++stats_.datagrams;
+  return flush();
+}
+
 Status SenderLink::end_message() {
   if (!tcp_ || tcp_->has_output()) SLOTSTREAM_RETURN_IF_ERROR(flush());
   // Acknowledgements arrive while we send; take them now and then so the window keeps moving.
@@ -173,9 +188,12 @@ void SenderLink::on_ack(const SegmentHeader& h) {
 }
 
 Status SenderLink::progress(int timeout_ms) {
-  if (tcp_) return receive_tcp(timeout_ms);
-  SLOTSTREAM_RETURN_IF_ERROR(receive_udp(timeout_ms));
-  return proto_.sequenced ? retransmit() : Status::ok();
+  if (!aborted_.is_ok()) return aborted_;
+  Status st = tcp_ ? receive_tcp(timeout_ms) : receive_udp(timeout_ms);
+  // A TERMINATE that came with this input is the news, not the close (TCP) that follows it.
+  if (!aborted_.is_ok()) return aborted_;
+  SLOTSTREAM_RETURN_IF_ERROR(st);
+  return proto_.sequenced && !tcp_ ? retransmit() : Status::ok();
 }
 
 Status SenderLink::receive_tcp(int timeout_ms) {

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "dgram/control.h"
 #include "dgram/injector.h"
 #include "dgram/llp.h"
 #include "dgram/protocol.h"
@@ -48,6 +49,10 @@ class SenderLink {
   // A control message (dgram/control.h): out at once; unsequenced over UDP (the sender repeats it
   // until answered), in order over TCP.
   Status send_control(std::span<const uint8_t> payload);
+  // TERMINATE (dgram/control.h) to the receiver, out at once (best effort: it may be lost over UDP).
+  Status send_terminate(const Terminate& t);
+  // The session is over (the receiver terminated it): every later send and progress() returns `why`.
+  void abort(Status why) { aborted_ = std::move(why); }
   // Sends what is batched or queued.
   Status flush();
   // Sends the batch once a message is out (TCP: once its queue is large, or the message's last).
@@ -92,6 +97,8 @@ class SenderLink {
   // RC
   std::unique_ptr<FramedStream> tcp_;
   uint32_t control_msn_ = 0;
+  uint32_t terminate_msn_ = 0;
+  Status aborted_;
   std::vector<std::byte> scratch_;
   Stats stats_;
 };

@@ -156,6 +156,53 @@ TEST(DgramSession, WriteRecordOverRdPlacesAfterTheHoleIsFilled) {
   EXPECT_EQ(s.counters().malformed, 1u);
 }
 
+// Protocol errors (issue 25): the first segment with a good CRC that the protocol cannot take is named by
+// protocol_error(), which the receiver sends as TERMINATE. Loss, duplicates and stale segments are not errors.
+TEST(DgramSession, ProtocolErrorsAreNamedForTerminate) {
+  {
+    Session s(config("write_record", {0}));
+    feed(s, wr(s, 0, 0, 0, false), bytes(10, 1), 0);
+    feed(s, wr(s, 0, 0, 0, false), bytes(10, 1), 0);  // a duplicate: fine
+    EXPECT_FALSE(s.protocol_error());
+    feed(s, wr(s, 0, 1, 995, false), bytes(10, 1), 0);  // past the 1000-byte region
+    auto t = s.protocol_error();
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->code, TerminateCode::kPlacement);
+    EXPECT_NE(t->reason.find("offset 995"), std::string::npos) << t->reason;
+  }
+  {
+    Session s(config("write_record", {0}));
+    SegmentHeader h = wr(s, 0, 0, 0, true);
+    h.stag = 99;
+    feed(s, h, bytes(1, 1), 0);
+    ASSERT_TRUE(s.protocol_error());
+    EXPECT_EQ(s.protocol_error()->reason, "STag 99 is not one of this session's");
+  }
+  {
+    Session s(config("dgram_send", {0}));
+    feed(s, wr(s, 0, 0, 0, true), bytes(1, 1), 0);  // Write-Record in a Send/Recv session
+    ASSERT_TRUE(s.protocol_error());
+    EXPECT_EQ(s.protocol_error()->code, TerminateCode::kProtocol);
+    EXPECT_EQ(s.protocol_error()->reason, "opcode 8 is not an operation of protocol dgram_send");
+  }
+}
+
+TEST(DgramSession, MoreCrcFailuresThanGoodDatagramsAreAnError) {
+  Session s(config("write_record", {0}));
+  s.counters().datagrams = 2 * Session::kCrcTerminateMin;
+  s.counters().crc_errors = Session::kCrcTerminateMin;  // half: tolerated
+  EXPECT_FALSE(s.protocol_error());
+  ++s.counters().datagrams;
+  ++s.counters().crc_errors;
+  auto t = s.protocol_error();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->code, TerminateCode::kCrc);
+  EXPECT_EQ(t->reason, "65 of 129 datagrams failed their CRC32C: the path corrupts more than it delivers");
+  Session few(config("write_record", {0}));
+  few.counters().datagrams = few.counters().crc_errors = Session::kCrcTerminateMin - 1;  // too few to judge
+  EXPECT_FALSE(few.protocol_error());
+}
+
 // dgram_rd partial messages used to be kept for ever (77k one-byte segments: 337 MB held).
 TEST(DgramSession, ReliableMessagesExpireAfterSilenceButNotUnderBackPressure) {
   Session s(config("dgram_rd", {0}, 4, 1 << 20));
