@@ -142,7 +142,7 @@ std::vector<uint8_t> encode_control(const Auth& m) {
 }
 
 std::optional<ControlType> control_type(std::span<const uint8_t> p) {
-  if (p.empty() || p[0] < uint8_t(ControlType::kHello) || p[0] > uint8_t(ControlType::kAuth)) return std::nullopt;
+  if (p.empty() || p[0] < uint8_t(ControlType::kHello) || p[0] > uint8_t(ControlType::kAnnounce)) return std::nullopt;
   return static_cast<ControlType>(p[0]);
 }
 
@@ -241,6 +241,27 @@ std::optional<Auth> decode_auth(std::span<const uint8_t> p) {
   auto hello = r->bytes(r->u16());
   m.hello.assign(hello.begin(), hello.end());
   read_array(*r, &m.proof);
+  return done(*r, std::move(m));
+}
+
+std::vector<uint8_t> encode_control(const Announce& m) {
+  Writer w = start(ControlType::kAnnounce);
+  w.u32(m.first_stag);
+  const std::vector<uint8_t> hello = encode_control(m.hello);
+  w.u16(static_cast<uint16_t>(hello.size()));
+  w.bytes(hello);
+  return std::move(w.buffer());
+}
+
+std::optional<Announce> decode_announce(std::span<const uint8_t> p) {
+  auto r = open(p, ControlType::kAnnounce);
+  if (!r) return std::nullopt;
+  Announce m;
+  m.first_stag = r->u32();
+  const uint16_t n = r->u16();
+  auto hello = decode_hello(r->bytes(n));
+  if (!hello || hello->flags != 0) return std::nullopt;
+  m.hello = std::move(*hello);
   return done(*r, std::move(m));
 }
 

@@ -22,6 +22,7 @@
 //             u64 partial kept, u64 incomplete dropped, u64 lost, u64 valid bytes)
 //   CHALLENGE u8 6 | nonce Nr
 //   AUTH      u8 7 | nonce Nr | u16 length | the HELLO payload as sent | proof
+//   ANNOUNCE  u8 8 | u32 first STag | u16 length | a HELLO payload (flags 0, nonce 0, no padding)
 //
 // FIN and FIN_ACK travel in parts of at most kFinPartDevices devices, each covering the HELLO's
 // devices first .. first + n - 1, so that any device count fits in datagrams (and in the 16-bit
@@ -37,6 +38,16 @@
 // until their FIN_ACK parts; the receiver answers a repeated request with the same answer. Unknown
 // types are an error (no silent forward compatibility); the layouts are wire version 2's
 // (dgram/wire.h).
+//
+// ANNOUNCE (issue 25) starts a multicast session: a sender to an IP multicast group cannot shake hands
+// with receivers it does not know, and a group has no one to ACCEPT. So it announces what a HELLO
+// would ask and what an ACCEPT would grant (its STags: device i's ring is first + i*K ...) to the
+// group, three times before its first segment and every 200 ms while it sends (a receiver that joins
+// late starts at the next one), and ends with its FIN parts, five times, answered by no one. A
+// receiver listening on the group (`recv --listen GROUP:PORT`) opens a session for an ANNOUNCE it
+// accepts (a UD protocol, within its limits and budget; nothing is sent back), keyed like any UDP
+// session by the sender's address and QP, and accounts for it on its own. Only UD protocols
+// (write_record, dgram_send) announce; without a handshake there is no token either.
 //
 // TERMINATE is not a control-queue Send but RDMAP's own message (opcode 7, RFC 5040 §4.8; issue 25):
 // an untagged segment on queue number kTerminateQueue (2, RFC 5040's), MSN the sender's count of
@@ -87,6 +98,7 @@ enum class ControlType : uint8_t {
   kFinAck = 5,
   kChallenge = 6,
   kAuth = 7,
+  kAnnounce = 8,
 };
 
 inline constexpr uint8_t kHelloAuth = 1;  // HELLO flags
@@ -130,6 +142,12 @@ struct Auth {
   std::vector<uint8_t> hello;  // the HELLO payload as the sender sent it
   std::array<uint8_t, kDgramProofSize> proof{};
   bool operator==(const Auth&) const = default;
+};
+
+struct Announce {
+  uint32_t first_stag = 1;
+  Hello hello;  // flags 0
+  bool operator==(const Announce&) const = default;
 };
 
 struct Fin {
@@ -203,6 +221,7 @@ std::vector<uint8_t> encode_control(const Fin& m);
 std::vector<uint8_t> encode_control(const FinAck& m);
 std::vector<uint8_t> encode_control(const Challenge& m);
 std::vector<uint8_t> encode_control(const Auth& m);
+std::vector<uint8_t> encode_control(const Announce& m);
 
 // The type of a control payload, or nullopt if empty/unknown.
 std::optional<ControlType> control_type(std::span<const uint8_t> payload);
@@ -214,5 +233,6 @@ std::optional<Fin> decode_fin(std::span<const uint8_t> payload);
 std::optional<FinAck> decode_fin_ack(std::span<const uint8_t> payload);
 std::optional<Challenge> decode_challenge(std::span<const uint8_t> payload);
 std::optional<Auth> decode_auth(std::span<const uint8_t> payload);
+std::optional<Announce> decode_announce(std::span<const uint8_t> payload);
 
 }  // namespace slotstream::dgram

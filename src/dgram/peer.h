@@ -34,6 +34,7 @@ struct Peer {
   int64_t last_heard_ns = 0;
   uint32_t control_msn = 0;
   bool fin_queued = false;
+  bool multicast = false;  // announced to a group (dgram/control.h ANNOUNCE): nothing is sent back to it
 
   bool authenticated() const { return rx_mac != nullptr; }
   const std::string& name() const { return session.hello().name; }
@@ -46,6 +47,7 @@ struct Finished {
   std::string key;
   std::vector<std::vector<uint8_t>> parts;  // by FIN part index
   std::vector<std::byte> terminate;         // the TERMINATE segment as sent, if terminated
+  bool silent = false;                      // a multicast session's: later FINs are taken, not answered
   int64_t terminate_sent_ns = 0;
   std::unique_ptr<SegmentMac> rx_mac, tx_mac;
   int64_t until_ns;

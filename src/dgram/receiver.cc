@@ -127,6 +127,9 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     // The handshake's own messages come before a session's keys (a repeated HELLO or AUTH).
     if (type == ControlType::kHello) return admission->on_hello(from, h.source_qp, payload, conn, d.size());
     if (type == ControlType::kAuth) return admission->on_auth(from, h.source_qp, payload, conn, d.size());
+    if (type == ControlType::kAnnounce && !conn && net->multicast()) {
+      return admission->on_announce(from, h.source_qp, payload, d.size());
+    }
     if (!p) {
       if (!conn && answer_terminated(*seg, from)) return;
       if (type == ControlType::kFin && answer_finished(*seg, from, conn, d.size())) return;
@@ -164,7 +167,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     }
     // Its answer is a FIN_ACK part: without authentication, no larger than this request.
     const size_t answer = control_size(encode_control(p.session.fin_ack_part(fin->first)).size());
-    if (!p.authenticated() && answer > request) return replies->withhold();
+    if (!p.authenticated() && !p.multicast && answer > request) return replies->withhold();
     (void)p.session.on_fin(*fin, now_ns());
   }
 
@@ -187,7 +190,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     log("terminate", "terminated sender " + p.name() + " from " + p.peer_address().str() + ": " + describe(t),
         kSessionLines);
     std::vector<std::byte> sent = replies->terminate(p, t);
-    if (!p.conn) {
+    if (!p.conn && !p.multicast) {
       Finished f;
       f.key = p.key;
       f.terminate = std::move(sent);
@@ -220,6 +223,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     auto fin = decode_fin(as_u8(seg.payload));
     const size_t part = fin ? fin->first / kFinPartDevices : SIZE_MAX;
     if (part >= f->parts.size()) return false;
+    if (f->silent) return true;  // a multicast session's FIN, repeated: no one to answer
     const auto& payload = f->parts[part];
     if (!f->rx_mac && control_size(payload.size()) > request) return false;
     net->send_udp(replies->control_segment(Service::kUD, 0, payload, f->tx_mac.get()), from);
@@ -317,6 +321,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     last_fin_ack_ns = now_ns();
     if (p.conn) return;
     f.key = p.key;
+    f.silent = p.multicast;
     f.rx_mac = std::move(p.rx_mac);
     f.tx_mac = std::move(p.tx_mac);
     f.until_ns = now_ns() + kFinishedMemory;
@@ -403,12 +408,18 @@ Status DatagramReceiver::start(DatagramReceiverOptions o, std::unique_ptr<Datagr
   n.host = im.o.host;
   n.port = im.o.port;
   n.socket_buffer = im.o.socket_buffer;
+  n.interface = im.o.interface;
   n.max_connections = im.o.max_connections;
   n.max_pending = im.o.max_pending_connections;
   n.hello_timeout_ns = im.o.hello_timeout_ns;
   n.served_timeout_ns = im.o.session_timeout_ns;
   n.inject = im.o.inject;
   SLOTSTREAM_RETURN_IF_ERROR(NetLoop::open(n, im, im.log, im.rc, &im.net));
+  if (im.net->multicast() && !im.o.token.empty()) {
+    return {Code::kInvalidArgument,
+            "a multicast group has no handshake, so no token can be proved (--token-file): listen on a unicast "
+            "address, or leave the token out"};
+  }
   const uint32_t qp = std::random_device{}() | 1;
   im.replies = std::make_unique<Replies>(*im.net, qp, im.log, im.rc);
   im.admission =

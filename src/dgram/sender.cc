@@ -13,6 +13,11 @@ namespace {
 
 constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kFinInterval = 200 * kMs;
+// A multicast sender's ANNOUNCE: this many copies before its first segment, again this often, and its
+// FIN parts this many times (dgram/control.h).
+constexpr int kFirstAnnounces = 3;
+constexpr int64_t kAnnounceInterval = 200 * kMs;
+constexpr int kMulticastFins = 5;
 // A UD sender looks for a TERMINATE from the receiver this often.
 constexpr int64_t kPollInterval = 20 * kMs;
 
@@ -70,6 +75,10 @@ struct DatagramSender::Impl {
   std::map<uint16_t, Device> devices;
   std::map<uint16_t, FinAck> fin_acks;  // FIN_ACK parts received, by their first device
   DatagramSenderStats stats;
+  bool multicast = false;   // to an IP multicast group: ANNOUNCE instead of the handshake, FIN unanswered
+  uint32_t first_stag = 0;  // from ACCEPT, or our own (multicast)
+  std::vector<uint8_t> announcement;
+  int64_t next_announce_ns = 0;
   bool terminated = false;  // a TERMINATE was received or sent
   std::string last_error;   // of a failed call: what abort_session() tells the receiver
   bool finished = false;    // FIN_ACK received
@@ -93,8 +102,8 @@ struct DatagramSender::Impl {
     auto t = decode_terminate(p);
     if (!t || terminated) return;
     terminated = true;
-    link->abort({Code::kProtocolError,
-                 "the receiver at " + link->peer().str() + " terminated the session: " + describe(*t)});
+    link->abort(
+        {Code::kProtocolError, "the receiver at " + link->peer().str() + " terminated the session: " + describe(*t)});
   }
 
   // Without TERMINATE, a sender that stops early tells the receiver why (it would wait for a FIN until
@@ -157,7 +166,8 @@ struct DatagramSender::Impl {
     }
     Device& dev = it->second;
     if (dev.next_msn == UINT32_MAX) return {Code::kInvalidArgument, "2^32 - 1 messages per device and session at most"};
-    const MessageSlot slot{device, dev.index, dev.next_msn++, o.ring, handshake->first_stag(), m.size()};
+    if (multicast) SLOTSTREAM_RETURN_IF_ERROR(announce(1));
+    const MessageSlot slot{device, dev.index, dev.next_msn++, o.ring, first_stag, m.size()};
     SLOTSTREAM_RETURN_IF_ERROR(send_segments(slot, m));
     SLOTSTREAM_RETURN_IF_ERROR(link->end_message());
     SLOTSTREAM_RETURN_IF_ERROR(poll_unsequenced());
@@ -227,8 +237,46 @@ struct DatagramSender::Impl {
     return Status::ok();
   }
 
+  // A multicast session (dgram/control.h ANNOUNCE): its ANNOUNCE `copies` times now and then every
+  // kAnnounceInterval, in place of the handshake no group can answer.
+  Status announce(int copies) {
+    const int64_t now = now_ns();
+    if (now < next_announce_ns) return Status::ok();
+    next_announce_ns = now + kAnnounceInterval;
+    for (int i = 0; i < copies; ++i) SLOTSTREAM_RETURN_IF_ERROR(link->send_control(announcement));
+    return Status::ok();
+  }
+
+  Status start_multicast(const HandshakeOptions& ho) {
+    if (!o.token.empty()) {
+      return {Code::kInvalidArgument,
+              "a multicast group has no handshake, so no token can be proved (--token-file): leave it out, or send "
+              "to one receiver"};
+    }
+    multicast = true;
+    first_stag = 1;
+    announcement = encode_control(Announce{first_stag, hello_of(ho, *proto)});
+    return announce(kFirstAnnounces);
+  }
+
+  // The end of a multicast session: FIN parts, kMulticastFins times, answered by no one (each receiver
+  // accounts on its own).
+  Status finish_multicast() {
+    const auto parts = fin_parts();
+    for (int round = 0; round < kMulticastFins; ++round) {
+      for (const auto& part : parts) SLOTSTREAM_RETURN_IF_ERROR(link->send_control(part));
+      SLOTSTREAM_RETURN_IF_ERROR(link->progress(int(kFinInterval / kMs / 4)));
+    }
+    finished = true;
+    return Status::ok();
+  }
+
   Status finish(FinAck* report) {
     SLOTSTREAM_RETURN_IF_ERROR(link->flush());
+    if (multicast) {
+      if (report) *report = FinAck{uint16_t(o.devices.size()), 0, {}};
+      return finish_multicast();
+    }
     if (proto->sequenced) {
       while (!link->all_acked()) SLOTSTREAM_RETURN_IF_ERROR(progress(5));
     }
@@ -261,12 +309,17 @@ Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<D
     if (!fresh) return {Code::kInvalidArgument, "device " + std::to_string(o.devices[i]) + " is listed twice"};
     it->second.index = i;
   }
-  LinkOptions lo{o.host, o.port, o.socket_buffer, o.inject, o.handshake_timeout_ns};
+  LinkOptions lo{o.host, o.port, o.socket_buffer, o.inject, o.handshake_timeout_ns, o.ttl, o.interface};
   SLOTSTREAM_RETURN_IF_ERROR(SenderLink::open(*impl->proto, lo, &impl->link));
   Impl* im = impl.get();
   im->link->set_receiver([im](std::span<const std::byte> d) { im->on_segment(d); });
   HandshakeOptions ho{o.name, o.devices, o.ring, o.max_message, o.segment_size, o.token, o.handshake_timeout_ns};
   im->handshake = std::make_unique<SenderHandshake>(ho, *im->proto, *im->link);
+  if (im->link->multicast()) {
+    SLOTSTREAM_RETURN_IF_ERROR(im->start_multicast(ho));
+    out->reset(new DatagramSender(std::move(impl)));
+    return Status::ok();
+  }
   if (Status st = im->handshake->run(); !st.is_ok()) {
     // An ACCEPT this sender cannot honour: the receiver has a session for it; tell it why it ends.
     if (im->handshake->accepted() && !im->terminated) {
@@ -275,6 +328,7 @@ Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<D
     }
     return st;
   }
+  im->first_stag = im->handshake->first_stag();
   out->reset(new DatagramSender(std::move(impl)));
   return Status::ok();
 }
@@ -315,6 +369,7 @@ DatagramSenderStats DatagramSender::stats() const {
 }
 
 const std::string& DatagramSender::protocol() const { return impl_->o.protocol; }
+bool DatagramSender::multicast() const { return impl_->multicast; }
 uint32_t DatagramSender::segment_size() const { return impl_->o.segment_size; }
 
 }  // namespace slotstream::dgram

@@ -29,6 +29,8 @@ struct LinkOptions {
   size_t socket_buffer = 8u << 20;
   InjectOptions inject;  // faults on the datagrams this end sends (UDP only)
   int64_t connect_timeout_ns = 5'000'000'000;
+  int ttl = 0;            // a multicast group's hop limit (0: 1); only with a group
+  std::string interface;  // where multicast leaves (empty: by route); only with a group
 };
 
 class SenderLink {
@@ -38,6 +40,8 @@ class SenderLink {
 
   const Address& peer() const { return peer_; }
   bool over_tcp() const { return tcp_ != nullptr; }
+  // The peer is an IP multicast group (dgram/control.h ANNOUNCE): nothing comes back.
+  bool multicast() const { return multicast_; }
   uint32_t qp() const { return qp_; }
   // Where datagrams from the receiver go (progress() calls it).
   void set_receiver(std::function<void(std::span<const std::byte>)> on) { on_datagram_ = std::move(on); }
@@ -80,6 +84,7 @@ class SenderLink {
   Status wait_credit();
   Status receive_tcp(int timeout_ms);
   Status receive_udp(int timeout_ms);
+  Status open_udp(const LinkOptions& o);
   Status retransmit();
   void encode(const SegmentHeader& h, std::span<const std::byte> payload);
 
@@ -98,6 +103,7 @@ class SenderLink {
   std::unique_ptr<FramedStream> tcp_;
   uint32_t control_msn_ = 0;
   uint32_t terminate_msn_ = 0;
+  bool multicast_ = false;
   Status aborted_;
   std::vector<std::byte> scratch_;
   Stats stats_;

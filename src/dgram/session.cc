@@ -152,10 +152,10 @@ void Session::place(const Segment& seg, int64_t now_ns) {
     const SegmentHeader& h = seg.header;
     if (why == Reject::kUnknown) {
       ++counters_.unknown;
-      return violated(TerminateLayer::kDdp, TerminateCode::kPlacement,
-                      std::string(is_tagged(h.opcode) ? "STag " + std::to_string(h.stag)
-                                                      : "queue " + std::to_string(h.queue)) +
-                          " is not one of this session's");
+      return violated(
+          TerminateLayer::kDdp, TerminateCode::kPlacement,
+          std::string(is_tagged(h.opcode) ? "STag " + std::to_string(h.stag) : "queue " + std::to_string(h.queue)) +
+              " is not one of this session's");
     }
     ++counters_.malformed;
     return violated(TerminateLayer::kRdmap, TerminateCode::kProtocol,
