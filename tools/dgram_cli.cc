@@ -280,6 +280,16 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
                    "NAME: the network interface a multicast group's datagrams leave by (default: by route)")
       ->group(kGroup);
   add_inject_options(send, a, "sends");
+  for (auto [app, name, text] :
+       {std::tuple{send, "--to",
+                   "\n--transport udp: also an IP multicast group GROUP:PORT (239.x.y.z; UD protocols "
+                   "write_record and dgram_send: every receiver on the group stores the stream)"},
+        std::tuple{recv, "--listen",
+                   "\n--transport udp: also an IP multicast group GROUP:PORT to join (with the "
+                   "sender's port; its senders announce themselves, nothing is sent back)"}}) {
+    CLI::Option* o = app->get_option(name);
+    o->description(o->get_description() + text);
+  }
   a->protocol_opt = send->get_option("--protocol");
   a->protocol_opt->description(a->protocol_opt->get_description() +
                                "\ndatagram protocols (--transport udp; dgram_rc: --transport tcp):" + protocol_list());

@@ -119,9 +119,9 @@ struct DatagramSender::Impl {
     return st;
   }
 
-  // UD sends never wait for the receiver: look for a TERMINATE now and then.
+  // UD and RC sends never wait for the receiver: look for a TERMINATE now and then (RD does with its acks).
   Status poll_unsequenced() {
-    if (proto->sequenced || link->over_tcp()) return Status::ok();
+    if (proto->sequenced || multicast) return Status::ok();
     const int64_t now = now_ns();
     if (now < next_poll_ns) return Status::ok();
     next_poll_ns = now + kPollInterval;
