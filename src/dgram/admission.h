@@ -39,6 +39,10 @@ class Admission {
   void on_auth(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, Conn* conn, size_t request);
   // An ANNOUNCE of a multicast sender (a receiver on a group only): a session, or a refusal logged once.
   void on_announce(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, size_t request);
+  // A multicast sender whose session was terminated: its ANNOUNCEs open no new one.
+  void shut_out(const Address& from, uint32_t source_qp) {
+    refused_announces_.insert(SessionTable::udp_key(from, source_qp));
+  }
 
  private:
   // Who asks, and with what (the hello's bytes: AUTH's proof covers them).

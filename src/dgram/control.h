@@ -65,6 +65,10 @@
 // sends TERMINATE and ends the session; the peer reports the reason and stops too. Over UDP it may be
 // lost: the receiver answers a terminated session's later datagrams with it again (at most every
 // 100 ms, for 10 s). Unknown layers or codes are malformed (no silent forward compatibility).
+//
+// ANNOUNCE and TERMINATE's payload came with issue 25 within wire version 2: a peer from before it
+// misreads neither (an ANNOUNCE is an unknown control type to it, a TERMINATE an opcode it does not
+// act on: both are dropped), so the version did not change.
 #pragma once
 
 #include <array>

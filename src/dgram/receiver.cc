@@ -190,6 +190,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     log("terminate", "terminated sender " + p.name() + " from " + p.peer_address().str() + ": " + describe(t),
         kSessionLines);
     std::vector<std::byte> sent = replies->terminate(p, t);
+    if (p.multicast) admission->shut_out(p.addr, p.qp);  // it cannot hear the TERMINATE: ignore it from now on
     if (!p.conn && !p.multicast) {
       Finished f;
       f.key = p.key;

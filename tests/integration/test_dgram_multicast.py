@@ -1,13 +1,16 @@
 """Multicast (issue 25; src/dgram/control.h ANNOUNCE): a UD sender to an IP multicast group and three receivers,
 each in a network namespace of its own on one bridge. There is no handshake and no FIN_ACK: the sender announces
 itself to the group and each receiver stores the same stream with its own accounting."""
+import os
 import random
 import subprocess
+import sys
 
 import pytest
 
 from conftest import BIN, make_files
-from dgram_support import DgramReceiver, check_store, dgram_send, netns_bridge, nft_dropped, nft_loss
+from dgram_support import (DgramReceiver, check_store, dgram_send, in_ns, netns, netns_bridge, nft_dropped,
+                           nft_loss)
 
 SEG = 1408
 
@@ -100,3 +103,40 @@ def test_group_options_need_a_group(tmp_path):
     p = subprocess.run([BIN, "recv", "--transport", "udp", "--listen", "239.1.2.3:0", "--discard"], capture_output=True,
                        text=True, timeout=20)
     assert p.returncode == 2 and "a multicast group needs the port its sender sends to" in p.stderr, p.stderr
+
+
+# A multicast sender written from the documented layouts (src/dgram/control.h ANNOUNCE, FIN), run in the namespace.
+RAW_SENDER = """
+import socket, struct, sys
+import dgram_wire as w
+group, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect((group, port))
+def announce(protocol, name, qp):
+    h = w.hello(protocol=protocol, name=name, ring=1, max_message=1024, nonce=bytes(32), pad_to=0)
+    s.send(w.segment(b"\\x08" + struct.pack("<IH", 1, len(h)) + h, qp=qp))
+announce("dgram_rd", "rel", 3)
+announce("dgram_rd", "rel", 3)
+announce("write_record", "raw", 4)
+s.send(w.segment(b"hello", opcode=w.WRITE_RECORD, qp=4, stag=1, msn=0, offset=0))
+fin = b"\\x04" + struct.pack("<HHH", 1, 0, 1) + struct.pack("<HQQ", 0, 1, 5) + struct.pack("<H", 0)
+s.send(w.segment(fin, qp=4))
+"""
+
+
+def test_a_receiver_on_a_group_takes_announced_ud_senders_only(tmp_path):
+    """ANNOUNCE as documented: a UD sender's opens a session (stored, finished by its FIN without a FIN_ACK); a
+    reliable protocol's is refused, logged once however often it is announced."""
+    addr, port = group()
+    with netns("mcl") as ns:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "multicast", "on"], check=True)
+        subprocess.run(["ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", "lo"], check=True)
+        rx = DgramReceiver(tmp_path / "out", "--exit-after-senders", 1, ns=ns, host=addr, port=port)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+        subprocess.run(in_ns(ns, [sys.executable, "-c", RAW_SENDER, addr, port]), check=True, env=env, timeout=20)
+        (rep,) = rx.finished(timeout=10)
+        assert rx.wait(10) == 0
+    assert rep["line"].startswith("sender raw finished: messages=1 ") and rep["sent"] == "1", rep["line"]
+    assert (tmp_path / "out/raw/device-0/0000000000.bin").read_bytes() == b"hello"
+    refusals = [line for line in rx.stderr.text.splitlines() if "refused multicast sender 'rel'" in line]
+    assert len(refusals) == 1 and "protocol dgram_rd acknowledges every datagram" in refusals[0], rx.stderr.text
