@@ -18,7 +18,7 @@ constexpr int64_t kFinInterval = 200 * kMs;
 constexpr int kFirstAnnounces = 3;
 constexpr int64_t kAnnounceInterval = 200 * kMs;
 constexpr int kMulticastFins = 5;
-// A UD sender looks for a TERMINATE from the receiver this often.
+// A UD or RC sender looks for a TERMINATE from the receiver this often while it sends.
 constexpr int64_t kPollInterval = 20 * kMs;
 
 std::span<const uint8_t> as_u8(std::span<const std::byte> s) {
