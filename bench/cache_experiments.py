@@ -25,6 +25,7 @@ import pathlib
 import statistics
 
 from harness import Experiment, for_each_point, run_pair
+from report_cells import grouped, spread_text
 
 HEADER = 16                    # block header bytes (src/wire/block_header.h: kBlockHeaderSize)
 MESSAGE = 65536 - HEADER       # payload: one 64 KiB block per message
@@ -153,15 +154,8 @@ EXPERIMENTS = {
 
 def _values(records, metric, **where):
     """{(protocol, transport, x, devices, window): [values over runs]}."""
-    out = {}
-    for r in records:
-        if r["experiment"] != "cache" or r["metric"] != metric:
-            continue
-        if any(r.get(k) != v for k, v in where.items()):
-            continue
-        key = (r["protocol"], r["transport"], r["process_ns_per_byte"], r["devices"], r["window_bytes"])
-        out.setdefault(key, []).append(r["value"])
-    return out
+    return grouped(records, "cache", metric, lambda r: (r["protocol"], r["transport"], r["process_ns_per_byte"],
+                                                        r["devices"], r["window_bytes"]), **where)
 
 
 def plot(records, out, style, proto_key, human, plt):
@@ -212,13 +206,6 @@ def plot(records, out, style, proto_key, human, plt):
     return made
 
 
-def _spread(vals, fmt):
-    """'median [min–max] (n=N)' over N runs, as every report cell (plot.spread_text)."""
-    if len(vals) == 1:
-        return f"{fmt.format(vals[0])} (n=1)"
-    return f"{fmt.format(statistics.median(vals))} [{fmt.format(min(vals))}–{fmt.format(max(vals))}] (n={len(vals)})"
-
-
 def claims(records):
     """Rows (transport, processing, devices) -> carc at W = C and at its best W against credit at W = 4C:
     throughput and p99 ratios, min/median/max over runs (run r against run r)."""
@@ -245,8 +232,8 @@ def claims(records):
                    key=lambda w: statistics.median(thr[("carc", t, x, d, w)]))
         btr = [a / b for a, b in zip(thr[("carc", t, x, d, best)], base_t) if b > 0]
         blr = [b / a for a, b in zip(p99[("carc", t, x, d, best)], base_l) if a > 0]
-        lines.append(f"| {t} | {x:g} | {d} | {_spread(tr, '{:.2f}x')} | {_spread(lr, '{:.2f}x')} | "
-                     f"{_spread(btr, '{:.2f}x')} (W = {ratio[best]:g}C) | {_spread(blr, '{:.2f}x')} |")
+        lines.append(f"| {t} | {x:g} | {d} | {spread_text(tr, '{:.2f}x')} | {spread_text(lr, '{:.2f}x')} | "
+                     f"{spread_text(btr, '{:.2f}x')} (W = {ratio[best]:g}C) | {spread_text(blr, '{:.2f}x')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -283,7 +270,7 @@ def report(records, human):
                     v = vals.get((p, t, x, d, w))
                     if v and metric == "max_unprocessed_bytes":
                         v = [b / 2**20 for b in v]
-                    cells.append(_spread(v, fmt) if v else "–")
+                    cells.append(spread_text(v, fmt) if v else "–")
                 md.append(f"| {human(w)} | {w / cache:.2f} | " + " | ".join(cells) + " |")
             md.append("")
     return md

@@ -69,7 +69,7 @@ def run_dgram_pair(protocol, size, count, *, gap_us=0, partial="drop", segment=S
                           "--count", count, "--segment-size", segment, "--gap-us", gap_us,
                           "--max-seconds", max_seconds, "--blocks", ring])
 
-    return run_peers(rx_cmd, tx_cmd, timeout, what="dgram peer")
+    return run_peers(rx_cmd, tx_cmd, timeout, kind="dgram ")
 
 
 def window_seconds(snd, rcv):

@@ -1,10 +1,13 @@
 """Figures and report sections of the datagram experiments (bench/dgram_experiments.py), drawn from
-results.json like everything in bench/plot.py, which calls figures() and report_sections(); the table,
-per_run, style and plotting helpers are plot_common's."""
+results.json like everything in bench/plot.py, which calls figures() and report_sections(); the style and
+figure helpers are plot_common's, the tables and cells report_cells'."""
 import statistics
 
 import plot_common
-from plot_common import human, line_plot, per_run, pick, plt, spread_text, table
+from plot_common import line_plot, plt
+from report_cells import human, per_run, pick, spread_text, table
+
+import shim_plot  # bench/shim_plot.py: `bench shimloss` and `shimperf`
 
 PROTOCOL_ORDER = ["write_record", "dgram_send", "dgram_rd", "dgram_rc", "status_byte", "sliding_window"]
 STYLE = {"write_record": dict(color="tab:green", ls="-", marker="o"),
@@ -131,6 +134,7 @@ def figures(records, out):
                                                     "fig_dgram_loss_valid.png",
                                                     "Fraction of the bytes delivered usable (complete, or valid in a partial)")
     made["fig_dgram_apps.png"] = _apps_figure(records, out)
+    made["fig_shim_loss.png"] = shim_plot.figure(records, out)
     return {k: v for k, v in made.items() if v}
 
 
@@ -143,7 +147,7 @@ def _ratio_line(records, metric, protocol, sizes_ok, label, fmt="{:.2f}"):
 
 
 def report_sections(records):
-    if not any(r["experiment"] in ("datagram", "loss", "apps") for r in records):
+    if not any(r["experiment"] in ("datagram", "loss", "apps", "shimloss", "shimperf") for r in records):
         return []
     md = ["## Datagram RDMA over UDP (issue 10; the datagram-iWARP patent)\n",
           "The four datagram protocols (`--transport udp`: write_record, dgram_send, dgram_rd; `--transport tcp`: "
@@ -151,7 +155,8 @@ def report_sections(records):
           "over tcp, measured the same way as in the latency and throughput sections. Latency: one message in flight, "
           "from the sender's stamp to the message finished at the receiver (its network thread sleeps in poll(), it "
           "does not busy-poll). Throughput: complete messages only, first send to last arrival. Segments of 8 KiB.\n"]
-    return md + _datagram_section(records) + _loss_section(records) + _apps_section(records)
+    return (md + _datagram_section(records) + _loss_section(records) + _apps_section(records) +
+            shim_plot.report_section(records))
 
 
 def _datagram_section(records):

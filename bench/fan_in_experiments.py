@@ -15,6 +15,7 @@ import subprocess
 import time
 
 from harness import BIN, Experiment, PeerError, cpu_percent, for_each_point, rdma_args, read_line, stop
+from report_cells import spread_text
 
 FULL_SENDERS = [1, 2, 4, 8, 12]
 QUICK_SENDERS = [1, 4, 12]
@@ -191,13 +192,6 @@ def plot_fan_in(records, out, plt, style):
     return path.name
 
 
-def _spread(vals):
-    """'median [min–max] (n=N)' over the N runs, as every report cell."""
-    if len(vals) == 1:
-        return f"{vals[0]:.1f} (n=1)"
-    return f"{statistics.median(vals):.1f} [{min(vals):.1f}–{max(vals):.1f}] (n={len(vals)})"
-
-
 def fan_in_table(records):
     """Markdown: aggregate MB/s per (transport, size, senders) and (protocol, mode), median over runs."""
     rows = [r for r in records if r["experiment"] in ("fan_in_threads", "fan_in_round_robin")
@@ -214,6 +208,6 @@ def fan_in_table(records):
              "| transport | size | senders | " + " | ".join(f"{p} {m}" for p, m in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     for t, s, n in sorted({k[:3] for k in vals}):
-        cells = [_spread(vals[(t, s, n, p, m)]) if (t, s, n, p, m) in vals else "–" for p, m in cols]
+        cells = [spread_text(vals[(t, s, n, p, m)], "{:.1f}") if (t, s, n, p, m) in vals else "–" for p, m in cols]
         lines.append(f"| {t} | {s} B | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

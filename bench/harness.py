@@ -141,27 +141,27 @@ def free_port(kind=socket.SOCK_STREAM):
         return s.getsockname()[1]
 
 
-def run_peers(rx_cmd, tx_cmd, timeout, what="peer"):
+def run_peers(rx_cmd, tx_cmd, timeout, kind=""):
     """One measurement by a receiver process (rx_cmd prints `listening on ADDR`, then one JSON report)
     and a sender process (tx_cmd(ADDR) -> its command line; it prints one JSON report and exits).
-    Returns (sender, receiver) reports; raises PeerError with the receiver's stderr when either fails."""
+    Returns (sender, receiver) reports; raises PeerError, with the receiver's stderr, when either fails.
+    kind: what the errors call the peers ("dgram " for `slotstream dgram-peer`)."""
     rx = subprocess.Popen(rx_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         line = read_line(rx, 20)
         if not line.startswith("listening on "):
-            raise PeerError(f"{what.replace('peer', 'receiver peer')} did not start: {line!r}")
+            raise PeerError(f"{kind}receiver peer did not start: {line!r}")
         cmd = tx_cmd(line.split()[-1])
         try:
             tx = subprocess.run(cmd, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise PeerError(f"{what.replace('peer', 'sender peer')} timed out after {timeout} s: {' '.join(cmd)}")
+            raise PeerError(f"{kind}sender peer timed out after {timeout} s: {' '.join(cmd)}")
         if tx.returncode != 0:
-            raise PeerError(f"{what.replace('peer', 'sender peer')} failed ({tx.returncode}): "
-                            f"{tx.stderr.decode()[:500]}")
+            raise PeerError(f"{kind}sender peer failed ({tx.returncode}): {tx.stderr.decode()[:500]}")
         sender = json.loads(tx.stdout)
         line = read_line(rx, 30)
         if not line.startswith("{"):
-            raise PeerError(f"{what.replace('peer', 'receiver peer')} gave no report within 30 s: {line!r}")
+            raise PeerError(f"{kind}receiver peer gave no report within 30 s: {line!r}")
         return sender, json.loads(line)
     except PeerError as e:
         # The receiver's side of the story often names the cause (e.g. out of shared memory).
@@ -169,7 +169,7 @@ def run_peers(rx_cmd, tx_cmd, timeout, what="peer"):
         err = rx.stderr.read().decode(errors="replace").strip()[-500:]
         raise PeerError(f"{e}; receiver peer stderr: {err!r}" if err else str(e)) from None
     except ValueError as e:  # JSON
-        raise PeerError(f"a {what} printed malformed JSON: {e}") from None
+        raise PeerError(f"a {kind}peer printed malformed JSON: {e}") from None
     finally:
         stop(rx)
 

@@ -11,8 +11,8 @@ import cache_experiments
 import dgram_plot  # the datagram experiments' figures and report sections
 import rate_experiments
 from fan_in_experiments import fan_in_table, plot_fan_in
-from plot_common import (Targets, human, line_plot, per_run, pick, plt, proto_key, ratio_runs, runs_of, series,
-                         spread_text, style, table)
+from plot_common import line_plot, plt, style
+from report_cells import Targets, human, per_run, pick, proto_key, ratio_runs, runs_of, series, spread_text, table
 
 
 def load(path):

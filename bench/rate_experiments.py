@@ -19,6 +19,7 @@ ucx_perftest_put_bw (devices = 1) message_rate; ratio_to_put_bw per protocol poi
 import statistics
 
 from harness import Experiment, PeerError, Progress, for_each_point, perftest_bandwidth, run_pair
+from report_cells import grouped
 
 SIZES = [16, 64, 256, 1024]
 DEVICES = [1, 4, 12]
@@ -103,14 +104,8 @@ EXPERIMENTS = {
 
 def _values(records, metric, **where):
     """{(protocol, transport, size, devices): [value per run]}."""
-    out = {}
-    for r in records:
-        if r["experiment"] != "message_rate" or r["metric"] != metric:
-            continue
-        if any(r.get(k) != v for k, v in where.items()):
-            continue
-        out.setdefault((r["protocol"], r["transport"], r["size_bytes"], r.get("devices", 1)), []).append(r["value"])
-    return out
+    return grouped(records, "message_rate", metric,
+                   lambda r: (r["protocol"], r["transport"], r["size_bytes"], r.get("devices", 1)), **where)
 
 
 def _cell(values, fmt):

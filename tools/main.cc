@@ -359,7 +359,10 @@ int main(int argc, char** argv) {
     return is_dgram_send(send) ? run_dgram_send(send, dgram) : run_send(send);
   }
   if (*ps) return run_platform_status(pstatus);
-  if (*e) return run_edge(edge);
+  if (*e) {
+    setup_logging("slotstream edge", "text");  // warnings (late synthetic frames) on stderr, as send's
+    return run_edge(edge);
+  }
   if (*dp) return run_dgram_peer(dp, dpeer);
   if (*v) return run_verify(verify_dir);
   if (*pl) return run_protocols(protocols_json);

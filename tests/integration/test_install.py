@@ -46,6 +46,8 @@ def test_installed_layout(prefix):
                 "share/man/man1/slotstream.1", "share/bash-completion/completions/slotstream",
                 "share/zsh/site-functions/_slotstream"]:
         assert (prefix / rel).exists(), rel
+    for module in (REPO / "bench").glob("*.py"):  # the entry script imports the experiment modules and harness.py
+        assert (prefix / "share/slotstream/bench" / module.name).exists(), module.name
     assert os.access(prefix / "share/slotstream/workers/checksum.sh", os.X_OK)
     libs = sorted(p.name for p in (prefix / "lib").glob("libslotstream*"))
     # ... and the datagram transport's preload shim (LD_PRELOAD=P/lib/libslotstream_udp.so).
