@@ -49,6 +49,10 @@ void check(const std::span<const std::byte> datagram) {
     if (auto m = decode_challenge(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end()))
       __builtin_trap();
     if (auto m = decode_auth(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end())) __builtin_trap();
+    if (auto m = decode_announce(p); m && encode_control(*m) != std::vector<uint8_t>(p.begin(), p.end()))
+      __builtin_trap();
+    if (auto m = decode_terminate(p); m && encode_terminate(*m) != std::vector<uint8_t>(p.begin(), p.end()))
+      __builtin_trap();
     (void)decode_refuse(p);  // a reason longer than 255 bytes is cut when encoded: decode only
   }
 }

@@ -68,9 +68,9 @@ struct Run {
 };
 
 Hello make_hello(Script& in) {
-  static const char* const kProtocols[] = {"write_record", "dgram_send", "dgram_rd", "dgram_rc"};
+  static const char* const kProtocols[] = {"write_record", "dgram_send", "dgram_rd", "rd_write_record", "dgram_rc"};
   Hello h;
-  h.protocol = kProtocols[in.u8() % 4];
+  h.protocol = kProtocols[in.u8() % std::size(kProtocols)];
   h.name = "fuzz";
   const uint8_t shape = in.u8();
   const size_t n = shape & 0x80 ? 1 + in.u16() % kMaxHelloDevices : 1 + shape % 6;

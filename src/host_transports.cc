@@ -69,7 +69,8 @@ TransportInfo udp_info() {
   ::close(fd);
   return {"udp",
           true,
-          "kernel UDP sockets: RDMA over UDP datagrams (write_record, dgram_send, dgram_rd; dgram_rc on TCP)",
+          "kernel UDP sockets: RDMA over UDP datagrams (write_record, dgram_send, dgram_rd, rd_write_record; dgram_rc "
+          "on TCP)",
           {}};
 }
 

@@ -43,8 +43,9 @@ constexpr int64_t kLinger = 1'000'000'000;
 constexpr const char* kUcxOnlySend[] = {"--block-size", "--rdma-transport", "--rdma-device"};
 constexpr const char* kInjectOptions[] = {"--inject-loss", "--inject-reorder", "--inject-duplicate", "--inject-corrupt",
                                           "--inject-seed"};
-constexpr const char* kDgramOnlyRecv[] = {"--partial", "--message-timeout", "--session-timeout", "--max-message"};
-constexpr const char* kDgramOnlySend[] = {"--segment-size"};
+constexpr const char* kDgramOnlyRecv[] = {"--partial", "--message-timeout", "--session-timeout", "--max-message",
+                                          "--interface"};
+constexpr const char* kDgramOnlySend[] = {"--segment-size", "--ttl", "--interface"};
 
 std::string value_of(CLI::App* app, const char* name) {
   CLI::Option* o = app->get_option_no_throw(name);
@@ -178,8 +179,9 @@ void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<p
                 "TCP connections without a session after the hello deadline.", &R::connections_timed_out},
         Counter{"slotstream_dgram_accept_errors_total", "Failed accept() calls (e.g. the descriptor limit).",
                 &R::accept_errors},
-        Counter{"slotstream_dgram_log_suppressed_total", "Log lines left out by the rate limit.",
-                &R::log_suppressed}}) {
+        Counter{"slotstream_dgram_log_suppressed_total", "Log lines left out by the rate limit.", &R::log_suppressed},
+        Counter{"slotstream_dgram_sessions_terminated_total",
+                "Sessions ended by a TERMINATE (a protocol error), sent or received.", &R::sessions_terminated}}) {
     out->push_back(
         {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(rc.receiver.*c.field))}});
   }
@@ -258,6 +260,10 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 32))
       ->default_str(std::to_string(64 << 20))
       ->group(kGroup);
+  recv->add_option("--interface", a->interface,
+                   "NAME: the network interface on which to join the multicast group of --listen GROUP:PORT "
+                   "(default: the one the kernel routes the group to)")
+      ->group(kGroup);
   add_inject_options(recv, a, "receives");
   send->add_option("--segment-size", a->segment_size,
                    "SIZE: payload bytes per datagram segment (udp: 64.." + std::to_string(dgram::kMaxSegmentPayload) +
@@ -265,7 +271,25 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->transform(size_value())
       ->default_str("8192")
       ->group(kGroup);
+  send->add_option("--ttl", a->ttl,
+                   "N: hop limit (IP TTL) of the datagrams to a multicast group (--to 239.x.y.z:PORT; default 1: "
+                   "this network only)")
+      ->check(CLI::Range(1, 255))
+      ->group(kGroup);
+  send->add_option("--interface", a->interface,
+                   "NAME: the network interface a multicast group's datagrams leave by (default: by route)")
+      ->group(kGroup);
   add_inject_options(send, a, "sends");
+  for (auto [app, name, text] :
+       {std::tuple{send, "--to",
+                   "\n--transport udp: also an IP multicast group GROUP:PORT (239.x.y.z; UD protocols "
+                   "write_record and dgram_send: every receiver on the group stores the stream)"},
+        std::tuple{recv, "--listen",
+                   "\n--transport udp: also an IP multicast group GROUP:PORT to join (with the "
+                   "sender's port; its senders announce themselves, nothing is sent back)"}}) {
+    CLI::Option* o = app->get_option(name);
+    o->description(o->get_description() + text);
+  }
   a->protocol_opt = send->get_option("--protocol");
   a->protocol_opt->description(a->protocol_opt->get_description() +
                                "\ndatagram protocols (--transport udp; dgram_rc: --transport tcp):" + protocol_list());
@@ -327,6 +351,7 @@ int dgram_recv_options(const RecvArgs& args, const DgramArgs& d, dgram::Datagram
     }
   }
   o->keep_partial = d.partial == "keep";
+  o->interface = d.interface;
   o->message_timeout_ns = int64_t(d.message_timeout_ms * 1e6);
   o->session_timeout_ns = int64_t(d.session_timeout_s * 1e9);
   o->max_message = d.max_message;
@@ -382,8 +407,8 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   const sigset_t sigs = block_stop_signals();
   std::unique_ptr<dgram::DatagramReceiver> rx;
   if (Status st = dgram::DatagramReceiver::start(std::move(o), &rx); !st.is_ok()) {
-    print_error("recv", st.to_string());
-    return kExitError;
+    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;
   if (!args.metrics.empty()) {
@@ -451,6 +476,8 @@ int dgram_send_options(const SendArgs& a, const DgramArgs& d, const dgram::Descr
   o->devices = plan->devices();
   o->ring = a.blocks;
   o->segment_size = d.segment_size;
+  o->ttl = d.ttl;
+  o->interface = d.interface;
   o->max_message = largest_message(*plan);
   return kExitOk;
 }
@@ -492,7 +519,7 @@ nlohmann::json receiver_accounting(const dgram::FinAck& report, const dgram::Dat
 
 // `send --json` of the datagram transport (docs/cli-contract.md).
 nlohmann::json send_json(const dgram::DatagramSenderOptions& o, const dgram::DatagramSenderStats& s,
-                         const dgram::Descriptor& proto, double secs, double cpu) {
+                         const dgram::Descriptor& proto, double secs, double cpu, bool tx_multicast) {
   nlohmann::json j;
   j["messages"] = s.messages;
   j["bytes"] = s.bytes;
@@ -508,6 +535,7 @@ nlohmann::json send_json(const dgram::DatagramSenderOptions& o, const dgram::Dat
   j["retransmit_timeouts"] = s.timeouts;
   j["credit_waits"] = s.credit_waits;
   j["authenticated"] = !o.token.empty();
+  j["multicast"] = tx_multicast;
   j["forged"] = s.forged;  // datagrams from the receiver's address without a right MAC, dropped
   j["injected"] = {{"loss", s.injected_loss},
                    {"corrupt", s.injected_corrupt},
@@ -545,9 +573,10 @@ int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
   }
   warn_late_frames(fillers.late_frames(), plan);
   const dgram::DatagramSenderStats s = tx->stats();
-  nlohmann::json accounting = receiver_accounting(report, s, *proto);
+  // A multicast group answers no FIN: each of its receivers reports its own accounting.
+  nlohmann::json accounting = tx->multicast() ? nlohmann::json() : receiver_accounting(report, s, *proto);
   if (a.json) {
-    nlohmann::json j = send_json(o, s, *proto, secs, cpu_seconds() - cpu0);
+    nlohmann::json j = send_json(o, s, *proto, secs, cpu_seconds() - cpu0, tx->multicast());
     j["receiver"] = std::move(accounting);
     std::printf("%s\n", j.dump().c_str());
   }

@@ -19,8 +19,10 @@ struct DgramArgs {
   double message_timeout_ms = 200;
   double session_timeout_s = 30;
   uint64_t max_message = 64ull << 20;
+  std::string interface;  // both: where a multicast group is joined (recv) or sent out of (send)
   // send
   uint32_t segment_size = 8192;
+  int ttl = 0;  // a multicast group's hop limit (0: not given, 1)
   // both ends: faults on the datagrams this end sends (send) or receives (recv)
   std::string inject_loss, inject_reorder, inject_duplicate, inject_corrupt;
   uint64_t inject_seed = 1;

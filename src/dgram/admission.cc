@@ -10,6 +10,8 @@ namespace {
 constexpr int64_t kMs = 1'000'000;
 // Lines about sessions coming and going per 10 s (other kinds: LogLimiter::kBurst).
 constexpr int kSessionLines = 50;
+// Multicast senders remembered as refused, at most (then forgotten all at once: refused again, once).
+constexpr size_t kRefusedAnnounces = 1024;
 
 std::span<const uint8_t> as_u8(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 
@@ -86,6 +88,35 @@ void Admission::on_auth(const Address& from, uint32_t source_qp, std::span<const
   admit(*hello, {from, source_qp, conn, request, auth->hello}, &keys, auth->receiver_nonce);
 }
 
+void Admission::on_announce(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, size_t request) {
+  if (table_.find(from, source_qp)) return;  // announced again: the session is there
+  const std::string key = SessionTable::udp_key(from, source_qp);
+  if (refused_announces_.contains(key)) return;
+  if (refused_announces_.size() >= kRefusedAnnounces) refused_announces_.clear();
+  const Request rq{from, source_qp, nullptr, request, payload, true};
+  auto a = decode_announce(payload);
+  if (!a) return refuse(rq, "?", "malformed ANNOUNCE");
+  const Descriptor* proto = find_protocol(a->hello.protocol);
+  if (proto && proto->reliable) {
+    return refuse(rq, a->hello.name,
+                  "protocol " + std::string(proto->name) +
+                      " acknowledges every datagram; a multicast group carries the UD protocols only");
+  }
+  const uint64_t last = uint64_t(a->first_stag) + uint64_t(a->hello.devices.size()) * a->hello.ring;
+  if (a->first_stag == 0 || last > UINT32_MAX) return refuse(rq, a->hello.name, "its STags do not fit 32 bits");
+  Request announced = rq;
+  announced.first_stag = a->first_stag;
+  admit(a->hello, announced, nullptr);
+}
+
+void Admission::refuse(const Request& rq, const std::string& name, const std::string& why) {
+  if (!rq.multicast) return replies_.refuse(rq.conn, rq.from, name, why, rq.size);
+  // No one to answer (a group sender listens to no one): logged and counted, once per sender.
+  ++counters_.hellos_refused;
+  refused_announces_.insert(SessionTable::udp_key(rq.from, rq.qp));
+  log_("refused", "refused multicast sender '" + name.substr(0, 64) + "' from " + rq.from.str() + ": " + why);
+}
+
 bool Admission::cookie_used(const DgramNonce& nr) {
   while (!used_cookies_.empty() && used_cookies_.front().second < now_ns()) used_cookies_.pop_front();
   for (const auto& [n, _] : used_cookies_) {
@@ -126,21 +157,21 @@ bool Admission::vet(const Hello& hello, const Request& rq, bool authenticated, H
                     std::unique_ptr<MessageStore>* store) {
   limits_.over_tcp = rq.conn != nullptr;
   if (auto why = check_hello(hello, limits_, terms)) {
-    replies_.refuse(rq.conn, rq.from, hello.name, *why, rq.size);
+    refuse(rq, hello.name, *why);
     return false;
   }
   if (std::string why; !make_room(hello, authenticated, &why)) {
-    replies_.refuse(rq.conn, rq.from, hello.name, why, rq.size);
+    refuse(rq, hello.name, why);
     return false;
   }
   if (auto over = check_budget(terms->reservation, table_.promised(), o_.max_memory)) {
     ++counters_.memory_refusals;
-    replies_.refuse(rq.conn, rq.from, hello.name, *over, rq.size);
+    refuse(rq, hello.name, *over);
     return false;
   }
   if (!o_.make_store) return true;
   if (Status st = o_.make_store(hello.name, store); !st.is_ok()) {
-    replies_.refuse(rq.conn, rq.from, hello.name, st.message(), rq.size);
+    refuse(rq, hello.name, st.message());
     return false;
   }
   return true;
@@ -154,7 +185,9 @@ std::shared_ptr<Peer> Admission::make_peer(const Hello& hello, const HelloTerms&
   c.reliable_timeout_ns = o_.session_timeout_ns;
   c.rd_window = o_.rd_window;
   c.keep_partial = o_.keep_partial;
+  c.first_stag = rq.first_stag;
   auto p = std::make_shared<Peer>(std::move(c));
+  p->multicast = rq.multicast;
   p->addr = rq.from;
   p->qp = rq.qp;
   p->conn = rq.conn;
@@ -186,10 +219,10 @@ void Admission::admit(const Hello& hello, const Request& rq, const SessionKeys* 
   if (rq.conn) rq.conn->session = p;
   table_.add(p);
   log_("session",
-       "sender " + hello.name + " connected from " + rq.from.str() + " (" + std::string(terms.protocol->name) +
-           (keys ? ", authenticated)" : ")"),
+       "sender " + hello.name + (rq.multicast ? " announced itself to the group from " : " connected from ") +
+           rq.from.str() + " (" + std::string(terms.protocol->name) + (keys ? ", authenticated)" : ")"),
        kSessionLines);
-  replies_.reply(*p, p->accept, false);  // the ACCEPT carries its own proof
+  replies_.reply(*p, p->accept, false);  // the ACCEPT carries its own proof (none to a multicast sender)
 }
 
 }  // namespace slotstream::dgram

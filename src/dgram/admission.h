@@ -7,7 +7,9 @@
 //   replaced) and the table's cap (an unauthenticated session evicted) -> the memory budget
 //   -> the store -> the session, ACCEPT (with its proof)
 //
-// A repeated HELLO or AUTH of a session gets its ACCEPT again. Threading: the network thread.
+// A repeated HELLO or AUTH of a session gets its ACCEPT again. A receiver on a multicast group takes
+// ANNOUNCEs instead (dgram/control.h): the same checks from check_hello on, and nothing is sent back.
+// Threading: the network thread.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "dgram/handshake.h"
@@ -34,6 +37,12 @@ class Admission {
   // A HELLO (`request`: the datagram's size, what an answer may not exceed before authentication).
   void on_hello(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, Conn* conn, size_t request);
   void on_auth(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, Conn* conn, size_t request);
+  // An ANNOUNCE of a multicast sender (a receiver on a group only): a session, or a refusal logged once.
+  void on_announce(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, size_t request);
+  // A multicast sender whose session was terminated: its ANNOUNCEs open no new one.
+  void shut_out(const Address& from, uint32_t source_qp) {
+    refused_announces_.insert(SessionTable::udp_key(from, source_qp));
+  }
 
  private:
   // Who asks, and with what (the hello's bytes: AUTH's proof covers them).
@@ -43,7 +52,10 @@ class Admission {
     Conn* conn;
     size_t size;
     std::span<const uint8_t> hello_bytes;
+    bool multicast = false;   // an ANNOUNCE: nothing is sent back
+    uint32_t first_stag = 1;  // the STags (an ANNOUNCE names its own)
   };
+  void refuse(const Request& rq, const std::string& name, const std::string& why);
   void admit(const Hello& hello, const Request& rq, const SessionKeys* keys, const DgramNonce& nr = {});
   bool vet(const Hello& hello, const Request& rq, bool authenticated, HelloTerms* terms,
            std::unique_ptr<MessageStore>* store);
@@ -66,6 +78,8 @@ class Admission {
   // Receiver nonces of AUTHs that started a session, until their cookie has gone stale: a replayed AUTH
   // (a copy from the same address and QP, within its 20 s) starts nothing.
   std::deque<std::pair<DgramNonce, int64_t>> used_cookies_;
+  // Multicast senders refused (address and QP): their repeated ANNOUNCEs are not refused again.
+  std::unordered_set<std::string> refused_announces_;
 };
 
 }  // namespace slotstream::dgram

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "dgram/wire.h"
 #include "wire/codec.h"
 
 namespace slotstream::dgram {
@@ -141,7 +142,7 @@ std::vector<uint8_t> encode_control(const Auth& m) {
 }
 
 std::optional<ControlType> control_type(std::span<const uint8_t> p) {
-  if (p.empty() || p[0] < uint8_t(ControlType::kHello) || p[0] > uint8_t(ControlType::kAuth)) return std::nullopt;
+  if (p.empty() || p[0] < uint8_t(ControlType::kHello) || p[0] > uint8_t(ControlType::kAnnounce)) return std::nullopt;
   return static_cast<ControlType>(p[0]);
 }
 
@@ -242,5 +243,75 @@ std::optional<Auth> decode_auth(std::span<const uint8_t> p) {
   read_array(*r, &m.proof);
   return done(*r, std::move(m));
 }
+
+std::vector<uint8_t> encode_control(const Announce& m) {
+  Writer w = start(ControlType::kAnnounce);
+  w.u32(m.first_stag);
+  const std::vector<uint8_t> hello = encode_control(m.hello);
+  w.u16(static_cast<uint16_t>(hello.size()));
+  w.bytes(hello);
+  return std::move(w.buffer());
+}
+
+std::optional<Announce> decode_announce(std::span<const uint8_t> p) {
+  auto r = open(p, ControlType::kAnnounce);
+  if (!r) return std::nullopt;
+  Announce m;
+  m.first_stag = r->u32();
+  const uint16_t n = r->u16();
+  auto hello = decode_hello(r->bytes(n));
+  if (!hello || hello->flags != 0) return std::nullopt;
+  m.hello = std::move(*hello);
+  return done(*r, std::move(m));
+}
+
+// ------------------------------------------------------------------ TERMINATE
+
+const char* terminate_code_name(TerminateCode c) {
+  switch (c) {
+    case TerminateCode::kProtocol:
+      return "protocol error";
+    case TerminateCode::kPlacement:
+      return "placement out of range";
+    case TerminateCode::kCrc:
+      return "CRC failures";
+    case TerminateCode::kHandshake:
+      return "handshake";
+    case TerminateCode::kAborted:
+      return "aborted";
+  }
+  return "?";
+}
+
+std::vector<uint8_t> encode_terminate(const Terminate& m) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(m.layer));
+  w.u8(static_cast<uint8_t>(m.code));
+  w.str8(std::string_view(m.reason).substr(0, 255));
+  return std::move(w.buffer());
+}
+
+std::optional<Terminate> decode_terminate(std::span<const uint8_t> p) {
+  Reader r(p);
+  const uint8_t layer = r.u8(), code = r.u8();
+  Terminate m{static_cast<TerminateLayer>(layer), static_cast<TerminateCode>(code), r.str8()};
+  if (layer > uint8_t(TerminateLayer::kLlp) || code < uint8_t(TerminateCode::kProtocol) ||
+      code > uint8_t(TerminateCode::kAborted)) {
+    return std::nullopt;
+  }
+  return done(r, std::move(m));
+}
+
+SegmentHeader terminate_header(bool over_tcp, uint32_t msn) {
+  SegmentHeader h;
+  h.service = over_tcp ? Service::kRC : Service::kUD;
+  h.opcode = Opcode::kTerminate;
+  h.queue = kTerminateQueue;
+  h.msn = msn;
+  h.last = true;
+  return h;
+}
+
+std::string describe(const Terminate& t) { return std::string(terminate_code_name(t.code)) + ": " + t.reason; }
 
 }  // namespace slotstream::dgram

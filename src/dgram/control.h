@@ -22,6 +22,7 @@
 //             u64 partial kept, u64 incomplete dropped, u64 lost, u64 valid bytes)
 //   CHALLENGE u8 6 | nonce Nr
 //   AUTH      u8 7 | nonce Nr | u16 length | the HELLO payload as sent | proof
+//   ANNOUNCE  u8 8 | u32 first STag | u16 length | a HELLO payload (flags 0, nonce 0, no padding)
 //
 // FIN and FIN_ACK travel in parts of at most kFinPartDevices devices, each covering the HELLO's
 // devices first .. first + n - 1, so that any device count fits in datagrams (and in the 16-bit
@@ -37,6 +38,37 @@
 // until their FIN_ACK parts; the receiver answers a repeated request with the same answer. Unknown
 // types are an error (no silent forward compatibility); the layouts are wire version 2's
 // (dgram/wire.h).
+//
+// ANNOUNCE (issue 25) starts a multicast session: a sender to an IP multicast group cannot shake hands
+// with receivers it does not know, and a group has no one to ACCEPT. So it announces what a HELLO
+// would ask and what an ACCEPT would grant (its STags: device i's ring is first + i*K ...) to the
+// group, three times before its first segment and every 200 ms while it sends (a receiver that joins
+// late starts at the next one), and ends with its FIN parts, five times, answered by no one. A
+// receiver listening on the group (`recv --listen GROUP:PORT`) opens a session for an ANNOUNCE it
+// accepts (a UD protocol, within its limits and budget; nothing is sent back), keyed like any UDP
+// session by the sender's address and QP, and accounts for it on its own. Only UD protocols
+// (write_record, dgram_send) announce; without a handshake there is no token either.
+//
+// TERMINATE is not a control-queue Send but RDMAP's own message (opcode 7, RFC 5040 §4.8; issue 25):
+// an untagged segment on queue number kTerminateQueue (2, RFC 5040's), MSN the sender's count of
+// TERMINATEs, MO 0, L set; over UDP with service UD even in an RD session (it is not sequenced: the
+// session it ends will retransmit nothing), over TCP RC; signed like any datagram of an authenticated
+// session (an unsigned one is then ignored). Its payload:
+//
+//   TERMINATE u8 layer (0 RDMAP, 1 DDP, 2 LLP: where the error was found, RFC 5040's Layer)
+//             | u8 code (TerminateCode: 1 protocol, 2 placement, 3 crc, 4 handshake, 5 aborted)
+//             | str8 reason (UTF-8, for people: what was wrong, what to do)
+//
+// The side that detects a protocol error — a segment whose opcode or service the session's protocol
+// does not use, a placement outside its STags, queues or regions, more datagrams failing their CRC
+// than passing it, an ACCEPT the sender cannot honour — or that stops early on an error of its own
+// sends TERMINATE and ends the session; the peer reports the reason and stops too. Over UDP it may be
+// lost: the receiver answers a terminated session's later datagrams with it again (at most every
+// 100 ms, for 10 s). Unknown layers or codes are malformed (no silent forward compatibility).
+//
+// ANNOUNCE and TERMINATE's payload came with issue 25 within wire version 2: a peer from before it
+// misreads neither (an ANNOUNCE is an unknown control type to it, a TERMINATE an opcode it does not
+// act on: both are dropped), so the version did not change.
 #pragma once
 
 #include <array>
@@ -46,9 +78,12 @@
 #include <string>
 #include <vector>
 
+#include "dgram/wire.h"
+
 namespace slotstream::dgram {
 
 inline constexpr uint32_t kControlQueue = 0xFFFFFFFFu;
+inline constexpr uint32_t kTerminateQueue = 2;  // RFC 5040 §5.1: queue 2 is the Terminate queue
 inline constexpr size_t kDgramNonceSize = 32;
 inline constexpr size_t kDgramProofSize = 32;
 using DgramNonce = std::array<uint8_t, kDgramNonceSize>;
@@ -67,6 +102,7 @@ enum class ControlType : uint8_t {
   kFinAck = 5,
   kChallenge = 6,
   kAuth = 7,
+  kAnnounce = 8,
 };
 
 inline constexpr uint8_t kHelloAuth = 1;  // HELLO flags
@@ -112,6 +148,12 @@ struct Auth {
   bool operator==(const Auth&) const = default;
 };
 
+struct Announce {
+  uint32_t first_stag = 1;
+  Hello hello;  // flags 0
+  bool operator==(const Announce&) const = default;
+};
+
 struct Fin {
   struct Device {
     uint16_t device = 0;
@@ -152,6 +194,30 @@ struct FinAck {
 // The padding a FIN part of n devices carries so that it is at least as long as its FIN_ACK part.
 inline uint16_t fin_padding(size_t n) { return static_cast<uint16_t>(n * (42 - 18)); }  // entry sizes
 
+enum class TerminateLayer : uint8_t { kRdmap = 0, kDdp = 1, kLlp = 2 };
+enum class TerminateCode : uint8_t {
+  kProtocol = 1,   // an opcode or service the session's protocol does not use
+  kPlacement = 2,  // a segment outside the session's STags or queues, or beyond its region
+  kCrc = 3,        // more of the session's datagrams failed their CRC32C than passed it
+  kHandshake = 4,  // an answer of the handshake the peer cannot honour
+  kAborted = 5,    // the peer stopped before the end of the session, on an error of its own
+};
+const char* terminate_code_name(TerminateCode c);
+
+struct Terminate {
+  TerminateLayer layer = TerminateLayer::kRdmap;
+  TerminateCode code = TerminateCode::kProtocol;
+  std::string reason;  // at most 255 bytes travel
+  bool operator==(const Terminate&) const = default;
+};
+std::vector<uint8_t> encode_terminate(const Terminate& m);
+// nullopt unless the payload is exactly one well-formed TERMINATE with a known layer and code.
+std::optional<Terminate> decode_terminate(std::span<const uint8_t> payload);
+// The header of a TERMINATE segment (the caller sets source_qp, and the MAC when signing).
+SegmentHeader terminate_header(bool over_tcp, uint32_t msn);
+// "code: reason", as both ends print it.
+std::string describe(const Terminate& t);
+
 std::vector<uint8_t> encode_control(const Hello& m);
 std::vector<uint8_t> encode_control(const Accept& m);
 std::vector<uint8_t> encode_control(const Refuse& m);
@@ -159,6 +225,7 @@ std::vector<uint8_t> encode_control(const Fin& m);
 std::vector<uint8_t> encode_control(const FinAck& m);
 std::vector<uint8_t> encode_control(const Challenge& m);
 std::vector<uint8_t> encode_control(const Auth& m);
+std::vector<uint8_t> encode_control(const Announce& m);
 
 // The type of a control payload, or nullopt if empty/unknown.
 std::optional<ControlType> control_type(std::span<const uint8_t> payload);
@@ -170,5 +237,6 @@ std::optional<Fin> decode_fin(std::span<const uint8_t> payload);
 std::optional<FinAck> decode_fin_ack(std::span<const uint8_t> payload);
 std::optional<Challenge> decode_challenge(std::span<const uint8_t> payload);
 std::optional<Auth> decode_auth(std::span<const uint8_t> payload);
+std::optional<Announce> decode_announce(std::span<const uint8_t> payload);
 
 }  // namespace slotstream::dgram

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <poll.h>
 #include <unistd.h>
@@ -127,6 +128,84 @@ Status UdpSocket::open(const std::string& host, uint16_t port, size_t buffer_byt
     return sys_error("cannot bind UDP " + a.str(), errno);
   }
   out->reset(new UdpSocket(std::move(fd)));
+  return Status::ok();
+}
+
+bool is_multicast(const Address& a) {
+  if (a.ss.ss_family == AF_INET) {
+    return IN_MULTICAST(ntohl(reinterpret_cast<const sockaddr_in*>(&a.ss)->sin_addr.s_addr));
+  }
+  return a.ss.ss_family == AF_INET6 && IN6_IS_ADDR_MULTICAST(&reinterpret_cast<const sockaddr_in6*>(&a.ss)->sin6_addr);
+}
+
+namespace {
+
+// The index of network interface `name` (0 for ""), or an error naming it.
+Status interface_index(const std::string& name, unsigned* index) {
+  *index = 0;
+  if (name.empty()) return Status::ok();
+  *index = if_nametoindex(name.c_str());
+  if (*index == 0) return {Code::kInvalidArgument, "no network interface '" + name + "' (see `ip link`)"};
+  return Status::ok();
+}
+
+}  // namespace
+
+Status UdpSocket::open_group(const Address& group, const std::string& interface, size_t buffer_bytes,
+                             std::unique_ptr<UdpSocket>* out) {
+  unsigned ifindex = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(interface_index(interface, &ifindex));
+  Fd fd(::socket(group.ss.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return sys_error("socket", errno);
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  set_buffer(fd.get(), SO_RCVBUFFORCE, SO_RCVBUF, buffer_bytes);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&group.ss), group.len) != 0) {
+    return sys_error("cannot bind UDP " + group.str(), errno);
+  }
+  int rc;
+  if (group.ss.ss_family == AF_INET) {
+    ip_mreqn m{};
+    m.imr_multiaddr = reinterpret_cast<const sockaddr_in*>(&group.ss)->sin_addr;
+    m.imr_ifindex = int(ifindex);
+    rc = setsockopt(fd.get(), IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof m);
+  } else {
+    ipv6_mreq m{};
+    m.ipv6mr_multiaddr = reinterpret_cast<const sockaddr_in6*>(&group.ss)->sin6_addr;
+    m.ipv6mr_interface = ifindex;
+    rc = setsockopt(fd.get(), IPPROTO_IPV6, IPV6_JOIN_GROUP, &m, sizeof m);
+  }
+  if (rc != 0) {
+    return sys_error("cannot join multicast group " + group.str() +
+                         (interface.empty() ? " (no route to it? give --interface)" : " on " + interface),
+                     errno);
+  }
+  out->reset(new UdpSocket(std::move(fd)));
+  return Status::ok();
+}
+
+Status UdpSocket::set_multicast(int ttl, const std::string& interface) {
+  unsigned ifindex = 0;
+  SLOTSTREAM_RETURN_IF_ERROR(interface_index(interface, &ifindex));
+  const int loop = 1;
+  int rc = 0;
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &len);
+  if (local.ss_family == AF_INET) {
+    rc |= setsockopt(fd_.get(), IPPROTO_IP, IP_MULTICAST_TTL, &ttl, sizeof ttl);
+    rc |= setsockopt(fd_.get(), IPPROTO_IP, IP_MULTICAST_LOOP, &loop, sizeof loop);
+    if (ifindex) {
+      ip_mreqn m{};
+      m.imr_ifindex = int(ifindex);
+      rc |= setsockopt(fd_.get(), IPPROTO_IP, IP_MULTICAST_IF, &m, sizeof m);
+    }
+  } else {
+    rc |= setsockopt(fd_.get(), IPPROTO_IPV6, IPV6_MULTICAST_HOPS, &ttl, sizeof ttl);
+    rc |= setsockopt(fd_.get(), IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &loop, sizeof loop);
+    if (ifindex) rc |= setsockopt(fd_.get(), IPPROTO_IPV6, IPV6_MULTICAST_IF, &ifindex, sizeof ifindex);
+  }
+  if (rc != 0) return sys_error("cannot set the multicast options (TTL, interface)", errno);
   return Status::ok();
 }
 

@@ -36,6 +36,8 @@ struct Address {
   // Family, port and address as bytes: equal for equal addresses (a map key; what a cookie names).
   std::string identity() const;
 };
+// An IP multicast group: IPv4 224.0.0.0/4, IPv6 ff00::/8 (issue 25).
+bool is_multicast(const Address& a);
 // Resolves HOST:PORT parts (numeric or a name; IPv4 first) for UDP or TCP.
 Status resolve(const std::string& host, uint16_t port, Address* out);
 
@@ -63,6 +65,14 @@ class UdpSocket {
  public:
   // Binds HOST:PORT (port 0: any free one). Non-blocking, close-on-exec, buffers of `buffer_bytes`.
   static Status open(const std::string& host, uint16_t port, size_t buffer_bytes, std::unique_ptr<UdpSocket>* out);
+  // A socket receiving multicast group `group` (bound to GROUP:PORT, so that it takes the group's
+  // datagrams only; SO_REUSEADDR, so that receivers on one host share the port), joined on network
+  // interface `interface` (a name such as eth0; empty: the one the kernel routes the group to).
+  static Status open_group(const Address& group, const std::string& interface, size_t buffer_bytes,
+                           std::unique_ptr<UdpSocket>* out);
+  // Multicast sends from this socket: hop limit (TTL) `ttl`, out of `interface` (empty: by route),
+  // looped back to receivers on this host too.
+  Status set_multicast(int ttl, const std::string& interface);
   // Connects to a peer: sends go there, datagrams from anyone else are filtered by the kernel,
   // and a closed port comes back as ECONNREFUSED (kPeerGone) instead of silence.
   Status connect(const Address& peer);

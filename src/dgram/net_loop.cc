@@ -28,6 +28,21 @@ constexpr int kMaxPollMs = 100;
 // One port number for both: UDP first (port 0 picks it), then TCP on the same number; if TCP finds it
 // taken, another free UDP port.
 Status bind_both(const NetLoop::Options& o, std::unique_ptr<UdpSocket>* udp_out, Fd* listener, std::string* address) {
+  Address group;
+  SLOTSTREAM_RETURN_IF_ERROR(resolve(o.host, o.port, &group));
+  if (is_multicast(group)) {
+    // A group's receivers share its port number, and its senders are UD only: no TCP listener.
+    if (o.port == 0) {
+      return {Code::kInvalidArgument, "a multicast group needs the port its sender sends to (--listen GROUP:PORT)"};
+    }
+    SLOTSTREAM_RETURN_IF_ERROR(UdpSocket::open_group(group, o.interface, o.socket_buffer, udp_out));
+    *address = group.str();
+    return Status::ok();
+  }
+  if (!o.interface.empty()) {
+    return {Code::kInvalidArgument,
+            "--interface chooses where a multicast group is joined; " + o.host + " is no multicast group"};
+  }
   Status last;
   for (int attempt = 0; attempt < 20; ++attempt) {
     std::unique_ptr<UdpSocket> udp;

@@ -47,6 +47,9 @@ class NetLoop {
   struct Options {
     std::string host = "0.0.0.0";
     uint16_t port = 0;  // 0: a free port (the same number for UDP and TCP)
+    // A multicast group as host: its datagrams are received (joined on `interface`; empty: by route),
+    // and there is no TCP listener (dgram/control.h ANNOUNCE).
+    std::string interface;
     size_t socket_buffer = 64u << 20;
     size_t max_connections = 1024;
     size_t max_pending = 64;
@@ -69,6 +72,7 @@ class NetLoop {
                      std::unique_ptr<NetLoop>* out);
   ~NetLoop();
   const std::string& address() const { return address_; }
+  bool multicast() const { return !listener_; }
 
   // Waits until something arrives, `deadline_ns` (at most 100 ms) or a wake(), and handles it.
   void poll_once(int64_t deadline_ns);

@@ -34,16 +34,21 @@ struct Peer {
   int64_t last_heard_ns = 0;
   uint32_t control_msn = 0;
   bool fin_queued = false;
+  bool multicast = false;  // announced to a group (dgram/control.h ANNOUNCE): nothing is sent back to it
 
   bool authenticated() const { return rx_mac != nullptr; }
   const std::string& name() const { return session.hello().name; }
   const Address& peer_address() const { return conn ? conn->peer : addr; }
 };
 
-// A session that finished: its FIN_ACK parts, for FINs that cross them (UDP only).
+// A session that finished: its FIN_ACK parts, for FINs that cross them (UDP only); or one the receiver
+// terminated: its TERMINATE, for the datagrams the sender sends before it hears it.
 struct Finished {
   std::string key;
   std::vector<std::vector<uint8_t>> parts;  // by FIN part index
+  std::vector<std::byte> terminate;         // the TERMINATE segment as sent, if terminated
+  bool silent = false;                      // a multicast session's: later FINs are taken, not answered
+  int64_t terminate_sent_ns = 0;
   std::unique_ptr<SegmentMac> rx_mac, tx_mac;
   int64_t until_ns;
 };

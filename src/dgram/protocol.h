@@ -9,6 +9,8 @@
 //   dgram_send    UD + Send/Recv (send_recv.h): two-sided, unreliable, whole messages only
 //   dgram_rd      RD + Send/Recv: reliable and in order per source (sequence, ack, credits,
 //                 retransmission: rd.h)
+//   rd_write_record  RD + RDMA Write-Record: one-sided like write_record, every lost segment
+//                 retransmitted by RD below the placement (issue 25)
 //   dgram_rc      RC + RDMA Write, then a Send that says it is there (rc_write.h): the same RDMAP
 //                 over a TCP stream (iWARP as standardised), the patent's comparison point
 //

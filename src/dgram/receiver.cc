@@ -29,6 +29,8 @@ constexpr int64_t kFinishedMemory = 10'000 * kMs;
 constexpr int kSessionLines = 50;
 // Freed message memory goes back to the system at most this often (see give_back_memory).
 constexpr int64_t kTrimInterval = 1000 * kMs;
+// A terminated session's later datagrams are answered with its TERMINATE at most this often.
+constexpr int64_t kTerminateInterval = 100 * kMs;
 // Live reports are refreshed this often.
 constexpr int64_t kPublishInterval = 100 * kMs;
 
@@ -125,7 +127,11 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     // The handshake's own messages come before a session's keys (a repeated HELLO or AUTH).
     if (type == ControlType::kHello) return admission->on_hello(from, h.source_qp, payload, conn, d.size());
     if (type == ControlType::kAuth) return admission->on_auth(from, h.source_qp, payload, conn, d.size());
+    if (type == ControlType::kAnnounce && !conn && net->multicast()) {
+      return admission->on_announce(from, h.source_qp, payload, d.size());
+    }
     if (!p) {
+      if (!conn && answer_terminated(*seg, from)) return;
       if (type == ControlType::kFin && answer_finished(*seg, from, conn, d.size())) return;
       ++unattributed.datagrams;
       ++unattributed.unknown;
@@ -144,6 +150,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
       return;
     }
     p.last_heard_ns = now_ns();
+    if (seg.header.opcode == Opcode::kTerminate) return on_terminate(p, as_u8(seg.payload));
     if (type == ControlType::kFin) return on_fin(p, as_u8(seg.payload), d.size());
     if (is_control(seg.header)) {
       ++c.malformed;
@@ -160,8 +167,53 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     }
     // Its answer is a FIN_ACK part: without authentication, no larger than this request.
     const size_t answer = control_size(encode_control(p.session.fin_ack_part(fin->first)).size());
-    if (!p.authenticated() && answer > request) return replies->withhold();
+    if (!p.authenticated() && !p.multicast && answer > request) return replies->withhold();
     (void)p.session.on_fin(*fin, now_ns());
+  }
+
+  // The sender ended the session on a protocol error of ours or an error of its own (dgram/control.h).
+  void on_terminate(Peer& p, std::span<const uint8_t> payload) {
+    auto t = decode_terminate(payload);
+    if (!t) {
+      ++p.session.counters().malformed;
+      return;
+    }
+    ++rc.sessions_terminated;
+    log("terminate", "sender " + p.name() + " terminated its session: " + describe(*t), kSessionLines);
+    end_session(p, false, "terminated by the sender: " + describe(*t));
+  }
+
+  // A protocol error of the sender's: TERMINATE with the reason, remembered for the datagrams it sends
+  // before it hears it (UDP), and the session ends.
+  void terminate(Peer& p, const Terminate& t) {
+    ++rc.sessions_terminated;
+    log("terminate", "terminated sender " + p.name() + " from " + p.peer_address().str() + ": " + describe(t),
+        kSessionLines);
+    std::vector<std::byte> sent = replies->terminate(p, t);
+    if (p.multicast) admission->shut_out(p.addr, p.qp);  // it cannot hear the TERMINATE: ignore it from now on
+    if (!p.conn && !p.multicast) {
+      Finished f;
+      f.key = p.key;
+      f.terminate = std::move(sent);
+      f.terminate_sent_ns = now_ns();
+      f.rx_mac = std::move(p.rx_mac);
+      f.tx_mac = std::move(p.tx_mac);
+      f.until_ns = now_ns() + kFinishedMemory;
+      table.remember(std::move(f));
+    }
+    end_session(p, false, "terminated: " + describe(t));
+  }
+
+  // A datagram of a session the receiver terminated: its TERMINATE again, at most every 100 ms.
+  bool answer_terminated(const Segment& seg, const Address& from) {
+    Finished* f = table.finished(SessionTable::udp_key(from, seg.header.source_qp));
+    if (!f || f->terminate.empty() || (f->rx_mac && !f->rx_mac->verify(seg))) return false;
+    ++unattributed.datagrams;
+    ++unattributed.unknown;
+    if (now_ns() - f->terminate_sent_ns < kTerminateInterval) return true;
+    f->terminate_sent_ns = now_ns();
+    net->send_udp(f->terminate, from);
+    return true;
   }
 
   // A FIN from a session that has finished: its FIN_ACK part again (the first one was lost).
@@ -172,6 +224,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     auto fin = decode_fin(as_u8(seg.payload));
     const size_t part = fin ? fin->first / kFinPartDevices : SIZE_MAX;
     if (part >= f->parts.size()) return false;
+    if (f->silent) return true;  // a multicast session's FIN, repeated: no one to answer
     const auto& payload = f->parts[part];
     if (!f->rx_mac && control_size(payload.size()) > request) return false;
     net->send_udp(replies->control_segment(Service::kUD, 0, payload, f->tx_mac.get()), from);
@@ -220,7 +273,11 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
       release(p, now);
       if (auto ack = p->session.take_ack()) replies->send_ack(*p, *ack);
       expired += p->session.counters().expired;
-      if (auto why = ending(*p, now)) end_session(*p, why->empty(), *why);
+      if (auto error = p->session.protocol_error()) {
+        terminate(*p, *error);
+      } else if (auto why = ending(*p, now)) {
+        end_session(*p, why->empty(), *why);
+      }
     }
     table.forget_finished(now);
     give_back_memory(expired, now);
@@ -265,6 +322,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     last_fin_ack_ns = now_ns();
     if (p.conn) return;
     f.key = p.key;
+    f.silent = p.multicast;
     f.rx_mac = std::move(p.rx_mac);
     f.tx_mac = std::move(p.tx_mac);
     f.until_ns = now_ns() + kFinishedMemory;
@@ -351,12 +409,18 @@ Status DatagramReceiver::start(DatagramReceiverOptions o, std::unique_ptr<Datagr
   n.host = im.o.host;
   n.port = im.o.port;
   n.socket_buffer = im.o.socket_buffer;
+  n.interface = im.o.interface;
   n.max_connections = im.o.max_connections;
   n.max_pending = im.o.max_pending_connections;
   n.hello_timeout_ns = im.o.hello_timeout_ns;
   n.served_timeout_ns = im.o.session_timeout_ns;
   n.inject = im.o.inject;
   SLOTSTREAM_RETURN_IF_ERROR(NetLoop::open(n, im, im.log, im.rc, &im.net));
+  if (im.net->multicast() && !im.o.token.empty()) {
+    return {Code::kInvalidArgument,
+            "a multicast group has no handshake, so no token can be proved (--token-file): listen on a unicast "
+            "address, or leave the token out"};
+  }
   const uint32_t qp = std::random_device{}() | 1;
   im.replies = std::make_unique<Replies>(*im.net, qp, im.log, im.rc);
   im.admission =

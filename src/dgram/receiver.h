@@ -19,6 +19,8 @@
 //     messages (counted), RD grants no credits and RC's connection is not read until it goes on.
 //   - FIN parts (how many messages each device sent) are answered with FIN_ACK parts once every
 //     message is accounted for and stored.
+//   - on a multicast group (host 239.x.y.z ...): a sender's ANNOUNCE opens its session (no handshake,
+//     nothing sent back; UD protocols only), its FIN ends it, and each receiver accounts on its own.
 //   - a sender name is one session at a time; a new UDP session may replace an old one of the same name
 //     that has been silent for max(1 s, 2 x message timeout) (a sender that died and was restarted).
 //   - at most max_sessions sessions and max_connections TCP connections; a full table makes room by
@@ -47,7 +49,10 @@ namespace slotstream::dgram {
 
 struct DatagramReceiverOptions {
   std::string host = "0.0.0.0";
-  uint16_t port = 0;                            // 0: a free port (the same number for UDP and TCP)
+  uint16_t port = 0;  // 0: a free port (the same number for UDP and TCP)
+  // host a multicast group: join it (on this interface; empty: by route) and take ANNOUNCEd UD senders
+  // (dgram/control.h), no TCP listener
+  std::string interface;
   bool keep_partial = false;                    // store incomplete Write-Record messages as partial
   int64_t message_timeout_ns = 200'000'000;     // a message's timer, from its first segment
   int64_t session_timeout_ns = 30'000'000'000;  // silence after which a sender is lost (also RD/RC messages)

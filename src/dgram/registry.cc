@@ -9,7 +9,7 @@
 namespace slotstream::dgram {
 namespace {
 // Every datagram protocol of this build, in the order --help and the benchmark list them.
-const std::array<const Descriptor*, 4> kAll = {&kWriteRecord, &kDgramSend, &kDgramRd, &kDgramRc};
+const std::array<const Descriptor*, 5> kAll = {&kWriteRecord, &kDgramSend, &kDgramRd, &kRdWriteRecord, &kDgramRc};
 }  // namespace
 
 std::span<const Descriptor* const> protocols() { return kAll; }

@@ -27,6 +27,7 @@ std::vector<std::byte> Replies::control_segment(Service service, uint32_t msn, s
 }
 
 void Replies::reply(Peer& p, std::span<const uint8_t> payload, bool sign) {
+  if (p.multicast) return;  // a group's sender listens to no one
   const Service service = p.conn ? Service::kRC : Service::kUD;
   net_.send(p.conn, p.addr, control_segment(service, p.control_msn++, payload, sign ? p.tx_mac.get() : nullptr));
 }
@@ -55,6 +56,7 @@ void Replies::refuse(Conn* conn, const Address& to, const std::string& name, con
 }
 
 void Replies::send_ack(Peer& p, const RdFields& f) {
+  if (p.multicast) return;
   SegmentHeader h;
   h.service = Service::kRD;
   h.opcode = Opcode::kAck;
@@ -62,6 +64,16 @@ void Replies::send_ack(Peer& p, const RdFields& f) {
   h.rd = f;
   std::byte buf[kMaxHeaderSize + kMaxTrailerSize];
   net_.send_udp(std::span(buf, encode_segment(h, {}, buf, p.tx_mac.get())), p.addr);
+}
+
+std::vector<std::byte> Replies::terminate(Peer& p, const Terminate& t) {
+  SegmentHeader h = terminate_header(p.conn != nullptr, p.control_msn++);
+  h.source_qp = qp_;
+  const std::vector<uint8_t> payload = encode_terminate(t);
+  std::vector<std::byte> d(kMaxHeaderSize + payload.size() + kMaxTrailerSize);
+  d.resize(encode_segment(h, as_bytes(payload), d, p.tx_mac.get()));
+  if (!p.multicast) net_.send(p.conn, p.addr, d);
+  return d;
 }
 
 }  // namespace slotstream::dgram

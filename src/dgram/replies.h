@@ -39,6 +39,8 @@ class Replies {
   // A request that is not answered because its answer would be larger.
   void withhold() { ++counters_.replies_withheld; }
   void send_ack(Peer& p, const RdFields& f);
+  // TERMINATE (dgram/control.h) to a session, signed once authenticated; returns the segment as sent.
+  std::vector<std::byte> terminate(Peer& p, const Terminate& t);
 
  private:
   NetLoop& net_;

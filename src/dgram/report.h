@@ -64,6 +64,7 @@ struct ReceiverCounters {
   uint64_t connections_timed_out = 0;  // TCP connections without a session after the hello deadline
   uint64_t accept_errors = 0;          // accept() failed (e.g. the descriptor limit): listener rested 100 ms
   uint64_t log_suppressed = 0;         // log lines not printed (rate limit); the counters still count
+  uint64_t sessions_terminated = 0;    // sessions ended by a TERMINATE, sent or received (a protocol error)
 };
 
 // A key of SessionReport::protocol_counters, what it counts, and the /metrics counter family it

@@ -14,6 +14,13 @@ namespace {
 
 constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kFinInterval = 200 * kMs;
+// A multicast sender's ANNOUNCE: this many copies before its first segment, again this often, and its
+// FIN parts this many times (dgram/control.h).
+constexpr int kFirstAnnounces = 3;
+constexpr int64_t kAnnounceInterval = 200 * kMs;
+constexpr int kMulticastFins = 5;
+// A UD or RC sender looks for a TERMINATE from the receiver this often while it sends.
+constexpr int64_t kPollInterval = 20 * kMs;
 
 std::span<const uint8_t> as_u8(std::span<const std::byte> s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
@@ -36,6 +43,13 @@ Status check_options(const DatagramSenderOptions& o, const Descriptor* proto) {
     return {Code::kInvalidArgument, "at most " + std::to_string(kMaxHelloDevices) + " devices per datagram sender"};
   }
   return Status::ok();
+}
+
+// The control message a segment carries, if it is one (a Send on the control queue).
+std::optional<ControlType> control_type_of(const Segment& seg) {
+  const SegmentHeader& h = seg.header;
+  if (h.opcode != Opcode::kSend || h.queue != kControlQueue) return std::nullopt;
+  return control_type({reinterpret_cast<const uint8_t*>(seg.payload.data()), seg.payload.size()});
 }
 
 // A lower layer's "port unreachable" names the socket call; the user wants to know who is gone.
@@ -62,6 +76,14 @@ struct DatagramSender::Impl {
   std::map<uint16_t, Device> devices;
   std::map<uint16_t, FinAck> fin_acks;  // FIN_ACK parts received, by their first device
   DatagramSenderStats stats;
+  bool multicast = false;   // to an IP multicast group: ANNOUNCE instead of the handshake, FIN unanswered
+  uint32_t first_stag = 0;  // from ACCEPT, or our own (multicast)
+  std::vector<uint8_t> announcement;
+  int64_t next_announce_ns = 0;
+  bool terminated = false;  // a TERMINATE was received or sent
+  std::string last_error;   // of a failed call: what abort_session() tells the receiver
+  bool finished = false;    // FIN_ACK received
+  int64_t next_poll_ns = 0;
 
   size_t fin_part_count() const { return (o.devices.size() + kFinPartDevices - 1) / kFinPartDevices; }
   bool all_fin_acked() const { return fin_acks.size() >= fin_part_count(); }
@@ -75,13 +97,44 @@ struct DatagramSender::Impl {
     fin_acks.emplace(f->first, std::move(*f));
   }
 
+  // The receiver ended the session on a protocol error of ours (dgram/control.h): every later call fails
+  // with its reason.
+  void on_terminate(std::span<const uint8_t> p) {
+    auto t = decode_terminate(p);
+    if (!t || terminated) return;
+    terminated = true;
+    link->abort(
+        {Code::kProtocolError, "the receiver at " + link->peer().str() + " terminated the session: " + describe(*t)});
+  }
+
+  // Without TERMINATE, a sender that stops early tells the receiver why (it would wait for a FIN until
+  // its session timeout otherwise). Best effort.
+  void abort_session(const std::string& why) {
+    if (terminated || finished || !handshake || !handshake->accepted()) return;
+    terminated = true;
+    (void)link->send_terminate({TerminateLayer::kRdmap, TerminateCode::kAborted, why});
+  }
+
+  Status noted(Status st) {
+    if (!st.is_ok() && last_error.empty()) last_error = st.message();
+    return st;
+  }
+
+  // UD and RC sends never wait for the receiver: look for a TERMINATE now and then (RD does with its acks).
+  Status poll_unsequenced() {
+    if (proto->sequenced || multicast) return Status::ok();
+    const int64_t now = now_ns();
+    if (now < next_poll_ns) return Status::ok();
+    next_poll_ns = now + kPollInterval;
+    return link->progress(0);
+  }
+
   // A datagram from the receiver: its MAC (once the session has keys), RD's ack, a control message.
   void on_segment(std::span<const std::byte> d) {
     auto seg = decode_segment(d);
     if (!seg) return;  // damaged or foreign: the receiver repeats what matters
     const SegmentHeader& h = seg->header;
-    const bool control = h.opcode == Opcode::kSend && h.queue == kControlQueue;
-    const auto type = control ? control_type(as_u8(seg->payload)) : std::nullopt;
+    const std::optional<ControlType> type = control_type_of(*seg);
     if (SegmentMac* mac = handshake->rx_mac(); mac && !mac->verify(*seg)) {
       // A late copy of the handshake's own answers is unsigned; anything else is forged.
       if (type != ControlType::kAccept && type != ControlType::kChallenge && type != ControlType::kRefuse) {
@@ -89,9 +142,11 @@ struct DatagramSender::Impl {
       }
       return;
     }
+    if (h.opcode == Opcode::kTerminate) return on_terminate(as_u8(seg->payload));
     link->on_ack(h);
-    if (type == ControlType::kFinAck) return on_fin_ack(as_u8(seg->payload));
-    if (type) handshake->on_control(*type, as_u8(seg->payload));
+    if (!type) return;
+    if (*type == ControlType::kFinAck) return on_fin_ack(as_u8(seg->payload));
+    handshake->on_control(*type, as_u8(seg->payload));
   }
 
   // The link's progress; over TCP the receiver closing after its last FIN_ACK is the end, not an error.
@@ -112,9 +167,11 @@ struct DatagramSender::Impl {
     }
     Device& dev = it->second;
     if (dev.next_msn == UINT32_MAX) return {Code::kInvalidArgument, "2^32 - 1 messages per device and session at most"};
-    const MessageSlot slot{device, dev.index, dev.next_msn++, o.ring, handshake->first_stag(), m.size()};
+    if (multicast) SLOTSTREAM_RETURN_IF_ERROR(announce(1));
+    const MessageSlot slot{device, dev.index, dev.next_msn++, o.ring, first_stag, m.size()};
     SLOTSTREAM_RETURN_IF_ERROR(send_segments(slot, m));
     SLOTSTREAM_RETURN_IF_ERROR(link->end_message());
+    SLOTSTREAM_RETURN_IF_ERROR(poll_unsequenced());
     ++stats.messages;
     stats.bytes += m.size();
     ++stats.per_device[device];
@@ -179,12 +236,51 @@ struct DatagramSender::Impl {
     return Status::ok();
   }
 
+  // A multicast session (dgram/control.h ANNOUNCE): its ANNOUNCE `copies` times now and then every
+  // kAnnounceInterval, in place of the handshake no group can answer.
+  Status announce(int copies) {
+    const int64_t now = now_ns();
+    if (now < next_announce_ns) return Status::ok();
+    next_announce_ns = now + kAnnounceInterval;
+    for (int i = 0; i < copies; ++i) SLOTSTREAM_RETURN_IF_ERROR(link->send_control(announcement));
+    return Status::ok();
+  }
+
+  Status start_multicast(const HandshakeOptions& ho) {
+    if (!o.token.empty()) {
+      return {Code::kInvalidArgument,
+              "a multicast group has no handshake, so no token can be proved (--token-file): leave it out, or send "
+              "to one receiver"};
+    }
+    multicast = true;
+    first_stag = 1;
+    announcement = encode_control(Announce{first_stag, hello_of(ho, *proto)});
+    return announce(kFirstAnnounces);
+  }
+
+  // The end of a multicast session: FIN parts, kMulticastFins times, answered by no one (each receiver
+  // accounts on its own).
+  Status finish_multicast() {
+    const auto parts = fin_parts();
+    for (int round = 0; round < kMulticastFins; ++round) {
+      for (const auto& part : parts) SLOTSTREAM_RETURN_IF_ERROR(link->send_control(part));
+      SLOTSTREAM_RETURN_IF_ERROR(link->progress(int(kFinInterval / kMs / 4)));
+    }
+    finished = true;
+    return Status::ok();
+  }
+
   Status finish(FinAck* report) {
     SLOTSTREAM_RETURN_IF_ERROR(link->flush());
+    if (multicast) {
+      if (report) *report = FinAck{uint16_t(o.devices.size()), 0, {}};
+      return finish_multicast();
+    }
     if (proto->sequenced) {
       while (!link->all_acked()) SLOTSTREAM_RETURN_IF_ERROR(progress(5));
     }
     SLOTSTREAM_RETURN_IF_ERROR(exchange_fin());
+    finished = true;
     if (report) {
       report->devices.clear();
       for (auto& [_, part] : fin_acks)
@@ -196,7 +292,11 @@ struct DatagramSender::Impl {
 };
 
 DatagramSender::DatagramSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-DatagramSender::~DatagramSender() = default;
+DatagramSender::~DatagramSender() {
+  std::lock_guard lock(impl_->mu);
+  impl_->abort_session("the sender stopped before the end of its stream" +
+                       (impl_->last_error.empty() ? std::string() : ": " + impl_->last_error));
+}
 
 Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<DatagramSender>* out) {
   auto impl = std::make_unique<Impl>();
@@ -208,20 +308,33 @@ Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<D
     if (!fresh) return {Code::kInvalidArgument, "device " + std::to_string(o.devices[i]) + " is listed twice"};
     it->second.index = i;
   }
-  LinkOptions lo{o.host, o.port, o.socket_buffer, o.inject, o.handshake_timeout_ns};
+  LinkOptions lo{o.host, o.port, o.socket_buffer, o.inject, o.handshake_timeout_ns, o.ttl, o.interface};
   SLOTSTREAM_RETURN_IF_ERROR(SenderLink::open(*impl->proto, lo, &impl->link));
   Impl* im = impl.get();
   im->link->set_receiver([im](std::span<const std::byte> d) { im->on_segment(d); });
   HandshakeOptions ho{o.name, o.devices, o.ring, o.max_message, o.segment_size, o.token, o.handshake_timeout_ns};
   im->handshake = std::make_unique<SenderHandshake>(ho, *im->proto, *im->link);
-  SLOTSTREAM_RETURN_IF_ERROR(im->handshake->run());
+  if (im->link->multicast()) {
+    SLOTSTREAM_RETURN_IF_ERROR(im->start_multicast(ho));
+    out->reset(new DatagramSender(std::move(impl)));
+    return Status::ok();
+  }
+  if (Status st = im->handshake->run(); !st.is_ok()) {
+    // An ACCEPT this sender cannot honour: the receiver has a session for it; tell it why it ends.
+    if (im->handshake->accepted() && !im->terminated) {
+      im->terminated = true;
+      (void)im->link->send_terminate({TerminateLayer::kRdmap, TerminateCode::kHandshake, st.message()});
+    }
+    return st;
+  }
+  im->first_stag = im->handshake->first_stag();
   out->reset(new DatagramSender(std::move(impl)));
   return Status::ok();
 }
 
 Status DatagramSender::send(uint16_t device, std::span<const std::byte> message) {
   std::lock_guard lock(impl_->mu);
-  return peer_named(impl_->send_message(device, message), impl_->link->peer());
+  return impl_->noted(peer_named(impl_->send_message(device, message), impl_->link->peer()));
 }
 
 Status DatagramSender::send_with(uint16_t device, uint64_t length, const FillFn& fill) {
@@ -230,12 +343,12 @@ Status DatagramSender::send_with(uint16_t device, uint64_t length, const FillFn&
   const std::span<std::byte> message(buf.get(), length);
   SLOTSTREAM_RETURN_IF_ERROR(fill(0, message));
   std::lock_guard lock(impl_->mu);
-  return peer_named(impl_->send_message(device, message), impl_->link->peer());
+  return impl_->noted(peer_named(impl_->send_message(device, message), impl_->link->peer()));
 }
 
 Status DatagramSender::finish(FinAck* report) {
   std::lock_guard lock(impl_->mu);
-  return peer_named(impl_->finish(report), impl_->link->peer());
+  return impl_->noted(peer_named(impl_->finish(report), impl_->link->peer()));
 }
 
 DatagramSenderStats DatagramSender::stats() const {
@@ -255,6 +368,7 @@ DatagramSenderStats DatagramSender::stats() const {
 }
 
 const std::string& DatagramSender::protocol() const { return impl_->o.protocol; }
+bool DatagramSender::multicast() const { return impl_->multicast; }
 uint32_t DatagramSender::segment_size() const { return impl_->o.segment_size; }
 
 }  // namespace slotstream::dgram

@@ -6,6 +6,10 @@
 //   send(device, message) ...          messages of one device are numbered 0, 1, 2, ... (the MSN)
 //   finish (FIN parts -> FIN_ACK parts: what the receiver made of every message)
 //
+// To an IP multicast group (host 239.x.y.z ...; UD protocols only) there is no handshake and no
+// FIN_ACK: the sender ANNOUNCEs itself to the group and sends its FIN parts a few times
+// (dgram/control.h ANNOUNCE); every receiver on the group accounts for the stream on its own.
+//
 // With a token every datagram after ACCEPT carries a MAC under the session's key (dgram/mac.h), and
 // datagrams from the receiver without a right one are dropped (DatagramSenderStats::forged).
 //
@@ -49,6 +53,8 @@ struct DatagramSenderOptions {
   size_t socket_buffer = 8u << 20;
   int64_t handshake_timeout_ns = 5'000'000'000;
   int64_t finish_timeout_ns = 30'000'000'000;  // for FIN_ACK after the last message
+  int ttl = 0;                                 // host a multicast group: its hop limit (0: 1)
+  std::string interface;                       // host a multicast group: where it leaves (empty: by route)
 };
 
 struct DatagramSenderStats {
@@ -80,6 +86,8 @@ class DatagramSender {
 
   DatagramSenderStats stats() const;
   const std::string& protocol() const;
+  // Sending to an IP multicast group: finish() reports no receiver's counts (each receiver has its own).
+  bool multicast() const;
   uint32_t segment_size() const;
 
   struct Impl;

@@ -11,15 +11,20 @@ constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kHelloInterval = 100 * kMs;
 }  // namespace
 
-Status SenderHandshake::make_hello() {
+Hello hello_of(const HandshakeOptions& o, const Descriptor& proto) {
   Hello hello;
-  hello.flags = o_.token.empty() ? 0 : kHelloAuth;
-  hello.protocol = std::string(proto_.name);
-  hello.name = o_.name;
-  hello.ring = o_.ring;
-  hello.max_message = o_.max_message;
-  hello.segment_size = o_.segment_size;
-  hello.devices = o_.devices;
+  hello.flags = o.token.empty() ? 0 : kHelloAuth;
+  hello.protocol = std::string(proto.name);
+  hello.name = o.name;
+  hello.ring = o.ring;
+  hello.max_message = o.max_message;
+  hello.segment_size = o.segment_size;
+  hello.devices = o.devices;
+  return hello;
+}
+
+Status SenderHandshake::make_hello() {
+  Hello hello = hello_of(o_, proto_);
   net::Nonce n;
   SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce(&n));
   static_assert(sizeof(n) == sizeof(nonce_));
@@ -43,6 +48,7 @@ std::vector<uint8_t> SenderHandshake::request() const {
 }
 
 Status SenderHandshake::failed(const Status& st, const std::string& where) const {
+  if (st.code() == Code::kProtocolError) return st;  // the receiver's TERMINATE says it all
   if (st.code() == Code::kPeerGone && !link_.over_tcp()) {
     return {Code::kConnectFailed,
             "nothing listens at " + where + " (port unreachable): is `slotstream recv --transport udp` running there?"};

@@ -29,6 +29,10 @@ struct HandshakeOptions {
   int64_t timeout_ns = 5'000'000'000;
 };
 
+// The HELLO a sender of `proto` with these options asks with (its nonce and padding left zero): the
+// handshake's, and a multicast sender's ANNOUNCE.
+Hello hello_of(const HandshakeOptions& o, const Descriptor& proto);
+
 class SenderHandshake {
  public:
   SenderHandshake(const HandshakeOptions& o, const Descriptor& proto, SenderLink& link)

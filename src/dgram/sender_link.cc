@@ -56,17 +56,35 @@ Status SenderLink::open(const Descriptor& proto, const LinkOptions& o, std::uniq
   std::unique_ptr<SenderLink> l(new SenderLink(proto));
   l->qp_ = random_qp();
   SLOTSTREAM_RETURN_IF_ERROR(resolve(o.host, o.port, &l->peer_));
+  if (is_multicast(l->peer_) && proto.reliable) {
+    return {
+        Code::kInvalidArgument,
+        l->peer_.str() + " is a multicast group: it cannot acknowledge datagrams, so " + std::string(proto.name) +
+            " (reliable) cannot send to it; use a UD protocol (write_record, dgram_send) or one receiver's address"};
+  }
   if (proto.over_tcp) {
     Fd fd;
     SLOTSTREAM_RETURN_IF_ERROR(tcp_connect(l->peer_, o.connect_timeout_ns, &fd));
     l->tcp_ = std::make_unique<FramedStream>(std::move(fd));
   } else {
-    const char* any = l->peer_.ss.ss_family == AF_INET6 ? "::" : "0.0.0.0";
-    SLOTSTREAM_RETURN_IF_ERROR(UdpSocket::open(any, 0, o.socket_buffer, &l->udp_));
-    SLOTSTREAM_RETURN_IF_ERROR(l->udp_->connect(l->peer_));
-    if (o.inject.any()) l->faults_.emplace(o.inject);
+    SLOTSTREAM_RETURN_IF_ERROR(l->open_udp(o));
   }
   *out = std::move(l);
+  return Status::ok();
+}
+
+// A UDP socket connected to the receiver, or to a multicast group with the group's options.
+Status SenderLink::open_udp(const LinkOptions& o) {
+  multicast_ = is_multicast(peer_);
+  if (!multicast_ && (o.ttl != 0 || !o.interface.empty())) {
+    return {Code::kInvalidArgument,
+            "--ttl and --interface apply to a multicast group (--to 239.x.y.z:PORT); " + peer_.str() + " is not one"};
+  }
+  const char* any = peer_.ss.ss_family == AF_INET6 ? "::" : "0.0.0.0";
+  SLOTSTREAM_RETURN_IF_ERROR(UdpSocket::open(any, 0, o.socket_buffer, &udp_));
+  if (multicast_) SLOTSTREAM_RETURN_IF_ERROR(udp_->set_multicast(o.ttl == 0 ? 1 : o.ttl, o.interface));
+  SLOTSTREAM_RETURN_IF_ERROR(udp_->connect(peer_));
+  if (o.inject.any()) faults_.emplace(o.inject);
   return Status::ok();
 }
 
@@ -101,6 +119,7 @@ Status SenderLink::flush() {
 }
 
 Status SenderLink::emit(SegmentHeader h, std::span<const std::byte> payload) {
+  if (!aborted_.is_ok()) return aborted_;
   h.source_qp = qp_;
   if (tcp_) return emit_tcp(h, payload);
   if (h.service == Service::kRD) return emit_rd(h, payload);
@@ -159,6 +178,20 @@ Status SenderLink::send_control(std::span<const uint8_t> payload) {
   return flush();
 }
 
+Status SenderLink::send_terminate(const Terminate& t) {
+  SegmentHeader h = terminate_header(tcp_ != nullptr, terminate_msn_++);
+  h.source_qp = qp_;
+  const std::vector<uint8_t> payload = encode_terminate(t);
+  if (tcp_) {
+    SLOTSTREAM_RETURN_IF_ERROR(emit_tcp(h, as_bytes(payload)));
+    return tcp_->flush();
+  }
+  encode(h, as_bytes(payload));
+  batch_add(scratch_);  // not through the fault injector: the session ends either way
+  ++stats_.datagrams;
+  return flush();
+}
+
 Status SenderLink::end_message() {
   if (!tcp_ || tcp_->has_output()) SLOTSTREAM_RETURN_IF_ERROR(flush());
   // Acknowledgements arrive while we send; take them now and then so the window keeps moving.
@@ -173,9 +206,12 @@ void SenderLink::on_ack(const SegmentHeader& h) {
 }
 
 Status SenderLink::progress(int timeout_ms) {
-  if (tcp_) return receive_tcp(timeout_ms);
-  SLOTSTREAM_RETURN_IF_ERROR(receive_udp(timeout_ms));
-  return proto_.sequenced ? retransmit() : Status::ok();
+  if (!aborted_.is_ok()) return aborted_;
+  Status st = tcp_ ? receive_tcp(timeout_ms) : receive_udp(timeout_ms);
+  // A TERMINATE that came with this input is the news, not the close (TCP) that follows it.
+  if (!aborted_.is_ok()) return aborted_;
+  SLOTSTREAM_RETURN_IF_ERROR(st);
+  return proto_.sequenced && !tcp_ ? retransmit() : Status::ok();
 }
 
 Status SenderLink::receive_tcp(int timeout_ms) {

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "dgram/control.h"
 #include "dgram/injector.h"
 #include "dgram/llp.h"
 #include "dgram/protocol.h"
@@ -28,6 +29,8 @@ struct LinkOptions {
   size_t socket_buffer = 8u << 20;
   InjectOptions inject;  // faults on the datagrams this end sends (UDP only)
   int64_t connect_timeout_ns = 5'000'000'000;
+  int ttl = 0;            // a multicast group's hop limit (0: 1); only with a group
+  std::string interface;  // where multicast leaves (empty: by route); only with a group
 };
 
 class SenderLink {
@@ -37,6 +40,8 @@ class SenderLink {
 
   const Address& peer() const { return peer_; }
   bool over_tcp() const { return tcp_ != nullptr; }
+  // The peer is an IP multicast group (dgram/control.h ANNOUNCE): nothing comes back.
+  bool multicast() const { return multicast_; }
   uint32_t qp() const { return qp_; }
   // Where datagrams from the receiver go (progress() calls it).
   void set_receiver(std::function<void(std::span<const std::byte>)> on) { on_datagram_ = std::move(on); }
@@ -48,6 +53,10 @@ class SenderLink {
   // A control message (dgram/control.h): out at once; unsequenced over UDP (the sender repeats it
   // until answered), in order over TCP.
   Status send_control(std::span<const uint8_t> payload);
+  // TERMINATE (dgram/control.h) to the receiver, out at once (best effort: it may be lost over UDP).
+  Status send_terminate(const Terminate& t);
+  // The session is over (the receiver terminated it): every later send and progress() returns `why`.
+  void abort(Status why) { aborted_ = std::move(why); }
   // Sends what is batched or queued.
   Status flush();
   // Sends the batch once a message is out (TCP: once its queue is large, or the message's last).
@@ -75,6 +84,7 @@ class SenderLink {
   Status wait_credit();
   Status receive_tcp(int timeout_ms);
   Status receive_udp(int timeout_ms);
+  Status open_udp(const LinkOptions& o);
   Status retransmit();
   void encode(const SegmentHeader& h, std::span<const std::byte> payload);
 
@@ -92,6 +102,9 @@ class SenderLink {
   // RC
   std::unique_ptr<FramedStream> tcp_;
   uint32_t control_msn_ = 0;
+  uint32_t terminate_msn_ = 0;
+  bool multicast_ = false;
+  Status aborted_;
   std::vector<std::byte> scratch_;
   Stats stats_;
 };

@@ -52,7 +52,10 @@ Session::DeviceState& Session::device(uint16_t d) {
 void Session::on_segment(const Segment& seg, std::span<const std::byte> datagram, int64_t now_ns) {
   if (seg.header.service != c_.protocol->service) {
     ++counters_.malformed;
-    return;
+    return violated(TerminateLayer::kRdmap, TerminateCode::kProtocol,
+                    "a segment of service " + std::to_string(int(seg.header.service)) + " in a " +
+                        std::string(c_.protocol->name) + " session (service " +
+                        std::to_string(int(c_.protocol->service)) + ")");
   }
   if (rd_) return on_rd(seg, datagram, now_ns);
   place(seg, now_ns);
@@ -146,15 +149,54 @@ void Session::place(const Segment& seg, int64_t now_ns) {
   Reject why = Reject::kMalformed;
   const std::optional<Located> at = placement_->locate(seg.header, &why);
   if (!at) {
-    ++(why == Reject::kUnknown ? counters_.unknown : counters_.malformed);
-    return;
+    const SegmentHeader& h = seg.header;
+    if (why == Reject::kUnknown) {
+      ++counters_.unknown;
+      return violated(
+          TerminateLayer::kDdp, TerminateCode::kPlacement,
+          std::string(is_tagged(h.opcode) ? "STag " + std::to_string(h.stag) : "queue " + std::to_string(h.queue)) +
+              " is not one of this session's");
+    }
+    ++counters_.malformed;
+    return violated(TerminateLayer::kRdmap, TerminateCode::kProtocol,
+                    "opcode " + std::to_string(int(h.opcode)) + " is not an operation of protocol " +
+                        std::string(c_.protocol->name));
   }
   if (at->ordered && !admit(at->device, at->msn)) return;
   std::vector<Completion> done;
   const Placed p = placement_->place(seg, *at, now_ns, &done);
   if (at->ordered && held(p)) device(at->device).order.seen(at->msn, now_ns);
   count_placed(p, seg.payload.size(), at->device);
+  check_placed(p, seg, *at);
   finish(done, now_ns);
+}
+
+// Placements that no sender following the protocol makes: a protocol error (TERMINATE).
+void Session::check_placed(Placed p, const Segment& seg, const Located& at) {
+  const std::string message = "message " + std::to_string(at.msn) + " of device " + std::to_string(at.device);
+  if (p == Placed::kOutOfBounds) {
+    violated(TerminateLayer::kDdp, TerminateCode::kPlacement,
+             "a segment at offset " + std::to_string(seg.header.offset) + " (" + std::to_string(seg.payload.size()) +
+                 " B) of " + message + " lies beyond its region (" + std::to_string(c_.hello.max_message) +
+                 " B) or its end");
+  } else if (p == Placed::kUnknownKey) {
+    violated(TerminateLayer::kDdp, TerminateCode::kPlacement, message + " names an STag not of its device");
+  } else if (p == Placed::kMalformed) {
+    violated(TerminateLayer::kRdmap, TerminateCode::kProtocol, message + " carries a malformed notice");
+  }
+}
+
+void Session::violated(TerminateLayer layer, TerminateCode code, std::string why) {
+  if (!violation_) violation_ = Terminate{layer, code, std::move(why)};
+}
+
+std::optional<Terminate> Session::protocol_error() const {
+  if (violation_) return violation_;
+  const uint64_t bad = counters_.crc_errors, good = counters_.datagrams - std::min(counters_.datagrams, bad);
+  if (bad < kCrcTerminateMin || bad <= good) return std::nullopt;
+  return Terminate{TerminateLayer::kLlp, TerminateCode::kCrc,
+                   std::to_string(bad) + " of " + std::to_string(bad + good) +
+                       " datagrams failed their CRC32C: the path corrupts more than it delivers"};
 }
 
 void Session::finish(std::vector<Completion>& done, int64_t now_ns) {

@@ -103,6 +103,12 @@ class Session {
   const DatagramCounters& counters() const { return counters_; }
   // Per device that carried data (or was in a FIN): what became of its messages.
   std::map<uint16_t, DeviceAccount> device_accounts() const;
+  // A protocol error of the sender's (dgram/control.h TERMINATE): the first segment with a valid CRC that
+  // its protocol cannot take (an opcode or service it does not use, an STag or queue not the session's,
+  // bytes beyond a region or a message's end), or more CRC failures than good datagrams once there are
+  // kCrcTerminateMin of them. The receiver then sends TERMINATE and ends the session. nullopt: none.
+  std::optional<Terminate> protocol_error() const;
+  static constexpr uint64_t kCrcTerminateMin = 64;
   // A segment of a message was placed (the sender is not only saying hello).
   bool carried_data() const { return carried_data_; }
   // Devices and STags with state: what has been allocated so far (tests, fuzzing).
@@ -120,6 +126,8 @@ class Session {
   void on_rd(const Segment& seg, std::span<const std::byte> datagram, int64_t now_ns);
   void place(const Segment& seg, int64_t now_ns);
   bool admit(uint16_t device, uint32_t msn);
+  void violated(TerminateLayer layer, TerminateCode code, std::string why);
+  void check_placed(Placed p, const Segment& seg, const Located& at);
   void count_placed(Placed p, size_t bytes, uint16_t device);
   void finish(std::vector<Completion>& done, int64_t now_ns);
   bool withheld(const DeviceOrder::Release& r) const;
@@ -136,6 +144,7 @@ class Session {
   std::vector<bool> fin_seen_;
   size_t fin_known_ = 0;
   bool carried_data_ = false;
+  std::optional<Terminate> violation_;  // the first protocol error (protocol_error())
   DatagramCounters counters_;
 };
 

@@ -54,4 +54,20 @@ const Descriptor kWriteRecord{
     .data_header = write_record_header,
 };
 
+// The same operation over RD (issue 25): the sequence layer below placement retransmits every lost
+// segment and hands them over in order, so a message completes unless its sender falls silent for the
+// session timeout — then what arrived may still be kept as a partial message, as over UD.
+const Descriptor kRdWriteRecord{
+    .name = "rd_write_record",
+    .summary = "RD RDMA Write-Record: one-sided, reliable and in order per source (lost segments retransmitted)",
+    .service = Service::kRD,
+    .data_op = Opcode::kWriteRecord,
+    .reliable = true,
+    .sequenced = true,
+    .partial = true,
+    .tagged = true,
+    .make_placement = make_write_record,
+    .data_header = write_record_header,
+};
+
 }  // namespace slotstream::dgram

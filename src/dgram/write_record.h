@@ -1,4 +1,5 @@
-// write_record: UD + RDMA Write-Record, the patent's operation (dgram/protocol.h).
+// write_record: UD + RDMA Write-Record, the patent's operation (dgram/protocol.h); rd_write_record: the
+// same over RD (dgram/rd.h retransmits lost segments below the placement).
 //
 // Source: message `msn` of a device goes to STag ring[device][msn % ring] (dgram/tagged.h StagRings),
 // its segments at tagged offset TO = their byte offset, each carrying the MSN; the last one flagged L.
@@ -13,6 +14,7 @@
 namespace slotstream::dgram {
 
 extern const Descriptor kWriteRecord;
+extern const Descriptor kRdWriteRecord;
 
 class WriteRecordPlacement final : public TimedPlacement<TaggedTarget> {
  public:

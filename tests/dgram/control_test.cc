@@ -134,5 +134,60 @@ TEST(DgramControl, RejectsMalformed) {
   EXPECT_FALSE(decode_accept(ab));
 }
 
+// ANNOUNCE (issue 25): a multicast sender's HELLO and first STag in one, answered by no one.
+TEST(DgramControl, AnnounceLayoutIsPinned) {
+  Announce a;
+  a.first_stag = 0x01020304;
+  a.hello = hello("write_record", "m", 2, 1000, 1400, {7});
+  const std::vector<uint8_t> inner = encode_control(a.hello);
+  std::vector<uint8_t> want = {8, 4, 3, 2, 1, uint8_t(inner.size()), 0};
+  want.insert(want.end(), inner.begin(), inner.end());
+  EXPECT_EQ(encode_control(a), want);
+  EXPECT_EQ(control_type(want), ControlType::kAnnounce);
+  EXPECT_EQ(decode_announce(want), a);
+  a.hello.flags = kHelloAuth;  // no handshake, no token
+  EXPECT_FALSE(decode_announce(encode_control(a)));
+  want.push_back(0);
+  EXPECT_FALSE(decode_announce(want));
+}
+
+// TERMINATE (issue 25): RDMAP opcode 7 on queue 2, payload u8 layer | u8 code | str8 reason.
+TEST(DgramControl, TerminateLayoutIsPinned) {
+  const Terminate t{TerminateLayer::kDdp, TerminateCode::kPlacement, "off"};
+  EXPECT_EQ(encode_terminate(t), (std::vector<uint8_t>{1, 2, 3, 'o', 'f', 'f'}));
+  EXPECT_EQ(decode_terminate(encode_terminate(t)), t);
+  const SegmentHeader h = terminate_header(false, 5);
+  EXPECT_EQ(h.opcode, Opcode::kTerminate);
+  EXPECT_EQ(h.service, Service::kUD);
+  EXPECT_EQ(h.queue, kTerminateQueue);
+  EXPECT_EQ(kTerminateQueue, 2u);
+  EXPECT_EQ(terminate_header(true, 0).service, Service::kRC);
+  // The whole segment: 12 common + 12 untagged + 6 payload + 4 CRC; it decodes as a Terminate.
+  std::vector<std::byte> d(64);
+  const auto payload = encode_terminate(t);
+  d.resize(encode_segment(h, std::as_bytes(std::span(payload)), d));
+  EXPECT_EQ(d.size(), 34u);
+  EXPECT_EQ(std::to_integer<int>(d[4]), 0x47);  // RV 1, opcode 7
+  auto seg = decode_segment(d);
+  ASSERT_TRUE(seg);
+  EXPECT_EQ(seg->header.opcode, Opcode::kTerminate);
+  EXPECT_EQ(seg->header.queue, 2u);
+  EXPECT_EQ(describe(t), "placement out of range: off");
+  // A long reason is cut to what a str8 holds.
+  EXPECT_EQ(decode_terminate(encode_terminate({TerminateLayer::kLlp, TerminateCode::kCrc, std::string(300, 'x')}))
+                ->reason.size(),
+            255u);
+}
+
+TEST(DgramControl, TerminateRejectsUnknownLayersAndCodes) {
+  EXPECT_FALSE(decode_terminate(std::vector<uint8_t>{3, 1, 0}));       // layer 3
+  EXPECT_FALSE(decode_terminate(std::vector<uint8_t>{0, 0, 0}));       // code 0
+  EXPECT_FALSE(decode_terminate(std::vector<uint8_t>{0, 6, 0}));       // code 6
+  EXPECT_FALSE(decode_terminate(std::vector<uint8_t>{0, 1, 2, 'a'}));  // short reason
+  EXPECT_FALSE(decode_terminate(std::vector<uint8_t>{0, 1, 0, 0}));    // trailing byte
+  EXPECT_FALSE(decode_terminate(std::vector<uint8_t>{}));
+  EXPECT_TRUE(decode_terminate(std::vector<uint8_t>{2, 5, 0}));
+}
+
 }  // namespace
 }  // namespace slotstream::dgram

@@ -126,6 +126,83 @@ TEST(DgramSession, ADuplicateWithOtherBytesLosesToTheFirst) {
   EXPECT_EQ(s.counters().conflicting, 1u);
 }
 
+// rd_write_record (issue 25): Write-Record segments under RD's sequence: one ahead of a hole waits in RD's
+// buffer and is placed, at its tagged offset, once the hole is filled (the retransmission came).
+TEST(DgramSession, WriteRecordOverRdPlacesAfterTheHoleIsFilled) {
+  Session s(config("rd_write_record", {5}));
+  EXPECT_TRUE(s.reliable());
+  EXPECT_GT(s.accept(1).credits, 0u) << "RD grants credits in its ACCEPT";
+  auto rd_wr = [&s](uint32_t seq, uint64_t offset, bool last) {
+    SegmentHeader h = wr(s, 0, 0, offset, last);
+    h.service = Service::kRD;
+    h.rd = RdFields{seq, 0, 0, kRdSeqValid, 0};
+    return h;
+  };
+  feed(s, rd_wr(1, 10, true), bytes(10, 2), 0);  // seq 0 was lost
+  EXPECT_EQ(s.stags_touched(), 0u) << "ahead of a hole: buffered by RD, not placed";
+  EXPECT_TRUE(release(s, 1).empty());
+  feed(s, rd_wr(0, 0, false), bytes(10, 1), 2);  // the retransmission
+  auto out = release(s, 3);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_FALSE(out[0].partial);
+  EXPECT_EQ(out[0].completion.data.size(), 20u);
+  EXPECT_EQ(out[0].completion.data[0], std::byte{1});
+  EXPECT_EQ(out[0].completion.data[19], std::byte{2});
+  auto ack = s.take_ack();
+  ASSERT_TRUE(ack);
+  EXPECT_EQ(ack->ack, 2u);
+  // A Write-Record segment over UD in an RD session is not its service: malformed.
+  feed(s, wr(s, 0, 1, 0, true), bytes(1, 1), 4);
+  EXPECT_EQ(s.counters().malformed, 1u);
+}
+
+// Protocol errors (issue 25): the first segment with a good CRC that the protocol cannot take is named by
+// protocol_error(), which the receiver sends as TERMINATE. Loss, duplicates and stale segments are not errors.
+TEST(DgramSession, ProtocolErrorsAreNamedForTerminate) {
+  {
+    Session s(config("write_record", {0}));
+    feed(s, wr(s, 0, 0, 0, false), bytes(10, 1), 0);
+    feed(s, wr(s, 0, 0, 0, false), bytes(10, 1), 0);  // a duplicate: fine
+    EXPECT_FALSE(s.protocol_error());
+    feed(s, wr(s, 0, 1, 995, false), bytes(10, 1), 0);  // past the 1000-byte region
+    auto t = s.protocol_error();
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->code, TerminateCode::kPlacement);
+    EXPECT_NE(t->reason.find("offset 995"), std::string::npos) << t->reason;
+  }
+  {
+    Session s(config("write_record", {0}));
+    SegmentHeader h = wr(s, 0, 0, 0, true);
+    h.stag = 99;
+    feed(s, h, bytes(1, 1), 0);
+    ASSERT_TRUE(s.protocol_error());
+    EXPECT_EQ(s.protocol_error()->reason, "STag 99 is not one of this session's");
+  }
+  {
+    Session s(config("dgram_send", {0}));
+    feed(s, wr(s, 0, 0, 0, true), bytes(1, 1), 0);  // Write-Record in a Send/Recv session
+    ASSERT_TRUE(s.protocol_error());
+    EXPECT_EQ(s.protocol_error()->code, TerminateCode::kProtocol);
+    EXPECT_EQ(s.protocol_error()->reason, "opcode 8 is not an operation of protocol dgram_send");
+  }
+}
+
+TEST(DgramSession, MoreCrcFailuresThanGoodDatagramsAreAnError) {
+  Session s(config("write_record", {0}));
+  s.counters().datagrams = 2 * Session::kCrcTerminateMin;
+  s.counters().crc_errors = Session::kCrcTerminateMin;  // half: tolerated
+  EXPECT_FALSE(s.protocol_error());
+  ++s.counters().datagrams;
+  ++s.counters().crc_errors;
+  auto t = s.protocol_error();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->code, TerminateCode::kCrc);
+  EXPECT_EQ(t->reason, "65 of 129 datagrams failed their CRC32C: the path corrupts more than it delivers");
+  Session few(config("write_record", {0}));
+  few.counters().datagrams = few.counters().crc_errors = Session::kCrcTerminateMin - 1;  // too few to judge
+  EXPECT_FALSE(few.protocol_error());
+}
+
 // dgram_rd partial messages used to be kept for ever (77k one-byte segments: 337 MB held).
 TEST(DgramSession, ReliableMessagesExpireAfterSilenceButNotUnderBackPressure) {
   Session s(config("dgram_rd", {0}, 4, 1 << 20));

@@ -2,6 +2,7 @@
 
   netns(tag)                       a fresh network namespace with lo up; deleted afterwards, even on failure
   netns_pair(tag)                  two namespaces joined by a veth pair: (ns_a, addr_a, ns_b, addr_b)
+  netns_bridge(tag, n)              n + 1 namespaces on one bridge (multicast flooded): [(ns, addr, dev), ...]
   nft_loss(ns, percent)            drops that share of UDP and TCP packets arriving in ns (nftables, input hook)
   in_ns(ns, argv)                  argv run inside ns
   DgramReceiver(out, *args, ns=, prefix=)  `slotstream recv --transport udp`, started and ready (prefix: e.g. prlimit)
@@ -65,6 +66,29 @@ def netns_pair(tag="p"):
         yield a, "10.77.0.1", b, "10.77.0.2"
 
 
+@contextlib.contextmanager
+def netns_bridge(tag="m", n=3):
+    """n + 1 namespaces, each with a veth (MTU 1500) on one bridge in a hub namespace of its own, addresses
+    10.78.0.1 ... and a route for multicast (224.0.0.0/4) on the veth; the bridge floods multicast to every
+    port (no IGMP snooping). Yields [(ns, addr, dev), ...]: the first for a sender, the others receivers."""
+    with contextlib.ExitStack() as stack:
+        hub = stack.enter_context(netns(tag + "h"))
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        ends = []
+        for i in range(n + 1):
+            ns = stack.enter_context(netns(f"{tag}{i}"))
+            dev, port = _unique("vm")[:15], _unique("vp")[:15]
+            _ip("link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns", hub)
+            _ip("-n", hub, "link", "set", port, "master", "br0", "up")
+            addr = f"10.78.0.{i + 1}"
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)
+            ends.append((ns, addr, dev))
+        yield ends
+
+
 def nft_loss(ns, percent):
     """Real loss: drop `percent` % of the UDP and TCP packets arriving in ns (input hook, so the sender's
     socket sees no error, as with loss on a wire). `numgen random mod 100000` gives 0.001 % steps."""
@@ -94,8 +118,8 @@ def in_ns(ns, argv):
 class DgramReceiver(Proc):
     """`slotstream recv --transport udp --listen HOST:0 --out OUT ARGS`, ready (its `listening on` line read)."""
 
-    def __init__(self, out, *args, ns=None, host="127.0.0.1", prefix=()):
-        argv = [*prefix, BIN, "recv", "--transport", "udp", "--listen", f"{host}:0"]
+    def __init__(self, out, *args, ns=None, host="127.0.0.1", prefix=(), port=0):
+        argv = [*prefix, BIN, "recv", "--transport", "udp", "--listen", f"{host}:{port}"]
         argv += ["--out", str(out)] if out else ["--discard"]
         super().__init__(in_ns(ns, argv + [str(a) for a in args]))
         _, line = self.stdout.wait_for(r"^listening on ", 10)

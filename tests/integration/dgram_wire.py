@@ -9,6 +9,8 @@ the documented ones, so a test also checks that the documentation and the code a
   probe_version(addr)                    the wire version a receiver at HOST:PORT speaks (2, or 1 before issue 19)
   proof(token, label, *parts)            the handshake's HMAC (src/net/auth.h's net::proof)
   auth(nr, ns, hello_payload, token)     an AUTH payload answering a CHALLENGE
+  accept(...)                            an ACCEPT payload (a fake receiver's answer)
+  terminate(layer, code, reason)         a TERMINATE payload; parse_terminate(payload) -> (layer, code, reason)
 """
 import hashlib
 import hmac
@@ -32,8 +34,9 @@ def crc32c(data, crc=0):
 
 
 UD, RD, RC = 0, 1, 2
-WRITE, SEND, WRITE_RECORD, ACK = 0, 3, 8, 15
+WRITE, SEND, TERMINATE, WRITE_RECORD, ACK = 0, 3, 7, 8, 15
 CONTROL_QUEUE = 0xFFFFFFFF
+TERMINATE_QUEUE = 2  # RFC 5040's Terminate queue
 
 
 def segment(payload=b"", version=2, service=UD, opcode=SEND, qp=1, last=True, queue=CONTROL_QUEUE, msn=0, offset=0,
@@ -81,6 +84,23 @@ def auth(nr, ns, hello_payload, token):
     """AUTH (control.h): Nr | u16 length | the HELLO as sent | HMAC(token, "dgram-sender-hello", Nr, Ns, HELLO)."""
     return (b"\x07" + nr + struct.pack("<H", len(hello_payload)) + hello_payload +
             proof(token, "dgram-sender-hello", nr, ns, hello_payload))
+
+
+def accept(qp=1, credits=0, region=1 << 20, first_stag=1, devices=1):
+    """ACCEPT (control.h): u8 2 | u32 receiver QP | u32 RD credits | u64 region length | u32 first STag | u16 n
+    | u8 0 (no proof)."""
+    return b"\x02" + struct.pack("<IIQIHB", qp, credits, region, first_stag, devices, 0)
+
+
+def terminate(layer, code, reason):
+    """TERMINATE (control.h): u8 layer | u8 code | str8 reason; travels with opcode TERMINATE on queue 2."""
+    return bytes([layer, code]) + _str8(reason)
+
+
+def parse_terminate(payload):
+    layer, code, n = payload[0], payload[1], payload[2]
+    assert len(payload) == 3 + n, "a TERMINATE is exactly layer, code and its reason"
+    return layer, code, payload[3:].decode()
 
 
 def decode(d):

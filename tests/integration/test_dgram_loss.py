@@ -119,7 +119,7 @@ def test_receiver_side_injection_reorder_and_duplicates(tmp_path):
     rx.stop()
 
 
-@pytest.mark.parametrize("protocol", ["dgram_rd"])
+@pytest.mark.parametrize("protocol", ["dgram_rd", "rd_write_record"])
 def test_reliable_datagrams_deliver_everything_despite_faults(tmp_path, protocol):
     srcs = files(tmp_path, n=20, size=200_000)
     rx = DgramReceiver(tmp_path / "out")
@@ -131,6 +131,28 @@ def test_reliable_datagrams_deliver_everything_despite_faults(tmp_path, protocol
     assert int(rep["crc_errors"]) > 0
     assert check_store(tmp_path / "out/rd/device-1", srcs) == (list(range(len(srcs))), [])
     rx.stop()
+
+
+def test_write_record_over_rd_completes_under_5_percent_real_loss(tmp_path):
+    """rd_write_record (issue 25): one-sided Write-Record placement over RD. 5 % of the packets arriving in the
+    namespace are dropped by nftables; RD retransmits every lost segment, so every message is stored complete
+    and byte-exact (over UD the same loss leaves partial messages: test_real_loss_from_nftables)."""
+    srcs = files(tmp_path, n=12, size=30_000)
+    with netns("rdwr", mtu=1500) as ns:
+        nft_loss(ns, 5)
+        rx = DgramReceiver(tmp_path / "out", "--partial", "keep", ns=ns)
+        try:
+            _, j = dgram_send(rx.addr, "--protocol", "rd_write_record", "--name", "rdwr", "--segment-size", SEG,
+                              *[f"--file=0={p}" for p in srcs], ns=ns, timeout=60)
+            (rep,) = rx.finished(timeout=30)
+        finally:
+            rx.stop()
+        assert nft_dropped(ns) > 0, "the nftables rule dropped nothing"
+    r = accounted(j)
+    assert r["complete"] == len(srcs) and r["partial"] == r["dropped"] == r["lost"] == 0
+    assert j["retransmits"] > 0, "5 % loss over 264 segments and their acks: something was retransmitted"
+    assert rep["protocol"] == "rd_write_record" and rep["partial"] == "0"
+    assert check_store(tmp_path / "out/rdwr/device-0", srcs) == (list(range(len(srcs))), [])
 
 
 @pytest.mark.deadline(240)

@@ -14,7 +14,8 @@ import pytest
 from conftest import BIN, CHECKSUM, SLOW_WORKER, done_of, make_files, run_verify, wait_until
 from dgram_support import DgramReceiver, accounted, check_store, dgram_send, netns_pair
 
-PROTOCOLS = [("write_record", "udp"), ("dgram_send", "udp"), ("dgram_rd", "udp"), ("dgram_rc", "tcp")]
+PROTOCOLS = [("write_record", "udp"), ("dgram_send", "udp"), ("dgram_rd", "udp"), ("rd_write_record", "udp"),
+             ("dgram_rc", "tcp")]
 
 
 @pytest.mark.parametrize("protocol,transport", PROTOCOLS)
