@@ -28,19 +28,13 @@ class CreditSender final : public SenderProtocol {
  public:
   CreditSender(SenderFabric& fabric, uint64_t tag) : fabric_(fabric), tag_(tag), account_(fabric.geometry.blocks) {}
 
-  // The Sender destroys its protocol before its endpoint, whose close still progresses the
-  // worker: unhook the handler, which points at this object.
-  ~CreditSender() override {
-    (void)fabric_.worker.set_am_handler(kCreditAm,
-                                        [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
-  }
-
   Status init() {
     // Credit updates are handled inside the progress of this sending thread's worker: while the
     // sender has credits it never waits for one, it picks them up whenever it progresses.
     return fabric_.worker.set_am_handler(
         kCreditAm,
-        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) { on_update(header); });
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) { on_update(header); },
+        &update_handler_);
   }
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
@@ -103,6 +97,9 @@ class CreditSender final : public SenderProtocol {
   uint64_t tag_;
   CreditAccount account_;
   ProtocolStats stats_;
+  // The Sender destroys its protocol before its endpoint, whose close still progresses the
+  // worker: last, so the handler (it points at this object) is unhooked first.
+  fabric::AmRegistration update_handler_;
 };
 
 class CreditReceiver final : public ReceiverProtocol {

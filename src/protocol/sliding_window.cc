@@ -47,12 +47,10 @@ class SlidingWindowSender final : public SenderProtocol {
   }
 
   // The Sender destroys its protocol before its endpoint, whose close still progresses the
-  // worker: unhook the ACK handler (it points at this object), and leave the notification
-  // headers to the worker if a notification is still queued (only when the receiver stopped
-  // answering): freed when it is destroyed, after UCX.
+  // worker: ack_handler_ unhooks the ACK handler (it points at this object), and the notification
+  // headers are left to the worker if a notification is still queued (only when the receiver
+  // stopped answering): freed when it is destroyed, after UCX.
   ~SlidingWindowSender() override {
-    (void)fabric_.worker.set_am_handler(kAckAm,
-                                        [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
     for (auto& r : notify_req_) {
       if (r.check().code() == Code::kInProgress) {
         fabric_.worker.keep_until_destroyed(std::move(notify_));
@@ -75,8 +73,10 @@ class SlidingWindowSender final : public SenderProtocol {
     // 110-138 MB/s (a loaded machine, hence the ranges): the extra spinning thread takes a core
     // from the receiver's progress and consumer threads. With more cores than busy threads it
     // would cost the lock only.
-    return fabric_.worker.set_am_handler(kAckAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
-                                                        fabric::ReplyEp) { on_ack(header); });
+    return fabric_.worker.set_am_handler(
+        kAckAm,
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) { on_ack(header); },
+        &ack_handler_);
   }
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
@@ -164,6 +164,7 @@ class SlidingWindowSender final : public SenderProtocol {
   std::unique_ptr<Notify[]> notify_;         // per slot: the AM header, alive while in flight
   std::vector<fabric::Request> notify_req_;  // per slot: its notification, if not sent inline
   ProtocolStats stats_;
+  fabric::AmRegistration ack_handler_;  // last: unhooked before the rest goes
 };
 
 // The receiver side. Its worker is this session's own (Descriptor::receiver_progress), progressed
@@ -182,15 +183,12 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
         acks_(fabric.worker) {}
 
   Status init() {
-    return worker_.set_am_handler(kNotifyAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
-                                                    fabric::ReplyEp reply) { notified(header, reply); });
-  }
-
-  // The worker outlives us (it belongs to the session): unhook the handler first (acks_, which
-  // lets its last ACKs leave, goes after).
-  ~SlidingWindowReceiver() override {
-    (void)worker_.set_am_handler(kNotifyAm,
-                                 [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
+    return worker_.set_am_handler(
+        kNotifyAm,
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
+          notified(header, reply);
+        },
+        &notify_handler_);
   }
 
   std::vector<uint8_t> setup() const override {
@@ -281,6 +279,9 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   uint64_t acks_sent_ = 0;
   uint64_t ack_failures_ = 0;
   ReplyQueue<Ack> acks_;
+  // The worker outlives us (it belongs to the session): the handler is unhooked first, acks_
+  // (which lets its last ACKs leave) after.
+  fabric::AmRegistration notify_handler_;
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,
