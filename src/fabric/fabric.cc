@@ -252,6 +252,14 @@ MemoryRegion::~MemoryRegion() {
   g_counters.registered_now.fetch_sub(size_);
 }
 
+Status MemoryRegion::allocate_exposed(Context& ctx, size_t length, ExposedRegion* out) {
+  ExposedRegion exposed;
+  SLOTSTREAM_RETURN_IF_ERROR(allocate(ctx, length, &exposed.region));
+  SLOTSTREAM_RETURN_IF_ERROR(exposed.region->pack_rkey(&exposed.rkey));
+  *out = std::move(exposed);
+  return Status::ok();
+}
+
 Status MemoryRegion::pack_rkey(std::vector<uint8_t>* out) const {
   void* buf = nullptr;
   size_t len = 0;

@@ -130,9 +130,14 @@ class Worker;
 // that is what makes remote puts/gets land without the owner's CPU (see docs/design.md).
 // `map` registers memory the caller owns and keeps (the local destination of gets: shared memory
 // and tcp copy into any memory, an RDMA NIC only into registered memory); it stays the caller's.
+struct ExposedRegion;
+
 class MemoryRegion {
  public:
   static Status allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out);
+  // allocate() and the packed remote key a peer unpacks (RemoteKey::unpack): the memory a
+  // protocol exposes to its peer at set-up.
+  static Status allocate_exposed(Context& ctx, size_t length, ExposedRegion* out);
   static Status map(Context& ctx, void* address, size_t length, std::unique_ptr<MemoryRegion>* out);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;

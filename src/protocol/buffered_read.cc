@@ -501,14 +501,12 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   const uint64_t capacity = RingLayout::capacity(fabric.geometry);
   // UCX allocates the ring: on shared memory that is what lets the receiver's gets and head
   // writes complete without this process (UCX-NOTES, passivity).
-  std::unique_ptr<fabric::MemoryRegion> region;
-  if (Status st = fabric::MemoryRegion::allocate(fabric.context, RingLayout::kDataOffset + capacity, &region);
+  fabric::ExposedRegion region;
+  if (Status st = fabric::MemoryRegion::allocate_exposed(fabric.context, RingLayout::kDataOffset + capacity, &region);
       !st.is_ok()) {
     return {st.code(), "buffered_read: the exposed ring (--blocks x --block-size): " + st.message()};
   }
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(region->pack_rkey(&rkey));
-  out->reset(new BufferedReadSender(fabric, std::move(region), std::move(rkey), capacity));
+  out->reset(new BufferedReadSender(fabric, std::move(region.region), std::move(region.rkey), capacity));
   return Status::ok();
 }
 

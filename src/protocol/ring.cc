@@ -8,8 +8,8 @@
 #include <string>
 
 #include "clock.h"
-#include "net/auth.h"
 #include "protocol/reply_queue.h"
+#include "random.h"
 #include "wire/block_header.h"
 #include "wire/codec.h"
 
@@ -517,15 +517,13 @@ class RingReceiver final : public ReceiverProtocol {
 
 Status make_ring_receiver(ReceiverFabric& fabric, uint64_t window, std::unique_ptr<ReceiverProtocol>* out) {
   // The ring is exactly the blocks x block_size the receiver's memory budget reserved.
-  std::unique_ptr<fabric::MemoryRegion> ring;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, fabric.geometry.bytes(), &ring));
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(ring->pack_rkey(&rkey));
+  fabric::ExposedRegion ring;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate_exposed(fabric.context, fabric.geometry.bytes(), &ring));
   // The session id the sender echoes in every notice: one that carries another is not for this
   // ring and is dropped (counted).
   uint64_t session = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce_u64(&session));
-  auto receiver = std::make_unique<RingReceiver>(fabric, window, std::move(ring), std::move(rkey), session);
+  SLOTSTREAM_RETURN_IF_ERROR(random_u64(&session));
+  auto receiver = std::make_unique<RingReceiver>(fabric, window, std::move(ring.region), std::move(ring.rkey), session);
   SLOTSTREAM_RETURN_IF_ERROR(receiver->init());
   *out = std::move(receiver);
   return Status::ok();

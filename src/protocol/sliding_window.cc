@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "clock.h"
-#include "net/auth.h"
 #include "protocol/reply_queue.h"
+#include "random.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
@@ -301,15 +301,15 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
 
 Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
-  std::unique_ptr<fabric::MemoryRegion> pool;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, size_t(g.blocks) * g.block_size, &pool));
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(pool->pack_rkey(&rkey));
+  fabric::ExposedRegion pool;
+  SLOTSTREAM_RETURN_IF_ERROR(
+      fabric::MemoryRegion::allocate_exposed(fabric.context, size_t(g.blocks) * g.block_size, &pool));
   // The session id the sender echoes in every notification: a notification that carries another
   // one is not for this window and is dropped (counted).
   uint64_t session = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce_u64(&session));
-  auto receiver = std::make_unique<SlidingWindowReceiver>(fabric, std::move(pool), std::move(rkey), session);
+  SLOTSTREAM_RETURN_IF_ERROR(random_u64(&session));
+  auto receiver =
+      std::make_unique<SlidingWindowReceiver>(fabric, std::move(pool.region), std::move(pool.rkey), session);
   SLOTSTREAM_RETURN_IF_ERROR(receiver->init());
   *out = std::move(receiver);
   return Status::ok();
