@@ -35,7 +35,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "net/control_socket.h"  // parse_host_port: the CLI's HOST:PORT syntax
 #include "slotstream/platform.h"
 #include "slotstream/slotstream.h"
 
@@ -435,7 +434,7 @@ class PySender : public SenderLife<Sender> {
            std::optional<std::string> rdma_device)
       : SenderLife("Sender") {
     SenderOptions o;
-    check(net::parse_host_port(to, &o.host, &o.port));
+    check(parse_address(to, &o.host, &o.port));
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
     o.name = name ? *name : default_sender_name();
@@ -791,7 +790,7 @@ class PyReceiver {
     if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
     if (max_queue < 1) check({Code::kInvalidArgument, "max_queue must be at least 1"});
     ReceiverOptions o;
-    check(net::parse_host_port(listen, &o.host, &o.port));
+    check(parse_address(listen, &o.host, &o.port));
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
     o.token = token.value_or("");

@@ -19,8 +19,6 @@
 #include "dgram/receiver.h"
 #include "dgram/sender.h"
 #include "dgram_cli.h"
-#include "net/auth.h"
-#include "net/control_socket.h"
 #include "send_plan.h"
 
 namespace slotstream::tools {
@@ -60,7 +58,7 @@ long peak_rss_kb() {
 
 int run_peer_recv(const DgramPeerArgs& a) {
   dgram::DatagramReceiverOptions o;
-  if (Status st = net::parse_host_port(a.listen, &o.host, &o.port); !st.is_ok()) {
+  if (Status st = parse_address(a.listen, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
   }
@@ -138,7 +136,7 @@ int run_peer_recv(const DgramPeerArgs& a) {
 
 int run_peer_send(const DgramPeerArgs& a) {
   dgram::DatagramSenderOptions o;
-  if (Status st = net::parse_host_port(a.to, &o.host, &o.port); !st.is_ok()) {
+  if (Status st = parse_address(a.to, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
   }

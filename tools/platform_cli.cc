@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
-#include "net/control_socket.h"
 #include "platform/etcd.h"
 #include "platform/host.h"
 #include "platform/registration.h"
@@ -100,14 +99,14 @@ Status advertised_address(const RecvArgs& args, const Receiver& rx, std::string*
   if (!args.platform.advertise.empty()) {
     std::string host;
     uint16_t port = 0;
-    SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(args.platform.advertise, &host, &port));
+    SLOTSTREAM_RETURN_IF_ERROR(parse_address(args.platform.advertise, &host, &port));
     *out = args.platform.advertise;
     return Status::ok();
   }
   std::string host, bound_host;
   uint16_t port = 0, bound_port = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(args.listen, &host, &port));
-  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(rx.listen_address(), &bound_host, &bound_port));
+  SLOTSTREAM_RETURN_IF_ERROR(parse_address(args.listen, &host, &port));
+  SLOTSTREAM_RETURN_IF_ERROR(parse_address(rx.listen_address(), &bound_host, &bound_port));
   if (host == "0.0.0.0" || host == "::" || host.empty()) host = default_name();
   *out = host + ":" + std::to_string(bound_port);
   return Status::ok();
