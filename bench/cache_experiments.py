@@ -24,6 +24,8 @@ max_unprocessed_bytes (receiver counter, credit/carc) and sender_waits.
 import pathlib
 import statistics
 
+from harness import Experiment, for_each_point, run_pair
+
 HEADER = 16                    # block header bytes (src/wire/block_header.h: kBlockHeaderSize)
 MESSAGE = 65536 - HEADER       # payload: one 64 KiB block per message
 PROTOCOLS = ["carc", "credit", "status_byte", "sliding_window"]
@@ -99,46 +101,52 @@ def geometry(protocol, window, devices, cache, per_device):
     return protocol, blocks
 
 
+def cache_point(res, s, t, x, d, w, p, per_device):
+    spec, blocks = geometry(p, w, d, s["cache"], per_device)
+    # Enough to pass through the in-flight window several times, split over the devices.
+    count = max(4, max(s["run_bytes"], 4 * w) // (d * MESSAGE))
+    snd, rcv = run_pair(t, spec, MESSAGE, count, blocks, devices=d, rx_extra=["--process-ns-per-byte", str(x)])
+    arrivals = rcv["arrivals_ns"]
+    span = (max(arrivals) - min(snd["send_times_ns"])) / 1e9 if arrivals else 0
+    mbps = rcv["bytes"] / 1e6 / span if span > 0 else 0.0
+    lat_ms = sorted(v / 1e6 for v in rcv["latencies_ns"] if v > 0)
+    p99 = lat_ms[min(len(lat_ms) - 1, int(0.99 * (len(lat_ms) - 1) + 0.5))] if lat_ms else 0.0
+    proc = rcv.get("process") or {}
+    extra = dict(devices=d, process_ns_per_byte=x, window_bytes=w, window_of_cache=w / s["cache"])
+    metrics = [("throughput", mbps, "MB/s"), ("latency_p99", p99, "ms"),
+               ("read_ns_per_byte", proc.get("read_ns_per_byte", 0.0), "ns/B"),
+               ("sender_waits", snd.get("waits", 0), "count")]
+    counters = rcv.get("protocol_counters") or {}
+    if "max_unreleased_bytes" in counters:
+        metrics.append(("max_unprocessed_bytes", counters["max_unreleased_bytes"], "B"))
+    for metric, value, unit in metrics:
+        res.add("cache", p, t, MESSAGE, blocks, metric, value, unit, **extra)
+    return f"{point_name(res, t, x, d, w, p)}: {mbps:7.1f} MB/s p99 {p99:7.2f} ms read " \
+           f"{proc.get('read_ns_per_byte', 0):.3f} ns/B"
+
+
+def point_name(res, t, x, d, w, p):
+    return f"{t} {p:14} X={x:g} ns/B d={d:<2} W={w >> 10:>6} KiB run {res.run}"
+
+
 def exp_cache(res, cfg):
     """CARC slides: receiver processing cost x devices x in-flight data, for carc, credit and the
     status_byte/sliding_window references (those of them in --protocols)."""
-    from slotstream_bench import PeerError, Progress, run_pair  # the orchestrator runs this module's function
     s = settings(cfg, cfg.quick, cfg.tiny)
     res.config.setdefault("cache_experiment", {}).update(
         {k: s[k] for k in ("cache", "l2", "run_bytes")}, points=len(s["points"]))
     protocols = [p for p in PROTOCOLS if p in ALWAYS or p in cfg.protocols]
-    runs = [(t, x, d, w, p) for t, x, d, w in s["points"] for p in protocols]
-    prog = Progress(len(runs), "cache", res.run, cfg.runs)
-    r = res.run
-    for t, x, d, w, p in runs:
-        per_device = cfg.registry.get(p, {}).get("connection_per_device", False)
-        spec, blocks = geometry(p, w, d, s["cache"], per_device)
-        # Enough to pass through the in-flight window several times, split over the devices.
-        count = max(4, max(s["run_bytes"], 4 * w) // (d * MESSAGE))
-        what = f"{t} {p:14} X={x:g} ns/B d={d:<2} W={w >> 10:>6} KiB run {r}"
-        try:
-            snd, rcv = run_pair(t, spec, MESSAGE, count, blocks, devices=d,
-                                rx_extra=["--process-ns-per-byte", str(x)])
-        except PeerError as e:
-            res.error(f"cache {what}", e)
-            prog.step(f"{what}: FAILED")
-            continue
-        arrivals = rcv["arrivals_ns"]
-        span = (max(arrivals) - min(snd["send_times_ns"])) / 1e9 if arrivals else 0
-        mbps = rcv["bytes"] / 1e6 / span if span > 0 else 0.0
-        lat_ms = sorted(v / 1e6 for v in rcv["latencies_ns"] if v > 0)
-        p99 = lat_ms[min(len(lat_ms) - 1, int(0.99 * (len(lat_ms) - 1) + 0.5))] if lat_ms else 0.0
-        proc = rcv.get("process") or {}
-        extra = dict(devices=d, process_ns_per_byte=x, window_bytes=w, window_of_cache=w / s["cache"])
-        metrics = [("throughput", mbps, "MB/s"), ("latency_p99", p99, "ms"),
-                   ("read_ns_per_byte", proc.get("read_ns_per_byte", 0.0), "ns/B"),
-                   ("sender_waits", snd.get("waits", 0), "count")]
-        counters = rcv.get("protocol_counters") or {}
-        if "max_unreleased_bytes" in counters:
-            metrics.append(("max_unprocessed_bytes", counters["max_unreleased_bytes"], "B"))
-        for metric, value, unit in metrics:
-            res.add("cache", p, t, MESSAGE, blocks, metric, value, unit, **extra)
-        prog.step(f"{what}: {mbps:7.1f} MB/s p99 {p99:7.2f} ms read {proc.get('read_ns_per_byte', 0):.3f} ns/B")
+    points = [(t, x, d, w, p) for t, x, d, w in s["points"] for p in protocols]
+
+    def measure(t, x, d, w, p):
+        return cache_point(res, s, t, x, d, w, p, cfg.registry.get(p, {}).get("connection_per_device", False))
+    for_each_point(res, cfg, "cache", points, measure, lambda *pt: point_name(res, *pt), run_tag=False)
+
+
+EXPERIMENTS = {
+    "cache": Experiment("CARC slides", "receiver processing x devices x in-flight data: carc, credit "
+                                       "(cache_experiments.py)", exp_cache),
+}
 
 
 # ------------------------------------------------------------------------------------ plots and report

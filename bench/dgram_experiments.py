@@ -11,8 +11,8 @@
 
 Each experiment function measures every point once with fresh processes; the orchestrator's --runs calls it
 again for independent runs (records carry `run`). Measuring processes: `slotstream dgram-peer recv|send`
-(tools/dgram_peer.cc), ffmpeg and sipp from Debian. register() adds the experiments to the orchestrator's
-table; nothing else in slotstream_bench.py knows about them.
+(tools/dgram_peer.cc), ffmpeg and sipp from Debian. EXPERIMENTS is this module's table, which the entry
+script (slotstream_bench.py) lists beside the others.
 """
 import json
 import os
@@ -24,6 +24,9 @@ import statistics
 import subprocess
 import threading
 import time
+
+from harness import (BIN, DEFAULT_BLOCKS, PAPER_BLOCKS, Experiment, PeerError, Progress, cpu_percent,
+                     for_each_point, free_port, log, pct, run_pair, run_peers)
 
 DGRAM = ["write_record", "dgram_send", "dgram_rd", "dgram_rc"]
 LLP = {"write_record": "udp", "dgram_send": "udp", "dgram_rd": "udp", "dgram_rc": "tcp"}
@@ -38,21 +41,6 @@ MESSAGE_TIMEOUT_MS = 100
 # ring a receiver grants and a 20 ms timer (loopback reorders nothing for that long); retirement is recorded.
 LOSS_RING = 256
 LOSS_TIMEOUT_MS = 20
-
-sb = None  # the orchestrator module (bench/slotstream_bench.py): run_pair, read_line, stop, pct, Progress, ...
-
-
-def register(experiments, orchestrator):
-    global sb
-    sb = orchestrator
-    experiments.update({
-        "datagram": ("patent 14-15", "datagram RDMA latency and throughput: UD Write-Record, UD/RD send, RC over TCP",
-                     exp_datagram),
-        "loss": ("patent 16-17", "goodput and valid bytes under 0-5 % nftables loss, 1 KiB-512 KiB", exp_loss),
-        "apps": ("patent 18-19", "ffmpeg first frame and frame loss, SIPp response time: shim vs UDP vs TCP",
-                 exp_apps),
-    })
-
 
 def mode(cfg):
     return "tiny" if cfg.tiny else "quick" if cfg.quick else "full"
@@ -73,35 +61,15 @@ def in_ns(ns, argv):
 def run_dgram_pair(protocol, size, count, *, gap_us=0, partial="drop", segment=SEGMENT, ns=None, max_seconds=60,
                    timeout=180, ring=32, message_timeout_ms=MESSAGE_TIMEOUT_MS):
     """One measurement: `slotstream dgram-peer recv` and `... send`; returns (sender, receiver) JSON."""
-    rx = subprocess.Popen(in_ns(ns, [sb.BIN, "dgram-peer", "recv", "--listen", "127.0.0.1:0", "--partial", partial,
-                                     "--message-timeout", message_timeout_ms]),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        line = sb.read_line(rx, 20)
-        if not line.startswith("listening on "):
-            raise sb.PeerError(f"dgram receiver peer did not start: {line!r}")
-        tx_cmd = in_ns(ns, [sb.BIN, "dgram-peer", "send", "--to", line.split()[-1], "--protocol", protocol,
-                            "--size", size, "--count", count, "--segment-size", segment, "--gap-us", gap_us,
-                            "--max-seconds", max_seconds, "--blocks", ring])
-        try:
-            tx = subprocess.run(tx_cmd, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise sb.PeerError(f"dgram sender peer timed out after {timeout} s: {' '.join(tx_cmd)}")
-        if tx.returncode != 0:
-            raise sb.PeerError(f"dgram sender peer failed ({tx.returncode}): {tx.stderr.decode()[:500]}")
-        snd = json.loads(tx.stdout)
-        line = sb.read_line(rx, 30)
-        if not line.startswith("{"):
-            raise sb.PeerError(f"dgram receiver peer gave no report within 30 s: {line!r}")
-        return snd, json.loads(line)
-    except sb.PeerError as e:
-        sb.stop(rx)
-        err = rx.stderr.read().decode(errors="replace").strip()[-500:]
-        raise sb.PeerError(f"{e}; receiver peer stderr: {err!r}" if err else str(e)) from None
-    except ValueError as e:
-        raise sb.PeerError(f"a dgram peer printed malformed JSON: {e}") from None
-    finally:
-        sb.stop(rx)
+    rx_cmd = in_ns(ns, [BIN, "dgram-peer", "recv", "--listen", "127.0.0.1:0", "--partial", partial,
+                        "--message-timeout", message_timeout_ms])
+
+    def tx_cmd(addr):
+        return in_ns(ns, [BIN, "dgram-peer", "send", "--to", addr, "--protocol", protocol, "--size", size,
+                          "--count", count, "--segment-size", segment, "--gap-us", gap_us,
+                          "--max-seconds", max_seconds, "--blocks", ring])
+
+    return run_peers(rx_cmd, tx_cmd, timeout, what="dgram peer")
 
 
 def window_seconds(snd, rcv):
@@ -113,8 +81,8 @@ def window_seconds(snd, rcv):
 
 
 def add_latency(res, experiment, p, t, s, lat_us, variant, blocks=1):
-    for metric, v in (("latency_mean", statistics.mean(lat_us)), ("latency_p50", sb.pct(lat_us, 50)),
-                      ("latency_p99", sb.pct(lat_us, 99))):
+    for metric, v in (("latency_mean", statistics.mean(lat_us)), ("latency_p50", pct(lat_us, 50)),
+                      ("latency_p99", pct(lat_us, 99))):
         res.add(experiment, p, t, s, blocks, metric, v, "us", variant=variant)
 
 
@@ -132,6 +100,46 @@ def datagram_settings(cfg):
     return sizes, budget, latency_n
 
 
+def datagram_variant(protocol):
+    return f"segment {SEGMENT} B" if protocol in DGRAM else "UCX tcp"
+
+
+def datagram_latency(res, latency_n, p, s):
+    """One message in flight at a time: send stamp to the message finished at the receiver."""
+    gap = int(200 + s / 100)  # each message finished before the next one starts
+    if p in DGRAM:
+        snd, rcv = run_dgram_pair(p, max(s, 8), latency_n, gap_us=gap)
+        lat = [x / 1000 for x in rcv["latencies_ns"]]
+    else:
+        snd, rcv = run_pair("tcp", p, s, latency_n, PAPER_BLOCKS, gap_us=gap, busy_poll=True)
+        lat = [x / 1000 for x in rcv["latencies_ns"] if x > 0]
+    if not lat:
+        raise PeerError("no latency samples")
+    add_latency(res, "datagram", p, LLP.get(p, "tcp"), s, lat, datagram_variant(p))
+    return f"{p:14} {s:>8} B latency p50 {pct(lat, 50):8.1f} us"
+
+
+def datagram_throughput(res, budget, p, s):
+    """Back to back: complete bytes over first send to last arrival."""
+    t, variant = LLP.get(p, "tcp"), datagram_variant(p)
+    count = max(20, min(2000, budget // s))
+    if p in DGRAM:
+        snd, rcv = run_dgram_pair(p, max(s, 8), count)
+        good = rcv["complete"] * s
+        secs = window_seconds(snd, rcv)
+        res.add("datagram", p, t, s, 1, "delivered_fraction", rcv["complete"] / max(rcv["sent"], 1), "ratio",
+                variant=variant)
+    else:
+        snd, rcv = run_pair("tcp", p, s, count, DEFAULT_BLOCKS)
+        good = rcv["messages"] * s
+        secs = max(max(rcv["arrivals_ns"]) - snd["send_times_ns"][0], 1) / 1e9
+    if secs <= 0:
+        raise PeerError("nothing arrived")
+    res.add("datagram", p, t, s, 1, "throughput", good / secs / 1e6, "MB/s", variant=variant)
+    res.add("datagram", p, t, s, 1, "cpu_sender", cpu_percent(snd), "% of one core", variant=variant)
+    return f"{p:14} {s:>8} B throughput {good / secs / 1e6:8.1f} MB/s"
+
+
 def exp_datagram(res, cfg):
     """Patent Fig. 14-15 ("UD iWARP vs RC iWARP verbs latency", "unidirectional verbs bandwidth"): one message in
     flight at a time for latency (send stamp to the message finished at the receiver), back to back for
@@ -139,48 +147,11 @@ def exp_datagram(res, cfg):
     sizes, budget, latency_n = datagram_settings(cfg)
     protocols = chosen_protocols(cfg)
     ucx = [p for p in UCX_COMPARED if p in cfg.protocols] if "tcp" in cfg.transports else []
-    points = [(p, s) for s in sizes for p in protocols + ucx]
-    prog = sb.Progress(2 * len(points), "datagram", res.run, cfg.runs)
-    variant = f"segment {SEGMENT} B"
-    for p, s in points:
-        t = LLP.get(p, "tcp")
-        gap = int(200 + s / 100)  # each message finished before the next one starts
-        count = max(20, min(2000, budget // s))
-        try:
-            if p in DGRAM:
-                snd, rcv = run_dgram_pair(p, max(s, 8), latency_n, gap_us=gap)
-                lat = [x / 1000 for x in rcv["latencies_ns"]]
-            else:
-                snd, rcv = sb.run_pair("tcp", p, s, latency_n, sb.PAPER_BLOCKS, gap_us=gap, busy_poll=True)
-                lat = [x / 1000 for x in rcv["latencies_ns"] if x > 0]
-            if not lat:
-                raise sb.PeerError("no latency samples")
-            add_latency(res, "datagram", p, t, s, lat, variant if p in DGRAM else "UCX tcp")
-            prog.step(f"{p:14} {s:>8} B latency p50 {sb.pct(lat, 50):8.1f} us")
-        except sb.PeerError as e:
-            res.error(f"datagram latency {p} {s} B", e)
-            prog.step(f"{p} {s} B latency: FAILED")
-        try:
-            if p in DGRAM:
-                snd, rcv = run_dgram_pair(p, max(s, 8), count)
-                good = rcv["complete"] * s
-                secs = window_seconds(snd, rcv)
-                res.add("datagram", p, t, s, 1, "delivered_fraction", rcv["complete"] / max(rcv["sent"], 1), "ratio",
-                        variant=variant)
-            else:
-                snd, rcv = sb.run_pair("tcp", p, s, count, sb.DEFAULT_BLOCKS)
-                good = rcv["messages"] * s
-                secs = max(max(rcv["arrivals_ns"]) - snd["send_times_ns"][0], 1) / 1e9
-            if secs <= 0:
-                raise sb.PeerError("nothing arrived")
-            res.add("datagram", p, t, s, 1, "throughput", good / secs / 1e6, "MB/s",
-                    variant=variant if p in DGRAM else "UCX tcp")
-            res.add("datagram", p, t, s, 1, "cpu_sender", 100 * snd["cpu_seconds"] / max(snd["seconds"], 1e-9),
-                    "% of one core", variant=variant if p in DGRAM else "UCX tcp")
-            prog.step(f"{p:14} {s:>8} B throughput {good / secs / 1e6:8.1f} MB/s")
-        except sb.PeerError as e:
-            res.error(f"datagram throughput {p} {s} B", e)
-            prog.step(f"{p} {s} B throughput: FAILED")
+    points = [(p, s, kind) for s in sizes for p in protocols + ucx for kind in ("latency", "throughput")]
+
+    def measure(p, s, kind):
+        return datagram_latency(res, latency_n, p, s) if kind == "latency" else datagram_throughput(res, budget, p, s)
+    for_each_point(res, cfg, "datagram", points, measure, lambda p, s, kind: f"{kind} {p} {s} B", run_tag=False)
     # The patent's two headline comparisons, as ratios within this run.
     for metric, ratio in (("latency_p50", "latency_p50_vs_dgram_rc"), ("throughput", "throughput_vs_dgram_rc")):
         vals = {(r["protocol"], r["size_bytes"]): r["value"] for r in res.records
@@ -188,8 +159,7 @@ def exp_datagram(res, cfg):
         for (p, s), v in list(vals.items()):
             base = vals.get(("dgram_rc", s))
             if base and p != "dgram_rc":
-                res.add("datagram", p, LLP.get(p, "tcp"), s, 1, ratio, v / base, "ratio",
-                        variant=variant if p in DGRAM else "UCX tcp")
+                res.add("datagram", p, LLP.get(p, "tcp"), s, 1, ratio, v / base, "ratio", variant=datagram_variant(p))
 
 
 # ----------------------------------------------------------------------------- loss
@@ -208,7 +178,7 @@ class LossNamespace:
         def ip(*args):
             r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
             if r.returncode != 0:
-                raise sb.PeerError(f"`ip {' '.join(args)}` failed (the loss experiment needs root): {r.stderr.strip()}")
+                raise PeerError(f"`ip {' '.join(args)}` failed (the loss experiment needs root): {r.stderr.strip()}")
         ip("netns", "add", self.name)
         try:
             ip("-n", self.name, "link", "set", "lo", "up", "mtu", "1500", "gso_max_size", "1500", "gso_max_segs", "1")
@@ -219,7 +189,7 @@ class LossNamespace:
             r = subprocess.run(["ip", "netns", "exec", self.name, "nft", "-f", "-"], input=rules, capture_output=True,
                                text=True, timeout=20)
             if r.returncode != 0:
-                raise sb.PeerError(f"nft failed: {r.stderr.strip()}")
+                raise PeerError(f"nft failed: {r.stderr.strip()}")
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -249,54 +219,50 @@ def loss_settings(cfg):
     return sizes, levels, budget, seconds
 
 
+def loss_point(res, ns, seconds, budget, level, s, p):
+    count = max(10, budget // s)
+    snd, rcv = run_dgram_pair(p, s, count, partial="keep", segment=MTU_SEGMENT, ns=ns.name, max_seconds=seconds,
+                              timeout=seconds + 120, ring=LOSS_RING, message_timeout_ms=LOSS_TIMEOUT_MS)
+    secs = window_seconds(snd, rcv)
+    sent_bytes = max(rcv["bytes_sent"], 1)
+    goodput = rcv["valid_bytes"] / secs / 1e6 if secs > 0 else 0.0
+    for metric, v, unit in (("goodput", goodput, "MB/s"),
+                            ("valid_fraction", rcv["valid_bytes"] / sent_bytes, "ratio"),
+                            ("complete_fraction", rcv["complete"] / max(rcv["sent"], 1), "ratio"),
+                            ("partial_fraction", rcv["partial"] / max(rcv["sent"], 1), "ratio"),
+                            ("retired_fraction", rcv["retired"] / max(rcv["sent"], 1), "ratio")):
+        res.add("loss", p, LLP[p], s, 1, metric, v, unit, variant=f"loss {level:g}%")
+    return (f"{level:>4g}% {p:13} {s:>7} B goodput {goodput:8.1f} MB/s, valid "
+            f"{rcv['valid_bytes'] / sent_bytes:6.1%}, complete {rcv['complete']}/{rcv['sent']}")
+
+
 def exp_loss(res, cfg):
     """Patent Fig. 16-17 ("UD send/recv bandwidth under packet loss", "UD RDMA Write-Record bandwidth under packet
     loss"): the same messages through a lossy namespace; write_record keeps partial messages (--partial keep),
     dgram_send delivers whole messages only, dgram_rd and dgram_rc retransmit. Goodput counts valid bytes
     delivered (complete messages and the valid ranges of partial ones) per second."""
     sizes, levels, budget, seconds = loss_settings(cfg)
-    protocols = chosen_protocols(cfg)
-    prog = sb.Progress(len(levels) * len(sizes) * len(protocols), "loss", res.run, cfg.runs)
+    points = [(s, p) for s in sizes for p in chosen_protocols(cfg)]
+    prog = Progress(len(levels) * len(points), "loss", res.run, cfg.runs)
     for level in levels:
-        variant = f"loss {level:g}%"
         try:
             ns = LossNamespace(level).__enter__()
-        except sb.PeerError as e:
+        except PeerError as e:
             if cfg.tiny:
-                sb.log(f"  (loss experiment skipped in this tiny run: {e})")
+                log(f"  (loss experiment skipped in this tiny run: {e})")
                 return
             res.error(f"loss {level}%", e)
-            for _ in range(len(sizes) * len(protocols)):
+            for _ in points:
                 prog.step(f"{level}%: FAILED")
             continue
         try:
             seen0, dropped0 = ns.counters()
-            for s in sizes:
-                for p in protocols:
-                    count = max(10, budget // s)
-                    try:
-                        snd, rcv = run_dgram_pair(p, s, count, partial="keep", segment=MTU_SEGMENT, ns=ns.name,
-                                                  max_seconds=seconds, timeout=seconds + 120, ring=LOSS_RING,
-                                                  message_timeout_ms=LOSS_TIMEOUT_MS)
-                    except sb.PeerError as e:
-                        res.error(f"loss {p} {s} B {level}%", e)
-                        prog.step(f"{level}% {p} {s} B: FAILED")
-                        continue
-                    secs = window_seconds(snd, rcv)
-                    sent_bytes = max(rcv["bytes_sent"], 1)
-                    goodput = rcv["valid_bytes"] / secs / 1e6 if secs > 0 else 0.0
-                    for metric, v, unit in (("goodput", goodput, "MB/s"),
-                                            ("valid_fraction", rcv["valid_bytes"] / sent_bytes, "ratio"),
-                                            ("complete_fraction", rcv["complete"] / max(rcv["sent"], 1), "ratio"),
-                                            ("partial_fraction", rcv["partial"] / max(rcv["sent"], 1), "ratio"),
-                                            ("retired_fraction", rcv["retired"] / max(rcv["sent"], 1), "ratio")):
-                        res.add("loss", p, LLP[p], s, 1, metric, v, unit, variant=variant)
-                    prog.step(f"{level:>4g}% {p:13} {s:>7} B goodput {goodput:8.1f} MB/s, valid "
-                              f"{rcv['valid_bytes'] / sent_bytes:6.1%}, complete {rcv['complete']}/{rcv['sent']}")
+            for_each_point(res, cfg, "loss", points, lambda s, p: loss_point(res, ns, seconds, budget, level, s, p),
+                           lambda s, p: f"{level}% {p} {s} B", prog=prog, run_tag=False)
             seen, dropped = ns.counters()
             if seen > seen0:
                 res.add("loss", "nftables", "namespace", 0, 1, "loss_measured", (dropped - dropped0) / (seen - seen0),
-                        "ratio", variant=variant)
+                        "ratio", variant=f"loss {level:g}%")
         finally:
             ns.__exit__(None, None, None)
 
@@ -304,15 +270,9 @@ def exp_loss(res, cfg):
 # ----------------------------------------------------------------------------- apps
 
 
-def free_port(kind=socket.SOCK_DGRAM):
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def shim_path():
     """libslotstream_udp.so: next to the binary in a build tree, in ../lib of an installed one."""
-    bindir = pathlib.Path(sb.BIN).resolve().parent
+    bindir = pathlib.Path(BIN).resolve().parent
     for p in (bindir / "libslotstream_udp.so", bindir.parent / "lib" / "libslotstream_udp.so"):
         if p.exists():
             return p
@@ -373,7 +333,7 @@ def ffmpeg_once(mode_, seconds, reference, ns=None):
         rx.wait(10)
     th.join(5)
     if tx.returncode != 0:
-        raise sb.PeerError(f"ffmpeg sender failed: {tx.stderr[-300:]}")
+        raise PeerError(f"ffmpeg sender failed: {tx.stderr[-300:]}")
     identical = sum(1 for a, b in zip(frames, reference) if a == b)
     return (1000 * (first[0] - t0) if first else float("nan")), len(frames), identical
 
@@ -381,7 +341,7 @@ def ffmpeg_once(mode_, seconds, reference, ns=None):
 def sipp_once(mode_, calls, rate, workdir, ns=None):
     """`sipp -sn uas` and `-sn uac` (-m calls -r rate); response time = INVITE sent to 200 OK received, per call,
     from the client's message trace (µs timestamps). Returns (response times in ms, failed calls)."""
-    uas_port, uac_port = free_port(), free_port()
+    uas_port, uac_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_DGRAM)
     transport = ["-t", "t1"] if mode_ == "tcp" else []
     env = app_env(mode_, f"{uas_port},{uac_port}")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -404,7 +364,7 @@ def sipp_once(mode_, calls, rate, workdir, ns=None):
             uas.wait(10)
     logs = list(workdir.glob("uac_*_messages.log"))
     if not logs:
-        raise sb.PeerError(f"sipp uac left no message trace (exit {uac.returncode}): {uac.stdout[-300:]}")
+        raise PeerError(f"sipp uac left no message trace (exit {uac.returncode}): {uac.stdout[-300:]}")
     sent, answered = {}, {}
     stamp = None
     direction = None
@@ -432,6 +392,38 @@ def sipp_once(mode_, calls, rate, workdir, ns=None):
     return times, calls - len(times)
 
 
+def ffmpeg_reference(seconds):
+    """The test pattern's frame checksums decoded directly, without a network: what every frame should be."""
+    ref = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", *ffmpeg_encode(seconds), "-f", "mpegts", "-"],
+                         capture_output=True, timeout=120).stdout
+    return [line.rsplit(",", 1)[-1].strip() for line in subprocess.run(
+        ["ffmpeg", "-v", "error", "-nostdin", "-i", "-", "-f", "framemd5", "-"], input=ref, capture_output=True,
+        timeout=120).stdout.decode().splitlines() if line and not line.startswith("#")]
+
+
+def ffmpeg_point(res, m, seconds, reference, level, ns):
+    t, variant = APP_TRANSPORT[m], f"loss {level:g}%"
+    first_ms, decoded, identical = ffmpeg_once(m, seconds, reference, ns=ns)
+    res.add("apps", "ffmpeg", t, 0, 1, "first_frame_ms", first_ms, "ms", variant=variant)
+    res.add("apps", "ffmpeg", t, 0, 1, "frames_lost", len(reference) - decoded, "count", variant=variant)
+    res.add("apps", "ffmpeg", t, 0, 1, "frames_damaged", decoded - identical, "count", variant=variant)
+    return (f"{level:g}% ffmpeg {t:9} first frame {first_ms:7.1f} ms, {decoded}/{len(reference)} "
+            f"frames, {identical} identical")
+
+
+def sipp_point(res, m, calls, workdir, level, ns):
+    t, variant = APP_TRANSPORT[m], f"loss {level:g}%"
+    times, failed = sipp_once(m, calls, 50, workdir, ns=ns)
+    if not times:
+        raise PeerError("no call was answered")
+    for metric, v in (("sip_response_mean", statistics.mean(times)),
+                      ("sip_response_p50", pct(times, 50)), ("sip_response_p99", pct(times, 99))):
+        res.add("apps", "sipp", t, 0, 1, metric, v, "ms", variant=variant)
+    res.add("apps", "sipp", t, 0, 1, "sip_calls_failed", failed, "count", variant=variant)
+    return (f"{level:g}% sipp   {t:9} INVITE->200 median {pct(times, 50):7.3f} ms, "
+            f"{failed} of {calls} calls failed")
+
+
 def apps_settings(cfg):
     return {"quick": (3, [0, 1], 100), "full": (6, [0, 1, 5], 300)}[mode(cfg)]
 
@@ -443,59 +435,45 @@ def exp_apps(res, cfg):
     loopback and under nftables loss in a namespace. SIPp: INVITE -> 200 OK per call, 50 calls/s."""
     if cfg.tiny:
         # Real programs take seconds to start and stream; a tiny run (the test suite's) leaves them out.
-        sb.log("  (apps is not part of tiny runs: `slotstream bench apps --quick` takes about a minute)")
+        log("  (apps is not part of tiny runs: `slotstream bench apps --quick` takes about a minute)")
         return
     seconds, levels, calls = apps_settings(cfg)
     missing = [t for t in ("ffmpeg", "sipp") if not shutil.which(t)]
     if missing or not shim_path().exists():
         res.error("apps", f"needs {', '.join(missing) or shim_path()} (scripts/setup.sh, scripts/build.sh)")
         return
-    ref = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", *ffmpeg_encode(seconds), "-f", "mpegts", "-"],
-                         capture_output=True, timeout=120).stdout
-    reference = [line.rsplit(",", 1)[-1].strip() for line in subprocess.run(
-        ["ffmpeg", "-v", "error", "-nostdin", "-i", "-", "-f", "framemd5", "-"], input=ref, capture_output=True,
-        timeout=120).stdout.decode().splitlines() if line and not line.startswith("#")]
-    modes = ["shim", "udp", "tcp"]
-    prog = sb.Progress(len(levels) * 2 * len(modes), "apps", res.run, cfg.runs)
+    reference = ffmpeg_reference(seconds)
+    points = [(m, app) for m in ("shim", "udp", "tcp") for app in ("ffmpeg", "sipp")]
+    prog = Progress(len(levels) * len(points), "apps", res.run, cfg.runs)
     workdir = pathlib.Path(res.out) / "apps-work"
     for level in levels:
-        variant = f"loss {level:g}%"
         ns = None
         try:
             if level > 0:
                 ns = LossNamespace(level).__enter__()
-        except sb.PeerError as e:
+        except PeerError as e:
             res.error(f"apps {level}%", e)
-            for _ in range(2 * len(modes)):
+            for _ in points:
                 prog.step(f"{level}%: FAILED")
             continue
         try:
-            for m in modes:
-                t = APP_TRANSPORT[m]
-                try:
-                    first_ms, decoded, identical = ffmpeg_once(m, seconds, reference, ns=ns.name if ns else None)
-                    res.add("apps", "ffmpeg", t, 0, 1, "first_frame_ms", first_ms, "ms", variant=variant)
-                    res.add("apps", "ffmpeg", t, 0, 1, "frames_lost", len(reference) - decoded, "count", variant=variant)
-                    res.add("apps", "ffmpeg", t, 0, 1, "frames_damaged", decoded - identical, "count", variant=variant)
-                    prog.step(f"{level:g}% ffmpeg {t:9} first frame {first_ms:7.1f} ms, {decoded}/{len(reference)} "
-                              f"frames, {identical} identical")
-                except (sb.PeerError, subprocess.TimeoutExpired) as e:
-                    res.error(f"apps ffmpeg {t} {level}%", e)
-                    prog.step(f"{level}% ffmpeg {t}: FAILED")
-                try:
-                    times, failed = sipp_once(m, calls, 50, workdir, ns=ns.name if ns else None)
-                    if not times:
-                        raise sb.PeerError("no call was answered")
-                    for metric, v in (("sip_response_mean", statistics.mean(times)),
-                                      ("sip_response_p50", sb.pct(times, 50)), ("sip_response_p99", sb.pct(times, 99))):
-                        res.add("apps", "sipp", t, 0, 1, metric, v, "ms", variant=variant)
-                    res.add("apps", "sipp", t, 0, 1, "sip_calls_failed", failed, "count", variant=variant)
-                    prog.step(f"{level:g}% sipp   {t:9} INVITE->200 median {sb.pct(times, 50):7.3f} ms, "
-                              f"{failed} of {calls} calls failed")
-                except (sb.PeerError, subprocess.TimeoutExpired) as e:
-                    res.error(f"apps sipp {t} {level}%", e)
-                    prog.step(f"{level}% sipp {t}: FAILED")
+            def measure(m, app):
+                where = dict(level=level, ns=ns.name if ns else None)
+                if app == "ffmpeg":
+                    return ffmpeg_point(res, m, seconds, reference, **where)
+                return sipp_point(res, m, calls, workdir, **where)
+            for_each_point(res, cfg, "apps", points, measure, lambda m, app: f"{app} {APP_TRANSPORT[m]} {level}%",
+                           errors=(PeerError, subprocess.TimeoutExpired), prog=prog, run_tag=False)
         finally:
             if ns:
                 ns.__exit__(None, None, None)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+EXPERIMENTS = {
+    "datagram": Experiment("patent 14-15", "datagram RDMA latency and throughput: UD Write-Record, UD/RD send, RC "
+                                           "over TCP", exp_datagram),
+    "loss": Experiment("patent 16-17", "goodput and valid bytes under 0-5 % nftables loss, 1 KiB-512 KiB", exp_loss),
+    "apps": Experiment("patent 18-19", "ffmpeg first frame and frame loss, SIPp response time: shim vs UDP vs TCP",
+                       exp_apps),
+}

@@ -1,9 +1,10 @@
 """Figures and report sections of the datagram experiments (bench/dgram_experiments.py), drawn from
-results.json like everything in bench/plot.py, which calls figures() and report_sections() with itself as
-`pl` (its table, per_run, style and plotting helpers)."""
+results.json like everything in bench/plot.py, which calls figures() and report_sections(); the table,
+per_run, style and plotting helpers are plot_common's."""
 import statistics
 
-import matplotlib.pyplot as plt
+import plot_common
+from plot_common import human, line_plot, per_run, pick, plt, spread_text, table
 
 PROTOCOL_ORDER = ["write_record", "dgram_send", "dgram_rd", "dgram_rc", "status_byte", "sliding_window"]
 STYLE = {"write_record": dict(color="tab:green", ls="-", marker="o"),
@@ -36,22 +37,22 @@ def _loss_of(variant):
         return None
 
 
-def _by_loss(pl, records, metric):
+def _by_loss(records, metric):
     """{size: {protocol: [(loss %, median over runs)]}} of the loss experiment."""
     out = {}
     for variant in sorted({r.get("variant", "") for r in records if r["experiment"] == "loss"}, key=lambda v: _loss_of(v) or 0):
         level = _loss_of(variant)
         if level is None:
             continue
-        for (p, t, b, s), v in pl.pick(records, "loss", metric, variant=variant).items():
+        for (p, t, b, s), v in pick(records, "loss", metric, variant=variant).items():
             if p == "nftables":
                 continue
             out.setdefault(s, {}).setdefault(p, []).append((level, v))
     return out
 
 
-def _loss_figure(pl, records, out, metric, ylabel, name, title):
-    data = _by_loss(pl, records, metric)
+def _loss_figure(records, out, metric, ylabel, name, title):
+    data = _by_loss(records, metric)
     if not data:
         return None
     sizes = sorted(data)
@@ -66,7 +67,7 @@ def _loss_figure(pl, records, out, metric, ylabel, name, title):
         ax.set_xticks([x if x > 0 else 0.03 for x in levels])
         ax.set_xticklabels([f"{x:g}%" for x in levels], fontsize=7)
         ax.minorticks_off()
-        ax.set_title(pl.human(s), fontsize=10)
+        ax.set_title(human(s), fontsize=10)
         ax.set_xlabel("packets dropped (nftables)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -78,7 +79,7 @@ def _loss_figure(pl, records, out, metric, ylabel, name, title):
     return name
 
 
-def _apps_figure(pl, records, out):
+def _apps_figure(records, out):
     rows = [r for r in records if r["experiment"] == "apps"]
     if not rows:
         return None
@@ -92,9 +93,9 @@ def _apps_figure(pl, records, out):
         for i, v in enumerate(variants):
             vals = []
             for t in transports:
-                x = pl.pick(records, "apps", metric, variant=v).get((prog, t, 1, 0))
+                x = pick(records, "apps", metric, variant=v).get((prog, t, 1, 0))
                 if metric == "frames_damaged":
-                    lost = pl.pick(records, "apps", "frames_lost", variant=v).get((prog, t, 1, 0))
+                    lost = pick(records, "apps", "frames_lost", variant=v).get((prog, t, 1, 0))
                     x = (x or 0) + (lost or 0) if x is not None or lost is not None else None
                 vals.append(x if x is not None else 0)
             ax.bar([j + i * width for j in range(len(transports))], vals, width, label=v)
@@ -110,38 +111,38 @@ def _apps_figure(pl, records, out):
     return "fig_dgram_apps.png"
 
 
-def figures(pl, records, out):
+def figures(records, out):
     for p, st in STYLE.items():
-        pl.STYLE.setdefault(p, st)  # the orchestrator's protocols keep their own colours
+        plot_common.STYLE.setdefault(p, st)  # the orchestrator's protocols keep their own colours
     made = {}
     for metric, name, what, unit in (("latency_p50", "fig_dgram_latency.png", "one-way latency, median", "µs"),
                                      ("throughput", "fig_dgram_throughput.png", "throughput (complete messages)", "MB/s")):
-        vals = pl.pick(records, "datagram", metric)
+        vals = pick(records, "datagram", metric)
         data = {}
         for (p, t, b, s), v in vals.items():
             data.setdefault((p, "loopback"), []).append((s, v))
         if data:
-            made[name] = pl.line_plot(out / name, f"Datagram RDMA: {what} (patent Fig. {14 if 'lat' in metric else 15})",
+            made[name] = line_plot(out / name, f"Datagram RDMA: {what} (patent Fig. {14 if 'lat' in metric else 15})",
                                       {k: sorted(v) for k, v in data.items()}, "message size", unit)
-    made["fig_dgram_loss_goodput.png"] = _loss_figure(pl, records, out, "goodput", "valid MB/s",
+    made["fig_dgram_loss_goodput.png"] = _loss_figure(records, out, "goodput", "valid MB/s",
                                                       "fig_dgram_loss_goodput.png",
                                                       "Goodput under real loss (patent Fig. 16-17)")
-    made["fig_dgram_loss_valid.png"] = _loss_figure(pl, records, out, "valid_fraction", "valid bytes / bytes sent",
+    made["fig_dgram_loss_valid.png"] = _loss_figure(records, out, "valid_fraction", "valid bytes / bytes sent",
                                                     "fig_dgram_loss_valid.png",
                                                     "Fraction of the bytes delivered usable (complete, or valid in a partial)")
-    made["fig_dgram_apps.png"] = _apps_figure(pl, records, out)
+    made["fig_dgram_apps.png"] = _apps_figure(records, out)
     return {k: v for k, v in made.items() if v}
 
 
-def _ratio_line(pl, records, metric, protocol, sizes_ok, label, fmt="{:.2f}"):
-    vals = {s: v for (p, t, b, s), v in pl.per_run(records, "datagram", metric).items() if p == protocol and sizes_ok(s)}
+def _ratio_line(records, metric, protocol, sizes_ok, label, fmt="{:.2f}"):
+    vals = {s: v for (p, t, b, s), v in per_run(records, "datagram", metric).items() if p == protocol and sizes_ok(s)}
     if not vals:
         return ""
-    parts = [f"{pl.human(s)}: {pl.spread_text(v, fmt)}" for s, v in sorted(vals.items())]
+    parts = [f"{human(s)}: {spread_text(v, fmt)}" for s, v in sorted(vals.items())]
     return f"- {label}: " + "; ".join(parts) + "\n"
 
 
-def report_sections(pl, records):
+def report_sections(records):
     if not any(r["experiment"] in ("datagram", "loss", "apps") for r in records):
         return []
     md = ["## Datagram RDMA over UDP (issue 10; the datagram-iWARP patent)\n",
@@ -150,69 +151,83 @@ def report_sections(pl, records):
           "over tcp, measured the same way as in the latency and throughput sections. Latency: one message in flight, "
           "from the sender's stamp to the message finished at the receiver (its network thread sleeps in poll(), it "
           "does not busy-poll). Throughput: complete messages only, first send to last arrival. Segments of 8 KiB.\n"]
-    if any(r["experiment"] == "datagram" for r in records):
-        md += ["### Latency, median µs (patent Fig. 14)\n", f"Patent: {PATENT['latency']}.\n\n",
-               pl.table(records, "datagram", "latency_p50", "{:.1f}", by_blocks=False),
-               "p99:\n\n", pl.table(records, "datagram", "latency_p99", "{:.1f}", by_blocks=False),
-               "Median as a multiple of dgram_rc's (below 1: faster than RC):\n\n",
-               _ratio_line(pl, records, "latency_p50_vs_dgram_rc", "write_record", lambda s: s <= 2048,
-                           "write_record / dgram_rc, up to 2 KiB"),
-               _ratio_line(pl, records, "latency_p50_vs_dgram_rc", "dgram_send", lambda s: s <= 2048,
-                           "dgram_send / dgram_rc, up to 2 KiB"), "\n",
-               "### Throughput, MB/s (patent Fig. 15)\n", f"Patent: {PATENT['throughput']}.\n\n",
-               pl.table(records, "datagram", "throughput", "{:.1f}", by_blocks=False),
-               "Share of the messages delivered complete (UD: what the receiver kept up with):\n\n",
-               pl.table(records, "datagram", "delivered_fraction", "{:.3f}", by_blocks=False),
-               "As a multiple of dgram_rc's:\n\n",
-               _ratio_line(pl, records, "throughput_vs_dgram_rc", "write_record", lambda s: s >= 262144,
-                           "write_record / dgram_rc, 256 KiB and up"), "\n"]
+    return md + _datagram_section(records) + _loss_section(records) + _apps_section(records)
+
+
+def _datagram_section(records):
+    if not any(r["experiment"] == "datagram" for r in records):
+        return []
+    return ["### Latency, median µs (patent Fig. 14)\n", f"Patent: {PATENT['latency']}.\n\n",
+            table(records, "datagram", "latency_p50", "{:.1f}", by_blocks=False),
+            "p99:\n\n", table(records, "datagram", "latency_p99", "{:.1f}", by_blocks=False),
+            "Median as a multiple of dgram_rc's (below 1: faster than RC):\n\n",
+            _ratio_line(records, "latency_p50_vs_dgram_rc", "write_record", lambda s: s <= 2048,
+                        "write_record / dgram_rc, up to 2 KiB"),
+            _ratio_line(records, "latency_p50_vs_dgram_rc", "dgram_send", lambda s: s <= 2048,
+                        "dgram_send / dgram_rc, up to 2 KiB"), "\n",
+            "### Throughput, MB/s (patent Fig. 15)\n", f"Patent: {PATENT['throughput']}.\n\n",
+            table(records, "datagram", "throughput", "{:.1f}", by_blocks=False),
+            "Share of the messages delivered complete (UD: what the receiver kept up with):\n\n",
+            table(records, "datagram", "delivered_fraction", "{:.3f}", by_blocks=False),
+            "As a multiple of dgram_rc's:\n\n",
+            _ratio_line(records, "throughput_vs_dgram_rc", "write_record", lambda s: s >= 262144,
+                        "write_record / dgram_rc, 256 KiB and up"), "\n"]
+
+
+def _loss_section(records):
     loss_variants = sorted({r.get("variant", "") for r in records if r["experiment"] == "loss" and r["protocol"] != "nftables"},
                            key=lambda v: _loss_of(v) or 0)
-    if loss_variants:
-        md += ["### Under real loss (patent Fig. 16-17)\n", f"Patent: {PATENT['loss']}.\n\n",
-               "An nftables rule in a network namespace of the experiment's own drops that share of the UDP and TCP "
-               "packets arriving (lo with a 1500-byte MTU and no segmentation offload, so TCP's packets are what a "
-               "wire carries); 1408-byte segments; write_record keeps partial messages (--partial keep), dgram_send "
-               "delivers whole messages only, dgram_rd and dgram_rc retransmit. Goodput: valid bytes (complete "
-               "messages and the valid ranges of partial ones) per second. Messages go back to back, so the receiver "
-               "grants 256 STags per device and gives a message 20 ms: with the CLI's 32 and 200 ms a ring comes "
-               "round before the timer and retires incomplete messages instead (retired_fraction shows what is "
-               "left of that).\n\n"]
-        measured = pl.per_run(records, "loss", "loss_measured")
-        if measured:
-            md.append("Loss the rule actually applied: " + ", ".join(
-                f"{v}: {pl.spread_text(vals, '{:.2%}')}" for v in loss_variants
-                for (p, t, b, s), vals in pl.per_run(records, "loss", "loss_measured", variant=v).items()) + ".\n\n")
-        for v in loss_variants:
-            md += [f"#### {v}\n", "Goodput, MB/s:\n\n", pl.table(records, "loss", "goodput", "{:.1f}", by_blocks=False,
-                                                                   variant=v),
-                   "Valid bytes / bytes sent:\n\n", pl.table(records, "loss", "valid_fraction", "{:.3f}",
-                                                              by_blocks=False, variant=v),
-                   "Messages complete / sent:\n\n", pl.table(records, "loss", "complete_fraction", "{:.3f}",
-                                                                by_blocks=False, variant=v),
-                   "Messages retired (write_record) / sent:\n\n", pl.table(records, "loss", "retired_fraction",
-                                                                             "{:.3f}", by_blocks=False, variant=v)]
+    if not loss_variants:
+        return []
+    md = ["### Under real loss (patent Fig. 16-17)\n", f"Patent: {PATENT['loss']}.\n\n",
+          "An nftables rule in a network namespace of the experiment's own drops that share of the UDP and TCP "
+          "packets arriving (lo with a 1500-byte MTU and no segmentation offload, so TCP's packets are what a "
+          "wire carries); 1408-byte segments; write_record keeps partial messages (--partial keep), dgram_send "
+          "delivers whole messages only, dgram_rd and dgram_rc retransmit. Goodput: valid bytes (complete "
+          "messages and the valid ranges of partial ones) per second. Messages go back to back, so the receiver "
+          "grants 256 STags per device and gives a message 20 ms: with the CLI's 32 and 200 ms a ring comes "
+          "round before the timer and retires incomplete messages instead (retired_fraction shows what is "
+          "left of that).\n\n"]
+    measured = per_run(records, "loss", "loss_measured")
+    if measured:
+        md.append("Loss the rule actually applied: " + ", ".join(
+            f"{v}: {spread_text(vals, '{:.2%}')}" for v in loss_variants
+            for (p, t, b, s), vals in per_run(records, "loss", "loss_measured", variant=v).items()) + ".\n\n")
+    for v in loss_variants:
+        md += [f"#### {v}\n", "Goodput, MB/s:\n\n", table(records, "loss", "goodput", "{:.1f}", by_blocks=False,
+                                                               variant=v),
+               "Valid bytes / bytes sent:\n\n", table(records, "loss", "valid_fraction", "{:.3f}",
+                                                          by_blocks=False, variant=v),
+               "Messages complete / sent:\n\n", table(records, "loss", "complete_fraction", "{:.3f}",
+                                                            by_blocks=False, variant=v),
+               "Messages retired (write_record) / sent:\n\n", table(records, "loss", "retired_fraction",
+                                                                         "{:.3f}", by_blocks=False, variant=v)]
+    return md
+
+
+def _apps_section(records):
     apps = [r for r in records if r["experiment"] == "apps"]
-    if apps:
-        md += ["### Unmodified programs (patent Fig. 18-19)\n", f"Patent: {PATENT['apps']}.\n\n",
-               "ffmpeg streams a 640x480 mpeg2 test pattern in real time (-re) as MPEG-TS over udp:// (through "
-               "libslotstream_udp.so on both ends, or plain) or tcp://; the receiver decodes it (probe 32 KiB / "
-               "0.1 s so that the first frame measures the stream, not ffmpeg's default 5 s of probing). SIPp: the "
-               "built-in uac/uas scenarios at 50 calls/s; response time = INVITE sent to 200 OK received, from the "
-               "client's message trace (µs stamps; SIPp's own scheduling runs on a 1 ms tick, which dominates on "
-               "loopback).\n\n"]
-        variants = sorted({r.get("variant", "") for r in apps}, key=lambda v: _loss_of(v) or 0)
-        metrics = [("ffmpeg", "first_frame_ms", "{:.0f}"), ("ffmpeg", "frames_lost", "{:.0f}"),
-                   ("ffmpeg", "frames_damaged", "{:.0f}"), ("sipp", "sip_response_p50", "{:.3f}"),
-                   ("sipp", "sip_response_p99", "{:.3f}"), ("sipp", "sip_calls_failed", "{:.0f}")]
-        md.append("| program | metric | loss | udp+shim | udp | tcp |")
-        md.append("|---|---|---|---|---|---|")
-        for prog, metric, fmt in metrics:
-            for v in variants:
-                vals = pl.per_run(records, "apps", metric, variant=v)
-                cells = [pl.spread_text(vals[(prog, t, 1, 0)], fmt) if (prog, t, 1, 0) in vals else "–"
-                         for t in ("udp+shim", "udp", "tcp")]
-                if any(c != "–" for c in cells):
-                    md.append(f"| {prog} | {metric} | {v} | " + " | ".join(cells) + " |")
-        md.append("")
+    if not apps:
+        return []
+    md = ["### Unmodified programs (patent Fig. 18-19)\n", f"Patent: {PATENT['apps']}.\n\n",
+          "ffmpeg streams a 640x480 mpeg2 test pattern in real time (-re) as MPEG-TS over udp:// (through "
+          "libslotstream_udp.so on both ends, or plain) or tcp://; the receiver decodes it (probe 32 KiB / "
+          "0.1 s so that the first frame measures the stream, not ffmpeg's default 5 s of probing). SIPp: the "
+          "built-in uac/uas scenarios at 50 calls/s; response time = INVITE sent to 200 OK received, from the "
+          "client's message trace (µs stamps; SIPp's own scheduling runs on a 1 ms tick, which dominates on "
+          "loopback).\n\n"]
+    variants = sorted({r.get("variant", "") for r in apps}, key=lambda v: _loss_of(v) or 0)
+    metrics = [("ffmpeg", "first_frame_ms", "{:.0f}"), ("ffmpeg", "frames_lost", "{:.0f}"),
+               ("ffmpeg", "frames_damaged", "{:.0f}"), ("sipp", "sip_response_p50", "{:.3f}"),
+               ("sipp", "sip_response_p99", "{:.3f}"), ("sipp", "sip_calls_failed", "{:.0f}")]
+    md.append("| program | metric | loss | udp+shim | udp | tcp |")
+    md.append("|---|---|---|---|---|---|")
+    for prog, metric, fmt in metrics:
+        for v in variants:
+            vals = per_run(records, "apps", metric, variant=v)
+            cells = [spread_text(vals[(prog, t, 1, 0)], fmt) if (prog, t, 1, 0) in vals else "–"
+                     for t in ("udp+shim", "udp", "tcp")]
+            if any(c != "–" for c in cells):
+                md.append(f"| {prog} | {metric} | {v} | " + " | ".join(cells) + " |")
+    md.append("")
     return md

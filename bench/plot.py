@@ -6,73 +6,18 @@ import json
 import re
 import pathlib
 import statistics
-import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-import cache_experiments  # noqa: E402
-import dgram_plot  # noqa: E402  (the datagram experiments' figures and report sections)
-import rate_experiments  # noqa: E402
-from fan_in_experiments import fan_in_table, plot_fan_in  # noqa: E402
-
-# One colour per protocol in every figure; the references are dashed/dotted and grey-black.
-STYLE = {"status_byte": dict(color="tab:blue", ls="-", marker="o"),
-         "sliding_window": dict(color="tab:orange", ls="-", marker="s"),
-         "credit": dict(color="tab:red", ls="-", marker="D"),
-         "carc": dict(color="tab:brown", ls="-", marker="h"),
-         "packed_ring": dict(color="tab:green", ls="-", marker="P"),
-         "packed_ring:flush=idle": dict(color="tab:green", ls="--", marker="x"),
-         "nic_assisted": dict(color="tab:purple", ls="-", marker="*"),
-         "buffered_read": dict(color="tab:olive", ls="-", marker="d"),
-         "ucx_raw_put": dict(color="black", ls="--", marker="^"),
-         "tcp_socket": dict(color="tab:gray", ls=":", marker="v"),
-         "ucx_perftest_put_bw": dict(color="black", ls=":", marker="1"),
-         "status_byte:pack=off": dict(color="tab:cyan", ls="--", marker="o")}
-ORDER = ["status_byte", "status_byte:pack=off", "sliding_window", "credit", "carc", "packed_ring",
-         "packed_ring:flush=idle", "nic_assisted", "buffered_read", "ucx_raw_put", "ucx_perftest_put_bw", "tcp_socket"]
-
-
-def style(protocol):
-    return STYLE.get(protocol, dict(ls="-", marker="."))
-
-
-def proto_key(p):
-    return (ORDER.index(p) if p in ORDER else len(ORDER), p)
+import cache_experiments
+import dgram_plot  # the datagram experiments' figures and report sections
+import rate_experiments
+from fan_in_experiments import fan_in_table, plot_fan_in
+from plot_common import (Targets, human, line_plot, per_run, pick, plt, proto_key, ratio_runs, runs_of, series,
+                         spread_text, style, table)
 
 
 def load(path):
     doc = json.loads(pathlib.Path(path).read_text())
     return doc, doc["records"]
-
-
-def per_run(records, experiment, metric, **where):
-    """{(protocol, transport, blocks, size): [value of run 0, run 1, ...]}: within a run the median
-    over its rounds (throughput), across runs one value each."""
-    out = {}
-    for r in records:
-        if r["experiment"] != experiment or r["metric"] != metric:
-            continue
-        if any(r.get(k, "") != v for k, v in where.items()):
-            continue
-        key = (r["protocol"], r["transport"], r["blocks"], r["size_bytes"])
-        out.setdefault(key, {}).setdefault(r.get("run", 0), []).append(r["value"])
-    return {k: [statistics.median(v) for _, v in sorted(runs.items())] for k, runs in out.items()}
-
-
-def pick(records, experiment, metric, **where):
-    """The median over runs of each point (what the figures draw)."""
-    return {k: statistics.median(v) for k, v in per_run(records, experiment, metric, **where).items()}
-
-
-def spread_text(values, fmt):
-    """'median [min–max] (n=N)' over the N runs; 'value (n=1)' for one run, which has no spread."""
-    if len(values) == 1:
-        return f"{fmt.format(values[0])} (n=1)"
-    return (f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}–{fmt.format(max(values))}] "
-            f"(n={len(values)})")
 
 
 def _has_data(lines):
@@ -113,67 +58,7 @@ def drop_empty(text):
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out))
 
 
-def series(values, fixed_blocks=None, x="size"):
-    """{(protocol, transport[, blocks]): [(x, y)...]} from pick()."""
-    out = {}
-    for (p, t, b, s), v in values.items():
-        if fixed_blocks is not None and b != fixed_blocks:
-            continue
-        key = (p, t) if x == "size" else (p, t)
-        out.setdefault(key, []).append((s if x == "size" else b, v))
-    return {k: sorted(v) for k, v in out.items()}
-
-
 CAMERA_FRAME = 640 * 480 * 3
-
-
-def human(n):
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:g} {unit}"
-        n /= 1024
-    return f"{n:g} GiB"
-
-
-def size_ticks(ax, xs):
-    ticks = sorted(set(xs))
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([human(x).replace(" ", "") for x in ticks], rotation=45, fontsize=7)
-    ax.minorticks_off()
-
-
-def line_plot(path, title, data, xlabel, ylabel, logx=True, logy=True, sizes=True):
-    """One panel per transport (their scales differ by orders of magnitude), one line per protocol."""
-    if not data:
-        return None
-    transports = sorted({t for _, t in data})
-    fig, axes = plt.subplots(1, len(transports), figsize=(5.2 * len(transports), 4.2), squeeze=False)
-    for ax, t in zip(axes[0], transports):
-        xs_all = []
-        for p in sorted({p for p, tt in data if tt == t}, key=proto_key):
-            xs, ys = zip(*data[(p, t)])
-            xs_all += xs
-            ax.plot(xs, ys, label=p, markersize=4, **style(p))
-        if logx:
-            ax.set_xscale("log", base=2)
-        if logy:
-            ax.set_yscale("log")
-        if sizes:
-            size_ticks(ax, xs_all)
-        elif logx:
-            ax.set_xticks(sorted(set(xs_all)))
-            ax.set_xticklabels([str(x) for x in sorted(set(xs_all))])
-            ax.minorticks_off()
-        ax.set_title(t, fontsize=10)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path.name
 
 
 def figures(doc, records, out):
@@ -226,7 +111,7 @@ def figures(doc, records, out):
         made[name] = name
     for name in rate_experiments.plot(records, out, style, proto_key, plt):
         made[name] = name
-    made.update(dgram_plot.figures(sys.modules[__name__], records, out))
+    made.update(dgram_plot.figures(records, out))
     return {k: v for k, v in made.items() if v}
 
 
@@ -337,145 +222,108 @@ def _by_blocks(values):
     return {k: sorted(v) for k, v in out.items()}
 
 
-def table(records, experiment, metric, unit_fmt="{:.1f}", blocks=None, by_blocks=True, **where):
-    """Rows: (blocks, size) — or size alone when by_blocks is False, for tables whose columns ran
-    with different block counts (the latency ceiling uses one buffer); columns: protocol (transport),
-    grouped by transport. A cell is the median over runs, with [min–max] when there were several."""
-    vals = per_run(records, experiment, metric, **where)
-    if blocks is not None:
-        vals = {k: v for k, v in vals.items() if k[2] == blocks}
-    if not vals:
-        return ""
-    if not by_blocks:
-        vals = {(p, t, "", s): v for (p, t, b, s), v in vals.items()}
-    cols = sorted({(p, t) for p, t, _, _ in vals}, key=lambda c: (c[1], proto_key(c[0])))
-    rows = sorted({(b, s) for _, _, b, s in vals}, key=lambda r: (str(r[0]).zfill(6), r[1]))
-    head = "| size | blocks | " if by_blocks else "| size | "
-    lines = [head + " | ".join(f"{p} ({t})" for p, t in cols) + " |",
-             "|---|" + ("---|" if by_blocks else "") + "---|" * len(cols)]
-    for b, s in rows:
-        cells = [spread_text(vals[(p, t, b, s)], unit_fmt) if (p, t, b, s) in vals else "–" for p, t in cols]
-        lines.append(f"| {human(s)} | " + (f"{b} | " if by_blocks else "") + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+def _throughput_targets(tg, records, t, sb, sw):
+    a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=256, blocks=3)
+    b = runs_of(records, "throughput", "throughput", protocol=sw, transport=t, size_bytes=256, blocks=3)
+    tg.row("status_byte / sliding_window throughput at 256 B, 3 blocks ≥ 4.6x", t, ratio_runs(a, b), "{:.2f}x", 4.6)
+    sizes = sorted({r["size_bytes"] for r in records if r["experiment"] == "throughput" and r["size_bytes"] >= 65536})
+    for bl in sorted({r["blocks"] for r in records if r["experiment"] == "throughput"}):
+        worst = []
+        for run in sorted({r.get("run", 0) for r in records}):
+            vals = [r["value"] for r in records if r["experiment"] == "throughput"
+                    and r["metric"] == "throughput_ratio_to_ucx" and r["protocol"] == sb and r["transport"] == t
+                    and r["size_bytes"] in sizes and r["blocks"] == bl and r.get("run", 0) == run]
+            if vals:
+                worst.append(min(vals))
+        tg.row(f"status_byte ≥ 90% of ucx_raw_put at every size ≥ 64 KiB ({bl} blocks; worst size per run)", t,
+               [100 * w for w in worst], "{:.0f}%", 90)
 
 
-def runs_of(records, experiment, metric, **where):
-    """One value per run for the single point `where` selects (median over its rounds)."""
-    by_run = {}
-    for r in records:
-        if r["experiment"] == experiment and r["metric"] == metric and all(r.get(k) == x for k, x in where.items()):
-            by_run.setdefault(r.get("run", 0), []).append(r["value"])
-    return [statistics.median(v) for _, v in sorted(by_run.items())]
+def _sync_targets(tg, records, t, sb, sw):
+    a = runs_of(records, "sync_latency", "sync_wait_p50", protocol=sb, transport=t, blocks=3)
+    b = runs_of(records, "sync_latency", "sync_wait_p50", protocol=sw, transport=t, blocks=3)
+    tg.row("sync latency (sender wait per full window, median), 3 blocks: status_byte ≥ 10x lower", t,
+           ratio_runs(b, a), "{:.1f}x", 10)
+    b128 = runs_of(records, "sync_latency", "sync_wait_p99", protocol=sw, transport=t, blocks=128)
+    tg.row("sliding_window sync wait p99 at 128 blocks < 10 ms (the ACK stall)", t, [v / 1000 for v in b128],
+           "{:.2f} ms", 10, lower_is_better=True)
 
 
-def ratio_runs(num, den):
-    """Per-run ratios of two points measured in the same runs."""
-    return [a / b for a, b in zip(num, den) if b]
+def _cpu_targets(tg, records, t, sb, sw):
+    for metric, label in (("cpu_sender", "% of a core"), ("cpu_sender_per_mb", "per MB moved")):
+        ratios = []
+        for run in sorted({r.get("run", 0) for r in records}):
+            med = {}
+            for p in (sb, sw):
+                vals = [r["value"] for r in records if (r["experiment"], r["metric"], r["protocol"], r["transport"],
+                                                        r["blocks"], r.get("run", 0)) == ("cpu", metric, p, t, 3, run)]
+                if vals:
+                    med[p] = statistics.median(vals)
+            if len(med) == 2 and med[sw]:
+                ratios.append(med[sb] / med[sw])
+        tg.row(f"sender CPU {label}: status_byte ≤ 0.8x sliding_window (3 blocks, median over sizes)", t,
+               ratios, "{:.2f}x", 0.8, lower_is_better=True)
 
 
-class Targets:
-    """Each target judged on the median over runs; a target whose min–max range crosses its
-    threshold says so."""
+def _camera_targets(tg, records, t, sb, sw):
+    for variant in ("per_connection", "equal_memory"):
+        c1 = runs_of(records, "cameras", "throughput_cov", protocol=sb, transport=t, variant=variant)
+        c2 = runs_of(records, "cameras", "throughput_cov", protocol=sw, transport=t, variant=variant)
+        l1 = runs_of(records, "cameras", "frames_lost", protocol=sb, transport=t, variant=variant)
+        l2 = runs_of(records, "cameras", "frames_lost", protocol=sw, transport=t, variant=variant)
+        if c1 and c2:
+            tg.row(f"cameras ({variant.replace('_', ' ')}): status_byte CoV (lower is better)", t, c1, "{:.3f}",
+                   None, detail=f"vs sliding_window {spread_text(c2, '{:.3f}')}; frames lost "
+                                f"{spread_text(l1, '{:.0f}')} vs {spread_text(l2, '{:.0f}')}")
+        rx = runs_of(records, "cameras", "cpu_receiver", protocol=sb, transport=t, variant=variant)
+        tg.row(f"status_byte receiver CPU, 12 cameras ({variant.replace('_', ' ')})", t, rx, "{:.1f}%")
 
-    def __init__(self):
-        self.lines = ["| target | transport | median [min–max] over runs | met (median)? |", "|---|---|---|---|"]
 
-    def row(self, name, t, values, fmt, threshold=None, lower_is_better=False, detail=""):
-        if not values:
-            return
-        med = statistics.median(values)
-        text = spread_text(values, fmt) + (f" {detail}" if detail else "")
-        if threshold is None:
-            verdict = "n/a"
-        else:
-            ok = (med <= threshold) if lower_is_better else (med >= threshold)
-            crosses = (min(values) <= threshold <= max(values)) and len(values) > 1
-            verdict = ("yes" if ok else "no") + (" (the spread crosses the target)" if crosses else "")
-        self.lines.append(f"| {name} | {t} | {text} | {verdict} |")
+def _hot_path_targets(tg, records, t, sb, sw):
+    """Issue 11: the hot path against the fabric's own limits, in the same run."""
+    lat = runs_of(records, "latency", "latency_p50_ratio_to_ucx", protocol=sb, transport=t, size_bytes=64)
+    tg.row("latency, 64 B, one message in flight: status_byte median ≤ 5x ucx_perftest put_lat", t, lat,
+           "{:.1f}x", 5, lower_is_better=True)
+    p99 = runs_of(records, "latency", "latency_p99", protocol=sb, transport=t, size_bytes=64)
+    tg.row("latency, 64 B: status_byte p99 ≤ 20 µs", t, p99, "{:.1f} µs", 20, lower_is_better=True)
+    a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=256, blocks=32)
+    b = runs_of(records, "put_bw", "throughput", protocol="ucx_perftest_put_bw", transport=t, size_bytes=256)
+    tg.row("messages/s at 256 B, 32 blocks: status_byte ≥ 0.5x ucx_perftest put_bw", t, ratio_runs(a, b),
+           "{:.2f}x", 0.5)
+    if t == "tcp":
+        for size in (65536, 1048576):
+            a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=size, blocks=32)
+            b = runs_of(records, "throughput", "throughput", protocol="tcp_socket", transport=t, size_bytes=size,
+                        blocks=32)
+            tg.row(f"throughput at {human(size)}, 32 blocks: status_byte ≥ 0.8x tcp_socket", t, ratio_runs(a, b),
+                   "{:.2f}x", 0.8)
 
-    def text(self):
-        return "\n".join(self.lines) + "\n"
+
+def _rate_and_hold_targets(tg, records, t, sb, sw):
+    # Issue 21: small messages at memory speed (bench message_rate).
+    for size, least in ((256, 10e6), (64, 15e6)):
+        r = runs_of(records, "message_rate", "message_rate", protocol=sb, transport=t, size_bytes=size, devices=1)
+        tg.row(f"message rate, {size} B, 1 device: status_byte ≥ {least / 1e6:.0f} M msg/s", t,
+               [v / 1e6 for v in r], "{:.2f} M/s", least / 1e6 if t == "shm" else None)
+    r = runs_of(records, "message_rate", "ratio_to_put_bw", protocol=sb, transport=t, size_bytes=256, devices=1)
+    tg.row("message rate, 256 B: status_byte ≥ 0.25x ucx_perftest put_bw (same run)", t, r, "{:.2f}x",
+           0.25 if t == "shm" else None)
+    hb = runs_of(records, "held_block", "during_over_before", protocol=sb, transport=t)
+    hw = runs_of(records, "held_block", "during_over_before", protocol=sw, transport=t)
+    tg.row("held block (3 blocks, saturated): status_byte throughput during / before the hold", t, hb, "{:.2f}",
+           None, detail=f"(sliding_window {spread_text(hw, '{:.2f}')})" if hw else "")
+
+
+# The targets table's groups of rows, in order, for each transport.
+TARGET_GROUPS = (_throughput_targets, _sync_targets, _cpu_targets, _camera_targets, _hot_path_targets,
+                 _rate_and_hold_targets)
 
 
 def targets(records):
     tg = Targets()
-    transports = sorted({r["transport"] for r in records})
-    sb, sw = "status_byte", "sliding_window"
-    for t in transports:
-        a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=256, blocks=3)
-        b = runs_of(records, "throughput", "throughput", protocol=sw, transport=t, size_bytes=256, blocks=3)
-        tg.row("status_byte / sliding_window throughput at 256 B, 3 blocks ≥ 4.6x", t, ratio_runs(a, b), "{:.2f}x", 4.6)
-        sizes = sorted({r["size_bytes"] for r in records if r["experiment"] == "throughput" and r["size_bytes"] >= 65536})
-        for bl in sorted({r["blocks"] for r in records if r["experiment"] == "throughput"}):
-            worst = []
-            for run in sorted({r.get("run", 0) for r in records}):
-                vals = [r["value"] for r in records if r["experiment"] == "throughput"
-                        and r["metric"] == "throughput_ratio_to_ucx" and r["protocol"] == sb and r["transport"] == t
-                        and r["size_bytes"] in sizes and r["blocks"] == bl and r.get("run", 0) == run]
-                if vals:
-                    worst.append(min(vals))
-            tg.row(f"status_byte ≥ 90% of ucx_raw_put at every size ≥ 64 KiB ({bl} blocks; worst size per run)", t,
-                   [100 * w for w in worst], "{:.0f}%", 90)
-        a = runs_of(records, "sync_latency", "sync_wait_p50", protocol=sb, transport=t, blocks=3)
-        b = runs_of(records, "sync_latency", "sync_wait_p50", protocol=sw, transport=t, blocks=3)
-        tg.row("sync latency (sender wait per full window, median), 3 blocks: status_byte ≥ 10x lower", t,
-               ratio_runs(b, a), "{:.1f}x", 10)
-        b128 = runs_of(records, "sync_latency", "sync_wait_p99", protocol=sw, transport=t, blocks=128)
-        tg.row("sliding_window sync wait p99 at 128 blocks < 10 ms (the ACK stall)", t, [v / 1000 for v in b128],
-               "{:.2f} ms", 10, lower_is_better=True)
-        for metric, label in (("cpu_sender", "% of a core"), ("cpu_sender_per_mb", "per MB moved")):
-            ratios = []
-            for run in sorted({r.get("run", 0) for r in records}):
-                med = {}
-                for p in (sb, sw):
-                    vals = [r["value"] for r in records if (r["experiment"], r["metric"], r["protocol"], r["transport"],
-                                                            r["blocks"], r.get("run", 0)) == ("cpu", metric, p, t, 3, run)]
-                    if vals:
-                        med[p] = statistics.median(vals)
-                if len(med) == 2 and med[sw]:
-                    ratios.append(med[sb] / med[sw])
-            tg.row(f"sender CPU {label}: status_byte ≤ 0.8x sliding_window (3 blocks, median over sizes)", t,
-                   ratios, "{:.2f}x", 0.8, lower_is_better=True)
-        for variant in ("per_connection", "equal_memory"):
-            c1 = runs_of(records, "cameras", "throughput_cov", protocol=sb, transport=t, variant=variant)
-            c2 = runs_of(records, "cameras", "throughput_cov", protocol=sw, transport=t, variant=variant)
-            l1 = runs_of(records, "cameras", "frames_lost", protocol=sb, transport=t, variant=variant)
-            l2 = runs_of(records, "cameras", "frames_lost", protocol=sw, transport=t, variant=variant)
-            if c1 and c2:
-                tg.row(f"cameras ({variant.replace('_', ' ')}): status_byte CoV (lower is better)", t, c1, "{:.3f}",
-                       None, detail=f"vs sliding_window {spread_text(c2, '{:.3f}')}; frames lost "
-                                    f"{spread_text(l1, '{:.0f}')} vs {spread_text(l2, '{:.0f}')}")
-            rx = runs_of(records, "cameras", "cpu_receiver", protocol=sb, transport=t, variant=variant)
-            tg.row(f"status_byte receiver CPU, 12 cameras ({variant.replace('_', ' ')})", t, rx, "{:.1f}%")
-        # Issue 11: the hot path against the fabric's own limits, in the same run.
-        lat = runs_of(records, "latency", "latency_p50_ratio_to_ucx", protocol=sb, transport=t, size_bytes=64)
-        tg.row("latency, 64 B, one message in flight: status_byte median ≤ 5x ucx_perftest put_lat", t, lat,
-               "{:.1f}x", 5, lower_is_better=True)
-        p99 = runs_of(records, "latency", "latency_p99", protocol=sb, transport=t, size_bytes=64)
-        tg.row("latency, 64 B: status_byte p99 ≤ 20 µs", t, p99, "{:.1f} µs", 20, lower_is_better=True)
-        a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=256, blocks=32)
-        b = runs_of(records, "put_bw", "throughput", protocol="ucx_perftest_put_bw", transport=t, size_bytes=256)
-        tg.row("messages/s at 256 B, 32 blocks: status_byte ≥ 0.5x ucx_perftest put_bw", t, ratio_runs(a, b),
-               "{:.2f}x", 0.5)
-        if t == "tcp":
-            for size in (65536, 1048576):
-                a = runs_of(records, "throughput", "throughput", protocol=sb, transport=t, size_bytes=size, blocks=32)
-                b = runs_of(records, "throughput", "throughput", protocol="tcp_socket", transport=t, size_bytes=size,
-                            blocks=32)
-                tg.row(f"throughput at {human(size)}, 32 blocks: status_byte ≥ 0.8x tcp_socket", t, ratio_runs(a, b),
-                       "{:.2f}x", 0.8)
-        # Issue 21: small messages at memory speed (bench message_rate).
-        for size, least in ((256, 10e6), (64, 15e6)):
-            r = runs_of(records, "message_rate", "message_rate", protocol=sb, transport=t, size_bytes=size, devices=1)
-            tg.row(f"message rate, {size} B, 1 device: status_byte ≥ {least / 1e6:.0f} M msg/s", t,
-                   [v / 1e6 for v in r], "{:.2f} M/s", least / 1e6 if t == "shm" else None)
-        r = runs_of(records, "message_rate", "ratio_to_put_bw", protocol=sb, transport=t, size_bytes=256, devices=1)
-        tg.row("message rate, 256 B: status_byte ≥ 0.25x ucx_perftest put_bw (same run)", t, r, "{:.2f}x",
-               0.25 if t == "shm" else None)
-        hb = runs_of(records, "held_block", "during_over_before", protocol=sb, transport=t)
-        hw = runs_of(records, "held_block", "during_over_before", protocol=sw, transport=t)
-        tg.row("held block (3 blocks, saturated): status_byte throughput during / before the hold", t, hb, "{:.2f}",
-               None, detail=f"(sliding_window {spread_text(hw, '{:.2f}')})" if hw else "")
+    for t in sorted({r["transport"] for r in records}):
+        for group in TARGET_GROUPS:
+            group(tg, records, t, "status_byte", "sliding_window")
     return tg.text()
 
 
@@ -498,7 +346,8 @@ def stage_table(records):
     return "\n".join(lines) + "\n"
 
 
-def report(doc, records, out, made):
+def report_header(doc):
+    """The title: the command, the machine, the versions, the settings, and how to read a cell."""
     c = doc["config"]
     settings = c.get("settings", {})
     md = [f"# slotstream bench report\n",
@@ -511,48 +360,57 @@ def report(doc, records, out, made):
           "records are in `results.json`, figures are drawn from it by `bench/plot.py`.\n",
           f"Runs: {c.get('settings', {}).get('runs', 1)} independent runs (fresh processes each); every cell is "
           "the median over its runs with [min–max] and n, the number of runs (a cell of one run has no spread: "
-          "`(n=1)`); a target is met when its median meets it.\n",
-          "## Targets\n", targets(records),
-          "## Synchronisation-control latency (Fig. 10-11)\n",
-          "The same quantity for every protocol: each time the sender finds no free receiver block it is "
-          "blocked until one is free; one sample per such wait, from the moment it found none until it has one "
-          "(status_byte: fences, status-array reads and back-off; sliding_window: polling for ACKs). 4 KiB "
-          "messages, back to back.\n",
-          "Median wait (µs):\n\n", table(records, "sync_latency", "sync_wait_p50", "{:.2f}"),
-          "p99 wait (µs):\n\n", table(records, "sync_latency", "sync_wait_p99", "{:.2f}"),
-          "Waits per run:\n\n", table(records, "sync_latency", "sync_waits", "{:.0f}"),
-          "What one synchronisation operation costs, median (µs) — status_byte: one status-array read (RDMA get "
-          "of all N bytes, issue to completion); sliding_window: one ACK from its generation at the receiver to "
-          "its handling by the sender, which polls only while its window is full (so this includes time the ACK "
-          "waits to be picked up):\n\n",
-          table(records, "sync_latency", "sync_op_p50", "{:.2f}"),
-          "Synchronisation operations per run:\n\n", table(records, "sync_latency", "sync_operations", "{:.0f}"),
-          "## One-block transmission latency, µs (Fig. 12)\n",
-          "One-way times: the sender's stamp before filling the block until the message is complete at a "
-          "busy-polling receiver; one message in flight at a time (the sender waits 200 µs plus the size's "
-          "wire time after each). Each point times as many messages as fit in about a second of gaps, 100 to "
-          "2,000 (the count is the `latency_samples` record), after untimed warm-up messages (100, or a tenth "
-          "of the timed ones for large messages, at least 5), so a p99 at small sizes rests on ~20 samples, "
-          "not on the slowest one or two of a cold start. Within a run a point's mean, median and p99 come from the "
-          "same samples. ucx_raw_put is `ucx_perftest -t ucp_put_lat` on the same transport and size, with the same "
-          "warm-up and count (half a put ping-pong round trip, both sides polling memory; one buffer, so blocks = 1); "
-          "ucx_perftest reports one percentile per run, so its median and mean come from one run and it has no p99 "
-          "(a p99 from a second run is not comparable: it once fell below the first run's median); the "
-          "bench-peer's raw put loop delivers nothing a receiver could time. A scheduler stall of either "
-          "process lands in these numbers in full, so read the mean next to the median.\n",
-          "Mean:\n\n", table(records, "latency", "latency_mean", "{:.1f}", by_blocks=False),
-          "Median:\n\n", table(records, "latency", "latency_p50", "{:.1f}", by_blocks=False),
-          "p99:\n\n", table(records, "latency", "latency_p99", "{:.1f}", by_blocks=False),
-          "Mean as a multiple of ucx_raw_put's mean (1.0 = the ceiling):\n\n",
-          table(records, "latency", "latency_mean_ratio_to_ucx", "{:.1f}", by_blocks=False),
-          "Median as a multiple of ucx_raw_put's median:\n\n",
-          table(records, "latency", "latency_p50_ratio_to_ucx", "{:.1f}", by_blocks=False),
-          "Where the median goes, µs per stage (both peers' `--trace`, src/stream/trace.h): **fill** from the "
-          "stamp until the block is committed (claim, copy, header); **post** until the protocol's transmit "
-          "returned (a hand-off to the sending thread shows here); **fabric_poll** until the receiver's poll "
-          "found the block; **deliver** until the sink committed the message:\n\n",
-          stage_table(records),
-          "## Throughput, MB/s (Fig. 13-14)\n",
+          "`(n=1)`); a target is met when its median meets it.\n"]
+    return md
+
+
+def sync_section(records):
+    return ["## Synchronisation-control latency (Fig. 10-11)\n",
+            "The same quantity for every protocol: each time the sender finds no free receiver block it is "
+            "blocked until one is free; one sample per such wait, from the moment it found none until it has one "
+            "(status_byte: fences, status-array reads and back-off; sliding_window: polling for ACKs). 4 KiB "
+            "messages, back to back.\n",
+            "Median wait (µs):\n\n", table(records, "sync_latency", "sync_wait_p50", "{:.2f}"),
+            "p99 wait (µs):\n\n", table(records, "sync_latency", "sync_wait_p99", "{:.2f}"),
+            "Waits per run:\n\n", table(records, "sync_latency", "sync_waits", "{:.0f}"),
+            "What one synchronisation operation costs, median (µs) — status_byte: one status-array read (RDMA get "
+            "of all N bytes, issue to completion); sliding_window: one ACK from its generation at the receiver to "
+            "its handling by the sender, which polls only while its window is full (so this includes time the ACK "
+            "waits to be picked up):\n\n",
+            table(records, "sync_latency", "sync_op_p50", "{:.2f}"),
+            "Synchronisation operations per run:\n\n", table(records, "sync_latency", "sync_operations", "{:.0f}")]
+
+
+def latency_section(records):
+    return ["## One-block transmission latency, µs (Fig. 12)\n",
+            "One-way times: the sender's stamp before filling the block until the message is complete at a "
+            "busy-polling receiver; one message in flight at a time (the sender waits 200 µs plus the size's "
+            "wire time after each). Each point times as many messages as fit in about a second of gaps, 100 to "
+            "2,000 (the count is the `latency_samples` record), after untimed warm-up messages (100, or a tenth "
+            "of the timed ones for large messages, at least 5), so a p99 at small sizes rests on ~20 samples, "
+            "not on the slowest one or two of a cold start. Within a run a point's mean, median and p99 come from the "
+            "same samples. ucx_raw_put is `ucx_perftest -t ucp_put_lat` on the same transport and size, with the same "
+            "warm-up and count (half a put ping-pong round trip, both sides polling memory; one buffer, so blocks = 1); "
+            "ucx_perftest reports one percentile per run, so its median and mean come from one run and it has no p99 "
+            "(a p99 from a second run is not comparable: it once fell below the first run's median); the "
+            "bench-peer's raw put loop delivers nothing a receiver could time. A scheduler stall of either "
+            "process lands in these numbers in full, so read the mean next to the median.\n",
+            "Mean:\n\n", table(records, "latency", "latency_mean", "{:.1f}", by_blocks=False),
+            "Median:\n\n", table(records, "latency", "latency_p50", "{:.1f}", by_blocks=False),
+            "p99:\n\n", table(records, "latency", "latency_p99", "{:.1f}", by_blocks=False),
+            "Mean as a multiple of ucx_raw_put's mean (1.0 = the ceiling):\n\n",
+            table(records, "latency", "latency_mean_ratio_to_ucx", "{:.1f}", by_blocks=False),
+            "Median as a multiple of ucx_raw_put's median:\n\n",
+            table(records, "latency", "latency_p50_ratio_to_ucx", "{:.1f}", by_blocks=False),
+            "Where the median goes, µs per stage (both peers' `--trace`, src/stream/trace.h): **fill** from the "
+            "stamp until the block is committed (claim, copy, header); **post** until the protocol's transmit "
+            "returned (a hand-off to the sending thread shows here); **fabric_poll** until the receiver's poll "
+            "found the block; **deliver** until the sink committed the message:\n\n",
+            stage_table(records)]
+
+
+def throughput_section(records):
+    md = ["## Throughput, MB/s (Fig. 13-14)\n",
           "Median over rounds; a round is `count` consecutive transfers (1,000; for large messages fewer, so "
           "that a round moves a bounded number of bytes, but at least two passes over every block), timed "
           "from its first send to its last arrival. A first round per run warms the blocks up and is not "
@@ -568,23 +426,30 @@ def report(doc, records, out, made):
                "Millions of messages per second:\n\n",
                table([dict(r, value=r["value"] / 1e6) for r in records if r["metric"] == "message_rate"], "put_bw",
                      "message_rate", "{:.2f}", by_blocks=False)]
-    md += ["## CPU, % of one core (Fig. 15)\n",
-           "Per process, user+system time (getrusage, all threads) over the measured window: for the sender from "
-           "the first message after the connection was set up until everything was confirmed stored; for the "
-           "receiver over its session. At most 100% x CPUs.\n",
-           "Sender:\n\n", table(records, "cpu", "cpu_sender", "{:.0f}"),
-           "Receiver:\n\n", table(records, "cpu", "cpu_receiver", "{:.0f}"),
-           "Time inside UCX progress (ucp_worker_progress), summed over the process's threads, as % of the "
-           "run's wall time (a thread preempted inside a call counts too: not CPU), sender:\n\n",
-           table(records, "cpu", "progress_sender", "{:.1f}"),
-           "Receiver (0: the receiver took no part in the transfers):\n\n",
-           table(records, "cpu", "progress_receiver", "{:.1f}"),
-           "Sender CPU per MB moved (ms/MB):\n\n", table(records, "cpu", "cpu_sender_per_mb", "{:.2f}"),
-           "Receiver CPU per MB moved (ms/MB):\n\n", table(records, "cpu", "cpu_receiver_per_mb", "{:.2f}"),
-           "## Resources (Fig. 16-17)\n",
-           "Counted where slotstream calls UCX (src/fabric): endpoints, registered bytes, puts, gets, active messages "
-           "sent and received, most operations in flight, completions polled, progress calls (all, and those that "
-           "found work) and the time in them, control connections. First run.\n"]
+    return md
+
+
+def cpu_section(records):
+    return ["## CPU, % of one core (Fig. 15)\n",
+            "Per process, user+system time (getrusage, all threads) over the measured window: for the sender from "
+            "the first message after the connection was set up until everything was confirmed stored; for the "
+            "receiver over its session. At most 100% x CPUs.\n",
+            "Sender:\n\n", table(records, "cpu", "cpu_sender", "{:.0f}"),
+            "Receiver:\n\n", table(records, "cpu", "cpu_receiver", "{:.0f}"),
+            "Time inside UCX progress (ucp_worker_progress), summed over the process's threads, as % of the "
+            "run's wall time (a thread preempted inside a call counts too: not CPU), sender:\n\n",
+            table(records, "cpu", "progress_sender", "{:.1f}"),
+            "Receiver (0: the receiver took no part in the transfers):\n\n",
+            table(records, "cpu", "progress_receiver", "{:.1f}"),
+            "Sender CPU per MB moved (ms/MB):\n\n", table(records, "cpu", "cpu_sender_per_mb", "{:.2f}"),
+            "Receiver CPU per MB moved (ms/MB):\n\n", table(records, "cpu", "cpu_receiver_per_mb", "{:.2f}")]
+
+
+def resources_section(records):
+    md = ["## Resources (Fig. 16-17)\n",
+          "Counted where slotstream calls UCX (src/fabric): endpoints, registered bytes, puts, gets, active messages "
+          "sent and received, most operations in flight, completions polled, progress calls (all, and those that "
+          "found work) and the time in them, control connections. First run.\n"]
     res = [r for r in records if r["experiment"] == "resources" and r.get("run", 0) == 0]
     if res:
         keys = sorted({(r["protocol"], r["transport"], r["size_bytes"]) for r in res})
@@ -598,18 +463,31 @@ def report(doc, records, out, made):
                 cells.append(f"{v[0]:.0f}" if v else "–")
             md.append(f"| {m} | " + " | ".join(cells) + " |")
         md.append("")
-    md += ["## Mean bytes per read (buffered_read)\n",
-           "The receiver's data gets and their bytes (protocol counters): reads batch everything the sender "
-           "wrote since the last one.\n", table(records, "throughput", "bytes_per_read", "{:.0f}")]
-    md += ["## Fan-in: N senders into one receiver\n", fan_in_table(records)]
-    md += ["## Held block (Fig. 18)\n",
-           "Three receiver blocks, 64 KiB messages sent back to back (saturated, as in the paper's Fig. 18), the "
-           "receiver holds block 3 (index 2) from 100 to 200 ms after the sender connected. A protocol that can "
-           "skip a held block keeps going on the other two; one that frees in order stops at the held one.\n",
-           "Before the hold (MB/s):\n\n", table(records, "held_block", "throughput_before_hold"),
-           "During the hold (MB/s):\n\n", table(records, "held_block", "throughput_during_hold"),
-           "During / before:\n\n", table(records, "held_block", "during_over_before", "{:.2f}"),
-           "## Twelve cameras (Fig. 19)\n"]
+    return md
+
+
+def bytes_per_read_section(records):
+    return ["## Mean bytes per read (buffered_read)\n",
+            "The receiver's data gets and their bytes (protocol counters): reads batch everything the sender "
+            "wrote since the last one.\n", table(records, "throughput", "bytes_per_read", "{:.0f}")]
+
+
+def fan_in_section(records):
+    return ["## Fan-in: N senders into one receiver\n", fan_in_table(records)]
+
+
+def held_block_section(records):
+    return ["## Held block (Fig. 18)\n",
+            "Three receiver blocks, 64 KiB messages sent back to back (saturated, as in the paper's Fig. 18), the "
+            "receiver holds block 3 (index 2) from 100 to 200 ms after the sender connected. A protocol that can "
+            "skip a held block keeps going on the other two; one that frees in order stops at the held one.\n",
+            "Before the hold (MB/s):\n\n", table(records, "held_block", "throughput_before_hold"),
+            "During the hold (MB/s):\n\n", table(records, "held_block", "throughput_during_hold"),
+            "During / before:\n\n", table(records, "held_block", "during_over_before", "{:.2f}")]
+
+
+def cameras_section(records):
+    md = ["## Twelve cameras (Fig. 19)\n"]
     md.append("Throughput in 200 ms bins (5 frame periods of every camera) over the cameras' running time, "
               "first and last bin left out; CoV = population standard deviation / mean of those bins. "
               "frames_lost = frames sent - frames complete at the receiver; last_frame_after_stop = seconds from the "
@@ -625,16 +503,16 @@ def report(doc, records, out, made):
                   "peak_rss_sender", "peak_rss_receiver"):
             md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
                                         by_blocks=False, variant=variant)]
-    md += rate_experiments.report(records, proto_key)
-    md += cache_experiments.report(records, human)
-    md += sdp_report(records)
-    md += dgram_plot.report_sections(sys.modules[__name__], records)
-    md.append("## Figures\n")
-    md += [f"![{n}]({n})\n" for n in sorted(made)]
+    return md
+
+
+def closing_section(doc, made):
+    """The figures, then the errors of the run."""
+    md = ["## Figures\n"] + [f"![{n}]({n})\n" for n in sorted(made)]
     if doc.get("errors"):
         md.append("## Errors\n")
         md += [f"- {e['what']}: {e['error']}" for e in doc["errors"]]
-    (out / "report.md").write_text(drop_empty("\n".join(md)) + "\n")
+    return md
 
 
 # ------------------------------------------------------------ the SDP paper (bench/ring_experiments.py)
@@ -788,6 +666,22 @@ def sdp_report(records):
                    "Burst tail delay (median over bursts), µs:\n\n",
                    _compute_table(records, "burst_tail_delay_p50", "{:.0f}", rx)]
     return md
+
+
+# report.md's sections in order; each takes the records and returns its lines (none without data: drop_empty).
+SECTIONS = (lambda records: ["## Targets\n", targets(records)], sync_section, latency_section, throughput_section,
+            cpu_section, resources_section, bytes_per_read_section, fan_in_section, held_block_section,
+            cameras_section, lambda records: rate_experiments.report(records, proto_key),
+            lambda records: cache_experiments.report(records, human), sdp_report,
+            dgram_plot.report_sections)
+
+
+def report(doc, records, out, made):
+    md = report_header(doc)
+    for section in SECTIONS:
+        md += section(records)
+    md += closing_section(doc, made)
+    (out / "report.md").write_text(drop_empty("\n".join(md)) + "\n")
 
 
 def main():

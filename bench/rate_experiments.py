@@ -18,6 +18,8 @@ ucx_perftest_put_bw (devices = 1) message_rate; ratio_to_put_bw per protocol poi
 """
 import statistics
 
+from harness import Experiment, PeerError, Progress, for_each_point, perftest_bandwidth, run_pair
+
 SIZES = [16, 64, 256, 1024]
 DEVICES = [1, 4, 12]
 BLOCKS = 32
@@ -49,49 +51,54 @@ def protocols(cfg):
     return out
 
 
+def rate_point(res, seconds, t, s, d, p):
+    snd, rcv = run_pair(t, p, s, 10**12, BLOCKS, devices=d, seconds=seconds, rx_extra=["--rate"],
+                        tx_extra=["--rate", "--block-size", str(BLOCK_SIZE)], timeout=seconds * 20 + 60)
+    n = rcv.get("counted", 0)
+    span = (rcv.get("last_arrival_ns", 0) - snd.get("start_ns", 0)) / 1e9
+    rate = n / span if n and span > 0 else 0.0
+    for metric, value, unit in (("message_rate", rate, "msg/s"),
+                                ("records_per_unit", snd["records"] / max(1, snd["units"]), "records"),
+                                ("cpu_sender_ns", 1e9 * snd["cpu_seconds"] / max(1, n), "ns/message"),
+                                ("cpu_receiver_ns", 1e9 * rcv["cpu_seconds"] / max(1, n), "ns/message"),
+                                ("sender_waits", snd.get("waits", 0), "count")):
+        res.add("message_rate", p, t, s, BLOCKS, metric, value, unit, devices=d)
+    return f"{rate_name(t, s, d, p)} {rate / 1e6:7.2f} M msg/s, {snd['records'] / max(1, snd['units']):6.1f} per block"
+
+
+def rate_name(t, s, d, p):
+    return f"{t} {p:20} {s:>5} B x{d:<2}"
+
+
+def ceiling_point(res, seconds, ceiling, t, s):
+    _, rate = perftest_bandwidth(t, s, max(10_000, int(seconds * 2e6)))
+    ceiling[(t, s)] = rate
+    res.add("message_rate", CEILING, t, s, 1, "message_rate", rate, "msg/s", devices=1)
+    return f"{t} {CEILING:20} {s:>5} B     {rate / 1e6:7.2f} M msg/s"
+
+
 def exp_message_rate(res, cfg):
     """Issue 21: small messages per second, sizes x devices x protocols, with UCX's put rate beside."""
-    from slotstream_bench import PeerError, Progress, perftest_bandwidth, run_pair  # the orchestrator's helpers
     sizes, devices, seconds = settings(cfg)
     points = [(t, s, d, p) for t in cfg.transports for s in sizes for d in devices for p in protocols(cfg)]
     prog = Progress(len(points) + len(cfg.transports) * len(sizes), "message_rate", res.run, cfg.runs)
-    for t, s, d, p in points:
-        what = f"{t} {p:20} {s:>5} B x{d:<2}"
-        try:
-            snd, rcv = run_pair(t, p, s, 10**12, BLOCKS, devices=d, seconds=seconds, rx_extra=["--rate"],
-                                tx_extra=["--rate", "--block-size", str(BLOCK_SIZE)], timeout=seconds * 20 + 60)
-        except PeerError as e:
-            res.error(f"message_rate {what} (run {res.run})", e)
-            prog.step(f"{what}: FAILED")
-            continue
-        n = rcv.get("counted", 0)
-        span = (rcv.get("last_arrival_ns", 0) - snd.get("start_ns", 0)) / 1e9
-        rate = n / span if n and span > 0 else 0.0
-        for metric, value, unit in (("message_rate", rate, "msg/s"),
-                                    ("records_per_unit", snd["records"] / max(1, snd["units"]), "records"),
-                                    ("cpu_sender_ns", 1e9 * snd["cpu_seconds"] / max(1, n), "ns/message"),
-                                    ("cpu_receiver_ns", 1e9 * rcv["cpu_seconds"] / max(1, n), "ns/message"),
-                                    ("sender_waits", snd.get("waits", 0), "count")):
-            res.add("message_rate", p, t, s, BLOCKS, metric, value, unit, devices=d)
-        prog.step(f"{what} {rate / 1e6:7.2f} M msg/s, {snd['records'] / max(1, snd['units']):6.1f} per block")
+    for_each_point(res, cfg, "message_rate", points, lambda *pt: rate_point(res, seconds, *pt), rate_name, prog=prog)
     ceiling = {}
-    for t in cfg.transports:
-        for s in sizes:
-            try:
-                _, rate = perftest_bandwidth(t, s, max(10_000, int(seconds * 2e6)))
-            except (PeerError, OSError) as e:
-                res.error(f"message_rate {CEILING} {t} {s} B (run {res.run})", e)
-                prog.step(f"{t} {CEILING} {s} B: FAILED")
-                continue
-            ceiling[(t, s)] = rate
-            res.add("message_rate", CEILING, t, s, 1, "message_rate", rate, "msg/s", devices=1)
-            prog.step(f"{t} {CEILING:20} {s:>5} B     {rate / 1e6:7.2f} M msg/s")
+    for_each_point(res, cfg, "message_rate", [(t, s) for t in cfg.transports for s in sizes],
+                   lambda t, s: ceiling_point(res, seconds, ceiling, t, s), lambda t, s: f"{t} {CEILING} {s} B",
+                   errors=(PeerError, OSError), prog=prog)
     for rec in [r for r in res.records if r["experiment"] == "message_rate" and r["run"] == res.run
                 and r["metric"] == "message_rate" and r["protocol"] != CEILING]:
         c = ceiling.get((rec["transport"], rec["size_bytes"]))
         if c:
             res.add("message_rate", rec["protocol"], rec["transport"], rec["size_bytes"], BLOCKS, "ratio_to_put_bw",
                     rec["value"] / c, "ratio", devices=rec["devices"])
+
+
+EXPERIMENTS = {
+    "message_rate": Experiment("issue 21", "small messages per second, 16 B-1 KiB x 1-12 devices, beside ucx_perftest "
+                                           "put_bw (rate_experiments.py)", exp_message_rate),
+}
 
 
 def _values(records, metric, **where):

@@ -5,12 +5,14 @@
   progress        Fig. 5: 4 KiB messages in bursts of 100 with computation between the bursts
 
 Each runs over a list of protocols; whatever of it the run has (every registered protocol, or
---protocols) is measured, so credit appears as soon as it is built. Records use the orchestrator's
-schema; the buffer geometry and the computation are the record's `variant` (`buffers=8192`,
+--protocols) is measured, so credit appears as soon as it is built. Records use the harness's
+schema (harness.Results); the buffer geometry and the computation are the record's `variant` (`buffers=8192`,
 `compute_us=500`). The orchestrator repeats each experiment --runs times with fresh processes.
 """
 import statistics
 import subprocess
+
+from harness import BIN, Experiment, PeerError, for_each_point, run_pair
 
 # The paper's designs (credit §2, packed_ring §3 and its fix, nic_assisted §4) and this
 # project's block protocols, in plot order.
@@ -77,7 +79,32 @@ def receiver_processing(binary):
 
 # --------------------------------------------------------------------------- small_messages
 
-def exp_small_messages(res, cfg, run_pair, progress, peer_error, binary):
+def small_point(res, budget, lo, hi, t, bs, s, p):
+    count = max(lo, min(hi, budget // s))
+    snd, rcv = run_pair(t, p, s, count, SDP_BUFFERS, tx_extra=["--block-size", str(bs)])
+    sends, arrivals = snd["send_times_ns"], rcv["arrivals_ns"]
+    first = len(sends) // 10
+    if len(arrivals) != len(sends) or len(sends) - first < 2:
+        raise PeerError(f"{len(arrivals)} of {len(sends)} messages arrived")
+    rate = (len(sends) - first) * s / (max(arrivals[-1] - sends[first], 1) / 1e9) / 1e6
+    # SDP Fig. 6: the share of the whole buffer (8 x its size) that holds useful data, on
+    # average; packing: the useful share of the buffer memory that is held at all.
+    held, useful = rcv.get("buffer_held_avg", 0.0), rcv.get("buffer_useful_avg", 0.0)
+    util = 100 * useful / (SDP_BUFFERS * bs)
+    v = buffers(bs)
+    res.add("small_messages", p, t, s, SDP_BUFFERS, "throughput", rate, "MB/s", variant=v)
+    res.add("small_messages", p, t, s, SDP_BUFFERS, "buffer_utilisation", util, "%", variant=v)
+    if held > 0:
+        res.add("small_messages", p, t, s, SDP_BUFFERS, "packing", 100 * useful / held, "%", variant=v)
+    c = snd.get("protocol_counters", {})
+    if "coalesced_records" in c:
+        records = sum(c.get(k, 0) for k in ("direct_writes", "queued_records", "coalesced_records"))
+        res.add("small_messages", p, t, s, SDP_BUFFERS, "coalesced_share",
+                100 * c["coalesced_records"] / max(1, records), "%", variant=v)
+    return f"{t} {p:22} {s:>6} B {v:14} {rate:9.2f} MB/s, utilisation {util:5.1f} %"
+
+
+def exp_small_messages(res, cfg):
     """Fig. 4b (throughput) and Fig. 6 (buffer utilisation): one device streams messages of one
     size back to back into 8 buffers of 8 KiB or 32 KiB; throughput from the first send (after a
     tenth of the run, for warm-up) to the last arrival; utilisation = payload bytes held in the
@@ -88,37 +115,8 @@ def exp_small_messages(res, cfg, run_pair, progress, peer_error, binary):
     geometries = GEOMETRIES[:1] if m == "tiny" else GEOMETRIES
     budget, lo, hi = SMALL_BUDGET[m]
     points = [(t, bs, s, p) for t in cfg.transports for bs in geometries for s in SMALL_SIZES[m] for p in protocols]
-    prog = progress(len(points), "small_messages", res.run, cfg.runs)
-    for t, bs, s, p in points:
-        count = max(lo, min(hi, budget // s))
-        try:
-            snd, rcv = run_pair(t, p, s, count, SDP_BUFFERS, tx_extra=["--block-size", str(bs)])
-        except peer_error as e:
-            res.error(f"small_messages {p} {t} {s} B, {buffers(bs)}", e)
-            prog.step(f"{t} {p} {s} B {buffers(bs)}: FAILED")
-            continue
-        sends, arrivals = snd["send_times_ns"], rcv["arrivals_ns"]
-        first = len(sends) // 10
-        if len(arrivals) != len(sends) or len(sends) - first < 2:
-            res.error(f"small_messages {p} {t} {s} B, {buffers(bs)}", f"{len(arrivals)} of {len(sends)} messages arrived")
-            prog.step(f"{t} {p} {s} B {buffers(bs)}: incomplete")
-            continue
-        rate = (len(sends) - first) * s / (max(arrivals[-1] - sends[first], 1) / 1e9) / 1e6
-        # SDP Fig. 6: the share of the whole buffer (8 x its size) that holds useful data, on
-        # average; packing: the useful share of the buffer memory that is held at all.
-        held, useful = rcv.get("buffer_held_avg", 0.0), rcv.get("buffer_useful_avg", 0.0)
-        util = 100 * useful / (SDP_BUFFERS * bs)
-        v = buffers(bs)
-        res.add("small_messages", p, t, s, SDP_BUFFERS, "throughput", rate, "MB/s", variant=v)
-        res.add("small_messages", p, t, s, SDP_BUFFERS, "buffer_utilisation", util, "%", variant=v)
-        if held > 0:
-            res.add("small_messages", p, t, s, SDP_BUFFERS, "packing", 100 * useful / held, "%", variant=v)
-        c = snd.get("protocol_counters", {})
-        if "coalesced_records" in c:
-            records = sum(c.get(k, 0) for k in ("direct_writes", "queued_records", "coalesced_records"))
-            res.add("small_messages", p, t, s, SDP_BUFFERS, "coalesced_share",
-                    100 * c["coalesced_records"] / max(1, records), "%", variant=v)
-        prog.step(f"{t} {p:22} {s:>6} B {v:14} {rate:9.2f} MB/s, utilisation {util:5.1f} %")
+    for_each_point(res, cfg, "small_messages", points, lambda *pt: small_point(res, budget, lo, hi, *pt),
+                   lambda t, bs, s, p: f"{t} {p} {s} B {buffers(bs)}", run_tag=False)
 
 
 # --------------------------------------------------------------------------------- progress
@@ -144,57 +142,43 @@ def progress_model(snd, rcv, compute_us):
     return iterations, tails
 
 
-def exp_progress(res, cfg, run_pair, progress, peer_error, binary):
+def progress_point(res, bursts, t, r, c, p):
+    snd, rcv = run_pair(t, p, PROGRESS_SIZE, PROGRESS_BURST * bursts, SDP_BUFFERS,
+                        rx_extra=[] if r is None else ["--process-ns-per-byte", str(r)],
+                        tx_extra=["--block-size", "8192", "--burst", str(PROGRESS_BURST), "--compute-us", str(c)])
+    iterations, tails = progress_model(snd, rcv, c)
+    if len(iterations) < bursts:
+        raise PeerError(f"{rcv['messages']} messages arrived")
+    v = compute(c, r)
+    res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "iteration_time", statistics.mean(iterations), "us",
+            variant=v)
+    res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "total_time", sum(iterations) / 1000, "ms", variant=v)
+    res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "burst_tail_delay_p50", statistics.median(tails), "us",
+            variant=v)
+    res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "stream_seconds", snd["seconds"], "s", variant=v)
+    return (f"{t} {p:22} {v:32}: iteration {statistics.mean(iterations):8.0f} us, "
+            f"tail delay {statistics.median(tails):8.0f} us")
+
+
+def exp_progress(res, cfg):
     """Fig. 5: bursts of 100 x 4 KiB, C µs of computation after each (the application makes no
     library call; the sender peer sleeps, see docs/bench-peer.md), 8 buffers of 8 KiB; with a
     receiver that only counts, and (where the build has it) one that processes ~1 GB/s."""
     m = mode(cfg)
     protocols = available(PROGRESS_PROTOCOLS, cfg)
     bursts = PROGRESS_BURSTS[m]
-    receivers = PROGRESS_RECEIVERS if receiver_processing(binary) else PROGRESS_RECEIVERS[:1]
+    receivers = PROGRESS_RECEIVERS if receiver_processing(BIN) else PROGRESS_RECEIVERS[:1]
     if m == "tiny":
         receivers = receivers[-1:]
     points = [(t, r, c, p) for t in cfg.transports for r in receivers for c in PROGRESS_COMPUTE_US[m]
               for p in protocols]
-    prog = progress(len(points), "progress", res.run, cfg.runs)
-    for t, r, c, p in points:
-        v = compute(c, r)
-        try:
-            snd, rcv = run_pair(t, p, PROGRESS_SIZE, PROGRESS_BURST * bursts, SDP_BUFFERS,
-                                rx_extra=[] if r is None else ["--process-ns-per-byte", str(r)],
-                                tx_extra=["--block-size", "8192", "--burst", str(PROGRESS_BURST),
-                                          "--compute-us", str(c)])
-        except peer_error as e:
-            res.error(f"progress {p} {t} {v}", e)
-            prog.step(f"{t} {p} {v}: FAILED")
-            continue
-        iterations, tails = progress_model(snd, rcv, c)
-        if len(iterations) < bursts:
-            res.error(f"progress {p} {t} {v}", f"{rcv['messages']} messages arrived")
-            prog.step(f"{t} {p} {v}: incomplete")
-            continue
-        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "iteration_time", statistics.mean(iterations), "us",
-                variant=v)
-        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "total_time", sum(iterations) / 1000, "ms", variant=v)
-        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "burst_tail_delay_p50", statistics.median(tails), "us",
-                variant=v)
-        res.add("progress", p, t, PROGRESS_SIZE, SDP_BUFFERS, "stream_seconds", snd["seconds"], "s", variant=v)
-        prog.step(f"{t} {p:22} {v:32}: iteration {statistics.mean(iterations):8.0f} us, "
-                  f"tail delay {statistics.median(tails):8.0f} us")
+    for_each_point(res, cfg, "progress", points, lambda *pt: progress_point(res, bursts, *pt),
+                   lambda t, r, c, p: f"{t} {p} {compute(c, r)}", run_tag=False)
 
 
-# name: (paper figures, what it measures, function(res, cfg, run_pair, progress, peer_error[, binary])).
 EXPERIMENTS = {
-    "small_messages": ("SDP Fig. 4b, 6", "throughput and buffer utilisation 1 B-64 KiB on 8 KiB / 32 KiB buffers",
-                       exp_small_messages),
-    "progress": ("SDP Fig. 5", "bursts of 100 x 4 KiB with computation between: communication progress",
-                 exp_progress),
+    "small_messages": Experiment("SDP Fig. 4b, 6", "throughput and buffer utilisation 1 B-64 KiB on 8 KiB / 32 KiB "
+                                                   "buffers", exp_small_messages),
+    "progress": Experiment("SDP Fig. 5", "bursts of 100 x 4 KiB with computation between: communication progress",
+                           exp_progress),
 }
-
-
-def experiments(run_pair, progress, peer_error, binary):
-    """EXPERIMENTS as the orchestrator lists them, each an exp(res, cfg) bound to its measuring helpers
-    (run_pair, the Progress class, PeerError, the slotstream binary)."""
-    def bind(fn):
-        return lambda res, cfg: fn(res, cfg, run_pair, progress, peer_error, binary)
-    return {name: (figures, what, bind(fn)) for name, (figures, what, fn) in EXPERIMENTS.items()}
