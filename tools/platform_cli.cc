@@ -165,21 +165,6 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
 
 namespace {
 
-// A device's stream through the platform, as a MessageOut.
-class PlatformOut final : public MessageOut {
- public:
-  PlatformOut(PlatformSender& s, uint16_t d) : s_(s), d_(d) {}
-  uint16_t device() const override { return d_; }
-  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
-    return s_.send_with(d_, length, fill);
-  }
-  Status send(std::span<const std::byte> message) override { return s_.send(d_, message); }
-
- private:
-  PlatformSender& s_;
-  uint16_t d_;
-};
-
 void print_platform_json(const PlatformSender& sender, const SenderOptions& opt, double secs, double cpu) {
   const PlatformSenderStats s = sender.stats();
   nlohmann::json j;
@@ -221,8 +206,9 @@ int run_platform_send(const SendArgs& a) {
   }
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
-  Fillers fillers(plan, a,
-                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<PlatformOut>(*sender, d); });
+  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
+    return std::make_unique<DeviceOut<PlatformSender>>(*sender, d);
+  });
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
