@@ -6,6 +6,8 @@ import statistics
 import plot_common
 from plot_common import human, line_plot, per_run, pick, plt, spread_text, table
 
+import shim_plot  # bench/shim_plot.py: `bench shimloss` and `shimperf`
+
 PROTOCOL_ORDER = ["write_record", "dgram_send", "dgram_rd", "dgram_rc", "status_byte", "sliding_window"]
 STYLE = {"write_record": dict(color="tab:green", ls="-", marker="o"),
          "dgram_send": dict(color="tab:purple", ls="-", marker="s"),
@@ -131,6 +133,7 @@ def figures(records, out):
                                                     "fig_dgram_loss_valid.png",
                                                     "Fraction of the bytes delivered usable (complete, or valid in a partial)")
     made["fig_dgram_apps.png"] = _apps_figure(records, out)
+    made["fig_shim_loss.png"] = shim_plot.figure(records, out)
     return {k: v for k, v in made.items() if v}
 
 
@@ -143,7 +146,7 @@ def _ratio_line(records, metric, protocol, sizes_ok, label, fmt="{:.2f}"):
 
 
 def report_sections(records):
-    if not any(r["experiment"] in ("datagram", "loss", "apps") for r in records):
+    if not any(r["experiment"] in ("datagram", "loss", "apps", "shimloss", "shimperf") for r in records):
         return []
     md = ["## Datagram RDMA over UDP (issue 10; the datagram-iWARP patent)\n",
           "The four datagram protocols (`--transport udp`: write_record, dgram_send, dgram_rd; `--transport tcp`: "
@@ -151,7 +154,8 @@ def report_sections(records):
           "over tcp, measured the same way as in the latency and throughput sections. Latency: one message in flight, "
           "from the sender's stamp to the message finished at the receiver (its network thread sleeps in poll(), it "
           "does not busy-poll). Throughput: complete messages only, first send to last arrival. Segments of 8 KiB.\n"]
-    return md + _datagram_section(records) + _loss_section(records) + _apps_section(records)
+    return (md + _datagram_section(records) + _loss_section(records) + _apps_section(records) +
+            shim_plot.report_section(records))
 
 
 def _datagram_section(records):

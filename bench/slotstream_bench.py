@@ -21,6 +21,7 @@ import fan_in_experiments
 import paper_experiments
 import rate_experiments
 import ring_experiments
+import shim_experiments
 from harness import DEFAULT_BLOCKS, HERE, PAPER_BLOCKS, RDMA, TRANSPORTS, Results, by_mode, host_transports, log, \
     registry
 
@@ -42,7 +43,8 @@ def compose(*tables):
 EXPERIMENTS = compose(paper_experiments.EXPERIMENTS,  # the status-byte paper's, and issue 11's idle
                       cache_experiments.EXPERIMENTS, fan_in_experiments.EXPERIMENTS, rate_experiments.EXPERIMENTS,
                       ring_experiments.EXPERIMENTS,  # the SDP paper's
-                      dgram_experiments.EXPERIMENTS)  # the datagram transport's
+                      dgram_experiments.EXPERIMENTS,  # the datagram transport's
+                      shim_experiments.EXPERIMENTS)  # the socket shim's (issue 25)
 
 
 def check_cpu(res, cpus):

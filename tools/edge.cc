@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -114,13 +115,26 @@ class LoadSource {
   platform::CpuMeter meter_;
 };
 
+// Messages a device produces while a move changes where it goes wait in the edge instead of
+// stalling its filler: a move finishes the remote connection and connects again (0.4-0.9 s seen
+// on a loaded 2-core VM), longer than a synthetic camera's frame slot may wait (kLateAfter: the
+// frames would be skipped). Beyond this many bytes over all devices, fillers wait for the move;
+// the platform sender keeps as much for replay (PlatformSenderOptions::replay_limit).
+constexpr uint64_t kMoveHoldBytes = 256ull << 20;
+
 // One device: processed here (its own sink: a DirSink, or the pipeline's with workers) or sent
-// through the platform. The filler holds `mutex` for a message; a move holds it too.
+// through the platform. The filler holds `mutex` for a message; a move takes it to change where
+// the device goes, and holds the device's new messages meanwhile (`moving`: they wait in `held`,
+// in order, and go to the device's new place when the move is done).
 struct Route {
   std::mutex mutex;
   bool remote = false;
+  bool moving = false;
+  std::deque<std::vector<std::byte>> held;
+  Status error;  // a held message that could not be stored or sent: the device's filler fails with it
   std::unique_ptr<MessageSink> local;
-  uint64_t local_messages = 0, remote_messages = 0;
+  uint64_t first = 0;  // the number of this run's first message (the local directory's next one)
+  uint64_t local_messages = 0, remote_messages = 0, held_messages = 0;
 };
 
 class Edge {
@@ -133,18 +147,23 @@ class Edge {
   Route& route(uint16_t d) { return *routes_.at(d); }
   void add(uint16_t d, std::unique_ptr<MessageSink> sink) {
     routes_[d] = std::make_unique<Route>();
+    routes_[d]->first = sink->numbering(d).value_or(MessageSink::Numbering{}).next;
     routes_[d]->local = std::move(sink);
   }
   Status send_with(uint16_t d, uint64_t length, const DeviceStream::FillFn& fill);
   void control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done);
-  nlohmann::json summary() const;
+  Status finish();
+  nlohmann::json summary(const Fillers& fillers) const;
 
  private:
   PlatformNeed need_for(size_t devices) const {
     return {per_device_.cpu * devices, per_device_.bandwidth * devices, per_device_.fps * devices};
   }
+  Status deliver(Route& r, uint16_t d, std::span<const std::byte> message);
+  bool hold(Route& r, std::vector<std::byte>& message);
   void move(platform::Move m, double load);
-  void give_back(const std::map<uint16_t, uint64_t>& removed);
+  void land(uint16_t d, const std::map<uint16_t, uint64_t>& removed, bool offloaded);
+  Status check_numbers(uint16_t d, Route& r, const std::map<uint16_t, uint64_t>& removed);
 
   const EdgeArgs& args_;
   std::string name_;
@@ -152,51 +171,95 @@ class Edge {
   PlatformNeed per_device_;
   std::map<uint16_t, std::unique_ptr<Route>> routes_;
   std::vector<uint16_t> offloaded_;  // in the order they went
+  std::atomic<uint64_t> held_bytes_{0};
   uint64_t moves_ = 0, refused_ = 0;
 };
 
-// Stores one message locally. A busy sink (the worker is behind) is retried without holding
-// the route, so that a move can take the device meanwhile.
+// Stores one message here or sends it through the platform, wherever the device goes now.
+// Under r.mutex. kBusy: the local worker is behind (nothing was stored; retry).
+Status Edge::deliver(Route& r, uint16_t d, std::span<const std::byte> message) {
+  if (r.remote) {
+    SLOTSTREAM_RETURN_IF_ERROR(remote_.send(d, message));
+    ++r.remote_messages;
+    return Status::ok();
+  }
+  Status st = r.local->begin(d);
+  if (st.code() == Code::kBusy) return st;
+  if (st.is_ok()) st = r.local->append(d, message);
+  if (st.is_ok()) st = r.local->commit(d);
+  if (!st.is_ok()) {
+    r.local->abort(d);
+    return st;
+  }
+  ++r.local_messages;
+  return Status::ok();
+}
+
+// Keeps a message of a moving device (taking it from `message`); false when the hold is full.
+// Under r.mutex.
+bool Edge::hold(Route& r, std::vector<std::byte>& message) {
+  if (!r.held.empty() && held_bytes_.load() + message.size() > kMoveHoldBytes) return false;
+  held_bytes_ += message.size();
+  ++r.held_messages;
+  r.held.push_back(std::move(message));
+  return true;
+}
+
+// One message of device d. A busy sink (the worker is behind) or a full hold is retried without
+// holding the route, so that a move can take the device meanwhile.
 Status Edge::send_with(uint16_t d, uint64_t length, const DeviceStream::FillFn& fill) {
   std::vector<std::byte> message(length);
   SLOTSTREAM_RETURN_IF_ERROR(fill(0, message));
   Route& r = route(d);
   for (;;) {
-    std::unique_lock lock(r.mutex);
-    if (r.remote) {
-      SLOTSTREAM_RETURN_IF_ERROR(remote_.send(d, message));
-      ++r.remote_messages;
-      return Status::ok();
+    {
+      std::lock_guard lock(r.mutex);
+      if (!r.error.is_ok()) return r.error;
+      if (r.moving) {
+        if (hold(r, message)) return Status::ok();
+      } else if (Status st = deliver(r, d, message); st.code() != Code::kBusy) {
+        return st;
+      }
     }
-    Status st = r.local->begin(d);
-    if (st.code() == Code::kBusy) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// After a move: where device d goes now (a device given back continues here after the last
+// number its receiver stored), then what it held meanwhile, in order.
+void Edge::land(uint16_t d, const std::map<uint16_t, uint64_t>& removed, bool offloaded) {
+  Route& r = route(d);
+  std::unique_lock lock(r.mutex);
+  if (offloaded) r.remote = true;
+  if (auto it = removed.find(d); it != removed.end()) {
+    r.remote = false;
+    std::erase(offloaded_, d);
+    auto* numbered = dynamic_cast<sink::SkippableSink*>(r.local.get());
+    Status st = numbered ? numbered->skip_to(d, it->second)
+                         : Status{Code::kInvalidArgument, "its local sink cannot continue at a number"};
+    if (!st.is_ok()) {
+      r.error = {st.code(), "device " + std::to_string(d) + " came back to continue at message " +
+                                std::to_string(it->second) + ", but: " + st.message()};
+    }
+  }
+  while (!r.held.empty() && r.error.is_ok()) {
+    Status st = deliver(r, d, r.held.front());
+    if (st.code() == Code::kBusy) {  // the worker is behind: the filler waits meanwhile (hold full) or holds on
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      lock.lock();
       continue;
     }
-    if (st.is_ok()) st = r.local->append(d, message);
-    if (st.is_ok()) st = r.local->commit(d);
-    if (!st.is_ok()) {
-      r.local->abort(d);
-      return st;
-    }
-    ++r.local_messages;
-    return Status::ok();
+    if (!st.is_ok()) r.error = st;
+    held_bytes_ -= r.held.front().size();
+    r.held.pop_front();
   }
+  r.moving = false;
 }
 
-void Edge::give_back(const std::map<uint16_t, uint64_t>& removed) {
-  for (auto [d, next] : removed) {
-    auto* dir = dynamic_cast<sink::DirSink*>(route(d).local.get());
-    Status st = dir ? dir->skip_to(d, next) : Status::ok();
-    if (!st.is_ok()) print_line(stderr, "slotstream edge: device " + std::to_string(d) + ": " + st.message());
-    route(d).remote = false;
-    std::erase(offloaded_, d);
-  }
-}
-
-// One move: the device's route is held while the platform sender changes its set, so none of its
-// messages goes either way meanwhile.
+// One move. Every device sent through the platform, and the one that moves, holds its new
+// messages while the platform sender changes its set (it finishes the remote connection, then
+// connects again), so none goes either way meanwhile and no filler stalls.
 void Edge::move(platform::Move m, double load) {
   uint16_t d = 0;
   if (m == platform::Move::kOffload) {
@@ -206,31 +269,33 @@ void Edge::move(platform::Move m, double load) {
   } else {
     d = offloaded_.back();
   }
-  Route& r = route(d);
-  std::lock_guard lock(r.mutex);
-  std::vector<uint16_t> set = offloaded_;
+  std::vector<uint16_t> set = offloaded_, touched = offloaded_;
   std::map<uint16_t, uint64_t> next, removed;
   char why[128];
   if (m == platform::Move::kOffload) {
     set.push_back(d);
-    next[d] = r.local->numbering(d)->next;
+    touched.push_back(d);
     std::snprintf(why, sizeof why, "load %.1f above %.1f: offloading device %u", load, args_.above, unsigned(d));
   } else {
     std::erase(set, d);
     std::snprintf(why, sizeof why, "load %.1f below %.1f: taking device %u back", load, args_.below, unsigned(d));
   }
   print_line(stderr, std::string("slotstream edge: ") + why);
+  for (uint16_t t : touched) {  // waits for a message on its way (a remote one may wait for its receiver)
+    Route& r = route(t);
+    std::lock_guard lock(r.mutex);
+    r.moving = true;
+    if (t == d && m == platform::Move::kOffload) next[d] = r.local->numbering(d)->next;  // no local message now
+  }
   Status st = remote_.set_devices(set, next, need_for(set.size()), &removed);
   ++moves_;
   if (!st.is_ok()) {
     ++refused_;
     print_line(stderr, "slotstream edge: no receiver for the move, processing here: " + st.message());
   }
-  give_back(removed);
-  if (st.is_ok() && m == platform::Move::kOffload) {
-    r.remote = true;
-    offloaded_.push_back(d);
-  }
+  const bool offloaded = st.is_ok() && m == platform::Move::kOffload;
+  if (offloaded) offloaded_.push_back(d);
+  for (uint16_t t : touched) land(t, removed, offloaded && t == d);
 }
 
 void Edge::control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done) {
@@ -248,15 +313,43 @@ void Edge::control(LoadSource& load, const platform::OffloadPolicy& policy, cons
   }
 }
 
-nlohmann::json Edge::summary() const {
+// Device d's numbers run on: this run's first number plus every message it handed on is where
+// its next message would go, here or (`removed`: it ended offloaded) on its receiver.
+Status Edge::check_numbers(uint16_t d, Route& r, const std::map<uint16_t, uint64_t>& removed) {
+  std::lock_guard lock(r.mutex);
+  if (!r.error.is_ok()) return r.error;
+  auto it = removed.find(d);
+  const uint64_t end = it != removed.end() ? it->second : r.local->numbering(d).value_or(MessageSink::Numbering{}).next;
+  const uint64_t handed = r.local_messages + r.remote_messages;
+  if (end == r.first + handed) return Status::ok();
+  return {Code::kProtocolError, "device " + std::to_string(d) + ": " + std::to_string(handed) +
+                                    " messages were stored here or sent, but their numbers run from " +
+                                    std::to_string(r.first) + " to " + std::to_string(end) +
+                                    " (some are missing or stored twice): report this as a bug"};
+}
+
+// The end: the remote connection is finished (FIN/FIN_ACK: what went to receivers is stored
+// there), the reservation released, and every device's numbers checked.
+Status Edge::finish() {
+  std::map<uint16_t, uint64_t> removed;
+  SLOTSTREAM_RETURN_IF_ERROR(remote_.set_devices({}, {}, {}, &removed));
+  for (auto& [d, r] : routes_) SLOTSTREAM_RETURN_IF_ERROR(check_numbers(d, *r, removed));
+  return Status::ok();
+}
+
+nlohmann::json Edge::summary(const Fillers& fillers) const {
   nlohmann::json per = nlohmann::json::object();
   for (const auto& [d, r] : routes_) {
-    per[std::to_string(d)] = {{"local", r->local_messages}, {"remote", r->remote_messages}};
+    per[std::to_string(d)] = {{"local", r->local_messages},
+                              {"remote", r->remote_messages},
+                              {"held", r->held_messages},
+                              {"late", fillers.late_frames(d)}};
   }
   const PlatformSenderStats s = remote_.stats();
   return {{"devices", per},
           {"moves", moves_},
           {"refused_moves", refused_},
+          {"late_frames", fillers.late_frames()},
           {"resent", s.resent},
           {"reschedules", s.reschedules},
           {"schedule_ms", s.schedule_ms}};
@@ -328,22 +421,20 @@ int run_edge(const EdgeArgs& args) {
   }
   std::atomic<bool> done{false};
   std::thread controller([&] { edge.control(*load, policy, done); });
-  Status st;
-  {
-    Fillers fillers(
-        plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DeviceOut<Edge>>(edge, d); });
-    st = fillers.join();
-  }
+  Fillers fillers(
+      plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DeviceOut<Edge>>(edge, d); });
+  Status st = fillers.join();
   done.store(true);
-  controller.join();
-  Status fin = remote->finish();  // what went to receivers is stored there
+  controller.join();           // a move in progress lands what its devices held
+  Status fin = edge.finish();  // what went to receivers is stored there; every number checked
   if (st.is_ok()) st = fin;
   if (workers) workers->stop();
+  warn_late_frames(fillers.late_frames(), plan);
   if (!st.is_ok()) {
     print_error("edge", st.message());
     return kExitError;
   }
-  if (a.json) std::printf("%s\n", edge.summary().dump().c_str());
+  if (a.json) std::printf("%s\n", edge.summary(fillers).dump().c_str());
   return kExitOk;
 }
 

@@ -359,7 +359,10 @@ int run_stream_command(Commands& c) {
 int run_command(Commands& c, const char* argv0) {
   if (*c.r || *c.s) return run_stream_command(c);
   if (*c.ps) return run_platform_status(c.pstatus);
-  if (*c.e) return run_edge(c.edge);
+  if (*c.e) {
+    setup_logging("slotstream edge", "text");  // warnings (late synthetic frames) on stderr, as send's
+    return run_edge(c.edge);
+  }
   if (*c.dp) return run_dgram_peer(c.dp, c.dpeer);
   if (*c.v) return run_verify(c.verify_dir);
   if (*c.pl) return run_protocols(c.protocols_json);

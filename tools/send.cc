@@ -277,12 +277,24 @@ Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for)
         [this, &a, out = out_for(d), &source = source] { record(send_video(*out, source, a.realtime)); });
   }
   if (plan.synthetic) {
-    for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) {
-      threads_.emplace_back([this, &plan, &a, out = out_for(uint16_t(d))] {
-        record(send_synthetic(*out, *plan.synthetic, a.duration, &late_frames_));
+    for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) late_frames_[uint16_t(d)];
+    for (auto& [d, late] : late_frames_) {
+      threads_.emplace_back([this, &plan, &a, out = out_for(d), late = &late] {
+        record(send_synthetic(*out, *plan.synthetic, a.duration, late));
       });
     }
   }
+}
+
+uint64_t Fillers::late_frames() const {
+  uint64_t n = 0;
+  for (const auto& [d, late] : late_frames_) n += late.load();
+  return n;
+}
+
+uint64_t Fillers::late_frames(uint16_t device) const {
+  auto it = late_frames_.find(device);
+  return it == late_frames_.end() ? 0 : it->second.load();
 }
 
 void Fillers::record(Status st) {

@@ -110,12 +110,14 @@ class Fillers {
   Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for);
   ~Fillers() { (void)join(); }
   Status join();
-  // Synthetic frame slots that could not be produced in time (send_synthetic).
-  uint64_t late_frames() const { return late_frames_.load(); }
+  // Synthetic frame slots that could not be produced in time (send_synthetic): all devices', or
+  // one device's (0 for a device that is not synthetic).
+  uint64_t late_frames() const;
+  uint64_t late_frames(uint16_t device) const;
 
  private:
   void record(Status st);
-  std::atomic<uint64_t> late_frames_{0};
+  std::map<uint16_t, std::atomic<uint64_t>> late_frames_;  // built before the threads start
   std::mutex mutex_;
   Status first_error_;
   std::vector<std::thread> threads_;

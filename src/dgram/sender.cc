@@ -5,6 +5,7 @@
 
 #include "clock.h"
 #include "dgram/protocol.h"
+#include "dgram/segments.h"
 #include "dgram/sender_handshake.h"
 #include "dgram/sender_link.h"
 
@@ -125,14 +126,12 @@ struct DatagramSender::Impl {
   Status send_segments(const MessageSlot& slot, std::span<const std::byte> m) {
     SegmentHeader h = proto->data_header(slot);
     h.service = proto->service;
-    uint64_t off = 0;
-    do {
-      const size_t n = std::min<uint64_t>(o.segment_size, m.size() - off);
-      h.offset = off;
-      h.last = off + n == m.size();
-      SLOTSTREAM_RETURN_IF_ERROR(link->emit(h, m.subspan(off, n)));
-      off += n;
-    } while (off < m.size());
+    Status st = Status::ok();
+    for_each_segment(h, m.size(), o.segment_size, [&](const SegmentHeader& s, uint64_t off, uint64_t n) {
+      st = link->emit(s, m.subspan(off, n));
+      return st.is_ok();
+    });
+    SLOTSTREAM_RETURN_IF_ERROR(st);
     if (!proto->notice) return Status::ok();
     const auto notice = proto->notice(slot);
     return notice ? link->emit(notice->header, notice->payload) : Status::ok();

@@ -383,7 +383,7 @@ void WorkerManager::stop() {
 
 namespace {
 
-class PipelineSink final : public MessageSink {
+class PipelineSink final : public MessageSink, public sink::SkippableSink {
  public:
   PipelineSink(fs::path dir, std::string sender, WorkerManager& manager, std::map<uint16_t, uint64_t> first)
       : files_(std::move(dir), std::move(first)),
@@ -435,6 +435,7 @@ class PipelineSink final : public MessageSink {
     return st;
   }
   std::optional<Numbering> numbering(uint16_t device) override { return files_.numbering(device); }
+  Status skip_to(uint16_t device, uint64_t seq) override { return files_.skip_to(device, seq); }
 
  private:
   WorkerManager::Backlog& backlog_of(uint16_t device) {

@@ -25,7 +25,17 @@
 
 namespace slotstream::sink {
 
-class DirSink final : public MessageSink {
+// A sink whose numbers its owner may move forward past messages stored elsewhere: the edge's
+// local sink when a device comes back from a receiver that stored the numbers in between
+// (tools/edge.cc). DirSink, and the pipeline's sink that stores through one.
+class SkippableSink {
+ public:
+  virtual ~SkippableSink() = default;
+  // Never moves backwards and needs no message in progress (kInvalidArgument otherwise).
+  virtual Status skip_to(uint16_t device, uint64_t seq) = 0;
+};
+
+class DirSink final : public MessageSink, public SkippableSink {
  public:
   // `dir` is ROOT/<sender>; it is created if missing.
   // `first`: devices numbered by the sender (their first message's SEQ); others continue on disk.
@@ -62,7 +72,7 @@ class DirSink final : public MessageSink {
   // and moving it forward past messages that will never be stored, so that a message keeps its
   // sender's number. skip_to() never moves backwards and needs no message in progress.
   Status next_seq(uint16_t device, uint64_t* out);
-  Status skip_to(uint16_t device, uint64_t seq);
+  Status skip_to(uint16_t device, uint64_t seq) override;
   // Stores an incomplete message as <SEQ>.partial (holes zero-filled) beside <SEQ>.valid (the
   // JSON list of [offset, length] ranges that arrived), both atomically, .valid first.
   Status store_partial(uint16_t device, std::span<const std::byte> data, std::string_view valid_json);

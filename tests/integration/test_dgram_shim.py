@@ -1,6 +1,7 @@
 """libslotstream_udp.so carries unmodified programs from Debian packages (socat, iperf3, ffmpeg, sipp, and
 python3's socket module for the flag-by-flag semantics) over the datagram RDMA format."""
 import json
+import struct
 import os
 import pathlib
 import re
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from dgram_support import SHIM
+from dgram_support import SHIM, in_ns, netns, netns_pair
 
 pytestmark = pytest.mark.skipif(not SHIM.exists(), reason=f"{SHIM} not built (bash scripts/build.sh)")
 
@@ -111,8 +112,11 @@ def test_a_receiver_without_the_shim_sees_the_wrapping(tmp_path):
     assert d[24:-4] == b"hello, world"
 
 
-def test_a_shimmed_receiver_drops_plain_datagrams(tmp_path):
-    """...and the other way round: unwrapped datagrams fail the CRC and are dropped, never handed over."""
+@pytest.mark.parametrize("plain", ["drop", "accept"])
+def test_plain_datagrams_are_dropped_or_accepted(tmp_path, plain):
+    """Datagrams from a program without the shim: dropped and counted by default (never handed over as if they
+    were a segment), delivered unchanged with SLOTSTREAM_UDP_PLAIN=accept. A corrupted shim datagram (magic
+    present, CRC wrong) is dropped either way."""
     log = tmp_path / "shim.log"
     port = free_udp_port()
     script = textwrap.dedent(f"""
@@ -121,20 +125,32 @@ def test_a_shimmed_receiver_drops_plain_datagrams(tmp_path):
         s.bind(("127.0.0.1", {port}))
         s.settimeout(3)
         print("ready", flush=True)
-        print(s.recv(100).decode(), flush=True)
+        while True:
+            d = s.recv(200)
+            print(d.decode(errors="replace"), flush=True)
+            if d == b"wrapped":
+                break
     """)
-    rx = subprocess.Popen([sys.executable, "-c", script], env=shim_env(log), stdout=subprocess.PIPE, text=True)
+    rx = subprocess.Popen([sys.executable, "-c", script], env=shim_env(log, SLOTSTREAM_UDP_PLAIN=plain),
+                          stdout=subprocess.PIPE, text=True)
     assert rx.stdout.readline().strip() == "ready"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as plain:
-        for _ in range(3):
-            plain.sendto(b"plain text, not a slotstream segment: " * 3, ("127.0.0.1", port))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        for i in range(3):
+            raw.sendto(f"plain text {i}, not a slotstream segment".encode(), ("127.0.0.1", port))
+        raw.sendto(b"SD\x02" + b"looks like a segment, fails its CRC", ("127.0.0.1", port))
     time.sleep(0.2)
     sender = subprocess.run([sys.executable, "-c", f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
                              f".sendto(b'wrapped', ('127.0.0.1', {port}))"], env=shim_env(log), timeout=20)
     assert sender.returncode == 0
     out, _ = rx.communicate(timeout=10)
-    assert out.splitlines()[-1] == "wrapped"
-    assert total(log, "dropped_crc") == 3
+    lines = out.splitlines()
+    assert lines[-1] == "wrapped"
+    assert total(log, "dropped_crc") == 1
+    if plain == "drop":
+        assert lines == ["wrapped"] and total(log, "dropped_plain") == 3
+    else:
+        assert lines == [f"plain text {i}, not a slotstream segment" for i in range(3)] + ["wrapped"]
+        assert total(log, "plain_accepted") == 3 and total(log, "dropped_plain") == 0
 
 
 # ------------------------------------------------------------------ socket semantics, call by call
@@ -185,12 +201,15 @@ os.writev(d.fileno(), [b"via ", b"writev"])
 b3 = bytearray(20)
 n = os.readv(c.fileno(), [b3])
 r["readv"] = bytes(b3[:n]).decode()
-# poll/select see the real descriptor; a non-blocking read of a bad datagram is EAGAIN, not garbage
+# select does not report a datagram the shim drops (it is taken off the queue); a non-blocking read is EAGAIN
 rx.setblocking(False)
 import subprocess
 subprocess.run([sys.executable, "-c", f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'junk, not a segment' * 4, ('127.0.0.1', {PORT}))"], env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
-readable, _, _ = select.select([rx], [], [], 2)
+readable, _, _ = select.select([rx], [], [], 0.5)
 r["select_readable"] = bool(readable)
+tx.send(b"good")
+readable, _, _ = select.select([rx], [], [], 2)
+r["select_then"] = rx.recv(100).decode() if readable else "not readable"
 try:
     rx.recv(100)
     r["bad_datagram"] = "delivered"
@@ -207,13 +226,13 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 r["fork"] = rx.recv(100).decode()
-# EMSGSIZE where the headers no longer fit in one datagram (65507 - 28 bytes is the most)
+# EMSGSIZE where a plain socket has it (65507 bytes is the most over IPv4: larger ones are segmented)
 try:
-    tx.send(b"x" * (65507 - 28 + 1))
+    tx.send(b"x" * (65507 + 1))
     r["emsgsize"] = "sent"
 except OSError as e:
     r["emsgsize"] = errno.errorcode[e.errno]
-tx.send(b"y" * (65507 - 28))
+tx.send(b"y" * 65507)
 r["largest"] = len(rx.recv(70000))
 # a port outside SLOTSTREAM_UDP_PORTS is left alone
 other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -240,11 +259,11 @@ def test_socket_semantics_call_by_call(tmp_path):
     assert r["from_port"]
     assert r["sendto"] == ["to", True]
     assert r["read"] == "via write" and r["readv"] == "via writev"
-    assert r["select_readable"] and r["bad_datagram"] == "EAGAIN"
+    assert not r["select_readable"] and r["bad_datagram"] == "EAGAIN" and r["select_then"] == "good"
     assert r["dup"] == "dup" and r["fork"] == "from child"
-    assert r["emsgsize"] == "EMSGSIZE" and r["largest"] == 65507 - 28
+    assert r["emsgsize"] == "EMSGSIZE" and r["largest"] == 65507
     assert r["other_port"] == "untouched"
-    assert total(log, "dropped_crc") == 1 and total(log, "emsgsize") == 1 and total(log, "passed") >= 1
+    assert total(log, "dropped_plain") == 1 and total(log, "emsgsize") == 1 and total(log, "passed") >= 1
 
 
 def test_malformed_settings_stop_the_program(tmp_path):
@@ -388,3 +407,241 @@ def test_sipp_server_without_the_shim_refuses_shimmed_calls(tmp_path):
         uas.wait(10)
     assert uac.returncode != 0, "a SIP server without the shim answered shimmed calls"
     assert total(log, "unwrapped") == 0
+
+
+# ------------------------------------------------------------------ large datagrams: Write-Record segments
+
+SEGMENT = 1500 - 20 - 8 - 28 - 4  # a Write-Record segment's payload at the default MTU, IPv4, no key
+SMALL = 1500 - 20 - 8 - 28        # the largest datagram sent as one UD Send
+LARGE_SIZES = [1, 2, SMALL, SMALL + 1, SEGMENT * 2, SEGMENT * 2 + 1, 9000, 32768, 65536 - 29, 65507]
+
+LARGE_RX = r"""
+import hashlib, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE (root)
+s.bind(("127.0.0.1", 0))
+s.settimeout(10)
+print(s.getsockname()[1], flush=True)
+for _ in range(int(sys.argv[1])):
+    a, b = bytearray(1000), bytearray(70000)   # recvmsg_into scatters over two buffers
+    n, _, flags, _ = s.recvmsg_into([a, b])
+    d = bytes(a[:min(n, 1000)]) + bytes(b[:max(0, n - 1000)])
+    print(n, hashlib.sha256(d).hexdigest(), flush=True)
+"""
+
+LARGE_TX = r"""
+import hashlib, random, socket, sys, time
+port, sizes = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("127.0.0.1", port))
+rng = random.Random(7)
+for n in sizes:
+    d = rng.randbytes(n)
+    cut = [0, n // 3, n // 2, n]            # sendmsg gathers from three buffers
+    s.sendmsg([d[cut[i]:cut[i + 1]] for i in range(3)])
+    print(n, hashlib.sha256(d).hexdigest(), flush=True)
+    time.sleep(0.002)
+"""
+
+
+def test_large_datagrams_byte_exact_through_the_shim(tmp_path):
+    """1 B to 65,507 B (the largest UDP payload) through the shim on both ends: small ones as one UD Send, larger
+    ones as Write-Record segments of one MTU, recombined before recvmsg returns — byte-exact, in order, each
+    segment counted once."""
+    log = tmp_path / "shim.log"
+    sizes = LARGE_SIZES + [random_size for random_size in (777, 3001, 40000, 12345, 65000)]
+    rx = subprocess.Popen([sys.executable, "-c", LARGE_RX, str(len(sizes))], env=shim_env(log),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = rx.stdout.readline().strip()
+    assert port.isdigit(), rx.stderr.read()
+    tx = subprocess.run([sys.executable, "-c", LARGE_TX, port, ",".join(map(str, sizes))], env=shim_env(log),
+                        capture_output=True, text=True, timeout=30)
+    assert tx.returncode == 0, tx.stderr
+    out, err = rx.communicate(timeout=30)
+    assert rx.returncode == 0, err
+    assert out.splitlines() == tx.stdout.splitlines()
+    large = [n for n in sizes if n > SMALL]
+    assert total(log, "large") == len(large) and total(log, "reassembled") == len(large)
+    assert total(log, "segments") == sum(-(-n // SEGMENT) for n in large) == total(log, "segments_in")
+    assert total(log, "wrapped") == total(log, "unwrapped") == len(sizes)
+
+
+def snmp_ip(ns, field):
+    """A field of the namespace's `Ip:` line in /proc/net/snmp (e.g. FragCreates)."""
+    lines = [l.split() for l in subprocess.run(in_ns(ns, ["cat", "/proc/net/snmp"]), capture_output=True,
+                                               text=True, check=True).stdout.splitlines() if l.startswith("Ip:")]
+    return int(lines[1][lines[0].index(field)])
+
+
+@pytest.mark.deadline(60)
+def test_no_ip_fragments_leave(tmp_path):
+    """Over a veth pair with an Ethernet MTU, 64 KiB datagrams through the shim leave as MTU-sized segments: the
+    sending namespace's IP layer creates no fragment, and the receiver gets every datagram whole. The same
+    datagrams without the shim are fragmented by IP (the check can fail)."""
+    with netns_pair("frag") as (a, addr_a, b, addr_b):
+        def transfer(env, count=20):
+            rx = subprocess.Popen(in_ns(b, [sys.executable, "-c", LARGE_RX.replace("127.0.0.1", addr_b), count]),
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            port = rx.stdout.readline().strip()
+            assert port.isdigit(), rx.stderr.read()
+            before = snmp_ip(a, "FragCreates")
+            tx = subprocess.run(in_ns(a, [sys.executable, "-c", LARGE_TX.replace("127.0.0.1", addr_b), port,
+                                          ",".join(["65507"] * count)]), env=env, capture_output=True, text=True,
+                                timeout=30)
+            assert tx.returncode == 0, tx.stderr
+            out, err = rx.communicate(timeout=30)
+            assert out.splitlines() == tx.stdout.splitlines(), err
+            return snmp_ip(a, "FragCreates") - before
+
+        log = tmp_path / "shim.log"
+        assert transfer(shim_env(log)) == 0
+        assert total(log, "segments") == 20 * -(-65507 // SEGMENT)
+        assert transfer(dict(os.environ)) >= 20 * 40  # plain UDP: 45 fragments per datagram
+
+
+PARTIAL_RX = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE (root)
+s.bind(("127.0.0.1", 0))
+s.settimeout(1.5)
+print(s.getsockname()[1], flush=True)
+try:
+    while True:
+        print(s.recv(70000).hex(), flush=True)
+except socket.timeout:
+    pass
+"""
+
+PARTIAL_TX = r"""
+import socket, struct, sys, time
+port, count, size, chunk = (int(x) for x in sys.argv[1:5])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("127.0.0.1", port))
+for i in range(count):
+    # Each segment-sized chunk names its datagram and place, never zero: a hole is told from data.
+    d = b"".join(struct.pack("<HH", i + 1, k + 1) * (chunk // 4) for k in range(-(-size // chunk)))
+    s.send(d[:size])
+    time.sleep(0.003)
+"""
+
+
+def expected_chunk(i, k, n):
+    return struct.pack("<HH", i + 1, k + 1) * (n // 4)
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("partial", ["drop", "deliver"])
+def test_partial_datagrams_under_real_loss(tmp_path, partial):
+    """nftables in a namespace drops every 10th packet (deterministic): a large datagram that lost a segment is
+    dropped (default) or, with SLOTSTREAM_UDP_PARTIAL=deliver, delivered when its timer fires (or a newer one
+    takes its STag) with every valid byte right and the lost segments zero-filled."""
+    count, size = 60, 5 * SEGMENT + 100  # 6 segments each, 5 of them long enough for the rule: 30 dropped
+    log = tmp_path / "shim.log"
+    with netns("part", mtu=1500) as ns:
+        r = subprocess.run(in_ns(ns, ["nft", "-f", "-"]), input=(
+            "table inet t { chain input { type filter hook input priority 0; policy accept;\n"
+            "  udp length > 1000 numgen inc mod 10 == 9 counter drop\n}\n}\n"), capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"nftables unavailable: {r.stderr.strip()}")
+        env = shim_env(log, SLOTSTREAM_UDP_PARTIAL=partial, SLOTSTREAM_UDP_REASSEMBLY_MS=50)
+        rx = subprocess.Popen(in_ns(ns, [sys.executable, "-c", PARTIAL_RX]), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        port = rx.stdout.readline().strip()
+        assert port.isdigit(), rx.stderr.read()
+        tx = subprocess.run(in_ns(ns, [sys.executable, "-c", PARTIAL_TX, port, count, size, SEGMENT]), env=env,
+                            capture_output=True, text=True, timeout=30)
+        assert tx.returncode == 0, tx.stderr
+        out, err = rx.communicate(timeout=30)
+        listed = subprocess.run(in_ns(ns, ["nft", "list", "table", "inet", "t"]), capture_output=True, text=True)
+        dropped = int(re.search(r"counter packets (\d+)", listed.stdout).group(1))
+    got = [bytes.fromhex(line) for line in out.splitlines()]
+    whole, partials, holes = 0, 0, 0
+    for d in got:
+        chunks = [d[k:k + SEGMENT] for k in range(0, len(d), SEGMENT)]
+        named = [c for c in chunks if any(c)]
+        i = struct.unpack("<H", named[0][:2])[0] - 1
+        full = [expected_chunk(i, k, SEGMENT)[:min(SEGMENT, size - k * SEGMENT)] for k in range(-(-size // SEGMENT))]
+        for k, c in enumerate(chunks):
+            assert c == full[k] or c == bytes(len(c)), f"datagram {i} segment {k}: neither its bytes nor zeros"
+        assert chunks[-1] == full[len(chunks) - 1], "a partial datagram ends at its highest valid byte"
+        missing = len(full) - len(named)
+        whole += missing == 0
+        partials += missing > 0
+        holes += missing
+    assert whole == total(log, "reassembled")
+    assert whole + total(log, "partial_delivered") + total(log, "partial_dropped") == count
+    assert 0 < whole < count  # 36 of 360 segments were lost: some datagrams are whole, others are not
+    if partial == "drop":
+        assert partials == 0 and total(log, "partial_dropped") == count - whole
+    else:
+        assert partials == total(log, "partial_delivered") == count - whole
+        assert holes == dropped == 30  # every dropped segment is exactly one zero-filled hole
+
+
+READINESS_RX = r"""
+import json, select, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+s.setblocking(False)
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN | (select.EPOLLET if sys.argv[1] == "et" else 0))
+pl = select.poll()
+pl.register(s.fileno(), select.POLLIN)
+print(s.getsockname()[1], flush=True)
+def state(wait):
+    r = {"epoll": bool(ep.poll(wait)), "poll": bool(pl.poll(int(wait * 1000))),
+         "select": bool(select.select([s], [], [], wait)[0])}
+    try:
+        d = s.recv(70000)
+        r["recv"] = [len(d), d.count(0)]
+    except BlockingIOError:
+        r["recv"] = "EAGAIN"
+    return r
+for line in sys.stdin:   # one check per line the test writes: its wait in seconds
+    print(json.dumps(state(float(line))), flush=True)
+"""
+
+
+@pytest.mark.parametrize("trigger", ["level", "et"])
+def test_a_partial_datagram_does_not_wake_epoll(tmp_path, trigger):
+    """Write-Record segments written by hand (dgram_wire.py) to a shimmed program: while the last segment is
+    missing, epoll_wait, poll and select report nothing and recv is EAGAIN; the last segment makes the socket
+    readable and recv returns the whole datagram. With SLOTSTREAM_UDP_PARTIAL=deliver, an incomplete datagram
+    wakes epoll when its timer fires. Without the shim's readiness wrappers every segment would wake them."""
+    from dgram_wire import WRITE_RECORD, segment
+    log = tmp_path / "shim.log"
+    rx = subprocess.Popen([sys.executable, "-c", READINESS_RX, trigger], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          env=shim_env(log, SLOTSTREAM_UDP_PARTIAL="deliver", SLOTSTREAM_UDP_REASSEMBLY_MS=1000))
+    port = int(rx.stdout.readline())
+
+    def check(wait):
+        rx.stdin.write(f"{wait}\n")
+        rx.stdin.flush()
+        line = rx.stdout.readline()
+        assert line, rx.stderr.read()
+        return json.loads(line)
+
+    def seg(msn, k, n, last):
+        return segment(bytes([k + 1]) * n, opcode=WRITE_RECORD, qp=77, stag=1 + msn % 8, msn=msn, offset=k * 1000,
+                       last=last)
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        raw.connect(("127.0.0.1", port))
+        raw.send(seg(0, 0, 1000, False))
+        raw.send(seg(0, 1, 1000, False))
+        assert check(0.1) == {"epoll": False, "poll": False, "select": False, "recv": "EAGAIN"}
+        raw.send(seg(0, 2, 500, True))
+        assert check(2) == {"epoll": True, "poll": True, "select": True, "recv": [2500, 0]}
+        # Message 1 loses its middle segment: nothing until its timer (1 s) fires, then a partial datagram.
+        raw.send(seg(1, 0, 1000, False))
+        raw.send(seg(1, 2, 500, True))
+        assert check(0.05)["recv"] == "EAGAIN"
+        t0 = time.monotonic()
+        r = check(3)
+        assert r["epoll"] and r["recv"] == [2500, 1000], r
+        assert 0.6 < time.monotonic() - t0 < 2.5
+    rx.stdin.close()
+    rx.wait(10)
+    assert total(log, "reassembled") == 1 and total(log, "partial_delivered") == 1

@@ -1,46 +1,73 @@
 // libslotstream_udp.so: the patent's socket interface ("iWARP Socket Interface"): preloaded into an
 // unmodified program (LD_PRELOAD), it overrides the data calls on its UDP sockets — not their
 // creation ("this embodiment does not override the creation of sockets, only the data operations
-// related to them") — so that every datagram travels in the datagram RDMA format: one UD Send
-// segment (queue 0, the socket's own MSN, MO 0, last) with its CRC32C trailer (dgram/wire.h).
+// related to them") — so that every application datagram travels as one datagram RDMA message:
 //
-// The program keeps its real file descriptor, so poll/select/epoll, fork, dup2, O_NONBLOCK and
-// socket options work as before. On send the payload is gathered behind the header with no copy;
-// on receive the whole datagram is read into a per-thread buffer, checked (CRC first) and its
-// payload copied out. A datagram that fails is dropped as the kernel drops one with a bad UDP
-// checksum: a blocking call waits for the next datagram, a non-blocking one returns EAGAIN.
-// MSG_PEEK, MSG_TRUNC (in and out), MSG_DONTWAIT are honoured; a payload that no longer fits one
-// datagram with the headers fails with EMSGSIZE.
+//   - one that fits one MTU-sized datagram with its headers: one UD Send segment (queue 0, the socket's
+//     own MSN, MO 0, last) with its CRC32C trailer (dgram/wire.h) — 28 bytes more;
+//   - a larger one (up to the 65,507 bytes UDP allows over IPv4, 65,527 over IPv6): one UD RDMA
+//     Write-Record message in MTU-sized DDP segments (dgram/segments.h; STag kShimFirstStag + MSN mod
+//     kShimRing, the MSN in every segment, 32 bytes more per segment), so that IP never fragments it
+//     (patent: "for messages larger than 1.5 KB, multiple datagrams comprise a single message, and they
+//     are recombined at the receiver"). The receiving shim recombines it with the datagram receiver's own
+//     Write-Record placement (shim/reassembly.h) before recv/recvfrom/recvmsg/read return it; one whose
+//     reassembly timer fires incomplete is dropped (default) or, with SLOTSTREAM_UDP_PARTIAL=deliver,
+//     delivered with its holes zero-filled (for media that prefers a damaged frame to none).
 //
-// Covered: send, sendto, sendmsg, sendmmsg, write, writev; recv, recvfrom, recvmsg, recvmmsg,
-// read, readv, and the fortified __recv_chk, __recvfrom_chk, __read_chk. Not covered (they go to
-// the kernel unchanged): sendfile/splice into a UDP socket, and calls glibc makes internally
-// (e.g. stdio on a socket).
+// The program keeps its real file descriptor, so fork, dup2, O_NONBLOCK and socket options work as before.
+// Readiness (shim/readiness.cc): poll, ppoll, select, pselect, epoll_wait and epoll_pwait are wrapped too,
+// so that a segment that completes no datagram, or a datagram the shim drops, never reports a socket
+// readable; a recombined datagram waiting in the shim does, and partial delivery wakes the waiter when its
+// timer fires.
+//
+// On send the payload is gathered behind each header with no copy; on receive each datagram is read into a
+// per-thread buffer, checked (CRC first) and its payload copied out (a recombined one: from its region). A
+// datagram that fails is dropped as the kernel drops one with a bad UDP checksum: a blocking call waits for
+// the next datagram, a non-blocking one returns EAGAIN. MSG_PEEK, MSG_TRUNC (in and out), MSG_DONTWAIT are
+// honoured; a payload larger than UDP allows fails with EMSGSIZE. A recombined datagram carries no
+// ancillary data (msg_controllen 0).
+//
+// Datagrams from a program without the shim (no 'SD' magic) are dropped and counted (dropped_plain), or
+// delivered unchanged with SLOTSTREAM_UDP_PLAIN=accept; one with the magic and a wrong CRC is a corrupted
+// shim datagram and always dropped (dropped_crc).
+//
+// Covered: send, sendto, sendmsg, sendmmsg, write, writev; recv, recvfrom, recvmsg, recvmmsg, read, readv,
+// and the fortified __recv_chk, __recvfrom_chk, __read_chk; poll, ppoll, select, pselect, epoll_ctl,
+// epoll_wait, epoll_pwait. Not covered (they go to the kernel unchanged): sendfile/splice into a UDP socket,
+// io_uring, calls glibc makes internally (e.g. stdio on a socket), and programs that make system calls
+// without libc (Go).
 //
 // A CRC is not authentication: anyone who can reach the program's port can send it a datagram with
 // a right CRC, and it is delivered. With SLOTSTREAM_UDP_KEY_FILE (the same file for every program
-// that talks to each other) every datagram also carries a MAC (dgram/mac.h: HMAC-SHA256 under a key
+// that talks to each other) every segment also carries a MAC (dgram/mac.h: HMAC-SHA256 under a key
 // derived from the file) and one without a right MAC is dropped (counted: dropped_auth); a
 // datagram with a MAC reaching a program without the key is dropped too. A whole datagram captured
-// on the way can still be replayed (there is no session to number them in).
+// on the way can still be replayed (there is no session to number them in). SLOTSTREAM_UDP_PLAIN=accept
+// lets anyone's plain datagrams in, key or not.
 //
 // Environment:
 //   SLOTSTREAM_UDP_KEY_FILE       a shared secret (the file's contents, trailing whitespace removed):
-//                                 sign every datagram and accept only signed ones
+//                                 sign every segment and accept only signed ones
 //   SLOTSTREAM_UDP_PORTS          which datagrams: "5000-5999,8000" (either end's port); default
 //                                 every one except port 53; "all" (dgram/shim/ports.h)
+//   SLOTSTREAM_UDP_MTU            the path MTU segments are sized for (576..65535, default 1500)
+//   SLOTSTREAM_UDP_PARTIAL        drop (default) | deliver: an incomplete large datagram at its timer
+//   SLOTSTREAM_UDP_REASSEMBLY_MS  a large datagram's timer from its first segment (1..600000, default 200)
+//   SLOTSTREAM_UDP_PLAIN          drop (default) | accept: datagrams from programs without the shim
 //   SLOTSTREAM_UDP_LOG            "1": counters on stderr at exit; a path: appended there
-//   SLOTSTREAM_UDP_INJECT_LOSS    percent of sent datagrams dropped (tests; seeded)
-//   SLOTSTREAM_UDP_INJECT_CORRUPT percent of sent datagrams with one bit flipped after the CRC
+//   SLOTSTREAM_UDP_INJECT_LOSS    percent of sent segments dropped (tests; seeded)
+//   SLOTSTREAM_UDP_INJECT_CORRUPT percent of sent segments with one bit flipped after the CRC
 //   SLOTSTREAM_UDP_INJECT_DUPLICATE percent sent twice
 //   SLOTSTREAM_UDP_INJECT_SEED    seed (default 1)
 // A malformed setting stops the program at start with the reason (nothing is silently unwrapped).
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -49,6 +76,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -57,8 +86,12 @@
 #include "dgram/crc32c.h"
 #include "dgram/injector.h"
 #include "dgram/mac.h"
+#include "dgram/segments.h"
 #include "dgram/shim/ports.h"
+#include "dgram/shim/reassembly.h"
+#include "dgram/shim/shim.h"
 #include "dgram/wire.h"
+#include "dgram/write_record.h"
 
 using namespace slotstream::dgram;
 
@@ -86,6 +119,7 @@ struct Real {
   int (*recvmmsg)(int, mmsghdr*, unsigned, int,
                   timespec*) = next<int (*)(int, mmsghdr*, unsigned, int, timespec*)>("recvmmsg");
   decltype(&::connect) connect = next<decltype(&::connect)>("connect");
+  decltype(&::poll) poll = next<decltype(&::poll)>("poll");
 };
 
 Real& real() {
@@ -95,9 +129,13 @@ Real& real() {
 
 // ------------------------------------------------------------------ configuration and counters
 
+// wrapped/unwrapped: application datagrams sent and delivered (large ones once each); large: those sent
+// as Write-Record, in `segments` segments; segments_in: segments received; dropped_plain: datagrams without
+// the shim's magic (SLOTSTREAM_UDP_PLAIN=drop), plain_accepted: delivered as they are.
 struct Counters {
-  std::atomic<uint64_t> wrapped{0}, unwrapped{0}, passed{0}, dropped_crc{0}, dropped_malformed{0}, dropped_auth{0},
-      emsgsize{0}, injected_loss{0}, injected_corrupt{0}, injected_duplicate{0};
+  std::atomic<uint64_t> wrapped{0}, unwrapped{0}, passed{0}, large{0}, segments{0}, segments_in{0}, dropped_crc{0},
+      dropped_malformed{0}, dropped_auth{0}, dropped_plain{0}, plain_accepted{0}, emsgsize{0}, injected_loss{0},
+      injected_corrupt{0}, injected_duplicate{0};
 };
 
 struct Config {
@@ -106,6 +144,9 @@ struct Config {
   std::string log;
   bool keyed = false;
   MacKey key{};
+  size_t mtu = 1500;
+  bool plain_accept = false;
+  ReassemblyOptions reassembly;
 };
 
 [[noreturn]] void die(const std::string& why) {
@@ -128,6 +169,35 @@ void load_key(const char* path, Config* c) {
   c->key = shim_key(token);
 }
 
+// A whole number lo..hi from the environment, or `fallback` when unset.
+long env_number(const char* name, long lo, long hi, long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (errno || *end || n < lo || n > hi) {
+    die(std::string(name) + " expects a whole number " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" +
+        v + "'");
+  }
+  return n;
+}
+
+// One of two words from the environment: true for `yes`, false for `no` (and when unset).
+bool env_choice(const char* name, const char* yes, const char* no) {
+  const char* v = std::getenv(name);
+  if (!v || !*v || std::strcmp(v, no) == 0) return false;
+  if (std::strcmp(v, yes) == 0) return true;
+  die(std::string(name) + " expects '" + yes + "' or '" + no + "', got '" + v + "'");
+}
+
+void load_recombination(Config* c) {
+  c->mtu = size_t(env_number("SLOTSTREAM_UDP_MTU", 576, 65535, 1500));
+  c->reassembly.timeout_ns = env_number("SLOTSTREAM_UDP_REASSEMBLY_MS", 1, 600000, 200) * 1'000'000;
+  c->reassembly.deliver_partial = env_choice("SLOTSTREAM_UDP_PARTIAL", "deliver", "drop");
+  c->plain_accept = env_choice("SLOTSTREAM_UDP_PLAIN", "accept", "drop");
+}
+
 Config load_config() {
   Config c;
   std::string err;
@@ -148,6 +218,7 @@ Config load_config() {
   }
   if (const char* s = std::getenv("SLOTSTREAM_UDP_INJECT_SEED")) c.inject.seed = std::strtoull(s, nullptr, 10);
   if (const char* l = std::getenv("SLOTSTREAM_UDP_LOG")) c.log = l;
+  load_recombination(&c);
   return c;
 }
 
@@ -156,6 +227,7 @@ Config& config() {
   return c;
 }
 Counters g_counters;
+ReassemblyCounters g_reassembly;
 std::mutex g_inject_mu;
 
 Injector& injector() {
@@ -179,28 +251,59 @@ __attribute__((destructor)) void shim_report() {
   const Config& c = config();
   if (c.log.empty()) return;
   const Counters& k = g_counters;
+  const ReassemblyCounters& r = g_reassembly;
+  const std::pair<const char*, uint64_t> fields[] = {
+      {"wrapped", k.wrapped},
+      {"unwrapped", k.unwrapped},
+      {"passed", k.passed},
+      {"large", k.large},
+      {"segments", k.segments},
+      {"segments_in", k.segments_in},
+      {"reassembled", r.reassembled},
+      {"partial_delivered", r.partial_delivered},
+      {"partial_dropped", r.partial_dropped},
+      {"late_segments", r.late_segments},
+      {"duplicate_segments", r.duplicate_segments},
+      {"bad_segments", r.bad_segments},
+      {"dropped_crc", k.dropped_crc},
+      {"dropped_malformed", k.dropped_malformed},
+      {"dropped_auth", k.dropped_auth},
+      {"dropped_plain", k.dropped_plain},
+      {"plain_accepted", k.plain_accepted},
+      {"emsgsize", k.emsgsize},
+      {"injected_loss", k.injected_loss},
+      {"injected_corrupt", k.injected_corrupt},
+      {"injected_duplicate", k.injected_duplicate},
+  };
   // Programs that never touched a UDP socket (shells, helpers a program starts) say nothing.
-  if (k.wrapped + k.unwrapped + k.passed + k.dropped_crc + k.dropped_malformed + k.dropped_auth + k.emsgsize == 0)
-    return;
-  char line[512];
-  int n = std::snprintf(line, sizeof line,
-                        "slotstream_udp pid=%d wrapped=%llu unwrapped=%llu passed=%llu dropped_crc=%llu "
-                        "dropped_malformed=%llu dropped_auth=%llu emsgsize=%llu injected_loss=%llu "
-                        "injected_corrupt=%llu injected_duplicate=%llu\n",
-                        int(getpid()), (unsigned long long)k.wrapped.load(), (unsigned long long)k.unwrapped.load(),
-                        (unsigned long long)k.passed.load(), (unsigned long long)k.dropped_crc.load(),
-                        (unsigned long long)k.dropped_malformed.load(), (unsigned long long)k.dropped_auth.load(),
-                        (unsigned long long)k.emsgsize.load(), (unsigned long long)k.injected_loss.load(),
-                        (unsigned long long)k.injected_corrupt.load(), (unsigned long long)k.injected_duplicate.load());
-  if (n <= 0) return;
+  uint64_t any = 0;
+  for (const auto& [_, v] : fields) any += v;
+  if (any == 0) return;
+  std::string line = "slotstream_udp pid=" + std::to_string(getpid());
+  for (const auto& [name, v] : fields) line += std::string(" ") + name + "=" + std::to_string(v);
+  line += "\n";
   int fd = c.log == "1" ? STDERR_FILENO : ::open(c.log.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return;
-  if (real().write(fd, line, size_t(n)) < 0) { /* nowhere left to say it */
+  if (real().write(fd, line.data(), line.size()) < 0) { /* nowhere left to say it */
   }
   if (fd != STDERR_FILENO) ::close(fd);
 }
 
 // ------------------------------------------------------------------ which descriptors
+
+// A socket's receive side in the shim: large datagrams being recombined, and those finished but not yet
+// read. Made with the first segment, so that a socket that only ever gets small datagrams costs nothing.
+std::atomic<int> g_rx_states{0};
+
+struct RxState {
+  RxState() { ++g_rx_states; }
+  ~RxState() { --g_rx_states; }
+  RxState(const RxState&) = delete;
+  RxState& operator=(const RxState&) = delete;
+  std::mutex mu;
+  Reassembly reassembly{config().reassembly, &g_reassembly};
+  std::deque<ShimDatagram> ready;
+};
 
 // What we know about a UDP socket, keyed by its inode so that a descriptor number reused for
 // another file (after a close we did not see) is never mistaken for the old socket.
@@ -214,6 +317,7 @@ struct SocketInfo {
   bool peer_known = false;
   uint32_t qp = 0;
   uint32_t msn = 0;
+  std::shared_ptr<RxState> rx;
 };
 
 constexpr int kTracked = 65536;
@@ -289,9 +393,32 @@ void forget_peer(int fd) {
   table()[fd].local_port = 0;  // connect() may bind
 }
 
-size_t max_payload(int family) {
-  const size_t udp_max = family == AF_INET6 ? 65527 : kMaxUdpPayload;
-  return udp_max - kCommonSize - kUntaggedSize - kCrcSize - (config().keyed ? kMacTagSize : 0);
+// The state of fd's receive side, made if need be; nullptr for descriptors past the table.
+std::shared_ptr<RxState> rx_state(int fd, SocketInfo* info) {
+  if (info->rx || fd < 0 || fd >= kTracked) return info->rx;
+  std::lock_guard lock(g_fd_mu);
+  SocketInfo& e = table()[fd];
+  if (e.ino == info->ino && e.dev == info->dev) {
+    if (!e.rx) e.rx = std::make_shared<RxState>();
+    info->rx = e.rx;
+  }
+  return info->rx;
+}
+
+size_t ip_udp_overhead(int family) { return (family == AF_INET6 ? 40 : 20) + 8; }
+size_t trailer_bytes() { return (config().keyed ? kMacTagSize : 0) + kCrcSize; }
+
+// The largest payload UDP allows a plain socket: what the application may send through the shim too.
+size_t max_payload(int family) { return family == AF_INET6 ? 65527 : kMaxUdpPayload; }
+
+// The largest datagram sent as one UD Send that fits the MTU; larger ones become Write-Record messages.
+size_t small_max(int family) {
+  return config().mtu - ip_udp_overhead(family) - kCommonSize - kUntaggedSize - trailer_bytes();
+}
+
+// A Write-Record segment's payload so that the segment fits the MTU.
+size_t segment_max(int family) {
+  return config().mtu - ip_udp_overhead(family) - kCommonSize - kTaggedSize - 4 /* MSN */ - trailer_bytes();
 }
 
 size_t iov_total(const iovec* iov, size_t n) {
@@ -300,27 +427,163 @@ size_t iov_total(const iovec* iov, size_t n) {
   return t;
 }
 
+int64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Milliseconds poll() should wait to reach `deadline_ns` (rounded up, so that the deadline has passed).
+int ms_until(int64_t deadline_ns) {
+  const int64_t left = deadline_ns - monotonic_ns();
+  if (left <= 0) return 0;
+  return int(std::min<int64_t>((left + 999'999) / 1'000'000, 1 << 30));
+}
+
 // ------------------------------------------------------------------ send
 
-// Writes the trailer of a datagram (header, then msg's payload): the MAC when keyed, then the CRC
+// Writes the trailer of a segment (header, then the payload in iov): the MAC when keyed, then the CRC
 // over all of it. Returns the MAC's size (0 without a key).
-size_t seal(std::span<const std::byte> header, const msghdr* msg, std::byte* trailer) {
-  auto part = [&](size_t i) {
-    return std::span(static_cast<const std::byte*>(msg->msg_iov[i].iov_base), msg->msg_iov[i].iov_len);
-  };
+size_t seal(std::span<const std::byte> header, const iovec* iov, size_t iovlen, std::byte* trailer) {
+  auto part = [&](size_t i) { return std::span(static_cast<const std::byte*>(iov[i].iov_base), iov[i].iov_len); };
   size_t tag = 0;
   if (SegmentMac* m = mac()) {
     m->start();
     m->add(header);
-    for (size_t i = 0; i < msg->msg_iovlen; ++i) m->add(part(i));
+    for (size_t i = 0; i < iovlen; ++i) m->add(part(i));
     m->finish(std::span<std::byte, kMacTagSize>(trailer, kMacTagSize));
     tag = kMacTagSize;
   }
   uint32_t crc = crc32c(header);
-  for (size_t i = 0; i < msg->msg_iovlen; ++i) crc = crc32c_extend(crc, part(i));
+  for (size_t i = 0; i < iovlen; ++i) crc = crc32c_extend(crc, part(i));
   if (tag) crc = crc32c_extend(crc, std::span<const std::byte>(trailer, tag));
   put_crc(crc, std::span<std::byte, kCrcSize>(trailer + tag, kCrcSize));
   return tag;
+}
+
+// The injector's verdict on the next segment (none unless SLOTSTREAM_UDP_INJECT_* asks).
+Injector::Verdict inject(size_t bytes) {
+  if (!config().inject.any()) return {};
+  std::lock_guard lock(g_inject_mu);
+  return injector().next(bytes);
+}
+
+// One segment ready to go: headers, the payload's pieces and the trailer as one scatter list (or, corrupted by
+// the injector, one flat copy). Its iov points into itself: it stays where it was made.
+struct Prepared {
+  std::byte header[kMaxHeaderSize];
+  std::byte trailer[kMaxTrailerSize];
+  std::vector<iovec> iov;
+  std::vector<std::byte> flat;
+  Injector::Verdict verdict;
+};
+
+// Makes segment h carrying the `len` payload bytes of iov: headers, [MAC,] CRC, and the injector's verdict.
+void prepare(Prepared* p, SegmentHeader h, const iovec* iov, size_t iovlen, size_t len) {
+  h.has_mac = config().keyed;
+  const size_t hs = encode_header(h, len, p->header);
+  const size_t tag = seal(std::span(p->header, hs), iov, iovlen, p->trailer);
+  p->verdict = inject(hs + len + tag + kCrcSize);
+  p->iov.clear();
+  p->iov.push_back({p->header, hs});
+  p->iov.insert(p->iov.end(), iov, iov + iovlen);
+  p->iov.push_back({p->trailer, tag + kCrcSize});
+  if (p->verdict.flip_bit >= 0 && !p->verdict.drop) {
+    // Corrupt a copy after the CRC was computed: the receiver must catch it.
+    for (const iovec& x : p->iov) {
+      auto* b = static_cast<const std::byte*>(x.iov_base);
+      p->flat.insert(p->flat.end(), b, b + x.iov_len);
+    }
+    Injector::corrupt(p->flat, p->verdict);
+    p->iov = {{p->flat.data(), p->flat.size()}};
+    ++g_counters.injected_corrupt;
+  }
+}
+
+// Sends prepared segments to msg's destination, with msg's control data: sendmmsg, as many per call as the
+// kernel takes. Once the first is out, the rest follow even on a non-blocking socket (waiting up to a second
+// for room each time), so that a large datagram is not cut short by a full send buffer. False (errno set) if
+// nothing could be sent, or a later call failed otherwise.
+bool send_prepared(int fd, const msghdr* msg, std::vector<Prepared>& parts, int flags) {
+  std::vector<mmsghdr> mm;
+  mm.reserve(parts.size() + 1);
+  for (Prepared& p : parts) {
+    if (p.verdict.drop) {
+      ++g_counters.injected_loss;  // "sent": the network lost it
+      continue;
+    }
+    mmsghdr one{};
+    one.msg_hdr = *msg;
+    one.msg_hdr.msg_iov = p.iov.data();
+    one.msg_hdr.msg_iovlen = p.iov.size();
+    mm.push_back(one);
+    if (p.verdict.duplicate) {
+      ++g_counters.injected_duplicate;
+      mm.push_back(one);
+    }
+  }
+  for (size_t done = 0; done < mm.size();) {
+    const int r = real().sendmmsg(fd, mm.data() + done, unsigned(mm.size() - done), flags);
+    if (r > 0) {
+      done += size_t(r);
+      continue;
+    }
+    pollfd room{fd, POLLOUT, 0};
+    if (done == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || real().poll(&room, 1, 1000) <= 0) return false;
+  }
+  return true;
+}
+
+// [off, off + len) of a scatter list, as a scatter list.
+void slice(const iovec* iov, size_t n, size_t off, size_t len, std::vector<iovec>* out) {
+  out->clear();
+  for (size_t i = 0; i < n && len > 0; ++i) {
+    if (off >= iov[i].iov_len) {
+      off -= iov[i].iov_len;
+      continue;
+    }
+    const size_t k = std::min(iov[i].iov_len - off, len);
+    out->push_back({static_cast<char*>(iov[i].iov_base) + off, k});
+    len -= k;
+    off = 0;
+  }
+}
+
+// A datagram larger than one MTU: one UD RDMA Write-Record message in MTU-sized segments (dgram/segments.h,
+// the Write-Record descriptor's addressing), handed to the kernel together.
+bool send_large(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+  const MessageSlot slot{0, 0, next_msn(fd), kShimRing, kShimFirstStag, len};
+  SegmentHeader h = kWriteRecord.data_header(slot);
+  h.service = Service::kUD;
+  h.source_qp = info.qp;
+  const size_t seg = segment_max(info.family);
+  std::vector<Prepared> parts(segment_count(len, seg));  // never reallocated: each iov points into its part
+  std::vector<iovec> piece;
+  size_t i = 0;
+  for_each_segment(h, len, seg, [&](const SegmentHeader& s, uint64_t off, uint64_t n) {
+    slice(msg->msg_iov, msg->msg_iovlen, off, n, &piece);
+    prepare(&parts[i++], s, piece.data(), piece.size(), n);
+    return true;
+  });
+  if (!send_prepared(fd, msg, parts, flags)) return false;
+  g_counters.segments += parts.size();
+  ++g_counters.large;
+  return true;
+}
+
+// A datagram that fits one MTU: one UD Send segment (queue 0, the socket's own MSN, MO 0, last).
+bool send_small(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+  SegmentHeader h;
+  h.service = Service::kUD;
+  h.opcode = Opcode::kSend;
+  h.last = true;
+  h.source_qp = info.qp;
+  h.queue = 0;
+  h.msn = next_msn(fd);
+  h.offset = 0;
+  std::vector<Prepared> one(1);
+  prepare(&one[0], h, msg->msg_iov, msg->msg_iovlen, len);
+  return send_prepared(fd, msg, one, flags);
 }
 
 ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
@@ -337,58 +600,9 @@ ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
     errno = EMSGSIZE;
     return -1;
   }
-  SegmentHeader h;
-  h.service = Service::kUD;
-  h.opcode = Opcode::kSend;
-  h.last = true;
-  h.source_qp = info.qp;
-  h.queue = 0;
-  h.msn = next_msn(fd);
-  h.offset = 0;
-  h.has_mac = config().keyed;
-  std::byte header[kCommonSize + kUntaggedSize];
-  const size_t hs = encode_header(h, len, header);
-  // Trailer: [MAC over header and payload] CRC over everything before it.
-  std::byte trailer[kMacTagSize + kCrcSize];
-  const size_t tag = seal(std::span(header, hs), msg, trailer);
-
-  Injector::Verdict v;
-  if (config().inject.any()) {
-    std::lock_guard lock(g_inject_mu);
-    v = injector().next(hs + len + tag + kCrcSize);
-  }
-  if (v.drop) {
-    ++g_counters.injected_loss;
-    ++g_counters.wrapped;
-    return ssize_t(len);  // "sent": the network lost it
-  }
-  std::vector<iovec> iov(msg->msg_iovlen + 2);
-  iov[0] = {header, hs};
-  for (size_t i = 0; i < msg->msg_iovlen; ++i) iov[i + 1] = msg->msg_iov[i];
-  iov[msg->msg_iovlen + 1] = {trailer, tag + kCrcSize};
-  msghdr m = *msg;
-  m.msg_iov = iov.data();
-  m.msg_iovlen = iov.size();
-  std::vector<std::byte> flat;
-  iovec one;
-  if (v.flip_bit >= 0) {
-    // Corrupt a copy after the CRC was computed: the receiver must catch it.
-    for (const iovec& x : iov) {
-      auto* p = static_cast<const std::byte*>(x.iov_base);
-      flat.insert(flat.end(), p, p + x.iov_len);
-    }
-    Injector::corrupt(flat, v);
-    one = {flat.data(), flat.size()};
-    m.msg_iov = &one;
-    m.msg_iovlen = 1;
-    ++g_counters.injected_corrupt;
-  }
-  ssize_t n = real().sendmsg(fd, &m, flags);
-  if (n < 0) return n;
-  if (v.duplicate) {
-    ++g_counters.injected_duplicate;
-    (void)real().sendmsg(fd, &m, flags | MSG_DONTWAIT);
-  }
+  const bool sent =
+      len > small_max(info.family) ? send_large(fd, msg, flags, info, len) : send_small(fd, msg, flags, info, len);
+  if (!sent) return -1;
   ++g_counters.wrapped;
   if (info.local_port == 0) forget_peer(fd);  // the first send bound it: learn the port next time
   return ssize_t(len);
@@ -406,8 +620,10 @@ ssize_t shim_send_buf(int fd, const void* buf, size_t len, int flags, const sock
 
 // ------------------------------------------------------------------ receive
 
+constexpr size_t kRxBuffer = 65536;
+
 std::byte* rx_buffer() {
-  thread_local std::vector<std::byte> buf(65536);
+  thread_local std::vector<std::byte> buf(kRxBuffer);
   return buf.data();
 }
 
@@ -422,63 +638,148 @@ size_t scatter(const std::byte* src, size_t n, const iovec* iov, size_t iovlen) 
   return done;
 }
 
+// Hands `payload` to the application as recvmsg would: the address, ancillary data (already in msg's
+// buffer, `controllen` bytes), MSG_TRUNC in and out.
+ssize_t deliver(std::span<const std::byte> payload, const sockaddr_storage& from, socklen_t from_len, size_t controllen,
+                int kernel_flags, msghdr* msg, int flags) {
+  const size_t room = iov_total(msg->msg_iov, msg->msg_iovlen);
+  const size_t copied = scatter(payload.data(), payload.size(), msg->msg_iov, msg->msg_iovlen);
+  if (msg->msg_name) std::memcpy(msg->msg_name, &from, std::min<size_t>(msg->msg_namelen, from_len));
+  msg->msg_namelen = from_len;
+  msg->msg_controllen = controllen;
+  msg->msg_flags = (kernel_flags & ~MSG_TRUNC) | (payload.size() > room ? MSG_TRUNC : 0);
+  return (flags & MSG_TRUNC) ? ssize_t(payload.size()) : ssize_t(copied);
+}
+
+// A recombined datagram waiting in the shim (reassembly timers run first): handed over as recvmsg
+// would, *result set, true; false if there is none.
+bool take_ready(int fd, SocketInfo& info, msghdr* msg, int flags, ssize_t* result) {
+  const auto st = info.rx ? info.rx : nullptr;
+  if (!st) return false;
+  std::lock_guard lock(st->mu);
+  st->reassembly.expire(monotonic_ns(), &st->ready);
+  if (st->ready.empty()) return false;
+  const ShimDatagram& d = st->ready.front();
+  *result = deliver(d.data, d.from, d.from_len, 0, 0, msg, flags);
+  if (!(flags & MSG_PEEK)) {
+    ++g_counters.unwrapped;
+    st->ready.pop_front();
+  }
+  (void)fd;
+  return true;
+}
+
+enum class Fate {
+  kDeliver,  // the application's datagram as it is (its payload)
+  kTaken,    // the shim's: a segment placed, or a datagram dropped (counted)
+};
+
+// Whether a datagram starts as the shim's do: one that does and fails is corrupted, not plain.
+bool claims_ours(std::span<const std::byte> d) {
+  return d.size() >= 2 && d[0] == std::byte{kMagic0} && d[1] == std::byte{kMagic1};
+}
+
+// What one datagram read from the kernel is. With `peek` (it is still queued), deliveries are not
+// counted (they will be read again); what the shim takes is, once.
+Fate judge(int fd, SocketInfo& info, std::span<const std::byte> d, const sockaddr_storage& from, socklen_t from_len,
+           bool peek, std::span<const std::byte>* payload) {
+  if (!config().ports.applies(info.local_port, port_of(from))) {
+    if (!peek) ++g_counters.passed;
+    *payload = d;
+    return Fate::kDeliver;
+  }
+  DecodeError why;
+  const auto seg = decode_segment(d, &why);
+  if (!seg) {
+    if (claims_ours(d)) {
+      ++(why == DecodeError::kCrc ? g_counters.dropped_crc : g_counters.dropped_malformed);
+      return Fate::kTaken;
+    }
+    if (!config().plain_accept) {
+      ++g_counters.dropped_plain;
+      return Fate::kTaken;
+    }
+    if (!peek) ++g_counters.plain_accepted;
+    *payload = d;
+    return Fate::kDeliver;
+  }
+  const SegmentHeader& h = seg->header;
+  // With a key only signed segments count; without one, a signed segment cannot be checked.
+  if (!(mac() ? mac()->verify(*seg) : !h.has_mac)) {
+    ++g_counters.dropped_auth;
+    return Fate::kTaken;
+  }
+  if (h.service == Service::kUD && h.opcode == Opcode::kSend && h.last && h.offset == 0 && h.queue == 0) {
+    if (!peek) ++g_counters.unwrapped;
+    *payload = seg->payload;
+    return Fate::kDeliver;
+  }
+  const auto st = h.service == Service::kUD && h.opcode == Opcode::kWriteRecord ? rx_state(fd, &info) : nullptr;
+  if (!st) {
+    ++g_counters.dropped_malformed;
+    return Fate::kTaken;
+  }
+  ++g_counters.segments_in;
+  std::lock_guard lock(st->mu);
+  st->reassembly.feed(*seg, from, from_len, monotonic_ns(), &st->ready);
+  return Fate::kTaken;
+}
+
+// Takes the datagram at the head of the kernel's queue off it (after a peek showed it is the shim's).
+void discard_head(int fd) {
+  iovec skip{rx_buffer(), kRxBuffer};
+  msghdr d{};
+  d.msg_iov = &skip;
+  d.msg_iovlen = 1;
+  (void)real().recvmsg(fd, &d, MSG_DONTWAIT);
+}
+
+void learn_local_port(int fd, SocketInfo& info) {
+  if (info.local_port != 0) return;
+  sockaddr_storage ss{};
+  socklen_t l = sizeof ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) info.local_port = port_of(ss);
+}
+
+// Before a blocking read: while partial delivery has a timer running, wait for data only until it fires.
+// False if it fired (the caller looks at the shim's queue again).
+bool wait_for_data(int fd, const SocketInfo& info, int flags) {
+  if (!info.rx || (flags & MSG_DONTWAIT)) return true;
+  int64_t wake;
+  {
+    std::lock_guard lock(info.rx->mu);
+    wake = info.rx->reassembly.wake_ns();
+  }
+  if (wake == INT64_MAX || (fcntl(fd, F_GETFL) & O_NONBLOCK)) return true;
+  pollfd p{fd, POLLIN, 0};
+  return real().poll(&p, 1, ms_until(wake)) != 0;
+}
+
 ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
   SocketInfo info;
   if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) return real().recvmsg(fd, msg, flags);
   std::byte* buf = rx_buffer();
   for (;;) {
+    ssize_t result;
+    if (take_ready(fd, info, msg, flags, &result)) return result;
+    if (!wait_for_data(fd, info, flags)) continue;
     sockaddr_storage from{};
-    iovec iov{buf, 65536};
+    iovec iov{buf, kRxBuffer};
     msghdr m = *msg;
     m.msg_name = &from;
     m.msg_namelen = sizeof from;
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
     m.msg_flags = 0;
-    // The whole datagram, always (the CRC covers all of it); MSG_TRUNC is answered below.
+    // The whole datagram, always (the CRC covers all of it); MSG_TRUNC is answered by deliver().
     const ssize_t n = real().recvmsg(fd, &m, flags & ~MSG_TRUNC);
     if (n < 0) return n;
-    auto finish = [&](const std::byte* payload, size_t len) -> ssize_t {
-      const size_t room = iov_total(msg->msg_iov, msg->msg_iovlen);
-      const size_t copied = scatter(payload, len, msg->msg_iov, msg->msg_iovlen);
-      if (msg->msg_name) {
-        std::memcpy(msg->msg_name, &from, std::min<size_t>(msg->msg_namelen, m.msg_namelen));
-      }
-      msg->msg_namelen = m.msg_namelen;
-      msg->msg_controllen = m.msg_controllen;
-      msg->msg_flags = (m.msg_flags & ~MSG_TRUNC) | (len > room ? MSG_TRUNC : 0);
-      return (flags & MSG_TRUNC) ? ssize_t(len) : ssize_t(copied);
-    };
-    if (info.local_port == 0) {
-      sockaddr_storage ss{};
-      socklen_t l = sizeof ss;
-      if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) info.local_port = port_of(ss);
-    }
-    if (!config().ports.applies(info.local_port, port_of(from))) {
-      if (!(flags & MSG_PEEK)) ++g_counters.passed;
-      return finish(buf, size_t(n));
-    }
-    DecodeError why;
-    auto seg = decode_segment(std::span(buf, size_t(n)), &why);
-    const bool ours = seg && seg->header.service == Service::kUD && seg->header.opcode == Opcode::kSend &&
-                      seg->header.last && seg->header.offset == 0 && seg->header.queue == 0;
-    // With a key only signed datagrams count; without one, a signed datagram cannot be checked.
-    const bool genuine = ours && (mac() ? mac()->verify(*seg) : !seg->header.has_mac);
-    if (genuine) {
-      if (!(flags & MSG_PEEK)) ++g_counters.unwrapped;
-      return finish(seg->payload.data(), seg->payload.size());
-    }
-    // Dropped like a datagram with a bad UDP checksum. A peeked one must still be taken off the queue.
-    ++(ours                       ? g_counters.dropped_auth
-       : why == DecodeError::kCrc ? g_counters.dropped_crc
-                                  : g_counters.dropped_malformed);
-    if (flags & MSG_PEEK) {
-      iovec skip{buf, 65536};
-      msghdr d{};
-      d.msg_iov = &skip;
-      d.msg_iovlen = 1;
-      (void)real().recvmsg(fd, &d, MSG_DONTWAIT);
-    }
+    learn_local_port(fd, info);
+    std::span<const std::byte> payload;
+    if (judge(fd, info, std::span(buf, size_t(n)), from, m.msg_namelen, flags & MSG_PEEK, &payload) == Fate::kDeliver)
+      return deliver(payload, from, m.msg_namelen, m.msg_controllen, m.msg_flags, msg, flags);
+    // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue.
+    if (flags & MSG_PEEK) discard_head(fd);
   }
 }
 
@@ -494,7 +795,90 @@ ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, 
   return n;
 }
 
+// Whether the datagram whose first bytes are `head` is one recv would hand over: a datagram of a port the shim
+// leaves alone, a plain one accepted, or a small UD Send. Its CRC (and MAC) are checked when it is read, so a
+// corrupted or forged small datagram can make a socket readable once, and recv then drops it (EAGAIN for a
+// non-blocking one); everything else the shim takes is taken before the application is told.
+bool looks_deliverable(const SocketInfo& info, std::span<const std::byte> head, const sockaddr_storage& from) {
+  if (!config().ports.applies(info.local_port, port_of(from))) return true;
+  if (!claims_ours(head)) return config().plain_accept;
+  if (head.size() < kCommonSize) return false;
+  const auto ddp = uint8_t(head[3]), rdmap = uint8_t(head[4]), service = uint8_t(head[5]);
+  return service == uint8_t(Service::kUD) && (rdmap & 0x0F) == uint8_t(Opcode::kSend) && (ddp & kDdpLast) &&
+         !(ddp & kDdpTagged);
+}
+
+// Reads the head of the kernel's queue for the shim (a segment to place, a datagram to drop). Should another
+// thread have changed the head since it was looked at, a datagram for the application is kept in the shim's
+// queue, not lost.
+void take_head(int fd, SocketInfo& info) {
+  std::byte* buf = rx_buffer();
+  sockaddr_storage from{};
+  iovec iov{buf, kRxBuffer};
+  msghdr m{};
+  m.msg_name = &from;
+  m.msg_namelen = sizeof from;
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  const ssize_t n = real().recvmsg(fd, &m, MSG_DONTWAIT);
+  if (n < 0) return;
+  std::span<const std::byte> payload;
+  if (judge(fd, info, std::span(buf, size_t(n)), from, m.msg_namelen, true, &payload) != Fate::kDeliver) return;
+  if (const auto st = rx_state(fd, &info)) {
+    ShimDatagram d;
+    d.from = from;
+    d.from_len = m.msg_namelen;
+    d.data = Buffer(payload.size());
+    std::memcpy(d.data.data(), payload.data(), payload.size());
+    d.data.set_size(payload.size());
+    std::lock_guard lock(st->mu);
+    st->ready.push_back(std::move(d));
+  }
+}
+
 }  // namespace
+
+namespace slotstream::dgram::shim {
+
+int64_t now_ns() { return monotonic_ns(); }
+
+bool any_held() { return g_rx_states.load(std::memory_order_relaxed) > 0; }
+
+Readiness readiness(int fd, bool drain) {
+  SocketInfo info;
+  if (!classify(fd, &info)) return {};
+  Readiness r;
+  r.udp = true;
+  for (;;) {
+    if (info.rx) {
+      std::lock_guard lock(info.rx->mu);
+      info.rx->reassembly.expire(monotonic_ns(), &info.rx->ready);
+      r.readable = !info.rx->ready.empty();
+      r.wake_ns = info.rx->reassembly.wake_ns();
+      if (r.readable) return r;
+    }
+    if (!drain) return r;
+    // The head of the kernel's queue, its first bytes only: enough to tell the application's from the shim's.
+    std::byte head[kCommonSize];
+    sockaddr_storage from{};
+    iovec iov{head, sizeof head};
+    msghdr m{};
+    m.msg_name = &from;
+    m.msg_namelen = sizeof from;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    const ssize_t n = real().recvmsg(fd, &m, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0) return r;  // nothing (more) queued
+    learn_local_port(fd, info);
+    if (looks_deliverable(info, std::span(head, std::min(size_t(n), sizeof head)), from)) {
+      r.readable = true;
+      return r;
+    }
+    take_head(fd, info);
+  }
+}
+
+}  // namespace slotstream::dgram::shim
 
 // ------------------------------------------------------------------ the overrides
 
