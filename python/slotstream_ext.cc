@@ -37,7 +37,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "net/control_socket.h"  // parse_host_port: the CLI's HOST:PORT syntax
 #include "slotstream/platform.h"
 #include "slotstream/slotstream.h"
 #include "slotstream/view_workers.h"
@@ -438,7 +437,7 @@ class PySender : public SenderLife<Sender> {
            std::optional<std::string> rdma_device)
       : SenderLife("Sender") {
     SenderOptions o;
-    check(net::parse_host_port(to, &o.host, &o.port));
+    check(parse_address(to, &o.host, &o.port));
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
     o.name = name ? *name : default_sender_name();
@@ -892,7 +891,7 @@ class PyReceiver {
     if (!workers.is_none()) check_workers(workers, callback, zero_copy);
     if (max_queue < 1) check({Code::kInvalidArgument, "max_queue must be at least 1"});
     ReceiverOptions o;
-    check(net::parse_host_port(listen, &o.host, &o.port));
+    check(parse_address(listen, &o.host, &o.port));
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
     o.token = token.value_or("");
@@ -1179,19 +1178,7 @@ void bind_platform_sender(nb::module_& m) {
       cls, "def __enter__(self) -> PlatformSender");
 }
 
-}  // namespace
-
-NB_MODULE(_slotstream, m) {
-  m.doc() = "slotstream's C++ library, bound for Python (use the `slotstream` package).";
-  // Objects still referenced from a script's globals through an exception's traceback are freed
-  // after nanobind's exit-time leak check runs; its warning would be noise for every such script.
-  nb::set_leak_warnings(false);
-  m.attr("__version__") = version();
-  nb::class_<Frame>(m, "Frame", nb::type_slots(frame_slots),
-                    "A received message's bytes, owned by this object; read it through memoryview().");
-  bind_sender(m);
-  bind_platform_sender(m);
-
+void bind_message_view(nb::module_& m) {
   nb::class_<PyView>(
       m, "MessageView", nb::type_slots(view_slots),
       "One message lent in place by Receiver(..., zero_copy=True): memoryview(v) or numpy.frombuffer(v)\n"
@@ -1220,7 +1207,9 @@ NB_MODULE(_slotstream, m) {
       .def_ro("sender", &PyView::sender)
       .def_prop_ro("device", [](const PyView& v) { return v.view.device(); })
       .def_ro("seq", &PyView::seq, "The message's number on its device (as in the tuple).");
+}
 
+void bind_receiver(nb::module_& m) {
   nb::class_<PyReceiver> receiver(
       m, "Receiver",
       "A passive receiver: senders connect to `listen` and their messages arrive, complete\n"
@@ -1280,6 +1269,23 @@ NB_MODULE(_slotstream, m) {
       .def("events", &PyReceiver::events, "Recent receiver events (refused senders, back-pressure), oldest first.");
   // Leaving the block by an exception stops without raising the callback's: it would hide that one.
   def_context_manager<PyReceiver, &PyReceiver::close, &PyReceiver::stop>(receiver, "def __enter__(self) -> Receiver");
+}
+
+}  // namespace
+
+NB_MODULE(_slotstream, m) {
+  m.doc() = "slotstream's C++ library, bound for Python (use the `slotstream` package).";
+  // Objects still referenced from a script's globals through an exception's traceback are freed
+  // after nanobind's exit-time leak check runs; its warning would be noise for every such script.
+  nb::set_leak_warnings(false);
+  m.attr("__version__") = version();
+  nb::class_<Frame>(m, "Frame", nb::type_slots(frame_slots),
+                    "A received message's bytes, owned by this object; read it through memoryview().");
+  bind_sender(m);
+  bind_platform_sender(m);
+
+  bind_message_view(m);
+  bind_receiver(m);
 
   m.def(
       "close_all",

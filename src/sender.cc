@@ -11,8 +11,8 @@
 
 #include "common.h"
 #include "fabric/fabric.h"
-#include "net/auth.h"
 #include "protocol/protocol.h"
+#include "random.h"
 #include "session/sender_lane.h"
 #include "slotstream/slotstream.h"
 #include "stream/fragment.h"
@@ -242,7 +242,7 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   }
   if (groups.size() > 65535) return {Code::kInvalidArgument, "too many connections"};
   uint64_t group_id = 0;
-  if (Status st = net::make_nonce_u64(&group_id); !st.is_ok()) return st;
+  if (Status st = random_u64(&group_id); !st.is_ok()) return st;
 
   wire::Hello hello;
   hello.protocol = std::string(desc->name);

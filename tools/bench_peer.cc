@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -431,21 +432,81 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
 
 }  // namespace
 
+namespace {
+
+// One Recording per sender name (its lanes share it), from its first connection to its report.
+class Recordings {
+ public:
+  explicit Recordings(const BenchRecvArgs& a) : a_(a) {}
+
+  Status make_sink(const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+    std::lock_guard lock(mutex_);
+    auto& rec = by_name_[info.name];
+    if (!rec) {
+      rec = std::make_shared<Recording>();
+      rec->cpu_start = usage().cpu_seconds;
+      rec->start_ns = now_ns();
+      fabric::reset_counters();
+    }
+    ++rec->connections;
+    std::shared_ptr<Processing> processing;
+    if (a_.process_ns_per_byte >= 0) {
+      processing = std::make_shared<Processing>(Processing{a_.process_ns_per_byte});
+      std::lock_guard rl(rec->mutex);
+      rec->processing.push_back(processing);
+    }
+    if (a_.rate) {
+      *sink = std::make_unique<RateSink>(rec);
+    } else {
+      *sink = std::make_unique<StampSink>(rec, processing);
+    }
+    return Status::ok();
+  }
+
+  // Prints the sender's session record.
+  void end_session(const SessionReport& r) {
+    std::shared_ptr<Recording> rec;
+    {
+      std::lock_guard lock(mutex_);
+      rec = by_name_[r.sender.name];
+      by_name_.erase(r.sender.name);
+    }
+    if (!rec) return;
+    {
+      std::lock_guard lock(rec->mutex);
+      rec->protocol_counters = r.protocol_counters;
+    }
+    json session = session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages,
+                                r.bytes, r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg);
+    session["trace"] = trace_json();
+    print_json(session);
+  }
+
+ private:
+  const BenchRecvArgs& a_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Recording>> by_name_;
+};
+
+int listen_tcp_socket(const BenchRecvArgs& a, const std::string& host, uint16_t port) {
+  std::unique_ptr<net::Listener> listener;
+  if (Status st = net::Listener::open(host, port, &listener); !st.is_ok()) {
+    print_error("bench-peer", st.message());
+    return kExitError;
+  }
+  print_json_line("listening on " + listener->address());
+  return recv_tcp_socket(*listener, a);
+}
+
+}  // namespace
+
 int run_bench_recv(const BenchRecvArgs& a) {
   ReceiverOptions opt;
-  if (Status st = net::parse_host_port(a.listen, &opt.host, &opt.port); !st.is_ok()) {
+  if (Status st = parse_address(a.listen, &opt.host, &opt.port); !st.is_ok()) {
     print_error("bench-peer", "--listen: " + st.message());
     return kExitUsage;
   }
-  if (a.tcp_socket) {
-    std::unique_ptr<net::Listener> listener;
-    if (Status st = net::Listener::open(opt.host, opt.port, &listener); !st.is_ok()) {
-      print_error("bench-peer", st.message());
-      return kExitError;
-    }
-    print_json_line("listening on " + listener->address());
-    return recv_tcp_socket(*listener, a);
-  }
+  if (a.tcp_socket) return listen_tcp_socket(a, opt.host, opt.port);
   opt.transport = *parse_transport(a.transport);
   opt.rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt.busy_poll = a.busy_poll;
@@ -459,48 +520,11 @@ int run_bench_recv(const BenchRecvArgs& a) {
     }
     opt.holds.push_back(spec);
   }
-  std::mutex m;
-  std::map<std::string, std::shared_ptr<Recording>> recordings;
+  Recordings recordings(a);
   opt.make_sink = [&](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-    std::lock_guard lock(m);
-    auto& rec = recordings[info.name];
-    if (!rec) {
-      rec = std::make_shared<Recording>();
-      rec->cpu_start = usage().cpu_seconds;
-      rec->start_ns = now_ns();
-      fabric::reset_counters();
-    }
-    ++rec->connections;
-    std::shared_ptr<Processing> processing;
-    if (a.process_ns_per_byte >= 0) {
-      processing = std::make_shared<Processing>(Processing{a.process_ns_per_byte});
-      std::lock_guard rl(rec->mutex);
-      rec->processing.push_back(processing);
-    }
-    if (a.rate) {
-      *sink = std::make_unique<RateSink>(rec);
-    } else {
-      *sink = std::make_unique<StampSink>(rec, processing);
-    }
-    return Status::ok();
+    return recordings.make_sink(info, sink);
   };
-  opt.on_session_end = [&](const SessionReport& r) {
-    std::shared_ptr<Recording> rec;
-    {
-      std::lock_guard lock(m);
-      rec = recordings[r.sender.name];
-      recordings.erase(r.sender.name);
-    }
-    if (!rec) return;
-    {
-      std::lock_guard lock(rec->mutex);
-      rec->protocol_counters = r.protocol_counters;
-    }
-    json session = session_json(r.sender.name, r.sender.protocol, transport_name(r.sender.transport), r.messages,
-                                r.bytes, r.seconds, !r.finished, r.gaps, *rec, r.buffer_held_avg, r.buffer_useful_avg);
-    session["trace"] = trace_json();
-    print_json(session);
-  };
+  opt.on_session_end = [&](const SessionReport& r) { recordings.end_session(r); };
   opt.on_event = [](const std::string& text) { std::fprintf(stderr, "bench-peer recv: %s\n", text.c_str()); };
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
@@ -513,10 +537,65 @@ int run_bench_recv(const BenchRecvArgs& a) {
   return kExitOk;
 }
 
-int run_bench_send(const BenchSendArgs& a) {
-  std::string host;
-  uint16_t port = 0;
-  if (Status st = net::parse_host_port(a.to, &host, &port); !st.is_ok()) {
+namespace {
+
+// What the fillers of run_bench_send record: per device, each message's send time and each
+// burst's end; the first error any of them met.
+struct SendLog {
+  explicit SendLog(const BenchSendArgs& a) : send_times(a.devices), burst_ends(a.devices) {
+    for (auto* times : {&send_times, &burst_ends}) {
+      for (auto& v : *times) v.reserve(std::min(a.count, kReservedSamples));
+    }
+  }
+  void fail(const Status& st) {
+    std::lock_guard lock(mutex);
+    if (first_error.is_ok()) first_error = st;
+  }
+  std::vector<std::vector<uint64_t>> send_times;
+  std::vector<std::vector<uint64_t>> burst_ends;
+  std::mutex mutex;
+  Status first_error;
+};
+
+// --rate: every message is the same prepared payload, sent with one call and no clock read.
+void send_at_rate(DeviceStream* dev, const BenchSendArgs& a, std::span<const std::byte> payload,
+                  Clock::time_point stop_at, SendLog* log) {
+  for (uint64_t k = 0; k < a.count; ++k) {
+    if (a.seconds > 0 && (k & 1023) == 0 && Clock::now() >= stop_at) break;
+    if (Status st = dev->send(payload); !st.is_ok()) return log->fail(st);
+  }
+}
+
+// Paced messages, each stamped with its send time, in bursts separated by computation when asked.
+void send_paced(DeviceStream* dev, const BenchSendArgs& a, uint32_t d, Clock::time_point stop_at, SendLog* log) {
+  Pacer pacer(a);
+  for (uint64_t k = 0; k < a.count; ++k) {
+    if (a.seconds > 0 && Clock::now() >= stop_at) break;
+    pacer.before(k);
+    uint64_t stamp = now_ns();
+    log->send_times[d].push_back(stamp);
+    Status st = dev->send_with(a.size, [&](uint64_t off, std::span<std::byte> dst) {
+      fill_payload(off, dst, stamp);
+      return Status::ok();
+    });
+    if (!st.is_ok()) return log->fail(st);
+    if (a.burst && (k + 1) % a.burst == 0) {
+      // SDP Fig. 5: the application computes between bursts and makes no library call. It
+      // sleeps rather than spins: sender and receiver share this machine's cores, and a busy
+      // loop took the core the sending thread and the receiver need (status_byte's last
+      // message of a burst then arrived up to the whole computation late), which the paper's
+      // separate nodes never had. Timer slack 1 ns keeps the sleep close to C.
+      log->burst_ends[d].push_back(now_ns());
+      prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+      std::this_thread::sleep_until(Clock::now() + std::chrono::microseconds(a.compute_us));
+    }
+    pacer.after();
+  }
+}
+
+// Usage errors of bench-peer send (exit code), or nullopt; *host and *port from --to.
+std::optional<int> check_bench_send(const BenchSendArgs& a, std::string* host, uint16_t* port) {
+  if (Status st = parse_address(a.to, host, port); !st.is_ok()) {
     print_error("bench-peer", "--to: " + st.message());
     return kExitUsage;
   }
@@ -528,9 +607,10 @@ int run_bench_send(const BenchSendArgs& a) {
     print_error("bench-peer", "--compute-us needs --burst");
     return kExitUsage;
   }
-  if (a.tcp_socket) return send_tcp_socket(a, host, port);
-  if (a.trace) stream::enable_trace(a.trace);
+  return std::nullopt;
+}
 
+SenderOptions bench_sender_options(const BenchSendArgs& a, const std::string& host, uint16_t port) {
   SenderOptions opt;
   opt.host = host;
   opt.port = port;
@@ -543,87 +623,19 @@ int run_bench_send(const BenchSendArgs& a) {
   opt.allow_reference = true;
   opt.skip_packet_every = a.skip_packet_every;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
+  return opt;
+}
 
-  std::unique_ptr<Sender> sender;
-  if (Status st = Sender::connect(opt, &sender); !st.is_ok()) {
-    print_error("bench-peer", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
-  }
-  std::vector<std::vector<uint64_t>> send_times(a.devices);
-  std::vector<std::vector<uint64_t>> burst_ends(a.devices);
-  for (auto* times : {&send_times, &burst_ends}) {
-    for (auto& v : *times) v.reserve(std::min(a.count, kReservedSamples));
-  }
-  std::mutex err_mutex;
-  Status first_error;
-  // CPU, UCX counters and elapsed time all start here, after the connection is set up: the
-  // same window for every figure (connecting is not what the experiments measure).
-  fabric::reset_counters();
-  const double cpu0 = usage().cpu_seconds;
-  const auto t0 = Clock::now();
-  const auto stop_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));
-  std::vector<std::thread> fillers;
-  // --rate: every message is the same prepared payload, sent with one call and no clock read.
-  std::vector<std::byte> payload(a.rate ? a.size : 0, std::byte{0xA5});
-  for (uint32_t d = 0; d < a.devices; ++d) {
-    fillers.emplace_back([&, d] {
-      DeviceStream* dev = sender->device(uint16_t(d));
-      if (a.rate) {
-        for (uint64_t k = 0; k < a.count; ++k) {
-          if (a.seconds > 0 && (k & 1023) == 0 && Clock::now() >= stop_at) break;
-          if (Status st = dev->send(payload); !st.is_ok()) {
-            std::lock_guard lock(err_mutex);
-            if (first_error.is_ok()) first_error = st;
-            return;
-          }
-        }
-        return;
-      }
-      Pacer pacer(a);
-      for (uint64_t k = 0; k < a.count; ++k) {
-        if (a.seconds > 0 && Clock::now() >= stop_at) break;
-        pacer.before(k);
-        uint64_t stamp = now_ns();
-        send_times[d].push_back(stamp);
-        Status st = dev->send_with(a.size, [&](uint64_t off, std::span<std::byte> dst) {
-          fill_payload(off, dst, stamp);
-          return Status::ok();
-        });
-        if (!st.is_ok()) {
-          std::lock_guard lock(err_mutex);
-          if (first_error.is_ok()) first_error = st;
-          return;
-        }
-        if (a.burst && (k + 1) % a.burst == 0) {
-          // SDP Fig. 5: the application computes between bursts and makes no library call. It
-          // sleeps rather than spins: sender and receiver share this machine's cores, and a busy
-          // loop took the core the sending thread and the receiver need (status_byte's last
-          // message of a burst then arrived up to the whole computation late), which the paper's
-          // separate nodes never had. Timer slack 1 ns keeps the sleep close to C.
-          burst_ends[d].push_back(now_ns());
-          prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-          std::this_thread::sleep_until(Clock::now() + std::chrono::microseconds(a.compute_us));
-        }
-        pacer.after();
-      }
-    });
-  }
-  for (auto& t : fillers) t.join();
-  Status st = sender->finish();
-  if (first_error.is_ok()) first_error = st;
-  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!first_error.is_ok()) {
-    print_error("bench-peer", first_error.message());
-    return kExitError;
-  }
-  SenderStats s = sender->stats();
+json bench_send_report(const BenchSendArgs& a, Sender& sender, const SendLog& log, Clock::time_point t0, double secs,
+                       double cpu) {
+  SenderStats s = sender.stats();
   std::vector<uint64_t> all_times;
-  for (auto& v : send_times) all_times.insert(all_times.end(), v.begin(), v.end());
-  json out = sender_json(a, a.protocol, transport_name(sender->transport()), s.messages, s.bytes, secs,
-                         usage().cpu_seconds - cpu0, s, all_times, s.connections);
+  for (auto& v : log.send_times) all_times.insert(all_times.end(), v.begin(), v.end());
+  json out = sender_json(a, a.protocol, transport_name(sender.transport()), s.messages, s.bytes, secs, cpu, s,
+                         all_times, s.connections);
   if (a.burst) {
     std::vector<uint64_t> ends;
-    for (auto& v : burst_ends) ends.insert(ends.end(), v.begin(), v.end());
+    for (auto& v : log.burst_ends) ends.insert(ends.end(), v.begin(), v.end());
     out["burst_ends_ns"] = ends;
     out["compute_us"] = a.compute_us;
   }
@@ -631,7 +643,46 @@ int run_bench_send(const BenchSendArgs& a) {
   out["start_ns"] = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count());
   out["records"] = s.records;
   out["units"] = s.units;
-  print_json(out);
+  return out;
+}
+
+}  // namespace
+
+int run_bench_send(const BenchSendArgs& a) {
+  std::string host;
+  uint16_t port = 0;
+  if (auto usage_error = check_bench_send(a, &host, &port)) return *usage_error;
+  if (a.tcp_socket) return send_tcp_socket(a, host, port);
+  if (a.trace) stream::enable_trace(a.trace);
+  std::unique_ptr<Sender> sender;
+  if (Status st = Sender::connect(bench_sender_options(a, host, port), &sender); !st.is_ok()) {
+    print_error("bench-peer", st.message());
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  }
+  SendLog log(a);
+  // CPU, UCX counters and elapsed time all start here, after the connection is set up: the
+  // same window for every figure (connecting is not what the experiments measure).
+  fabric::reset_counters();
+  const double cpu0 = usage().cpu_seconds;
+  const auto t0 = Clock::now();
+  const auto stop_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));
+  std::vector<std::byte> payload(a.rate ? a.size : 0, std::byte{0xA5});
+  std::vector<std::thread> fillers;
+  for (uint32_t d = 0; d < a.devices; ++d) {
+    fillers.emplace_back([&, d] {
+      DeviceStream* dev = sender->device(uint16_t(d));
+      if (a.rate) return send_at_rate(dev, a, payload, stop_at, &log);
+      send_paced(dev, a, d, stop_at, &log);
+    });
+  }
+  for (auto& t : fillers) t.join();
+  if (Status st = sender->finish(); log.first_error.is_ok()) log.first_error = st;
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!log.first_error.is_ok()) {
+    print_error("bench-peer", log.first_error.message());
+    return kExitError;
+  }
+  print_json(bench_send_report(a, *sender, log, t0, secs, usage().cpu_seconds - cpu0));
   return kExitOk;
 }
 

@@ -22,8 +22,6 @@
 #include "dgram/sender.h"
 #include "dgram/stores.h"
 #include "metrics.h"
-#include "net/auth.h"
-#include "net/control_socket.h"
 #include "pipeline/worker_manager.h"
 #include "send_plan.h"
 
@@ -314,7 +312,7 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
 bool is_dgram_send(const SendArgs& a) { return a.transport == "udp" || dgram::find_protocol(a.protocol) != nullptr; }
 
 Status read_token_if_given(const std::string& file, std::string* token) {
-  return file.empty() ? Status::ok() : net::read_token_file(file, token);
+  return file.empty() ? Status::ok() : read_token_file(file, token);
 }
 
 namespace {
@@ -335,7 +333,7 @@ Status dgram_recv_limits(const RecvArgs& args, dgram::DatagramReceiverOptions* o
 // same (--listen, --hold-block, --max-memory, --token-file; --rdma-* are rdma's). kExitOk, or
 // kExitUsage after printing what is wrong.
 int dgram_recv_options(const RecvArgs& args, const DgramArgs& d, dgram::DatagramReceiverOptions* o) {
-  if (Status st = net::parse_host_port(args.listen, &o->host, &o->port); !st.is_ok()) {
+  if (Status st = parse_address(args.listen, &o->host, &o->port); !st.is_ok()) {
     print_error("recv", "--listen: " + st.message());
     return kExitUsage;
   }
@@ -461,7 +459,7 @@ int dgram_send_options(const SendArgs& a, const DgramArgs& d, const dgram::Descr
     print_error("send", "--to: the datagram transport sends to one receiver");
     return kExitUsage;
   }
-  if (Status st = net::parse_host_port(a.to, &o->host, &o->port); !st.is_ok()) {
+  if (Status st = parse_address(a.to, &o->host, &o->port); !st.is_ok()) {
     print_error("send", "--to: " + st.message());
     return kExitUsage;
   }

@@ -33,7 +33,7 @@ struct DgramArgs {
 void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* args);
 // The send options name the datagram transport (--transport udp, or a datagram protocol).
 bool is_dgram_send(const SendArgs& a);
-// --token-file's token (net::read_token_file), or nothing when no file was given.
+// --token-file's token (read_token_file), or nothing when no file was given.
 Status read_token_if_given(const std::string& file, std::string* token);
 int run_dgram_recv(const RecvArgs& r, const DgramArgs& d);
 int run_dgram_send(const SendArgs& s, const DgramArgs& d);

@@ -19,8 +19,6 @@
 #include "dgram/receiver.h"
 #include "dgram/sender.h"
 #include "dgram_cli.h"
-#include "net/auth.h"
-#include "net/control_socket.h"
 #include "send_plan.h"
 
 namespace slotstream::tools {
@@ -58,24 +56,61 @@ long peak_rss_kb() {
   return ru.ru_maxrss;
 }
 
+// What both roles take alike: injected loss and the token; false (reported) when malformed.
+bool peer_common_options(const DgramPeerArgs& a, dgram::InjectOptions* inject, std::string* token) {
+  if (!a.faults.inject_loss.empty() && !dgram::parse_percent(a.faults.inject_loss, &inject->loss)) {
+    print_error("dgram-peer", "--inject-loss expects a percentage");
+    return false;
+  }
+  inject->seed = a.faults.inject_seed;
+  if (Status st = read_token_if_given(a.token_file, token); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return false;
+  }
+  return true;
+}
+
+// One line of JSON per ended session: the receiver's counts and the store's samples.
+nlohmann::json peer_session_json(const SessionReport& r, Samples* x, double cpu_seconds_used) {
+  nlohmann::json j;
+  const DeviceStats t = dgram::device_totals(r);
+  auto counter = [&r](const char* key) { return dgram::counter(r, key); };
+  j["name"] = r.sender.name;
+  j["protocol"] = r.sender.protocol;
+  j["finished"] = r.finished;
+  j["reason"] = r.reason;
+  j["sent"] = counter("sent");
+  j["bytes_sent"] = counter("bytes_sent");
+  j["complete"] = t.messages;
+  j["partial"] = t.partial;
+  j["dropped"] = t.dropped;
+  j["lost"] = t.lost;
+  j["retired"] = counter("retired");
+  j["valid_bytes"] = t.bytes;
+  j["datagrams"] = counter("datagrams");
+  j["crc_errors"] = counter("crc_errors");
+  j["seconds"] = r.seconds;
+  j["cpu_seconds"] = cpu_seconds_used;
+  j["peak_rss_kb"] = peak_rss_kb();
+  if (x) {
+    std::lock_guard lock(x->mu);
+    j["first_ns"] = x->first_ns;
+    j["arrivals_ns"] = x->arrivals_ns;
+    j["latencies_ns"] = x->latencies_ns;
+  }
+  return j;
+}
+
 int run_peer_recv(const DgramPeerArgs& a) {
   dgram::DatagramReceiverOptions o;
-  if (Status st = net::parse_host_port(a.listen, &o.host, &o.port); !st.is_ok()) {
+  if (Status st = parse_address(a.listen, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
   }
   o.keep_partial = a.faults.partial == "keep";
   o.message_timeout_ns = int64_t(a.faults.message_timeout_ms * 1e6);
   o.session_timeout_ns = 10'000'000'000;
-  if (!a.faults.inject_loss.empty() && !dgram::parse_percent(a.faults.inject_loss, &o.inject.loss)) {
-    print_error("dgram-peer", "--inject-loss expects a percentage");
-    return kExitUsage;
-  }
-  o.inject.seed = a.faults.inject_seed;
-  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
-    print_error("dgram-peer", st.message());
-    return kExitUsage;
-  }
+  if (!peer_common_options(a, &o.inject, &o.token)) return kExitUsage;
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Samples>> samples;
   o.make_store = [&](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
@@ -93,33 +128,7 @@ int run_peer_recv(const DgramPeerArgs& a) {
       x = samples[r.sender.name];
       samples.erase(r.sender.name);
     }
-    nlohmann::json j;
-    const DeviceStats t = dgram::device_totals(r);
-    auto counter = [&r](const char* key) { return dgram::counter(r, key); };
-    j["name"] = r.sender.name;
-    j["protocol"] = r.sender.protocol;
-    j["finished"] = r.finished;
-    j["reason"] = r.reason;
-    j["sent"] = counter("sent");
-    j["bytes_sent"] = counter("bytes_sent");
-    j["complete"] = t.messages;
-    j["partial"] = t.partial;
-    j["dropped"] = t.dropped;
-    j["lost"] = t.lost;
-    j["retired"] = counter("retired");
-    j["valid_bytes"] = t.bytes;
-    j["datagrams"] = counter("datagrams");
-    j["crc_errors"] = counter("crc_errors");
-    j["seconds"] = r.seconds;
-    j["cpu_seconds"] = cpu_seconds() - cpu0;
-    j["peak_rss_kb"] = peak_rss_kb();
-    if (x) {
-      std::lock_guard lock(x->mu);
-      j["first_ns"] = x->first_ns;
-      j["arrivals_ns"] = x->arrivals_ns;
-      j["latencies_ns"] = x->latencies_ns;
-    }
-    print_line(stdout, j.dump());
+    print_line(stdout, peer_session_json(r, x.get(), cpu_seconds() - cpu0).dump());
   };
   o.on_event = [](const std::string& text) { print_line(stderr, "dgram-peer recv: " + text); };
   const sigset_t sigs = block_stop_signals();
@@ -136,9 +145,33 @@ int run_peer_recv(const DgramPeerArgs& a) {
   return kExitOk;
 }
 
+// --count messages of --size bytes, each starting with its send time, --gap-us apart, for at most
+// --max-seconds from t0; their send times in *sends.
+Status send_stamped(const DgramPeerArgs& a, dgram::DatagramSender& tx, int64_t t0, std::vector<int64_t>* sends) {
+  std::vector<std::byte> msg(a.size);
+  for (size_t i = 8; i < msg.size(); ++i) msg[i] = std::byte(i * 131);
+  sends->reserve(a.count);
+  const int64_t stop = t0 + int64_t(a.max_seconds * 1e9);
+  for (uint64_t i = 0; i < a.count; ++i) {
+    const int64_t now = now_ns();
+    if (now > stop) break;
+    std::memcpy(msg.data(), &now, 8);
+    sends->push_back(now);
+    SLOTSTREAM_RETURN_IF_ERROR(tx.send(0, msg));
+    if (a.gap_us > 0) {
+      // Sleep most of the gap, spin the rest: one message in flight at a time, no drift.
+      const int64_t until = now + int64_t(a.gap_us * 1000);
+      if (until - now_ns() > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(until - now_ns() - 100'000));
+      while (now_ns() < until) {
+      }
+    }
+  }
+  return Status::ok();
+}
+
 int run_peer_send(const DgramPeerArgs& a) {
   dgram::DatagramSenderOptions o;
-  if (Status st = net::parse_host_port(a.to, &o.host, &o.port); !st.is_ok()) {
+  if (Status st = parse_address(a.to, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
   }
@@ -146,15 +179,7 @@ int run_peer_send(const DgramPeerArgs& a) {
     print_error("dgram-peer", "--size must be at least 8 (the send time stamp)");
     return kExitUsage;
   }
-  if (!a.faults.inject_loss.empty() && !dgram::parse_percent(a.faults.inject_loss, &o.inject.loss)) {
-    print_error("dgram-peer", "--inject-loss expects a percentage");
-    return kExitUsage;
-  }
-  o.inject.seed = a.faults.inject_seed;
-  if (Status st = read_token_if_given(a.token_file, &o.token); !st.is_ok()) {
-    print_error("dgram-peer", st.message());
-    return kExitUsage;
-  }
+  if (!peer_common_options(a, &o.inject, &o.token)) return kExitUsage;
   o.name = "peer";
   o.protocol = a.protocol;
   o.devices = {0};
@@ -167,29 +192,12 @@ int run_peer_send(const DgramPeerArgs& a) {
     print_error("dgram-peer", st.message());
     return kExitError;
   }
-  std::vector<std::byte> msg(a.size);
-  for (size_t i = 8; i < msg.size(); ++i) msg[i] = std::byte(i * 131);
   std::vector<int64_t> sends;
-  sends.reserve(a.count);
   const double cpu0 = cpu_seconds();
   const int64_t t0 = now_ns();
-  const int64_t stop = t0 + int64_t(a.max_seconds * 1e9);
-  for (uint64_t i = 0; i < a.count; ++i) {
-    const int64_t now = now_ns();
-    if (now > stop) break;
-    std::memcpy(msg.data(), &now, 8);
-    sends.push_back(now);
-    if (Status st = tx->send(0, msg); !st.is_ok()) {
-      print_error("dgram-peer", st.message());
-      return kExitError;
-    }
-    if (a.gap_us > 0) {
-      // Sleep most of the gap, spin the rest: one message in flight at a time, no drift.
-      const int64_t until = now + int64_t(a.gap_us * 1000);
-      if (until - now_ns() > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(until - now_ns() - 100'000));
-      while (now_ns() < until) {
-      }
-    }
+  if (Status st = send_stamped(a, *tx, t0, &sends); !st.is_ok()) {
+    print_error("dgram-peer", st.message());
+    return kExitError;
   }
   const int64_t t_sent = now_ns();
   dgram::FinAck report;

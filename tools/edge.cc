@@ -355,25 +355,6 @@ nlohmann::json Edge::summary(const Fillers& fillers) const {
           {"schedule_ms", s.schedule_ms}};
 }
 
-class EdgeOut final : public MessageOut {
- public:
-  EdgeOut(Edge& e, uint16_t d) : e_(e), d_(d) {}
-  uint16_t device() const override { return d_; }
-  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
-    return e_.send_with(d_, length, fill);
-  }
-  Status send(std::span<const std::byte> m) override {
-    return e_.send_with(d_, m.size(), [&](uint64_t off, std::span<std::byte> dst) {
-      std::memcpy(dst.data(), m.data() + off, dst.size());
-      return Status::ok();
-    });
-  }
-
- private:
-  Edge& e_;
-  uint16_t d_;
-};
-
 std::unique_ptr<pipeline::WorkerManager> edge_workers(const EdgeArgs& args) {
   if (args.worker.empty()) return nullptr;
   pipeline::WorkerOptions wo;
@@ -440,8 +421,8 @@ int run_edge(const EdgeArgs& args) {
   }
   std::atomic<bool> done{false};
   std::thread controller([&] { edge.control(*load, policy, done); });
-  Fillers fillers(plan, a,
-                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<EdgeOut>(edge, d); });
+  Fillers fillers(
+      plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DeviceOut<Edge>>(edge, d); });
   Status st = fillers.join();
   done.store(true);
   controller.join();           // a move in progress lands what its devices held

@@ -83,6 +83,29 @@ std::string self_exe(const char* argv0) {
   return buf;
 }
 
+// recv's processing workers (docs/workers.md) and their back-pressure.
+void add_recv_pipeline(CLI::App* r, RecvArgs* recv) {
+  r->add_option("--worker", recv->worker,
+                "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
+                "message arrives; contract in docs/workers.md (example: workers/checksum.sh)");
+  r->add_option("--worker-dir", recv->worker_dir,
+                "where workers keep worker-<D>/done per sender (default: --out). Without --worker: the workers "
+                "run elsewhere (e.g. Kubernetes pods) and are only watched for backlog and clean-up");
+  r->add_option("--worker-runtime", recv->worker_runtime, "process (default) or podman (a container per worker)")
+      ->check(CLI::IsMember({"process", "podman"}));
+  r->add_option("--worker-cpus", recv->worker_cpus, "podman: CPU share per worker, e.g. 0.5");
+  r->add_option("--worker-memory", recv->worker_memory, "podman: memory limit per worker, e.g. 256m");
+  r->add_option("--worker-image", recv->worker_image, "podman: image (build it with `make image`)")
+      ->default_str("localhost/slotstream:latest");
+  r->add_option("--backlog-messages", recv->backlog_messages,
+                "hold blocks (back-pressure) while a device has this many unprocessed messages (udp: pause the "
+                "device: UD drops its messages, dgram_rd and dgram_rc hold the sender back)");
+  r->add_option("--backlog-bytes", recv->backlog_bytes,
+                "SIZE: hold blocks (back-pressure) while a device has this many unprocessed bytes")
+      ->transform(size_value());
+  r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
+}
+
 // `slotstream recv` and its options.
 CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   auto* r = app.add_subcommand("recv",
@@ -119,25 +142,7 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                 "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
                 "container's memory)");
   r->add_option("--exit-after-senders", recv->exit_after, "exit after K accepted senders have ended");
-  r->add_option("--worker", recv->worker,
-                "COMMAND run (by /bin/sh -c) as one processing worker per device, started when its first "
-                "message arrives; contract in docs/workers.md (example: workers/checksum.sh)");
-  r->add_option("--worker-dir", recv->worker_dir,
-                "where workers keep worker-<D>/done per sender (default: --out). Without --worker: the workers "
-                "run elsewhere (e.g. Kubernetes pods) and are only watched for backlog and clean-up");
-  r->add_option("--worker-runtime", recv->worker_runtime, "process (default) or podman (a container per worker)")
-      ->check(CLI::IsMember({"process", "podman"}));
-  r->add_option("--worker-cpus", recv->worker_cpus, "podman: CPU share per worker, e.g. 0.5");
-  r->add_option("--worker-memory", recv->worker_memory, "podman: memory limit per worker, e.g. 256m");
-  r->add_option("--worker-image", recv->worker_image, "podman: image (build it with `make image`)")
-      ->default_str("localhost/slotstream:latest");
-  r->add_option("--backlog-messages", recv->backlog_messages,
-                "hold blocks (back-pressure) while a device has this many unprocessed messages (udp: pause the "
-                "device: UD drops its messages, dgram_rd and dgram_rc hold the sender back)");
-  r->add_option("--backlog-bytes", recv->backlog_bytes,
-                "SIZE: hold blocks (back-pressure) while a device has this many unprocessed bytes")
-      ->transform(size_value());
-  r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
+  add_recv_pipeline(r, recv);
   r->add_option("--metrics", recv->metrics,
                 "serve Prometheus /metrics, /health (liveness) and /ready (readiness: listening, output "
                 "writable, workers running) on HOST:PORT");
@@ -262,6 +267,114 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   *send_peer = bps;
 }
 
+// Every command's arguments and its subcommand (null until added).
+struct Commands {
+  RecvArgs recv;
+  SendArgs send;
+  DgramArgs dgram;
+  bool protocols_json = false;
+  bool transports_json = false;
+  std::string transports_rdma, transports_device;
+  std::string verify_dir;
+  DemoArgs demo;
+  BenchRecvArgs brecv;
+  BenchSendArgs bsend;
+  PlatformStatusArgs pstatus;
+  EdgeArgs edge;
+  DgramPeerArgs dpeer;
+  CLI::App *r = nullptr, *s = nullptr, *pl = nullptr, *tl = nullptr, *v = nullptr, *d = nullptr, *bpr = nullptr,
+           *bps = nullptr, *ps = nullptr, *e = nullptr, *dp = nullptr, *b = nullptr;
+};
+
+void add_listing_commands(CLI::App& app, Commands* c) {
+  c->pl = app.add_subcommand("protocols",
+                             "List the flow-control protocols of this build, their options and the "
+                             "benchmark references.");
+  c->pl->add_flag("--json", c->protocols_json, "one JSON array (what `slotstream bench` reads)");
+  c->tl = app.add_subcommand("transports",
+                             "What this host offers: shm, tcp, rdma (its devices, ports, state, link layer and the "
+                             "UCX transports on each, asked of UCX), udp — each available or not, and why.");
+  c->tl->add_flag("--json", c->transports_json, "one JSON array");
+  add_rdma_options(c->tl, &c->transports_rdma, &c->transports_device, "judge rdma for rc (default), dc or ud");
+  c->v = app.add_subcommand("verify", "Check every received synthetic frame under DIR (content and order).");
+  c->v->add_option("DIR", c->verify_dir, "receiver output directory (or a sender's subdirectory)")->required();
+}
+
+void add_demo_and_bench_peer(CLI::App& app, Commands* c) {
+  DemoArgs& demo = c->demo;
+  c->d = app.add_subcommand("demo",
+                            "Start a receiver, stream synthetic 640x480x3 cameras at 25 fps into it, "
+                            "verify every frame and print a summary.");
+  c->d->add_option("--seconds", demo.seconds, "how long to stream")->default_str("10");
+  c->d->add_option("--cameras", demo.cameras, "number of cameras")->default_str("12");
+  c->d->add_option("--transport", demo.transport, "shm or tcp")
+      ->check(CLI::IsMember({"shm", "tcp"}))
+      ->default_str("shm");
+  c->d->add_option("--out", demo.out, "output directory (default: a fresh temporary directory, removed afterwards)");
+  c->d->add_flag("--keep", demo.keep, "keep the received frames");
+  add_bench_peer(app, &c->brecv, &c->bsend, &c->bpr, &c->bps);
+}
+
+void add_bench(CLI::App& app, Commands* c) {
+  c->b = app.add_subcommand("bench",
+                            "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
+                            "resources, held_block, cameras; the SDP paper's small_messages, progress; all) side by "
+                            "side with raw UCX and TCP; "
+                            "`slotstream bench --help` for the options.");
+  c->b->prefix_command();  // everything after `bench` goes to the orchestrator
+  c->b->set_help_flag();
+  c->b->allow_extras();
+}
+
+void add_commands(CLI::App& app, Commands* c) {
+  c->r = add_recv(app, &c->recv);
+  c->s = add_send(app, &c->send);
+  add_dgram_options(c->r, c->s, &c->dgram);
+  add_config_option(app, {c->r, c->s});
+  add_listing_commands(app, c);
+  add_demo_and_bench_peer(app, c);
+  c->ps = add_platform_status(app, &c->pstatus);
+  c->e = add_edge(app, &c->edge);
+  c->dp = add_dgram_peer(app, &c->dpeer);
+  add_bench(app, c);
+}
+
+// recv and send, over UCX, the datagram transport or the platform.
+int run_stream_command(Commands& c) {
+  if ((*c.r && c.recv.transport == "udp" && !c.recv.platform.url.empty()) ||
+      (*c.s && is_dgram_send(c.send) && !c.send.platform.url.empty())) {
+    print_error(*c.r ? "recv" : "send",
+                "--platform serves UCX transports (shm, tcp); the datagram transport is not on it");
+    return kExitUsage;
+  }
+  if (*c.r) {
+    setup_logging("slotstream recv", c.recv.log_format);
+    return c.recv.transport == "udp" ? run_dgram_recv(c.recv, c.dgram) : run_recv(c.recv);
+  }
+  setup_logging("slotstream send", c.send.log_format);
+  c.send.name_given = c.s->count("--name") > 0;
+  if (!c.send.platform.url.empty()) return run_platform_send(c.send);
+  return is_dgram_send(c.send) ? run_dgram_send(c.send, c.dgram) : run_send(c.send);
+}
+
+int run_command(Commands& c, const char* argv0) {
+  if (*c.r || *c.s) return run_stream_command(c);
+  if (*c.ps) return run_platform_status(c.pstatus);
+  if (*c.e) {
+    setup_logging("slotstream edge", "text");  // warnings (late synthetic frames) on stderr, as send's
+    return run_edge(c.edge);
+  }
+  if (*c.dp) return run_dgram_peer(c.dp, c.dpeer);
+  if (*c.v) return run_verify(c.verify_dir);
+  if (*c.pl) return run_protocols(c.protocols_json);
+  if (*c.tl) return run_transports(c.transports_json, rdma_options(c.transports_rdma, c.transports_device));
+  if (*c.d) return run_demo(c.demo, self_exe(argv0));
+  if (*c.bpr) return run_bench_recv(c.brecv);
+  if (*c.bps) return run_bench_send(c.bsend);
+  if (*c.b) return run_bench(c.b->remaining(), self_exe(argv0));
+  return kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -271,70 +384,8 @@ int main(int argc, char** argv) {
       "InfiniBand/RoCE rc/dc/ud, tcp) with the status-byte-assisted transmission mechanism."};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("slotstream ") + version());
-
-  RecvArgs recv;
-  auto* r = add_recv(app, &recv);
-
-  SendArgs send;
-  auto* s = add_send(app, &send);
-
-  DgramArgs dgram;
-  add_dgram_options(r, s, &dgram);
-  add_config_option(app, {r, s});
-
-  bool protocols_json = false;
-  auto* pl = app.add_subcommand("protocols",
-                                "List the flow-control protocols of this build, their options and the "
-                                "benchmark references.");
-  pl->add_flag("--json", protocols_json, "one JSON array (what `slotstream bench` reads)");
-
-  bool transports_json = false;
-  std::string transports_rdma, transports_device;
-  auto* tl = app.add_subcommand("transports",
-                                "What this host offers: shm, tcp, rdma (its devices, ports, state, link layer and the "
-                                "UCX transports on each, asked of UCX), udp — each available or not, and why.");
-  tl->add_flag("--json", transports_json, "one JSON array");
-  add_rdma_options(tl, &transports_rdma, &transports_device, "judge rdma for rc (default), dc or ud");
-
-  std::string verify_dir;
-  auto* v = app.add_subcommand("verify", "Check every received synthetic frame under DIR (content and order).");
-  v->add_option("DIR", verify_dir, "receiver output directory (or a sender's subdirectory)")->required();
-
-  DemoArgs demo;
-  auto* d = app.add_subcommand("demo",
-                               "Start a receiver, stream synthetic 640x480x3 cameras at 25 fps into it, "
-                               "verify every frame and print a summary.");
-  d->add_option("--seconds", demo.seconds, "how long to stream")->default_str("10");
-  d->add_option("--cameras", demo.cameras, "number of cameras")->default_str("12");
-  d->add_option("--transport", demo.transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}))->default_str("shm");
-  d->add_option("--out", demo.out, "output directory (default: a fresh temporary directory, removed afterwards)");
-  d->add_flag("--keep", demo.keep, "keep the received frames");
-
-  BenchRecvArgs brecv;
-  BenchSendArgs bsend;
-  CLI::App* bpr = nullptr;
-  CLI::App* bps = nullptr;
-  add_bench_peer(app, &brecv, &bsend, &bpr, &bps);
-
-  PlatformStatusArgs pstatus;
-  auto* ps = add_platform_status(app, &pstatus);
-
-  EdgeArgs edge;
-  auto* e = add_edge(app, &edge);
-
-  DgramPeerArgs dpeer;
-  auto* dp = add_dgram_peer(app, &dpeer);
-
-  std::vector<std::string> bench_args;
-  auto* b = app.add_subcommand("bench",
-                               "Run the paper's experiments (sync_latency, latency, throughput, cpu, "
-                               "resources, held_block, cameras; the SDP paper's small_messages, progress; all) side by "
-                               "side with raw UCX and TCP; "
-                               "`slotstream bench --help` for the options.");
-  b->prefix_command();  // everything after `bench` goes to the orchestrator
-  b->set_help_flag();
-  b->allow_extras();
-
+  Commands commands;
+  add_commands(app, &commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -342,35 +393,6 @@ int main(int argc, char** argv) {
     if (rc != 0) std::fputs(suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e).c_str(), stderr);
     return rc == 0 ? 0 : kExitUsage;
   }
-  apply_config_flags({r, s});
-  if ((*r && recv.transport == "udp" && !recv.platform.url.empty()) ||
-      (*s && is_dgram_send(send) && !send.platform.url.empty())) {
-    print_error(*r ? "recv" : "send",
-                "--platform serves UCX transports (shm, tcp); the datagram transport is not on it");
-    return kExitUsage;
-  }
-  if (*r) {
-    setup_logging("slotstream recv", recv.log_format);
-    return recv.transport == "udp" ? run_dgram_recv(recv, dgram) : run_recv(recv);
-  }
-  if (*s) {
-    setup_logging("slotstream send", send.log_format);
-    send.name_given = s->count("--name") > 0;
-    if (!send.platform.url.empty()) return run_platform_send(send);
-    return is_dgram_send(send) ? run_dgram_send(send, dgram) : run_send(send);
-  }
-  if (*ps) return run_platform_status(pstatus);
-  if (*e) {
-    setup_logging("slotstream edge", "text");  // warnings (late synthetic frames) on stderr, as send's
-    return run_edge(edge);
-  }
-  if (*dp) return run_dgram_peer(dp, dpeer);
-  if (*v) return run_verify(verify_dir);
-  if (*pl) return run_protocols(protocols_json);
-  if (*tl) return run_transports(transports_json, rdma_options(transports_rdma, transports_device));
-  if (*d) return run_demo(demo, self_exe(argv[0]));
-  if (*bpr) return run_bench_recv(brecv);
-  if (*bps) return run_bench_send(bsend);
-  if (*b) return run_bench(b->remaining(), self_exe(argv[0]));
-  return kExitUsage;
+  apply_config_flags({commands.r, commands.s});
+  return run_command(commands, argv[0]);
 }

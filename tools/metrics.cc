@@ -19,7 +19,6 @@
 #include <limits>
 #include <stdexcept>
 
-#include "net/control_socket.h"
 #include "process_metrics.h"
 
 namespace slotstream::tools {
@@ -408,7 +407,7 @@ Status MetricsServer::start(const std::string& address, CollectFn collect, std::
                             ReadyFn ready) {
   std::string host;
   uint16_t port = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(address, &host, &port));
+  SLOTSTREAM_RETURN_IF_ERROR(parse_address(address, &host, &port));
   const std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
   CivetCallbacks callbacks;

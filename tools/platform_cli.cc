@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
-#include "net/control_socket.h"
 #include "platform/etcd.h"
 #include "platform/host.h"
 #include "platform/registration.h"
@@ -100,14 +99,14 @@ Status advertised_address(const RecvArgs& args, const Receiver& rx, std::string*
   if (!args.platform.advertise.empty()) {
     std::string host;
     uint16_t port = 0;
-    SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(args.platform.advertise, &host, &port));
+    SLOTSTREAM_RETURN_IF_ERROR(parse_address(args.platform.advertise, &host, &port));
     *out = args.platform.advertise;
     return Status::ok();
   }
   std::string host, bound_host;
   uint16_t port = 0, bound_port = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(args.listen, &host, &port));
-  SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(rx.listen_address(), &bound_host, &bound_port));
+  SLOTSTREAM_RETURN_IF_ERROR(parse_address(args.listen, &host, &port));
+  SLOTSTREAM_RETURN_IF_ERROR(parse_address(rx.listen_address(), &bound_host, &bound_port));
   if (host == "0.0.0.0" || host == "::" || host.empty()) host = default_name();
   *out = host + ":" + std::to_string(bound_port);
   return Status::ok();
@@ -166,21 +165,6 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
 
 namespace {
 
-// A device's stream through the platform, as a MessageOut.
-class PlatformOut final : public MessageOut {
- public:
-  PlatformOut(PlatformSender& s, uint16_t d) : s_(s), d_(d) {}
-  uint16_t device() const override { return d_; }
-  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
-    return s_.send_with(d_, length, fill);
-  }
-  Status send(std::span<const std::byte> message) override { return s_.send(d_, message); }
-
- private:
-  PlatformSender& s_;
-  uint16_t d_;
-};
-
 void print_platform_json(const PlatformSender& sender, const SenderOptions& opt, double secs, double cpu) {
   const PlatformSenderStats s = sender.stats();
   nlohmann::json j;
@@ -222,8 +206,9 @@ int run_platform_send(const SendArgs& a) {
   }
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
-  Fillers fillers(plan, a,
-                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<PlatformOut>(*sender, d); });
+  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
+    return std::make_unique<DeviceOut<PlatformSender>>(*sender, d);
+  });
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;

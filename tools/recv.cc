@@ -9,8 +9,6 @@
 #include "commands.h"
 #include "log.h"
 #include "metrics.h"
-#include "net/auth.h"
-#include "net/control_socket.h"
 #include "pipeline/worker_manager.h"
 #include "platform/registration.h"
 #include "platform_cli.h"
@@ -157,7 +155,7 @@ std::string session_line(const SessionReport& r) {
 // The receiver's own options from the command line: where it listens, transport, held blocks,
 // memory budget, token. kExitOk, or kExitUsage after printing what is wrong.
 int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
-  if (Status st = net::parse_host_port(args.listen, &opt->host, &opt->port); !st.is_ok()) {
+  if (Status st = parse_address(args.listen, &opt->host, &opt->port); !st.is_ok()) {
     print_error("recv", "--listen: " + st.message());
     return kExitUsage;
   }
@@ -177,7 +175,7 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     opt->max_memory = *bytes;
   }
   if (!args.token_file.empty()) {
-    if (Status st = net::read_token_file(args.token_file, &opt->token); !st.is_ok()) {
+    if (Status st = read_token_file(args.token_file, &opt->token); !st.is_ok()) {
       print_error("recv", st.message());
       return kExitUsage;
     }

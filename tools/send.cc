@@ -22,8 +22,6 @@
 
 #include "commands.h"
 #include "log.h"
-#include "net/auth.h"
-#include "net/control_socket.h"
 #include "send_plan.h"
 #include "synthetic.h"
 
@@ -346,7 +344,7 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
   }
   if (addrs.empty()) return {Code::kInvalidArgument, "--to: no address"};
   for (const auto& a : addrs) {
-    SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(a, host, port));
+    SLOTSTREAM_RETURN_IF_ERROR(parse_address(a, host, port));
   }
   if (addrs.size() == 1) return Status::ok();
   struct Candidate {
@@ -358,7 +356,7 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
   std::string report;
   for (const auto& a : addrs) {
     Candidate c{a, "", 0, {}};
-    (void)net::parse_host_port(a, &c.host, &c.port);
+    (void)parse_address(a, &c.host, &c.port);
     if (Status st = query_capacity(c.host, c.port, &c.cap); !st.is_ok()) {
       report += "\n  " + a + ": unavailable (" + st.message() + ")";
       continue;
@@ -401,7 +399,7 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   opt->block_size = a.block_size;
   opt->devices = plan->devices();
   if (!a.token_file.empty()) {
-    if (Status st = net::read_token_file(a.token_file, &opt->token); !st.is_ok()) {
+    if (Status st = read_token_file(a.token_file, &opt->token); !st.is_ok()) {
       print_error("send", st.message());
       return kExitUsage;
     }

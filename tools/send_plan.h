@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -62,6 +63,32 @@ class StreamOut final : public MessageOut {
 
  private:
   DeviceStream& s_;
+};
+
+// Device `d` of a sender that takes the device with every call (PlatformSender, the edge's
+// offloading sender) as a MessageOut; one without send(d, message) gets the copy through send_with.
+template <class Target>
+class DeviceOut final : public MessageOut {
+ public:
+  DeviceOut(Target& target, uint16_t d) : target_(target), d_(d) {}
+  uint16_t device() const override { return d_; }
+  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
+    return target_.send_with(d_, length, fill);
+  }
+  Status send(std::span<const std::byte> message) override {
+    if constexpr (requires { target_.send(d_, message); }) {
+      return target_.send(d_, message);
+    } else {
+      return target_.send_with(d_, message.size(), [&](uint64_t off, std::span<std::byte> dst) {
+        std::memcpy(dst.data(), message.data() + off, dst.size());
+        return Status::ok();
+      });
+    }
+  }
+
+ private:
+  Target& target_;
+  uint16_t d_;
 };
 
 Status send_file(MessageOut& dev, const std::filesystem::path& path);

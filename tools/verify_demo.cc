@@ -174,38 +174,41 @@ int run_verify(const std::string& dir) {
   return r.problems.empty() && r.frames > 0 ? kExitOk : kExitError;
 }
 
-int run_demo(const DemoArgs& a, const std::string& self) {
-  if (a.cameras < 1 || a.cameras > 1024 || a.seconds <= 0) {
-    print_error("demo", "--cameras must be 1..1024 and --seconds > 0");
-    return kExitUsage;
-  }
-  fs::path out = a.out;
-  bool temp = out.empty();
-  if (temp) {
-    char tmpl[] = "/tmp/slotstream-demo-XXXXXX";
-    if (!mkdtemp(tmpl)) {
-      print_error("demo", std::string("cannot create a temporary directory: ") + strerror(errno));
-      return kExitError;
-    }
-    out = tmpl;
-  }
-  std::printf("slotstream demo: %u cameras x 640x480x3 @ 25 fps for %.0f s over %s, into %s\n", a.cameras, a.seconds,
-              a.transport.c_str(), out.c_str());
-  std::fflush(stdout);
+namespace {
 
-  int rx_out = -1;
-  pid_t rx = spawn({self, "recv", "--listen", "127.0.0.1:0", "--out", out.string(), "--transport", a.transport,
-                    "--exit-after-senders", "1"},
-                   &rx_out);
-  std::string line = read_line(rx_out, 15000);
+// The demo's output directory: --out, or a fresh temporary one (removed at the end).
+bool demo_directory(const DemoArgs& a, fs::path* out, bool* temp) {
+  *out = a.out;
+  *temp = out->empty();
+  if (!*temp) return true;
+  char tmpl[] = "/tmp/slotstream-demo-XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    print_error("demo", std::string("cannot create a temporary directory: ") + strerror(errno));
+    return false;
+  }
+  *out = tmpl;
+  return true;
+}
+
+// Starts `slotstream recv` for one sender; its address, or "" (reported) when it did not start.
+std::string start_receiver(const DemoArgs& a, const std::string& self, const fs::path& out, pid_t* rx, int* rx_out) {
+  *rx = spawn({self, "recv", "--listen", "127.0.0.1:0", "--out", out.string(), "--transport", a.transport,
+               "--exit-after-senders", "1"},
+              rx_out);
+  std::string line = read_line(*rx_out, 15000);
   const std::string prefix = "listening on ";
-  if (rx < 0 || !line.starts_with(prefix)) {
+  if (*rx < 0 || !line.starts_with(prefix)) {
     print_error("demo", "the receiver did not start (got '" + line + "')");
-    if (rx > 0) kill(rx, SIGKILL), waitpid(rx, nullptr, 0);
-    return kExitError;
+    if (*rx > 0) kill(*rx, SIGKILL), waitpid(*rx, nullptr, 0);
+    return "";
   }
-  std::string addr = line.substr(prefix.size());
+  return line.substr(prefix.size());
+}
 
+// Runs the synthetic cameras to the end, verifying (and, unless --keep, removing) frames while they
+// arrive, like a processing worker, with progress every 2 s. Returns the sender's JSON report.
+std::string run_cameras(const DemoArgs& a, const std::string& self, const std::string& addr, const fs::path& out,
+                        Verifier* verifier, int* tx_status, rusage* tx_ru) {
   int tx_out = -1;
   std::string cams = "0-" + std::to_string(a.cameras - 1) + ":25:640x480x3";
   char dur[32];
@@ -213,21 +216,14 @@ int run_demo(const DemoArgs& a, const std::string& self) {
   pid_t tx = spawn({self, "send", "--to", addr, "--name", "demo", "--transport", a.transport, "--synthetic", cams,
                     "--duration", dur, "--json"},
                    &tx_out);
-  // Progress while the cameras run.
   std::string tx_json;
   std::thread reader([&] { tx_json = read_all(tx_out); });
-  // Verify (and, unless --keep, remove) frames while they arrive, like a processing worker.
-  Verifier verifier;
-  auto t0 = std::chrono::steady_clock::now();
-  rusage tx_ru{}, rx_ru{};
-  int tx_status = 0, rx_status = 0;
-  for (;;) {
-    pid_t p = wait4(tx, &tx_status, WNOHANG, &tx_ru);
-    if (p == tx) break;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int last = -1;;) {
+    if (wait4(tx, tx_status, WNOHANG, tx_ru) == tx) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    if (!a.keep) verifier.scan(out, /*consume=*/true, /*final=*/false);
-    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    static int last = -1;
+    if (!a.keep) verifier->scan(out, /*consume=*/true, /*final=*/false);
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (int(t) != last && int(t) % 2 == 0) {
       last = int(t);
       std::printf("  streaming... %2d s\n", last);
@@ -235,32 +231,63 @@ int run_demo(const DemoArgs& a, const std::string& self) {
     }
   }
   reader.join();
-  std::string rx_summary = read_line(rx_out, 10000);
-  if (wait4(rx, &rx_status, WNOHANG, &rx_ru) == 0) {
-    // Give the receiver a moment to exit on its own, then stop it.
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    if (wait4(rx, &rx_status, WNOHANG, &rx_ru) == 0) {
-      kill(rx, SIGTERM);
-      wait4(rx, &rx_status, 0, &rx_ru);
-    }
-  }
+  return tx_json;
+}
 
-  bool ok = WIFEXITED(tx_status) && WEXITSTATUS(tx_status) == 0;
+// Gives the receiver a moment to exit on its own, then stops it.
+void end_receiver(pid_t rx, int* rx_status, rusage* rx_ru) {
+  if (wait4(rx, rx_status, WNOHANG, rx_ru) != 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  if (wait4(rx, rx_status, WNOHANG, rx_ru) == 0) {
+    kill(rx, SIGTERM);
+    wait4(rx, rx_status, 0, rx_ru);
+  }
+}
+
+// Prints what was sent and what was verified; whether every frame arrived intact.
+bool report_demo(const std::string& tx_json, const std::string& rx_summary, const VerifyResult& v, double tx_cpu,
+                 double rx_cpu) {
   nlohmann::json j = nlohmann::json::parse(tx_json, nullptr, false);
-  verifier.scan(out, /*consume=*/!a.keep, /*final=*/true);
-  const VerifyResult& v = verifier.result();
   uint64_t sent = j.is_object() ? j.value("messages", 0ull) : 0;
   std::printf("\nreceiver: %s\n", rx_summary.c_str());
   if (j.is_object()) {
     std::printf(
         "sent:     %llu frames, %.1f MB in %.2f s = %.1f MB/s over %s (sender CPU %.2f s, receiver CPU %.2f s)\n",
         (unsigned long long)sent, j.value("bytes", 0ull) / 1e6, j.value("seconds", 0.0), j.value("mb_per_s", 0.0),
-        j.value("transport", "?").c_str(), cpu_of(tx_ru), cpu_of(rx_ru));
+        j.value("transport", "?").c_str(), tx_cpu, rx_cpu);
   }
   std::printf("verified: %llu of %llu frames intact and in order in %llu device directories\n",
               (unsigned long long)v.frames, (unsigned long long)sent, (unsigned long long)v.devices);
   for (size_t i = 0; i < v.problems.size() && i < 10; ++i) std::printf("  problem: %s\n", v.problems[i].c_str());
-  ok = ok && v.problems.empty() && v.frames == sent && sent > 0;
+  return v.problems.empty() && v.frames == sent && sent > 0;
+}
+
+}  // namespace
+
+int run_demo(const DemoArgs& a, const std::string& self) {
+  if (a.cameras < 1 || a.cameras > 1024 || a.seconds <= 0) {
+    print_error("demo", "--cameras must be 1..1024 and --seconds > 0");
+    return kExitUsage;
+  }
+  fs::path out;
+  bool temp = false;
+  if (!demo_directory(a, &out, &temp)) return kExitError;
+  std::printf("slotstream demo: %u cameras x 640x480x3 @ 25 fps for %.0f s over %s, into %s\n", a.cameras, a.seconds,
+              a.transport.c_str(), out.c_str());
+  std::fflush(stdout);
+  pid_t rx = -1;
+  int rx_out = -1;
+  const std::string addr = start_receiver(a, self, out, &rx, &rx_out);
+  if (addr.empty()) return kExitError;
+  Verifier verifier;
+  rusage tx_ru{}, rx_ru{};
+  int tx_status = 0, rx_status = 0;
+  const std::string tx_json = run_cameras(a, self, addr, out, &verifier, &tx_status, &tx_ru);
+  const std::string rx_summary = read_line(rx_out, 10000);
+  end_receiver(rx, &rx_status, &rx_ru);
+  verifier.scan(out, /*consume=*/!a.keep, /*final=*/true);
+  bool ok = WIFEXITED(tx_status) && WEXITSTATUS(tx_status) == 0;
+  ok = report_demo(tx_json, rx_summary, verifier.result(), cpu_of(tx_ru), cpu_of(rx_ru)) && ok;
   std::printf("%s\n", ok ? "demo OK: zero loss" : "demo FAILED");
   if (temp && !a.keep)
     fs::remove_all(out);

@@ -256,6 +256,14 @@ MemoryRegion::~MemoryRegion() {
   g_counters.registered_now.fetch_sub(size_);
 }
 
+Status MemoryRegion::allocate_exposed(Context& ctx, size_t length, ExposedRegion* out) {
+  ExposedRegion exposed;
+  SLOTSTREAM_RETURN_IF_ERROR(allocate(ctx, length, &exposed.region));
+  SLOTSTREAM_RETURN_IF_ERROR(exposed.region->pack_rkey(&exposed.rkey));
+  *out = std::move(exposed);
+  return Status::ok();
+}
+
 Status MemoryRegion::pack_rkey(std::vector<uint8_t>* out) const {
   void* buf = nullptr;
   size_t len = 0;
@@ -680,13 +688,24 @@ Status Worker::tag_recv(void* dst, size_t length, uint64_t tag, TagReceive* out)
   return Status::ok();
 }
 
-bool Worker::has_am_handler(unsigned id) const {
-  return std::find(am_ids_.begin(), am_ids_.end(), id) != am_ids_.end();
+Status Worker::set_am_handler(unsigned id, AmHandler handler, AmRegistration* out) {
+  out->reset();  // first: it may hold this very id
+  SLOTSTREAM_RETURN_IF_ERROR(install_am_handler(id, std::move(handler)));
+  out->worker_ = this;
+  out->id_ = id;
+  return Status::ok();
 }
 
-Status Worker::set_am_handler(unsigned id, AmHandler handler) {
+void AmRegistration::reset() {
+  if (worker_ == nullptr) return;
+  // A no-op rather than no handler: UCX warns about every message for an id without one.
+  Status st = std::exchange(worker_, nullptr)
+                  ->install_am_handler(id_, [](std::span<const std::byte>, std::span<const std::byte>, ReplyEp) {});
+  if (!st.is_ok()) spdlog::warn("unhooking active-message handler {}: {}", id_, st.to_string());
+}
+
+Status Worker::install_am_handler(unsigned id, AmHandler handler) {
   am_handlers_.push_back(std::make_unique<AmHandler>(std::move(handler)));
-  if (!has_am_handler(id)) am_ids_.push_back(id);
   ucp_am_handler_param_t param{};
   param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
   param.id = id;

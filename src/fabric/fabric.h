@@ -16,6 +16,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fabric/transports.h"
@@ -129,9 +130,14 @@ class Worker;
 // that is what makes remote puts/gets land without the owner's CPU (see docs/design.md).
 // `map` registers memory the caller owns and keeps (the local destination of gets: shared memory
 // and tcp copy into any memory, an RDMA NIC only into registered memory); it stays the caller's.
+struct ExposedRegion;
+
 class MemoryRegion {
  public:
   static Status allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out);
+  // allocate() and the packed remote key a peer unpacks (RemoteKey::unpack): the memory a
+  // protocol exposes to its peer at set-up.
+  static Status allocate_exposed(Context& ctx, size_t length, ExposedRegion* out);
   static Status map(Context& ctx, void* address, size_t length, std::unique_ptr<MemoryRegion>* out);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
@@ -298,6 +304,45 @@ class TagReceive {
   bool unexpected_ = false;
 };
 
+// A region a peer may reach (MemoryRegion::allocate_exposed) and its packed remote key.
+struct ExposedRegion {
+  std::unique_ptr<MemoryRegion> region;
+  std::vector<uint8_t> rkey;
+};
+
+class Worker;
+
+// An active-message handler installed on a worker (Worker::set_am_handler): destroying it
+// unhooks the handler (a silent no-op takes its place, so a late message for an owner that is
+// gone is dropped, not delivered to freed memory). Declare it after what the handler uses, so it
+// goes first. The worker must outlive it. One registration per id and worker: destroying one
+// unhooks whatever handler the id has then. Move-only.
+class AmRegistration {
+ public:
+  AmRegistration() = default;
+  ~AmRegistration() { reset(); }
+  AmRegistration(AmRegistration&& other) noexcept : worker_(std::exchange(other.worker_, nullptr)), id_(other.id_) {}
+  AmRegistration& operator=(AmRegistration&& other) noexcept {
+    if (this != &other) {
+      reset();
+      worker_ = std::exchange(other.worker_, nullptr);
+      id_ = other.id_;
+    }
+    return *this;
+  }
+  AmRegistration(const AmRegistration&) = delete;
+  AmRegistration& operator=(const AmRegistration&) = delete;
+
+  bool active() const { return worker_ != nullptr; }
+  // Unhooks now (the thread that may install handlers on the worker).
+  void reset();
+
+ private:
+  friend class Worker;
+  Worker* worker_ = nullptr;
+  unsigned id_ = 0;
+};
+
 class Worker {
  public:
   // shared: several threads call into it (receiver); wakeup: usable with wait_for_event().
@@ -328,11 +373,9 @@ class Worker {
   // Any thread.
   void signal();
 
-  // Registers an active-message handler for `id` (one per id per worker: a later one replaces it).
-  Status set_am_handler(unsigned id, AmHandler handler);
-  // Whether a handler for `id` was registered on this worker (protocols whose receivers share
-  // one worker register their handler once).
-  bool has_am_handler(unsigned id) const;
+  // Registers an active-message handler for `id` (one per id per worker: a later one replaces
+  // it); `*out` unhooks it when destroyed. UCX runs the handler inside progress() of this worker.
+  Status set_am_handler(unsigned id, AmHandler handler, AmRegistration* out);
   // Sends an active message back on a ReplyEp (any thread of a shared worker). The header must
   // stay valid until the request completes.
   Status am_reply(ReplyEp to, unsigned id, const void* header, size_t header_len, Request* req);
@@ -354,6 +397,8 @@ class Worker {
  private:
   friend class Endpoint;
   friend class SoftRma;
+  friend class AmRegistration;
+  Status install_am_handler(unsigned id, AmHandler handler);
   void keep(std::shared_ptr<const void> buffer);
   Worker(Context& ctx, ucp_worker* handle);
   ucp_worker* handle() const { return handle_.get(); }
@@ -363,8 +408,9 @@ class Worker {
   std::unique_ptr<CmListener> listener_;  // peers connect through it (traits: tcp; cm.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
+  // Every handler ever installed, kept until the worker goes: a replaced one may still be running
+  // in another thread's progress() of a shared worker while it is replaced.
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;
-  std::vector<unsigned> am_ids_;  // ids with a handler, for has_am_handler()
   std::mutex kept_mutex_;
   std::vector<std::shared_ptr<const void>> kept_;  // keep_until_destroyed(): freed after handle_
 };

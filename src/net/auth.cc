@@ -2,25 +2,17 @@
 
 #include <openssl/crypto.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 
 #include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "random.h"
+
 namespace slotstream::net {
 
 Status make_nonce(Nonce* out) {
-  if (RAND_bytes(out->data(), static_cast<int>(out->size())) != 1) {
-    return {Code::kAuthFailed, "cannot generate a random nonce"};
-  }
-  return Status::ok();
-}
-
-Status make_nonce_u64(uint64_t* out) {
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(out), sizeof *out) != 1) {
-    return {Code::kAuthFailed, "cannot generate a random identifier"};
-  }
+  if (!random_bytes(*out).is_ok()) return {Code::kAuthFailed, "cannot generate a random nonce"};
   return Status::ok();
 }
 

@@ -35,9 +35,8 @@ using Nonce = std::array<uint8_t, wire::kNonceSize>;
 using Mac = std::array<uint8_t, wire::kMacSize>;
 using Key = std::array<uint8_t, wire::kMacSize>;
 
+// A fresh nonce (random.h; random identifiers that are no nonces: random_u64 there).
 Status make_nonce(Nonce* out);
-// A random 64-bit identifier (a sender's connection group).
-Status make_nonce_u64(uint64_t* out);
 // HMAC-SHA256 under `key` of "slotstream-auth-v2" | u8 label length | label | each part as u32
 // length + bytes (length-prefixed: moving bytes from one part to the next changes the MAC).
 Mac mac(std::span<const uint8_t> key, std::string_view label, std::initializer_list<std::span<const uint8_t>> parts);

@@ -210,7 +210,7 @@ class BufferedReadReceiver final : public ReceiverProtocol {
   ~BufferedReadReceiver() override {
     // A get still running writes into the mirror (a head write reads head_buf_): give them a
     // moment — the sender answers until we close the connection (src/session/sender_lane.cc, SenderLane::fin) — then
-    // leak rather than unmap memory UCX may still touch (only when the sender stopped answering
+    // leave the memory UCX may still touch to the worker (only when the sender stopped answering
     // but did not die: a dead one fails them).
     const auto deadline = Clock::now() + kTeardownGrace;
     auto done = [](fabric::Request& r) { return r.check().code() != Code::kInProgress; };
@@ -224,13 +224,14 @@ class BufferedReadReceiver final : public ReceiverProtocol {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (pending()) {
-      // The registration goes (UCX must not find it at cleanup); the memory a late get may
-      // still write, and the key an operation still uses (UCX: destroy keys only after their
-      // operations), stay.
-      (void)mirror_.release();
+      // The registration goes (UCX must not find it at cleanup); the memory a late get may still
+      // write stays with the worker, freed after UCX ends every request, as other protocols'
+      // stuck headers are (Worker::keep_until_destroyed). The key an operation still uses stays
+      // for good: UCX destroys keys only after their operations, and through their worker.
+      worker_.keep_until_destroyed(std::move(mirror_));
+      worker_.keep_until_destroyed(std::move(tail_buf_));
+      worker_.keep_until_destroyed(std::move(head_buf_));
       (void)rkey_.release();
-      (void)tail_buf_.release();
-      (void)head_buf_.release();
     }
   }
 
@@ -501,14 +502,12 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   const uint64_t capacity = RingLayout::capacity(fabric.geometry);
   // UCX allocates the ring: on shared memory that is what lets the receiver's gets and head
   // writes complete without this process (UCX-NOTES, passivity).
-  std::unique_ptr<fabric::MemoryRegion> region;
-  if (Status st = fabric::MemoryRegion::allocate(fabric.context, RingLayout::kDataOffset + capacity, &region);
+  fabric::ExposedRegion region;
+  if (Status st = fabric::MemoryRegion::allocate_exposed(fabric.context, RingLayout::kDataOffset + capacity, &region);
       !st.is_ok()) {
     return {st.code(), "buffered_read: the exposed ring (--blocks x --block-size): " + st.message()};
   }
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(region->pack_rkey(&rkey));
-  out->reset(new BufferedReadSender(fabric, std::move(region), std::move(rkey), capacity));
+  out->reset(new BufferedReadSender(fabric, std::move(region.region), std::move(region.rkey), capacity));
   return Status::ok();
 }
 

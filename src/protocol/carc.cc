@@ -264,11 +264,9 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
   }
   // The word the receiver puts its counters into: UCX-allocated, so that on shared memory the
   // put lands without this process's help (docs/design.md).
-  std::unique_ptr<fabric::MemoryRegion> word;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, 64, &word));
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(word->pack_rkey(&rkey));
-  out->reset(new CarcSender(fabric, rs, std::move(word), std::move(rkey)));
+  fabric::ExposedRegion word;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate_exposed(fabric.context, 64, &word));
+  out->reset(new CarcSender(fabric, rs, std::move(word.region), std::move(word.rkey)));
   return Status::ok();
 }
 

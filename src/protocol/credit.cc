@@ -5,17 +5,14 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
-#include <deque>
-#include <thread>
 
 #include "clock.h"
 #include "protocol/posted_receives.h"
+#include "protocol/reply_queue.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Active-message id of the credit update (receiver -> sender), on the sender's own worker.
 constexpr unsigned kCreditAm = 21;
@@ -28,19 +25,13 @@ class CreditSender final : public SenderProtocol {
  public:
   CreditSender(SenderFabric& fabric, uint64_t tag) : fabric_(fabric), tag_(tag), account_(fabric.geometry.blocks) {}
 
-  // The Sender destroys its protocol before its endpoint, whose close still progresses the
-  // worker: unhook the handler, which points at this object.
-  ~CreditSender() override {
-    (void)fabric_.worker.set_am_handler(kCreditAm,
-                                        [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
-  }
-
   Status init() {
     // Credit updates are handled inside the progress of this sending thread's worker: while the
     // sender has credits it never waits for one, it picks them up whenever it progresses.
     return fabric_.worker.set_am_handler(
         kCreditAm,
-        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) { on_update(header); });
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) { on_update(header); },
+        &update_handler_);
   }
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
@@ -103,6 +94,9 @@ class CreditSender final : public SenderProtocol {
   uint64_t tag_;
   CreditAccount account_;
   ProtocolStats stats_;
+  // The Sender destroys its protocol before its endpoint, whose close still progresses the
+  // worker: last, so the handler (it points at this object) is unhooked first.
+  fabric::AmRegistration update_handler_;
 };
 
 class CreditReceiver final : public ReceiverProtocol {
@@ -111,19 +105,8 @@ class CreditReceiver final : public ReceiverProtocol {
       : worker_(fabric.worker),
         geometry_(fabric.geometry),
         receives_(std::move(receives)),
-        batcher_(fabric.geometry.blocks) {}
-
-  ~CreditReceiver() override {
-    // An update's header must outlive its request. Give the last ones a moment; one still stuck
-    // (the sender is gone) stays with the worker until it is destroyed, not freed under UCX.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(50);
-    while (!updates_.empty() && Clock::now() < deadline) {
-      worker_.progress();
-      reap();
-      if (!updates_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    for (auto& u : updates_) worker_.keep_until_destroyed(std::move(u.second));
-  }
+        batcher_(fabric.geometry.blocks),
+        updates_(fabric.worker) {}
 
   std::vector<uint8_t> setup() const override {
     wire::Writer w;
@@ -141,7 +124,7 @@ class CreditReceiver final : public ReceiverProtocol {
   // The receiver polls its own completion queue: tagged receives complete inside progress.
   bool progress() override {
     const bool any = worker_.progress() != 0;
-    reap();
+    updates_.reap();
     return any;
   }
 
@@ -151,19 +134,16 @@ class CreditReceiver final : public ReceiverProtocol {
     if (!receives_->release(id)) return;  // not a buffer we handed out: must not return a credit
     if (!batcher_.on_release()) return;
     // SDP §2.1: the credits go back in one update once half of them were used.
-    auto u = std::make_unique<CreditUpdate>(CreditUpdate{batcher_.released(), uint64_t(now_ns())});
-    fabric::Request req;
+    bool queued = false;
     if (to_sender_ == nullptr ||
-        !to_sender_->am_send(kCreditAm, u.get(), sizeof(CreditUpdate), nullptr, 0, false, &req).is_ok()) {
+        !updates_.send(*to_sender_, kCreditAm, CreditUpdate{batcher_.released(), uint64_t(now_ns())}, &queued)
+             .is_ok()) {
       ++update_failures_;  // retried with the next batch: the updates are cumulative
       return;
     }
     batcher_.acked();
     ++updates_sent_;
-    if (req.pending()) {
-      updates_.emplace_back(std::move(req), std::move(u));
-      worker_.signal();  // the progress thread may be asleep in the kernel: let it push this out
-    }
+    if (queued) worker_.signal();  // the progress thread may be asleep in the kernel: let it push this out
   }
 
   uint64_t max_records() const override { return geometry_.blocks; }
@@ -181,10 +161,6 @@ class CreditReceiver final : public ReceiverProtocol {
   }
 
  private:
-  void reap() {
-    while (!updates_.empty() && updates_.front().first.check().code() != Code::kInProgress) updates_.pop_front();
-  }
-
   fabric::Worker& worker_;
   Geometry geometry_;
   std::unique_ptr<PostedReceives> receives_;
@@ -192,7 +168,7 @@ class CreditReceiver final : public ReceiverProtocol {
   fabric::Endpoint* to_sender_ = nullptr;
   uint64_t updates_sent_ = 0;
   uint64_t update_failures_ = 0;
-  std::deque<std::pair<fabric::Request, std::unique_ptr<CreditUpdate>>> updates_;
+  ReplyQueue<CreditUpdate> updates_;  // an update's header outlives its request
 };
 
 Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const Options&,

@@ -1,7 +1,8 @@
 // Replies (ACKs, credits) that a receiver sends from its consumer thread on the sender's reply
 // endpoint: UCX may keep a reply's header until its request completes (e.g. the shared-memory
 // FIFO to the sender is full), so the header lives here until then. Used by the protocols with
-// two-sided notifications (sliding_window, packed_ring, nic_assisted).
+// two-sided notifications (sliding_window, packed_ring, nic_assisted; credit's updates go on an
+// endpoint of the receiver's own).
 #pragma once
 
 #include <chrono>
@@ -35,17 +36,36 @@ class ReplyQueue {
 
   // Sends `header` as active message `id`; if it cannot leave at once, the next progress pushes it.
   Status send(fabric::ReplyEp to, unsigned id, const Header& header) {
-    auto h = std::make_unique<Header>(header);
-    fabric::Request req;
-    Status st = worker_.am_reply(to, id, h.get(), sizeof(Header), &req);
-    if (req.pending()) pending_.push_back({std::move(req), std::move(h)});
-    reap();
-    return st;
+    bool queued = false;
+    return send_with(
+        header, [&](const Header* h, fabric::Request* req) { return worker_.am_reply(to, id, h, sizeof(Header), req); },
+        &queued);
+  }
+  // The same on an endpoint of the receiver's own; `*queued`: it waits for progress to leave.
+  Status send(fabric::Endpoint& to, unsigned id, const Header& header, bool* queued) {
+    return send_with(
+        header,
+        [&](const Header* h, fabric::Request* req) {
+          return to.am_send(id, h, sizeof(Header), nullptr, 0, false, req);
+        },
+        queued);
+  }
+
+  // Frees the headers of replies that have left.
+  void reap() {
+    while (!pending_.empty() && pending_.front().first.check().code() != Code::kInProgress) pending_.pop_front();
   }
 
  private:
-  void reap() {
-    while (!pending_.empty() && pending_.front().first.check().code() != Code::kInProgress) pending_.pop_front();
+  template <class SendFn>
+  Status send_with(const Header& header, SendFn send, bool* queued) {
+    auto h = std::make_unique<Header>(header);
+    fabric::Request req;
+    Status st = send(h.get(), &req);
+    *queued = req.pending();
+    if (*queued) pending_.push_back({std::move(req), std::move(h)});
+    reap();
+    return st;
   }
 
   fabric::Worker& worker_;

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "clock.h"
-#include "net/auth.h"
 #include "protocol/reply_queue.h"
+#include "random.h"
 #include "wire/block_header.h"
 #include "wire/codec.h"
 
@@ -249,7 +249,8 @@ Status RingLink::create(SenderFabric& fabric, const RingSetup& setup, AckHandler
   RingLink* self = link.get();
   // ACKs are active messages: UCX runs the handler inside progress of the sending thread's worker.
   SLOTSTREAM_RETURN_IF_ERROR(fabric.worker.set_am_handler(
-      kRingAckAm, [self](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) {
+      kRingAckAm,
+      [self](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp) {
         const uint64_t now = now_ns();
         if (header.size() != sizeof(RingAck)) {
           ++self->acks_ignored_;
@@ -258,17 +259,16 @@ Status RingLink::create(SenderFabric& fabric, const RingSetup& setup, AckHandler
         RingAck ack;
         std::memcpy(&ack, header.data(), sizeof ack);
         self->on_ack_(ack, now);
-      }));
+      },
+      &link->ack_handler_));
   *out = std::move(link);
   return Status::ok();
 }
 
 // The Sender destroys its protocol before its endpoint, whose close still progresses the worker:
-// unhook the ACK handler (it points at this object) and leave the headers of notices that are
-// still queued to UCX (only when the receiver stopped answering).
+// ack_handler_ unhooks the ACK handler (it points at this object); the headers of notices that
+// are still queued to UCX (only when the receiver stopped answering) are left to UCX.
 RingLink::~RingLink() {
-  (void)fabric_.worker.set_am_handler(kRingAckAm,
-                                      [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
   reap();
   if (!pending_.empty()) (void)new std::deque<Pending>(std::move(pending_));  // a move keeps element addresses
 }
@@ -375,15 +375,12 @@ class RingReceiver final : public ReceiverProtocol {
         acks_(fabric.worker) {}
 
   Status init() {
-    return worker_.set_am_handler(kRingNoticeAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
-                                                        fabric::ReplyEp reply) { noticed(header, reply); });
-  }
-
-  // The worker outlives us (it belongs to the session): unhook the handler first (acks_, which
-  // lets its last ACKs leave, goes after).
-  ~RingReceiver() override {
-    (void)worker_.set_am_handler(kRingNoticeAm,
-                                 [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
+    return worker_.set_am_handler(
+        kRingNoticeAm,
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
+          noticed(header, reply);
+        },
+        &notice_handler_);
   }
 
   std::vector<uint8_t> setup() const override {
@@ -511,21 +508,22 @@ class RingReceiver final : public ReceiverProtocol {
   uint64_t acks_sent_ = 0, ack_failures_ = 0, bad_releases_ = 0;
   std::map<RingLedger::Verdict, uint64_t> dropped_;
   ReplyQueue<RingAck> acks_;
+  // The worker outlives us (it belongs to the session): the handler is unhooked first, acks_
+  // (which lets its last ACKs leave) after.
+  fabric::AmRegistration notice_handler_;
 };
 
 }  // namespace
 
 Status make_ring_receiver(ReceiverFabric& fabric, uint64_t window, std::unique_ptr<ReceiverProtocol>* out) {
   // The ring is exactly the blocks x block_size the receiver's memory budget reserved.
-  std::unique_ptr<fabric::MemoryRegion> ring;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, fabric.geometry.bytes(), &ring));
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(ring->pack_rkey(&rkey));
+  fabric::ExposedRegion ring;
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate_exposed(fabric.context, fabric.geometry.bytes(), &ring));
   // The session id the sender echoes in every notice: one that carries another is not for this
   // ring and is dropped (counted).
   uint64_t session = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce_u64(&session));
-  auto receiver = std::make_unique<RingReceiver>(fabric, window, std::move(ring), std::move(rkey), session);
+  SLOTSTREAM_RETURN_IF_ERROR(random_u64(&session));
+  auto receiver = std::make_unique<RingReceiver>(fabric, window, std::move(ring.region), std::move(ring.rkey), session);
   SLOTSTREAM_RETURN_IF_ERROR(receiver->init());
   *out = std::move(receiver);
   return Status::ok();

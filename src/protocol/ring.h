@@ -299,6 +299,7 @@ class RingLink final : public RingWire {
   std::deque<Pending> pending_;  // notice headers still owned by UCX (a deque never moves them)
   uint64_t notices_ = 0;
   uint64_t acks_ignored_ = 0;
+  fabric::AmRegistration ack_handler_;  // last: unhooked before the rest goes
 };
 
 // What both ring senders share over UCX: the link, ACK handling and statistics, liveness.

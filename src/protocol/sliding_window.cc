@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "clock.h"
-#include "net/auth.h"
 #include "protocol/reply_queue.h"
+#include "random.h"
 #include "wire/codec.h"
 
 namespace slotstream::protocol {
@@ -70,7 +70,7 @@ class AckThread {
                       std::unique_ptr<AckThread>* out) {
     std::unique_ptr<AckThread> t(new AckThread);
     SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(fabric.context, /*shared=*/false, /*wakeup=*/true, &t->worker_));
-    SLOTSTREAM_RETURN_IF_ERROR(t->worker_->set_am_handler(kAckAm, std::move(on_ack)));
+    SLOTSTREAM_RETURN_IF_ERROR(t->worker_->set_am_handler(kAckAm, std::move(on_ack), &t->ack_handler_));
     if (Status st = fabric::Endpoint::create(*t->worker_, fabric.peer_address, fabric.peer_host, &t->endpoint_);
         !st.is_ok()) {
       return {st.code(), "sliding_window:ack=thread: cannot connect the ACK thread's worker: " + st.message()};
@@ -114,6 +114,7 @@ class AckThread {
 
   // Declared first, destroyed last: the endpoint and the request belong to the worker.
   std::unique_ptr<fabric::Worker> worker_;
+  fabric::AmRegistration ack_handler_;
   std::unique_ptr<fabric::Endpoint> endpoint_;
   std::unique_ptr<AckChannel> hello_;
   fabric::Request hello_req_;
@@ -137,13 +138,11 @@ class SlidingWindowSender final : public SenderProtocol {
   }
 
   // The Sender destroys its protocol before its endpoint, whose close still progresses the
-  // worker: stop the ACK thread, unhook the ACK handler (both point at this object), and leave the
-  // notification headers to the worker if a notification is still queued (only when the receiver
-  // stopped answering): freed when it is destroyed, after UCX.
+  // worker: stop the ACK thread, and ack_handler_ unhooks the ACK handler (both point at this
+  // object); the notification headers are left to the worker if a notification is still queued
+  // (only when the receiver stopped answering): freed when it is destroyed, after UCX.
   ~SlidingWindowSender() override {
     ack_thread_.reset();
-    (void)fabric_.worker.set_am_handler(kAckAm,
-                                        [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {});
     for (auto& r : notify_req_) {
       if (r.check().code() == Code::kInProgress) {
         fabric_.worker.keep_until_destroyed(std::move(notify_));
@@ -168,7 +167,7 @@ class SlidingWindowSender final : public SenderProtocol {
     // binary), it was 3-40x slower than polling here: shm 256 B 0.3-1.1 vs 3.6-8.0 MB/s, shm 64 KiB
     // 124-369 vs 463-933 MB/s, tcp 256 B 0.3-0.4 vs 0.8-1.2 MB/s, tcp 64 KiB 3-59 vs 110-138 MB/s
     // (a loaded machine, hence the ranges). ack=thread gives the thread a worker of its own instead.
-    return fabric_.worker.set_am_handler(kAckAm, handler);
+    return fabric_.worker.set_am_handler(kAckAm, handler, &ack_handler_);
   }
 
   Status transmit_st(const std::byte* src, size_t length, fabric::Request* data_req) override {
@@ -304,6 +303,7 @@ class SlidingWindowSender final : public SenderProtocol {
   std::vector<fabric::Request> notify_req_;  // per slot: its notification, if not sent inline
   ProtocolStats stats_;
   std::unique_ptr<AckThread> ack_thread_;  // ack=thread; stopped first (destructor)
+  fabric::AmRegistration ack_handler_;  // last: unhooked before the rest goes
 };
 
 // The receiver side. Its worker is this session's own (Descriptor::receiver_progress), progressed
@@ -323,20 +323,19 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
         acks_(fabric.worker) {}
 
   Status init() {
-    SLOTSTREAM_RETURN_IF_ERROR(
-        worker_.set_am_handler(kNotifyAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
-                                                 fabric::ReplyEp reply) { notified(header, reply); }));
+    SLOTSTREAM_RETURN_IF_ERROR(worker_.set_am_handler(
+        kNotifyAm,
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
+          notified(header, reply);
+        },
+        &notify_handler_));
     if (mode_ == AckMode::kLoop) return Status::ok();
-    return worker_.set_am_handler(kAckChannelAm, [this](std::span<const std::byte> header, std::span<const std::byte>,
-                                                        fabric::ReplyEp reply) { channel(header, reply); });
-  }
-
-  // The worker outlives us (it belongs to the session): unhook the handlers first (acks_, which
-  // lets its last ACKs leave, goes after).
-  ~SlidingWindowReceiver() override {
-    const auto none = [](std::span<const std::byte>, std::span<const std::byte>, fabric::ReplyEp) {};
-    (void)worker_.set_am_handler(kNotifyAm, none);
-    if (mode_ == AckMode::kThread) (void)worker_.set_am_handler(kAckChannelAm, none);
+    return worker_.set_am_handler(
+        kAckChannelAm,
+        [this](std::span<const std::byte> header, std::span<const std::byte>, fabric::ReplyEp reply) {
+          channel(header, reply);
+        },
+        &channel_handler_);
   }
 
   std::vector<uint8_t> setup() const override {
@@ -459,6 +458,10 @@ class SlidingWindowReceiver final : public ReceiverProtocol {
   uint64_t acks_sent_ = 0;
   uint64_t ack_failures_ = 0;
   ReplyQueue<Ack> acks_;
+  // The worker outlives us (it belongs to the session): the handler is unhooked first, acks_
+  // (which lets its last ACKs leave) after.
+  fabric::AmRegistration notify_handler_;
+  fabric::AmRegistration channel_handler_;  // ack=thread only
 };
 
 Status check_options(const Options& options) {
@@ -483,15 +486,15 @@ Status make_receiver(ReceiverFabric& fabric, const Options& options, std::unique
   AckMode mode = AckMode::kLoop;
   SLOTSTREAM_RETURN_IF_ERROR(parse_ack(options, &mode));
   const Geometry& g = fabric.geometry;
-  std::unique_ptr<fabric::MemoryRegion> pool;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, size_t(g.blocks) * g.block_size, &pool));
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(pool->pack_rkey(&rkey));
+  fabric::ExposedRegion pool;
+  SLOTSTREAM_RETURN_IF_ERROR(
+      fabric::MemoryRegion::allocate_exposed(fabric.context, size_t(g.blocks) * g.block_size, &pool));
   // The session id the sender echoes in every notification: a notification that carries another
   // one is not for this window and is dropped (counted).
   uint64_t session = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(net::make_nonce_u64(&session));
-  auto receiver = std::make_unique<SlidingWindowReceiver>(fabric, std::move(pool), std::move(rkey), session, mode);
+  SLOTSTREAM_RETURN_IF_ERROR(random_u64(&session));
+  auto receiver =
+      std::make_unique<SlidingWindowReceiver>(fabric, std::move(pool.region), std::move(pool.rkey), session, mode);
   SLOTSTREAM_RETURN_IF_ERROR(receiver->init());
   *out = std::move(receiver);
   return Status::ok();

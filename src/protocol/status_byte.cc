@@ -209,11 +209,10 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
 
 Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
-  std::unique_ptr<fabric::MemoryRegion> region;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, status_offset(g) + g.blocks, &region));
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(region->pack_rkey(&rkey));
-  out->reset(new StatusByteReceiver(fabric, std::move(region), std::move(rkey)));
+  fabric::ExposedRegion region;
+  SLOTSTREAM_RETURN_IF_ERROR(
+      fabric::MemoryRegion::allocate_exposed(fabric.context, status_offset(g) + g.blocks, &region));
+  out->reset(new StatusByteReceiver(fabric, std::move(region.region), std::move(region.rkey)));
   return Status::ok();
 }
 

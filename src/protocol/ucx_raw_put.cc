@@ -60,11 +60,10 @@ Status make_sender(SenderFabric& fabric, std::span<const uint8_t> setup, const O
 
 Status make_receiver(ReceiverFabric& fabric, const Options&, std::unique_ptr<ReceiverProtocol>* out) {
   const Geometry& g = fabric.geometry;
-  std::unique_ptr<fabric::MemoryRegion> region;
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::MemoryRegion::allocate(fabric.context, size_t(g.blocks) * g.block_size, &region));
-  std::vector<uint8_t> rkey;
-  SLOTSTREAM_RETURN_IF_ERROR(region->pack_rkey(&rkey));
-  out->reset(new RawPutReceiver(std::move(region), std::move(rkey)));
+  fabric::ExposedRegion region;
+  SLOTSTREAM_RETURN_IF_ERROR(
+      fabric::MemoryRegion::allocate_exposed(fabric.context, size_t(g.blocks) * g.block_size, &region));
+  out->reset(new RawPutReceiver(std::move(region.region), std::move(region.rkey)));
   return Status::ok();
 }
 

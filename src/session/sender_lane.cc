@@ -108,26 +108,29 @@ void SenderLane::abort() {
   if (ring_) ring_->abort();
 }
 
-// HELLO, then CHALLENGE/AUTH when the receiver asks, ACCEPT (verified when we have a token),
-// our SETUP, READY (wire/control.h, net/auth.h).
-Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>* failed) {
-  const SenderOptions& options = owner_.sender_options();
-  const std::vector<uint8_t> hello_bytes = wire::encode(hello);
-  SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kHello, hello_bytes));
-  wire::Frame frame;
-  SLOTSTREAM_RETURN_IF_ERROR(control_->receive(kHandshakeTimeout, &frame));
-  std::optional<net::Nonce> receiver_nonce;
-  if (frame.type == wire::MsgType::kChallenge) {
-    if (frame.body.size() != wire::kNonceSize) return {Code::kProtocolError, "malformed challenge"};
-    if (options.token.empty()) {
-      return {Code::kAuthFailed, "authentication failed: the receiver requires a token (--token-file)"};
-    }
-    receiver_nonce.emplace();
-    std::copy(frame.body.begin(), frame.body.end(), receiver_nonce->begin());
-    auto mac = hello_proof(options.token, *receiver_nonce, hello.nonce, hello_bytes);
-    SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kAuth, mac));
-    SLOTSTREAM_RETURN_IF_ERROR(control_->receive(kHandshakeTimeout, &frame));
-  }
+namespace {
+
+// The receiver's first answer to our HELLO: with a CHALLENGE, we prove the token (AUTH) and
+// `*receiver_nonce` is its nonce; `*frame` is then its next answer.
+Status answer_challenge(net::ControlSocket& control, const std::string& token, const wire::Hello& hello,
+                        const std::vector<uint8_t>& hello_bytes, wire::Frame* frame,
+                        std::optional<net::Nonce>* receiver_nonce) {
+  SLOTSTREAM_RETURN_IF_ERROR(control.receive(kHandshakeTimeout, frame));
+  if (frame->type != wire::MsgType::kChallenge) return Status::ok();
+  if (frame->body.size() != wire::kNonceSize) return {Code::kProtocolError, "malformed challenge"};
+  if (token.empty()) return {Code::kAuthFailed, "authentication failed: the receiver requires a token (--token-file)"};
+  receiver_nonce->emplace();
+  std::copy(frame->body.begin(), frame->body.end(), (*receiver_nonce)->begin());
+  auto mac = hello_proof(token, **receiver_nonce, hello.nonce, hello_bytes);
+  SLOTSTREAM_RETURN_IF_ERROR(control.send(wire::MsgType::kAuth, mac));
+  return control.receive(kHandshakeTimeout, frame);
+}
+
+// ACCEPT (or the receiver's REFUSE), checked against the token when we have one: our data goes
+// only to a receiver that proves it has the token too.
+Status read_accept(const wire::Frame& frame, const std::string& token, const wire::Hello& hello,
+                   const std::vector<uint8_t>& hello_bytes, const std::optional<net::Nonce>& receiver_nonce,
+                   wire::Accept* accept) {
   if (frame.type == wire::MsgType::kRefuse) {
     wire::Refuse refuse;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &refuse));
@@ -136,19 +139,32 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
   if (frame.type != wire::MsgType::kAccept) {
     return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type))};
   }
-  wire::Accept accept;
-  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &accept));
-  if (!options.token.empty()) {
-    // Our data goes only to a receiver that proves it has the token too.
-    if (!receiver_nonce) {
-      return {Code::kAuthFailed,
-              "authentication failed: the receiver did not ask for the token, so it cannot prove "
-              "it is the receiver you share it with (start it with --token-file)"};
-    }
-    if (!net::mac_equal(accept.proof, accept_proof(options.token, *receiver_nonce, hello.nonce, hello_bytes, accept))) {
-      return {Code::kAuthFailed, "authentication failed: the receiver's answer is not signed with the token"};
-    }
+  SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, accept));
+  if (token.empty()) return Status::ok();
+  if (!receiver_nonce) {
+    return {Code::kAuthFailed,
+            "authentication failed: the receiver did not ask for the token, so it cannot prove "
+            "it is the receiver you share it with (start it with --token-file)"};
   }
+  if (!net::mac_equal(accept->proof, accept_proof(token, *receiver_nonce, hello.nonce, hello_bytes, *accept))) {
+    return {Code::kAuthFailed, "authentication failed: the receiver's answer is not signed with the token"};
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+// HELLO, then CHALLENGE/AUTH when the receiver asks, ACCEPT (verified when we have a token),
+// our SETUP, READY (wire/control.h, net/auth.h).
+Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>* failed) {
+  const SenderOptions& options = owner_.sender_options();
+  const std::vector<uint8_t> hello_bytes = wire::encode(hello);
+  SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kHello, hello_bytes));
+  wire::Frame frame;
+  std::optional<net::Nonce> receiver_nonce;
+  SLOTSTREAM_RETURN_IF_ERROR(answer_challenge(*control_, options.token, hello, hello_bytes, &frame, &receiver_nonce));
+  wire::Accept accept;
+  SLOTSTREAM_RETURN_IF_ERROR(read_accept(frame, options.token, hello, hello_bytes, receiver_nonce, &accept));
   owner_.accepted(accept);
   if (Status st = setup_fabric(accept); !st.is_ok()) {
     *failed = accept.transport;

@@ -47,12 +47,14 @@ class RingReceiverTest : public testing::TestWithParam<Transport> {
     ASSERT_TRUE(parse_ring_setup(rx_->setup(), &setup_).is_ok());
     ASSERT_TRUE(fabric::RemoteKey::unpack(*ep_, setup_.rkey, &rkey_).is_ok());
     ASSERT_TRUE(tx_worker_
-                    ->set_am_handler(kRingAckAm,
-                                     [this](std::span<const std::byte> h, std::span<const std::byte>, fabric::ReplyEp) {
-                                       ASSERT_EQ(h.size(), sizeof(RingAck));
-                                       std::memcpy(&last_ack_, h.data(), sizeof last_ack_);
-                                       ++acks_;
-                                     })
+                    ->set_am_handler(
+                        kRingAckAm,
+                        [this](std::span<const std::byte> h, std::span<const std::byte>, fabric::ReplyEp) {
+                          ASSERT_EQ(h.size(), sizeof(RingAck));
+                          std::memcpy(&last_ack_, h.data(), sizeof last_ack_);
+                          ++acks_;
+                        },
+                        &ack_handler_)
                     .is_ok());
   }
 
@@ -102,6 +104,7 @@ class RingReceiverTest : public testing::TestWithParam<Transport> {
   std::deque<fabric::Request> reqs_;
   RingAck last_ack_{};
   int acks_ = 0;
+  fabric::AmRegistration ack_handler_;  // last: unhooked before tx_worker_ goes
 };
 
 TEST_P(RingReceiverTest, SegmentOfSeveralRecordsThenBadNoticesDropped) {
