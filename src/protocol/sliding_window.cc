@@ -303,7 +303,7 @@ class SlidingWindowSender final : public SenderProtocol {
   std::vector<fabric::Request> notify_req_;  // per slot: its notification, if not sent inline
   ProtocolStats stats_;
   std::unique_ptr<AckThread> ack_thread_;  // ack=thread; stopped first (destructor)
-  fabric::AmRegistration ack_handler_;  // last: unhooked before the rest goes
+  fabric::AmRegistration ack_handler_;     // last: unhooked before the rest goes
 };
 
 // The receiver side. Its worker is this session's own (Descriptor::receiver_progress), progressed
