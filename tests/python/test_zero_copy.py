@@ -125,8 +125,10 @@ def test_workers_get_every_message_of_their_device_in_order_in_place(tmp_path, t
             self.got.append(np.frombuffer(view, np.uint8).tobytes())
             self.threads.add(threading.get_ident())
 
+    # A backlog above the 30 messages of a device: no device is ever paused, so none of its messages is
+    # copied aside (a paused device's are, by design; a slow worker under load would pause one).
     with slotstream.Receiver("127.0.0.1:0", transport=transport, exit_after_senders=1, zero_copy=True,
-                             workers=Worker) as rx:
+                             workers=Worker, worker_backlog=64) as rx:
         files = [x for d in range(3) for p in paths[d] for x in ("--file", f"{d}={p}")]
         tx = subprocess.Popen([str(a) for a in [BIN, "send", "--to", rx.address, "--name", "cam", "--transport",
                                                  transport, "--block-size", BLOCK, *files]],
