@@ -645,3 +645,87 @@ def test_a_partial_datagram_does_not_wake_epoll(tmp_path, trigger):
     rx.stdin.close()
     rx.wait(10)
     assert total(log, "reassembled") == 1 and total(log, "partial_delivered") == 1
+
+
+RCVTIMEO_RX = r"""
+import errno, socket, struct, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 400_000))  # 0.4 s; blocking socket
+print(s.getsockname()[1], flush=True)
+sys.stdin.readline()                   # the segments have started
+t0 = time.monotonic()
+try:
+    r = f"{len(s.recv(70000))} bytes"
+except OSError as e:
+    r = errno.errorcode[e.errno]
+print(r, round(time.monotonic() - t0, 3), flush=True)
+"""
+
+
+@pytest.mark.deadline(30)
+def test_so_rcvtimeo_counts_across_segments_the_shim_takes(tmp_path):
+    """A blocking recv on a socket with SO_RCVTIMEO (0.4 s) while Write-Record segments that complete no datagram
+    keep arriving (one every 20 ms for 3 s): the shim takes each and reads again, so the kernel's timeout would
+    start afresh every time and recv would wait as long as they come. It returns EAGAIN after the timeout."""
+    from dgram_wire import WRITE_RECORD, segment
+    rx = subprocess.Popen([sys.executable, "-c", RCVTIMEO_RX], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=shim_env(tmp_path / "shim.log"))
+    port = int(rx.stdout.readline())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:  # unconnected: no ECONNREFUSED once rx exits
+        to = ("127.0.0.1", port)
+        raw.sendto(segment(b"x" * 1000, opcode=WRITE_RECORD, qp=5, stag=1, msn=0, offset=0, last=False), to)
+        rx.stdin.write("go\n")
+        rx.stdin.flush()
+        for msn in range(1, 150):  # first segments of datagrams whose rest never comes
+            time.sleep(0.02)
+            raw.sendto(segment(b"x" * 1000, opcode=WRITE_RECORD, qp=5, stag=1 + msn % 8, msn=msn, offset=0,
+                               last=False), to)
+            if rx.poll() is not None:
+                break
+    out, err = rx.communicate(timeout=10)
+    result, elapsed = out.split()[-2:]
+    assert result == "EAGAIN", out + err
+    assert 0.35 <= float(elapsed) < 2.0, out  # the segments went on for 3 s
+
+
+DUP_RX = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+s.setblocking(False)
+other = os.dup(s.fileno())
+print(s.getsockname()[1], flush=True)
+for fd in (s.fileno(), other):  # the first segments are read through one descriptor, the last through its dup
+    sys.stdin.readline()
+    try:
+        print(len(os.read(fd, 70000)), flush=True)
+    except BlockingIOError:
+        print("EAGAIN", flush=True)
+"""
+
+
+def test_dup_descriptors_of_one_socket_share_its_recombination(tmp_path):
+    """Two segments of a large datagram are read through a socket's descriptor (EAGAIN: incomplete), the last
+    through a dup of it: the datagram is whole (the shim's state is the socket's, not the descriptor number's)."""
+    from dgram_wire import WRITE_RECORD, segment
+    log = tmp_path / "shim.log"
+    rx = subprocess.Popen([sys.executable, "-c", DUP_RX], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=shim_env(log))
+    port = int(rx.stdout.readline())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        raw.connect(("127.0.0.1", port))
+        for k in range(3):
+            raw.send(segment(bytes([k + 1]) * 1000, opcode=WRITE_RECORD, qp=6, stag=1, msn=0, offset=k * 1000,
+                             last=k == 2))
+            if k == 1:
+                time.sleep(0.1)
+                rx.stdin.write("first\n")
+                rx.stdin.flush()
+                assert rx.stdout.readline().strip() == "EAGAIN"
+        time.sleep(0.1)
+        rx.stdin.write("dup\n")
+        rx.stdin.flush()
+    out, err = rx.communicate(timeout=10)
+    assert out.split() == ["3000"], out + err
+    assert total(log, "reassembled") == 1
