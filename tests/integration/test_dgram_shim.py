@@ -729,3 +729,62 @@ def test_dup_descriptors_of_one_socket_share_its_recombination(tmp_path):
     out, err = rx.communicate(timeout=10)
     assert out.split() == ["3000"], out + err
     assert total(log, "reassembled") == 1
+
+
+FD_REUSE = r"""
+import os, select, socket
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("127.0.0.1", 0))
+rx.settimeout(3)
+got = []
+
+def seen_as_a_pipe():
+    # A pipe the shim has looked at (poll and read): its number is remembered as not a UDP socket.
+    r, w = os.pipe()
+    os.write(w, b"x")
+    select.select([r], [], [], 1)
+    os.read(r, 1)
+    os.close(w)
+    return r
+
+def check(fd, word):
+    os.write(fd, word.encode())
+    try:
+        got.append(rx.recv(100).decode())
+    except socket.timeout:
+        got.append("lost: " + word)
+
+n = seen_as_a_pipe()
+os.close(n)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)   # socket() over the same number
+assert s.fileno() == n
+s.connect(rx.getsockname())
+check(n, "socket")
+n = seen_as_a_pipe()
+os.dup2(s.fileno(), n)                                   # dup2 over it
+check(n, "dup2")
+n = seen_as_a_pipe()
+os.close(n)
+d = os.dup(s.fileno())                                   # fcntl(F_DUPFD_CLOEXEC) in python's os.dup
+assert d == n
+check(d, "dup")
+a, b = socket.socketpair()
+n = seen_as_a_pipe()
+os.close(n)
+socket.send_fds(a, [b"x"], [s.fileno()])
+_, (passed,), _, _ = socket.recv_fds(b, 1, 1)            # SCM_RIGHTS
+assert passed == n
+check(passed, "scm_rights")
+print(",".join(got))
+"""
+
+
+def test_descriptor_numbers_reused_for_udp_sockets_are_wrapped(tmp_path):
+    """The shim remembers which descriptor numbers are not UDP sockets (no fstat per call on pipes, files, TCP). A
+    number it saw as a pipe that becomes a UDP socket — by socket(), dup2, dup (fcntl F_DUPFD_CLOEXEC) or
+    SCM_RIGHTS — is wrapped again: the receiving shim gets each datagram (an unwrapped one is dropped as plain)."""
+    log = tmp_path / "shim.log"
+    p = subprocess.run([sys.executable, "-c", FD_REUSE], env=shim_env(log), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["socket,dup2,dup,scm_rights"], p.stdout + p.stderr
+    assert total(log, "dropped_plain") == 0 and total(log, "wrapped") == 4

@@ -80,6 +80,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -128,6 +129,12 @@ struct Real {
                   timespec*) = next<int (*)(int, mmsghdr*, unsigned, int, timespec*)>("recvmmsg");
   decltype(&::connect) connect = next<decltype(&::connect)>("connect");
   decltype(&::poll) poll = next<decltype(&::poll)>("poll");
+  decltype(&::socket) socket = next<decltype(&::socket)>("socket");
+  decltype(&::dup) dup = next<decltype(&::dup)>("dup");
+  decltype(&::dup2) dup2 = next<decltype(&::dup2)>("dup2");
+  decltype(&::dup3) dup3 = next<decltype(&::dup3)>("dup3");
+  int (*fcntl)(int, int, ...) = next<int (*)(int, int, ...)>("fcntl");
+  int (*fcntl64)(int, int, ...) = next<int (*)(int, int, ...)>("fcntl64");
 };
 
 Real& real() {
@@ -362,17 +369,30 @@ uint16_t port_of(const void* sa, socklen_t len) {
   return port_of(ss);
 }
 
-// Fills *out and returns true if fd is a UDP socket (IPv4 or IPv6).
-bool classify(int fd, SocketInfo* out) {
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
-  SocketInfo fresh;
-  SocketInfo* e = &fresh;
-  std::unique_lock lock(g_fd_mu, std::defer_lock);
-  if (fd < kTracked) {
-    lock.lock();
-    e = &table()[fd];
+// Descriptor numbers known not to be a UDP socket (pipes, files, TCP and AF_UNIX sockets), so that the calls the
+// shim wraps cost them no system call (an fstat per poll wakeup and per read/write was a third to two thirds of
+// the call: docs/benchmarks.md). Bit 0: not UDP; the bits above: a generation, so that a descriptor forgotten
+// while another thread was looking at it is not remembered wrongly. Only "not UDP" is kept: a number can become
+// a UDP socket only through socket(), dup/dup2/dup3/fcntl(F_DUPFD) or SCM_RIGHTS, and those forget it; a UDP
+// socket is still checked by inode at every call, so a number reused for a file is never taken for the socket.
+std::atomic<uint32_t> g_not_udp[kTracked];
+
+// Remembers fd, looked at under generation `seen`, as not a UDP socket; returns false.
+bool remember_not_udp(int fd, uint32_t seen) {
+  if (fd < kTracked) g_not_udp[fd].compare_exchange_strong(seen, seen | 1, std::memory_order_release);
+  return false;
+}
+
+// fd is a new descriptor (or a new object at its number).
+void forget_fd(int fd) {
+  if (fd < 0 || fd >= kTracked) return;
+  uint32_t v = g_not_udp[fd].load(std::memory_order_relaxed);
+  while (!g_not_udp[fd].compare_exchange_weak(v, (v | 1) + 1, std::memory_order_release)) {
   }
+}
+
+// The table's entry for a socket (made afresh when the inode changed); g_fd_mu held where fd < kTracked.
+void socket_entry(int fd, const struct stat& st, SocketInfo* e) {
   if (e->ino != st.st_ino || e->dev != st.st_dev || e->ino == 0) {
     *e = SocketInfo{};
     e->dev = st.st_dev;
@@ -389,21 +409,39 @@ bool classify(int fd, SocketInfo* out) {
     static std::atomic<uint32_t> counter{0};
     e->qp = uint32_t(getpid()) << 12 ^ ++counter;
   }
-  // Another descriptor of this socket may have receive state already (a dup).
-  if (e->udp && !e->rx && lock.owns_lock() && g_rx_states.load(std::memory_order_relaxed) > 0)
-    e->rx = socket_rx(e->dev, e->ino, false);
-  if (e->udp) {
-    sockaddr_storage ss{};
-    socklen_t l = sizeof ss;
-    if (e->local_port == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) e->local_port = port_of(ss);
-    if (!e->peer_known) {
-      l = sizeof ss;
-      e->peer_known = true;
-      e->peer_port = getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 ? port_of(ss) : 0;
-    }
+  if (!e->udp) return;
+  sockaddr_storage ss{};
+  socklen_t l = sizeof ss;
+  if (e->local_port == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) e->local_port = port_of(ss);
+  if (!e->peer_known) {
+    l = sizeof ss;
+    e->peer_known = true;
+    e->peer_port = getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 ? port_of(ss) : 0;
   }
-  *out = *e;
-  return e->udp;
+}
+
+// Fills *out and returns true if fd is a UDP socket (IPv4 or IPv6).
+bool classify(int fd, SocketInfo* out) {
+  if (fd < 0) return false;
+  const uint32_t seen = fd < kTracked ? g_not_udp[fd].load(std::memory_order_acquire) : 0;
+  if (seen & 1) return false;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  if (!S_ISSOCK(st.st_mode)) return remember_not_udp(fd, seen);
+  if (fd >= kTracked) {
+    SocketInfo fresh;
+    socket_entry(fd, st, &fresh);
+    *out = fresh;
+    return fresh.udp;
+  }
+  std::lock_guard lock(g_fd_mu);
+  SocketInfo& e = table()[fd];
+  socket_entry(fd, st, &e);
+  if (!e.udp) return remember_not_udp(fd, seen);
+  // Another descriptor of this socket may have receive state already (a dup).
+  if (!e.rx && g_rx_states.load(std::memory_order_relaxed) > 0) e.rx = socket_rx(e.dev, e.ino, false);
+  *out = e;
+  return true;
 }
 
 uint32_t next_msn(int fd) {
@@ -880,9 +918,27 @@ Wait wait_for_data(int fd, const SocketInfo& info, int flags, const RecvDeadline
   return monotonic_ns() >= wake ? Wait::kLook : Wait::kTimedOut;
 }
 
+// Descriptors another process passed (SCM_RIGHTS): new numbers, which may be UDP sockets.
+void forget_passed(const msghdr* msg) {
+  if (!msg->msg_control || msg->msg_controllen == 0) return;
+  for (const cmsghdr* c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(msg), const_cast<cmsghdr*>(c))) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int passed;
+      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+      forget_fd(passed);
+    }
+  }
+}
+
 ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
   SocketInfo info;
-  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) return real().recvmsg(fd, msg, flags);
+  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
+    const ssize_t n = real().recvmsg(fd, msg, flags);
+    if (n >= 0) forget_passed(msg);
+    return n;
+  }
   RecvDeadline deadline;
   for (;;) {
     ssize_t result;
@@ -1054,7 +1110,11 @@ ssize_t recv(int fd, void* buf, size_t len, int flags) { return shim_recv_buf(fd
 
 int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
   SocketInfo info;
-  if (!classify(fd, &info)) return real().recvmmsg(fd, vec, vlen, flags, timeout);
+  if (!classify(fd, &info)) {
+    const int n = real().recvmmsg(fd, vec, vlen, flags, timeout);
+    for (int i = 0; i < n; ++i) forget_passed(&vec[i].msg_hdr);
+    return n;
+  }
   // The first datagram as asked (blocking unless MSG_DONTWAIT); the rest only if already there.
   unsigned i = 0;
   for (; i < vlen; ++i) {
@@ -1100,6 +1160,46 @@ ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
   if (len > buflen) __chk_fail();
   return read(fd, buf, len);
 }
+
+// New descriptors: a number the shim remembered as not UDP may now be a UDP socket.
+int socket(int domain, int type, int protocol) {
+  const int fd = real().socket(domain, type, protocol);
+  forget_fd(fd);
+  return fd;
+}
+
+int dup(int fd) {
+  const int n = real().dup(fd);
+  forget_fd(n);
+  return n;
+}
+
+int dup2(int fd, int to) {
+  const int n = real().dup2(fd, to);
+  forget_fd(n);
+  return n;
+}
+
+int dup3(int fd, int to, int flags) {
+  const int n = real().dup3(fd, to, flags);
+  forget_fd(n);
+  return n;
+}
+
+// fcntl's third argument, whatever its type, travels as one word (as glibc's own fcntl passes it on).
+#define SLOTSTREAM_FCNTL(name)                                              \
+  int name(int fd, int cmd, ...) {                                          \
+    va_list ap;                                                             \
+    va_start(ap, cmd);                                                      \
+    void* arg = va_arg(ap, void*);                                          \
+    va_end(ap);                                                             \
+    const int r = real().name(fd, cmd, arg);                                \
+    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) forget_fd(r); \
+    return r;                                                               \
+  }
+SLOTSTREAM_FCNTL(fcntl)
+SLOTSTREAM_FCNTL(fcntl64)
+#undef SLOTSTREAM_FCNTL
 
 int connect(int fd, const sockaddr* addr, socklen_t len) {
   int rc = real().connect(fd, addr, len);
