@@ -234,6 +234,18 @@ except OSError as e:
     r["emsgsize"] = errno.errorcode[e.errno]
 tx.send(b"y" * 65507)
 r["largest"] = len(rx.recv(70000))
+# ancillary data (IP_PKTINFO) with a small datagram and a recombined one, and MSG_CTRUNC for a short buffer
+rx.setsockopt(socket.IPPROTO_IP, 8, 1)  # IP_PKTINFO
+tx.send(b"small")
+tx.send(b"z" * 5000)
+tx.send(b"short")
+anc_seen = []
+for size in (64, 64, 20):
+    d, anc, fl, _ = rx.recvmsg(10000, size)
+    anc_seen.append([len(d), [[l, t, socket.inet_ntoa(x[8:12]) if len(x) >= 12 else len(x)] for l, t, x in anc],
+                     bool(fl & socket.MSG_CTRUNC)])
+rx.setsockopt(socket.IPPROTO_IP, 8, 0)
+r["pktinfo"] = anc_seen
 # a port outside SLOTSTREAM_UDP_PORTS is left alone
 other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 other.bind(("127.0.0.1", 0))
@@ -262,6 +274,9 @@ def test_socket_semantics_call_by_call(tmp_path):
     assert not r["select_readable"] and r["bad_datagram"] == "EAGAIN" and r["select_then"] == "good"
     assert r["dup"] == "dup" and r["fork"] == "from child"
     assert r["emsgsize"] == "EMSGSIZE" and r["largest"] == 65507
+    # As the kernel gives it without the shim: a cmsg cut to the 20 bytes there are room for, MSG_CTRUNC.
+    assert r["pktinfo"] == [[5, [[0, 8, "127.0.0.1"]], False], [5000, [[0, 8, "127.0.0.1"]], False],
+                            [5, [[0, 8, 4]], True]], r["pktinfo"]
     assert r["other_port"] == "untouched"
     assert total(log, "dropped_plain") == 1 and total(log, "emsgsize") == 1 and total(log, "passed") >= 1
 
