@@ -967,7 +967,7 @@ ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
       return deliver(payload, r.from, r.from_len, r.control, r.flags, msg, flags);
     // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue.
     if (flags & MSG_PEEK) discard_head(fd);
-    deadline.arm(fd);
+    if (!(flags & MSG_DONTWAIT)) deadline.arm(fd);
   }
 }
 
