@@ -803,3 +803,45 @@ def test_descriptor_numbers_reused_for_udp_sockets_are_wrapped(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["socket,dup2,dup,scm_rights"], p.stdout + p.stderr
     assert total(log, "dropped_plain") == 0 and total(log, "wrapped") == 4
+
+
+FORK_TX = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("127.0.0.1", int(sys.argv[1])))
+s.send(b"P" * 5000)     # a large datagram: Write-Record segments under the socket's source QP and MSN 0
+if os.fork() == 0:
+    s.send(b"C" * 5000)  # the child's first datagram on the same socket: its own MSN 0
+    os._exit(0)
+os.wait()
+s.send(b"Q" * 5000)
+"""
+
+FORK_RX = r"""
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+s.settimeout(2)
+print(s.getsockname()[1], flush=True)
+try:
+    while True:
+        d = s.recv(70000)
+        print(len(d), d[:1].decode(), flush=True)
+except socket.timeout:
+    pass
+"""
+
+
+def test_a_forked_child_sending_on_the_parents_socket_is_a_source_of_its_own(tmp_path):
+    """After fork, parent and child number their datagrams on one inherited socket independently: the child gets a
+    source QP of its own, so the receiver recombines both (under one QP the child's MSN 0 would be taken for a
+    stale copy of the parent's and dropped)."""
+    log = tmp_path / "shim.log"
+    rx = subprocess.Popen([sys.executable, "-c", FORK_RX], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=shim_env(log))
+    port = rx.stdout.readline().strip()
+    tx = subprocess.run([sys.executable, "-c", FORK_TX, port], env=shim_env(log), capture_output=True, text=True,
+                        timeout=20)
+    assert tx.returncode == 0, tx.stderr
+    out, err = rx.communicate(timeout=20)
+    assert out.splitlines() == ["5000 P", "5000 C", "5000 Q"], out + err

@@ -71,6 +71,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -337,10 +338,35 @@ struct SocketInfo {
 
 constexpr int kTracked = 65536;
 std::mutex g_fd_mu;
+int g_table_top = 0;  // entries [0, top) have been used (g_fd_mu)
 std::vector<SocketInfo>& table() {
   static std::vector<SocketInfo> t(kTracked);
   return t;
 }
+
+// A socket's source QP: with the sender's address, what tells its datagrams from others' at the receiving shim.
+uint32_t new_qp() {
+  static std::atomic<uint32_t> counter{0};
+  return uint32_t(getpid()) << 12 ^ ++counter;
+}
+
+// After fork, parent and child number their datagrams on an inherited socket independently (each its own MSN):
+// the child's sockets get QPs of their own, or a receiver would take the child's datagrams for the parent's
+// (one MSN, two messages). The table is locked across fork so that the child finds it consistent.
+void fork_prepare() { g_fd_mu.lock(); }
+void fork_parent() { g_fd_mu.unlock(); }
+void fork_child() {
+  g_fd_mu.unlock();
+  for (int fd = 0; fd < g_table_top; ++fd) {
+    SocketInfo& e = table()[fd];
+    if (e.udp) {
+      e.qp = new_qp();
+      e.msn = 0;
+    }
+  }
+}
+
+__attribute__((constructor)) void shim_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
 // Receive state by socket (device, inode): descriptors dup()ed from one socket share its kernel queue, so they
 // share what the shim took off it — segments read through one and the rest through another make one datagram.
@@ -406,8 +432,7 @@ void socket_entry(int fd, const struct stat& st, SocketInfo* e) {
     getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &l);
     e->udp = type == SOCK_DGRAM && proto == IPPROTO_UDP && (domain == AF_INET || domain == AF_INET6);
     e->family = domain;
-    static std::atomic<uint32_t> counter{0};
-    e->qp = uint32_t(getpid()) << 12 ^ ++counter;
+    e->qp = new_qp();
   }
   if (!e->udp) return;
   sockaddr_storage ss{};
@@ -436,6 +461,7 @@ bool classify(int fd, SocketInfo* out) {
   }
   std::lock_guard lock(g_fd_mu);
   SocketInfo& e = table()[fd];
+  g_table_top = std::max(g_table_top, fd + 1);
   socket_entry(fd, st, &e);
   if (!e.udp) return remember_not_udp(fd, seen);
   // Another descriptor of this socket may have receive state already (a dup).
