@@ -402,8 +402,13 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    const std::string hint = suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e);
+    if (e.get_name() == "RequiredError" && !hint.empty()) {  // an unknown command: CLI11 says only "required"
+      std::fputs(("slotstream: error: " + hint).c_str(), stderr);
+      return kExitUsage;
+    }
     int rc = app.exit(e);
-    if (rc != 0) std::fputs(suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e).c_str(), stderr);
+    if (rc != 0) std::fputs(hint.c_str(), stderr);
     return rc == 0 ? 0 : kExitUsage;
   }
   apply_config_flags({commands.r, commands.s});
