@@ -1,10 +1,10 @@
 #include "cli_util.h"
+#include "log.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <numeric>
 #include <sstream>
 
@@ -53,14 +53,11 @@ CLI::Validator duration_value(const std::string& unit) {
       "DURATION", "duration");
 }
 
-Status read_token(const std::string& command, const std::string& path, std::string* token) {
+Status read_token(const std::string& path, std::string* token) {
   Status st = read_token_file(path, token);
   struct stat info {};
   if (st.is_ok() && ::stat(path.c_str(), &info) == 0 && (info.st_mode & S_IROTH)) {
-    std::fprintf(stderr,
-                 "%s: warning: token file '%s' is readable by every user of this host: "
-                 "chmod o-r it (e.g. chmod 600)\n",
-                 command.empty() ? "slotstream" : ("slotstream " + command).c_str(), path.c_str());
+    log_warning("token file '" + path + "' is readable by every user of this host: chmod o-r it (e.g. chmod 600)");
   }
   return st;
 }

@@ -20,10 +20,10 @@ CLI::Validator size_value();
 // example. Every duration option of the CLI takes it, as every size option takes size_value().
 CLI::Validator duration_value(const std::string& unit);
 
-// Reads a --token-file (slotstream::read_token_file) and warns on stderr when any user of the host
+// Reads a --token-file (slotstream::read_token_file) and logs a warning (log.h) when any user of the host
 // may read it (mode o+r): the secret then protects nothing. Group-readable is fine (the Helm chart's
 // 0440 token for the receiver's group).
-Status read_token(const std::string& command, const std::string& path, std::string* token);
+Status read_token(const std::string& path, std::string* token);
 
 // `--config FILE` on `app`, read as the options of whichever of `commands` was given: a flat TOML
 // file whose keys are the command's long options without dashes (`listen = "0.0.0.0:7000"`,

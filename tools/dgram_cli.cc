@@ -314,7 +314,7 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
 bool is_dgram_send(const SendArgs& a) { return a.transport == "udp" || dgram::find_protocol(a.protocol) != nullptr; }
 
 Status read_token_if_given(const std::string& file, std::string* token) {
-  return file.empty() ? Status::ok() : read_token("", file, token);
+  return file.empty() ? Status::ok() : read_token(file, token);
 }
 
 namespace {

@@ -176,7 +176,7 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     opt->max_memory = *bytes;
   }
   if (!args.token_file.empty()) {
-    if (Status st = read_token("recv", args.token_file, &opt->token); !st.is_ok()) {
+    if (Status st = read_token(args.token_file, &opt->token); !st.is_ok()) {
       print_error("recv", st.message());
       return kExitUsage;
     }

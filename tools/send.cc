@@ -400,7 +400,7 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   opt->block_size = a.block_size;
   opt->devices = plan->devices();
   if (!a.token_file.empty()) {
-    if (Status st = read_token("send", a.token_file, &opt->token); !st.is_ok()) {
+    if (Status st = read_token(a.token_file, &opt->token); !st.is_ok()) {
       print_error("send", st.message());
       return kExitUsage;
     }
