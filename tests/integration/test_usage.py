@@ -262,3 +262,12 @@ def test_a_world_readable_token_file_is_warned_about(tmp_path):
     token.chmod(0o640)  # group-readable: the Helm chart's 0440 for the receiver's group
     p = run(*args)
     assert p.returncode == 1 and "readable by every user" not in p.stderr, p.stderr
+
+
+def test_bench_with_an_unusable_out_is_a_usage_error(tmp_path):
+    # Used to end in a Python traceback.
+    f = tmp_path / "file"
+    f.write_text("x")
+    p = run("bench", "latency", "--quick", "--runs", "1", "--out", f / "sub", timeout=30)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"slotstream bench: error: cannot create --out {f / 'sub'}" in p.stderr, p.stderr
