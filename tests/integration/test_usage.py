@@ -271,3 +271,38 @@ def test_bench_with_an_unusable_out_is_a_usage_error(tmp_path):
     p = run("bench", "latency", "--quick", "--runs", "1", "--out", f / "sub", timeout=30)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert f"slotstream bench: error: cannot create --out {f / 'sub'}" in p.stderr, p.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs, 3,000,000 bytes of it taken by `filler`: the receiver's output fills up after one frame."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {p.stderr.strip()}")
+    (disk / "filler").write_bytes(b"\0" * 3_000_000)
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.deadline(40)
+def test_a_full_disk_holds_the_sender_says_so_and_loses_nothing(receiver, small_disk):
+    # The receiver holds its blocks while a write fails (docs/design.md: disk full), and says so; the sender
+    # waits and, from kStallNotice (5 s) on, says why; freed space lets every frame through, verified.
+    rx = receiver("--out", small_disk, "--exit-after-senders", "1")
+    tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "full", "--synthetic", "0-0:4:640x480x3",
+                           "--duration", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        rx.stderr.wait_for(r"holding blocks until this clears: .*No space left on device \(disk full", 15)
+        stall = tx.stderr.readline() + tx.stderr.readline()  # the transport line, then the notice
+        assert "no message has gone out for 5 s" in stall and "disk may be full" in stall, stall
+        assert tx.poll() is None, "the sender ended while the receiver could store nothing"
+        (small_disk / "filler").unlink()
+        assert tx.wait(timeout=20) == 0, tx.stderr.read()
+    finally:
+        tx.kill()
+    rx.stderr.wait_for(r"storing again", 10)
+    assert rx.wait(10) == 0
+    p = run("verify", small_disk)
+    assert p.returncode == 0 and "verified 4 frames in 1 devices" in p.stdout, p.stdout + p.stderr
