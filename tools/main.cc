@@ -318,7 +318,9 @@ void add_demo_and_bench_peer(CLI::App& app, Commands* c) {
   c->d = app.add_subcommand("demo",
                             "Start a receiver, stream synthetic 640x480x3 cameras at 25 fps into it, "
                             "verify every frame and print a summary.");
-  c->d->add_option("--seconds", demo.seconds, "how long to stream")->default_str("10");
+  c->d->add_option("--duration,--seconds", demo.seconds, "DURATION to stream (seconds, or 90s, 2m; as send --duration)")
+      ->transform(duration_value("s"))
+      ->default_str("10");
   c->d->add_option("--cameras", demo.cameras, "number of cameras")->default_str("12");
   c->d->add_option("--transport", demo.transport, "shm or tcp")
       ->check(CLI::IsMember({"shm", "tcp"}))

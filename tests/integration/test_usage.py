@@ -197,6 +197,7 @@ def test_durations_take_units_everywhere(tmp_path):
         assert p.returncode == 1, f"{args}: exit {p.returncode}: {p.stderr!r}"
     refused = [
         (["send", "--to", "127.0.0.1:1", "--synthetic", "0-0:25:8x8x1", "--duration", "5x"], "duration such as"),
+        (["demo", "--duration", "10 s"], "duration such as"),  # demo takes send's --duration (and --seconds)
         (["send", "--to", "127.0.0.1:1", "--synthetic", "0-0:25:8x8x1", "--duration", "-1s"], "duration such as"),
         (["recv", "--listen", "127.0.0.1:0", "--discard", "--metrics-prune-after", "-5"], "duration such as"),
         # Converted before the range check: 700 s is 700,000 ms, 50 ms is 0.05 s.
