@@ -407,7 +407,9 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   const sigset_t sigs = block_stop_signals();
   std::unique_ptr<dgram::DatagramReceiver> rx;
   if (Status st = dgram::DatagramReceiver::start(std::move(o), &rx); !st.is_ok()) {
-    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    // (a listen address in use: the message says so; "connect failed" would mislead)
+    print_error("recv", st.code() == Code::kInvalidArgument || st.code() == Code::kConnectFailed ? st.message()
+                                                                                                 : st.to_string());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;

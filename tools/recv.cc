@@ -259,7 +259,9 @@ int run_recv(const RecvArgs& args) {
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
     // A transport this host cannot offer (rdma without a device) is a usage error: exit 2.
-    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    // (a listen address in use: the message says so; "connect failed" would mislead)
+    print_error("recv", st.code() == Code::kInvalidArgument || st.code() == Code::kConnectFailed ? st.message()
+                                                                                                 : st.to_string());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;

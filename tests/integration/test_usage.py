@@ -307,3 +307,19 @@ def test_a_full_disk_holds_the_sender_says_so_and_loses_nothing(receiver, small_
     assert rx.wait(10) == 0
     p = run("verify", small_disk)
     assert p.returncode == 0 and "verified 4 frames in 1 devices" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("transport", ["shm", "udp"])
+def test_a_listen_port_in_use_says_so_and_what_to_do(transport):
+    # Used to read "connect failed: cannot listen on ...: Address already in use".
+    import socket
+    kind = socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, kind) as held:
+        held.bind(("127.0.0.1", 0))
+        if kind == socket.SOCK_STREAM:
+            held.listen()
+        addr = f"127.0.0.1:{held.getsockname()[1]}"
+        p = run("recv", "--listen", addr, "--discard", "--transport", transport, timeout=10)
+    assert p.returncode == 1, p.stderr
+    assert addr in p.stderr and "Address already in use (another process has that port" in p.stderr, p.stderr
+    assert "connect failed" not in p.stderr, p.stderr
