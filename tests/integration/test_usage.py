@@ -323,3 +323,9 @@ def test_a_listen_port_in_use_says_so_and_what_to_do(transport):
     assert p.returncode == 1, p.stderr
     assert addr in p.stderr and "Address already in use (another process has that port" in p.stderr, p.stderr
     assert "connect failed" not in p.stderr, p.stderr
+
+
+def test_verify_of_a_directory_without_frames_says_what_to_give(tmp_path):
+    p = run("verify", tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert f"slotstream verify: error: no received frames under '{tmp_path}': give the receiver's --out" in p.stderr
