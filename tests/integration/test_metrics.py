@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, metrics_address, run_send, send_argv, wait_until
+from conftest import BIN, metrics_address, run_send, run_send_json, send_argv, synthetic_slots, wait_until
 from test_control import (ACCEPT, READY, REFUSE, SETUP, connect, decode_refuse, frame, hello, open_lane, read_frames,
                           read_until_closed, recv_frame)
 from test_pipeline import metric
@@ -71,10 +71,10 @@ def test_hellos_never_accepted_create_no_series(receiver):
     assert metric(text, "slotstream_refused_connections_total", reason="memory") == 200
     assert len(text) < 8192, f"{len(text)} bytes of metrics after 200 refused hellos"
 
-    run_send(rx.addr, "--name", "welcome", "--blocks", "4", "--block-size", "4096",
-             "--synthetic", "0:50:32x32x3", "--duration", "0.2")
+    sent = synthetic_slots(run_send_json(rx.addr, "--name", "welcome", "--blocks", "4", "--block-size", "4096",
+                                         "--synthetic", "0:50:32x32x3", "--duration", "0.2"), [0], 50, 0.2)
     _, text = get(url + "/metrics")
-    assert metric(text, "slotstream_messages_total", sender="welcome", device="0") == 10
+    assert metric(text, "slotstream_messages_total", sender="welcome", device="0") == sent[0]
     assert metric(text, "slotstream_sessions_ended_total") == 1
 
 
@@ -110,9 +110,10 @@ def test_declared_devices_without_data_create_no_series(receiver):
 @pytest.mark.deadline(60)
 def test_ended_sender_series_are_pruned_after_the_grace_period(receiver):
     rx, url = metrics_receiver(receiver, "--metrics-prune-after", "2")
-    run_send(rx.addr, "--name", "brief", "--synthetic", "0-1:50:32x32x3", "--duration", "0.2")
+    sent = synthetic_slots(run_send_json(rx.addr, "--name", "brief", "--synthetic", "0-1:50:32x32x3",
+                                         "--duration", "0.2"), [0, 1], 50, 0.2)
     _, text = get(url + "/metrics")
-    assert metric(text, "slotstream_messages_total", sender="brief", device="1") == 10  # kept for a while
+    assert metric(text, "slotstream_messages_total", sender="brief", device="1") == sent[1]  # kept for a while
     t0 = time.monotonic()
     wait_until(lambda: 'sender="brief"' not in get(url + "/metrics")[1], 15, "brief's series to be pruned")
     assert time.monotonic() - t0 > 0.5, "pruned before its grace period"
@@ -123,10 +124,10 @@ def test_ended_sender_series_are_pruned_after_the_grace_period(receiver):
 @pytest.mark.deadline(60)
 def test_a_sender_back_within_the_grace_period_keeps_counting(receiver):
     rx, url = metrics_receiver(receiver)
-    for _ in range(2):
-        run_send(rx.addr, "--name", "again", "--synthetic", "0-1:50:32x32x3", "--duration", "0.2")
+    sent = [synthetic_slots(run_send_json(rx.addr, "--name", "again", "--synthetic", "0-1:50:32x32x3",
+                                          "--duration", "0.2"), [0, 1], 50, 0.2)[0] for _ in range(2)]
     _, text = get(url + "/metrics")
-    assert metric(text, "slotstream_messages_total", sender="again", device="0") == 20
+    assert metric(text, "slotstream_messages_total", sender="again", device="0") == sum(sent)
     assert metric(text, "slotstream_sessions_ended_total") == 2
 
 
