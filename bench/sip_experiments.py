@@ -207,7 +207,7 @@ def measure_point(mode, clients, rate, ramp_s, finish, workdir):
     for f in workdir.glob("uac_*"):
         f.unlink()
     # Calls are held past the longest ramp allowed; a run that does not finish stops them at the plateau.
-    hold_s = 2.0 if finish else ramp_s + 10
+    hold_s = 3.0 if finish else ramp_s + 10  # tiny: a statistics row (one a second) while all are open
     if not finish:
         time.sleep(2)  # the sockets of a point stopped just before are freed after an RCU grace period, or later
     slab0, mem0 = slabinfo(), sockstat_mem_pages()
