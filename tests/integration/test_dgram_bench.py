@@ -151,6 +151,8 @@ def test_ffmpeg_streams_over_http(tmp_path):
         pytest.skip("ffmpeg is not installed (scripts/setup.sh installs it)")
     sys.path.insert(0, str(REPO / "bench"))
     import dgram_experiments as dx
+    src, dst = dx.ffmpeg_urls("http", 8080)
+    assert src.startswith("http://127.0.0.1:8080/") and dst == src  # what ffmpeg_once runs for this mode
     reference = dx.ffmpeg_reference(1)
     first_ms, decoded, identical = dx.ffmpeg_once("http", 1, reference)
     assert len(reference) == 25 and decoded == 25 and identical == 25
