@@ -94,6 +94,14 @@ int parse_holds(const RecvArgs& args, std::vector<HoldSpec>* holds) {
       print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
       return kExitUsage;
     }
+    // A sender chooses at most kMaxBlocks blocks (udp: message slots), so a larger index could never be
+    // held: refuse it rather than ignore it silently.
+    if (spec.index >= kMaxBlocks) {
+      print_error("recv", "--hold-block: block index " + std::to_string(spec.index) + " not in range 0 to " +
+                              std::to_string(kMaxBlocks - 1) + " (a sender has at most " + std::to_string(kMaxBlocks) +
+                              " blocks), got '" + h + "'");
+      return kExitUsage;
+    }
     holds->push_back(spec);
   }
   return kExitOk;

@@ -219,6 +219,9 @@ RANGE_CASES = {
                       "--block-size: Value 1099511627776 not in range 64 to 67108864"),
     "exit_after_negative": (["recv", "--listen", "127.0.0.1:0", "--discard", "--exit-after-senders", "-1"],
                             "--exit-after-senders: Value -1 not in range"),
+    # Used to be accepted and never held: a sender has at most 4096 blocks.
+    "hold_block_beyond_blocks": (["recv", "--listen", "127.0.0.1:0", "--discard", "--hold-block", "99999:0:10"],
+                                 "--hold-block: block index 99999 not in range 0 to 4095"),
     "worker_cpus_zero": (["recv", "--listen", "127.0.0.1:0", "--discard", "--worker", "true", "--worker-cpus", "0"],
                          "--worker-cpus: Value 0 not in range"),
 }
