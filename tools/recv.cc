@@ -232,6 +232,7 @@ void report_sessions(MetricsState& metrics_state, ReceiverOptions* opt) {
     print_line(stdout, session_line(r));
   };
   opt->on_event = [](const std::string& text) { log_info(text); };
+  opt->on_warning = [](const std::string& text) { log_warning(text); };
 }
 
 // --metrics: the /metrics and /health server. kExitOk (also without --metrics), or kExitError.
