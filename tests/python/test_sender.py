@@ -111,7 +111,7 @@ def test_connection_errors_are_exceptions_with_the_librarys_message(start_receiv
     ({"to": "127.0.0.1:1", "transport": "ib"}, "transport must be 'auto', 'shm', 'tcp' or 'rdma'"),
     ({"to": "127.0.0.1:1", "transport": "rdma", "rdma_transport": "xrc"}, "rdma_transport must be 'rc', 'dc' or 'ud'"),
     ({"to": "127.0.0.1:1", "name": "has space"}, "sender name may only contain"),
-    ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, "block size must be"),
+    ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, r"block_size 8 is not in range 64\.\.67108864 \(an int number of bytes\)"),
     ({"to": "127.0.0.1:1", "name": "n", "protocol": "nope"}, "unknown protocol 'nope'"),
     ({"to": "127.0.0.1:1", "name": "n", "devices": []}, "no devices declared"),
     ({"to": "127.0.0.1:1", "name": "n", "devices": [1, 1]}, "declared twice"),
