@@ -201,8 +201,8 @@ constexpr std::chrono::nanoseconds spin_budget(std::chrono::nanoseconds typical)
   return typical >= kPeerRoundTrip ? std::chrono::nanoseconds(0) : kMaxSpin;
 }
 // The typical completion after one more `sample`: a moving average (weight 1/4) in which a sample
-// counts as at most twice the typical (a rise of at most 1.25x per sample), so that one wait stretched by preemption (milliseconds on a busy host) does
-// not turn a fabric that completes in microseconds into one that is slept for.
+// counts as at most twice the typical (a rise of at most 1.25x per sample), so that one wait stretched by preemption
+// (milliseconds on a busy host) does not turn a fabric that completes in microseconds into one that is slept for.
 constexpr std::chrono::nanoseconds update_typical(std::chrono::nanoseconds typical, std::chrono::nanoseconds sample) {
   if (typical.count() <= 0) return sample;
   const auto s = std::min(sample, 2 * typical);

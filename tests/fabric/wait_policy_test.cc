@@ -12,9 +12,9 @@ using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
 TEST(WaitPolicy, SpinsWhereCompletionsTakeMicrosecondsAndSleepsWhereTheyTakeAPeersRoundTrip) {
-  EXPECT_EQ(spin_budget(nanoseconds(0)), kMaxSpin);      // nothing measured yet: as before
-  EXPECT_EQ(spin_budget(nanoseconds(100)), kMaxSpin);    // a shm status read
-  EXPECT_EQ(spin_budget(microseconds(5)), kMaxSpin);     // an RDMA read (the paper's Fig. 10)
+  EXPECT_EQ(spin_budget(nanoseconds(0)), kMaxSpin);          // nothing measured yet: as before
+  EXPECT_EQ(spin_budget(nanoseconds(100)), kMaxSpin);        // a shm status read
+  EXPECT_EQ(spin_budget(microseconds(5)), kMaxSpin);         // an RDMA read (the paper's Fig. 10)
   EXPECT_EQ(spin_budget(microseconds(18)), nanoseconds(0));  // a tcp read through the receiver's thread
   EXPECT_EQ(spin_budget(microseconds(140)), nanoseconds(0));
 }
