@@ -1137,6 +1137,41 @@ ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, 
   return n;
 }
 
+// recvmmsg as the kernel's __sys_recvmmsg runs it: each datagram received as recvmsg would be (blocking unless
+// MSG_DONTWAIT; MSG_WAITFORONE makes the ones after the first non-blocking), `timeout` checked after each datagram
+// (not while waiting for one: the kernel's documented limitation) and the time left written back to it.
+int shim_recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
+  int64_t end = 0;
+  if (timeout) {
+    if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1'000'000'000) {
+      errno = EINVAL;
+      return -1;
+    }
+    end = monotonic_ns() + int64_t(timeout->tv_sec) * 1'000'000'000 + timeout->tv_nsec;
+  }
+  int each = flags & ~MSG_WAITFORONE;
+  unsigned i = 0;
+  for (; i < vlen; ++i) {
+    const ssize_t n = shim_recvmsg(fd, &vec[i].msg_hdr, each);
+    if (n < 0) {
+      if (i == 0) return -1;
+      break;  // the kernel keeps a later error for the next call; EAGAIN/EINTR end the batch the same way
+    }
+    vec[i].msg_len = unsigned(n);
+    if (flags & MSG_WAITFORONE) each |= MSG_DONTWAIT;
+    if (timeout) {
+      const int64_t left = std::max<int64_t>(end - monotonic_ns(), 0);
+      timeout->tv_sec = time_t(left / 1'000'000'000);
+      timeout->tv_nsec = long(left % 1'000'000'000);
+      if (left == 0) {
+        ++i;
+        break;
+      }
+    }
+  }
+  return int(i);
+}
+
 // Whether the datagram whose first bytes are `head` is one recv would hand over: a datagram of a port the shim
 // leaves alone, a plain one accepted, or a small UD Send. Its CRC (and MAC) are checked when it is read, so a
 // corrupted or forged small datagram can make a socket readable once, and recv then drops it (EAGAIN for a
@@ -1269,17 +1304,7 @@ int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) 
     for (int i = 0; i < n; ++i) forget_passed(&vec[i].msg_hdr);
     return n;
   }
-  // The first datagram as asked (blocking unless MSG_DONTWAIT); the rest only if already there.
-  unsigned i = 0;
-  for (; i < vlen; ++i) {
-    ssize_t n = shim_recvmsg(fd, &vec[i].msg_hdr, i == 0 ? (flags & ~MSG_WAITFORONE) : (flags | MSG_DONTWAIT));
-    if (n < 0) {
-      if (i == 0) return -1;
-      break;
-    }
-    vec[i].msg_len = unsigned(n);
-  }
-  return int(i);
+  return shim_recvmmsg(fd, vec, vlen, flags, timeout);
 }
 
 ssize_t read(int fd, void* buf, size_t len) {
