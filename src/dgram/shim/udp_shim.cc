@@ -1177,8 +1177,10 @@ ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
       return deliver(payload, r.from, r.from_len, r.control, r.flags, msg, flags);
     // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue; after a
     // read one, the rest of its message is likely queued: taken in batches.
-    if (flags & MSG_PEEK) discard_head(fd);
-    else take_batch(fd, info);
+    if (flags & MSG_PEEK)
+      discard_head(fd);
+    else
+      take_batch(fd, info);
     if (!(flags & MSG_DONTWAIT)) deadline.arm(fd);
   }
 }
