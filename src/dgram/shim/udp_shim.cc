@@ -1142,13 +1142,9 @@ void forget_passed(const msghdr* msg) {
   }
 }
 
-ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
-  SocketInfo info;
-  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
-    const ssize_t n = real().recvmsg(fd, msg, flags);
-    if (n >= 0) forget_passed(msg);
-    return n;
-  }
+// recvmsg on a UDP socket the caller classified (`info`): each wrapper classifies once.
+ssize_t recv_udp(int fd, SocketInfo& info, msghdr* msg, int flags) {
+  if (flags & MSG_ERRQUEUE) return real().recvmsg(fd, msg, flags);
   RecvDeadline deadline;
   for (;;) {
     ssize_t result;
@@ -1185,14 +1181,26 @@ ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
   }
 }
 
-ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen) {
+ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
+  SocketInfo info;
+  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
+    const ssize_t n = real().recvmsg(fd, msg, flags);
+    if (n >= 0) forget_passed(msg);
+    return n;
+  }
+  return recv_udp(fd, info, msg, flags);
+}
+
+// recv/recvfrom/read: one buffer. `info`: the socket, classified by the caller, or nullptr.
+ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen,
+                      SocketInfo* info = nullptr) {
   iovec iov{buf, len};
   msghdr m{};
   m.msg_name = from;
   m.msg_namelen = from && fromlen ? *fromlen : 0;
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
-  ssize_t n = shim_recvmsg(fd, &m, flags);
+  ssize_t n = info ? recv_udp(fd, *info, &m, flags) : shim_recvmsg(fd, &m, flags);
   if (n >= 0 && from && fromlen) *fromlen = m.msg_namelen;
   return n;
 }
@@ -1200,7 +1208,7 @@ ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, 
 // recvmmsg as the kernel's __sys_recvmmsg runs it: each datagram received as recvmsg would be (blocking unless
 // MSG_DONTWAIT; MSG_WAITFORONE makes the ones after the first non-blocking), `timeout` checked after each datagram
 // (not while waiting for one: the kernel's documented limitation) and the time left written back to it.
-int shim_recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
+int shim_recvmmsg(int fd, SocketInfo& info, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
   int64_t end = 0;
   if (timeout) {
     if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1'000'000'000) {
@@ -1212,7 +1220,7 @@ int shim_recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* time
   int each = flags & ~MSG_WAITFORONE;
   unsigned i = 0;
   for (; i < vlen; ++i) {
-    const ssize_t n = shim_recvmsg(fd, &vec[i].msg_hdr, each);
+    const ssize_t n = recv_udp(fd, info, &vec[i].msg_hdr, each);
     if (n < 0) {
       if (i == 0) return -1;
       break;  // the kernel keeps a later error for the next call; EAGAIN/EINTR end the batch the same way
@@ -1350,13 +1358,13 @@ int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) 
     for (int i = 0; i < n; ++i) forget_passed(&vec[i].msg_hdr);
     return n;
   }
-  return shim_recvmmsg(fd, vec, vlen, flags, timeout);
+  return shim_recvmmsg(fd, info, vec, vlen, flags, timeout);
 }
 
 ssize_t read(int fd, void* buf, size_t len) {
   SocketInfo info;
   if (!classify(fd, &info)) return real().read(fd, buf, len);
-  return shim_recv_buf(fd, buf, len, 0, nullptr, nullptr);
+  return shim_recv_buf(fd, buf, len, 0, nullptr, nullptr, &info);
 }
 
 ssize_t readv(int fd, const iovec* iov, int iovcnt) {
@@ -1365,7 +1373,7 @@ ssize_t readv(int fd, const iovec* iov, int iovcnt) {
   msghdr m{};
   m.msg_iov = const_cast<iovec*>(iov);
   m.msg_iovlen = size_t(iovcnt);
-  return shim_recvmsg(fd, &m, 0);
+  return recv_udp(fd, info, &m, 0);
 }
 
 // _FORTIFY_SOURCE variants: the same checks glibc makes, then the calls above.
