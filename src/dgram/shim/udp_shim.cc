@@ -89,6 +89,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -359,12 +360,23 @@ struct SocketInfo {
   std::shared_ptr<RxState> rx;
 };
 
+// Descriptors 0..kTracked-1 are tracked, in chunks made when one of their descriptors is first seen: a
+// process pays for the descriptors it uses (64 B each), not for all 65,536 entries up front (4 MiB of every
+// shimmed process, what `bench sipscale` measured before).
 constexpr int kTracked = 65536;
+constexpr int kChunk = 256;
+static_assert(kTracked % kChunk == 0);
 std::mutex g_fd_mu;
 int g_table_top = 0;  // entries [0, top) have been used (g_fd_mu)
-std::vector<SocketInfo>& table() {
-  static std::vector<SocketInfo> t(kTracked);
-  return t;
+std::array<std::unique_ptr<SocketInfo[]>, kTracked / kChunk>& chunks() {
+  static std::array<std::unique_ptr<SocketInfo[]>, kTracked / kChunk> c;
+  return c;
+}
+// The entry of descriptor fd, 0 <= fd < kTracked, its chunk made if need be. Caller holds g_fd_mu.
+SocketInfo& tracked(int fd) {
+  auto& chunk = chunks()[size_t(fd) / kChunk];
+  if (!chunk) chunk = std::make_unique<SocketInfo[]>(kChunk);
+  return chunk[size_t(fd) % kChunk];
 }
 
 // A socket's source QP: with the sender's address, what tells its datagrams from others' at the receiving shim.
@@ -381,7 +393,9 @@ void fork_parent() { g_fd_mu.unlock(); }
 void fork_child() {
   g_fd_mu.unlock();
   for (int fd = 0; fd < g_table_top; ++fd) {
-    SocketInfo& e = table()[fd];
+    const auto& chunk = chunks()[size_t(fd) / kChunk];
+    if (!chunk) continue;  // no descriptor of this chunk was ever seen
+    SocketInfo& e = chunk[size_t(fd) % kChunk];
     if (e.udp) {
       e.qp = new_qp();
       e.msn = 0;
@@ -483,7 +497,7 @@ bool classify(int fd, SocketInfo* out) {
     return fresh.udp;
   }
   std::lock_guard lock(g_fd_mu);
-  SocketInfo& e = table()[fd];
+  SocketInfo& e = tracked(fd);
   g_table_top = std::max(g_table_top, fd + 1);
   socket_entry(fd, st, &e);
   if (!e.udp) return remember_not_udp(fd, seen);
@@ -494,16 +508,16 @@ bool classify(int fd, SocketInfo* out) {
 }
 
 uint32_t next_msn(int fd) {
-  if (fd >= kTracked) return 0;
+  if (fd < 0 || fd >= kTracked) return 0;
   std::lock_guard lock(g_fd_mu);
-  return table()[fd].msn++;
+  return tracked(fd).msn++;
 }
 
 void forget_peer(int fd) {
   if (fd < 0 || fd >= kTracked) return;
   std::lock_guard lock(g_fd_mu);
-  table()[fd].peer_known = false;
-  table()[fd].local_port = 0;  // connect() may bind
+  tracked(fd).peer_known = false;
+  tracked(fd).local_port = 0;  // connect() may bind
 }
 
 // Records whether fd's kernel segments its datagrams (UDP_SEGMENT), in *info and the table; a refusal is counted.
@@ -512,7 +526,7 @@ void remember_gso(int fd, SocketInfo* info, bool usable) {
   if (!usable) ++g_counters.gso_refused;
   if (fd < 0 || fd >= kTracked) return;
   std::lock_guard lock(g_fd_mu);
-  SocketInfo& e = table()[fd];
+  SocketInfo& e = tracked(fd);
   if (e.ino == info->ino && e.dev == info->dev) e.gso = info->gso;
 }
 
@@ -520,7 +534,7 @@ void remember_gso(int fd, SocketInfo* info, bool usable) {
 std::shared_ptr<RxState> rx_state(int fd, SocketInfo* info) {
   if (info->rx || fd < 0 || fd >= kTracked) return info->rx;
   std::lock_guard lock(g_fd_mu);
-  SocketInfo& e = table()[fd];
+  SocketInfo& e = tracked(fd);
   if (e.ino == info->ino && e.dev == info->dev) {
     if (!e.rx) e.rx = socket_rx(info->dev, info->ino, true);
     info->rx = e.rx;
