@@ -38,5 +38,6 @@ for kind in "${kinds[@]}"; do
   echo "sanitize: $kind: unit, protocol and example tests"
   # Not the integration and Python tests: they run the CLI binary and a pip-built extension, which
   # these builds do not make instrumented (python.install alone took 96 s here, to no purpose).
-  ctest --test-dir "$dir" --output-on-failure -E '^(integration|python)\.' "$@"
+  # Two entries at a time, as scripts/test.sh runs the main CTest (CTEST_PARALLEL_LEVEL overrides).
+  ctest --test-dir "$dir" --output-on-failure -j "${CTEST_PARALLEL_LEVEL:-2}" -E '^(integration|python)\.' "$@"
 done
