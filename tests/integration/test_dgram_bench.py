@@ -104,3 +104,8 @@ def test_shimperf_experiment(tmp_path):
     got = {(r["transport"], r["metric"]) for r in doc["records"] if r["experiment"] == "shimperf"}
     assert {("udp+shim", "iperf3_received"), ("udp", "iperf3_received"), ("udp+shim", "iperf3_received_vs_plain")} <= got
     assert all(r["value"] > 0 for r in doc["records"] if r["metric"] == "iperf3_received")
+    # iperf3's CPU accounting, per Gbit: both ends, with and without, and the shim's as a multiple of plain.
+    for t in ("udp+shim", "udp"):
+        assert {(t, "iperf3_sender_cpu"), (t, "iperf3_receiver_cpu")} <= got
+    assert ("udp+shim", "iperf3_sender_cpu_vs_plain") in got
+    assert all(r["value"] > 0 for r in doc["records"] if r["metric"].endswith("_cpu"))
