@@ -22,6 +22,7 @@ import paper_experiments
 import rate_experiments
 import ring_experiments
 import shim_experiments
+import sip_experiments
 import zero_copy
 from harness import DEFAULT_BLOCKS, HERE, PAPER_BLOCKS, RDMA, TRANSPORTS, Results, by_mode, host_transports, log, \
     registry
@@ -46,6 +47,7 @@ EXPERIMENTS = compose(paper_experiments.EXPERIMENTS,  # the status-byte paper's,
                       ring_experiments.EXPERIMENTS,  # the SDP paper's
                       dgram_experiments.EXPERIMENTS,  # the datagram transport's
                       shim_experiments.EXPERIMENTS,  # the socket shim's (issue 25)
+                      sip_experiments.EXPERIMENTS,  # SIPp with 10,000 clients (issue 25)
                       zero_copy.EXPERIMENTS)  # issue 22's zero-copy receive against the copy path
 
 
@@ -133,7 +135,12 @@ def main(argv):
     a = parse_args(argv)
     cfg = settings(a)
     out = pathlib.Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a usage error, as the CLI's own: one line, exit 2, nothing measured in vain
+        print(f"slotstream bench: error: cannot create --out {out}: {e.strerror}; give a writable directory",
+              file=sys.stderr)
+        return 2
     res = Results(out, argv)
     res.config["settings"] = {k: v for k, v in vars(cfg).items() if k != "registry"}
     res.config["settings"]["rdma"] = dict(RDMA)

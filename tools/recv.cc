@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "log.h"
 #include "metrics.h"
@@ -175,7 +176,7 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     opt->max_memory = *bytes;
   }
   if (!args.token_file.empty()) {
-    if (Status st = read_token_file(args.token_file, &opt->token); !st.is_ok()) {
+    if (Status st = read_token(args.token_file, &opt->token); !st.is_ok()) {
       print_error("recv", st.message());
       return kExitUsage;
     }
@@ -258,7 +259,9 @@ int run_recv(const RecvArgs& args) {
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
     // A transport this host cannot offer (rdma without a device) is a usage error: exit 2.
-    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    // (a listen address in use: the message says so; "connect failed" would mislead)
+    print_error("recv", st.code() == Code::kInvalidArgument || st.code() == Code::kConnectFailed ? st.message()
+                                                                                                 : st.to_string());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;

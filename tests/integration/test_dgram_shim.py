@@ -281,6 +281,69 @@ def test_socket_semantics_call_by_call(tmp_path):
     assert total(log, "dropped_plain") == 1 and total(log, "emsgsize") == 1 and total(log, "passed") >= 1
 
 
+# recvmmsg(2) through ctypes (python's socket module has none): vlen 4, a timeout of 0.2 s; two datagrams at once,
+# a third 0.4 s later, then a fourth. The kernel checks the timeout after each datagram: it returns 3 (it waited
+# for the third, past the timeout) and writes back 0 left; MSG_WAITFORONE returns what is there after the first.
+RECVMMSG = r"""
+import ctypes, json, socket, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+class msghdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint), ("iov", ctypes.POINTER(iovec)),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+class mmsghdr(ctypes.Structure):
+    _fields_ = [("hdr", msghdr), ("len", ctypes.c_uint)]
+class timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+port = int(sys.argv[1])
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("127.0.0.1", port))
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tx.connect(("127.0.0.1", port))
+bufs = [ctypes.create_string_buffer(8000) for _ in range(4)]
+iovs = [iovec(ctypes.cast(b, ctypes.c_void_p), 8000) for b in bufs]
+def call(flags, later):
+    vec = (mmsghdr * 4)()
+    for i in range(4):
+        vec[i].hdr.iov = ctypes.pointer(iovs[i])
+        vec[i].hdr.iovlen = 1
+    tx.send(b"a" * 3000)  # recombined from segments through the shim
+    tx.send(b"b" * 10)
+    def rest():
+        time.sleep(later)
+        tx.send(b"c" * 5000)
+        tx.send(b"d" * 7)
+    t = threading.Thread(target=rest)
+    t.start()
+    ts = timespec(0, 200_000_000)
+    n = libc.recvmmsg(rx.fileno(), vec, 4, flags, ctypes.byref(ts))
+    t.join()
+    got = [vec[i].len for i in range(max(n, 0))]
+    while True:  # what is left queued
+        try:
+            got.append(-len(rx.recv(8000, socket.MSG_DONTWAIT)))
+        except BlockingIOError:
+            break
+    return [n, got, ts.sec == 0 and ts.nsec == 0]
+print(json.dumps({"timeout": call(0, 0.4), "waitforone": call(0x10000, 0.1)}))
+"""
+
+
+def test_recvmmsg_timeout_is_checked_after_each_datagram_as_the_kernel_does(tmp_path):
+    port = free_udp_port()
+    runs = {}
+    for name, env in (("plain", dict(os.environ)), ("shim", shim_env(tmp_path / "shim.log", port))):
+        p = subprocess.run([sys.executable, "-c", RECVMMSG, str(port)], env=env, capture_output=True, text=True,
+                           timeout=20)
+        assert p.returncode == 0, p.stderr
+        runs[name] = json.loads(p.stdout)
+    assert runs["plain"]["timeout"] == [3, [3000, 10, 5000, -7], True], runs["plain"]
+    assert runs["shim"] == runs["plain"]
+    assert total(tmp_path / "shim.log", "segments_in") >= 6
+
+
 def test_malformed_settings_stop_the_program(tmp_path):
     p = subprocess.run([sys.executable, "-c", "print('ran')"], env=shim_env(tmp_path / "log", "5000-"),
                        capture_output=True, text=True, timeout=20)
@@ -448,6 +511,8 @@ LARGE_TX = r"""
 import hashlib, random, socket, sys, time
 port, sizes = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")]
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if sys.argv[3:] == ["no-checksum"]:
+    s.setsockopt(socket.SOL_SOCKET, 11, 1)  # SO_NO_CHECK: the kernel refuses UDP GSO (EINVAL) on this socket
 s.connect(("127.0.0.1", port))
 rng = random.Random(7)
 for n in sizes:
@@ -459,18 +524,38 @@ for n in sizes:
 """
 
 
-def test_large_datagrams_byte_exact_through_the_shim(tmp_path):
+def kernel_has_udp_gso():
+    """Whether this kernel knows UDP_SEGMENT (Linux >= 4.18): the shim then must use it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.getsockopt(socket.SOL_UDP, 103)  # UDP_SEGMENT
+            return True
+        except OSError:
+            return False
+
+
+def gso_segments_expected(large):
+    """Segments the sender hands the kernel in UDP GSO messages: all but those of a datagram that is one segment."""
+    return sum(k for k in (-(-n // SEGMENT) for n in large) if k > 1)
+
+
+@pytest.mark.parametrize("gso", ["on", "off", "refused"])
+def test_large_datagrams_byte_exact_through_the_shim(tmp_path, gso):
     """1 B to 65,507 B (the largest UDP payload) through the shim on both ends: small ones as one UD Send, larger
     ones as Write-Record segments of one MTU, recombined before recvmsg returns — byte-exact, in order, each
-    segment counted once."""
+    segment counted once. The segments leave as UDP GSO messages (one per datagram, two for those over 44
+    segments' worth) where the kernel has UDP_SEGMENT; with SLOTSTREAM_UDP_GSO=off, or on a socket whose kernel
+    refuses it (SO_NO_CHECK: EINVAL), one message per segment — the same datagrams either way."""
     log = tmp_path / "shim.log"
     sizes = LARGE_SIZES + [random_size for random_size in (777, 3001, 40000, 12345, 65000)]
     rx = subprocess.Popen([sys.executable, "-c", LARGE_RX, str(len(sizes))], env=shim_env(log),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     port = rx.stdout.readline().strip()
     assert port.isdigit(), rx.stderr.read()
-    tx = subprocess.run([sys.executable, "-c", LARGE_TX, port, ",".join(map(str, sizes))], env=shim_env(log),
-                        capture_output=True, text=True, timeout=30)
+    tx_env = shim_env(log, SLOTSTREAM_UDP_GSO="off") if gso == "off" else shim_env(log)
+    tx = subprocess.run([sys.executable, "-c", LARGE_TX, port, ",".join(map(str, sizes)),
+                         *(["no-checksum"] if gso == "refused" else [])], env=tx_env, capture_output=True, text=True,
+                        timeout=30)
     assert tx.returncode == 0, tx.stderr
     out, err = rx.communicate(timeout=30)
     assert rx.returncode == 0, err
@@ -479,6 +564,12 @@ def test_large_datagrams_byte_exact_through_the_shim(tmp_path):
     assert total(log, "large") == len(large) and total(log, "reassembled") == len(large)
     assert total(log, "segments") == sum(-(-n // SEGMENT) for n in large) == total(log, "segments_in")
     assert total(log, "wrapped") == total(log, "unwrapped") == len(sizes)
+    if gso == "on" and kernel_has_udp_gso():
+        assert total(log, "gso_segments") == gso_segments_expected(large) and total(log, "gso_refused") == 0
+        assert total(log, "gso_messages") == sum(1 + (n > 44 * SEGMENT) for n in large if n > SEGMENT)
+    else:
+        assert total(log, "gso_messages") == total(log, "gso_segments") == 0
+        assert total(log, "gso_refused") == (1 if gso == "refused" and kernel_has_udp_gso() else 0)
 
 
 def snmp_ip(ns, field):
@@ -510,7 +601,9 @@ def test_no_ip_fragments_leave(tmp_path):
 
         log = tmp_path / "shim.log"
         assert transfer(shim_env(log)) == 0
-        assert total(log, "segments") == 20 * -(-65507 // SEGMENT)
+        assert total(log, "segments") == 20 * -(-65507 // SEGMENT) == total(log, "segments_in")
+        if kernel_has_udp_gso():  # as UDP GSO messages, which the kernel cut into the same segments
+            assert total(log, "gso_segments") == total(log, "segments")
         assert transfer(dict(os.environ)) >= 20 * 40  # plain UDP: 45 fragments per datagram
 
 

@@ -20,6 +20,14 @@
 // readable; a recombined datagram waiting in the shim does, and partial delivery wakes the waiter when its
 // timer fires.
 //
+// A large datagram's segments are handed to the kernel with UDP GSO (UDP_SEGMENT, Linux >= 4.18; shim/gso.h):
+// laid back to back, all of one size but the last, in one sendmsg whose UDP_SEGMENT control message makes the kernel
+// cut the buffer at the segments' boundaries — the same datagrams on the wire, one trip through UDP and IP instead
+// of one per segment. Where the kernel has no UDP_SEGMENT or refuses it for the socket (EINVAL, EIO, ENOPROTOOPT,
+// EOPNOTSUPP, EMSGSIZE: e.g. SO_NO_CHECK, a route below the MTU the shim assumes), the refusal is remembered for the
+// socket (counted: gso_refused) and its segments go one per message in one sendmmsg, as with SLOTSTREAM_UDP_GSO=off
+// or when the application passes a UDP_SEGMENT of its own.
+//
 // On send the payload is gathered behind each header with no copy; on receive each datagram is read into a
 // per-thread buffer, checked (CRC first) and its payload copied out (a recombined one: from its region). A
 // datagram that fails is dropped as the kernel drops one with a bad UDP checksum: a blocking call waits for
@@ -61,6 +69,8 @@
 //   SLOTSTREAM_UDP_PARTIAL        drop (default) | deliver: an incomplete large datagram at its timer
 //   SLOTSTREAM_UDP_REASSEMBLY_MS  a large datagram's timer from its first segment (1..600000, default 200)
 //   SLOTSTREAM_UDP_PLAIN          drop (default) | accept: datagrams from programs without the shim
+//   SLOTSTREAM_UDP_GSO            on (default) | off: a large datagram's segments go to the kernel as one UDP GSO
+//                                 message (shim/gso.h) or, off, one message each in a sendmmsg
 //   SLOTSTREAM_UDP_LOG            "1": counters on stderr at exit; a path: appended there
 //   SLOTSTREAM_UDP_INJECT_LOSS    percent of sent segments dropped (tests; seeded)
 //   SLOTSTREAM_UDP_INJECT_CORRUPT percent of sent segments with one bit flipped after the CRC
@@ -70,6 +80,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -78,6 +89,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -97,6 +109,7 @@
 #include "dgram/injector.h"
 #include "dgram/mac.h"
 #include "dgram/segments.h"
+#include "dgram/shim/gso.h"
 #include "dgram/shim/ports.h"
 #include "dgram/shim/reassembly.h"
 #include "dgram/shim/shim.h"
@@ -147,8 +160,10 @@ Real& real() {
 
 // wrapped/unwrapped: application datagrams sent and delivered (large ones once each); large: those sent
 // as Write-Record, in `segments` segments; segments_in: segments received; dropped_plain: datagrams without
-// the shim's magic (SLOTSTREAM_UDP_PLAIN=drop), plain_accepted: delivered as they are.
+// the shim's magic (SLOTSTREAM_UDP_PLAIN=drop), plain_accepted: delivered as they are; gso_messages: messages handed
+// to the kernel with UDP_SEGMENT, carrying gso_segments segments; gso_refused: sockets whose kernel refused it.
 struct Counters {
+  std::atomic<uint64_t> gso_messages{0}, gso_segments{0}, gso_refused{0};
   std::atomic<uint64_t> wrapped{0}, unwrapped{0}, passed{0}, large{0}, segments{0}, segments_in{0}, dropped_crc{0},
       dropped_malformed{0}, dropped_auth{0}, dropped_plain{0}, plain_accepted{0}, emsgsize{0}, injected_loss{0},
       injected_corrupt{0}, injected_duplicate{0};
@@ -162,6 +177,7 @@ struct Config {
   MacKey key{};
   size_t mtu = 1500;
   bool plain_accept = false;
+  bool gso = true;
   ReassemblyOptions reassembly;
 };
 
@@ -212,6 +228,7 @@ void load_recombination(Config* c) {
   c->reassembly.timeout_ns = env_number("SLOTSTREAM_UDP_REASSEMBLY_MS", 1, 600000, 200) * 1'000'000;
   c->reassembly.deliver_partial = env_choice("SLOTSTREAM_UDP_PARTIAL", "deliver", "drop");
   c->plain_accept = env_choice("SLOTSTREAM_UDP_PLAIN", "accept", "drop");
+  c->gso = !env_choice("SLOTSTREAM_UDP_GSO", "off", "on");
 }
 
 Config load_config() {
@@ -275,6 +292,9 @@ __attribute__((destructor)) void shim_report() {
       {"large", k.large},
       {"segments", k.segments},
       {"segments_in", k.segments_in},
+      {"gso_messages", k.gso_messages},
+      {"gso_segments", k.gso_segments},
+      {"gso_refused", k.gso_refused},
       {"reassembled", r.reassembled},
       {"partial_delivered", r.partial_delivered},
       {"partial_dropped", r.partial_dropped},
@@ -321,6 +341,9 @@ struct RxState {
   std::deque<ShimDatagram> ready;
 };
 
+// Whether the kernel segments this socket's datagrams (UDP_SEGMENT): asked once, remembered once refused.
+enum class GsoState : uint8_t { kUnknown, kUsable, kRefused };
+
 // What we know about a UDP socket, keyed by its inode so that a descriptor number reused for
 // another file (after a close we did not see) is never mistaken for the old socket.
 struct SocketInfo {
@@ -333,15 +356,27 @@ struct SocketInfo {
   bool peer_known = false;
   uint32_t qp = 0;
   uint32_t msn = 0;
+  GsoState gso = GsoState::kUnknown;
   std::shared_ptr<RxState> rx;
 };
 
+// Descriptors 0..kTracked-1 are tracked, in chunks made when one of their descriptors is first seen: a
+// process pays for the descriptors it uses (64 B each), not for all 65,536 entries up front (4 MiB of every
+// shimmed process, what `bench sipscale` measured before).
 constexpr int kTracked = 65536;
+constexpr int kChunk = 256;
+static_assert(kTracked % kChunk == 0);
 std::mutex g_fd_mu;
 int g_table_top = 0;  // entries [0, top) have been used (g_fd_mu)
-std::vector<SocketInfo>& table() {
-  static std::vector<SocketInfo> t(kTracked);
-  return t;
+std::array<std::unique_ptr<SocketInfo[]>, kTracked / kChunk>& chunks() {
+  static std::array<std::unique_ptr<SocketInfo[]>, kTracked / kChunk> c;
+  return c;
+}
+// The entry of descriptor fd, 0 <= fd < kTracked, its chunk made if need be. Caller holds g_fd_mu.
+SocketInfo& tracked(int fd) {
+  auto& chunk = chunks()[size_t(fd) / kChunk];
+  if (!chunk) chunk = std::make_unique<SocketInfo[]>(kChunk);
+  return chunk[size_t(fd) % kChunk];
 }
 
 // A socket's source QP: with the sender's address, what tells its datagrams from others' at the receiving shim.
@@ -358,7 +393,9 @@ void fork_parent() { g_fd_mu.unlock(); }
 void fork_child() {
   g_fd_mu.unlock();
   for (int fd = 0; fd < g_table_top; ++fd) {
-    SocketInfo& e = table()[fd];
+    const auto& chunk = chunks()[size_t(fd) / kChunk];
+    if (!chunk) continue;  // no descriptor of this chunk was ever seen
+    SocketInfo& e = chunk[size_t(fd) % kChunk];
     if (e.udp) {
       e.qp = new_qp();
       e.msn = 0;
@@ -460,7 +497,7 @@ bool classify(int fd, SocketInfo* out) {
     return fresh.udp;
   }
   std::lock_guard lock(g_fd_mu);
-  SocketInfo& e = table()[fd];
+  SocketInfo& e = tracked(fd);
   g_table_top = std::max(g_table_top, fd + 1);
   socket_entry(fd, st, &e);
   if (!e.udp) return remember_not_udp(fd, seen);
@@ -471,23 +508,33 @@ bool classify(int fd, SocketInfo* out) {
 }
 
 uint32_t next_msn(int fd) {
-  if (fd >= kTracked) return 0;
+  if (fd < 0 || fd >= kTracked) return 0;
   std::lock_guard lock(g_fd_mu);
-  return table()[fd].msn++;
+  return tracked(fd).msn++;
 }
 
 void forget_peer(int fd) {
   if (fd < 0 || fd >= kTracked) return;
   std::lock_guard lock(g_fd_mu);
-  table()[fd].peer_known = false;
-  table()[fd].local_port = 0;  // connect() may bind
+  tracked(fd).peer_known = false;
+  tracked(fd).local_port = 0;  // connect() may bind
+}
+
+// Records whether fd's kernel segments its datagrams (UDP_SEGMENT), in *info and the table; a refusal is counted.
+void remember_gso(int fd, SocketInfo* info, bool usable) {
+  info->gso = usable ? GsoState::kUsable : GsoState::kRefused;
+  if (!usable) ++g_counters.gso_refused;
+  if (fd < 0 || fd >= kTracked) return;
+  std::lock_guard lock(g_fd_mu);
+  SocketInfo& e = tracked(fd);
+  if (e.ino == info->ino && e.dev == info->dev) e.gso = info->gso;
 }
 
 // The state of fd's receive side, made if need be; nullptr for descriptors past the table.
 std::shared_ptr<RxState> rx_state(int fd, SocketInfo* info) {
   if (info->rx || fd < 0 || fd >= kTracked) return info->rx;
   std::lock_guard lock(g_fd_mu);
-  SocketInfo& e = table()[fd];
+  SocketInfo& e = tracked(fd);
   if (e.ino == info->ino && e.dev == info->dev) {
     if (!e.rx) e.rx = socket_rx(info->dev, info->ino, true);
     info->rx = e.rx;
@@ -590,36 +637,131 @@ void prepare(Prepared* p, SegmentHeader h, const iovec* iov, size_t iovlen, size
   }
 }
 
-// Sends prepared segments to msg's destination, with msg's control data: sendmmsg, as many per call as the
-// kernel takes. Once the first is out, the rest follow even on a non-blocking socket (waiting up to a second
-// for room each time), so that a large datagram is not cut short by a full send buffer. False (errno set) if
-// nothing could be sent, or a later call failed otherwise.
-bool send_prepared(int fd, const msghdr* msg, std::vector<Prepared>& parts, int flags) {
-  std::vector<mmsghdr> mm;
-  mm.reserve(parts.size() + 1);
-  for (Prepared& p : parts) {
+// The segments as they go on the wire, in order: the injector's drops left out (counted "sent": the network lost
+// them), its duplicates twice.
+std::vector<const Prepared*> wire_order(const std::vector<Prepared>& parts) {
+  std::vector<const Prepared*> wire;
+  wire.reserve(parts.size() + 1);
+  for (const Prepared& p : parts) {
     if (p.verdict.drop) {
-      ++g_counters.injected_loss;  // "sent": the network lost it
+      ++g_counters.injected_loss;
       continue;
     }
-    mmsghdr one{};
-    one.msg_hdr = *msg;
-    one.msg_hdr.msg_iov = p.iov.data();
-    one.msg_hdr.msg_iovlen = p.iov.size();
-    mm.push_back(one);
+    wire.push_back(&p);
     if (p.verdict.duplicate) {
       ++g_counters.injected_duplicate;
-      mm.push_back(one);
+      wire.push_back(&p);
     }
   }
-  for (size_t done = 0; done < mm.size();) {
-    const int r = real().sendmmsg(fd, mm.data() + done, unsigned(mm.size() - done), flags);
+  return wire;
+}
+
+// Whether fd's segments may go as UDP GSO messages: enabled, the kernel knows UDP_SEGMENT for this socket (asked
+// once per socket, then remembered), and the application passes no UDP_SEGMENT of its own.
+bool gso_usable(int fd, SocketInfo& info, const msghdr* msg) {
+  if (!config().gso) return false;
+  for (const cmsghdr* c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(msg), const_cast<cmsghdr*>(c))) {
+    if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_SEGMENT) return false;
+  }
+  if (info.gso == GsoState::kUnknown) {
+    int size = 0;
+    socklen_t l = sizeof size;
+    remember_gso(fd, &info, getsockopt(fd, SOL_UDP, UDP_SEGMENT, &size, &l) == 0);
+  }
+  return info.gso == GsoState::kUsable;
+}
+
+// What the kernel answers a UDP_SEGMENT it will not do for this socket or route (any other error is the send's).
+bool gso_refusal(int err) {
+  return err == EINVAL || err == EIO || err == ENOPROTOOPT || err == EOPNOTSUPP || err == EMSGSIZE;
+}
+
+// The messages for wire[from...]: one per GSO batch (shim/gso.h), or one per segment without GSO, each with msg's
+// destination and control data (a batch's followed by its UDP_SEGMENT). The mmsghdrs point into the batches.
+struct Outgoing {
+  std::vector<GsoBatch> batches;
+  std::vector<std::vector<iovec>> iov;
+  std::vector<std::vector<uint64_t>> control;  // cmsghdr-aligned
+  std::vector<mmsghdr> mm;
+};
+
+void add_gso_control(const msghdr* msg, uint16_t gso_size, std::vector<uint64_t>* buf, msghdr* out) {
+  const size_t own = msg->msg_control ? msg->msg_controllen : 0, total = own + CMSG_SPACE(sizeof(uint16_t));
+  buf->assign((total + 7) / 8, 0);
+  if (own) std::memcpy(buf->data(), msg->msg_control, own);
+  out->msg_control = buf->data();
+  out->msg_controllen = total;
+  cmsghdr* c = reinterpret_cast<cmsghdr*>(reinterpret_cast<std::byte*>(buf->data()) + own);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  std::memcpy(CMSG_DATA(c), &gso_size, sizeof gso_size);
+}
+
+Outgoing plan_messages(const msghdr* msg, std::span<const Prepared* const> wire, bool gso, int family) {
+  std::vector<size_t> sizes, pieces;
+  for (const Prepared* p : wire) {
+    sizes.push_back(iov_total(p->iov.data(), p->iov.size()));
+    pieces.push_back(p->iov.size());
+  }
+  GsoLimits limits;
+  limits.max_segments = gso ? limits.max_segments : 1;
+  limits.max_bytes = max_payload(family);
+  Outgoing o;
+  o.batches = plan_gso_batches(sizes, pieces, limits);
+  o.iov.resize(o.batches.size());
+  o.control.resize(o.batches.size());
+  o.mm.resize(o.batches.size());
+  for (size_t b = 0; b < o.batches.size(); ++b) {
+    const GsoBatch& g = o.batches[b];
+    for (size_t i = g.first; i < g.first + g.count; ++i)
+      o.iov[b].insert(o.iov[b].end(), wire[i]->iov.begin(), wire[i]->iov.end());
+    msghdr& h = o.mm[b].msg_hdr;
+    h = *msg;
+    h.msg_iov = o.iov[b].data();
+    h.msg_iovlen = o.iov[b].size();
+    if (g.gso_size) add_gso_control(msg, g.gso_size, &o.control[b], &h);
+  }
+  return o;
+}
+
+void count_sent(const Outgoing& o, size_t from, size_t n) {
+  for (size_t b = from; b < from + n; ++b) {
+    if (o.batches[b].gso_size == 0) continue;
+    ++g_counters.gso_messages;
+    g_counters.gso_segments += o.batches[b].count;
+  }
+}
+
+// Sends prepared segments to msg's destination, with msg's control data: with GSO where the kernel does it, in
+// sendmmsg, as many messages per call as the kernel takes. Once the first is out, the rest follow even on a
+// non-blocking socket (waiting up to a second for room each time), so that a large datagram is not cut short by a
+// full send buffer. A GSO message the kernel refuses is sent again a segment per message, and once that works the
+// refusal is remembered for the socket (an error the plain send repeats is the send's, not GSO's). False (errno
+// set) if nothing could be sent, or a later call failed otherwise.
+bool send_prepared(int fd, const msghdr* msg, std::vector<Prepared>& parts, int flags, SocketInfo& info) {
+  const std::vector<const Prepared*> wire = wire_order(parts);
+  bool gso = wire.size() > 1 && gso_usable(fd, info, msg), refused = false, sent_any = false;
+  Outgoing out = plan_messages(msg, wire, gso, info.family);
+  for (size_t done = 0; done < out.mm.size();) {
+    const int r = real().sendmmsg(fd, out.mm.data() + done, unsigned(out.mm.size() - done), flags);
     if (r > 0) {
+      count_sent(out, done, size_t(r));
       done += size_t(r);
+      sent_any = true;
+      if (refused) remember_gso(fd, &info, false);
+      refused = false;
+      continue;
+    }
+    if (gso && gso_refusal(errno) && out.batches[done].gso_size) {
+      gso = false;
+      refused = true;
+      out = plan_messages(msg, std::span(wire).subspan(out.batches[done].first), false, info.family);
+      done = 0;
       continue;
     }
     pollfd room{fd, POLLOUT, 0};
-    if (done == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || real().poll(&room, 1, 1000) <= 0) return false;
+    if (!sent_any || (errno != EAGAIN && errno != EWOULDBLOCK) || real().poll(&room, 1, 1000) <= 0) return false;
   }
   return true;
 }
@@ -641,7 +783,7 @@ void slice(const iovec* iov, size_t n, size_t off, size_t len, std::vector<iovec
 
 // A datagram larger than one MTU: one UD RDMA Write-Record message in MTU-sized segments (dgram/segments.h,
 // the Write-Record descriptor's addressing), handed to the kernel together.
-bool send_large(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+bool send_large(int fd, const msghdr* msg, int flags, SocketInfo& info, size_t len) {
   const MessageSlot slot{0, 0, next_msn(fd), kShimRing, kShimFirstStag, len};
   SegmentHeader h = kWriteRecord.data_header(slot);
   h.service = Service::kUD;
@@ -655,14 +797,14 @@ bool send_large(int fd, const msghdr* msg, int flags, const SocketInfo& info, si
     prepare(&parts[i++], s, piece.data(), piece.size(), n);
     return true;
   });
-  if (!send_prepared(fd, msg, parts, flags)) return false;
+  if (!send_prepared(fd, msg, parts, flags, info)) return false;
   g_counters.segments += parts.size();
   ++g_counters.large;
   return true;
 }
 
 // A datagram that fits one MTU: one UD Send segment (queue 0, the socket's own MSN, MO 0, last).
-bool send_small(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+bool send_small(int fd, const msghdr* msg, int flags, SocketInfo& info, size_t len) {
   SegmentHeader h;
   h.service = Service::kUD;
   h.opcode = Opcode::kSend;
@@ -673,7 +815,7 @@ bool send_small(int fd, const msghdr* msg, int flags, const SocketInfo& info, si
   h.offset = 0;
   std::vector<Prepared> one(1);
   prepare(&one[0], h, msg->msg_iov, msg->msg_iovlen, len);
-  return send_prepared(fd, msg, one, flags);
+  return send_prepared(fd, msg, one, flags, info);
 }
 
 ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
@@ -787,7 +929,7 @@ bool take_ready(int fd, SocketInfo& info, msghdr* msg, int flags, ssize_t* resul
   const ShimDatagram& d = st->ready.front();
   *result = deliver(d.data, d.from, d.from_len, d.control, 0, msg, flags);
   if (!(flags & MSG_PEEK)) {
-    ++g_counters.unwrapped;
+    if (!d.counted) ++g_counters.unwrapped;
     st->ready.pop_front();
   }
   (void)fd;
@@ -895,6 +1037,62 @@ void learn_local_port(int fd, SocketInfo& info) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) info.local_port = port_of(ss);
 }
 
+// A datagram for the application that the shim read ahead: kept in the shim's queue, in the order read.
+void keep_for_app(int fd, SocketInfo& info, const Received& r, std::span<const std::byte> payload, bool counted) {
+  if (const auto st = rx_state(fd, &info)) {
+    ShimDatagram d;
+    d.from = r.from;
+    d.from_len = r.from_len;
+    d.data = Buffer(payload.size());
+    std::memcpy(d.data.data(), payload.data(), payload.size());
+    d.data.set_size(payload.size());
+    d.control.assign(r.control.begin(), r.control.end());
+    d.counted = counted;
+    std::lock_guard lock(st->mu);
+    st->ready.push_back(std::move(d));
+  }
+}
+
+// Segments arrive in runs (one large datagram is ~45 of them): the shim reads what is queued in one recvmmsg of
+// up to kBatch datagrams rather than one recvmsg (and one peek) each. A datagram for the application among them
+// waits in the shim's queue, with its own address and ancillary data, behind what was read before it. The buffers
+// are per thread, 64 KiB each (a plain datagram may be that large), allocated untouched: only the pages the kernel
+// writes become resident.
+constexpr unsigned kBatch = 16;
+
+struct BatchBuffers {
+  std::unique_ptr<std::byte[]> data{new std::byte[kBatch * kRxBuffer]};
+  alignas(cmsghdr) std::byte control[kBatch][kControlBuffer];
+  sockaddr_storage from[kBatch];
+  iovec iov[kBatch];
+  mmsghdr hdr[kBatch];
+};
+
+// Reads up to kBatch queued datagrams (never blocks) and places or keeps each; returns how many were read.
+int take_batch(int fd, SocketInfo& info) {
+  thread_local std::unique_ptr<BatchBuffers> tb;
+  if (!tb) tb = std::make_unique<BatchBuffers>();
+  BatchBuffers& b = *tb;
+  for (unsigned i = 0; i < kBatch; ++i) {
+    b.iov[i] = {b.data.get() + i * kRxBuffer, kRxBuffer};
+    b.hdr[i].msg_hdr = msghdr{&b.from[i], sizeof b.from[i], &b.iov[i], 1, b.control[i], kControlBuffer, 0};
+  }
+  const int n = real().recvmmsg(fd, b.hdr, kBatch, MSG_DONTWAIT, nullptr);
+  if (n > 0) learn_local_port(fd, info);
+  for (int i = 0; i < n; ++i) {
+    const msghdr& m = b.hdr[i].msg_hdr;
+    Received r;
+    r.data = std::span(b.data.get() + size_t(i) * kRxBuffer, b.hdr[i].msg_len);
+    r.from = b.from[i];
+    r.from_len = m.msg_namelen;
+    r.control = std::span(b.control[i], m.msg_controllen);
+    r.flags = m.msg_flags;
+    std::span<const std::byte> payload;
+    if (judge(fd, info, r, false, &payload) == Fate::kDeliver) keep_for_app(fd, info, r, payload, true);
+  }
+  return n;
+}
+
 // A blocking receive's SO_RCVTIMEO across the datagrams the shim takes. The kernel starts the timeout afresh at
 // every real recvmsg, so a stream of segments that complete nothing would keep a receive with a timeout blocked
 // for ever; once the shim has taken one, it waits for the rest itself, up to the timeout counted from the call.
@@ -958,13 +1156,9 @@ void forget_passed(const msghdr* msg) {
   }
 }
 
-ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
-  SocketInfo info;
-  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
-    const ssize_t n = real().recvmsg(fd, msg, flags);
-    if (n >= 0) forget_passed(msg);
-    return n;
-  }
+// recvmsg on a UDP socket the caller classified (`info`): each wrapper classifies once.
+ssize_t recv_udp(int fd, SocketInfo& info, msghdr* msg, int flags) {
+  if (flags & MSG_ERRQUEUE) return real().recvmsg(fd, msg, flags);
   RecvDeadline deadline;
   for (;;) {
     ssize_t result;
@@ -991,22 +1185,73 @@ ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
     std::span<const std::byte> payload;
     if (judge(fd, info, r, flags & MSG_PEEK, &payload) == Fate::kDeliver)
       return deliver(payload, r.from, r.from_len, r.control, r.flags, msg, flags);
-    // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue.
-    if (flags & MSG_PEEK) discard_head(fd);
+    // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue; after a
+    // read one, the rest of its message is likely queued: taken in batches.
+    if (flags & MSG_PEEK)
+      discard_head(fd);
+    else
+      take_batch(fd, info);
     if (!(flags & MSG_DONTWAIT)) deadline.arm(fd);
   }
 }
 
-ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen) {
+ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
+  SocketInfo info;
+  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
+    const ssize_t n = real().recvmsg(fd, msg, flags);
+    if (n >= 0) forget_passed(msg);
+    return n;
+  }
+  return recv_udp(fd, info, msg, flags);
+}
+
+// recv/recvfrom/read: one buffer. `info`: the socket, classified by the caller, or nullptr.
+ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen,
+                      SocketInfo* info = nullptr) {
   iovec iov{buf, len};
   msghdr m{};
   m.msg_name = from;
   m.msg_namelen = from && fromlen ? *fromlen : 0;
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
-  ssize_t n = shim_recvmsg(fd, &m, flags);
+  ssize_t n = info ? recv_udp(fd, *info, &m, flags) : shim_recvmsg(fd, &m, flags);
   if (n >= 0 && from && fromlen) *fromlen = m.msg_namelen;
   return n;
+}
+
+// recvmmsg as the kernel's __sys_recvmmsg runs it: each datagram received as recvmsg would be (blocking unless
+// MSG_DONTWAIT; MSG_WAITFORONE makes the ones after the first non-blocking), `timeout` checked after each datagram
+// (not while waiting for one: the kernel's documented limitation) and the time left written back to it.
+int shim_recvmmsg(int fd, SocketInfo& info, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
+  int64_t end = 0;
+  if (timeout) {
+    if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1'000'000'000) {
+      errno = EINVAL;
+      return -1;
+    }
+    end = monotonic_ns() + int64_t(timeout->tv_sec) * 1'000'000'000 + timeout->tv_nsec;
+  }
+  int each = flags & ~MSG_WAITFORONE;
+  unsigned i = 0;
+  for (; i < vlen; ++i) {
+    const ssize_t n = recv_udp(fd, info, &vec[i].msg_hdr, each);
+    if (n < 0) {
+      if (i == 0) return -1;
+      break;  // the kernel keeps a later error for the next call; EAGAIN/EINTR end the batch the same way
+    }
+    vec[i].msg_len = unsigned(n);
+    if (flags & MSG_WAITFORONE) each |= MSG_DONTWAIT;
+    if (timeout) {
+      const int64_t left = std::max<int64_t>(end - monotonic_ns(), 0);
+      timeout->tv_sec = time_t(left / 1'000'000'000);
+      timeout->tv_nsec = long(left % 1'000'000'000);
+      if (left == 0) {
+        ++i;
+        break;
+      }
+    }
+  }
+  return int(i);
 }
 
 // Whether the datagram whose first bytes are `head` is one recv would hand over: a datagram of a port the shim
@@ -1022,27 +1267,6 @@ bool looks_deliverable(const SocketInfo& info, std::span<const std::byte> head, 
          !(ddp & kDdpTagged);
 }
 
-// Reads the head of the kernel's queue for the shim (a segment to place, a datagram to drop). Should another
-// thread have changed the head since it was looked at, a datagram for the application is kept in the shim's
-// queue, not lost.
-void take_head(int fd, SocketInfo& info) {
-  Received r;
-  if (read_datagram(fd, MSG_DONTWAIT, &r) < 0) return;
-  std::span<const std::byte> payload;
-  if (judge(fd, info, r, true, &payload) != Fate::kDeliver) return;
-  if (const auto st = rx_state(fd, &info)) {
-    ShimDatagram d;
-    d.from = r.from;
-    d.from_len = r.from_len;
-    d.data = Buffer(payload.size());
-    std::memcpy(d.data.data(), payload.data(), payload.size());
-    d.data.set_size(payload.size());
-    d.control.assign(r.control.begin(), r.control.end());
-    std::lock_guard lock(st->mu);
-    st->ready.push_back(std::move(d));
-  }
-}
-
 }  // namespace
 
 namespace slotstream::dgram::shim {
@@ -1056,33 +1280,40 @@ Readiness readiness(int fd, bool drain) {
   if (!classify(fd, &info)) return {};
   Readiness r;
   r.udp = true;
-  for (;;) {
-    if (info.rx) {
-      std::lock_guard lock(info.rx->mu);
-      info.rx->reassembly.expire(monotonic_ns(), &info.rx->ready);
-      r.readable = !info.rx->ready.empty();
-      r.wake_ns = info.rx->reassembly.wake_ns();
-      if (r.readable) return r;
-    }
-    if (!drain) return r;
-    // The head of the kernel's queue, its first bytes only: enough to tell the application's from the shim's.
-    std::byte head[kCommonSize];
-    sockaddr_storage from{};
-    iovec iov{head, sizeof head};
-    msghdr m{};
-    m.msg_name = &from;
-    m.msg_namelen = sizeof from;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    const ssize_t n = real().recvmsg(fd, &m, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0) return r;  // nothing (more) queued
-    learn_local_port(fd, info);
-    if (looks_deliverable(info, std::span(head, std::min(size_t(n), sizeof head)), from)) {
-      r.readable = true;
-      return r;
-    }
-    take_head(fd, info);
+  if (info.rx) {
+    std::lock_guard lock(info.rx->mu);
+    info.rx->reassembly.expire(monotonic_ns(), &info.rx->ready);
+    r.readable = !info.rx->ready.empty();
+    r.wake_ns = info.rx->reassembly.wake_ns();
+    if (r.readable) return r;
   }
+  if (!drain) return r;
+  // The head of the kernel's queue, its first bytes only: enough to tell the application's from the shim's.
+  std::byte head[kCommonSize];
+  sockaddr_storage from{};
+  iovec iov{head, sizeof head};
+  msghdr m{};
+  m.msg_name = &from;
+  m.msg_namelen = sizeof from;
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  const ssize_t n = real().recvmsg(fd, &m, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0) return r;  // nothing queued
+  learn_local_port(fd, info);
+  if (looks_deliverable(info, std::span(head, std::min(size_t(n), sizeof head)), from)) {
+    r.readable = true;
+    return r;
+  }
+  // The shim's: read it and what follows in batches until a datagram is ready or the queue is empty (what
+  // arrives later makes the socket readable, and a new edge, again).
+  while (take_batch(fd, info) > 0) {
+    if (!info.rx) continue;  // only dropped datagrams so far
+    std::lock_guard lock(info.rx->mu);
+    r.readable = !info.rx->ready.empty();
+    r.wake_ns = info.rx->reassembly.wake_ns();
+    if (r.readable) break;
+  }
+  return r;
 }
 
 }  // namespace slotstream::dgram::shim
@@ -1141,23 +1372,13 @@ int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) 
     for (int i = 0; i < n; ++i) forget_passed(&vec[i].msg_hdr);
     return n;
   }
-  // The first datagram as asked (blocking unless MSG_DONTWAIT); the rest only if already there.
-  unsigned i = 0;
-  for (; i < vlen; ++i) {
-    ssize_t n = shim_recvmsg(fd, &vec[i].msg_hdr, i == 0 ? (flags & ~MSG_WAITFORONE) : (flags | MSG_DONTWAIT));
-    if (n < 0) {
-      if (i == 0) return -1;
-      break;
-    }
-    vec[i].msg_len = unsigned(n);
-  }
-  return int(i);
+  return shim_recvmmsg(fd, info, vec, vlen, flags, timeout);
 }
 
 ssize_t read(int fd, void* buf, size_t len) {
   SocketInfo info;
   if (!classify(fd, &info)) return real().read(fd, buf, len);
-  return shim_recv_buf(fd, buf, len, 0, nullptr, nullptr);
+  return shim_recv_buf(fd, buf, len, 0, nullptr, nullptr, &info);
 }
 
 ssize_t readv(int fd, const iovec* iov, int iovcnt) {
@@ -1166,7 +1387,7 @@ ssize_t readv(int fd, const iovec* iov, int iovcnt) {
   msghdr m{};
   m.msg_iov = const_cast<iovec*>(iov);
   m.msg_iovlen = size_t(iovcnt);
-  return shim_recvmsg(fd, &m, 0);
+  return recv_udp(fd, info, &m, 0);
 }
 
 // _FORTIFY_SOURCE variants: the same checks glibc makes, then the calls above.
