@@ -159,9 +159,10 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
       ->check(CLI::Range(0u, 86400u * 365));
   add_platform_recv(r, &recv->platform);
   r->add_option("--hold-block", recv->holds,
-                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window, counted from each "
-                "sender's first data (testing and benchmarks; udp: from its session's start, message slot INDEX of "
-                "every device, MSN mod --blocks)");
+                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX (0.." + std::to_string(kMaxBlocks - 1) +
+                    ") held (status 2) in that window, counted from each "
+                    "sender's first data (testing and benchmarks; udp: from its session's start, message slot INDEX of "
+                    "every device, MSN mod --blocks)");
   return r;
 }
 

@@ -94,6 +94,14 @@ int parse_holds(const RecvArgs& args, std::vector<HoldSpec>* holds) {
       print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
       return kExitUsage;
     }
+    // A sender chooses at most kMaxBlocks blocks (udp: message slots), so a larger index could never be
+    // held: refuse it rather than ignore it silently.
+    if (spec.index >= kMaxBlocks) {
+      print_error("recv", "--hold-block: block index " + std::to_string(spec.index) + " not in range 0 to " +
+                              std::to_string(kMaxBlocks - 1) + " (a sender has at most " + std::to_string(kMaxBlocks) +
+                              " blocks), got '" + h + "'");
+      return kExitUsage;
+    }
     holds->push_back(spec);
   }
   return kExitOk;
@@ -224,6 +232,7 @@ void report_sessions(MetricsState& metrics_state, ReceiverOptions* opt) {
     print_line(stdout, session_line(r));
   };
   opt->on_event = [](const std::string& text) { log_info(text); };
+  opt->on_warning = [](const std::string& text) { log_warning(text); };
 }
 
 // --metrics: the /metrics and /health server. kExitOk (also without --metrics), or kExitError.
