@@ -129,6 +129,18 @@ def wait_until(pred, timeout, what, interval=0.05):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def all_threads_stopped(pid):
+    """True when every thread of `pid` is in the stopped state (T) — or gone."""
+    try:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return all(s in ("T", "t", "Z", "X") for s in states)
+
+
 # Workers (docs/workers.md): the example that checksums every message, and one slower than any sender
 # (50 ms a message); done_of reads how far a worker got (-1: not started).
 CHECKSUM = f"sh {REPO / 'workers' / 'checksum.sh'}"
@@ -267,8 +279,13 @@ class Proc:
         return rc
 
     def signal(self, sig):
+        """Sends `sig`; SIGSTOP returns once every thread of the process is stopped (kill() only queues the
+        signal: a thread running on the other core may still finish a write after it returns)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
+            if sig == signal.SIGSTOP:
+                wait_until(lambda: self.proc.poll() is not None or all_threads_stopped(self.proc.pid), 5,
+                           f"process {self.proc.pid} to stop")
 
     def sigkill(self):
         self.signal(signal.SIGKILL)
