@@ -173,6 +173,7 @@ class Edge {
   std::vector<uint16_t> offloaded_;  // in the order they went
   std::atomic<uint64_t> held_bytes_{0};
   uint64_t moves_ = 0, refused_ = 0;
+  std::vector<double> move_ms_;  // each move, from its decision until its devices landed
 };
 
 // Stores one message here or sends it through the platform, wherever the device goes now.
@@ -281,6 +282,7 @@ void Edge::move(platform::Move m, double load) {
     std::snprintf(why, sizeof why, "load %.1f below %.1f: taking device %u back", load, args_.below, unsigned(d));
   }
   print_line(stderr, std::string("slotstream edge: ") + why);
+  const auto t0 = Clock::now();
   for (uint16_t t : touched) {  // waits for a message on its way (a remote one may wait for its receiver)
     Route& r = route(t);
     std::lock_guard lock(r.mutex);
@@ -296,6 +298,7 @@ void Edge::move(platform::Move m, double load) {
   const bool offloaded = st.is_ok() && m == platform::Move::kOffload;
   if (offloaded) offloaded_.push_back(d);
   for (uint16_t t : touched) land(t, removed, offloaded && t == d);
+  move_ms_.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
 void Edge::control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done) {
@@ -352,6 +355,8 @@ nlohmann::json Edge::summary(const Fillers& fillers) const {
           {"late_frames", fillers.late_frames()},
           {"resent", s.resent},
           {"reschedules", s.reschedules},
+          {"connections", s.connections},
+          {"move_ms", move_ms_},
           {"schedule_ms", s.schedule_ms}};
 }
 
