@@ -14,7 +14,7 @@ import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 6  # wire::kProtocolVersion
+VERSION = 7  # wire::kProtocolVersion
 FUZZ_KEY = bytes([0x5A]) * 32  # control_frame_fuzz.cc's session key
 
 

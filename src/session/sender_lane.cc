@@ -316,6 +316,12 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
     owner_.on_stored(stored);
     return Status::ok();
   }
+  if (frame.type == wire::MsgType::kNumbered) {
+    wire::Numbered answer;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &answer));
+    owner_.on_numbered(answer);
+    return Status::ok();
+  }
   if (frame.type == wire::MsgType::kRefuse) {
     wire::Refuse refuse;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &refuse));
@@ -508,6 +514,12 @@ Status SenderLane::sending_thread_st() {
 
 void SenderLane::sending_loop_st() {
   if (Status st = explain_transmit_error(sending_thread_st()); !st.is_ok()) owner_.fail(st);
+}
+
+// The socket's frames are sent by one thread at a time: this one's, while the sending thread only
+// receives (fin() comes after the sending thread ended).
+Status SenderLane::number(const wire::Number& number) {
+  return control_->send(wire::MsgType::kNumber, wire::encode(number));
 }
 
 // Tells the receiver how many messages of each device it must have, and waits until it has
