@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "pipeline/worker_manager.h"
 #include "platform/host.h"
 #include "platform/offload.h"
@@ -48,8 +49,11 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
       ->check(CLI::IsMember({"auto", "shm", "tcp", "rdma"}))
       ->default_str("auto");
   c->add_option("--blocks", s.blocks, "blocks towards receivers")->default_str(std::to_string(kDefaultBlocks));
-  c->add_option("--block-size", s.block_size, "block size towards receivers")
-      ->default_str(std::to_string(kDefaultBlockSize));
+  c->add_option("--block-size", s.block_size,
+                "SIZE per block towards receivers incl. its 16-byte header, e.g. 64K or 1M (default 1M: one 640x480x3 "
+                "frame per block)")
+      ->transform(size_value())
+      ->default_str("1M");
   c->add_option("--token-file", s.token_file, "shared secret receivers ask for");
   c->add_option("--worker", e->worker, "COMMAND: a local processing worker per device (docs/workers.md)");
   c->add_option("--backlog-messages", e->backlog_messages,
