@@ -2,10 +2,11 @@
 // OUT/<NAME>/device-<D>, per-device workers as `recv --worker` runs them) and, when its load
 // passes a threshold, offloads devices one at a time to a receiver the platform schedules — taking
 // them back when the load falls below another (src/platform/offload.h). A device's messages keep
-// their numbers across every move: the remote connection is numbered from the local directory's
-// next message, and a device coming back continues locally after the last one the receiver
-// confirmed (the connection is finished first: FIN/FIN_ACK, everything stored), so every message
-// is stored exactly once, here or on a receiver.
+// their numbers across every move: an offloaded device's next message is numbered on the receiver
+// from the local directory's next one (NUMBER on the open connection), and a device coming back
+// continues locally after the last one the receiver confirmed stored, so every message is stored
+// exactly once, here or on a receiver. A move is one device's: the others keep their connection
+// (PlatformSender::set_devices; docs/platform.md says when a move must reconnect them).
 #include <atomic>
 #include <chrono>
 #include <cstdio>

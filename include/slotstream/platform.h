@@ -70,9 +70,17 @@ class PlatformSender {
   // Like DeviceStream::send/send_with; the message is kept until the receiver confirms it stored.
   Status send(uint16_t device, std::span<const std::byte> message);
   Status send_with(uint16_t device, uint64_t length, const DeviceStream::FillFn& fill);
+  // The same, giving up at `deadline` with kTimeout — the message not taken (call again to send it)
+  // — while it waits for confirmations (replay_limit) or for a free send block before the message's
+  // first fragment; a message whose first fragment went is sent in full.
+  Status send(uint16_t device, std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline);
   // Waits until every message is stored (moving to another receiver if this one dies meanwhile),
   // then releases the reservation and disconnects.
   Status finish();
+  // Ends the stream at once from any thread (a caller's time limit, Ctrl-C in Python): the current
+  // connection is aborted (Sender::abort), sends and finish() in progress return `why` within
+  // ~100 ms, and so does every later call. What the receiver stored stays stored. Destroy as usual.
+  void abort(Status why);
 
   // The edge's moves. `next` names the on-disk number of the next message of each added device.
   // Devices removed are given back with the number their next message must get wherever they go

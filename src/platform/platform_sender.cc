@@ -64,6 +64,20 @@ struct PlatformSender::Impl {
   mutable std::mutex devices_mutex;  // `devices` changes under the shared gate in a move in place
   std::vector<uint16_t> devices;     // sent through the platform now
   Status fatal;                      // no receiver could be found: every later call fails with it
+  // abort(): `sender` is replaced under sender_mutex too, so that abort() reaches the current one.
+  std::mutex sender_mutex;
+  Status aborted;
+  Status abort_status() {
+    std::lock_guard lock(sender_mutex);
+    return aborted;
+  }
+  void set_sender(std::unique_ptr<Sender> s) {
+    std::unique_ptr<Sender> old;
+    std::lock_guard lock(sender_mutex);
+    old = std::move(sender);
+    sender = std::move(s);
+    if (sender && !aborted.is_ok()) sender->abort(aborted);
+  }
 
   struct Device {
     std::mutex mutex;  // the device's filler and whoever moves the stream
@@ -92,7 +106,7 @@ struct PlatformSender::Impl {
     if (!dev.log.base()) dev.log.learn_base(dev.begin, *c.first);
     dev.log.confirm(dev.begin, c.stored);
   }
-  Status wait_for_room(uint16_t d, Device& dev, size_t bytes);
+  Status wait_for_room(uint16_t d, Device& dev, size_t bytes, std::optional<Clock::time_point> deadline);
   Status connect_to(const platform::Placement& p);
   Status replay();
   // keep_asking: ask again while no receiver has room (after a loss); else refuse at once.
@@ -100,7 +114,8 @@ struct PlatformSender::Impl {
   Status recover_locked(const Status& cause);
   Status recover(uint64_t gen, const Status& cause);
   Status finish_locked();
-  Status send_owned(uint16_t d, std::vector<std::byte> message);
+  Status send_owned(uint16_t d, std::vector<std::byte> message, std::optional<Clock::time_point> deadline = {});
+  Status send_logged(uint16_t d, Device& dev, std::optional<Clock::time_point> deadline);
   // Every device a connection declares: those sent now and those that may come (movable).
   std::vector<uint16_t> declared() const;
   void set_routed(const std::vector<uint16_t>& set);
@@ -130,12 +145,18 @@ void PlatformSender::Impl::set_routed(const std::vector<uint16_t>& set) {
 
 // A send() that would keep more than replay_limit bytes waits for the receiver's confirmations.
 // Shared gate held.
-Status PlatformSender::Impl::wait_for_room(uint16_t d, Device& dev, size_t bytes) {
+Status PlatformSender::Impl::wait_for_room(uint16_t d, Device& dev, size_t bytes,
+                                           std::optional<Clock::time_point> deadline) {
   for (;;) {
     {
       std::lock_guard lock(dev.mutex);
       trim(d, dev);
       if (dev.log.bytes() == 0 || dev.log.bytes() + bytes <= options.replay_limit) return Status::ok();
+    }
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
+    if (deadline && Clock::now() >= *deadline) {
+      return {Code::kTimeout,
+              "the receiver has not confirmed enough of device " + std::to_string(d) + "'s messages (replay_limit)"};
     }
     std::this_thread::sleep_for(kRoomPoll);
   }
@@ -169,7 +190,7 @@ Status PlatformSender::Impl::connect_to(const platform::Placement& p) {
   }
   std::unique_ptr<Sender> s;
   SLOTSTREAM_RETURN_IF_ERROR(Sender::connect(so, &s));
-  sender = std::move(s);
+  set_sender(std::move(s));
   receiver = p.receiver;
   ++generation;
   return Status::ok();
@@ -202,6 +223,7 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_a
   if (options.sender.transport != Transport::kAuto) req.transport = transport_name(options.sender.transport);
   Status last;
   for (;;) {
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
     const auto t0 = Clock::now();
     req.exclude = exclude;
     platform::Placement p;
@@ -225,7 +247,7 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_a
         event("using receiver " + p.why + line);
         return Status::ok();
       }
-      sender.reset();
+      set_sender(nullptr);
       // The receiver still holds our name while its session of our last connection ends: the
       // same receiver again, shortly. Anything else: another receiver.
       if (last.message().find("already connected") == std::string::npos) exclude.insert(p.receiver);
@@ -248,7 +270,7 @@ Status PlatformSender::Impl::recover_locked(const Status& cause) {
     std::lock_guard lock(dev->mutex);
     if (dev->routed) trim(d, *dev);  // the last confirmations the dead connection received
   }
-  sender.reset();
+  set_sender(nullptr);
   receiver.clear();
   {
     std::lock_guard lock(stats_mutex);
@@ -264,6 +286,7 @@ Status PlatformSender::Impl::recover_locked(const Status& cause) {
 Status PlatformSender::Impl::recover(uint64_t gen, const Status& cause) {
   std::unique_lock lock(gate);
   if (!fatal.is_ok()) return fatal;
+  SLOTSTREAM_RETURN_IF_ERROR(abort_status());
   if (generation != gen && sender) return Status::ok();  // another thread moved the stream already
   return recover_locked(cause);
 }
@@ -280,45 +303,65 @@ Status PlatformSender::Impl::finish_locked() {
         trim(d, *dev);               // learns the numbers if nothing else did
         dev->log.confirm(dev->begin, dev->log.next() - dev->begin);  // FIN_ACK: all stored
       }
-      sender.reset();
+      set_sender(nullptr);
       return Status::ok();
     }
     if (st.code() == Code::kInvalidArgument) return st;
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
     SLOTSTREAM_RETURN_IF_ERROR(recover_locked(st));
   }
   return Status::ok();
 }
 
-Status PlatformSender::Impl::send_owned(uint16_t d, std::vector<std::byte> message) {
+Status PlatformSender::Impl::send_owned(uint16_t d, std::vector<std::byte> message,
+                                        std::optional<Clock::time_point> deadline) {
   uint64_t gen = 0;
   Status st;
   {
     std::shared_lock lock(gate);
     if (!fatal.is_ok()) return fatal;
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
     Device* dev = stream(d);
     if (!dev || !sender || !sender->device(d)) {
       return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not sent through the platform now"};
     }
-    SLOTSTREAM_RETURN_IF_ERROR(wait_for_room(d, *dev, message.size()));
+    SLOTSTREAM_RETURN_IF_ERROR(wait_for_room(d, *dev, message.size(), deadline));
     std::lock_guard dl(dev->mutex);
     if (!dev->routed) {
       return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not sent through the platform now"};
     }
-    const uint64_t index = dev->log.append(std::move(message));
-    // A reference into the log stays valid: only this device's thread or an exclusive mover trims it.
-    st = sender->device(d)->send(dev->log.pending()[index - dev->log.confirmed()]);
+    dev->log.append(std::move(message));
+    st = send_logged(d, *dev, deadline);
+    if (st.code() == Code::kTimeout) return st;  // not taken
     gen = generation;
   }
   if (st.is_ok() || st.code() == Code::kInvalidArgument) return st;
+  SLOTSTREAM_RETURN_IF_ERROR(abort_status());
   // The message is in the log: the move sends it again with the others.
   return recover(gen, st);
+}
+
+// Sends the log's newest message. Given up (kTimeout) before its first fragment went, it leaves the
+// log again; once begun it is sent in full. Shared gate and dev.mutex held.
+Status PlatformSender::Impl::send_logged(uint16_t d, Device& dev, std::optional<Clock::time_point> deadline) {
+  // A reference into the log stays valid: only this device's thread or an exclusive mover trims it.
+  const std::vector<std::byte>& m = dev.log.pending().back();
+  if (!deadline) return sender->device(d)->send(m);
+  DeviceStream::Progress progress;
+  Status st = sender->device(d)->send(m, *deadline, &progress);
+  if (st.code() == Code::kTimeout && progress.next_fragment == 0) {
+    dev.log.drop_newest();
+    return {Code::kTimeout, "no send block came free for device " + std::to_string(d) + " (the receiver is slow)"};
+  }
+  while (st.code() == Code::kTimeout) st = sender->device(d)->send(m, Clock::now() + kRoomPoll * 50, &progress);
+  return st;
 }
 
 PlatformSender::PlatformSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 PlatformSender::~PlatformSender() {
   std::unique_lock lock(impl_->gate);
-  impl_->sender.reset();
+  impl_->set_sender(nullptr);
   impl_->lease.reset();  // revokes: the reservation goes at once
 }
 
@@ -350,6 +393,21 @@ Status PlatformSender::send(uint16_t device, std::span<const std::byte> message)
     ++impl_->stats.messages;
   }
   return st;
+}
+
+Status PlatformSender::send(uint16_t device, std::span<const std::byte> message, Clock::time_point deadline) {
+  Status st = impl_->send_owned(device, std::vector<std::byte>(message.begin(), message.end()), deadline);
+  if (st.is_ok()) {
+    std::lock_guard lock(impl_->stats_mutex);
+    ++impl_->stats.messages;
+  }
+  return st;
+}
+
+void PlatformSender::abort(Status why) {
+  std::lock_guard lock(impl_->sender_mutex);
+  if (impl_->aborted.is_ok()) impl_->aborted = why;
+  if (impl_->sender) impl_->sender->abort(impl_->aborted);
 }
 
 Status PlatformSender::send_with(uint16_t device, uint64_t length, const DeviceStream::FillFn& fill) {
