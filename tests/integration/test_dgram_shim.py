@@ -234,6 +234,18 @@ except OSError as e:
     r["emsgsize"] = errno.errorcode[e.errno]
 tx.send(b"y" * 65507)
 r["largest"] = len(rx.recv(70000))
+# ancillary data (IP_PKTINFO) with a small datagram and a recombined one, and MSG_CTRUNC for a short buffer
+rx.setsockopt(socket.IPPROTO_IP, 8, 1)  # IP_PKTINFO
+tx.send(b"small")
+tx.send(b"z" * 5000)
+tx.send(b"short")
+anc_seen = []
+for size in (64, 64, 20):
+    d, anc, fl, _ = rx.recvmsg(10000, size)
+    anc_seen.append([len(d), [[l, t, socket.inet_ntoa(x[8:12]) if len(x) >= 12 else len(x)] for l, t, x in anc],
+                     bool(fl & socket.MSG_CTRUNC)])
+rx.setsockopt(socket.IPPROTO_IP, 8, 0)
+r["pktinfo"] = anc_seen
 # a port outside SLOTSTREAM_UDP_PORTS is left alone
 other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 other.bind(("127.0.0.1", 0))
@@ -262,6 +274,9 @@ def test_socket_semantics_call_by_call(tmp_path):
     assert not r["select_readable"] and r["bad_datagram"] == "EAGAIN" and r["select_then"] == "good"
     assert r["dup"] == "dup" and r["fork"] == "from child"
     assert r["emsgsize"] == "EMSGSIZE" and r["largest"] == 65507
+    # As the kernel gives it without the shim: a cmsg cut to the 20 bytes there are room for, MSG_CTRUNC.
+    assert r["pktinfo"] == [[5, [[0, 8, "127.0.0.1"]], False], [5000, [[0, 8, "127.0.0.1"]], False],
+                            [5, [[0, 8, 4]], True]], r["pktinfo"]
     assert r["other_port"] == "untouched"
     assert total(log, "dropped_plain") == 1 and total(log, "emsgsize") == 1 and total(log, "passed") >= 1
 
@@ -645,3 +660,188 @@ def test_a_partial_datagram_does_not_wake_epoll(tmp_path, trigger):
     rx.stdin.close()
     rx.wait(10)
     assert total(log, "reassembled") == 1 and total(log, "partial_delivered") == 1
+
+
+RCVTIMEO_RX = r"""
+import errno, socket, struct, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 400_000))  # 0.4 s; blocking socket
+print(s.getsockname()[1], flush=True)
+sys.stdin.readline()                   # the segments have started
+t0 = time.monotonic()
+try:
+    r = f"{len(s.recv(70000))} bytes"
+except OSError as e:
+    r = errno.errorcode[e.errno]
+print(r, round(time.monotonic() - t0, 3), flush=True)
+"""
+
+
+@pytest.mark.deadline(30)
+def test_so_rcvtimeo_counts_across_segments_the_shim_takes(tmp_path):
+    """A blocking recv on a socket with SO_RCVTIMEO (0.4 s) while Write-Record segments that complete no datagram
+    keep arriving (one every 20 ms for 3 s): the shim takes each and reads again, so the kernel's timeout would
+    start afresh every time and recv would wait as long as they come. It returns EAGAIN after the timeout."""
+    from dgram_wire import WRITE_RECORD, segment
+    rx = subprocess.Popen([sys.executable, "-c", RCVTIMEO_RX], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=shim_env(tmp_path / "shim.log"))
+    port = int(rx.stdout.readline())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:  # unconnected: no ECONNREFUSED once rx exits
+        to = ("127.0.0.1", port)
+        raw.sendto(segment(b"x" * 1000, opcode=WRITE_RECORD, qp=5, stag=1, msn=0, offset=0, last=False), to)
+        rx.stdin.write("go\n")
+        rx.stdin.flush()
+        for msn in range(1, 150):  # first segments of datagrams whose rest never comes
+            time.sleep(0.02)
+            raw.sendto(segment(b"x" * 1000, opcode=WRITE_RECORD, qp=5, stag=1 + msn % 8, msn=msn, offset=0,
+                               last=False), to)
+            if rx.poll() is not None:
+                break
+    out, err = rx.communicate(timeout=10)
+    result, elapsed = out.split()[-2:]
+    assert result == "EAGAIN", out + err
+    assert 0.35 <= float(elapsed) < 2.0, out  # the segments went on for 3 s
+
+
+DUP_RX = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+s.setblocking(False)
+other = os.dup(s.fileno())
+print(s.getsockname()[1], flush=True)
+for fd in (s.fileno(), other):  # the first segments are read through one descriptor, the last through its dup
+    sys.stdin.readline()
+    try:
+        print(len(os.read(fd, 70000)), flush=True)
+    except BlockingIOError:
+        print("EAGAIN", flush=True)
+"""
+
+
+def test_dup_descriptors_of_one_socket_share_its_recombination(tmp_path):
+    """Two segments of a large datagram are read through a socket's descriptor (EAGAIN: incomplete), the last
+    through a dup of it: the datagram is whole (the shim's state is the socket's, not the descriptor number's)."""
+    from dgram_wire import WRITE_RECORD, segment
+    log = tmp_path / "shim.log"
+    rx = subprocess.Popen([sys.executable, "-c", DUP_RX], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=shim_env(log))
+    port = int(rx.stdout.readline())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        raw.connect(("127.0.0.1", port))
+        for k in range(3):
+            raw.send(segment(bytes([k + 1]) * 1000, opcode=WRITE_RECORD, qp=6, stag=1, msn=0, offset=k * 1000,
+                             last=k == 2))
+            if k == 1:
+                time.sleep(0.1)
+                rx.stdin.write("first\n")
+                rx.stdin.flush()
+                assert rx.stdout.readline().strip() == "EAGAIN"
+        time.sleep(0.1)
+        rx.stdin.write("dup\n")
+        rx.stdin.flush()
+    out, err = rx.communicate(timeout=10)
+    assert out.split() == ["3000"], out + err
+    assert total(log, "reassembled") == 1
+
+
+FD_REUSE = r"""
+import os, select, socket
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("127.0.0.1", 0))
+rx.settimeout(3)
+got = []
+
+def seen_as_a_pipe():
+    # A pipe the shim has looked at (poll and read): its number is remembered as not a UDP socket.
+    r, w = os.pipe()
+    os.write(w, b"x")
+    select.select([r], [], [], 1)
+    os.read(r, 1)
+    os.close(w)
+    return r
+
+def check(fd, word):
+    os.write(fd, word.encode())
+    try:
+        got.append(rx.recv(100).decode())
+    except socket.timeout:
+        got.append("lost: " + word)
+
+n = seen_as_a_pipe()
+os.close(n)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)   # socket() over the same number
+assert s.fileno() == n
+s.connect(rx.getsockname())
+check(n, "socket")
+n = seen_as_a_pipe()
+os.dup2(s.fileno(), n)                                   # dup2 over it
+check(n, "dup2")
+n = seen_as_a_pipe()
+os.close(n)
+d = os.dup(s.fileno())                                   # fcntl(F_DUPFD_CLOEXEC) in python's os.dup
+assert d == n
+check(d, "dup")
+a, b = socket.socketpair()
+n = seen_as_a_pipe()
+os.close(n)
+socket.send_fds(a, [b"x"], [s.fileno()])
+_, (passed,), _, _ = socket.recv_fds(b, 1, 1)            # SCM_RIGHTS
+assert passed == n
+check(passed, "scm_rights")
+print(",".join(got))
+"""
+
+
+def test_descriptor_numbers_reused_for_udp_sockets_are_wrapped(tmp_path):
+    """The shim remembers which descriptor numbers are not UDP sockets (no fstat per call on pipes, files, TCP). A
+    number it saw as a pipe that becomes a UDP socket — by socket(), dup2, dup (fcntl F_DUPFD_CLOEXEC) or
+    SCM_RIGHTS — is wrapped again: the receiving shim gets each datagram (an unwrapped one is dropped as plain)."""
+    log = tmp_path / "shim.log"
+    p = subprocess.run([sys.executable, "-c", FD_REUSE], env=shim_env(log), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["socket,dup2,dup,scm_rights"], p.stdout + p.stderr
+    assert total(log, "dropped_plain") == 0 and total(log, "wrapped") == 4
+
+
+FORK_TX = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("127.0.0.1", int(sys.argv[1])))
+s.send(b"P" * 5000)     # a large datagram: Write-Record segments under the socket's source QP and MSN 0
+if os.fork() == 0:
+    s.send(b"C" * 5000)  # the child's first datagram on the same socket: its own MSN 0
+    os._exit(0)
+os.wait()
+s.send(b"Q" * 5000)
+"""
+
+FORK_RX = r"""
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+s.settimeout(3)
+print(s.getsockname()[1], flush=True)
+try:
+    for _ in range(3):
+        d = s.recv(70000)
+        print(len(d), d[:1].decode(), flush=True)
+except socket.timeout:
+    pass
+"""
+
+
+def test_a_forked_child_sending_on_the_parents_socket_is_a_source_of_its_own(tmp_path):
+    """After fork, parent and child number their datagrams on one inherited socket independently: the child gets a
+    source QP of its own, so the receiver recombines both (under one QP the child's MSN 0 would be taken for a
+    stale copy of the parent's and dropped)."""
+    log = tmp_path / "shim.log"
+    rx = subprocess.Popen([sys.executable, "-c", FORK_RX], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=shim_env(log))
+    port = rx.stdout.readline().strip()
+    tx = subprocess.run([sys.executable, "-c", FORK_TX, port], env=shim_env(log), capture_output=True, text=True,
+                        timeout=20)
+    assert tx.returncode == 0, tx.stderr
+    out, err = rx.communicate(timeout=20)
+    assert out.splitlines() == ["5000 P", "5000 C", "5000 Q"], out + err

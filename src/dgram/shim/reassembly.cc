@@ -23,6 +23,22 @@ struct Reassembly::Source {
   uint32_t qp;
   WriteRecordPlacement placement;
   int64_t last_ns = 0;
+  // Ancillary data of each message in progress, by MSN: its first placed segment's (bounded: messages
+  // that never finish leave theirs behind until 2 x kShimRing newer ones push it out).
+  std::vector<std::pair<uint32_t, std::vector<std::byte>>> control;
+  void keep_control(uint32_t msn, std::span<const std::byte> bytes) {
+    if (bytes.empty() || std::any_of(control.begin(), control.end(), [&](const auto& c) { return c.first == msn; }))
+      return;
+    if (control.size() >= 2 * kShimRing) control.erase(control.begin());
+    control.emplace_back(msn, std::vector<std::byte>(bytes.begin(), bytes.end()));
+  }
+  std::vector<std::byte> take_control(uint32_t msn) {
+    const auto it = std::find_if(control.begin(), control.end(), [&](const auto& c) { return c.first == msn; });
+    if (it == control.end()) return {};
+    std::vector<std::byte> bytes = std::move(it->second);
+    control.erase(it);
+    return bytes;
+  }
 };
 
 Reassembly::Reassembly(ReassemblyOptions o, ReassemblyCounters* counters) : o_(o), counters_(counters) {}
@@ -52,8 +68,8 @@ Reassembly::Source* Reassembly::source(const sockaddr_storage& from, socklen_t f
   return sources_.back().get();
 }
 
-void Reassembly::feed(const Segment& seg, const sockaddr_storage& from, socklen_t from_len, int64_t now_ns,
-                      std::deque<ShimDatagram>* out) {
+void Reassembly::feed(const Segment& seg, const sockaddr_storage& from, socklen_t from_len,
+                      std::span<const std::byte> control, int64_t now_ns, std::deque<ShimDatagram>* out) {
   Reject why;
   Source* s = source(from, from_len, seg.header.source_qp, out);
   s->last_ns = now_ns;
@@ -79,6 +95,7 @@ void Reassembly::feed(const Segment& seg, const sockaddr_storage& from, socklen_
       break;
     case Placed::kPlaced:
     case Placed::kCompleted:
+      s->keep_control(seg.header.msn, control);
       break;
   }
   finish(*s, done, out);
@@ -97,6 +114,7 @@ void Reassembly::finish(Source& s, std::vector<Completion>& done, std::deque<Shi
     d.from_len = s.from_len;
     d.data = std::move(c.data);
     d.partial = !whole;
+    d.control = s.take_control(c.msn);
     out->push_back(std::move(d));
   }
 }

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "dgram/placement.h"
@@ -41,6 +42,9 @@ struct ShimDatagram {
   socklen_t from_len = 0;
   Buffer data;           // data.size() bytes
   bool partial = false;  // holes are zero
+  // The ancillary data the kernel gave with the datagram (a recombined one: with its first placed segment),
+  // e.g. IP_PKTINFO naming the multicast group it was sent to; empty when the socket asked for none.
+  std::vector<std::byte> control;
 };
 
 struct ReassemblyCounters {
@@ -62,10 +66,10 @@ class Reassembly {
  public:
   Reassembly(ReassemblyOptions o, ReassemblyCounters* counters);
   ~Reassembly();
-  // A checked Write-Record segment from `from` (the caller verified CRC and MAC). Datagrams it finishes
-  // are appended to *out.
-  void feed(const Segment& seg, const sockaddr_storage& from, socklen_t from_len, int64_t now_ns,
-            std::deque<ShimDatagram>* out);
+  // A checked Write-Record segment from `from` (the caller verified CRC and MAC), with the ancillary data
+  // the kernel gave with it. Datagrams it finishes are appended to *out.
+  void feed(const Segment& seg, const sockaddr_storage& from, socklen_t from_len, std::span<const std::byte> control,
+            int64_t now_ns, std::deque<ShimDatagram>* out);
   // Ends the messages whose timer has fired.
   void expire(int64_t now_ns, std::deque<ShimDatagram>* out);
   // When expire() may next hand the application something (INT64_MAX: never; without partial delivery

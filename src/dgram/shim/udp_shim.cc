@@ -24,8 +24,15 @@
 // per-thread buffer, checked (CRC first) and its payload copied out (a recombined one: from its region). A
 // datagram that fails is dropped as the kernel drops one with a bad UDP checksum: a blocking call waits for
 // the next datagram, a non-blocking one returns EAGAIN. MSG_PEEK, MSG_TRUNC (in and out), MSG_DONTWAIT are
-// honoured; a payload larger than UDP allows fails with EMSGSIZE. A recombined datagram carries no
-// ancillary data (msg_controllen 0).
+// honoured; a payload larger than UDP allows fails with EMSGSIZE. Ancillary data is read into the shim's own
+// buffer and copied out as the kernel would (MSG_CTRUNC when it does not fit); a recombined datagram carries
+// its first segment's (IP_PKTINFO: the multicast group it was sent to). SO_RCVTIMEO holds across the
+// datagrams the shim takes in one blocking call. Descriptors dup()ed from one socket share its recombination.
+//
+// Multicast sockets take the same path: the group is only a destination address to the sending shim, and each
+// receiving socket (several in one process with SO_REUSEADDR each get every datagram) recombines on its own,
+// keyed by the sender's address and source QP. IP_MULTICAST_TTL/IF/LOOP and IP_ADD_MEMBERSHIP are the
+// kernel's, untouched.
 //
 // Datagrams from a program without the shim (no 'SD' magic) are dropped and counted (dropped_plain), or
 // delivered unchanged with SLOTSTREAM_UDP_PLAIN=accept; one with the magic and a wrong CRC is a corrupted
@@ -64,6 +71,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -73,10 +81,12 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -120,6 +130,12 @@ struct Real {
                   timespec*) = next<int (*)(int, mmsghdr*, unsigned, int, timespec*)>("recvmmsg");
   decltype(&::connect) connect = next<decltype(&::connect)>("connect");
   decltype(&::poll) poll = next<decltype(&::poll)>("poll");
+  decltype(&::socket) socket = next<decltype(&::socket)>("socket");
+  decltype(&::dup) dup = next<decltype(&::dup)>("dup");
+  decltype(&::dup2) dup2 = next<decltype(&::dup2)>("dup2");
+  decltype(&::dup3) dup3 = next<decltype(&::dup3)>("dup3");
+  int (*fcntl)(int, int, ...) = next<int (*)(int, int, ...)>("fcntl");
+  int (*fcntl64)(int, int, ...) = next<int (*)(int, int, ...)>("fcntl64");
 };
 
 Real& real() {
@@ -322,9 +338,49 @@ struct SocketInfo {
 
 constexpr int kTracked = 65536;
 std::mutex g_fd_mu;
+int g_table_top = 0;  // entries [0, top) have been used (g_fd_mu)
 std::vector<SocketInfo>& table() {
   static std::vector<SocketInfo> t(kTracked);
   return t;
+}
+
+// A socket's source QP: with the sender's address, what tells its datagrams from others' at the receiving shim.
+uint32_t new_qp() {
+  static std::atomic<uint32_t> counter{0};
+  return uint32_t(getpid()) << 12 ^ ++counter;
+}
+
+// After fork, parent and child number their datagrams on an inherited socket independently (each its own MSN):
+// the child's sockets get QPs of their own, or a receiver would take the child's datagrams for the parent's
+// (one MSN, two messages). The table is locked across fork so that the child finds it consistent.
+void fork_prepare() { g_fd_mu.lock(); }
+void fork_parent() { g_fd_mu.unlock(); }
+void fork_child() {
+  g_fd_mu.unlock();
+  for (int fd = 0; fd < g_table_top; ++fd) {
+    SocketInfo& e = table()[fd];
+    if (e.udp) {
+      e.qp = new_qp();
+      e.msn = 0;
+    }
+  }
+}
+
+__attribute__((constructor)) void shim_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+// Receive state by socket (device, inode): descriptors dup()ed from one socket share its kernel queue, so they
+// share what the shim took off it — segments read through one and the rest through another make one datagram.
+// The caller holds g_fd_mu. With `make`, made if the socket has none.
+std::shared_ptr<RxState> socket_rx(dev_t dev, ino_t ino, bool make) {
+  static std::map<std::pair<dev_t, ino_t>, std::weak_ptr<RxState>> by_socket;
+  if (const auto it = by_socket.find({dev, ino}); it != by_socket.end()) {
+    if (auto rx = it->second.lock()) return rx;
+  }
+  if (!make) return nullptr;
+  std::erase_if(by_socket, [](const auto& kv) { return kv.second.expired(); });
+  auto rx = std::make_shared<RxState>();
+  by_socket[{dev, ino}] = rx;
+  return rx;
 }
 
 uint16_t port_of(const sockaddr_storage& ss) {
@@ -339,17 +395,30 @@ uint16_t port_of(const void* sa, socklen_t len) {
   return port_of(ss);
 }
 
-// Fills *out and returns true if fd is a UDP socket (IPv4 or IPv6).
-bool classify(int fd, SocketInfo* out) {
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
-  SocketInfo fresh;
-  SocketInfo* e = &fresh;
-  std::unique_lock lock(g_fd_mu, std::defer_lock);
-  if (fd < kTracked) {
-    lock.lock();
-    e = &table()[fd];
+// Descriptor numbers known not to be a UDP socket (pipes, files, TCP and AF_UNIX sockets), so that the calls the
+// shim wraps cost them no system call (an fstat per poll wakeup and per read/write was a third to two thirds of
+// the call: docs/benchmarks.md). Bit 0: not UDP; the bits above: a generation, so that a descriptor forgotten
+// while another thread was looking at it is not remembered wrongly. Only "not UDP" is kept: a number can become
+// a UDP socket only through socket(), dup/dup2/dup3/fcntl(F_DUPFD) or SCM_RIGHTS, and those forget it; a UDP
+// socket is still checked by inode at every call, so a number reused for a file is never taken for the socket.
+std::atomic<uint32_t> g_not_udp[kTracked];
+
+// Remembers fd, looked at under generation `seen`, as not a UDP socket; returns false.
+bool remember_not_udp(int fd, uint32_t seen) {
+  if (fd < kTracked) g_not_udp[fd].compare_exchange_strong(seen, seen | 1, std::memory_order_release);
+  return false;
+}
+
+// fd is a new descriptor (or a new object at its number).
+void forget_fd(int fd) {
+  if (fd < 0 || fd >= kTracked) return;
+  uint32_t v = g_not_udp[fd].load(std::memory_order_relaxed);
+  while (!g_not_udp[fd].compare_exchange_weak(v, (v | 1) + 1, std::memory_order_release)) {
   }
+}
+
+// The table's entry for a socket (made afresh when the inode changed); g_fd_mu held where fd < kTracked.
+void socket_entry(int fd, const struct stat& st, SocketInfo* e) {
   if (e->ino != st.st_ino || e->dev != st.st_dev || e->ino == 0) {
     *e = SocketInfo{};
     e->dev = st.st_dev;
@@ -363,21 +432,42 @@ bool classify(int fd, SocketInfo* out) {
     getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &l);
     e->udp = type == SOCK_DGRAM && proto == IPPROTO_UDP && (domain == AF_INET || domain == AF_INET6);
     e->family = domain;
-    static std::atomic<uint32_t> counter{0};
-    e->qp = uint32_t(getpid()) << 12 ^ ++counter;
+    e->qp = new_qp();
   }
-  if (e->udp) {
-    sockaddr_storage ss{};
-    socklen_t l = sizeof ss;
-    if (e->local_port == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) e->local_port = port_of(ss);
-    if (!e->peer_known) {
-      l = sizeof ss;
-      e->peer_known = true;
-      e->peer_port = getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 ? port_of(ss) : 0;
-    }
+  if (!e->udp) return;
+  sockaddr_storage ss{};
+  socklen_t l = sizeof ss;
+  if (e->local_port == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) e->local_port = port_of(ss);
+  if (!e->peer_known) {
+    l = sizeof ss;
+    e->peer_known = true;
+    e->peer_port = getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0 ? port_of(ss) : 0;
   }
-  *out = *e;
-  return e->udp;
+}
+
+// Fills *out and returns true if fd is a UDP socket (IPv4 or IPv6).
+bool classify(int fd, SocketInfo* out) {
+  if (fd < 0) return false;
+  const uint32_t seen = fd < kTracked ? g_not_udp[fd].load(std::memory_order_acquire) : 0;
+  if (seen & 1) return false;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  if (!S_ISSOCK(st.st_mode)) return remember_not_udp(fd, seen);
+  if (fd >= kTracked) {
+    SocketInfo fresh;
+    socket_entry(fd, st, &fresh);
+    *out = fresh;
+    return fresh.udp;
+  }
+  std::lock_guard lock(g_fd_mu);
+  SocketInfo& e = table()[fd];
+  g_table_top = std::max(g_table_top, fd + 1);
+  socket_entry(fd, st, &e);
+  if (!e.udp) return remember_not_udp(fd, seen);
+  // Another descriptor of this socket may have receive state already (a dup).
+  if (!e.rx && g_rx_states.load(std::memory_order_relaxed) > 0) e.rx = socket_rx(e.dev, e.ino, false);
+  *out = e;
+  return true;
 }
 
 uint32_t next_msn(int fd) {
@@ -399,7 +489,7 @@ std::shared_ptr<RxState> rx_state(int fd, SocketInfo* info) {
   std::lock_guard lock(g_fd_mu);
   SocketInfo& e = table()[fd];
   if (e.ino == info->ino && e.dev == info->dev) {
-    if (!e.rx) e.rx = std::make_shared<RxState>();
+    if (!e.rx) e.rx = socket_rx(info->dev, info->ino, true);
     info->rx = e.rx;
   }
   return info->rx;
@@ -627,6 +717,41 @@ std::byte* rx_buffer() {
   return buf.data();
 }
 
+// Ancillary data comes into the shim's own buffer, so that a segment's (IP_PKTINFO: the multicast group it was
+// sent to) can travel with the datagram it becomes part of, read whichever call the application makes.
+constexpr size_t kControlBuffer = 1024;
+
+std::byte* control_buffer() {
+  alignas(cmsghdr) thread_local std::byte buf[kControlBuffer];
+  return buf;
+}
+
+// Copies ancillary data into the application's buffer as the kernel's put_cmsg does: whole messages while they
+// fit, the one that does not truncated (MSG_CTRUNC); returns the bytes used.
+size_t put_control(std::span<const std::byte> control, msghdr* msg, int* msg_flags) {
+  auto* dst = static_cast<std::byte*>(msg->msg_control);
+  const size_t room = dst ? msg->msg_controllen : 0;
+  size_t used = 0;
+  msghdr src{};
+  src.msg_control = const_cast<std::byte*>(control.data());
+  src.msg_controllen = control.size();
+  for (cmsghdr* c = control.empty() ? nullptr : CMSG_FIRSTHDR(&src); c; c = CMSG_NXTHDR(&src, c)) {
+    if (room - used < sizeof(cmsghdr)) {
+      *msg_flags |= MSG_CTRUNC;
+      break;
+    }
+    const size_t n = std::min<size_t>(c->cmsg_len, room - used);
+    std::memcpy(dst + used, c, n);
+    if (n < c->cmsg_len) {
+      reinterpret_cast<cmsghdr*>(dst + used)->cmsg_len = n;
+      *msg_flags |= MSG_CTRUNC;
+      return room;
+    }
+    used = std::min(used + CMSG_ALIGN(c->cmsg_len), room);
+  }
+  return used;
+}
+
 // Copies `n` bytes into the scatter list; returns how many fit.
 size_t scatter(const std::byte* src, size_t n, const iovec* iov, size_t iovlen) {
   size_t done = 0;
@@ -638,16 +763,16 @@ size_t scatter(const std::byte* src, size_t n, const iovec* iov, size_t iovlen) 
   return done;
 }
 
-// Hands `payload` to the application as recvmsg would: the address, ancillary data (already in msg's
-// buffer, `controllen` bytes), MSG_TRUNC in and out.
-ssize_t deliver(std::span<const std::byte> payload, const sockaddr_storage& from, socklen_t from_len, size_t controllen,
-                int kernel_flags, msghdr* msg, int flags) {
+// Hands `payload` to the application as recvmsg would: the address, ancillary data, MSG_TRUNC in and out.
+ssize_t deliver(std::span<const std::byte> payload, const sockaddr_storage& from, socklen_t from_len,
+                std::span<const std::byte> control, int kernel_flags, msghdr* msg, int flags) {
   const size_t room = iov_total(msg->msg_iov, msg->msg_iovlen);
   const size_t copied = scatter(payload.data(), payload.size(), msg->msg_iov, msg->msg_iovlen);
   if (msg->msg_name) std::memcpy(msg->msg_name, &from, std::min<size_t>(msg->msg_namelen, from_len));
   msg->msg_namelen = from_len;
-  msg->msg_controllen = controllen;
-  msg->msg_flags = (kernel_flags & ~MSG_TRUNC) | (payload.size() > room ? MSG_TRUNC : 0);
+  int out_flags = (kernel_flags & ~MSG_TRUNC) | (payload.size() > room ? MSG_TRUNC : 0);
+  msg->msg_controllen = put_control(control, msg, &out_flags);
+  msg->msg_flags = out_flags;
   return (flags & MSG_TRUNC) ? ssize_t(payload.size()) : ssize_t(copied);
 }
 
@@ -660,7 +785,7 @@ bool take_ready(int fd, SocketInfo& info, msghdr* msg, int flags, ssize_t* resul
   st->reassembly.expire(monotonic_ns(), &st->ready);
   if (st->ready.empty()) return false;
   const ShimDatagram& d = st->ready.front();
-  *result = deliver(d.data, d.from, d.from_len, 0, 0, msg, flags);
+  *result = deliver(d.data, d.from, d.from_len, d.control, 0, msg, flags);
   if (!(flags & MSG_PEEK)) {
     ++g_counters.unwrapped;
     st->ready.pop_front();
@@ -679,10 +804,39 @@ bool claims_ours(std::span<const std::byte> d) {
   return d.size() >= 2 && d[0] == std::byte{kMagic0} && d[1] == std::byte{kMagic1};
 }
 
+// One datagram read from the kernel: its bytes, sender and ancillary data.
+struct Received {
+  std::span<const std::byte> data;
+  sockaddr_storage from{};
+  socklen_t from_len = 0;
+  std::span<const std::byte> control;
+  int flags = 0;  // the kernel's msg_flags
+};
+
+// Reads the head of fd's queue into the shim's buffers (the whole datagram: the CRC covers all of it).
+ssize_t read_datagram(int fd, int flags, Received* r) {
+  iovec iov{rx_buffer(), kRxBuffer};
+  msghdr m{};
+  m.msg_name = &r->from;
+  m.msg_namelen = sizeof r->from;
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control_buffer();
+  m.msg_controllen = kControlBuffer;
+  const ssize_t n = real().recvmsg(fd, &m, flags);
+  if (n < 0) return n;
+  r->data = std::span(rx_buffer(), size_t(n));
+  r->from_len = m.msg_namelen;
+  r->control = std::span(control_buffer(), m.msg_controllen);
+  r->flags = m.msg_flags;
+  return n;
+}
+
 // What one datagram read from the kernel is. With `peek` (it is still queued), deliveries are not
 // counted (they will be read again); what the shim takes is, once.
-Fate judge(int fd, SocketInfo& info, std::span<const std::byte> d, const sockaddr_storage& from, socklen_t from_len,
-           bool peek, std::span<const std::byte>* payload) {
+Fate judge(int fd, SocketInfo& info, const Received& r, bool peek, std::span<const std::byte>* payload) {
+  const std::span<const std::byte> d = r.data;
+  const sockaddr_storage& from = r.from;
   if (!config().ports.applies(info.local_port, port_of(from))) {
     if (!peek) ++g_counters.passed;
     *payload = d;
@@ -721,7 +875,7 @@ Fate judge(int fd, SocketInfo& info, std::span<const std::byte> d, const sockadd
   }
   ++g_counters.segments_in;
   std::lock_guard lock(st->mu);
-  st->reassembly.feed(*seg, from, from_len, monotonic_ns(), &st->ready);
+  st->reassembly.feed(*seg, from, r.from_len, r.control, monotonic_ns(), &st->ready);
   return Fate::kTaken;
 }
 
@@ -741,45 +895,105 @@ void learn_local_port(int fd, SocketInfo& info) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) info.local_port = port_of(ss);
 }
 
-// Before a blocking read: while partial delivery has a timer running, wait for data only until it fires.
-// False if it fired (the caller looks at the shim's queue again).
-bool wait_for_data(int fd, const SocketInfo& info, int flags) {
-  if (!info.rx || (flags & MSG_DONTWAIT)) return true;
-  int64_t wake;
-  {
+// A blocking receive's SO_RCVTIMEO across the datagrams the shim takes. The kernel starts the timeout afresh at
+// every real recvmsg, so a stream of segments that complete nothing would keep a receive with a timeout blocked
+// for ever; once the shim has taken one, it waits for the rest itself, up to the timeout counted from the call.
+class RecvDeadline {
+ public:
+  // After the shim took a datagram in a call that may block (nothing is asked before: no cost otherwise).
+  void arm(int fd) {
+    if (at_ != kUnarmed) return;
+    timeval tv{};
+    socklen_t l = sizeof tv;
+    const bool set = getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &l) == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0);
+    at_ = set ? start_ + int64_t(tv.tv_sec) * 1'000'000'000 + int64_t(tv.tv_usec) * 1000 : INT64_MAX;
+  }
+  int64_t at() const { return at_ == kUnarmed ? INT64_MAX : at_; }
+
+ private:
+  static constexpr int64_t kUnarmed = INT64_MIN;
+  int64_t start_ = monotonic_ns();
+  int64_t at_ = kUnarmed;
+};
+
+enum class Wait {
+  kRead,      // read from the kernel (with *read_flags)
+  kLook,      // a partial-delivery timer fired: look at the shim's queue again
+  kTimedOut,  // SO_RCVTIMEO passed: EAGAIN
+  kFailed,    // poll failed (EINTR): errno set
+};
+
+// Before a blocking read: waits itself, with poll, while partial delivery has a timer running (the wait ends at
+// it) or the shim keeps SO_RCVTIMEO (the wait ends there, and the read that follows does not block).
+Wait wait_for_data(int fd, const SocketInfo& info, int flags, const RecvDeadline& deadline, int* read_flags) {
+  if (flags & MSG_DONTWAIT) return Wait::kRead;
+  int64_t wake = INT64_MAX;
+  if (info.rx) {
     std::lock_guard lock(info.rx->mu);
     wake = info.rx->reassembly.wake_ns();
   }
-  if (wake == INT64_MAX || (fcntl(fd, F_GETFL) & O_NONBLOCK)) return true;
+  const int64_t until = std::min(wake, deadline.at());
+  if (until == INT64_MAX || (fcntl(fd, F_GETFL) & O_NONBLOCK)) return Wait::kRead;
   pollfd p{fd, POLLIN, 0};
-  return real().poll(&p, 1, ms_until(wake)) != 0;
+  const int rc = real().poll(&p, 1, ms_until(until));
+  if (rc < 0) return Wait::kFailed;
+  if (rc > 0) {
+    if (deadline.at() != INT64_MAX) *read_flags |= MSG_DONTWAIT;
+    return Wait::kRead;
+  }
+  return monotonic_ns() >= wake ? Wait::kLook : Wait::kTimedOut;
+}
+
+// Descriptors another process passed (SCM_RIGHTS): new numbers, which may be UDP sockets.
+void forget_passed(const msghdr* msg) {
+  if (!msg->msg_control || msg->msg_controllen == 0) return;
+  for (const cmsghdr* c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(msg), const_cast<cmsghdr*>(c))) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int passed;
+      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+      forget_fd(passed);
+    }
+  }
 }
 
 ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
   SocketInfo info;
-  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) return real().recvmsg(fd, msg, flags);
-  std::byte* buf = rx_buffer();
+  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
+    const ssize_t n = real().recvmsg(fd, msg, flags);
+    if (n >= 0) forget_passed(msg);
+    return n;
+  }
+  RecvDeadline deadline;
   for (;;) {
     ssize_t result;
     if (take_ready(fd, info, msg, flags, &result)) return result;
-    if (!wait_for_data(fd, info, flags)) continue;
-    sockaddr_storage from{};
-    iovec iov{buf, kRxBuffer};
-    msghdr m = *msg;
-    m.msg_name = &from;
-    m.msg_namelen = sizeof from;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_flags = 0;
-    // The whole datagram, always (the CRC covers all of it); MSG_TRUNC is answered by deliver().
-    const ssize_t n = real().recvmsg(fd, &m, flags & ~MSG_TRUNC);
-    if (n < 0) return n;
+    int read_flags = flags & ~MSG_TRUNC;  // the whole datagram; MSG_TRUNC is answered by deliver()
+    switch (wait_for_data(fd, info, flags, deadline, &read_flags)) {
+      case Wait::kRead:
+        break;
+      case Wait::kLook:
+        continue;
+      case Wait::kTimedOut:
+        errno = EAGAIN;
+        return -1;
+      case Wait::kFailed:
+        return -1;
+    }
+    Received r;
+    if (read_datagram(fd, read_flags, &r) < 0) {
+      // A read the shim made non-blocking, whose datagram another thread took first: wait again.
+      if ((read_flags & ~flags & MSG_DONTWAIT) && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      return -1;
+    }
     learn_local_port(fd, info);
     std::span<const std::byte> payload;
-    if (judge(fd, info, std::span(buf, size_t(n)), from, m.msg_namelen, flags & MSG_PEEK, &payload) == Fate::kDeliver)
-      return deliver(payload, from, m.msg_namelen, m.msg_controllen, m.msg_flags, msg, flags);
+    if (judge(fd, info, r, flags & MSG_PEEK, &payload) == Fate::kDeliver)
+      return deliver(payload, r.from, r.from_len, r.control, r.flags, msg, flags);
     // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue.
     if (flags & MSG_PEEK) discard_head(fd);
+    if (!(flags & MSG_DONTWAIT)) deadline.arm(fd);
   }
 }
 
@@ -812,25 +1026,18 @@ bool looks_deliverable(const SocketInfo& info, std::span<const std::byte> head, 
 // thread have changed the head since it was looked at, a datagram for the application is kept in the shim's
 // queue, not lost.
 void take_head(int fd, SocketInfo& info) {
-  std::byte* buf = rx_buffer();
-  sockaddr_storage from{};
-  iovec iov{buf, kRxBuffer};
-  msghdr m{};
-  m.msg_name = &from;
-  m.msg_namelen = sizeof from;
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  const ssize_t n = real().recvmsg(fd, &m, MSG_DONTWAIT);
-  if (n < 0) return;
+  Received r;
+  if (read_datagram(fd, MSG_DONTWAIT, &r) < 0) return;
   std::span<const std::byte> payload;
-  if (judge(fd, info, std::span(buf, size_t(n)), from, m.msg_namelen, true, &payload) != Fate::kDeliver) return;
+  if (judge(fd, info, r, true, &payload) != Fate::kDeliver) return;
   if (const auto st = rx_state(fd, &info)) {
     ShimDatagram d;
-    d.from = from;
-    d.from_len = m.msg_namelen;
+    d.from = r.from;
+    d.from_len = r.from_len;
     d.data = Buffer(payload.size());
     std::memcpy(d.data.data(), payload.data(), payload.size());
     d.data.set_size(payload.size());
+    d.control.assign(r.control.begin(), r.control.end());
     std::lock_guard lock(st->mu);
     st->ready.push_back(std::move(d));
   }
@@ -929,7 +1136,11 @@ ssize_t recv(int fd, void* buf, size_t len, int flags) { return shim_recv_buf(fd
 
 int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
   SocketInfo info;
-  if (!classify(fd, &info)) return real().recvmmsg(fd, vec, vlen, flags, timeout);
+  if (!classify(fd, &info)) {
+    const int n = real().recvmmsg(fd, vec, vlen, flags, timeout);
+    for (int i = 0; i < n; ++i) forget_passed(&vec[i].msg_hdr);
+    return n;
+  }
   // The first datagram as asked (blocking unless MSG_DONTWAIT); the rest only if already there.
   unsigned i = 0;
   for (; i < vlen; ++i) {
@@ -975,6 +1186,46 @@ ssize_t __read_chk(int fd, void* buf, size_t len, size_t buflen) {
   if (len > buflen) __chk_fail();
   return read(fd, buf, len);
 }
+
+// New descriptors: a number the shim remembered as not UDP may now be a UDP socket.
+int socket(int domain, int type, int protocol) {
+  const int fd = real().socket(domain, type, protocol);
+  forget_fd(fd);
+  return fd;
+}
+
+int dup(int fd) {
+  const int n = real().dup(fd);
+  forget_fd(n);
+  return n;
+}
+
+int dup2(int fd, int to) {
+  const int n = real().dup2(fd, to);
+  forget_fd(n);
+  return n;
+}
+
+int dup3(int fd, int to, int flags) {
+  const int n = real().dup3(fd, to, flags);
+  forget_fd(n);
+  return n;
+}
+
+// fcntl's third argument, whatever its type, travels as one word (as glibc's own fcntl passes it on).
+#define SLOTSTREAM_FCNTL(name)                                              \
+  int name(int fd, int cmd, ...) {                                          \
+    va_list ap;                                                             \
+    va_start(ap, cmd);                                                      \
+    void* arg = va_arg(ap, void*);                                          \
+    va_end(ap);                                                             \
+    const int r = real().name(fd, cmd, arg);                                \
+    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) forget_fd(r); \
+    return r;                                                               \
+  }
+SLOTSTREAM_FCNTL(fcntl)
+SLOTSTREAM_FCNTL(fcntl64)
+#undef SLOTSTREAM_FCNTL
 
 int connect(int fd, const sockaddr* addr, socklen_t len) {
   int rc = real().connect(fd, addr, len);

@@ -5,6 +5,9 @@
 
 #include <climits>
 #include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace slotstream::dgram {
@@ -43,9 +46,9 @@ struct Fixture {
   std::deque<ShimDatagram> out;
   explicit Fixture(bool deliver, size_t max_sources = 32)
       : r(ReassemblyOptions{kTimeout, deliver, max_sources}, &counters) {}
-  void feed(const Seg& s, int64_t now, uint16_t port = 5000) {
+  void feed(const Seg& s, int64_t now, uint16_t port = 5000, std::string_view control = {}) {
     const sockaddr_storage a = addr(port);
-    r.feed(s.seg, a, sizeof(sockaddr_in), now, &out);
+    r.feed(s.seg, a, sizeof(sockaddr_in), std::as_bytes(std::span(control)), now, &out);
   }
 };
 
@@ -138,6 +141,25 @@ TEST(ShimReassembly, SilentSourcesAreForgotten) {
   EXPECT_EQ(f.r.sources(), 1u);
   f.r.expire(kForgetAfter * kTimeout + 1, &f.out);
   EXPECT_EQ(f.r.sources(), 0u);
+}
+
+// A recombined datagram carries the ancillary data of its first placed segment (IP_PKTINFO: which group it was
+// sent to), not another message's, even when two messages of one source interleave.
+TEST(ShimReassembly, ADatagramKeepsItsFirstSegmentsAncillaryData) {
+  Fixture f(false);
+  f.feed(Seg(1, 0, 0, 1000, false, 1), 0, 5000, "group-a");
+  f.feed(Seg(1, 1, 0, 1000, false, 2), 1, 5000, "group-b");
+  f.feed(Seg(1, 0, 1000, 10, true, 1), 2, 5000, "later");
+  f.feed(Seg(1, 1, 1000, 10, true, 2), 3, 5000);
+  f.feed(Seg(1, 2, 0, 1000, false, 3), 4, 5000);  // a socket that asks for no ancillary data: none kept
+  f.feed(Seg(1, 2, 1000, 10, true, 3), 5, 5000);
+  ASSERT_EQ(f.out.size(), 3u);
+  auto text = [](const ShimDatagram& d) {
+    return std::string(reinterpret_cast<const char*>(d.control.data()), d.control.size());
+  };
+  EXPECT_EQ(text(f.out[0]), "group-a");
+  EXPECT_EQ(text(f.out[1]), "group-b");
+  EXPECT_EQ(text(f.out[2]), "");
 }
 
 }  // namespace
