@@ -55,9 +55,13 @@ def run(binary, devices, moves, fps, frame, duration):
             assert rc == 0, edge.stderr.text
             s = json.loads(edge.stdout.lines[-1])
             toggles = s["move_ms"][devices - 1:]
+            # Messages the devices that stay offloaded kept in the edge during moves (their own offload too),
+            # and how many moves held them (their own offload is one; a binary from before `holds` was counted
+            # leaves it out).
             held = {d: c["held"] for d, c in s["devices"].items() if d != "0"}
+            holds = {d: c["holds"] for d, c in s["devices"].items() if d != "0" and "holds" in c}
             return {"move_ms": toggles, "connections": s["connections"], "held_by_others": held,
-                    "late_frames": s["late_frames"]}
+                    "holds_of_others": holds, "late_frames": s["late_frames"]}
         finally:
             for p in procs:
                 if p.poll() is None:
