@@ -503,7 +503,7 @@ Status PlatformSender::Impl::move_in_place(const std::vector<uint16_t>& set, con
   for (uint16_t d : coming)
     line += "; device " + std::to_string(d) + " now goes there from message " + std::to_string(next.at(d));
   for (auto [d, n] : gone) line += "; device " + std::to_string(d) + " ends there before message " + std::to_string(n);
-  event("moved on the open connection to receiver " + receiver + line.substr(1));
+  event("moved on the open connection to receiver " + receiver + line);
   *removed = std::move(gone);
   std::lock_guard sl(stats_mutex);
   ++stats.moves_in_place;
@@ -549,8 +549,8 @@ void PlatformSender::Impl::route_again(const std::vector<uint16_t>& ds) {
 // Device d comes onto the connection: its next message is stored as `number` there (NUMBER), and
 // the receiver's confirmations count from it. Shared gate held; no send of d until it returns.
 Status PlatformSender::Impl::start(uint16_t d, uint64_t number) {
-  auto& dev = streams[d];
-  if (!dev) return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not declared"};  // can_move_in_place
+  Device* dev = stream(d);  // declared on the connection (can_move_in_place): made by connect_to
+  if (!dev) return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not declared"};
   std::lock_guard dl(dev->mutex);
   if (!dev->log.pending().empty())
     return {Code::kProtocolError, "device " + std::to_string(d) + " has unconfirmed messages"};

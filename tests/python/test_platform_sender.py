@@ -12,7 +12,7 @@ import slotstream
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
 from platform_support import start_cluster  # noqa: E402
-from integration_helpers import wait_until  # noqa: E402
+import test_interrupt  # noqa: E402  (its stop(): SIGSTOP, and wait until the process is stopped)
 
 
 
@@ -68,7 +68,7 @@ def test_send_and_finish_take_a_timeout_like_sender(cluster, receiver, tmp_path)
     tx = slotstream.PlatformSender(cluster.url, name="pyt", devices=[0], blocks=2, block_size=4096, transport="shm")
     try:
         tx.send(0, (0).to_bytes(4, "little") * 1000, timeout=5)  # room: returns at once
-        os.kill(rx.pid, signal.SIGSTOP)
+        test_interrupt.stop(rx.pid)
         with pytest.raises(slotstream.Timeout) as e:
             for i in range(1, 100):  # 2 receiver and 2 sender blocks: the fifth message at the latest waits
                 t0 = time.monotonic()
