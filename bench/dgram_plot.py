@@ -8,6 +8,7 @@ from plot_common import line_plot, plt
 from report_cells import human, per_run, pick, spread_text, table
 
 import shim_plot  # bench/shim_plot.py: `bench shimloss` and `shimperf`
+import sip_plot  # bench/sip_plot.py: `bench sipscale`
 
 PROTOCOL_ORDER = ["write_record", "dgram_send", "dgram_rd", "dgram_rc", "status_byte", "sliding_window"]
 STYLE = {"write_record": dict(color="tab:green", ls="-", marker="o"),
@@ -89,7 +90,7 @@ def _apps_figure(records, out):
     panels = [("ffmpeg", "first_frame_ms", "first frame (ms)"), ("ffmpeg", "frames_damaged", "frames lost or damaged"),
               ("sipp", "sip_response_p50", "INVITE -> 200 OK, median (ms)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.8), squeeze=False)
-    transports = ["udp+shim", "udp", "tcp"]
+    transports = ["udp+shim", "udp", "tcp", "http"]
     variants = sorted({r.get("variant", "") for r in rows}, key=lambda v: _loss_of(v) or 0)
     for ax, (prog, metric, label) in zip(axes[0], panels):
         width = 0.8 / max(len(variants), 1)
@@ -107,7 +108,7 @@ def _apps_figure(records, out):
         ax.set_title(f"{prog}: {label}", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Unmodified programs over the preload shim, plain UDP and TCP (patent Fig. 18-19)")
+    fig.suptitle("Unmodified programs over the preload shim, plain UDP, TCP and HTTP (patent Fig. 18-19)")
     fig.tight_layout()
     fig.savefig(out / "fig_dgram_apps.png", dpi=110)
     plt.close(fig)
@@ -135,6 +136,7 @@ def figures(records, out):
                                                     "Fraction of the bytes delivered usable (complete, or valid in a partial)")
     made["fig_dgram_apps.png"] = _apps_figure(records, out)
     made["fig_shim_loss.png"] = shim_plot.figure(records, out)
+    made["fig_sip_memory.png"] = sip_plot.figure(records, out)
     return {k: v for k, v in made.items() if v}
 
 
@@ -147,7 +149,7 @@ def _ratio_line(records, metric, protocol, sizes_ok, label, fmt="{:.2f}"):
 
 
 def report_sections(records):
-    if not any(r["experiment"] in ("datagram", "loss", "apps", "shimloss", "shimperf") for r in records):
+    if not any(r["experiment"] in ("datagram", "loss", "apps", "shimloss", "shimperf", "sipscale") for r in records):
         return []
     md = ["## Datagram RDMA over UDP (issue 10; the datagram-iWARP patent)\n",
           "The four datagram protocols (`--transport udp`: write_record, dgram_send, dgram_rd; `--transport tcp`: "
@@ -156,7 +158,7 @@ def report_sections(records):
           "from the sender's stamp to the message finished at the receiver (its network thread sleeps in poll(), it "
           "does not busy-poll). Throughput: complete messages only, first send to last arrival. Segments of 8 KiB.\n"]
     return (md + _datagram_section(records) + _loss_section(records) + _apps_section(records) +
-            shim_plot.report_section(records))
+            shim_plot.report_section(records) + sip_plot.report_section(records))
 
 
 def _datagram_section(records):
@@ -216,22 +218,26 @@ def _apps_section(records):
         return []
     md = ["### Unmodified programs (patent Fig. 18-19)\n", f"Patent: {PATENT['apps']}.\n\n",
           "ffmpeg streams a 640x480 mpeg2 test pattern in real time (-re) as MPEG-TS over udp:// (through "
-          "libslotstream_udp.so on both ends, or plain) or tcp://; the receiver decodes it (probe 32 KiB / "
-          "0.1 s so that the first frame measures the stream, not ffmpeg's default 5 s of probing). SIPp: the "
+          "libslotstream_udp.so on both ends, or plain), tcp:// or http:// (the sender serves it, `-listen 1`, as "
+          "the patent's HTTP streaming); the receiver decodes it (probe 32 KiB / 0.1 s so that the first frame "
+          "measures the stream, not ffmpeg's default 5 s of probing). First frame: ms from the start of the side "
+          "that starts the stream — the sender's (udp, tcp: the receiver already waits) or the receiver's request "
+          "(http: the server already waits). SIPp: the "
           "built-in uac/uas scenarios at 50 calls/s; response time = INVITE sent to 200 OK received, from the "
           "client's message trace (µs stamps; SIPp's own scheduling runs on a 1 ms tick, which dominates on "
           "loopback).\n\n"]
     variants = sorted({r.get("variant", "") for r in apps}, key=lambda v: _loss_of(v) or 0)
     metrics = [("ffmpeg", "first_frame_ms", "{:.0f}"), ("ffmpeg", "frames_lost", "{:.0f}"),
-               ("ffmpeg", "frames_damaged", "{:.0f}"), ("sipp", "sip_response_p50", "{:.3f}"),
+               ("ffmpeg", "frames_damaged", "{:.0f}"), ("ffmpeg", "first_frame_vs_http", "{:.3f}"),
+               ("sipp", "sip_response_p50", "{:.3f}"),
                ("sipp", "sip_response_p99", "{:.3f}"), ("sipp", "sip_calls_failed", "{:.0f}")]
-    md.append("| program | metric | loss | udp+shim | udp | tcp |")
-    md.append("|---|---|---|---|---|---|")
+    md.append("| program | metric | loss | udp+shim | udp | tcp | http |")
+    md.append("|---|---|---|---|---|---|---|")
     for prog, metric, fmt in metrics:
         for v in variants:
             vals = per_run(records, "apps", metric, variant=v)
             cells = [spread_text(vals[(prog, t, 1, 0)], fmt) if (prog, t, 1, 0) in vals else "–"
-                     for t in ("udp+shim", "udp", "tcp")]
+                     for t in ("udp+shim", "udp", "tcp", "http")]
             if any(c != "–" for c in cells):
                 md.append(f"| {prog} | {metric} | {v} | " + " | ".join(cells) + " |")
     md.append("")

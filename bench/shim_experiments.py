@@ -16,7 +16,8 @@ shimperf — what the shim costs an unmodified program (item 4; the patent: "a v
 increase in overall pre-buffering time when using our socket interface"): iperf3 UDP throughput with and without
 the shim, 1,400 B datagrams (one UD Send each) and 8,000 / 32,000 B ones (Write-Record segments through the
 shim, IP fragments without it), and ffmpeg's time to the first decoded frame of a real-time MPEG-TS stream over
-udp://, with and without. Everything in a namespace whose lo has an Ethernet MTU (1,500 B, no offload), no loss;
+udp://, with and without; beside iperf3's throughput, its sender's and receiver's CPU seconds per Gbit (what the
+shared machine distorts least). Everything in a namespace whose lo has an Ethernet MTU (1,500 B, no offload), no loss;
 with and without alternate within each run.
 """
 import json
@@ -193,7 +194,9 @@ def shimperf_settings(cfg):
 
 
 def iperf3_once(ns, shim, size, seconds, log):
-    """iperf3 -u at an unlimited rate, `size`-byte datagrams: (sender Mbit/s, loss %, receiver Mbit/s)."""
+    """iperf3 -u at an unlimited rate, `size`-byte datagrams: (sender Mbit/s, loss %, receiver Mbit/s, sender and
+    receiver CPU seconds per Gbit they moved). The CPU cost is what a shared machine distorts least: throughput
+    follows whatever CPU the other tenants leave, the work per bit does not."""
     port = 5201
     env = dict(os.environ)
     if shim:
@@ -212,19 +215,25 @@ def iperf3_once(ns, shim, size, seconds, log):
     except (ValueError, KeyError) as e:
         raise PeerError(f"iperf3 gave no result ({cli.returncode}): {cli.stdout[-300:]} {cli.stderr[-200:]}") from e
     sent = end["bits_per_second"] / 1e6
-    return sent, end["lost_percent"], sent * (1 - end["lost_percent"] / 100)
+    got = sent * (1 - end["lost_percent"] / 100)
+    cpu = json.loads(cli.stdout)["end"].get("cpu_utilization_percent", {})
+    # iperf3's CPU % is (user + system) / wall time of its process; per Gbit: seconds of CPU per second / Gbit/s.
+    per_gbit = lambda pct, mbit: pct / 100 / (mbit / 1000) if mbit > 0 and pct is not None else float("nan")
+    return sent, end["lost_percent"], got, per_gbit(cpu.get("host_total"), sent), per_gbit(cpu.get("remote_total"), got)
 
 
 def iperf3_point(res, ns, work, seconds, size, shim):
     t = "udp+shim" if shim else "udp"
     try:
-        sent, lost, got = iperf3_once(ns.name, shim, size, seconds, work / f"iperf-{size}.log")
+        sent, lost, got, cpu_tx, cpu_rx = iperf3_once(ns.name, shim, size, seconds, work / f"iperf-{size}.log")
     except subprocess.TimeoutExpired as e:
         raise PeerError(str(e)) from None
     for metric, v, unit in (("iperf3_sent", sent, "Mbit/s"), ("iperf3_lost", lost, "%"),
-                            ("iperf3_received", got, "Mbit/s")):
+                            ("iperf3_received", got, "Mbit/s"), ("iperf3_sender_cpu", cpu_tx, "s/Gbit"),
+                            ("iperf3_receiver_cpu", cpu_rx, "s/Gbit")):
         res.add("shimperf", "iperf3", t, size, 1, metric, v, unit)
-    return f"iperf3 {t:9} {size:>6} B: sent {sent:8.1f} Mbit/s, lost {lost:5.2f} %, received {got:8.1f} Mbit/s"
+    return (f"iperf3 {t:9} {size:>6} B: sent {sent:8.1f} Mbit/s, lost {lost:5.2f} %, received {got:8.1f} Mbit/s; CPU "
+            f"s/Gbit sender {cpu_tx:.2f}, receiver {cpu_rx:.2f}")
 
 
 def ffmpeg_point(res, ns, mode):
@@ -265,7 +274,7 @@ def exp_shimperf(res, cfg):
 
 def add_ratios(res):
     """With the shim as a multiple of without, within this run (medians of its rounds)."""
-    for metric in ("iperf3_received", "first_frame_ms"):
+    for metric in ("iperf3_received", "iperf3_sender_cpu", "iperf3_receiver_cpu", "first_frame_ms"):
         vals = {}
         for r in res.records:
             if r["experiment"] == "shimperf" and r["metric"] == metric and r["run"] == res.run:

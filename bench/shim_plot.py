@@ -64,10 +64,12 @@ def _perf_section(records):
           "In a namespace whose lo has a 1,500-byte MTU, no loss. iperf3 -u -b 0 (as fast as it can), with and without "
           "libslotstream_udp.so on both ends: Mbit/s that arrived (sent x (1 - lost)); 1,400 B datagrams are one UD "
           "Send each through the shim, 8,000 and 32,000 B ones Write-Record segments (plain UDP: IP fragments). "
-          "ffmpeg: ms from the sender's start to the first decoded frame of a real-time MPEG-TS stream over udp://. "
+          "iperf3_sender_cpu / iperf3_receiver_cpu: CPU seconds per Gbit sent / received (iperf3's own CPU "
+          "accounting; the loopback receive runs in the sender's system time). ffmpeg: ms from the sender's start to the first decoded frame of a real-time MPEG-TS stream over udp://. "
           "With and without alternate within each run; ratios are per run.\n\n",
           "| program | size | metric | udp+shim | udp | shim / plain |", "|---|---|---|---|---|---|"]
     for prog, metric, fmt in (("iperf3", "iperf3_received", "{:.0f}"), ("iperf3", "iperf3_lost", "{:.2f}"),
+                              ("iperf3", "iperf3_sender_cpu", "{:.2f}"), ("iperf3", "iperf3_receiver_cpu", "{:.2f}"),
                               ("ffmpeg", "first_frame_ms", "{:.0f}")):
         vals = per_run(records, "shimperf", metric)
         ratios = per_run(records, "shimperf", f"{metric}_vs_plain")

@@ -22,6 +22,7 @@ import paper_experiments
 import rate_experiments
 import ring_experiments
 import shim_experiments
+import sip_experiments
 import zero_copy
 from harness import DEFAULT_BLOCKS, HERE, PAPER_BLOCKS, RDMA, TRANSPORTS, Results, by_mode, host_transports, log, \
     registry
@@ -46,6 +47,7 @@ EXPERIMENTS = compose(paper_experiments.EXPERIMENTS,  # the status-byte paper's,
                       ring_experiments.EXPERIMENTS,  # the SDP paper's
                       dgram_experiments.EXPERIMENTS,  # the datagram transport's
                       shim_experiments.EXPERIMENTS,  # the socket shim's (issue 25)
+                      sip_experiments.EXPERIMENTS,  # SIPp with 10,000 clients (issue 25)
                       zero_copy.EXPERIMENTS)  # issue 22's zero-copy receive against the copy path
 
 

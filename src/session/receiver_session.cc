@@ -291,9 +291,11 @@ void ReceiverSession::note_lend_limit() {
     ++report_.view_limit_waits;
     if (loop_.now >= loop_.next_limit_log) {
       loop_.next_limit_log = loop_.now + kBusyLogInterval;
+      // The count at the refusal, not held() now: views released since would understate it.
+      const auto& lending = *lender_->lending();
       rx_.event("sender " + report_.sender.name + ": the application holds " +
-                std::to_string(lender_->lending()->held()) + " blocks through message views, the most it may " +
-                "(max_held_blocks); the sender waits until it releases one");
+                std::to_string(lending.held_at_refusal()) + " blocks through message views, the most it may " +
+                "(max_held_blocks " + std::to_string(lending.max_held()) + "); the sender waits until it releases one");
     }
   }
   loop_.lend_limited = limited;

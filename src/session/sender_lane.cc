@@ -43,11 +43,17 @@ constexpr auto kTokenTakenNap = std::chrono::microseconds(20);
 constexpr auto kMaxTokenTakenNap = std::chrono::microseconds(1000);
 }  // namespace
 
+constexpr std::string_view kLostPrefix = "lost the receiver (";
+
+Status receiver_lost(std::string_view how) {
+  return {Code::kPeerGone, std::string(kLostPrefix) + std::string(how) +
+                               "): it stopped or died, and nothing more can be sent on this connection. Start "
+                               "the receiver again, then this sender"};
+}
+
 Status explain_transmit_error(Status st) {
-  if (st.code() == Code::kPeerGone && st.message().find("receiver") == std::string::npos) {
-    return {Code::kPeerGone, "lost the receiver (did it die?): " + st.message()};
-  }
-  return st;
+  if (st.code() != Code::kPeerGone || st.message().starts_with(kLostPrefix)) return st;
+  return receiver_lost(st.message());
 }
 
 std::chrono::microseconds sending_idle_period(bool in_flight, bool holding, Clock::duration since_activity) {
@@ -292,9 +298,9 @@ Status SenderLane::alive_st() {
   next_liveness_ = now + kLivenessInterval;
   // The sender failed elsewhere (another lane, Sender::abort): a wait for receiver space ends here too.
   if (owner_.failed()) return owner_.first_error();
-  if (endpoint_->failed()) return {Code::kPeerGone, "receiver unreachable (transport error: did it die?)"};
+  if (endpoint_->failed()) return receiver_lost("transport error: " + endpoint_->failure().message());
   Status st = control_->check_alive();
-  if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection (did it die?)"};
+  if (st.code() == Code::kPeerGone) return receiver_lost("it closed the connection");
   if (st.code() == Code::kInProgress) {  // a frame is waiting
     wire::Frame frame;
     SLOTSTREAM_RETURN_IF_ERROR(control_->receive(Millis(1000), &frame));

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -27,8 +28,14 @@
 
 namespace slotstream::session {
 
-// A transport error on tcp (e.g. "Endpoint timeout") is how UCX reports a dead receiver: a
-// kPeerGone that does not name the receiver is said to be one. Anything else is returned as is.
+// The one error a sender reports when its receiver goes away mid-stream, whatever noticed it
+// first — the control socket's EOF (shm: UCX itself never notices), the endpoint's transport error
+// (tcp, rdma) or a protocol's failed put or read: "lost the receiver (HOW): ..." with what to do.
+// The CLI, the Python binding and slotstreamsink's bus message all carry it.
+Status receiver_lost(std::string_view how);
+// A kPeerGone met while transmitting is the receiver's loss, said as receiver_lost() says it (a
+// transport error on tcp, e.g. "Endpoint timeout", is how UCX reports a dead receiver). Anything
+// else is returned as is.
 Status explain_transmit_error(Status st);
 
 // How long the sending thread waits for a filled block before its next idle turn: soonest while

@@ -65,7 +65,11 @@ uint32_t Lending::held_limit(uint32_t blocks, uint32_t max_held) {
 }
 
 std::shared_ptr<BlockLease> Lending::lease(uint64_t id) {
-  if (held_.load(std::memory_order_relaxed) >= max_held_) return nullptr;
+  // Only the consumer leases, so nothing can raise held_ between this load and the add.
+  if (const uint32_t held = held_.load(std::memory_order_relaxed); held >= max_held_) {
+    held_at_refusal_ = held;
+    return nullptr;
+  }
   held_.fetch_add(1, std::memory_order_relaxed);
   return std::make_shared<BlockLease>(shared_from_this(), id);
 }

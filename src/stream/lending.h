@@ -77,6 +77,9 @@ class Lending : public std::enable_shared_from_this<Lending> {
   std::shared_ptr<BlockLease> lease(uint64_t id);
   std::shared_ptr<CopyLease> copy();
   uint32_t held() const { return held_.load(std::memory_order_relaxed); }
+  // How many units were held when lease() last refused one: what the held-limit log reports. held()
+  // read later can already be lower (views are released on other threads). Consumer thread.
+  uint32_t held_at_refusal() const { return held_at_refusal_; }
   uint32_t max_held() const { return max_held_; }
   const std::string& sender() const { return sender_; }
   bool registered(std::span<const std::byte> bytes) const;
@@ -94,6 +97,7 @@ class Lending : public std::enable_shared_from_this<Lending> {
   std::shared_ptr<protocol::ReceiverProtocol> proto_;
   uint32_t max_held_;
   std::atomic<uint32_t> held_{0};
+  uint32_t held_at_refusal_ = 0;  // consumer thread
   std::mutex release_mu_;
   std::condition_variable release_cv_;
   uint64_t releases_ = 0;  // guarded by release_mu_

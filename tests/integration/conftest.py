@@ -387,6 +387,27 @@ def run_send(addr, *args, timeout=60, check=True):
     return p
 
 
+def run_send_json(addr, *args, timeout=60):
+    """Runs `slotstream send --json ARGS` to completion and returns its summary (a dict) with "sent": {device:
+    messages}. A synthetic sender's `--duration` is wall-clock time and it skips the frames it could not produce in
+    time (late_frames), so under load it sends fewer than rate x duration: a test compares what arrived with what
+    the sender says it sent, and checks that sent + late is every frame slot."""
+    p = run_send(addr, *args, "--json", timeout=timeout)
+    summary = json.loads(p.stdout)
+    summary["sent"] = {int(d): n for d, n in summary["devices"].items()}
+    return summary
+
+
+def synthetic_slots(summary, devices, fps, seconds):
+    """Asserts the sender accounted for every frame slot of its synthetic cameras (sent or counted late) and sent
+    at least one message per device; returns the per-device counts sent."""
+    slots = int(seconds * fps)
+    sent = [summary["sent"].get(d, 0) for d in devices]
+    assert summary["messages"] + summary["late_frames"] == slots * len(devices), summary
+    assert all(n > 0 for n in sent), f"a device sent nothing: {summary}"
+    return dict(zip(devices, sent))
+
+
 def send(addr, *args, timeout=60, check=True):
     """Runs `slotstream send` to completion; returns the CompletedProcess (bytes)."""
     p = subprocess.run(send_argv(addr, *args), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)

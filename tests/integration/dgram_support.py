@@ -70,7 +70,10 @@ def netns_pair(tag="p"):
 def netns_bridge(tag="m", n=3):
     """n + 1 namespaces, each with a veth (MTU 1500) on one bridge in a hub namespace of its own, addresses
     10.78.0.1 ... and a route for multicast (224.0.0.0/4) on the veth; the bridge floods multicast to every
-    port (no IGMP snooping). Yields [(ns, addr, dev), ...]: the first for a sender, the others receivers."""
+    port (no IGMP snooping). Each veth cuts GSO packets into MTU-sized ones before they leave (gso_max_segs 1), as
+    an Ethernet NIC puts packets on the wire: otherwise the kernel carries a UDP GSO message (the shim's large
+    datagrams) whole across veth and bridge to the receiving socket, and a loss rule would drop all of its segments
+    at once. Yields [(ns, addr, dev), ...]: the first for a sender, the others receivers."""
     with contextlib.ExitStack() as stack:
         hub = stack.enter_context(netns(tag + "h"))
         _ip("-n", hub, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
@@ -83,7 +86,7 @@ def netns_bridge(tag="m", n=3):
             _ip("-n", hub, "link", "set", port, "master", "br0", "up")
             addr = f"10.78.0.{i + 1}"
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", dev, "up", "gso_max_segs", "1")
             _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)
             ends.append((ns, addr, dev))
         yield ends

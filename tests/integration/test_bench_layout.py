@@ -13,10 +13,10 @@ from conftest import BIN, REPO
 BENCH = REPO / "bench"
 ENTRY = "slotstream_bench"
 # Every experiment `slotstream bench` offers, in its --help order (issue 23 moved them into tables; the list
-# is the one before the move, issue 25's two after it, and zero_copy since).
+# is the one before the move, issue 25's two after it and its sipscale, and zero_copy since).
 EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "held_block", "idle", "cameras", "cache",
                "fan_in", "message_rate", "small_messages", "progress", "datagram", "loss", "apps", "shimloss",
-               "shimperf", "zero_copy"]
+               "shimperf", "sipscale", "zero_copy"]
 
 
 def modules():

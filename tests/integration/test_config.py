@@ -31,7 +31,9 @@ def test_values_from_the_file_apply(receiver, tmp_path):
         p = subprocess.run([BIN, "send", "--config", send_conf], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         report = json.loads(p.stdout)
-        assert (report["block_size"], report["blocks"], report["messages"]) == (65536, 8, 20), report
+        assert (report["block_size"], report["blocks"]) == (65536, 8), report
+        # synthetic and duration came from the file: two cameras x 0.2 s x 50 fps, sent or (under load) late
+        assert report["messages"] + report["late_frames"] == 20 and report["messages"] > 0, report
         assert rx.wait(30) == 0, rx.stderr.read()  # exit-after-senders came from the file
     finally:
         rx.kill()

@@ -104,3 +104,56 @@ def test_shimperf_experiment(tmp_path):
     got = {(r["transport"], r["metric"]) for r in doc["records"] if r["experiment"] == "shimperf"}
     assert {("udp+shim", "iperf3_received"), ("udp", "iperf3_received"), ("udp+shim", "iperf3_received_vs_plain")} <= got
     assert all(r["value"] > 0 for r in doc["records"] if r["metric"] == "iperf3_received")
+    # iperf3's CPU accounting, per Gbit: both ends, with and without, and the shim's as a multiple of plain.
+    for t in ("udp+shim", "udp"):
+        assert {(t, "iperf3_sender_cpu"), (t, "iperf3_receiver_cpu")} <= got
+    assert ("udp+shim", "iperf3_sender_cpu_vs_plain") in got
+    assert all(r["value"] > 0 for r in doc["records"] if r["metric"].endswith("_cpu"))
+
+
+@pytest.mark.deadline(60)
+def test_sipscale_experiment(tmp_path):
+    """SIPp with 50 clients (tiny), a socket each: every call open at once at the plateau, memory measured there for
+    UDP through the shim, UDP and TCP, and every call successful. Nothing here compares the amounts."""
+    import shutil
+    if not shutil.which("sipp"):
+        pytest.skip("sipp is not installed (scripts/setup.sh installs sip-tester)")
+    out, doc, log = bench(tmp_path, "sipscale")
+    if "skipped" in log:
+        pytest.skip("sipscale reads /proc/slabinfo, which needs root: " + log.strip()[-200:])
+    recs = {(r["transport"], r["metric"]): r["value"] for r in doc["records"] if r["experiment"] == "sipscale"}
+    assert {r["size_bytes"] for r in doc["records"] if r["experiment"] == "sipscale"} == {50}
+    for t in ("udp+shim", "udp", "tcp"):
+        assert recs[(t, "calls_open")] == 50, t  # sipp's statistics at the plateau: all 50 calls open at once
+        assert recs[(t, "calls_successful")] == 50 and recs[(t, "calls_failed")] == 0, t
+        assert recs[(t, "uac_sockets")] >= 50, t  # a socket per client
+        assert recs[(t, "rss_uac_kib")] > 0 and recs[(t, "rss_uas_kib")] > 0, t
+        assert recs[(t, "memory_kib")] == pytest.approx(recs[(t, "rss_uac_kib")] + recs[(t, "rss_uas_kib")] +
+                                                        recs[(t, "slab_kib")]), t
+        assert recs[(t, "memory_kib")] > 0 and recs[(t, "sip_response_p50")] >= 0, t
+    # The server answers every UDP client on its one socket, and accepts a TCP connection per client.
+    assert recs[("udp", "uas_sockets")] < 10 and recs[("udp+shim", "uas_sockets")] < 10
+    assert recs[("tcp", "uas_sockets")] >= 50
+    assert ("udp+shim", "memory_saving_vs_tcp") in recs and ("udp", "memory_saving_vs_tcp") in recs
+    r = subprocess.run([PYTHON, str(REPO / "bench" / "plot.py"), str(out / "results.json"), "--report"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (out / "fig_sip_memory.png").stat().st_size > 1000
+    assert "SIPp with a socket per client" in (out / "report.md").read_text()
+
+
+@pytest.mark.deadline(60)
+def test_ffmpeg_streams_over_http(tmp_path):
+    """bench apps' http mode (the patent's HTTP streaming): the sender serves with -listen 1, the receiver asks
+    and decodes every frame, identical to a direct decode; the first frame comes after the request."""
+    import shutil
+    if not shutil.which("ffmpeg"):
+        pytest.skip("ffmpeg is not installed (scripts/setup.sh installs it)")
+    sys.path.insert(0, str(REPO / "bench"))
+    import dgram_experiments as dx
+    src, dst = dx.ffmpeg_urls("http", 8080)
+    assert src.startswith("http://127.0.0.1:8080/") and dst == src  # what ffmpeg_once runs for this mode
+    reference = dx.ffmpeg_reference(1)
+    first_ms, decoded, identical = dx.ffmpeg_once("http", 1, reference)
+    assert len(reference) == 25 and decoded == 25 and identical == 25
+    assert first_ms > 0

@@ -448,6 +448,8 @@ LARGE_TX = r"""
 import hashlib, random, socket, sys, time
 port, sizes = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")]
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if sys.argv[3:] == ["no-checksum"]:
+    s.setsockopt(socket.SOL_SOCKET, 11, 1)  # SO_NO_CHECK: the kernel refuses UDP GSO (EINVAL) on this socket
 s.connect(("127.0.0.1", port))
 rng = random.Random(7)
 for n in sizes:
@@ -459,18 +461,38 @@ for n in sizes:
 """
 
 
-def test_large_datagrams_byte_exact_through_the_shim(tmp_path):
+def kernel_has_udp_gso():
+    """Whether this kernel knows UDP_SEGMENT (Linux >= 4.18): the shim then must use it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.getsockopt(socket.SOL_UDP, 103)  # UDP_SEGMENT
+            return True
+        except OSError:
+            return False
+
+
+def gso_segments_expected(large):
+    """Segments the sender hands the kernel in UDP GSO messages: all but those of a datagram that is one segment."""
+    return sum(k for k in (-(-n // SEGMENT) for n in large) if k > 1)
+
+
+@pytest.mark.parametrize("gso", ["on", "off", "refused"])
+def test_large_datagrams_byte_exact_through_the_shim(tmp_path, gso):
     """1 B to 65,507 B (the largest UDP payload) through the shim on both ends: small ones as one UD Send, larger
     ones as Write-Record segments of one MTU, recombined before recvmsg returns — byte-exact, in order, each
-    segment counted once."""
+    segment counted once. The segments leave as UDP GSO messages (one per datagram, two for those over 44
+    segments' worth) where the kernel has UDP_SEGMENT; with SLOTSTREAM_UDP_GSO=off, or on a socket whose kernel
+    refuses it (SO_NO_CHECK: EINVAL), one message per segment — the same datagrams either way."""
     log = tmp_path / "shim.log"
     sizes = LARGE_SIZES + [random_size for random_size in (777, 3001, 40000, 12345, 65000)]
     rx = subprocess.Popen([sys.executable, "-c", LARGE_RX, str(len(sizes))], env=shim_env(log),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     port = rx.stdout.readline().strip()
     assert port.isdigit(), rx.stderr.read()
-    tx = subprocess.run([sys.executable, "-c", LARGE_TX, port, ",".join(map(str, sizes))], env=shim_env(log),
-                        capture_output=True, text=True, timeout=30)
+    tx_env = shim_env(log, SLOTSTREAM_UDP_GSO="off") if gso == "off" else shim_env(log)
+    tx = subprocess.run([sys.executable, "-c", LARGE_TX, port, ",".join(map(str, sizes)),
+                         *(["no-checksum"] if gso == "refused" else [])], env=tx_env, capture_output=True, text=True,
+                        timeout=30)
     assert tx.returncode == 0, tx.stderr
     out, err = rx.communicate(timeout=30)
     assert rx.returncode == 0, err
@@ -479,6 +501,12 @@ def test_large_datagrams_byte_exact_through_the_shim(tmp_path):
     assert total(log, "large") == len(large) and total(log, "reassembled") == len(large)
     assert total(log, "segments") == sum(-(-n // SEGMENT) for n in large) == total(log, "segments_in")
     assert total(log, "wrapped") == total(log, "unwrapped") == len(sizes)
+    if gso == "on" and kernel_has_udp_gso():
+        assert total(log, "gso_segments") == gso_segments_expected(large) and total(log, "gso_refused") == 0
+        assert total(log, "gso_messages") == sum(1 + (n > 44 * SEGMENT) for n in large if n > SEGMENT)
+    else:
+        assert total(log, "gso_messages") == total(log, "gso_segments") == 0
+        assert total(log, "gso_refused") == (1 if gso == "refused" and kernel_has_udp_gso() else 0)
 
 
 def snmp_ip(ns, field):
@@ -510,7 +538,9 @@ def test_no_ip_fragments_leave(tmp_path):
 
         log = tmp_path / "shim.log"
         assert transfer(shim_env(log)) == 0
-        assert total(log, "segments") == 20 * -(-65507 // SEGMENT)
+        assert total(log, "segments") == 20 * -(-65507 // SEGMENT) == total(log, "segments_in")
+        if kernel_has_udp_gso():  # as UDP GSO messages, which the kernel cut into the same segments
+            assert total(log, "gso_segments") == total(log, "segments")
         assert transfer(dict(os.environ)) >= 20 * 40  # plain UDP: 45 fragments per datagram
 
 

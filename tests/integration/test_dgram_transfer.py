@@ -43,11 +43,12 @@ def test_synthetic_cameras_verify(tmp_path):
     rx = DgramReceiver(tmp_path / "out", "--exit-after-senders", 1)
     _, j = dgram_send(rx.addr, "--name", "cams", "--synthetic", "0-5:25:320x240x3", "--duration", "2")
     r = accounted(j)
-    assert r["complete"] == 6 * 50 and r["lost"] == 0
+    # --duration is wall-clock time: under load the sender skips late frames, so what it sent must arrive
+    assert r["complete"] == j["messages"] > 0 and r["lost"] == 0, r
     rx.finished()
     v = run_verify(tmp_path / "out")
     assert v.returncode == 0, v.stdout + v.stderr
-    assert "300 frames" in v.stdout or "300" in v.stdout
+    assert f"{j['messages']} frames" in v.stdout, v.stdout
 
 
 @pytest.mark.deadline(180)
@@ -63,7 +64,7 @@ def test_between_two_network_namespaces(tmp_path, protocol, transport):
                        ns=ns_s, transport=transport)
             _, j = dgram_send(rx.addr, "--protocol", protocol, "--name", "cams", "--synthetic", "0-3:25:160x120x3",
                               "--duration", "1", ns=ns_s, transport=transport)
-            assert accounted(j)["complete"] == 4 * 25
+            assert accounted(j)["complete"] == j["messages"] > 0  # what was sent (late frames are skipped)
             reps = rx.finished(2)
             assert all("finished:" in r["line"] for r in reps), reps
         finally:
@@ -177,13 +178,14 @@ def test_a_name_is_one_session_and_a_dead_senders_name_can_be_reused(tmp_path):
     stored = len(os.listdir(tmp_path / "out/cam/device-0"))
     assert stored > 0
     _, j = dgram_send(rx.addr, "--name", "cam", "--synthetic", "0:25:64x64x3", "--duration", "1")
-    assert accounted(j)["complete"] == 25
+    assert accounted(j)["complete"] == j["messages"] > 0  # what was sent (late frames are skipped)
     lost, fin = rx.finished(2)
     assert "lost:" in lost["line"] and "replaced" in lost["line"], lost["line"]
     assert "finished:" in fin["line"]
     rx.stop()
     names = sorted(os.listdir(tmp_path / "out/cam/device-0"))
-    assert len(names) == stored + 25 and names[-1] == f"{stored + 24:010d}.bin"
+    n = j["messages"]
+    assert len(names) == stored + n and names[-1] == f"{stored + n - 1:010d}.bin"
     assert run_verify(tmp_path / "out").returncode == 0
 
 

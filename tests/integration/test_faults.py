@@ -1,5 +1,6 @@
 """Faults with real senders: names, tokens, dead peers, a full disk — clear errors, nothing lost, the receiver
 keeps serving."""
+import json
 import os
 import re
 import shutil
@@ -238,16 +239,17 @@ def test_output_removed_mid_stream_is_made_again(start_receiver, spawn, tmp_path
     out = tmp_path / "out"
     rx = start_receiver(out, transport)
     tx = spawn(send_argv(rx.addr, "--name", "cams", "--transport", transport,
-                         "--synthetic", "0-1:25:64x48x3", "--duration", 3))
+                         "--synthetic", "0-1:25:64x48x3", "--duration", 3, "--json"))
     wait_until(lambda: count_bins(out) >= 6, 15, "frames to flow")
     gone = tmp_path / "gone"
     os.rename(out, gone)  # the whole tree disappears at once (rmtree races the receiver's next file)
     shutil.rmtree(gone)
     assert tx.wait(30) == 0, f"sender failed after the output was removed: {tx.stderr.text}"
+    sent = json.loads(tx.stdout.text)["messages"]  # wall-clock --duration: late frames are skipped under load
     report = parse_finished(rx.stdout.next_line(15))
-    assert report["messages"] == 150 and report["gaps"] == 0, report
+    assert report["messages"] == sent > 0 and report["gaps"] == 0, (report, sent)
     kept = count_bins(out)
-    assert 0 < kept < 150, f"{kept} frames on disk after the removal"
+    assert 0 < kept < sent, f"{kept} frames on disk after the removal"
     assert hidden(out) == []
 
 

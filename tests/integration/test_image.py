@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import BIN, REPO, run_send, send
+from conftest import BIN, REPO, run_send, run_send_json, send, synthetic_slots
 
 REPOSITORY = "localhost/slotstream"
 IMAGE = f"{REPOSITORY}:latest"
@@ -227,11 +227,12 @@ def test_workers_run_in_containers_with_enforced_limits(receiver, tmp_path):
     out = tmp_path / "out"
     rx = receiver("--out", out, "--worker", PROBE, "--worker-runtime", "podman", "--worker-cpus", "0.5",
                   "--worker-memory", "256m", "--keep-processed")
-    send(rx.addr, "--name", "cams", "--synthetic", "0-1:25:64x48x3", "--duration", 1)
+    sent = synthetic_slots(run_send_json(rx.addr, "--name", "cams", "--synthetic", "0-1:25:64x48x3", "--duration", 1),
+                           (0, 1), 25, 1)
     for d in (0, 1):
         w = out / "cams" / f"worker-{d}"
-        wait_done(w / "done", 24, 90)
-        assert sorted(os.listdir(w / "results")) == [f"{i:010d}.json" for i in range(25)]
+        wait_done(w / "done", sent[d] - 1, 90)
+        assert sorted(os.listdir(w / "results")) == [f"{i:010d}.json" for i in range(sent[d])]
         limits = dict(line.split(" ", 1) for line in (w / "limits").read_text().splitlines())
         mem = limits.get("/sys/fs/cgroup/memory.max") or limits.get("/sys/fs/cgroup/memory/memory.limit_in_bytes")
         assert int(mem) == 256 * 1024 * 1024, limits
@@ -266,14 +267,18 @@ def test_twelve_cameras_and_a_video_processed_in_containers(receiver, tmp_path):
     out = tmp_path / "out"
     rx = receiver("--out", out, "--worker", "sh /opt/slotstream/workers/checksum.sh", "--worker-runtime", "podman",
                   "--worker-cpus", "0.5", "--worker-memory", "128m", "--keep-processed")
-    send(rx.addr, "--name", "cams", "--synthetic", "0-11:25:64x48x3", "--duration", 1)
-    send(rx.addr, "--name", "video", "--video", "0=lavfi:testsrc=size=640x480:rate=25:duration=1")
+    sent = {"cams": synthetic_slots(run_send_json(rx.addr, "--name", "cams", "--synthetic", "0-11:25:64x48x3",
+                                                  "--duration", 1), range(12), 25, 1),
+            "video": run_send_json(rx.addr, "--name", "video",
+                                   "--video", "0=lavfi:testsrc=size=640x480:rate=25:duration=1")["sent"]}
+    assert sent["video"][0] == 25  # a video file's frames are all sent, however long that takes
     for sender, devices in (("cams", range(12)), ("video", [0])):
         for d in devices:
             w = out / sender / f"worker-{d}"
-            wait_done(w / "done", 24, 180)
+            n = sent[sender][d]
+            wait_done(w / "done", n - 1, 180)
             results = sorted(os.listdir(w / "results"))
-            assert results == [f"{i:010d}.json" for i in range(25)], (sender, d)
+            assert results == [f"{i:010d}.json" for i in range(n)], (sender, d)
     _, _, err = rx.stop(timeout=60)
     names = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
     assert "slotstream-cams-device" not in names and "slotstream-video-device" not in names, \

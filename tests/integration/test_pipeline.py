@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, CHECKSUM, REPO, SLOW_WORKER, done_of, make_files, metrics_address, send, seq_name, sha256
+from conftest import (BIN, CHECKSUM, REPO, SLOW_WORKER, done_of, make_files, metrics_address, run_send_json, send,
+                      seq_name, sha256, synthetic_slots)
 
 
 def wait_for(pred, timeout, what):
@@ -38,13 +39,14 @@ def metric(text, name, **labels):
 def test_every_frame_processed_once_in_order(receiver, tmp_path):
     out = tmp_path / "out"
     rx = receiver("--out", out, "--worker", CHECKSUM, "--keep-processed")
-    send(rx.addr, "--name", "cams", "--synthetic", "0-2:50:64x48x3", "--duration", 1)
+    sent = synthetic_slots(run_send_json(rx.addr, "--name", "cams", "--synthetic", "0-2:50:64x48x3", "--duration", 1),
+                           range(3), 50, 1)
     for d in range(3):
         w = out / "cams" / f"worker-{d}"
-        wait_for(lambda: done_of(w) == 49, 20, f"worker {d} to finish")
+        wait_for(lambda: done_of(w) == sent[d] - 1, 20, f"worker {d} to finish")
         results = sorted(os.listdir(w / "results"))
-        assert results == [f"{i:010d}.json" for i in range(50)]
-        for i in range(50):
+        assert results == [f"{i:010d}.json" for i in range(sent[d])]
+        for i in range(sent[d]):
             r = json.loads((w / "results" / f"{i:010d}.json").read_text())
             assert r["seq"] == i and r["device"] == d
             assert r["sha256"] == sha256(out / "cams" / f"device-{d}" / seq_name(i))
@@ -53,9 +55,10 @@ def test_every_frame_processed_once_in_order(receiver, tmp_path):
 def test_processed_files_are_removed(receiver, tmp_path):
     out = tmp_path / "out"
     rx = receiver("--out", out, "--worker", CHECKSUM)
-    send(rx.addr, "--name", "cams", "--synthetic", "0:50:64x48x3", "--duration", 0.5)
+    sent = synthetic_slots(run_send_json(rx.addr, "--name", "cams", "--synthetic", "0:50:64x48x3", "--duration", 0.5),
+                           [0], 50, 0.5)
     dev = out / "cams" / "device-0"
-    wait_for(lambda: done_of(out / "cams" / "worker-0") == 24, 20, "worker")
+    wait_for(lambda: done_of(out / "cams" / "worker-0") == sent[0] - 1, 20, "worker")
     wait_for(lambda: os.listdir(dev) == [], 5, "processed files to be removed")
 
 
@@ -152,11 +155,12 @@ def test_killed_worker_restarts_and_skips_nothing(receiver, tmp_path):
 def test_metrics_and_health(receiver, tmp_path):
     rx = receiver("--out", tmp_path / "out", "--metrics", "127.0.0.1:0")
     maddr = metrics_address(rx)
-    send(rx.addr, "--name", "m", "--synthetic", "0-1:50:32x32x3", "--duration", 0.2)
+    sent = synthetic_slots(run_send_json(rx.addr, "--name", "m", "--synthetic", "0-1:50:32x32x3", "--duration", 0.2),
+                           [0, 1], 50, 0.2)
     with urllib.request.urlopen(f"http://{maddr}/health", timeout=5) as r:
         assert r.status == 200 and json.loads(r.read())["status"] == "ok"
     text = metrics(maddr)
-    assert metric(text, "slotstream_messages_total", sender="m", device="1") == 10
+    assert metric(text, "slotstream_messages_total", sender="m", device="1") == sent[1]
     assert metric(text, "slotstream_gaps_total", sender="m", device="0") == 0
     assert metric(text, "slotstream_sessions_ended_total") == 1
     assert "# TYPE slotstream_held_blocks gauge" in text

@@ -79,6 +79,10 @@ def test_the_held_limit_back_pressures_without_loss(zc_receiver):
     assert tx["messages"] == got["messages"] > 0 and got["bad"] == 0
     assert got["out_of_order"] == 0 and got["gaps"] == 0
     assert got["view_limit_waits"] > 0
+    # The log names the count that hit the limit (it printed held() after the application's releases: 2 of 3).
+    said = re.findall(r"the application holds (\d+) blocks through message views, the most it may "
+                      r"\(max_held_blocks (\d+)\)", rx.stderr.text)
+    assert said and all(held == limit == "3" for held, limit in said), said
 
 
 @pytest.mark.deadline(120)
@@ -88,7 +92,8 @@ def test_an_application_that_keeps_every_view_stalls_the_stream_and_is_told(zc_r
     rx, addr = zc_receiver("--transport", "shm", "--window", 4, "--max-held", 4)
     tx = spawn(send_argv(addr, "--name", "cam", "--transport", "shm", "--blocks", 8, "--block-size", 65536,
                          "--synthetic", "0-0:200:100x100x3", "--duration", 1))
-    rx.stderr.wait_for(r"the application holds 4 blocks through message views, the most it may", 20)
+    rx.stderr.wait_for(r"the application holds 4 blocks through message views, the most it may "
+                       r"\(max_held_blocks 4\)", 20)
     assert tx.poll() is None, "the sender finished although the receiver could not take its messages"
 
 

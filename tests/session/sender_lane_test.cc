@@ -11,16 +11,27 @@ namespace {
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
-TEST(SenderLane, ATransportErrorThatDoesNotNameTheReceiverIsExplainedAsItsLoss) {
-  Status st = explain_transmit_error({Code::kPeerGone, "Endpoint timeout"});
-  EXPECT_EQ(st.code(), Code::kPeerGone);
-  EXPECT_EQ(st.message(), "lost the receiver (did it die?): Endpoint timeout");
+constexpr std::string_view kAdvice =
+    "): it stopped or died, and nothing more can be sent on this connection. Start the receiver again, then this "
+    "sender";
+
+TEST(SenderLane, EveryWayOfLosingTheReceiverReadsTheSame) {
+  // The control socket's EOF (shm), the endpoint's transport error (tcp), a protocol's failed put:
+  // one error, which says what happened and what to do (tcp used to read "receiver unreachable" or
+  // "lost the receiver (did it die?): Endpoint timeout", shm "receiver closed the connection").
+  EXPECT_EQ(receiver_lost("it closed the connection").message(),
+            "lost the receiver (it closed the connection" + std::string(kAdvice));
+  for (const char* how : {"Endpoint timeout", "receiver unreachable", "receiver unreachable (ACK channel)"}) {
+    Status st = explain_transmit_error({Code::kPeerGone, how});
+    EXPECT_EQ(st.code(), Code::kPeerGone);
+    EXPECT_EQ(st.message(), "lost the receiver (" + std::string(how) + std::string(kAdvice));
+  }
 }
 
 TEST(SenderLane, ErrorsThatSayWhatHappenedAlreadyAreLeftAlone) {
   // Expect: no second explanation in front of the lane's own words.
-  Status gone = explain_transmit_error({Code::kPeerGone, "receiver closed the connection (did it die?)"});
-  EXPECT_EQ(gone.message(), "receiver closed the connection (did it die?)");
+  Status gone = explain_transmit_error(receiver_lost("it closed the connection"));
+  EXPECT_EQ(gone.message(), receiver_lost("it closed the connection").message());
   Status io = explain_transmit_error({Code::kIoError, "Endpoint timeout"});
   EXPECT_EQ(io.code(), Code::kIoError);
   EXPECT_EQ(io.message(), "Endpoint timeout");

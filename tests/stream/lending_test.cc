@@ -191,6 +191,18 @@ TEST(Lending, TheHeldLimitBackPressuresWithoutLossOrFalseGaps) {
   EXPECT_EQ(f.proto->wrong, 0);
 }
 
+TEST(Lending, TheHeldCountAtTheRefusalOutlivesLaterReleases) {
+  // The held-limit log used to print held() after the pass, when the application had released views
+  // meanwhile: "holds 1 blocks, the most it may" with a limit of 2.
+  Fixture f(/*max_held=*/2);
+  for (uint32_t p = 0; p < 3; ++p) f.proto->put(p, {{0, p, "m" + std::to_string(p)}});
+  f.pass();
+  ASSERT_TRUE(f.delivery->lend_limited());
+  f.views->views.pop_front();  // released on "another thread" before the session logs
+  EXPECT_EQ(f.lending->held(), 1u);
+  EXPECT_EQ(f.lending->held_at_refusal(), 2u) << "the number that hit the limit";
+}
+
 TEST(Lending, ViewsReleasedInAnyOrderFromOtherThreads) {
   Fixture f(/*max_held=*/8);
   for (uint32_t p = 0; p < 6; ++p) f.proto->put((p * 5) % 8, {{uint16_t(p % 2), p / 2, std::to_string(p)}});

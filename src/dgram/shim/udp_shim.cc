@@ -20,6 +20,14 @@
 // readable; a recombined datagram waiting in the shim does, and partial delivery wakes the waiter when its
 // timer fires.
 //
+// A large datagram's segments are handed to the kernel with UDP GSO (UDP_SEGMENT, Linux >= 4.18; shim/gso.h):
+// laid back to back, all of one size but the last, in one sendmsg whose UDP_SEGMENT control message makes the kernel
+// cut the buffer at the segments' boundaries — the same datagrams on the wire, one trip through UDP and IP instead
+// of one per segment. Where the kernel has no UDP_SEGMENT or refuses it for the socket (EINVAL, EIO, ENOPROTOOPT,
+// EOPNOTSUPP, EMSGSIZE: e.g. SO_NO_CHECK, a route below the MTU the shim assumes), the refusal is remembered for the
+// socket (counted: gso_refused) and its segments go one per message in one sendmmsg, as with SLOTSTREAM_UDP_GSO=off
+// or when the application passes a UDP_SEGMENT of its own.
+//
 // On send the payload is gathered behind each header with no copy; on receive each datagram is read into a
 // per-thread buffer, checked (CRC first) and its payload copied out (a recombined one: from its region). A
 // datagram that fails is dropped as the kernel drops one with a bad UDP checksum: a blocking call waits for
@@ -61,6 +69,8 @@
 //   SLOTSTREAM_UDP_PARTIAL        drop (default) | deliver: an incomplete large datagram at its timer
 //   SLOTSTREAM_UDP_REASSEMBLY_MS  a large datagram's timer from its first segment (1..600000, default 200)
 //   SLOTSTREAM_UDP_PLAIN          drop (default) | accept: datagrams from programs without the shim
+//   SLOTSTREAM_UDP_GSO            on (default) | off: a large datagram's segments go to the kernel as one UDP GSO
+//                                 message (shim/gso.h) or, off, one message each in a sendmmsg
 //   SLOTSTREAM_UDP_LOG            "1": counters on stderr at exit; a path: appended there
 //   SLOTSTREAM_UDP_INJECT_LOSS    percent of sent segments dropped (tests; seeded)
 //   SLOTSTREAM_UDP_INJECT_CORRUPT percent of sent segments with one bit flipped after the CRC
@@ -70,6 +80,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -78,6 +89,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -97,6 +109,7 @@
 #include "dgram/injector.h"
 #include "dgram/mac.h"
 #include "dgram/segments.h"
+#include "dgram/shim/gso.h"
 #include "dgram/shim/ports.h"
 #include "dgram/shim/reassembly.h"
 #include "dgram/shim/shim.h"
@@ -147,8 +160,10 @@ Real& real() {
 
 // wrapped/unwrapped: application datagrams sent and delivered (large ones once each); large: those sent
 // as Write-Record, in `segments` segments; segments_in: segments received; dropped_plain: datagrams without
-// the shim's magic (SLOTSTREAM_UDP_PLAIN=drop), plain_accepted: delivered as they are.
+// the shim's magic (SLOTSTREAM_UDP_PLAIN=drop), plain_accepted: delivered as they are; gso_messages: messages handed
+// to the kernel with UDP_SEGMENT, carrying gso_segments segments; gso_refused: sockets whose kernel refused it.
 struct Counters {
+  std::atomic<uint64_t> gso_messages{0}, gso_segments{0}, gso_refused{0};
   std::atomic<uint64_t> wrapped{0}, unwrapped{0}, passed{0}, large{0}, segments{0}, segments_in{0}, dropped_crc{0},
       dropped_malformed{0}, dropped_auth{0}, dropped_plain{0}, plain_accepted{0}, emsgsize{0}, injected_loss{0},
       injected_corrupt{0}, injected_duplicate{0};
@@ -162,6 +177,7 @@ struct Config {
   MacKey key{};
   size_t mtu = 1500;
   bool plain_accept = false;
+  bool gso = true;
   ReassemblyOptions reassembly;
 };
 
@@ -212,6 +228,7 @@ void load_recombination(Config* c) {
   c->reassembly.timeout_ns = env_number("SLOTSTREAM_UDP_REASSEMBLY_MS", 1, 600000, 200) * 1'000'000;
   c->reassembly.deliver_partial = env_choice("SLOTSTREAM_UDP_PARTIAL", "deliver", "drop");
   c->plain_accept = env_choice("SLOTSTREAM_UDP_PLAIN", "accept", "drop");
+  c->gso = !env_choice("SLOTSTREAM_UDP_GSO", "off", "on");
 }
 
 Config load_config() {
@@ -275,6 +292,9 @@ __attribute__((destructor)) void shim_report() {
       {"large", k.large},
       {"segments", k.segments},
       {"segments_in", k.segments_in},
+      {"gso_messages", k.gso_messages},
+      {"gso_segments", k.gso_segments},
+      {"gso_refused", k.gso_refused},
       {"reassembled", r.reassembled},
       {"partial_delivered", r.partial_delivered},
       {"partial_dropped", r.partial_dropped},
@@ -321,6 +341,9 @@ struct RxState {
   std::deque<ShimDatagram> ready;
 };
 
+// Whether the kernel segments this socket's datagrams (UDP_SEGMENT): asked once, remembered once refused.
+enum class GsoState : uint8_t { kUnknown, kUsable, kRefused };
+
 // What we know about a UDP socket, keyed by its inode so that a descriptor number reused for
 // another file (after a close we did not see) is never mistaken for the old socket.
 struct SocketInfo {
@@ -333,15 +356,27 @@ struct SocketInfo {
   bool peer_known = false;
   uint32_t qp = 0;
   uint32_t msn = 0;
+  GsoState gso = GsoState::kUnknown;
   std::shared_ptr<RxState> rx;
 };
 
+// Descriptors 0..kTracked-1 are tracked, in chunks made when one of their descriptors is first seen: a
+// process pays for the descriptors it uses (64 B each), not for all 65,536 entries up front (4 MiB of every
+// shimmed process, what `bench sipscale` measured before).
 constexpr int kTracked = 65536;
+constexpr int kChunk = 256;
+static_assert(kTracked % kChunk == 0);
 std::mutex g_fd_mu;
 int g_table_top = 0;  // entries [0, top) have been used (g_fd_mu)
-std::vector<SocketInfo>& table() {
-  static std::vector<SocketInfo> t(kTracked);
-  return t;
+std::array<std::unique_ptr<SocketInfo[]>, kTracked / kChunk>& chunks() {
+  static std::array<std::unique_ptr<SocketInfo[]>, kTracked / kChunk> c;
+  return c;
+}
+// The entry of descriptor fd, 0 <= fd < kTracked, its chunk made if need be. Caller holds g_fd_mu.
+SocketInfo& tracked(int fd) {
+  auto& chunk = chunks()[size_t(fd) / kChunk];
+  if (!chunk) chunk = std::make_unique<SocketInfo[]>(kChunk);
+  return chunk[size_t(fd) % kChunk];
 }
 
 // A socket's source QP: with the sender's address, what tells its datagrams from others' at the receiving shim.
@@ -358,7 +393,9 @@ void fork_parent() { g_fd_mu.unlock(); }
 void fork_child() {
   g_fd_mu.unlock();
   for (int fd = 0; fd < g_table_top; ++fd) {
-    SocketInfo& e = table()[fd];
+    const auto& chunk = chunks()[size_t(fd) / kChunk];
+    if (!chunk) continue;  // no descriptor of this chunk was ever seen
+    SocketInfo& e = chunk[size_t(fd) % kChunk];
     if (e.udp) {
       e.qp = new_qp();
       e.msn = 0;
@@ -460,7 +497,7 @@ bool classify(int fd, SocketInfo* out) {
     return fresh.udp;
   }
   std::lock_guard lock(g_fd_mu);
-  SocketInfo& e = table()[fd];
+  SocketInfo& e = tracked(fd);
   g_table_top = std::max(g_table_top, fd + 1);
   socket_entry(fd, st, &e);
   if (!e.udp) return remember_not_udp(fd, seen);
@@ -471,23 +508,33 @@ bool classify(int fd, SocketInfo* out) {
 }
 
 uint32_t next_msn(int fd) {
-  if (fd >= kTracked) return 0;
+  if (fd < 0 || fd >= kTracked) return 0;
   std::lock_guard lock(g_fd_mu);
-  return table()[fd].msn++;
+  return tracked(fd).msn++;
 }
 
 void forget_peer(int fd) {
   if (fd < 0 || fd >= kTracked) return;
   std::lock_guard lock(g_fd_mu);
-  table()[fd].peer_known = false;
-  table()[fd].local_port = 0;  // connect() may bind
+  tracked(fd).peer_known = false;
+  tracked(fd).local_port = 0;  // connect() may bind
+}
+
+// Records whether fd's kernel segments its datagrams (UDP_SEGMENT), in *info and the table; a refusal is counted.
+void remember_gso(int fd, SocketInfo* info, bool usable) {
+  info->gso = usable ? GsoState::kUsable : GsoState::kRefused;
+  if (!usable) ++g_counters.gso_refused;
+  if (fd < 0 || fd >= kTracked) return;
+  std::lock_guard lock(g_fd_mu);
+  SocketInfo& e = tracked(fd);
+  if (e.ino == info->ino && e.dev == info->dev) e.gso = info->gso;
 }
 
 // The state of fd's receive side, made if need be; nullptr for descriptors past the table.
 std::shared_ptr<RxState> rx_state(int fd, SocketInfo* info) {
   if (info->rx || fd < 0 || fd >= kTracked) return info->rx;
   std::lock_guard lock(g_fd_mu);
-  SocketInfo& e = table()[fd];
+  SocketInfo& e = tracked(fd);
   if (e.ino == info->ino && e.dev == info->dev) {
     if (!e.rx) e.rx = socket_rx(info->dev, info->ino, true);
     info->rx = e.rx;
@@ -590,36 +637,131 @@ void prepare(Prepared* p, SegmentHeader h, const iovec* iov, size_t iovlen, size
   }
 }
 
-// Sends prepared segments to msg's destination, with msg's control data: sendmmsg, as many per call as the
-// kernel takes. Once the first is out, the rest follow even on a non-blocking socket (waiting up to a second
-// for room each time), so that a large datagram is not cut short by a full send buffer. False (errno set) if
-// nothing could be sent, or a later call failed otherwise.
-bool send_prepared(int fd, const msghdr* msg, std::vector<Prepared>& parts, int flags) {
-  std::vector<mmsghdr> mm;
-  mm.reserve(parts.size() + 1);
-  for (Prepared& p : parts) {
+// The segments as they go on the wire, in order: the injector's drops left out (counted "sent": the network lost
+// them), its duplicates twice.
+std::vector<const Prepared*> wire_order(const std::vector<Prepared>& parts) {
+  std::vector<const Prepared*> wire;
+  wire.reserve(parts.size() + 1);
+  for (const Prepared& p : parts) {
     if (p.verdict.drop) {
-      ++g_counters.injected_loss;  // "sent": the network lost it
+      ++g_counters.injected_loss;
       continue;
     }
-    mmsghdr one{};
-    one.msg_hdr = *msg;
-    one.msg_hdr.msg_iov = p.iov.data();
-    one.msg_hdr.msg_iovlen = p.iov.size();
-    mm.push_back(one);
+    wire.push_back(&p);
     if (p.verdict.duplicate) {
       ++g_counters.injected_duplicate;
-      mm.push_back(one);
+      wire.push_back(&p);
     }
   }
-  for (size_t done = 0; done < mm.size();) {
-    const int r = real().sendmmsg(fd, mm.data() + done, unsigned(mm.size() - done), flags);
+  return wire;
+}
+
+// Whether fd's segments may go as UDP GSO messages: enabled, the kernel knows UDP_SEGMENT for this socket (asked
+// once per socket, then remembered), and the application passes no UDP_SEGMENT of its own.
+bool gso_usable(int fd, SocketInfo& info, const msghdr* msg) {
+  if (!config().gso) return false;
+  for (const cmsghdr* c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(msg), const_cast<cmsghdr*>(c))) {
+    if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_SEGMENT) return false;
+  }
+  if (info.gso == GsoState::kUnknown) {
+    int size = 0;
+    socklen_t l = sizeof size;
+    remember_gso(fd, &info, getsockopt(fd, SOL_UDP, UDP_SEGMENT, &size, &l) == 0);
+  }
+  return info.gso == GsoState::kUsable;
+}
+
+// What the kernel answers a UDP_SEGMENT it will not do for this socket or route (any other error is the send's).
+bool gso_refusal(int err) {
+  return err == EINVAL || err == EIO || err == ENOPROTOOPT || err == EOPNOTSUPP || err == EMSGSIZE;
+}
+
+// The messages for wire[from...]: one per GSO batch (shim/gso.h), or one per segment without GSO, each with msg's
+// destination and control data (a batch's followed by its UDP_SEGMENT). The mmsghdrs point into the batches.
+struct Outgoing {
+  std::vector<GsoBatch> batches;
+  std::vector<std::vector<iovec>> iov;
+  std::vector<std::vector<uint64_t>> control;  // cmsghdr-aligned
+  std::vector<mmsghdr> mm;
+};
+
+void add_gso_control(const msghdr* msg, uint16_t gso_size, std::vector<uint64_t>* buf, msghdr* out) {
+  const size_t own = msg->msg_control ? msg->msg_controllen : 0, total = own + CMSG_SPACE(sizeof(uint16_t));
+  buf->assign((total + 7) / 8, 0);
+  if (own) std::memcpy(buf->data(), msg->msg_control, own);
+  out->msg_control = buf->data();
+  out->msg_controllen = total;
+  cmsghdr* c = reinterpret_cast<cmsghdr*>(reinterpret_cast<std::byte*>(buf->data()) + own);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  std::memcpy(CMSG_DATA(c), &gso_size, sizeof gso_size);
+}
+
+Outgoing plan_messages(const msghdr* msg, std::span<const Prepared* const> wire, bool gso, int family) {
+  std::vector<size_t> sizes, pieces;
+  for (const Prepared* p : wire) {
+    sizes.push_back(iov_total(p->iov.data(), p->iov.size()));
+    pieces.push_back(p->iov.size());
+  }
+  GsoLimits limits;
+  limits.max_segments = gso ? limits.max_segments : 1;
+  limits.max_bytes = max_payload(family);
+  Outgoing o;
+  o.batches = plan_gso_batches(sizes, pieces, limits);
+  o.iov.resize(o.batches.size());
+  o.control.resize(o.batches.size());
+  o.mm.resize(o.batches.size());
+  for (size_t b = 0; b < o.batches.size(); ++b) {
+    const GsoBatch& g = o.batches[b];
+    for (size_t i = g.first; i < g.first + g.count; ++i)
+      o.iov[b].insert(o.iov[b].end(), wire[i]->iov.begin(), wire[i]->iov.end());
+    msghdr& h = o.mm[b].msg_hdr;
+    h = *msg;
+    h.msg_iov = o.iov[b].data();
+    h.msg_iovlen = o.iov[b].size();
+    if (g.gso_size) add_gso_control(msg, g.gso_size, &o.control[b], &h);
+  }
+  return o;
+}
+
+void count_sent(const Outgoing& o, size_t from, size_t n) {
+  for (size_t b = from; b < from + n; ++b) {
+    if (o.batches[b].gso_size == 0) continue;
+    ++g_counters.gso_messages;
+    g_counters.gso_segments += o.batches[b].count;
+  }
+}
+
+// Sends prepared segments to msg's destination, with msg's control data: with GSO where the kernel does it, in
+// sendmmsg, as many messages per call as the kernel takes. Once the first is out, the rest follow even on a
+// non-blocking socket (waiting up to a second for room each time), so that a large datagram is not cut short by a
+// full send buffer. A GSO message the kernel refuses is sent again a segment per message, and once that works the
+// refusal is remembered for the socket (an error the plain send repeats is the send's, not GSO's). False (errno
+// set) if nothing could be sent, or a later call failed otherwise.
+bool send_prepared(int fd, const msghdr* msg, std::vector<Prepared>& parts, int flags, SocketInfo& info) {
+  const std::vector<const Prepared*> wire = wire_order(parts);
+  bool gso = wire.size() > 1 && gso_usable(fd, info, msg), refused = false, sent_any = false;
+  Outgoing out = plan_messages(msg, wire, gso, info.family);
+  for (size_t done = 0; done < out.mm.size();) {
+    const int r = real().sendmmsg(fd, out.mm.data() + done, unsigned(out.mm.size() - done), flags);
     if (r > 0) {
+      count_sent(out, done, size_t(r));
       done += size_t(r);
+      sent_any = true;
+      if (refused) remember_gso(fd, &info, false);
+      refused = false;
+      continue;
+    }
+    if (gso && gso_refusal(errno) && out.batches[done].gso_size) {
+      gso = false;
+      refused = true;
+      out = plan_messages(msg, std::span(wire).subspan(out.batches[done].first), false, info.family);
+      done = 0;
       continue;
     }
     pollfd room{fd, POLLOUT, 0};
-    if (done == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || real().poll(&room, 1, 1000) <= 0) return false;
+    if (!sent_any || (errno != EAGAIN && errno != EWOULDBLOCK) || real().poll(&room, 1, 1000) <= 0) return false;
   }
   return true;
 }
@@ -641,7 +783,7 @@ void slice(const iovec* iov, size_t n, size_t off, size_t len, std::vector<iovec
 
 // A datagram larger than one MTU: one UD RDMA Write-Record message in MTU-sized segments (dgram/segments.h,
 // the Write-Record descriptor's addressing), handed to the kernel together.
-bool send_large(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+bool send_large(int fd, const msghdr* msg, int flags, SocketInfo& info, size_t len) {
   const MessageSlot slot{0, 0, next_msn(fd), kShimRing, kShimFirstStag, len};
   SegmentHeader h = kWriteRecord.data_header(slot);
   h.service = Service::kUD;
@@ -655,14 +797,14 @@ bool send_large(int fd, const msghdr* msg, int flags, const SocketInfo& info, si
     prepare(&parts[i++], s, piece.data(), piece.size(), n);
     return true;
   });
-  if (!send_prepared(fd, msg, parts, flags)) return false;
+  if (!send_prepared(fd, msg, parts, flags, info)) return false;
   g_counters.segments += parts.size();
   ++g_counters.large;
   return true;
 }
 
 // A datagram that fits one MTU: one UD Send segment (queue 0, the socket's own MSN, MO 0, last).
-bool send_small(int fd, const msghdr* msg, int flags, const SocketInfo& info, size_t len) {
+bool send_small(int fd, const msghdr* msg, int flags, SocketInfo& info, size_t len) {
   SegmentHeader h;
   h.service = Service::kUD;
   h.opcode = Opcode::kSend;
@@ -673,7 +815,7 @@ bool send_small(int fd, const msghdr* msg, int flags, const SocketInfo& info, si
   h.offset = 0;
   std::vector<Prepared> one(1);
   prepare(&one[0], h, msg->msg_iov, msg->msg_iovlen, len);
-  return send_prepared(fd, msg, one, flags);
+  return send_prepared(fd, msg, one, flags, info);
 }
 
 ssize_t shim_sendmsg(int fd, const msghdr* msg, int flags) {
