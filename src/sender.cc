@@ -276,6 +276,8 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   hello.name = options.name;
   hello.group = group_id;
   hello.lanes = static_cast<uint16_t>(groups.size());
+  // Before the lanes connect: each handshake ends with the receiver's first STORED (confirm_stored).
+  for (uint16_t d : options.devices) im.confirmations[d];
   for (size_t i = 0; i < groups.size(); ++i) {
     auto lane = std::make_unique<SenderLane>(im, static_cast<uint16_t>(i), groups[i]);
     SLOTSTREAM_RETURN_IF_ERROR(lane->connect(options.host, options.port, hello));
@@ -284,7 +286,6 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   }
   for (uint16_t d : options.devices) {
     im.devices[d].reset(new DeviceStream(*sender, d, im.lane_of.at(d)));
-    im.confirmations[d];
   }
   for (auto& lane : im.lanes) lane->start();
   *out = std::move(sender);

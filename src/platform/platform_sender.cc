@@ -163,8 +163,8 @@ Status PlatformSender::Impl::wait_for_room(uint16_t d, Device& dev, size_t bytes
 }
 
 // Connects to the placement's receiver with every device numbered from its first unconfirmed
-// message (when the numbers are known: a receiver that died before saying where they start
-// leaves the next one to continue after its own disk). Exclusive gate held.
+// message (when the numbers are known: they are from the first connection's handshake on; before
+// it, the receiver continues after its own disk). Exclusive gate held.
 Status PlatformSender::Impl::connect_to(const platform::Placement& p) {
   SenderOptions so = options.sender;
   SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(p.address, &so.host, &so.port));
@@ -193,6 +193,13 @@ Status PlatformSender::Impl::connect_to(const platform::Placement& p) {
   set_sender(std::move(s));
   receiver = p.receiver;
   ++generation;
+  // The receiver said where its numbers start during the handshake (its first STORED): learnt now,
+  // so that a receiver dying before any later confirmation still leaves the numbers known.
+  for (uint16_t d : devices) {
+    Device& dev = *streams.at(d);
+    std::lock_guard lock(dev.mutex);
+    trim(d, dev);
+  }
   return Status::ok();
 }
 

@@ -1,6 +1,7 @@
 #include "session/sender_lane.h"
 
 #include <algorithm>
+#include <set>
 
 #include "common.h"
 #include "net/auth.h"
@@ -196,6 +197,28 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
   fabric::Worker* helper = t.setup_progress || t.cm_connect ? worker_.get() : nullptr;
   Status st = expect_progressing(*control_, wire::MsgType::kReady, kHandshakeTimeout, helper, &body);
   if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
+  return options.confirm_stored ? read_first_stored() : Status::ok();
+}
+
+// The STORED a receiver sends right after READY (wire/control.h) says where this connection's
+// numbers start. Read here, not by the sending thread later: a receiver that dies before that
+// thread looked would leave the messages it stored meanwhile unnumbered, and a platform sender
+// (src/platform) would then send them again under new numbers (stored twice).
+Status SenderLane::read_first_stored() {
+  std::set<uint16_t> missing(devices_.begin(), devices_.end());
+  wire::Frame frame;
+  while (!missing.empty()) {
+    Status st = control_->receive(kHandshakeTimeout, &frame);
+    if (!st.is_ok()) return {st.code(), "receiver did not say where its numbers start (STORED): " + st.message()};
+    if (frame.type != wire::MsgType::kStored) {
+      return {Code::kProtocolError,
+              "expected STORED after READY, got control message " + std::to_string(int(frame.type))};
+    }
+    wire::Stored stored;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &stored));
+    owner_.on_stored(stored);
+    for (const auto& [d, c] : stored.devices) missing.erase(d);
+  }
   return Status::ok();
 }
 

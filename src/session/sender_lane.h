@@ -118,6 +118,7 @@ class SenderLane {
  private:
   // *failed: set when the chosen transport's set-up failed on this side (the receiver was told).
   Status handshake(const wire::Hello& hello, std::optional<Transport>* failed);
+  Status read_first_stored();
   Status setup_fabric(const wire::Accept& accept);
   void refuse_transport(Transport transport, const Status& st);
   Status reach_receiver();

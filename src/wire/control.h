@@ -11,7 +11,9 @@
 //          receiver -> READY | REFUSE
 //          ... data moves over UCX ...
 //          receiver -> PAUSE (any number, while data moves: one device's sink is busy)
-//          receiver -> STORED (only when HELLO asked for it: at once, then whenever counts moved)
+//          receiver -> STORED (only when HELLO asked for it: at once, then whenever counts moved; the
+//                           sender reads the first one(s), covering each of its devices, as the
+//                           handshake's end)
 //          sender -> NUMBER ; receiver -> NUMBERED (any number, while data moves: a declared device
 //                           starts again at a number of the sender's, e.g. back from being stored elsewhere)
 //          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
