@@ -135,7 +135,12 @@ def main(argv):
     a = parse_args(argv)
     cfg = settings(a)
     out = pathlib.Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a usage error, as the CLI's own: one line, exit 2, nothing measured in vain
+        print(f"slotstream bench: error: cannot create --out {out}: {e.strerror}; give a writable directory",
+              file=sys.stderr)
+        return 2
     res = Results(out, argv)
     res.config["settings"] = {k: v for k, v in vars(cfg).items() if k != "registry"}
     res.config["settings"]["rdma"] = dict(RDMA)

@@ -35,7 +35,9 @@ class MemorySink : public MessageSink {
 };
 
 int main(int argc, char** argv) {
-  Transport transport = argc > 1 ? parse_transport(argv[1]).value_or(Transport::kShm) : Transport::kShm;
+  const auto parsed = argc > 1 ? parse_transport(argv[1]) : std::optional<Transport>(Transport::kShm);
+  if (!parsed) return std::fprintf(stderr, "usage: hello_stream [shm|tcp|rdma] (default shm)\n"), 2;
+  const Transport transport = *parsed;
   std::map<uint16_t, std::vector<std::string>> received;
 
   ReceiverOptions ro;

@@ -70,6 +70,21 @@ void check(const Status& st) {
   if (!st.is_ok()) raise_status(st);
 }
 
+// Numbers arrive as signed Python ints and are range-checked here, so that -1 or 2**40 raises
+// InvalidArgument naming the range (as the CLI does), not nanobind's "incompatible function arguments".
+template <class T>
+T in_range(const char* what, int64_t v, int64_t lo, int64_t hi, const char* unit = "") {
+  if (v < lo || v > hi) {
+    check({Code::kInvalidArgument, std::string(what) + " " + std::to_string(v) + " is not in range " +
+                                       std::to_string(lo) + ".." + std::to_string(hi) + unit + ": give an int in it"});
+  }
+  return T(v);
+}
+uint32_t blocks_arg(int64_t v) { return in_range<uint32_t>("blocks", v, 1, kMaxBlocks); }
+uint32_t block_size_arg(int64_t v) {
+  return in_range<uint32_t>("block_size", v, kMinBlockSize, kMaxBlockSize, " (an int number of bytes)");
+}
+
 // Waits (GIL released) until `done()` under `lock`, waking every kSignalCheck to run Python's
 // signal handlers (KeyboardInterrupt propagates as an exception). Returns false on `deadline`.
 template <typename Pred>
@@ -432,7 +447,7 @@ RdmaOptions rdma_args(const std::optional<std::string>& transport, const std::op
 class PySender : public SenderLife<Sender> {
  public:
   PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
-           const std::string& protocol, uint32_t blocks, uint32_t block_size, const std::vector<int>& devices,
+           const std::string& protocol, int64_t blocks, int64_t block_size, const std::vector<int>& devices,
            std::optional<std::string> token, std::optional<std::string> rdma_transport,
            std::optional<std::string> rdma_device)
       : SenderLife("Sender") {
@@ -442,8 +457,8 @@ class PySender : public SenderLife<Sender> {
     o.rdma = rdma_args(rdma_transport, rdma_device);
     o.name = name ? *name : default_sender_name();
     o.protocol = protocol;
-    o.blocks = blocks;
-    o.block_size = block_size;
+    o.blocks = blocks_arg(blocks);
+    o.block_size = block_size_arg(block_size);
     o.token = token.value_or("");
     o.devices = declare_devices(devices, &device_locks_);
     Status st;
@@ -497,7 +512,7 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
  public:
   PyPlatformSender(const std::string& platform, std::optional<std::string> name, const std::vector<int>& devices,
                    double need_cpu, double need_bandwidth, double need_fps, const std::string& transport,
-                   const std::string& protocol, uint32_t blocks, uint32_t block_size, std::optional<std::string> token,
+                   const std::string& protocol, int64_t blocks, int64_t block_size, std::optional<std::string> token,
                    int64_t lease_ttl, double patience)
       : SenderLife("PlatformSender") {
     PlatformSenderOptions o;
@@ -505,8 +520,8 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
     o.sender.transport = transport_arg(transport);
     o.sender.name = name ? *name : default_sender_name();
     o.sender.protocol = protocol;
-    o.sender.blocks = blocks;
-    o.sender.block_size = block_size;
+    o.sender.blocks = blocks_arg(blocks);
+    o.sender.block_size = block_size_arg(block_size);
     o.sender.token = token.value_or("");
     o.sender.devices = declare_devices(devices, &device_locks_);
     o.need = {need_cpu, need_bandwidth, need_fps};
@@ -884,14 +899,18 @@ nb::dict report_dict(const SessionReport& r) {
 class PyReceiver {
  public:
   PyReceiver(const std::string& listen, nb::object callback, const std::string& transport,
-             std::optional<std::string> token, std::optional<uint64_t> exit_after_senders, size_t max_queue,
+             std::optional<std::string> token, std::optional<int64_t> exit_after_senders, int64_t max_queue,
              std::optional<std::string> rdma_transport, std::optional<std::string> rdma_device, bool zero_copy,
-             uint32_t max_held_blocks, nb::object workers, uint32_t worker_backlog)
+             int64_t max_held_blocks, nb::object workers, int64_t worker_backlog)
       : shared_(std::make_unique<RxShared>()),
-        exit_after_(exit_after_senders) {
+        exit_after_(exit_after_senders ? std::optional<uint64_t>(in_range<uint64_t>("exit_after_senders",
+                                                                                    *exit_after_senders, 0, INT64_MAX))
+                                       : std::nullopt) {
     if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
     if (!workers.is_none()) check_workers(workers, callback, zero_copy);
-    if (max_queue < 1) check({Code::kInvalidArgument, "max_queue must be at least 1"});
+    in_range<size_t>("max_queue", max_queue, 1, INT64_MAX);
+    in_range<uint32_t>("max_held_blocks", max_held_blocks, 0, UINT32_MAX);
+    in_range<uint32_t>("worker_backlog", worker_backlog, 0, UINT32_MAX);
     ReceiverOptions o;
     check(parse_address(listen, &o.host, &o.port));
     o.transport = transport_arg(transport);
@@ -1106,8 +1125,8 @@ void bind_sender(nb::module_& m) {
                            "A connection to a slotstream receiver that carries the messages of several devices.\n\n"
                            "Use it as a context manager: leaving the block normally waits until the receiver has\n"
                            "stored every message (finish()); leaving it by an exception abandons the connection.");
-  cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, uint32_t,
-                   uint32_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
+  cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, int64_t,
+                   int64_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
                    std::optional<std::string>>(),
           "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
           "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
@@ -1157,7 +1176,7 @@ void bind_platform_sender(nb::module_& m) {
       "needs; when that receiver dies it gets another and sends again what was not confirmed stored\n"
       "(docs/platform.md). The same send/finish/close contract and context manager as Sender.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::vector<int>&, double, double, double,
-                   const std::string&, const std::string&, uint32_t, uint32_t, std::optional<std::string>, int64_t,
+                   const std::string&, const std::string&, int64_t, int64_t, std::optional<std::string>, int64_t,
                    double>(),
           "platform"_a, "name"_a = nb::none(), nb::kw_only(), "devices"_a.sig("(0,)") = std::vector<int>{0},
           "need_cpu"_a = 0.0, "need_bandwidth"_a = 0.0, "need_fps"_a = 0.0, "transport"_a = "auto",
@@ -1224,8 +1243,8 @@ void bind_receiver(nb::module_& m) {
       "(sender, device, seq, data) tuples. `data` is a memoryview of the message's own copy.");
   receiver
       .def(nb::init<const std::string&, nb::object, const std::string&, std::optional<std::string>,
-                    std::optional<uint64_t>, size_t, std::optional<std::string>, std::optional<std::string>, bool,
-                    uint32_t, nb::object, uint32_t>(),
+                    std::optional<int64_t>, int64_t, std::optional<std::string>, std::optional<std::string>, bool,
+                    int64_t, nb::object, int64_t>(),
            "listen"_a, "callback"_a = nb::none(), nb::kw_only(), "transport"_a = "auto", "token"_a = nb::none(),
            "exit_after_senders"_a = nb::none(), "max_queue"_a = 8, "rdma_transport"_a = nb::none(),
            "rdma_device"_a = nb::none(), "zero_copy"_a = false, "max_held_blocks"_a = 0, "workers"_a = nb::none(),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what slotstream needs to build and test on Debian (bookworm). Idempotent; run as root.
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config libucx-dev ucx-utils libcli11-dev
+pkgs=(build-essential cmake ninja-build ccache pkg-config libucx-dev ucx-utils libcli11-dev
       nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev libgtest-dev python3 python3-pytest python3-matplotlib
       python3-yaml python3-venv python3-dev python3-numpy ffmpeg curl
       podman runc debootstrap catatonit systemd
@@ -31,24 +31,9 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate
 fi
 
-# Helm, for the chart's offline checks (helm lint and helm template in tests/integration/test_deploy.py):
-# built from the Go module proxy into build/tools-bin (no other download). Go comes from the host
-# (/usr/local/go or PATH), else Debian's golang-go. The first build takes a few minutes (measured
-# here: 8 min on a loaded 2-core machine, 2 min of CPU); later runs find it in build/tools-bin.
-helm_version=v3.22.0
-tools_bin=$PWD/build/tools-bin
-# (`go install` leaves no version in the binary that says which patch release it is: a stamp does.)
-if [ ! -x "$tools_bin/helm" ] || [ "$(cat "$tools_bin/.helm-version" 2>/dev/null)" != "$helm_version" ]; then
-  go=$(command -v go || true)
-  [ -n "$go" ] || { [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go; }
-  if [ -z "$go" ]; then
-    echo "setup: installing golang-go (to build helm)"
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq golang-go >/dev/null
-    go=$(command -v go)
-  fi
-  echo "setup: building helm $helm_version from the Go module proxy into $tools_bin ($("$go" version))"
-  mkdir -p "$tools_bin"
-  GOBIN=$tools_bin GOFLAGS=-buildvcs=false "$go" install "helm.sh/helm/v3/cmd/helm@$helm_version"
-  echo "$helm_version" > "$tools_bin/.helm-version"
+# Helm (tests/integration/test_deploy.py): scripts/helm.sh builds it from the Go module proxy. scripts/test.sh
+# sets SLOTSTREAM_SETUP_HELM=background and builds it beside the C++ build instead (minutes on a machine whose Go
+# cache is cold, mostly waiting on downloads).
+if [ "${SLOTSTREAM_SETUP_HELM:-now}" = now ]; then
+  bash scripts/helm.sh
 fi

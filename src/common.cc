@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "common.h"
+
+#include <cerrno>
 #include "net/auth.h"
 #include "net/control_socket.h"
 #include "slotstream/slotstream.h"
@@ -173,6 +175,19 @@ std::string host_id() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   return id + "@" + host;
+}
+
+std::string bind_error_hint(int err) {
+  switch (err) {
+    case EADDRINUSE:
+      return " (another process has that port: choose another, or port 0 for a free one)";
+    case EADDRNOTAVAIL:
+      return " (not an address of this host: give one of its addresses, or 0.0.0.0)";
+    case EACCES:
+      return " (ports below 1024 need CAP_NET_BIND_SERVICE: choose a port above 1023)";
+    default:
+      return "";
+  }
 }
 
 std::string join(const std::vector<std::string>& items, const char* sep) {

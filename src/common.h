@@ -18,6 +18,9 @@ std::string host_id();
 std::string shm_domain();
 // "a, b, c": items joined by `sep`, for messages a person reads.
 std::string join(const std::vector<std::string>& items, const char* sep = ", ");
+// What to do about a failed bind(2) of a listening address: " (another process has that port: ...)"
+// for EADDRINUSE, EADDRNOTAVAIL and EACCES, "" otherwise.
+std::string bind_error_hint(int err);
 // "1.5 GiB", "640 KiB", "12 B": for messages a person reads.
 std::string format_bytes(uint64_t bytes);
 

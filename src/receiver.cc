@@ -147,6 +147,10 @@ struct Receiver::Impl : session::SessionHost {
   void event(const std::string& text) override {
     if (options.on_event) options.on_event(text);
   }
+  void warning(const std::string& text) override {
+    if (!options.on_warning) return event(text);
+    options.on_warning(text);
+  }
   void count_refusal(const session::RefusalLabels& labels) override {
     std::lock_guard lock(mutex);
     ++refusals.refused[labels.refused];

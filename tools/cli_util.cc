@@ -1,9 +1,12 @@
 #include "cli_util.h"
+#include "log.h"
+
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
-
-#include "slotstream/slotstream.h"
+#include <sstream>
 
 namespace slotstream::tools {
 
@@ -17,6 +20,46 @@ CLI::Validator size_value() {
         return "";
       },
       "SIZE", "size");
+}
+
+CLI::Validator duration_value(const std::string& unit) {
+  return CLI::Validator(
+      [unit](std::string& text) -> std::string {
+        static const std::pair<const char*, double> kUnits[] = {{"ms", 1e-3}, {"s", 1}, {"m", 60}, {"h", 3600}};
+        double value = 0;
+        size_t used = 0;
+        try {
+          value = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        const std::string suffix = used ? text.substr(used) : "";
+        double seconds_per = unit == "ms" ? 1e-3 : 1;  // a bare number is in the option's unit
+        bool known = suffix.empty();
+        for (auto [name, secs] : kUnits) {
+          if (suffix == name) {
+            seconds_per = secs;
+            known = true;
+          }
+        }
+        if (!used || !known || !std::isfinite(value) || value < 0)
+          return "expects a duration such as 90 (" + unit + "), 500ms, 30s, 2m or 1h, got '" + text + "'";
+        std::ostringstream out;
+        out.precision(17);
+        out << value * seconds_per / (unit == "ms" ? 1e-3 : 1);
+        text = out.str();
+        return "";
+      },
+      "DURATION", "duration");
+}
+
+Status read_token(const std::string& path, std::string* token) {
+  Status st = read_token_file(path, token);
+  struct stat info {};
+  if (st.is_ok() && ::stat(path.c_str(), &info) == 0 && (info.st_mode & S_IROTH)) {
+    log_warning("token file '" + path + "' is readable by every user of this host: chmod o-r it (e.g. chmod 600)");
+  }
+  return st;
 }
 
 namespace {
@@ -98,7 +141,28 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   return best_distance <= allowed ? best : "";
 }
 
+namespace {
+
+// For `slotstream recieve ...`: CLI11 says only "A subcommand is required"; name the word it did not
+// know, the closest command and the commands there are.
+std::string unknown_command(const CLI::App& app, const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0].starts_with("-") || command_in(app, argv) != &app) return "";
+  std::vector<std::string> names, shown;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    names.push_back(sub->get_name());
+    if (!sub->get_group().empty()) shown.push_back(sub->get_name());
+  }
+  std::string out = "unknown command '" + argv[0] + "'";
+  if (std::string m = closest_match(argv[0], names); !m.empty()) out += "; did you mean " + m + "?";
+  out += "\ncommands:";
+  for (const std::string& n : shown) out += " " + n;
+  return out + " (`slotstream COMMAND --help`)\n";
+}
+
+}  // namespace
+
 std::string suggest_flags(const CLI::App& app, const std::vector<std::string>& argv, const CLI::ParseError& e) {
+  if (e.get_name() == "RequiredError") return unknown_command(app, argv);
   const CLI::App* cmd = command_in(app, argv);
   std::vector<std::string> names;
   for (const CLI::App* owner : {cmd, &app}) {

@@ -7,11 +7,23 @@
 
 #include <CLI/CLI.hpp>
 
+#include "slotstream/slotstream.h"
+
 namespace slotstream::tools {
 
 // Turns "64K", "1M", "1MiB", "4G" or "1048576" into the number of bytes (slotstream::parse_size),
 // before any range check; anything else is refused with an example.
 CLI::Validator size_value();
+
+// Turns "90", "90s", "500ms", "2m" or "1h" into a number of `unit`s ("s" or "ms"; a bare number is
+// already in `unit`), before any range check; anything else, or a negative time, is refused with an
+// example. Every duration option of the CLI takes it, as every size option takes size_value().
+CLI::Validator duration_value(const std::string& unit);
+
+// Reads a --token-file (slotstream::read_token_file) and logs a warning (log.h) when any user of the host
+// may read it (mode o+r): the secret then protects nothing. Group-readable is fine (the Helm chart's
+// 0440 token for the receiver's group).
+Status read_token(const std::string& path, std::string* token);
 
 // `--config FILE` on `app`, read as the options of whichever of `commands` was given: a flat TOML
 // file whose keys are the command's long options without dashes (`listen = "0.0.0.0:7000"`,

@@ -243,13 +243,15 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->group(kGroup);
   recv->add_option("--message-timeout", a->message_timeout_ms,
                    "MS from a message's first segment until it is given up as incomplete (and from a later message "
-                   "until one of which nothing arrived counts as lost)")
+                   "until one of which nothing arrived counts as lost; also 2s, 500ms), 1..600000")
+      ->transform(duration_value("ms"))
       ->check(CLI::Range(1.0, 600000.0))
       ->default_str("200")
       ->group(kGroup);
   recv->add_option("--session-timeout", a->session_timeout_s,
                    "S of silence after which a sender is lost, and a dgram_rd/dgram_rc message without a new byte "
-                   "is given up (not while the receiver holds the sender back)")
+                   "is given up (not while the receiver holds the sender back; also 90s, 5m, 1h), 0.1..86400")
+      ->transform(duration_value("s"))
       ->check(CLI::Range(0.1, 86400.0))
       ->default_str("30")
       ->group(kGroup);
@@ -312,7 +314,7 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
 bool is_dgram_send(const SendArgs& a) { return a.transport == "udp" || dgram::find_protocol(a.protocol) != nullptr; }
 
 Status read_token_if_given(const std::string& file, std::string* token) {
-  return file.empty() ? Status::ok() : read_token_file(file, token);
+  return file.empty() ? Status::ok() : read_token(file, token);
 }
 
 namespace {
@@ -405,7 +407,9 @@ int run_dgram_recv(const RecvArgs& args, const DgramArgs& d) {
   const sigset_t sigs = block_stop_signals();
   std::unique_ptr<dgram::DatagramReceiver> rx;
   if (Status st = dgram::DatagramReceiver::start(std::move(o), &rx); !st.is_ok()) {
-    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    // (a listen address in use: the message says so; "connect failed" would mislead)
+    print_error("recv", st.code() == Code::kInvalidArgument || st.code() == Code::kConnectFailed ? st.message()
+                                                                                                 : st.to_string());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "dgram/llp.h"
 #include "dgram/receiver.h"
 #include "dgram/sender.h"
@@ -239,12 +240,12 @@ CLI::App* add_dgram_peer(CLI::App& app, DgramPeerArgs* a) {
   auto* s = peer->add_subcommand("send", "sends COUNT messages of SIZE bytes, prints one JSON line");
   s->add_option("--to", a->to, "HOST:PORT")->required();
   s->add_option("--protocol", a->protocol);
-  s->add_option("--size", a->size)->required();
+  s->add_option("--size", a->size, "SIZE: bytes per message")->transform(size_value())->required();
   s->add_option("--count", a->count);
-  s->add_option("--segment-size", a->segment_size);
+  s->add_option("--segment-size", a->segment_size, "SIZE: payload bytes per datagram")->transform(size_value());
   s->add_option("--blocks", a->ring, "STags / posted receives per device");
   s->add_option("--gap-us", a->gap_us, "pause after each message");
-  s->add_option("--max-seconds", a->max_seconds, "stop sending after this long");
+  s->add_option("--max-seconds", a->max_seconds, "stop sending after this long")->transform(duration_value("s"));
   s->add_option("--inject-loss", a->faults.inject_loss, "percent");
   s->add_option("--inject-seed", a->faults.inject_seed);
   s->add_option("--token-file", a->token_file, "authenticate: every datagram carries a MAC");

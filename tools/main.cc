@@ -93,7 +93,8 @@ void add_recv_pipeline(CLI::App* r, RecvArgs* recv) {
                 "run elsewhere (e.g. Kubernetes pods) and are only watched for backlog and clean-up");
   r->add_option("--worker-runtime", recv->worker_runtime, "process (default) or podman (a container per worker)")
       ->check(CLI::IsMember({"process", "podman"}));
-  r->add_option("--worker-cpus", recv->worker_cpus, "podman: CPU share per worker, e.g. 0.5");
+  r->add_option("--worker-cpus", recv->worker_cpus, "podman: CPU share per worker, e.g. 0.5")
+      ->check(CLI::Range(0.001, 4096.0));
   r->add_option("--worker-memory", recv->worker_memory, "podman: memory limit per worker, e.g. 256m");
   r->add_option("--worker-image", recv->worker_image, "podman: image (build it with `make image`)")
       ->default_str("localhost/slotstream:latest");
@@ -141,7 +142,9 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                 "SIZE (e.g. 4G): most memory for all senders' blocks (udp: message regions) together; a sender that "
                 "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
                 "container's memory)");
-  r->add_option("--exit-after-senders", recv->exit_after, "exit after K accepted senders have ended");
+  r->add_option("--exit-after-senders", recv->exit_after,
+                "exit after K accepted senders have ended (default 0: run until SIGINT/SIGTERM)")
+      ->check(CLI::Range(uint64_t(0), uint64_t(1) << 32));
   add_recv_pipeline(r, recv);
   r->add_option("--metrics", recv->metrics,
                 "serve Prometheus /metrics, /health (liveness) and /ready (readiness: listening, output "
@@ -150,12 +153,16 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
       ->check(CLI::IsMember({"text", "json"}))
       ->default_str("text");
   r->add_option("--metrics-prune-after", recv->metrics_prune_after,
-                "seconds an ended sender's series stay in /metrics when it does not come back (default 300)");
+                "DURATION (seconds, or 90s, 5m, 1h) an ended sender's series stay in /metrics when it does not "
+                "come back (default 300)")
+      ->transform(duration_value("s"))
+      ->check(CLI::Range(0u, 86400u * 365));
   add_platform_recv(r, &recv->platform);
   r->add_option("--hold-block", recv->holds,
-                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX held (status 2) in that window, counted from each "
-                "sender's first data (testing and benchmarks; udp: from its session's start, message slot INDEX of "
-                "every device, MSN mod --blocks)");
+                "INDEX:FROM_MS:TO_MS — mark receiver block INDEX (0.." + std::to_string(kMaxBlocks - 1) +
+                    ") held (status 2) in that window, counted from each "
+                    "sender's first data (testing and benchmarks; udp: from its session's start, message slot INDEX of "
+                    "every device, MSN mod --blocks)");
   return r;
 }
 
@@ -184,11 +191,15 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   add_rdma_options(s, &send->rdma_transport, &send->rdma_device,
                    "rc, dc or ud (default: whichever the receiver serves; a receiver serving another refuses)");
   s->add_option("--blocks", send->blocks,
-                "number of blocks N (default 32: >2 frames in flight per camera for 12 cameras)")
+                "number of blocks N, 1.." + std::to_string(kMaxBlocks) +
+                    " (default 32: >2 frames in flight per camera for 12 cameras)")
+      ->check(CLI::Range(1u, kMaxBlocks))
       ->default_str(std::to_string(kDefaultBlocks));
   s->add_option("--block-size", send->block_size,
-                "SIZE per block incl. its 16-byte header, e.g. 64K or 1M (default 1M: one 640x480x3 frame per block)")
+                "SIZE per block incl. its 16-byte header, e.g. 64K or 1M, 64 B..64M (default 1M: one 640x480x3 "
+                "frame per block)")
       ->transform(size_value())
+      ->check(CLI::Range(uint64_t(kMinBlockSize), uint64_t(kMaxBlockSize)))
       ->default_str("1M");
   s->add_option("--token-file", send->token_file,
                 "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
@@ -204,8 +215,10 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--synthetic", send->synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
   s->add_option("--duration", send->duration,
-                "seconds of synthetic frames, wall-clock: frames the sender cannot produce in time are counted as "
-                "late and skipped, never queued (send --json: late_frames)");
+                "DURATION of synthetic frames (seconds, or 90s, 5m, 1h), wall-clock: frames the sender cannot produce "
+                "in time are counted as "
+                "late and skipped, never queued (send --json: late_frames)")
+      ->transform(duration_value("s"));
   s->add_option("--log-format", send->log_format, "stderr log lines: text (timestamped) or json (one object a line)")
       ->check(CLI::IsMember({"text", "json"}))
       ->default_str("text");
@@ -251,7 +264,8 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--devices", bsend->devices);
   bps->add_option("--fps", bsend->fps, "messages per second per device (default: back to back)");
   bps->add_option("--gap-us", bsend->gap_us, "pause after each message");
-  bps->add_option("--seconds", bsend->seconds, "stop after this many seconds (--count is then an upper bound)");
+  bps->add_option("--seconds", bsend->seconds, "stop after this long (--count is then an upper bound)")
+      ->transform(duration_value("s"));
   bps->add_option("--skip-packet-every", bsend->skip_packet_every,
                   "testing aid: leave out one packet number after every N (the receiver must report gaps)");
   bps->add_option("--block-size", bsend->block_size, "block size (default SIZE + 16: one message per block)")
@@ -305,7 +319,9 @@ void add_demo_and_bench_peer(CLI::App& app, Commands* c) {
   c->d = app.add_subcommand("demo",
                             "Start a receiver, stream synthetic 640x480x3 cameras at 25 fps into it, "
                             "verify every frame and print a summary.");
-  c->d->add_option("--seconds", demo.seconds, "how long to stream")->default_str("10");
+  c->d->add_option("--duration,--seconds", demo.seconds, "DURATION to stream (seconds, or 90s, 2m; as send --duration)")
+      ->transform(duration_value("s"))
+      ->default_str("10");
   c->d->add_option("--cameras", demo.cameras, "number of cameras")->default_str("12");
   c->d->add_option("--transport", demo.transport, "shm or tcp")
       ->check(CLI::IsMember({"shm", "tcp"}))
@@ -389,8 +405,13 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    const std::string hint = suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e);
+    if (e.get_name() == "RequiredError" && !hint.empty()) {  // an unknown command: CLI11 says only "required"
+      std::fputs(("slotstream: error: " + hint).c_str(), stderr);
+      return kExitUsage;
+    }
     int rc = app.exit(e);
-    if (rc != 0) std::fputs(suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e).c_str(), stderr);
+    if (rc != 0) std::fputs(hint.c_str(), stderr);
     return rc == 0 ? 0 : kExitUsage;
   }
   apply_config_flags({commands.r, commands.s});

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "log.h"
 #include "metrics.h"
@@ -93,6 +94,14 @@ int parse_holds(const RecvArgs& args, std::vector<HoldSpec>* holds) {
       print_error("recv", "--hold-block expects INDEX:FROM_MS:TO_MS with FROM <= TO, got '" + h + "'");
       return kExitUsage;
     }
+    // A sender chooses at most kMaxBlocks blocks (udp: message slots), so a larger index could never be
+    // held: refuse it rather than ignore it silently.
+    if (spec.index >= kMaxBlocks) {
+      print_error("recv", "--hold-block: block index " + std::to_string(spec.index) + " not in range 0 to " +
+                              std::to_string(kMaxBlocks - 1) + " (a sender has at most " + std::to_string(kMaxBlocks) +
+                              " blocks), got '" + h + "'");
+      return kExitUsage;
+    }
     holds->push_back(spec);
   }
   return kExitOk;
@@ -175,7 +184,7 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
     opt->max_memory = *bytes;
   }
   if (!args.token_file.empty()) {
-    if (Status st = read_token_file(args.token_file, &opt->token); !st.is_ok()) {
+    if (Status st = read_token(args.token_file, &opt->token); !st.is_ok()) {
       print_error("recv", st.message());
       return kExitUsage;
     }
@@ -223,6 +232,7 @@ void report_sessions(MetricsState& metrics_state, ReceiverOptions* opt) {
     print_line(stdout, session_line(r));
   };
   opt->on_event = [](const std::string& text) { log_info(text); };
+  opt->on_warning = [](const std::string& text) { log_warning(text); };
 }
 
 // --metrics: the /metrics and /health server. kExitOk (also without --metrics), or kExitError.
@@ -258,7 +268,9 @@ int run_recv(const RecvArgs& args) {
   std::unique_ptr<Receiver> rx;
   if (Status st = Receiver::start(std::move(opt), &rx); !st.is_ok()) {
     // A transport this host cannot offer (rdma without a device) is a usage error: exit 2.
-    print_error("recv", st.code() == Code::kInvalidArgument ? st.message() : st.to_string());
+    // (a listen address in use: the message says so; "connect failed" would mislead)
+    print_error("recv", st.code() == Code::kInvalidArgument || st.code() == Code::kConnectFailed ? st.message()
+                                                                                                 : st.to_string());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
   std::unique_ptr<MetricsServer> metrics;

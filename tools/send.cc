@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "log.h"
 #include "send_plan.h"
@@ -399,7 +400,7 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   opt->block_size = a.block_size;
   opt->devices = plan->devices();
   if (!a.token_file.empty()) {
-    if (Status st = read_token_file(a.token_file, &opt->token); !st.is_ok()) {
+    if (Status st = read_token(a.token_file, &opt->token); !st.is_ok()) {
       print_error("send", st.message());
       return kExitUsage;
     }
@@ -417,21 +418,53 @@ int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
 
 namespace {
 
-// Live progress on stderr, twice a second, when it is a terminal; a final newline on stop().
+// Says so once when no message has gone out for kStallNotice: a receiver that holds its blocks
+// (its disk full, its workers behind) stalls the sender on purpose, and a log without a word about
+// it looks like a hang. Says so again when messages move on.
+class StallNotice {
+ public:
+  static constexpr auto kStallNotice = std::chrono::seconds(5);
+  void observe(const SenderStats& s, Clock::time_point now) {
+    if (s.bytes != bytes_) {  // (records are counted only at the end; messages and bytes live)
+      if (said_) log_info("sending again after " + std::to_string(seconds_since(now)) + " s");
+      bytes_ = s.bytes;
+      since_ = now;
+      said_ = false;
+    } else if (!said_ && now - since_ >= kStallNotice) {
+      log_warning("no message has gone out for " + std::to_string(seconds_since(now)) +
+                  " s: if messages are waiting, every receiver block is in use or held (the receiver's disk may be "
+                  "full or its workers behind: its log says which); waiting, nothing is dropped");
+      said_ = true;
+    }
+  }
+
+ private:
+  long seconds_since(Clock::time_point now) const {
+    return long(std::chrono::duration_cast<std::chrono::seconds>(now - since_).count());
+  }
+  uint64_t bytes_ = 0;
+  Clock::time_point since_ = Clock::now();
+  bool said_ = false;
+};
+
+// Live progress on stderr, twice a second, when it is a terminal (a final newline on stop()); a
+// stall notice either way.
 class ProgressLine {
  public:
   ProgressLine(const Sender& sender, Clock::time_point t0) {
-    if (!isatty(STDERR_FILENO)) return;
-    thread_ = std::thread([this, &sender, t0] {
+    thread_ = std::thread([this, &sender, t0, tty = bool(isatty(STDERR_FILENO))] {
+      StallNotice stall;
       while (!done_.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
         auto s = sender.stats();
+        stall.observe(s, Clock::now());
+        if (!tty) continue;
         double secs = std::chrono::duration<double>(Clock::now() - t0).count();
         std::fprintf(stderr, "\r%llu messages, %.1f MB, %.1f MB/s, %llu held-block skips   ",
                      (unsigned long long)s.messages, s.bytes / 1e6, secs > 0 ? s.bytes / 1e6 / secs : 0.0,
                      (unsigned long long)s.held_skips);
       }
-      std::fprintf(stderr, "\n");
+      if (tty) std::fprintf(stderr, "\n");
     });
   }
   ~ProgressLine() { stop(); }

@@ -169,6 +169,10 @@ int run_verify(const std::string& dir) {
   }
   VerifyResult r = verify_tree(dir);
   for (const auto& p : r.problems) std::fprintf(stderr, "slotstream verify: %s\n", p.c_str());
+  if (r.frames == 0 && r.problems.empty()) {  // an exit 1 with "verified 0 frames" alone says nothing
+    print_error("verify",
+                "no received frames under '" + dir + "': give the receiver's --out (it holds SENDER/device-D/SEQ.bin)");
+  }
   std::printf("verified %llu frames in %llu devices%s\n", (unsigned long long)r.frames, (unsigned long long)r.devices,
               r.problems.empty() ? "" : (", " + std::to_string(r.problems.size()) + " problems").c_str());
   return r.problems.empty() && r.frames > 0 ? kExitOk : kExitError;

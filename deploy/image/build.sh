@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the container image localhost/slotstream:<VERSION> (also tagged :latest) without any
 # registry: a minimal Debian bookworm root filesystem (debootstrap --variant=minbase) with every
-# shared library build/slotstream needs, ffmpeg for the H.264 worker, the slotstream binary and the
-# workers, imported into podman. The image is the receiver daemon: it runs `slotstream recv` as the
+# shared library build/slotstream needs, ffmpeg for the H.264 worker, the GStreamer plugin
+# (build/gst/libgstslotstream.so: slotstreamsrc, slotstreamsink) with gst-launch-1.0, gst-inspect-1.0
+# and the base plugins, the slotstream binary and the workers, imported into podman. The image is the receiver daemon: it runs `slotstream recv` as the
 # unprivileged user 10001 by default (deploy/image/README.md).
 #
 # Needs root. Idempotent and cached:
@@ -41,13 +42,18 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -x build/slotstream ] || die "build/slotstream is missing: build it first (bash scripts/build.sh)"
+plugin=build/gst/libgstslotstream.so
+[ -f "$plugin" ] || die "$plugin is missing: build it first (bash scripts/build.sh; needs libgstreamer1.0-dev)"
+# Where the image's GStreamer finds plugins without GST_PLUGIN_PATH (Debian's, the same path in the rootfs).
+gst_plugins=$(pkg-config --variable=pluginsdir gstreamer-1.0 2>/dev/null) \
+  || die "pkg-config cannot find gstreamer-1.0 (libgstreamer1.0-dev; scripts/setup.sh installs it)"
 ls workers/*.sh >/dev/null 2>&1 || die "no workers/*.sh to install"
 command -v dpkg-query >/dev/null || die "the image's packages are found with dpkg: build on Debian 12 (bookworm)"
 version=$(build/slotstream --version | awk '{print $2}')
 [ -n "$version" ] || die "build/slotstream --version printed no version"
 
 # ---------------------------------------------------------------- what the binary needs
-# The Debian package of every shared library the binary links, and of the libraries of the UCX
+# The Debian package of every shared library the binary and the GStreamer plugin link, and of the libraries of the UCX
 # transport modules it loads at run time (rc/dc/ud: libibverbs, rdma-core's providers), found on
 # this (bookworm) host with ldd + dpkg -S. Nothing is listed by hand, so a library the code gains
 # is in the next image: the list is part of the rootfs recipe below.
@@ -75,13 +81,15 @@ modules=()
 [ -n "$ucs" ] && for m in "$(dirname "$(readlink -f "$ucs")")"/ucx/libuct_*.so.0; do [ -e "$m" ] && modules+=("$m"); done
 libpackages=()
 while read -r lib; do
-  pkg=$(package_of "$lib") || die "no Debian package owns $lib (needed by build/slotstream); install it from a package"
+  pkg=$(package_of "$lib") || die "no Debian package owns $lib (needed by build/slotstream or $plugin); install it from a package"
   libpackages+=("$pkg")
-done < <(libraries_of build/slotstream "${modules[@]}")
+done < <(libraries_of build/slotstream "$plugin" "${modules[@]}")
 mapfile -t libpackages < <(printf '%s\n' "${libpackages[@]}" | sort -u)
 
-# The rest: workers and a shell. ffmpeg brings libx264 (the H.264 worker).
-packages=(coreutils ca-certificates ffmpeg "${libpackages[@]}")
+# The rest: workers and a shell. ffmpeg brings libx264 (the H.264 worker). gstreamer1.0-tools:
+# gst-launch-1.0 and gst-inspect-1.0; gstreamer1.0-plugins-base: videotestsrc, videoconvert, the raw video caps a
+# pipeline around slotstreamsink/slotstreamsrc needs (docs/gstreamer.md).
+packages=(coreutils ca-certificates ffmpeg gstreamer1.0-tools gstreamer1.0-plugins-base "${libpackages[@]}")
 # Pulled in by ffmpeg's Depends but only used for GPU rendering, which a headless ffmpeg never
 # loads (dlopen'ed DRI drivers and their LLVM): removed to save ~170 MB. They are removed with
 # --force-depends, which leaves apt unable to install anything afterwards, so every package the
@@ -90,7 +98,7 @@ gpu_only=(libgl1-mesa-dri libllvm15 libz3-4)
 for p in "${gpu_only[@]}"; do
   [[ " ${libpackages[*]} " == *" $p "* ]] && die "slotstream itself needs $p, which the slimming step removes"
 done
-recipe="bookworm minbase ${packages[*]} -${gpu_only[*]} v4"
+recipe="bookworm minbase ${packages[*]} -${gpu_only[*]} v5"
 
 # ---------------------------------------------------------------- the root filesystem (cached)
 if [ "$(cat "$rootfs/.recipe" 2>/dev/null)" != "$recipe" ]; then
@@ -135,8 +143,9 @@ else
 fi
 
 # ---------------------------------------------------------------- slotstream and the workers
-say "adding build/slotstream and workers/*.sh"
+say "adding build/slotstream, $plugin and workers/*.sh"
 install -D -m 755 build/slotstream "$rootfs/usr/local/bin/slotstream"
+install -D -m 644 "$plugin" "$rootfs$gst_plugins/libgstslotstream.so"
 rm -rf "$rootfs/opt/slotstream/workers"
 install -d "$rootfs/opt/slotstream/workers"
 install -m 755 workers/*.sh "$rootfs/opt/slotstream/workers/"
@@ -144,10 +153,18 @@ missing=$(chroot "$rootfs" ldd /usr/local/bin/slotstream | awk '/not found/{prin
 [ -z "$missing" ] || die "slotstream needs $missing, which the image lacks (a bug in this script's package list)"
 chroot --userspec=$uid:$uid "$rootfs" /usr/local/bin/slotstream --version >/dev/null \
   || die "slotstream does not run inside $rootfs as user $uid"
+missing=$(chroot "$rootfs" ldd "$gst_plugins/libgstslotstream.so" | awk '/not found/{print $1}' | sort -u | tr '\n' ' ')
+[ -z "$missing" ] || die "the GStreamer plugin needs $missing, which the image lacks"
+# (stderr kept for a failure only: the chroot has no /proc, and UCX says so while the plugin loads.)
+for element in slotstreamsrc slotstreamsink; do
+  out=$(chroot --userspec=$uid:$uid "$rootfs" env HOME=/tmp GST_REGISTRY=/tmp/gst-registry.bin \
+    gst-inspect-1.0 "$element" 2>&1) || die "gst-inspect-1.0 $element fails inside $rootfs as user $uid: $out"
+done
+rm -f "$rootfs/tmp/gst-registry.bin"
 
 # ---------------------------------------------------------------- import (skipped if unchanged)
 image=$repo:$version
-content=$( (cat "$rootfs/.recipe"; sha256sum build/slotstream workers/*.sh) | sha256sum | cut -c1-16)
+content=$( (cat "$rootfs/.recipe"; sha256sum build/slotstream "$plugin" workers/*.sh) | sha256sum | cut -c1-16)
 current=$(podman image inspect "$image" --format '{{index .Labels "slotstream.content"}}' 2>/dev/null || true)
 if [ "$current" = "$content" ]; then
   say "$image is up to date (content $content)"

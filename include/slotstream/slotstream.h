@@ -504,6 +504,9 @@ struct ReceiverOptions {
   std::function<void(const SessionReport&)> on_session_end;
   // Called when a connection is refused or a sink reports an error (for logs/CLI).
   std::function<void(const std::string&)> on_event;
+  // Called instead of on_event for what needs someone to act (a sink that can store nothing, e.g. a
+  // full disk: blocks are held, the sender waits, nothing is dropped); unset: on_event.
+  std::function<void(const std::string&)> on_warning;
   std::vector<HoldSpec> holds;  // test/benchmark aid (paper §3.3)
   bool busy_poll = false;       // never sleep when idle (latency measurements)
   // One consumer thread serves every sender in turn, one pass each, instead of a thread per

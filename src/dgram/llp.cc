@@ -11,6 +11,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "common.h"
+
 namespace slotstream::dgram {
 namespace {
 
@@ -125,7 +127,9 @@ Status UdpSocket::open(const std::string& host, uint16_t port, size_t buffer_byt
   set_buffer(fd.get(), SO_RCVBUFFORCE, SO_RCVBUF, buffer_bytes);
   set_buffer(fd.get(), SO_SNDBUFFORCE, SO_SNDBUF, buffer_bytes);
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.ss), a.len) != 0) {
-    return sys_error("cannot bind UDP " + a.str(), errno);
+    const int err = errno;
+    Status st = sys_error("cannot bind UDP " + a.str(), err);
+    return {st.code(), st.message() + bind_error_hint(err)};
   }
   out->reset(new UdpSocket(std::move(fd)));
   return Status::ok();

@@ -334,25 +334,32 @@ Status Request::check() {
 }
 
 Status Request::wait(Worker& worker, const Liveness& alive) {
-  // Spin first, for a bounded time: an operation normally completes within microseconds (a
-  // status read over tcp, a round trip to the receiver's progress thread: ~25-60 µs here). Then
-  // sleep in the worker's event wait, up to 1 ms at a time: the answer that completes the
-  // operation ends the sleep, and a stalled or stopped peer costs no core. The spin is bounded in
-  // time because the answer may need the core this thread spins on: the receiver's progress
-  // thread waits for one on a busy host. (Spinning 2,048 progress calls, ~0.9 ms over tcp, then
-  // sleeping blind, put a millisecond into 1 % of the one-message latencies on two cores.)
+  // Spin first, for a bounded time, when operations on this worker normally complete within
+  // microseconds (shm, rdma); where they take a round trip through the peer's progress thread (a
+  // status read over tcp: ~25-100 µs), sleep in the worker's event wait at once (wait_policy).
+  // Then sleep up to 1 ms at a time: the answer that completes the operation ends the sleep, and a
+  // stalled or stopped peer costs no core. The spin is bounded in time because the answer may need
+  // the core this thread spins on: the receiver's progress thread waits for one on a busy host.
+  // (Spinning 2,048 progress calls, ~0.9 ms over tcp, then sleeping blind, put a millisecond into
+  // 1 % of the one-message latencies on two cores; spinning 100 µs per status read over tcp made
+  // status_byte's sender cost more CPU per MB than the sliding window's, docs/benchmarks.md.)
   using Clock = std::chrono::steady_clock;
-  constexpr auto kSpinFor = std::chrono::microseconds(100);
   constexpr auto kMaxSleep = std::chrono::microseconds(1000);
-  const auto spin_until = Clock::now() + kSpinFor;
-  auto next_check = Clock::now();
+  Status st = check();
+  if (st.code() != Code::kInProgress) return st;
+  const auto start = Clock::now();
+  const auto spin_until = start + wait_policy::spin_budget(worker.typical_completion());
+  auto next_check = start;
   auto sleep = std::chrono::microseconds(10);
   bool spinning = true;
   for (unsigned spins = 0;; ++spins) {
-    Status st = check();
-    if (st.code() != Code::kInProgress) return st;
     const bool progressed = worker.progress() != 0;
-    if (spinning && (spins & 15) == 15) spinning = Clock::now() < spin_until;
+    st = check();
+    if (st.code() != Code::kInProgress) {
+      worker.note_completion(Clock::now() - start);
+      return st;
+    }
+    if (spinning && ((spins & 15) == 0)) spinning = Clock::now() < spin_until;
     if (!spinning && !progressed) {
       worker.wait_or_sleep(sleep);
       sleep = std::min(kMaxSleep, sleep * 2);
@@ -658,6 +665,11 @@ void Worker::wait_or_sleep(std::chrono::microseconds timeout) {
 }
 
 void Worker::signal() { ucp_worker_signal(handle()); }
+
+void Worker::note_completion(std::chrono::nanoseconds sample) {
+  const auto typical = wait_policy::update_typical(typical_completion(), sample);
+  typical_completion_ns_.store(typical.count(), std::memory_order_relaxed);
+}
 
 Status Worker::am_reply(ReplyEp to, unsigned id, const void* header, size_t header_len, Request* req) {
   if (!to) return {Code::kPeerGone, "no reply endpoint"};

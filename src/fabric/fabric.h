@@ -7,6 +7,7 @@
 // Worker.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -180,6 +181,34 @@ class RemoteKey {
 struct SoftOp;
 class SoftRma;
 class CmListener;
+
+// How Request::wait spends the start of a wait, from the completion times it observed on the
+// worker (pure, so that it is tested without a peer). A completion that comes in microseconds
+// (shared memory, RDMA: the NIC or the CPU copies) is spun for: sleeping would only add a
+// wake-up. One that takes a round trip through a peer's thread (a get the fabric carries itself,
+// soft_rma.h: tens of µs) is slept for in the worker's event wait, which the answer ends: a spin
+// there burns a core on progress calls for the whole round trip, and may take the core the
+// peer's thread needs to answer.
+namespace wait_policy {
+// Typical completions at or above this are answers from a peer's thread, not local progress.
+// Measured status reads: shm ~0.1 µs; RDMA 5.1 µs (the paper's Fig. 10, two hosts); tcp over
+// loopback 18 µs when the sender sleeps for it, 25-140 µs when it spins (its spin takes the core
+// the receiver's progress thread needs on two cores).
+constexpr std::chrono::nanoseconds kPeerRoundTrip = std::chrono::microseconds(10);
+constexpr std::chrono::nanoseconds kMaxSpin = std::chrono::microseconds(100);
+// The spin before sleeping, given the typical completion so far (0: none seen yet).
+constexpr std::chrono::nanoseconds spin_budget(std::chrono::nanoseconds typical) {
+  return typical >= kPeerRoundTrip ? std::chrono::nanoseconds(0) : kMaxSpin;
+}
+// The typical completion after one more `sample`: a moving average (weight 1/4) in which a sample
+// counts as at most twice the typical (a rise of at most 1.25x per sample), so that one wait stretched by preemption
+// (milliseconds on a busy host) does not turn a fabric that completes in microseconds into one that is slept for.
+constexpr std::chrono::nanoseconds update_typical(std::chrono::nanoseconds typical, std::chrono::nanoseconds sample) {
+  if (typical.count() <= 0) return sample;
+  const auto s = std::min(sample, 2 * typical);
+  return typical + (s - typical) / 4;
+}
+}  // namespace wait_policy
 
 // An outstanding non-blocking operation. Empty when the operation completed inside the call.
 // Dropping a pending one is allowed: UCX frees its request when it completes, and a get the
@@ -372,6 +401,12 @@ class Worker {
   void wait_or_sleep(std::chrono::microseconds timeout);
   // Any thread.
   void signal();
+  // The typical time from Request::wait to completion of operations that were not complete when
+  // it started (wait_policy::update_typical; 0 before the first). Any thread.
+  std::chrono::nanoseconds typical_completion() const {
+    return std::chrono::nanoseconds(typical_completion_ns_.load(std::memory_order_relaxed));
+  }
+  void note_completion(std::chrono::nanoseconds sample);
 
   // Registers an active-message handler for `id` (one per id per worker: a later one replaces
   // it); `*out` unhooks it when destroyed. UCX runs the handler inside progress() of this worker.
@@ -408,6 +443,7 @@ class Worker {
   std::unique_ptr<CmListener> listener_;  // peers connect through it (traits: tcp; cm.h)
   std::vector<uint8_t> address_;
   int event_fd_ = -1;
+  std::atomic<int64_t> typical_completion_ns_{0};  // note_completion(); racing updates may lose one
   // Every handler ever installed, kept until the worker goes: a replaced one may still be running
   // in another thread's progress() of a shared worker while it is replaced.
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;

@@ -3,6 +3,9 @@
 #include <openssl/crypto.h>
 #include <openssl/hmac.h>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -45,13 +48,18 @@ bool mac_equal(std::span<const uint8_t> a, std::span<const uint8_t> b) {
 }
 
 Status read_token_file(const std::string& path, std::string* token) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return {Code::kInvalidArgument, "token file '" + path + "' is a directory: give the file that holds the secret"};
   std::ifstream in(path, std::ios::binary);
-  if (!in) return {Code::kInvalidArgument, "cannot read token file '" + path + "'"};
+  if (!in) return {Code::kInvalidArgument, "cannot read token file '" + path + "': " + std::strerror(errno)};
   std::stringstream ss;
   ss << in.rdbuf();
   std::string t = ss.str();
   while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  if (t.empty()) return {Code::kInvalidArgument, "token file '" + path + "' is empty"};
+  if (t.empty())
+    return {Code::kInvalidArgument,
+            "token file '" + path + "' is empty: write the shared secret into it (both ends the same)"};
   *token = std::move(t);
   return Status::ok();
 }

@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common.h"
+
 namespace slotstream::net {
 namespace {
 
@@ -327,7 +329,9 @@ Status Listener::open(const std::string& host, uint16_t port, std::unique_ptr<Li
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {
+    const int err = errno;
     Status st = sys_error("cannot listen on " + host + ":" + port_str);
+    st = {st.code(), st.message() + bind_error_hint(err)};
     ::close(fd);
     freeaddrinfo(res);
     return st;

@@ -172,6 +172,15 @@ class PollBackoff {
   // wake-up fd, Descriptor::sender_wakeup): an operation of the peer that reaches this worker
   // (tcp: a receiver's get or put) ends the sleep at once and is answered.
   void pause(fabric::Worker& worker);
+  // For polls that are a read through the peer: `poll_cost` is the typical time one took
+  // (fabric::Worker::typical_completion). Short (shm, rdma: the NIC or CPU answers), pause().
+  // A round trip through the peer's thread (fabric::wait_policy::kPeerRoundTrip or more: tcp)
+  // is not spun on — back to back such reads keep a core and the peer's thread busy answering
+  // "nothing yet" — : sleep in `worker`'s event wait about as long as one read takes before the
+  // next (round_trip_sleep), so that reading costs at most about half the wait.
+  void pause(fabric::Worker& worker, std::chrono::nanoseconds poll_cost);
+  // The sleep before the next of `polls` reads that each took `poll_cost` (pure).
+  static std::chrono::microseconds round_trip_sleep(uint32_t polls, std::chrono::nanoseconds poll_cost);
   void reset() { polls_ = 0; }
 
  private:

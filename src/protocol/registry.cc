@@ -56,15 +56,31 @@ Status read_keyed_setup(std::span<const uint8_t> setup, std::string_view protoco
 namespace {
 constexpr uint32_t kSpinPolls = 64;
 constexpr uint32_t kMaxSleepUs = 200;
+
+constexpr uint32_t kStalledPolls = kSpinPolls + 300;  // ~20 ms of sleeps up to 200 µs
+constexpr uint32_t kStalledSleepUs = 2000;
+uint32_t stalled_sleep_us(uint32_t polls) {
+  return std::min(kStalledSleepUs, kMaxSleepUs + (polls - kStalledPolls) * 10);
+}
 }  // namespace
 
 void PollBackoff::pause() {
-  constexpr uint32_t kStalledPolls = kSpinPolls + 300;  // ~20 ms of sleeps up to 200 µs
-  constexpr uint32_t kStalledSleepUs = 2000;
   if (++polls_ <= kSpinPolls) return;
-  const uint32_t us = polls_ < kStalledPolls ? std::min(kMaxSleepUs, polls_ - kSpinPolls)
-                                             : std::min(kStalledSleepUs, kMaxSleepUs + (polls_ - kStalledPolls) * 10);
+  const uint32_t us = polls_ < kStalledPolls ? std::min(kMaxSleepUs, polls_ - kSpinPolls) : stalled_sleep_us(polls_);
   std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+std::chrono::microseconds PollBackoff::round_trip_sleep(uint32_t polls, std::chrono::nanoseconds poll_cost) {
+  // No spin phase: the reads themselves were the spin. The usual growth towards 200 µs and,
+  // for a stalled receiver, 2 ms, counted from the first read.
+  if (polls >= kStalledPolls) return std::chrono::microseconds(stalled_sleep_us(polls));
+  const auto cost_us = uint32_t(std::chrono::ceil<std::chrono::microseconds>(poll_cost).count());
+  return std::chrono::microseconds(std::min(kMaxSleepUs, std::max(cost_us, polls)));
+}
+
+void PollBackoff::pause(fabric::Worker& worker, std::chrono::nanoseconds poll_cost) {
+  if (poll_cost < fabric::wait_policy::kPeerRoundTrip) return pause();
+  worker.wait_or_sleep(round_trip_sleep(++polls_, poll_cost));
 }
 
 void PollBackoff::pause(fabric::Worker& worker) {

@@ -46,7 +46,9 @@ class StatusByteSender final : public SenderProtocol {
     if (cache_.pick(nullptr) >= 0) return Status::ok();
     WaitTimer wait(stats_);
     bool counted = false;
-    for (PollBackoff backoff;; backoff.pause()) {
+    // Between reads that find nothing free: spin where a read is a local load (shm, rdma), sleep
+    // about a read's time where it is a round trip through the receiver's thread (tcp).
+    for (PollBackoff backoff;; backoff.pause(fabric_.worker, fabric_.worker.typical_completion())) {
       SLOTSTREAM_RETURN_IF_ERROR(synchronise_st());
       if (cache_.pick(nullptr) >= 0) return Status::ok();
       count_paper_wait(&counted);

@@ -310,7 +310,9 @@ void ReceiverSession::stall(const Status& st) {
   const bool busy = st.code() == Code::kBusy;
   const bool news = !l.stalled ? !busy || Clock::now() >= l.next_busy_log : st.message() != l.last_error && !busy;
   if (news) {
-    rx_.event("sender " + report_.sender.name + ": holding blocks until this clears: " + st.to_string());
+    // Worker back-pressure is flow control; a failing sink (a full disk) needs someone to act.
+    std::string text = "sender " + report_.sender.name + ": holding blocks until this clears: " + st.to_string();
+    busy ? rx_.event(text) : rx_.warning(text);
     if (busy) l.next_busy_log = Clock::now() + kBusyLogInterval;
     l.logged_stall = true;
   }

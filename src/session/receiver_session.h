@@ -99,6 +99,8 @@ class SessionHost {
   virtual void publish(const void* session, uint64_t group, const SessionReport& report) = 0;
   virtual void withdraw(const void* session) = 0;
   virtual void event(const std::string& text) = 0;
+  // What needs someone to act (ReceiverOptions::on_warning).
+  virtual void warning(const std::string& text) { event(text); }
   // A connection was refused (Receiver::refusals).
   virtual void count_refusal(const RefusalLabels& /*labels*/) {}
 };

@@ -14,7 +14,8 @@ namespace fs = std::filesystem;
 namespace {
 
 Status io_error(const std::string& what, int err) {
-  std::string hint = err == ENOSPC ? " (disk full: free space; the data waits in the receiver)" : "";
+  std::string hint =
+      err == ENOSPC ? " (disk full: free space; nothing is dropped, the data waits in the receiver)" : "";
   return {Code::kIoError, what + ": " + strerror(err) + hint};
 }
 

@@ -94,6 +94,7 @@ def test_the_documented_receiver_file_starts_a_receiver(tmp_path):
     conf = documented_files()["recv"]
     token = tmp_path / "token"
     token.write_text("t\n")
+    token.chmod(0o600)  # a world-readable one is warned about (test_usage), and this reads the first log line
     text = (REPO / "docs" / "config.md").read_text()
     body = re.search(r"```toml\n(# slotstream recv --config.*?)```", text, re.S).group(1)
     path = tmp_path / "recv.toml"

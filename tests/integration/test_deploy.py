@@ -168,6 +168,10 @@ def test_kustomize_tcp_only_component(tmp_path):
     docs = rendered(overlay, tmp_path)
     cm = docs[("ConfigMap", "slotstream")]["data"]
     assert cm["SLOTSTREAM_TRANSPORT"] == "auto" and cm["SLOTSTREAM_RDMA_DEVICE"] == ""
+    # No RDMA device: no --rdma-device at all (the wrapper passed `--rdma-device ""` before).
+    argv = receiver_argv(docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0], cm)
+    assert argv[0] == "recv" and option(argv, "--transport") == "auto", argv
+    assert "--rdma-device" not in argv and "" not in argv, argv
     assert "UCX_TLS" not in cm and "UCX_IB_GID_INDEX" not in cm
     rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]
     assert rx["nodeSelector"] == {"slotstream.io/receiver": "true"}
@@ -195,6 +199,19 @@ def test_receiver_has_what_rdma_needs():
     assert mounts["dshm"]["mountPath"] == "/dev/shm"
 
 
+def receiver_argv(container, configmap):
+    """What the receiver container execs with a ConfigMap's environment: its args with $(VAR) expanded as
+    Kubernetes does, through its /bin/sh wrapper (with the binary replaced by a printer of its arguments)."""
+    args = [re.sub(r"\$\((\w+)\)", lambda m: configmap.get(m.group(1), m.group(0)), a) for a in container["args"]]
+    script = container["command"][2].replace("exec /usr/local/bin/slotstream", "printf '%s\\n'")
+    assert script != container["command"][2], "the wrapper no longer execs /usr/local/bin/slotstream"
+    env = {"PATH": os.environ["PATH"], **configmap}
+    p = subprocess.run(["/bin/sh", "-c", script, *container["command"][3:], *args], capture_output=True, text=True,
+                       timeout=30, env=env)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
 def test_receiver_runs_recv_with_the_expected_options():
     c = receiver()["containers"][0]
     assert c["image"] == IMAGE
@@ -207,9 +224,10 @@ def test_receiver_runs_recv_with_the_expected_options():
     # The transport and RDMA device come from the ConfigMap: rdma on RDMA nodes (the tcp-only
     # component makes it auto), never UCX_TLS, which would replace slotstream's choice everywhere.
     assert option(args, "--transport") == "$(SLOTSTREAM_TRANSPORT)"
-    assert option(args, "--rdma-device") == "$(SLOTSTREAM_RDMA_DEVICE)"
     cm = documents()[("ConfigMap", "slotstream")]["data"]
     assert cm["SLOTSTREAM_TRANSPORT"] == "rdma" and cm["SLOTSTREAM_RDMA_DEVICE"] == "mlx5_0:1"
+    argv = receiver_argv(c, cm)
+    assert option(argv, "--transport") == "rdma" and option(argv, "--rdma-device") == "mlx5_0:1", argv
     assert "UCX_TLS" not in cm
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"control": 7000, "metrics": 9100}

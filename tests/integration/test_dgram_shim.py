@@ -281,6 +281,69 @@ def test_socket_semantics_call_by_call(tmp_path):
     assert total(log, "dropped_plain") == 1 and total(log, "emsgsize") == 1 and total(log, "passed") >= 1
 
 
+# recvmmsg(2) through ctypes (python's socket module has none): vlen 4, a timeout of 0.2 s; two datagrams at once,
+# a third 0.4 s later, then a fourth. The kernel checks the timeout after each datagram: it returns 3 (it waited
+# for the third, past the timeout) and writes back 0 left; MSG_WAITFORONE returns what is there after the first.
+RECVMMSG = r"""
+import ctypes, json, socket, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+class msghdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint), ("iov", ctypes.POINTER(iovec)),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+class mmsghdr(ctypes.Structure):
+    _fields_ = [("hdr", msghdr), ("len", ctypes.c_uint)]
+class timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+port = int(sys.argv[1])
+rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rx.bind(("127.0.0.1", port))
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tx.connect(("127.0.0.1", port))
+bufs = [ctypes.create_string_buffer(8000) for _ in range(4)]
+iovs = [iovec(ctypes.cast(b, ctypes.c_void_p), 8000) for b in bufs]
+def call(flags, later):
+    vec = (mmsghdr * 4)()
+    for i in range(4):
+        vec[i].hdr.iov = ctypes.pointer(iovs[i])
+        vec[i].hdr.iovlen = 1
+    tx.send(b"a" * 3000)  # recombined from segments through the shim
+    tx.send(b"b" * 10)
+    def rest():
+        time.sleep(later)
+        tx.send(b"c" * 5000)
+        tx.send(b"d" * 7)
+    t = threading.Thread(target=rest)
+    t.start()
+    ts = timespec(0, 200_000_000)
+    n = libc.recvmmsg(rx.fileno(), vec, 4, flags, ctypes.byref(ts))
+    t.join()
+    got = [vec[i].len for i in range(max(n, 0))]
+    while True:  # what is left queued
+        try:
+            got.append(-len(rx.recv(8000, socket.MSG_DONTWAIT)))
+        except BlockingIOError:
+            break
+    return [n, got, ts.sec == 0 and ts.nsec == 0]
+print(json.dumps({"timeout": call(0, 0.4), "waitforone": call(0x10000, 0.1)}))
+"""
+
+
+def test_recvmmsg_timeout_is_checked_after_each_datagram_as_the_kernel_does(tmp_path):
+    port = free_udp_port()
+    runs = {}
+    for name, env in (("plain", dict(os.environ)), ("shim", shim_env(tmp_path / "shim.log", port))):
+        p = subprocess.run([sys.executable, "-c", RECVMMSG, str(port)], env=env, capture_output=True, text=True,
+                           timeout=20)
+        assert p.returncode == 0, p.stderr
+        runs[name] = json.loads(p.stdout)
+    assert runs["plain"]["timeout"] == [3, [3000, 10, 5000, -7], True], runs["plain"]
+    assert runs["shim"] == runs["plain"]
+    assert total(tmp_path / "shim.log", "segments_in") >= 6
+
+
 def test_malformed_settings_stop_the_program(tmp_path):
     p = subprocess.run([sys.executable, "-c", "print('ran')"], env=shim_env(tmp_path / "log", "5000-"),
                        capture_output=True, text=True, timeout=20)

@@ -1,7 +1,7 @@
 """Workers in real containers (podman, image from `make image`): the command line of
 deploy/image/README.md, enforced limits, the example workers, and the receiver's podman runtime;
-the image itself: its version tag and labels, and the receiver daemon it runs by default as an
-unprivileged user.
+the image itself: its version tag and labels, the receiver daemon it runs by default as an
+unprivileged user, and the GStreamer plugin (slotstreamsrc, slotstreamsink) with gst-launch-1.0.
 
 These tests skip only where podman is not installed. Anywhere else an image that cannot be built
 or a container that cannot run is a failure: scripts/test.sh (CI) builds the image first."""
@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import BIN, REPO, run_send, run_send_json, send, synthetic_slots
+from conftest import BIN, REPO, parse_finished, run_send, run_send_json, send, synthetic_slots
 
 REPOSITORY = "localhost/slotstream"
 IMAGE = f"{REPOSITORY}:latest"
@@ -357,3 +357,33 @@ def test_daemon_in_a_container_stores_what_a_sender_sends(tmp_path, container):
     assert len(files) == 25, files
     assert all(f.stat().st_uid == DAEMON_UID for f in files), "stored by someone else than the daemon user"
     assert subprocess.run([BIN, "verify", str(out)], capture_output=True, timeout=60).returncode == 0
+
+
+# ------------------------------------------------------------------ the GStreamer plugin in the image
+
+def test_gstreamer_plugin_in_the_image_streams_to_a_receiver_on_the_host(receiver, tmp_path, container):
+    """GStreamer finds both elements of this version in its own plugin directory (no GST_PLUGIN_PATH), and a
+    pipeline in a container, as the image's user, sends 10 frames with slotstreamsink to `slotstream recv` on the
+    host over tcp (the image had no GStreamer before)."""
+    for element, long_name in (("slotstreamsrc", "slotstream source"), ("slotstreamsink", "slotstream sink")):
+        p = subprocess.run(["podman", "--runtime", "runc", "run", "--rm", "--network", "none", *ULIMITS,
+                            "--entrypoint", "gst-inspect-1.0", IMAGE, element], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert re.search(rf"Long-name\s+{long_name}$", p.stdout, re.M), p.stdout
+        assert re.search(rf"Version\s+{re.escape(binary_version())}$", p.stdout, re.M), p.stdout
+    out = tmp_path / "out"
+    rx = receiver("--out", out, "--transport", "tcp", "--exit-after-senders", "1")
+    p = subprocess.run(["podman", "--runtime", "runc", "run", "--rm", "--name", container("gst"), "--network", "host",
+                        *ULIMITS, "--entrypoint", "gst-launch-1.0", IMAGE, "-q", "videotestsrc", "num-buffers=10", "!",
+                        "video/x-raw,width=64,height=48,format=RGB,framerate=25/1", "!", "slotstreamsink",
+                        f"to={rx.addr}", "transport=tcp", "device=2", "sender-name=gst-image", "sync=false"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert rx.wait(30) == 0, rx.stderr.text
+    # The stream as slotstreamsink sends it: caps, the 10 frames (64x48 RGB each, with their timestamps), end of stream.
+    files = sorted((out / "gst-image" / "device-2").iterdir())
+    assert len(files) == 12, files
+    assert all(f.stat().st_size >= 64 * 48 * 3 for f in files[1:11]), [f.stat().st_size for f in files]
+    report = parse_finished(rx.stdout.next_line(5))
+    assert report["name"] == "gst-image" and report["messages"] == 12 and report["gaps"] == 0, report

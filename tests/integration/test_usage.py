@@ -187,3 +187,161 @@ def test_man_page_has_every_option_of_every_command():
             assert flag in text, f"{flag} of {command} is missing from the man page"
     zsh = (REPO_BUILD / "share" / "zsh" / "site-functions" / "_slotstream").read_text()
     assert zsh.startswith("#compdef slotstream") and "'--block-size[" in zsh
+
+
+# ------------------------------------------------------------------ CLI audit: units, ranges, names, token files
+
+def test_durations_take_units_everywhere(tmp_path):
+    # A bare number is in the option's own unit (seconds, or ms for --message-timeout); 90s/500ms/2m/1h work on
+    # every duration option. Exit 1 (nothing listens / the output is a file) shows the value itself was accepted.
+    bad_out = tmp_path / "file"
+    bad_out.write_text("x")
+    accepted = [
+        ["send", "--to", "127.0.0.1:1", "--name", "u", "--synthetic", "0-0:25:8x8x1", "--duration", "300ms"],
+        ["recv", "--listen", "127.0.0.1:0", "--out", bad_out, "--metrics-prune-after", "5m"],
+        # 500 s = 500,000 ms is within --message-timeout's 1..600,000 ms; 100 ms is --session-timeout's minimum.
+        ["recv", "--listen", "127.0.0.1:0", "--out", bad_out, "--transport", "udp", "--message-timeout", "500s",
+         "--session-timeout", "100ms"],
+    ]
+    for args in accepted:
+        p = run(*args)
+        assert p.returncode == 1, f"{args}: exit {p.returncode}: {p.stderr!r}"
+    refused = [
+        (["send", "--to", "127.0.0.1:1", "--synthetic", "0-0:25:8x8x1", "--duration", "5x"], "duration such as"),
+        (["demo", "--duration", "10 s"], "duration such as"),  # demo takes send's --duration (and --seconds)
+        (["send", "--to", "127.0.0.1:1", "--synthetic", "0-0:25:8x8x1", "--duration", "-1s"], "duration such as"),
+        (["recv", "--listen", "127.0.0.1:0", "--discard", "--metrics-prune-after", "-5"], "duration such as"),
+        # Converted before the range check: 700 s is 700,000 ms, 50 ms is 0.05 s.
+        (["recv", "--listen", "127.0.0.1:0", "--discard", "--transport", "udp", "--message-timeout", "700s"],
+         "--message-timeout"),
+        (["recv", "--listen", "127.0.0.1:0", "--discard", "--transport", "udp", "--session-timeout", "50ms"],
+         "--session-timeout"),
+    ]
+    for args, needle in refused:
+        p = run(*args)
+        assert p.returncode == 2 and needle in p.stderr, f"{args}: exit {p.returncode}: {p.stderr!r}"
+
+
+RANGE_CASES = {
+    # Each used to say only "Could not convert", or to be taken as a huge unsigned number.
+    "blocks_negative": (["send", "--to", "127.0.0.1:1", "--blocks", "-1", "--file", "0=/etc/hostname"],
+                        "--blocks: Value -1 not in range 1 to 4096"),
+    "block_size_1T": (["send", "--to", "127.0.0.1:1", "--block-size", "1T", "--file", "0=/etc/hostname"],
+                      "--block-size: Value 1099511627776 not in range 64 to 67108864"),
+    "exit_after_negative": (["recv", "--listen", "127.0.0.1:0", "--discard", "--exit-after-senders", "-1"],
+                            "--exit-after-senders: Value -1 not in range"),
+    # Used to be accepted and never held: a sender has at most 4096 blocks.
+    "hold_block_beyond_blocks": (["recv", "--listen", "127.0.0.1:0", "--discard", "--hold-block", "99999:0:10"],
+                                 "--hold-block: block index 99999 not in range 0 to 4095"),
+    "worker_cpus_zero": (["recv", "--listen", "127.0.0.1:0", "--discard", "--worker", "true", "--worker-cpus", "0"],
+                         "--worker-cpus: Value 0 not in range"),
+}
+
+
+@pytest.mark.parametrize("case", list(RANGE_CASES))
+def test_out_of_range_values_name_the_range(case):
+    args, needle = RANGE_CASES[case]
+    p = run(*args, timeout=10)
+    assert p.returncode == 2 and needle in p.stderr, f"exit {p.returncode}: {p.stderr!r}"
+
+
+def test_an_unknown_command_is_named_with_the_closest_one():
+    p = run("verfy", "/tmp")
+    assert p.returncode == 2
+    assert "slotstream: error: unknown command 'verfy'; did you mean verify?" in p.stderr, p.stderr
+    assert "commands: recv send" in p.stderr and "bench-peer" not in p.stderr, p.stderr  # hidden ones stay hidden
+
+
+@pytest.mark.parametrize("kind", ["directory", "empty", "missing"])
+def test_an_unusable_token_file_says_what_is_wrong(tmp_path, kind):
+    token = tmp_path / "token"
+    if kind == "directory":
+        token.mkdir()
+    elif kind == "empty":
+        token.write_text("\n")
+    want = {"directory": "is a directory", "empty": "is empty: write the shared secret",
+            "missing": "No such file or directory"}[kind]
+    for cmd in (["recv", "--listen", "127.0.0.1:0", "--discard"], ["send", "--to", "127.0.0.1:1", "--name", "u",
+                                                                    "--file", "0=/etc/hostname"]):
+        p = run(*cmd, "--token-file", token, timeout=10)
+        assert p.returncode == 2 and want in p.stderr and str(token) in p.stderr, f"{cmd}: {p.stderr!r}"
+
+
+def test_a_world_readable_token_file_is_warned_about(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    args = ("send", "--to", "127.0.0.1:1", "--name", "u", "--file", "0=/etc/hostname", "--token-file", token)
+    token.chmod(0o644)
+    p = run(*args)
+    assert p.returncode == 1 and "is readable by every user of this host: chmod o-r" in p.stderr, p.stderr
+    token.chmod(0o640)  # group-readable: the Helm chart's 0440 for the receiver's group
+    p = run(*args)
+    assert p.returncode == 1 and "readable by every user" not in p.stderr, p.stderr
+
+
+def test_bench_with_an_unusable_out_is_a_usage_error(tmp_path):
+    # Used to end in a Python traceback.
+    f = tmp_path / "file"
+    f.write_text("x")
+    p = run("bench", "latency", "--quick", "--runs", "1", "--out", f / "sub", timeout=30)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"slotstream bench: error: cannot create --out {f / 'sub'}" in p.stderr, p.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs, 3,000,000 bytes of it taken by `filler`: the receiver's output fills up after one frame."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {p.stderr.strip()}")
+    (disk / "filler").write_bytes(b"\0" * 3_000_000)
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.deadline(40)
+def test_a_full_disk_holds_the_sender_says_so_and_loses_nothing(receiver, small_disk):
+    # The receiver holds its blocks while a write fails (docs/design.md: disk full), and says so; the sender
+    # waits and, from kStallNotice (5 s) on, says why; freed space lets every frame through, verified.
+    rx = receiver("--out", small_disk, "--exit-after-senders", "1")
+    tx = subprocess.Popen([BIN, "send", "--to", rx.addr, "--name", "full", "--synthetic", "0-0:4:640x480x3",
+                           "--duration", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # A warning (it needs someone to free space), not an info line like worker back-pressure.
+        rx.stderr.wait_for(r" warning slotstream recv: sender full: holding blocks until this clears: .*No space left on device "
+                           r"\(disk full: free space; nothing is dropped", 15)
+        stall = tx.stderr.readline() + tx.stderr.readline()  # the transport line, then the notice
+        assert "no message has gone out for 5 s" in stall and "disk may be full" in stall, stall
+        assert tx.poll() is None, "the sender ended while the receiver could store nothing"
+        (small_disk / "filler").unlink()
+        assert tx.wait(timeout=20) == 0, tx.stderr.read()
+    finally:
+        tx.kill()
+    rx.stderr.wait_for(r"storing again", 10)
+    assert rx.wait(10) == 0
+    p = run("verify", small_disk)
+    assert p.returncode == 0 and "verified 4 frames in 1 devices" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("transport", ["shm", "udp"])
+def test_a_listen_port_in_use_says_so_and_what_to_do(transport):
+    # Used to read "connect failed: cannot listen on ...: Address already in use".
+    import socket
+    kind = socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, kind) as held:
+        held.bind(("127.0.0.1", 0))
+        if kind == socket.SOCK_STREAM:
+            held.listen()
+        addr = f"127.0.0.1:{held.getsockname()[1]}"
+        p = run("recv", "--listen", addr, "--discard", "--transport", transport, timeout=10)
+    assert p.returncode == 1, p.stderr
+    assert addr in p.stderr and "Address already in use (another process has that port" in p.stderr, p.stderr
+    assert "connect failed" not in p.stderr, p.stderr
+
+
+def test_verify_of_a_directory_without_frames_says_what_to_give(tmp_path):
+    p = run("verify", tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert f"slotstream verify: error: no received frames under '{tmp_path}': give the receiver's --out" in p.stderr

@@ -317,7 +317,9 @@ TEST_P(HeldWhilePacking, TheSenderSkipsTheHeldBlockAndLosesNothing) {
   ReceiverOptions ro;
   ro.host = "127.0.0.1";
   ro.transport = GetParam();
-  ro.holds = {{1, 0, 300}};  // block 1 held for the first 300 ms
+  // Block 1 held for the session's first second: long enough that a sender slowed by ThreadSanitizer and a
+  // test beside it still meets the hold (300 ms once ran out before it did, with sanitize.sh two at a time).
+  ro.holds = {{1, 0, 1000}};
   ro.make_sink = [&](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
     std::lock_guard lock(m);
     *sink = std::make_unique<MemorySink>(received[info.name], m, threads);

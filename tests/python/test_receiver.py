@@ -173,3 +173,14 @@ def _cmake_version():
 def test_protocols_are_listed():
     names = [n for n, _ in slotstream.protocols()]
     assert "status_byte" in names and "sliding_window" in names
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"exit_after_senders": -1}, "exit_after_senders -1 is not in range 0.."),
+    ({"max_queue": 0}, "max_queue 0 is not in range 1.."),
+    ({"max_held_blocks": -2}, "max_held_blocks -2 is not in range 0..4294967295"),
+])
+def test_a_negative_or_out_of_range_number_is_invalid_argument_naming_the_range(kwargs, needle):
+    # Negative numbers used to give nanobind's multi-line "incompatible function arguments" TypeError.
+    with pytest.raises(slotstream.InvalidArgument, match=needle):
+        slotstream.Receiver("127.0.0.1:0", **kwargs)

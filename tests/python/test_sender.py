@@ -111,7 +111,7 @@ def test_connection_errors_are_exceptions_with_the_librarys_message(start_receiv
     ({"to": "127.0.0.1:1", "transport": "ib"}, "transport must be 'auto', 'shm', 'tcp' or 'rdma'"),
     ({"to": "127.0.0.1:1", "transport": "rdma", "rdma_transport": "xrc"}, "rdma_transport must be 'rc', 'dc' or 'ud'"),
     ({"to": "127.0.0.1:1", "name": "has space"}, "sender name may only contain"),
-    ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, "block size must be"),
+    ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, r"block_size 8 is not in range 64\.\.67108864 \(an int number of bytes\)"),
     ({"to": "127.0.0.1:1", "name": "n", "protocol": "nope"}, "unknown protocol 'nope'"),
     ({"to": "127.0.0.1:1", "name": "n", "devices": []}, "no devices declared"),
     ({"to": "127.0.0.1:1", "name": "n", "devices": [1, 1]}, "declared twice"),
@@ -226,3 +226,14 @@ def test_a_blocked_send_releases_the_gil(tmp_path):
     producer.join(10)
     rx.close()
     assert got == [bytes([i]) * 3000 for i in range(20)] and sent == list(range(20))
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"blocks": -1}, "blocks -1 is not in range 1..4096"),
+    ({"blocks": 5000}, "blocks 5000 is not in range 1..4096"),
+    ({"block_size": -64}, r"block_size -64 is not in range 64..67108864 \(an int number of bytes\)"),
+])
+def test_a_negative_or_out_of_range_number_is_invalid_argument_naming_the_range(kwargs, needle):
+    # Checked before connecting (port 1: nothing listens); negative numbers used to be nanobind's TypeError.
+    with pytest.raises(slotstream.InvalidArgument, match=needle):
+        slotstream.Sender("127.0.0.1:1", name="r", **kwargs)

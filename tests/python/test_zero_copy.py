@@ -176,7 +176,10 @@ def test_a_worker_keeping_views_back_pressures_without_loss(tmp_path):
 
 @pytest.mark.deadline(60)
 def test_a_raising_worker_releases_its_view_and_stops_the_receiver(tmp_path):
-    paths = make_files(tmp_path, [3000] * 8, "f")
+    # More than the receiver can take in while the worker fails (40 KB frames: a block each; at most 4 held):
+    # 8 small frames could all be stored and FIN_ACKed before frame 2's worker raised, and the sender
+    # rightly exited 0 (a CI failure of the assertion below).
+    paths = make_files(tmp_path, [40_000] * 200, "f")
     given = []
 
     def worker(seq, view):
@@ -186,9 +189,9 @@ def test_a_raising_worker_releases_its_view_and_stops_the_receiver(tmp_path):
             raise RuntimeError(f"cannot analyse frame {seq} of {len(arr)} bytes")
 
     rx = slotstream.Receiver("127.0.0.1:0", transport="shm", exit_after_senders=1, zero_copy=True,
-                             workers=lambda sender, device: worker)
+                             max_held_blocks=4, workers=lambda sender, device: worker)
     tx = sender(rx.address, "shm", paths)
-    with pytest.raises(RuntimeError, match="cannot analyse frame 2 of 3000 bytes"):
+    with pytest.raises(RuntimeError, match="cannot analyse frame 2 of 40000 bytes"):
         rx.wait(timeout=30)
     assert tx.wait(30) != 0, "the sender sees the receiver gone"
     rx.close()  # the exception was raised once, by wait()

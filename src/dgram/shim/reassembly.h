@@ -42,6 +42,7 @@ struct ShimDatagram {
   socklen_t from_len = 0;
   Buffer data;           // data.size() bytes
   bool partial = false;  // holes are zero
+  bool counted = false;  // the shim's counters already have it (read ahead in a batch)
   // The ancillary data the kernel gave with the datagram (a recombined one: with its first placed segment),
   // e.g. IP_PKTINFO naming the multicast group it was sent to; empty when the socket asked for none.
   std::vector<std::byte> control;

@@ -929,7 +929,7 @@ bool take_ready(int fd, SocketInfo& info, msghdr* msg, int flags, ssize_t* resul
   const ShimDatagram& d = st->ready.front();
   *result = deliver(d.data, d.from, d.from_len, d.control, 0, msg, flags);
   if (!(flags & MSG_PEEK)) {
-    ++g_counters.unwrapped;
+    if (!d.counted) ++g_counters.unwrapped;
     st->ready.pop_front();
   }
   (void)fd;
@@ -1037,6 +1037,62 @@ void learn_local_port(int fd, SocketInfo& info) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &l) == 0) info.local_port = port_of(ss);
 }
 
+// A datagram for the application that the shim read ahead: kept in the shim's queue, in the order read.
+void keep_for_app(int fd, SocketInfo& info, const Received& r, std::span<const std::byte> payload, bool counted) {
+  if (const auto st = rx_state(fd, &info)) {
+    ShimDatagram d;
+    d.from = r.from;
+    d.from_len = r.from_len;
+    d.data = Buffer(payload.size());
+    std::memcpy(d.data.data(), payload.data(), payload.size());
+    d.data.set_size(payload.size());
+    d.control.assign(r.control.begin(), r.control.end());
+    d.counted = counted;
+    std::lock_guard lock(st->mu);
+    st->ready.push_back(std::move(d));
+  }
+}
+
+// Segments arrive in runs (one large datagram is ~45 of them): the shim reads what is queued in one recvmmsg of
+// up to kBatch datagrams rather than one recvmsg (and one peek) each. A datagram for the application among them
+// waits in the shim's queue, with its own address and ancillary data, behind what was read before it. The buffers
+// are per thread, 64 KiB each (a plain datagram may be that large), allocated untouched: only the pages the kernel
+// writes become resident.
+constexpr unsigned kBatch = 16;
+
+struct BatchBuffers {
+  std::unique_ptr<std::byte[]> data{new std::byte[kBatch * kRxBuffer]};
+  alignas(cmsghdr) std::byte control[kBatch][kControlBuffer];
+  sockaddr_storage from[kBatch];
+  iovec iov[kBatch];
+  mmsghdr hdr[kBatch];
+};
+
+// Reads up to kBatch queued datagrams (never blocks) and places or keeps each; returns how many were read.
+int take_batch(int fd, SocketInfo& info) {
+  thread_local std::unique_ptr<BatchBuffers> tb;
+  if (!tb) tb = std::make_unique<BatchBuffers>();
+  BatchBuffers& b = *tb;
+  for (unsigned i = 0; i < kBatch; ++i) {
+    b.iov[i] = {b.data.get() + i * kRxBuffer, kRxBuffer};
+    b.hdr[i].msg_hdr = msghdr{&b.from[i], sizeof b.from[i], &b.iov[i], 1, b.control[i], kControlBuffer, 0};
+  }
+  const int n = real().recvmmsg(fd, b.hdr, kBatch, MSG_DONTWAIT, nullptr);
+  if (n > 0) learn_local_port(fd, info);
+  for (int i = 0; i < n; ++i) {
+    const msghdr& m = b.hdr[i].msg_hdr;
+    Received r;
+    r.data = std::span(b.data.get() + size_t(i) * kRxBuffer, b.hdr[i].msg_len);
+    r.from = b.from[i];
+    r.from_len = m.msg_namelen;
+    r.control = std::span(b.control[i], m.msg_controllen);
+    r.flags = m.msg_flags;
+    std::span<const std::byte> payload;
+    if (judge(fd, info, r, false, &payload) == Fate::kDeliver) keep_for_app(fd, info, r, payload, true);
+  }
+  return n;
+}
+
 // A blocking receive's SO_RCVTIMEO across the datagrams the shim takes. The kernel starts the timeout afresh at
 // every real recvmsg, so a stream of segments that complete nothing would keep a receive with a timeout blocked
 // for ever; once the shim has taken one, it waits for the rest itself, up to the timeout counted from the call.
@@ -1100,13 +1156,9 @@ void forget_passed(const msghdr* msg) {
   }
 }
 
-ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
-  SocketInfo info;
-  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
-    const ssize_t n = real().recvmsg(fd, msg, flags);
-    if (n >= 0) forget_passed(msg);
-    return n;
-  }
+// recvmsg on a UDP socket the caller classified (`info`): each wrapper classifies once.
+ssize_t recv_udp(int fd, SocketInfo& info, msghdr* msg, int flags) {
+  if (flags & MSG_ERRQUEUE) return real().recvmsg(fd, msg, flags);
   RecvDeadline deadline;
   for (;;) {
     ssize_t result;
@@ -1133,22 +1185,73 @@ ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
     std::span<const std::byte> payload;
     if (judge(fd, info, r, flags & MSG_PEEK, &payload) == Fate::kDeliver)
       return deliver(payload, r.from, r.from_len, r.control, r.flags, msg, flags);
-    // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue.
-    if (flags & MSG_PEEK) discard_head(fd);
+    // A segment or a dropped datagram: nothing for the application yet. A peeked one leaves the queue; after a
+    // read one, the rest of its message is likely queued: taken in batches.
+    if (flags & MSG_PEEK)
+      discard_head(fd);
+    else
+      take_batch(fd, info);
     if (!(flags & MSG_DONTWAIT)) deadline.arm(fd);
   }
 }
 
-ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen) {
+ssize_t shim_recvmsg(int fd, msghdr* msg, int flags) {
+  SocketInfo info;
+  if ((flags & MSG_ERRQUEUE) || !classify(fd, &info)) {
+    const ssize_t n = real().recvmsg(fd, msg, flags);
+    if (n >= 0) forget_passed(msg);
+    return n;
+  }
+  return recv_udp(fd, info, msg, flags);
+}
+
+// recv/recvfrom/read: one buffer. `info`: the socket, classified by the caller, or nullptr.
+ssize_t shim_recv_buf(int fd, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen,
+                      SocketInfo* info = nullptr) {
   iovec iov{buf, len};
   msghdr m{};
   m.msg_name = from;
   m.msg_namelen = from && fromlen ? *fromlen : 0;
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
-  ssize_t n = shim_recvmsg(fd, &m, flags);
+  ssize_t n = info ? recv_udp(fd, *info, &m, flags) : shim_recvmsg(fd, &m, flags);
   if (n >= 0 && from && fromlen) *fromlen = m.msg_namelen;
   return n;
+}
+
+// recvmmsg as the kernel's __sys_recvmmsg runs it: each datagram received as recvmsg would be (blocking unless
+// MSG_DONTWAIT; MSG_WAITFORONE makes the ones after the first non-blocking), `timeout` checked after each datagram
+// (not while waiting for one: the kernel's documented limitation) and the time left written back to it.
+int shim_recvmmsg(int fd, SocketInfo& info, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) {
+  int64_t end = 0;
+  if (timeout) {
+    if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1'000'000'000) {
+      errno = EINVAL;
+      return -1;
+    }
+    end = monotonic_ns() + int64_t(timeout->tv_sec) * 1'000'000'000 + timeout->tv_nsec;
+  }
+  int each = flags & ~MSG_WAITFORONE;
+  unsigned i = 0;
+  for (; i < vlen; ++i) {
+    const ssize_t n = recv_udp(fd, info, &vec[i].msg_hdr, each);
+    if (n < 0) {
+      if (i == 0) return -1;
+      break;  // the kernel keeps a later error for the next call; EAGAIN/EINTR end the batch the same way
+    }
+    vec[i].msg_len = unsigned(n);
+    if (flags & MSG_WAITFORONE) each |= MSG_DONTWAIT;
+    if (timeout) {
+      const int64_t left = std::max<int64_t>(end - monotonic_ns(), 0);
+      timeout->tv_sec = time_t(left / 1'000'000'000);
+      timeout->tv_nsec = long(left % 1'000'000'000);
+      if (left == 0) {
+        ++i;
+        break;
+      }
+    }
+  }
+  return int(i);
 }
 
 // Whether the datagram whose first bytes are `head` is one recv would hand over: a datagram of a port the shim
@@ -1164,27 +1267,6 @@ bool looks_deliverable(const SocketInfo& info, std::span<const std::byte> head, 
          !(ddp & kDdpTagged);
 }
 
-// Reads the head of the kernel's queue for the shim (a segment to place, a datagram to drop). Should another
-// thread have changed the head since it was looked at, a datagram for the application is kept in the shim's
-// queue, not lost.
-void take_head(int fd, SocketInfo& info) {
-  Received r;
-  if (read_datagram(fd, MSG_DONTWAIT, &r) < 0) return;
-  std::span<const std::byte> payload;
-  if (judge(fd, info, r, true, &payload) != Fate::kDeliver) return;
-  if (const auto st = rx_state(fd, &info)) {
-    ShimDatagram d;
-    d.from = r.from;
-    d.from_len = r.from_len;
-    d.data = Buffer(payload.size());
-    std::memcpy(d.data.data(), payload.data(), payload.size());
-    d.data.set_size(payload.size());
-    d.control.assign(r.control.begin(), r.control.end());
-    std::lock_guard lock(st->mu);
-    st->ready.push_back(std::move(d));
-  }
-}
-
 }  // namespace
 
 namespace slotstream::dgram::shim {
@@ -1198,33 +1280,40 @@ Readiness readiness(int fd, bool drain) {
   if (!classify(fd, &info)) return {};
   Readiness r;
   r.udp = true;
-  for (;;) {
-    if (info.rx) {
-      std::lock_guard lock(info.rx->mu);
-      info.rx->reassembly.expire(monotonic_ns(), &info.rx->ready);
-      r.readable = !info.rx->ready.empty();
-      r.wake_ns = info.rx->reassembly.wake_ns();
-      if (r.readable) return r;
-    }
-    if (!drain) return r;
-    // The head of the kernel's queue, its first bytes only: enough to tell the application's from the shim's.
-    std::byte head[kCommonSize];
-    sockaddr_storage from{};
-    iovec iov{head, sizeof head};
-    msghdr m{};
-    m.msg_name = &from;
-    m.msg_namelen = sizeof from;
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    const ssize_t n = real().recvmsg(fd, &m, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0) return r;  // nothing (more) queued
-    learn_local_port(fd, info);
-    if (looks_deliverable(info, std::span(head, std::min(size_t(n), sizeof head)), from)) {
-      r.readable = true;
-      return r;
-    }
-    take_head(fd, info);
+  if (info.rx) {
+    std::lock_guard lock(info.rx->mu);
+    info.rx->reassembly.expire(monotonic_ns(), &info.rx->ready);
+    r.readable = !info.rx->ready.empty();
+    r.wake_ns = info.rx->reassembly.wake_ns();
+    if (r.readable) return r;
   }
+  if (!drain) return r;
+  // The head of the kernel's queue, its first bytes only: enough to tell the application's from the shim's.
+  std::byte head[kCommonSize];
+  sockaddr_storage from{};
+  iovec iov{head, sizeof head};
+  msghdr m{};
+  m.msg_name = &from;
+  m.msg_namelen = sizeof from;
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  const ssize_t n = real().recvmsg(fd, &m, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0) return r;  // nothing queued
+  learn_local_port(fd, info);
+  if (looks_deliverable(info, std::span(head, std::min(size_t(n), sizeof head)), from)) {
+    r.readable = true;
+    return r;
+  }
+  // The shim's: read it and what follows in batches until a datagram is ready or the queue is empty (what
+  // arrives later makes the socket readable, and a new edge, again).
+  while (take_batch(fd, info) > 0) {
+    if (!info.rx) continue;  // only dropped datagrams so far
+    std::lock_guard lock(info.rx->mu);
+    r.readable = !info.rx->ready.empty();
+    r.wake_ns = info.rx->reassembly.wake_ns();
+    if (r.readable) break;
+  }
+  return r;
 }
 
 }  // namespace slotstream::dgram::shim
@@ -1283,23 +1372,13 @@ int recvmmsg(int fd, mmsghdr* vec, unsigned vlen, int flags, timespec* timeout) 
     for (int i = 0; i < n; ++i) forget_passed(&vec[i].msg_hdr);
     return n;
   }
-  // The first datagram as asked (blocking unless MSG_DONTWAIT); the rest only if already there.
-  unsigned i = 0;
-  for (; i < vlen; ++i) {
-    ssize_t n = shim_recvmsg(fd, &vec[i].msg_hdr, i == 0 ? (flags & ~MSG_WAITFORONE) : (flags | MSG_DONTWAIT));
-    if (n < 0) {
-      if (i == 0) return -1;
-      break;
-    }
-    vec[i].msg_len = unsigned(n);
-  }
-  return int(i);
+  return shim_recvmmsg(fd, info, vec, vlen, flags, timeout);
 }
 
 ssize_t read(int fd, void* buf, size_t len) {
   SocketInfo info;
   if (!classify(fd, &info)) return real().read(fd, buf, len);
-  return shim_recv_buf(fd, buf, len, 0, nullptr, nullptr);
+  return shim_recv_buf(fd, buf, len, 0, nullptr, nullptr, &info);
 }
 
 ssize_t readv(int fd, const iovec* iov, int iovcnt) {
@@ -1308,7 +1387,7 @@ ssize_t readv(int fd, const iovec* iov, int iovcnt) {
   msghdr m{};
   m.msg_iov = const_cast<iovec*>(iov);
   m.msg_iovlen = size_t(iovcnt);
-  return shim_recvmsg(fd, &m, 0);
+  return recv_udp(fd, info, &m, 0);
 }
 
 // _FORTIFY_SOURCE variants: the same checks glibc makes, then the calls above.
