@@ -73,6 +73,16 @@ void decode_as_its_type(const wire::Frame& f) {
       (void)wire::decode(f.body, &m);
       break;
     }
+    case wire::MsgType::kNumber: {
+      wire::Number m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
+    case wire::MsgType::kNumbered: {
+      wire::Numbered m;
+      (void)wire::decode(f.body, &m);
+      break;
+    }
     case wire::MsgType::kCapacity: {
       wire::CapacityInfo m;
       (void)wire::decode(f.body, &m);

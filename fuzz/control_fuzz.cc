@@ -1,7 +1,8 @@
 // Every control-message decoder (wire/control.h) on the same arbitrary body: what a hostile or
 // broken peer can put in a frame. Invariants beyond "no crash, no UB, no leak":
 //   - a failure is a kProtocolError or kVersionMismatch with a message, and leaves *out untouched;
-//   - a decoded HELLO, ACCEPT, SETUP, PAUSE, CAPACITY or capacity request re-encodes to exactly the body
+//   - a decoded HELLO, ACCEPT, SETUP, PAUSE, NUMBER, NUMBERED, CAPACITY or capacity request re-encodes to exactly the
+//   body
 //     (nothing in the body was skipped or invented); REFUSE, FIN and FIN_ACK, whose decoders
 //     normalise (unknown codes, repeated devices, any non-1 "ok"), survive a second round trip;
 //   - a decoded HELLO has lane < lanes, only known offer bits and the one version this build speaks;
@@ -126,6 +127,28 @@ void stored(Bytes body) {
   FUZZ_CHECK(same(wire::encode(m), body));
 }
 
+void number(Bytes body) {
+  wire::Number m{7, 7};
+  Status st = wire::decode(body, &m);
+  if (!st.is_ok()) {
+    check_failure(st);
+    FUZZ_CHECK(m.device == 7 && m.number == 7);
+    return;
+  }
+  FUZZ_CHECK(same(wire::encode(m), body));
+}
+
+void numbered(Bytes body) {
+  wire::Numbered m{7, 7, true, "untouched"};
+  Status st = wire::decode(body, &m);
+  if (!st.is_ok()) {
+    check_failure(st);
+    FUZZ_CHECK(m.device == 7 && m.number == 7 && m.ok && m.message == "untouched");
+    return;
+  }
+  FUZZ_CHECK(same(wire::encode(m), body));
+}
+
 void fin_ack(Bytes body) {
   wire::FinAck m{true, 7, "untouched"};
   Status st = wire::decode(body, &m);
@@ -171,6 +194,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fin(body);
   pause(body);
   stored(body);
+  number(body);
+  numbered(body);
   fin_ack(body);
   capacity(body);
   capacity_request(body);

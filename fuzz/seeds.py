@@ -14,7 +14,7 @@ import random
 import struct
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 6  # wire::kProtocolVersion
+VERSION = 7  # wire::kProtocolVersion
 FUZZ_KEY = bytes([0x5A]) * 32  # control_frame_fuzz.cc's session key
 
 
@@ -142,6 +142,8 @@ def main():
             "fin-ack": bytes([1]) + struct.pack("<Q", 81) + s16(b""),
             "pause": struct.pack("<HB", 3, 1),
             "stored": struct.pack("<H", 2) + struct.pack("<HQQ", 0, 40, 3) + struct.pack("<HQQ", 7, 0, 1),
+            "number": struct.pack("<HQ", 3, 250),
+            "numbered": struct.pack("<HQB", 3, 250, 0) + s16(b"behind the next one"),
             "capacity": struct.pack("<IQIQ", 3, 1 << 20, 250, 1 << 30),
             "capacity-request": b"SLST" + struct.pack("<H", VERSION),
         },
@@ -179,6 +181,7 @@ def main():
         "hello-then-fin": bytes([1]) + frame(1, c["hello"]) + frame(6, c["fin"]),
         "pause-resume": bytes([6]) + frame(12, c["pause"]) + frame(12, struct.pack("<HB", 3, 0)) + frame(6, c["fin"]),
         "refused": bytes([4]) + frame(5, c["refuse"]),
+        "number-then-fin": bytes([6]) + frame(14, c["number"]) + frame(15, c["numbered"]) + frame(6, c["fin"]),
         "accept-setup-ready": bytes([4]) + frame(4, c["accept"]) + frame(10, c["setup"]) + frame(11, b""),
         "cut-short": bytes([9]) + frame(9, c["capacity"])[:-3],
         "zero-length": bytes([1]) + struct.pack("<I", 0),

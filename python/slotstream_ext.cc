@@ -295,7 +295,7 @@ class SenderLife {
   // raises again when repeated. A library sender that can be aborted (Sender::abort) finishes
   // on a thread of its own while this one returns to Python every kSignalCheck: Ctrl-C
   // (KeyboardInterrupt) or `timeout` seconds (slotstream.Timeout) abandon the connection, as
-  // close() does. (PlatformSender has no abort yet: its finish() blocks.)
+  // close() does.
   void finish(std::optional<double> timeout = std::nullopt) {
     const auto deadline = deadline_after(timeout);
     std::unique_lock<std::shared_mutex> life;
@@ -535,13 +535,15 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
     check(st);
   }
 
-  // (The platform's sender has no deadline-aware send yet: this one blocks until it is sent.)
-  void send(int device, nb::handle data) {
-    send_with(device, data, std::nullopt,
-              [device](PlatformSender& s, std::span<const std::byte> bytes, Clock::time_point,
-                       DeviceStream::Progress*) { return s.send(uint16_t(device), bytes); });
+  // A step that gives up has not taken the message (PlatformSender::send with a deadline): the next
+  // step sends it afresh.
+  void send(int device, nb::handle data, std::optional<double> timeout) {
+    send_with(device, data, timeout,
+              [device](PlatformSender& s, std::span<const std::byte> bytes, Clock::time_point deadline,
+                       DeviceStream::Progress*) { return s.send(uint16_t(device), bytes, deadline); });
   }
-  void finish() { SenderLife::finish(); }
+  void finish(std::optional<double> timeout) { SenderLife::finish(timeout); }
+  void finish_no_timeout() { SenderLife::finish(); }
   void close() { SenderLife::close(); }
 
   nb::dict stats() const {
@@ -1183,17 +1185,22 @@ void bind_platform_sender(nb::module_& m) {
           "Asks the platform at `platform` (\"etcd://HOST:PORT[,HOST:PORT...]\") for a receiver with room for\n"
           "need_cpu cores, need_bandwidth bytes/s and need_fps messages/s (and the blocks' memory), and\n"
           "connects as sender `name`. Raises Refused with every receiver's shortfall when none has room.")
-      .def("send", &PyPlatformSender::send, "device"_a, "data"_a,
-           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any]) "
-                   "-> None"),
-           "Sends one message (kept until the receiver confirms it stored). Thread-safe.")
-      .def("finish", &PyPlatformSender::finish,
-           "Waits until every message is stored (moving on if the receiver dies), then releases the reservation.")
+      .def("send", &PyPlatformSender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
+           nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
+                   "timeout: float | None = None) -> None"),
+           "Sends one message (kept until the receiver confirms it stored). Thread-safe. Waits (GIL released)\n"
+           "while the receiver has no room; Ctrl-C (KeyboardInterrupt) or `timeout` seconds\n"
+           "(slotstream.Timeout) give up, the message not sent (a message larger than a block whose first\n"
+           "part went is sent in full).")
+      .def("finish", &PyPlatformSender::finish, nb::kw_only(), "timeout"_a = nb::none(),
+           "Waits until every message is stored (moving on if the receiver dies), then releases the reservation.\n"
+           "Ctrl-C (KeyboardInterrupt) or `timeout` seconds (slotstream.Timeout) abandon the stream instead:\n"
+           "the receiver keeps the complete messages; the reservation goes.")
       .def("close", &PyPlatformSender::close, "Abandons the stream without waiting; the reservation goes.")
       .def("stats", &PyPlatformSender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
            "Counters: messages, resent, reschedules, connections, receiver (the current one), schedule_ms.")
       .def_prop_ro("closed", [](const PyPlatformSender& s) { return s.is_closed(); });
-  def_context_manager<PyPlatformSender, &PyPlatformSender::finish, &PyPlatformSender::close>(
+  def_context_manager<PyPlatformSender, &PyPlatformSender::finish_no_timeout, &PyPlatformSender::close>(
       cls, "def __enter__(self) -> PlatformSender");
 }
 

@@ -102,6 +102,10 @@ struct Sender::Impl : session::LaneOwner {
     std::atomic<uint64_t> stored{0};
   };
   std::map<uint16_t, Confirmation> confirmations;  // every declared device, made at connect
+  // NUMBERED answers not yet taken by continue_at(), per device.
+  std::mutex numbered_mutex;
+  std::condition_variable numbered_cv;
+  std::map<uint16_t, wire::Numbered> numbered;
 
   // Devices the receiver paused (PAUSE: their worker is behind); fillers of others go on.
   std::mutex pause_mutex;
@@ -163,6 +167,10 @@ struct Sender::Impl : session::LaneOwner {
       failed_flag.store(true, std::memory_order_release);
       for (auto& lane : lanes) lane->abort();
     }
+    {
+      std::lock_guard lock(numbered_mutex);
+      numbered_cv.notify_all();
+    }
     std::lock_guard lock(pause_mutex);
     unpaused.notify_all();
   }
@@ -201,6 +209,18 @@ struct Sender::Impl : session::LaneOwner {
       it->second.known.store(true, std::memory_order_release);
     }
   }
+  // The device starts again at the answer's number: STORED counts it from there (wire/control.h).
+  void on_numbered(const wire::Numbered& m) override {
+    if (auto it = confirmations.find(m.device); it != confirmations.end() && m.ok) {
+      it->second.first.store(m.number, std::memory_order_relaxed);
+      it->second.stored.store(0, std::memory_order_release);
+      it->second.known.store(true, std::memory_order_release);
+    }
+    std::lock_guard lock(numbered_mutex);
+    numbered[m.device] = m;
+    numbered_cv.notify_all();
+  }
+  Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout);
   void join_all() {
     for (auto& lane : lanes) lane->stop();
   }
@@ -256,6 +276,8 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   hello.name = options.name;
   hello.group = group_id;
   hello.lanes = static_cast<uint16_t>(groups.size());
+  // Before the lanes connect: each handshake ends with the receiver's first STORED (confirm_stored).
+  for (uint16_t d : options.devices) im.confirmations[d];
   for (size_t i = 0; i < groups.size(); ++i) {
     auto lane = std::make_unique<SenderLane>(im, static_cast<uint16_t>(i), groups[i]);
     SLOTSTREAM_RETURN_IF_ERROR(lane->connect(options.host, options.port, hello));
@@ -264,7 +286,6 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   }
   for (uint16_t d : options.devices) {
     im.devices[d].reset(new DeviceStream(*sender, d, im.lane_of.at(d)));
-    im.confirmations[d];
   }
   for (auto& lane : im.lanes) lane->start();
   *out = std::move(sender);
@@ -325,6 +346,29 @@ Transport Sender::transport() const { return impl_->transport; }
 const std::string& Sender::transport_reason() const { return impl_->transport_reason; }
 uint32_t Sender::blocks() const { return impl_->options.blocks; }
 uint32_t Sender::block_size() const { return impl_->options.block_size; }
+
+// NUMBER, then the answer (NUMBERED), which the lane's sending thread reads with the others.
+Status Sender::Impl::continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) {
+  auto lane = lane_of.find(device);
+  if (lane == lane_of.end()) return {Code::kInvalidArgument, "device " + std::to_string(device) + " is not declared"};
+  {
+    std::lock_guard lock(numbered_mutex);
+    numbered.erase(device);
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(first_error());
+  SLOTSTREAM_RETURN_IF_ERROR(lane->second->number(wire::Number{device, number}));
+  std::unique_lock lock(numbered_mutex);
+  const bool answered = numbered_cv.wait_for(lock, timeout, [&] { return numbered.contains(device) || failed(); });
+  SLOTSTREAM_RETURN_IF_ERROR(first_error());
+  if (!answered) return {Code::kTimeout, "the receiver did not answer NUMBER for device " + std::to_string(device)};
+  const wire::Numbered a = numbered.at(device);
+  if (!a.ok) return {Code::kRefused, "receiver: " + a.message};
+  return Status::ok();
+}
+
+Status Sender::continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) {
+  return impl_->continue_at(device, number, timeout);
+}
 
 Sender::Confirmed Sender::confirmed(uint16_t device) const {
   Confirmed c;

@@ -1,10 +1,11 @@
 // The library's own answer to `transport rdma` on a host without a usable RDMA device
 // (src/sender.cc, src/receiver.cc): a kInvalidArgument naming what is missing and what to do,
 // before anything connects or listens — what the CLI turns into exit status 2 and Python into
-// slotstream.InvalidArgument.
+// slotstream.InvalidArgument. And what Sender::connect knows when it returns (confirm_stored).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <thread>
 
 #include "fabric/transports.h"
 #include "slotstream/slotstream.h"
@@ -49,6 +50,54 @@ TEST(RdmaWithoutADevice, ReceiverStartSaysWhatIsMissing) {
   // auto starts without it.
   o.transport = Transport::kAuto;
   ASSERT_TRUE(Receiver::start(o, &rx).is_ok());
+  rx->stop();
+}
+
+// A sink numbering from where an earlier receiver's messages stopped (as DirSink does over a
+// directory that holds some): device d's next message is stored as 40 + d.
+class NumberingSink : public MessageSink {
+ public:
+  Status begin(uint16_t) override { return Status::ok(); }
+  Status append(uint16_t, std::span<const std::byte>) override { return Status::ok(); }
+  Status commit(uint16_t) override { return Status::ok(); }
+  void abort(uint16_t) override {}
+  std::optional<Numbering> numbering(uint16_t device) override { return Numbering{40u + device, 0}; }
+};
+
+// With confirm_stored, the receiver's first STORED (where this connection's numbers start) is read
+// by the handshake: known when connect() returns, before any message. A platform sender relies on
+// it — a receiver that stores some messages and dies before the sender's sending thread read that
+// STORED left them unnumbered, and the next receiver stored them again under new numbers.
+TEST(ConfirmStored, ConnectReturnsKnowingWhereTheNumbersStart) {
+  ReceiverOptions ro;
+  ro.host = "127.0.0.1";
+  ro.transport = Transport::kTcp;
+  ro.make_sink = [](const SenderInfo&, std::unique_ptr<MessageSink>* out) {
+    *out = std::make_unique<NumberingSink>();
+    return Status::ok();
+  };
+  std::unique_ptr<Receiver> rx;
+  ASSERT_TRUE(Receiver::start(ro, &rx).is_ok());
+  SenderOptions so;
+  so.host = "127.0.0.1";
+  const std::string a = rx->listen_address();
+  so.port = uint16_t(std::stoi(a.substr(a.rfind(':') + 1)));
+  so.name = "numbered";
+  so.transport = Transport::kTcp;
+  so.devices = {0, 3};
+  so.confirm_stored = true;
+  std::unique_ptr<Sender> tx;
+  Status st = Sender::connect(so, &tx);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  for (uint16_t d : so.devices) {
+    const Sender::Confirmed c = tx->confirmed(d);
+    ASSERT_TRUE(c.first.has_value()) << "device " << d;
+    EXPECT_EQ(*c.first, 40u + d);
+    EXPECT_EQ(c.stored, 0u);
+  }
+  ASSERT_TRUE(tx->device(3)->send(std::as_bytes(std::span("x", 1))).is_ok());
+  ASSERT_TRUE(tx->finish().is_ok());
+  tx.reset();
   rx->stop();
 }
 

@@ -2,10 +2,11 @@
 // OUT/<NAME>/device-<D>, per-device workers as `recv --worker` runs them) and, when its load
 // passes a threshold, offloads devices one at a time to a receiver the platform schedules — taking
 // them back when the load falls below another (src/platform/offload.h). A device's messages keep
-// their numbers across every move: the remote connection is numbered from the local directory's
-// next message, and a device coming back continues locally after the last one the receiver
-// confirmed (the connection is finished first: FIN/FIN_ACK, everything stored), so every message
-// is stored exactly once, here or on a receiver.
+// their numbers across every move: an offloaded device's next message is numbered on the receiver
+// from the local directory's next one (NUMBER on the open connection), and a device coming back
+// continues locally after the last one the receiver confirmed stored, so every message is stored
+// exactly once, here or on a receiver. A move is one device's: the others keep their connection
+// (PlatformSender::set_devices; docs/platform.md says when a move must reconnect them).
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "pipeline/worker_manager.h"
 #include "platform/host.h"
 #include "platform/offload.h"
@@ -48,8 +50,11 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
       ->check(CLI::IsMember({"auto", "shm", "tcp", "rdma"}))
       ->default_str("auto");
   c->add_option("--blocks", s.blocks, "blocks towards receivers")->default_str(std::to_string(kDefaultBlocks));
-  c->add_option("--block-size", s.block_size, "block size towards receivers")
-      ->default_str(std::to_string(kDefaultBlockSize));
+  c->add_option("--block-size", s.block_size,
+                "SIZE per block towards receivers incl. its 16-byte header, e.g. 64K or 1M (default 1M: one 640x480x3 "
+                "frame per block)")
+      ->transform(size_value())
+      ->default_str("1M");
   c->add_option("--token-file", s.token_file, "shared secret receivers ask for");
   c->add_option("--worker", e->worker, "COMMAND: a local processing worker per device (docs/workers.md)");
   c->add_option("--backlog-messages", e->backlog_messages,
@@ -135,6 +140,7 @@ struct Route {
   std::unique_ptr<MessageSink> local;
   uint64_t first = 0;  // the number of this run's first message (the local directory's next one)
   uint64_t local_messages = 0, remote_messages = 0, held_messages = 0;
+  uint64_t holds = 0;  // moves that held this device's messages (its own, and those that reconnected it)
 };
 
 class Edge {
@@ -162,6 +168,7 @@ class Edge {
   Status deliver(Route& r, uint16_t d, std::span<const std::byte> message);
   bool hold(Route& r, std::vector<std::byte>& message);
   void move(platform::Move m, double load);
+  void hold_route(uint16_t t);
   void land(uint16_t d, const std::map<uint16_t, uint64_t>& removed, bool offloaded);
   Status check_numbers(uint16_t d, Route& r, const std::map<uint16_t, uint64_t>& removed);
 
@@ -172,7 +179,8 @@ class Edge {
   std::map<uint16_t, std::unique_ptr<Route>> routes_;
   std::vector<uint16_t> offloaded_;  // in the order they went
   std::atomic<uint64_t> held_bytes_{0};
-  uint64_t moves_ = 0, refused_ = 0;
+  uint64_t moves_ = 0, refused_ = 0, reconnect_moves_ = 0;
+  std::vector<double> move_ms_;  // each move, from its decision until its devices landed
 };
 
 // Stores one message here or sends it through the platform, wherever the device goes now.
@@ -257,9 +265,20 @@ void Edge::land(uint16_t d, const std::map<uint16_t, uint64_t>& removed, bool of
   r.moving = false;
 }
 
-// One move. Every device sent through the platform, and the one that moves, holds its new
-// messages while the platform sender changes its set (it finishes the remote connection, then
-// connects again), so none goes either way meanwhile and no filler stalls.
+// Marks device t moving: its new messages wait in the edge until land(). Waits for a message on
+// its way (a remote one may wait for its receiver).
+void Edge::hold_route(uint16_t t) {
+  Route& r = route(t);
+  std::lock_guard lock(r.mutex);
+  r.moving = true;
+  ++r.holds;
+}
+
+// One move. The moving device holds its new messages while the platform sender changes its set; the
+// devices already offloaded keep their connection and keep flowing (a move in place: a per-device
+// end or NUMBER on the open connection) — unless the move must reconnect (its receiver has no room
+// for one more device, or a take-back of the last one ends the connection): then they hold theirs
+// too, so that none goes either way meanwhile and no filler stalls.
 void Edge::move(platform::Move m, double load) {
   uint16_t d = 0;
   if (m == platform::Move::kOffload) {
@@ -269,25 +288,34 @@ void Edge::move(platform::Move m, double load) {
   } else {
     d = offloaded_.back();
   }
-  std::vector<uint16_t> set = offloaded_, touched = offloaded_;
+  std::vector<uint16_t> set = offloaded_, touched = {d};
   std::map<uint16_t, uint64_t> next, removed;
   char why[128];
   if (m == platform::Move::kOffload) {
     set.push_back(d);
-    touched.push_back(d);
     std::snprintf(why, sizeof why, "load %.1f above %.1f: offloading device %u", load, args_.above, unsigned(d));
   } else {
     std::erase(set, d);
     std::snprintf(why, sizeof why, "load %.1f below %.1f: taking device %u back", load, args_.below, unsigned(d));
   }
   print_line(stderr, std::string("slotstream edge: ") + why);
-  for (uint16_t t : touched) {  // waits for a message on its way (a remote one may wait for its receiver)
-    Route& r = route(t);
+  const auto t0 = Clock::now();
+  hold_route(d);
+  if (m == platform::Move::kOffload) {
+    Route& r = route(d);
     std::lock_guard lock(r.mutex);
-    r.moving = true;
-    if (t == d && m == platform::Move::kOffload) next[d] = r.local->numbering(d)->next;  // no local message now
+    next[d] = r.local->numbering(d)->next;  // no local message now
   }
-  Status st = remote_.set_devices(set, next, need_for(set.size()), &removed);
+  auto reconnecting = [&] {  // the devices offloaded already go through the new connection too
+    for (uint16_t t : offloaded_) {
+      if (t != d) {
+        hold_route(t);
+        touched.push_back(t);
+      }
+    }
+    if (touched.size() > 1) ++reconnect_moves_;
+  };
+  Status st = remote_.set_devices(set, next, need_for(set.size()), &removed, reconnecting);
   ++moves_;
   if (!st.is_ok()) {
     ++refused_;
@@ -296,6 +324,7 @@ void Edge::move(platform::Move m, double load) {
   const bool offloaded = st.is_ok() && m == platform::Move::kOffload;
   if (offloaded) offloaded_.push_back(d);
   for (uint16_t t : touched) land(t, removed, offloaded && t == d);
+  move_ms_.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
 void Edge::control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done) {
@@ -343,6 +372,7 @@ nlohmann::json Edge::summary(const Fillers& fillers) const {
     per[std::to_string(d)] = {{"local", r->local_messages},
                               {"remote", r->remote_messages},
                               {"held", r->held_messages},
+                              {"holds", r->holds},
                               {"late", fillers.late_frames(d)}};
   }
   const PlatformSenderStats s = remote_.stats();
@@ -352,6 +382,10 @@ nlohmann::json Edge::summary(const Fillers& fillers) const {
           {"late_frames", fillers.late_frames()},
           {"resent", s.resent},
           {"reschedules", s.reschedules},
+          {"connections", s.connections},
+          {"moves_in_place", s.moves_in_place},
+          {"reconnect_moves", reconnect_moves_},
+          {"move_ms", move_ms_},
           {"schedule_ms", s.schedule_ms}};
 }
 
@@ -379,6 +413,7 @@ int connect_edge(const EdgeArgs& args, SendArgs& a, Plan* plan, std::vector<uint
   const double n = double(devices->size());
   // --synthetic's rate and bandwidth are the cameras' sum; --need-cpu is per device already.
   *per_device = {a.platform.need_cpu, po.need.bandwidth / n, po.need.fps / n};
+  po.movable = *devices;      // declared on every connection: a move is one device's (NUMBER)
   po.sender.devices.clear();  // nothing offloaded yet
   a.name = po.sender.name;
   if (Status st = PlatformSender::connect(po, remote); !st.is_ok()) {

@@ -42,6 +42,10 @@ struct PlatformSenderOptions {
   uint64_t replay_limit = 256ull << 20;
   // Scheduling results, moves, losses, one line each (any thread; may be empty).
   std::function<void(const std::string&)> on_event;
+  // Devices set_devices() may add later (the edge: all its devices). Every connection declares them
+  // besides those sent now, so that one is moved onto the open connection (NUMBER, wire/control.h)
+  // and off it while the others keep it — no new connection.
+  std::vector<uint16_t> movable;
 };
 
 struct PlatformSenderStats {
@@ -49,6 +53,7 @@ struct PlatformSenderStats {
   uint64_t resent = 0;              // messages sent again to a new receiver
   uint64_t reschedules = 0;         // receivers lost and replaced
   uint64_t connections = 0;         // receivers connected to, in all
+  uint64_t moves_in_place = 0;      // set_devices() calls done on the open connection
   std::string receiver;             // the current one ("" none)
   std::vector<double> schedule_ms;  // per connection: from the scheduling request to connected
 };
@@ -65,17 +70,32 @@ class PlatformSender {
   // Like DeviceStream::send/send_with; the message is kept until the receiver confirms it stored.
   Status send(uint16_t device, std::span<const std::byte> message);
   Status send_with(uint16_t device, uint64_t length, const DeviceStream::FillFn& fill);
+  // The same, giving up at `deadline` with kTimeout — the message not taken (call again to send it)
+  // — while it waits for confirmations (replay_limit) or for a free send block before the message's
+  // first fragment; a message whose first fragment went is sent in full.
+  Status send(uint16_t device, std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline);
   // Waits until every message is stored (moving to another receiver if this one dies meanwhile),
   // then releases the reservation and disconnects.
   Status finish();
+  // Ends the stream at once from any thread (a caller's time limit, Ctrl-C in Python): the current
+  // connection is aborted (Sender::abort), sends and finish() in progress return `why` within
+  // ~100 ms, and so does every later call. What the receiver stored stays stored. Destroy as usual.
+  void abort(Status why);
 
-  // The edge's moves: finishes with the current receiver (everything stored), then schedules the
-  // new set of devices (none: disconnect) with its need and connects. `next` names the on-disk
-  // number of the next message of each added device. Devices removed are given back with the
-  // number their next message must get wherever they go (`*removed`). When no receiver takes the
-  // new set, every device is given back in `*removed` and nothing is sent through the platform.
+  // The edge's moves. `next` names the on-disk number of the next message of each added device.
+  // Devices removed are given back with the number their next message must get wherever they go
+  // (`*removed`), once every message of theirs is confirmed stored.
+  // In place, when a connection is open, the new set is not empty, every added device is declared
+  // on it (`movable`) and its receiver has room for the new need (the reservation changes there):
+  // a removed device's stream ends once the receiver confirmed all of it, an added one starts at
+  // its number (NUMBER); the other devices keep the connection and keep flowing meanwhile.
+  // Otherwise (`before_reconnect` is called first, from this thread): finishes with the current
+  // receiver (FIN/FIN_ACK, everything stored), schedules the new set (none: disconnect) and
+  // connects; the sends of every device wait for that. When no receiver takes the new set, every
+  // device is given back in `*removed` and nothing is sent through the platform.
   Status set_devices(const std::vector<uint16_t>& devices, const std::map<uint16_t, uint64_t>& next,
-                     const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed);
+                     const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed,
+                     const std::function<void()>& before_reconnect = {});
   std::vector<uint16_t> devices() const;
 
   PlatformSenderStats stats() const;

@@ -259,6 +259,13 @@ class Sender {
     uint64_t stored = 0;
   };
   Confirmed confirmed(uint16_t device) const;
+  // Moves `device`'s numbers on the receiver's disk forward: its next message is stored as `number`
+  // (never behind its last one), and confirmed() counts it from there. For a stream whose numbers
+  // went on elsewhere meanwhile (the platform's edge, src/platform): call only while every message
+  // of the device sent on this connection is confirmed stored and no send() of it is in progress;
+  // the other devices keep flowing. Waits for the receiver's answer (kRefused: its sink cannot
+  // number, or the number is behind; the connection goes on). Any thread, one call at a time.
+  Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout);
 
   struct Impl;
 

@@ -29,15 +29,23 @@ namespace {
 // cannot be reached, and how often a send() over the replay limit looks for confirmations.
 constexpr auto kRetryPause = std::chrono::milliseconds(200);
 constexpr auto kRoomPoll = std::chrono::milliseconds(2);
+// A move in place waits this long at most for the receiver to confirm a leaving device's messages
+// (STORED: every ~50 ms while it stores), or to answer NUMBER; then it moves by reconnecting,
+// which also finds out whether the receiver died meanwhile.
+constexpr auto kInPlaceWait = std::chrono::milliseconds(5000);
 
 // The receive memory a sender's connections take on the receiver (its blocks and status bytes,
 // one region per connection).
-double receive_memory(const SenderOptions& o, size_t devices) {
+bool connection_per_device(const SenderOptions& o) {
   const std::string name = o.protocol.substr(0, o.protocol.find(':'));
-  size_t lanes = 1;
   for (const auto& p : protocols()) {
-    if (p.name == name && p.connection_per_device) lanes = devices;
+    if (p.name == name) return p.connection_per_device;
   }
+  return false;
+}
+
+double receive_memory(const SenderOptions& o, size_t devices) {
+  const size_t lanes = connection_per_device(o) ? devices : 1;
   return double(lanes) * (double(o.blocks) * o.block_size + o.blocks);
 }
 
@@ -52,13 +60,30 @@ struct PlatformSender::Impl {
   std::unique_ptr<Sender> sender;  // the current connection; null: none
   uint64_t generation = 0;         // connections made; a failed send() names the one it used
   std::string receiver;
-  std::vector<uint16_t> devices;
-  Status fatal;  // no receiver could be found: every later call fails with it
+  std::mutex moves;                  // one set_devices() at a time
+  mutable std::mutex devices_mutex;  // `devices` changes under the shared gate in a move in place
+  std::vector<uint16_t> devices;     // sent through the platform now
+  Status fatal;                      // no receiver could be found: every later call fails with it
+  // abort(): `sender` is replaced under sender_mutex too, so that abort() reaches the current one.
+  std::mutex sender_mutex;
+  Status aborted;
+  Status abort_status() {
+    std::lock_guard lock(sender_mutex);
+    return aborted;
+  }
+  void set_sender(std::unique_ptr<Sender> s) {
+    std::unique_ptr<Sender> old;
+    std::lock_guard lock(sender_mutex);
+    old = std::move(sender);
+    sender = std::move(s);
+    if (sender && !aborted.is_ok()) sender->abort(aborted);
+  }
 
   struct Device {
     std::mutex mutex;  // the device's filler and whoever moves the stream
     ReplayLog log;
-    uint64_t begin = 0;  // the log index the current connection began at
+    uint64_t begin = 0;   // the log index the current connection (or the device's NUMBER on it) began at
+    bool routed = false;  // sent through the platform now (in `devices`)
   };
   std::map<uint16_t, std::unique_ptr<Device>> streams;  // every device ever sent (changed exclusively)
 
@@ -72,7 +97,8 @@ struct PlatformSender::Impl {
     auto it = streams.find(d);
     return it == streams.end() ? nullptr : it->second.get();
   }
-  // Drops what the receiver confirmed; learns the numbers from its first STORED. Under dev.mutex.
+  // Drops what the receiver confirmed; learns the numbers from its first STORED. Under dev.mutex; for
+  // a device sent now, or one leaving (drain).
   void trim(uint16_t d, Device& dev) {
     if (!sender) return;
     const Sender::Confirmed c = sender->confirmed(d);
@@ -80,7 +106,7 @@ struct PlatformSender::Impl {
     if (!dev.log.base()) dev.log.learn_base(dev.begin, *c.first);
     dev.log.confirm(dev.begin, c.stored);
   }
-  Status wait_for_room(uint16_t d, Device& dev, size_t bytes);
+  Status wait_for_room(uint16_t d, Device& dev, size_t bytes, std::optional<Clock::time_point> deadline);
   Status connect_to(const platform::Placement& p);
   Status replay();
   // keep_asking: ask again while no receiver has room (after a loss); else refuse at once.
@@ -88,47 +114,92 @@ struct PlatformSender::Impl {
   Status recover_locked(const Status& cause);
   Status recover(uint64_t gen, const Status& cause);
   Status finish_locked();
-  Status send_owned(uint16_t d, std::vector<std::byte> message);
+  Status send_owned(uint16_t d, std::vector<std::byte> message, std::optional<Clock::time_point> deadline = {});
+  Status send_logged(uint16_t d, Device& dev, std::optional<Clock::time_point> deadline);
+  // Every device a connection declares: those sent now and those that may come (movable).
+  std::vector<uint16_t> declared() const;
+  void set_routed(const std::vector<uint16_t>& set);
+  bool can_move_in_place(const std::vector<uint16_t>& set, const std::map<uint16_t, uint64_t>& next);
+  Status move_in_place(const std::vector<uint16_t>& set, const std::map<uint16_t, uint64_t>& next,
+                       const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed);
+  Status drain(uint16_t d, uint64_t* next_number);
+  void route_again(const std::vector<uint16_t>& ds);
+  Status start(uint16_t d, uint64_t number);
+  Status reconnect(const std::vector<uint16_t>& set, const std::map<uint16_t, uint64_t>& next, const PlatformNeed& need,
+                   std::map<uint16_t, uint64_t>* removed);
 };
+
+std::vector<uint16_t> PlatformSender::Impl::declared() const {
+  std::set<uint16_t> all(devices.begin(), devices.end());
+  all.insert(options.movable.begin(), options.movable.end());
+  return {all.begin(), all.end()};
+}
+
+// Exclusive gate held (or before any send).
+void PlatformSender::Impl::set_routed(const std::vector<uint16_t>& set) {
+  for (auto& [d, dev] : streams) {
+    std::lock_guard lock(dev->mutex);
+    dev->routed = std::find(set.begin(), set.end(), d) != set.end();
+  }
+}
 
 // A send() that would keep more than replay_limit bytes waits for the receiver's confirmations.
 // Shared gate held.
-Status PlatformSender::Impl::wait_for_room(uint16_t d, Device& dev, size_t bytes) {
+Status PlatformSender::Impl::wait_for_room(uint16_t d, Device& dev, size_t bytes,
+                                           std::optional<Clock::time_point> deadline) {
   for (;;) {
     {
       std::lock_guard lock(dev.mutex);
       trim(d, dev);
       if (dev.log.bytes() == 0 || dev.log.bytes() + bytes <= options.replay_limit) return Status::ok();
     }
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
+    if (deadline && Clock::now() >= *deadline) {
+      return {Code::kTimeout,
+              "the receiver has not confirmed enough of device " + std::to_string(d) + "'s messages (replay_limit)"};
+    }
     std::this_thread::sleep_for(kRoomPoll);
   }
 }
 
 // Connects to the placement's receiver with every device numbered from its first unconfirmed
-// message (when the numbers are known: a receiver that died before saying where they start
-// leaves the next one to continue after its own disk). Exclusive gate held.
+// message (when the numbers are known: they are from the first connection's handshake on; before
+// it, the receiver continues after its own disk). Exclusive gate held.
 Status PlatformSender::Impl::connect_to(const platform::Placement& p) {
   SenderOptions so = options.sender;
   SLOTSTREAM_RETURN_IF_ERROR(net::parse_host_port(p.address, &so.host, &so.port));
-  so.devices = devices;
+  so.devices = declared();
   so.confirm_stored = true;
   so.first_message.clear();
   bool numbered = true;
   for (uint16_t d : devices) numbered = numbered && streams.at(d)->log.base().has_value();
-  for (uint16_t d : devices) {
-    Device& dev = *streams.at(d);
-    if (numbered) {
-      so.first_message[d] = *dev.log.first_unconfirmed_number();
-    } else {
-      dev.log.forget_base();  // learnt again from this receiver's first STORED
+  for (uint16_t d : so.devices) {
+    auto& dev = streams[d];
+    if (!dev) dev = std::make_unique<Device>();
+    if (!dev->routed) {
+      // Declared for a later move in place, which says its number first (NUMBER).
+      if (numbered) so.first_message[d] = dev->log.first_unconfirmed_number().value_or(0);
+      continue;
     }
-    dev.begin = dev.log.confirmed();
+    if (numbered) {
+      so.first_message[d] = *dev->log.first_unconfirmed_number();
+    } else {
+      dev->log.forget_base();  // learnt again from this receiver's first STORED
+    }
+    dev->begin = dev->log.confirmed();
   }
   std::unique_ptr<Sender> s;
   SLOTSTREAM_RETURN_IF_ERROR(Sender::connect(so, &s));
-  sender = std::move(s);
+  set_sender(std::move(s));
   receiver = p.receiver;
   ++generation;
+  // The receiver said where its numbers start during the handshake (its first STORED): learnt now,
+  // so that a receiver dying before any later confirmation still leaves the numbers known.
+  for (uint16_t d : devices) {
+    Device& dev = *streams.at(d);
+    std::lock_guard lock(dev.mutex);
+    trim(d, dev);
+  }
   return Status::ok();
 }
 
@@ -159,6 +230,7 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_a
   if (options.sender.transport != Transport::kAuto) req.transport = transport_name(options.sender.transport);
   Status last;
   for (;;) {
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
     const auto t0 = Clock::now();
     req.exclude = exclude;
     platform::Placement p;
@@ -182,7 +254,7 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_a
         event("using receiver " + p.why + line);
         return Status::ok();
       }
-      sender.reset();
+      set_sender(nullptr);
       // The receiver still holds our name while its session of our last connection ends: the
       // same receiver again, shortly. Anything else: another receiver.
       if (last.message().find("already connected") == std::string::npos) exclude.insert(p.receiver);
@@ -203,9 +275,9 @@ Status PlatformSender::Impl::recover_locked(const Status& cause) {
   const std::string lost = receiver;
   for (auto& [d, dev] : streams) {
     std::lock_guard lock(dev->mutex);
-    trim(d, *dev);  // the last confirmations the dead connection received
+    if (dev->routed) trim(d, *dev);  // the last confirmations the dead connection received
   }
-  sender.reset();
+  set_sender(nullptr);
   receiver.clear();
   {
     std::lock_guard lock(stats_mutex);
@@ -221,6 +293,7 @@ Status PlatformSender::Impl::recover_locked(const Status& cause) {
 Status PlatformSender::Impl::recover(uint64_t gen, const Status& cause) {
   std::unique_lock lock(gate);
   if (!fatal.is_ok()) return fatal;
+  SLOTSTREAM_RETURN_IF_ERROR(abort_status());
   if (generation != gen && sender) return Status::ok();  // another thread moved the stream already
   return recover_locked(cause);
 }
@@ -233,45 +306,69 @@ Status PlatformSender::Impl::finish_locked() {
     if (st.is_ok()) {
       for (auto& [d, dev] : streams) {
         std::lock_guard lock(dev->mutex);
-        trim(d, *dev);                                               // learns the numbers if nothing else did
+        if (!dev->routed) continue;  // a declared device not sent now has nothing pending
+        trim(d, *dev);               // learns the numbers if nothing else did
         dev->log.confirm(dev->begin, dev->log.next() - dev->begin);  // FIN_ACK: all stored
       }
-      sender.reset();
+      set_sender(nullptr);
       return Status::ok();
     }
     if (st.code() == Code::kInvalidArgument) return st;
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
     SLOTSTREAM_RETURN_IF_ERROR(recover_locked(st));
   }
   return Status::ok();
 }
 
-Status PlatformSender::Impl::send_owned(uint16_t d, std::vector<std::byte> message) {
+Status PlatformSender::Impl::send_owned(uint16_t d, std::vector<std::byte> message,
+                                        std::optional<Clock::time_point> deadline) {
   uint64_t gen = 0;
   Status st;
   {
     std::shared_lock lock(gate);
     if (!fatal.is_ok()) return fatal;
+    SLOTSTREAM_RETURN_IF_ERROR(abort_status());
     Device* dev = stream(d);
     if (!dev || !sender || !sender->device(d)) {
       return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not sent through the platform now"};
     }
-    SLOTSTREAM_RETURN_IF_ERROR(wait_for_room(d, *dev, message.size()));
+    SLOTSTREAM_RETURN_IF_ERROR(wait_for_room(d, *dev, message.size(), deadline));
     std::lock_guard dl(dev->mutex);
-    const uint64_t index = dev->log.append(std::move(message));
-    // A reference into the log stays valid: only this device's thread or an exclusive mover trims it.
-    st = sender->device(d)->send(dev->log.pending()[index - dev->log.confirmed()]);
+    if (!dev->routed) {
+      return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not sent through the platform now"};
+    }
+    dev->log.append(std::move(message));
+    st = send_logged(d, *dev, deadline);
+    if (st.code() == Code::kTimeout) return st;  // not taken
     gen = generation;
   }
   if (st.is_ok() || st.code() == Code::kInvalidArgument) return st;
+  SLOTSTREAM_RETURN_IF_ERROR(abort_status());
   // The message is in the log: the move sends it again with the others.
   return recover(gen, st);
+}
+
+// Sends the log's newest message. Given up (kTimeout) before its first fragment went, it leaves the
+// log again; once begun it is sent in full. Shared gate and dev.mutex held.
+Status PlatformSender::Impl::send_logged(uint16_t d, Device& dev, std::optional<Clock::time_point> deadline) {
+  // A reference into the log stays valid: only this device's thread or an exclusive mover trims it.
+  const std::vector<std::byte>& m = dev.log.pending().back();
+  if (!deadline) return sender->device(d)->send(m);
+  DeviceStream::Progress progress;
+  Status st = sender->device(d)->send(m, *deadline, &progress);
+  if (st.code() == Code::kTimeout && progress.next_fragment == 0) {
+    dev.log.drop_newest();
+    return {Code::kTimeout, "no send block came free for device " + std::to_string(d) + " (the receiver is slow)"};
+  }
+  while (st.code() == Code::kTimeout) st = sender->device(d)->send(m, Clock::now() + kRoomPoll * 50, &progress);
+  return st;
 }
 
 PlatformSender::PlatformSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 PlatformSender::~PlatformSender() {
   std::unique_lock lock(impl_->gate);
-  impl_->sender.reset();
+  impl_->set_sender(nullptr);
   impl_->lease.reset();  // revokes: the reservation goes at once
 }
 
@@ -284,7 +381,10 @@ Status PlatformSender::connect(PlatformSenderOptions options, std::unique_ptr<Pl
   im.devices = im.options.sender.devices;
   SLOTSTREAM_RETURN_IF_ERROR(platform::SenderLease::start(
       endpoints, im.options.sender.name, im.options.lease_ttl_seconds, im.options.on_event, &im.lease));
-  for (uint16_t d : im.devices) im.streams[d] = std::make_unique<Impl::Device>();
+  for (uint16_t d : im.devices) {
+    im.streams[d] = std::make_unique<Impl::Device>();
+    im.streams[d]->routed = true;
+  }
   if (!im.devices.empty()) {
     std::unique_lock lock(im.gate);
     SLOTSTREAM_RETURN_IF_ERROR(im.schedule({}, /*keep_asking=*/false));
@@ -300,6 +400,21 @@ Status PlatformSender::send(uint16_t device, std::span<const std::byte> message)
     ++impl_->stats.messages;
   }
   return st;
+}
+
+Status PlatformSender::send(uint16_t device, std::span<const std::byte> message, Clock::time_point deadline) {
+  Status st = impl_->send_owned(device, std::vector<std::byte>(message.begin(), message.end()), deadline);
+  if (st.is_ok()) {
+    std::lock_guard lock(impl_->stats_mutex);
+    ++impl_->stats.messages;
+  }
+  return st;
+}
+
+void PlatformSender::abort(Status why) {
+  std::lock_guard lock(impl_->sender_mutex);
+  if (impl_->aborted.is_ok()) impl_->aborted = why;
+  if (impl_->sender) impl_->sender->abort(impl_->aborted);
 }
 
 Status PlatformSender::send_with(uint16_t device, uint64_t length, const DeviceStream::FillFn& fill) {
@@ -321,15 +436,147 @@ Status PlatformSender::finish() {
   return impl_->lease->release();
 }
 
+// A move of one device, in place where it can be (see platform.h), else by reconnecting.
 Status PlatformSender::set_devices(const std::vector<uint16_t>& devices, const std::map<uint16_t, uint64_t>& next,
-                                   const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed) {
+                                   const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed,
+                                   const std::function<void()>& before_reconnect) {
   Impl& im = *impl_;
+  std::lock_guard serial(im.moves);
+  if (im.can_move_in_place(devices, next)) {
+    Status st = im.move_in_place(devices, next, need, removed);
+    if (st.is_ok()) return st;
+    im.event("moving the devices by reconnecting: " + st.message());
+  }
+  if (before_reconnect) before_reconnect();
   std::unique_lock lock(im.gate);
-  if (!im.fatal.is_ok()) return im.fatal;
-  SLOTSTREAM_RETURN_IF_ERROR(im.finish_locked());  // everything sent so far is stored
-  std::map<uint16_t, uint64_t> numbers;            // of every device sent so far: where it goes on
-  for (uint16_t d : im.devices) {
-    Impl::Device& dev = *im.streams.at(d);
+  return im.reconnect(devices, next, need, removed);
+}
+
+bool PlatformSender::Impl::can_move_in_place(const std::vector<uint16_t>& set,
+                                             const std::map<uint16_t, uint64_t>& next) {
+  std::shared_lock lock(gate);
+  if (!fatal.is_ok() || !sender || set.empty() || devices.empty() || connection_per_device(options.sender)) {
+    return false;
+  }
+  for (uint16_t d : set) {
+    const bool added = std::find(devices.begin(), devices.end(), d) == devices.end();
+    if (added && (!sender->device(d) || !next.contains(d))) return false;  // not declared on this connection
+  }
+  return true;
+}
+
+// The devices that leave end their streams here once all of theirs is stored; the reservation
+// changes on the same receiver; the devices that come start at their numbers. Shared gate: the
+// others' sends go on; a receiver lost meanwhile fails this move, and the caller reconnects.
+Status PlatformSender::Impl::move_in_place(const std::vector<uint16_t>& set, const std::map<uint16_t, uint64_t>& next,
+                                           const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed) {
+  std::shared_lock lock(gate);
+  if (!sender) return {Code::kPeerGone, "the connection went meanwhile"};
+  std::vector<uint16_t> leaving, coming;
+  for (uint16_t d : devices) {
+    if (std::find(set.begin(), set.end(), d) == set.end()) leaving.push_back(d);
+  }
+  for (uint16_t d : set) {
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) coming.push_back(d);
+  }
+  std::map<uint16_t, uint64_t> gone;
+  for (uint16_t d : leaving) {
+    Status st = drain(d, &gone[d]);
+    if (!st.is_ok()) {
+      route_again(leaving);
+      return st;
+    }
+  }
+  platform::Request req;
+  req.amount = {need.cpu, need.bandwidth, need.fps, receive_memory(options.sender, set.size())};
+  req.devices = set;
+  req.only = receiver;
+  if (options.sender.transport != Transport::kAuto) req.transport = transport_name(options.sender.transport);
+  platform::Placement p;
+  Status st = lease->reserve(req, &p);
+  for (uint16_t d : coming) {
+    if (st.is_ok()) st = start(d, next.at(d));
+  }
+  if (!st.is_ok()) {
+    route_again(leaving);
+    return st;
+  }
+  {
+    std::lock_guard dl(devices_mutex);
+    devices = set;
+  }
+  options.need = need;
+  std::string line;
+  for (uint16_t d : coming)
+    line += "; device " + std::to_string(d) + " now goes there from message " + std::to_string(next.at(d));
+  for (auto [d, n] : gone) line += "; device " + std::to_string(d) + " ends there before message " + std::to_string(n);
+  event("moved on the open connection to receiver " + receiver + line);
+  *removed = std::move(gone);
+  std::lock_guard sl(stats_mutex);
+  ++stats.moves_in_place;
+  return Status::ok();
+}
+
+// Device d leaves the connection: no send of it from now on, and once the receiver confirmed every
+// message of it stored (STORED), *next_number is where its next one goes. Shared gate held.
+Status PlatformSender::Impl::drain(uint16_t d, uint64_t* next_number) {
+  Device& dev = *streams.at(d);
+  const auto deadline = Clock::now() + kInPlaceWait;
+  for (;;) {
+    {
+      std::lock_guard dl(dev.mutex);
+      trim(d, dev);
+      if (dev.log.pending().empty()) {
+        dev.routed = false;
+        if (!dev.log.first_unconfirmed_number()) {
+          return {Code::kProtocolError,
+                  "the receiver never said where device " + std::to_string(d) + "'s numbers start"};
+        }
+        *next_number = *dev.log.first_unconfirmed_number();
+        return Status::ok();
+      }
+      dev.routed = false;  // a send() of it now is refused: its last messages are being confirmed
+    }
+    if (Clock::now() > deadline) {
+      return {Code::kTimeout, "receiver " + receiver + " did not confirm device " + std::to_string(d) +
+                                  "'s messages in " + std::to_string(kInPlaceWait.count()) + " ms"};
+    }
+    std::this_thread::sleep_for(kRoomPoll);
+  }
+}
+
+void PlatformSender::Impl::route_again(const std::vector<uint16_t>& ds) {
+  for (uint16_t d : ds) {
+    Device& dev = *streams.at(d);
+    std::lock_guard dl(dev.mutex);
+    dev.routed = true;
+  }
+}
+
+// Device d comes onto the connection: its next message is stored as `number` there (NUMBER), and
+// the receiver's confirmations count from it. Shared gate held; no send of d until it returns.
+Status PlatformSender::Impl::start(uint16_t d, uint64_t number) {
+  Device* dev = stream(d);  // declared on the connection (can_move_in_place): made by connect_to
+  if (!dev) return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not declared"};
+  std::lock_guard dl(dev->mutex);
+  if (!dev->log.pending().empty())
+    return {Code::kProtocolError, "device " + std::to_string(d) + " has unconfirmed messages"};
+  SLOTSTREAM_RETURN_IF_ERROR(sender->continue_at(d, number, kInPlaceWait));
+  dev->log.set_base(number - dev->log.next());
+  dev->begin = dev->log.next();
+  dev->routed = true;
+  return Status::ok();
+}
+
+// Finishes with the current receiver (everything stored), then schedules the new set of devices
+// (none: disconnect) and connects. Exclusive gate held.
+Status PlatformSender::Impl::reconnect(const std::vector<uint16_t>& set, const std::map<uint16_t, uint64_t>& next,
+                                       const PlatformNeed& need, std::map<uint16_t, uint64_t>* removed) {
+  if (!fatal.is_ok()) return fatal;
+  SLOTSTREAM_RETURN_IF_ERROR(finish_locked());  // everything sent so far is stored
+  std::map<uint16_t, uint64_t> numbers;         // of every device sent so far: where it goes on
+  for (uint16_t d : devices) {
+    Device& dev = *streams.at(d);
     if (!dev.log.first_unconfirmed_number()) {
       return {Code::kProtocolError, "the receiver never said where device " + std::to_string(d) + "'s numbers start"};
     }
@@ -337,32 +584,40 @@ Status PlatformSender::set_devices(const std::vector<uint16_t>& devices, const s
   }
   removed->clear();
   for (auto [d, n] : numbers) {
-    if (std::find(devices.begin(), devices.end(), d) == devices.end()) (*removed)[d] = n;
+    if (std::find(set.begin(), set.end(), d) == set.end()) (*removed)[d] = n;
   }
-  for (uint16_t d : devices) {
-    auto& dev = im.streams[d];
-    if (!dev) dev = std::make_unique<Impl::Device>();
+  for (uint16_t d : set) {
+    auto& dev = streams[d];
+    if (!dev) dev = std::make_unique<Device>();
     if (auto it = next.find(d); it != next.end()) dev->log.set_base(it->second - dev->log.next());
   }
-  im.devices = devices;
-  im.options.need = need;
-  im.receiver.clear();
   {
-    std::lock_guard sl(im.stats_mutex);
-    im.stats.receiver.clear();
+    std::lock_guard dl(devices_mutex);
+    devices = set;
   }
-  if (devices.empty()) return im.lease->release();
-  Status st = im.schedule({}, /*keep_asking=*/false);
+  set_routed(set);
+  options.need = need;
+  receiver.clear();
+  {
+    std::lock_guard sl(stats_mutex);
+    stats.receiver.clear();
+  }
+  if (set.empty()) return lease->release();
+  Status st = schedule({}, /*keep_asking=*/false);
   if (!st.is_ok()) {  // nothing is sent through the platform now: every device goes back
-    im.devices.clear();
+    {
+      std::lock_guard dl(devices_mutex);
+      devices.clear();
+    }
+    set_routed({});
     *removed = std::move(numbers);
-    (void)im.lease->release();
+    (void)lease->release();
   }
   return st;
 }
 
 std::vector<uint16_t> PlatformSender::devices() const {
-  std::shared_lock lock(impl_->gate);
+  std::lock_guard lock(impl_->devices_mutex);
   return impl_->devices;
 }
 

@@ -21,6 +21,12 @@ class ReplayLog {
  public:
   // Keeps a copy of the next message; returns its index.
   uint64_t append(std::vector<std::byte> message);
+  // Takes back the newest message (one that was not sent after all: a send that gave up before its
+  // first fragment went).
+  void drop_newest() {
+    bytes_ -= messages_.back().size();
+    messages_.pop_back();
+  }
   // A connection that began at index `begin` has `stored` of its messages confirmed: every index
   // below begin + stored is dropped. Confirmations never move backwards.
   void confirm(uint64_t begin, uint64_t stored);

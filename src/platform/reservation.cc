@@ -71,8 +71,23 @@ Status SenderLease::try_reserve(const Request& request, Placement* out, bool* co
   std::vector<Reservation> reservations;
   int64_t revision = 0;
   SLOTSTREAM_RETURN_IF_ERROR(read_platform(*etcd_, &records, &reservations, &revision));
-  const Decision d =
-      choose(build_views(records, reservations, sender_), request.amount, request.exclude, request.transport);
+  std::set<std::string> exclude = request.exclude;
+  if (!request.only.empty()) {
+    for (const auto& r : records) {
+      if (r.name != request.only) exclude.insert(r.name);
+    }
+  }
+  std::vector<ReceiverView> views = build_views(records, reservations, sender_);
+  {
+    // In place, the receive memory this sender's connection holds there already is its own.
+    std::lock_guard lock(mutex_);
+    for (auto& v : views) {
+      if (!request.only.empty() && v.record.name == reserved_on_) {
+        v.record.free_receive_memory += uint64_t(reservation_.amount.memory);
+      }
+    }
+  }
+  const Decision d = choose(views, request.amount, exclude, request.transport);
   if (!d.ok) return {Code::kRefused, d.why};
   Reservation res{sender_, d.receiver, request.amount, request.devices};
   std::vector<Compare> compares = {

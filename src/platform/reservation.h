@@ -34,8 +34,11 @@ struct Placement {
 struct Request {
   Amount amount;
   std::vector<uint16_t> devices;
-  std::string transport;                     // "" any; else one the receiver must serve
-  std::set<std::string> exclude;             // receivers not to choose (just lost)
+  std::string transport;          // "" any; else one the receiver must serve
+  std::set<std::string> exclude;  // receivers not to choose (just lost)
+  // Non-empty: this receiver or none — the reservation changes in place (the edge's per-device
+  // moves keep their connection); kRefused when it has no room.
+  std::string only;
   std::chrono::milliseconds patience{5000};  // how long to retry conflicting transactions
 };
 

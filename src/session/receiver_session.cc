@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "sink/dir_sink.h"
+
 namespace slotstream::session {
 
 using net::Millis;
@@ -364,7 +366,7 @@ void ReceiverSession::confirm_stored(Clock::time_point now) {
   next_confirm_ = now + kConfirmInterval;
   bool moved = false;
   for (auto& [d, c] : confirmed_.devices) {
-    const uint64_t stored = delivery_->messages(d);
+    const uint64_t stored = delivery_->messages(d) - numbered_at_[d];
     moved = moved || stored != c.stored;
     c.stored = stored;
   }
@@ -391,19 +393,74 @@ void ReceiverSession::check_control(Clock::time_point now) {
     return;
   }
   if (alive.code() == Code::kInProgress && !l.fin) {
-    std::vector<uint8_t> body;
-    wire::Fin f;
-    Status rs = control_->expect(wire::MsgType::kFin, Millis(1000), &body);
-    if (rs.is_ok()) rs = wire::decode(body, &f);
-    if (auto why = rs.is_ok() ? check_fin(f, report_.sender.devices) : std::nullopt) rs = {Code::kProtocolError, *why};
+    wire::Frame frame;
+    Status rs = control_->receive(Millis(1000), &frame);
     if (!rs.is_ok()) {
       rx_.event("sender " + report_.sender.name + ": " + rs.message() + "; ending its session");
       lose_sender("bad control message: " + rs.message());
       return;
     }
-    l.fin = std::move(f);
-    l.fin_deadline = Clock::now() + kFinGrace;
+    control_frame(frame);
   }
+}
+
+// A frame while data moves: FIN (the last one), or NUMBER (any number of them).
+void ReceiverSession::control_frame(const wire::Frame& frame) {
+  Status rs;
+  if (frame.type == wire::MsgType::kNumber) {
+    wire::Number n;
+    rs = wire::decode(frame.body, &n);
+    if (rs.is_ok()) rs = control_->send(wire::MsgType::kNumbered, wire::encode(on_number(n)));
+  } else if (frame.type == wire::MsgType::kFin) {
+    return on_fin(frame);
+  } else {
+    rs = {Code::kProtocolError,
+          "unexpected control message type " + std::to_string(int(frame.type)) + " while data moves"};
+  }
+  if (!rs.is_ok()) {
+    rx_.event("sender " + report_.sender.name + ": " + rs.message() + "; ending its session");
+    lose_sender("bad control message: " + rs.message());
+  }
+}
+
+void ReceiverSession::on_fin(const wire::Frame& frame) {
+  wire::Fin f;
+  Status rs = wire::decode(frame.body, &f);
+  if (auto why = rs.is_ok() ? check_fin(f, report_.sender.devices) : std::nullopt) rs = {Code::kProtocolError, *why};
+  if (!rs.is_ok()) {
+    rx_.event("sender " + report_.sender.name + ": " + rs.message() + "; ending its session");
+    lose_sender("bad control message: " + rs.message());
+    return;
+  }
+  loop_.fin = std::move(f);
+  loop_.fin_deadline = Clock::now() + kFinGrace;
+}
+
+// NUMBER: the device's next message is stored as n.number (its sink skips the numbers stored
+// elsewhere meanwhile). The sender sent every earlier message of it and saw them stored, and sends
+// no more until the answer; a refusal leaves the numbering as it was.
+wire::Numbered ReceiverSession::on_number(const wire::Number& n) {
+  wire::Numbered a{n.device, n.number, false, ""};
+  const auto& declared = report_.sender.devices;
+  auto* numbered = dynamic_cast<sink::SkippableSink*>(sink_.get());
+  Status st;
+  if (std::find(declared.begin(), declared.end(), n.device) == declared.end()) {
+    st = {Code::kInvalidArgument, "this connection did not declare the device"};
+  } else if (!numbered) {
+    st = {Code::kInvalidArgument, "this receiver's sink does not number messages"};
+  } else {
+    st = numbered->skip_to(n.device, n.number);
+  }
+  if (!st.is_ok()) {
+    a.message = "device " + std::to_string(n.device) + " cannot continue at message " + std::to_string(n.number) +
+                ": " + st.message();
+    rx_.event("sender " + report_.sender.name + ": " + a.message);
+    return a;
+  }
+  numbered_at_[n.device] = delivery_->messages(n.device);
+  if (confirm_) confirmed_.devices[n.device] = {n.number, 0};
+  a.ok = true;
+  return a;
 }
 
 }  // namespace slotstream::session

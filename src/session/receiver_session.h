@@ -155,6 +155,9 @@ class ReceiverSession {
   void note_lend_limit();
   void confirm_stored(Clock::time_point now);
   void send_stored();
+  void control_frame(const wire::Frame& frame);
+  void on_fin(const wire::Frame& frame);
+  wire::Numbered on_number(const wire::Number& number);
   // The UCX worker this session's protocol uses: its own, or the transport's shared one.
   fabric::Worker& worker() { return own_worker_ ? *own_worker_ : *fabric_->worker; }
   void apply_holds(Clock::time_point start);
@@ -202,6 +205,8 @@ class ReceiverSession {
   uint64_t reserved_bytes_ = 0;  // of the receiver's memory budget, released when the session ends
   bool confirm_ = false;         // the sender asked for STORED (wire::kHelloConfirm)
   wire::Stored confirmed_;       // what the last STORED said
+  // Per device, the messages delivered before its last NUMBER: STORED counts those after it.
+  std::map<uint16_t, uint64_t> numbered_at_;
   Clock::time_point next_confirm_{};
   std::map<uint16_t, Clock::time_point> next_pause_log_;
   std::vector<bool> hold_active_;

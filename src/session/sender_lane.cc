@@ -1,6 +1,7 @@
 #include "session/sender_lane.h"
 
 #include <algorithm>
+#include <set>
 
 #include "common.h"
 #include "net/auth.h"
@@ -196,6 +197,28 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
   fabric::Worker* helper = t.setup_progress || t.cm_connect ? worker_.get() : nullptr;
   Status st = expect_progressing(*control_, wire::MsgType::kReady, kHandshakeTimeout, helper, &body);
   if (!st.is_ok()) return {st.code(), "receiver did not complete the set-up: " + st.message()};
+  return options.confirm_stored ? read_first_stored() : Status::ok();
+}
+
+// The STORED a receiver sends right after READY (wire/control.h) says where this connection's
+// numbers start. Read here, not by the sending thread later: a receiver that dies before that
+// thread looked would leave the messages it stored meanwhile unnumbered, and a platform sender
+// (src/platform) would then send them again under new numbers (stored twice).
+Status SenderLane::read_first_stored() {
+  std::set<uint16_t> missing(devices_.begin(), devices_.end());
+  wire::Frame frame;
+  while (!missing.empty()) {
+    Status st = control_->receive(kHandshakeTimeout, &frame);
+    if (!st.is_ok()) return {st.code(), "receiver did not say where its numbers start (STORED): " + st.message()};
+    if (frame.type != wire::MsgType::kStored) {
+      return {Code::kProtocolError,
+              "expected STORED after READY, got control message " + std::to_string(int(frame.type))};
+    }
+    wire::Stored stored;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &stored));
+    owner_.on_stored(stored);
+    for (const auto& [d, c] : stored.devices) missing.erase(d);
+  }
   return Status::ok();
 }
 
@@ -320,6 +343,12 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
     wire::Stored stored;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &stored));
     owner_.on_stored(stored);
+    return Status::ok();
+  }
+  if (frame.type == wire::MsgType::kNumbered) {
+    wire::Numbered answer;
+    SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &answer));
+    owner_.on_numbered(answer);
     return Status::ok();
   }
   if (frame.type == wire::MsgType::kRefuse) {
@@ -514,6 +543,12 @@ Status SenderLane::sending_thread_st() {
 
 void SenderLane::sending_loop_st() {
   if (Status st = explain_transmit_error(sending_thread_st()); !st.is_ok()) owner_.fail(st);
+}
+
+// The socket's frames are sent by one thread at a time: this one's, while the sending thread only
+// receives (fin() comes after the sending thread ended).
+Status SenderLane::number(const wire::Number& number) {
+  return control_->send(wire::MsgType::kNumber, wire::encode(number));
 }
 
 // Tells the receiver how many messages of each device it must have, and waits until it has

@@ -73,6 +73,8 @@ class LaneOwner {
   virtual uint64_t messages_sent(uint16_t device) = 0;
   // STORED from the receiver: what it has stored so far (SenderOptions::confirm_stored).
   virtual void on_stored(const wire::Stored& stored) = 0;
+  // NUMBERED from the receiver: its answer to a NUMBER (Sender::continue_at).
+  virtual void on_numbered(const wire::Numbered& answer) = 0;
 };
 
 class SenderLane {
@@ -98,6 +100,9 @@ class SenderLane {
   Status help();
   // After stop(): FIN, then waits until the receiver confirmed every message stored.
   Status fin();
+  // NUMBER while data moves; the sending thread hands the answer to LaneOwner::on_numbered. Any
+  // thread (one at a time; not with fin()).
+  Status number(const wire::Number& number);
 
   const std::vector<uint16_t>& devices() const { return devices_; }
   stream::SendRing& ring() { return *ring_; }  // after connect()
@@ -113,6 +118,7 @@ class SenderLane {
  private:
   // *failed: set when the chosen transport's set-up failed on this side (the receiver was told).
   Status handshake(const wire::Hello& hello, std::optional<Transport>* failed);
+  Status read_first_stored();
   Status setup_fabric(const wire::Accept& accept);
   void refuse_transport(Transport transport, const Status& st);
   Status reach_receiver();

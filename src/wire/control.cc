@@ -328,6 +328,44 @@ Status decode(std::span<const uint8_t> body, Stored* out) {
   return Status::ok();
 }
 
+std::vector<uint8_t> encode(const Number& m) {
+  Writer w;
+  w.u16(m.device);
+  w.u64(m.number);
+  return std::move(w.buffer());
+}
+Status decode(std::span<const uint8_t> body, Number* out) {
+  Reader r(body);
+  Number m;
+  m.device = r.u16();
+  m.number = r.u64();
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "number"));
+  *out = m;
+  return Status::ok();
+}
+
+std::vector<uint8_t> encode(const Numbered& m) {
+  Writer w;
+  w.u16(m.device);
+  w.u64(m.number);
+  w.u8(m.ok ? 1 : 0);
+  w.str16(m.message);
+  return std::move(w.buffer());
+}
+Status decode(std::span<const uint8_t> body, Numbered* out) {
+  Reader r(body);
+  Numbered m;
+  m.device = r.u16();
+  m.number = r.u64();
+  const uint8_t ok = r.u8();
+  m.message = r.str16();
+  SLOTSTREAM_RETURN_IF_ERROR(finish(r, "numbered"));
+  if (ok > 1) return malformed("numbered: flag");
+  m.ok = ok == 1;
+  *out = std::move(m);
+  return Status::ok();
+}
+
 std::vector<uint8_t> encode(const FinAck& m) {
   Writer w;
   w.u8(m.ok ? 1 : 0);

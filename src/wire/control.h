@@ -11,7 +11,11 @@
 //          receiver -> READY | REFUSE
 //          ... data moves over UCX ...
 //          receiver -> PAUSE (any number, while data moves: one device's sink is busy)
-//          receiver -> STORED (only when HELLO asked for it: at once, then whenever counts moved)
+//          receiver -> STORED (only when HELLO asked for it: at once, then whenever counts moved; the
+//                           sender reads the first one(s), covering each of its devices, as the
+//                           handshake's end)
+//          sender -> NUMBER ; receiver -> NUMBERED (any number, while data moves: a declared device
+//                           starts again at a number of the sender's, e.g. back from being stored elsewhere)
 //          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
 // Or, instead of HELLO, a capacity query: CAPACITY_REQ ; receiver -> CAPACITY, then close.
 //
@@ -43,6 +47,14 @@
 // STORED:    u16 n | n x (u16 device, u64 first message number, u64 messages stored), devices
 //            ascending — of this connection: messages first .. first + stored - 1 are on the
 //            receiver's disk
+// NUMBER:    u16 device | u64 number — the device's next message on this connection is stored as
+//            `number` (never behind its last one). The sender sends it only while every message of the
+//            device it sent on this connection is stored (STORED said so) and sends none of it until
+//            the answer: the platform's edge moves one device onto a connection that stays open for the
+//            others (src/platform), its numbers having gone on elsewhere meanwhile.
+// NUMBERED:  u16 device | u64 number | u8 ok | str16 message — the answer, once applied (ok 1) or why
+//            not (ok 0: the connection goes on, the device's numbering unchanged). After an ok answer,
+//            STORED counts the device from `number`: first = number, stored = messages since.
 // REFUSE:    u16 code | str16 message
 // FIN:       u16 n | n x (u16 device, u64 messages)   (n <= kMaxDevices: one frame holds any FIN)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
@@ -68,7 +80,8 @@
 // the rdma transport, the offers, the shm domain and ACCEPT's reason; version 5 says that blocks
 // may hold packed units (issue 21: a receiver of version 4 would count them as bad headers and lose
 // their messages, so it must refuse the sender instead); version 6 adds signed frames after the
-// handshake (issue 19; a sender of version 5 would not sign them). The block header
+// handshake (issue 19; a sender of version 5 would not sign them); version 7 adds NUMBER/NUMBERED (a
+// receiver of version 6 would end the session at an unexpected frame). The block header
 // (wire/block_header.h) carries its own version.
 #pragma once
 
@@ -86,7 +99,7 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 6;
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
@@ -116,6 +129,8 @@ enum class MsgType : uint8_t {
   kReady = 11,
   kPause = 12,
   kStored = 13,
+  kNumber = 14,
+  kNumbered = 15,
 };
 
 inline constexpr uint8_t kHelloNumbered = 1;  // HELLO flags (above)
@@ -195,6 +210,18 @@ struct Stored {
   std::map<uint16_t, Device> devices;
 };
 
+struct Number {
+  uint16_t device = 0;
+  uint64_t number = 0;
+};
+
+struct Numbered {
+  uint16_t device = 0;
+  uint64_t number = 0;
+  bool ok = false;
+  std::string message;  // why not, when !ok
+};
+
 struct FinAck {
   bool ok = false;
   uint64_t stored = 0;
@@ -228,6 +255,8 @@ std::vector<uint8_t> encode(const Stored& m);
 // `m` as STORED bodies of at most kMaxStoredDevices devices each (one for a small one).
 std::vector<std::vector<uint8_t>> split_stored(const Stored& m);
 std::vector<uint8_t> encode(const FinAck& m);
+std::vector<uint8_t> encode(const Number& m);
+std::vector<uint8_t> encode(const Numbered& m);
 std::vector<uint8_t> encode(const CapacityInfo& m);
 std::vector<uint8_t> encode_capacity_request();
 
@@ -240,6 +269,8 @@ Status decode(std::span<const uint8_t> body, Fin* out);
 Status decode(std::span<const uint8_t> body, Pause* out);
 Status decode(std::span<const uint8_t> body, Stored* out);
 Status decode(std::span<const uint8_t> body, FinAck* out);
+Status decode(std::span<const uint8_t> body, Number* out);
+Status decode(std::span<const uint8_t> body, Numbered* out);
 Status decode(std::span<const uint8_t> body, CapacityInfo* out);
 Status decode_capacity_request(std::span<const uint8_t> body);
 

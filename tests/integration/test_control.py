@@ -11,7 +11,7 @@ from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
-VERSION = 6
+VERSION = 7
 MAX_FRAME = 65536
 
 

@@ -318,3 +318,50 @@ def test_an_edge_move_that_waits_on_its_receiver_holds_the_camera_frames_instead
     assert ("synthetic frames were late" in text) == (summary["late_frames"] > 0), text
     assert_edge_stored_each_once([edge_out, rx_out], "edge-b", summary, 300)
     assert f"verified {600 - summary['late_frames']} frames" in verify_merged(tmp_path, [edge_out, rx_out], "edge-b")
+
+
+@pytest.mark.deadline(60)
+def test_moving_one_edge_device_back_and_forth_leaves_the_other_offloaded_devices_connection_alone(
+        cluster, procs, tmp_path):
+    """A move used to reconnect every offloaded device: FIN/FIN_ACK, a reservation and a new connection for
+    all of them, their frames held meanwhile (0.4-7 s a move under load). Now device 2 goes once and stays;
+    device 1 goes and comes back twice on the same connection (NUMBER for its new numbers, its end when the
+    receiver confirmed all of it): one connection, one session on the receiver, device 2 never held, and
+    every message of both stored once, in order, here or there."""
+    rx_out, edge_out = tmp_path / "rx", tmp_path / "edge"
+    rx, = start_receivers(cluster, procs, rx_out, 1, "--capacity-cpu", 4)
+    load = tmp_path / "load"
+    load.write_text("0")
+    edge = Proc([BIN, "edge", "--platform", cluster.url, "--name", "edge-c", "--out", edge_out,
+                 "--synthetic", f"0-2:50:{FRAME}", "--duration", 8, "--load", f"file:{load}",
+                 "--offload-above", 70, "--take-back-below", 30, "--settle", 0.3, "--need-cpu", 0.5, "--json"])
+    procs.append(edge)
+    wait_until(lambda: any((edge_out / "edge-c" / "device-2").glob("*.bin")), 10, "the edge's first frames")
+    load.write_text("90")
+    at, _ = edge.stderr.wait_for(r"offloading device 2", 10)
+    at, _ = edge.stderr.wait_for(r"offloading device 1", 10, at)
+    for turn in range(2):
+        if turn:
+            load.write_text("90")
+            at, _ = edge.stderr.wait_for(r"offloading device 1", 10, at)
+        load.write_text("50")
+        at, _ = edge.stderr.wait_for(r"device 1 now goes there|using receiver", 10, at)  # the move is done
+        load.write_text("10")
+        at, _ = edge.stderr.wait_for(r"taking device 1 back", 10, at)
+        load.write_text("50")  # device 2 stays
+        at, _ = edge.stderr.wait_for(r"device 1 ends there|using receiver", 10, at)
+    assert edge.wait(30) == 0, edge.stderr.text
+    summary = json.loads(edge.stdout.lines[-1])
+    text = edge.stderr.text
+    assert text.count("offloading device 1") == text.count("taking device 1 back") == 2, text
+    assert text.count("offloading device 2") == 1 and "taking device 2 back" not in text, text
+    # One connection for the whole run (the first offload made it; the end finished it); four moves on it.
+    assert summary["connections"] == 1 and summary["reconnect_moves"] == 0, summary
+    assert summary["moves_in_place"] == 4 and summary["moves"] == 5, summary
+    assert summary["devices"]["2"]["holds"] == 1, summary  # its own move only, never for device 1's
+    assert summary["devices"]["1"]["local"] > 0 and summary["devices"]["1"]["remote"] > 0, summary
+    rx.terminate(10)
+    sessions = rx.stdout.text  # one line per session of a sender that ended
+    assert sessions.count("sender edge-c finished") == 1 and "sender edge-c lost" not in sessions, sessions
+    assert_edge_stored_each_once([edge_out, rx_out], "edge-c", summary, 400)
+    assert f"verified {1200 - summary['late_frames']} frames" in verify_merged(tmp_path, [edge_out, rx_out], "edge-c")

@@ -86,6 +86,17 @@ def test_sizes_take_units_everywhere():
         assert run(*args).returncode == 0
 
 
+def test_edge_block_size_takes_units_like_send():
+    # `edge --block-size` took bytes only (64KiB was refused) and its --help gave no unit.
+    edge = ["edge", "--platform", "etcd://127.0.0.1:1", "--out", "/tmp/slotstream-usage-edge", "--name", "u",
+            "--synthetic", "0:1:8x8x1", "--duration", "1"]
+    p = run(*edge, "--block-size", "1X")
+    assert p.returncode == 2 and "64K, 1M or 4G" in p.stderr, p.stderr
+    p = run(*edge, "--block-size", "64KiB")
+    assert "block-size" not in p.stderr and "etcd" in p.stderr, p.stderr  # parsed; then the platform is unreachable
+    assert "64K or 1M" in run("edge", "--help").stdout
+
+
 def test_unknown_protocol_and_transport_list_the_valid_ones():
     p = run("send", "--to", "127.0.0.1:1", "--name", "u", "--protocol", "carrier_pigeon", "--file", "0=/etc/hostname")
     assert p.returncode == 2, p.stderr

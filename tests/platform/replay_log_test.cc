@@ -43,5 +43,18 @@ TEST(ReplayLog, NumbersFollowWhatTheReceiverSaidTheFirstOneGot) {
   EXPECT_FALSE(log.first_unconfirmed_number());
 }
 
+// A send that gave up before its message's first fragment went (PlatformSender::send with a deadline)
+// takes it back: the next message gets its index, and its bytes no longer count against the limit.
+TEST(ReplayLog, TheNewestMessageCanBeTakenBack) {
+  ReplayLog log;
+  log.append(msg(3));
+  EXPECT_EQ(log.append(msg(5)), 1u);
+  log.drop_newest();
+  EXPECT_EQ(log.bytes(), 3u);
+  EXPECT_EQ(log.next(), 1u);
+  EXPECT_EQ(log.append(msg(7)), 1u);
+  EXPECT_EQ(log.bytes(), 10u);
+}
+
 }  // namespace
 }  // namespace slotstream::platform

@@ -102,7 +102,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 6);  // version, little-endian (6: packed units and signed frames)
+  EXPECT_EQ(b[4], 7);  // version, little-endian (7: NUMBER/NUMBERED)
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);
@@ -312,7 +312,39 @@ TEST(Control, ARefuseIsAnErrorWhateverCodeThePeerWrote) {
 namespace slotstream::wire {
 namespace {
 
-static_assert(kProtocolVersion == 6, "version 6: packed units (5) and signed frames after an authenticated handshake");
+static_assert(kProtocolVersion == 7, "version 7: NUMBER/NUMBERED (6: signed frames after an authenticated handshake)");
+static_assert(uint8_t(MsgType::kNumber) == 14 && uint8_t(MsgType::kNumbered) == 15, "types on the wire");
+
+// Version 7: a device starts again at a number of the sender's on a connection that stays open (the
+// edge's per-device moves, src/platform). The layouts, byte for byte.
+TEST(Control, NumberAndNumberedLayouts) {
+  const auto nb = encode(Number{513, 0x0102030405060708ull});
+  EXPECT_EQ(nb, (std::vector<uint8_t>{0x01, 0x02, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01}));
+  Number n;
+  ASSERT_TRUE(decode(nb, &n).is_ok());
+  EXPECT_EQ(n.device, 513);
+  EXPECT_EQ(n.number, 0x0102030405060708ull);
+  for (size_t cut = 0; cut < nb.size(); ++cut) {
+    EXPECT_FALSE(decode(std::span(nb).first(cut), &n).is_ok()) << "accepted a NUMBER cut at " << cut;
+  }
+  auto longer = nb;
+  longer.push_back(0);
+  EXPECT_FALSE(decode(longer, &n).is_ok());
+
+  const auto ab = encode(Numbered{7, 42, false, "no"});
+  EXPECT_EQ(ab, (std::vector<uint8_t>{7, 0, 42, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 'n', 'o'}));
+  Numbered a;
+  ASSERT_TRUE(decode(ab, &a).is_ok());
+  EXPECT_EQ(a.device, 7);
+  EXPECT_EQ(a.number, 42u);
+  EXPECT_FALSE(a.ok);
+  EXPECT_EQ(a.message, "no");
+  ASSERT_TRUE(decode(encode(Numbered{7, 42, true, ""}), &a).is_ok());
+  EXPECT_TRUE(a.ok);
+  auto bad = ab;
+  bad[10] = 2;  // the flag is 0 or 1
+  EXPECT_FALSE(decode(bad, &a).is_ok());
+}
 static_assert(kFrameTrailer == 40, "u64 sequence + HMAC-SHA256");
 
 // Issue 19: the receiver must always be told every device's count, so a FIN of the most devices a
