@@ -75,18 +75,17 @@ def test_ctrl_c_interrupts_a_blocked_call(receiver, tmp_path, what):
         child.kill()
 
 
-@pytest.mark.deadline(60)
-def test_timeouts_raise_timeout(receiver):
-    rx = receiver("--discard")
-    tx = slotstream.Sender(rx.addr, name="timeouts", blocks=2, block_size=4096, devices=[0], transport="shm")
+def check_timeouts(tx, pid, message):
+    """A sender (Sender or PlatformSender, 2 blocks of 4 KiB) whose receiver `pid` is stopped: send() gives up
+    after its timeout with the message not sent, then finish() abandons the stream after its own. Returns how
+    many messages the loop tried (message(i) for i = 1, 2, ...; the last one timed out)."""
+    tx.send(0, message(0), timeout=5)  # room: returns at once
+    stop(pid)
     try:
-        tx.send(0, bytes(100), timeout=5)  # room: returns at once
-        stop(rx.pid)
-        t0 = time.monotonic()
         with pytest.raises(slotstream.Timeout) as e:
-            for i in range(100):  # 2 receiver and 2 sender blocks: the fifth message at the latest waits
+            for i in range(1, 100):  # 2 receiver and 2 sender blocks: the fifth message at the latest waits
                 t0 = time.monotonic()
-                tx.send(0, bytes(4000), timeout=0.3)
+                tx.send(0, message(i), timeout=0.3)
         assert i <= 6, f"{i} messages went to a stopped receiver: {tx.stats()}"
         assert 0.25 < time.monotonic() - t0 < 2.0
         assert "not sent" in str(e.value) and isinstance(e.value, slotstream.Error)
@@ -95,8 +94,16 @@ def test_timeouts_raise_timeout(receiver):
             tx.finish(timeout=0.5)
         assert 0.4 < time.monotonic() - t0 < 2.0
     finally:
-        os.kill(rx.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         tx.close()
+    return i
+
+
+@pytest.mark.deadline(60)
+def test_timeouts_raise_timeout(receiver):
+    rx = receiver("--discard")
+    tx = slotstream.Sender(rx.addr, name="timeouts", blocks=2, block_size=4096, devices=[0], transport="shm")
+    check_timeouts(tx, rx.pid, lambda i: bytes(4000))
     with pytest.raises(ValueError):
         slotstream.Sender(rx.addr, name="neg", devices=[0]).send(0, b"x", timeout=-1)
 

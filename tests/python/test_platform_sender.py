@@ -1,18 +1,14 @@
 """slotstream.PlatformSender: the Python face of `send --platform` (docs/platform.md), against a real
 etcd cluster and real `slotstream recv --platform` processes."""
-import os
 import pathlib
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import slotstream
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
 from platform_support import start_cluster  # noqa: E402
-import test_interrupt  # noqa: E402  (its stop(): SIGSTOP, and wait until the process is stopped)
+import test_interrupt  # noqa: E402  (its check_timeouts(): a stopped receiver, send and finish time out)
 
 
 
@@ -66,23 +62,7 @@ def test_send_and_finish_take_a_timeout_like_sender(cluster, receiver, tmp_path)
     rx = receiver("--out", out, "--platform", cluster.url, "--platform-name", "slow", "--platform-ttl", 2)
     rx.stderr.wait_for("registered on the platform as slow ", 10)
     tx = slotstream.PlatformSender(cluster.url, name="pyt", devices=[0], blocks=2, block_size=4096, transport="shm")
-    try:
-        tx.send(0, (0).to_bytes(4, "little") * 1000, timeout=5)  # room: returns at once
-        test_interrupt.stop(rx.pid)
-        with pytest.raises(slotstream.Timeout) as e:
-            for i in range(1, 100):  # 2 receiver and 2 sender blocks: the fifth message at the latest waits
-                t0 = time.monotonic()
-                tx.send(0, i.to_bytes(4, "little") * 1000, timeout=0.3)
-        assert i <= 6, f"{i} messages went to a stopped receiver: {tx.stats()}"
-        assert 0.25 < time.monotonic() - t0 < 2.0
-        assert "not sent" in str(e.value)
-        t0 = time.monotonic()
-        with pytest.raises(slotstream.Timeout, match="abandoned"):
-            tx.finish(timeout=0.5)
-        assert 0.4 < time.monotonic() - t0 < 2.0
-    finally:
-        os.kill(rx.pid, signal.SIGCONT)
-        tx.close()
+    i = test_interrupt.check_timeouts(tx, rx.pid, lambda i: i.to_bytes(4, "little") * 1000)
     # What reached the receiver before the stream was abandoned is stored, numbered from 0, in order (messages
     # still in the sender's own blocks went with it); the message that timed out never went.
     rx.stdout.wait_for("sender pyt lost", 10)
