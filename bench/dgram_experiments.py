@@ -26,7 +26,7 @@ import threading
 import time
 
 from harness import (BIN, DEFAULT_BLOCKS, PAPER_BLOCKS, Experiment, PeerError, Progress, cpu_percent,
-                     for_each_point, free_port, log, pct, run_pair, run_peers)
+                     for_each_point, free_port, log, pct, run_pair, run_peers, wait_or_kill)
 
 DGRAM = ["write_record", "dgram_send", "dgram_rd", "dgram_rc"]
 LLP = {"write_record": "udp", "dgram_send": "udp", "dgram_rd": "udp", "dgram_rc": "tcp"}
@@ -370,11 +370,7 @@ def ffmpeg_once(mode_, seconds, reference, ns=None):
         rx.kill()
         raise
     finally:
-        try:
-            rx.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            rx.kill()
-            rx.wait(10)
+        wait_or_kill(rx, 15)
         th.join(5)
     if tx.returncode != 0:
         raise PeerError(f"ffmpeg sender failed: {tx_err[-300:]}")
@@ -401,11 +397,7 @@ def sipp_once(mode_, calls, rate, workdir, ns=None):
                                         "-timeout", f"{calls // rate + 20}s"]),
                              env=env, cwd=workdir, capture_output=True, text=True, timeout=calls // rate + 60)
     finally:
-        try:
-            uas.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            uas.kill()
-            uas.wait(10)
+        wait_or_kill(uas, 10)
     logs = list(workdir.glob("uac_*_messages.log"))
     if not logs:
         raise PeerError(f"sipp uac left no message trace (exit {uac.returncode}): {uac.stdout[-300:]}")

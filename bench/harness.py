@@ -125,14 +125,19 @@ def read_line(proc, timeout):
     return line.decode()
 
 
-def stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
+def wait_or_kill(proc, seconds):
+    """Waits for a program that should end by itself; kills it if it has not after `seconds`."""
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+    wait_or_kill(proc, 10)
 
 
 def free_port(kind=socket.SOCK_STREAM):

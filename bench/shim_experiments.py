@@ -31,7 +31,7 @@ import sys
 import time
 
 import dgram_experiments as dx
-from harness import Experiment, PeerError, Progress, for_each_point, log
+from harness import Experiment, PeerError, Progress, for_each_point, log, wait_or_kill
 
 SEGMENT = 1500 - 20 - 8 - 28 - 4  # a Write-Record segment's payload at the default MTU over IPv4
 LEVELS = [0.1, 0.5, 1, 5]
@@ -73,15 +73,6 @@ def settings(cfg):
     levels = {"tiny": [5], "quick": LEVELS, "full": LEVELS}[m]
     count = {"tiny": 100, "quick": 400, "full": 1500}[m]
     return sizes, levels, count
-
-
-def wait_or_kill(proc, seconds):
-    """Waits for a program that should end by itself; kills it if it has not after `seconds`."""
-    try:
-        proc.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 def counters(log):

@@ -27,7 +27,7 @@ import subprocess
 import time
 
 import dgram_experiments as dx
-from harness import Experiment, PeerError, Progress, for_each_point, free_port, log, pct
+from harness import Experiment, PeerError, Progress, for_each_point, free_port, log, pct, wait_or_kill
 
 MODES = ("shim", "udp", "tcp")  # udp+shim, plain udp, tcp: dgram_experiments.APP_TRANSPORT names them
 TRANSPORT_ARGS = {"shim": ("un", "u1"), "udp": ("un", "u1"), "tcp": ("tn", "t1")}  # (uac, uas)
@@ -195,11 +195,7 @@ def wait_plateau(mode, uas, uac, clients, ramp_s, workdir):
 
 def stop_sipp(procs, wait_s):
     for p in procs:
-        try:
-            p.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+        wait_or_kill(p, wait_s)
 
 
 def measure_point(mode, clients, rate, ramp_s, finish, workdir):
