@@ -14,7 +14,6 @@
 //
 // Limits: epoll registrations are told apart by their data (u64); two UDP sockets registered with the same
 // data in one epoll set are not, and such events pass unfiltered. epoll_pwait2 and io_uring are not wrapped.
-#include <dlfcn.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -30,15 +29,11 @@
 #include "dgram/shim/shim.h"
 
 using slotstream::dgram::shim::any_held;
+using slotstream::dgram::shim::next;
 using slotstream::dgram::shim::now_ns;
 using slotstream::dgram::shim::readiness;
 
 namespace {
-
-template <class F>
-F next(const char* name) {
-  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
-}
 
 struct Real {
   decltype(&::poll) poll = next<decltype(&::poll)>("poll");

@@ -2,6 +2,8 @@
 // (udp_shim.cc). Internal to libslotstream_udp.so.
 #pragma once
 
+#include <dlfcn.h>
+
 #include <climits>
 #include <cstdint>
 
@@ -23,5 +25,11 @@ int64_t now_ns();
 // No system call: whether any socket has recombination state. If none, no socket can be readable through
 // the shim alone, and the wrappers need not ask each one before waiting.
 bool any_held();
+
+// The libc function this library's wrapper of `name` stands in front of.
+template <class F>
+F next(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
 
 }  // namespace slotstream::dgram::shim

@@ -77,7 +77,6 @@
 //   SLOTSTREAM_UDP_INJECT_DUPLICATE percent sent twice
 //   SLOTSTREAM_UDP_INJECT_SEED    seed (default 1)
 // A malformed setting stops the program at start with the reason (nothing is silently unwrapped).
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
@@ -117,15 +116,11 @@
 #include "dgram/write_record.h"
 
 using namespace slotstream::dgram;
+using shim::next;
 
 namespace {
 
 // ------------------------------------------------------------------ the functions we wrap
-
-template <class F>
-F next(const char* name) {
-  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
-}
 
 struct Real {
   decltype(&::sendmsg) sendmsg = next<decltype(&::sendmsg)>("sendmsg");
