@@ -22,6 +22,14 @@ def bench(tmp_path, experiment, *extra, timeout=120):
     return out, doc, p.stdout
 
 
+def replot(out):
+    """bench/plot.py --report on a run's results: it succeeds; returns the report."""
+    r = subprocess.run([PYTHON, str(REPO / "bench" / "plot.py"), str(out / "results.json"), "--report"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return (out / "report.md").read_text()
+
+
 @pytest.mark.deadline(150)
 def test_datagram_experiment(tmp_path):
     out, doc, log = bench(tmp_path, "datagram")
@@ -35,10 +43,7 @@ def test_datagram_experiment(tmp_path):
     assert all(r["value"] == 1.0 for r in recs if r["metric"] == "delivered_fraction")
     for png in ("fig_dgram_latency.png", "fig_dgram_throughput.png"):
         assert (out / png).stat().st_size > 1000, png
-    r = subprocess.run([PYTHON, str(REPO / "bench" / "plot.py"), str(out / "results.json"), "--report"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    report = (out / "report.md").read_text()
+    report = replot(out)
     assert "## Datagram RDMA over UDP" in report and "Patent:" in report and "write_record / dgram_rc" in report
 
 
@@ -85,11 +90,9 @@ def test_shimloss_experiment(tmp_path):
     assert all(0 <= recs[m] <= 1 for m in ("whole_fraction", "partial_fraction", "lost_fraction"))
     assert recs["whole_theory"] == pytest.approx(0.95 ** 12)
     assert 0 < recs["loss_measured"] < 0.2
-    r = subprocess.run([PYTHON, str(REPO / "bench" / "plot.py"), str(out / "results.json"), "--report"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    report = replot(out)
     assert (out / "fig_shim_loss.png").stat().st_size > 1000
-    assert "socket shim under loss" in (out / "report.md").read_text()
+    assert "socket shim under loss" in report
 
 
 @pytest.mark.deadline(90)
@@ -135,11 +138,9 @@ def test_sipscale_experiment(tmp_path):
     assert recs[("udp", "uas_sockets")] < 10 and recs[("udp+shim", "uas_sockets")] < 10
     assert recs[("tcp", "uas_sockets")] >= 50
     assert ("udp+shim", "memory_saving_vs_tcp") in recs and ("udp", "memory_saving_vs_tcp") in recs
-    r = subprocess.run([PYTHON, str(REPO / "bench" / "plot.py"), str(out / "results.json"), "--report"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    report = replot(out)
     assert (out / "fig_sip_memory.png").stat().st_size > 1000
-    assert "SIPp with a socket per client" in (out / "report.md").read_text()
+    assert "SIPp with a socket per client" in report
 
 
 @pytest.mark.deadline(60)
