@@ -2,6 +2,9 @@
 of its receive block — numpy reads it in place (same address, read-only), release() gives the block back, using a
 released view raises, release() is refused while numpy still uses it, garbage collection releases, and a message
 spanning blocks is copied once."""
+import collections
+import queue
+import random
 import subprocess
 import threading
 import time
@@ -202,3 +205,80 @@ def test_a_raising_worker_releases_its_view_and_stops_the_receiver(tmp_path):
         v.release()
     with pytest.raises(ValueError, match="workers= hands"):
         slotstream.Receiver("127.0.0.1:0", workers=lambda s, d: worker)
+
+
+def _stream_two_devices(transport, protocol, keep, release, messages=1500):
+    """Issue 35's consumer: a Sender of two devices (small messages: several share a packed block) and
+    an application that keeps at most `keep` views, releasing the oldest, a random one, or the oldest
+    from another thread. Returns how many messages arrived; a stall ends it after 10 s."""
+    rng = random.Random(f"{transport}{protocol}{keep}{release}")
+    failures = []
+    with slotstream.Receiver("127.0.0.1:0", transport=transport, zero_copy=True, exit_after_senders=1) as rx:
+
+        def send():
+            try:
+                with slotstream.Sender(rx.address, name="zc", transport=transport, protocol=protocol, blocks=16,
+                                       block_size=65536, devices=(0, 1)) as s:
+                    for i in range(messages):
+                        s.send(i % 2, bytes([i % 251]) * 9600, timeout=20)
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                failures.append(f"sender: {e!r}")
+
+        releasing = queue.Queue()
+
+        def releaser():
+            while (v := releasing.get()) is not None:
+                v.release()
+
+        sending = threading.Thread(target=send)
+        sending.start()
+        other = threading.Thread(target=releaser)
+        other.start()
+        kept, got = collections.deque(), 0
+        try:
+            while got < messages:
+                try:
+                    item = rx.get(timeout=10)
+                except slotstream.Timeout:
+                    failures.append(f"stalled after {got} of {messages} messages, the application holding {len(kept)} "
+                                    f"views; receiver events: {rx.events()}")
+                    break
+                assert item is not None, f"the stream ended after {got} messages"
+                _, device, seq, view = item
+                assert len(view) == 9600 and memoryview(view)[0] == (2 * seq + device) % 251, (device, seq)
+                got += 1
+                kept.append(view)
+                if len(kept) > keep:
+                    if release == "random":
+                        kept.rotate(-rng.randrange(len(kept)))
+                        kept.popleft().release()
+                    elif release == "thread":
+                        releasing.put(kept.popleft())
+                    else:
+                        kept.popleft().release()
+        finally:
+            for v in kept:
+                v.release()
+            releasing.put(None)
+            other.join()
+            if failures:  # a stalled stream: let the sender go
+                rx.close()
+            sending.join(30)
+        assert not failures, failures
+        assert rx.wait(timeout=30)
+        [session] = rx.sessions()
+        assert session["finished"] and session["messages"] == messages, session
+    return got
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("protocol", ["status_byte", "status_byte:pack=off"])
+@pytest.mark.parametrize("keep,release", [(3, "oldest"), (7, "oldest"), (7, "random"), (3, "thread"), (7, "thread")])
+def test_devices_sharing_packed_blocks_never_stall_an_application_that_releases_views(transport, protocol, keep,
+                                                                                      release):
+    # Issue 35: with two devices' messages packed into shared blocks, blocks whose views were all released
+    # stayed counted against max_held_blocks while their other records waited, until the count reached the
+    # limit with the application holding 3 views: the stream stopped for good (after 37-1,370 of 1,500).
+    for _ in range(3):
+        assert _stream_two_devices(transport, protocol, keep, release) == 1500
