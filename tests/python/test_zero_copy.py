@@ -244,8 +244,9 @@ def _stream_two_devices(transport, protocol, keep, release, messages=1500):
                                     f"views; receiver events: {rx.events()}")
                     break
                 assert item is not None, f"the stream ended after {got} messages"
-                _, device, seq, view = item
-                assert len(view) == 9600 and memoryview(view)[0] == (2 * seq + device) % 251, (device, seq)
+                name, device, seq, view = item
+                assert name == "zc" and len(view) == 9600 and memoryview(view)[0] == (2 * seq + device) % 251, \
+                    (name, device, seq, len(view), view.copied, rx.sessions(), rx.live())
                 got += 1
                 kept.append(view)
                 if len(kept) > keep:
@@ -282,3 +283,39 @@ def test_devices_sharing_packed_blocks_never_stall_an_application_that_releases_
     # limit with the application holding 3 views: the stream stopped for good (after 37-1,370 of 1,500).
     for _ in range(3):
         assert _stream_two_devices(transport, protocol, keep, release) == 1500
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("client", ["python", "cli"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_raising_workers_factory_tells_the_sender_why_the_receiver_stopped(tmp_path, transport, client):
+    # Issue 35: over tcp the sender said "ProtocolError: the peer refused the read (outside its registered
+    # memory)" — its status read reached memory the stopping receiver had already freed. The receiver now says
+    # that it stopped, and why, before its memory goes; the sender reports that.
+    def factory(sender, device):
+        raise RuntimeError(f"no model for camera {device}")
+
+    said = ("the receiver stopped: the receiver's worker failed: its workers factory raised for sender 'cam' "
+            "device 0: RuntimeError: no model for camera 0")
+    rx = slotstream.Receiver("127.0.0.1:0", transport=transport, exit_after_senders=1, zero_copy=True, workers=factory)
+    try:
+        if client == "python":
+            with pytest.raises(slotstream.PeerGone) as error:
+                with slotstream.Sender(rx.address, name="cam", transport=transport, blocks=4,
+                                       block_size=65536) as s:
+                    for _ in range(2000):  # far more than the receiver takes in before it stops
+                        s.send(0, bytes(40_000), timeout=20)
+            text = str(error.value)
+        else:
+            paths = make_files(tmp_path, [40_000] * 2000, "f")
+            tx = sender(rx.address, transport, paths, "--blocks", "4")
+            assert tx.wait(60) != 0
+            text = tx.stderr.read()
+        assert said in text, text
+        assert "registered memory" not in text and "transport error" not in text, text
+        with pytest.raises(RuntimeError, match="no model for camera 0"):
+            rx.wait(timeout=30)
+        [session] = rx.sessions()
+        assert session["reason"] == said, session
+    finally:
+        rx.close()
