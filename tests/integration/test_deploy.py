@@ -655,7 +655,7 @@ def test_every_metric_the_alerts_and_dashboard_use_is_exported(tmp_path, receive
 
 # ------------------------------------------------------------------------------ systemd
 
-UNIT = REPO / "deploy" / "systemd" / "slotstream-recv.service"
+UNIT = REPO / "deploy" / "systemd" / "slotstream-recv.service.in"  # cmake --install writes it (test_install.py)
 
 
 def test_systemd_unit_verifies_and_pins_memory(tmp_path):
@@ -670,7 +670,7 @@ def test_systemd_unit_verifies_and_pins_memory(tmp_path):
             assert a in help_text, f"recv has no option {a}"
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed (package systemd): the unit's syntax is not checked")
-    unit = tmp_path / UNIT.name
+    unit = tmp_path / "slotstream-recv.service"
     unit.write_text(text.replace(exec_start.group(1), BIN))  # verify checks the binary exists
     p = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
                        timeout=60)
