@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -56,6 +57,20 @@ def test_installed_layout(prefix):
     assert "Library soname: [libslotstream.so.0.1]" in elf_dynamic(prefix / "lib/libslotstream.so.0.1.0")
     assert "libslotstream" not in elf_dynamic(prefix / "bin/slotstream"), "the CLI is one self-contained binary"
     assert not list(prefix.rglob("*.a")), "no static library is installed (it would leak UCX to consumers)"
+
+
+def test_installed_man_page_has_examples_and_exit_status(prefix):
+    text = subprocess.run(["man", "-l", "-P", "cat", str(prefix / "share/man/man1/slotstream.1")], capture_output=True,
+                          text=True, timeout=30, env={"MANWIDTH": "200", "PATH": "/usr/bin:/bin"}).stdout
+    sections = re.findall(r"^([A-Z][A-Z ]+)$", text, re.M)
+    want = ["EXAMPLES", "EXIT STATUS", "FILES", "SEE ALSO"]
+    assert [s for s in sections if s in want] == want, sections
+    examples = text.split("EXAMPLES", 1)[1].split("EXIT STATUS", 1)[0]
+    for command in ("slotstream recv --listen 0.0.0.0:7000 --out /data/streams", "slotstream send --to B:7000",
+                    "slotstream verify /data/streams", "--transport shm"):
+        assert command in examples, command
+    status = text.split("EXIT STATUS", 1)[1].split("FILES", 1)[0]
+    assert [m for m in re.findall(r"^ {7}(\d+) ", status, re.M)] == ["0", "1", "2"], status
 
 
 def test_installed_systemd_unit_runs_the_installed_binary(prefix, tmp_path):
