@@ -65,6 +65,7 @@ struct RecvArgs {
   uint64_t backlog_messages = 0;
   uint64_t backlog_bytes = 0;
   bool keep_processed = false;
+  uint64_t keep = 0;                      // --keep N newest messages per device (0: all)
   std::string metrics;                    // HOST:PORT
   unsigned metrics_prune_after = 300;     // seconds an ended sender's series stay
   std::optional<std::string> max_memory;  // SIZE (default: default_max_memory())

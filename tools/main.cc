@@ -105,6 +105,11 @@ void add_recv_pipeline(CLI::App* r, RecvArgs* recv) {
                 "SIZE: hold blocks (back-pressure) while a device has this many unprocessed bytes")
       ->transform(size_value());
   r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
+  r->add_option("--keep", recv->keep,
+                "N: keep at most the N newest messages per device on disk: storing one removes the one N before "
+                "it (with workers: only once its worker has finished it; an unfinished one is never removed). "
+                "Default: keep every message (12 cameras of 640x480x3 at 25 fps write 16.6 GB a minute)")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
 }
 
 // `slotstream recv` and its options.
