@@ -256,8 +256,7 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->default_str("30")
       ->group(kGroup);
   recv->add_option("--max-message", a->max_message, "SIZE: largest message (region) a sender may announce")
-      ->transform(size_value())
-      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 32))
+      ->transform(size_value(1, uint64_t(1) << 32))
       ->default_str(std::to_string(64 << 20))
       ->group(kGroup);
   recv->add_option("--interface", a->interface,

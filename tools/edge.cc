@@ -53,7 +53,7 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
   c->add_option("--block-size", s.block_size,
                 "SIZE per block towards receivers incl. its 16-byte header, e.g. 64K or 1M (default 1M: one 640x480x3 "
                 "frame per block)")
-      ->transform(size_value())
+      ->transform(size_value(kMinBlockSize, kMaxBlockSize))
       ->default_str("1M");
   c->add_option("--token-file", s.token_file, "shared secret receivers ask for");
   c->add_option("--worker", e->worker, "COMMAND: a local processing worker per device (docs/workers.md)");

@@ -1,6 +1,7 @@
 // slotstream command-line tool: thin — parses arguments, then calls the library via commands.
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <iostream>
@@ -123,9 +124,9 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   auto* discard_opt =
       r->add_flag("--discard", recv->discard, "store nothing, only count complete messages (to measure the transport)");
   out_opt->excludes(discard_opt);
-  r->footer(
-      "Every option can also come from a TOML file: slotstream recv --config FILE (docs/config.md); the "
-      "command line wins.");
+  r->footer(std::string("Every option can also come from a TOML file: slotstream recv --config FILE "
+                        "(docs/config.md); the command line wins. ") +
+            kSizeUnits + ".");
   r->callback([recv] {  // the pointer by value: this function has returned by then
     if (recv->listen.empty()) throw CLI::RequiredError("--listen");
     if (recv->out.empty() && !recv->discard) throw CLI::RequiredError("--out (or --discard)");
@@ -146,7 +147,8 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   r->add_option("--max-memory", recv->max_memory,
                 "SIZE (e.g. 4G): most memory for all senders' blocks (udp: message regions) together; a sender that "
                 "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
-                "container's memory)");
+                "container's memory)")
+      ->transform(size_value(1));
   r->add_option("--exit-after-senders", recv->exit_after,
                 "exit after K accepted senders have ended (default 0: run until SIGINT/SIGTERM)")
       ->check(CLI::Range(uint64_t(0), uint64_t(1) << 32));
@@ -174,9 +176,9 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
 // `slotstream send` and its options.
 CLI::App* add_send(CLI::App& app, SendArgs* send) {
   auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
-  s->footer(
-      "Every option can also come from a TOML file: slotstream send --config FILE (docs/config.md); the "
-      "command line wins.");
+  s->footer(std::string("Every option can also come from a TOML file: slotstream send --config FILE (docs/config.md); "
+                        "the command line wins. ") +
+            kSizeUnits + ".");
   s->add_option("--to", send->to,
                 "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used");
   // Checked here, not with ->required(): CLI11 would check that before reading --config.
@@ -203,8 +205,7 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--block-size", send->block_size,
                 "SIZE per block incl. its 16-byte header, e.g. 64K or 1M, 64 B..64M (default 1M: one 640x480x3 "
                 "frame per block)")
-      ->transform(size_value())
-      ->check(CLI::Range(uint64_t(kMinBlockSize), uint64_t(kMaxBlockSize)))
+      ->transform(size_value(kMinBlockSize, kMaxBlockSize))
       ->default_str("1M");
   s->add_option("--token-file", send->token_file,
                 "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
@@ -274,8 +275,7 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--skip-packet-every", bsend->skip_packet_every,
                   "testing aid: leave out one packet number after every N (the receiver must report gaps)");
   bps->add_option("--block-size", bsend->block_size, "block size (default SIZE + 16: one message per block)")
-      ->transform(size_value())
-      ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
+      ->transform(size_value(kMinBlockSize, kMaxBlockSize));
   bps->add_option("--burst", bsend->burst, "messages per burst (with --compute-us)");
   bps->add_option("--compute-us", bsend->compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend->tcp_socket, "plain TCP reference instead of slotstream");
@@ -396,6 +396,26 @@ int run_command(Commands& c, const char* argv0) {
   return kExitUsage;
 }
 
+// A command line (or --config file) CLI11 refused: its message, with the closest command, flag or
+// config key when one was mistyped.
+int parse_failed(CLI::App& app, const std::vector<std::string>& args, const CLI::ParseError& e) {
+  const std::string hint = suggest_flags(app, args, e);
+  if (e.get_name() == "RequiredError" && !hint.empty()) {  // an unknown command: CLI11 says only "required"
+    std::fputs(("slotstream: error: " + hint).c_str(), stderr);
+    return kExitUsage;
+  }
+  if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+  const auto named = std::find_if(args.begin(), args.end(), [](const std::string& a) { return !a.starts_with("-"); });
+  if (std::string key = unknown_config_key(app, args, e); !key.empty()) {
+    std::fprintf(stderr, "slotstream%s%s: error: %s\n", named == args.end() ? "" : " ",
+                 named == args.end() ? "" : named->c_str(), key.c_str());
+  } else {
+    app.exit(e);
+    std::fputs(hint.c_str(), stderr);
+  }
+  return kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -410,14 +430,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const std::string hint = suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e);
-    if (e.get_name() == "RequiredError" && !hint.empty()) {  // an unknown command: CLI11 says only "required"
-      std::fputs(("slotstream: error: " + hint).c_str(), stderr);
-      return kExitUsage;
-    }
-    int rc = app.exit(e);
-    if (rc != 0) std::fputs(hint.c_str(), stderr);
-    return rc == 0 ? 0 : kExitUsage;
+    return parse_failed(app, std::vector<std::string>(argv + 1, argv + argc), e);
   }
   apply_config_flags({commands.r, commands.s});
   return run_command(commands, argv[0]);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "common.h"
 #include "platform/etcd.h"
 #include "platform/host.h"
@@ -37,7 +38,8 @@ void add_platform_recv(CLI::App* recv, PlatformArgs* p) {
   recv->add_option("--capacity-cpu", p->capacity_cpu,
                    "CPU cores platform senders may reserve for processing here (default: the online CPUs)");
   recv->add_option("--capacity-bandwidth", p->capacity_bandwidth,
-                   "bytes/s platform senders may reserve, e.g. 500M (default: not limited)");
+                   "bytes/s platform senders may reserve, e.g. 500M (default: not limited)")
+      ->transform(size_value());
   recv->add_option("--capacity-fps", p->capacity_fps, "messages/s platform senders may reserve (default: not limited)");
 }
 
@@ -46,7 +48,8 @@ void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device) {
                   per_device ? "CPU cores of processing to reserve on the receiver per offloaded device (default 0)"
                              : "CPU cores of processing to reserve on the receiver (default 0)");
   app->add_option("--need-bandwidth", p->need_bandwidth,
-                  "bytes/s to reserve, e.g. 25M (default: --synthetic's frames x rate, else 0)");
+                  "bytes/s to reserve, e.g. 25M (default: --synthetic's frames x rate, else 0)")
+      ->transform(size_value());
   app->add_option("--need-fps", p->need_fps, "messages/s to reserve (default: --synthetic's rate x cameras, else 0)");
   app->add_option("--reschedule-patience", p->patience,
                   "seconds to look for another receiver after losing one (default 30; a first request with no "
