@@ -89,6 +89,7 @@ struct SendArgs {
   std::vector<std::string> files;   // D=PATH
   std::vector<std::string> dirs;    // D=DIR
   std::vector<std::string> videos;  // D=SOURCE (file, or lavfi:GRAPH for an ffmpeg test pattern)
+  std::string video_size;           // WxH every video is scaled to (empty: each its own size)
   bool realtime = false;            // videos at their own frame rate
   std::string synthetic;            // D0-D1:FPS:WxHxC
   double duration = 0;

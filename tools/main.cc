@@ -16,6 +16,7 @@
 #include "dgram_cli.h"
 #include "log.h"
 #include "platform_cli.h"
+#include "send_plan.h"
 
 using namespace slotstream;
 using namespace slotstream::tools;
@@ -176,8 +177,11 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
 // `slotstream send` and its options.
 CLI::App* add_send(CLI::App& app, SendArgs* send) {
   auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
-  s->footer(std::string("Every option can also come from a TOML file: slotstream send --config FILE (docs/config.md); "
-                        "the command line wins. ") +
+  s->footer(std::string("Prints a summary on stdout at the end (--json: one JSON object, also on failure). Ctrl-C "
+                        "(SIGINT) or SIGTERM finishes cleanly: no new message, what was sent is confirmed by the "
+                        "receiver, the summary, exit 130 (143); a second one abandons the stream at once. Every "
+                        "option can also come from a TOML file: slotstream send --config FILE (docs/config.md); the "
+                        "command line wins. ") +
             kSizeUnits + ".");
   s->add_option("--to", send->to,
                 "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used");
@@ -210,13 +214,18 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--token-file", send->token_file,
                 "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
                 "signed; udp: every datagram carries a MAC)");
-  s->add_flag("--json", send->json, "print one JSON summary object on stdout");
+  s->add_flag("--json", send->json,
+              "print one JSON object on stdout instead of the human summary, also when the send fails "
+              "(ok, exit_code, error, ...: docs/cli-contract.md)");
   s->add_option("--file", send->files, "D=PATH: the file is one message of device D (repeatable, in order)");
   s->add_option("--dir", send->dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
   s->add_option("--video", send->videos,
                 "D=SOURCE: decode a video file (or lavfi:GRAPH, an ffmpeg test pattern such as "
-                "lavfi:testsrc=size=640x480:rate=25:duration=4) with ffmpeg into raw 640x480 RGB frames, "
-                "one message per frame (repeatable)");
+                "lavfi:testsrc=size=640x480:rate=25:duration=4) with ffmpeg into raw RGB frames (W x H x 3 bytes) "
+                "of the source's own size (ffprobe; or --video-size), one message per frame (repeatable); "
+                "stderr says the size of each");
+  s->add_option("--video-size", send->video_size,
+                "WxH: scale every --video to this size (e.g. 640x480; default: each keeps its own)");
   s->add_flag("--realtime", send->realtime, "send videos at their own frame rate (default: as fast as possible)");
   s->add_option("--synthetic", send->synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
@@ -397,7 +406,7 @@ int run_command(Commands& c, const char* argv0) {
 }
 
 // A command line (or --config file) CLI11 refused: its message, with the closest command, flag or
-// config key when one was mistyped.
+// config key when one was mistyped; `send --json` also gets the error as its JSON object on stdout.
 int parse_failed(CLI::App& app, const std::vector<std::string>& args, const CLI::ParseError& e) {
   const std::string hint = suggest_flags(app, args, e);
   if (e.get_name() == "RequiredError" && !hint.empty()) {  // an unknown command: CLI11 says only "required"
@@ -406,12 +415,16 @@ int parse_failed(CLI::App& app, const std::vector<std::string>& args, const CLI:
   }
   if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
   const auto named = std::find_if(args.begin(), args.end(), [](const std::string& a) { return !a.starts_with("-"); });
+  const bool send = named != args.end() && *named == "send";
   if (std::string key = unknown_config_key(app, args, e); !key.empty()) {
     std::fprintf(stderr, "slotstream%s%s: error: %s\n", named == args.end() ? "" : " ",
                  named == args.end() ? "" : named->c_str(), key.c_str());
   } else {
     app.exit(e);
     std::fputs(hint.c_str(), stderr);
+  }
+  if (send && std::find(args.begin(), args.end(), "--json") != args.end()) {
+    print_send_error_json({Code::kInvalidArgument, e.what()}, kExitUsage);
   }
   return kExitUsage;
 }
