@@ -160,7 +160,8 @@ void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<p
     uint64_t R::*field;
   };
   for (Counter c :
-       {Counter{"slotstream_dgram_hellos_refused_total", "HELLOs and AUTHs refused.", &R::hellos_refused},
+       {Counter{"slotstream_dgram_hellos_refused_total",
+                "HELLOs and AUTHs refused, and multicast senders (once per sender and reason).", &R::hellos_refused},
         Counter{"slotstream_dgram_challenges_total", "CHALLENGEs sent (recv --token-file).", &R::challenges},
         Counter{"slotstream_dgram_auth_failures_total", "AUTHs with a wrong proof or a stale or foreign cookie.",
                 &R::auth_failures},
@@ -184,6 +185,16 @@ void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<p
     out->push_back(
         {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(rc.receiver.*c.field))}});
   }
+  prometheus::MetricFamily refused{"slotstream_dgram_announces_refused_total",
+                                   "Multicast senders refused, by reason (each once per reason; the sender is not "
+                                   "told: a group's sender hears nothing back).",
+                                   MetricType::Counter,
+                                   {}};
+  for (size_t i = 0; i < dgram::kAnnounceRefusals; ++i) {
+    refused.metric.push_back(sample({{"reason", dgram::refusal_label(dgram::AnnounceRefusal(i))}}, MetricType::Counter,
+                                    double(rc.receiver.announces_refused[i])));
+  }
+  out->push_back(std::move(refused));
   for (auto [name, help, value] :
        {std::tuple{"slotstream_dgram_memory_promised_bytes", "Memory promised to the live sessions.",
                    rc.memory_promised},
