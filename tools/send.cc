@@ -295,7 +295,7 @@ Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration, std:
 
 // Decodes a video with an ffmpeg subprocess into raw rgb24 frames of the plan's size, one message
 // each. ffmpeg runs in a process group of its own: Ctrl-C reaches slotstream alone, which ends it
-// (SIGTERM) when asked to stop, and it dies with slotstream (death signal, or its pipe closing).
+// when asked to stop, and it dies with slotstream (death signal, or its pipe closing).
 Status send_video(MessageOut& dev, const Video& video, bool realtime, const std::atomic<bool>* stop) {
   std::vector<std::string> argv = {"ffmpeg", "-v", "error", "-nostdin"};
   if (realtime) argv.push_back("-re");
@@ -350,9 +350,11 @@ Status send_video(MessageOut& dev, const Video& video, bool realtime, const std:
     if (result = dev.send(frame); !result.is_ok()) break;
     ++frames;
   }
-  ::close(fds[0]);
   const bool ended_early = !result.is_ok() || stopped();
-  if (ended_early) kill(pid, SIGTERM);
+  // Its output is not wanted any more: SIGKILL, as ffmpeg would answer SIGTERM by writing the rest
+  // into the closed pipe ("Broken pipe" on stderr).
+  if (ended_early) kill(pid, SIGKILL);
+  ::close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
   if (!ended_early && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {

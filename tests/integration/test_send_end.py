@@ -2,6 +2,7 @@
 (human, or --json), a JSON error object when it fails, Ctrl-C that finishes cleanly (FIN) and a second one that
 abandons; what it says when the address is not a slotstream receiver; --video frames of the source's own size."""
 import json
+import pathlib
 import re
 import signal
 import socket
@@ -233,3 +234,27 @@ def test_a_file_that_is_no_video_is_a_usage_error(tmp_path):
     p = subprocess.run([BIN, "send", "--to", "127.0.0.1:1", "--name", "u", "--video", f"0={text}", "--video-size",
                         "12x"], capture_output=True, text=True, timeout=20)
     assert p.returncode == 2 and "--video-size expects WxH" in p.stderr, p.stderr
+
+
+@pytest.mark.deadline(60)
+def test_ctrl_c_ends_a_videos_ffmpeg_quietly(start_receiver, tmp_path):
+    # ffmpeg gets no Ctrl-C of its own (a process group of its own): send ends it, and it leaves no noise or process.
+    ffmpeg_there()
+    out = tmp_path / "out"
+    rx = start_receiver(out, None, "--exit-after-senders", 1)
+    tx = start_sender(rx.addr, "--name", "v", "--video", "0=lavfi:testsrc=size=160x120:rate=25:duration=60",
+                      "--realtime", "--json")
+    tx.stderr.wait_for(r"slotstream send: transport ", 20)
+    children = subprocess.run(["pgrep", "-P", str(tx.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "no ffmpeg under send"
+    deadline = time.monotonic() + 20
+    while not any((out / "v" / "device-0").glob("*.bin")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tx.signal(signal.SIGINT)
+    assert tx.wait(15) == 130, tx.stderr.text
+    j = json.loads(tx.stdout.text)
+    assert j["interrupted"] == "SIGINT" and j["messages"] >= 1, j
+    assert "Broken pipe" not in tx.stderr.text and "ffmpeg failed" not in tx.stderr.text, tx.stderr.text
+    for pid in children:
+        assert not pathlib.Path(f"/proc/{pid}").exists() or "Z" in pathlib.Path(f"/proc/{pid}/stat").read_text(), pid
+    assert parse_finished(rx.stdout.next_line(15))["messages"] == j["messages"]
