@@ -596,25 +596,39 @@ struct RxShared {
   Receiver* receiver = nullptr;  // guarded by stop_mutex
   std::thread stopper;           // guarded by mutex
 
-  void stop_receiver() {
+  // `reason`: what each connected sender is told (Receiver::stop).
+  void stop_receiver(const std::string& reason = "") {
     std::lock_guard lock(stop_mutex);
-    if (receiver) receiver->stop();
+    if (receiver) receiver->stop(reason);
   }
-  // A callback raised: disconnect every sender (they see the receiver gone) so that nobody waits
-  // for messages that will never be delivered. Called with `mutex` held.
-  void stop_soon() {
-    if (!stopper.joinable()) stopper = std::thread([this] { stop_receiver(); });
+  // A callback raised: disconnect every sender (they hear that the receiver stopped, and why) so
+  // that nobody waits for messages that will never be delivered. Called with `mutex` held.
+  void stop_soon(std::string reason) {
+    if (!stopper.joinable()) stopper = std::thread([this, reason = std::move(reason)] { stop_receiver(reason); });
   }
   // The callback or a worker raised `e` (GIL held): the first exception is kept for wait()/close(),
-  // and the receiver stops.
-  void raised(nb::python_error& e) {
+  // and the receiver stops, telling the senders `who` raised what ("the receiver's worker of
+  // sender 'cam' device 0 failed: RuntimeError: ...").
+  void raised(nb::python_error& e, const std::string& who) {
+    std::string what = who + ": " + exception_text(e);
     std::lock_guard lock(mutex);
     if (!failed) {
       failed = true;
       error = nb::borrow(e.value());
-      stop_soon();
+      stop_soon(std::move(what));
     }
     changed.notify_all();
+  }
+  // "TypeName: message" of a Python exception (GIL held).
+  static std::string exception_text(nb::python_error& e) {
+    try {
+      std::string text = nb::cast<std::string>(nb::str(nb::handle(e.type()).attr("__name__")));
+      std::string message = nb::cast<std::string>(nb::str(e.value()));
+      return message.empty() ? text : text + ": " + message;
+    } catch (...) {  // a __str__ that raises: the type is still worth saying
+      PyErr_Clear();
+      return "an exception";
+    }
   }
 };
 
@@ -664,7 +678,8 @@ class PyDelivery {
     try {
       shared_.callback(sender_, device, seq, data());
     } catch (nb::python_error& e) {
-      shared_.raised(e);
+      shared_.raised(e, "the receiver's callback failed on a message of sender '" + sender_ + "' device " +
+                            std::to_string(device));
       return {Code::kCancelled, "the Python callback raised"};
     }
     return Status::ok();
@@ -848,7 +863,8 @@ class PyWorkers {
         throw nb::python_error();
       }
     } catch (nb::python_error& e) {
-      shared.raised(e);
+      shared.raised(e, "the receiver's worker failed: its workers factory raised for sender '" + sender + "' device " +
+                           std::to_string(device));
       return {Code::kCancelled, "the Python workers factory raised"};
     }
     *out = [&shared, worker, sender, device](MessageView& view) { return call(shared, *worker, sender, device, view); };
@@ -870,7 +886,8 @@ class PyWorkers {
       nb::module_::import_("traceback").attr("clear_frames")(e.traceback());
       PyView* v = nb::inst_ptr<PyView>(obj.ptr());
       if (v->exports == 0) v->view.release();  // else arrays kept beyond the call keep it
-      shared.raised(e);
+      shared.raised(e, "the receiver's worker failed on message " + std::to_string(seq) + " of sender '" + sender +
+                           "' device " + std::to_string(device));
       return {Code::kCancelled, "the Python worker raised"};
     }
     std::lock_guard lock(shared.mutex);

@@ -52,7 +52,8 @@ struct Receiver::Impl : session::SessionHost {
   std::atomic<bool> stopping{false};
   std::thread accept_thread;
 
-  std::mutex mutex;  // guards everything below
+  mutable std::mutex mutex;     // guards everything below
+  std::string stopped_because;  // Receiver::stop(reason): told to every sender
   std::condition_variable ended_cv;
   uint64_t ended = 0;
   // A sender is one group of connections (lanes); its name is taken while any lane is live.
@@ -113,6 +114,10 @@ struct Receiver::Impl : session::SessionHost {
   Status decide_terms();
   Status bring_up();
   bool is_stopping() const override { return stopping.load(std::memory_order_acquire); }
+  std::string stop_reason() const override {
+    std::lock_guard lock(mutex);
+    return stopped_because;
+  }
   wire::CapacityInfo capacity() override;
   void said_hello(uint64_t connection) override {
     std::lock_guard lock(mutex);
@@ -532,8 +537,14 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
 
 std::string Receiver::listen_address() const { return impl_->listener->address(); }
 
-void Receiver::stop() {
+void Receiver::stop() { stop(""); }
+
+void Receiver::stop(const std::string& reason) {
   Impl& im = *impl_;
+  {
+    std::lock_guard lock(im.mutex);
+    if (!im.stopping.load(std::memory_order_acquire)) im.stopped_because = reason;
+  }
   if (im.stopping.exchange(true)) {
     if (im.accept_thread.joinable()) im.accept_thread.join();
     return;

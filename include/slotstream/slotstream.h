@@ -545,8 +545,12 @@ class Receiver {
   static Status start(ReceiverOptions options, std::unique_ptr<Receiver>* out);
   ~Receiver();  // stops
   std::string listen_address() const;
-  // Stops accepting, ends every session (discarding partial messages). Any thread.
+  // Stops accepting, ends every session (discarding partial messages). Any thread. Each connected
+  // sender is told, before the receiver's memory goes, that the receiver stopped — with `reason`
+  // when given (e.g. "the receiver's worker failed: ...") — and reports that rather than a
+  // transport error. The first stop's reason is the one told.
   void stop();
+  void stop(const std::string& reason);
   // Number of accepted sessions that have ended.
   uint64_t sessions_ended() const;
   // Counters of the senders being served now, one report per sender (its connections merged;

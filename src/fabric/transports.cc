@@ -77,10 +77,13 @@ const UcxSetting kTcpSettings[] = {
 
 // Regions UCX allocates (MemoryRegion::allocate) come from its allocators in this order, each of
 // which hands out zero-filled pages that cost memory only once touched (SysV or POSIX shared
-// memory, huge or transparent-huge or plain mmap): UCX 1.13's default list without its last
-// fallback, "heap" (malloc), which does neither. A region is then zero without being cleared, and
-// 1 GiB of blocks costs what is written, not 1 GiB at once (Context::zero_filled_).
-const UcxSetting kZeroFilledAllocators = {"UCX_ALLOC_PRIO", "ALLOC_PRIO", "md:sysv,md:posix,huge,thp,md:*,mmap"};
+// memory, huge pages or plain mmap): UCX 1.13's default list without "heap" and "thp", which do
+// neither — both are posix_memalign, the process's heap, whose memory freed before comes back with
+// its old bytes ("thp" merely advises huge pages on it). A region is then zero without being cleared,
+// and 1 GiB of blocks costs what is written, not 1 GiB at once (Context::zero_filled_). With "thp"
+// a tcp receiver (no shared-memory allocator there) gave a new session a region whose status bytes
+// the last one had left "full", and delivered that session's data as the new sender's (issue 35).
+const UcxSetting kZeroFilledAllocators = {"UCX_ALLOC_PRIO", "ALLOC_PRIO", "md:sysv,md:posix,huge,md:*,mmap"};
 
 }  // namespace
 

@@ -25,6 +25,8 @@ constexpr Millis kReachTimeout{3000};
 constexpr auto kLivenessInterval = Millis(1);
 // After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
 constexpr auto kLetGoTimeout = Millis(2000);
+// After a transport error, how long the receiver's reason (REFUSE) may lag it on the control connection.
+constexpr auto kRefusalWait = Millis(200);
 // How long the sending thread waits for a filled block before calling the protocol's idle_st():
 // normally ~1 ms; while the protocol holds records back (SenderProtocol::holding_st) much sooner.
 constexpr auto kIdlePeriod = std::chrono::microseconds(1000);
@@ -379,9 +381,29 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
   if (frame.type == wire::MsgType::kRefuse) {
     wire::Refuse refuse;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &refuse));
+    // A stopping receiver says "the receiver stopped[: why]" (ReceiverSession::tell_stopped).
+    if (refuse.code == Code::kPeerGone) return receiver_lost(refuse.message);
     return {refuse.code, "receiver ended the connection: " + refuse.message};
   }
   return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type)) + " while sending"};
+}
+
+// A receiver that stops says so (REFUSE) before it frees the memory this lane writes; what fails
+// here next (over tcp: "the peer refused the read (outside its registered memory)", a status read
+// into memory no longer registered) is only the consequence. Its REFUSE may arrive a little after
+// the data path's error (two connections): waited for up to kRefusalWait. A sender cancelled here
+// (Sender::abort) has nothing to hear.
+Status SenderLane::receiver_said_st(Status st) {
+  if (st.is_ok() || st.code() == Code::kCancelled || !control_) return st;
+  const auto until = Clock::now() + kRefusalWait;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
+    wire::Frame frame;
+    if (!control_->receive(std::max(left, Millis(1)), &frame).is_ok()) return st;  // nothing said: closed, or quiet
+    Status said = control_frame(frame);                                            // PAUSE and STORED apply as ever
+    if (frame.type == wire::MsgType::kRefuse) return said;
+    if (Clock::now() >= until) return st;
+  }
 }
 
 // With the token: transmits units from the cursor on, in ticket order (at most a ring's worth, so
@@ -497,7 +519,7 @@ Status SenderLane::help() {
 Status SenderLane::leave_token(Status st) {
   if (needs_watcher()) ring_->wake_sender();
   if (st.is_ok()) return st;
-  owner_.fail(explain_transmit_error(st));
+  owner_.fail(explain_transmit_error(receiver_said_st(st)));
   return owner_.first_error();
 }
 
@@ -567,7 +589,7 @@ Status SenderLane::sending_thread_st() {
 }
 
 void SenderLane::sending_loop_st() {
-  if (Status st = explain_transmit_error(sending_thread_st()); !st.is_ok()) owner_.fail(st);
+  if (Status st = explain_transmit_error(receiver_said_st(sending_thread_st())); !st.is_ok()) owner_.fail(st);
 }
 
 // The socket's frames are sent by one thread at a time: this one's, while the sending thread only

@@ -140,8 +140,12 @@ class SenderLane {
   Status sending_thread_st();
   void sending_loop_st();
   Status alive_st();
-  // A control frame from the receiver while data moves (PAUSE, STORED).
+  // A control frame from the receiver while data moves (PAUSE, STORED; REFUSE: the receiver ends
+  // the connection and says why).
   Status control_frame(const wire::Frame& frame);
+  // The lane failed with `st`: if the receiver said why it ended the connection (REFUSE), that
+  // instead. Token holder's.
+  Status receiver_said_st(Status st);
 
   LaneOwner& owner_;
   const uint16_t index_;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -173,6 +174,30 @@ INSTANTIATE_TEST_SUITE_P(Transports, APut, testing::Values(Transport::kShm, Tran
                          [](const testing::TestParamInfo<Transport>& p) {
                            return std::string(transport_name(p.param));
                          });
+
+// A receive region starts zero: protocols trust their status bytes and headers from the first poll
+// (MemoryRegion::allocate clears nothing where UCX's allocators give fresh pages). UCX's "thp"
+// allocator is posix_memalign — the process's heap, which hands back memory freed before with its old
+// bytes: in a tcp receiver (no shared-memory allocator there) a new session's status bytes still said
+// "full" and the last session's data was delivered as the new sender's first messages (issue 35).
+TEST(FabricRegions, EveryRegionStartsZeroAlsoWhereTheProcessFreedOthersBefore) {
+  for (Transport t : {Transport::kShm, Transport::kTcp}) {
+    SCOPED_TRACE(transport_name(t));
+    std::unique_ptr<Context> ctx;
+    ASSERT_TRUE(Context::create(t, &ctx).is_ok());
+    for (int round = 0; round < 4; ++round) {
+      // 16 blocks of 64 KiB and their status bytes; 4 MiB of them.
+      for (size_t length : {size_t(16 * 65536 + 16), size_t(64 * 65536 + 64)}) {
+        std::unique_ptr<MemoryRegion> region;
+        ASSERT_TRUE(MemoryRegion::allocate(*ctx, length, &region).is_ok());
+        const std::byte* p = region->data();
+        const size_t stale = size_t(std::count_if(p, p + length, [](std::byte b) { return b != std::byte{0}; }));
+        EXPECT_EQ(stale, 0u) << "round " << round << ", a region of " << length << " bytes";
+        std::memset(region->data(), 0x5a, length);  // what a session leaves behind
+      }
+    }
+  }
+}
 
 // A peer UCX cannot reach over rdma (here: no NIC, so no lane to another worker) is an error at
 // once, never a hang. On a host with an RDMA device every worker is reachable: nothing to show.

@@ -32,9 +32,9 @@ std::map<std::string, std::string> applied(const UcxChoice& c) {
 
 TEST(Transports, UcxIsAskedForEachTransportsOwnTransports) {
   const auto none = env_of({});
-  // Every transport: regions from UCX's zero-filled allocators only (no "heap": a region is then
+  // Every transport: regions from UCX's zero-filled allocators only (no "heap" or "thp": a region is then
   // never cleared, and costs what is written).
-  const std::string zero_filled = "md:sysv,md:posix,huge,thp,md:*,mmap";
+  const std::string zero_filled = "md:sysv,md:posix,huge,md:*,mmap";
   EXPECT_EQ(applied(ucx_settings({Transport::kShm}, none)),
             (std::map<std::string, std::string>{{"UCX_TLS", "posix,sysv,self"}, {"UCX_ALLOC_PRIO", zero_filled}}));
   // tcp: connections through the connection manager on one device (fabric/cm.h).
@@ -64,7 +64,7 @@ TEST(Transports, UcxIsAskedForEachTransportsOwnTransports) {
 TEST(Transports, AUsersUcxEnvironmentWinsAndIsReported) {
   const auto env = env_of({{"UCX_TLS", "rc_verbs,ud_verbs:aux"}, {"UCX_NET_DEVICES", "mlx5_0:1"}});
   const UcxChoice c = ucx_settings({Transport::kRdma, RdmaTransport::kRc, "mlx5_1:1"}, env);
-  EXPECT_EQ(applied(c), (std::map<std::string, std::string>{{"UCX_ALLOC_PRIO", "md:sysv,md:posix,huge,thp,md:*,mmap"}}))
+  EXPECT_EQ(applied(c), (std::map<std::string, std::string>{{"UCX_ALLOC_PRIO", "md:sysv,md:posix,huge,md:*,mmap"}}))
       << "nothing of ours where the environment decides";
   ASSERT_EQ(c.overridden.size(), 2u);
   EXPECT_EQ(c.overridden[0], "UCX_TLS=rc_verbs,ud_verbs:aux from the environment (slotstream would use rc,self)");
