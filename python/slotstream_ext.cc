@@ -84,6 +84,14 @@ uint32_t blocks_arg(int64_t v) { return in_range<uint32_t>("blocks", v, 1, kMaxB
 uint32_t block_size_arg(int64_t v) {
   return in_range<uint32_t>("block_size", v, kMinBlockSize, kMaxBlockSize, " (an int number of bytes)");
 }
+// stall_timeout= seconds (SenderOptions::stall_timeout): 0 waits for ever; the library checks the rest.
+std::chrono::milliseconds stall_timeout_arg(double seconds) {
+  if (!(seconds >= 0) || seconds > 86400.0 * 365) {
+    check({Code::kInvalidArgument,
+           "stall_timeout " + std::to_string(seconds) + " is not a number of seconds >= 2 (or 0: wait for ever)"});
+  }
+  return std::chrono::milliseconds(int64_t(seconds * 1000 + 0.5));
+}
 
 // Waits (GIL released) until `done()` under `lock`, waking every kSignalCheck to run Python's
 // signal handlers (KeyboardInterrupt propagates as an exception). Returns false on `deadline`.
@@ -449,9 +457,10 @@ class PySender : public SenderLife<Sender> {
   PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
            const std::string& protocol, int64_t blocks, int64_t block_size, const std::vector<int>& devices,
            std::optional<std::string> token, std::optional<std::string> rdma_transport,
-           std::optional<std::string> rdma_device)
+           std::optional<std::string> rdma_device, double stall_timeout)
       : SenderLife("Sender") {
     SenderOptions o;
+    o.stall_timeout = stall_timeout_arg(stall_timeout);
     check(parse_address(to, &o.host, &o.port));
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
@@ -1127,15 +1136,18 @@ void bind_sender(nb::module_& m) {
                            "stored every message (finish()); leaving it by an exception abandons the connection.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, int64_t,
                    int64_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
-                   std::optional<std::string>>(),
+                   std::optional<std::string>, double>(),
           "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
           "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
           "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(), "rdma_transport"_a = nb::none(),
-          "rdma_device"_a = nb::none(),
+          "rdma_device"_a = nb::none(), "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0,
           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
           "and declares `devices`, the device numbers send() will use. `transport`: 'auto' (shm on one\n"
           "host, else rdma where both ends have an RDMA NIC, else tcp), 'shm', 'tcp' or 'rdma'\n"
           "(`rdma_transport` 'rc', 'dc' or 'ud', default the receiver's; `rdma_device` 'mlx5_0:1').\n"
+          "`stall_timeout`: seconds to wait on a receiver that says nothing (a live one says it is alive\n"
+          "every second, also while it holds its blocks): then it counts as stopped or hung and send()\n"
+          "and finish() raise PeerGone; at least 2, 0 waits for ever.\n"
           "Raises slotstream.Error subclasses (ConnectFailed, Refused, InvalidArgument — e.g. rdma\n"
           "without a usable device —, ...) with the library's message.")
       .def("send", &PySender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),

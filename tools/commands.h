@@ -91,6 +91,8 @@ struct SendArgs {
   bool realtime = false;            // videos at their own frame rate
   std::string synthetic;            // D0-D1:FPS:WxHxC
   double duration = 0;
+  // Seconds to wait on a receiver that says nothing (stopped or hung; SenderOptions::stall_timeout).
+  double stall_timeout = 30;
   std::string log_format = "text";  // text or json (log.h)
   PlatformArgs platform;
 };

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "common.h"
 #include "platform/etcd.h"
 #include "platform/host.h"
@@ -27,6 +28,16 @@ void add_platform_common(CLI::App* app, PlatformArgs* p) {
   app->add_option("--platform-ttl", p->ttl,
                   "seconds this process's platform record outlives it if it dies (its etcd lease; default 5)")
       ->check(CLI::Range(1, 3600));
+}
+
+void add_stall_timeout(CLI::App* app, double* seconds) {
+  app->add_option("--stall-timeout", *seconds,
+                  "DURATION to wait on a receiver that says nothing (a live one says it is alive every second, also "
+                  "while it holds its blocks): then it is taken as stopped or hung and the sender exits 1 (--platform: "
+                  "moves on); at least 2s, 0 waits for ever (default 30s)")
+      ->transform(duration_value("s"))
+      ->check(CLI::Number)
+      ->default_str("30s");
 }
 
 void add_platform_recv(CLI::App* recv, PlatformArgs* p) {

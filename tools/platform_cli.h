@@ -19,6 +19,8 @@ namespace slotstream::tools {
 void add_platform_recv(CLI::App* recv, PlatformArgs* p);
 void add_platform_send(CLI::App* send, PlatformArgs* p);
 void add_platform_common(CLI::App* app, PlatformArgs* p);
+// send and edge: --stall-timeout DURATION (SenderOptions::stall_timeout).
+void add_stall_timeout(CLI::App* app, double* seconds);
 // --need-*: per_device for edge (each offloaded device's share), else the sender's whole need.
 void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device);
 
