@@ -292,14 +292,18 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_a
       // same receiver again, shortly. Anything else: another receiver.
       if (last.message().find("already connected") == std::string::npos) exclude.insert(p.receiver);
       event("receiver " + p.receiver + " at " + p.address + " did not take the stream: " + last.message());
-    } else if (last.code() == Code::kRefused && !keep_asking) {
-      break;
+    } else if ((last.code() == Code::kRefused && !keep_asking) || last.code() == Code::kAuthFailed ||
+               last.code() == Code::kInvalidArgument) {
+      break;  // asking again changes nothing: etcd refused who we are, or what we ask is wrong
     }
     if (Clock::now() + kRetryPause > deadline) break;
     std::this_thread::sleep_for(kRetryPause);
   }
-  return {last.code() == Code::kRefused ? Code::kRefused : Code::kConnectFailed,
-          "no receiver from the platform: " + last.message()};
+  const Code code =
+      last.code() == Code::kRefused || last.code() == Code::kAuthFailed || last.code() == Code::kInvalidArgument
+          ? last.code()
+          : Code::kConnectFailed;
+  return {code, "no receiver from the platform: " + last.message()};
 }
 
 // The receiver is gone (or the connection failed): schedule another and send again what it did

@@ -560,8 +560,10 @@ def test_an_etcd_with_authentication(tmp_path, procs):
         def send(*extra):
             return subprocess.run([BIN, "send", "--platform", c.url, "--name", "x", "--synthetic", f"0:25:{FRAME}",
                                    "--duration", "1", *map(str, extra)], capture_output=True, text=True, timeout=30)
+        t0 = time.monotonic()
         anon = send()
         assert anon.returncode == 1 and "give --platform-user and --platform-password-file" in anon.stderr, anon.stderr
+        assert time.monotonic() - t0 < 10, "refused by etcd, and asked again until --reschedule-patience ran out"
         wrong = send("--platform-user", "edge", "--platform-password-file", bad)
         assert wrong.returncode == 1 and "etcd refused user 'edge'" in wrong.stderr, wrong.stderr
         reader = subprocess.run([BIN, "recv", "--listen", "127.0.0.1:0", "--out", str(tmp_path / "r"),
