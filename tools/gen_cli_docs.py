@@ -78,6 +78,36 @@ def roff(text):
     return "\n".join(("\\&" + l if l.startswith((".", "'")) else l) for l in text.split("\n"))
 
 
+# The README's first steps: one host pair over tcp, then both ends on one host over shared memory.
+EXAMPLES = [
+    ("The receiver (host B) stores OUT/SENDER/device-D/SEQ.bin, complete and in order",
+     "slotstream recv --listen 0.0.0.0:7000 --out /data/streams --token-file token"),
+    ("The sender (host A): 12 synthetic 640x480x3 cameras at 25 fps for 10 s, over tcp",
+     "slotstream send --to B:7000 --name edge-a --token-file token --transport tcp \\\n"
+     "    --synthetic 0-11:25:640x480x3 --duration 10"),
+    ("Every received frame's content and order checked",
+     "slotstream verify /data/streams"),
+    ("Both ends on one host, over shared memory",
+     "slotstream recv --listen 127.0.0.1:7000 --out /tmp/streams &\n"
+     "slotstream send --to 127.0.0.1:7000 --name edge-a --transport shm --synthetic 0-11:25:640x480x3 --duration 10"),
+    ("Every option from a TOML file, the command line winning",
+     "slotstream recv --config /etc/slotstream/recv.toml"),
+    ("12 cameras over shared memory in one command, verified",
+     "slotstream demo"),
+]
+# docs/cli-contract.md says which command exits with which code in which case.
+EXIT_STATUS = [
+    ("0", "Success: recv on SIGINT/SIGTERM or after --exit-after-senders K senders; send once the receiver "
+          "confirmed every message stored; verify when every frame checks."),
+    ("1", "A runtime failure (a receiver that cannot be reached or refuses, a lost connection, a frame that does not "
+          "verify); one stderr line starting 'slotstream COMMAND: error:' says what."),
+    ("2", "A usage error, found before anything is sent: an unknown command or option (the closest one named), a "
+          "value out of its range, a file that cannot be opened, --transport rdma without a usable RDMA device."),
+    ("130, 143", "send stopped by SIGINT (Ctrl-C) or SIGTERM after a clean finish: the messages started were "
+                 "finished and the summary printed (a second signal aborts at once)."),
+]
+
+
 def man_page(binary, version, top, commands):
     description, _, top_options, _ = top
     out = [f'.TH SLOTSTREAM 1 "{datetime.date.today().isoformat()}" "slotstream {version}" "User Commands"',
@@ -93,6 +123,13 @@ def man_page(binary, version, top, commands):
         out += option_items(options)
         if footer:
             out += [".PP", roff(footer)]
+    out += [".SH EXAMPLES"]
+    for comment, command in EXAMPLES:
+        out += [".PP", roff(comment) + ":", ".PP", ".RS", ".nf", roff(command), ".fi", ".RE"]
+    out += [".SH EXIT STATUS"]
+    for code, meaning in EXIT_STATUS:
+        out += [".TP", f".B {code}", roff(meaning)]
+    out += [".PP", "Each command's cases: docs/cli\\-contract.md of the slotstream sources."]
     out += [".SH FILES", ".TP", ".I /etc/slotstream/recv.toml",
             "a configuration file for \\fBslotstream recv \\-\\-config\\fR (docs/config.md)",
             ".SH SEE ALSO", "The README and docs/ of the slotstream sources; \\fBslotstream protocols\\fR."]
