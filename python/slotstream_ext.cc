@@ -84,6 +84,14 @@ uint32_t blocks_arg(int64_t v) { return in_range<uint32_t>("blocks", v, 1, kMaxB
 uint32_t block_size_arg(int64_t v) {
   return in_range<uint32_t>("block_size", v, kMinBlockSize, kMaxBlockSize, " (an int number of bytes)");
 }
+// stall_timeout= seconds (SenderOptions::stall_timeout): 0 waits for ever; the library checks the rest.
+std::chrono::milliseconds stall_timeout_arg(double seconds) {
+  if (!(seconds >= 0) || seconds > 86400.0 * 365) {
+    check({Code::kInvalidArgument,
+           "stall_timeout " + std::to_string(seconds) + " is not a number of seconds >= 2 (or 0: wait for ever)"});
+  }
+  return std::chrono::milliseconds(int64_t(seconds * 1000 + 0.5));
+}
 
 // Waits (GIL released) until `done()` under `lock`, waking every kSignalCheck to run Python's
 // signal handlers (KeyboardInterrupt propagates as an exception). Returns false on `deadline`.
@@ -449,9 +457,10 @@ class PySender : public SenderLife<Sender> {
   PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
            const std::string& protocol, int64_t blocks, int64_t block_size, const std::vector<int>& devices,
            std::optional<std::string> token, std::optional<std::string> rdma_transport,
-           std::optional<std::string> rdma_device)
+           std::optional<std::string> rdma_device, double stall_timeout)
       : SenderLife("Sender") {
     SenderOptions o;
+    o.stall_timeout = stall_timeout_arg(stall_timeout);
     check(parse_address(to, &o.host, &o.port));
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
@@ -513,10 +522,15 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
   PyPlatformSender(const std::string& platform, std::optional<std::string> name, const std::vector<int>& devices,
                    double need_cpu, double need_bandwidth, double need_fps, const std::string& transport,
                    const std::string& protocol, int64_t blocks, int64_t block_size, std::optional<std::string> token,
-                   int64_t lease_ttl, double patience)
+                   int64_t lease_ttl, double patience, double stall_timeout, std::optional<std::string> platform_cacert,
+                   std::optional<std::string> platform_cert, std::optional<std::string> platform_key,
+                   std::optional<std::string> platform_user, std::optional<std::string> platform_password)
       : SenderLife("PlatformSender") {
     PlatformSenderOptions o;
     o.platform = platform;
+    o.security = {platform_cacert.value_or(""), platform_cert.value_or(""), platform_key.value_or(""),
+                  platform_user.value_or(""), platform_password.value_or("")};
+    o.sender.stall_timeout = stall_timeout_arg(stall_timeout);
     o.sender.transport = transport_arg(transport);
     o.sender.name = name ? *name : default_sender_name();
     o.sender.protocol = protocol;
@@ -1144,15 +1158,18 @@ void bind_sender(nb::module_& m) {
                            "stored every message (finish()); leaving it by an exception abandons the connection.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, int64_t,
                    int64_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
-                   std::optional<std::string>>(),
+                   std::optional<std::string>, double>(),
           "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
           "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
           "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(), "rdma_transport"_a = nb::none(),
-          "rdma_device"_a = nb::none(),
+          "rdma_device"_a = nb::none(), "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0,
           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
           "and declares `devices`, the device numbers send() will use. `transport`: 'auto' (shm on one\n"
           "host, else rdma where both ends have an RDMA NIC, else tcp), 'shm', 'tcp' or 'rdma'\n"
           "(`rdma_transport` 'rc', 'dc' or 'ud', default the receiver's; `rdma_device` 'mlx5_0:1').\n"
+          "`stall_timeout`: seconds to wait on a receiver that says nothing (a live one says it is alive\n"
+          "every second, also while it holds its blocks): then it counts as stopped or hung and send()\n"
+          "and finish() raise PeerGone; at least 2, 0 waits for ever.\n"
           "Raises slotstream.Error subclasses (ConnectFailed, Refused, InvalidArgument — e.g. rdma\n"
           "without a usable device —, ...) with the library's message.")
       .def("send", &PySender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
@@ -1194,14 +1211,23 @@ void bind_platform_sender(nb::module_& m) {
       "(docs/platform.md). The same send/finish/close contract and context manager as Sender.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::vector<int>&, double, double, double,
                    const std::string&, const std::string&, int64_t, int64_t, std::optional<std::string>, int64_t,
-                   double>(),
+                   double, double, std::optional<std::string>, std::optional<std::string>, std::optional<std::string>,
+                   std::optional<std::string>, std::optional<std::string>>(),
           "platform"_a, "name"_a = nb::none(), nb::kw_only(), "devices"_a.sig("(0,)") = std::vector<int>{0},
           "need_cpu"_a = 0.0, "need_bandwidth"_a = 0.0, "need_fps"_a = 0.0, "transport"_a = "auto",
           "protocol"_a = kDefaultProtocol, "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize,
           "token"_a = nb::none(), "lease_ttl"_a = 5, "patience"_a = 30.0,
+          "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0, "platform_cacert"_a = nb::none(),
+          "platform_cert"_a = nb::none(), "platform_key"_a = nb::none(), "platform_user"_a = nb::none(),
+          "platform_password"_a = nb::none(),
           "Asks the platform at `platform` (\"etcd://HOST:PORT[,HOST:PORT...]\") for a receiver with room for\n"
           "need_cpu cores, need_bandwidth bytes/s and need_fps messages/s (and the blocks' memory), and\n"
-          "connects as sender `name`. Raises Refused with every receiver's shortfall when none has room.")
+          "connects as sender `name`. Raises Refused with every receiver's shortfall when none has room,\n"
+          "InvalidArgument for a negative or absurd need. A protected etcd (docs/platform.md): TLS with\n"
+          "`platform_cacert` (PEM file of the members' CA; `platform_cert`/`platform_key`: a client\n"
+          "certificate), etcd's own users with `platform_user`/`platform_password`. `stall_timeout` as\n"
+          "Sender's; a receiver whose platform record went with its lease and that says nothing is left\n"
+          "sooner (the next send moves).")
       .def("send", &PyPlatformSender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
            nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
                    "timeout: float | None = None) -> None"),

@@ -38,6 +38,12 @@ Status validate(const SenderOptions& o, const protocol::Descriptor** desc, proto
     return {Code::kInvalidArgument, "blocks must be 1.." + std::to_string(kMaxBlocks)};
   }
   if (o.devices.empty()) return {Code::kInvalidArgument, "no devices declared"};
+  if (o.stall_timeout.count() < 0 || (o.stall_timeout.count() > 0 && o.stall_timeout < kMinStallTimeout)) {
+    return {Code::kInvalidArgument, "stall timeout must be 0 (wait for ever) or at least " +
+                                        std::to_string(kMinStallTimeout.count()) +
+                                        " ms (a receiver says it is alive every second), got " +
+                                        std::to_string(o.stall_timeout.count()) + " ms"};
+  }
   if (!o.first_message.empty()) {
     for (uint16_t d : o.devices) {
       if (!o.first_message.contains(d)) {
@@ -314,6 +320,13 @@ Status Sender::finish() {
 
 void Sender::abort(Status why) { impl_->fail(std::move(why)); }
 
+std::chrono::steady_clock::duration Sender::receiver_silence() const {
+  const auto now = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration longest{0};
+  for (auto& lane : impl_->lanes) longest = std::max(longest, now - lane->heard());
+  return longest;
+}
+
 SenderStats Sender::stats() const {
   SenderStats s;
   for (auto& [d, dev] : impl_->devices) {
@@ -411,6 +424,11 @@ DeviceStream::FillFn DeviceStream::copy_from(std::span<const std::byte> message)
 Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
                                 std::optional<std::chrono::steady_clock::time_point> deadline, Progress* progress) {
   Sender::Impl& im = *sender_.impl_;
+  // A failed sender (its receiver lost: the sending thread saw the control socket close) refuses at
+  // once. A small message would otherwise be packed into the ring's open block, which nothing
+  // transmits any more, and the loss would surface only once every send block was full: 36 s for
+  // 64x48 frames at 25 fps with the default 32 blocks of 1 MiB. One load of a flag written once.
+  if (im.failed()) return im.first_error();
   // Back-pressure for this device alone (its worker on the receiver is behind).
   if (progress->next_fragment == 0) {
     SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_, deadline));

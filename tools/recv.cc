@@ -303,12 +303,16 @@ int run_recv(const RecvArgs& args) {
     }
   }
 
-  wait_for_stop(sigs, [&] { return args.exit_after > 0 && rx->sessions_ended() >= args.exit_after; });
+  // A receiver whose platform name another one took (registration.h) leaves: its senders move on.
+  wait_for_stop(sigs, [&] {
+    return (args.exit_after > 0 && rx->sessions_ended() >= args.exit_after) || (registration && registration->lost());
+  });
+  const bool lost = registration && registration->lost();
   registration.reset();  // off the platform first: no sender is scheduled here any more
   rx->stop();
   metrics.reset();
   if (workers) workers->stop();
-  return kExitOk;
+  return lost ? kExitError : kExitOk;
 }
 
 }  // namespace slotstream::tools

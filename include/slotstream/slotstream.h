@@ -87,6 +87,11 @@ inline constexpr uint32_t kMinBlockSize = 64;
 inline constexpr uint32_t kMaxBlockSize = 64u << 20;
 inline constexpr uint32_t kMaxBlocks = 4096;
 inline constexpr const char* kDefaultProtocol = "status_byte";
+// How long a sender waits on a receiver that has stopped saying anything (SenderOptions::stall_timeout):
+// long enough for a loaded machine's hiccups, short enough that a stopped receiver is not waited on
+// for ever.
+inline constexpr std::chrono::milliseconds kDefaultStallTimeout{30000};
+inline constexpr std::chrono::milliseconds kMinStallTimeout{2000};
 
 // Sender names become directory names on the receiver: 1-64 characters of [A-Za-z0-9._-], not
 // starting with '.' or '-'. Returns the reason when invalid.
@@ -151,6 +156,11 @@ struct SenderOptions {
   std::map<uint16_t, uint64_t> first_message;
   // Ask the receiver to confirm what it has stored while data moves (Sender::confirmed()).
   bool confirm_stored = false;
+  // A receiver says something on the control connection at least every second (KEEPALIVE), also
+  // while it holds its blocks on purpose (a full disk, a busy worker: the sender then waits, nothing
+  // is dropped). One that says nothing for this long is stopped or hung: the sender fails with
+  // kPeerGone ("lost the receiver"), as when it dies. At least 2 s (kMinStallTimeout); 0: wait for ever.
+  std::chrono::milliseconds stall_timeout{kDefaultStallTimeout};
 };
 
 struct SenderStats {
@@ -259,6 +269,9 @@ class Sender {
     uint64_t stored = 0;
   };
   Confirmed confirmed(uint16_t device) const;
+  // How long since the receiver last said anything on the control connection (the longest of its
+  // connections; a live receiver says something at least every second). Any thread.
+  std::chrono::steady_clock::duration receiver_silence() const;
   // Moves `device`'s numbers on the receiver's disk forward: its next message is stored as `number`
   // (never behind its last one), and confirmed() counts it from there. For a stream whose numbers
   // went on elsewhere meanwhile (the platform's edge, src/platform): call only while every message

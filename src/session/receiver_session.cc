@@ -401,6 +401,10 @@ void ReceiverSession::check_control(Clock::time_point now) {
     publish(l.start);
   }
   confirm_stored(now);
+  // KEEPALIVE (control version 8): the sender hears from this session at least every
+  // kKeepaliveInterval, also while its blocks are held (a full disk, a busy worker), so that one
+  // that hears nothing for its stall timeout knows this process stopped or hung.
+  if (now - control_->last_sent() >= wire::kKeepaliveInterval) (void)control_->send(wire::MsgType::kKeepalive, {});
   Status alive = control_->check_alive();
   if (alive.code() == Code::kPeerGone) {
     lose_sender("connection closed mid-stream");

@@ -1,6 +1,7 @@
 #include "session/sender_lane.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "common.h"
@@ -237,6 +238,7 @@ Status SenderLane::read_first_stored() {
   while (!missing.empty()) {
     Status st = control_->receive(kHandshakeTimeout, &frame);
     if (!st.is_ok()) return {st.code(), "receiver did not say where its numbers start (STORED): " + st.message()};
+    if (frame.type == wire::MsgType::kKeepalive) continue;
     if (frame.type != wire::MsgType::kStored) {
       return {Code::kProtocolError,
               "expected STORED after READY, got control message " + std::to_string(int(frame.type))};
@@ -356,7 +358,22 @@ Status SenderLane::alive_st() {
     SLOTSTREAM_RETURN_IF_ERROR(control_->receive(Millis(1000), &frame));
     return control_frame(frame);
   }
-  return Status::ok();
+  return check_silence(now);
+}
+
+// A receiver process that is stopped (SIGSTOP), hung or cut off keeps its connection open and its
+// blocks full: only its silence shows it (control version 8: a live one sends KEEPALIVE every
+// second, whatever else it does). Checked only when no frame waits to be read.
+Status SenderLane::check_silence(Clock::time_point now) const {
+  const auto limit = owner_.sender_options().stall_timeout;
+  if (limit.count() == 0 || now - control_->last_received() <= limit) return Status::ok();
+  const auto silent = std::chrono::duration_cast<Millis>(now - control_->last_received());
+  char what[200];
+  std::snprintf(what, sizeof what,
+                "it has said nothing for %.1f s, not even the keepalive a live receiver sends every second: it is "
+                "stopped, hung or cut off (stall timeout %.1f s)",
+                silent.count() / 1000.0, limit.count() / 1000.0);
+  return receiver_lost(what);
 }
 
 Status SenderLane::control_frame(const wire::Frame& frame) {
@@ -372,6 +389,7 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
     owner_.on_stored(stored);
     return Status::ok();
   }
+  if (frame.type == wire::MsgType::kKeepalive) return wire::decode_keepalive(frame.body);
   if (frame.type == wire::MsgType::kNumbered) {
     wire::Numbered answer;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &answer));
@@ -616,6 +634,7 @@ Status SenderLane::fin() {
     if (st.code() == Code::kTimeout) {
       if (answer) worker_->progress();
       SLOTSTREAM_RETURN_IF_ERROR(owner_.first_error());
+      SLOTSTREAM_RETURN_IF_ERROR(check_silence(Clock::now()));  // a receiver stopped before FIN_ACK
       continue;
     }
     if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};

@@ -114,6 +114,9 @@ class SenderLane {
   // records when packed) so far: only once stop() returned.
   uint64_t records() const { return records_; }
   uint64_t units() const { return units_; }
+  // When the receiver last said anything on this connection (any frame; KEEPALIVE at least every
+  // wire::kKeepaliveInterval). After connect(); any thread.
+  std::chrono::steady_clock::time_point heard() const { return control_->last_received(); }
 
  private:
   // *failed: set when the chosen transport's set-up failed on this side (the receiver was told).
@@ -140,6 +143,9 @@ class SenderLane {
   Status sending_thread_st();
   void sending_loop_st();
   Status alive_st();
+  // kPeerGone when the receiver has said nothing for longer than SenderOptions::stall_timeout (and
+  // nothing waits to be read): stopped or hung. Whoever reads the control socket.
+  Status check_silence(std::chrono::steady_clock::time_point now) const;
   // A control frame from the receiver while data moves (PAUSE, STORED; REFUSE: the receiver ends
   // the connection and says why).
   Status control_frame(const wire::Frame& frame);
