@@ -31,6 +31,10 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate
 fi
 
+# The Soft-RoCE VM of the RDMA tests (tests/rdma; scripts/test.sh runs its smoke): QEMU, a kernel, rdma-core, and
+# virtme-ng (pinned) in a venv of its own.
+bash scripts/softroce-vm.sh --setup
+
 # Helm (tests/integration/test_deploy.py): scripts/helm.sh builds it from the Go module proxy. scripts/test.sh
 # sets SLOTSTREAM_SETUP_HELM=background and builds it beside the C++ build instead (minutes on a machine whose Go
 # cache is cold, mostly waiting on downloads).
