@@ -8,7 +8,9 @@ than the cache holds, the receiver reads its data from DRAM. These VMs have no h
 cache-miss proxy is the measured time per byte of that read.
 
 The dimension the slides vary is the in-flight data. Here it is W bytes, from half the L2 to 4x the
-receiving core's share of the last-level cache (C, read from sysfs like carc's default budget):
+receiving core's share of the last-level cache (C, read from sysfs like carc's default budget; at most
+CACHE_CAP = 64 MiB, so that buffers for 4C fit a connection's 4,096 blocks of 64 KiB: a VM may report
+its host's whole L3 — 260 or 300 MiB — shared by its 2 CPUs; --tiny: at most 16 MiB):
 - carc: budget=W on buffers for 4C (so that only the budget limits it);
 - credit, status_byte, sliding_window: buffers for W (N = W / block; for sliding_window, one
   connection per device, N / devices each), the only way they limit what is in flight.
@@ -32,6 +34,13 @@ MESSAGE = 65536 - HEADER       # payload: one 64 KiB block per message
 PROTOCOLS = ["carc", "credit", "status_byte", "sliding_window"]
 ALWAYS = ("carc", "credit")    # the experiment is about these two; the others only when asked for
 FALLBACK_CACHE = 2 << 20       # as carc's receiver, when sysfs says nothing
+BLOCK = MESSAGE + HEADER
+MAX_BLOCKS = 4096              # a connection's most blocks (include/slotstream/slotstream.h: kMaxBlocks)
+# The largest geometry is 4C of buffers (carc always; credit at W = 4C): C beyond this asks the sender for more
+# than MAX_BLOCKS blocks ("--blocks: Value 9600 not in range 1 to 4096" on a VM reporting a 300 MiB L3).
+CACHE_CAP = MAX_BLOCKS * BLOCK // 4
+TINY_CACHE_CAP = 16 << 20      # --tiny checks the path, not the cache: the same seconds on any host
+CACHE_FLOOR = 4 * BLOCK        # W = C/4 is at least one block
 
 
 def cache_levels(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
@@ -64,13 +73,21 @@ def cache_share(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
     return size // cpus
 
 
-def settings(cfg, quick, tiny):
+def sweep_cache(share, tiny=False):
+    """The C the sweep is built on, from the receiving core's LLC share (0: unknown): clamped to
+    [CACHE_FLOOR, CACHE_CAP] (TINY_CACHE_CAP for --tiny) and rounded down to whole blocks."""
+    c = min(share or FALLBACK_CACHE, TINY_CACHE_CAP if tiny else CACHE_CAP)
+    return max(CACHE_FLOOR, c // BLOCK * BLOCK)
+
+
+def settings(cfg, quick, tiny, cache_dir="/sys/devices/system/cpu/cpu0/cache"):
     """The sweep: points (transport, processing ns/B, devices, in-flight bytes), each measured once per
     run of the orchestrator (`--runs`). Full: ~120 measurements a run, about 2 minutes here; quick: shm
-    only, ~24 (a minute); tiny: seconds."""
-    c = cache_share() or FALLBACK_CACHE
-    l2 = cache_levels().get(2, (1 << 20, 1))[0]
-    block = MESSAGE + HEADER
+    only, ~24 (a minute); tiny: seconds. `cache_share`: what sysfs says; `cache`: the C used."""
+    share = cache_share(cache_dir)
+    c = sweep_cache(share, tiny)
+    l2 = cache_levels(cache_dir).get(2, (1 << 20, 1))[0]
+    block = BLOCK
     within_l2 = max(l2 // 2, 2 * block)
 
     def grid(transports, process, devices, windows):
@@ -87,19 +104,22 @@ def settings(cfg, quick, tiny):
                       [within_l2, c // 4, c, 4 * c])
         points += grid([t for t in cfg.transports if t != "shm"], [2.0], [1, 12], [c // 4, c, 4 * c])
         run_bytes = 128 << 20
-    return dict(cache=c, l2=l2, points=points, run_bytes=run_bytes)
+    return dict(cache=c, cache_share=share, l2=l2, points=points, run_bytes=run_bytes)
 
 
 def geometry(protocol, window, devices, cache, per_device):
     """(protocol spec, blocks per connection) for in-flight data `window`; `per_device`: the protocol
     opens a connection per device (`connection_per_device` in `slotstream protocols --json`)."""
-    block = MESSAGE + HEADER
     if protocol == "carc":
-        return f"carc:budget={window}", max(1, 4 * cache // block)
-    blocks = max(1, window // block)
-    if per_device:
-        blocks = max(1, blocks // devices)
-    return protocol, blocks
+        spec, blocks = f"carc:budget={window}", max(1, 4 * cache // BLOCK)
+    else:
+        spec, blocks = protocol, max(1, window // BLOCK)
+        if per_device:
+            blocks = max(1, blocks // devices)
+    if blocks > MAX_BLOCKS:  # sweep_cache keeps every point within; a sweep that does not is a bug here
+        raise ValueError(f"cache experiment: {blocks} blocks for W = {window} B, more than a sender may ask "
+                         f"({MAX_BLOCKS})")
+    return spec, blocks
 
 
 def cache_point(res, s, t, x, d, w, p, per_device):
@@ -135,7 +155,7 @@ def exp_cache(res, cfg):
     status_byte/sliding_window references (those of them in --protocols)."""
     s = settings(cfg, cfg.quick, cfg.tiny)
     res.config.setdefault("cache_experiment", {}).update(
-        {k: s[k] for k in ("cache", "l2", "run_bytes")}, points=len(s["points"]))
+        {k: s[k] for k in ("cache", "cache_share", "l2", "run_bytes")}, points=len(s["points"]))
     protocols = [p for p in PROTOCOLS if p in ALWAYS or p in cfg.protocols]
     points = [(t, x, d, w, p) for t, x, d, w in s["points"] for p in protocols]
 
@@ -247,7 +267,7 @@ def report(records, human):
           f"The receiver processes every byte before releasing its block: it reads every byte (the read's ns/byte "
           f"is the cache-miss proxy; no hardware counters here), then spins X ns/byte. W = in-flight data: carc's "
           f"budget (on buffers for 4C), or the buffers of the others. C = the receiving core's share of the "
-          f"last-level cache = {human(cache)}. Shared memory has no DDIO: the sender's CPU writes the data, so it "
+          f"last-level cache, at most {human(CACHE_CAP)} (buffers for 4C fit {MAX_BLOCKS} blocks) = {human(cache)}. Shared memory has no DDIO: the sender's CPU writes the data, so it "
           f"sits in the sending core's L2 and the shared L3, not in an I/O slice of the LLC. Values: median over "
           f"runs (min–max).\n",
           "Against the slides' claim (carc up to 1.35x throughput, 1.40x lower tail than an uncontrolled sender):\n\n",

@@ -13,6 +13,8 @@
 #   P/share/man/man1/slotstream.1            the man page         } generated from --help
 #   P/share/bash-completion/completions/     bash completion      } (tools/gen_cli_docs.py)
 #   P/share/zsh/site-functions/_slotstream   zsh completion       }
+#   P/lib/systemd/system/slotstream-recv.service   the receiver as a systemd service (ExecStart: P/bin/slotstream)
+#   P/share/slotstream/recv.toml             a sample receiver configuration (the unit reads /etc/slotstream/recv.toml)
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -57,3 +59,18 @@ file(RELATIVE_PATH PC_PREFIX_FROM_PCDIR /P/${CMAKE_INSTALL_LIBDIR}/pkgconfig /P)
 string(REGEX REPLACE "/$" "" PC_PREFIX_FROM_PCDIR "${PC_PREFIX_FROM_PCDIR}")
 configure_file(cmake/slotstream.pc.in ${CMAKE_CURRENT_BINARY_DIR}/slotstream.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/slotstream.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# The systemd unit and the sample recv.toml name installed paths, so they are written at install time from
+# deploy/systemd/*.in with the prefix `cmake --install --prefix P` was given (CMAKE_INSTALL_PREFIX at configure
+# time is only its default). systemd reads units from /usr/local/lib/systemd/system as well as /usr/lib/...
+set(SLOTSTREAM_SYSTEMD_UNITDIR lib/systemd/system CACHE STRING "where the systemd unit goes, relative to the prefix")
+set(deploy_out ${CMAKE_BINARY_DIR}/install-deploy)
+install(CODE "
+  set(SLOTSTREAM_INSTALL_BINDIR \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}\")
+  set(SLOTSTREAM_INSTALL_DATADIR \"\${CMAKE_INSTALL_PREFIX}/${slotstream_share}\")
+  configure_file(\"${PROJECT_SOURCE_DIR}/deploy/systemd/slotstream-recv.service.in\"
+                 \"${deploy_out}/slotstream-recv.service\" @ONLY)
+  configure_file(\"${PROJECT_SOURCE_DIR}/deploy/systemd/recv.toml.in\" \"${deploy_out}/recv.toml\" @ONLY)
+")
+install(FILES ${deploy_out}/slotstream-recv.service DESTINATION ${SLOTSTREAM_SYSTEMD_UNITDIR})
+install(FILES ${deploy_out}/recv.toml DESTINATION ${slotstream_share})

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus fuzz/corpus/<target>/ (small, checked in; rerun after a wire change).
+"""Writes the seed corpus fuzz/corpus/<target>/ (small, checked in; rerun after a wire change), or under the
+directory given as its argument. fuzz/corpus holds these seeds and nothing else (tests/integration/test_fuzz_seeds.py):
+what a fuzz run finds goes to build-fuzz/corpus/ (fuzz/run.sh).
 
 Seeds are valid inputs, so that the fuzzers start from the real formats: one encoding of every
 control message (wire/control.h), a few block headers (wire/block_header.h), typical protocol
@@ -12,6 +14,7 @@ import hmac
 import pathlib
 import random
 import struct
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
 VERSION = 7  # wire::kProtocolVersion
@@ -126,7 +129,7 @@ def dgram_seeds():
     }
 
 
-def main():
+def main(root=ROOT):
     seeds = {
         "control": {
             "hello": hello(),
@@ -206,11 +209,11 @@ def main():
         "eos": bytes([0]) + b"SSGF" + bytes([1, 3, 0, 0]),
     }
     for target, files in seeds.items():
-        d = ROOT / target
+        d = pathlib.Path(root) / target
         d.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
             (d / name).write_bytes(data)
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

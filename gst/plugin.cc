@@ -66,4 +66,5 @@ static gboolean plugin_init(GstPlugin* plugin) {
 #define PACKAGE "slotstream"
 GST_PLUGIN_DEFINE(GST_VERSION_MAJOR, GST_VERSION_MINOR, slotstream,
                   "slotstream: many device streams over one-sided RDMA (status-byte-assisted transmission over UCX)",
-                  plugin_init, SLOTSTREAM_VERSION, "unknown", "slotstream", "https://github.com/slotstream/slotstream")
+                  plugin_init, SLOTSTREAM_VERSION, "Apache 2.0", "slotstream",
+                  "https://github.com/slotstream/slotstream")

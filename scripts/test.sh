@@ -9,14 +9,17 @@ cd "$(dirname "$0")/.."
 t_run=$SECONDS
 phase() { echo "test: [$((SECONDS - t_run)) s] $*"; }  # phase times, for keeping CI inside its budget
 phase "setup"
-SLOTSTREAM_SETUP_HELM=background bash scripts/setup.sh
+SLOTSTREAM_SETUP_HELM=background bash scripts/setup.sh test
 # Every compile through ccache (setup.sh installs it) unless the caller chose a launcher: the four builds
 # (build/, the two sanitizer builds, the fuzz build) and pip's are cold on a fresh machine, and a rerun on the
 # same machine (CI runs where the last session ran) recompiles only what changed. CCACHE_BASEDIR: a clone
-# in another folder finds the same entries.
+# in another folder finds the same entries. CCACHE_NOHASHDIR: build/ and build-python/ (python.install's
+# `pip install .`, tests/python/make_venv.sh) compile the library with the same command lines, so the second
+# finds the first's objects instead of compiling the library again (debug info then names build/ as its
+# directory, harmless).
 if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=1
 fi
 # Helm (only test_deploy needs it) builds beside the C++ build: on a cold Go cache it is minutes of waiting on
 # downloads. Waited for before CTest; a failed build fails the run.

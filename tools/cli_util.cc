@@ -5,17 +5,35 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <sstream>
 
 namespace slotstream::tools {
 
-CLI::Validator size_value() {
+std::string format_size(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (u < 6 && bytes >= (uint64_t(1) << (10 * (u + 1))) && bytes % (uint64_t(1) << (10 * (u + 1))) == 0) ++u;
+  if (u > 0 || bytes < 1024) return std::to_string(bytes >> (10 * u)) + " " + kUnits[u];
+  int v = 0;  // not a whole number of any unit: one decimal, and the exact count
+  while (v < 6 && bytes >= (uint64_t(1) << (10 * (v + 1)))) ++v;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f %s (%llu B)", double(bytes) / double(uint64_t(1) << (10 * v)), kUnits[v],
+                (unsigned long long)bytes);
+  return buf;
+}
+
+CLI::Validator size_value(uint64_t min, uint64_t max) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [min, max](std::string& text) -> std::string {
         auto bytes = parse_size(text);
-        if (!bytes)
-          return "expects a size such as 4096, 64K, 1M or 4G (K/M/G/T = 2^10/2^20/2^30/2^40), got '" + text + "'";
+        if (!bytes) {
+          return "expects a size such as 4096, 64K, 1M or 4G (K/M/G/T = 2^10/2^20/2^30/2^40; KB, KiB alike), got '" +
+                 text + "'";
+        }
+        if (*bytes > max) return format_size(*bytes) + " is above the most, " + format_size(max);
+        if (*bytes < min) return format_size(*bytes) + " is below the least, " + format_size(min);
         text = std::to_string(*bytes);
         return "";
       },
@@ -179,15 +197,32 @@ std::string suggest_flags(const CLI::App& app, const std::vector<std::string>& a
     if (std::string m = closest_match(flag, names); !m.empty())
       out += "did you mean " + m + " instead of " + flag + "?\n";
   }
-  // An unknown key in a config file: "INI was not able to parse recv.blok-size".
-  const size_t dot = what.rfind('.');
-  if (e.get_name() == "ConfigError" && dot != std::string::npos) {
-    const std::string key = "--" + what.substr(dot + 1);
-    if (std::string m = closest_match(key, names); !m.empty()) {
-      out += "did you mean " + m.substr(2) + " instead of " + key.substr(2) + " (in the config file)?\n";
+  return out;
+}
+
+std::string unknown_config_key(const CLI::App& app, const std::vector<std::string>& argv, const CLI::ParseError& e) {
+  static const std::string kPrefix = "INI was not able to parse ";
+  const std::string what = e.what();
+  if (e.get_name() != "ConfigError" || !what.starts_with(kPrefix)) return "";
+  const CLI::App* cmd = command_in(app, argv);
+  // The file's keys come prefixed with the command they are read for (CommandConfig): send.blok-size.
+  std::string key = what.substr(kPrefix.size());
+  if (cmd != &app && key.starts_with(cmd->get_name() + ".")) key = key.substr(cmd->get_name().size() + 1);
+  std::string file = "the config file";
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--config" && i + 1 < argv.size()) file = argv[i + 1];
+    if (argv[i].starts_with("--config=")) file = argv[i].substr(9);
+  }
+  std::vector<std::string> keys;
+  for (const CLI::Option* o : cmd->get_options()) {
+    for (const std::string& l : o->get_lnames()) {
+      if (l != "help" && l != "config") keys.push_back(l);
     }
   }
-  return out;
+  std::string out = "unknown key '" + key + "' in " + file;
+  if (std::string m = closest_match(key, keys); !m.empty()) return out + " (did you mean '" + m + "'?)";
+  return out + " (a key is one of `slotstream " + (cmd == &app ? std::string("COMMAND") : cmd->get_name()) +
+         " --help`'s long options without its dashes)";
 }
 
 }  // namespace slotstream::tools

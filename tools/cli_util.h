@@ -11,9 +11,18 @@
 
 namespace slotstream::tools {
 
-// Turns "64K", "1M", "1MiB", "4G" or "1048576" into the number of bytes (slotstream::parse_size),
-// before any range check; anything else is refused with an example.
-CLI::Validator size_value();
+// Every size option's one parser: turns "4096", "64K", "64KB", "64KiB", "1M", "4G" or "1T" into the
+// number of bytes (slotstream::parse_size: K/KB/KiB alike = 2^10, M = 2^20, G = 2^30, T = 2^40; a
+// decimal 1MB is 1 MiB, as the help and docs/cli-contract.md say), and refuses a value outside
+// [min, max] in units ("--block-size: 64 GiB is above the most, 64 MiB"); anything else is refused
+// with an example.
+CLI::Validator size_value(uint64_t min = 0, uint64_t max = UINT64_MAX);
+// What size options accept, for help texts and footers (kept in one place).
+inline constexpr const char* kSizeUnits =
+    "SIZE: bytes, or with K, M, G, T (KB/KiB, MB/MiB ... alike: powers of 1024, so 1MB = 1M = 1048576)";
+// A byte count in the largest unit that divides it ("64 MiB", "1 GiB", "1000 B"), else with one
+// decimal and the exact count ("1.5 GiB (1610612737 B)").
+std::string format_size(uint64_t bytes);
 
 // Turns "90", "90s", "500ms", "2m" or "1h" into a number of `unit`s ("s" or "ms"; a bare number is
 // already in `unit`), before any range check; anything else, or a negative time, is refused with an
@@ -40,8 +49,12 @@ void apply_config_flags(const std::vector<CLI::App*>& commands);
 // The closest of `candidates` to `word` when it is close enough to be a typo ("" otherwise).
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 
-// For a parse error about unexpected arguments or unknown config keys: "did you mean --X?" lines
-// for each mistyped flag of the command given (`argv` as passed to main), "" when none is close.
+// For a parse error about unexpected arguments: "did you mean --X?" lines for each mistyped flag of
+// the command given (`argv` as passed to main), "" when none is close.
 std::string suggest_flags(const CLI::App& app, const std::vector<std::string>& argv, const CLI::ParseError& e);
+
+// For an unknown key in --config FILE (CLI11: "INI was not able to parse send.blok-size"): "unknown
+// key 'blok-size' in FILE (did you mean 'block-size'?)"; "" for any other error.
+std::string unknown_config_key(const CLI::App& app, const std::vector<std::string>& argv, const CLI::ParseError& e);
 
 }  // namespace slotstream::tools

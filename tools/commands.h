@@ -65,6 +65,7 @@ struct RecvArgs {
   uint64_t backlog_messages = 0;
   uint64_t backlog_bytes = 0;
   bool keep_processed = false;
+  uint64_t keep = 0;                      // --keep N newest messages per device (0: all)
   std::string metrics;                    // HOST:PORT
   unsigned metrics_prune_after = 300;     // seconds an ended sender's series stay
   std::optional<std::string> max_memory;  // SIZE (default: default_max_memory())
@@ -88,6 +89,7 @@ struct SendArgs {
   std::vector<std::string> files;   // D=PATH
   std::vector<std::string> dirs;    // D=DIR
   std::vector<std::string> videos;  // D=SOURCE (file, or lavfi:GRAPH for an ffmpeg test pattern)
+  std::string video_size;           // WxH every video is scaled to (empty: each its own size)
   bool realtime = false;            // videos at their own frame rate
   std::string synthetic;            // D0-D1:FPS:WxHxC
   double duration = 0;

@@ -1,6 +1,7 @@
 // `slotstream recv|send --transport udp` and `send --transport tcp --protocol dgram_rc`.
 #include "dgram_cli.h"
 #include "cli_util.h"
+#include "interrupt.h"
 #include "log.h"
 
 #include <sys/stat.h>
@@ -159,7 +160,8 @@ void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<p
     uint64_t R::*field;
   };
   for (Counter c :
-       {Counter{"slotstream_dgram_hellos_refused_total", "HELLOs and AUTHs refused.", &R::hellos_refused},
+       {Counter{"slotstream_dgram_hellos_refused_total",
+                "HELLOs and AUTHs refused, and multicast senders (once per sender and reason).", &R::hellos_refused},
         Counter{"slotstream_dgram_challenges_total", "CHALLENGEs sent (recv --token-file).", &R::challenges},
         Counter{"slotstream_dgram_auth_failures_total", "AUTHs with a wrong proof or a stale or foreign cookie.",
                 &R::auth_failures},
@@ -183,6 +185,16 @@ void receiver_metrics(const dgram::DatagramReceiver::Counters& rc, std::vector<p
     out->push_back(
         {c.name, c.help, MetricType::Counter, {sample({}, MetricType::Counter, double(rc.receiver.*c.field))}});
   }
+  prometheus::MetricFamily refused{"slotstream_dgram_announces_refused_total",
+                                   "Multicast senders refused, by reason (each once per reason; the sender is not "
+                                   "told: a group's sender hears nothing back).",
+                                   MetricType::Counter,
+                                   {}};
+  for (size_t i = 0; i < dgram::kAnnounceRefusals; ++i) {
+    refused.metric.push_back(sample({{"reason", dgram::refusal_label(dgram::AnnounceRefusal(i))}}, MetricType::Counter,
+                                    double(rc.receiver.announces_refused[i])));
+  }
+  out->push_back(std::move(refused));
   for (auto [name, help, value] :
        {std::tuple{"slotstream_dgram_memory_promised_bytes", "Memory promised to the live sessions.",
                    rc.memory_promised},
@@ -226,7 +238,7 @@ uint64_t largest_message(const Plan& plan) {
       m = std::max<uint64_t>(m, fs::file_size(p, ec));
     }
   }
-  if (!plan.videos.empty()) m = std::max<uint64_t>(m, kVideoFrame);
+  for (const auto& [_, v] : plan.videos) m = std::max<uint64_t>(m, v.frame_bytes());
   if (plan.synthetic) m = std::max(m, plan.synthetic->frame_bytes);
   return m;
 }
@@ -256,8 +268,7 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->default_str("30")
       ->group(kGroup);
   recv->add_option("--max-message", a->max_message, "SIZE: largest message (region) a sender may announce")
-      ->transform(size_value())
-      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 32))
+      ->transform(size_value(1, uint64_t(1) << 32))
       ->default_str(std::to_string(64 << 20))
       ->group(kGroup);
   recv->add_option("--interface", a->interface,
@@ -439,40 +450,36 @@ namespace {
 
 // The protocol `send` asked for, if it is a datagram one over the transport given; else nullptr after
 // printing why.
-const dgram::Descriptor* dgram_send_protocol(const SendArgs& a, const DgramArgs& d) {
+// The datagram protocol `send` asked for (--protocol, else the default), checked against --transport.
+Status dgram_send_protocol(const SendArgs& a, const DgramArgs& d, const dgram::Descriptor** out) {
   const bool protocol_given = d.protocol_opt && d.protocol_opt->count() > 0;
   const std::string protocol = protocol_given ? a.protocol : dgram::kDefaultProtocol;
   const dgram::Descriptor* proto = dgram::find_protocol(protocol);
   if (!proto) {
-    print_error("send", "--protocol " + protocol + " runs over UCX (--transport shm|tcp); over udp:" + protocol_list());
-    return nullptr;
+    return {Code::kInvalidArgument,
+            "--protocol " + protocol + " runs over UCX (--transport shm|tcp); over udp:" + protocol_list()};
   }
   const std::string want = proto->over_tcp ? "tcp" : "udp";
   if (a.transport != want) {
-    print_error("send", "--protocol " + std::string(proto->name) + " runs over " + want + ": give --transport " + want);
-    return nullptr;
+    return {Code::kInvalidArgument,
+            "--protocol " + std::string(proto->name) + " runs over " + want + ": give --transport " + want};
   }
-  return proto;
+  *out = proto;
+  return Status::ok();
 }
 
-// The sender's options and what it sends, from the command line: kExitOk, or kExitUsage after printing
-// what is wrong.
-int dgram_send_options(const SendArgs& a, const DgramArgs& d, const dgram::Descriptor& proto,
-                       dgram::DatagramSenderOptions* o, Plan* plan) {
+// The sender's options and what it sends, from the command line; an error says what is wrong.
+Status dgram_send_options(const SendArgs& a, const DgramArgs& d, const dgram::Descriptor& proto,
+                          dgram::DatagramSenderOptions* o, Plan* plan) {
   if (a.to.find(',') != std::string::npos) {
-    print_error("send", "--to: the datagram transport sends to one receiver");
-    return kExitUsage;
+    return {Code::kInvalidArgument, "--to: the datagram transport sends to one receiver"};
   }
   if (Status st = parse_address(a.to, &o->host, &o->port); !st.is_ok()) {
-    print_error("send", "--to: " + st.message());
-    return kExitUsage;
+    return {Code::kInvalidArgument, "--to: " + st.message()};
   }
   for (Status st :
        {plan_send(a, plan, &o->name), parse_inject(d, &o->inject), read_token_if_given(a.token_file, &o->token)}) {
-    if (!st.is_ok()) {
-      print_error("send", st.message());
-      return kExitUsage;
-    }
+    if (!st.is_ok()) return {Code::kInvalidArgument, st.message()};
   }
   o->protocol = proto.name;
   o->devices = plan->devices();
@@ -481,7 +488,7 @@ int dgram_send_options(const SendArgs& a, const DgramArgs& d, const dgram::Descr
   o->ttl = d.ttl;
   o->interface = d.interface;
   o->max_message = largest_message(*plan);
-  return kExitOk;
+  return Status::ok();
 }
 
 // What the receiver's FIN_ACK says of every message: a line on stderr when not all arrived complete,
@@ -519,19 +526,11 @@ nlohmann::json receiver_accounting(const dgram::FinAck& report, const dgram::Dat
           {"lost", total.lost},         {"valid_bytes", total.valid_bytes}, {"devices", per}};
 }
 
-// `send --json` of the datagram transport (docs/cli-contract.md).
-nlohmann::json send_json(const dgram::DatagramSenderOptions& o, const dgram::DatagramSenderStats& s,
-                         const dgram::Descriptor& proto, double secs, double cpu, bool tx_multicast) {
+// What the datagram transport adds to `send --json` (docs/cli-contract.md).
+nlohmann::json send_extras(const dgram::DatagramSenderOptions& o, const dgram::DatagramSenderStats& s,
+                           bool tx_multicast) {
   nlohmann::json j;
-  j["messages"] = s.messages;
-  j["bytes"] = s.bytes;
-  j["seconds"] = secs;
-  j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
-  j["cpu_seconds"] = cpu;
-  j["transport"] = proto.over_tcp ? "tcp" : "udp";
-  j["protocol"] = proto.name;
   j["segment_size"] = o.segment_size;
-  j["blocks"] = o.ring;
   j["datagrams"] = s.datagrams;
   j["retransmits"] = s.retransmits;
   j["retransmit_timeouts"] = s.timeouts;
@@ -549,40 +548,38 @@ nlohmann::json send_json(const dgram::DatagramSenderOptions& o, const dgram::Dat
 }  // namespace
 
 int run_dgram_send(const SendArgs& a, const DgramArgs& d) {
-  const dgram::Descriptor* proto = dgram_send_protocol(a, d);
-  if (!proto) return kExitUsage;
+  Interrupt interrupt("send");  // before any thread: they all inherit its blocked signals
+  const dgram::Descriptor* proto = nullptr;
   dgram::DatagramSenderOptions o;
   Plan plan;
-  if (int rc = dgram_send_options(a, d, *proto, &o, &plan); rc != kExitOk) return rc;
+  Status st = dgram_send_protocol(a, d, &proto);
+  if (st.is_ok()) st = dgram_send_options(a, d, *proto, &o, &plan);
+  if (!st.is_ok()) return send_failed(a, st, exit_code_of(st));
   std::unique_ptr<dgram::DatagramSender> tx;
-  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
-    print_error("send", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
-  }
+  if (st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) return send_failed(a, st, exit_code_of(st));
+  interrupt.arm();
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
   // One filler thread per device, as `send` does over UCX.
-  Fillers fillers(plan, a,
-                  [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); });
+  Fillers fillers(
+      plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<DgramOut>(*tx, d); },
+      &interrupt.stop());
   dgram::FinAck report;
-  Status st = fillers.join();
+  st = fillers.join();
   Status fin = tx->finish(&report);
   if (st.is_ok()) st = fin;
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!st.is_ok()) {
-    print_error("send", st.message());
-    return kExitError;
-  }
-  warn_late_frames(fillers.late_frames(), plan);
   const dgram::DatagramSenderStats s = tx->stats();
+  SendSummary summary;
+  fill_summary(fillers, t0, cpu0, &summary);
+  summary.transport = proto->over_tcp ? "tcp" : "udp";
+  summary.protocol = proto->name;
+  summary.blocks = o.ring;
+  summary.interrupted = interrupt.signal();
+  summary.extra = send_extras(o, s, tx->multicast());
   // A multicast group answers no FIN: each of its receivers reports its own accounting.
-  nlohmann::json accounting = tx->multicast() ? nlohmann::json() : receiver_accounting(report, s, *proto);
-  if (a.json) {
-    nlohmann::json j = send_json(o, s, *proto, secs, cpu_seconds() - cpu0, tx->multicast());
-    j["receiver"] = std::move(accounting);
-    std::printf("%s\n", j.dump().c_str());
-  }
-  return kExitOk;
+  if (st.is_ok())
+    summary.extra["receiver"] = tx->multicast() ? nlohmann::json() : receiver_accounting(report, s, *proto);
+  return report_send(a, plan, summary, st);
 }
 
 }  // namespace slotstream::tools

@@ -41,7 +41,8 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
   c->add_option("--name", s.name, "this edge server's name: its directory here and on receivers (default: host name)");
   c->add_option("--file", s.files, "D=PATH: one message of device D (repeatable)");
   c->add_option("--dir", s.dirs, "D=DIR: each file in DIR, sorted, is one message of device D");
-  c->add_option("--video", s.videos, "D=SOURCE: decoded 640x480 RGB frames (as send --video)");
+  c->add_option("--video", s.videos, "D=SOURCE: decoded RGB frames of the source's size (as send --video)");
+  c->add_option("--video-size", s.video_size, "WxH: scale every --video to this size (as send --video-size)");
   c->add_flag("--realtime", s.realtime, "videos at their own frame rate");
   c->add_option("--synthetic", s.synthetic, "D0-D1:FPS:WxHxC synthetic cameras (as send --synthetic)");
   c->add_option("--duration", s.duration, "seconds of synthetic frames");
@@ -53,7 +54,7 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
   c->add_option("--block-size", s.block_size,
                 "SIZE per block towards receivers incl. its 16-byte header, e.g. 64K or 1M (default 1M: one 640x480x3 "
                 "frame per block)")
-      ->transform(size_value())
+      ->transform(size_value(kMinBlockSize, kMaxBlockSize))
       ->default_str("1M");
   c->add_option("--token-file", s.token_file, "shared secret receivers ask for");
   c->add_option("--worker", e->worker, "COMMAND: a local processing worker per device (docs/workers.md)");
@@ -404,7 +405,10 @@ std::unique_ptr<pipeline::WorkerManager> edge_workers(const EdgeArgs& args) {
 int connect_edge(const EdgeArgs& args, SendArgs& a, Plan* plan, std::vector<uint16_t>* devices,
                  PlatformNeed* per_device, std::unique_ptr<PlatformSender>* remote) {
   PlatformSenderOptions po;
-  if (int rc = platform_sender_options("edge", a, plan, &po); rc != kExitOk) return rc;
+  if (Status st = platform_sender_options(a, plan, &po, "edge"); !st.is_ok()) {
+    print_error("edge", st.message());
+    return exit_code_of(st);
+  }
   if (Status st = prepare_out_dir(args.out); !st.is_ok()) {
     print_error("edge", st.message());
     return kExitError;

@@ -50,13 +50,17 @@ def parse_option(line):
 
 
 def parse(text):
-    """(description, [commands as (name, summary)], [options as dict(name, arg, choices, help)])"""
+    """(description, [commands as (name, summary)], [options as dict(name, arg, choices, help)], footer): the
+    footer is the paragraph after the options (a command's notes: its end, signals, units)."""
     lines = text.splitlines()
     description = lines[0].strip() if lines else ""
-    commands, options, section = [], [], None
+    commands, options, section, footer = [], [], None, []
     for line in lines[1:]:
         if line.endswith(":") and not line.startswith(" "):
             section = line[:-1]
+            continue
+        if section is not None and line.strip() and not line.startswith(" "):
+            footer.append(line.strip())
             continue
         if section == "Subcommands":
             m = COMMAND.match(line)
@@ -66,7 +70,7 @@ def parse(text):
             options.append(parse_option(line))
         elif section is not None and line.startswith(" " * HELP_COLUMN) and options and line.strip():
             options[-1]["help"] = (options[-1]["help"] + " " + line.strip()).strip()
-    return description, commands, options
+    return description, commands, options, " ".join(footer)
 
 
 def roff(text):
@@ -74,8 +78,38 @@ def roff(text):
     return "\n".join(("\\&" + l if l.startswith((".", "'")) else l) for l in text.split("\n"))
 
 
+# The README's first steps: one host pair over tcp, then both ends on one host over shared memory.
+EXAMPLES = [
+    ("The receiver (host B) stores OUT/SENDER/device-D/SEQ.bin, complete and in order",
+     "slotstream recv --listen 0.0.0.0:7000 --out /data/streams --token-file token"),
+    ("The sender (host A): 12 synthetic 640x480x3 cameras at 25 fps for 10 s, over tcp",
+     "slotstream send --to B:7000 --name edge-a --token-file token --transport tcp \\\n"
+     "    --synthetic 0-11:25:640x480x3 --duration 10"),
+    ("Every received frame's content and order checked",
+     "slotstream verify /data/streams"),
+    ("Both ends on one host, over shared memory",
+     "slotstream recv --listen 127.0.0.1:7000 --out /tmp/streams &\n"
+     "slotstream send --to 127.0.0.1:7000 --name edge-a --transport shm --synthetic 0-11:25:640x480x3 --duration 10"),
+    ("Every option from a TOML file, the command line winning",
+     "slotstream recv --config /etc/slotstream/recv.toml"),
+    ("12 cameras over shared memory in one command, verified",
+     "slotstream demo"),
+]
+# docs/cli-contract.md says which command exits with which code in which case.
+EXIT_STATUS = [
+    ("0", "Success: recv on SIGINT/SIGTERM or after --exit-after-senders K senders; send once the receiver "
+          "confirmed every message stored; verify when every frame checks."),
+    ("1", "A runtime failure (a receiver that cannot be reached or refuses, a lost connection, a frame that does not "
+          "verify); one stderr line starting 'slotstream COMMAND: error:' says what."),
+    ("2", "A usage error, found before anything is sent: an unknown command or option (the closest one named), a "
+          "value out of its range, a file that cannot be opened, --transport rdma without a usable RDMA device."),
+    ("130, 143", "send stopped by SIGINT (Ctrl-C) or SIGTERM after a clean finish: the messages started were "
+                 "finished and the summary printed (a second signal aborts at once)."),
+]
+
+
 def man_page(binary, version, top, commands):
-    description, _, top_options = top
+    description, _, top_options, _ = top
     out = [f'.TH SLOTSTREAM 1 "{datetime.date.today().isoformat()}" "slotstream {version}" "User Commands"',
            ".SH NAME", "slotstream \\- many device streams over one one\\-sided RDMA connection (UCX)",
            ".SH SYNOPSIS", ".B slotstream", "[\\fIOPTIONS\\fR] \\fICOMMAND\\fR [\\fICOMMAND OPTIONS\\fR]",
@@ -84,9 +118,18 @@ def man_page(binary, version, top, commands):
            ".SH OPTIONS"]
     out += option_items(top_options)
     out.append(".SH COMMANDS")
-    for name, summary, (_, _, options) in commands:
+    for name, summary, (_, _, options, footer) in commands:
         out += [f".SS slotstream {name}", roff(summary)]
         out += option_items(options)
+        if footer:
+            out += [".PP", roff(footer)]
+    out += [".SH EXAMPLES"]
+    for comment, command in EXAMPLES:
+        out += [".PP", roff(comment) + ":", ".PP", ".RS", ".nf", roff(command), ".fi", ".RE"]
+    out += [".SH EXIT STATUS"]
+    for code, meaning in EXIT_STATUS:
+        out += [".TP", f".B {code}", roff(meaning)]
+    out += [".PP", "Each command's cases: docs/cli\\-contract.md of the slotstream sources."]
     out += [".SH FILES", ".TP", ".I /etc/slotstream/recv.toml",
             "a configuration file for \\fBslotstream recv \\-\\-config\\fR (docs/config.md)",
             ".SH SEE ALSO", "The README and docs/ of the slotstream sources; \\fBslotstream protocols\\fR."]
@@ -107,7 +150,7 @@ def option_items(options):
 def bash_completion(top, commands):
     names = " ".join(c[0] for c in commands)
     cases, choices = [], {}
-    for name, _, (_, _, options) in commands:
+    for name, _, (_, _, options, _) in commands:
         cases.append(f'    {name}) opts="{" ".join(o["name"] for o in options)}" ;;')
         for o in options:
             for c in o["choices"]:  # the union over commands (demo's --transport takes fewer)
@@ -147,7 +190,7 @@ def zsh_quote(text):
 
 def zsh_completion(top, commands):
     funcs, listing = [], []
-    for name, summary, (_, _, options) in commands:
+    for name, summary, (_, _, options, _) in commands:
         listing.append(f"    '{name}:{zsh_quote(summary[:70])}'")
         specs = []
         for o in options:
@@ -192,7 +235,7 @@ def main():
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout.split()[-1]
     top = parse(run_help(binary))
     # `bench` hands its arguments to the orchestrator, whose options are its own (slotstream bench --help).
-    commands = [(name, summary, parse(run_help(binary, name)) if name != "bench" else ("", [], []))
+    commands = [(name, summary, parse(run_help(binary, name)) if name != "bench" else ("", [], [], ""))
                 for name, summary in top[1]]
     files = {"man/man1/slotstream.1": man_page(binary, version, top, commands),
              "bash-completion/completions/slotstream": bash_completion(top, commands),

@@ -1,6 +1,7 @@
 // slotstream command-line tool: thin — parses arguments, then calls the library via commands.
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "dgram_cli.h"
 #include "log.h"
 #include "platform_cli.h"
+#include "send_plan.h"
 
 using namespace slotstream;
 using namespace slotstream::tools;
@@ -105,6 +107,11 @@ void add_recv_pipeline(CLI::App* r, RecvArgs* recv) {
                 "SIZE: hold blocks (back-pressure) while a device has this many unprocessed bytes")
       ->transform(size_value());
   r->add_flag("--keep-processed", recv->keep_processed, "keep message files the worker has finished");
+  r->add_option("--keep", recv->keep,
+                "N: keep at most the N newest messages per device on disk: storing one removes the one N before "
+                "it (with workers: only once its worker has finished it; an unfinished one is never removed). "
+                "Default: keep every message (12 cameras of 640x480x3 at 25 fps write 16.6 GB a minute)")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
 }
 
 // `slotstream recv` and its options.
@@ -118,9 +125,9 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   auto* discard_opt =
       r->add_flag("--discard", recv->discard, "store nothing, only count complete messages (to measure the transport)");
   out_opt->excludes(discard_opt);
-  r->footer(
-      "Every option can also come from a TOML file: slotstream recv --config FILE (docs/config.md); the "
-      "command line wins.");
+  r->footer(std::string("Every option can also come from a TOML file: slotstream recv --config FILE "
+                        "(docs/config.md); the command line wins. ") +
+            kSizeUnits + ".");
   r->callback([recv] {  // the pointer by value: this function has returned by then
     if (recv->listen.empty()) throw CLI::RequiredError("--listen");
     if (recv->out.empty() && !recv->discard) throw CLI::RequiredError("--out (or --discard)");
@@ -141,7 +148,8 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
   r->add_option("--max-memory", recv->max_memory,
                 "SIZE (e.g. 4G): most memory for all senders' blocks (udp: message regions) together; a sender that "
                 "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
-                "container's memory)");
+                "container's memory)")
+      ->transform(size_value(1));
   r->add_option("--exit-after-senders", recv->exit_after,
                 "exit after K accepted senders have ended (default 0: run until SIGINT/SIGTERM)")
       ->check(CLI::Range(uint64_t(0), uint64_t(1) << 32));
@@ -169,9 +177,12 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
 // `slotstream send` and its options.
 CLI::App* add_send(CLI::App& app, SendArgs* send) {
   auto* s = app.add_subcommand("send", "Send files, directories or synthetic camera streams to a receiver.");
-  s->footer(
-      "Every option can also come from a TOML file: slotstream send --config FILE (docs/config.md); the "
-      "command line wins.");
+  s->footer(std::string("Prints a summary on stdout at the end (--json: one JSON object, also on failure). Ctrl-C "
+                        "(SIGINT) or SIGTERM finishes cleanly: no new message, what was sent is confirmed by the "
+                        "receiver, the summary, exit 130 (143); a second one abandons the stream at once. Every "
+                        "option can also come from a TOML file: slotstream send --config FILE (docs/config.md); the "
+                        "command line wins. ") +
+            kSizeUnits + ".");
   s->add_option("--to", send->to,
                 "receiver control address HOST:PORT, or a list A,B,C: the least loaded receiver is used");
   // Checked here, not with ->required(): CLI11 would check that before reading --config.
@@ -198,19 +209,23 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--block-size", send->block_size,
                 "SIZE per block incl. its 16-byte header, e.g. 64K or 1M, 64 B..64M (default 1M: one 640x480x3 "
                 "frame per block)")
-      ->transform(size_value())
-      ->check(CLI::Range(uint64_t(kMinBlockSize), uint64_t(kMaxBlockSize)))
+      ->transform(size_value(kMinBlockSize, kMaxBlockSize))
       ->default_str("1M");
   s->add_option("--token-file", send->token_file,
                 "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
                 "signed; udp: every datagram carries a MAC)");
-  s->add_flag("--json", send->json, "print one JSON summary object on stdout");
+  s->add_flag("--json", send->json,
+              "print one JSON object on stdout instead of the human summary, also when the send fails "
+              "(ok, exit_code, error, ...: docs/cli-contract.md)");
   s->add_option("--file", send->files, "D=PATH: the file is one message of device D (repeatable, in order)");
   s->add_option("--dir", send->dirs, "D=DIR: each regular file in DIR, sorted by name, is one message of device D");
   s->add_option("--video", send->videos,
                 "D=SOURCE: decode a video file (or lavfi:GRAPH, an ffmpeg test pattern such as "
-                "lavfi:testsrc=size=640x480:rate=25:duration=4) with ffmpeg into raw 640x480 RGB frames, "
-                "one message per frame (repeatable)");
+                "lavfi:testsrc=size=640x480:rate=25:duration=4) with ffmpeg into raw RGB frames (W x H x 3 bytes) "
+                "of the source's own size (ffprobe; or --video-size), one message per frame (repeatable); "
+                "stderr says the size of each");
+  s->add_option("--video-size", send->video_size,
+                "WxH: scale every --video to this size (e.g. 640x480; default: each keeps its own)");
   s->add_flag("--realtime", send->realtime, "send videos at their own frame rate (default: as fast as possible)");
   s->add_option("--synthetic", send->synthetic,
                 "D0-D1:FPS:WxHxC — synthetic cameras D0..D1, one verifiable WxHxC-byte frame per 1/FPS s");
@@ -269,8 +284,7 @@ void add_bench_peer(CLI::App& app, BenchRecvArgs* brecv, BenchSendArgs* bsend, C
   bps->add_option("--skip-packet-every", bsend->skip_packet_every,
                   "testing aid: leave out one packet number after every N (the receiver must report gaps)");
   bps->add_option("--block-size", bsend->block_size, "block size (default SIZE + 16: one message per block)")
-      ->transform(size_value())
-      ->check(CLI::Range(kMinBlockSize, kMaxBlockSize));
+      ->transform(size_value(kMinBlockSize, kMaxBlockSize));
   bps->add_option("--burst", bsend->burst, "messages per burst (with --compute-us)");
   bps->add_option("--compute-us", bsend->compute_us, "busy computation after each burst (SDP Fig. 5)");
   bps->add_flag("--tcp-socket", bsend->tcp_socket, "plain TCP reference instead of slotstream");
@@ -391,6 +405,30 @@ int run_command(Commands& c, const char* argv0) {
   return kExitUsage;
 }
 
+// A command line (or --config file) CLI11 refused: its message, with the closest command, flag or
+// config key when one was mistyped; `send --json` also gets the error as its JSON object on stdout.
+int parse_failed(CLI::App& app, const std::vector<std::string>& args, const CLI::ParseError& e) {
+  const std::string hint = suggest_flags(app, args, e);
+  if (e.get_name() == "RequiredError" && !hint.empty()) {  // an unknown command: CLI11 says only "required"
+    std::fputs(("slotstream: error: " + hint).c_str(), stderr);
+    return kExitUsage;
+  }
+  if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+  const auto named = std::find_if(args.begin(), args.end(), [](const std::string& a) { return !a.starts_with("-"); });
+  const bool send = named != args.end() && *named == "send";
+  if (std::string key = unknown_config_key(app, args, e); !key.empty()) {
+    std::fprintf(stderr, "slotstream%s%s: error: %s\n", named == args.end() ? "" : " ",
+                 named == args.end() ? "" : named->c_str(), key.c_str());
+  } else {
+    app.exit(e);
+    std::fputs(hint.c_str(), stderr);
+  }
+  if (send && std::find(args.begin(), args.end(), "--json") != args.end()) {
+    print_send_error_json({Code::kInvalidArgument, e.what()}, kExitUsage);
+  }
+  return kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -405,14 +443,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const std::string hint = suggest_flags(app, std::vector<std::string>(argv + 1, argv + argc), e);
-    if (e.get_name() == "RequiredError" && !hint.empty()) {  // an unknown command: CLI11 says only "required"
-      std::fputs(("slotstream: error: " + hint).c_str(), stderr);
-      return kExitUsage;
-    }
-    int rc = app.exit(e);
-    if (rc != 0) std::fputs(hint.c_str(), stderr);
-    return rc == 0 ? 0 : kExitUsage;
+    return parse_failed(app, std::vector<std::string>(argv + 1, argv + argc), e);
   }
   apply_config_flags({commands.r, commands.s});
   return run_command(commands, argv[0]);

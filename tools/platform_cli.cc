@@ -9,7 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "common.h"
+#include "interrupt.h"
 #include "platform/etcd.h"
 #include "platform/host.h"
 #include "platform/registration.h"
@@ -37,7 +39,8 @@ void add_platform_recv(CLI::App* recv, PlatformArgs* p) {
   recv->add_option("--capacity-cpu", p->capacity_cpu,
                    "CPU cores platform senders may reserve for processing here (default: the online CPUs)");
   recv->add_option("--capacity-bandwidth", p->capacity_bandwidth,
-                   "bytes/s platform senders may reserve, e.g. 500M (default: not limited)");
+                   "bytes/s platform senders may reserve, e.g. 500M (default: not limited)")
+      ->transform(size_value());
   recv->add_option("--capacity-fps", p->capacity_fps, "messages/s platform senders may reserve (default: not limited)");
 }
 
@@ -46,7 +49,8 @@ void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device) {
                   per_device ? "CPU cores of processing to reserve on the receiver per offloaded device (default 0)"
                              : "CPU cores of processing to reserve on the receiver (default 0)");
   app->add_option("--need-bandwidth", p->need_bandwidth,
-                  "bytes/s to reserve, e.g. 25M (default: --synthetic's frames x rate, else 0)");
+                  "bytes/s to reserve, e.g. 25M (default: --synthetic's frames x rate, else 0)")
+      ->transform(size_value());
   app->add_option("--need-fps", p->need_fps, "messages/s to reserve (default: --synthetic's rate x cameras, else 0)");
   app->add_option("--reschedule-patience", p->patience,
                   "seconds to look for another receiver after losing one (default 30; a first request with no "
@@ -163,62 +167,55 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
 
 // ------------------------------------------------------------------------------------ send
 
-namespace {
-
-void print_platform_json(const PlatformSender& sender, const SenderOptions& opt, double secs, double cpu) {
-  const PlatformSenderStats s = sender.stats();
-  nlohmann::json j;
-  j["messages"] = s.messages;
-  j["seconds"] = secs;
-  j["cpu_seconds"] = cpu;
-  j["protocol"] = opt.protocol;
-  j["connections"] = s.connections;
-  j["reschedules"] = s.reschedules;
-  j["resent"] = s.resent;
-  j["schedule_ms"] = s.schedule_ms;
-  std::printf("%s\n", j.dump().c_str());
-}
-
-}  // namespace
-
-int platform_sender_options(const char* cmd, const SendArgs& a, Plan* plan, PlatformSenderOptions* po) {
-  if (int rc = check_sender_options(a, plan, &po->sender); rc != kExitOk) return rc;
-  if (Status st = platform_need(a.platform, *plan, &po->need); !st.is_ok()) {
-    print_error(cmd, st.message());
-    return kExitUsage;
-  }
+Status platform_sender_options(const SendArgs& a, Plan* plan, PlatformSenderOptions* po, const std::string& cmd) {
+  SLOTSTREAM_RETURN_IF_ERROR(check_sender_options(a, plan, &po->sender));
+  SLOTSTREAM_RETURN_IF_ERROR(platform_need(a.platform, *plan, &po->need));
   po->platform = a.platform.url;
   po->lease_ttl_seconds = a.platform.ttl;
   po->patience = std::chrono::milliseconds(int64_t(a.platform.patience * 1000));
-  const std::string prefix = std::string("slotstream ") + cmd + ": ";
+  const std::string prefix = "slotstream " + cmd + ": ";
   po->on_event = [prefix](const std::string& text) { print_line(stderr, prefix + text); };
-  return kExitOk;
+  return Status::ok();
 }
 
+// `send --platform`: the same run, summary and Ctrl-C as plain send (tools/send.cc), its
+// receiver chosen by the platform and replaced when lost; the summary adds connections,
+// reschedules, resent and schedule_ms.
 int run_platform_send(const SendArgs& a) {
+  Interrupt interrupt("send");  // before any thread: they all inherit its blocked signals
   PlatformSenderOptions po;
   Plan plan;
-  if (int rc = platform_sender_options("send", a, &plan, &po); rc != kExitOk) return rc;
-  std::unique_ptr<PlatformSender> sender;
-  if (Status st = PlatformSender::connect(po, &sender); !st.is_ok()) {
-    print_error("send", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
+  if (Status st = platform_sender_options(a, &plan, &po, "send"); !st.is_ok()) {
+    return send_failed(a, st, exit_code_of(st));
   }
+  std::unique_ptr<PlatformSender> sender;
+  if (Status st = PlatformSender::connect(po, &sender); !st.is_ok()) return send_failed(a, st, exit_code_of(st));
+  interrupt.arm();
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
-  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
-    return std::make_unique<DeviceOut<PlatformSender>>(*sender, d);
-  });
+  Fillers fillers(
+      plan, a,
+      [&](uint16_t d) -> std::unique_ptr<MessageOut> {
+        return std::make_unique<DeviceOut<PlatformSender>>(*sender, d);
+      },
+      &interrupt.stop());
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!st.is_ok()) {
-    print_error("send", st.message());
-    return kExitError;
-  }
-  if (a.json) print_platform_json(*sender, po.sender, secs, cpu_seconds() - cpu0);
-  return kExitOk;
+  const PlatformSenderStats ps = sender->stats();
+  SendSummary summary;
+  fill_summary(fillers, t0, cpu0, &summary);
+  summary.transport = ps.transport;
+  summary.transport_reason = ps.transport_reason;
+  summary.protocol = po.sender.protocol;
+  summary.blocks = po.sender.blocks;
+  summary.block_size = po.sender.block_size;
+  summary.interrupted = interrupt.signal();
+  summary.extra = {{"connections", ps.connections},
+                   {"reschedules", ps.reschedules},
+                   {"resent", ps.resent},
+                   {"schedule_ms", ps.schedule_ms}};
+  return report_send(a, plan, summary, st);
 }
 
 // ---------------------------------------------------------------------------- platform status

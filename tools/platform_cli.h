@@ -25,9 +25,9 @@ void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device);
 // What a plan needs of a receiver: --need-* or what --synthetic implies.
 Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out);
 
-// send/edge --platform: check_sender_options, the need, and the platform options; `cmd` prefixes
-// messages. kExitOk, or the exit code after printing what is wrong.
-int platform_sender_options(const char* cmd, const SendArgs& a, Plan* plan, PlatformSenderOptions* po);
+// send/edge --platform: check_sender_options, the need, and the platform options; `cmd` ("send",
+// "edge") prefixes the platform's events. An error says what is wrong (exit_code_of).
+Status platform_sender_options(const SendArgs& a, Plan* plan, PlatformSenderOptions* po, const std::string& cmd);
 
 // recv --platform: registers the started receiver. kExitOk, or the exit code after printing why not.
 int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint64_t()> backlog,

@@ -13,6 +13,7 @@
 #include "pipeline/worker_manager.h"
 #include "platform/registration.h"
 #include "platform_cli.h"
+#include "retention.h"
 #include "sink/dir_sink.h"
 #include "sink/null_sink.h"
 
@@ -115,6 +116,13 @@ int check_sink_options(const RecvArgs& args) {
     print_error("recv", "--worker needs --out (workers read the stored files)");
     return kExitUsage;
   }
+  if (args.keep && (args.discard || args.keep_processed || args.transport == "udp")) {
+    print_error("recv", std::string("--keep bounds the messages stored on disk: not with ") +
+                            (args.discard          ? "--discard (nothing is stored)"
+                             : args.keep_processed ? "--keep-processed (which keeps every finished message)"
+                                                   : "--transport udp (not available there yet)"));
+    return kExitUsage;
+  }
   if (!uses_workers(args) && (args.backlog_bytes || args.backlog_messages)) {
     print_error("recv",
                 "--backlog-messages/--backlog-bytes need --worker or --worker-dir (nothing else consumes the backlog)");
@@ -135,6 +143,7 @@ std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args) {
   wo.backlog_messages = args.backlog_messages;
   wo.backlog_bytes = args.backlog_bytes;
   wo.keep_processed = args.keep_processed;
+  wo.keep = args.keep;
   wo.on_event = [](const std::string& text) { log_info(text); };
   return std::make_unique<pipeline::WorkerManager>(std::move(wo));
 }
@@ -209,8 +218,13 @@ int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<pip
   }
   const fs::path out = args.out;
   if (!uses_workers(args)) {
-    opt->make_sink = [out](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-      *sink = std::make_unique<sink::DirSink>(out / info.name, info.first_message);
+    opt->make_sink = [out, keep = args.keep](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
+      auto dir = std::make_unique<sink::DirSink>(out / info.name, info.first_message);
+      if (keep) {
+        *sink = keep_newest(std::move(dir), out / info.name, keep);
+      } else {
+        *sink = std::move(dir);
+      }
       return Status::ok();
     };
     return kExitOk;

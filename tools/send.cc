@@ -1,6 +1,8 @@
 // `slotstream send`: one filler thread per device feeds the library's DeviceStream.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -22,6 +24,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "log.h"
 #include "send_plan.h"
 #include "synthetic.h"
@@ -93,7 +96,79 @@ Status check_readable(const char* opt, const fs::path& path) {
   return Status::ok();
 }
 
+Status parse_video_size(const std::string& text, Video* v) {
+  unsigned w = 0, h = 0;
+  char tail;
+  if (std::sscanf(text.c_str(), "%ux%u%c", &w, &h, &tail) != 2 || w == 0 || h == 0 || w > 16384 || h > 16384) {
+    return {Code::kInvalidArgument, "--video-size expects WxH (1..16384 each), e.g. 1280x720, got '" + text + "'"};
+  }
+  v->width = w;
+  v->height = h;
+  v->scaled = true;
+  return Status::ok();
+}
+
+// Runs argv (no shell) and returns its stdout; *ok says whether it exited 0.
+std::string run_capture(const std::vector<std::string>& argv, bool* ok) {
+  *ok = false;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return "";
+  std::vector<char*> args;
+  for (const auto& s : argv) args.push_back(const_cast<char*>(s.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null >= 0) dup2(null, STDERR_FILENO);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; pid > 0 && ((n = ::read(fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR));) {
+    if (n > 0) out.append(buf, size_t(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  if (pid > 0 && waitpid(pid, &status, 0) == pid) *ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return out;
+}
+
+// ffmpeg's input arguments for a --video source.
+std::vector<std::string> video_input(const std::string& source) {
+  if (source.starts_with("lavfi:")) return {"-f", "lavfi", "-i", source.substr(6)};
+  return {"-i", source};
+}
+
 }  // namespace
+
+Status probe_video(Video* v) {
+  std::vector<std::string> argv = {"ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries"};
+  argv.insert(argv.end(), {"stream=width,height", "-of", "default=noprint_wrappers=1"});
+  for (auto& arg : video_input(v->source)) argv.push_back(arg);
+  bool ok = false;
+  const std::string out = run_capture(argv, &ok);
+  unsigned w = 0, h = 0;
+  for (size_t pos = 0; pos < out.size();) {
+    size_t end = out.find('\n', pos);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(pos, end - pos);
+    if (line.starts_with("width=")) w = unsigned(std::strtoul(line.c_str() + 6, nullptr, 10));
+    if (line.starts_with("height=")) h = unsigned(std::strtoul(line.c_str() + 7, nullptr, 10));
+    pos = end + 1;
+  }
+  if (!ok || w == 0 || h == 0 || w > 16384 || h > 16384) {
+    return {Code::kInvalidArgument,
+            "--video: cannot tell the frame size of '" + v->source + "' (ffprobe " +
+                (ok ? "found no video stream" : "failed: is it a video, and is ffmpeg installed?") +
+                "); give --video-size WxH to have it scaled"};
+  }
+  v->width = w;
+  v->height = h;
+  return Status::ok();
+}
 
 Status build_plan(const SendArgs& a, Plan* plan) {
   for (const auto& f : a.files) {
@@ -118,6 +193,10 @@ Status build_plan(const SendArgs& a, Plan* plan) {
     if (ec) return {Code::kInvalidArgument, "--dir: cannot list '" + dir + "': " + ec.message()};
     std::sort(entries.begin(), entries.end(),
               [](const fs::path& x, const fs::path& y) { return x.filename().string() < y.filename().string(); });
+    if (entries.empty()) {
+      return {Code::kInvalidArgument, "--dir: '" + dir + "' has no regular file: device " + std::to_string(d) +
+                                          " would send nothing (each file in it is one message)"};
+    }
     for (const auto& e : entries) SLOTSTREAM_RETURN_IF_ERROR(check_readable("--dir", e));
     auto& list = plan->files[d];
     list.insert(list.end(), entries.begin(), entries.end());
@@ -132,7 +211,16 @@ Status build_plan(const SendArgs& a, Plan* plan) {
     if (!source.starts_with("lavfi:") && !fs::exists(source)) {
       return {Code::kInvalidArgument, "--video: '" + source + "' does not exist"};
     }
-    plan->videos[d] = source;
+    Video v{source};
+    if (!a.video_size.empty()) {
+      SLOTSTREAM_RETURN_IF_ERROR(parse_video_size(a.video_size, &v));
+    } else {
+      SLOTSTREAM_RETURN_IF_ERROR(probe_video(&v));
+    }
+    plan->videos[d] = v;
+  }
+  if (!a.video_size.empty() && a.videos.empty()) {
+    return {Code::kInvalidArgument, "--video-size only applies to --video"};
   }
   if (!a.synthetic.empty()) {
     Synthetic s;
@@ -176,20 +264,26 @@ Status send_file(MessageOut& dev, const fs::path& path) {
   return result;
 }
 
-Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration, std::atomic<uint64_t>* late) {
+Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration, std::atomic<uint64_t>* late,
+                      const std::atomic<bool>* stop) {
+  auto stopped = [stop] { return stop && stop->load(std::memory_order_acquire); };
   const auto t0 = Clock::now();
   const uint64_t slots = uint64_t(duration * s.fps);
   const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1 / s.fps));
   const uint32_t device = dev.device();
   uint32_t frame = 0;
-  for (uint64_t k = 0; k < slots; ++k) {
+  for (uint64_t k = 0; k < slots && !stopped(); ++k) {
     const auto due = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(k / s.fps));
     const auto now = Clock::now();
     if (now > due + period + kLateAfter) {
       late->fetch_add(1, std::memory_order_relaxed);  // its time has passed: not produced, not queued
       continue;
     }
-    if (now < due) std::this_thread::sleep_until(due);
+    // Asleep in slices, so that a stop is seen at once even at a slow frame rate.
+    while (Clock::now() < due && !stopped()) {
+      std::this_thread::sleep_until(std::min(due, Clock::now() + std::chrono::milliseconds(50)));
+    }
+    if (stopped()) break;
     SLOTSTREAM_RETURN_IF_ERROR(dev.send_with(s.frame_bytes, [&](uint64_t offset, std::span<std::byte> dst) {
       fill_synthetic(device, frame, s.frame_bytes, offset, dst);
       return Status::ok();
@@ -199,16 +293,17 @@ Status send_synthetic(MessageOut& dev, const Synthetic& s, double duration, std:
   return Status::ok();
 }
 
-// Decodes a video with an ffmpeg subprocess into raw 640x480 rgb24 frames, one message each.
-Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
+// Decodes a video with an ffmpeg subprocess into raw rgb24 frames of the plan's size, one message
+// each. ffmpeg runs in a process group of its own: Ctrl-C reaches slotstream alone, which ends it
+// when asked to stop, and it dies with slotstream (death signal, or its pipe closing).
+Status send_video(MessageOut& dev, const Video& video, bool realtime, const std::atomic<bool>* stop) {
   std::vector<std::string> argv = {"ffmpeg", "-v", "error", "-nostdin"};
   if (realtime) argv.push_back("-re");
-  if (source.starts_with("lavfi:")) {
-    argv.insert(argv.end(), {"-f", "lavfi", "-i", source.substr(6)});
-  } else {
-    argv.insert(argv.end(), {"-i", source});
+  for (auto& arg : video_input(video.source)) argv.push_back(arg);
+  if (video.scaled) {
+    argv.insert(argv.end(), {"-vf", "scale=" + std::to_string(video.width) + ":" + std::to_string(video.height)});
   }
-  argv.insert(argv.end(), {"-vf", "scale=640:480", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"});
+  argv.insert(argv.end(), {"-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"});
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return {Code::kIoError, std::string("pipe: ") + strerror(errno)};
   std::vector<char*> args;
@@ -216,6 +311,11 @@ Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
   args.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);  // send blocks SIGINT/SIGTERM (tools/interrupt.h); ffmpeg must not
     dup2(fds[1], STDOUT_FILENO);
     execvp(args[0], args.data());
     static const char kMsg[] = "slotstream send: cannot run ffmpeg (apt-get install ffmpeg)\n";
@@ -228,33 +328,41 @@ Status send_video(MessageOut& dev, const std::string& source, bool realtime) {
     ::close(fds[0]);
     return {Code::kIoError, std::string("fork: ") + strerror(errno)};
   }
-  std::vector<std::byte> frame(kVideoFrame);
+  auto stopped = [stop] { return stop && stop->load(std::memory_order_acquire); };
+  std::vector<std::byte> frame(video.frame_bytes());
   Status result;
   uint64_t frames = 0;
-  for (;;) {
+  while (!stopped()) {
     size_t got = 0;
-    while (got < frame.size()) {
+    while (got < frame.size() && !stopped()) {
+      pollfd pfd{fds[0], POLLIN, 0};
+      if (::poll(&pfd, 1, 100) == 0) continue;  // a slow (-re) source: look at `stop` meanwhile
       ssize_t n = ::read(fds[0], frame.data() + got, frame.size() - got);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       got += size_t(n);
     }
-    if (got == 0) break;  // end of the video
+    if (got == 0 || stopped()) break;  // the end of the video, or asked to stop (a part frame is not sent)
     if (got < frame.size()) {
-      result = {Code::kIoError, "video '" + source + "' ended mid-frame"};
+      result = {Code::kIoError, "video '" + video.source + "' ended mid-frame"};
       break;
     }
     if (result = dev.send(frame); !result.is_ok()) break;
     ++frames;
   }
+  const bool ended_early = !result.is_ok() || stopped();
+  // Its output is not wanted any more: SIGKILL, as ffmpeg would answer SIGTERM by writing the rest
+  // into the closed pipe ("Broken pipe" on stderr).
+  if (ended_early) kill(pid, SIGKILL);
   ::close(fds[0]);
-  if (!result.is_ok()) kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
-  if (result.is_ok() && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
-    result = {Code::kIoError, "ffmpeg failed on '" + source + "' (exit " + std::to_string(WEXITSTATUS(status)) + ")"};
+  if (!ended_early && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+    result = {Code::kIoError,
+              "ffmpeg failed on '" + video.source + "' (exit " + std::to_string(WEXITSTATUS(status)) + ")"};
   }
-  if (result.is_ok() && frames == 0) result = {Code::kIoError, "video '" + source + "' has no frames"};
+  if (result.is_ok() && frames == 0 && !stopped())
+    result = {Code::kIoError, "video '" + video.source + "' has no frames"};
   return result;
 }
 
@@ -265,26 +373,67 @@ Status plan_send(const SendArgs& a, Plan* plan, std::string* name) {
   return Status::ok();
 }
 
-Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for) {
+// A device's MessageOut that counts what it sent (Fillers::sent).
+class Fillers::CountingOut final : public MessageOut {
+ public:
+  CountingOut(std::unique_ptr<MessageOut> out, Count& count) : out_(std::move(out)), count_(count) {}
+  uint16_t device() const override { return out_->device(); }
+  Status send_with(uint64_t length, const DeviceStream::FillFn& fill) override {
+    return counted(out_->send_with(length, fill), length);
+  }
+  Status send(std::span<const std::byte> message) override { return counted(out_->send(message), message.size()); }
+
+ private:
+  Status counted(Status st, uint64_t length) {
+    if (st.is_ok()) {  // one thread per device writes these
+      count_.messages.store(count_.messages.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      count_.bytes.store(count_.bytes.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
+    }
+    return st;
+  }
+  std::unique_ptr<MessageOut> out_;
+  Count& count_;
+};
+
+std::unique_ptr<MessageOut> Fillers::counted(uint16_t d, std::unique_ptr<MessageOut> out) {
+  return std::make_unique<CountingOut>(std::move(out), counts_.at(d));
+}
+
+Fillers::Fillers(const Plan& plan, const SendArgs& a, const OutFactory& out_for, const std::atomic<bool>* stop) {
+  for (uint16_t d : plan.devices()) counts_[d];
   for (auto& [d, paths] : plan.files) {
-    threads_.emplace_back([this, out = out_for(d), &paths = paths] {
+    threads_.emplace_back([this, stop, out = counted(d, out_for(d)), &paths = paths] {
       for (const auto& p : paths) {
+        if (stop && stop->load(std::memory_order_acquire)) return;
         if (Status st = send_file(*out, p); !st.is_ok()) return record(st);
       }
     });
   }
-  for (auto& [d, source] : plan.videos) {
-    threads_.emplace_back(
-        [this, &a, out = out_for(d), &source = source] { record(send_video(*out, source, a.realtime)); });
+  for (auto& [d, video] : plan.videos) {
+    threads_.emplace_back([this, &a, stop, out = counted(d, out_for(d)), &video = video] {
+      record(send_video(*out, video, a.realtime, stop));
+    });
   }
   if (plan.synthetic) {
     for (uint32_t d = plan.synthetic->first; d <= plan.synthetic->last; ++d) late_frames_[uint16_t(d)];
     for (auto& [d, late] : late_frames_) {
-      threads_.emplace_back([this, &plan, &a, out = out_for(d), late = &late] {
-        record(send_synthetic(*out, *plan.synthetic, a.duration, late));
+      threads_.emplace_back([this, &plan, &a, stop, out = counted(d, out_for(d)), late = &late] {
+        record(send_synthetic(*out, *plan.synthetic, a.duration, late, stop));
       });
     }
   }
+}
+
+std::map<uint16_t, uint64_t> Fillers::sent() const {
+  std::map<uint16_t, uint64_t> out;
+  for (const auto& [d, c] : counts_) out[d] = c.messages.load(std::memory_order_relaxed);
+  return out;
+}
+
+uint64_t Fillers::sent_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [d, c] : counts_) n += c.bytes.load(std::memory_order_relaxed);
+  return n;
 }
 
 uint64_t Fillers::late_frames() const {
@@ -381,39 +530,35 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
 }
 
 // Everything `send` needs before connecting, checked before anything touches the network: the
-// plan of what each device sends (every file opened), the sender's name and options, the
-// protocol, the token; then the receiver (one, or the least loaded of a list, which asks each;
-// none with --platform, which chooses). kExitOk, or the exit code after printing what is wrong.
-int check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
-  if (Status st = plan_send(a, plan, &opt->name); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
-  }
+// plan of what each device sends (every file opened, every video's size known), the sender's name
+// and options, the protocol, the token; then the receiver (one, or the least loaded of a list,
+// which asks each; none with --platform, which chooses).
+Status check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
+  SLOTSTREAM_RETURN_IF_ERROR(plan_send(a, plan, &opt->name));
   opt->protocol = a.protocol;
   opt->transport = *parse_transport(a.transport);
   if (auto why = misplaced_rdma_options(a.transport, a.rdma_transport, a.rdma_device)) {
-    print_error("send", *why);
-    return kExitUsage;
+    return {Code::kInvalidArgument, *why};
   }
   opt->rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt->blocks = a.blocks;
   opt->block_size = a.block_size;
   opt->devices = plan->devices();
   if (!a.token_file.empty()) {
-    if (Status st = read_token(a.token_file, &opt->token); !st.is_ok()) {
-      print_error("send", st.message());
-      return kExitUsage;
-    }
+    if (Status st = read_token(a.token_file, &opt->token); !st.is_ok()) return {Code::kInvalidArgument, st.message()};
   }
-  if (Status st = Sender::validate(*opt); !st.is_ok()) {
-    print_error("send", st.message());
-    return kExitUsage;
+  SLOTSTREAM_RETURN_IF_ERROR(Sender::validate(*opt));
+  return a.to.empty() ? Status::ok() : choose_receiver(a.to, &opt->host, &opt->port);
+}
+
+// One stderr line per video: the frames it becomes (the size is the source's, or --video-size).
+void describe_videos(const Plan& plan) {
+  for (const auto& [d, v] : plan.videos) {
+    print_line(stderr, "slotstream send: device " + std::to_string(d) + ": '" + v.source + "' as " +
+                           std::to_string(v.width) + "x" + std::to_string(v.height) + " rgb24 frames of " +
+                           std::to_string(v.frame_bytes()) + " B" +
+                           (v.scaled ? " (scaled: --video-size)" : " (its own size; --video-size WxH scales)"));
   }
-  if (Status st = a.to.empty() ? Status::ok() : choose_receiver(a.to, &opt->host, &opt->port); !st.is_ok()) {
-    print_error("send", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
-  }
-  return kExitOk;
 }
 
 namespace {
@@ -478,66 +623,49 @@ class ProgressLine {
   std::thread thread_;
 };
 
-// `send --json`: one line of the run's totals and the sender's counters.
-void print_send_json(const Sender& sender, const SenderOptions& opt, double secs, double cpu, uint64_t late) {
-  SenderStats s = sender.stats();
-  nlohmann::json j;
-  j["messages"] = s.messages;
-  j["bytes"] = s.bytes;
-  j["seconds"] = secs;
-  j["mb_per_s"] = secs > 0 ? s.bytes / 1e6 / secs : 0.0;
-  nlohmann::json per = nlohmann::json::object();
-  for (auto& [d, n] : s.per_device) per[std::to_string(d)] = n;
-  j["devices"] = per;
-  j["cpu_seconds"] = cpu;
-  j["transport"] = transport_name(sender.transport());
-  j["transport_reason"] = sender.transport_reason();
-  j["protocol"] = opt.protocol;
-  j["blocks"] = opt.blocks;
-  j["block_size"] = opt.block_size;
-  j["records_sent"] = s.records;
-  j["sync_operations"] = s.sync_operations;
-  j["waits"] = s.waits;
-  j["wait_seconds"] = s.wait_ns / 1e9;
-  j["held_skips"] = s.held_skips;
-  j["protocol_counters"] = s.protocol_counters;
-  j["late_frames"] = late;
-  std::printf("%s\n", j.dump().c_str());
+// What plain `send` adds to the summary: the sender's own counters.
+nlohmann::json sender_counters(const SenderStats& s) {
+  return {{"records_sent", s.records},  {"sync_operations", s.sync_operations},
+          {"waits", s.waits},           {"wait_seconds", s.wait_ns / 1e9},
+          {"held_skips", s.held_skips}, {"protocol_counters", s.protocol_counters}};
 }
 
 }  // namespace
 
 int run_send(const SendArgs& a) {
+  Interrupt interrupt("send");  // before any thread: they all inherit its blocked signals
   SenderOptions opt;
   Plan plan;
-  if (int rc = check_sender_options(a, &plan, &opt); rc != kExitOk) return rc;
+  if (Status st = check_sender_options(a, &plan, &opt); !st.is_ok()) return send_failed(a, st, exit_code_of(st));
+  describe_videos(plan);
 
   std::unique_ptr<Sender> sender;
-  if (Status st = Sender::connect(opt, &sender); !st.is_ok()) {
-    print_error("send", st.message());
-    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
-  }
+  if (Status st = Sender::connect(opt, &sender); !st.is_ok()) return send_failed(a, st, exit_code_of(st));
+  interrupt.arm();
   // Which transport the receiver chose, and why (what failed before it, the UCX environment).
   print_line(stderr, "slotstream send: transport " + sender->transport_reason());
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
 
-  Fillers fillers(plan, a, [&](uint16_t d) -> std::unique_ptr<MessageOut> {
-    return std::make_unique<StreamOut>(*sender->device(d));
-  });
+  Fillers fillers(
+      plan, a,
+      [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<StreamOut>(*sender->device(d)); },
+      &interrupt.stop());
   ProgressLine progress(*sender, t0);
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
   progress.stop();
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (!st.is_ok()) {
-    print_error("send", st.message());
-    return kExitError;
-  }
-  warn_late_frames(fillers.late_frames(), plan);
-  if (a.json) print_send_json(*sender, opt, secs, cpu_seconds() - cpu0, fillers.late_frames());
-  return kExitOk;
+  SendSummary summary;
+  fill_summary(fillers, t0, cpu0, &summary);
+  summary.transport = transport_name(sender->transport());
+  summary.transport_reason = sender->transport_reason();
+  summary.protocol = opt.protocol;
+  summary.blocks = opt.blocks;
+  summary.block_size = opt.block_size;
+  summary.interrupted = interrupt.signal();
+  summary.extra = sender_counters(sender->stats());
+  return report_send(a, plan, summary, st);
 }
 
 }  // namespace slotstream::tools

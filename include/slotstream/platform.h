@@ -49,12 +49,14 @@ struct PlatformSenderOptions {
 };
 
 struct PlatformSenderStats {
-  uint64_t messages = 0;            // send() calls completed
-  uint64_t resent = 0;              // messages sent again to a new receiver
-  uint64_t reschedules = 0;         // receivers lost and replaced
-  uint64_t connections = 0;         // receivers connected to, in all
-  uint64_t moves_in_place = 0;      // set_devices() calls done on the open connection
-  std::string receiver;             // the current one ("" none)
+  uint64_t messages = 0;        // send() calls completed
+  uint64_t resent = 0;          // messages sent again to a new receiver
+  uint64_t reschedules = 0;     // receivers lost and replaced
+  uint64_t connections = 0;     // receivers connected to, in all
+  uint64_t moves_in_place = 0;  // set_devices() calls done on the open connection
+  std::string receiver;         // the current one ("" none)
+  std::string transport;        // the last connection's (transport_name), and why it was chosen
+  std::string transport_reason;
   std::vector<double> schedule_ms;  // per connection: from the scheduling request to connected
 };
 

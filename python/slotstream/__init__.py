@@ -33,19 +33,19 @@
 The C++ library (include/slotstream/slotstream.h) does all the work; this package binds it.
 Errors are raised as slotstream.Error subclasses (slotstream.errors) carrying its messages.
 """
-from __future__ import annotations
-
-import atexit
+# Only the public names (__all__) and __version__ are left without an underscore: `dir(slotstream)` is the API.
+import atexit as _atexit
 
 from . import errors
 from ._slotstream import (DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS, Frame, MessageView, PlatformSender, Receiver, Sender,
-                          __version__, close_all, protocols)
+                          __version__, protocols)
+from ._slotstream import close_all as _close_all
 from .errors import (AuthFailed, Busy, Cancelled, ConnectFailed, Error, InvalidArgument, PeerGone, ProtocolError,
                      Refused, StorageError, Timeout, TransportError, VersionMismatch)
 
 # __version__ is the C++ library's (CMake's project VERSION, which pyproject.toml's version reads too).
 # Receivers still open at exit are stopped while Python can still run their callbacks.
-atexit.register(close_all)
+_atexit.register(_close_all)
 
 __all__ = [
     "Sender", "PlatformSender", "Receiver", "Frame", "MessageView", "protocols", "DEFAULT_BLOCKS", "DEFAULT_BLOCK_SIZE", "errors",

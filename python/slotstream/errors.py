@@ -5,7 +5,6 @@ Every exception is a :class:`slotstream.Error` whose message is the library's ow
 matching built-in, the class derives from it too, so ``except ConnectionError`` or
 ``except ValueError`` work as expected.
 """
-from __future__ import annotations
 
 
 class Error(Exception):

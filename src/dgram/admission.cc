@@ -1,5 +1,7 @@
 #include "dgram/admission.h"
 
+#include <algorithm>
+#include <iterator>
 #include <random>
 
 #include "clock.h"
@@ -10,12 +12,94 @@ namespace {
 constexpr int64_t kMs = 1'000'000;
 // Lines about sessions coming and going per 10 s (other kinds: LogLimiter::kBurst).
 constexpr int kSessionLines = 50;
-// Multicast senders remembered as refused, at most (then forgotten all at once: refused again, once).
-constexpr size_t kRefusedAnnounces = 1024;
 
 std::span<const uint8_t> as_u8(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 
 }  // namespace
+
+int64_t replace_after_ns(int64_t message_timeout_ns) {
+  return std::max<int64_t>(1'000'000'000, 2 * message_timeout_ns);
+}
+
+bool takes_name(bool old_over_tcp, bool old_authenticated, int64_t silent_ns, bool newcomer_authenticated,
+                int64_t replace_after_ns) {
+  return !old_over_tcp && silent_ns >= replace_after_ns && (newcomer_authenticated || !old_authenticated);
+}
+
+// ------------------------------------------------------------------ RefusedAnnouncers
+
+bool RefusedAnnouncers::rechecked(AnnounceRefusal why) {
+  switch (why) {
+    case AnnounceRefusal::kNameTaken:
+    case AnnounceRefusal::kFull:
+    case AnnounceRefusal::kMemory:
+    case AnnounceRefusal::kStore:
+      return true;
+    case AnnounceRefusal::kMalformed:
+    case AnnounceRefusal::kProtocol:
+    case AnnounceRefusal::kLimits:
+      return false;
+  }
+  return false;
+}
+
+void RefusedAnnouncers::expire(int64_t now_ns) {
+  while (!entries_.empty() && now_ns - entries_.front().heard_ns > kForgetNs) {
+    index_.erase(entries_.front().key);
+    entries_.pop_front();
+  }
+}
+
+RefusedAnnouncers::Entry& RefusedAnnouncers::touch(const std::string& key, int64_t now_ns, bool* created) {
+  expire(now_ns);
+  auto it = index_.find(key);
+  *created = it == index_.end();
+  if (*created) {
+    if (index_.size() >= kMax) {
+      index_.erase(entries_.front().key);
+      entries_.pop_front();
+    }
+    entries_.push_back(Entry{key});
+    it = index_.emplace(key, std::prev(entries_.end())).first;
+  } else {
+    entries_.splice(entries_.end(), entries_, it->second);
+  }
+  it->second->heard_ns = now_ns;
+  return *it->second;
+}
+
+bool RefusedAnnouncers::holds(const std::string& key, int64_t now_ns) {
+  expire(now_ns);
+  if (!index_.contains(key)) return false;
+  bool created;
+  const Entry& e = touch(key, now_ns, &created);
+  return !(e.why && rechecked(*e.why) && now_ns - e.refused_ns >= kRecheckNs);
+}
+
+bool RefusedAnnouncers::refuse(const std::string& key, AnnounceRefusal why, int64_t now_ns) {
+  bool created;
+  Entry& e = touch(key, now_ns, &created);
+  const bool news = created || e.why != why;
+  e.why = why;
+  e.refused_ns = now_ns;
+  return news;
+}
+
+void RefusedAnnouncers::shut_out(const std::string& key, int64_t now_ns) {
+  bool created;
+  Entry& e = touch(key, now_ns, &created);
+  e.why.reset();
+  e.refused_ns = now_ns;
+}
+
+void RefusedAnnouncers::forget(const std::string& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  entries_.erase(it->second);
+  index_.erase(it);
+}
+
+// ------------------------------------------------------------------ Admission
 
 Admission::Admission(const DatagramReceiverOptions& o, uint32_t qp, SessionTable& table, Replies& replies,
                      EventLog& log, ReceiverCounters& counters, EndFn end_session)
@@ -90,31 +174,43 @@ void Admission::on_auth(const Address& from, uint32_t source_qp, std::span<const
 
 void Admission::on_announce(const Address& from, uint32_t source_qp, std::span<const uint8_t> payload, size_t request) {
   if (table_.find(from, source_qp)) return;  // announced again: the session is there
-  const std::string key = SessionTable::udp_key(from, source_qp);
-  if (refused_announces_.contains(key)) return;
-  if (refused_announces_.size() >= kRefusedAnnounces) refused_announces_.clear();
+  if (refused_announces_.holds(SessionTable::udp_key(from, source_qp), now_ns())) return;
   const Request rq{from, source_qp, nullptr, request, payload, true};
   auto a = decode_announce(payload);
-  if (!a) return refuse(rq, "?", "malformed ANNOUNCE");
+  if (!a) return refuse(rq, "?", {AnnounceRefusal::kMalformed, "malformed ANNOUNCE"});
   const Descriptor* proto = find_protocol(a->hello.protocol);
   if (proto && proto->reliable) {
     return refuse(rq, a->hello.name,
-                  "protocol " + std::string(proto->name) +
-                      " acknowledges every datagram; a multicast group carries the UD protocols only");
+                  {AnnounceRefusal::kProtocol,
+                   "protocol " + std::string(proto->name) +
+                       " acknowledges every datagram; a multicast group carries the UD protocols only"});
   }
   const uint64_t last = uint64_t(a->first_stag) + uint64_t(a->hello.devices.size()) * a->hello.ring;
-  if (a->first_stag == 0 || last > UINT32_MAX) return refuse(rq, a->hello.name, "its STags do not fit 32 bits");
+  if (a->first_stag == 0 || last > UINT32_MAX) {
+    return refuse(rq, a->hello.name, {AnnounceRefusal::kMalformed, "its STags do not fit 32 bits"});
+  }
   Request announced = rq;
   announced.first_stag = a->first_stag;
   admit(a->hello, announced, nullptr);
 }
 
-void Admission::refuse(const Request& rq, const std::string& name, const std::string& why) {
-  if (!rq.multicast) return replies_.refuse(rq.conn, rq.from, name, why, rq.size);
-  // No one to answer (a group sender listens to no one): logged and counted, once per sender.
+void Admission::shut_out(const Address& from, uint32_t source_qp) {
+  refused_announces_.shut_out(SessionTable::udp_key(from, source_qp), now_ns());
+}
+
+void Admission::refuse(const Request& rq, const std::string& name, const Refusal& r) {
+  if (!rq.multicast) {
+    if (r.kind == AnnounceRefusal::kMemory) ++counters_.memory_refusals;
+    return replies_.refuse(rq.conn, rq.from, name, r.why, rq.size);
+  }
+  // No one to answer (a group's sender listens to no one, and so cannot know): counted and logged, once
+  // per sender and reason; one refused for a reason that may pass is checked again at a later ANNOUNCE.
+  if (!refused_announces_.refuse(SessionTable::udp_key(rq.from, rq.qp), r.kind, now_ns())) return;
   ++counters_.hellos_refused;
-  refused_announces_.insert(SessionTable::udp_key(rq.from, rq.qp));
-  log_("refused", "refused multicast sender '" + name.substr(0, 64) + "' from " + rq.from.str() + ": " + why);
+  ++counters_.announces_refused[size_t(r.kind)];
+  if (r.kind == AnnounceRefusal::kMemory) ++counters_.memory_refusals;
+  log_("refused", "refused multicast sender '" + name.substr(0, 64) + "' from " + rq.from.str() + ": " + r.why +
+                      (RefusedAnnouncers::rechecked(r.kind) ? "; it is checked again at its later ANNOUNCEs" : ""));
 }
 
 bool Admission::cookie_used(const DgramNonce& nr) {
@@ -125,31 +221,31 @@ bool Admission::cookie_used(const DgramNonce& nr) {
   return false;
 }
 
-int64_t Admission::replace_after_ns() const { return std::max<int64_t>(1'000'000'000, 2 * o_.message_timeout_ns); }
-
-// Name conflicts and a full table; false if the newcomer is refused (the reason in *why).
-bool Admission::make_room(const Hello& hello, bool authenticated, std::string* why) {
+// Name conflicts and a full table; the refusal, or nullopt when the newcomer fits.
+std::optional<Admission::Refusal> Admission::make_room(const Hello& hello, bool authenticated) {
   if (Peer* old = table_.named(hello.name)) {
     // A UDP sender that died cannot say so: if the old session has gone quiet, a sender restarted under
     // the same name takes over (what the old one stored stays; the new one numbers on from it).
     const int64_t quiet = now_ns() - old->last_heard_ns;
-    if (old->conn || quiet < replace_after_ns() || (old->authenticated() && !authenticated)) {
-      *why = "already connected";
-      return false;
+    const int64_t after = replace_after_ns(o_.message_timeout_ns);
+    if (!takes_name(old->conn != nullptr, old->authenticated(), quiet, authenticated, after)) {
+      std::string why = "already connected";
+      if (old->multicast) {  // no REFUSE to keep short: say when the name passes
+        why += " from " + old->addr.str() + " (silent for " + std::to_string(quiet / kMs) +
+               " ms; the name passes to a new sender after " + std::to_string(after / kMs) + " ms of silence)";
+      }
+      return Refusal{AnnounceRefusal::kNameTaken, why};
     }
     end_session_(
         *old, false,
         "lost: silent for " + std::to_string(quiet / kMs) + " ms and replaced by a new session of the same name");
   }
-  if (table_.size() < o_.max_sessions) return true;
+  if (table_.size() < o_.max_sessions) return std::nullopt;
   Peer* victim = table_.eviction_victim();
-  if (!victim) {
-    *why = "too many senders (" + std::to_string(o_.max_sessions) + ")";
-    return false;
-  }
+  if (!victim) return Refusal{AnnounceRefusal::kFull, "too many senders (" + std::to_string(o_.max_sessions) + ")"};
   ++counters_.sessions_evicted;
   end_session_(*victim, false, "evicted: the receiver's session table was full and it was not authenticated");
-  return true;
+  return std::nullopt;
 }
 
 // The hello's terms, a place in the table, the budget and a store; false if refused (and answered).
@@ -157,21 +253,20 @@ bool Admission::vet(const Hello& hello, const Request& rq, bool authenticated, H
                     std::unique_ptr<MessageStore>* store) {
   limits_.over_tcp = rq.conn != nullptr;
   if (auto why = check_hello(hello, limits_, terms)) {
-    refuse(rq, hello.name, *why);
+    refuse(rq, hello.name, {AnnounceRefusal::kLimits, *why});
     return false;
   }
-  if (std::string why; !make_room(hello, authenticated, &why)) {
-    refuse(rq, hello.name, why);
+  if (auto refusal = make_room(hello, authenticated)) {
+    refuse(rq, hello.name, *refusal);
     return false;
   }
   if (auto over = check_budget(terms->reservation, table_.promised(), o_.max_memory)) {
-    ++counters_.memory_refusals;
-    refuse(rq, hello.name, *over);
+    refuse(rq, hello.name, {AnnounceRefusal::kMemory, *over});
     return false;
   }
   if (!o_.make_store) return true;
   if (Status st = o_.make_store(hello.name, store); !st.is_ok()) {
-    refuse(rq, hello.name, st.message());
+    refuse(rq, hello.name, {AnnounceRefusal::kStore, st.message()});
     return false;
   }
   return true;
@@ -217,6 +312,7 @@ void Admission::admit(const Hello& hello, const Request& rq, const SessionKeys* 
   if (keys) sign(*p, *keys, nr, rq.hello_bytes, &acc);
   p->accept = encode_control(acc);
   if (rq.conn) rq.conn->session = p;
+  if (rq.multicast) refused_announces_.forget(SessionTable::udp_key(rq.from, rq.qp));
   table_.add(p);
   log_("session",
        "sender " + hello.name + (rq.multicast ? " announced itself to the group from " : " connected from ") +

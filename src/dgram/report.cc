@@ -74,6 +74,26 @@ constexpr auto kDocs = [] {
 
 std::span<const CounterDoc> counter_docs() { return kDocs; }
 
+const char* refusal_label(AnnounceRefusal r) {
+  switch (r) {
+    case AnnounceRefusal::kMalformed:
+      return "malformed";
+    case AnnounceRefusal::kProtocol:
+      return "protocol";
+    case AnnounceRefusal::kLimits:
+      return "limits";
+    case AnnounceRefusal::kNameTaken:
+      return "name_taken";
+    case AnnounceRefusal::kFull:
+      return "full";
+    case AnnounceRefusal::kMemory:
+      return "memory";
+    case AnnounceRefusal::kStore:
+      return "store";
+  }
+  return "?";
+}
+
 std::map<std::string, uint64_t> protocol_counters(const DatagramCounters& c,
                                                   const std::map<uint16_t, DeviceAccount>& devices) {
   std::map<std::string, uint64_t> out;

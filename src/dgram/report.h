@@ -6,6 +6,7 @@
 // datagrams that belong to no session are the receiver's own. Plain values; threading: none.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -51,6 +52,22 @@ struct DatagramCounters {
   uint64_t injected_loss = 0, injected_corrupt = 0, injected_duplicate = 0, injected_reorder = 0;
 };
 
+// Why a receiver on a multicast group refused a sender's ANNOUNCE (dgram/admission.h): the `reason` label
+// of /metrics' slotstream_dgram_announces_refused_total. A group's sender hears no REFUSE, so these
+// counts and the receiver's log are the only place a refusal shows.
+enum class AnnounceRefusal : uint8_t {
+  kMalformed,  // the ANNOUNCE does not decode, or its STags do not fit 32 bits
+  kProtocol,   // a reliable protocol (it acknowledges every datagram; a group cannot)
+  kLimits,     // the hello's terms are outside this receiver's limits (check_hello)
+  kNameTaken,  // a live session has the name (it may pass once that one has gone silent)
+  kFull,       // the session table is full of sessions that may not be evicted
+  kMemory,     // recv --max-memory
+  kStore,      // the store could not be opened for the name
+};
+inline constexpr size_t kAnnounceRefusals = size_t(AnnounceRefusal::kStore) + 1;
+// The /metrics label: malformed, protocol, limits, name_taken, full, memory, store.
+const char* refusal_label(AnnounceRefusal r);
+
 // What the receiver turned away or cut short, receiver-wide.
 struct ReceiverCounters {
   uint64_t hellos_refused = 0;         // HELLO/AUTH answered with REFUSE (or not answered: see replies_withheld)
@@ -65,6 +82,9 @@ struct ReceiverCounters {
   uint64_t accept_errors = 0;          // accept() failed (e.g. the descriptor limit): listener rested 100 ms
   uint64_t log_suppressed = 0;         // log lines not printed (rate limit); the counters still count
   uint64_t sessions_terminated = 0;    // sessions ended by a TERMINATE, sent or received (a protocol error)
+  // Multicast senders refused, by AnnounceRefusal: each sender once per reason (its repeated ANNOUNCEs
+  // are not counted again).
+  std::array<uint64_t, kAnnounceRefusals> announces_refused{};
 };
 
 // A key of SessionReport::protocol_counters, what it counts, and the /metrics counter family it

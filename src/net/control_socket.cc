@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -221,14 +222,30 @@ Status ControlSocket::receive(Millis timeout, wire::Frame* out) {
   uint8_t len_bytes[4];
   SLOTSTREAM_RETURN_IF_ERROR(read_exact(len_bytes, 4, deadline));
   uint32_t len = len_bytes[0] | len_bytes[1] << 8 | len_bytes[2] << 16 | uint32_t(len_bytes[3]) << 24;
-  if (len == 0 || len > wire::kMaxFrame) {
-    return {Code::kProtocolError, "bad frame length " + std::to_string(len) + " (garbage on the control socket?)"};
-  }
+  if (len == 0 || len > wire::kMaxFrame) return not_a_frame(len_bytes, len);
   std::vector<uint8_t> buf(len);
   SLOTSTREAM_RETURN_IF_ERROR(read_exact(buf.data(), len, deadline));
   out->type = static_cast<wire::MsgType>(buf[0]);
   out->body.assign(buf.begin() + 1, buf.end());
   return signing_ ? verify(out) : Status::ok();
+}
+
+// Text where a frame length should be is another protocol's greeting or answer ("HTTP/1.1 400",
+// "SSH-2.0-"): quote its first line (what came with it, at most 60 characters), so that the error
+// names the service instead of a length of 1347703880.
+Status ControlSocket::not_a_frame(const uint8_t first[4], uint32_t len) {
+  std::string text(reinterpret_cast<const char*>(first), 4);
+  char more[60];
+  const ssize_t n = ::recv(fd_, more, sizeof more, MSG_DONTWAIT);
+  if (n > 0) text.append(more, size_t(n));
+  text = text.substr(0, text.find_first_of("\r\n"));
+  const bool printable =
+      text.size() >= 4 && std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+  if (!printable) {
+    return {Code::kProtocolError, "bad frame length " + std::to_string(len) + " (garbage on the control socket?)"};
+  }
+  foreign_text_ = text;
+  return {Code::kProtocolError, "not slotstream's control protocol: the peer sent '" + text + "'"};
 }
 
 Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body) {

@@ -47,6 +47,9 @@ class ControlSocket {
   // Reads one frame; kTimeout if none within `timeout`, kPeerGone on EOF, kProtocolError on a
   // bad length prefix, kAuthFailed on a signed connection's frame that fails its MAC or sequence.
   Status receive(Millis timeout, wire::Frame* out);
+  // After a kProtocolError of receive(): the first line of text the peer sent where a frame was
+  // expected (another service's "HTTP/1.1 400 Bad Request"), "" when it was not text.
+  const std::string& foreign_text() const { return foreign_text_; }
   // Reads one frame that must be of `type` (a REFUSE is turned into its Status).
   Status expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body);
   // expect(), calling `meanwhile` about every millisecond while no byte has come (a UCX worker
@@ -65,6 +68,7 @@ class ControlSocket {
 
  private:
   Status read_exact(uint8_t* p, size_t n, std::chrono::steady_clock::time_point deadline);
+  Status not_a_frame(const uint8_t first[4], uint32_t len);
   // A received signed frame's body without its trailer, once its MAC and sequence are right.
   Status verify(wire::Frame* frame);
   struct Signing {
@@ -75,6 +79,7 @@ class ControlSocket {
   };
   int fd_;
   std::optional<Signing> signing_;
+  std::string foreign_text_;
 };
 
 class Listener {

@@ -100,9 +100,15 @@ WorkerManager::DeviceWorker& WorkerManager::worker_locked(const std::string& sen
       std::string n = e.path().filename().string();
       if (n.size() != 14 || !n.ends_with(".bin") || n[0] == '.') continue;
       uint64_t seq = std::strtoull(n.c_str(), nullptr, 10);
-      if (int64_t(seq) > w.done) w.pending.emplace_back(seq, e.file_size(ec));
+      if (int64_t(seq) > w.done) {
+        w.pending.emplace_back(seq, e.file_size(ec));
+      } else if (options_.keep > 0) {
+        w.finished.push_back(seq);  // finished in an earlier run, kept by its --keep
+      }
+      w.newest = std::max(w.newest, seq + 1);
     }
     std::sort(w.pending.begin(), w.pending.end());
+    std::sort(w.finished.begin(), w.finished.end());
     for (auto& [s, b] : w.pending) w.pending_bytes += b;
   }
   return w;
@@ -233,10 +239,21 @@ void WorkerManager::refresh_locked(DeviceWorker& w) {
     w.pending.pop_front();
     w.pending_bytes -= bytes;
     ++w.processed;
-    if (!options_.keep_processed) {
+    if (options_.keep > 0) {
+      w.finished.push_back(seq);
+    } else if (!options_.keep_processed) {
       std::error_code ec;
       fs::remove(w.device_dir / sink::DirSink::file_name(seq), ec);
     }
+  }
+  trim_locked(w);
+}
+
+void WorkerManager::trim_locked(DeviceWorker& w) {
+  while (!w.finished.empty() && w.finished.front() + options_.keep < w.newest) {
+    std::error_code ec;
+    fs::remove(w.device_dir / sink::DirSink::file_name(w.finished.front()), ec);
+    w.finished.pop_front();
   }
 }
 
@@ -253,10 +270,12 @@ void WorkerManager::stored(const std::string& sender, std::span<const StoredFile
 
 void WorkerManager::stored_locked(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes) {
   DeviceWorker& w = worker_locked(sender, device);
+  w.newest = std::max(w.newest, seq + 1);
   if (int64_t(seq) > w.done && (w.pending.empty() || w.pending.back().first < seq)) {
     w.pending.emplace_back(seq, bytes);
     w.pending_bytes += bytes;
   }
+  trim_locked(w);
   if (!options_.command.empty() && w.pid < 0 && w.restart_at == Clock::time_point{} && !w.ever_started) {
     // Workers are forked by the supervisor thread only: PR_SET_PDEATHSIG fires when the
     // *thread* that forked exits, and session threads end with their sender.

@@ -39,6 +39,9 @@ struct WorkerOptions {
   uint64_t backlog_messages = 0;                      // 0: no limit
   uint64_t backlog_bytes = 0;                         // 0: no limit
   bool keep_processed = false;                        // keep message files the worker has finished
+  // recv --keep N: a finished message file stays while it is among the device's N newest (0: removed
+  // at once, or kept for good with keep_processed); an unfinished one is never removed.
+  uint64_t keep = 0;
   std::function<void(const std::string&)> on_event;
 };
 
@@ -99,6 +102,8 @@ class WorkerManager {
     uint64_t processed = 0;
     int64_t done = -1;                                  // last SEQ the worker recorded
     std::deque<std::pair<uint64_t, uint64_t>> pending;  // (seq, bytes) not yet processed
+    std::deque<uint64_t> finished;                      // processed, kept for WorkerOptions::keep
+    uint64_t newest = 0;                                // highest SEQ stored + 1
     uint64_t pending_bytes = 0;
   };
 
@@ -106,6 +111,7 @@ class WorkerManager {
   void stored_locked(const std::string& sender, uint16_t device, uint64_t seq, uint64_t bytes);
   void start_locked(DeviceWorker& w);
   void refresh_locked(DeviceWorker& w);  // reads `done`, forgets and deletes processed messages
+  void trim_locked(DeviceWorker& w);     // deletes finished messages beyond the newest WorkerOptions::keep
   void supervise();
   void event(const std::string& text) const {
     if (options_.on_event) options_.on_event(text);

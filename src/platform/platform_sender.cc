@@ -246,6 +246,8 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_a
           stats.schedule_ms.push_back(ms);
           ++stats.connections;
           stats.receiver = receiver;
+          stats.transport = transport_name(sender->transport());
+          stats.transport_reason = sender->transport_reason();
         }
         char line[128];
         std::snprintf(line, sizeof line, " (scheduled and connected in %.1f ms: reserved in %.1f, %d transaction%s)",

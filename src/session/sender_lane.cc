@@ -16,6 +16,9 @@ using net::Millis;
 
 namespace {
 constexpr Millis kHandshakeTimeout{10000};
+// The first answer to HELLO (CHALLENGE, ACCEPT or REFUSE): a receiver sends it once its blocks are
+// set up; nothing by then means nothing that speaks slotstream listens there (docs/cli-contract.md).
+constexpr Millis kFirstAnswerTimeout{5000};
 constexpr Millis kConnectTimeout{5000};
 constexpr auto kLivenessInterval = Millis(1);
 // After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
@@ -115,12 +118,34 @@ void SenderLane::abort() {
 
 namespace {
 
+// The first answer to our HELLO, which also tells whether a slotstream receiver listens there at
+// all: another service answers text ("HTTP/1.1 400 ..."), or nothing.
+Status first_answer(net::ControlSocket& control, wire::Frame* frame) {
+  Status st = control.receive(kFirstAnswerTimeout, frame);
+  if (st.is_ok()) return st;
+  const std::string not_ours = control.peer() + " is not a slotstream receiver";
+  if (st.code() == Code::kTimeout) {
+    return {Code::kConnectFailed,
+            not_ours + " (no answer within " + std::to_string(kFirstAnswerTimeout.count() / 1000) + " s)"};
+  }
+  if (st.code() == Code::kProtocolError) {
+    return {Code::kConnectFailed,
+            not_ours + " (" +
+                (control.foreign_text().empty() ? st.message() : "it answered '" + control.foreign_text() + "'") + ")"};
+  }
+  if (st.code() == Code::kPeerGone) {
+    return {Code::kConnectFailed, control.peer() + " closed the connection without answering (" + st.message() +
+                                      "): not a slotstream receiver, or one that is stopping"};
+  }
+  return st;
+}
+
 // The receiver's first answer to our HELLO: with a CHALLENGE, we prove the token (AUTH) and
 // `*receiver_nonce` is its nonce; `*frame` is then its next answer.
 Status answer_challenge(net::ControlSocket& control, const std::string& token, const wire::Hello& hello,
                         const std::vector<uint8_t>& hello_bytes, wire::Frame* frame,
                         std::optional<net::Nonce>* receiver_nonce) {
-  SLOTSTREAM_RETURN_IF_ERROR(control.receive(kHandshakeTimeout, frame));
+  SLOTSTREAM_RETURN_IF_ERROR(first_answer(control, frame));
   if (frame->type != wire::MsgType::kChallenge) return Status::ok();
   if (frame->body.size() != wire::kNonceSize) return {Code::kProtocolError, "malformed challenge"};
   if (token.empty()) return {Code::kAuthFailed, "authentication failed: the receiver requires a token (--token-file)"};

@@ -2,6 +2,7 @@
 
 Helpers (import them with `from conftest import ...`):
   BIN, REPO, TRANSPORTS, HEADER     where the binary is; the transports every data test runs on
+  SEND_SUMMARY_KEYS                 the keys of every `send --json` summary
   PROTOCOLS                         every protocol of this build for data (`slotstream protocols --json`)
   OTHER_PACKING                     each of them with the packing it does not have by default (NAME:pack=on|off)
   start_receiver (fixture)          start_receiver(out, transport=None, *extra) -> Receiver (killed at test end)
@@ -30,6 +31,10 @@ BIN = os.environ.get("SLOTSTREAM_BIN", str(REPO / "build" / "slotstream"))
 TRANSPORTS = ["shm", "tcp"]
 HEADER = 16  # bytes of block header per block (docs: block_size - 16 is the largest one-block payload)
 START_TIMEOUT = 10.0  # seconds for `listening on HOST:PORT`
+# Every `send --json` summary has these keys, whichever transport carried it, --platform too (docs/cli-contract.md).
+SEND_SUMMARY_KEYS = {"ok", "exit_code", "error", "code", "interrupted", "messages", "bytes", "seconds", "mb_per_s",
+                     "devices", "cpu_seconds", "transport", "transport_reason", "protocol", "blocks", "block_size",
+                     "late_frames"}
 
 
 def _registry():

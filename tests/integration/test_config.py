@@ -62,7 +62,15 @@ def test_an_unknown_key_is_an_error_naming_the_closest_option(tmp_path):
     p = subprocess.run([BIN, "send", "--config", conf, "--to", "127.0.0.1:1", "--file", "0=/etc/hostname"],
                        capture_output=True, text=True, timeout=20)
     assert p.returncode == 2, p.stderr
-    assert "blok-size" in p.stderr and "did you mean block-size" in p.stderr, p.stderr
+    # It used to say "INI was not able to parse send.blok-size" although this page promised a suggestion.
+    assert f"slotstream send: error: unknown key 'blok-size' in {conf} (did you mean 'block-size'?)" in p.stderr, \
+        p.stderr
+    assert "INI" not in p.stderr, p.stderr
+    conf.write_text('listen = "127.0.0.1:0"\nzzz-nothing-like-it = 1\n')
+    p = subprocess.run([BIN, "recv", "--config", conf, "--discard"], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 2, p.stderr
+    assert f"unknown key 'zzz-nothing-like-it' in {conf} (a key is one of `slotstream recv --help`'s long options" \
+        in p.stderr, p.stderr
     p = subprocess.run([BIN, "send", "--config", tmp_path / "missing.toml", "--to", "127.0.0.1:1"],
                        capture_output=True, text=True, timeout=20)
     assert p.returncode == 2 and "missing.toml" in p.stderr, p.stderr
@@ -110,3 +118,13 @@ def test_the_documented_receiver_file_starts_a_receiver(tmp_path):
         p.terminate()
         p.wait(20)
     assert conf["backlog-bytes"] == "256M"
+
+
+@pytest.mark.deadline(30)
+def test_a_size_out_of_range_in_the_file_is_said_in_units(tmp_path):
+    # It used to say "Value 68719476736 not in range 64 to 67108864".
+    conf = tmp_path / "send.toml"
+    conf.write_text('block-size = "64G"\n')
+    p = subprocess.run([BIN, "send", "--config", conf, "--to", "127.0.0.1:1", "--file", "0=/etc/hostname"],
+                       capture_output=True, text=True, timeout=20)
+    assert p.returncode == 2 and "--block-size: 64 GiB is above the most, 64 MiB" in p.stderr, p.stderr

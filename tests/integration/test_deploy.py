@@ -568,19 +568,43 @@ def test_chart_commands_exist_in_this_binary(tmp_path):
     assert h264["nodeSelector"] == {"kubernetes.io/hostname": "edge-b"}
 
 
-def test_chart_serves_rdma_as_the_kustomize_base_does_and_tcp_only_nodes_auto(tmp_path):
-    """RDMA nodes: --transport rdma on the configured device and the RDMA resource, never UCX_TLS (it
-    would replace slotstream's own transport choice); TCP-only nodes: auto, no device, no resource."""
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path)}
-    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
+def test_chart_defaults_to_auto_and_serves_rdma_behind_one_switch(tmp_path):
+    """By default (no RDMA assumed: the defaults named mlx5_0:1 and GID 3): --transport auto, no device, no RDMA
+    resource, no GID. receiver.rdma.enabled: --transport rdma, the RDMA resource, and the device and GID given, as
+    the kustomize base on RDMA nodes; never UCX_TLS (it would replace slotstream's own transport choice)."""
+    def receiver(*values, sets=()):
+        args = ["template", "slotstream", CHART]
+        for v in values:
+            args += ["-f", v]
+        for kv in sets:
+            args += ["--set", kv]
+        p = helm(*args)
+        assert p.returncode == 0, p.stderr
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(p.stdout) if d}
+        return docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]
+    for spec in (receiver(), receiver(TCP_PLATFORM_VALUES)):
+        rx = spec["containers"][0]
+        assert option(rx["args"], "--transport") == "auto" and "--rdma-device" not in rx["args"], rx["args"]
+        assert RDMA not in rx["resources"]["limits"] and RDMA not in rx["resources"]["requests"]
+        assert not {e["name"] for e in rx.get("env") or []} & {"UCX_IB_GID_INDEX", "UCX_TLS"}, rx.get("env")
+        assert spec["nodeSelector"] == {"slotstream.io/receiver": "true"} and "tolerations" not in spec
+    # The switch alone: rdma on any port, the resource, no GID (InfiniBand needs none).
+    rx = receiver(sets=["receiver.rdma.enabled=true"])["containers"][0]
+    assert option(rx["args"], "--transport") == "rdma" and "--rdma-device" not in rx["args"], rx["args"]
+    assert rx["resources"]["limits"][RDMA] == 1 and rx["resources"]["requests"][RDMA] == 1
+    assert "UCX_IB_GID_INDEX" not in {e["name"] for e in rx.get("env") or []}
+    # A whole RoCE cluster: device and GID.
+    spec = receiver(EXAMPLE_VALUES)
+    rx = spec["containers"][0]
     assert option(rx["args"], "--transport") == "rdma" and option(rx["args"], "--rdma-device") == "mlx5_0:1"
     assert "--rdma-transport" not in rx["args"] and "--platform" not in rx["args"]
     assert RDMA in rx["resources"]["limits"]
-    assert "UCX_TLS" not in {e["name"] for e in rx["env"]}
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in render(tmp_path, TCP_PLATFORM_VALUES)}
-    rx = docs[("DaemonSet", "slotstream-receiver")]["spec"]["template"]["spec"]["containers"][0]
-    assert option(rx["args"], "--transport") == "auto" and "--rdma-device" not in rx["args"]
-    assert RDMA not in rx["resources"]["limits"] and RDMA not in rx["resources"]["requests"]
+    env = {e["name"]: e["value"] for e in rx["env"]}
+    assert env.get("UCX_IB_GID_INDEX") == "3" and "UCX_TLS" not in env, env
+    assert spec["nodeSelector"] == {"slotstream.io/rdma": "true"}
+    # An explicit transport wins over the switch's default.
+    rx = receiver(sets=["receiver.rdma.enabled=true", "receiver.transport=auto"])["containers"][0]
+    assert option(rx["args"], "--transport") == "auto" and RDMA in rx["resources"]["limits"]
 
 
 def test_chart_platform_registers_receivers_and_schedules_senders(tmp_path):
@@ -655,7 +679,7 @@ def test_every_metric_the_alerts_and_dashboard_use_is_exported(tmp_path, receive
 
 # ------------------------------------------------------------------------------ systemd
 
-UNIT = REPO / "deploy" / "systemd" / "slotstream-recv.service"
+UNIT = REPO / "deploy" / "systemd" / "slotstream-recv.service.in"  # cmake --install writes it (test_install.py)
 
 
 def test_systemd_unit_verifies_and_pins_memory(tmp_path):
@@ -670,7 +694,7 @@ def test_systemd_unit_verifies_and_pins_memory(tmp_path):
             assert a in help_text, f"recv has no option {a}"
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze is not installed (package systemd): the unit's syntax is not checked")
-    unit = tmp_path / UNIT.name
+    unit = tmp_path / "slotstream-recv.service"
     unit.write_text(text.replace(exec_start.group(1), BIN))  # verify checks the binary exists
     p = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
                        timeout=60)

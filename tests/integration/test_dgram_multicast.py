@@ -1,6 +1,7 @@
 """Multicast (issue 25; src/dgram/control.h ANNOUNCE): a UD sender to an IP multicast group and three receivers,
 each in a network namespace of its own on one bridge. There is no handshake and no FIN_ACK: the sender announces
 itself to the group and each receiver stores the same stream with its own accounting."""
+import contextlib
 import json
 import os
 import random
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, make_files
+from conftest import BIN, Proc, make_files, wait_until
 from dgram_support import (SHIM, DgramReceiver, check_store, dgram_send, in_ns, netns, netns_bridge, nft_dropped,
                            nft_loss)
 
@@ -143,6 +144,110 @@ def test_a_receiver_on_a_group_takes_announced_ud_senders_only(tmp_path):
     assert (tmp_path / "out/raw/device-0/0000000000.bin").read_bytes() == b"hello"
     refusals = [line for line in rx.stderr.text.splitlines() if "refused multicast sender 'rel'" in line]
     assert len(refusals) == 1 and "protocol dgram_rd acknowledges every datagram" in refusals[0], rx.stderr.text
+
+
+# ------------------------------------------------------------------ a sender's name on a group
+
+@contextlib.contextmanager
+def lo_group():
+    """A namespace whose lo carries multicast: a receiver and its senders on one group, by route."""
+    with netns("mcn") as ns:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "multicast", "on"], check=True)
+        subprocess.run(["ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", "lo"], check=True)
+        yield ns
+
+
+def scrape_in(ns, rx):
+    """The receiver's /metrics, fetched inside its namespace."""
+    _, line = rx.stderr.wait_for(r"metrics on http://", 10)
+    fetch = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    return subprocess.run(in_ns(ns, [sys.executable, "-c", fetch, line.split()[-1]]), capture_output=True, text=True,
+                          check=True, timeout=20).stdout
+
+
+def announces_refused(text):
+    return {m[0]: float(m[1]) for m in re.findall(r'^slotstream_dgram_announces_refused_total\{reason="(\w+)"\} (\S+)$',
+                                                   text, re.M)}
+
+
+# 200 frames, one every 25 ms. The receiver's message timeout of 1 s lets a name pass after 2 s of silence
+# (max(1 s, 2 x message timeout)): time enough for a new sender to start and be refused first, on a loaded machine.
+CAM = ("--name", "cam", "--synthetic", "0:40:64x48x3", "--duration", 5)
+RX = ("--message-timeout", 1000, "--metrics", "127.0.0.1:0")
+
+
+def check_taken_back(rx, rep, ns):
+    """The sender refused while the name was taken got it 2 s after the old session fell silent (at its next
+    ANNOUNCE): what it sent from then on is stored, what it sent before counted as lost, and its refusal is in the
+    receiver's log once, with the reason, and in /metrics by reason."""
+    assert rep["line"].startswith("sender cam finished: ") and rep["sent"] == "200", rep["line"]
+    c = counts(rep)
+    assert c["messages"] + c["partial"] + c["dropped"] + c["lost"] == 200, rep["line"]
+    assert c["messages"] >= 50, f"not stored from 3.75 s on: {rep['line']}"
+    refusals = [line for line in rx.stderr.text.splitlines() if "refused multicast sender 'cam'" in line]
+    assert len(refusals) == 1 and "already connected" in refusals[0], rx.stderr.text
+    by_reason = announces_refused(scrape_in(ns, rx))
+    assert by_reason["name_taken"] == 1 and sum(by_reason.values()) == 1, by_reason
+
+
+@pytest.mark.deadline(60)
+def test_a_sender_killed_and_restarted_under_its_name_gets_it_back(tmp_path):
+    """A sender killed mid-stream and restarted under the same name within the session timeout was refused for the
+    whole run ("already connected": a refused announcer was never checked again) while it sent 150 messages and
+    exited 0 with none stored. The killed sender's session, once silent for long enough, passes the name on."""
+    addr, port = group()
+    out = tmp_path / "out"
+    with lo_group() as ns:
+        rx = DgramReceiver(out, *RX, ns=ns, host=addr, port=port)
+        try:
+            first = Proc(in_ns(ns, [BIN, "send", "--to", f"{addr}:{port}", "--transport", "udp", "--name", "cam",
+                                    "--synthetic", "0:50:64x48x3", "--duration", 60]))
+            wait_until(lambda: len(list((out / "cam/device-0").glob("*.bin"))) >= 10, 10, "the first sender's frames")
+            first.sigkill()
+            first.wait(10)
+            _, j = dgram_send(f"{addr}:{port}", *CAM, ns=ns, timeout=30)
+            assert j["multicast"] is True and j["messages"] == 200, "and it exits 0: a group's sender cannot know"
+            killed, restarted = rx.finished(2, timeout=10)
+            assert killed["line"].startswith("sender cam lost: ") and "replaced by a new session of the same name" \
+                in killed["line"], killed["line"]
+            check_taken_back(rx, restarted, ns)
+        finally:
+            rx.stop()
+    # The restarted sender's messages are numbered on from the killed one's, nothing overwritten.
+    stored = sorted(p.name for p in (out / "cam/device-0").glob("*.bin"))
+    assert len(stored) == len(set(stored)) >= int(counts(restarted)["messages"]) + 10
+
+
+OUTSIDER = """
+import socket, struct, sys
+import dgram_wire as w
+group, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect((group, port))
+h = w.hello(protocol="write_record", name="cam", ring=4, max_message=1024, nonce=bytes(32), pad_to=0)
+for _ in range(10):
+    s.send(w.segment(b"\\x08" + struct.pack("<IH", 1, len(h)) + h, qp=77))
+"""
+
+
+@pytest.mark.deadline(60)
+def test_an_outsider_announcing_a_name_first_does_not_lock_it_out(tmp_path):
+    """Ten ANNOUNCEs of the name from an outsider just before the real sender started locked the real one out for
+    the whole run. Once the outsider has been silent for long enough, the name passes to the sender that announces it.
+    (An outsider that keeps announcing keeps the name: a group has no token; docs/design.md "Multicast".)"""
+    addr, port = group()
+    with lo_group() as ns:
+        rx = DgramReceiver(tmp_path / "out", *RX, ns=ns, host=addr, port=port)
+        try:
+            env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+            subprocess.run(in_ns(ns, [sys.executable, "-c", OUTSIDER, addr, port]), check=True, env=env, timeout=20)
+            _, j = dgram_send(f"{addr}:{port}", *CAM, ns=ns, timeout=30)
+            assert j["multicast"] is True and j["messages"] == 200
+            (rep,) = rx.finished(1, timeout=10)
+            check_taken_back(rx, rep, ns)
+        finally:
+            rx.stop()
+    assert len(list((tmp_path / "out/cam/device-0").glob("*.bin"))) == int(rep["messages"])
 
 
 # ------------------------------------------------------------------ the preload shim on multicast sockets

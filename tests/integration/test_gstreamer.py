@@ -118,6 +118,8 @@ def test_gst_inspect_documents_every_property(gst_env):
     assert plugin.returncode == 0, plugin.stderr
     assert "slotstreamsink: slotstream sink" in plugin.stdout and "slotstreamsrc: slotstream source" in plugin.stdout
     assert str(PLUGIN_DIR / "libgstslotstream.so") in plugin.stdout
+    # The project's licence (LICENSE: Apache-2.0), in GStreamer's own spelling of it (gst-inspect said "unknown").
+    assert re.search(r"^  License\s+Apache 2\.0$", plugin.stdout, re.M), plugin.stdout
     for element, names in [("slotstreamsink", SINK_PROPERTIES), ("slotstreamsrc", SRC_PROPERTIES)]:
         text, props = inspect_properties(gst_env, element)
         for name in names:

@@ -5,16 +5,21 @@ unprivileged user, and the GStreamer plugin (slotstreamsrc, slotstreamsink) with
 
 These tests skip only where podman is not installed. Anywhere else an image that cannot be built
 or a container that cannot run is a failure: scripts/test.sh (CI) builds the image first."""
+import base64
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
+import yaml
 
 from conftest import BIN, REPO, parse_finished, run_send, run_send_json, send, synthetic_slots
 
@@ -387,3 +392,144 @@ def test_gstreamer_plugin_in_the_image_streams_to_a_receiver_on_the_host(receive
     assert all(f.stat().st_size >= 64 * 48 * 3 for f in files[1:11]), [f.stat().st_size for f in files]
     report = parse_finished(rx.stdout.next_line(5))
     assert report["name"] == "gst-image" and report["messages"] == 12 and report["gaps"] == 0, report
+
+
+# ------------------------------------------------------------------ the Helm chart's receiver pod, for real
+
+CHART = REPO / "deploy" / "helm" / "slotstream"
+
+
+def helm_template(*args):
+    tool = REPO / "build" / "tools-bin" / "helm"
+    tool = str(tool) if tool.exists() else shutil.which("helm")
+    if not tool:
+        pytest.fail("helm is missing: run `bash scripts/setup.sh test` (it builds helm into build/tools-bin)")
+    p = subprocess.run([tool, "template", "slotstream", str(CHART), *args], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def http_get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return None, ""
+
+
+def pod_of_the_charts_receiver(tmp_path, control, metrics):
+    """The Pod the chart's receiver DaemonSet makes (default values: transport auto, no RDMA), as the kubelet would
+    run it on one node, with what podman 4.3's `kube play` does differently from a kubelet made explicit: the
+    node's hostPath directories and the token Secret become directories here (the Secret as the kubelet mounts it:
+    the token file, mode 0440, the pod's fsGroup); an emptyDir is a 0777 directory (the kubelet's mode; podman's
+    own would be root's 0755, where the unprivileged receiver cannot make UCX's shared memory); no container ports
+    on the host network (podman refuses any port mapping there) and the probes' named port as its number; the init
+    container kept after it ran (podman's default, removing it, races its exit: "failed to remove once init
+    container")."""
+    docs = helm_template("--set", f"receiver.controlPort={control}", "--set", f"receiver.metricsPort={metrics}")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "slotstream-receiver")
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    gid = spec["securityContext"]["fsGroup"]
+    dirs = {}
+    for v in spec["volumes"]:
+        d = dirs[v["name"]] = tmp_path / "volumes" / v["name"]
+        d.mkdir(parents=True)
+        if "secret" in v:
+            secret = next(s for s in docs if s["kind"] == "Secret" and s["metadata"]["name"] == v["secret"]["secretName"])
+            for key, value in secret["data"].items():
+                f = d / key
+                f.write_bytes(base64.b64decode(value))
+                os.chown(f, 0, gid)
+                f.chmod(v["secret"]["defaultMode"])
+            del v["secret"]
+        elif "emptyDir" in v:
+            d.chmod(0o777)
+            del v["emptyDir"]
+        else:
+            assert v["hostPath"]["type"] == "DirectoryOrCreate", v
+            del v["hostPath"]
+        v["hostPath"] = {"path": str(d), "type": "Directory"}
+    for c in spec["containers"]:
+        ports = {p["name"]: p["containerPort"] for p in c.pop("ports", [])}
+        for probe in ("livenessProbe", "readinessProbe"):
+            c[probe]["httpGet"]["port"] = ports.get(c[probe]["httpGet"]["port"], c[probe]["httpGet"]["port"])
+    spec.pop("nodeSelector", None)
+    name = f"slotstream-test-{uuid.uuid4().hex[:8]}"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "labels": template["metadata"]["labels"],
+                        "annotations": {"io.podman.annotations.init.container.type": "always"}},
+           "spec": spec}
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(pod))
+    return path, pod, dirs
+
+
+@pytest.mark.deadline(240)
+def test_the_charts_receiver_pod_runs_under_podman_kube_play(tmp_path):
+    """The chart's receiver pod spec run for real (`podman kube play`, the image from deploy/image): its init
+    container hands the data directory to the unprivileged user, the receiver runs as 10001 with a read-only
+    root and no capability, its probes' /health and /ready answer on the metrics port, and a sender on the host
+    stores frames through it into the node's directory; `podman kube down` removes it all."""
+    control, metrics = free_ports(2)
+    path, pod, dirs = pod_of_the_charts_receiver(tmp_path, control, metrics)
+    name = pod["metadata"]["name"]
+    rx = pod["spec"]["containers"][0]
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]\n'
+                    '[engine]\nruntime = "runc"\n')
+    env = dict(os.environ, CONTAINERS_CONF=str(conf))
+    try:
+        p = subprocess.run(["podman", "kube", "play", "--replace", str(path)], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        container = f"{name}-{rx['name']}"
+        probes = {k: f"http://127.0.0.1:{rx[k]['httpGet']['port']}{rx[k]['httpGet']['path']}"
+                  for k in ("livenessProbe", "readinessProbe")}
+        assert probes == {"livenessProbe": f"http://127.0.0.1:{metrics}/health",
+                          "readinessProbe": f"http://127.0.0.1:{metrics}/ready"}
+        deadline = time.monotonic() + 60
+        while True:
+            answers = {k: http_get(url) for k, url in probes.items()}
+            if all(status == 200 for status, _ in answers.values()):
+                break
+            state = subprocess.run(["podman", "inspect", "--format", "{{.State.Status}}", container],
+                                   capture_output=True, text=True, timeout=30).stdout.strip()
+            if state != "running" or time.monotonic() > deadline:
+                logs = subprocess.run(["podman", "logs", container], capture_output=True, text=True, timeout=30)
+                raise AssertionError(f"probes {answers}, container {state}:\n{logs.stdout}{logs.stderr}")
+            time.sleep(0.5)
+        assert json.loads(answers["readinessProbe"][1])["ready"] is True, answers
+        assert host_uid(container) == DAEMON_UID
+        inspect = json.loads(subprocess.run(["podman", "inspect", container], capture_output=True, text=True,
+                                            check=True, timeout=30).stdout)[0]
+        assert inspect["HostConfig"]["ReadonlyRootfs"] is True
+        assert not inspect.get("EffectiveCaps"), inspect.get("EffectiveCaps")
+        assert (dirs["streams"].stat().st_uid, dirs["streams"].stat().st_gid) == (DAEMON_UID, DAEMON_UID), \
+            "the init container did not hand the node's directory over"
+        # Wall-clock --duration: under load some of the 25 frames a second are late and not sent (the summary says).
+        sent = run_send_json(f"127.0.0.1:{control}", "--name", "cam", "--token-file", str(dirs["token"] / "token"),
+                             "--transport", "tcp", "--synthetic", "0-1:25:64x48x3", "--duration", 1)
+        assert sent["messages"] + sent["late_frames"] == 50 and sent["sent"][0] > 0, sent
+        files = sorted((dirs["streams"] / "cam" / "device-0").iterdir())
+        assert len(files) == sent["sent"][0] and all(f.stat().st_uid == DAEMON_UID for f in files), (files, sent)
+        assert subprocess.run([BIN, "verify", str(dirs["streams"])], capture_output=True, timeout=60).returncode == 0
+    finally:
+        down = subprocess.run(["podman", "kube", "down", str(path)], capture_output=True, text=True, timeout=120,
+                              env=env)
+        left = subprocess.run(["podman", "pod", "exists", name], capture_output=True, timeout=30).returncode == 0
+        if left:
+            subprocess.run(["podman", "pod", "rm", "-f", name], capture_output=True, timeout=120)
+    assert down.returncode == 0 and not left, down.stdout + down.stderr

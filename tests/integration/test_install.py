@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -44,7 +45,8 @@ def test_installed_layout(prefix):
                 "share/slotstream/workers/checksum.sh", "share/slotstream/workers/h264.sh",
                 "share/slotstream/examples/hello_stream.cc", "share/slotstream/examples/python/camera_sender.py",
                 "share/man/man1/slotstream.1", "share/bash-completion/completions/slotstream",
-                "share/zsh/site-functions/_slotstream"]:
+                "share/zsh/site-functions/_slotstream", "lib/systemd/system/slotstream-recv.service",
+                "share/slotstream/recv.toml"]:
         assert (prefix / rel).exists(), rel
     for module in (REPO / "bench").glob("*.py"):  # the entry script imports the experiment modules and harness.py
         assert (prefix / "share/slotstream/bench" / module.name).exists(), module.name
@@ -55,6 +57,57 @@ def test_installed_layout(prefix):
     assert "Library soname: [libslotstream.so.0.1]" in elf_dynamic(prefix / "lib/libslotstream.so.0.1.0")
     assert "libslotstream" not in elf_dynamic(prefix / "bin/slotstream"), "the CLI is one self-contained binary"
     assert not list(prefix.rglob("*.a")), "no static library is installed (it would leak UCX to consumers)"
+
+
+def test_installed_man_page_has_examples_and_exit_status(prefix):
+    text = subprocess.run(["man", "-l", "-P", "cat", str(prefix / "share/man/man1/slotstream.1")], capture_output=True,
+                          text=True, timeout=30, env={"MANWIDTH": "200", "PATH": "/usr/bin:/bin"}).stdout
+    sections = re.findall(r"^([A-Z][A-Z ]+)$", text, re.M)
+    want = ["EXAMPLES", "EXIT STATUS", "FILES", "SEE ALSO"]
+    assert [s for s in sections if s in want] == want, sections
+    examples = text.split("EXAMPLES", 1)[1].split("EXIT STATUS", 1)[0]
+    for command in ("slotstream recv --listen 0.0.0.0:7000 --out /data/streams", "slotstream send --to B:7000",
+                    "slotstream verify /data/streams", "--transport shm"):
+        assert command in examples, command
+    status = text.split("EXIT STATUS", 1)[1].split("FILES", 1)[0]
+    assert [m for m in re.findall(r"^ {7}(\d+)[ ,]", status, re.M)] == ["0", "1", "2", "130"], status
+
+
+def test_installed_systemd_unit_runs_the_installed_binary(prefix, tmp_path):
+    # The unit was a file to copy by hand, with /usr/local/bin/slotstream whatever the prefix.
+    unit = prefix / "lib/systemd/system/slotstream-recv.service"
+    text = unit.read_text()
+    assert f"\nExecStart={prefix}/bin/slotstream recv --config /etc/slotstream/recv.toml\n" in text, text
+    assert "@" not in text.replace("man:slotstream", ""), "a placeholder left unreplaced"
+    if not shutil.which("systemd-analyze"):
+        pytest.fail("systemd-analyze is not installed (package systemd, scripts/setup.sh test)")
+    p = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not p.stderr.strip(), p.stderr
+
+
+@pytest.mark.deadline(60)
+def test_the_installed_sample_recv_toml_starts_a_receiver(prefix, tmp_path):
+    # The sample the unit's comment installs as /etc/slotstream/recv.toml, only its paths and ports moved here.
+    sample = prefix / "share/slotstream/recv.toml"
+    assert f"{prefix}/share/slotstream/workers/checksum.sh" in sample.read_text(), "the worker path is the prefix's"
+    token = tmp_path / "token"
+    token.write_text("a shared secret of the senders\n")
+    out = tmp_path / "streams"
+    rx = subprocess.Popen([prefix / "bin/slotstream", "recv", "--config", sample, "--listen", "127.0.0.1:0",
+                           "--out", out, "--token-file", token, "--metrics", "127.0.0.1:0", "--exit-after-senders", "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = rx.stdout.readline()
+        assert line.startswith("listening on "), (line, rx.stderr.read() if rx.poll() is not None else "")
+        addr = line.split()[2]
+        p = subprocess.run([prefix / "bin/slotstream", "send", "--to", addr, "--name", "sample", "--token-file", token,
+                            "--synthetic", "0:50:16x16x3", "--duration", "0.1"], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert rx.wait(30) == 0, rx.stderr.read()
+    finally:
+        rx.kill()
+    assert list((out / "sample" / "device-0").iterdir()), "nothing stored"
 
 
 @pytest.fixture(scope="module")

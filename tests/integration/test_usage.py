@@ -86,6 +86,29 @@ def test_sizes_take_units_everywhere():
         assert run(*args).returncode == 0
 
 
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("size", ["1MB", "1mb", "1MiB", "1M", "1024K", "1048576"])
+def test_decimal_unit_names_are_powers_of_1024_as_documented(receiver, tmp_path, size):
+    # 1MB used to be taken as 1 MiB without a word anywhere; it still is, and --help and the docs say so.
+    import json
+    rx = receiver("--discard")
+    p = subprocess.run([BIN, "send", "--to", rx.addr, "--name", "u", "--block-size", size, "--file", "0=/etc/hostname",
+                        "--json"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["block_size"] == 1048576
+    assert "1MB = 1M = 1048576" in run("send", "--help").stdout
+
+
+def test_every_size_option_uses_the_one_parser():
+    # A bad size says the same thing on every size option, and a value in range with units is accepted.
+    for args in (["recv", "--listen", "127.0.0.1:0", "--discard", "--max-memory", "4X"],
+                 ["recv", "--listen", "127.0.0.1:0", "--out", "/tmp", "--worker-dir", "/tmp", "--backlog-bytes", "1Q"],
+                 ["send", "--to", "127.0.0.1:1", "--platform-ttl", "2", "--need-bandwidth", "12 M"],
+                 ["recv", "--listen", "127.0.0.1:0", "--discard", "--capacity-bandwidth", "fast"]):
+        p = run(*args, timeout=10)
+        assert p.returncode == 2 and "expects a size such as 4096, 64K, 1M or 4G" in p.stderr, (args, p.stderr)
+
+
 def test_edge_block_size_takes_units_like_send():
     # `edge --block-size` took bytes only (64KiB was refused) and its --help gave no unit.
     edge = ["edge", "--platform", "etcd://127.0.0.1:1", "--out", "/tmp/slotstream-usage-edge", "--name", "u",
@@ -226,8 +249,15 @@ RANGE_CASES = {
     # Each used to say only "Could not convert", or to be taken as a huge unsigned number.
     "blocks_negative": (["send", "--to", "127.0.0.1:1", "--blocks", "-1", "--file", "0=/etc/hostname"],
                         "--blocks: Value -1 not in range 1 to 4096"),
+    # Sizes are said in units (it used to be "Value 1099511627776 not in range 64 to 67108864").
     "block_size_1T": (["send", "--to", "127.0.0.1:1", "--block-size", "1T", "--file", "0=/etc/hostname"],
-                      "--block-size: Value 1099511627776 not in range 64 to 67108864"),
+                      "--block-size: 1 TiB is above the most, 64 MiB"),
+    "block_size_63": (["send", "--to", "127.0.0.1:1", "--block-size", "63", "--file", "0=/etc/hostname"],
+                      "--block-size: 63 B is below the least, 64 B"),
+    "max_memory_0": (["recv", "--listen", "127.0.0.1:0", "--discard", "--max-memory", "0"],
+                     "--max-memory: 0 B is below the least, 1 B"),
+    "max_message_beyond": (["recv", "--listen", "127.0.0.1:0", "--discard", "--transport", "udp", "--max-message",
+                            "5G"], "--max-message: 5 GiB is above the most, 4 GiB"),
     "exit_after_negative": (["recv", "--listen", "127.0.0.1:0", "--discard", "--exit-after-senders", "-1"],
                             "--exit-after-senders: Value -1 not in range"),
     # Used to be accepted and never held: a sender has at most 4096 blocks.

@@ -104,6 +104,28 @@ TEST(ControlSocket, ALengthPrefixOutsideOneToMaxFrameIsGarbage) {
   }
 }
 
+// Another service's answer where a frame should start ("HTTP" read as a length of 1347703880): the
+// error quotes its first line, and foreign_text() has it for the sender to name the service.
+TEST(ControlSocket, TextWhereAFrameShouldStartIsQuotedNotReadAsALength) {
+  Pair p;
+  ASSERT_TRUE(p.a && p.b);
+  const std::string reply = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+  send_raw(*p.a, std::vector<uint8_t>(reply.begin(), reply.end()));
+  std::this_thread::sleep_for(Millis(50));  // the whole answer is there, as a server sends it in one go
+  wire::Frame f;
+  Status st = p.b->receive(Millis(2000), &f);
+  EXPECT_EQ(st.code(), Code::kProtocolError);
+  EXPECT_EQ(p.b->foreign_text(), "HTTP/1.1 400 Bad Request");
+  EXPECT_NE(st.message().find("the peer sent 'HTTP/1.1 400 Bad Request'"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("1347703880"), std::string::npos) << st.message();
+
+  Pair q;  // binary garbage stays a bad length, with nothing quoted
+  ASSERT_TRUE(q.a && q.b);
+  send_raw(*q.a, {0xff, 0xff, 0xff, 0xff, 0x01});
+  EXPECT_EQ(q.b->receive(Millis(2000), &f).code(), Code::kProtocolError);
+  EXPECT_EQ(q.b->foreign_text(), "");
+}
+
 TEST(ControlSocket, CheckAliveSeesAPendingFrameWithoutTakingItAndThePeerGoing) {
   Pair p;
   ASSERT_TRUE(p.a && p.b);

@@ -170,6 +170,14 @@ def _cmake_version():
     return re.search(r"project\(slotstream VERSION ([0-9.]+)", text).group(1)
 
 
+def test_the_package_namespace_is_its_api():
+    # `dir(slotstream)` showed `annotations` (a __future__ import) and `atexit`: helpers are underscored.
+    public = {n for n in dir(slotstream) if not n.startswith("_")}
+    assert public == set(slotstream.__all__), public ^ set(slotstream.__all__)
+    assert {n for n in dir(slotstream.errors) if not n.startswith("_")} >= {"Error", "error_class"}
+    assert "annotations" not in dir(slotstream.errors)
+
+
 def test_protocols_are_listed():
     names = [n for n, _ in slotstream.protocols()]
     assert "status_byte" in names and "sliding_window" in names

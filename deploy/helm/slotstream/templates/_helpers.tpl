@@ -19,6 +19,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* The receivers' --transport: receiver.transport when set, else rdma on RDMA nodes (receiver.rdma.enabled), else auto. */}}
+{{- define "slotstream.receiverTransport" -}}
+{{- .Values.receiver.transport | default (ternary "rdma" "auto" .Values.receiver.rdma.enabled) -}}
+{{- end -}}
+
 {{- define "slotstream.tokenSecret" -}}
 {{- .Values.token.existingSecret | default (printf "%s-token" (include "slotstream.fullname" .)) -}}
 {{- end -}}

@@ -1,0 +1,108 @@
+"""scripts/perf-ab.sh, the A/B gate: its verdict logic on made-up rounds, and its panel read from a real
+tiny run (one binary as both sides). Nothing here asserts a speed."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import BIN, REPO
+
+spec = importlib.util.spec_from_file_location("perf_ab", REPO / "scripts" / "perf_ab.py")
+perf_ab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(perf_ab)
+
+
+def test_verdict_against_the_aa_spread():
+    # Higher is better: 10 % worse with BASE's rounds 2 % apart is a regression; 1 % worse is not.
+    r, spread, word = perf_ab.verdict([100, 101, 102], [90, 90, 91], "higher")
+    assert word == "REGRESSION" and r == pytest.approx(0.891, abs=1e-3) and spread == pytest.approx(0.02)
+    assert perf_ab.verdict([100, 101, 102], [100, 100, 99], "higher")[2] == "ok"
+    assert perf_ab.verdict([100, 101, 102], [120, 119, 121], "higher")[2] == "better"
+    # The same 10 % inside a spread of 30 % between BASE's own rounds is noise.
+    assert perf_ab.verdict([100, 130, 110], [99, 100, 98], "higher")[2] == "ok"
+    # Lower is better (latency, CPU): up is worse.
+    assert perf_ab.verdict([5.0, 5.1, 5.0], [6.0, 6.1, 6.0], "lower")[2] == "REGRESSION"
+    assert perf_ab.verdict([5.0, 5.1, 5.0], [4.0, 4.1, 4.0], "lower")[2] == "better"
+    # Below the floor nothing is a verdict, however tight BASE's rounds are.
+    assert perf_ab.verdict([100, 100, 100], [98, 98, 98], "higher")[2] == "ok"
+    # No value on a side, or a single BASE round (no spread): no verdict.
+    assert perf_ab.verdict([None, None], [1, 2], "higher")[2] == "n/a"
+    assert perf_ab.verdict([100], [50], "higher") == (0.5, None, "n/a")
+
+
+def test_no_verdict_on_a_loaded_machine():
+    status, line = perf_ab.overall(["shm 64 KiB x3 throughput"], 1.6, 0.0, 3)
+    assert status == 3 and "NO VERDICT" in line and "1.60" in line
+    status, line = perf_ab.overall([], 0.2, 0.9, 3)
+    assert status == 3 and "other processes used 0.90 cores" in line
+    assert perf_ab.overall(["x"], 0.2, 0.1, 3) == (1, "perf-ab: REGRESSION at 1 point(s): x")
+    assert perf_ab.overall([], 0.2, 0.1, 3)[0] == 0
+    assert perf_ab.overall([], 0.2, 0.1, 1)[0] == 3
+
+
+def records(tput_shm_64k_x3=10_000.0):
+    """One side's round of the panel as bench records, every point present."""
+    def rec(exp, proto, t, size, metric, value, blocks=3, **extra):
+        return dict(experiment=exp, protocol=proto, transport=t, size_bytes=size, blocks=blocks, metric=metric,
+                    value=value, unit="", run=0, repeat=0, variant="", **extra)
+    R = {"latency": [rec("latency", "status_byte", "shm", 64, "latency_p50", 5.0),
+                     rec("latency", "ucx_raw_put", "shm", 64, "latency_p50", 0.5, blocks=1)],
+         "rate": [], "tput-shm": [], "tput-tcp": []}
+    for s in (64, 256):
+        R["rate"] += [rec("message_rate", "status_byte", "shm", s, "message_rate", 6e6, blocks=32, devices=1),
+                      rec("message_rate", "status_byte", "shm", s, "message_rate", 1e6, blocks=32, devices=12),
+                      rec("message_rate", "ucx_perftest_put_bw", "shm", s, "message_rate", 12e6, blocks=1, devices=1)]
+    for t in ("shm", "tcp"):
+        for b in (3, 32):
+            for s in (65536, 1 << 20):
+                v = tput_shm_64k_x3 if (t, b, s) == ("shm", 3, 65536) else 5000.0
+                # Three rounds of the run: the point is their median; the paper's variant beside it is not read.
+                R[f"tput-{t}"] += [rec("throughput", "status_byte", t, s, "throughput", x, blocks=b)
+                                   for x in (v, v * 1.01, v * 0.99)]
+                R[f"tput-{t}"].append(rec("throughput", "status_byte:policy=paper", t, s, "throughput", 1.0, blocks=b))
+                R[f"tput-{t}"] += [rec("throughput", "ucx_raw_put", t, s, "throughput", 10_000.0, blocks=b),
+                                   rec("throughput", "tcp_socket", t, s, "throughput", 4000.0, blocks=b),
+                                   rec("cpu", "status_byte", t, s, "cpu_receiver_per_mb", 0.1, blocks=b),
+                                   rec("cpu", "status_byte", t, s, "cpu_sender_per_mb", 0.2, blocks=b)]
+    return R
+
+
+def test_every_point_is_read_and_a_halved_point_is_the_regression():
+    rounds = {"BASE": [records(10_000.0), records(10_100.0), records(9_900.0)],
+              "HEAD": [records(5_000.0), records(5_050.0), records(4_950.0)]}
+    lines, regressions, rows = perf_ab.table(perf_ab.points(), rounds)
+    assert len(rows) == len(perf_ab.points()) == len(lines) - 1
+    assert all(r["verdict"] in ("ok", "REGRESSION") for r in rows), [r for r in rows if r["verdict"] == "n/a"]
+    assert regressions == ["shm 64 KiB x3 throughput", "shm 64 KiB x3 throughput / ucx_raw_put"]
+    row = {r["point"]: r for r in rows}
+    assert row["shm 64 KiB x3 throughput"]["ratio"] == pytest.approx(0.5)
+    assert row["shm 64 B latency p50 / ucx_perftest put_lat"]["head"] == [10.0] * 3
+    assert row["shm 256 B rate, 1 device"]["base"] == [6.0] * 3  # 1 device, in M msg/s
+    assert row["tcp 1 MiB x32 throughput / tcp_socket"]["base"] == [1.25] * 3
+    assert row["tcp 1 MiB x32 sender CPU"]["base"] == [0.2] * 3
+    assert "REGRESSION" in lines[[r["point"] for r in rows].index("shm 64 KiB x3 throughput") + 1]
+
+
+@pytest.mark.deadline(280)  # 2 rounds x 2 sides x 4 tiny bench runs: ~40 s on a quiet 2-core machine
+def test_tiny_run_reads_the_real_panel(tmp_path):
+    env = dict(os.environ, SLOTSTREAM_BIN=BIN, PERF_AB_OUT=str(tmp_path))
+    p = subprocess.run(["bash", str(REPO / "scripts" / "perf-ab.sh"), "--tiny", "--no-wait"], capture_output=True,
+                       text=True, timeout=270, env=env)
+    assert p.returncode in (0, 1, 3), p.stdout[-3000:] + p.stderr[-3000:]
+    assert "round 2/2 BASE tput-tcp" in p.stdout, "no progress lines"
+    doc = json.loads((tmp_path / "perf-ab.json").read_text())
+    assert doc["errors"] == [], doc["errors"]
+    row = {r["point"]: r for r in doc["points"]}
+    # What --tiny measures (3 blocks, 256 B rate) is read on both sides in both rounds.
+    for point in ("shm 64 B latency p50", "shm 64 B latency p50 / ucx_perftest put_lat", "shm 256 B rate, 1 device",
+                  "shm 64 KiB x3 throughput", "shm 1 MiB x3 throughput / ucx_raw_put",
+                  "tcp 64 KiB x3 throughput / tcp_socket", "tcp 1 MiB x3 receiver CPU", "shm 64 KiB x3 sender CPU"):
+        assert None not in row[point]["base"] + row[point]["head"], (point, row[point])
+        assert len(row[point]["base"]) == 2 and row[point]["verdict"] in ("ok", "better", "REGRESSION"), row[point]
+    # The verdict line: a verdict, or a refusal that says why.
+    last = p.stdout.strip().splitlines()[-1]
+    assert re.match(r"perf-ab: (no regression|REGRESSION at \d+ point|NO VERDICT: .*load|NO VERDICT: other)", last), last
+    assert {0: "no regression", 1: "REGRESSION", 3: "NO VERDICT"}[p.returncode] in last
