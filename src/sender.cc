@@ -77,8 +77,10 @@ Status check_rdma(const SenderOptions& o, bool* offer) {
   if (o.transport != Transport::kAuto && o.transport != Transport::kRdma) return Status::ok();
   const fabric::FabricSpec spec{Transport::kRdma, o.rdma.transport.value_or(RdmaTransport::kRc), o.rdma.device};
   const fabric::RdmaReport& report = fabric::host_rdma(spec);
-  Status st = report.usable ? fabric::check_memlock(spec, uint64_t(o.blocks) * o.block_size, "the send blocks")
-                            : Status{Code::kInvalidArgument, report.why};
+  Status st = report.usable
+                  ? fabric::check_memlock(spec, uint64_t(o.blocks) * o.block_size + fabric::worker_pinned_bytes(spec),
+                                          "the send blocks and UCX's buffers of a worker")
+                  : Status{Code::kInvalidArgument, report.why};
   if (st.is_ok()) {
     *offer = true;
     return st;
@@ -98,6 +100,7 @@ struct Sender::Impl : session::LaneOwner {
   std::string tried;          // transports whose set-up failed here, and why
   std::string accept_reason;  // the receiver's, for transport()
   std::string transport_reason;
+  bool lanes_said = false;
   std::unique_ptr<fabric::Context> context;  // shared by the lanes
   std::vector<std::unique_ptr<SenderLane>> lanes;
   std::map<uint16_t, SenderLane*> lane_of;
@@ -158,8 +161,14 @@ struct Sender::Impl : session::LaneOwner {
     if (options.transport != Transport::kAuto || !lanes.empty() || (offer_bits & bit) == 0) return false;
     offer_bits &= uint8_t(~bit);
     tried += std::string(transport_name(t)) + " failed (" + st.message() + "), then ";
+    lanes_said = false;
     context.reset();  // made for the failed transport; the lane has released its worker
     return true;
+  }
+  void connected_over(const std::string& lanes) override {
+    if (lanes_said) return;  // the first connection's says it
+    lanes_said = true;
+    transport_reason += "; UCX lanes: " + lanes;
   }
   bool failed() const override { return failed_flag.load(std::memory_order_acquire); }
   uint64_t messages_sent(uint16_t device) override {

@@ -442,6 +442,7 @@ void ReceiverSession::control_frame(const wire::Frame& frame) {
 }
 
 void ReceiverSession::on_fin(const wire::Frame& frame) {
+  fabric::test_stop_point("fin");
   wire::Fin f;
   Status rs = wire::decode(frame.body, &f);
   if (auto why = rs.is_ok() ? check_fin(f, report_.sender.devices) : std::nullopt) rs = {Code::kProtocolError, *why};

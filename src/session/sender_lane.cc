@@ -21,8 +21,6 @@ constexpr Millis kHandshakeTimeout{10000};
 // set up; nothing by then means nothing that speaks slotstream listens there (docs/cli-contract.md).
 constexpr Millis kFirstAnswerTimeout{5000};
 constexpr Millis kConnectTimeout{5000};
-// How long an rdma endpoint may take to connect before the receiver counts as unreachable.
-constexpr Millis kReachTimeout{3000};
 constexpr auto kLivenessInterval = Millis(1);
 // After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
 constexpr auto kLetGoTimeout = Millis(2000);
@@ -195,9 +193,17 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
   const SenderOptions& options = owner_.sender_options();
   const std::vector<uint8_t> hello_bytes = wire::encode(hello);
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kHello, hello_bytes));
+  fabric::test_stop_point("hello");
   wire::Frame frame;
   std::optional<net::Nonce> receiver_nonce;
-  SLOTSTREAM_RETURN_IF_ERROR(answer_challenge(*control_, options.token, hello, hello_bytes, &frame, &receiver_nonce));
+  if (Status st = answer_challenge(*control_, options.token, hello, hello_bytes, &frame, &receiver_nonce);
+      !st.is_ok()) {
+    // The receiver went away (or never answered) before it accepted us: say who.
+    if (st.code() == Code::kPeerGone || st.code() == Code::kTimeout) {
+      return {st.code(), "the receiver did not answer the hello: " + st.message()};
+    }
+    return st;
+  }
   wire::Accept accept;
   SLOTSTREAM_RETURN_IF_ERROR(read_accept(frame, options.token, hello, hello_bytes, receiver_nonce, &accept));
   owner_.accepted(accept);
@@ -269,16 +275,32 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   fabric::Context* context = nullptr;
   SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(accept, &context));
   const size_t local_size = size_t(options.blocks) * stream::SendRing::block_stride(options.block_size);
-  // Before anything is pinned: the NIC needs the locked-memory limit to cover the send blocks.
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::check_memlock(context->spec(), context->registered_bytes() + local_size,
-                                                   "the send blocks (--blocks x --block-size)"));
+  // Before anything is pinned: the NIC needs the locked-memory limit to cover the send blocks, and
+  // UCX its own buffers of the lane's worker.
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::check_memlock(
+      context->spec(), fabric::pinned_estimate() + local_size + fabric::worker_pinned_bytes(context->spec()),
+      "the send blocks (--blocks x --block-size) and UCX's buffers of this connection's worker"));
   // Always with a wake-up fd: a thread that waits for an operation's answer (a status read over
   // tcp is a round trip to the receiver's progress thread) sleeps until it comes (Request::wait).
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/true, &worker_));
-  if (Status st = fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_);
+  // While it connects (and over rdma reads a word of ours), a receiver that closes the connection
+  // ends the wait.
+  const fabric::Liveness receiver_there = [this]() -> Status {
+    return control_->check_alive().code() == Code::kPeerGone
+               ? Status{Code::kPeerGone, "the receiver closed the connection during set-up"}
+               : Status::ok();
+  };
+  if (Status st =
+          fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_, receiver_there);
       !st.is_ok()) {
+    if (control_->check_alive().code() == Code::kPeerGone) {
+      return {Code::kPeerGone,
+              "the receiver closed the connection while the transport was set up (" + st.message() + ")"};
+    }
     return unreachable(st);
   }
+  if (!endpoint_->lanes().empty()) owner_.connected_over(endpoint_->lanes());
+  SLOTSTREAM_RETURN_IF_ERROR(check_lanes());
   if (Status st = fabric::MemoryRegion::allocate(*context, local_size, &local_); !st.is_ok()) {
     return {st.code(), "the send blocks (--blocks x --block-size): " + st.message()};
   }
@@ -310,26 +332,25 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
                                                  [this] { return alive_st(); },
                                                  accept.worker_address,
                                                  control_->peer_host()});
-  SLOTSTREAM_RETURN_IF_ERROR(
-      desc.make_sender(*proto_fabric_, accept.setup, protocol::protocol_options(owner_.protocol_options()), &proto_));
-  return reach_receiver();
+  return desc.make_sender(*proto_fabric_, accept.setup, protocol::protocol_options(owner_.protocol_options()), &proto_);
 }
 
-// Where the endpoint is wired up through an exchange with the receiver (rdma: rc's connection
-// request and reply), waits until UCX has connected it — a receiver the NIC cannot reach is an
-// error now, within kReachTimeout, not a hang at the first block.
-Status SenderLane::reach_receiver() {
-  if (!worker_->context().traits().setup_progress) return Status::ok();
-  const auto until = Clock::now() + kReachTimeout;
-  Status st = endpoint_->flush([&]() -> Status {
-    if (endpoint_->failed()) return endpoint_->failure();
-    if (Clock::now() > until)
-      return {Code::kTimeout, "no connection within " + std::to_string(kReachTimeout.count()) + " ms"};
-    return control_->check_alive().code() == Code::kPeerGone
-               ? Status{Code::kPeerGone, "the receiver closed the connection"}
-               : Status::ok();
-  });
-  return st.is_ok() ? st : unreachable(st);
+// Over rdma, the lanes UCX chose (fabric::Endpoint::lanes): a protocol whose receiver takes no part
+// (status_byte) needs puts and gets in hardware. Emulated ones (a user's UCX_TLS without rc or dc,
+// e.g. ud_verbs) are answered by the receiver's worker, which no one progresses there: every put
+// would wait forever. Refused with the reason instead.
+Status SenderLane::check_lanes() const {
+  const fabric::Context& context = worker_->context();
+  if (context.transport() != Transport::kRdma || endpoint_->rma_one_sided()) return Status::ok();
+  const protocol::Descriptor& desc = owner_.descriptor();
+  if (desc.receiver_progress || context.traits().target_progress) return Status::ok();
+  std::string overrides;
+  for (const std::string& line : context.ucx_overrides()) overrides += "; " + line;
+  return {Code::kInvalidArgument,
+          "UCX chose no lane that puts in hardware (lanes: " + endpoint_->lanes() + overrides +
+              "): " + std::string(desc.name) + "'s receiver takes no part over " + fabric::spec_name(context.spec()) +
+              ", so puts emulated with messages would never complete. Let UCX use rc or dc (unset UCX_TLS, or "
+              "include rc_verbs/rc_mlx5), or use --rdma-transport ud, whose receiver takes part"};
 }
 
 // A receiver UCX cannot connect to: on rdma, what to look at.
@@ -622,6 +643,7 @@ Status SenderLane::fin() {
   wire::Fin fin;
   for (uint16_t d : devices_) fin.messages[d] = owner_.messages_sent(d);
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kFin, wire::encode(fin)));
+  fabric::test_stop_point("fin");
   // A receiver that reaches into this sender (Descriptor::receiver_endpoint) reads from us until
   // it has let go of our memory: where UCX emulates its reads (tcp) our worker must answer them,
   // so it is progressed here (the sending thread has ended) until the receiver closes the

@@ -60,6 +60,8 @@ class LaneOwner {
   virtual uint8_t offers() const = 0;
   // A receiver's ACCEPT arrived (which transport, and why). Called during Sender::connect.
   virtual void accepted(const wire::Accept& accept) = 0;
+  // The lane's endpoint connected over these UCX lanes (fabric::Endpoint::lanes; rdma only).
+  virtual void connected_over(const std::string& /*lanes*/) {}
   // This side could not set up `transport` (why: `st`). True: connect again offering less (an
   // auto sender; said on stderr by the CLI through transport_reason()); false: `st` is the error.
   virtual bool set_up_failed(Transport transport, const Status& st) = 0;
@@ -124,7 +126,7 @@ class SenderLane {
   Status read_first_stored();
   Status setup_fabric(const wire::Accept& accept);
   void refuse_transport(Transport transport, const Status& st);
-  Status reach_receiver();
+  Status check_lanes() const;
   Status unreachable(const Status& st) const;
   void reset();  // back to before connect()
   // "_st": only whoever holds the ring's transmit token (protocol.h).
