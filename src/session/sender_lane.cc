@@ -447,7 +447,7 @@ Status SenderLane::receiver_said_st(Status st) {
 
 // With the token: transmits units from the cursor on, in ticket order (at most a ring's worth, so
 // that a filler holding the token goes back to filling), then reaps finished transfers.
-Status SenderLane::drain_st(bool filler, size_t budget, size_t* sent, bool* handed) {
+Status SenderLane::drain_st(bool filler, bool wait_whole, size_t budget, size_t* sent, bool* handed) {
   *sent = 0;
   *handed = false;
   for (size_t n = 0; ring_->has_work(); ++n) {
@@ -458,16 +458,22 @@ Status SenderLane::drain_st(bool filler, size_t budget, size_t* sent, bool* hand
       }
       break;
     }
-    // No receiver room: a filler does not wait (the lane is busy: others' records pack meanwhile);
-    // the sending thread waits before it seals the open block, so that they leave with it.
+    // No receiver room: a filler does not wait where records pack (the lane is busy: others'
+    // records pack meanwhile); the sending thread waits before it seals the open block, so that
+    // they leave with it. A block claimed whole (a large record, pack=off) has nothing to gain from
+    // the hand-off: its filler waits itself, as the paper's sender does. Handing it over made the
+    // sending thread a third busy thread beside the filler and the receiver — on two cores 64 KiB
+    // at 3 blocks fell from ~29 to ~3.5 GB/s in most runs (issue 32). Not a filler with a deadline
+    // (`wait_whole` false): the protocol's wait cannot give up in time, so it hands over as before.
     if (filler) {
       bool ready = true;
       SLOTSTREAM_RETURN_IF_ERROR(proto_->space_st(&ready));
-      if (!ready) {
+      if (!ready && !(wait_whole && ring_->whole_at_cursor())) {
         ring_->hand_to_sender();
         *handed = true;
         break;
       }
+      if (!ready) SLOTSTREAM_RETURN_IF_ERROR(proto_->wait_space_st());
     } else {
       SLOTSTREAM_RETURN_IF_ERROR(proto_->wait_space_st());
     }
@@ -532,7 +538,7 @@ Status SenderLane::reap_st() {
 // A filler may have to transmit. If no one holds the token, transmit from this thread: a lone
 // message leaves without waking the sending thread (the latency path, stream/send_ring.h).
 // Otherwise the holder sees the work before it can give the token back.
-Status SenderLane::help() {
+Status SenderLane::help(bool wait_whole) {
   // A filler transmits at most a ring's worth of units in one call, then goes back to filling.
   size_t budget = ring_->blocks();
   for (;;) {
@@ -543,7 +549,7 @@ Status SenderLane::help() {
     }
     size_t sent = 0;
     bool handed = false;
-    Status st = drain_st(/*filler=*/true, budget, &sent, &handed);
+    Status st = drain_st(/*filler=*/true, wait_whole, budget, &sent, &handed);
     if (handed && st.is_ok()) return st;  // the token went to the sending thread
     if (!st.is_ok() || !ring_->give_token()) return leave_token(st);
     // Work arrived that relied on us while we held the token: take it again (the sending thread
@@ -598,7 +604,7 @@ Status SenderLane::sending_thread_st() {
     size_t sent = 0;
     bool handed = false;
     packed_ = false;
-    Status st = drain_st(/*filler=*/false, ring_->blocks(), &sent, &handed);
+    Status st = drain_st(/*filler=*/false, /*wait_whole=*/false, ring_->blocks(), &sent, &handed);
     if (st.is_ok() && sent == 0) {  // idle
       worker_->progress();
       st = proto_->idle_st();

@@ -98,8 +98,9 @@ class SenderLane {
   // idle when it reserved, or it committed a whole block): takes the transmit token if no one
   // holds it and transmits — at most a ring's worth, or until the receiver has no room, then the
   // sending thread takes over (stream/send_ring.h). Also what a filler waiting for a block does.
-  // Filler threads.
-  Status help();
+  // `wait_whole`: a filler with no deadline, which waits for receiver room itself when the unit at
+  // the cursor is a block claimed whole (drain_st). Filler threads.
+  Status help(bool wait_whole = false);
   // After stop(): FIN, then waits until the receiver confirmed every message stored.
   Status fin();
   // NUMBER while data moves; the sending thread hands the answer to LaneOwner::on_numbered. Any
@@ -131,10 +132,11 @@ class SenderLane {
   void reset();  // back to before connect()
   // "_st": only whoever holds the ring's transmit token (protocol.h).
   // Transmits units from the cursor on (`budget` at most). A filler (`filler`) hands the lane to
-  // the sending thread instead of waiting for receiver room, and once its budget is spent
-  // (`*handed`); the sending thread waits for room without sealing the open block first, so that
-  // the records that arrive meanwhile leave with it.
-  Status drain_st(bool filler, size_t budget, size_t* sent, bool* handed);
+  // the sending thread instead of waiting for receiver room — except for a block claimed whole
+  // when `wait_whole` (it waits itself) — and once its budget is spent (`*handed`). The sending
+  // thread waits for room without sealing the open block first, so that the records that arrive
+  // meanwhile leave with it.
+  Status drain_st(bool filler, bool wait_whole, size_t budget, size_t* sent, bool* handed);
   Status send_unit_st(const stream::SendRing::Unit& unit);
   Status reap_st();
   // The sending thread keeps the token for a moment after it moved packed units: fillers then

@@ -225,6 +225,13 @@ bool SendRing::unit_at_cursor() const {
   return s.turn.load(std::memory_order_seq_cst) == t && s.length.load(std::memory_order_seq_cst) >= 0;
 }
 
+bool SendRing::whole_at_cursor() const {
+  const uint64_t t = cursor();
+  const SlotState& s = slots_[t % blocks_];
+  // `whole` is stored before the commit's seq_cst length store, which unit_at_cursor reads.
+  return unit_at_cursor() && s.whole.load(std::memory_order_relaxed);
+}
+
 bool SendRing::has_work() const {
   if (unit_at_cursor()) return true;
   const uint64_t w = word_.load(std::memory_order_seq_cst);

@@ -166,6 +166,9 @@ class SendRing {
   bool next_unit(Unit* out, bool seal_open);
   // Whether next_unit(seal_open=true) would find something (no waiting, no sealing).
   bool has_work() const;
+  // Whether the unit at the cursor is a block claimed whole and committed (one record: nothing
+  // packs into it while it waits for receiver room).
+  bool whole_at_cursor() const;
   uint64_t cursor() const { return cursor_.load(std::memory_order_acquire); }
   void advance() { cursor_.fetch_add(1, std::memory_order_acq_rel); }
   // The block of `ticket` was transmitted and its data is no longer needed: free it for reuse.

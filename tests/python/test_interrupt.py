@@ -109,6 +109,15 @@ def test_timeouts_raise_timeout(receiver):
 
 
 @pytest.mark.deadline(60)
+def test_timeouts_raise_timeout_for_messages_sent_a_block_at_a_time(receiver):
+    # Messages larger than a block take their blocks whole. A C++ send without a deadline waits for receiver room
+    # itself for those (issue 32); a send with a timeout must not wait inside the protocol, or it could not give up.
+    rx = receiver("--discard")
+    tx = slotstream.Sender(rx.addr, name="whole", blocks=2, block_size=4096, devices=[0], transport="shm")
+    check_timeouts(tx, rx.pid, lambda i: bytes(10000))
+
+
+@pytest.mark.deadline(60)
 def test_receiver_get_waits_with_a_timeout_and_ends_with_none():
     with slotstream.Receiver("127.0.0.1:0", transport="shm", exit_after_senders=1) as rx:
         t0 = time.monotonic()

@@ -192,6 +192,31 @@ TEST(SendRing, AnEmptyOpenBlockIsTakenWholeAndPackingOffTakesEveryBlockWhole) {
   EXPECT_FALSE(u.packed);
 }
 
+TEST(SendRing, OnlyACommittedWholeBlockAtTheCursorIsWhole) {
+  // What a filler asks before it waits for receiver room itself (a whole block) or hands the lane
+  // to the sending thread (packed records, which more may join meanwhile).
+  Memory m(4, 512);
+  SendRing ring(m.bytes.data(), 4, 512);
+  ASSERT_TRUE(ring.try_take_token());
+  EXPECT_FALSE(ring.whole_at_cursor()) << "nothing yet";
+  write(ring, reserve(ring, 20), 0, 0, 20, 1);
+  EXPECT_FALSE(ring.whole_at_cursor()) << "an open block of packed records";
+  SendRing::Slot slot;
+  ASSERT_TRUE(ring.claim(&slot).is_ok());  // seals block 0
+  EXPECT_FALSE(ring.whole_at_cursor()) << "the sealed packed block is at the cursor";
+  ring.release(take(ring).ticket);
+  EXPECT_FALSE(ring.whole_at_cursor()) << "the whole block is not committed yet";
+  wire::encode_block_header({wire::kFirstFragment | wire::kLastFragment, 0, 1, 100},
+                            slot.block.first<kBlockHeaderSize>());
+  ring.commit(slot, kBlockHeaderSize + 100);
+  EXPECT_TRUE(ring.whole_at_cursor());
+  SendRing::Unit u = take(ring);
+  EXPECT_FALSE(u.packed);
+  ring.release(u.ticket);
+  EXPECT_FALSE(ring.whole_at_cursor()) << "the cursor moved past it";
+  EXPECT_FALSE(ring.give_token());
+}
+
 TEST(SendRing, ABlockNotYetCommittedStopsTheCursorAndItsCommitterIsTold) {
   Memory m(4, 256);
   SendRing ring(m.bytes.data(), 4, 256);
