@@ -53,8 +53,10 @@ def test_the_status_array_is_read_only_when_no_block_is_free(start_receiver, tmp
 
     j = send(8, "fits")  # eight one-block messages into eight free blocks: no synchronisation at all
     assert j["records_sent"] == 8 and j["sync_operations"] == 0 and j["waits"] == 0, j
-    j = send(24, "wraps")  # three times round: the sender must run out of free blocks and read
-    assert j["records_sent"] == 24 and j["waits"] >= 1, j
+    j = send(24, "wraps")  # three times round: the sender must run out of the blocks it knows free, and read
+    # Whether it then also waits depends on the receiver's pace: a read that finds blocks the receiver
+    # freed meanwhile goes on at once (a wait is counted only when none was free).
+    assert j["records_sent"] == 24 and j["sync_operations"] >= 1, j
     # Every read belongs to a wait (one or more reads until a block is free), never to a send that had a block.
     assert j["sync_operations"] >= j["waits"], j
 
