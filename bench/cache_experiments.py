@@ -216,11 +216,11 @@ def plot(records, out, style, proto_key, human, plt):
                     ax.set_xlabel("in-flight data W (carc: budget; others: buffers)", fontsize=8)
                     ax.set_ylabel(label, fontsize=8)
                     ax.grid(True, alpha=0.3)
-                    ax.legend(fontsize=7)
+                    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
             fig.suptitle("Cache-aware rate control: in-flight data vs receiver processing (CARC slides)")
             fig.tight_layout()
             name = f"fig_cache_{t}_{d}_devices.png"
-            fig.savefig(out / name, dpi=100)
+            fig.savefig(out / name, dpi=100, bbox_inches="tight")
             plt.close(fig)
             made.append(name)
     return made

@@ -75,10 +75,10 @@ def _loss_figure(records, out, metric, ylabel, name, title):
         ax.set_xlabel("packets dropped (nftables)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out / name, dpi=110)
+    fig.savefig(out / name, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return name
 
@@ -107,10 +107,10 @@ def _apps_figure(records, out):
         ax.set_xticklabels(transports)
         ax.set_title(f"{prog}: {label}", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.suptitle("Unmodified programs over the preload shim, plain UDP, TCP and HTTP (patent Fig. 18-19)")
     fig.tight_layout()
-    fig.savefig(out / "fig_dgram_apps.png", dpi=110)
+    fig.savefig(out / "fig_dgram_apps.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return "fig_dgram_apps.png"
 

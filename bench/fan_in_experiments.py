@@ -183,11 +183,11 @@ def plot_fan_in(records, out, plt, style):
         ax.set_ylabel("aggregate MB/s")
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.suptitle("Fan-in: N senders into one receiver (thesis: threads scale, round robin ~ one connection)")
     fig.tight_layout()
     path = out / "fig_fan_in.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path.name
 

@@ -131,11 +131,30 @@ def group(res, experiment, metric, run=None):
 # the first event to the second; "fill" starts at the stamp the sender peer puts in the message.
 LATENCY_STAGES = (("fill", "stamp", "committed"), ("post", "committed", "posted"),
                   ("fabric_poll", "posted", "polled"), ("deliver", "polled", "delivered"))
+STAGE_EVENTS = ("stamp", "committed", "posted", "polled", "delivered")
+
+
+def message_stages(e):
+    """One message's stages in µs from its events (ns), or None without all of them. A trace event is stamped
+    after what it marks (`committed` after the record is published, `posted` after the transmit call returned), so
+    a later event can carry an earlier stamp: the sending thread may transmit a packed record, or the receiver
+    poll it, before its filler or transmitter stamped the step before. The step happened no later than the next
+    one: each event counts at the earliest of its own and the later events' stamps (never before `stamp`, taken
+    before the fill). No stage is negative, and the stages add up to the message's stamp-to-delivered time."""
+    if any(k not in e for k in STAGE_EVENTS):
+        return None
+    t = [e[k] for k in STAGE_EVENTS]
+    for i in range(len(t) - 2, 0, -1):
+        t[i] = max(t[0], min(t[i], t[i + 1]))
+    at = dict(zip(STAGE_EVENTS, t))
+    return {name: (at[second] - at[first]) / 1000 for name, first, second in LATENCY_STAGES}
 
 
 def latency_stages(snd, rcv, warm=0):
-    """Median µs of each stage over the messages both peers traced (one block per message, one
-    device: packet i is message i), leaving out the first `warm`. Empty without a trace."""
+    """Mean µs of each stage, and of their sum ("total"), over the messages both peers traced with every event
+    (one block per message, one device: packet i is message i), leaving out the first `warm`. Means over the same
+    messages, so the stages add up to the total (medians of stages do not add up to any one message's time).
+    Empty without a trace."""
     events = {}
     for side in (snd.get("trace") or [], rcv.get("trace") or []):
         for stage, device, packet, ns in side:
@@ -144,11 +163,11 @@ def latency_stages(snd, rcv, warm=0):
     for i, stamp in enumerate(snd.get("send_times_ns") or []):
         if i in events:
             events[i]["stamp"] = stamp
-    out = {}
-    for name, first, second in LATENCY_STAGES:
-        d = [e[second] - e[first] for e in events.values() if first in e and second in e]
-        if d:
-            out[name] = statistics.median(d) / 1000
+    per_message = [m for m in map(message_stages, events.values()) if m]
+    if not per_message:
+        return {}
+    out = {name: statistics.fmean(m[name] for m in per_message) for name, _, _ in LATENCY_STAGES}
+    out["total"] = sum(out[name] for name, _, _ in LATENCY_STAGES)
     return out
 
 
@@ -203,7 +222,7 @@ def latency_point(res, cfg, t, p, s):
     res.add("latency", p, t, s, PAPER_BLOCKS, "latency_samples", len(lat), "count")
     res.sample("latency", f"{p}/{t}/{s}", [round(x, 3) for x in lat])
     for stage, v in latency_stages(snd, rcv, warm).items():
-        res.add("latency", p, t, s, PAPER_BLOCKS, f"stage_{stage}_p50", v, "us")
+        res.add("latency", p, t, s, PAPER_BLOCKS, f"stage_{stage}_mean", v, "us")
     return f"{t} {p:14} {s:>8} B mean {statistics.mean(lat):9.1f} us, median {pct(lat, 50):9.1f} us"
 
 
@@ -350,6 +369,14 @@ def camera_stream(cfg, snd, rcv):
     return mbps, mean, cov, backlog_s
 
 
+def frame_jitter_ms(rcv):
+    """The frames' delivery jitter: population standard deviation of each frame's send-stamp-to-complete time, ms
+    (0.0 without samples). The 200 ms bins' CoV cannot show jitter from a paced source: every bin holds the same 5
+    frames per camera however late within it each one lands; a frame's own time does show it."""
+    frame_ms = [x / 1e6 for x in rcv["latencies_ns"] if x > 0]
+    return statistics.pstdev(frame_ms) if len(frame_ms) > 1 else 0.0
+
+
 def camera_point(res, cfg, t, variant, p, blocks):
     count = int(cfg.camera_seconds * CAMERA_FPS)
     snd, rcv = run_pair(t, p, CAMERA_FRAME, count, blocks, devices=CAMERAS, fps=CAMERA_FPS,
@@ -368,6 +395,7 @@ def camera_point(res, cfg, t, variant, p, blocks):
             # late frames that still land in the right 200 ms; these do not.
             ("frame_latency_p50", pct(frame_ms, 50), "ms"),
             ("frame_latency_p99", pct(frame_ms, 99), "ms"),
+            ("frame_jitter", frame_jitter_ms(rcv), "ms"),
             ("receiver_blocks_total", blocks * connections, "count"),
             ("peak_rss_sender", snd["peak_rss_kb"] / 1024, "MiB"),
             ("peak_rss_receiver", rcv["peak_rss_kb"] / 1024, "MiB")):
@@ -382,7 +410,8 @@ def camera_point(res, cfg, t, variant, p, blocks):
         for side, peer in (("sender", snd), ("receiver", rcv)):
             for k, v in peer["resources"].items():
                 res.add("resources", p, t, CAMERA_FRAME, blocks, f"{side}_{k}", v, "count")
-    return (f"{t} {p:14} {variant:14} {blocks * connections:>4} blocks: {mean:7.1f} MB/s, CoV {cov:.3f}, "
+    return (f"{t} {p:14} {variant:14} {blocks * connections:>4} blocks: {mean:7.1f} MB/s, jitter "
+            f"{frame_jitter_ms(rcv):.3f} ms, "
             f"lost {CAMERAS * count - rcv['messages']}")
 
 

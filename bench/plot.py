@@ -12,7 +12,7 @@ import dgram_plot  # the datagram experiments' figures and report sections
 import paper_variants  # the paper's configurations beside ours (issue 22)
 import rate_experiments
 from fan_in_experiments import fan_in_table, plot_fan_in
-from plot_common import line_plot, plt, style
+from plot_common import legend_outside, line_plot, plt, style
 from report_cells import Targets, human, per_run, pick, proto_key, ratio_runs, runs_of, series, spread_text, table
 
 
@@ -142,7 +142,7 @@ def sync_distribution(path, samples):
             ax.tick_params(labelsize=7)
     fig.suptitle("Synchronisation-control latency distribution (Fig. 11)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path.name
 
@@ -176,10 +176,10 @@ def resources_plot(path, title, rows, side):
         ax.set_ylim(0.04, None)
         ax.set_title(t, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        legend_outside(ax, fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path.name
 
@@ -207,11 +207,11 @@ def over_time(path, title, samples, hold=False):
         ax.set_ylabel(f"MB/s ({bin_ms} ms bins)")
         ax.set_title(t, fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        legend_outside(ax)
     axes[-1][0].set_xlabel("time (ms)")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path.name
 
@@ -269,13 +269,13 @@ def _cpu_targets(tg, records, t, sb, sw):
 
 def _camera_targets(tg, records, t, sb, sw):
     for variant in ("per_connection", "equal_memory"):
-        c1 = runs_of(records, "cameras", "throughput_cov", protocol=sb, transport=t, variant=variant)
-        c2 = runs_of(records, "cameras", "throughput_cov", protocol=sw, transport=t, variant=variant)
+        c1 = runs_of(records, "cameras", "frame_jitter", protocol=sb, transport=t, variant=variant)
+        c2 = runs_of(records, "cameras", "frame_jitter", protocol=sw, transport=t, variant=variant)
         l1 = runs_of(records, "cameras", "frames_lost", protocol=sb, transport=t, variant=variant)
         l2 = runs_of(records, "cameras", "frames_lost", protocol=sw, transport=t, variant=variant)
         if c1 and c2:
-            tg.row(f"cameras ({variant.replace('_', ' ')}): status_byte CoV (lower is better)", t, c1, "{:.3f}",
-                   None, detail=f"vs sliding_window {spread_text(c2, '{:.3f}')}; frames lost "
+            tg.row(f"cameras ({variant.replace('_', ' ')}): status_byte frame jitter, ms (lower is better)", t, c1,
+                   "{:.3f}", None, detail=f"vs sliding_window {spread_text(c2, '{:.3f}')}; frames lost "
                                 f"{spread_text(l1, '{:.0f}')} vs {spread_text(l2, '{:.0f}')}")
         rx = runs_of(records, "cameras", "cpu_receiver", protocol=sb, transport=t, variant=variant)
         tg.row(f"status_byte receiver CPU, 12 cameras ({variant.replace('_', ' ')})", t, rx, "{:.1f}%")
@@ -330,22 +330,31 @@ def targets(records):
 
 
 def stage_table(records):
-    """Latency stages (stage_*_p50 records) of each protocol, transport and size: one row each."""
-    stages = ("fill", "post", "fabric_poll", "deliver")
+    """Latency stages (stage_*_mean records) of each protocol, transport and size: one row each. A cell is the mean
+    over the runs with [min–max] (means, unlike medians, add up: the stages' cells add up to the total's)."""
+    stages = ("fill", "post", "fabric_poll", "deliver", "total")
     rows = {}
     for r in records:
         m = r["metric"]
-        if r["experiment"] == "latency" and m.startswith("stage_") and m.endswith("_p50"):
-            rows.setdefault((r["transport"], r["protocol"], r["size_bytes"]), {}).setdefault(m[6:-4], []).append(
+        if r["experiment"] == "latency" and m.startswith("stage_") and m.endswith("_mean"):
+            rows.setdefault((r["transport"], r["protocol"], r["size_bytes"]), {}).setdefault(m[6:-5], []).append(
                 r["value"])
     if not rows:
         return "(no traced runs)\n"
     lines = ["| transport | protocol | size | " + " | ".join(stages) + " |",
              "|---|---|---:|" + "---:|" * len(stages)]
     for (t, p, s) in sorted(rows):
-        cells = [spread_text(v, "{:.2f}") if (v := rows[(t, p, s)].get(st)) else "–" for st in stages]
+        cells = [mean_text(v, "{:.2f}") if (v := rows[(t, p, s)].get(st)) else "–" for st in stages]
         lines.append(f"| {t} | {p} | {human(s)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def mean_text(values, fmt):
+    """'mean [min–max] (n=N)' over the N runs; 'value (n=1)' for one run."""
+    if len(values) == 1:
+        return f"{fmt.format(values[0])} (n=1)"
+    return (f"{fmt.format(statistics.fmean(values))} [{fmt.format(min(values))}–{fmt.format(max(values))}] "
+            f"(n={len(values)})")
 
 
 def report_header(doc):
@@ -404,10 +413,14 @@ def latency_section(records):
             table(records, "latency", "latency_mean_ratio_to_ucx", "{:.1f}", by_blocks=False),
             "Median as a multiple of ucx_raw_put's median:\n\n",
             table(records, "latency", "latency_p50_ratio_to_ucx", "{:.1f}", by_blocks=False),
-            "Where the median goes, µs per stage (both peers' `--trace`, src/stream/trace.h): **fill** from the "
-            "stamp until the block is committed (claim, copy, header); **post** until the protocol's transmit "
-            "returned (a hand-off to the sending thread shows here); **fabric_poll** until the receiver's poll "
-            "found the block; **deliver** until the sink committed the message:\n\n",
+            "Where the time goes, mean µs per stage over the messages traced with every event (both peers' "
+            "`--trace`, src/stream/trace.h): **fill** from the stamp until the block is committed (claim, copy, "
+            "header); **post** until the protocol's transmit returned (a hand-off to the sending thread shows "
+            "here); **fabric_poll** until the receiver's poll found the block; **deliver** until the sink committed "
+            "the message; **total** their sum, each message's stamp-to-delivered time. An event is stamped after "
+            "what it marks, so one can carry a later stamp than the next (the receiver found a packed record "
+            "before its transmitter stamped `posted`): it counts at the next one's, so no stage is negative. Means, "
+            "not medians, so that the stages add up to the total; a cell is the mean over the runs [min–max]:\n\n",
             stage_table(records)]
 
 
@@ -493,7 +506,10 @@ def held_block_section(records):
 def cameras_section(records):
     md = ["## Twelve cameras (Fig. 19)\n"]
     md.append("Throughput in 200 ms bins (5 frame periods of every camera) over the cameras' running time, "
-              "first and last bin left out; CoV = population standard deviation / mean of those bins. "
+              "first and last bin left out; CoV = population standard deviation / mean of those bins (a paced "
+              "source fills every bin alike however late within it a frame lands: a CoV of 0 says the rate held, "
+              "not that delivery was steady). frame_jitter = population standard deviation of the frames' send-stamp-to-"
+              "complete times, ms: the jitter measure. "
               "frames_lost = frames sent - frames complete at the receiver; last_frame_after_stop = seconds from the "
               "cameras' last frame period to the last frame complete (a backlog; the figure shows it after the "
               "dashed line). frame_latency = send stamp to frame complete at the receiver. Two settings: "
@@ -503,10 +519,10 @@ def cameras_section(records):
     for variant in ("per_connection", "equal_memory"):
         md.append(f"### {variant.replace('_', ' ')}\n")
         for m in ("receiver_blocks_total", "throughput_mean", "throughput_cov", "frames_lost", "last_frame_after_stop",
-                  "frame_latency_p50", "frame_latency_p99", "cpu_sender", "cpu_receiver", "progress_receiver",
-                  "peak_rss_sender", "peak_rss_receiver"):
-            md += [f"{m}:\n\n", table(records, "cameras", m, "{:.3f}" if m == "throughput_cov" else "{:.1f}",
-                                        by_blocks=False, variant=variant)]
+                  "frame_latency_p50", "frame_latency_p99", "frame_jitter", "cpu_sender", "cpu_receiver",
+                  "progress_receiver", "peak_rss_sender", "peak_rss_receiver"):
+            fmt = "{:.3f}" if m in ("throughput_cov", "frame_jitter") else "{:.1f}"
+            md += [f"{m}:\n\n", table(records, "cameras", m, fmt, by_blocks=False, variant=variant)]
     return md
 
 

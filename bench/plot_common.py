@@ -34,6 +34,12 @@ def size_ticks(ax, xs):
     ax.minorticks_off()
 
 
+def legend_outside(ax, fontsize=8):
+    """The panel's legend right of it, never over the data (inside, "best" still covered lines and points of
+    the busier figures); the figure is saved with bbox_inches="tight" so that it is not cut off."""
+    return ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def line_plot(path, title, data, xlabel, ylabel, logx=True, logy=True, sizes=True):
     """One panel per transport (their scales differ by orders of magnitude), one line per protocol."""
     if not data:
@@ -60,10 +66,10 @@ def line_plot(path, title, data, xlabel, ylabel, logx=True, logy=True, sizes=Tru
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8)
+        legend_outside(ax)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path.name
 

@@ -143,7 +143,7 @@ def plot(records, out, style, proto_key, plt):
         ax.set_xlabel("message size (1 device)")
         ax.set_ylabel("million messages / s")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         for j, s in enumerate(sizes):
             ax = axes[0][j + 1]
             for p in _order({k[0] for k in rates if k[1] == t and k[0] != CEILING}, proto_key):
@@ -158,7 +158,7 @@ def plot(records, out, style, proto_key, plt):
         fig.suptitle(f"Small messages per second, {t} (issue 21): 32 x 64 KiB blocks, median over runs")
         fig.tight_layout()
         name = f"fig_message_rate_{t}.png"
-        fig.savefig(out / name, dpi=110)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
         made.append(name)
     return made

@@ -43,10 +43,10 @@ def figure(records, out):
         ax.set_xlabel("packet loss, %")
         ax.set_ylabel("share of datagrams sent")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # one for all
     fig.suptitle("Large datagrams through the socket shim under loss (Write-Record segments)")
     fig.tight_layout()
-    fig.savefig(out / "fig_shim_loss.png", dpi=110)
+    fig.savefig(out / "fig_shim_loss.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return "fig_shim_loss.png"
 

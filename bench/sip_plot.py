@@ -30,9 +30,9 @@ def figure(records, out):
     ax.set_ylabel("MiB at the plateau")
     ax.set_title(f"SIPp, {n:,} clients with a socket each (patent: UDP 24.1 % below TCP)", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(out / "fig_sip_memory.png", dpi=110)
+    fig.savefig(out / "fig_sip_memory.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return "fig_sip_memory.png"
 

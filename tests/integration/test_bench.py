@@ -61,19 +61,20 @@ def test_tiny_run_of_every_experiment(tmp_path):
     metrics = {(r["experiment"], r["metric"]) for r in doc["records"]}
     for m in (("throughput", "throughput_ratio_to_ucx"), ("latency", "latency_mean_ratio_to_ucx"),
               ("cpu", "cpu_sender"), ("cpu", "cpu_receiver"), ("cameras", "throughput_cov"),
-              ("cameras", "frames_lost"), ("held_block", "throughput_during_hold"), ("throughput", "bytes_per_read"),
+              ("cameras", "frame_jitter"), ("cameras", "frames_lost"), ("held_block", "throughput_during_hold"), ("throughput", "bytes_per_read"),
               ("fan_in_round_robin", "ratio_to_threads"), ("zero_copy", "frames_per_s"), ("zero_copy", "peak_rss"),
               ("zero_copy", "cpu_per_frame"), ("zero_copy", "sender_frames_per_s")):
         assert m in metrics, m
     assert all(r["unit"] == "MB/s" for r in doc["records"] if r["metric"] == "throughput")
     # The latency trace (bench-peer --trace on both peers) splits every slotstream protocol's latency
-    # into its four stages; the idle experiment measures both sides' CPU.
+    # into its four stages and their total; the idle experiment measures both sides' CPU.
     for t in transports:
         for proto in PROTOCOLS:
             stages = {r["metric"] for r in doc["records"]
                       if (r["experiment"], r["protocol"], r["transport"]) == ("latency", proto, t)
                       and r["metric"].startswith("stage_")}
-            assert stages == {f"stage_{s}_p50" for s in ("fill", "post", "fabric_poll", "deliver")}, (proto, t, stages)
+            want = {f"stage_{s}_mean" for s in ("fill", "post", "fabric_poll", "deliver", "total")}
+            assert stages == want, (proto, t, stages)
             # --tiny times 20 messages after 5 untimed warm-up ones: the warm-up is sent and left out.
             samples = [r["value"] for r in doc["records"] if (r["experiment"], r["protocol"], r["transport"],
                                                                r["metric"]) == ("latency", proto, t, "latency_samples")]
@@ -81,7 +82,9 @@ def test_tiny_run_of_every_experiment(tmp_path):
             idle = {r["metric"] for r in doc["records"] if (r["experiment"], r["protocol"], r["transport"]) ==
                     ("idle", proto, t)}
             assert idle == {"cpu_sender", "cpu_receiver"}, (proto, t, idle)
-    assert "Where the median goes" in (out / "report.md").read_text()
+    assert "Where the time goes" in (out / "report.md").read_text()
+    stages = [r for r in doc["records"] if r["metric"].startswith("stage_")]
+    assert stages and all(r["value"] >= 0 for r in stages), [r for r in stages if r["value"] < 0]
     # cache (CARC): carc and credit on every transport, their receiver's processing measured, a figure each.
     for t in transports:
         for proto in ("carc", "credit"):

@@ -1,0 +1,123 @@
+"""The bench report's own arithmetic (issue 32 item 3), on made-up records: no run, no binary."""
+import sys
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+import paper_experiments  # noqa: E402
+import plot  # noqa: E402
+
+STAGES = ("fill", "post", "fabric_poll", "deliver")
+
+
+def traced(messages):
+    """A sender's and a receiver's --trace output for `messages`: one dict of event -> ns each (packet i)."""
+    snd = {"trace": [], "send_times_ns": [m["stamp"] for m in messages]}
+    rcv = {"trace": []}
+    for i, m in enumerate(messages):
+        snd["trace"] += [[k, 0, i, m[k]] for k in ("committed", "posted")]
+        rcv["trace"] += [[k, 0, i, m[k]] for k in ("polled", "delivered")]
+    return snd, rcv
+
+
+def test_a_late_stamp_makes_no_stage_negative_and_the_stages_add_up_to_the_total():
+    # Message 0 in order. Message 1: the receiver polled it before its transmitter stamped `posted` (a packed record
+    # the sending thread sent, or a shm put the receiver found before the call returned) — the report said
+    # `tcp status_byte 256 B ... -2.93`. Message 2: its filler stamped `committed` after the record was posted.
+    messages = [{"stamp": 0, "committed": 1000, "posted": 2000, "polled": 5000, "delivered": 6000},
+                {"stamp": 0, "committed": 1000, "posted": 9000, "polled": 4000, "delivered": 5000},
+                {"stamp": 0, "committed": 8000, "posted": 3000, "polled": 6000, "delivered": 7000}]
+    for m in messages:
+        stages = paper_experiments.message_stages(m)
+        assert all(stages[s] >= 0 for s in STAGES), (m, stages)
+        assert abs(sum(stages[s] for s in STAGES) - (m["delivered"] - m["stamp"]) / 1000) < 1e-9, (m, stages)
+    out = paper_experiments.latency_stages(*traced(messages))
+    assert all(out[s] >= 0 for s in STAGES), out
+    assert abs(sum(out[s] for s in STAGES) - out["total"]) < 1e-9
+    assert abs(out["total"] - 6.0) < 1e-9, "the mean of 6, 5 and 7 µs stamp-to-delivered"
+
+
+def test_a_message_missing_an_event_is_left_out_of_every_stage():
+    messages = [{"stamp": 0, "committed": 1000, "posted": 2000, "polled": 3000, "delivered": 4000},
+                {"stamp": 0, "committed": 1000, "posted": 2000, "polled": 30000, "delivered": 40000}]
+    snd, rcv = traced(messages)
+    rcv["trace"] = [e for e in rcv["trace"] if not (e[0] == "delivered" and e[2] == 1)]
+    out = paper_experiments.latency_stages(snd, rcv)
+    assert out["fabric_poll"] == 1.0 and out["total"] == 4.0, out
+
+
+def test_the_report_stage_cells_add_up_to_the_total_cell():
+    records = []
+    for run, (fill, post, poll, deliver) in enumerate([(1.0, 0.5, 2.0, 0.25), (3.0, 0.5, 1.0, 0.25),
+                                                        (2.0, 2.5, 0.0, 0.25)]):
+        for name, v in zip(STAGES + ("total",), (fill, post, poll, deliver, fill + post + poll + deliver)):
+            records.append({"experiment": "latency", "protocol": "status_byte", "transport": "tcp", "size_bytes": 256,
+                            "metric": f"stage_{name}_mean", "value": v, "run": run})
+    row = [line for line in plot.stage_table(records).splitlines() if "status_byte" in line][0]
+    cells = [c.strip() for c in row.strip("|").split("|")][3:]
+    values = [float(c.split()[0]) for c in cells]
+    assert abs(sum(values[:4]) - values[4]) < 0.011, row
+    assert all("[" in c and "(n=3)" in c for c in cells), row
+
+
+class Cfg:
+    camera_seconds = 2
+
+
+def test_the_cameras_jitter_shows_frames_that_land_late_within_their_bin():
+    # 12 cameras at 25 fps for 2 s, each frame sent on its period. Steady: every frame takes 1 ms. Jittery: every
+    # other frame takes 30 ms, still inside its 200 ms bin — the bins' CoV is 0 for both (Fig. 19's measure, which
+    # could not tell them apart); the frame jitter is not.
+    sends = [i * 40_000_000 for i in range(50) for _ in range(12)]
+
+    def peers(delays_ms):
+        latencies = [int(delays_ms[k % len(delays_ms)] * 1e6) for k in range(len(sends))]
+        return {"send_times_ns": sends}, {"arrivals_ns": [s + d for s, d in zip(sends, latencies)],
+                                          "latencies_ns": latencies}
+
+    steady, jittery = peers([1.0]), peers([1.0, 1.0] * 6 + [30.0, 30.0] * 6)
+    for snd, rcv in (steady, jittery):
+        _, _, cov, _ = paper_experiments.camera_stream(Cfg, snd, rcv)
+        assert cov < 1e-9, cov
+    assert paper_experiments.frame_jitter_ms(steady[1]) < 1e-9
+    assert abs(paper_experiments.frame_jitter_ms(jittery[1]) - 14.5) < 1e-6
+
+
+def test_the_cameras_target_judges_the_jitter():
+    records = [{"experiment": "cameras", "protocol": p, "transport": "shm", "variant": "per_connection", "run": 0,
+                "metric": m, "value": v, "size_bytes": 921600, "blocks": 32}
+               for p, jitter in (("status_byte", 0.25), ("sliding_window", 4.0))
+               for m, v in (("frame_jitter", jitter), ("throughput_cov", 0.0), ("frames_lost", 0))]
+    tg = plot.Targets()
+    plot._camera_targets(tg, records, "shm", "status_byte", "sliding_window")
+    text = tg.text()
+    assert "jitter" in text and "0.250" in text and "4.000" in text, text
+
+
+def test_no_legend_covers_a_panel(tmp_path, monkeypatch):
+    # Legends were drawn inside their panels ("best"), over lines and points of the busier figures. Every legend of
+    # the report's line figures and its over-time figures (Fig. 18-19) now lies outside every panel of its figure.
+    import plot_common
+
+    figures = []
+    real_close = plot_common.plt.close
+    monkeypatch.setattr(plot_common.plt, "close", lambda fig=None: figures.append(fig) if fig != "all" else None)
+    protocols = ["status_byte", "sliding_window", "credit", "carc", "packed_ring", "nic_assisted", "buffered_read",
+                 "ucx_raw_put", "tcp_socket"]
+    sizes = [64, 256, 4096, 65536, 1048576]
+    data = {(p, t): [(s, 100.0 + 10 * i + s / 1e4) for s in sizes] for i, p in enumerate(protocols)
+            for t in ("shm", "tcp")}
+    assert plot_common.line_plot(tmp_path / "a.png", "lines", data, "size", "MB/s")
+    samples = {f"{p}/{t}": {"bin_ms": 200, "mb_per_s": [276.0] * 20, "stop_ms": 3000}
+               for p in protocols[:2] for t in ("shm", "tcp")}
+    assert plot.over_time(tmp_path / "b.png", "cameras", samples)
+    assert len(figures) == 2
+    for fig in figures:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        panels = [ax.get_window_extent(renderer) for ax in fig.axes]
+        legends = [ax.get_legend().get_window_extent(renderer) for ax in fig.axes if ax.get_legend()]
+        assert len(legends) == len(panels)
+        for lg in legends:
+            assert not any(lg.overlaps(p) for p in panels), (lg, panels)
+        real_close(fig)
