@@ -75,6 +75,9 @@ def ucx_env(transport):
         env["UCX_TLS"] = f"{RDMA['transport'] or 'rc'},self"
         if RDMA["device"]:
             env["UCX_NET_DEVICES"] = RDMA["device"]
+        # ucx_perftest connects by worker address, its wire-up over ud: UCX 1.13's ud drops every IPv4 RoCE packet on
+        # NICs other than ConnectX unless its destination check is off (docs/rdma.md; slotstream turns it off too).
+        env.setdefault("UCX_UD_VERBS_ETH_DGID_CHECK", "n")
     return env
 
 
@@ -222,8 +225,8 @@ def perftest(transport, test, size, iters, extra=(), timeout=120, warmup=10):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             out = ""
-            for _ in range(40):  # the server listens a moment after it starts
-                time.sleep(0.1)
+            for _ in range(80):  # the server listens a moment after it starts (seconds in an emulated VM)
+                time.sleep(0.25)
                 try:
                     cli = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", port, *args], env=env,
                                          capture_output=True, text=True, timeout=timeout)

@@ -91,6 +91,9 @@ void decode_as_its_type(const wire::Frame& f) {
     case wire::MsgType::kCapacityRequest:
       (void)wire::decode_capacity_request(f.body);
       break;
+    case wire::MsgType::kKeepalive:
+      (void)wire::decode_keepalive(f.body);
+      break;
     default:
       break;  // CHALLENGE, AUTH, READY and unknown types carry no structure to decode
   }

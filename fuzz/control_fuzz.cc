@@ -1,10 +1,10 @@
 // Every control-message decoder (wire/control.h) on the same arbitrary body: what a hostile or
 // broken peer can put in a frame. Invariants beyond "no crash, no UB, no leak":
 //   - a failure is a kProtocolError or kVersionMismatch with a message, and leaves *out untouched;
-//   - a decoded HELLO, ACCEPT, SETUP, PAUSE, NUMBER, NUMBERED, CAPACITY or capacity request re-encodes to exactly the
-//   body
-//     (nothing in the body was skipped or invented); REFUSE, FIN and FIN_ACK, whose decoders
-//     normalise (unknown codes, repeated devices, any non-1 "ok"), survive a second round trip;
+//   - a decoded HELLO, ACCEPT, SETUP, PAUSE, NUMBER, NUMBERED, CAPACITY or capacity request
+//     re-encodes to exactly the body (nothing in the body was skipped or invented); a KEEPALIVE
+//     decodes only when empty; REFUSE, FIN and FIN_ACK, whose decoders normalise (unknown codes,
+//     repeated devices, any non-1 "ok"), survive a second round trip;
 //   - a decoded HELLO has lane < lanes, only known offer bits and the one version this build speaks;
 //   - a decoded ACCEPT names a concrete transport, an rdma transport exactly when it is rdma, and
 //     only known offer bits.
@@ -173,6 +173,15 @@ void capacity(Bytes body) {
   FUZZ_CHECK(same(wire::encode(m), body));
 }
 
+void keepalive(Bytes body) {
+  Status st = wire::decode_keepalive(body);
+  if (!st.is_ok()) {
+    check_failure(st);
+    return;
+  }
+  FUZZ_CHECK(body.empty());
+}
+
 void capacity_request(Bytes body) {
   Status st = wire::decode_capacity_request(body);
   if (!st.is_ok()) {
@@ -199,5 +208,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fin_ack(body);
   capacity(body);
   capacity_request(body);
+  keepalive(body);
   return 0;
 }

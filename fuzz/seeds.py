@@ -17,7 +17,7 @@ import struct
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
-VERSION = 7  # wire::kProtocolVersion
+VERSION = 8  # wire::kProtocolVersion
 FUZZ_KEY = bytes([0x5A]) * 32  # control_frame_fuzz.cc's session key
 
 
@@ -149,6 +149,7 @@ def main(root=ROOT):
             "numbered": struct.pack("<HQB", 3, 250, 0) + s16(b"behind the next one"),
             "capacity": struct.pack("<IQIQ", 3, 1 << 20, 250, 1 << 30),
             "capacity-request": b"SLST" + struct.pack("<H", VERSION),
+            "keepalive": b"",
         },
         "block_header": {
             "only": block_header(3, 0, 0, 100, 1 << 20),
@@ -185,6 +186,9 @@ def main(root=ROOT):
         "pause-resume": bytes([6]) + frame(12, c["pause"]) + frame(12, struct.pack("<HB", 3, 0)) + frame(6, c["fin"]),
         "refused": bytes([4]) + frame(5, c["refuse"]),
         "number-then-fin": bytes([6]) + frame(14, c["number"]) + frame(15, c["numbered"]) + frame(6, c["fin"]),
+        "keepalives-then-fin-ack": bytes([7]) + frame(16, b"") + frame(16, b"") +
+                                   frame(7, c["fin-ack"]),
+        "signed-keepalives": bytes([0x80 | 7]) + signed(16, b"", 0) + signed(16, b"", 1) + signed(7, c["fin-ack"], 2),
         "accept-setup-ready": bytes([4]) + frame(4, c["accept"]) + frame(10, c["setup"]) + frame(11, b""),
         "cut-short": bytes([9]) + frame(9, c["capacity"])[:-3],
         "zero-length": bytes([1]) + struct.pack("<I", 0),

@@ -44,7 +44,7 @@ Status Outlet::pop(Delivery* out) {
   if (flushing_) return {Code::kCancelled, "flushing"};
   *out = std::move(queue_.front());
   queue_.pop_front();
-  if (out->kind == Delivery::Kind::kBuffer) --buffers_;
+  if (out->kind == Delivery::Kind::kBuffer && buffers_-- == capacity_) room_cv_.notify_all();
   return Status::ok();
 }
 
@@ -52,11 +52,12 @@ void Outlet::set_flushing(bool flushing) {
   std::lock_guard lock(mutex_);
   flushing_ = flushing;
   cv_.notify_all();
+  room_cv_.notify_all();
 }
 
-bool Outlet::has_room() {
-  std::lock_guard lock(mutex_);
-  return buffers_ < capacity_;
+bool Outlet::has_room(std::chrono::milliseconds wait) {
+  std::unique_lock lock(mutex_);
+  return room_cv_.wait_for(lock, wait, [&] { return buffers_ < capacity_ || flushing_; }) && !flushing_;
 }
 
 bool Outlet::first_from(const std::string& sender) {
@@ -79,6 +80,9 @@ void Outlet::push(Delivery d) {
 // the outlet that takes them, its note, and the frames. Called from the sender's session thread only.
 class SenderRoutes {
  public:
+  // How long a message waits for room in its src's queue before its device pauses.
+  static constexpr std::chrono::milliseconds kRoomWait{5};
+
   // copy_reason: why this sender's buffers cannot be lent ("" when they can).
   SenderRoutes(ReceiverHub& hub, const SenderInfo& info, std::string copy_reason)
       : hub_(hub),
@@ -99,7 +103,11 @@ class SenderRoutes {
       return {Code::kBusy, "no slotstreamsrc for this device"};
     }
     unclaimed_.erase(device);
-    if (!outlet->has_room()) return {Code::kBusy, "the slotstreamsrc's queue is full"};  // back-pressure
+    // Back-pressure. A src pops its queue as fast as downstream takes buffers, typically within a
+    // millisecond: a short wait spares the device a pause, which lasts Delivery::kBusyRetry (100 ms) —
+    // with 4 buffers a pause, a src of fast frames got about 40 a second (issue 35: two srcs of 64x48
+    // frames at 1000/1 made their sinks time out). Longer would hold up the sender's other devices.
+    if (!outlet->has_room(kRoomWait)) return {Code::kBusy, "the slotstreamsrc's queue is full"};
     if (outlet->first_from(sender_)) {
       if (outlet->zero_copy() == ZeroCopy::kOn && !copy_reason_.empty()) {
         fail(*outlet, device, {Code::kRefused, "zero-copy=on, but " + copy_reason_ + " (zero-copy=auto accepts that)"});

@@ -83,7 +83,8 @@ class Outlet {
  private:
   friend class ReceiverHub;
   friend class SenderRoutes;
-  bool has_room();
+  // Whether it can take a buffer, waiting up to `wait` for the src to pop one (false while flushing).
+  bool has_room(std::chrono::milliseconds wait);
   void push(Delivery d);
   // Whether `sender` feeds it for the first time (its note is due).
   bool first_from(const std::string& sender);
@@ -98,7 +99,8 @@ class Outlet {
   bool ended_ = false;  // end of stream or an error was queued: no more routing to it
 
   std::mutex mutex_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;       // a delivery queued, or flushing
+  std::condition_variable room_cv_;  // a buffer popped from a full queue, or flushing
   std::deque<Delivery> queue_;
   size_t buffers_ = 0;  // kBuffer deliveries in queue_
   bool flushing_ = false;

@@ -90,6 +90,14 @@ T schema_arg(const char* name, int64_t v) {
   }
   return T(v);
 }
+// stall_timeout= seconds (SenderOptions::stall_timeout): 0 waits for ever; the library checks the rest.
+std::chrono::milliseconds stall_timeout_arg(double seconds) {
+  if (!(seconds >= 0) || seconds > 86400.0 * 365) {
+    check({Code::kInvalidArgument,
+           "stall_timeout " + std::to_string(seconds) + " is not a number of seconds >= 2 (or 0: wait for ever)"});
+  }
+  return std::chrono::milliseconds(int64_t(seconds * 1000 + 0.5));
+}
 
 // Waits (GIL released) until `done()` under `lock`, waking every kSignalCheck to run Python's
 // signal handlers (KeyboardInterrupt propagates as an exception). Returns false on `deadline`.
@@ -464,9 +472,11 @@ struct SenderArgs {
   // The datagram transport's (transport="udp"): DatagramOptions.
   std::optional<int64_t> segment_size, max_message, ttl;
   std::optional<std::string> interface;
+  double stall_timeout = kDefaultStallTimeout.count() / 1000.0;  // seconds
 
   SenderOptions options(const std::vector<int>& devices, DeviceLocks* locks) const {
     SenderOptions o;
+    o.stall_timeout = stall_timeout_arg(stall_timeout);
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
     o.name = name ? *name : default_sender_name();
@@ -489,7 +499,8 @@ class PySender : public SenderLife<Sender> {
            std::optional<std::string> protocol, int64_t blocks, int64_t block_size, const std::vector<int>& devices,
            std::optional<std::string> token, std::optional<std::string> rdma_transport,
            std::optional<std::string> rdma_device, std::optional<int64_t> segment_size,
-           std::optional<int64_t> max_message, std::optional<int64_t> ttl, std::optional<std::string> interface)
+           std::optional<int64_t> max_message, std::optional<int64_t> ttl, std::optional<std::string> interface,
+           double stall_timeout)
       : SenderLife("Sender") {
     const SenderArgs args{std::move(name),
                           transport,
@@ -502,7 +513,8 @@ class PySender : public SenderLife<Sender> {
                           segment_size,
                           max_message,
                           ttl,
-                          std::move(interface)};
+                          std::move(interface),
+                          stall_timeout};
     SenderOptions o = args.options(devices, &device_locks_);
     check(parse_address(to, &o.host, &o.port));
     Status st;
@@ -571,13 +583,19 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
   PyPlatformSender(const std::string& platform, std::optional<std::string> name, const std::vector<int>& devices,
                    double need_cpu, double need_bandwidth, double need_fps, const std::string& transport,
                    std::optional<std::string> protocol, int64_t blocks, int64_t block_size,
-                   std::optional<std::string> token, int64_t lease_ttl, double patience,
-                   std::optional<std::string> rdma_transport, std::optional<std::string> rdma_device)
+                   std::optional<std::string> token, int64_t lease_ttl, double patience, double stall_timeout,
+                   std::optional<std::string> platform_cacert, std::optional<std::string> platform_cert,
+                   std::optional<std::string> platform_key, std::optional<std::string> platform_user,
+                   std::optional<std::string> platform_password, std::optional<std::string> rdma_transport,
+                   std::optional<std::string> rdma_device)
       : SenderLife("PlatformSender") {
     PlatformSenderOptions o;
     o.platform = platform;
-    const SenderArgs args{std::move(name), transport,        std::move(protocol),       blocks,
-                          block_size,      std::move(token), std::move(rdma_transport), std::move(rdma_device)};
+    o.security = {platform_cacert.value_or(""), platform_cert.value_or(""), platform_key.value_or(""),
+                  platform_user.value_or(""), platform_password.value_or("")};
+    SenderArgs args{std::move(name), transport,        std::move(protocol),       blocks,
+                    block_size,      std::move(token), std::move(rdma_transport), std::move(rdma_device)};
+    args.stall_timeout = stall_timeout;
     o.sender = args.options(devices, &device_locks_);
     if (o.sender.protocol.empty()) o.sender.protocol = kDefaultProtocol;  // the platform serves UCX transports
     o.need = {need_cpu, need_bandwidth, need_fps};
@@ -652,25 +670,39 @@ struct RxShared {
   Receiver* receiver = nullptr;  // guarded by stop_mutex
   std::thread stopper;           // guarded by mutex
 
-  void stop_receiver() {
+  // `reason`: what each connected sender is told (Receiver::stop).
+  void stop_receiver(const std::string& reason = "") {
     std::lock_guard lock(stop_mutex);
-    if (receiver) receiver->stop();
+    if (receiver) receiver->stop(reason);
   }
-  // A callback raised: disconnect every sender (they see the receiver gone) so that nobody waits
-  // for messages that will never be delivered. Called with `mutex` held.
-  void stop_soon() {
-    if (!stopper.joinable()) stopper = std::thread([this] { stop_receiver(); });
+  // A callback raised: disconnect every sender (they hear that the receiver stopped, and why) so
+  // that nobody waits for messages that will never be delivered. Called with `mutex` held.
+  void stop_soon(std::string reason) {
+    if (!stopper.joinable()) stopper = std::thread([this, reason = std::move(reason)] { stop_receiver(reason); });
   }
   // The callback or a worker raised `e` (GIL held): the first exception is kept for wait()/close(),
-  // and the receiver stops.
-  void raised(nb::python_error& e) {
+  // and the receiver stops, telling the senders `who` raised what ("the receiver's worker of
+  // sender 'cam' device 0 failed: RuntimeError: ...").
+  void raised(nb::python_error& e, const std::string& who) {
+    std::string what = who + ": " + exception_text(e);
     std::lock_guard lock(mutex);
     if (!failed) {
       failed = true;
       error = nb::borrow(e.value());
-      stop_soon();
+      stop_soon(std::move(what));
     }
     changed.notify_all();
+  }
+  // "TypeName: message" of a Python exception (GIL held).
+  static std::string exception_text(nb::python_error& e) {
+    try {
+      std::string text = nb::cast<std::string>(nb::str(nb::handle(e.type()).attr("__name__")));
+      std::string message = nb::cast<std::string>(nb::str(e.value()));
+      return message.empty() ? text : text + ": " + message;
+    } catch (...) {  // a __str__ that raises: the type is still worth saying
+      PyErr_Clear();
+      return "an exception";
+    }
   }
 };
 
@@ -720,7 +752,8 @@ class PyDelivery {
     try {
       shared_.callback(sender_, device, seq, data());
     } catch (nb::python_error& e) {
-      shared_.raised(e);
+      shared_.raised(e, "the receiver's callback failed on a message of sender '" + sender_ + "' device " +
+                            std::to_string(device));
       return {Code::kCancelled, "the Python callback raised"};
     }
     return Status::ok();
@@ -904,7 +937,8 @@ class PyWorkers {
         throw nb::python_error();
       }
     } catch (nb::python_error& e) {
-      shared.raised(e);
+      shared.raised(e, "the receiver's worker failed: its workers factory raised for sender '" + sender + "' device " +
+                           std::to_string(device));
       return {Code::kCancelled, "the Python workers factory raised"};
     }
     *out = [&shared, worker, sender, device](MessageView& view) { return call(shared, *worker, sender, device, view); };
@@ -926,7 +960,8 @@ class PyWorkers {
       nb::module_::import_("traceback").attr("clear_frames")(e.traceback());
       PyView* v = nb::inst_ptr<PyView>(obj.ptr());
       if (v->exports == 0) v->view.release();  // else arrays kept beyond the call keep it
-      shared.raised(e);
+      shared.raised(e, "the receiver's worker failed on message " + std::to_string(seq) + " of sender '" + sender +
+                           "' device " + std::to_string(device));
       return {Code::kCancelled, "the Python worker raised"};
     }
     std::lock_guard lock(shared.mutex);
@@ -1184,11 +1219,12 @@ void bind_sender(nb::module_& m) {
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, std::optional<std::string>,
                    int64_t, int64_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
                    std::optional<std::string>, std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
-                   std::optional<std::string>>(),
+                   std::optional<std::string>, double>(),
           "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = nb::none(), "blocks"_a = kDefaultBlocks,
           "block_size"_a = kDefaultBlockSize, nb::kw_only(), "devices"_a.sig("(0,)") = std::vector<int>{0},
           "token"_a = nb::none(), "rdma_transport"_a = nb::none(), "rdma_device"_a = nb::none(),
           "segment_size"_a = nb::none(), "max_message"_a = nb::none(), "ttl"_a = nb::none(), "interface"_a = nb::none(),
+          "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0,
           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
           "and declares `devices`, the device numbers send() will use. `transport`: 'auto' (shm on one\n"
           "host, else rdma where both ends have an RDMA NIC, else tcp), 'shm', 'tcp' or 'rdma'\n"
@@ -1196,6 +1232,9 @@ void bind_sender(nb::module_& m) {
           "'udp': the datagram transport (`protocol` write_record (default), dgram_send, dgram_rd or\n"
           "rd_write_record; `blocks` message slots per device; `segment_size` bytes per datagram,\n"
           "`max_message` the largest message (default 1 MiB), `ttl` and `interface` for a multicast group).\n"
+          "`stall_timeout`: seconds to wait on a receiver that says nothing (a live one says it is alive\n"
+          "every second, also while it holds its blocks): then it counts as stopped or hung and send()\n"
+          "and finish() raise PeerGone; at least 2, 0 waits for ever (not the datagram transport's).\n"
           "`protocol` None: the transport's default. Raises slotstream.Error subclasses (ConnectFailed,\n"
           "Refused, InvalidArgument — e.g. rdma without a usable device —, ...) with the library's message.")
       .def("send", &PySender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
@@ -1238,17 +1277,25 @@ void bind_platform_sender(nb::module_& m) {
       "(docs/platform.md). The same send/finish/close contract and context manager as Sender.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::vector<int>&, double, double, double,
                    const std::string&, std::optional<std::string>, int64_t, int64_t, std::optional<std::string>,
-                   int64_t, double, std::optional<std::string>, std::optional<std::string>>(),
+                   int64_t, double, double, std::optional<std::string>, std::optional<std::string>,
+                   std::optional<std::string>, std::optional<std::string>, std::optional<std::string>,
+                   std::optional<std::string>, std::optional<std::string>>(),
           "platform"_a, "name"_a = nb::none(), nb::kw_only(), "devices"_a.sig("(0,)") = std::vector<int>{0},
           "need_cpu"_a = 0.0, "need_bandwidth"_a = 0.0, "need_fps"_a = 0.0, "transport"_a = "auto",
           "protocol"_a = nb::none(), "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize,
-          "token"_a = nb::none(), "lease_ttl"_a = 5, "patience"_a = 30.0, "rdma_transport"_a = nb::none(),
-          "rdma_device"_a = nb::none(),
+          "token"_a = nb::none(), "lease_ttl"_a = 5, "patience"_a = 30.0,
+          "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0, "platform_cacert"_a = nb::none(),
+          "platform_cert"_a = nb::none(), "platform_key"_a = nb::none(), "platform_user"_a = nb::none(),
+          "platform_password"_a = nb::none(), "rdma_transport"_a = nb::none(), "rdma_device"_a = nb::none(),
           "Asks the platform at `platform` (\"etcd://HOST:PORT[,HOST:PORT...]\") for a receiver with room for\n"
           "need_cpu cores, need_bandwidth bytes/s and need_fps messages/s (and the blocks' memory), and\n"
           "connects as sender `name`; `transport`, `protocol` (None: status_byte), `blocks`, `block_size`,\n"
           "`token`, `rdma_transport` and `rdma_device` as Sender's. Raises Refused with every receiver's\n"
-          "shortfall when none has room.")
+          "shortfall when none has room, InvalidArgument for a negative or absurd need. A protected etcd\n"
+          "(docs/platform.md): TLS with `platform_cacert` (PEM file of the members' CA;\n"
+          "`platform_cert`/`platform_key`: a client certificate), etcd's own users with\n"
+          "`platform_user`/`platform_password`. `stall_timeout` as Sender's; a receiver whose platform record\n"
+          "went with its lease and that says nothing is left sooner (the next send moves).")
       .def("send", &PyPlatformSender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
            nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
                    "timeout: float | None = None) -> None"),

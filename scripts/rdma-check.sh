@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checks slotstream's rdma transport on a host with RDMA NICs (docs/rdma.md): what this repository's
-# tests cannot, since the machines it is developed on have none.
+# Checks slotstream's rdma transport on a host with RDMA NICs (docs/rdma.md). Verified on Soft-RoCE (rc_verbs) in the
+# VM of scripts/softroce-vm.sh by tests/rdma (bash tests/rdma/run.sh); rc_mlx5 and dc need a ConnectX.
 #
 #   bash scripts/rdma-check.sh              one host: both ends here, through the NIC (rc loopback)
 #   bash scripts/rdma-check.sh PEER_HOST    two hosts: the receivers run on PEER_HOST over ssh (same
@@ -10,11 +10,15 @@
 # index; ucx_perftest put latency and bandwidth over rc (the ceiling); `slotstream bench latency` and
 # `throughput --quick --transport rdma` for status_byte, sliding_window and credit (two hosts: the
 # bench's peers directly, throughput only — one-way latency needs one clock); the status-byte
-# receiver's progress_calls, which must be 0 (the passive receiver); a verdict with ratios to
-# ucx_perftest. Settings: RDMA_TRANSPORT (rc), RDMA_DEVICE (NAME:PORT), OUT (a fresh directory),
-# SLOTSTREAM_BIN, PEER_BIN, SSH (ssh). RDMA_CHECK_TRANSPORT=shm runs every step over shared memory
-# instead (and RDMA_CHECK_TINY=1 with the bench's tiny sizes): a check of this script on a machine
-# without a NIC, which says nothing about rdma (tests/integration/test_rdma.py runs it).
+# receiver's progress_calls, which must be 0 (the passive receiver); content: every message of
+# several runs carries a payload derived from its device and number, checked by `slotstream verify`
+# (1 MiB frames, two senders at once, one run longer than UCX's 20 s keep-alive), with the UCX lanes
+# each sender used; a verdict with ratios to ucx_perftest. Settings: RDMA_TRANSPORT (rc), RDMA_DEVICE
+# (NAME:PORT), OUT (a fresh directory), SLOTSTREAM_BIN, PEER_BIN, SSH (ssh), RDMA_CHECK_QUICK=1 (fewer
+# ucx_perftest iterations and the bench's tiny sizes: for an emulated NIC), RDMA_CHECK_LONG_SECONDS (25).
+# RDMA_CHECK_TRANSPORT=shm runs every step over shared memory instead (and RDMA_CHECK_TINY=1 with the
+# bench's tiny sizes): a check of this script on a machine without a NIC, which says nothing about rdma
+# (tests/integration/test_rdma.py runs it).
 # Exit: 0 the verdict is PASS; 1 a check failed; 2 usage; 77 nothing to check here (no RDMA device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +31,10 @@ DEVICE=${RDMA_DEVICE:-}
 T=${RDMA_CHECK_TRANSPORT:-rdma}
 PROTOCOLS=status_byte,sliding_window,credit
 SIZES=--quick
-[ "${RDMA_CHECK_TINY:-}" = 1 ] && SIZES=--tiny
-if [ $# -gt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,20p' "$0"; exit 2; fi
+QUICK=${RDMA_CHECK_QUICK:-}
+if [ "${RDMA_CHECK_TINY:-}" = 1 ] || [ "$QUICK" = 1 ]; then SIZES=--tiny; fi
+LONG_SECONDS=${RDMA_CHECK_LONG_SECONDS:-25}
+if [ $# -gt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,24p' "$0"; exit 2; fi
 [ -x "$BIN" ] || { echo "rdma-check: no slotstream binary at $BIN (bash scripts/build.sh, or SLOTSTREAM_BIN)"; exit 2; }
 
 rdma_args=(--rdma-transport "$KIND")
@@ -58,7 +64,9 @@ for types in /sys/class/infiniband/*/ports/*/gid_attrs/types/*; do
   port=${types%/gid_attrs/*}
   echo "RoCE v2 GID index ${types##*/} on ${port#/sys/class/infiniband/} ($gid): UCX_IB_GID_INDEX=${types##*/} on both ends if UCX picks another"
 done
-ucx_env=(env "UCX_TLS=$KIND")
+# ucx_perftest connects by worker address: its wire-up goes over ud ("rc" is rc with ud:aux), whose
+# destination check in UCX 1.13 drops every IPv4 RoCE packet on NICs other than ConnectX (docs/rdma.md).
+ucx_env=(env "UCX_TLS=$KIND" UCX_UD_VERBS_ETH_DGID_CHECK=n)
 [ "$T" = shm ] && ucx_env=(env "UCX_TLS=posix,sysv")
 [ -n "$DEVICE" ] && ucx_env+=("UCX_NET_DEVICES=$DEVICE")
 
@@ -97,7 +105,9 @@ perftest() {  # TEST SIZE ITERATIONS
 command -v ucx_perftest >/dev/null || { echo "rdma-check: ucx_perftest not found (apt-get install ucx-utils)"; exit 1; }
 echo "== ucx_perftest over $KIND"
 : >"$OUT/perftest.txt"
-for point in "ucp_put_lat 64 10000" "ucp_put_bw 65536 20000" "ucp_put_bw 1048576 2000"; do
+points=("ucp_put_lat 64 10000" "ucp_put_bw 65536 20000" "ucp_put_bw 1048576 2000")
+[ "$QUICK" = 1 ] && points=("ucp_put_lat 64 1000" "ucp_put_bw 65536 2000" "ucp_put_bw 1048576 200")
+for point in "${points[@]}"; do
   read -r test size iters <<<"$point"
   final=$(perftest "$test" "$size" "$iters")
   [ -n "$final" ] || { echo "rdma-check: FAIL: ucx_perftest $test $size B gave no result over $KIND"; exit 1; }
@@ -149,7 +159,70 @@ fi
 echo "== passive receiver: status_byte, 64 KiB x 2000 over $KIND"
 peer_pair status_byte 65536 2000 3 "$OUT/passive.json" || { echo "passive check: the pair failed"; failed=1; }
 
-# 6. The verdict, with ratios to ucx_perftest. Whether the receiver must stay passive is what the
+# 6. Content: every message carries a payload derived from its device and number (send --synthetic,
+# tools/synthetic.h); `slotstream verify` checks each one stored: a torn or stale block, a message in
+# the wrong place or out of order fails. 1 MiB frames in 1 MiB blocks (each spans two); two senders
+# at once; a run longer than UCX's keep-alive interval (20 s: a lane that UCX's keep-alive would fail
+# shows here). Each sender's transport line names the UCX lanes it used.
+echo "== content: checked synthetic payloads over $T (a run of ${LONG_SECONDS} s among them)"
+: >"$OUT/problems.txt"
+cdir=$OUT/content
+if [ -n "$PEER" ]; then
+  cdir=/tmp/rdma-check-content.$$
+  $SSH "$PEER" "$PEER_BIN recv --listen 0.0.0.0:0 --out $cdir ${peer_args[*]}" >"$OUT/content-recv.log" 2>&1 &
+else
+  "$BIN" recv --listen 127.0.0.1:0 --out "$cdir" "${peer_args[@]}" >"$OUT/content-recv.log" 2>&1 &
+fi
+crx=$!
+for _ in $(seq 240); do grep -q '^listening on' "$OUT/content-recv.log" 2>/dev/null && break; sleep 0.25; done
+cto=$(sed -n 's/^listening on //p' "$OUT/content-recv.log")
+[ -n "$PEER" ] && cto=$PEER:${cto##*:}
+content_send() {  # NAME ARGS...: one sender; its JSON summary in $OUT/content-NAME.json, its stderr beside it
+  local name=$1
+  shift
+  timeout $((LONG_SECONDS + 300)) "$BIN" send --to "$cto" --name "$name" "${peer_args[@]}" --json "$@" \
+    >"$OUT/content-$name.json" 2>"$OUT/content-$name.err" ||
+    echo "content: sender $name failed: $(tail -n 1 "$OUT/content-$name.err")" >>"$OUT/problems.txt"
+  sed -n 's/^slotstream send: transport /  '"$name"': transport /p' "$OUT/content-$name.err"
+}
+if [ -n "$cto" ]; then
+  content_send mib --synthetic 0-1:4:1024x1024x1 --duration 3 --blocks 8 --block-size 1M
+  content_send multi-a --synthetic 0-2:10:320x240x3 --duration 3 --blocks 4 &
+  ca=$!
+  content_send multi-b --protocol sliding_window --synthetic 0-1:10:320x240x3 --duration 3 --blocks 4
+  wait "$ca"
+  content_send long --synthetic 0:4:64x64x3 --duration "$LONG_SECONDS" --blocks 4 --block-size 64K
+else
+  echo "content: the receiver did not start: $(tail -n 2 "$OUT/content-recv.log")" >>"$OUT/problems.txt"
+fi
+kill "$crx" 2>/dev/null; wait "$crx" 2>/dev/null
+if [ -n "$PEER" ]; then
+  $SSH "$PEER" "$PEER_BIN verify $cdir; rm -rf $cdir" >"$OUT/verify.txt" 2>&1
+else
+  "$BIN" verify "$cdir" >"$OUT/verify.txt" 2>&1
+fi
+verify_rc=$?
+python3 - "$OUT" "$verify_rc" <<'EOF'
+import json, pathlib, re, sys
+out, rc = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+sent = 0
+for f in sorted(out.glob("content-*.json")):
+    try:
+        sent += json.loads(f.read_text())["messages"]
+    except (ValueError, KeyError):
+        pass
+text = (out / "verify.txt").read_text()
+m = re.search(r"verified (\d+) frames in (\d+) devices", text)
+got = int(m.group(1)) if m else 0
+line = f"content: {got} of {sent} messages verified (each a unique payload: device, number, size)"
+print(line)
+if rc != 0 or not m or got != sent or sent == 0:
+    last = text.strip().splitlines()[-1] if text.strip() else "(nothing)"
+    with open(out / "problems.txt", "a") as p:
+        p.write(f"{line}; slotstream verify said: {last}\n")
+EOF
+
+# 7. The verdict, with ratios to ucx_perftest. Whether the receiver must stay passive is what the
 # protocol and transport promise (`slotstream protocols --json`: receiver_progress_on).
 "$BIN" protocols --json >"$OUT/protocols.json"
 python3 - "$OUT" "$KIND" "${PEER:-}" "$failed" "$T" <<'EOF'
@@ -166,6 +239,7 @@ put_lat = perf[("ucp_put_lat", 64)][2]
 print(f"ucx_perftest over {kind}: put latency 64 B {put_lat:.2f} us; put bandwidth " +
       ", ".join(f"{s // 1024} KiB {v:.0f} MB/s" for s, v in sorted(put_bw.items())))
 problems = ["a step failed (see above)"] if failed else []
+problems += [l for l in (out / "problems.txt").read_text().splitlines() if l.strip()]
 rows = []
 if not peer:
     for exp in ("throughput", "latency"):

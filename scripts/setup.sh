@@ -8,7 +8,9 @@
 #                                 pytest, clang + libFuzzer (fuzz/, sanitizers), clang-format, podman + runc +
 #                                 debootstrap (the container image and its tests), etcd (the platform's tests),
 #                                 ffmpeg, iperf3, sip-tester, GStreamer's tools and plugins, nftables, socat;
-#                                 kubernetes-validate (PyPI, into build/tools-venv) and helm (scripts/helm.sh)
+#                                 kubernetes-validate (PyPI, into build/tools-venv) and helm (scripts/helm.sh);
+#                                 the Soft-RoCE VM of tests/rdma (scripts/softroce-vm.sh --setup: QEMU, a kernel,
+#                                 rdma-core, and virtme-ng from PyPI into a venv of its own)
 # Each profile includes the ones above it. SLOTSTREAM_SETUP_HELM=background (scripts/test.sh) leaves helm to the
 # caller, which builds it beside the C++ build.
 set -euo pipefail
@@ -54,6 +56,10 @@ if [ ! -x "$venv/bin/kubernetes-validate" ]; then
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate
 fi
+
+# The Soft-RoCE VM of the RDMA tests (tests/rdma; scripts/test.sh runs its smoke): QEMU, a kernel, rdma-core, and
+# virtme-ng (pinned) in a venv of its own.
+bash scripts/softroce-vm.sh --setup
 
 # Helm (tests/integration/test_deploy.py): scripts/helm.sh builds it from the Go module proxy. scripts/test.sh
 # sets SLOTSTREAM_SETUP_HELM=background and builds it beside the C++ build instead (minutes on a machine whose Go

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test (unit + integration over real UCX on shm and tcp).
 # Without arguments also: the C++ layout check (scripts/format.sh --check), the unit, protocol and
-# example tests under ThreadSanitizer and under AddressSanitizer + UBSan (scripts/sanitize.sh), and
-# every fuzz target for 5 s (fuzz/run.sh).
+# example tests under ThreadSanitizer and under AddressSanitizer + UBSan (scripts/sanitize.sh),
+# every fuzz target for 5 s (fuzz/run.sh), and the RDMA smoke in a Soft-RoCE VM (tests/rdma/run.sh --smoke).
 # Arguments go to ctest alone (e.g. -R Delivery) and skip those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +68,12 @@ fi
 trap - EXIT
 cat "$image_log"
 echo "test: container image ready ($((SECONDS - t_image)) s after its start, in the background)"
+# RDMA on a real verbs stack: Soft-RoCE in a VM (docs/rdma.md) — boot, one byte-exact transfer over rc, the passive
+# receiver. A few minutes (the VM emulates its CPU); the whole suite is `bash tests/rdma/run.sh`.
+if (($# == 0)); then
+  phase "rdma smoke in the Soft-RoCE VM"
+  bash tests/rdma/run.sh --smoke
+fi
 # Last, so that its summary closes the run. Two entries at a time (CTEST_PARALLEL_LEVEL overrides):
 # most integration tests wait on peers and timeouts; the few that need the machine to themselves
 # are RUN_SERIAL (tests/CMakeLists.txt).

@@ -58,7 +58,8 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
   std::atomic<bool> stopping{false};
   std::thread accept_thread;
 
-  mutable std::mutex mutex;  // guards everything below
+  mutable std::mutex mutex;     // guards everything below
+  std::string stopped_because;  // Receiver::stop(reason): told to every sender
   std::condition_variable ended_cv;
   uint64_t ended = 0;
   // A sender is one group of connections (lanes); its name is taken while any lane is live.
@@ -119,6 +120,10 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
   Status decide_terms();
   Status bring_up();
   bool is_stopping() const override { return stopping.load(std::memory_order_acquire); }
+  std::string stop_reason() const override {
+    std::lock_guard lock(mutex);
+    return stopped_because;
+  }
   wire::CapacityInfo capacity() override;
   void said_hello(uint64_t connection) override {
     std::lock_guard lock(mutex);
@@ -172,9 +177,9 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
   std::unique_ptr<RoundRobin> idle_loop;
 
   // engine::ReceiverEngine
-  ~Impl() override { stop(); }
+  ~Impl() override { stop(""); }
   std::string listen_address() const override { return listener->address(); }
-  void stop() override;
+  void stop(const std::string& reason) override;
   uint64_t sessions_ended() const override;
   std::vector<SessionReport> live_sessions() const override;
   void wait_sessions(uint64_t n) override;
@@ -558,7 +563,8 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
 // ------------------------------------------------------------------------------ the facade
 
 std::string Receiver::listen_address() const { return engine_->listen_address(); }
-void Receiver::stop() { engine_->stop(); }
+void Receiver::stop() { engine_->stop(""); }
+void Receiver::stop(const std::string& reason) { engine_->stop(reason); }
 uint64_t Receiver::sessions_ended() const { return engine_->sessions_ended(); }
 std::vector<SessionReport> Receiver::live_sessions() const { return engine_->live_sessions(); }
 void Receiver::wait_sessions(uint64_t n) { engine_->wait_sessions(n); }
@@ -571,8 +577,12 @@ bool Receiver::settled() const { return engine_->settled(); }
 
 // -------------------------------------------------------------------------- UCX's engine
 
-void Receiver::Impl::stop() {
+void Receiver::Impl::stop(const std::string& reason) {
   Impl& im = *this;
+  {
+    std::lock_guard lock(im.mutex);
+    if (!im.stopping.load(std::memory_order_acquire)) im.stopped_because = reason;
+  }
   if (im.stopping.exchange(true)) {
     if (im.accept_thread.joinable()) im.accept_thread.join();
     return;

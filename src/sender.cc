@@ -42,6 +42,12 @@ Status validate_common(const SenderOptions& o) {
 // UCX's checks, and its protocol resolved ("NAME[:key=value,...]"; empty: kDefaultProtocol).
 Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
   SLOTSTREAM_RETURN_IF_ERROR(validate_common(o));
+  if (o.stall_timeout.count() < 0 || (o.stall_timeout.count() > 0 && o.stall_timeout < kMinStallTimeout)) {
+    return {Code::kInvalidArgument, "stall timeout must be 0 (wait for ever) or at least " +
+                                        std::to_string(kMinStallTimeout.count()) +
+                                        " ms (a receiver says it is alive every second), got " +
+                                        std::to_string(o.stall_timeout.count()) + " ms"};
+  }
   if (!o.first_message.empty()) {
     for (uint16_t d : o.devices) {
       if (!o.first_message.contains(d)) {
@@ -78,8 +84,10 @@ Status check_rdma(const SenderOptions& o, bool* offer) {
   if (o.transport != Transport::kAuto && o.transport != Transport::kRdma) return Status::ok();
   const fabric::FabricSpec spec{Transport::kRdma, o.rdma.transport.value_or(RdmaTransport::kRc), o.rdma.device};
   const fabric::RdmaReport& report = fabric::host_rdma(spec);
-  Status st = report.usable ? fabric::check_memlock(spec, uint64_t(o.blocks) * o.block_size, "the send blocks")
-                            : Status{Code::kInvalidArgument, report.why};
+  Status st = report.usable
+                  ? fabric::check_memlock(spec, uint64_t(o.blocks) * o.block_size + fabric::worker_pinned_bytes(spec),
+                                          "the send blocks and UCX's buffers of a worker")
+                  : Status{Code::kInvalidArgument, report.why};
   if (st.is_ok()) {
     *offer = true;
     return st;
@@ -96,10 +104,11 @@ struct Sender::Impl final : session::LaneOwner, engine::SenderEngine {
   std::string protocol_name;  // desc's, for protocol()
   protocol::Options proto_options;
   Transport chosen = Transport::kShm;
-  uint8_t offer_bits = 0;                    // what the HELLO offers (less after a failed set-up)
-  std::string tried;                         // transports whose set-up failed here, and why
-  std::string accept_reason;                 // the receiver's, for transport()
-  std::string reason;                        // transport_reason()
+  uint8_t offer_bits = 0;     // what the HELLO offers (less after a failed set-up)
+  std::string tried;          // transports whose set-up failed here, and why
+  std::string accept_reason;  // the receiver's, for transport()
+  std::string reason;         // transport_reason()
+  bool lanes_said = false;
   std::unique_ptr<fabric::Context> context;  // shared by the lanes
   std::vector<std::unique_ptr<SenderLane>> lanes;
   std::map<uint16_t, SenderLane*> lane_of;
@@ -159,8 +168,14 @@ struct Sender::Impl final : session::LaneOwner, engine::SenderEngine {
     if (options.transport != Transport::kAuto || !lanes.empty() || (offer_bits & bit) == 0) return false;
     offer_bits &= uint8_t(~bit);
     tried += std::string(transport_name(t)) + " failed (" + st.message() + "), then ";
+    lanes_said = false;
     context.reset();  // made for the failed transport; the lane has released its worker
     return true;
+  }
+  void connected_over(const std::string& lanes) override {
+    if (lanes_said) return;  // the first connection's says it
+    lanes_said = true;
+    reason += "; UCX lanes: " + lanes;
   }
   bool failed() const override { return failed_flag.load(std::memory_order_acquire); }
   uint64_t messages_sent(uint16_t device) override {
@@ -262,6 +277,7 @@ struct Sender::Impl final : session::LaneOwner, engine::SenderEngine {
   uint32_t blocks() const override { return options.blocks; }
   uint32_t block_size() const override { return options.block_size; }
   Sender::Confirmed confirmed(uint16_t device) const override;
+  std::chrono::steady_clock::duration receiver_silence() const override;
   Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) override;
 };
 
@@ -360,6 +376,7 @@ Status Sender::continue_at(uint16_t device, uint64_t number, std::chrono::millis
   return engine_->continue_at(device, number, timeout);
 }
 Sender::Confirmed Sender::confirmed(uint16_t device) const { return engine_->confirmed(device); }
+std::chrono::steady_clock::duration Sender::receiver_silence() const { return engine_->receiver_silence(); }
 
 // -------------------------------------------------------------------------- UCX's engine
 
@@ -375,6 +392,13 @@ Status Sender::Impl::finish() {
   }
   joined.store(true, std::memory_order_release);
   return st;
+}
+
+std::chrono::steady_clock::duration Sender::Impl::receiver_silence() const {
+  const auto now = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration longest{0};
+  for (auto& lane : lanes) longest = std::max(longest, now - lane->heard());
+  return longest;
 }
 
 SenderStats Sender::Impl::stats() const {
@@ -468,6 +492,11 @@ Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
                                 std::optional<std::chrono::steady_clock::time_point> deadline, Progress* progress) {
   if (lane_ == nullptr) return send_other(length, fill, deadline, progress);
   Sender::Impl& im = *sender_.impl_;
+  // A failed sender (its receiver lost: the sending thread saw the control socket close) refuses at
+  // once. A small message would otherwise be packed into the ring's open block, which nothing
+  // transmits any more, and the loss would surface only once every send block was full: 36 s for
+  // 64x48 frames at 25 fps with the default 32 blocks of 1 MiB. One load of a flag written once.
+  if (im.failed()) return im.first_error();
   // Back-pressure for this device alone (its worker on the receiver is behind).
   if (progress->next_fragment == 0) {
     SLOTSTREAM_RETURN_IF_ERROR(im.wait_unpaused(device_, deadline));

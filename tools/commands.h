@@ -30,8 +30,15 @@ RdmaOptions rdma_options(const std::string& transport, const std::string& device
 std::optional<std::string> misplaced_rdma_options(const std::string& transport, const std::string& rdma_transport,
                                                   const std::string& rdma_device);
 // --platform and its options (tools/platform_cli.cc, docs/platform.md), for recv, send and edge.
+// How to reach a protected etcd (PlatformSecurity): every command that talks to the platform.
+struct PlatformAccessArgs {
+  std::string cacert, cert, key;  // PEM files: TLS
+  std::string user, password_file;
+};
+
 struct PlatformArgs {
   std::string url;  // etcd://HOST:PORT[,HOST:PORT...]; empty: not on the platform
+  PlatformAccessArgs access;
   int64_t ttl = 5;  // seconds a dead process's record or reservation outlives it
   // recv
   std::string name;       // the receiver's name on the platform (default HOST:PORT advertised)
@@ -96,6 +103,8 @@ struct SendArgs {
   bool realtime = false;            // videos at their own frame rate
   std::string synthetic;            // D0-D1:FPS:WxHxC
   double duration = 0;
+  // Seconds to wait on a receiver that says nothing (stopped or hung; SenderOptions::stall_timeout).
+  double stall_timeout = 30;
   std::string log_format = "text";  // text or json (log.h)
   PlatformArgs platform;
 };

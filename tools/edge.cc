@@ -68,6 +68,7 @@ CLI::App* add_edge(CLI::App& app, EdgeArgs* e) {
   c->add_option("--take-back-below", e->below, "take one device back while the load is below this (default 50)");
   c->add_option("--settle", e->settle, "seconds between moves, for the load to show the last one (default 2)");
   c->add_flag("--json", s.json, "print one JSON summary on stdout at the end");
+  add_stall_timeout(c, &s.stall_timeout);
   add_platform_common(c, &s.platform);
   add_platform_need(c, &s.platform, /*per_device=*/true);
   c->callback([c] {

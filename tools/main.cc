@@ -267,6 +267,7 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
                 "in time are counted as "
                 "late and skipped, never queued (send --json: late_frames)")
       ->transform(duration_value("s"));
+  add_stall_timeout(s, &send->stall_timeout);
   s->add_option("--log-format", send->log_format, "stderr log lines: text (timestamped) or json (one object a line)")
       ->check(CLI::IsMember({"text", "json"}))
       ->default_str("text");

@@ -3,17 +3,25 @@
 // platform status` shows what the platform holds. Thin: the work is in src/platform.
 #include "platform_cli.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
 #include "common.h"
 #include "interrupt.h"
+#include "log.h"
 #include "platform/etcd.h"
 #include "platform/host.h"
+#include "platform/model.h"
 #include "platform/registration.h"
 #include "platform/reservation.h"
 #include "send_plan.h"
@@ -23,12 +31,72 @@ namespace slotstream::tools {
 
 using Clock = std::chrono::steady_clock;
 
+void add_platform_access(CLI::App* app, PlatformAccessArgs* a) {
+  app->add_option("--platform-cacert", a->cacert,
+                  "PEM file of the CA that signed the etcd members' certificates: talk to etcd over TLS (https)");
+  app->add_option("--platform-cert", a->cert,
+                  "PEM file: this process's client certificate for etcd (--client-cert-auth); with --platform-key");
+  app->add_option("--platform-key", a->key, "PEM file: the private key of --platform-cert");
+  app->add_option("--platform-user", a->user,
+                  "etcd user to authenticate as (etcd's own authentication); with --platform-password-file");
+  app->add_option("--platform-password-file", a->password_file,
+                  "file holding --platform-user's password (not on the command line, where every user of the host "
+                  "can read it)");
+}
+
 void add_platform_common(CLI::App* app, PlatformArgs* p) {
   app->add_option("--platform", p->url,
                   "etcd://HOST:PORT[,HOST:PORT...]: the cloud-edge platform's etcd members (docs/platform.md)");
+  add_platform_access(app, &p->access);
   app->add_option("--platform-ttl", p->ttl,
                   "seconds this process's platform record outlives it if it dies (its etcd lease; default 5)")
       ->check(CLI::Range(1, 3600));
+}
+
+void add_stall_timeout(CLI::App* app, double* seconds) {
+  app->add_option("--stall-timeout", *seconds,
+                  "DURATION to wait on a receiver that says nothing (a live one says it is alive every second, also "
+                  "while it holds its blocks): then it is taken as stopped or hung and the sender exits 1 (--platform: "
+                  "moves on); at least 2s, 0 waits for ever (default 30s)")
+      ->transform(duration_value("s"))
+      ->check(CLI::Number)
+      ->default_str("30s");
+}
+
+namespace {
+
+// A password file: its content without the line end (nothing else is trimmed).
+Status read_password(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {Code::kInvalidArgument, "cannot read password file '" + path + "': " + std::strerror(errno)};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string p = ss.str();
+  while (!p.empty() && (p.back() == '\n' || p.back() == '\r')) p.pop_back();
+  if (p.empty()) return {Code::kInvalidArgument, "password file '" + path + "' is empty"};
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && (info.st_mode & S_IROTH)) {
+    log_warning("password file '" + path + "' is readable by every user of this host: chmod o-r it (e.g. chmod 600)");
+  }
+  *out = std::move(p);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status platform_security(const PlatformAccessArgs& a, PlatformSecurity* out) {
+  PlatformSecurity s;
+  s.cacert = a.cacert;
+  s.cert = a.cert;
+  s.key = a.key;
+  s.user = a.user;
+  if (!a.password_file.empty()) {
+    if (Status st = read_password(a.password_file, &s.password); !st.is_ok()) {
+      return {Code::kInvalidArgument, "--platform-password-file: " + st.message()};
+    }
+  }
+  *out = std::move(s);
+  return Status::ok();
 }
 
 void add_platform_recv(CLI::App* recv, PlatformArgs* p) {
@@ -77,7 +145,9 @@ Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out)
       return {Code::kInvalidArgument, "--need-bandwidth expects bytes/s such as 25M, got '" + *p.need_bandwidth + "'"};
     n.bandwidth = double(*bytes);
   }
-  if (n.cpu < 0 || n.fps < 0) return {Code::kInvalidArgument, "--need-cpu and --need-fps must not be negative"};
+  if (auto why = platform::invalid_amount({n.cpu, n.bandwidth, n.fps, 0})) {
+    return {Code::kInvalidArgument, "--need-cpu, --need-bandwidth, --need-fps: " + *why};
+  }
   *out = n;
   return Status::ok();
 }
@@ -121,7 +191,12 @@ Status advertised_address(const RecvArgs& args, const Receiver& rx, std::string*
 int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint64_t()> backlog,
                          std::unique_ptr<platform::Registration>* out) {
   platform::RegistrationOptions ro;
-  if (Status st = platform::parse_etcd_url(args.platform.url, &ro.endpoints); !st.is_ok()) {
+  PlatformSecurity security;
+  if (Status st = platform_security(args.platform.access, &security); !st.is_ok()) {
+    print_error("recv", st.message());
+    return kExitUsage;
+  }
+  if (Status st = platform::etcd_config(args.platform.url, security, &ro.etcd); !st.is_ok()) {
     print_error("recv", "--platform: " + st.message());
     return kExitUsage;
   }
@@ -156,6 +231,7 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
     r->backlog_bytes = backlog ? backlog() : 0;
   };
   ro.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: platform: " + text); };
+  ro.on_lost = [](const std::string& text) { print_error("recv", "platform: " + text); };
   const std::string name = rec.name, address = rec.address;
   if (Status st = platform::Registration::start(std::move(ro), out); !st.is_ok()) {
     print_error("recv", "--platform: " + st.message());
@@ -171,6 +247,7 @@ Status platform_sender_options(const SendArgs& a, Plan* plan, PlatformSenderOpti
   SLOTSTREAM_RETURN_IF_ERROR(check_sender_options(a, plan, &po->sender));
   SLOTSTREAM_RETURN_IF_ERROR(platform_need(a.platform, *plan, &po->need));
   po->platform = a.platform.url;
+  SLOTSTREAM_RETURN_IF_ERROR(platform_security(a.platform.access, &po->security));
   po->lease_ttl_seconds = a.platform.ttl;
   po->patience = std::chrono::milliseconds(int64_t(a.platform.patience * 1000));
   const std::string prefix = "slotstream " + cmd + ": ";
@@ -223,27 +300,35 @@ int run_platform_send(const SendArgs& a) {
 CLI::App* add_platform_status(CLI::App& app, PlatformStatusArgs* args) {
   auto* p = app.add_subcommand("platform", "Show what the cloud-edge platform holds: receivers and reservations.");
   p->add_option("--platform", args->url, "etcd://HOST:PORT[,HOST:PORT...]")->required();
+  add_platform_access(p, &args->access);
   p->add_flag("--json", args->json, "one JSON object {receivers: [...], reservations: [...]}");
   return p;
 }
 
 int run_platform_status(const PlatformStatusArgs& args) {
-  std::vector<std::string> endpoints;
+  platform::EtcdConfig config;
+  PlatformSecurity security;
+  if (Status st = platform_security(args.access, &security); !st.is_ok()) {
+    print_error("platform", st.message());
+    return kExitUsage;
+  }
   std::unique_ptr<platform::EtcdClient> etcd;
-  Status st = platform::parse_etcd_url(args.url, &endpoints);
+  Status st = platform::etcd_config(args.url, security, &config);
   if (!st.is_ok()) {
     print_error("platform", st.message());
     return kExitUsage;
   }
   std::vector<platform::ReceiverRecord> receivers;
   std::vector<platform::Reservation> reservations;
+  std::vector<std::string> skipped;
   int64_t revision = 0;
-  st = platform::EtcdClient::create(endpoints, &etcd);
-  if (st.is_ok()) st = platform::read_platform(*etcd, &receivers, &reservations, &revision);
+  st = platform::EtcdClient::create(std::move(config), &etcd);
+  if (st.is_ok()) st = platform::read_platform(*etcd, &receivers, &reservations, &revision, &skipped);
   if (!st.is_ok()) {
     print_error("platform", st.message());
     return kExitError;
   }
+  for (const auto& line : skipped) print_line(stderr, "slotstream platform: warning: " + line);
   if (args.json) {
     nlohmann::json j = {
         {"revision", revision}, {"receivers", nlohmann::json::array()}, {"reservations", nlohmann::json::array()}};

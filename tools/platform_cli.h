@@ -19,6 +19,13 @@ namespace slotstream::tools {
 void add_platform_recv(CLI::App* recv, PlatformArgs* p);
 void add_platform_send(CLI::App* send, PlatformArgs* p);
 void add_platform_common(CLI::App* app, PlatformArgs* p);
+// --platform-cacert, --platform-cert, --platform-key, --platform-user, --platform-password-file.
+void add_platform_access(CLI::App* app, PlatformAccessArgs* a);
+// The access options as PlatformSecurity (the password read from its file; a file every user of the
+// host may read is warned about). kInvalidArgument says what is wrong.
+Status platform_security(const PlatformAccessArgs& a, PlatformSecurity* out);
+// send and edge: --stall-timeout DURATION (SenderOptions::stall_timeout).
+void add_stall_timeout(CLI::App* app, double* seconds);
 // --need-*: per_device for edge (each offloaded device's share), else the sender's whole need.
 void add_platform_need(CLI::App* app, PlatformArgs* p, bool per_device);
 
@@ -35,6 +42,7 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
 
 struct PlatformStatusArgs {
   std::string url;
+  PlatformAccessArgs access;
   bool json = false;
 };
 CLI::App* add_platform_status(CLI::App& app, PlatformStatusArgs* args);

@@ -315,13 +315,18 @@ int run_recv(const RecvArgs& args, const DgramArgs& dgram) {
     }
   }
 
-  // After the last sender, the receiver settles (udp: a finished sender may still repeat its FIN), then exits.
-  wait_for_stop(sigs, [&] { return args.exit_after > 0 && rx->sessions_ended() >= args.exit_after && rx->settled(); });
+  // A receiver whose platform name another one took (registration.h) leaves: its senders move on. After
+  // the last sender, the receiver settles (udp: a finished sender may still repeat its FIN), then exits.
+  wait_for_stop(sigs, [&] {
+    return (args.exit_after > 0 && rx->sessions_ended() >= args.exit_after && rx->settled()) ||
+           (registration && registration->lost());
+  });
+  const bool lost = registration && registration->lost();
   registration.reset();  // off the platform first: no sender is scheduled here any more
   rx->stop();
   metrics.reset();
   if (workers) workers->stop();
-  return kExitOk;
+  return lost ? kExitError : kExitOk;
 }
 
 }  // namespace slotstream::tools

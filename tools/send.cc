@@ -577,6 +577,7 @@ Status check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt, c
   opt->blocks = a.blocks;
   opt->block_size = a.block_size;
   opt->devices = plan->devices();
+  opt->stall_timeout = std::chrono::milliseconds(int64_t(a.stall_timeout * 1000 + 0.5));
   if (!a.token_file.empty()) {
     if (Status st = read_token(a.token_file, &opt->token); !st.is_ok()) return {Code::kInvalidArgument, st.message()};
   }
@@ -603,20 +604,33 @@ namespace {
 
 // Says so once when no message has gone out for kStallNotice: a receiver that holds its blocks
 // (its disk full, its workers behind) stalls the sender on purpose, and a log without a word about
-// it looks like a hang. Says so again when messages move on.
+// it looks like a hang. Says so again when messages move on. A receiver that has also said nothing
+// meanwhile (not even its keepalive) is stopped or hung: the notice says when the sender gives up.
 class StallNotice {
  public:
   static constexpr auto kStallNotice = std::chrono::seconds(5);
-  void observe(const SenderStats& s, Clock::time_point now) {
+  explicit StallNotice(std::chrono::milliseconds stall_timeout) : stall_timeout_(stall_timeout) {}
+  void observe(const SenderStats& s, Clock::time_point now, Clock::duration receiver_silence) {
     if (s.bytes != bytes_) {  // (records are counted only at the end; messages and bytes live)
       if (said_) log_info("sending again after " + std::to_string(seconds_since(now)) + " s");
       bytes_ = s.bytes;
       since_ = now;
       said_ = false;
     } else if (!said_ && now - since_ >= kStallNotice) {
-      log_warning("no message has gone out for " + std::to_string(seconds_since(now)) +
-                  " s: if messages are waiting, every receiver block is in use or held (the receiver's disk may be "
-                  "full or its workers behind: its log says which); waiting, nothing is dropped");
+      const std::string stalled = "no message has gone out for " + std::to_string(seconds_since(now)) + " s: ";
+      if (receiver_silence >= kStallNotice) {
+        char limit[96];
+        std::snprintf(limit, sizeof limit, "this sender gives up after %.0f s of silence (--stall-timeout)",
+                      stall_timeout_.count() / 1000.0);
+        log_warning(stalled + "the receiver has said nothing for " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::seconds>(receiver_silence).count()) +
+                    " s, not even its keepalive: it may be stopped or hung; " +
+                    (stall_timeout_.count() > 0 ? limit : "waiting for it (--stall-timeout 0)"));
+      } else {
+        log_warning(stalled +
+                    "if messages are waiting, every receiver block is in use or held (the receiver's disk may be "
+                    "full or its workers behind: its log says which); waiting, nothing is dropped");
+      }
       said_ = true;
     }
   }
@@ -628,19 +642,20 @@ class StallNotice {
   uint64_t bytes_ = 0;
   Clock::time_point since_ = Clock::now();
   bool said_ = false;
+  std::chrono::milliseconds stall_timeout_;
 };
 
 // Live progress on stderr, twice a second, when it is a terminal (a final newline on stop()); a
 // stall notice either way.
 class ProgressLine {
  public:
-  ProgressLine(const Sender& sender, Clock::time_point t0) {
-    thread_ = std::thread([this, &sender, t0, tty = bool(isatty(STDERR_FILENO))] {
-      StallNotice stall;
+  ProgressLine(const Sender& sender, Clock::time_point t0, std::chrono::milliseconds stall_timeout) {
+    thread_ = std::thread([this, &sender, t0, stall_timeout, tty = bool(isatty(STDERR_FILENO))] {
+      StallNotice stall(stall_timeout);
       while (!done_.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
         auto s = sender.stats();
-        stall.observe(s, Clock::now());
+        stall.observe(s, Clock::now(), sender.receiver_silence());
         if (!tty) continue;
         double secs = std::chrono::duration<double>(Clock::now() - t0).count();
         std::fprintf(stderr, "\r%llu messages, %.1f MB, %.1f MB/s, %llu held-block skips   ",
@@ -694,7 +709,7 @@ int run_send(const SendArgs& a, const DgramArgs& dgram) {
       [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<StreamOut>(*sender->device(d)); },
       &interrupt.stop());
   std::optional<ProgressLine> progress;  // a stall notice speaks of receiver blocks: not the datagram transport's
-  if (!datagram) progress.emplace(*sender, t0);
+  if (!datagram) progress.emplace(*sender, t0, opt.stall_timeout);
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;

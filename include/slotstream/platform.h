@@ -28,8 +28,20 @@ struct PlatformNeed {
   double fps = 0;
 };
 
+// How to reach a protected etcd (docs/platform.md, "Protecting the platform"). All empty: plain
+// HTTP, no authentication — only for a network where nobody else can reach etcd.
+struct PlatformSecurity {
+  std::string cacert;  // PEM file: the CA the members' certificates must be signed by (TLS, https)
+  std::string cert;    // PEM file: this client's certificate (etcd --client-cert-auth); with `key`
+  std::string key;     // PEM file: its private key
+  std::string user;    // etcd's own authentication (etcdctl auth enable): user and password
+  std::string password;
+  bool tls() const { return !cacert.empty() || !cert.empty(); }
+};
+
 struct PlatformSenderOptions {
   std::string platform;  // etcd://HOST:PORT[,HOST:PORT...]
+  PlatformSecurity security;
   // name, protocol, transport, blocks, block size, token, devices. host/port are the platform's
   // choice; first_message and confirm_stored are set by the PlatformSender.
   SenderOptions sender;

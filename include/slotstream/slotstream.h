@@ -94,6 +94,11 @@ inline constexpr uint32_t kMinBlockSize = 64;
 inline constexpr uint32_t kMaxBlockSize = 64u << 20;
 inline constexpr uint32_t kMaxBlocks = 4096;
 inline constexpr const char* kDefaultProtocol = "status_byte";
+// How long a sender waits on a receiver that has stopped saying anything (SenderOptions::stall_timeout):
+// long enough for a loaded machine's hiccups, short enough that a stopped receiver is not waited on
+// for ever.
+inline constexpr std::chrono::milliseconds kDefaultStallTimeout{30000};
+inline constexpr std::chrono::milliseconds kMinStallTimeout{2000};
 
 // Sender names become directory names on the receiver: 1-64 characters of [A-Za-z0-9._-], not
 // starting with '.' or '-'. Returns the reason when invalid.
@@ -199,6 +204,11 @@ struct SenderOptions {
   std::map<uint16_t, uint64_t> first_message;
   // Ask the receiver to confirm what it has stored while data moves (Sender::confirmed()).
   bool confirm_stored = false;
+  // A receiver says something on the control connection at least every second (KEEPALIVE), also
+  // while it holds its blocks on purpose (a full disk, a busy worker: the sender then waits, nothing
+  // is dropped). One that says nothing for this long is stopped or hung: the sender fails with
+  // kPeerGone ("lost the receiver"), as when it dies. At least 2 s (kMinStallTimeout); 0: wait for ever.
+  std::chrono::milliseconds stall_timeout{kDefaultStallTimeout};
 };
 
 // What became of one device's messages: the same report for every transport. A block transport
@@ -334,6 +344,10 @@ class Sender {
     uint64_t stored = 0;
   };
   Confirmed confirmed(uint16_t device) const;
+  // How long since the receiver last said anything on the control connection (the longest of its
+  // connections; a live receiver says something at least every second; 0 over the datagram transport,
+  // which does not track it). Any thread.
+  std::chrono::steady_clock::duration receiver_silence() const;
   // Moves `device`'s numbers on the receiver's disk forward: its next message is stored as `number`
   // (never behind its last one), and confirmed() counts it from there. For a stream whose numbers
   // went on elsewhere meanwhile (the platform's edge, src/platform): call only while every message
@@ -639,8 +653,13 @@ class Receiver {
   static Status start(ReceiverOptions options, std::unique_ptr<Receiver>* out);
   ~Receiver();  // stops
   std::string listen_address() const;
-  // Stops accepting, ends every session (discarding partial messages). Any thread.
+  // Stops accepting, ends every session (discarding partial messages). Any thread. Each connected
+  // sender is told, before the receiver's memory goes, that the receiver stopped — with `reason`
+  // when given (e.g. "the receiver's worker failed: ...") — and reports that rather than a
+  // transport error. The first stop's reason is the one told (shm, tcp, rdma; the datagram transport
+  // ends its sessions without it).
   void stop();
+  void stop(const std::string& reason);
   // Number of accepted sessions that have ended.
   uint64_t sessions_ended() const;
   // Counters of the senders being served now, one report per sender (its connections merged;

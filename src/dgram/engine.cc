@@ -265,10 +265,10 @@ class EngineReceiver final : public engine::ReceiverEngine {
     *out = std::move(e);
     return Status::ok();
   }
-  ~EngineReceiver() override { stop(); }
+  ~EngineReceiver() override { stop(""); }
 
   std::string listen_address() const override { return rx_->listen_address(); }
-  void stop() override {
+  void stop(const std::string& /*reason*/) override {
     {
       std::lock_guard lock(mu_);
       stopped_ = true;

@@ -57,6 +57,9 @@ class EngineSender final : public engine::SenderEngine {
   uint32_t blocks() const override { return ring_; }
   uint32_t block_size() const override { return 0; }  // no blocks: messages go whole into regions
   Sender::Confirmed confirmed(uint16_t) const override { return {}; }
+  // Not tracked: the datagram receiver's liveness is its session timeout, and a reliable protocol's
+  // sender fails when its retransmissions go unanswered.
+  std::chrono::steady_clock::duration receiver_silence() const override { return {}; }
   Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) override;
 
  private:

@@ -52,6 +52,7 @@ class SenderEngine {
   virtual uint32_t blocks() const = 0;
   virtual uint32_t block_size() const = 0;
   virtual Sender::Confirmed confirmed(uint16_t device) const = 0;
+  virtual std::chrono::steady_clock::duration receiver_silence() const = 0;
   virtual Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) = 0;
 };
 
@@ -60,7 +61,9 @@ class ReceiverEngine {
  public:
   virtual ~ReceiverEngine() = default;
   virtual std::string listen_address() const = 0;
-  virtual void stop() = 0;
+  // Receiver::stop(reason): UCX tells each connected sender the reason; the datagram engine ends its
+  // sessions without one.
+  virtual void stop(const std::string& reason) = 0;
   virtual uint64_t sessions_ended() const = 0;
   virtual std::vector<SessionReport> live_sessions() const = 0;
   virtual void wait_sessions(uint64_t n) = 0;

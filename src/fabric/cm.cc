@@ -1,5 +1,7 @@
 #include "fabric/cm.h"
 
+#include "fabric/fabric.h"
+
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -8,6 +10,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include <spdlog/spdlog.h>
 
@@ -68,24 +72,79 @@ void prefer_loopback(sockaddr_storage* ss) {
 
 }  // namespace
 
-std::vector<uint8_t> encode_cm_address(CmPorts ports) {
+namespace {
+void put_le(std::vector<uint8_t>* out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+uint64_t get_le(std::span<const uint8_t> in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t(in[at + i]) << (8 * i);
+  return v;
+}
+constexpr size_t kPortsSize = sizeof kCmMagic + 4;  // magic, two ports
+constexpr size_t kRdmaFixed = kPortsSize + 8 + 2;   // ... probe address, key length
+}  // namespace
+
+std::vector<uint8_t> encode_cm_address(const CmAddress& address) {
   std::vector<uint8_t> out(std::begin(kCmMagic), std::end(kCmMagic));
-  for (uint16_t port : {ports.v4, ports.v6}) {
-    out.push_back(static_cast<uint8_t>(port));
-    out.push_back(static_cast<uint8_t>(port >> 8));
-  }
+  put_le(&out, address.ports.v4, 2);
+  put_le(&out, address.ports.v6, 2);
+  if (address.probe_rkey.empty()) return out;
+  put_le(&out, address.probe_address, 8);
+  put_le(&out, address.probe_rkey.size(), 2);
+  out.insert(out.end(), address.probe_rkey.begin(), address.probe_rkey.end());
   return out;
 }
 
-std::optional<CmPorts> decode_cm_address(std::span<const uint8_t> address) {
-  if (address.size() != sizeof kCmMagic + 4 || !std::equal(std::begin(kCmMagic), std::end(kCmMagic), address.begin())) {
+std::optional<CmAddress> decode_cm_address(std::span<const uint8_t> address) {
+  if (address.size() < kPortsSize || !std::equal(std::begin(kCmMagic), std::end(kCmMagic), address.begin())) {
     return std::nullopt;
   }
-  return CmPorts{static_cast<uint16_t>(address[4] | address[5] << 8),
-                 static_cast<uint16_t>(address[6] | address[7] << 8)};
+  CmAddress out;
+  out.ports = {static_cast<uint16_t>(get_le(address, 4, 2)), static_cast<uint16_t>(get_le(address, 6, 2))};
+  if (address.size() == kPortsSize) return out;
+  if (address.size() < kRdmaFixed) return std::nullopt;
+  const size_t key_length = get_le(address, kPortsSize + 8, 2);
+  if (address.size() != kRdmaFixed + key_length || key_length == 0) return std::nullopt;
+  out.probe_address = get_le(address, kPortsSize, 8);
+  out.probe_rkey.assign(address.begin() + kRdmaFixed, address.end());
+  return out;
 }
 
-Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, ucp_ep_params_t params, ucp_ep_h* out) {
+std::string local_rdma_address() {
+  // A RoCE port's GIDs hold its netdev's IP addresses; an IPv4 one reads ::ffff:a.b.c.d
+  // (0000:...:ffff:0a09:0001). The first of any port (sorted, so that it is always the same one).
+  namespace fs = std::filesystem;
+  std::vector<fs::path> gids;
+  std::error_code ec;
+  for (const auto& dev : fs::directory_iterator("/sys/class/infiniband", ec)) {
+    std::error_code ec2;
+    for (const auto& port : fs::directory_iterator(dev.path() / "ports", ec2)) {
+      std::error_code ec3;
+      for (const auto& gid : fs::directory_iterator(port.path() / "gids", ec3)) gids.push_back(gid.path());
+    }
+  }
+  std::sort(gids.begin(), gids.end());
+  for (const fs::path& path : gids) {
+    std::ifstream in(path);
+    std::string gid;
+    if (!std::getline(in, gid) || gid.size() != 39 || !gid.starts_with("0000:0000:0000:0000:0000:ffff:")) continue;
+    const unsigned long hi = std::stoul(gid.substr(30, 4), nullptr, 16),
+                        lo = std::stoul(gid.substr(35, 4), nullptr, 16);
+    return std::to_string(hi >> 8) + "." + std::to_string(hi & 0xff) + "." + std::to_string(lo >> 8) + "." +
+           std::to_string(lo & 0xff);
+  }
+  return "";
+}
+
+Status cm_connect(ucp_worker_h worker, const std::string& host_in, CmPorts ports, const CmConnect& how,
+                  ucp_ep_params_t params, ucp_ep_h* out) {
+  std::string host = host_in;
+  if (!how.loopback && (host.starts_with("127.") || host == "::1" || host == "localhost")) {
+    // Reached over loopback: this host. rdmacm finds a device by the address's route, and the
+    // loopback interface has none: use the address of this host's RDMA port.
+    if (std::string local = local_rdma_address(); !local.empty()) host = local;
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -108,7 +167,7 @@ Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, u
     std::memcpy(&ss, &v4, sizeof v4);
     len = sizeof v4;
   }
-  prefer_loopback(&ss);
+  if (how.loopback) prefer_loopback(&ss);
   const uint16_t port = ss.ss_family == AF_INET6 ? ports.v6 : ports.v4;
   if (port == 0) return {Code::kConnectFailed, "the peer does not listen on " + host + "'s address family"};
   if (ss.ss_family == AF_INET6) {
@@ -170,7 +229,7 @@ CmListener::~CmListener() {
   for (ucp_ep_h ep : open) {
     if (void* req = close_ep(ep)) closing.push_back(req);
   }
-  for (int i = 0; i < 100000 && !closing.empty(); ++i) {
+  for (const auto until = Clock::now() + std::chrono::seconds(10); !closing.empty() && Clock::now() < until;) {
     ucp_worker_progress(worker_);
     reap_closing(&closing);
   }
@@ -185,6 +244,8 @@ void CmListener::on_request(ucp_conn_request_h request, void* arg) {
   params.field_mask =
       UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.conn_request = request;
+  // The peer's client id (rdma: its worker's, CmListener::release), when it sent one.
+  test_stop_point("accept");
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &CmListener::on_error;
   params.err_handler.arg = self;

@@ -1,5 +1,6 @@
-// Endpoints over tcp are connected through UCX's connection manager (a listener per worker, a
-// client endpoint to HOST:PORT) rather than by worker address.
+// Endpoints over tcp and rdma are connected through UCX's connection manager (a listener per
+// worker, a client endpoint to HOST:PORT) rather than by worker address: tcp's manager over tcp
+// sockets, rdma's over the RDMA connection manager (rdmacm).
 //
 // Why: UCX 1.13 wires an endpoint made from a worker address with messages of its own — the
 // initiator's REQUEST, the target's REPLY — and over tcp it queues them on the raw tcp endpoint
@@ -11,8 +12,18 @@
 // (UCX_CM_USE_ALL_DEVICES=n: data lanes on the device the connection came over), so no wire-up
 // message is ever queued, and a peer may die at any moment.
 //
-// A tcp worker's address (Worker::address) is then only the port of its listener: the peer
-// connects to it at the host its control connection reached (Endpoint::create's peer_host).
+// rdma (issue 31): the same request and reply, sent over the ud ":aux" lane, met the same
+// assertion when the endpoint was closed with the REQUEST still queued — a sender whose receiver
+// did not answer (or died) during wire-up aborted with SIGABRT — and on NICs other than ConnectX
+// the ud lane dropped every reply anyway (transports.h, UD_ETH_DGID_CHECK). Through rdmacm the
+// rc (or dc) queue pairs are connected by the connection manager's own exchange, and nothing is
+// queued on a lane that may never connect.
+//
+// A worker's address (Worker::address) is then the port of its listener: the peer connects to it
+// at the host its control connection reached (Endpoint::create's peer_host). An rdma worker's
+// address also carries a word of its memory that a peer reads with a timed 1-byte get to prove
+// that the NIC reaches it (Endpoint::create: a flush proves nothing on dc, whose endpoints are not
+// connected).
 // Endpoints the listener accepts belong to the worker. One whose peer left stays open (failed:
 // sending on it returns an error) for kFailedLinger and is closed after that, or with the worker:
 // a protocol may still answer on it (a ReplyEp kept from a notification, sliding_window's and the
@@ -33,19 +44,42 @@
 
 namespace slotstream::fabric {
 
-// A worker's listeners as its address: magic "SLCM" | u16 IPv4 port | u16 IPv6 port (0: none),
-// little-endian. (UCX 1.13's IPv6 listener does not take IPv4 peers, hence one of each.)
+// A worker's listeners as its address, little-endian:
+//   magic "SLCM" | u16 IPv4 port | u16 IPv6 port (0: none)                       (tcp: 8 bytes)
+//   ... | u64 probe address | u16 key length | packed remote key                   (rdma)
+// (UCX 1.13's IPv6 listener does not take IPv4 peers, hence one of each.) A decoder takes both
+// forms by their length; anything else is not a listener's address.
 struct CmPorts {
   uint16_t v4 = 0;
   uint16_t v6 = 0;
 };
-std::vector<uint8_t> encode_cm_address(CmPorts ports);
-// The ports, if `address` is a listener's address (not a UCX worker address).
-std::optional<CmPorts> decode_cm_address(std::span<const uint8_t> address);
+struct CmAddress {
+  CmPorts ports;
+  // A word of the worker's memory a peer may read (Endpoint::create's reachability probe), and its
+  // packed remote key; 0 and empty: none.
+  uint64_t probe_address = 0;
+  std::vector<uint8_t> probe_rkey;
+};
+std::vector<uint8_t> encode_cm_address(const CmAddress& address);
+inline std::vector<uint8_t> encode_cm_address(CmPorts ports) { return encode_cm_address(CmAddress{ports}); }
+// The listener's address, if `address` is one (not a UCX worker address).
+std::optional<CmAddress> decode_cm_address(std::span<const uint8_t> address);
+
+// How an endpoint reaches its peer's listener (cm_connect).
+struct CmConnect {
+  // tcp: a peer on this host is reached over loopback (see cm.cc). rdma: never — rdmacm has no
+  // loopback device; a loopback `host` becomes an address of this host's RDMA port instead.
+  bool loopback = true;
+};
 
 // Connects `worker` to the listener at `host` (its port for the host's address family) through
 // the connection manager; `params` carries the error handler already.
-Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, ucp_ep_params_t params, ucp_ep_h* out);
+Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, const CmConnect& how,
+                  ucp_ep_params_t params, ucp_ep_h* out);
+
+// An IPv4 address of an RDMA port of this host (from its RoCE GIDs, /sys/class/infiniband), or
+// empty: where rdmacm connects to a peer on this host that was reached over loopback.
+std::string local_rdma_address();
 
 // Threading: created and destroyed with its worker; its handlers run on whichever thread
 // progresses the worker, reap() too (Worker::progress).

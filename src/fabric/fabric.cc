@@ -7,6 +7,7 @@
 #include "fabric/soft_rma.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -15,7 +16,9 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -42,6 +45,17 @@ Status internal::from_ucs(ucs_status_t st, const char* what) {
   return {code, std::string(what) + ": " + ucs_status_string(st)};
 }
 
+void test_stop_point(const char* point) {
+  static const std::string wanted = [] {
+    const char* env = getenv("SLOTSTREAM_TEST_STOP_AT");
+    return env ? "," + std::string(env) + "," : std::string();
+  }();
+  if (wanted.empty() || wanted.find("," + std::string(point) + ",") == std::string::npos) return;
+  const std::string line = "slotstream: stopped at " + std::string(point) + " (SLOTSTREAM_TEST_STOP_AT)\n";
+  (void)!::write(2, line.data(), line.size());
+  ::raise(SIGSTOP);
+}
+
 void UcxDestroy::operator()(ucp_context* h) const { ucp_cleanup(h); }
 void UcxDestroy::operator()(ucp_worker* h) const { ucp_worker_destroy(h); }
 void UcxDestroy::operator()(ucp_rkey* h) const { ucp_rkey_destroy(h); }
@@ -49,14 +63,22 @@ void UcxDestroy::operator()(ucp_rkey* h) const { ucp_rkey_destroy(h); }
 namespace {
 using internal::from_ucs;
 
-// How long Endpoint::create waits for a connection through a peer's listener (cm.h).
-constexpr std::chrono::seconds kConnectTimeout{10};
+using Clock = std::chrono::steady_clock;
+
+// How long closing an endpoint (or the endpoints a listener accepted) may progress the worker
+// until UCX is done with it: closes end in microseconds; a Soft-RoCE VM takes longer.
+constexpr std::chrono::seconds kCloseTimeout{10};
 
 // Applies the fabric's UCX settings for `spec` (transports.h) to `config`; a user's UCX_* in the
 // environment wins. ucp_config_modify takes a transport's setting without its prefix
 // (UCX_TCP_TX_SEG_SIZE is "TX_SEG_SIZE"); in a tcp context only the tcp transport has those.
 Status configure(ucp_config_t* config, const FabricSpec& spec, std::vector<std::string>* overrides) {
-  UcxChoice choice = ucx_settings(spec, [](const char* name) { return static_cast<const char*>(getenv(name)); });
+  // rdma asks for the rc transports this host has (transports.h): UCX's list, looked up once.
+  const std::span<const std::string> host_tls = spec.transport == Transport::kRdma
+                                                    ? std::span<const std::string>(host_ucx_transports())
+                                                    : std::span<const std::string>();
+  UcxChoice choice = ucx_settings(
+      spec, [](const char* name) { return static_cast<const char*>(getenv(name)); }, host_tls);
   for (const UcxSetting& s : choice.apply) {
     SLOTSTREAM_RETURN_IF_ERROR(from_ucs(ucp_config_modify(config, s.key.c_str(), s.value.c_str()), s.env.c_str()));
   }
@@ -70,6 +92,8 @@ struct AtomicCounters {
       completions{0}, progress_calls{0}, progress_useful{0}, progress_ns{0}, setup_progress_calls{0};
 };
 AtomicCounters g_counters;
+// pinned_estimate(): rdma workers alive, bytes registered by contexts that pin (rdma).
+std::atomic<uint64_t> g_pinned_workers{0}, g_pinned_regions{0};
 
 void raise_max(std::atomic<uint64_t>& max, uint64_t value) {
   uint64_t seen = max.load(std::memory_order_relaxed);
@@ -106,6 +130,10 @@ Counters counters() {
   out.progress_ns = c.progress_ns.load();
   out.setup_progress_calls = c.setup_progress_calls.load();
   return out;
+}
+
+uint64_t pinned_estimate() {
+  return g_pinned_regions.load() + g_pinned_workers.load() * worker_pinned_bytes({Transport::kRdma});
 }
 
 void reset_counters() {
@@ -191,6 +219,13 @@ const char* map_failure(const Context& ctx) {
   }
   return "ucp_mem_map";
 }
+
+// Whether the NIC may pin `length` more bytes under the locked-memory limit: asked before UCX
+// registers anything (a failure inside UCX names nothing to change).
+Status pinnable(const Context& ctx, size_t length) {
+  return check_memlock(ctx.spec(), pinned_estimate() + length,
+                       "what is pinned already and a region of " + format_bytes(length));
+}
 }  // namespace
 
 Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<MemoryRegion>* out) {
@@ -202,6 +237,7 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
                                         " of memory are available on this host (MemAvailable, or what a container's "
                                         "limit leaves); ask for less"};
   }
+  SLOTSTREAM_RETURN_IF_ERROR(pinnable(ctx, length));
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = nullptr;
@@ -220,6 +256,7 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
   // Fresh pages are zero (Context::create); clearing them would commit every page at once.
   if (!ctx.zero_filled_) std::memset(attr.address, 0, length);
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
+  if (ctx.traits().registers_memory) g_pinned_regions.fetch_add(length);
   out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length));
   {
     std::lock_guard lock(ctx.regions_mutex_);
@@ -229,6 +266,7 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
 }
 
 Status MemoryRegion::map(Context& ctx, void* address, size_t length, std::unique_ptr<MemoryRegion>* out) {
+  SLOTSTREAM_RETURN_IF_ERROR(pinnable(ctx, length));
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   params.address = address;
@@ -237,6 +275,7 @@ Status MemoryRegion::map(Context& ctx, void* address, size_t length, std::unique
   ucs_status_t st = ucp_mem_map(ctx.handle(), &params, &mem);
   if (st != UCS_OK) return from_ucs(st, map_failure(ctx));
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
+  if (ctx.traits().registers_memory) g_pinned_regions.fetch_add(length);
   out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(address), length));
   {
     std::lock_guard lock(ctx.regions_mutex_);
@@ -254,6 +293,7 @@ MemoryRegion::~MemoryRegion() {
   }
   ucp_mem_unmap(ctx_.handle(), mem_);
   g_counters.registered_now.fetch_sub(size_);
+  if (ctx_.traits().registers_memory) g_pinned_regions.fetch_sub(size_);
 }
 
 Status MemoryRegion::allocate_exposed(Context& ctx, size_t length, ExposedRegion* out) {
@@ -292,8 +332,11 @@ Request::~Request() { release(); }
 // forgotten (a late reply is dropped).
 void Request::release() {
   if (req_ != nullptr) {
+    // A get still running would write its destination later: end it first (class comment).
+    if (get_of_ != nullptr && ucp_request_check_status(req_) == UCS_INPROGRESS) get_of_->abandon(req_);
     ucp_request_free(req_);
     req_ = nullptr;
+    get_of_ = nullptr;
     op_finished();
   }
   if (op_ != nullptr) {
@@ -307,6 +350,7 @@ Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     release();
     req_ = other.req_;
+    get_of_ = other.get_of_;
     op_ = std::move(other.op_);
     other.req_ = nullptr;
   }
@@ -328,6 +372,7 @@ Status Request::check() {
   if (st == UCS_INPROGRESS) return {Code::kInProgress, "request"};
   ucp_request_free(req_);
   req_ = nullptr;
+  get_of_ = nullptr;
   op_finished();
   g_counters.completions.fetch_add(1, std::memory_order_relaxed);
   return from_ucs(st, "operation failed");
@@ -372,11 +417,12 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
 }
 
 namespace {
-Status track(ucs_status_ptr_t ptr, const char* what, Request* req) {
+// `get_of`: the endpoint, for a get (Request::release).
+Status track(ucs_status_ptr_t ptr, const char* what, Request* req, Endpoint* get_of = nullptr) {
   if (ptr == nullptr) return Status::ok();
   if (UCS_PTR_IS_ERR(ptr)) return from_ucs(UCS_PTR_STATUS(ptr), what);
   op_started();
-  *req = Request(ptr);
+  *req = Request(ptr, get_of);
   return Status::ok();
 }
 }  // namespace
@@ -398,7 +444,7 @@ void Endpoint::on_error(void* arg, ucp_ep* /*ep*/, int status) {
 }
 
 Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address, const std::string& peer_host,
-                        std::unique_ptr<Endpoint>* out) {
+                        std::unique_ptr<Endpoint>* out, const Liveness& alive) {
   std::unique_ptr<Endpoint> ep(new Endpoint(worker));
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -409,19 +455,33 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
   params.err_mode = worker.context().traits().peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = [](void* arg, ucp_ep_h e, ucs_status_t st) { on_error(arg, e, st); };
   params.err_handler.arg = ep.get();
-  if (auto ports = decode_cm_address(remote_address)) {
-    SLOTSTREAM_RETURN_IF_ERROR(cm_connect(worker.handle(), peer_host, *ports, params, &ep->handle_));
+  if (auto address = decode_cm_address(remote_address)) {
+    const bool rdma = worker.context().transport() == Transport::kRdma;
+    const CmConnect how{.loopback = !rdma};
+    SLOTSTREAM_RETURN_IF_ERROR(cm_connect(worker.handle(), peer_host, address->ports, how, params, &ep->handle_));
+    test_stop_point("wireup");
     // Operations issued while UCX still connects are queued and replayed, and UCX 1.13 does not
     // keep their order against operations issued during the replay (a status read overtook the
     // puts before it: duplicates and gaps). So nothing is issued before the connection stands:
     // a flush completes once it does. The peer's worker must be progressed meanwhile.
-    const auto deadline = std::chrono::steady_clock::now() + kConnectTimeout;
+    const auto deadline = Clock::now() + kConnectTimeout;
     Status st = ep->flush([&]() -> Status {
-      if (std::chrono::steady_clock::now() < deadline) return Status::ok();
+      if (ep->failed()) return ep->failure();
+      if (alive) SLOTSTREAM_RETURN_IF_ERROR(alive());
+      if (Clock::now() < deadline) return Status::ok();
       return {Code::kConnectFailed, "the peer's worker did not accept the connection within " +
                                         std::to_string(kConnectTimeout.count()) + " s"};
     });
     if (!st.is_ok()) return {st.code(), "connecting to " + peer_host + ": " + st.message()};
+    if (rdma) {
+      ep->describe_lanes();
+      // A flush of a connected rc endpoint proves the connection; of dc's (not connected) it
+      // returns at once. A 1-byte read of the peer's memory needs the NIC to reach it either way.
+      if (!address->probe_rkey.empty()) {
+        st = ep->probe(address->probe_address, address->probe_rkey, kReachTimeout, alive);
+        if (!st.is_ok()) return {st.code(), "reaching " + peer_host + "'s memory: " + st.message()};
+      }
+    }
   } else {
     params.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     params.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
@@ -435,19 +495,123 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
 Endpoint::~Endpoint() {
   if (handle_ == nullptr) return;
   if (worker_.soft_) worker_.soft_->fail_endpoint(this, {Code::kCancelled, "endpoint closed"});
+  close_handle(kCloseTimeout);
+}
+
+void Endpoint::close_handle(std::chrono::milliseconds timeout) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t req = ucp_ep_close_nbx(handle_, &param);
-  if (req != nullptr && UCS_PTR_IS_PTR(req)) {
-    for (int i = 0; i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) {
-      worker_.progress();
+  ucs_status_ptr_t req = ucp_ep_close_nbx(std::exchange(handle_, nullptr), &param);
+  if (req == nullptr || !UCS_PTR_IS_PTR(req)) return;
+  // Until UCX is done with the endpoint: every operation on it has ended (cancelled), and with it
+  // the queue pairs. A fixed number of progress calls was too few under emulation (Soft-RoCE VM).
+  for (const auto until = Clock::now() + timeout; ucp_request_check_status(req) == UCS_INPROGRESS;) {
+    worker_.progress_setup();
+    if (Clock::now() >= until) {
+      spdlog::warn("fabric: closing an endpoint took longer than {} ms; left to its worker",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
+      break;
     }
-    ucp_request_free(req);
+  }
+  ucp_request_free(req);
+}
+
+void Endpoint::abandon(void* req) {
+  if (handle_ != nullptr && worker_.context().traits().peer_errors) {
+    if (state_.load(std::memory_order_relaxed) != State::kFailed) {
+      failure_ = {Code::kCancelled, "a read of this endpoint was abandoned (the endpoint was closed to end it)"};
+      state_.store(State::kFailed, std::memory_order_release);
+    }
+    close_handle(kCloseTimeout);
+  }
+  for (const auto until = Clock::now() + kCloseTimeout; ucp_request_check_status(req) == UCS_INPROGRESS;) {
+    worker_.progress_setup();
+    if (Clock::now() >= until) {
+      spdlog::error("fabric: a read abandoned at shutdown has not ended after {} s", kCloseTimeout.count());
+      break;
+    }
   }
 }
 
+namespace {
+// One lane of `ucp_ep_print_info`, as UCX 1.13 prints it (ucp_ep_config_lane_info_str):
+//   "#   lane[0]:  1:rc_verbs/rxe0:1.0 md[1]    -> md[1]/ib/sysdev[255] rma_bw#0 am am_bw#0 keepalive"
+// as "rc_verbs/rxe0:1" and what it carries ("rma am keepalive"); false for any other line.
+bool parse_lane(const std::string& line, std::string* tl_dev, std::vector<std::string>* roles) {
+  const size_t lane = line.find("lane[");
+  if (lane == std::string::npos) return false;
+  std::istringstream in(line.substr(line.find(':', lane) + 1));
+  std::string resource, word;
+  in >> resource;  // " 1:rc_verbs/rxe0:1.0"
+  const size_t colon = resource.find(':'), dot = resource.rfind('.');
+  if (colon == std::string::npos) return false;
+  *tl_dev = resource.substr(colon + 1, dot == std::string::npos || dot < colon ? std::string::npos : dot - colon - 1);
+  roles->clear();
+  while (in >> word) {
+    const std::string role = word.substr(0, word.find('#'));
+    if (role == "rma_bw" || role == "amo" || role == "am" || role == "am_bw" || role == "keepalive" ||
+        role.starts_with("wireup") || role == "tag_offload" || role == "rkey_ptr") {
+      const std::string name = role == "rma_bw" ? "rma" : role == "am_bw" ? "am" : role.substr(0, role.find('{'));
+      if (std::find(roles->begin(), roles->end(), name) == roles->end()) roles->push_back(name);
+    }
+  }
+  return true;
+}
+
+// Transports whose RMA the hardware or the initiator's CPU carries (no answer from the peer's
+// worker): RDMA NICs and shared memory.
+bool one_sided_tl(const std::string& tl) {
+  for (const char* p : {"rc_", "dc_", "posix", "sysv", "cma", "knem", "xpmem", "self"}) {
+    if (tl.starts_with(p)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+void Endpoint::describe_lanes() {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return;
+  ucp_ep_print_info(handle_, f);
+  std::fclose(f);
+  std::istringstream in(std::string(text, size));
+  std::free(text);
+  std::vector<std::string> lanes;
+  bool one_sided = false;
+  for (std::string line; std::getline(in, line);) {
+    std::string tl_dev;
+    std::vector<std::string> roles;
+    if (!parse_lane(line, &tl_dev, &roles)) continue;
+    const bool rma = std::find(roles.begin(), roles.end(), "rma") != roles.end();
+    one_sided = one_sided || (rma && one_sided_tl(tl_dev));
+    lanes.push_back(tl_dev + (roles.empty() ? "" : " " + join(roles, " ")));
+  }
+  lanes_ = join(lanes, "; ");
+  rma_one_sided_ = one_sided;
+}
+
+Status Endpoint::probe(uint64_t address, std::span<const uint8_t> packed_rkey, std::chrono::milliseconds timeout,
+                       const Liveness& alive) {
+  std::unique_ptr<RemoteKey> key;
+  SLOTSTREAM_RETURN_IF_ERROR(RemoteKey::unpack(*this, packed_rkey, &key));
+  uint8_t word = 0;  // a pending read of it ends before `req` goes (Request, abandon)
+  Request req;
+  SLOTSTREAM_RETURN_IF_ERROR(get(&word, 1, address, *key, &req));
+  const auto until = Clock::now() + timeout;
+  return req.wait(worker_, [&]() -> Status {
+    if (failed()) return failure();
+    if (alive) SLOTSTREAM_RETURN_IF_ERROR(alive());
+    if (Clock::now() < until) return Status::ok();
+    return {Code::kTimeout, "the NIC did not answer a 1-byte read of the peer's memory within " +
+                                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+                                " s"};
+  });
+}
+
 Status Endpoint::flush(const Liveness& alive) {
+  if (handle_ == nullptr) return failure_;
   ucp_request_param_t param{};
   Request req;
   SLOTSTREAM_RETURN_IF_ERROR(track(ucp_ep_flush_nbx(handle_, &param), "ucp_ep_flush_nbx", &req));
@@ -487,7 +651,7 @@ Status Endpoint::get(void* dst, size_t length, uint64_t remote_addr, RemoteKey& 
   ucp_request_param_t param{};
   g_counters.gets.fetch_add(1, std::memory_order_relaxed);
   if (worker_.soft_) return worker_.soft_->get(*this, dst, length, remote_addr, req);
-  return track(ucp_get_nbx(handle_, dst, length, remote_addr, rkey.handle(), &param), "ucp_get_nbx", req);
+  return track(ucp_get_nbx(handle_, dst, length, remote_addr, rkey.handle(), &param), "ucp_get_nbx", req, this);
 }
 
 Status Endpoint::am_send(unsigned id, const void* header, size_t header_len, const void* data, size_t data_len,
@@ -566,6 +730,19 @@ void TagReceive::cancel() {
 
 // ----------------------------------------------------------------------------------- Worker
 Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Worker>* out) {
+  const bool rdma = ctx.transport() == Transport::kRdma;
+  if (rdma) {
+    // Before UCX pins anything: a limit too low fails here, with what to do, not inside UCX.
+    SLOTSTREAM_RETURN_IF_ERROR(check_memlock(ctx.spec(), pinned_estimate() + worker_pinned_bytes(ctx.spec()),
+                                             "what is pinned already and a new worker"));
+    // UCX 1.13 asserts (SIGABRT) when a listener is created on a worker without a connection
+    // manager: rdma's is rdmacm.
+    if (!rdma_cm_available()) {
+      return {Code::kInvalidArgument,
+              "rdma needs the RDMA connection manager: /dev/infiniband/rdma_cm is missing or not accessible (load the "
+              "rdma_ucm module)"};
+    }
+  }
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // Unshared: one thread at a time, not always the same one (a sender's filler transmits itself
@@ -580,11 +757,19 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
   ucs_status_t st = ucp_worker_create(ctx.handle(), &params, &handle);
   if (st != UCS_OK) return from_ucs(st, "ucp_worker_create");
   std::unique_ptr<Worker> w(new Worker(ctx, handle));
+  if (rdma) g_pinned_workers.fetch_add(1);
 
   if (ctx.traits().cm_connect) {
     // Peers connect through a listener (cm.h), never by worker address.
     SLOTSTREAM_RETURN_IF_ERROR(CmListener::create(handle, &w->listener_));
-    w->address_ = encode_cm_address(w->listener_->ports());
+    CmAddress address{w->listener_->ports()};
+    if (rdma) {
+      // The word a peer reads to prove the NIC reaches this worker's memory (Endpoint::create).
+      SLOTSTREAM_RETURN_IF_ERROR(MemoryRegion::allocate(ctx, 64, &w->probe_));
+      SLOTSTREAM_RETURN_IF_ERROR(w->probe_->pack_rkey(&address.probe_rkey));
+      address.probe_address = w->probe_->remote_address();
+    }
+    w->address_ = encode_cm_address(address);
   } else {
     ucp_address_t* addr = nullptr;
     size_t addr_len = 0;
@@ -609,6 +794,7 @@ Status Worker::create(Context& ctx, bool shared, bool wakeup, std::unique_ptr<Wo
 Worker::Worker(Context& ctx, ucp_worker* handle) : ctx_(ctx), handle_(handle) {}
 
 Worker::~Worker() {
+  if (ctx_.transport() == Transport::kRdma) g_pinned_workers.fetch_sub(1);
   listener_.reset();  // closes the endpoints it accepted
   soft_.reset();      // its handlers and replies use the worker
   handle_.reset();    // before the AM handlers it may still point to

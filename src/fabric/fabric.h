@@ -73,6 +73,19 @@ struct Counters {
 Counters counters();
 void reset_counters();
 
+// What the NICs pin for this process now, as estimated before anything is pinned (the kernel
+// counts it against RLIMIT_MEMLOCK per process): the regions of every context that registers
+// memory, and per worker of those what UCX pins for its own buffers (worker_pinned_bytes). A
+// locked-memory check (check_memlock) adds what is about to be pinned to it; Worker::create and
+// MemoryRegion::allocate/map check before UCX pins. Any thread.
+uint64_t pinned_estimate();
+
+// A test hook: where SLOTSTREAM_TEST_STOP_AT names `point` (a comma-separated list), the process
+// says so on stderr ("slotstream: stopped at POINT") and stops itself with SIGSTOP there, so that a
+// test can kill it at exactly that moment of a connection (tests/rdma: a peer killed at each
+// phase). Points: hello, accept, wireup, data, fin (docs/rdma.md). Costs one flag test otherwise.
+void test_stop_point(const char* point);
+
 // Called periodically inside blocking waits; a non-ok result aborts the wait with that status.
 // This is how a sender notices a dead receiver on shared memory, where UCX never reports it.
 using Liveness = std::function<Status()>;
@@ -216,14 +229,21 @@ constexpr std::chrono::nanoseconds update_typical(std::chrono::nanoseconds typic
 
 // An outstanding non-blocking operation. Empty when the operation completed inside the call.
 // Dropping a pending one is allowed: UCX frees its request when it completes, and a get the
-// fabric carries itself (tcp, soft_rma.h) no longer writes its destination.
+// fabric carries itself (tcp, soft_rma.h) no longer writes its destination. A UCX get still
+// running when it is dropped (rdma: the NIC writes its destination whenever the answer comes)
+// ends before the drop returns: its endpoint is closed, which ends every operation on it, and the
+// worker progressed until this one has (Endpoint::abandon) — its owner may free the destination
+// next. (A get is dropped pending only when a wait for it failed: the peer or the sender is gone.)
 class Request {
  public:
   Request() = default;
-  explicit Request(void* req) : req_(req) {}     // adopts a UCX request pointer (fabric only)
+  // Adopts a UCX request pointer (fabric only); `get_of`: the endpoint of a get, else null.
+  explicit Request(void* req, Endpoint* get_of = nullptr) : req_(req), get_of_(get_of) {}
   explicit Request(std::shared_ptr<SoftOp> op);  // a fabric-carried get or flush (fabric only)
   ~Request();
-  Request(Request&& other) noexcept : req_(other.req_), op_(std::move(other.op_)) { other.req_ = nullptr; }
+  Request(Request&& other) noexcept : req_(other.req_), get_of_(other.get_of_), op_(std::move(other.op_)) {
+    other.req_ = nullptr;
+  }
   Request& operator=(Request&& other) noexcept;
   Request(const Request&) = delete;
   Request& operator=(const Request&) = delete;
@@ -237,16 +257,24 @@ class Request {
  private:
   void release();
   void* req_ = nullptr;
+  Endpoint* get_of_ = nullptr;
   std::shared_ptr<SoftOp> op_;
 };
 
 class Endpoint {
  public:
   // Connects to a peer worker's address obtained out of band (Worker::address). `peer_host` is
-  // the numeric host the control connection reached the peer at: over tcp the address is the
-  // port of the peer worker's connection listener there (cm.h).
+  // the numeric host the control connection reached the peer at: over tcp and rdma the address is
+  // the port of the peer worker's connection listener there (cm.h). Over rdma it returns once the
+  // NIC has answered a 1-byte read of the peer's memory (a peer it cannot reach is an error within
+  // kReachTimeout, never a hang at the first block), and lanes() says what UCX chose.
+  // `alive` is consulted while it waits (a control connection that closed ends the wait at once).
   static Status create(Worker& worker, std::span<const uint8_t> remote_address, const std::string& peer_host,
-                       std::unique_ptr<Endpoint>* out);
+                       std::unique_ptr<Endpoint>* out, const Liveness& alive = {});
+  // How long Endpoint::create waits for a connection through a peer's listener, and then for the
+  // reachability read (rdma). Generous: a Soft-RoCE VM under emulation takes seconds.
+  static constexpr std::chrono::seconds kConnectTimeout{10};
+  static constexpr std::chrono::seconds kReachTimeout{10};
   ~Endpoint();  // force-closes; flush first if data matters
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -257,6 +285,14 @@ class Endpoint {
   State state() const { return state_.load(std::memory_order_acquire); }
   bool failed() const { return state() == State::kFailed; }
   const Status& failure() const { return failure_; }
+  // The lanes UCX chose for this endpoint, one per transport and device with what each carries
+  // ("rc_verbs/rxe0:1 rma am keepalive; ..."), from ucp_ep_print_info; empty where not asked
+  // (shm, tcp). Set by create().
+  const std::string& lanes() const { return lanes_; }
+  // Whether UCX puts and gets to the peer in hardware or by the CPU (a lane for RMA: rc, dc,
+  // shared memory), not emulated with active messages the peer's worker must answer (ud, or a
+  // user's UCX_TLS without an RMA transport). Known where lanes() is; true elsewhere.
+  bool rma_one_sided() const { return rma_one_sided_; }
   // Blocks until every operation on this endpoint is remotely complete.
   Status flush(const Liveness& alive);
 
@@ -285,14 +321,27 @@ class Endpoint {
  private:
   friend class SoftRma;
   friend class RemoteKey;
+  friend class Request;
   Endpoint(Worker& worker) : worker_(worker) {}
   static void on_error(void* arg, ucp_ep* ep, int status);
   ucp_ep* handle() const { return handle_; }
+  // Reads lanes() and rma_one_sided() from UCX.
+  void describe_lanes();
+  // The timed 1-byte read of the peer's probe word (create, rdma).
+  Status probe(uint64_t address, std::span<const uint8_t> packed_rkey, std::chrono::milliseconds timeout,
+               const Liveness& alive);
+  // Closes the UCX endpoint (force: every operation on it ends, cancelled) and progresses the
+  // worker until that is done and `req` (a get of this endpoint) has ended; failed from then on.
+  void abandon(void* req);
+  // Closes handle_ and waits (progressing the worker) until UCX is done with it, at most `timeout`.
+  void close_handle(std::chrono::milliseconds timeout);
   Worker& worker_;
   // Not a UcxHandle: closing an endpoint progresses its worker until UCX is done with it.
   ucp_ep* handle_ = nullptr;
   std::atomic<State> state_{State::kOpen};
   Status failure_;  // written once, before state_ becomes kFailed
+  std::string lanes_;
+  bool rma_one_sided_ = true;
 };
 
 // The endpoint an active message came from, to answer it (valid while the sender is connected).
@@ -444,8 +493,9 @@ class Worker {
   Context& ctx_;
   UcxHandle<ucp_worker> handle_;
   std::unique_ptr<SoftRma> soft_;         // puts and gets carried by the fabric (traits: tcp; soft_rma.h)
-  std::unique_ptr<CmListener> listener_;  // peers connect through it (traits: tcp; cm.h)
+  std::unique_ptr<CmListener> listener_;  // peers connect through it (traits: tcp, rdma; cm.h)
   std::vector<uint8_t> address_;
+  std::unique_ptr<MemoryRegion> probe_;  // rdma: the word peers read to prove reachability (cm.h)
   int event_fd_ = -1;
   std::atomic<int64_t> typical_completion_ns_{0};  // note_completion(); racing updates may lose one
   // Every handler ever installed, kept until the worker goes: a replaced one may still be running

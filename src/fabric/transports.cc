@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 #include <uct/api/uct.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -33,11 +34,13 @@ TransportTraits traits(const FabricSpec& spec) {
     case Transport::kRdma:
       // rc and dc write and read in the NIC; ud has no RMA in hardware (UCX emulates it with
       // active messages) and keeps its reliability in software (acks, retransmissions): the
-      // target's worker must run for either. rc's wire-up is a request the target answers.
+      // target's worker must run for either. A connection request is accepted by the target's
+      // worker (cm.h), which runs while a peer connects.
       t.target_progress = spec.rdma == RdmaTransport::kUd;
       t.peer_errors = true;
       t.setup_progress = true;
       t.registers_memory = true;
+      t.cm_connect = true;
       break;
     default:  // shm: the initiator's CPU copies into the target's UCX-allocated segment
       break;
@@ -47,14 +50,24 @@ TransportTraits traits(const FabricSpec& spec) {
 
 namespace {
 
-const char* tls_for(const FabricSpec& spec) {
+std::string tls_for(const FabricSpec& spec, std::span<const std::string> host_tls) {
   switch (spec.transport) {
     case Transport::kTcp:
       return "tcp,self";
-    case Transport::kRdma:
+    case Transport::kRdma: {
       // "self": a sender and a receiver in one process (tests, the Python package) reach each
       // other without the NIC; between processes every lane is the NIC's.
-      return spec.rdma == RdmaTransport::kDc ? "dc,self" : spec.rdma == RdmaTransport::kUd ? "ud,self" : "rc,self";
+      if (spec.rdma == RdmaTransport::kDc) return "dc,self";
+      if (spec.rdma == RdmaTransport::kUd) return "ud,self";
+      // rc: the rc transports this host has, without the ud ":aux" lane the "rc" alias adds for
+      // wire-up by worker address: connections go through rdmacm (cm.h), and a ud lane of UCX 1.13
+      // is what aborted. Where none is known, the alias (nothing to connect with anyway).
+      std::string tls;
+      for (const char* tl : {"rc_mlx5", "rc_verbs"}) {
+        if (std::find(host_tls.begin(), host_tls.end(), tl) != host_tls.end()) tls += std::string(tl) + ",";
+      }
+      return tls.empty() ? "rc,self" : tls + "self";
+    }
     default:
       return "posix,sysv,self";
   }
@@ -73,26 +86,60 @@ const UcxSetting kTcpSettings[] = {
     {"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "1028K"},  // 1 MiB + 4 KiB: a block, its header, the AM's
     {"UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "2056K"},  // two of them
     {"UCX_CM_USE_ALL_DEVICES", "CM_USE_ALL_DEVICES", "n"},
+    // Connections through tcp's own manager: where rdmacm is there too (a host with an RDMA NIC),
+    // UCX 1.13 tries it first, and it cannot take the loopback address a local peer is reached at.
+    {"UCX_SOCKADDR_TLS_PRIORITY", "SOCKADDR_TLS_PRIORITY", "tcp"},
 };
+
+// rdma (docs/rdma.md, issue 31; each checked on Soft-RoCE by tests/rdma):
+const UcxSetting kRdmaSettings[] = {
+    // Endpoints connect through rdmacm (cm.h), data lanes on the device the connection came over.
+    {"UCX_SOCKADDR_TLS_PRIORITY", "SOCKADDR_TLS_PRIORITY", "rdmacm"},
+    {"UCX_CM_USE_ALL_DEVICES", "CM_USE_ALL_DEVICES", "n"},
+    // Strict PCIe ordering of the NIC's writes into registered memory: a status byte written after
+    // its block (put, fence, put) must not land before the block's data. UCX's "auto" turns
+    // relaxed ordering on where the CPU and NIC allow it (and then registers regions twice).
+    {"UCX_IB_PCI_RELAXED_ORDERING", "PCI_RELAXED_ORDERING", "off"},
+};
+
+// Where a ud transport may be used (rdma over ud; dc's and the "rc" alias's ud ":aux"; a user's
+// UCX_TLS): UCX 1.13's ud_verbs reads whether a packet came over IPv4 or IPv6 from a field only
+// ConnectX fills (the completion's sl), so on any other NIC (Soft-RoCE, irdma, bnxt) every packet to
+// an IPv4 RoCE address fails its destination check and is dropped: ud, and the wire-up over its
+// ":aux" lane, never connected. Fixed upstream in UCX 1.19 (commit 7de57ad9). The check only drops
+// packets addressed to another GID of the port. (Not set where no ud lane exists: UCX warns about
+// a setting nothing uses.)
+const UcxSetting kUdDgidCheck = {
+    "UCX_UD_ETH_DGID_CHECK", "UD_ETH_DGID_CHECK", "n", {"UCX_UD_VERBS_ETH_DGID_CHECK", "UCX_UD_MLX5_ETH_DGID_CHECK"}};
 
 // Regions UCX allocates (MemoryRegion::allocate) come from its allocators in this order, each of
 // which hands out zero-filled pages that cost memory only once touched (SysV or POSIX shared
-// memory, huge or transparent-huge or plain mmap): UCX 1.13's default list without its last
-// fallback, "heap" (malloc), which does neither. A region is then zero without being cleared, and
-// 1 GiB of blocks costs what is written, not 1 GiB at once (Context::zero_filled_).
-const UcxSetting kZeroFilledAllocators = {"UCX_ALLOC_PRIO", "ALLOC_PRIO", "md:sysv,md:posix,huge,thp,md:*,mmap"};
+// memory, huge pages or plain mmap): UCX 1.13's default list without "heap" and "thp", which do
+// neither — both are posix_memalign, the process's heap, whose memory freed before comes back with
+// its old bytes ("thp" merely advises huge pages on it). A region is then zero without being cleared,
+// and 1 GiB of blocks costs what is written, not 1 GiB at once (Context::zero_filled_). With "thp"
+// a tcp receiver (no shared-memory allocator there) gave a new session a region whose status bytes
+// the last one had left "full", and delivered that session's data as the new sender's (issue 35).
+const UcxSetting kZeroFilledAllocators = {"UCX_ALLOC_PRIO", "ALLOC_PRIO", "md:sysv,md:posix,huge,md:*,mmap"};
 
 }  // namespace
 
-UcxChoice ucx_settings(const FabricSpec& spec, const Getenv& env) {
-  std::vector<UcxSetting> wanted = {{"UCX_TLS", "TLS", tls_for(spec)}, kZeroFilledAllocators};
+UcxChoice ucx_settings(const FabricSpec& spec, const Getenv& env, std::span<const std::string> host_tls) {
+  const std::string tls = tls_for(spec, host_tls);
+  std::vector<UcxSetting> wanted = {{"UCX_TLS", "TLS", tls}, kZeroFilledAllocators};
   if (spec.transport == Transport::kTcp) wanted.insert(wanted.end(), std::begin(kTcpSettings), std::end(kTcpSettings));
-  if (spec.transport == Transport::kRdma && !spec.device.empty()) {
-    wanted.push_back({"UCX_NET_DEVICES", "NET_DEVICES", spec.device});
+  if (spec.transport == Transport::kRdma) {
+    wanted.insert(wanted.end(), std::begin(kRdmaSettings), std::end(kRdmaSettings));
+    const bool user_tls = env("UCX_TLS") != nullptr;
+    if (user_tls || spec.rdma != RdmaTransport::kRc || tls == "rc,self") wanted.push_back(kUdDgidCheck);
+    if (!spec.device.empty()) wanted.push_back({"UCX_NET_DEVICES", "NET_DEVICES", spec.device});
   }
   UcxChoice out;
   for (UcxSetting& s : wanted) {
     const char* user = env(s.env.c_str());
+    for (const std::string& other : s.also) {
+      if (user == nullptr) user = env(other.c_str());
+    }
     if (user == nullptr) {
       out.apply.push_back(std::move(s));
     } else if (s.value != user) {
@@ -182,7 +229,10 @@ std::string why_not(const std::vector<const RdmaPort*>& candidates, RdmaTranspor
 
 }  // namespace
 
-RdmaReport rdma_report(std::span<const UcxResource> ucx, std::span<const SysfsPort> sysfs, const FabricSpec& spec) {
+bool rdma_cm_available() { return access("/dev/infiniband/rdma_cm", R_OK | W_OK) == 0; }
+
+RdmaReport rdma_report(std::span<const UcxResource> ucx, std::span<const SysfsPort> sysfs, const FabricSpec& spec,
+                       bool rdma_cm) {
   RdmaReport r;
   r.ports = merge_ports(ucx, sysfs);
   if (r.ports.empty()) {
@@ -213,6 +263,13 @@ RdmaReport rdma_report(std::span<const UcxResource> ucx, std::span<const SysfsPo
   }
   if (usable.empty()) {
     r.why = why_not(candidates, spec.rdma);
+    return r;
+  }
+  if (!rdma_cm) {
+    r.why =
+        "no RDMA connection manager (/dev/infiniband/rdma_cm: load the rdma_ucm module), which rdma connects "
+        "through (" +
+        join(usable) + " are there)";
     return r;
   }
   r.usable = true;
@@ -279,6 +336,17 @@ std::vector<SysfsPort> sysfs_ports() {
   return out;
 }
 
+const std::vector<std::string>& host_ucx_transports() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const UcxResource& r : ucx_resources()) {
+      if (std::find(out.begin(), out.end(), r.tl) == out.end()) out.push_back(r.tl);
+    }
+    return out;
+  }();
+  return names;
+}
+
 const RdmaReport& host_rdma(const FabricSpec& spec) {
   static std::mutex mutex;
   static std::map<std::string, RdmaReport> cache;
@@ -291,17 +359,20 @@ const RdmaReport& host_rdma(const FabricSpec& spec) {
   if (it == cache.end()) {
     const auto ucx = ucx_resources();
     const auto sysfs = sysfs_ports();
-    it = cache.emplace(key, rdma_report(ucx, sysfs, effective)).first;
+    it = cache.emplace(key, rdma_report(ucx, sysfs, effective, rdma_cm_available())).first;
   }
   return it->second;
 }
+
+uint64_t worker_pinned_bytes(const FabricSpec& spec) { return traits(spec).registers_memory ? uint64_t(64) << 20 : 0; }
 
 std::optional<std::string> memlock_shortfall(uint64_t limit, bool ipc_lock, uint64_t needed, const std::string& what) {
   if (ipc_lock || limit >= needed) return std::nullopt;
   return "the locked-memory limit (ulimit -l) is " + format_bytes(limit) + ", but the NIC must pin " +
          format_bytes(needed) + " for " + what +
-         " (and UCX needs more for its own buffers): raise it (ulimit -l unlimited; systemd LimitMEMLOCK=infinity; "
-         "a container needs --ulimit memlock=-1 and the IPC_LOCK capability) or use fewer or smaller blocks";
+         " (UCX's own receive queues and buffers included: about 64 MiB per worker): raise it (ulimit -l unlimited; "
+         "systemd LimitMEMLOCK=infinity; a container needs --ulimit memlock=-1 and the IPC_LOCK capability) or use "
+         "fewer or smaller blocks";
 }
 
 namespace {

@@ -193,6 +193,7 @@ Status ControlSocket::send(wire::MsgType type, std::span<const uint8_t> body) {
     if (n < 0 && errno == EINTR) continue;
     return {Code::kPeerGone, std::string("control connection lost: ") + strerror(errno)};
   }
+  stamp(&last_sent_);
   return Status::ok();
 }
 
@@ -227,7 +228,9 @@ Status ControlSocket::receive(Millis timeout, wire::Frame* out) {
   SLOTSTREAM_RETURN_IF_ERROR(read_exact(buf.data(), len, deadline));
   out->type = static_cast<wire::MsgType>(buf[0]);
   out->body.assign(buf.begin() + 1, buf.end());
-  return signing_ ? verify(out) : Status::ok();
+  SLOTSTREAM_RETURN_IF_ERROR(signing_ ? verify(out) : Status::ok());
+  stamp(&last_received_);
+  return Status::ok();
 }
 
 // Text where a frame length should be is another protocol's greeting or answer ("HTTP/1.1 400",

@@ -2,6 +2,7 @@
 // the liveness check that tells a sender its receiver is gone (EOF) without reading data.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -59,6 +60,11 @@ class ControlSocket {
   // kInProgress if a frame is waiting to be read.
   Status check_alive();
   std::string peer() const;
+  // When a whole frame last came from the peer, and when one last went to it (construction until
+  // the first). Any thread: a receiver sends KEEPALIVE when it has sent nothing for a while, a
+  // sender calls a receiver that has said nothing for its stall timeout stopped or hung.
+  std::chrono::steady_clock::time_point last_received() const { return load(last_received_); }
+  std::chrono::steady_clock::time_point last_sent() const { return load(last_sent_); }
   // The peer's numeric host alone (no port, no brackets): where its other listeners are.
   std::string peer_host() const;
   // Ends our side and discards what the peer still sends for up to `wait`, so that a reply
@@ -77,9 +83,19 @@ class ControlSocket {
     uint64_t sent = 0;      // sequence number of the next frame sent
     uint64_t received = 0;  // ...and of the next one expected
   };
+  using Stamp = std::atomic<std::chrono::steady_clock::rep>;
+  static std::chrono::steady_clock::time_point load(const Stamp& s) {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(s.load(std::memory_order_relaxed)));
+  }
+  static void stamp(Stamp* s) {
+    s->store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
   int fd_;
   std::optional<Signing> signing_;
   std::string foreign_text_;
+  Stamp last_received_{std::chrono::steady_clock::now().time_since_epoch().count()};
+  Stamp last_sent_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };
 
 class Listener {

@@ -6,20 +6,36 @@
 // A client knows every member of the cluster and asks them in turn: a member that cannot be
 // reached, or answers that it has no leader, is skipped for the next, so one member down changes
 // nothing. etcd serves linearizable reads and transactions from any member.
+//
+// A protected etcd (docs/platform.md, "Protecting the platform"): TLS (https, the members'
+// certificates checked against a CA, optionally a client certificate) and etcd's own users
+// (POST /v3/auth/authenticate gives a token sent as the Authorization header of every request; a
+// token that expired is fetched again once).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "slotstream/platform.h"
 #include "slotstream/status.h"
 
 namespace slotstream::platform {
 
 // "etcd://HOST:PORT[,HOST:PORT...]" -> {"HOST:PORT", ...}. kInvalidArgument says what is wrong.
 Status parse_etcd_url(const std::string& url, std::vector<std::string>* endpoints);
+
+// Everything a client needs to reach the cluster: its members, and how to prove who it is.
+struct EtcdConfig {
+  std::vector<std::string> endpoints;  // HOST:PORT of every member
+  PlatformSecurity security;           // TLS when it names a CA or a client certificate
+};
+// The URL and the security options, checked: the files exist and are readable, a client
+// certificate comes with its key, a user with a password. kInvalidArgument says what is wrong.
+Status etcd_config(const std::string& url, const PlatformSecurity& security, EtcdConfig* out);
 
 struct KeyValue {
   std::string key;
@@ -30,11 +46,11 @@ struct KeyValue {
   int64_t lease = 0;
 };
 
-// One comparison of a transaction (etcd's Compare): the key's version or mod revision against
-// `value`. With `range_end`, every key in [key, range_end) must pass (etcd >= 3.3); a key that
+// One comparison of a transaction (etcd's Compare): the key's version, mod revision or create
+// revision against `value`. With `range_end`, every key in [key, range_end) must pass (etcd >= 3.3); a key that
 // does not exist has version and mod revision 0.
 struct Compare {
-  enum class Target { kVersion, kMod };
+  enum class Target { kVersion, kMod, kCreate };
   enum class Result { kEqual, kGreater, kLess };
   std::string key;
   std::string range_end;
@@ -58,20 +74,26 @@ std::string prefix_end(const std::string& prefix);
 // Threading: every call may come from any thread (one request at a time per client).
 class EtcdClient {
  public:
-  // `endpoints`: HOST:PORT of every member; `timeout_ms` per request and member.
-  static Status create(std::vector<std::string> endpoints, std::unique_ptr<EtcdClient>* out, long timeout_ms = 2000);
+  // `timeout_ms` per request and member. Nothing is sent yet (a user's token is asked for with the
+  // first request).
+  static Status create(EtcdConfig config, std::unique_ptr<EtcdClient>* out, long timeout_ms = 2000);
   ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
 
-  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  const std::vector<std::string>& endpoints() const { return config_.endpoints; }
 
   // Every key starting with `prefix`, and the store's revision they were read at.
   Status range_prefix(const std::string& prefix, std::vector<KeyValue>* out, int64_t* revision);
+  // One key: nullopt when it does not exist.
+  Status get(const std::string& key, std::optional<KeyValue>* out);
   Status put(const std::string& key, const std::string& value, int64_t lease = 0);
   Status remove(const std::string& key);
   // If every comparison holds, the `success` operations, all at one revision; `*succeeded` says.
-  Status txn(const std::vector<Compare>& compares, const std::vector<Op>& success, bool* succeeded);
+  // `*revision` (may be null): the store's revision after it (a key the transaction created has it
+  // as its create revision).
+  Status txn(const std::vector<Compare>& compares, const std::vector<Op>& success, bool* succeeded,
+             int64_t* revision = nullptr);
 
   Status lease_grant(int64_t ttl_seconds, int64_t* id);
   // One keep-alive: `*ttl` is what is left of the lease, 0 when it has expired (or never was).
@@ -79,17 +101,22 @@ class EtcdClient {
   Status lease_revoke(int64_t id);
 
  private:
-  EtcdClient(std::vector<std::string> endpoints, long timeout_ms);
+  EtcdClient(EtcdConfig config, long timeout_ms);
   // POSTs `body` (JSON) to `path` on the members in turn, from the last one that answered;
-  // `*reply` is the JSON text of the first real answer.
+  // `*reply` is the JSON text of the first real answer. With a user: authenticates first, and
+  // once more when etcd says the token is no longer valid.
   Status post(const std::string& path, const std::string& body, std::string* reply);
+  Status post_members(const std::string& path, const std::string& body, std::string* reply, long* http);
   Status post_one(const std::string& endpoint, const std::string& path, const std::string& body, long* http,
                   std::string* reply);
+  // Under mutex_: a token for the configured user (POST /v3/auth/authenticate).
+  Status authenticate();
 
-  std::vector<std::string> endpoints_;
+  EtcdConfig config_;
   long timeout_ms_;
   std::mutex mutex_;
   size_t current_ = 0;  // the member that answered last
+  std::string token_;   // etcd's auth token for config_.security.user ("" none yet)
   void* curl_ = nullptr;
 };
 

@@ -7,7 +7,7 @@ using Clock = std::chrono::steady_clock;
 Status KeptLease::start(Options options, std::unique_ptr<KeptLease>* out) {
   if (options.ttl_seconds < 1) return {Code::kInvalidArgument, "a lease TTL must be at least 1 s"};
   std::unique_ptr<KeptLease> l(new KeptLease(std::move(options)));
-  SLOTSTREAM_RETURN_IF_ERROR(EtcdClient::create(l->options_.endpoints, &l->etcd_));
+  SLOTSTREAM_RETURN_IF_ERROR(EtcdClient::create(l->options_.etcd, &l->etcd_));
   int64_t id = 0;
   SLOTSTREAM_RETURN_IF_ERROR(l->etcd_->lease_grant(l->options_.ttl_seconds, &id));
   l->id_.store(id, std::memory_order_release);
@@ -53,7 +53,11 @@ void KeptLease::keep_alive() {
     return;
   }
   id_.store(fresh, std::memory_order_release);
-  if (options_.on_event) options_.on_event("the platform lease had expired (etcd out of reach); registered again");
+  if (options_.on_event) {
+    options_.on_event(
+        "the platform lease had expired (etcd out of reach, or this process stopped, for longer than "
+        "its TTL); granted a new one");
+  }
   if (options_.regained) options_.regained(fresh);
 }
 

@@ -4,8 +4,9 @@
 // through a client of its own, so a slow request elsewhere never delays it — and calls `tick`
 // between keep-alives for the owner's periodic work (a receiver refreshes its record).
 //
-// When etcd was out of reach for longer than the TTL, the lease is gone and its keys with it: the
-// thread grants a new lease and calls `regained` so that the owner writes its keys again.
+// When the lease could not be renewed for longer than the TTL (etcd out of reach, or this process
+// stopped), it is gone and its keys with it: the thread grants a new lease and calls `regained` so
+// that the owner writes its keys again (where they are still its to write: registration.h).
 // Destroying a KeptLease revokes the lease, so its keys go at once rather than after the TTL.
 #pragma once
 
@@ -27,7 +28,7 @@ namespace slotstream::platform {
 class KeptLease {
  public:
   struct Options {
-    std::vector<std::string> endpoints;
+    EtcdConfig etcd;
     int64_t ttl_seconds = 5;
     std::chrono::milliseconds tick_every{1000};
     std::function<void(int64_t lease)> regained;  // the lease thread; may be empty

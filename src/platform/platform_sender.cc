@@ -8,6 +8,8 @@
 #include "slotstream/platform.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <cstdio>
 #include <mutex>
 #include <set>
 #include <shared_mutex>
@@ -33,6 +35,12 @@ constexpr auto kRoomPoll = std::chrono::milliseconds(2);
 // (STORED: every ~50 ms while it stores), or to answer NUMBER; then it moves by reconnecting,
 // which also finds out whether the receiver died meanwhile.
 constexpr auto kInPlaceWait = std::chrono::milliseconds(5000);
+// How often the receiver's platform record is looked at (watch()), and how long the receiver must
+// also have said nothing on the connection (it sends KEEPALIVE every second) before its record's
+// absence counts as its loss: a live receiver whose lease lapsed while etcd was out of reach
+// registers again and keeps its senders.
+constexpr auto kWatchEvery = std::chrono::milliseconds(500);
+constexpr auto kWatchSilence = std::chrono::milliseconds(1500);
 
 // The receive memory a sender's connections take on the receiver (its blocks and status bytes,
 // one region per connection).
@@ -71,12 +79,35 @@ struct PlatformSender::Impl {
     std::lock_guard lock(sender_mutex);
     return aborted;
   }
-  void set_sender(std::unique_ptr<Sender> s) {
+  // `p`: the receiver the new connection goes to, watched on the platform (watch()).
+  void set_sender(std::unique_ptr<Sender> s, const platform::Placement* p = nullptr) {
     std::unique_ptr<Sender> old;
     std::lock_guard lock(sender_mutex);
     old = std::move(sender);
     sender = std::move(s);
+    watched = p ? *p : platform::Placement{};
     if (sender && !aborted.is_ok()) sender->abort(aborted);
+  }
+
+  // The receiver's liveness as the platform sees it. A receiver that is stopped or hung keeps its
+  // connection open and its blocks full; its lease running out (its record gone) together with its
+  // silence on the connection says so, and the connection is given up: the next send() or finish()
+  // moves to another receiver. Its own thread, with a client of its own.
+  std::unique_ptr<platform::EtcdClient> watch_etcd;
+  platform::Placement watched;  // under sender_mutex: the current connection's receiver
+  std::mutex watch_mutex;
+  std::condition_variable watch_wake;
+  bool watch_stop = false;
+  std::thread watcher;
+  void watch();
+  void check_receiver();
+  void stop_watching() {
+    {
+      std::lock_guard lock(watch_mutex);
+      watch_stop = true;
+    }
+    watch_wake.notify_all();
+    if (watcher.joinable()) watcher.join();
   }
 
   struct Device {
@@ -190,7 +221,7 @@ Status PlatformSender::Impl::connect_to(const platform::Placement& p) {
   }
   std::unique_ptr<Sender> s;
   SLOTSTREAM_RETURN_IF_ERROR(Sender::connect(so, &s));
-  set_sender(std::move(s));
+  set_sender(std::move(s), &p);
   receiver = p.receiver;
   ++generation;
   // The receiver said where its numbers start during the handshake (its first STORED): learnt now,
@@ -261,14 +292,18 @@ Status PlatformSender::Impl::schedule(std::set<std::string> exclude, bool keep_a
       // same receiver again, shortly. Anything else: another receiver.
       if (last.message().find("already connected") == std::string::npos) exclude.insert(p.receiver);
       event("receiver " + p.receiver + " at " + p.address + " did not take the stream: " + last.message());
-    } else if (last.code() == Code::kRefused && !keep_asking) {
-      break;
+    } else if ((last.code() == Code::kRefused && !keep_asking) || last.code() == Code::kAuthFailed ||
+               last.code() == Code::kInvalidArgument) {
+      break;  // asking again changes nothing: etcd refused who we are, or what we ask is wrong
     }
     if (Clock::now() + kRetryPause > deadline) break;
     std::this_thread::sleep_for(kRetryPause);
   }
-  return {last.code() == Code::kRefused ? Code::kRefused : Code::kConnectFailed,
-          "no receiver from the platform: " + last.message()};
+  const Code code =
+      last.code() == Code::kRefused || last.code() == Code::kAuthFailed || last.code() == Code::kInvalidArgument
+          ? last.code()
+          : Code::kConnectFailed;
+  return {code, "no receiver from the platform: " + last.message()};
 }
 
 // The receiver is gone (or the connection failed): schedule another and send again what it did
@@ -366,23 +401,68 @@ Status PlatformSender::Impl::send_logged(uint16_t d, Device& dev, std::optional<
   return st;
 }
 
+void PlatformSender::Impl::watch() {
+  std::unique_lock lock(watch_mutex);
+  while (!watch_wake.wait_for(lock, kWatchEvery, [this] { return watch_stop; })) {
+    lock.unlock();
+    check_receiver();
+    lock.lock();
+  }
+}
+
+void PlatformSender::Impl::check_receiver() {
+  platform::Placement p;
+  {
+    std::lock_guard lock(sender_mutex);
+    if (!sender || watched.receiver.empty()) return;
+    p = watched;
+  }
+  std::optional<platform::KeyValue> kv;
+  // etcd out of reach says nothing about the receiver: the stream goes on (the data path does not
+  // touch etcd).
+  if (!watch_etcd->get(platform::receiver_key(p.receiver), &kv).is_ok()) return;
+  if (kv && kv->create_revision == p.registered_revision) return;
+  platform::ReceiverRecord now;
+  const bool same = kv && platform::decode(kv->value, &now).is_ok() && now.address == p.address;
+  std::lock_guard lock(sender_mutex);
+  if (!sender || watched.receiver != p.receiver || watched.registered_revision != p.registered_revision) return;
+  if (same) {  // it registered again (its lease had lapsed): the same receiver, watched as it is now
+    watched.registered_revision = kv->create_revision;
+    return;
+  }
+  const auto silent = sender->receiver_silence();
+  if (silent < kWatchSilence) return;  // it still answers: it will register again, or leave
+  char why[256];
+  std::snprintf(why, sizeof why,
+                "lost the receiver (its platform record %s and it has said nothing for %.1f s: it is stopped or hung)",
+                kv ? "is another receiver's now" : "went with its lease",
+                std::chrono::duration<double>(silent).count());
+  sender->abort({Code::kPeerGone, why});
+  watched = {};
+}
+
 PlatformSender::PlatformSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 PlatformSender::~PlatformSender() {
+  impl_->stop_watching();
   std::unique_lock lock(impl_->gate);
   impl_->set_sender(nullptr);
   impl_->lease.reset();  // revokes: the reservation goes at once
 }
 
 Status PlatformSender::connect(PlatformSenderOptions options, std::unique_ptr<PlatformSender>* out) {
-  std::vector<std::string> endpoints;
-  SLOTSTREAM_RETURN_IF_ERROR(platform::parse_etcd_url(options.platform, &endpoints));
+  platform::EtcdConfig etcd;
+  SLOTSTREAM_RETURN_IF_ERROR(platform::etcd_config(options.platform, options.security, &etcd));
+  if (auto why = platform::invalid_amount({options.need.cpu, options.need.bandwidth, options.need.fps, 0})) {
+    return {Code::kInvalidArgument, "the need to reserve: " + *why};
+  }
   auto impl = std::make_unique<Impl>();
   Impl& im = *impl;
   im.options = std::move(options);
   im.devices = im.options.sender.devices;
-  SLOTSTREAM_RETURN_IF_ERROR(platform::SenderLease::start(
-      endpoints, im.options.sender.name, im.options.lease_ttl_seconds, im.options.on_event, &im.lease));
+  SLOTSTREAM_RETURN_IF_ERROR(platform::EtcdClient::create(etcd, &im.watch_etcd));
+  SLOTSTREAM_RETURN_IF_ERROR(platform::SenderLease::start(etcd, im.options.sender.name, im.options.lease_ttl_seconds,
+                                                          im.options.on_event, &im.lease));
   for (uint16_t d : im.devices) {
     im.streams[d] = std::make_unique<Impl::Device>();
     im.streams[d]->routed = true;
@@ -391,6 +471,7 @@ Status PlatformSender::connect(PlatformSenderOptions options, std::unique_ptr<Pl
     std::unique_lock lock(im.gate);
     SLOTSTREAM_RETURN_IF_ERROR(im.schedule({}, /*keep_asking=*/false));
   }
+  im.watcher = std::thread([p = &im] { p->watch(); });
   out->reset(new PlatformSender(std::move(impl)));
   return Status::ok();
 }

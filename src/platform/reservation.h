@@ -26,9 +26,10 @@ namespace slotstream::platform {
 
 struct Placement {
   std::string receiver;
-  std::string address;  // the receiver's control address HOST:PORT
-  std::string why;      // the scheduler's reason
-  int attempts = 0;     // transactions it took (more than 1: others reserved at the same time)
+  std::string address;              // the receiver's control address HOST:PORT
+  std::string why;                  // the scheduler's reason
+  int attempts = 0;                 // transactions it took (more than 1: others reserved at the same time)
+  int64_t registered_revision = 0;  // etcd's create revision of the receiver's record: its registration
 };
 
 struct Request {
@@ -44,13 +45,14 @@ struct Request {
 
 class SenderLease {
  public:
-  static Status start(const std::vector<std::string>& endpoints, const std::string& sender, int64_t ttl_seconds,
+  static Status start(const EtcdConfig& etcd, const std::string& sender, int64_t ttl_seconds,
                       std::function<void(const std::string&)> on_event, std::unique_ptr<SenderLease>* out);
   ~SenderLease();  // revokes the lease: the reservation goes at once
 
   // Chooses a receiver for `request` and reserves it (replacing this sender's reservation, if
   // any). kRefused with every receiver's shortfall when none has room; kTimeout when conflicting
-  // transactions went on for longer than `patience`.
+  // transactions went on for longer than `patience`; kInvalidArgument for an amount out of range
+  // (invalid_amount). Records skipped as bad are said through on_event, once each.
   Status reserve(const Request& request, Placement* out);
   // Deletes the reservation (the sender goes on, unscheduled).
   Status release();
@@ -70,11 +72,13 @@ class SenderLease {
   std::mutex mutex_;         // guards the reservation
   std::string reserved_on_;  // receiver of the current reservation ("" none)
   Reservation reservation_;
+  std::set<std::string> said_;  // skipped records already said (under mutex_)
 };
 
-// Reads the platform: every registered receiver and every reservation, at one revision.
-// Malformed values are skipped.
+// Reads the platform: every registered receiver and every reservation, at one revision. A value
+// that is not what slotstream writes (malformed, out of range, under another name's key, a
+// receiver record without a lease) is skipped, and `*skipped` (may be null) says which and why.
 Status read_platform(EtcdClient& etcd, std::vector<ReceiverRecord>* receivers, std::vector<Reservation>* reservations,
-                     int64_t* revision);
+                     int64_t* revision, std::vector<std::string>* skipped = nullptr);
 
 }  // namespace slotstream::platform

@@ -140,6 +140,7 @@ std::optional<Refusal> ReceiverSession::read_hello(wire::Hello* hello) {
   if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
     return Refusal{st.code(), "no valid hello: " + st.message(), st.code() == Code::kTimeout ? "timeout" : "bad_hello"};
   }
+  fabric::test_stop_point("hello");
   if (frame.type == wire::MsgType::kCapacityRequest) {
     if (Status st = wire::decode_capacity_request(frame.body); !st.is_ok()) return Refusal{st.code(), st.message()};
     capacity_only_ = true;
@@ -256,16 +257,28 @@ std::optional<Refusal> ReceiverSession::set_up_transport(uint64_t region) {
   if (Status st = rx_.transport_fabric(transport_, &fabric_); !st.is_ok()) {
     return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
   }
-  // The NIC pins every region of this context: this sender's and the ones already connected.
-  if (Status st = fabric::check_memlock(fabric_->context->spec(), fabric_->context->registered_bytes() + region,
-                                        "this sender's blocks and those of the senders already connected");
+  // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
+  // own that only this session's thread progresses — as an RDMA receiver polls its own
+  // completion queue — instead of contending with every other session for the shared one. Over
+  // rdma with queue pairs per peer (rc, dc) every session has one (a passive one never progresses
+  // it while data moves): a sender's queue pairs go with its session's worker. Closing an endpoint
+  // alone does not free them where the NIC never reports its queue pair's last receive (UCX 1.13
+  // waits for that event, and Soft-RoCE does not send it): on the shared worker they stayed, one
+  // per sender that had gone. (ud has one queue pair per worker, and its shared worker a progress
+  // thread: a passive protocol over ud stays on it.)
+  const fabric::TransportTraits traits = fabric_->context->traits();
+  const bool own = desc_->receiver_progress || (transport_ == Transport::kRdma && !traits.target_progress);
+  // The NIC pins every region of this process (this sender's and the ones already connected) and
+  // what UCX pins for each worker: with a worker of this session's own, one more.
+  const fabric::FabricSpec& spec = fabric_->context->spec();
+  const uint64_t own_pinned = own ? fabric::worker_pinned_bytes(spec) : 0;
+  if (Status st = fabric::check_memlock(spec, fabric::pinned_estimate() + region + own_pinned,
+                                        "this sender's blocks" + std::string(own_pinned ? " and its worker" : "") +
+                                            ", besides what the senders already connected pin");
       !st.is_ok()) {
     return Refusal{Code::kRefused, "the receiver cannot pin the blocks: " + st.message(), "memory"};
   }
-  // A protocol whose receiver takes part in transfers (notifications, ACKs) gets a worker of its
-  // own that only this session's thread progresses — as an RDMA receiver polls its own
-  // completion queue — instead of contending with every other session for the shared one.
-  if (desc_->receiver_progress) {
+  if (own) {
     if (Status st = fabric::Worker::create(*fabric_->context, /*shared=*/false, /*wakeup=*/true, &own_worker_);
         !st.is_ok()) {
       return Refusal{st.code(), "receiver transport set-up failed: " + st.message()};
@@ -302,7 +315,12 @@ std::optional<Refusal> ReceiverSession::connect() {
   // until SETUP — before the data path. (A shared worker over tcp has its progress thread.)
   const fabric::TransportTraits t = fabric_->context->traits();
   fabric::Worker* helper = t.setup_progress || (t.cm_connect && own_worker_) ? &worker() : nullptr;
-  if (Status st = expect_progressing(*control_, wire::MsgType::kSetup, kHelloTimeout, helper, &body); !st.is_ok()) {
+  // Meanwhile the sender connects its endpoint (rdma: and reads a word of ours), which may take
+  // each of its time limits (fabric::Endpoint) on a slow host.
+  const net::Millis setup_timeout =
+      t.setup_progress ? kHelloTimeout + fabric::Endpoint::kConnectTimeout + fabric::Endpoint::kReachTimeout
+                       : kHelloTimeout;
+  if (Status st = expect_progressing(*control_, wire::MsgType::kSetup, setup_timeout, helper, &body); !st.is_ok()) {
     return Refusal{st.code(), "no set-up from the sender: " + st.message()};
   }
   wire::Setup setup;

@@ -22,6 +22,8 @@ constexpr Millis kIdleCheck{100};
 // How often a sender that asked for confirmations hears what is stored (when something moved):
 // what it must keep for sending again if this receiver dies is about this much of its stream.
 constexpr Millis kConfirmInterval{50};
+// The longest stop reason told to a sender (REFUSE; a frame holds 64 KiB).
+constexpr size_t kMaxStopReason = 2000;
 
 }  // namespace
 
@@ -224,6 +226,7 @@ bool ReceiverSession::step() {
   if (rx_.is_stopping()) {
     delivery_->abort_partials();
     report_.reason = "receiver stopped";
+    tell_stopped();
     return false;
   }
   if (!l.lost.empty()) return drain_lost();
@@ -245,6 +248,17 @@ bool ReceiverSession::step() {
     check_control(now);
   }
   return true;
+}
+
+// The receiver stops: the sender hears so, and why, before close() frees the memory it writes —
+// else it learns only from what fails next (over tcp "the peer refused the read (outside its
+// registered memory)", issue 35). REFUSE mid-stream ends a sender's connection with its message.
+void ReceiverSession::tell_stopped() {
+  std::string why = rx_.stop_reason();
+  if (why.size() > kMaxStopReason) why = why.substr(0, kMaxStopReason) + "...";
+  const std::string text = "the receiver stopped" + (why.empty() ? "" : ": " + why);
+  if (!why.empty()) report_.reason = text;
+  (void)control_->send(wire::MsgType::kRefuse, wire::encode(wire::Refuse{Code::kPeerGone, text}));
 }
 
 // After a sender died, let the progress thread apply what already arrived before the last drain.
@@ -387,6 +401,10 @@ void ReceiverSession::check_control(Clock::time_point now) {
     publish(l.start);
   }
   confirm_stored(now);
+  // KEEPALIVE (control version 8): the sender hears from this session at least every
+  // kKeepaliveInterval, also while its blocks are held (a full disk, a busy worker), so that one
+  // that hears nothing for its stall timeout knows this process stopped or hung.
+  if (now - control_->last_sent() >= wire::kKeepaliveInterval) (void)control_->send(wire::MsgType::kKeepalive, {});
   Status alive = control_->check_alive();
   if (alive.code() == Code::kPeerGone) {
     lose_sender("connection closed mid-stream");
@@ -424,6 +442,7 @@ void ReceiverSession::control_frame(const wire::Frame& frame) {
 }
 
 void ReceiverSession::on_fin(const wire::Frame& frame) {
+  fabric::test_stop_point("fin");
   wire::Fin f;
   Status rs = wire::decode(frame.body, &f);
   if (auto why = rs.is_ok() ? check_fin(f, report_.sender.devices) : std::nullopt) rs = {Code::kProtocolError, *why};

@@ -78,6 +78,8 @@ class SessionHost {
   virtual uint8_t receiver_offers() const = 0;
   // The receiver is shutting down: every session ends.
   virtual bool is_stopping() const = 0;
+  // Why, as Receiver::stop(reason) was given it ("" when not said). Any thread.
+  virtual std::string stop_reason() const = 0;
   virtual wire::CapacityInfo capacity() = 0;
   // Admission of this connection (session/admission.h): it sent a whole HELLO; it authenticated
   // (nullopt: go on, else why it is refused); it was closed to make room for others.
@@ -145,6 +147,7 @@ class ReceiverSession {
 
   // --- receiver_session.cc: one pass of the consumer loop, by concern.
   bool drain_lost();  // the sender is gone: keep what is complete, end
+  void tell_stopped();
   void lose_sender(const std::string& why);
   size_t deliver();  // delivery pass; a failing sink stalls the sender
   void stall(const Status& st);

@@ -1,6 +1,7 @@
 #include "session/sender_lane.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "common.h"
@@ -20,11 +21,11 @@ constexpr Millis kHandshakeTimeout{10000};
 // set up; nothing by then means nothing that speaks slotstream listens there (docs/cli-contract.md).
 constexpr Millis kFirstAnswerTimeout{5000};
 constexpr Millis kConnectTimeout{5000};
-// How long an rdma endpoint may take to connect before the receiver counts as unreachable.
-constexpr Millis kReachTimeout{3000};
 constexpr auto kLivenessInterval = Millis(1);
 // After FIN_ACK: how long a sender whose memory the receiver reads waits for it to let go.
 constexpr auto kLetGoTimeout = Millis(2000);
+// After a transport error, how long the receiver's reason (REFUSE) may lag it on the control connection.
+constexpr auto kRefusalWait = Millis(200);
 // How long the sending thread waits for a filled block before calling the protocol's idle_st():
 // normally ~1 ms; while the protocol holds records back (SenderProtocol::holding_st) much sooner.
 constexpr auto kIdlePeriod = std::chrono::microseconds(1000);
@@ -192,9 +193,17 @@ Status SenderLane::handshake(const wire::Hello& hello, std::optional<Transport>*
   const SenderOptions& options = owner_.sender_options();
   const std::vector<uint8_t> hello_bytes = wire::encode(hello);
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kHello, hello_bytes));
+  fabric::test_stop_point("hello");
   wire::Frame frame;
   std::optional<net::Nonce> receiver_nonce;
-  SLOTSTREAM_RETURN_IF_ERROR(answer_challenge(*control_, options.token, hello, hello_bytes, &frame, &receiver_nonce));
+  if (Status st = answer_challenge(*control_, options.token, hello, hello_bytes, &frame, &receiver_nonce);
+      !st.is_ok()) {
+    // The receiver went away (or never answered) before it accepted us: say who.
+    if (st.code() == Code::kPeerGone || st.code() == Code::kTimeout) {
+      return {st.code(), "the receiver did not answer the hello: " + st.message()};
+    }
+    return st;
+  }
   wire::Accept accept;
   SLOTSTREAM_RETURN_IF_ERROR(read_accept(frame, options.token, hello, hello_bytes, receiver_nonce, &accept));
   owner_.accepted(accept);
@@ -235,6 +244,7 @@ Status SenderLane::read_first_stored() {
   while (!missing.empty()) {
     Status st = control_->receive(kHandshakeTimeout, &frame);
     if (!st.is_ok()) return {st.code(), "receiver did not say where its numbers start (STORED): " + st.message()};
+    if (frame.type == wire::MsgType::kKeepalive) continue;
     if (frame.type != wire::MsgType::kStored) {
       return {Code::kProtocolError,
               "expected STORED after READY, got control message " + std::to_string(int(frame.type))};
@@ -265,16 +275,32 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
   fabric::Context* context = nullptr;
   SLOTSTREAM_RETURN_IF_ERROR(owner_.shared_context(accept, &context));
   const size_t local_size = size_t(options.blocks) * stream::SendRing::block_stride(options.block_size);
-  // Before anything is pinned: the NIC needs the locked-memory limit to cover the send blocks.
-  SLOTSTREAM_RETURN_IF_ERROR(fabric::check_memlock(context->spec(), context->registered_bytes() + local_size,
-                                                   "the send blocks (--blocks x --block-size)"));
+  // Before anything is pinned: the NIC needs the locked-memory limit to cover the send blocks, and
+  // UCX its own buffers of the lane's worker.
+  SLOTSTREAM_RETURN_IF_ERROR(fabric::check_memlock(
+      context->spec(), fabric::pinned_estimate() + local_size + fabric::worker_pinned_bytes(context->spec()),
+      "the send blocks (--blocks x --block-size) and UCX's buffers of this connection's worker"));
   // Always with a wake-up fd: a thread that waits for an operation's answer (a status read over
   // tcp is a round trip to the receiver's progress thread) sleeps until it comes (Request::wait).
   SLOTSTREAM_RETURN_IF_ERROR(fabric::Worker::create(*context, /*shared=*/false, /*wakeup=*/true, &worker_));
-  if (Status st = fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_);
+  // While it connects (and over rdma reads a word of ours), a receiver that closes the connection
+  // ends the wait.
+  const fabric::Liveness receiver_there = [this]() -> Status {
+    return control_->check_alive().code() == Code::kPeerGone
+               ? Status{Code::kPeerGone, "the receiver closed the connection during set-up"}
+               : Status::ok();
+  };
+  if (Status st =
+          fabric::Endpoint::create(*worker_, accept.worker_address, control_->peer_host(), &endpoint_, receiver_there);
       !st.is_ok()) {
+    if (control_->check_alive().code() == Code::kPeerGone) {
+      return {Code::kPeerGone,
+              "the receiver closed the connection while the transport was set up (" + st.message() + ")"};
+    }
     return unreachable(st);
   }
+  if (!endpoint_->lanes().empty()) owner_.connected_over(endpoint_->lanes());
+  SLOTSTREAM_RETURN_IF_ERROR(check_lanes());
   if (Status st = fabric::MemoryRegion::allocate(*context, local_size, &local_); !st.is_ok()) {
     return {st.code(), "the send blocks (--blocks x --block-size): " + st.message()};
   }
@@ -306,26 +332,25 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
                                                  [this] { return alive_st(); },
                                                  accept.worker_address,
                                                  control_->peer_host()});
-  SLOTSTREAM_RETURN_IF_ERROR(
-      desc.make_sender(*proto_fabric_, accept.setup, protocol::protocol_options(owner_.protocol_options()), &proto_));
-  return reach_receiver();
+  return desc.make_sender(*proto_fabric_, accept.setup, protocol::protocol_options(owner_.protocol_options()), &proto_);
 }
 
-// Where the endpoint is wired up through an exchange with the receiver (rdma: rc's connection
-// request and reply), waits until UCX has connected it — a receiver the NIC cannot reach is an
-// error now, within kReachTimeout, not a hang at the first block.
-Status SenderLane::reach_receiver() {
-  if (!worker_->context().traits().setup_progress) return Status::ok();
-  const auto until = Clock::now() + kReachTimeout;
-  Status st = endpoint_->flush([&]() -> Status {
-    if (endpoint_->failed()) return endpoint_->failure();
-    if (Clock::now() > until)
-      return {Code::kTimeout, "no connection within " + std::to_string(kReachTimeout.count()) + " ms"};
-    return control_->check_alive().code() == Code::kPeerGone
-               ? Status{Code::kPeerGone, "the receiver closed the connection"}
-               : Status::ok();
-  });
-  return st.is_ok() ? st : unreachable(st);
+// Over rdma, the lanes UCX chose (fabric::Endpoint::lanes): a protocol whose receiver takes no part
+// (status_byte) needs puts and gets in hardware. Emulated ones (a user's UCX_TLS without rc or dc,
+// e.g. ud_verbs) are answered by the receiver's worker, which no one progresses there: every put
+// would wait forever. Refused with the reason instead.
+Status SenderLane::check_lanes() const {
+  const fabric::Context& context = worker_->context();
+  if (context.transport() != Transport::kRdma || endpoint_->rma_one_sided()) return Status::ok();
+  const protocol::Descriptor& desc = owner_.descriptor();
+  if (desc.receiver_progress || context.traits().target_progress) return Status::ok();
+  std::string overrides;
+  for (const std::string& line : context.ucx_overrides()) overrides += "; " + line;
+  return {Code::kInvalidArgument,
+          "UCX chose no lane that puts in hardware (lanes: " + endpoint_->lanes() + overrides +
+              "): " + std::string(desc.name) + "'s receiver takes no part over " + fabric::spec_name(context.spec()) +
+              ", so puts emulated with messages would never complete. Let UCX use rc or dc (unset UCX_TLS, or "
+              "include rc_verbs/rc_mlx5), or use --rdma-transport ud, whose receiver takes part"};
 }
 
 // A receiver UCX cannot connect to: on rdma, what to look at.
@@ -354,7 +379,22 @@ Status SenderLane::alive_st() {
     SLOTSTREAM_RETURN_IF_ERROR(control_->receive(Millis(1000), &frame));
     return control_frame(frame);
   }
-  return Status::ok();
+  return check_silence(now);
+}
+
+// A receiver process that is stopped (SIGSTOP), hung or cut off keeps its connection open and its
+// blocks full: only its silence shows it (control version 8: a live one sends KEEPALIVE every
+// second, whatever else it does). Checked only when no frame waits to be read.
+Status SenderLane::check_silence(Clock::time_point now) const {
+  const auto limit = owner_.sender_options().stall_timeout;
+  if (limit.count() == 0 || now - control_->last_received() <= limit) return Status::ok();
+  const auto silent = std::chrono::duration_cast<Millis>(now - control_->last_received());
+  char what[200];
+  std::snprintf(what, sizeof what,
+                "it has said nothing for %.1f s, not even the keepalive a live receiver sends every second: it is "
+                "stopped, hung or cut off (stall timeout %.1f s)",
+                silent.count() / 1000.0, limit.count() / 1000.0);
+  return receiver_lost(what);
 }
 
 Status SenderLane::control_frame(const wire::Frame& frame) {
@@ -370,6 +410,7 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
     owner_.on_stored(stored);
     return Status::ok();
   }
+  if (frame.type == wire::MsgType::kKeepalive) return wire::decode_keepalive(frame.body);
   if (frame.type == wire::MsgType::kNumbered) {
     wire::Numbered answer;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &answer));
@@ -379,9 +420,29 @@ Status SenderLane::control_frame(const wire::Frame& frame) {
   if (frame.type == wire::MsgType::kRefuse) {
     wire::Refuse refuse;
     SLOTSTREAM_RETURN_IF_ERROR(wire::decode(frame.body, &refuse));
+    // A stopping receiver says "the receiver stopped[: why]" (ReceiverSession::tell_stopped).
+    if (refuse.code == Code::kPeerGone) return receiver_lost(refuse.message);
     return {refuse.code, "receiver ended the connection: " + refuse.message};
   }
   return {Code::kProtocolError, "unexpected control message " + std::to_string(int(frame.type)) + " while sending"};
+}
+
+// A receiver that stops says so (REFUSE) before it frees the memory this lane writes; what fails
+// here next (over tcp: "the peer refused the read (outside its registered memory)", a status read
+// into memory no longer registered) is only the consequence. Its REFUSE may arrive a little after
+// the data path's error (two connections): waited for up to kRefusalWait. A sender cancelled here
+// (Sender::abort) has nothing to hear.
+Status SenderLane::receiver_said_st(Status st) {
+  if (st.is_ok() || st.code() == Code::kCancelled || !control_) return st;
+  const auto until = Clock::now() + kRefusalWait;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
+    wire::Frame frame;
+    if (!control_->receive(std::max(left, Millis(1)), &frame).is_ok()) return st;  // nothing said: closed, or quiet
+    Status said = control_frame(frame);                                            // PAUSE and STORED apply as ever
+    if (frame.type == wire::MsgType::kRefuse) return said;
+    if (Clock::now() >= until) return st;
+  }
 }
 
 // With the token: transmits units from the cursor on, in ticket order (at most a ring's worth, so
@@ -497,7 +558,7 @@ Status SenderLane::help() {
 Status SenderLane::leave_token(Status st) {
   if (needs_watcher()) ring_->wake_sender();
   if (st.is_ok()) return st;
-  owner_.fail(explain_transmit_error(st));
+  owner_.fail(explain_transmit_error(receiver_said_st(st)));
   return owner_.first_error();
 }
 
@@ -567,7 +628,7 @@ Status SenderLane::sending_thread_st() {
 }
 
 void SenderLane::sending_loop_st() {
-  if (Status st = explain_transmit_error(sending_thread_st()); !st.is_ok()) owner_.fail(st);
+  if (Status st = explain_transmit_error(receiver_said_st(sending_thread_st())); !st.is_ok()) owner_.fail(st);
 }
 
 // The socket's frames are sent by one thread at a time: this one's, while the sending thread only
@@ -582,6 +643,7 @@ Status SenderLane::fin() {
   wire::Fin fin;
   for (uint16_t d : devices_) fin.messages[d] = owner_.messages_sent(d);
   SLOTSTREAM_RETURN_IF_ERROR(control_->send(wire::MsgType::kFin, wire::encode(fin)));
+  fabric::test_stop_point("fin");
   // A receiver that reaches into this sender (Descriptor::receiver_endpoint) reads from us until
   // it has let go of our memory: where UCX emulates its reads (tcp) our worker must answer them,
   // so it is progressed here (the sending thread has ended) until the receiver closes the
@@ -594,6 +656,7 @@ Status SenderLane::fin() {
     if (st.code() == Code::kTimeout) {
       if (answer) worker_->progress();
       SLOTSTREAM_RETURN_IF_ERROR(owner_.first_error());
+      SLOTSTREAM_RETURN_IF_ERROR(check_silence(Clock::now()));  // a receiver stopped before FIN_ACK
       continue;
     }
     if (st.code() == Code::kPeerGone) return {Code::kPeerGone, "receiver closed the connection before confirming"};

@@ -60,6 +60,8 @@ class LaneOwner {
   virtual uint8_t offers() const = 0;
   // A receiver's ACCEPT arrived (which transport, and why). Called during Sender::connect.
   virtual void accepted(const wire::Accept& accept) = 0;
+  // The lane's endpoint connected over these UCX lanes (fabric::Endpoint::lanes; rdma only).
+  virtual void connected_over(const std::string& /*lanes*/) {}
   // This side could not set up `transport` (why: `st`). True: connect again offering less (an
   // auto sender; said on stderr by the CLI through transport_reason()); false: `st` is the error.
   virtual bool set_up_failed(Transport transport, const Status& st) = 0;
@@ -114,6 +116,9 @@ class SenderLane {
   // records when packed) so far: only once stop() returned.
   uint64_t records() const { return records_; }
   uint64_t units() const { return units_; }
+  // When the receiver last said anything on this connection (any frame; KEEPALIVE at least every
+  // wire::kKeepaliveInterval). After connect(); any thread.
+  std::chrono::steady_clock::time_point heard() const { return control_->last_received(); }
 
  private:
   // *failed: set when the chosen transport's set-up failed on this side (the receiver was told).
@@ -121,7 +126,7 @@ class SenderLane {
   Status read_first_stored();
   Status setup_fabric(const wire::Accept& accept);
   void refuse_transport(Transport transport, const Status& st);
-  Status reach_receiver();
+  Status check_lanes() const;
   Status unreachable(const Status& st) const;
   void reset();  // back to before connect()
   // "_st": only whoever holds the ring's transmit token (protocol.h).
@@ -140,8 +145,15 @@ class SenderLane {
   Status sending_thread_st();
   void sending_loop_st();
   Status alive_st();
-  // A control frame from the receiver while data moves (PAUSE, STORED).
+  // kPeerGone when the receiver has said nothing for longer than SenderOptions::stall_timeout (and
+  // nothing waits to be read): stopped or hung. Whoever reads the control socket.
+  Status check_silence(std::chrono::steady_clock::time_point now) const;
+  // A control frame from the receiver while data moves (PAUSE, STORED; REFUSE: the receiver ends
+  // the connection and says why).
   Status control_frame(const wire::Frame& frame);
+  // The lane failed with `st`: if the receiver said why it ended the connection (REFUSE), that
+  // instead. Token holder's.
+  Status receiver_said_st(Status st);
 
   LaneOwner& owner_;
   const uint16_t index_;

@@ -307,14 +307,21 @@ size_t Delivery::gather_leases(size_t pos) {
   return leases_.size();
 }
 
+// A unit lent in an earlier pass whose views are still alive keeps its lease (one per unit, counted
+// once); one whose views were all released gets a new one.
 std::shared_ptr<BlockLease> Delivery::unit_lease(uint32_t unit) {
   UnitState& u = units_[unit];
   if (u.lease) return u.lease;
   const uint64_t id = u.record.id;
-  auto it = std::find_if(lent_units_.begin(), lent_units_.end(), [&](const auto& l) { return l->id == id; });
-  if (it != lent_units_.end()) return u.lease = *it;
+  auto it = std::find_if(lent_units_.begin(), lent_units_.end(), [&](const LentUnit& l) { return l.id == id; });
+  if (it != lent_units_.end() && (u.lease = it->lease.lock())) return u.lease;
   u.lease = lending_->lease(id);
-  if (u.lease) lent_units_.push_back(u.lease);
+  if (!u.lease) return nullptr;
+  if (it != lent_units_.end()) {
+    it->lease = u.lease;
+  } else {
+    lent_units_.push_back({id, u.lease});
+  }
   return u.lease;
 }
 
@@ -398,6 +405,10 @@ void Delivery::release_units() {
       if (part != partial_.end()) partial_.erase(part);
       continue;
     }
+    // Zero-copy: a unit some of whose records wait is held by its views alone, not by the delivery
+    // (else such units, their views released, could take up the whole held limit, and the records
+    // they wait for, in other units, could never be lent).
+    u.lease.reset();
     const auto first = marks_.begin() + u.first_mark, last = first + u.records;
     if (std::find(first, last, uint8_t(1)) == last) continue;  // nothing of it consumed yet
     if (part == partial_.end()) part = partial_.insert(partial_.end(), Partial{u.record.id, {}});
@@ -407,11 +418,16 @@ void Delivery::release_units() {
 
 // A unit with lent messages is retained (paper §3.3: status 2) and left to its views: the last
 // one released gives it back (BlockLease). The others are released now.
+// A unit whose views were all released before its last record was consumed is released as any.
 void Delivery::release_unit(UnitState& u) {
   std::shared_ptr<BlockLease> lease = std::move(u.lease);
-  if (!lease && !lent_units_.empty()) {  // lent in an earlier pass, the rest consumed in this one
-    auto it = std::find_if(lent_units_.begin(), lent_units_.end(), [&](const auto& l) { return l->id == u.record.id; });
-    if (it != lent_units_.end()) lease = *it;
+  if (!lent_units_.empty()) {  // lent in an earlier pass, the rest consumed in this one
+    auto it =
+        std::find_if(lent_units_.begin(), lent_units_.end(), [&](const LentUnit& l) { return l.id == u.record.id; });
+    if (it != lent_units_.end()) {
+      if (!lease) lease = it->lease.lock();
+      lent_units_.erase(it);
+    }
   }
   if (!lease) {
     proto_.release(u.record.id);
@@ -419,7 +435,6 @@ void Delivery::release_unit(UnitState& u) {
   }
   proto_.retain(u.record.id);
   lease->retained = true;
-  std::erase(lent_units_, lease);
 }
 
 void Delivery::remember(uint64_t unit_id, uint32_t index) {

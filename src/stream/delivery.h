@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -216,10 +217,15 @@ class Delivery {
   std::vector<uint32_t> batch_;     // entries_ of whole messages for the next sink_.deliver
   std::vector<Message> messages_;
   std::vector<Partial> partial_;
-  // Zero-copy receive: units with lent messages not all consumed yet, across passes.
+  // Zero-copy receive: units with lent messages not all consumed yet, across passes. Only their
+  // views hold their leases (what Lending counts against the held limit is what views hold).
+  struct LentUnit {
+    uint64_t id = 0;
+    std::weak_ptr<BlockLease> lease;
+  };
   std::shared_ptr<Lending> lending_;
   LendingSink* lender_ = nullptr;
-  std::vector<std::shared_ptr<BlockLease>> lent_units_;
+  std::vector<LentUnit> lent_units_;
   std::vector<std::shared_ptr<BlockLease>> leases_;  // scratch: one per message of a lent batch
   bool lend_limited_ = false;
   bool seen_data_ = false;         // seen_data()

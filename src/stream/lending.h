@@ -7,6 +7,14 @@
 // releasing it, and hands the lease over to the views; the last view released (any thread) gives
 // the unit back to the protocol (release_retained: status 0).
 //
+// Only views hold a lease: between passes the delivery keeps a weak reference to the lease of a
+// unit some of whose records still wait (a packed unit shared by several devices, a record ahead
+// of its predecessor, the limit reached half-way). Views of it all released before its last
+// record is consumed end the lease (the unit is then released as any other); its later records
+// get a new one. So held() is exactly the units the application's views keep — never units the
+// delivery itself waits on, which could fill the limit with blocks no view holds while the
+// records they wait for lie in blocks that can no longer be lent (issue 35).
+//
 //   Lending     one session's: the protocol (kept alive, with the UCX context, while views live),
 //               the sender's name, the count of leased units and its limit.
 //   BlockLease  one unit lent in place (counted against the limit).
@@ -50,8 +58,9 @@ struct MessageView::Lease {
 
 namespace slotstream::stream {
 
-// One receive unit lent in place. `retained` is set by the consumer (before it lets go of its own
-// reference) once the unit's every record is consumed; then the last reference gives it back.
+// One receive unit lent in place, alive while a view of it (or the pass lending it) lives.
+// `retained` is set by the consumer (before it lets go of its own reference) once the unit's every
+// record is consumed; then the last reference gives it back.
 struct BlockLease final : MessageView::Lease {
   BlockLease(std::shared_ptr<Lending> lending, uint64_t id);
   ~BlockLease() override;

@@ -426,4 +426,9 @@ Status decode_capacity_request(std::span<const uint8_t> body) {
   return finish(r, "capacity request");
 }
 
+Status decode_keepalive(std::span<const uint8_t> body) {
+  if (!body.empty()) return {Code::kProtocolError, "malformed keepalive: " + std::to_string(body.size()) + " bytes"};
+  return Status::ok();
+}
+
 }  // namespace slotstream::wire

@@ -16,6 +16,9 @@
 //                           handshake's end)
 //          sender -> NUMBER ; receiver -> NUMBERED (any number, while data moves: a declared device
 //                           starts again at a number of the sender's, e.g. back from being stored elsewhere)
+//          receiver -> KEEPALIVE (while data moves, and after FIN until FIN_ACK: whenever it has sent
+//                           no other frame for kKeepaliveInterval — a sender that hears nothing for its
+//                           stall timeout takes the receiver as stopped or hung)
 //          sender -> FIN (per-device message counts) ; receiver -> FIN_ACK once all is stored
 // Or, instead of HELLO, a capacity query: CAPACITY_REQ ; receiver -> CAPACITY, then close.
 //
@@ -55,6 +58,8 @@
 // NUMBERED:  u16 device | u64 number | u8 ok | str16 message — the answer, once applied (ok 1) or why
 //            not (ok 0: the connection goes on, the device's numbering unchanged). After an ok answer,
 //            STORED counts the device from `number`: first = number, stored = messages since.
+// KEEPALIVE: (empty) — the receiver's process is alive and serves this connection (a receiver that
+//            holds its blocks, its disk full, still sends it: back-pressure, not a hang)
 // REFUSE:    u16 code | str16 message
 // FIN:       u16 n | n x (u16 device, u64 messages)   (n <= kMaxDevices: one frame holds any FIN)
 // FIN_ACK:   u8 ok | u64 messages stored | str16 message
@@ -66,7 +71,7 @@
 // the transport could not be set up (it may then connect again offering less).
 //
 // Signed frames (with a token, both ends): from the receiver's answer to SETUP on (READY or
-// REFUSE, then PAUSE, STORED, FIN, FIN_ACK), every frame either way is
+// REFUSE, then PAUSE, STORED, KEEPALIVE, FIN, FIN_ACK), every frame either way is
 //            u32 length | u8 type | body | u64 sequence | 32-byte MAC
 //   MAC = net::mac(session key, "frame s>r" or "frame r>s", {u8 type, u64 sequence, body})
 // (net/auth.h: the key is derived from the token and both handshake nonces, never sent). Each
@@ -81,11 +86,14 @@
 // may hold packed units (issue 21: a receiver of version 4 would count them as bad headers and lose
 // their messages, so it must refuse the sender instead); version 6 adds signed frames after the
 // handshake (issue 19; a sender of version 5 would not sign them); version 7 adds NUMBER/NUMBERED (a
-// receiver of version 6 would end the session at an unexpected frame). The block header
+// receiver of version 6 would end the session at an unexpected frame); version 8 adds KEEPALIVE (a
+// sender of version 7 would end the session at an unexpected frame, and a receiver of version 7 sends
+// none, so a version 8 sender would take it as hung). The block header
 // (wire/block_header.h) carries its own version.
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -99,7 +107,10 @@
 namespace slotstream::wire {
 
 inline constexpr std::array<uint8_t, 4> kMagic = {'S', 'L', 'S', 'T'};
-inline constexpr uint16_t kProtocolVersion = 7;
+inline constexpr uint16_t kProtocolVersion = 8;
+// How often a receiver that has sent nothing else says it is alive (KEEPALIVE): a sender needs a
+// few of them missed before it calls the receiver hung (SenderOptions::stall_timeout, at least 2 s).
+inline constexpr std::chrono::milliseconds kKeepaliveInterval{1000};
 inline constexpr size_t kMaxFrame = 64 * 1024;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;
@@ -131,6 +142,7 @@ enum class MsgType : uint8_t {
   kStored = 13,
   kNumber = 14,
   kNumbered = 15,
+  kKeepalive = 16,
 };
 
 inline constexpr uint8_t kHelloNumbered = 1;  // HELLO flags (above)
@@ -273,5 +285,7 @@ Status decode(std::span<const uint8_t> body, Number* out);
 Status decode(std::span<const uint8_t> body, Numbered* out);
 Status decode(std::span<const uint8_t> body, CapacityInfo* out);
 Status decode_capacity_request(std::span<const uint8_t> body);
+// KEEPALIVE has an empty body; anything in it is an error.
+Status decode_keepalive(std::span<const uint8_t> body);
 
 }  // namespace slotstream::wire

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -132,7 +133,9 @@ INSTANTIATE_TEST_SUITE_P(Tcp, PutFlaggedTcp, testing::Values(Transport::kTcp),
 
 // Which workers get the fabric's own puts and gets (soft_rma.h): tcp's, and no other. An
 // rdma-configured context (UCX_TLS rc/dc/ud, peer-failure mode) can be created on a host without a
-// NIC — UCX then has only its `self` transport — so its worker is looked at too.
+// NIC — UCX then has only its `self` transport; its workers connect through the RDMA connection
+// manager (fabric/cm.h), so where that is missing (this machine) a worker is refused at once with
+// what to do, rather than UCX aborting when the worker's listener has no manager to listen with.
 TEST(FabricWorkers, OnlyATcpWorkerHasTheSoftwareRma) {
   const FabricSpec specs[] = {{Transport::kShm},
                               {Transport::kTcp},
@@ -145,6 +148,13 @@ TEST(FabricWorkers, OnlyATcpWorkerHasTheSoftwareRma) {
     ASSERT_TRUE(Context::create(spec, &ctx).is_ok());
     EXPECT_EQ(ctx->spec().transport, spec.transport);
     std::unique_ptr<Worker> shared, single;
+    if (spec.transport == Transport::kRdma && !rdma_cm_available()) {
+      Status st = Worker::create(*ctx, /*shared=*/true, /*wakeup=*/true, &shared);
+      EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.to_string();
+      EXPECT_NE(st.message().find("/dev/infiniband/rdma_cm"), std::string::npos) << st.message();
+      EXPECT_EQ(shared, nullptr);
+      continue;
+    }
     ASSERT_TRUE(Worker::create(*ctx, /*shared=*/true, /*wakeup=*/true, &shared).is_ok());
     ASSERT_TRUE(Worker::create(*ctx, /*shared=*/false, /*wakeup=*/false, &single).is_ok());
     EXPECT_EQ(shared->soft_rma(), spec.transport == Transport::kTcp);
@@ -174,23 +184,57 @@ INSTANTIATE_TEST_SUITE_P(Transports, APut, testing::Values(Transport::kShm, Tran
                            return std::string(transport_name(p.param));
                          });
 
-// A peer UCX cannot reach over rdma (here: no NIC, so no lane to another worker) is an error at
-// once, never a hang. On a host with an RDMA device every worker is reachable: nothing to show.
-TEST(FabricWorkers, APeerUcxCannotReachOverRdmaIsAnErrorAtOnce) {
-  const FabricSpec spec{Transport::kRdma, RdmaTransport::kRc};
-  if (host_rdma(spec).usable) GTEST_SKIP() << "this host has an RDMA device: every peer is reachable";
+// A receive region starts zero: protocols trust their status bytes and headers from the first poll
+// (MemoryRegion::allocate clears nothing where UCX's allocators give fresh pages). UCX's "thp"
+// allocator is posix_memalign — the process's heap, which hands back memory freed before with its old
+// bytes: in a tcp receiver (no shared-memory allocator there) a new session's status bytes still said
+// "full" and the last session's data was delivered as the new sender's first messages (issue 35).
+TEST(FabricRegions, EveryRegionStartsZeroAlsoWhereTheProcessFreedOthersBefore) {
+  for (Transport t : {Transport::kShm, Transport::kTcp}) {
+    SCOPED_TRACE(transport_name(t));
+    std::unique_ptr<Context> ctx;
+    ASSERT_TRUE(Context::create(t, &ctx).is_ok());
+    for (int round = 0; round < 4; ++round) {
+      // 16 blocks of 64 KiB and their status bytes; 4 MiB of them.
+      for (size_t length : {size_t(16 * 65536 + 16), size_t(64 * 65536 + 64)}) {
+        std::unique_ptr<MemoryRegion> region;
+        ASSERT_TRUE(MemoryRegion::allocate(*ctx, length, &region).is_ok());
+        const std::byte* p = region->data();
+        const size_t stale = size_t(std::count_if(p, p + length, [](std::byte b) { return b != std::byte{0}; }));
+        EXPECT_EQ(stale, 0u) << "round " << round << ", a region of " << length << " bytes";
+        std::memset(region->data(), 0x5a, length);  // what a session leaves behind
+      }
+    }
+  }
+}
+
+// A dropped request of a UCX get that is still running must not let the get write its destination
+// later (rdma: the NIC writes whenever the answer comes): Request ends it first (fabric.h). Where
+// gets complete inside the call (shared memory), nothing is pending and dropping costs nothing;
+// the rdma case runs in the Soft-RoCE VM (tests/rdma/rdma_fabric_test.cc).
+TEST(FabricRequests, ADroppedGetOnSharedMemoryHasAlreadyLanded) {
   std::unique_ptr<Context> ctx;
   std::unique_ptr<Worker> a, b;
-  ASSERT_TRUE(Context::create(spec, &ctx).is_ok());
+  ASSERT_TRUE(Context::create(Transport::kShm, &ctx).is_ok());
   ASSERT_TRUE(Worker::create(*ctx, false, false, &a).is_ok());
   ASSERT_TRUE(Worker::create(*ctx, true, true, &b).is_ok());
   std::unique_ptr<Endpoint> ep;
-  const auto t0 = std::chrono::steady_clock::now();
-  Status st = Endpoint::create(*a, b->address(), "127.0.0.1", &ep);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  EXPECT_EQ(st.code(), Code::kPeerGone) << st.to_string();
-  EXPECT_NE(st.message().find("unreachable"), std::string::npos) << st.message();
-  EXPECT_EQ(ep, nullptr);
+  ASSERT_TRUE(Endpoint::create(*a, b->address(), "127.0.0.1", &ep).is_ok());
+  EXPECT_TRUE(ep->lanes().empty()) << "lanes are asked of UCX over rdma only";
+  EXPECT_TRUE(ep->rma_one_sided());
+  ExposedRegion region;
+  ASSERT_TRUE(MemoryRegion::allocate_exposed(*ctx, 4096, &region).is_ok());
+  std::memset(region.region->data(), 0x5a, 4096);
+  std::unique_ptr<RemoteKey> key;
+  ASSERT_TRUE(RemoteKey::unpack(*ep, region.rkey, &key).is_ok());
+  std::vector<uint8_t> dst(4096, 0);
+  {
+    Request r;
+    ASSERT_TRUE(ep->get(dst.data(), dst.size(), region.region->remote_address(), *key, &r).is_ok());
+  }
+  EXPECT_EQ(dst[0], 0x5a);
+  EXPECT_EQ(dst[4095], 0x5a);
+  EXPECT_FALSE(ep->failed()) << "nothing was abandoned";
 }
 
 }  // namespace

@@ -32,43 +32,78 @@ std::map<std::string, std::string> applied(const UcxChoice& c) {
 
 TEST(Transports, UcxIsAskedForEachTransportsOwnTransports) {
   const auto none = env_of({});
-  // Every transport: regions from UCX's zero-filled allocators only (no "heap": a region is then
+  // Every transport: regions from UCX's zero-filled allocators only (no "heap" or "thp": a region is then
   // never cleared, and costs what is written).
-  const std::string zero_filled = "md:sysv,md:posix,huge,thp,md:*,mmap";
+  const std::string zero_filled = "md:sysv,md:posix,huge,md:*,mmap";
   EXPECT_EQ(applied(ucx_settings({Transport::kShm}, none)),
             (std::map<std::string, std::string>{{"UCX_TLS", "posix,sysv,self"}, {"UCX_ALLOC_PRIO", zero_filled}}));
-  // tcp: connections through the connection manager on one device (fabric/cm.h).
+  // tcp: connections through tcp's own connection manager on one device (fabric/cm.h).
   EXPECT_EQ(applied(ucx_settings({Transport::kTcp}, none)),
             (std::map<std::string, std::string>{{"UCX_TLS", "tcp,self"},
                                                 {"UCX_TCP_TX_SEG_SIZE", "1028K"},
                                                 {"UCX_TCP_RX_SEG_SIZE", "2056K"},
                                                 {"UCX_CM_USE_ALL_DEVICES", "n"},
+                                                {"UCX_SOCKADDR_TLS_PRIORITY", "tcp"},
                                                 {"UCX_ALLOC_PRIO", zero_filled}}));
-  // rdma: UCX 1.13's aliases (rc = rc_mlx5 + rc_verbs with ud:aux for wire-up; dc = dc_mlx5; ud).
-  EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc}, none)),
-            (std::map<std::string, std::string>{{"UCX_TLS", "rc,self"}, {"UCX_ALLOC_PRIO", zero_filled}}));
-  EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kDc}, none))["UCX_TLS"], "dc,self");
-  EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kUd}, none))["UCX_TLS"], "ud,self");
+  // rdma rc: the rc transports this host has, no ud (connections through rdmacm, fabric/cm.h),
+  // strict PCIe ordering for write-then-status.
+  const std::vector<std::string> rxe = {"self", "tcp", "posix", "rc_verbs", "ud_verbs"};
+  const std::map<std::string, std::string> rc_on_rxe = {{"UCX_TLS", "rc_verbs,self"},
+                                                        {"UCX_SOCKADDR_TLS_PRIORITY", "rdmacm"},
+                                                        {"UCX_CM_USE_ALL_DEVICES", "n"},
+                                                        {"UCX_IB_PCI_RELAXED_ORDERING", "off"},
+                                                        {"UCX_ALLOC_PRIO", zero_filled}};
+  EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc}, none, rxe)), rc_on_rxe);
+  const std::vector<std::string> connectx = {"self", "rc_verbs", "ud_verbs", "rc_mlx5", "dc_mlx5", "ud_mlx5"};
+  EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc}, none, connectx))["UCX_TLS"],
+            "rc_mlx5,rc_verbs,self");
+  // Where ud may carry something (ud itself, dc's and the "rc" alias's ud ":aux"), UCX 1.13's
+  // ud_verbs must not drop every IPv4 RoCE packet (its destination check, transports.cc).
+  auto rc_unknown = applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc}, none));
+  EXPECT_EQ(rc_unknown["UCX_TLS"], "rc,self") << "no host list: UCX's alias";
+  EXPECT_EQ(rc_unknown["UCX_UD_ETH_DGID_CHECK"], "n");
+  for (RdmaTransport kind : {RdmaTransport::kDc, RdmaTransport::kUd}) {
+    const auto a = applied(ucx_settings({Transport::kRdma, kind}, none, connectx));
+    EXPECT_EQ(a.at("UCX_TLS"), kind == RdmaTransport::kDc ? "dc,self" : "ud,self");
+    EXPECT_EQ(a.at("UCX_UD_ETH_DGID_CHECK"), "n");
+    EXPECT_EQ(a.at("UCX_SOCKADDR_TLS_PRIORITY"), "rdmacm");
+    EXPECT_EQ(a.at("UCX_IB_PCI_RELAXED_ORDERING"), "off");
+  }
   // --rdma-device is UCX's net device list.
-  EXPECT_EQ(applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc, "mlx5_1:1"}, none)),
-            (std::map<std::string, std::string>{
-                {"UCX_TLS", "rc,self"}, {"UCX_NET_DEVICES", "mlx5_1:1"}, {"UCX_ALLOC_PRIO", zero_filled}}));
-  // The key is what ucp_config_modify takes: without UCX_, and a transport's own without its prefix.
-  for (const auto& s : ucx_settings({Transport::kTcp}, none).apply) {
-    const std::string prefix = s.env.starts_with("UCX_TCP_") ? "UCX_TCP_" : "UCX_";
-    EXPECT_EQ(s.key, s.env.substr(prefix.size()));
+  EXPECT_EQ(
+      applied(ucx_settings({Transport::kRdma, RdmaTransport::kRc, "mlx5_1:1"}, none, connectx))["UCX_NET_DEVICES"],
+      "mlx5_1:1");
+  // The key is what ucp_config_modify takes: without UCX_, and a transport's (or a component's) own
+  // without its prefix (UCX_TCP_TX_SEG_SIZE -> TX_SEG_SIZE, UCX_IB_PCI_RELAXED_ORDERING ->
+  // PCI_RELAXED_ORDERING; UCX_UD_ETH_DGID_CHECK keeps UD_: ud_verbs' table nests the ud table under it).
+  for (const FabricSpec& spec : {FabricSpec{Transport::kTcp}, FabricSpec{Transport::kRdma, RdmaTransport::kUd}}) {
+    for (const auto& s : ucx_settings(spec, none).apply) {
+      const std::string prefix = s.env.starts_with("UCX_TCP_")  ? "UCX_TCP_"
+                                 : s.env.starts_with("UCX_IB_") ? "UCX_IB_"
+                                                                : "UCX_";
+      EXPECT_EQ(s.key, s.env.substr(prefix.size()));
+    }
   }
   for (const auto* t : {"shm", "tcp"}) EXPECT_TRUE(ucx_settings({*parse_transport(t)}, none).overridden.empty());
 }
 
 TEST(Transports, AUsersUcxEnvironmentWinsAndIsReported) {
   const auto env = env_of({{"UCX_TLS", "rc_verbs,ud_verbs:aux"}, {"UCX_NET_DEVICES", "mlx5_0:1"}});
-  const UcxChoice c = ucx_settings({Transport::kRdma, RdmaTransport::kRc, "mlx5_1:1"}, env);
-  EXPECT_EQ(applied(c), (std::map<std::string, std::string>{{"UCX_ALLOC_PRIO", "md:sysv,md:posix,huge,thp,md:*,mmap"}}))
-      << "nothing of ours where the environment decides";
+  const std::vector<std::string> host = {"rc_verbs"};
+  const UcxChoice c = ucx_settings({Transport::kRdma, RdmaTransport::kRc, "mlx5_1:1"}, env, host);
+  const auto a = applied(c);
+  EXPECT_EQ(a.count("UCX_TLS"), 0u) << "nothing of ours where the environment decides";
+  EXPECT_EQ(a.count("UCX_NET_DEVICES"), 0u);
+  EXPECT_EQ(a.at("UCX_UD_ETH_DGID_CHECK"), "n") << "a user's UCX_TLS may bring ud";
   ASSERT_EQ(c.overridden.size(), 2u);
-  EXPECT_EQ(c.overridden[0], "UCX_TLS=rc_verbs,ud_verbs:aux from the environment (slotstream would use rc,self)");
+  EXPECT_EQ(c.overridden[0], "UCX_TLS=rc_verbs,ud_verbs:aux from the environment (slotstream would use rc_verbs,self)");
   EXPECT_EQ(c.overridden[1], "UCX_NET_DEVICES=mlx5_0:1 from the environment (slotstream would use mlx5_1:1)");
+  // A setting UCX also takes under a transport's own name: the user's choice all the same.
+  const UcxChoice d =
+      ucx_settings({Transport::kRdma, RdmaTransport::kUd}, env_of({{"UCX_UD_VERBS_ETH_DGID_CHECK", "y"}}));
+  EXPECT_EQ(applied(d).count("UCX_UD_ETH_DGID_CHECK"), 0u);
+  EXPECT_EQ(d.overridden,
+            std::vector<std::string>{"UCX_UD_ETH_DGID_CHECK=y from the environment (slotstream would use n)"});
   // A tcp segment size of the user's stays, the other is still ours; the same value is no override.
   const UcxChoice t =
       ucx_settings({Transport::kTcp}, env_of({{"UCX_TCP_TX_SEG_SIZE", "64k"}, {"UCX_TLS", "tcp,self"}}));
@@ -87,9 +122,9 @@ TEST(Transports, TheFabricKnowsWhichTransportsNeedTheTargetsProgress) {
   const Row rows[] = {
       {{Transport::kShm}, false, false, false, false, false, false},
       {{Transport::kTcp}, true, true, true, false, false, true},
-      {{Transport::kRdma, RdmaTransport::kRc}, false, false, true, true, true, false},
-      {{Transport::kRdma, RdmaTransport::kDc}, false, false, true, true, true, false},
-      {{Transport::kRdma, RdmaTransport::kUd}, false, true, true, true, true, false},
+      {{Transport::kRdma, RdmaTransport::kRc}, false, false, true, true, true, true},
+      {{Transport::kRdma, RdmaTransport::kDc}, false, false, true, true, true, true},
+      {{Transport::kRdma, RdmaTransport::kUd}, false, true, true, true, true, true},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(spec_name(r.spec));
@@ -157,6 +192,21 @@ TEST(Transports, WhyRdmaCannotRunSaysWhatIsMissing) {
   // A device list (UCX_NET_DEVICES' form) and "all".
   EXPECT_TRUE(rdma_report(kConnectX, {}, {Transport::kRdma, RdmaTransport::kRc, "mlx5_9:1,mlx5_0:1"}).usable);
   EXPECT_TRUE(rdma_report(kConnectX, {}, {Transport::kRdma, RdmaTransport::kRc, "all"}).usable);
+  // A NIC, but no RDMA connection manager (rdma_ucm not loaded): rdma connects through it.
+  r = rdma_report(kConnectX, kConnectXPorts, {Transport::kRdma, RdmaTransport::kRc}, /*rdma_cm=*/false);
+  EXPECT_FALSE(r.usable);
+  EXPECT_EQ(r.why.rfind("no RDMA connection manager (/dev/infiniband/rdma_cm: load the rdma_ucm module)", 0), 0u)
+      << r.why;
+}
+
+// What UCX pins per worker (its receive queues and send buffers) counts against the limit too: only
+// where memory is pinned at all.
+TEST(Transports, AWorkerPinsUcxsOwnBuffers) {
+  for (RdmaTransport kind : {RdmaTransport::kRc, RdmaTransport::kDc, RdmaTransport::kUd}) {
+    EXPECT_EQ(worker_pinned_bytes({Transport::kRdma, kind}), uint64_t(64) << 20);
+  }
+  EXPECT_EQ(worker_pinned_bytes({Transport::kShm}), 0u);
+  EXPECT_EQ(worker_pinned_bytes({Transport::kTcp}), 0u);
 }
 
 TEST(Transports, LockedMemoryMustCoverWhatTheNicPins) {

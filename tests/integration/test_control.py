@@ -11,7 +11,8 @@ from conftest import assert_device, make_files, run_send
 
 MAGIC = b"SLST"
 HELLO, CHALLENGE, AUTH, ACCEPT, REFUSE, FIN, FIN_ACK, CAPACITY_REQ, CAPACITY, SETUP, READY = range(1, 12)
-VERSION = 7
+KEEPALIVE = 16
+VERSION = 8
 MAX_FRAME = 65536
 
 
@@ -130,6 +131,7 @@ CASES = {
     "version_three": (hello(version=3), ["version"]),  # the layout before rdma
     "version_four": (hello(version=4), ["version"]),  # no packed units, unsigned frames: refused
     "version_five": (hello(version=5), ["version"]),  # unsigned frames after the handshake: refused
+    "version_seven": (hello(version=7), ["version"]),  # takes KEEPALIVE for an unexpected frame: refused
     "unknown_transport": (hello(transport=4), ["transport"]),
     "unknown_rdma_transport": (hello(rdma_transport=9), ["rdma transport"]),
     "unknown_offers": (hello(offers=0x80), ["offers"]),
@@ -439,7 +441,10 @@ def connected_lane(addr, devices):
 
 def fin_ack_of(s):
     s.settimeout(15)
-    t, body, _ = recv_frame(s)
+    t, body, rest = recv_frame(s)
+    while t == KEEPALIVE:  # the receiver's, every second it has sent nothing else (version 8)
+        assert body == b"", body
+        t, body, rest = recv_frame(s, rest)
     assert t == FIN_ACK, (t, body)
     ok, stored, mlen = struct.unpack("<BQH", body[:11])
     return ok, stored, body[11:11 + mlen].decode()

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -128,6 +129,65 @@ def test_receiver_killed_sender_exits_quickly(start_receiver, spawn, tmp_path, t
     assert re.search(r"(?i)receiver|connection|peer|closed|lost|gone", line), f"unclear error: {line!r}"
 
 
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_receiver_killed_while_small_messages_flow_sender_exits_quickly(start_receiver, spawn, tmp_path, transport):
+    """Small messages pack many to a block. The sending thread saw the dead receiver's control socket close at
+    once, but the cameras' frames went on into the ring's open block, which nothing transmitted any more: the
+    sender noticed only when all 32 blocks of 1 MiB were full, 36 s for 64x48 frames at 25 fps (issue 35)."""
+    out = tmp_path / "out"
+    rx = start_receiver(out, transport)
+    tx = spawn(send_argv(rx.addr, "--name", "small", "--transport", transport, "--synthetic", "0:25:64x48x3",
+                         "--duration", 60))
+    wait_until(lambda: count_bins(out) >= 10 or tx.poll() is not None, 15, "frames to flow")
+    assert tx.poll() is None, f"sender ended early: {tx.stderr.text}"
+    rx.sigkill()
+    killed = time.monotonic()
+    try:
+        rc = tx.wait(40)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("sender still running 40 s after the receiver was killed") from None
+    waited = time.monotonic() - killed
+    assert rc == 1, tx.stderr.text
+    assert waited < 2.0, f"sender took {waited:.2f} s to notice the dead receiver"
+    assert "error: lost the receiver (" in tx.stderr.text, tx.stderr.text
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stopped_receiver_is_given_up_after_the_stall_timeout(start_receiver, spawn, tmp_path, transport):
+    """A receiver stopped with SIGSTOP keeps its connection open: `send --to` used to wait for ever ("no message
+    has gone out for 5 s ... waiting"). A live receiver says something every second (KEEPALIVE), so one that says
+    nothing for --stall-timeout is stopped or hung: the sender exits 1 saying so. --stall-timeout 0 waits."""
+    out = tmp_path / "out"
+    rx = start_receiver(out, transport)
+    quick = spawn(send_argv(rx.addr, "--name", "quick", "--transport", transport, "--synthetic", "0:25:64x48x3",
+                            "--duration", 60, "--stall-timeout", "3s"))
+    patient = spawn(send_argv(rx.addr, "--name", "patient", "--transport", transport, "--synthetic",
+                              "0:25:64x48x3", "--duration", 8, "--stall-timeout", 0, "--json"))
+    wait_until(lambda: all(count_bins(out / n) >= 10 for n in ("quick", "patient")), 15, "frames to flow")
+    rx.signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        rc = quick.wait(10)
+        waited = time.monotonic() - stopped
+        assert rc == 1, quick.stderr.text
+        assert 1.5 < waited < 3 + 1.5, f"gave up {waited:.1f} s after the receiver stopped (--stall-timeout 3s)"
+        assert re.search(r"error: lost the receiver \(it has said nothing for 3\.\d s, .*stopped, hung",
+                         quick.stderr.text), quick.stderr.text
+        time.sleep(4 - (time.monotonic() - stopped))
+        assert patient.poll() is None, f"--stall-timeout 0 gave up: {patient.stderr.text}"
+    finally:
+        rx.signal(signal.SIGCONT)
+    assert patient.wait(30) == 0, patient.stderr.text
+    sent = json.loads(patient.stdout.lines[-1])
+    assert count_bins(out / "patient") == sent["messages"]
+    # A bad value is a usage error.
+    bad = subprocess.run(send_argv(rx.addr, "--name", "bad", "--synthetic", "0:25:64x48x3", "--duration", 1,
+                                   "--stall-timeout", "500ms"), capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "stall timeout must be 0" in bad.stderr, bad.stderr
+
+
 @pytest.mark.deadline(90)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -229,6 +289,35 @@ def test_disk_full_back_pressures_without_loss(small_tmpfs, start_receiver, spaw
     assert rx.wait(15) == 0
     assert tree(out) == [], f"left in the output: {tree(out)}"
     assert hidden(out) == []
+
+
+@pytest.mark.deadline(90)
+def test_a_receiver_that_holds_its_blocks_is_waited_for_past_the_stall_timeout(small_tmpfs, start_receiver, spawn,
+                                                                               tmp_path):
+    """Back-pressure is not a hang: a receiver whose disk is full holds its blocks on purpose and still says it is
+    alive every second, so a sender with a short --stall-timeout waits for it (nothing dropped) and finishes once
+    there is room."""
+    out = small_tmpfs / "out"
+    rx = start_receiver(out, "shm", "--exit-after-senders", 1)
+    n, size = 8, 750_000  # 6 MB through a 2 MB disk
+    src = make_files(tmp_path / "src", [size] * n, "m")
+    tx = spawn(send_argv(rx.addr, "--name", "f", "--transport", "shm", "--block-size", 65536, "--blocks", 8,
+                         "--stall-timeout", "2s", *[a for x in src for a in ("--file", f"0={x}")]))
+    rx.stderr.wait_for(r"(?i)space|disk|ENOSPC", 30)
+    time.sleep(4)  # twice the stall timeout
+    assert tx.poll() is None, f"the sender gave up on a live receiver: {tx.stderr.text}"
+    dev = out / "f" / "device-0"
+    taken, deadline = 0, time.monotonic() + 60
+    while taken < n and time.monotonic() < deadline:
+        name = dev / seq_name(taken)
+        if name.exists():
+            assert sha256(name) == sha256(src[taken])
+            name.unlink()
+            taken += 1
+        else:
+            time.sleep(0.05)
+    assert taken == n, rx.stderr.text
+    assert tx.wait(30) == 0, tx.stderr.text
 
 
 @pytest.mark.deadline(60)

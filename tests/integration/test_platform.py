@@ -3,6 +3,7 @@ cluster on loopback, real receivers registering, real senders scheduled, receive
 killed mid-stream, and an overloaded edge server offloading devices and taking them back.
 Everything a test checks on disk is checked against the synthetic frames' own content
 (`slotstream verify`) and their numbers, across every directory a stream went to."""
+import base64
 import json
 import os
 import pathlib
@@ -365,6 +366,213 @@ def test_moving_one_edge_device_back_and_forth_leaves_the_other_offloaded_device
     assert sessions.count("sender edge-c finished") == 1 and "sender edge-c lost" not in sessions, sessions
     assert_edge_stored_each_once([edge_out, rx_out], "edge-c", summary, 400)
     assert f"verified {1200 - summary['late_frames']} frames" in verify_merged(tmp_path, [edge_out, rx_out], "edge-c")
+
+
+# ------------------------------------------------------------------ liveness (issue 35)
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_receiver_killed_while_small_frames_flow_is_left_at_once(cluster, procs, tmp_path, transport):
+    """64x48 frames pack many to a block: the sender saw the dead receiver's control socket close at once, but
+    its cameras' frames went on into send blocks nothing transmitted any more, and the loss showed only when
+    all 32 blocks of 1 MiB were full — 36 s at 25 fps. Now the first send after the loss fails and moves."""
+    out = tmp_path / "out"
+    rs = start_receivers(cluster, procs, out, 2, "--capacity-cpu", 1)
+    s = platform_send(cluster, procs, "small", "--need-cpu", 1, "--synthetic", "0:25:64x48x3", "--duration", 6,
+                      "--json", "--transport", transport)
+    victim, _ = chosen(s)
+    time.sleep(1.5)
+    rs[int(victim[1:])].sigkill()
+    killed = time.monotonic()
+    i, _ = s.stderr.wait_for(r"lost receiver " + victim, 10)
+    lost_after = time.monotonic() - killed
+    s.stderr.wait_for(r"using receiver r", 5, start=i)
+    assert lost_after < 2, f"the sender noticed its dead receiver after {lost_after:.1f} s"
+    assert s.wait(30) == 0, s.stderr.text
+    summary = json.loads(s.stdout.lines[-1])
+    assert summary["reschedules"] == 1, summary
+    assert_each_once([out], "small", [0], summary["messages"])
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_stopped_receivers_sender_moves_on_within_two_seconds_of_its_lease_running_out(cluster, procs, tmp_path,
+                                                                                        transport):
+    """A receiver stopped with SIGSTOP keeps its connection open and its blocks full: its sender sat silent for
+    more than 110 s with its reservation held. Now its lease running out (its record gone) while it says nothing
+    on the connection (a live receiver says something every second) makes the sender move, within 2 s."""
+    out = tmp_path / "out"  # one tree: a message the stopped receiver stored unconfirmed is recognised there
+    rs = start_receivers(cluster, procs, out, 2, "--capacity-cpu", 1, ttl=2)
+    s = platform_send(cluster, procs, "stopped", "--need-cpu", 1, "--synthetic", "0:50:64x48x3", "--duration", 10,
+                      "--json", "--transport", transport)
+    victim, _ = chosen(s)
+    stopped = rs[int(victim[1:])]
+    time.sleep(1.5)
+    stopped.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: victim not in cluster.receivers(), 2 + 3, "the stopped receiver's lease to run out")
+        expired = time.monotonic()
+        i, _ = s.stderr.wait_for(r"lost receiver " + victim, 5)
+        lost_after = time.monotonic() - expired
+        _, line = s.stderr.wait_for(r"using receiver ", 5, start=i)
+        moved_after = time.monotonic() - expired
+        print(f"{transport}: lost {lost_after:.2f} s, moved {moved_after:.2f} s after the lease ran out: {line}")
+        assert victim not in line.split(" at ")[0], line
+        assert moved_after < 2, f"the sender moved {moved_after:.1f} s after the stopped receiver's lease ran out"
+        assert "stopped or hung" in s.stderr.lines[i], s.stderr.lines[i]
+        assert s.wait(40) == 0, s.stderr.text
+    finally:
+        stopped.sigkill()  # stopped: it never stores another message
+    summary = json.loads(s.stdout.lines[-1])
+    assert summary["reschedules"] == 1, summary
+    assert_each_once([out], "stopped", [0], summary["messages"])
+    # The sender's reservation went with it; the stopped receiver's record did not come back.
+    wait_until(lambda: cluster.reservations() == [], 5, "the reservation to be released")
+    assert victim not in cluster.receivers()
+
+
+@pytest.mark.deadline(90)
+def test_a_receiver_stopped_past_its_lease_leaves_its_name_to_the_one_registered_meanwhile(cluster, procs, tmp_path):
+    """Two live receivers under one --platform-name: the first, stopped past its lease, came back and wrote its
+    record over the second's every second (the record alternated between their addresses). Now it sees the
+    name is taken and exits 1 saying so; the record stays the second's."""
+    first, = start_receivers(cluster, procs, tmp_path / "a", 1, ttl=2)
+    first.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: "r0" not in cluster.receivers(), 2 + 3, "the stopped receiver's lease to run out")
+        second = Receiver(["--out", tmp_path / "b", "--platform", cluster.url, "--platform-name", "r0",
+                           "--platform-ttl", 2])
+        procs.append(second)
+        second.stderr.wait_for(r"registered on the platform as r0 ", 10)
+    finally:
+        first.signal(signal.SIGCONT)
+    assert first.wait(10) == 1, first.stderr.text
+    assert re.search(r"error: platform: another receiver registered as 'r0' at " + re.escape(second.addr),
+                     first.stderr.text), first.stderr.text
+    seen = set()
+    for _ in range(30):  # three of the first one's refresh periods
+        seen.add(cluster.receivers().get("r0", {}).get("address"))
+        time.sleep(0.1)
+    assert seen == {second.addr}, seen
+    assert second.poll() is None
+
+
+# ------------------------------------------------------------------ trust (issue 35)
+
+
+@pytest.mark.deadline(90)
+def test_forged_records_are_skipped_and_negative_amounts_refused(cluster, procs, tmp_path):
+    """Whoever can write etcd could make room on a full receiver with a reservation of cpu -100 (three 1.5-core
+    senders fitted on a 2-core receiver), or point senders at any address with a record without a lease. Both are
+    skipped with a warning now, and a negative need is refused."""
+    out = tmp_path / "out"
+    start_receivers(cluster, procs, out, 1, "--capacity-cpu", 2)
+    lease = cluster.grant(60)
+    cluster.put("/slotstream/v1/reservations/r0/evil",
+                {"sender": "evil", "receiver": "r0", "amount": {"cpu": -100}, "devices": [0]}, lease)
+    cluster.put("/slotstream/v1/receivers/rogue", {"name": "rogue", "address": "127.0.0.1:9",
+                                                   "transports": ["shm", "tcp"], "capacity": {"cpu": 64},
+                                                   "free": {"receive_memory": 2**40}})
+    try:
+        senders = [platform_send(cluster, procs, f"f{i}", "--need-cpu", 1.5, "--synthetic", f"0:25:{FRAME}",
+                                 "--duration", 3) for i in range(3)]
+        rcs = [s.wait(30) for s in senders]
+        assert sorted(rcs) == [0, 1, 1], [s.stderr.text for s in senders]
+        for s, rc in zip(senders, rcs):
+            assert "skipped /slotstream/v1/reservations/r0/evil: bad reservation: cpu -100" in s.stderr.text
+            assert "skipped /slotstream/v1/receivers/rogue: a receiver record without a lease" in s.stderr.text
+            if rc:
+                assert "r0: cpu 1.00 short" in s.stderr.text, s.stderr.text
+                assert "rogue" not in s.stderr.text.split("no receiver has room")[1], s.stderr.text
+        status = subprocess.run([BIN, "platform", "--platform", cluster.url], capture_output=True, text=True,
+                                timeout=30)
+        assert status.returncode == 0 and "1 receivers" in status.stdout, status.stdout + status.stderr
+        assert "skipped /slotstream/v1/receivers/rogue" in status.stderr
+    finally:
+        cluster._post("/v3/lease/revoke", {"ID": str(lease)})
+        cluster._post("/v3/kv/deleterange", {"key": base64.b64encode(b"/slotstream/v1/receivers/rogue").decode()})
+    bad = subprocess.run([BIN, "send", "--platform", cluster.url, "--name", "neg", "--need-cpu", "-100",
+                          "--synthetic", f"0:25:{FRAME}", "--duration", "1"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 2 and "cpu -100: must be 0..1048576" in bad.stderr, bad.stderr
+
+
+@pytest.mark.deadline(120)
+def test_a_tls_etcd_with_client_certificates(tmp_path, procs):
+    """etcd served over TLS only, asking every client for a certificate of its CA: receivers, senders and
+    `platform` reach it with --platform-cacert/--platform-cert/--platform-key, and say what is wrong without."""
+    c = start_cluster(tmp_path / "etcd", 1, tls=True)
+    try:
+        out = tmp_path / "out"
+        start_receivers(c, procs, out, 1, "--capacity-cpu", 2, *c.tls_args)
+        s = platform_send(c, procs, "tls", "--need-cpu", 1, "--synthetic", f"0:25:{FRAME}", "--duration", 1,
+                          *c.tls_args)
+        chosen(s)
+        assert s.wait(30) == 0, s.stderr.text
+        assert_each_once([out], "tls", [0], 25)
+
+        def status(*extra):
+            return subprocess.run([BIN, "platform", "--platform", c.url, *map(str, extra)], capture_output=True,
+                                  text=True, timeout=30)
+        ok = status(*c.tls_args)
+        assert ok.returncode == 0 and "1 receivers" in ok.stdout, ok.stderr
+        plain = status()
+        assert plain.returncode == 1 and "give --platform-cacert" in plain.stderr, plain.stderr
+        no_cert = status("--platform-cacert", c.pki["ca"])
+        assert no_cert.returncode == 1 and "give --platform-cert and --platform-key" in no_cert.stderr, no_cert.stderr
+        wrong_ca = status("--platform-cacert", c.pki["other_ca"], "--platform-cert", c.pki["client"],
+                          "--platform-key", c.pki["client_key"])
+        assert wrong_ca.returncode == 1 and "certificate" in wrong_ca.stderr, wrong_ca.stderr
+        half = status("--platform-cacert", c.pki["ca"], "--platform-cert", c.pki["client"])
+        assert half.returncode == 2 and "--platform-key" in half.stderr, half.stderr
+    finally:
+        c.stop()
+
+
+@pytest.mark.deadline(120)
+def test_an_etcd_with_authentication(tmp_path, procs):
+    """etcd's own users, with the roles docs/platform.md gives: a receiver that may write only its own record
+    and a sender that may read the platform and write reservations authenticate with --platform-user and
+    --platform-password-file (tokens that expire after 1 s unused are fetched again); no user, a wrong password
+    or a user that may only read is refused with what to do."""
+    c = start_cluster(tmp_path / "etcd", 1, extra=["--auth-token-ttl", "1"])
+    try:
+        c.enable_auth([("r0", "rx-pw", [("READWRITE", "/slotstream/v1/receivers/r0")]),
+                       ("edge", "s3cret", [("READ", "/slotstream/v1/"), ("READWRITE", "/slotstream/v1/reservations/")]),
+                       ("reader", "r3ad", [("READ", "/slotstream/v1/")])])
+        rx_pw, pw, bad, ro = tmp_path / "rx-pw", tmp_path / "pw", tmp_path / "bad", tmp_path / "ro"
+        for f, text in ((rx_pw, "rx-pw\n"), (pw, "s3cret\n"), (bad, "guess\n"), (ro, "r3ad\n")):
+            f.write_text(text)
+            f.chmod(0o600)
+        auth = ["--platform-user", "edge", "--platform-password-file", pw]
+        out = tmp_path / "out"
+        start_receivers(c, procs, out, 1, "--capacity-cpu", 2, "--platform-user", "r0", "--platform-password-file",
+                        rx_pw)
+        s = platform_send(c, procs, "authed", "--need-cpu", 1, "--synthetic", f"0:25:{FRAME}", "--duration", 3,
+                          *auth)
+        chosen(s)
+        assert s.wait(30) == 0, s.stderr.text
+        assert_each_once([out], "authed", [0], 75)
+        wait_until(lambda: c.reservations() == [], 5, "the reservation to be released (with a fresh token)")
+        assert "r0" in c.receivers()  # kept alive and refreshed for 3 s past the token's second
+
+        def send(*extra):
+            return subprocess.run([BIN, "send", "--platform", c.url, "--name", "x", "--synthetic", f"0:25:{FRAME}",
+                                   "--duration", "1", *map(str, extra)], capture_output=True, text=True, timeout=30)
+        t0 = time.monotonic()
+        anon = send()
+        assert anon.returncode == 1 and "give --platform-user and --platform-password-file" in anon.stderr, anon.stderr
+        assert time.monotonic() - t0 < 10, "refused by etcd, and asked again until --reschedule-patience ran out"
+        wrong = send("--platform-user", "edge", "--platform-password-file", bad)
+        assert wrong.returncode == 1 and "etcd refused user 'edge'" in wrong.stderr, wrong.stderr
+        reader = subprocess.run([BIN, "recv", "--listen", "127.0.0.1:0", "--out", str(tmp_path / "r"),
+                                 "--platform", c.url, "--platform-name", "ro", "--platform-user", "reader",
+                                 "--platform-password-file", str(ro)],
+                                capture_output=True, text=True, timeout=30)
+        assert reader.returncode == 1 and "permission denied" in reader.stderr, reader.stderr
+    finally:
+        c.stop()
 
 
 # ------------------------------------------------------------------ send --platform ends as plain send does

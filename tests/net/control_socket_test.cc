@@ -104,6 +104,27 @@ TEST(ControlSocket, ALengthPrefixOutsideOneToMaxFrameIsGarbage) {
   }
 }
 
+// What a sender's stall timeout and a receiver's KEEPALIVE go by: the time of the last whole frame
+// each way. Half a frame, or none, is silence.
+TEST(ControlSocket, RemembersWhenAWholeFrameLastCameAndWent) {
+  Pair p;
+  ASSERT_TRUE(p.a && p.b);
+  const auto start_sent = p.a->last_sent(), start_heard = p.b->last_received();
+  std::this_thread::sleep_for(Millis(20));
+  ASSERT_TRUE(p.a->send(wire::MsgType::kKeepalive, {}).is_ok());
+  EXPECT_GE(p.a->last_sent() - start_sent, Millis(20));
+  EXPECT_EQ(p.b->last_received(), start_heard) << "nothing read yet";
+  wire::Frame f;
+  ASSERT_TRUE(p.b->receive(Millis(2000), &f).is_ok());
+  EXPECT_EQ(f.type, wire::MsgType::kKeepalive);
+  const auto heard = p.b->last_received();
+  EXPECT_GE(heard - start_heard, Millis(20));
+  std::this_thread::sleep_for(Millis(20));
+  send_raw(*p.a, {5, 0, 0, 0, uint8_t(wire::MsgType::kHello), 1});  // half a frame
+  EXPECT_EQ(p.b->receive(Millis(50), &f).code(), Code::kTimeout);
+  EXPECT_EQ(p.b->last_received(), heard);
+}
+
 // Another service's answer where a frame should start ("HTTP" read as a length of 1347703880): the
 // error quotes its first line, and foreign_text() has it for the sender to name the service.
 TEST(ControlSocket, TextWhereAFrameShouldStartIsQuotedNotReadAsALength) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "platform/etcd.h"
 
 namespace slotstream::platform {
@@ -52,6 +54,59 @@ TEST(Model, ReservationRoundTrips) {
   EXPECT_EQ(out.devices, (std::vector<uint16_t>{0, 3}));
 }
 
+// Issue 35: what is read from etcd is checked before the scheduler counts it.
+TEST(Model, AmountsOutOfRangeAreRefusedWithTheirName) {
+  EXPECT_FALSE(invalid_amount({1.5, 2e6, 25, 33554464}));
+  EXPECT_FALSE(invalid_amount({0, 0, 0, 0}));
+  EXPECT_FALSE(invalid_amount({kMaxCpu, kMaxBandwidth, kMaxFps, kMaxMemory}));
+  EXPECT_EQ(invalid_amount({-100, 0, 0, 0}).value_or(""), "cpu -100: must be 0..1048576");
+  EXPECT_NE(invalid_amount({0, 0, 1e300, 0}).value_or("").find("fps 1e+300"), std::string::npos);
+  EXPECT_NE(invalid_amount({0, std::nan(""), 0, 0}).value_or("").find("bandwidth nan"), std::string::npos);
+  EXPECT_NE(invalid_amount({0, 0, 0, -1}).value_or("").find("memory -1"), std::string::npos);
+  Reservation out;
+  Status st = decode(R"({"sender":"s","receiver":"r","amount":{"cpu":-100}})", &out);
+  EXPECT_EQ(st.code(), Code::kProtocolError);
+  EXPECT_NE(st.message().find("cpu -100"), std::string::npos) << st.message();
+  EXPECT_FALSE(decode(R"({"sender":"s","receiver":"r","amount":{"cpu":"1"}})", &out).is_ok());
+  EXPECT_FALSE(decode(R"({"sender":"s/x","receiver":"r","amount":{}})", &out).is_ok());
+  EXPECT_FALSE(decode(R"({"sender":"s","receiver":"r","amount":[]})", &out).is_ok());
+}
+
+TEST(Model, ReceiverRecordsThatNoReceiverWritesAreRefused) {
+  ReceiverRecord r;
+  r.name = "r1";
+  r.address = "edge-b:7000";
+  r.transports = {"tcp"};
+  EXPECT_FALSE(invalid_record(r));
+  auto why = [&](auto change) {
+    ReceiverRecord bad = r;
+    change(bad);
+    return invalid_record(bad).value_or("");
+  };
+  EXPECT_NE(why([](auto& b) { b.address = "edge-b"; }).find("not HOST:PORT"), std::string::npos);
+  EXPECT_NE(why([](auto& b) { b.address = "edge-b:0"; }).find("not HOST:PORT"), std::string::npos);
+  EXPECT_NE(why([](auto& b) { b.address = "user@edge-b:7000"; }).find("not HOST:PORT"), std::string::npos);
+  EXPECT_NE(why([](auto& b) { b.transports = {}; }).find("no transport"), std::string::npos);
+  EXPECT_NE(why([](auto& b) {
+              b.transports = {"tcp", "carrier-pigeon"};
+            }).find("unknown transport"),
+            std::string::npos);
+  EXPECT_NE(why([](auto& b) { b.name = "a/b"; }).find("name"), std::string::npos);
+  EXPECT_NE(why([](auto& b) { b.capacity.cpu = -1; }).find("capacity cpu -1"), std::string::npos);
+  EXPECT_NE(why([](auto& b) { b.capacity.bandwidth = 1e300; }).find("capacity bandwidth"), std::string::npos);
+  EXPECT_NE(why([](auto& b) { b.free_cpu = -2; }).find("free cpu -2"), std::string::npos);
+  EXPECT_NE(why([](auto& b) {
+              b.capacity.memory = 100;
+              b.free_receive_memory = 200;
+            }).find("more receive memory free"),
+            std::string::npos);
+  ReceiverRecord out;
+  EXPECT_FALSE(decode(R"({"name":"r1","address":"h:1","transports":["tcp"],"free":{"memory":-1}})", &out).is_ok());
+  EXPECT_FALSE(decode(R"({"name":"r1","address":"h:1","transports":["tcp"],"senders":1.5})", &out).is_ok());
+  EXPECT_FALSE(decode(R"({"name":"r1","address":"h:1","transports":["tcp"],"capacity":{"cpu":"8"}})", &out).is_ok());
+  EXPECT_TRUE(decode(R"({"name":"r1","address":"h:1","transports":["tcp"]})", &out).is_ok());
+}
+
 TEST(Model, NamesThatCannotBeKeysAreRefused) {
   EXPECT_FALSE(invalid_platform_name("edge-a"));
   EXPECT_FALSE(invalid_platform_name("10.0.0.1:7000"));
@@ -71,6 +126,32 @@ TEST(EtcdUrl, UrlsNameEveryMember) {
     EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("etcd://HOST:PORT"), std::string::npos);
   }
+}
+
+TEST(EtcdUrl, SecurityOptionsComeInPairsAndTheirFilesMustBeReadable) {
+  EtcdConfig c;
+  ASSERT_TRUE(etcd_config("etcd://h:1", {}, &c).is_ok());
+  EXPECT_FALSE(c.security.tls());
+  PlatformSecurity s;
+  s.cert = "/etc/passwd";  // readable, without its key
+  Status st = etcd_config("etcd://h:1", s, &c);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--platform-key"), std::string::npos) << st.message();
+  s = {};
+  s.cacert = "/nonexistent/ca.pem";
+  st = etcd_config("etcd://h:1", s, &c);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("/nonexistent/ca.pem"), std::string::npos) << st.message();
+  s = {};
+  s.user = "rx";
+  st = etcd_config("etcd://h:1", s, &c);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("password"), std::string::npos) << st.message();
+  s.password = "secret";
+  s.cacert = "/etc/passwd";
+  ASSERT_TRUE(etcd_config("etcd://h:1,g:2", s, &c).is_ok());
+  EXPECT_TRUE(c.security.tls());
+  EXPECT_EQ(c.endpoints, (std::vector<std::string>{"h:1", "g:2"}));
 }
 
 TEST(EtcdUrl, PrefixEndIsThePrefixPlusOne) {

@@ -53,6 +53,14 @@ def test_no_receiver_with_room_is_refused_with_the_shortfall(cluster, receiver, 
         slotstream.PlatformSender(cluster.url, name="big", devices=[0], need_cpu=1)
     with pytest.raises(slotstream.InvalidArgument, match="etcd://HOST:PORT"):
         slotstream.PlatformSender("http://nowhere:1", name="x")
+    # Issue 35: a negative need made room for others on a full receiver; absurd ones swallow small ones.
+    for need in ({"need_cpu": -100}, {"need_fps": 1e300}, {"need_bandwidth": float("nan")}):
+        with pytest.raises(slotstream.InvalidArgument, match="must be 0.."):
+            slotstream.PlatformSender(cluster.url, name="neg", devices=[0], **need)
+    with pytest.raises(slotstream.InvalidArgument, match="password"):
+        slotstream.PlatformSender(cluster.url, name="x", platform_user="rx")
+    with pytest.raises(slotstream.InvalidArgument, match="cannot be read"):
+        slotstream.PlatformSender(cluster.url, name="x", platform_cacert=str(tmp_path / "none.pem"))
 
 
 @pytest.mark.deadline(60)

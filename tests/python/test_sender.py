@@ -249,6 +249,29 @@ def test_receiver_killed_raises_peer_gone(start_receiver, tmp_path, transport):
 
 
 @pytest.mark.deadline(60)
+def test_a_stopped_receiver_raises_peer_gone_after_the_stall_timeout(start_receiver, tmp_path):
+    """A receiver stopped with SIGSTOP says nothing, not even the keepalive a live one sends every second:
+    after stall_timeout a blocked send() raises PeerGone instead of waiting for ever (issue 35)."""
+    rx = start_receiver(tmp_path / "out", "shm")
+    tx = slotstream.Sender(rx.addr, name="patient", transport="shm", devices=[0], blocks=2, block_size=4096,
+                           stall_timeout=2.5)
+    tx.send(0, bytes(3000))
+    rx.signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(slotstream.PeerGone, match=r"said nothing for 2\.\d s.*stopped, hung"):
+            for _ in range(1000):
+                tx.send(0, bytes(3000))
+        assert time.monotonic() - t0 < 2.5 + 1.5
+    finally:
+        rx.signal(signal.SIGCONT)
+        tx.close()
+    for bad in (-1, 0.5, float("nan")):
+        with pytest.raises(slotstream.InvalidArgument, match="stall"):
+            slotstream.Sender(rx.addr, name="bad", devices=[0], stall_timeout=bad)
+
+
+@pytest.mark.deadline(60)
 def test_a_blocked_send_releases_the_gil(tmp_path):
     # A Python receiver that is not iterated holds its blocks (max_queue reached): send() blocks.
     # Messages of 3000 bytes take a 4 KiB block each (small ones would share blocks: issue 21's

@@ -2,6 +2,9 @@
 of its receive block — numpy reads it in place (same address, read-only), release() gives the block back, using a
 released view raises, release() is refused while numpy still uses it, garbage collection releases, and a message
 spanning blocks is copied once."""
+import collections
+import queue
+import random
 import subprocess
 import threading
 import time
@@ -202,3 +205,117 @@ def test_a_raising_worker_releases_its_view_and_stops_the_receiver(tmp_path):
         v.release()
     with pytest.raises(ValueError, match="workers= hands"):
         slotstream.Receiver("127.0.0.1:0", workers=lambda s, d: worker)
+
+
+def _stream_two_devices(transport, protocol, keep, release, messages=1500):
+    """Issue 35's consumer: a Sender of two devices (small messages: several share a packed block) and
+    an application that keeps at most `keep` views, releasing the oldest, a random one, or the oldest
+    from another thread. Returns how many messages arrived; a stall ends it after 10 s."""
+    rng = random.Random(f"{transport}{protocol}{keep}{release}")
+    failures = []
+    with slotstream.Receiver("127.0.0.1:0", transport=transport, zero_copy=True, exit_after_senders=1) as rx:
+
+        def send():
+            try:
+                with slotstream.Sender(rx.address, name="zc", transport=transport, protocol=protocol, blocks=16,
+                                       block_size=65536, devices=(0, 1)) as s:
+                    for i in range(messages):
+                        s.send(i % 2, bytes([i % 251]) * 9600, timeout=20)
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                failures.append(f"sender: {e!r}")
+
+        releasing = queue.Queue()
+
+        def releaser():
+            while (v := releasing.get()) is not None:
+                v.release()
+
+        sending = threading.Thread(target=send)
+        sending.start()
+        other = threading.Thread(target=releaser)
+        other.start()
+        kept, got = collections.deque(), 0
+        try:
+            while got < messages:
+                try:
+                    item = rx.get(timeout=10)
+                except slotstream.Timeout:
+                    failures.append(f"stalled after {got} of {messages} messages, the application holding {len(kept)} "
+                                    f"views; receiver events: {rx.events()}")
+                    break
+                assert item is not None, f"the stream ended after {got} messages"
+                name, device, seq, view = item
+                assert name == "zc" and len(view) == 9600 and memoryview(view)[0] == (2 * seq + device) % 251, \
+                    (name, device, seq, len(view), view.copied, rx.sessions(), rx.live())
+                got += 1
+                kept.append(view)
+                if len(kept) > keep:
+                    if release == "random":
+                        kept.rotate(-rng.randrange(len(kept)))
+                        kept.popleft().release()
+                    elif release == "thread":
+                        releasing.put(kept.popleft())
+                    else:
+                        kept.popleft().release()
+        finally:
+            for v in kept:
+                v.release()
+            releasing.put(None)
+            other.join()
+            if failures:  # a stalled stream: let the sender go
+                rx.close()
+            sending.join(30)
+        assert not failures, failures
+        assert rx.wait(timeout=30)
+        [session] = rx.sessions()
+        assert session["finished"] and session["messages"] == messages, session
+    return got
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("protocol", ["status_byte", "status_byte:pack=off"])
+@pytest.mark.parametrize("keep,release", [(3, "oldest"), (7, "oldest"), (7, "random"), (3, "thread"), (7, "thread")])
+def test_devices_sharing_packed_blocks_never_stall_an_application_that_releases_views(transport, protocol, keep,
+                                                                                      release):
+    # Issue 35: with two devices' messages packed into shared blocks, blocks whose views were all released
+    # stayed counted against max_held_blocks while their other records waited, until the count reached the
+    # limit with the application holding 3 views: the stream stopped for good (after 37-1,370 of 1,500).
+    for _ in range(3):
+        assert _stream_two_devices(transport, protocol, keep, release) == 1500
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("client", ["python", "cli"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_raising_workers_factory_tells_the_sender_why_the_receiver_stopped(tmp_path, transport, client):
+    # Issue 35: over tcp the sender said "ProtocolError: the peer refused the read (outside its registered
+    # memory)" — its status read reached memory the stopping receiver had already freed. The receiver now says
+    # that it stopped, and why, before its memory goes; the sender reports that.
+    def factory(sender, device):
+        raise RuntimeError(f"no model for camera {device}")
+
+    said = ("the receiver stopped: the receiver's worker failed: its workers factory raised for sender 'cam' "
+            "device 0: RuntimeError: no model for camera 0")
+    rx = slotstream.Receiver("127.0.0.1:0", transport=transport, exit_after_senders=1, zero_copy=True, workers=factory)
+    try:
+        if client == "python":
+            with pytest.raises(slotstream.PeerGone) as error:
+                with slotstream.Sender(rx.address, name="cam", transport=transport, blocks=4,
+                                       block_size=65536) as s:
+                    for _ in range(2000):  # far more than the receiver takes in before it stops
+                        s.send(0, bytes(40_000), timeout=20)
+            text = str(error.value)
+        else:
+            paths = make_files(tmp_path, [40_000] * 2000, "f")
+            tx = sender(rx.address, transport, paths, "--blocks", "4")
+            assert tx.wait(60) != 0
+            text = tx.stderr.read()
+        assert said in text, text
+        assert "registered memory" not in text and "transport error" not in text, text
+        with pytest.raises(RuntimeError, match="no model for camera 0"):
+            rx.wait(timeout=30)
+        [session] = rx.sessions()
+        assert session["reason"] == said, session
+    finally:
+        rx.close()

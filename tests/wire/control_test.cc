@@ -102,7 +102,7 @@ TEST(Control, HelloLayoutStartsWithMagicAndVersion) {
   auto b = encode(sample_hello());
   ASSERT_GE(b.size(), 6u);
   EXPECT_EQ(std::string(b.begin(), b.begin() + 4), "SLST");
-  EXPECT_EQ(b[4], 7);  // version, little-endian (7: NUMBER/NUMBERED)
+  EXPECT_EQ(b[4], 8);  // version, little-endian (8: KEEPALIVE)
   EXPECT_EQ(b[5], 0);
   // ... the protocol name, then its options, and the sender's nonce last.
   EXPECT_EQ(b[6], 11);
@@ -312,8 +312,21 @@ TEST(Control, ARefuseIsAnErrorWhateverCodeThePeerWrote) {
 namespace slotstream::wire {
 namespace {
 
-static_assert(kProtocolVersion == 7, "version 7: NUMBER/NUMBERED (6: signed frames after an authenticated handshake)");
-static_assert(uint8_t(MsgType::kNumber) == 14 && uint8_t(MsgType::kNumbered) == 15, "types on the wire");
+static_assert(kProtocolVersion == 8, "version 8: KEEPALIVE (7: NUMBER/NUMBERED, 6: signed frames)");
+static_assert(uint8_t(MsgType::kNumber) == 14 && uint8_t(MsgType::kNumbered) == 15 &&
+                  uint8_t(MsgType::kKeepalive) == 16,
+              "types on the wire");
+
+// Version 8: a receiver that has sent nothing for kKeepaliveInterval says it is alive. Its frame is
+// the type alone; a body is refused (no silent forward compatibility).
+TEST(Control, KeepaliveIsAnEmptyFrame) {
+  EXPECT_EQ(encode_frame(MsgType::kKeepalive, {}), (std::vector<uint8_t>{1, 0, 0, 0, 16}));
+  EXPECT_TRUE(decode_keepalive({}).is_ok());
+  const std::vector<uint8_t> body = {0};
+  Status st = decode_keepalive(body);
+  EXPECT_EQ(st.code(), Code::kProtocolError);
+  EXPECT_NE(st.message().find("keepalive"), std::string::npos);
+}
 
 // Version 7: a device starts again at a number of the sender's on a connection that stays open (the
 // edge's per-device moves, src/platform). The layouts, byte for byte.
