@@ -236,10 +236,20 @@ CmListener::~CmListener() {
   for (void* req : closing) ucp_request_free(req);  // UCX finishes them with the worker
 }
 
+namespace {
+std::atomic<int> g_reject_next{0};
+}  // namespace
+
+void reject_next_connections_for_test(int n) { g_reject_next.store(n); }
+
 // A peer connects: accept it. The endpoint serves the peer's puts, gets and messages; the
 // protocols answer on the endpoint a message came from (ReplyEp), never on this one by name.
 void CmListener::on_request(ucp_conn_request_h request, void* arg) {
   auto* self = static_cast<CmListener*>(arg);
+  if (g_reject_next.load(std::memory_order_relaxed) > 0 && g_reject_next.fetch_sub(1) > 0) {
+    ucp_listener_reject(self->listeners_.front(), request);
+    return;
+  }
   ucp_ep_params_t params{};
   params.field_mask =
       UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;

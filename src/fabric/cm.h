@@ -81,6 +81,10 @@ Status cm_connect(ucp_worker_h worker, const std::string& host, CmPorts ports, c
 // empty: where rdmacm connects to a peer on this host that was reached over loopback.
 std::string local_rdma_address();
 
+// Tests only: this process's listeners reject the next `n` connection requests (a connection the
+// manager failed; Endpoint::create connects again).
+void reject_next_connections_for_test(int n);
+
 // Threading: created and destroyed with its worker; its handlers run on whichever thread
 // progresses the worker, reap() too (Worker::progress).
 class CmListener {

@@ -458,20 +458,39 @@ Status Endpoint::create(Worker& worker, std::span<const uint8_t> remote_address,
   if (auto address = decode_cm_address(remote_address)) {
     const bool rdma = worker.context().transport() == Transport::kRdma;
     const CmConnect how{.loopback = !rdma};
-    SLOTSTREAM_RETURN_IF_ERROR(cm_connect(worker.handle(), peer_host, address->ports, how, params, &ep->handle_));
-    test_stop_point("wireup");
     // Operations issued while UCX still connects are queued and replayed, and UCX 1.13 does not
     // keep their order against operations issued during the replay (a status read overtook the
     // puts before it: duplicates and gaps). So nothing is issued before the connection stands:
     // a flush completes once it does. The peer's worker must be progressed meanwhile.
     const auto deadline = Clock::now() + kConnectTimeout;
-    Status st = ep->flush([&]() -> Status {
-      if (ep->failed()) return ep->failure();
-      if (alive) SLOTSTREAM_RETURN_IF_ERROR(alive());
-      if (Clock::now() < deadline) return Status::ok();
-      return {Code::kConnectFailed, "the peer's worker did not accept the connection within " +
-                                        std::to_string(kConnectTimeout.count()) + " s"};
-    });
+    Status st;
+    for (int attempt = 1;; ++attempt) {
+      SLOTSTREAM_RETURN_IF_ERROR(cm_connect(worker.handle(), peer_host, address->ports, how, params, &ep->handle_));
+      test_stop_point("wireup");
+      bool alive_failed = false;
+      st = ep->flush([&]() -> Status {
+        if (ep->failed()) return ep->failure();
+        if (alive) {
+          Status a = alive();
+          alive_failed = !a.is_ok();
+          SLOTSTREAM_RETURN_IF_ERROR(a);
+        }
+        if (Clock::now() < deadline) return Status::ok();
+        return {Code::kConnectFailed, "the peer's worker did not accept the connection within " +
+                                          std::to_string(kConnectTimeout.count()) + " s"};
+      });
+      // The connection manager's own connection failed (UCX: ECONNREFUSED is "Endpoint is not
+      // connected"), its peer's process still alive by the control connection: seen once in a few
+      // thousand connections over tcp on a loaded host. Nothing was sent on the endpoint yet, so a
+      // new one is as good; the listener closes its half of the failed one (CmListener).
+      if (st.is_ok() || alive_failed || !ep->failed() || attempt >= kConnectAttempts || Clock::now() >= deadline) break;
+      spdlog::info("fabric: connecting to {} failed ({}); trying again ({} of {})", peer_host, st.message(),
+                   attempt + 1, kConnectAttempts);
+      ep->close_handle(std::chrono::milliseconds(500));
+      ep->failure_ = {};
+      ep->state_.store(State::kOpen, std::memory_order_release);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 * attempt));
+    }
     if (!st.is_ok()) return {st.code(), "connecting to " + peer_host + ": " + st.message()};
     if (rdma) {
       ep->describe_lanes();

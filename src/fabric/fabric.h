@@ -275,6 +275,9 @@ class Endpoint {
   // reachability read (rdma). Generous: a Soft-RoCE VM under emulation takes seconds.
   static constexpr std::chrono::seconds kConnectTimeout{10};
   static constexpr std::chrono::seconds kReachTimeout{10};
+  // How often create() connects through a peer's listener when the connection itself fails (its
+  // peer still alive), within kConnectTimeout.
+  static constexpr int kConnectAttempts = 3;
   ~Endpoint();  // force-closes; flush first if data matters
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
