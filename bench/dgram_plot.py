@@ -5,7 +5,7 @@ import statistics
 
 import plot_common
 from plot_common import line_plot, plt
-from report_cells import human, per_run, pick, spread_text, table
+from report_cells import human, loss_of, per_run, pick, spread_text, table
 
 import shim_plot  # bench/shim_plot.py: `bench shimloss` and `shimperf`
 import sip_plot  # bench/sip_plot.py: `bench sipscale`
@@ -34,18 +34,11 @@ def _key(p):
     return PROTOCOL_ORDER.index(p) if p in PROTOCOL_ORDER else len(PROTOCOL_ORDER)
 
 
-def _loss_of(variant):
-    try:
-        return float(variant.split()[1].rstrip("%"))
-    except (IndexError, ValueError):
-        return None
-
-
 def _by_loss(records, metric):
     """{size: {protocol: [(loss %, median over runs)]}} of the loss experiment."""
     out = {}
-    for variant in sorted({r.get("variant", "") for r in records if r["experiment"] == "loss"}, key=lambda v: _loss_of(v) or 0):
-        level = _loss_of(variant)
+    for variant in sorted({r.get("variant", "") for r in records if r["experiment"] == "loss"}, key=lambda v: loss_of(v) or 0):
+        level = loss_of(variant)
         if level is None:
             continue
         for (p, t, b, s), v in pick(records, "loss", metric, variant=variant).items():
@@ -91,7 +84,7 @@ def _apps_figure(records, out):
               ("sipp", "sip_response_p50", "INVITE -> 200 OK, median (ms)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.8), squeeze=False)
     transports = ["udp+shim", "udp", "tcp", "http"]
-    variants = sorted({r.get("variant", "") for r in rows}, key=lambda v: _loss_of(v) or 0)
+    variants = sorted({r.get("variant", "") for r in rows}, key=lambda v: loss_of(v) or 0)
     for ax, (prog, metric, label) in zip(axes[0], panels):
         width = 0.8 / max(len(variants), 1)
         for i, v in enumerate(variants):
@@ -183,7 +176,7 @@ def _datagram_section(records):
 
 def _loss_section(records):
     loss_variants = sorted({r.get("variant", "") for r in records if r["experiment"] == "loss" and r["protocol"] != "nftables"},
-                           key=lambda v: _loss_of(v) or 0)
+                           key=lambda v: loss_of(v) or 0)
     if not loss_variants:
         return []
     md = ["### Under real loss (patent Fig. 16-17)\n", f"Patent: {PATENT['loss']}.\n\n",
@@ -226,7 +219,7 @@ def _apps_section(records):
           "built-in uac/uas scenarios at 50 calls/s; response time = INVITE sent to 200 OK received, from the "
           "client's message trace (µs stamps; SIPp's own scheduling runs on a 1 ms tick, which dominates on "
           "loopback).\n\n"]
-    variants = sorted({r.get("variant", "") for r in apps}, key=lambda v: _loss_of(v) or 0)
+    variants = sorted({r.get("variant", "") for r in apps}, key=lambda v: loss_of(v) or 0)
     metrics = [("ffmpeg", "first_frame_ms", "{:.0f}"), ("ffmpeg", "frames_lost", "{:.0f}"),
                ("ffmpeg", "frames_damaged", "{:.0f}"), ("ffmpeg", "first_frame_vs_http", "{:.3f}"),
                ("sipp", "sip_response_p50", "{:.3f}"),

@@ -82,10 +82,11 @@ def ucx_env(transport):
 
 
 def registry():
-    """Every protocol of this build (`slotstream protocols --json`): name -> its entry."""
+    """Every block protocol of this build (`slotstream protocols --json`, UCX's engine; the datagram
+    experiments choose theirs in dgram_experiments.py): name -> its entry."""
     try:
         out = subprocess.run([BIN, "protocols", "--json"], capture_output=True, text=True, timeout=30).stdout
-        return {p["name"]: p for p in json.loads(out)}
+        return {p["name"]: p for p in json.loads(out) if p.get("engine", "ucx") == "ucx"}
     except (OSError, ValueError, subprocess.TimeoutExpired) as e:
         raise SystemExit(f"slotstream bench: cannot list the protocols of {BIN}: {e}")
 

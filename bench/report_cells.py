@@ -13,6 +13,14 @@ def proto_key(p):
     return (ORDER.index(p) if p in ORDER else len(ORDER), p)
 
 
+def loss_of(variant):
+    """The loss level of a loss experiment's variant ("loss 5%" -> 5.0); None for another variant."""
+    try:
+        return float(variant.split()[1].rstrip("%"))
+    except (IndexError, ValueError):
+        return None
+
+
 def per_run(records, experiment, metric, **where):
     """{(protocol, transport, blocks, size): [value of run 0, run 1, ...]}: within a run the median
     over its rounds (throughput), across runs one value each."""

@@ -1,7 +1,7 @@
 """Figure and report sections of `slotstream bench shimloss` and `shimperf` (bench/shim_experiments.py), drawn
 from results.json; bench/dgram_plot.py calls them (helpers: plot_common's and report_cells')."""
 from plot_common import plt
-from report_cells import per_run, pick, spread_text
+from report_cells import loss_of, per_run, pick, spread_text
 
 PATENT = ("a 64 KB datagram is many MTU-sized packets, and \"the loss of any one of these individual packets then "
           "will cause the loss of the entire UDP message\"; the design stage's theory (whole messages need every "
@@ -9,16 +9,11 @@ PATENT = ("a 64 KB datagram is many MTU-sized packets, and \"the loss of any one
           "rest")
 
 
-def _level(variant):
-    import dgram_plot  # imports this module: asked when drawing, not at import
-    return dgram_plot._loss_of(variant)
-
-
 def _series(records, metric):
     """{size: [(loss %, median over runs)]}"""
     out = {}
     for v in {r.get("variant", "") for r in records if r["experiment"] == "shimloss"}:
-        level = _level(v)
+        level = loss_of(v)
         for (p, t, b, s), x in pick(records, "shimloss", metric, variant=v).items():
             out.setdefault(s, []).append((level, x))
     return {s: sorted(xs) for s, xs in out.items()}
@@ -93,7 +88,7 @@ def _loss_section(records):
           "(SLOTSTREAM_UDP_PARTIAL=deliver; the default, drop, hands over only the whole ones). Theory for "
           "independent loss p: P(whole) = (1-p)^k, P(lost) = p^k.\n\n",
           "| size | k | loss (nominal / measured) | whole | (1-p)^k, p measured | partial | lost |", "|---|---|---|---|---|---|---|"]
-    variants = sorted({r["variant"] for r in rows}, key=lambda v: _level(v) or 0)
+    variants = sorted({r["variant"] for r in rows}, key=lambda v: loss_of(v) or 0)
     sizes = sorted({r["size_bytes"] for r in rows})
     for s in sizes:
         for v in variants:

@@ -16,6 +16,7 @@ GType gst_slotstream_transport_get_type(void) {
       {gint(slotstream::Transport::kTcp), "TCP between hosts without RDMA NICs", "tcp"},
       {gint(slotstream::Transport::kRdma), "one-sided RDMA over an RDMA NIC (InfiniBand or RoCE; docs/rdma.md)",
        "rdma"},
+      {gint(slotstream::Transport::kUdp), "the datagram transport: RDMA over UDP datagrams (docs/datagram.md)", "udp"},
       {0, nullptr, nullptr},
   };
   if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstSlotstreamTransport", values));

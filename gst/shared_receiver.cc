@@ -312,16 +312,17 @@ class ViewRouter : public ViewSink {
 // -------------------------------------------------------------------------------- ReceiverHub
 
 Status ReceiverHub::attach(const std::string& listen, const std::string& token, std::shared_ptr<Outlet> outlet,
-                           std::shared_ptr<ReceiverHub>* out) {
+                           std::shared_ptr<ReceiverHub>* out, Transport transport) {
   std::lock_guard reg(registry_mutex);
   std::shared_ptr<ReceiverHub> hub = registry()[listen].lock();
   if (!hub) {
-    hub.reset(new ReceiverHub(listen, token));
+    hub.reset(new ReceiverHub(listen, token, transport));
     SLOTSTREAM_RETURN_IF_ERROR(hub->start());
     registry()[listen] = hub;
-  } else if (hub->token_ != token) {
-    return {Code::kInvalidArgument, "another slotstreamsrc listens on " + listen +
-                                        " with a different token-file: the srcs of one address share its receiver"};
+  } else if (hub->token_ != token || hub->transport_ != transport) {
+    return {Code::kInvalidArgument, "another slotstreamsrc listens on " + listen + " with a different " +
+                                        (hub->token_ != token ? "token-file" : "transport") +
+                                        ": the srcs of one address share its receiver"};
   }
   std::lock_guard lock(hub->mutex_);
   for (const auto& o : hub->outlets_) {
@@ -339,6 +340,7 @@ Status ReceiverHub::start() {
   ReceiverOptions o;
   if (Status st = parse_address(listen_, &o.host, &o.port); !st.is_ok()) return {st.code(), "listen: " + st.message()};
   o.token = token_;
+  o.transport = transport_;
   // Lent buffers may hold every block of a sender. The library's default, half, would let units leased to a
   // paused device (its src's queue full) keep the other devices from being lent anything: under load the sender
   // then timed out (max-wait) where the copy path kept flowing. Back-pressure is the same either way: a sender

@@ -110,10 +110,11 @@ class Outlet {
 class ReceiverHub {
  public:
   // Attaches `outlet` to the receiver listening on `listen` ("HOST:PORT"; port 0: a free one, shared by
-  // every src given the same text), starting it if this process has none there. Fails when another src
-  // already has the same (sender, device) there, when the tokens differ, or when the address cannot be bound.
+  // every src given the same text), starting it if this process has none there, for `transport` (auto:
+  // shm, tcp, rdma; udp: the datagram transport). Fails when another src already has the same (sender,
+  // device) there, when the tokens or transports differ, or when the address cannot be bound.
   static Status attach(const std::string& listen, const std::string& token, std::shared_ptr<Outlet> outlet,
-                       std::shared_ptr<ReceiverHub>* out);
+                       std::shared_ptr<ReceiverHub>* out, Transport transport = Transport::kAuto);
   ~ReceiverHub();
   void detach(const std::shared_ptr<Outlet>& outlet);
   // Where it listens (the real port when 0 was asked).
@@ -124,7 +125,10 @@ class ReceiverHub {
 
  private:
   friend class SenderRoutes;
-  ReceiverHub(std::string listen, std::string token) : listen_(std::move(listen)), token_(std::move(token)) {}
+  ReceiverHub(std::string listen, std::string token, Transport transport)
+      : listen_(std::move(listen)),
+        token_(std::move(token)),
+        transport_(transport) {}
   Status start();
   // The outlet that takes (sender, device) now, binding an any-sender one; null if none.
   std::shared_ptr<Outlet> route(const std::string& sender, uint16_t device);
@@ -136,6 +140,7 @@ class ReceiverHub {
 
   const std::string listen_;
   const std::string token_;
+  const Transport transport_;
   std::unique_ptr<Receiver> receiver_;
   // How long the last src's stop waits for finishing senders (their FIN) before the receiver stops.
   static constexpr std::chrono::milliseconds kClosingGrace{2000};

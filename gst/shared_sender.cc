@@ -22,22 +22,30 @@ std::string address(const ConnectionSpec& s) { return s.host + ":" + std::to_str
 
 }  // namespace
 
-std::string ConnectionSpec::difference(const ConnectionSpec& o) const {
-  if (host != o.host || port != o.port) return "to (" + address(*this) + " vs " + address(o) + ")";
-  if (transport != o.transport) {
-    return std::string("transport (") + transport_name(transport) + " vs " + transport_name(o.transport) + ")";
+std::string ConnectionSpec::difference(const ConnectionSpec& other) const {
+  const SenderOptions &a = *this, &b = other;
+  if (a.host != b.host || a.port != b.port) return "to (" + address(*this) + " vs " + address(other) + ")";
+  if (a.transport != b.transport) {
+    return std::string("transport (") + transport_name(a.transport) + " vs " + transport_name(b.transport) + ")";
   }
-  if (rdma.transport != o.rdma.transport) {
+  if (a.rdma.transport != b.rdma.transport) {
     auto name = [](const RdmaOptions& r) { return r.transport ? rdma_transport_name(*r.transport) : "unset"; };
-    return std::string("rdma-transport (") + name(rdma) + " vs " + name(o.rdma) + ")";
+    return std::string("rdma-transport (") + name(a.rdma) + " vs " + name(b.rdma) + ")";
   }
-  if (rdma.device != o.rdma.device) return "rdma-device (" + rdma.device + " vs " + o.rdma.device + ")";
-  if (protocol != o.protocol) return "protocol (" + protocol + " vs " + o.protocol + ")";
-  if (blocks != o.blocks) return "blocks (" + std::to_string(blocks) + " vs " + std::to_string(o.blocks) + ")";
-  if (block_size != o.block_size) {
-    return "block-size (" + std::to_string(block_size) + " vs " + std::to_string(o.block_size) + ")";
+  if (a.rdma.device != b.rdma.device) return "rdma-device (" + a.rdma.device + " vs " + b.rdma.device + ")";
+  if (a.protocol != b.protocol) return "protocol (" + a.protocol + " vs " + b.protocol + ")";
+  auto number = [](const char* what, uint64_t x, uint64_t y) {
+    return std::string(what) + " (" + std::to_string(x) + " vs " + std::to_string(y) + ")";
+  };
+  if (a.blocks != b.blocks) return number("blocks", a.blocks, b.blocks);
+  if (a.block_size != b.block_size) return number("block-size", a.block_size, b.block_size);
+  if (a.datagram.segment_size != b.datagram.segment_size) {
+    return number("segment-size", a.datagram.segment_size, b.datagram.segment_size);
   }
-  if (token != o.token) return "token-file (the tokens differ)";
+  if (a.datagram.max_message != b.datagram.max_message) {
+    return number("max-message", a.datagram.max_message, b.datagram.max_message);
+  }
+  if (a.token != b.token) return "token-file (the tokens differ)";
   return "";
 }
 
@@ -83,16 +91,7 @@ SharedSender::~SharedSender() {
 }
 
 Status SharedSender::connect_locked() {
-  SenderOptions o;
-  o.host = spec_.host;
-  o.port = spec_.port;
-  o.name = spec_.name;
-  o.transport = spec_.transport;
-  o.rdma = spec_.rdma;
-  o.protocol = spec_.protocol;
-  o.blocks = spec_.blocks;
-  o.block_size = spec_.block_size;
-  o.token = spec_.token;
+  SenderOptions o = spec_;  // the options, without the spec's own
   o.devices.assign(attached_.begin(), attached_.end());
   std::unique_ptr<Sender> sender;
   if (Status st = Sender::connect(o, &sender); !st.is_ok()) {

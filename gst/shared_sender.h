@@ -24,17 +24,9 @@
 
 namespace slotstream::gst {
 
-// What every sink of one sender-name must agree on: the connection's options without its devices.
-struct ConnectionSpec {
-  std::string host;
-  uint16_t port = 0;
-  std::string name;
-  Transport transport = Transport::kAuto;
-  RdmaOptions rdma;  // transport rdma (and auto): which RDMA transport and device
-  std::string protocol = kDefaultProtocol;
-  uint32_t blocks = kDefaultBlocks;
-  uint32_t block_size = kDefaultBlockSize;
-  std::string token;
+// What every sink of one sender-name must agree on: the connection's options (the library's
+// SenderOptions, filled from the properties; its devices are the attached sinks').
+struct ConnectionSpec : SenderOptions {
   // The first property that differs from `other`, for an error message; empty when they agree.
   std::string difference(const ConnectionSpec& other) const;
 };

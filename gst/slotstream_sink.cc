@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include "elements.h"
 #include "frame.h"
 #include "shared_sender.h"
+#include "slotstream/options.h"
 
 GST_DEBUG_CATEGORY_STATIC(slotstream_sink_debug);
 #define GST_CAT_DEFAULT slotstream_sink_debug
@@ -33,6 +35,8 @@ enum {
   PROP_BLOCK_SIZE,
   PROP_TOKEN_FILE,
   PROP_MAX_WAIT,
+  PROP_SEGMENT_SIZE,
+  PROP_MAX_MESSAGE,
 };
 
 constexpr const char* kDefaultSenderName = "gstreamer";
@@ -46,11 +50,12 @@ struct Settings {
   Transport transport = Transport::kAuto;
   RdmaChoice rdma_transport = RdmaChoice::kReceivers;
   std::string rdma_device;
-  std::string protocol = kDefaultProtocol;
+  std::string protocol;  // "": the transport's default
   guint blocks = kDefaultBlocks;
   guint block_size = kDefaultBlockSize;
   std::string token_file;
   guint max_wait_ms = kDefaultMaxWaitMs;
+  DatagramOptions datagram;  // transport udp
 };
 
 // What a started sink holds (streaming thread, and start/stop).
@@ -120,6 +125,12 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_MAX_WAIT:
       s.max_wait_ms = g_value_get_uint(value);
       break;
+    case PROP_SEGMENT_SIZE:
+      s.datagram.segment_size = g_value_get_uint(value);
+      break;
+    case PROP_MAX_MESSAGE:
+      s.datagram.max_message = g_value_get_uint64(value);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
       break;
@@ -152,7 +163,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
       g_value_set_string(value, str(s.rdma_device));
       break;
     case PROP_PROTOCOL:
-      g_value_set_string(value, s.protocol.c_str());
+      g_value_set_string(value, str(s.protocol));
       break;
     case PROP_BLOCKS:
       g_value_set_uint(value, s.blocks);
@@ -166,6 +177,12 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_MAX_WAIT:
       g_value_set_uint(value, s.max_wait_ms);
       break;
+    case PROP_SEGMENT_SIZE:
+      g_value_set_uint(value, s.datagram.segment_size);
+      break;
+    case PROP_MAX_MESSAGE:
+      g_value_set_uint64(value, s.datagram.max_message);
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
       break;
@@ -173,23 +190,38 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   GST_OBJECT_UNLOCK(self);
 }
 
+// The property of a SenderOptions field that check_sender_options names ("block_size: ..." ->
+// "block-size: ..."): the message is the library's, the name the element's.
+Status as_property(const Status& st) {
+  std::string text = st.message();
+  const size_t colon = text.find(": ");
+  if (colon != std::string::npos && find_option(text.substr(0, colon))) {
+    std::replace(text.begin(), text.begin() + long(colon), '_', '-');
+  }
+  return {st.code(), text};
+}
+
 // The connection's options from the properties; an error names the property at fault.
 Status make_spec(const Settings& s, ConnectionSpec* spec) {
+  SenderOptions& o = *spec;
   if (s.to.empty()) return {Code::kInvalidArgument, "'to' is not set: give the receiver's HOST:PORT (to=host:7000)"};
-  if (Status st = parse_address(s.to, &spec->host, &spec->port); !st.is_ok()) {
+  if (Status st = parse_address(s.to, &o.host, &o.port); !st.is_ok()) {
     return {st.code(), "to: " + st.message()};
   }
-  if (spec->port == 0) return {Code::kInvalidArgument, "to: port 0 names no receiver; give the port it listens on"};
+  if (o.port == 0) return {Code::kInvalidArgument, "to: port 0 names no receiver; give the port it listens on"};
   if (auto why = invalid_sender_name(s.sender_name)) return {Code::kInvalidArgument, "sender-name: " + *why};
-  spec->name = s.sender_name;
-  spec->transport = s.transport;
-  spec->rdma.transport = rdma_transport_of(s.rdma_transport);
-  spec->rdma.device = s.rdma_device;
-  spec->protocol = s.protocol;
-  spec->blocks = s.blocks;
-  spec->block_size = s.block_size;
+  o.name = s.sender_name;
+  o.transport = s.transport;
+  o.rdma.transport = rdma_transport_of(s.rdma_transport);
+  o.rdma.device = s.rdma_device;
+  o.protocol = s.protocol;
+  o.blocks = s.blocks;
+  o.block_size = s.block_size;
+  o.datagram = s.datagram;
+  // The option schema's ranges (slotstream/options.h), said as every front end says them.
+  if (Status st = check_sender_options(o); !st.is_ok()) return as_property(st);
   if (!s.token_file.empty()) {
-    if (Status st = read_token_file(s.token_file, &spec->token); !st.is_ok()) {
+    if (Status st = read_token_file(s.token_file, &o.token); !st.is_ok()) {
       return {st.code(), "token-file: " + st.message()};
     }
   }
@@ -340,10 +372,26 @@ void finalize(GObject* object) {
   G_OBJECT_CLASS(gst_slotstream_sink_parent_class)->finalize(object);
 }
 
-std::string protocol_names() {
+// The protocols of one engine: "ucx" (shm, tcp, rdma) or "dgram" (udp).
+std::string protocol_names(const std::string& engine) {
   std::string names;
-  for (const ProtocolInfo& p : protocols()) names += (names.empty() ? "" : ", ") + p.name;
+  for (const ProtocolInfo& p : protocols()) {
+    if (p.engine == engine) names += (names.empty() ? "" : ", ") + p.name;
+  }
   return names;
+}
+
+// A property's blurb with its range from the option schema ("..., 1..4096").
+std::string ranged(const char* blurb, const char* option) {
+  const OptionSpec& o = *find_option(option);
+  char range[96];
+  if (o.kind == OptionKind::kSize) {
+    std::snprintf(range, sizeof range, "; %s..%s", format_size(uint64_t(o.min)).c_str(),
+                  format_size(uint64_t(o.max)).c_str());
+  } else {
+    std::snprintf(range, sizeof range, "; %.0f..%.0f", o.min, o.max);
+  }
+  return blurb + std::string(range);
 }
 
 constexpr auto kPropertyFlags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
@@ -375,7 +423,8 @@ void install_address_properties(GObjectClass* oc) {
       g_param_spec_enum(
           "transport", "Transport",
           "wire: shm within a host, rdma between hosts with RDMA NICs (InfiniBand, RoCE), tcp between hosts "
-          "without; auto: shm when both ends share a host, else rdma when both have a usable RDMA device, else tcp",
+          "without; auto: shm when both ends share a host, else rdma when both have a usable RDMA device, else tcp; "
+          "udp: the datagram transport (its own protocols, segment-size, max-message)",
           GST_TYPE_SLOTSTREAM_TRANSPORT, gint(Transport::kAuto), flags));
   g_object_class_install_property(
       oc, PROP_RDMA_TRANSPORT,
@@ -394,24 +443,42 @@ void install_address_properties(GObjectClass* oc) {
 // How it flows: protocol, receive blocks, authentication, back-pressure.
 void install_flow_properties(GObjectClass* oc) {
   const auto flags = kPropertyFlags;
+  // The blurbs are static: they live as long as the process (GParamSpec keeps the pointers).
   static const std::string protocol_blurb =
-      "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`): " + protocol_names();
+      "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`); unset: status_byte, udp: "
+      "write_record. Over shm, tcp, rdma: " +
+      protocol_names("ucx") + "; over udp: " + protocol_names("dgram") + " (dgram_rc: transport tcp)";
+  static const std::string blocks_blurb = ranged(
+      "receive blocks the receiver gives this connection (the default keeps more than two 640x480 RGB frames in "
+      "flight for each of 12 cameras; udp: message slots per device, at most 1024)",
+      "blocks");
+  static const std::string block_size_blurb = ranged(
+      "bytes per block; a buffer larger than a block minus 96 bytes of headers is sent in several blocks (and copied "
+      "on the receiving side); not for udp",
+      "block_size");
+  static const std::string segment_blurb =
+      ranged("transport udp: payload bytes per datagram (1408 fits a 1500-byte Ethernet MTU)", "segment_size");
+  static const std::string max_message_blurb = ranged(
+      "transport udp: the largest buffer (with its 96 bytes of headers) this connection sends: the receiver's "
+      "region per message slot",
+      "max_message");
   g_object_class_install_property(oc, PROP_PROTOCOL,
-                                  g_param_spec_string("protocol", "Protocol", protocol_blurb.c_str(), kDefaultProtocol,
-                                                      flags));  // the blurb is static: it lives as long as the process
+                                  g_param_spec_string("protocol", "Protocol", protocol_blurb.c_str(), nullptr, flags));
+  // Ranges are checked when the element starts, against the option schema (slotstream/options.h): one message
+  // for a value outside, the same as the CLI's and Python's (GObject's own check would only warn and keep
+  // the old value).
   g_object_class_install_property(
       oc, PROP_BLOCKS,
-      g_param_spec_uint(
-          "blocks", "Blocks",
-          "receive blocks the receiver gives this connection (the default keeps more than two 640x480 RGB "
-          "frames in flight for each of 12 cameras)",
-          1, kMaxBlocks, kDefaultBlocks, flags));
+      g_param_spec_uint("blocks", "Blocks", blocks_blurb.c_str(), 0, G_MAXUINT, kDefaultBlocks, flags));
   g_object_class_install_property(
       oc, PROP_BLOCK_SIZE,
-      g_param_spec_uint("block-size", "Block size",
-                        "bytes per block; a buffer larger than a block minus 96 bytes of headers is sent in several "
-                        "blocks (and copied on the receiving side)",
-                        kMinBlockSize, kMaxBlockSize, kDefaultBlockSize, flags));
+      g_param_spec_uint("block-size", "Block size", block_size_blurb.c_str(), 0, G_MAXUINT, kDefaultBlockSize, flags));
+  g_object_class_install_property(oc, PROP_SEGMENT_SIZE,
+                                  g_param_spec_uint("segment-size", "Segment size", segment_blurb.c_str(), 0, G_MAXUINT,
+                                                    DatagramOptions{}.segment_size, flags));
+  g_object_class_install_property(oc, PROP_MAX_MESSAGE,
+                                  g_param_spec_uint64("max-message", "Largest message", max_message_blurb.c_str(), 0,
+                                                      G_MAXUINT64, DatagramOptions{}.max_message, flags));
   g_object_class_install_property(
       oc, PROP_TOKEN_FILE,
       g_param_spec_string("token-file", "Token file",
@@ -441,7 +508,8 @@ static void gst_slotstream_sink_class_init(GstSlotstreamSinkClass* klass) {
   gst_element_class_set_static_metadata(
       ec, "slotstream sink", "Sink/Network",
       "Sends each buffer as one message of a device over slotstream's one-sided RDMA transport (UCX: shm, tcp, "
-      "rdma): caps once per stream, timestamps with every buffer, end of stream finishes the device; sinks of one "
+      "rdma) or its datagram transport (udp): caps once per stream, timestamps with every buffer, end of stream "
+      "finishes the device; sinks of one "
       "sender-name share one connection; back-pressure blocks the streaming thread up to max-wait",
       "slotstream");
   auto* bc = GST_BASE_SINK_CLASS(klass);

@@ -21,7 +21,17 @@ using namespace slotstream::gst;
 
 namespace {
 
-enum { PROP_0, PROP_LISTEN, PROP_SENDER, PROP_DEVICE, PROP_TOKEN_FILE, PROP_MAX_BUFFERS, PROP_ZERO_COPY, PROP_STATS };
+enum {
+  PROP_0,
+  PROP_LISTEN,
+  PROP_SENDER,
+  PROP_DEVICE,
+  PROP_TOKEN_FILE,
+  PROP_MAX_BUFFERS,
+  PROP_ZERO_COPY,
+  PROP_STATS,
+  PROP_TRANSPORT,
+};
 
 constexpr const char* kDefaultListen = "0.0.0.0:7000";
 constexpr guint kDefaultMaxBuffers = 4;
@@ -35,6 +45,7 @@ struct Settings {
   std::string token_file;
   guint max_buffers = kDefaultMaxBuffers;
   ZeroCopy zero_copy = ZeroCopy::kAuto;
+  Transport transport = Transport::kAuto;
 };
 
 // Buffers pushed since start, by how they were made (the stats property; the slotstream-stats message at EOS).
@@ -152,6 +163,9 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_ZERO_COPY:
       s.zero_copy = ZeroCopy(g_value_get_enum(value));
       break;
+    case PROP_TRANSPORT:
+      s.transport = Transport(g_value_get_enum(value));
+      break;
     default:
       G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
       break;
@@ -188,6 +202,9 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
       break;
     case PROP_ZERO_COPY:
       g_value_set_enum(value, gint(s.zero_copy));
+      break;
+    case PROP_TRANSPORT:
+      g_value_set_enum(value, gint(s.transport));
       break;
     case PROP_STATS:
       g_value_take_boxed(value, stats_locked(self));
@@ -228,7 +245,7 @@ gboolean start(GstBaseSrc* base) {
   *self->counters = Counters{};
   GST_OBJECT_UNLOCK(self);
   Status st = check(s, &token);
-  if (st.is_ok()) st = ReceiverHub::attach(s.listen, token, r.outlet, &r.hub);
+  if (st.is_ok()) st = ReceiverHub::attach(s.listen, token, r.outlet, &r.hub, s.transport);
   if (!st.is_ok()) {
     r.outlet.reset();
     GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ, ("%s", st.message().c_str()), ("%s", detail(st).c_str()));
@@ -438,6 +455,14 @@ void install_properties(GObjectClass* oc) {
           "Lent buffers may hold all the sender's blocks: downstream keeping that many buffers pauses the sender "
           "(nothing is lost; its max-wait applies); raise the slotstreamsink's blocks for deep queues",
           GST_TYPE_SLOTSTREAM_ZERO_COPY, gint(ZeroCopy::kAuto), flags));
+  g_object_class_install_property(
+      oc, PROP_TRANSPORT,
+      g_param_spec_enum("transport", "Transport",
+                        "what senders may use: auto (shm, tcp, and rdma where this host has a usable RDMA device), "
+                        "shm, tcp, rdma, or udp: the datagram transport (UD and RD senders on this UDP port, dgram_rc "
+                        "on the TCP port of the same number; its buffers are always copied once). The srcs of one "
+                        "listen address must agree",
+                        GST_TYPE_SLOTSTREAM_TRANSPORT, gint(Transport::kAuto), flags));
   g_object_class_install_property(
       oc, PROP_STATS,
       g_param_spec_boxed("stats", "Statistics",

@@ -37,6 +37,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "slotstream/options.h"
 #include "slotstream/platform.h"
 #include "slotstream/slotstream.h"
 #include "slotstream/view_workers.h"
@@ -80,9 +81,14 @@ T in_range(const char* what, int64_t v, int64_t lo, int64_t hi, const char* unit
   }
   return T(v);
 }
-uint32_t blocks_arg(int64_t v) { return in_range<uint32_t>("blocks", v, 1, kMaxBlocks); }
-uint32_t block_size_arg(int64_t v) {
-  return in_range<uint32_t>("block_size", v, kMinBlockSize, kMaxBlockSize, " (an int number of bytes)");
+// A keyword argument of the option schema (slotstream/options.h): its range and its one message, as the
+// CLI's flags and the GStreamer properties say it ("blocks 0 is not in range 1..4096").
+template <class T>
+T schema_arg(const char* name, int64_t v) {
+  if (auto why = out_of_range(*find_option(name), double(v))) {
+    check({Code::kInvalidArgument, std::string(name) + " " + *why});
+  }
+  return T(v);
 }
 // stall_timeout= seconds (SenderOptions::stall_timeout): 0 waits for ever; the library checks the rest.
 std::chrono::milliseconds stall_timeout_arg(double seconds) {
@@ -433,10 +439,12 @@ class SenderLife {
   bool finished_ = false;
 };
 
-// transport="auto|shm|tcp|rdma", rdma_transport="rc|dc|ud" or None, rdma_device="NAME:PORT" or None.
+// transport="auto|shm|tcp|rdma|udp", rdma_transport="rc|dc|ud" or None, rdma_device="NAME:PORT" or None.
 Transport transport_arg(const std::string& transport) {
   auto t = parse_transport(transport);
-  if (!t) check({Code::kInvalidArgument, "transport must be 'auto', 'shm', 'tcp' or 'rdma', not '" + transport + "'"});
+  if (!t) {
+    check({Code::kInvalidArgument, "transport must be 'auto', 'shm', 'tcp', 'rdma' or 'udp', not '" + transport + "'"});
+  }
   return *t;
 }
 
@@ -452,24 +460,63 @@ RdmaOptions rdma_args(const std::optional<std::string>& transport, const std::op
   return o;
 }
 
-class PySender : public SenderLife<Sender> {
- public:
-  PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
-           const std::string& protocol, int64_t blocks, int64_t block_size, const std::vector<int>& devices,
-           std::optional<std::string> token, std::optional<std::string> rdma_transport,
-           std::optional<std::string> rdma_device, double stall_timeout)
-      : SenderLife("Sender") {
+// The keyword arguments Sender and PlatformSender share, as the library's SenderOptions (one place:
+// each checked against the option schema, the datagram ones only when given).
+struct SenderArgs {
+  std::optional<std::string> name;
+  std::string transport = "auto";
+  std::optional<std::string> protocol;  // None: the transport's default (status_byte; udp: write_record)
+  int64_t blocks = kDefaultBlocks;
+  int64_t block_size = kDefaultBlockSize;
+  std::optional<std::string> token, rdma_transport, rdma_device;
+  // The datagram transport's (transport="udp"): DatagramOptions.
+  std::optional<int64_t> segment_size, max_message, ttl;
+  std::optional<std::string> interface;
+  double stall_timeout = kDefaultStallTimeout.count() / 1000.0;  // seconds
+
+  SenderOptions options(const std::vector<int>& devices, DeviceLocks* locks) const {
     SenderOptions o;
     o.stall_timeout = stall_timeout_arg(stall_timeout);
-    check(parse_address(to, &o.host, &o.port));
     o.transport = transport_arg(transport);
     o.rdma = rdma_args(rdma_transport, rdma_device);
     o.name = name ? *name : default_sender_name();
-    o.protocol = protocol;
-    o.blocks = blocks_arg(blocks);
-    o.block_size = block_size_arg(block_size);
+    o.protocol = protocol.value_or("");
+    o.blocks = schema_arg<uint32_t>("blocks", blocks);
+    o.block_size = schema_arg<uint32_t>("block_size", block_size);
     o.token = token.value_or("");
-    o.devices = declare_devices(devices, &device_locks_);
+    if (segment_size) o.datagram.segment_size = schema_arg<uint32_t>("segment_size", *segment_size);
+    if (max_message) o.datagram.max_message = schema_arg<uint64_t>("max_message", *max_message);
+    if (ttl) o.datagram.ttl = schema_arg<int>("ttl", *ttl);
+    if (interface) o.datagram.interface = *interface;
+    o.devices = declare_devices(devices, locks);
+    return o;
+  }
+};
+
+class PySender : public SenderLife<Sender> {
+ public:
+  PySender(const std::string& to, std::optional<std::string> name, const std::string& transport,
+           std::optional<std::string> protocol, int64_t blocks, int64_t block_size, const std::vector<int>& devices,
+           std::optional<std::string> token, std::optional<std::string> rdma_transport,
+           std::optional<std::string> rdma_device, std::optional<int64_t> segment_size,
+           std::optional<int64_t> max_message, std::optional<int64_t> ttl, std::optional<std::string> interface,
+           double stall_timeout)
+      : SenderLife("Sender") {
+    const SenderArgs args{std::move(name),
+                          transport,
+                          std::move(protocol),
+                          blocks,
+                          block_size,
+                          std::move(token),
+                          std::move(rdma_transport),
+                          std::move(rdma_device),
+                          segment_size,
+                          max_message,
+                          ttl,
+                          std::move(interface),
+                          stall_timeout};
+    SenderOptions o = args.options(devices, &device_locks_);
+    check(parse_address(to, &o.host, &o.port));
     Status st;
     {
       nb::gil_scoped_release nogil;  // the handshake may take seconds
@@ -478,6 +525,7 @@ class PySender : public SenderLife<Sender> {
     check(st);
     transport_ = transport_name(sender_->transport());
     transport_reason_ = sender_->transport_reason();
+    o.protocol = sender_->protocol();
     options_ = std::move(o);
   }
 
@@ -502,6 +550,19 @@ class PySender : public SenderLife<Sender> {
     d["held_skips"] = s->held_skips;
     d["connections"] = s->connections;
     d["per_device"] = s->per_device;
+    if (!s->delivered.empty()) {  // the datagram transport: what the receiver said at finish()
+      nb::dict delivered;
+      for (const auto& [device, c] : s->delivered) {
+        nb::dict x;
+        x["complete"] = c.messages;
+        x["partial"] = c.partial;
+        x["dropped"] = c.dropped;
+        x["lost"] = c.lost;
+        x["valid_bytes"] = c.bytes;
+        delivered[nb::int_(device)] = x;
+      }
+      d["delivered"] = delivered;
+    }
     return d;
   }
 
@@ -521,23 +582,22 @@ class PyPlatformSender : public SenderLife<PlatformSender> {
  public:
   PyPlatformSender(const std::string& platform, std::optional<std::string> name, const std::vector<int>& devices,
                    double need_cpu, double need_bandwidth, double need_fps, const std::string& transport,
-                   const std::string& protocol, int64_t blocks, int64_t block_size, std::optional<std::string> token,
-                   int64_t lease_ttl, double patience, double stall_timeout, std::optional<std::string> platform_cacert,
-                   std::optional<std::string> platform_cert, std::optional<std::string> platform_key,
-                   std::optional<std::string> platform_user, std::optional<std::string> platform_password)
+                   std::optional<std::string> protocol, int64_t blocks, int64_t block_size,
+                   std::optional<std::string> token, int64_t lease_ttl, double patience, double stall_timeout,
+                   std::optional<std::string> platform_cacert, std::optional<std::string> platform_cert,
+                   std::optional<std::string> platform_key, std::optional<std::string> platform_user,
+                   std::optional<std::string> platform_password, std::optional<std::string> rdma_transport,
+                   std::optional<std::string> rdma_device)
       : SenderLife("PlatformSender") {
     PlatformSenderOptions o;
     o.platform = platform;
     o.security = {platform_cacert.value_or(""), platform_cert.value_or(""), platform_key.value_or(""),
                   platform_user.value_or(""), platform_password.value_or("")};
-    o.sender.stall_timeout = stall_timeout_arg(stall_timeout);
-    o.sender.transport = transport_arg(transport);
-    o.sender.name = name ? *name : default_sender_name();
-    o.sender.protocol = protocol;
-    o.sender.blocks = blocks_arg(blocks);
-    o.sender.block_size = block_size_arg(block_size);
-    o.sender.token = token.value_or("");
-    o.sender.devices = declare_devices(devices, &device_locks_);
+    SenderArgs args{std::move(name), transport,        std::move(protocol),       blocks,
+                    block_size,      std::move(token), std::move(rdma_transport), std::move(rdma_device)};
+    args.stall_timeout = stall_timeout;
+    o.sender = args.options(devices, &device_locks_);
+    if (o.sender.protocol.empty()) o.sender.protocol = kDefaultProtocol;  // the platform serves UCX transports
     o.need = {need_cpu, need_bandwidth, need_fps};
     o.lease_ttl_seconds = lease_ttl;
     o.patience = std::chrono::milliseconds(int64_t(patience * 1000));
@@ -940,7 +1000,7 @@ class PyReceiver {
     if (!callback.is_none() && !PyCallable_Check(callback.ptr())) throw nb::type_error("callback must be callable");
     if (!workers.is_none()) check_workers(workers, callback, zero_copy);
     in_range<size_t>("max_queue", max_queue, 1, INT64_MAX);
-    in_range<uint32_t>("max_held_blocks", max_held_blocks, 0, UINT32_MAX);
+    schema_arg<uint32_t>("max_held_blocks", max_held_blocks);
     in_range<uint32_t>("worker_backlog", worker_backlog, 0, UINT32_MAX);
     ReceiverOptions o;
     check(parse_address(listen, &o.host, &o.port));
@@ -1156,22 +1216,27 @@ void bind_sender(nb::module_& m) {
                            "A connection to a slotstream receiver that carries the messages of several devices.\n\n"
                            "Use it as a context manager: leaving the block normally waits until the receiver has\n"
                            "stored every message (finish()); leaving it by an exception abandons the connection.");
-  cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, const std::string&, int64_t,
-                   int64_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
+  cls.def(nb::init<const std::string&, std::optional<std::string>, const std::string&, std::optional<std::string>,
+                   int64_t, int64_t, const std::vector<int>&, std::optional<std::string>, std::optional<std::string>,
+                   std::optional<std::string>, std::optional<int64_t>, std::optional<int64_t>, std::optional<int64_t>,
                    std::optional<std::string>, double>(),
-          "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = kDefaultProtocol,
-          "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize, nb::kw_only(),
-          "devices"_a.sig("(0,)") = std::vector<int>{0}, "token"_a = nb::none(), "rdma_transport"_a = nb::none(),
-          "rdma_device"_a = nb::none(), "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0,
+          "to"_a, "name"_a = nb::none(), "transport"_a = "auto", "protocol"_a = nb::none(), "blocks"_a = kDefaultBlocks,
+          "block_size"_a = kDefaultBlockSize, nb::kw_only(), "devices"_a.sig("(0,)") = std::vector<int>{0},
+          "token"_a = nb::none(), "rdma_transport"_a = nb::none(), "rdma_device"_a = nb::none(),
+          "segment_size"_a = nb::none(), "max_message"_a = nb::none(), "ttl"_a = nb::none(), "interface"_a = nb::none(),
+          "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0,
           "Connects to the receiver at `to` (\"HOST:PORT\") as sender `name` (default: the host name)\n"
           "and declares `devices`, the device numbers send() will use. `transport`: 'auto' (shm on one\n"
           "host, else rdma where both ends have an RDMA NIC, else tcp), 'shm', 'tcp' or 'rdma'\n"
-          "(`rdma_transport` 'rc', 'dc' or 'ud', default the receiver's; `rdma_device` 'mlx5_0:1').\n"
+          "(`rdma_transport` 'rc', 'dc' or 'ud', default the receiver's; `rdma_device` 'mlx5_0:1'), or\n"
+          "'udp': the datagram transport (`protocol` write_record (default), dgram_send, dgram_rd or\n"
+          "rd_write_record; `blocks` message slots per device; `segment_size` bytes per datagram,\n"
+          "`max_message` the largest message (default 1 MiB), `ttl` and `interface` for a multicast group).\n"
           "`stall_timeout`: seconds to wait on a receiver that says nothing (a live one says it is alive\n"
           "every second, also while it holds its blocks): then it counts as stopped or hung and send()\n"
-          "and finish() raise PeerGone; at least 2, 0 waits for ever.\n"
-          "Raises slotstream.Error subclasses (ConnectFailed, Refused, InvalidArgument — e.g. rdma\n"
-          "without a usable device —, ...) with the library's message.")
+          "and finish() raise PeerGone; at least 2, 0 waits for ever (not the datagram transport's).\n"
+          "`protocol` None: the transport's default. Raises slotstream.Error subclasses (ConnectFailed,\n"
+          "Refused, InvalidArgument — e.g. rdma without a usable device —, ...) with the library's message.")
       .def("send", &PySender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
            nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
                    "timeout: float | None = None) -> None"),
@@ -1187,8 +1252,9 @@ void bind_sender(nb::module_& m) {
       .def("close", &PySender::close, "Abandons the connection without waiting (unfinished messages are lost).")
       .def("stats", &PySender::stats, nb::sig("def stats(self) -> dict[str, typing.Any]"),
            "Counters: messages, bytes, per_device, held_skips (receiver blocks skipped because held),\n"
-           "connections (filled in by finish()).")
-      .def_prop_ro("transport", &PySender::transport, "'shm', 'tcp' or 'rdma': what the receiver chose.")
+           "connections (filled in by finish()); over udp, after finish(), delivered: what the receiver\n"
+           "made of each device's messages (complete, partial, dropped, lost, valid_bytes).")
+      .def_prop_ro("transport", &PySender::transport, "'shm', 'tcp', 'rdma' or 'udp': what carries it.")
       .def_prop_ro("transport_reason", &PySender::transport_reason,
                    "Why the receiver chose it (and what failed on this side before it).")
       .def_prop_ro("name", [](const PySender& s) { return s.options().name; })
@@ -1210,24 +1276,26 @@ void bind_platform_sender(nb::module_& m) {
       "needs; when that receiver dies it gets another and sends again what was not confirmed stored\n"
       "(docs/platform.md). The same send/finish/close contract and context manager as Sender.");
   cls.def(nb::init<const std::string&, std::optional<std::string>, const std::vector<int>&, double, double, double,
-                   const std::string&, const std::string&, int64_t, int64_t, std::optional<std::string>, int64_t,
-                   double, double, std::optional<std::string>, std::optional<std::string>, std::optional<std::string>,
+                   const std::string&, std::optional<std::string>, int64_t, int64_t, std::optional<std::string>,
+                   int64_t, double, double, std::optional<std::string>, std::optional<std::string>,
+                   std::optional<std::string>, std::optional<std::string>, std::optional<std::string>,
                    std::optional<std::string>, std::optional<std::string>>(),
           "platform"_a, "name"_a = nb::none(), nb::kw_only(), "devices"_a.sig("(0,)") = std::vector<int>{0},
           "need_cpu"_a = 0.0, "need_bandwidth"_a = 0.0, "need_fps"_a = 0.0, "transport"_a = "auto",
-          "protocol"_a = kDefaultProtocol, "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize,
+          "protocol"_a = nb::none(), "blocks"_a = kDefaultBlocks, "block_size"_a = kDefaultBlockSize,
           "token"_a = nb::none(), "lease_ttl"_a = 5, "patience"_a = 30.0,
           "stall_timeout"_a = kDefaultStallTimeout.count() / 1000.0, "platform_cacert"_a = nb::none(),
           "platform_cert"_a = nb::none(), "platform_key"_a = nb::none(), "platform_user"_a = nb::none(),
-          "platform_password"_a = nb::none(),
+          "platform_password"_a = nb::none(), "rdma_transport"_a = nb::none(), "rdma_device"_a = nb::none(),
           "Asks the platform at `platform` (\"etcd://HOST:PORT[,HOST:PORT...]\") for a receiver with room for\n"
           "need_cpu cores, need_bandwidth bytes/s and need_fps messages/s (and the blocks' memory), and\n"
-          "connects as sender `name`. Raises Refused with every receiver's shortfall when none has room,\n"
-          "InvalidArgument for a negative or absurd need. A protected etcd (docs/platform.md): TLS with\n"
-          "`platform_cacert` (PEM file of the members' CA; `platform_cert`/`platform_key`: a client\n"
-          "certificate), etcd's own users with `platform_user`/`platform_password`. `stall_timeout` as\n"
-          "Sender's; a receiver whose platform record went with its lease and that says nothing is left\n"
-          "sooner (the next send moves).")
+          "connects as sender `name`; `transport`, `protocol` (None: status_byte), `blocks`, `block_size`,\n"
+          "`token`, `rdma_transport` and `rdma_device` as Sender's. Raises Refused with every receiver's\n"
+          "shortfall when none has room, InvalidArgument for a negative or absurd need. A protected etcd\n"
+          "(docs/platform.md): TLS with `platform_cacert` (PEM file of the members' CA;\n"
+          "`platform_cert`/`platform_key`: a client certificate), etcd's own users with\n"
+          "`platform_user`/`platform_password`. `stall_timeout` as Sender's; a receiver whose platform record\n"
+          "went with its lease and that says nothing is left sooner (the next send moves).")
       .def("send", &PyPlatformSender::send, "device"_a, "data"_a, nb::kw_only(), "timeout"_a = nb::none(),
            nb::sig("def send(self, device: int, data: typing_extensions.Buffer | numpy.typing.NDArray[typing.Any], *, "
                    "timeout: float | None = None) -> None"),
@@ -1306,7 +1374,9 @@ void bind_receiver(nb::module_& m) {
            "at most `max_queue` messages wait in memory, then the sender is slowed down (back-pressure).\n"
            "Iteration ends after `exit_after_senders` senders have ended, or after close().\n"
            "`transport`: what senders may use ('auto', 'shm', 'tcp', 'rdma'; 'rdma' without a usable RDMA\n"
-           "device raises InvalidArgument); `rdma_transport` 'rc' (default), 'dc' or 'ud'; `rdma_device`.\n"
+           "device raises InvalidArgument; 'udp': the datagram transport, its UD and RD senders on this UDP\n"
+           "port and dgram_rc senders on the TCP port of the same number, no zero_copy or workers);\n"
+           "`rdma_transport` 'rc' (default), 'dc' or 'ud'; `rdma_device`.\n"
            "`zero_copy=True`: `data` is a MessageView of the message in its receive block (no copy; the\n"
            "block is held until the view is released) — senders must use status_byte; at most\n"
            "`max_held_blocks` blocks per sender (0: half) are held by views, beyond that the sender waits.\n"

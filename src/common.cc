@@ -9,11 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common.h"
-
 #include <cerrno>
-#include "net/auth.h"
-#include "net/control_socket.h"
+
+#include "common.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {
@@ -281,12 +279,5 @@ uint64_t default_max_memory() {
   }
   return physical / 4;
 }
-
-// The public forms of what the CLI uses (programs and the GStreamer elements parse the same way).
-Status parse_address(std::string_view text, std::string* host, uint16_t* port) {
-  return net::parse_host_port(std::string(text), host, port);
-}
-
-Status read_token_file(const std::string& path, std::string* token) { return net::read_token_file(path, token); }
 
 }  // namespace slotstream

@@ -4,7 +4,6 @@
 #include <string>
 #include <vector>
 
-#include "fabric/fabric.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {
@@ -23,11 +22,6 @@ std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 std::string bind_error_hint(int err);
 // "1.5 GiB", "640 KiB", "12 B": for messages a person reads.
 std::string format_bytes(uint64_t bytes);
-
-// Why Sender and Receiver refuse Transport::kUdp.
-inline constexpr const char* kUdpNotHere =
-    "transport udp is the datagram transport, a stack of its own (slotstream recv|send --transport udp; "
-    "docs/design.md); Sender and Receiver speak shm, tcp and rdma";
 
 // Memory a new allocation can take now: the kernel's MemAvailable, and within a cgroup with a limit
 // (v2, then v1) what the limit leaves; UINT64_MAX when neither can be read.

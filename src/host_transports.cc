@@ -63,15 +63,19 @@ TransportInfo rdma_info(const std::vector<fabric::UcxResource>& ucx, const RdmaO
   return t;
 }
 
+// What udp carries is the datagram registry's (slotstream::protocols(), engine "dgram"), not a list here.
 TransportInfo udp_info() {
   const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
   if (fd < 0) return {"udp", false, "cannot open a UDP socket", {}};
   ::close(fd);
-  return {"udp",
-          true,
-          "kernel UDP sockets: RDMA over UDP datagrams (write_record, dgram_send, dgram_rd, rd_write_record; dgram_rc "
-          "on TCP)",
-          {}};
+  std::vector<std::string> over_udp, over_tcp;
+  for (const ProtocolInfo& p : protocols()) {
+    if (p.engine != "dgram") continue;
+    (p.transports == std::vector<std::string>{"udp"} ? over_udp : over_tcp).push_back(p.name);
+  }
+  std::string why = "kernel UDP sockets: RDMA over UDP datagrams (" + join(over_udp);
+  if (!over_tcp.empty()) why += "; " + join(over_tcp) + " on TCP";
+  return {"udp", true, why + ")", {}};
 }
 
 }  // namespace

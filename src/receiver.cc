@@ -1,4 +1,7 @@
-// The receiver: accepts senders on the control socket, gives each its own block region, and
+// The receiver: a facade that runs the engine its transport chooses (src/engine/contract.h): the datagram engine
+// (src/dgram/engine.h) for udp, else UCX's, here (Receiver::Impl).
+//
+// UCX's receiver accepts senders on the control socket, gives each its own block region, and
 // runs one consumer thread per sender that polls that region's status bytes (paper §3.2.5) and
 // hands complete messages to the sender's sink. The receiver makes no network operation on the
 // data path; where RMA is not one-sided in hardware (tcp, rdma over ud) a progress thread serves
@@ -20,11 +23,14 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "dgram/engine.h"
+#include "engine/contract.h"
 #include "fabric/fabric.h"
 #include "net/control_socket.h"
 #include "session/admission.h"
 #include "session/capacity.h"
 #include "session/receiver_session.h"
+#include "slotstream/options.h"
 #include "slotstream/slotstream.h"
 #include "wire/control.h"
 
@@ -45,7 +51,7 @@ constexpr auto kEvictionLogInterval = std::chrono::seconds(10);
 
 }  // namespace
 
-struct Receiver::Impl : session::SessionHost {
+struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
   ReceiverOptions options;
   std::unique_ptr<net::Listener> listener;
   session::ReceiverTerms terms;  // set by start(), before the first connection
@@ -91,8 +97,8 @@ struct Receiver::Impl : session::SessionHost {
   uint64_t evictions = 0;      // since the last log line
   Clock::time_point next_eviction_log{};
   // Receiver memory (blocks) promised to senders now, against options.max_memory.
-  uint64_t memory_in_use = 0;
-  RefusalCounts refusals;  // Receiver::refusals()
+  uint64_t memory_used = 0;
+  RefusalCounts refused;  // refusals()
 
   void accept_loop();
   void start_session(std::unique_ptr<net::ControlSocket> control);
@@ -158,8 +164,8 @@ struct Receiver::Impl : session::SessionHost {
   }
   void count_refusal(const session::RefusalLabels& labels) override {
     std::lock_guard lock(mutex);
-    ++refusals.refused[labels.refused];
-    if (labels.auth_failure) ++refusals.authentication_failures[labels.auth_failure];
+    ++refused.refused[labels.refused];
+    if (labels.auth_failure) ++refused.authentication_failures[labels.auth_failure];
   }
 
   // One consumer thread that passes over sessions in turn: every session after its handshake with
@@ -169,6 +175,20 @@ struct Receiver::Impl : session::SessionHost {
   class RoundRobin;
   std::unique_ptr<RoundRobin> round_robin;
   std::unique_ptr<RoundRobin> idle_loop;
+
+  // engine::ReceiverEngine
+  ~Impl() override { stop(""); }
+  std::string listen_address() const override { return listener->address(); }
+  void stop(const std::string& reason) override;
+  uint64_t sessions_ended() const override;
+  std::vector<SessionReport> live_sessions() const override;
+  void wait_sessions(uint64_t n) override;
+  RefusalCounts refusals() const override;
+  bool accepting() const override { return !stopping.load(std::memory_order_acquire) && accept_thread.joinable(); }
+  uint64_t memory_in_use() const override;
+  uint64_t memory_budget() const override { return options.max_memory; }
+  std::map<std::string, uint64_t> counters() const override { return {}; }  // refusals() has UCX's
+  bool settled() const override { return true; }
 };
 
 class Receiver::Impl::RoundRobin {
@@ -296,18 +316,18 @@ std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hell
 std::optional<std::string> Receiver::Impl::reserve_memory(uint64_t bytes) {
   std::lock_guard lock(mutex);
   const uint64_t budget = options.max_memory;
-  if (bytes <= budget && memory_in_use <= budget - bytes) {
-    memory_in_use += bytes;
+  if (bytes <= budget && memory_used <= budget - bytes) {
+    memory_used += bytes;
     return std::nullopt;
   }
   return "not enough receiver memory: this connection asks for " + format_bytes(bytes) + ", " +
-         format_bytes(memory_in_use) + " of the receiver's " + format_bytes(budget) +
+         format_bytes(memory_used) + " of the receiver's " + format_bytes(budget) +
          " budget are in use (recv --max-memory; fewer or smaller blocks on the sender)";
 }
 
 void Receiver::Impl::release_memory(uint64_t bytes) {
   std::lock_guard lock(mutex);
-  memory_in_use -= bytes;
+  memory_used -= bytes;
 }
 
 void Receiver::Impl::lane_ended(uint64_t group, const SessionReport& r) {
@@ -473,9 +493,9 @@ void Receiver::Impl::reap_sessions() {
   for (auto& t : done) t.join();  // each has returned from serve() already
 }
 
-Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Receiver::Receiver(std::unique_ptr<engine::ReceiverEngine> engine) : engine_(std::move(engine)) {}
 
-Receiver::~Receiver() { stop(); }
+Receiver::~Receiver() = default;  // the engine stops
 
 // What this receiver offers: rdma when a usable device is there (its absence is an error only when
 // rdma is the one transport allowed: nothing could ever connect).
@@ -516,8 +536,14 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
   if (!options.make_sink && !options.make_view_sink) {
     return {Code::kInvalidArgument, "ReceiverOptions::make_sink (or make_view_sink, for zero-copy) is required"};
   }
-  if (options.transport == Transport::kUdp) return {Code::kInvalidArgument, kUdpNotHere};
+  SLOTSTREAM_RETURN_IF_ERROR(check_receiver_options(options));
   if (options.max_memory == 0) options.max_memory = default_max_memory();
+  if (options.transport == Transport::kUdp) {
+    std::unique_ptr<engine::ReceiverEngine> engine;
+    SLOTSTREAM_RETURN_IF_ERROR(dgram::start_receiver(std::move(options), &engine));
+    out->reset(new Receiver(std::move(engine)));
+    return Status::ok();
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   SLOTSTREAM_RETURN_IF_ERROR(impl->decide_terms());
@@ -528,19 +554,31 @@ Status Receiver::start(ReceiverOptions options, std::unique_ptr<Receiver>* out) 
   } else {
     impl->idle_loop = std::make_unique<Impl::RoundRobin>(impl->options);
   }
-  std::unique_ptr<Receiver> rx(new Receiver(std::move(impl)));
-  Impl* im = rx->impl_.get();
+  Impl* im = impl.get();
   im->accept_thread = std::thread([im] { im->accept_loop(); });
-  *out = std::move(rx);
+  out->reset(new Receiver(std::move(impl)));
   return Status::ok();
 }
 
-std::string Receiver::listen_address() const { return impl_->listener->address(); }
+// ------------------------------------------------------------------------------ the facade
 
-void Receiver::stop() { stop(""); }
+std::string Receiver::listen_address() const { return engine_->listen_address(); }
+void Receiver::stop() { engine_->stop(""); }
+void Receiver::stop(const std::string& reason) { engine_->stop(reason); }
+uint64_t Receiver::sessions_ended() const { return engine_->sessions_ended(); }
+std::vector<SessionReport> Receiver::live_sessions() const { return engine_->live_sessions(); }
+void Receiver::wait_sessions(uint64_t n) { engine_->wait_sessions(n); }
+RefusalCounts Receiver::refusals() const { return engine_->refusals(); }
+bool Receiver::accepting() const { return engine_->accepting(); }
+uint64_t Receiver::memory_in_use() const { return engine_->memory_in_use(); }
+uint64_t Receiver::memory_budget() const { return engine_->memory_budget(); }
+std::map<std::string, uint64_t> Receiver::counters() const { return engine_->counters(); }
+bool Receiver::settled() const { return engine_->settled(); }
 
-void Receiver::stop(const std::string& reason) {
-  Impl& im = *impl_;
+// -------------------------------------------------------------------------- UCX's engine
+
+void Receiver::Impl::stop(const std::string& reason) {
+  Impl& im = *this;
   {
     std::lock_guard lock(im.mutex);
     if (!im.stopping.load(std::memory_order_acquire)) im.stopped_because = reason;
@@ -566,42 +604,36 @@ void Receiver::stop(const std::string& reason) {
   im.fabrics.clear();  // progress threads stop, workers and contexts are destroyed
 }
 
-std::vector<SessionReport> Receiver::live_sessions() const {
-  std::lock_guard lock(impl_->mutex);
+std::vector<SessionReport> Receiver::Impl::live_sessions() const {
+  std::lock_guard lock(mutex);
   std::vector<SessionReport> out;
   std::map<uint64_t, SessionReport> senders;  // by group: one report per sender
-  for (const auto& [session, live] : impl_->live) {
-    auto [it, fresh] = senders.try_emplace(live.first, live.second);
-    if (!fresh) it->second.merge(live.second);
+  for (const auto& [session, l] : live) {
+    auto [it, fresh] = senders.try_emplace(l.first, l.second);
+    if (!fresh) it->second.merge(l.second);
   }
   for (auto& [group, r] : senders) out.push_back(std::move(r));
   return out;
 }
 
-uint64_t Receiver::memory_in_use() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->memory_in_use;
+uint64_t Receiver::Impl::memory_in_use() const {
+  std::lock_guard lock(mutex);
+  return memory_used;
 }
 
-uint64_t Receiver::memory_budget() const { return impl_->options.max_memory; }
-
-uint64_t Receiver::sessions_ended() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->ended;
+uint64_t Receiver::Impl::sessions_ended() const {
+  std::lock_guard lock(mutex);
+  return ended;
 }
 
-RefusalCounts Receiver::refusals() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->refusals;
+RefusalCounts Receiver::Impl::refusals() const {
+  std::lock_guard lock(mutex);
+  return refused;
 }
 
-bool Receiver::accepting() const {
-  return !impl_->stopping.load(std::memory_order_acquire) && impl_->accept_thread.joinable();
-}
-
-void Receiver::wait_sessions(uint64_t n) {
-  std::unique_lock lock(impl_->mutex);
-  impl_->ended_cv.wait(lock, [&] { return impl_->ended >= n || impl_->stopping.load(); });
+void Receiver::Impl::wait_sessions(uint64_t n) {
+  std::unique_lock lock(mutex);
+  ended_cv.wait(lock, [&] { return ended >= n || stopping.load(); });
 }
 
 }  // namespace slotstream

@@ -1,7 +1,9 @@
-// The sender: checks its options, groups devices into lanes (connections; src/session/sender_lane.h:
+// The sender: a facade that checks its options and runs the engine they choose (src/engine/contract.h): the
+// datagram engine (src/dgram/engine.h) for transport udp and the datagram protocols, else UCX's, here.
+// UCX's engine (Sender::Impl) groups devices into lanes (connections; src/session/sender_lane.h:
 // handshake, fabric, send ring and the sending thread that owns the UCX worker, paper §3.2.4) and
 // owns what they share: the UCX context, per-device pauses, the first error, the counters.
-// Filler threads reach a lane only through DeviceStream.
+// Filler threads reach a lane only through DeviceStream, without a virtual call.
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -10,10 +12,13 @@
 #include <set>
 
 #include "common.h"
+#include "dgram/engine.h"
+#include "engine/contract.h"
 #include "fabric/fabric.h"
 #include "protocol/protocol.h"
 #include "random.h"
 #include "session/sender_lane.h"
+#include "slotstream/options.h"
 #include "slotstream/slotstream.h"
 #include "stream/fragment.h"
 #include "stream/send_ring.h"
@@ -26,18 +31,17 @@ namespace slotstream {
 using session::SenderLane;
 
 namespace {
-// Checks the options and resolves the protocol ("NAME[:key=value,...]").
-Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
+// What every engine checks: the name, the ranges of the option schema (slotstream/options.h), devices.
+Status validate_common(const SenderOptions& o) {
   if (auto why = invalid_sender_name(o.name)) return {Code::kInvalidArgument, *why + " ('" + o.name + "')"};
-  if (o.transport == Transport::kUdp) return {Code::kInvalidArgument, kUdpNotHere};
-  if (o.block_size < kMinBlockSize || o.block_size > kMaxBlockSize) {
-    return {Code::kInvalidArgument,
-            "block size must be " + std::to_string(kMinBlockSize) + ".." + std::to_string(kMaxBlockSize) + " bytes"};
-  }
-  if (o.blocks < 1 || o.blocks > kMaxBlocks) {
-    return {Code::kInvalidArgument, "blocks must be 1.." + std::to_string(kMaxBlocks)};
-  }
+  SLOTSTREAM_RETURN_IF_ERROR(check_sender_options(o));
   if (o.devices.empty()) return {Code::kInvalidArgument, "no devices declared"};
+  return Status::ok();
+}
+
+// UCX's checks, and its protocol resolved ("NAME[:key=value,...]"; empty: kDefaultProtocol).
+Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
+  SLOTSTREAM_RETURN_IF_ERROR(validate_common(o));
   if (o.stall_timeout.count() < 0 || (o.stall_timeout.count() > 0 && o.stall_timeout < kMinStallTimeout)) {
     return {Code::kInvalidArgument, "stall timeout must be 0 (wait for ever) or at least " +
                                         std::to_string(kMinStallTimeout.count()) +
@@ -55,13 +59,16 @@ Status validate(const SenderOptions& o, const protocol::Descriptor** desc, proto
     }
   }
   std::string name;
-  SLOTSTREAM_RETURN_IF_ERROR(protocol::Options::parse_spec(o.protocol, &name, proto_options));
+  SLOTSTREAM_RETURN_IF_ERROR(
+      protocol::Options::parse_spec(o.protocol.empty() ? kDefaultProtocol : o.protocol, &name, proto_options));
   *desc = protocol::find(name);
   if (!*desc) {
-    std::string known;
-    for (const ProtocolInfo& p : protocols()) known += (known.empty() ? "" : ", ") + p.name;
-    return {Code::kInvalidArgument,
-            "unknown protocol '" + name + "'; this build has " + known + " (`slotstream protocols` describes them)"};
+    std::vector<std::string> ucx, dgram;
+    for (const ProtocolInfo& p : protocols()) (p.engine == "ucx" ? ucx : dgram).push_back(p.name);
+    return {Code::kInvalidArgument, "unknown protocol '" + name + "'; this build has " + join(ucx) +
+                                        " (over shm, tcp, rdma) and " + join(dgram) +
+                                        " (the datagram transport: transport udp; dgram_rc: tcp); `slotstream "
+                                        "protocols` describes them"};
   }
   if ((*desc)->reference && !o.allow_reference) {
     return {Code::kInvalidArgument, "'" + name + "' is a benchmark reference, not a protocol for data"};
@@ -91,15 +98,16 @@ Status check_rdma(const SenderOptions& o, bool* offer) {
 
 }  // namespace
 
-struct Sender::Impl : session::LaneOwner {
+struct Sender::Impl final : session::LaneOwner, engine::SenderEngine {
   SenderOptions options;
   const protocol::Descriptor* desc = nullptr;
+  std::string protocol_name;  // desc's, for protocol()
   protocol::Options proto_options;
-  Transport transport = Transport::kShm;
+  Transport chosen = Transport::kShm;
   uint8_t offer_bits = 0;     // what the HELLO offers (less after a failed set-up)
   std::string tried;          // transports whose set-up failed here, and why
   std::string accept_reason;  // the receiver's, for transport()
-  std::string transport_reason;
+  std::string reason;         // transport_reason()
   bool lanes_said = false;
   std::unique_ptr<fabric::Context> context;  // shared by the lanes
   std::vector<std::unique_ptr<SenderLane>> lanes;
@@ -136,12 +144,12 @@ struct Sender::Impl : session::LaneOwner {
   Status shared_context(const wire::Accept& accept, fabric::Context** out) override {
     const Transport t = accept.transport;
     if (!context) {
-      transport = t;
+      chosen = t;
       const fabric::FabricSpec spec{t, accept.rdma_transport.value_or(RdmaTransport::kRc),
                                     t == Transport::kRdma ? options.rdma.device : ""};
       SLOTSTREAM_RETURN_IF_ERROR(fabric::Context::create(spec, &context));
-      for (const std::string& line : context->ucx_overrides()) transport_reason += "; " + line;
-    } else if (t != transport) {
+      for (const std::string& line : context->ucx_overrides()) reason += "; " + line;
+    } else if (t != chosen) {
       return {Code::kProtocolError, "receiver chose different transports for one sender's connections"};
     }
     *out = context.get();
@@ -150,10 +158,9 @@ struct Sender::Impl : session::LaneOwner {
   uint8_t offers() const override { return offer_bits; }
   void accepted(const wire::Accept& accept) override {
     if (!lanes.empty()) return;  // the first connection's says it
-    transport_reason =
-        tried + transport_name(accept.transport) +
-        (accept.rdma_transport ? std::string(" (") + rdma_transport_name(*accept.rdma_transport) + ")" : "") + ": " +
-        accept.reason;
+    reason = tried + transport_name(accept.transport) +
+             (accept.rdma_transport ? std::string(" (") + rdma_transport_name(*accept.rdma_transport) + ")" : "") +
+             ": " + accept.reason;
   }
   // Only an auto sender's first connection falls back: later lanes must follow the first.
   bool set_up_failed(Transport t, const Status& st) override {
@@ -168,7 +175,7 @@ struct Sender::Impl : session::LaneOwner {
   void connected_over(const std::string& lanes) override {
     if (lanes_said) return;  // the first connection's says it
     lanes_said = true;
-    transport_reason += "; UCX lanes: " + lanes;
+    reason += "; UCX lanes: " + lanes;
   }
   bool failed() const override { return failed_flag.load(std::memory_order_acquire); }
   uint64_t messages_sent(uint16_t device) override {
@@ -235,26 +242,72 @@ struct Sender::Impl : session::LaneOwner {
     numbered[m.device] = m;
     numbered_cv.notify_all();
   }
-  Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout);
   void join_all() {
     for (auto& lane : lanes) lane->stop();
   }
+  ~Impl() override {
+    if (!finishing.load()) fail({Code::kCancelled, "sender closed before finish()"});
+    join_all();
+  }
+
+  // engine::SenderEngine
+  DeviceStream* device(uint16_t device) override {
+    auto it = devices.find(device);
+    return it == devices.end() ? nullptr : it->second.get();
+  }
+  // Not the fillers' path (DeviceStream goes to the lane directly): for callers of the contract.
+  Status send_with(uint16_t d, uint64_t length, const DeviceStream::FillFn& fill, engine::Deadline deadline,
+                   DeviceStream::Progress* progress) override {
+    DeviceStream* stream = device(d);
+    if (!stream) return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not declared"};
+    return deadline ? stream->send_with(length, fill, *deadline, progress) : stream->send_with(length, fill);
+  }
+  Status send(uint16_t d, std::span<const std::byte> message, engine::Deadline deadline,
+              DeviceStream::Progress* progress) override {
+    DeviceStream* stream = device(d);
+    if (!stream) return {Code::kInvalidArgument, "device " + std::to_string(d) + " is not declared"};
+    return deadline ? stream->send(message, *deadline, progress) : stream->send(message);
+  }
+  Status finish() override;
+  void abort(Status why) override { fail(std::move(why)); }
+  SenderStats stats() const override;
+  Transport transport() const override { return chosen; }
+  const std::string& transport_reason() const override { return reason; }
+  const std::string& protocol() const override { return protocol_name; }
+  uint32_t blocks() const override { return options.blocks; }
+  uint32_t block_size() const override { return options.block_size; }
+  Sender::Confirmed confirmed(uint16_t device) const override;
+  std::chrono::steady_clock::duration receiver_silence() const override;
+  Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) override;
 };
 
-Sender::Sender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Sender::Sender(std::unique_ptr<engine::SenderEngine> engine)
+    : engine_(std::move(engine)),
+      impl_(dynamic_cast<Impl*>(engine_.get())) {}
 
-Sender::~Sender() {
-  if (!impl_->finishing.load()) impl_->fail({Code::kCancelled, "sender closed before finish()"});
-  impl_->join_all();
-}
+Sender::~Sender() = default;  // the engine ends what is still running
 
 Status Sender::validate(const SenderOptions& options) {
+  if (engine::engine_for(options.transport, options.protocol) == engine::Kind::kDatagram) {
+    SLOTSTREAM_RETURN_IF_ERROR(validate_common(options));
+    return dgram::validate_sender(options);
+  }
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
   return slotstream::validate(options, &desc, &proto_options);
 }
 
 Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* out) {
+  if (engine::engine_for(options.transport, options.protocol) == engine::Kind::kDatagram) {
+    SLOTSTREAM_RETURN_IF_ERROR(validate_common(options));
+    std::unique_ptr<dgram::EngineSender> engine;
+    SLOTSTREAM_RETURN_IF_ERROR(dgram::EngineSender::connect(options, &engine));
+    dgram::EngineSender& e = *engine;
+    std::unique_ptr<Sender> sender(new Sender(std::move(engine)));
+    for (uint16_t d : options.devices) e.adopt(d, std::unique_ptr<DeviceStream>(new DeviceStream(*sender, d, nullptr)));
+    *out = std::move(sender);
+    return Status::ok();
+  }
   const protocol::Descriptor* desc = nullptr;
   protocol::Options proto_options;
   SLOTSTREAM_RETURN_IF_ERROR(slotstream::validate(options, &desc, &proto_options));
@@ -264,6 +317,7 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   Impl& im = *sender->impl_;
   im.options = options;
   im.desc = desc;
+  im.protocol_name = std::string(desc->name);
   im.proto_options = proto_options;
   const bool shm = options.transport == Transport::kAuto || options.transport == Transport::kShm;
   im.offer_bits = uint8_t((shm ? wire::kOfferShm : 0) | (offer_rdma ? wire::kOfferRdma : 0));
@@ -307,47 +361,58 @@ Status Sender::connect(const SenderOptions& options, std::unique_ptr<Sender>* ou
   return Status::ok();
 }
 
-DeviceStream* Sender::device(uint16_t device) {
-  auto it = impl_->devices.find(device);
-  return it == impl_->devices.end() ? nullptr : it->second.get();
-}
+// ------------------------------------------------------------------------------ the facade
 
-Status Sender::finish() {
-  Impl& im = *impl_;
-  if (im.finishing.exchange(true)) return im.first_error();
-  im.join_all();
-  Status st = im.first_error();
+DeviceStream* Sender::device(uint16_t device) { return engine_->device(device); }
+Status Sender::finish() { return engine_->finish(); }
+void Sender::abort(Status why) { engine_->abort(std::move(why)); }
+SenderStats Sender::stats() const { return engine_->stats(); }
+Transport Sender::transport() const { return engine_->transport(); }
+const std::string& Sender::transport_reason() const { return engine_->transport_reason(); }
+const std::string& Sender::protocol() const { return engine_->protocol(); }
+uint32_t Sender::blocks() const { return engine_->blocks(); }
+uint32_t Sender::block_size() const { return engine_->block_size(); }
+Status Sender::continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) {
+  return engine_->continue_at(device, number, timeout);
+}
+Sender::Confirmed Sender::confirmed(uint16_t device) const { return engine_->confirmed(device); }
+std::chrono::steady_clock::duration Sender::receiver_silence() const { return engine_->receiver_silence(); }
+
+// -------------------------------------------------------------------------- UCX's engine
+
+Status Sender::Impl::finish() {
+  if (finishing.exchange(true)) return first_error();
+  join_all();
+  Status st = first_error();
   // fin() progresses each lane's worker, whose handlers (credit updates, ACKs) still write protocol
   // counters: stats() may read those only after the last fin() returned.
-  for (auto& lane : im.lanes) {
+  for (auto& lane : lanes) {
     if (!st.is_ok()) break;
     st = lane->fin();
   }
-  im.joined.store(true, std::memory_order_release);
+  joined.store(true, std::memory_order_release);
   return st;
 }
 
-void Sender::abort(Status why) { impl_->fail(std::move(why)); }
-
-std::chrono::steady_clock::duration Sender::receiver_silence() const {
+std::chrono::steady_clock::duration Sender::Impl::receiver_silence() const {
   const auto now = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration longest{0};
-  for (auto& lane : impl_->lanes) longest = std::max(longest, now - lane->heard());
+  for (auto& lane : lanes) longest = std::max(longest, now - lane->heard());
   return longest;
 }
 
-SenderStats Sender::stats() const {
+SenderStats Sender::Impl::stats() const {
   SenderStats s;
-  for (auto& [d, dev] : impl_->devices) {
+  for (auto& [d, dev] : devices) {
     s.per_device[d] = dev->messages_.load(std::memory_order_relaxed);
     s.messages += s.per_device[d];
     s.bytes += dev->bytes_.load(std::memory_order_relaxed);
   }
-  if (!impl_->joined.load(std::memory_order_acquire)) {  // the sending threads own protocol counters
-    for (auto& lane : impl_->lanes) s.held_skips += lane->held_skips_live();
+  if (!joined.load(std::memory_order_acquire)) {  // the sending threads own protocol counters
+    for (auto& lane : lanes) s.held_skips += lane->held_skips_live();
     return s;
   }
-  for (auto& lane : impl_->lanes) {
+  for (auto& lane : lanes) {
     if (!lane->protocol()) continue;
     protocol::ProtocolStats c = lane->protocol()->stats();
     s.records += lane->records();
@@ -360,14 +425,9 @@ SenderStats Sender::stats() const {
     s.sync_op_samples_ns.insert(s.sync_op_samples_ns.end(), c.sync_op_samples_ns.begin(), c.sync_op_samples_ns.end());
     for (const auto& [k, v] : c.counters) s.protocol_counters[k] += v;
   }
-  s.connections = impl_->lanes.size();
+  s.connections = lanes.size();
   return s;
 }
-
-Transport Sender::transport() const { return impl_->transport; }
-const std::string& Sender::transport_reason() const { return impl_->transport_reason; }
-uint32_t Sender::blocks() const { return impl_->options.blocks; }
-uint32_t Sender::block_size() const { return impl_->options.block_size; }
 
 // NUMBER, then the answer (NUMBERED), which the lane's sending thread reads with the others.
 Status Sender::Impl::continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) {
@@ -388,14 +448,10 @@ Status Sender::Impl::continue_at(uint16_t device, uint64_t number, std::chrono::
   return Status::ok();
 }
 
-Status Sender::continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout) {
-  return impl_->continue_at(device, number, timeout);
-}
-
-Sender::Confirmed Sender::confirmed(uint16_t device) const {
+Sender::Confirmed Sender::Impl::confirmed(uint16_t device) const {
   Confirmed c;
-  auto it = impl_->confirmations.find(device);
-  if (it == impl_->confirmations.end() || !it->second.known.load(std::memory_order_acquire)) return c;
+  auto it = confirmations.find(device);
+  if (it == confirmations.end() || !it->second.known.load(std::memory_order_acquire)) return c;
   c.stored = it->second.stored.load(std::memory_order_acquire);
   c.first = it->second.first.load(std::memory_order_relaxed);
   return c;
@@ -405,6 +461,7 @@ Sender::Confirmed Sender::confirmed(uint16_t device) const {
 
 Status DeviceStream::send(std::span<const std::byte> message) {
   Progress progress;
+  if (lane_ == nullptr) return sender_.engine_->send(device_, message, std::nullopt, &progress);
   return send_until(message.size(), copy_from(message), std::nullopt, &progress);
 }
 
@@ -415,6 +472,7 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
 
 Status DeviceStream::send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline,
                           Progress* progress) {
+  if (lane_ == nullptr) return sender_.engine_->send(device_, message, deadline, progress);
   return send_until(message.size(), copy_from(message), deadline, progress);
 }
 
@@ -432,6 +490,7 @@ DeviceStream::FillFn DeviceStream::copy_from(std::span<const std::byte> message)
 
 Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
                                 std::optional<std::chrono::steady_clock::time_point> deadline, Progress* progress) {
+  if (lane_ == nullptr) return send_other(length, fill, deadline, progress);
   Sender::Impl& im = *sender_.impl_;
   // A failed sender (its receiver lost: the sending thread saw the control socket close) refuses at
   // once. A small message would otherwise be packed into the ring's open block, which nothing
@@ -451,6 +510,10 @@ Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
   messages_.store(messages_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
   return Status::ok();
+}
+
+Status DeviceStream::send_other(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress) {
+  return sender_.engine_->send_with(device_, length, fill, deadline, progress);
 }
 
 uint32_t DeviceStream::take_packet() {

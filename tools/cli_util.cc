@@ -11,19 +11,6 @@
 
 namespace slotstream::tools {
 
-std::string format_size(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (u < 6 && bytes >= (uint64_t(1) << (10 * (u + 1))) && bytes % (uint64_t(1) << (10 * (u + 1))) == 0) ++u;
-  if (u > 0 || bytes < 1024) return std::to_string(bytes >> (10 * u)) + " " + kUnits[u];
-  int v = 0;  // not a whole number of any unit: one decimal, and the exact count
-  while (v < 6 && bytes >= (uint64_t(1) << (10 * (v + 1)))) ++v;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f %s (%llu B)", double(bytes) / double(uint64_t(1) << (10 * v)), kUnits[v],
-                (unsigned long long)bytes);
-  return buf;
-}
-
 CLI::Validator size_value(uint64_t min, uint64_t max) {
   return CLI::Validator(
       [min, max](std::string& text) -> std::string {
@@ -38,6 +25,52 @@ CLI::Validator size_value(uint64_t min, uint64_t max) {
         return "";
       },
       "SIZE", "size");
+}
+
+namespace {
+
+// How --help shows a schema option's range: "1..4096" for a count, SIZE for a size (the text says
+// the range in units), nothing for a duration (its text says it with its units).
+std::string range_text(const OptionSpec& s) {
+  if (s.kind == OptionKind::kSize) return "SIZE";
+  if (s.kind == OptionKind::kDuration) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f..%.0f", s.min, s.max);
+  return buf;
+}
+
+}  // namespace
+
+CLI::Validator schema_value(std::string_view name) {
+  const OptionSpec* spec = find_option(name);
+  if (!spec) throw std::logic_error("no option '" + std::string(name) + "' in the schema");
+  return CLI::Validator(
+      [spec](std::string& text) -> std::string {
+        double value = 0;
+        if (spec->kind == OptionKind::kSize && !text.starts_with("-")) {
+          auto bytes = parse_size(text);
+          if (!bytes) {
+            return "expects a size such as 4096, 64K, 1M or 4G (K/M/G/T = 2^10/2^20/2^30/2^40; KB, KiB alike), got '" +
+                   text + "'";
+          }
+          value = double(*bytes);
+          if (!out_of_range(*spec, value)) text = std::to_string(*bytes);
+        } else {
+          size_t used = 0;
+          try {
+            value = std::stod(text, &used);
+          } catch (const std::exception&) {
+            used = 0;
+          }
+          if (used == 0 || used != text.size() || (spec->kind == OptionKind::kCount && value != std::floor(value))) {
+            return std::string(spec->kind == OptionKind::kCount ? "expects an integer" : "expects a number") +
+                   ", got '" + text + "'";
+          }
+        }
+        if (auto why = out_of_range(*spec, value)) return *why;
+        return "";
+      },
+      range_text(*spec), std::string(name));
 }
 
 CLI::Validator duration_value(const std::string& unit) {

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "slotstream/options.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream::tools {
@@ -17,12 +18,16 @@ namespace slotstream::tools {
 // [min, max] in units ("--block-size: 64 GiB is above the most, 64 MiB"); anything else is refused
 // with an example.
 CLI::Validator size_value(uint64_t min = 0, uint64_t max = UINT64_MAX);
+// The option schema's check of option `name` (slotstream/options.h: its range, and the one message
+// for a value outside it, the same as Python's and GStreamer's): a size option also takes units, as
+// size_value(); a count must be an integer; a duration is checked after duration_value() made it a
+// number of the spec's unit.
+CLI::Validator schema_value(std::string_view name);
 // What size options accept, for help texts and footers (kept in one place).
 inline constexpr const char* kSizeUnits =
     "SIZE: bytes, or with K, M, G, T (KB/KiB, MB/MiB ... alike: powers of 1024, so 1MB = 1M = 1048576)";
-// A byte count in the largest unit that divides it ("64 MiB", "1 GiB", "1000 B"), else with one
-// decimal and the exact count ("1.5 GiB (1610612737 B)").
-std::string format_size(uint64_t bytes);
+// slotstream::format_size (slotstream/options.h).
+using slotstream::format_size;
 
 // Turns "90", "90s", "500ms", "2m" or "1h" into a number of `unit`s ("s" or "ms"; a bare number is
 // already in `unit`), before any range check; anything else, or a negative time, is refused with an

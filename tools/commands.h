@@ -79,13 +79,16 @@ struct RecvArgs {
   std::string log_format = "text";        // text or json (log.h)
   PlatformArgs platform;
 };
-int run_recv(const RecvArgs& args);
+struct DgramArgs;  // tools/dgram_cli.h: the datagram transport's options
+// recv over UCX, or the datagram transport (--transport udp) with `dgram`'s options.
+int run_recv(const RecvArgs& args, const DgramArgs& dgram);
 
 struct SendArgs {
   std::string to;
   std::string name;
   bool name_given = false;  // an explicit --name, even empty, is used as given
   std::string protocol = kDefaultProtocol;
+  bool protocol_given = false;  // else the transport's default (udp: write_record)
   std::string transport = "auto";
   std::string rdma_transport;  // empty: the receiver's
   std::string rdma_device;
@@ -105,7 +108,8 @@ struct SendArgs {
   std::string log_format = "text";  // text or json (log.h)
   PlatformArgs platform;
 };
-int run_send(const SendArgs& args);
+// send over UCX, or the datagram transport (--transport udp, a datagram protocol) with `dgram`'s options.
+int run_send(const SendArgs& args, const DgramArgs& dgram);
 // send --platform: the receiver comes from the platform, and a lost one is replaced.
 int run_platform_send(const SendArgs& args);
 

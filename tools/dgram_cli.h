@@ -1,6 +1,8 @@
-// `slotstream recv|send --transport udp` (and `send --transport tcp --protocol dgram_rc`): the
-// datagram transport (src/dgram) behind the same commands, sources and output layout as UCX.
-// main.cc adds the options and branches here; nothing else of the CLI knows about datagrams.
+// What `slotstream recv|send --transport udp` (and `send --transport tcp --protocol dgram_rc`) add to the
+// commands: the datagram transport's options, refused with the UCX transports, turned into the library's
+// DatagramOptions / DatagramReceiveOptions; and what recv and send print of it (the receiver's line per
+// sender, its /metrics families, send --json's datagram fields). recv and send run it through the
+// library's Receiver and Sender like every transport (tools/recv.cc, tools/send.cc).
 #pragma once
 
 #include <cstdint>
@@ -8,8 +10,10 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "metrics.h"
 
 namespace slotstream::tools {
 
@@ -26,7 +30,6 @@ struct DgramArgs {
   // both ends: faults on the datagrams this end sends (send) or receives (recv)
   std::string inject_loss, inject_reorder, inject_duplicate, inject_corrupt;
   uint64_t inject_seed = 1;
-  CLI::Option* protocol_opt = nullptr;  // send --protocol, to tell a default from a choice
 };
 
 // Adds the datagram options to `recv` and `send`, and refuses them with the UCX transports.
@@ -35,8 +38,30 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* args);
 bool is_dgram_send(const SendArgs& a);
 // --token-file's token (read_token_file), or nothing when no file was given.
 Status read_token_if_given(const std::string& file, std::string* token);
-int run_dgram_recv(const RecvArgs& r, const DgramArgs& d);
-int run_dgram_send(const SendArgs& s, const DgramArgs& d);
+
+// recv --transport udp: --partial, the timers, --max-message, --interface and --inject-* as the library's.
+Status datagram_receive_options(const DgramArgs& d, DatagramReceiveOptions* o);
+// send --transport udp: --protocol names a datagram protocol and --transport the one it runs over (said
+// with the flags; the library checks the same).
+Status check_datagram_protocol(const SendArgs& a);
+// send --transport udp: --segment-size, --ttl, --interface and --inject-* as the library's (max_message
+// is the largest message of what is sent: the caller's).
+Status datagram_send_options(const DgramArgs& d, DatagramOptions* o);
+
+// recv --transport udp's line for an ended sender: the block receiver's (docs/cli-contract.md) with the
+// datagram counters after it.
+std::string datagram_session_line(const SessionReport& r);
+// Its /metrics: the families every receiver has, the datagram ones, and the receiver's own counters
+// (Receiver::counters()).
+ExtraFamilies datagram_families();
+std::vector<prometheus::MetricFamily> collect_datagram_metrics(const Receiver& rx, MetricsState& state,
+                                                               const pipeline::WorkerManager* workers);
+
+// What the datagram transport adds to `send --json` (docs/cli-contract.md).
+nlohmann::json datagram_send_extras(const SenderOptions& o, const SenderStats& s);
+// send --json's receiver object once the send finished (and the stderr line when not every message was
+// stored complete); null for a multicast group, whose receivers each account on their own.
+nlohmann::json datagram_receiver_report(const SenderStats& s, const std::string& protocol);
 
 // The hidden `slotstream dgram-peer recv|send`: measuring processes for `slotstream bench`
 // experiments datagram/loss (tools/dgram_peer.cc; docs/bench-peer.md).

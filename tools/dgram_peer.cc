@@ -114,10 +114,10 @@ int run_peer_recv(const DgramPeerArgs& a) {
   if (!peer_common_options(a, &o.inject, &o.token)) return kExitUsage;
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Samples>> samples;
-  o.make_store = [&](const std::string& name, std::unique_ptr<dgram::MessageStore>* s) {
+  o.make_store = [&](const SenderInfo& info, std::unique_ptr<dgram::MessageStore>* s) {
     auto x = std::make_shared<Samples>();
     std::lock_guard lock(mu);
-    samples[name] = x;
+    samples[info.name] = x;
     *s = std::make_unique<MeasuringStore>(x);
     return Status::ok();
   };

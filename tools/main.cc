@@ -24,8 +24,15 @@ using namespace slotstream::tools;
 namespace {
 
 std::string protocol_help() {
-  std::string s = "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`):";
+  std::string s =
+      "flow-control protocol, NAME or NAME:key=value,... (`slotstream protocols`; default: status_byte, "
+      "write_record over udp):";
+  std::string engine;
   for (const auto& p : protocols()) {
+    if (p.engine != engine) {
+      engine = p.engine;
+      s += engine == "ucx" ? "\nover shm, tcp, rdma:" : "\nthe datagram transport (--transport udp; dgram_rc: tcp):";
+    }
     s += "\n  " + p.name + ": " + p.summary;
     if (!p.options.empty()) s += "\n    options: " + p.options;
   }
@@ -41,6 +48,19 @@ std::string passive_on(const ProtocolInfo& p) {
   return out.empty() ? "none" : out;
 }
 
+// The datagram engine's capabilities, for the human listing: "reliable, partial messages, one-sided".
+std::string datagram_capabilities(const ProtocolInfo& p) {
+  std::vector<std::string> out;
+  out.push_back(p.reliable ? "reliable (every segment arrives)" : "unreliable (a lost segment loses its message)");
+  if (p.partial) out.push_back("keeps partial messages");
+  if (p.one_sided) out.push_back("one-sided placement");
+  if (p.multicast) out.push_back("multicast");
+  std::string s;
+  for (const auto& c : out) s += (s.empty() ? "" : ", ") + c;
+  return s;
+}
+
+// `slotstream protocols [--json]`: every protocol of both engines (slotstream::protocols()).
 int run_protocols(bool json) {
   auto list = protocols(/*with_references=*/true);
   if (json) {
@@ -48,6 +68,8 @@ int run_protocols(bool json) {
     for (const auto& p : list) {
       out.push_back({{"name", p.name},
                      {"summary", p.summary},
+                     {"engine", p.engine},
+                     {"transports", p.transports},
                      {"options", p.options},
                      {"reference", p.reference},
                      {"holds", p.holds},
@@ -56,15 +78,26 @@ int run_protocols(bool json) {
                      {"receiver_progress_on", p.receiver_progress_on},
                      {"receiver_endpoint", p.receiver_endpoint},
                      {"sender_wakeup", p.sender_wakeup},
-                     {"packs", p.packs}});
+                     {"packs", p.packs},
+                     {"reliable", p.reliable},
+                     {"partial", p.partial},
+                     {"one_sided", p.one_sided},
+                     {"multicast", p.multicast}});
     }
     std::printf("%s\n", out.dump(1).c_str());
     return kExitOk;
   }
   for (const auto& p : list) {
-    std::printf("%s%s\n  %s\n", p.name.c_str(), p.reference ? " (benchmark reference)" : "", p.summary.c_str());
+    std::string transports;
+    for (const auto& t : p.transports) transports += (transports.empty() ? "" : ", ") + t;
+    std::printf("%s%s\n  %s\n  engine: %s, over %s\n", p.name.c_str(), p.reference ? " (benchmark reference)" : "",
+                p.summary.c_str(), p.engine.c_str(), transports.c_str());
     if (!p.options.empty()) std::printf("  options: %s\n", p.options.c_str());
-    std::printf("  passive receiver on: %s\n", passive_on(p).c_str());
+    if (p.engine == "ucx") {
+      std::printf("  passive receiver on: %s\n", passive_on(p).c_str());
+    } else {
+      std::printf("  %s\n", datagram_capabilities(p).c_str());
+    }
   }
   return kExitOk;
 }
@@ -149,7 +182,7 @@ CLI::App* add_recv(CLI::App& app, RecvArgs* recv) {
                 "SIZE (e.g. 4G): most memory for all senders' blocks (udp: message regions) together; a sender that "
                 "would pass it is refused before anything is allocated (default: a quarter of this machine's or "
                 "container's memory)")
-      ->transform(size_value(1));
+      ->transform(schema_value("max_memory"));
   r->add_option("--exit-after-senders", recv->exit_after,
                 "exit after K accepted senders have ended (default 0: run until SIGINT/SIGTERM)")
       ->check(CLI::Range(uint64_t(0), uint64_t(1) << 32));
@@ -204,12 +237,12 @@ CLI::App* add_send(CLI::App& app, SendArgs* send) {
   s->add_option("--blocks", send->blocks,
                 "number of blocks N, 1.." + std::to_string(kMaxBlocks) +
                     " (default 32: >2 frames in flight per camera for 12 cameras)")
-      ->check(CLI::Range(1u, kMaxBlocks))
+      ->check(schema_value("blocks"))
       ->default_str(std::to_string(kDefaultBlocks));
   s->add_option("--block-size", send->block_size,
                 "SIZE per block incl. its 16-byte header, e.g. 64K or 1M, 64 B..64M (default 1M: one 640x480x3 "
                 "frame per block)")
-      ->transform(size_value(kMinBlockSize, kMaxBlockSize))
+      ->transform(schema_value("block_size"))
       ->default_str("1M");
   s->add_option("--token-file", send->token_file,
                 "shared secret the receiver asks for (the receiver must prove it too; UCX: control messages are then "
@@ -317,8 +350,9 @@ struct Commands {
 
 void add_listing_commands(CLI::App& app, Commands* c) {
   c->pl = app.add_subcommand("protocols",
-                             "List the flow-control protocols of this build, their options and the "
-                             "benchmark references.");
+                             "List the protocols of this build, both engines': the block protocols over UCX (shm, "
+                             "tcp, rdma), their options and the benchmark references, and the datagram transport's "
+                             "(udp), each with its engine, transports and capabilities.");
   c->pl->add_flag("--json", c->protocols_json, "one JSON array (what `slotstream bench` reads)");
   c->tl = app.add_subcommand("transports",
                              "What this host offers: shm, tcp, rdma (its devices, ports, state, link layer and the "
@@ -370,7 +404,7 @@ void add_commands(CLI::App& app, Commands* c) {
   add_bench(app, c);
 }
 
-// recv and send, over UCX, the datagram transport or the platform.
+// recv and send, over UCX or the datagram transport (the library's Receiver and Sender), or the platform.
 int run_stream_command(Commands& c) {
   if ((*c.r && c.recv.transport == "udp" && !c.recv.platform.url.empty()) ||
       (*c.s && is_dgram_send(c.send) && !c.send.platform.url.empty())) {
@@ -380,12 +414,13 @@ int run_stream_command(Commands& c) {
   }
   if (*c.r) {
     setup_logging("slotstream recv", c.recv.log_format);
-    return c.recv.transport == "udp" ? run_dgram_recv(c.recv, c.dgram) : run_recv(c.recv);
+    return run_recv(c.recv, c.dgram);
   }
   setup_logging("slotstream send", c.send.log_format);
   c.send.name_given = c.s->count("--name") > 0;
+  c.send.protocol_given = c.s->count("--protocol") > 0;
   if (!c.send.platform.url.empty()) return run_platform_send(c.send);
-  return is_dgram_send(c.send) ? run_dgram_send(c.send, c.dgram) : run_send(c.send);
+  return run_send(c.send, c.dgram);
 }
 
 int run_command(Commands& c, const char* argv0) {

@@ -8,6 +8,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "dgram_cli.h"
 #include "log.h"
 #include "metrics.h"
 #include "pipeline/worker_manager.h"
@@ -97,9 +98,8 @@ int parse_holds(const RecvArgs& args, std::vector<HoldSpec>* holds) {
     }
     // A sender chooses at most kMaxBlocks blocks (udp: message slots), so a larger index could never be
     // held: refuse it rather than ignore it silently.
-    if (spec.index >= kMaxBlocks) {
-      print_error("recv", "--hold-block: block index " + std::to_string(spec.index) + " not in range 0 to " +
-                              std::to_string(kMaxBlocks - 1) + " (a sender has at most " + std::to_string(kMaxBlocks) +
+    if (auto why = out_of_range(*find_option("hold_block"), spec.index)) {
+      print_error("recv", "--hold-block: block index " + *why + " (a sender has at most " + std::to_string(kMaxBlocks) +
                               " blocks), got '" + h + "'");
       return kExitUsage;
     }
@@ -239,11 +239,12 @@ int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<pip
   return kExitOk;
 }
 
-// Every ended session is one line on stdout and leaves the metrics; events go to stderr.
-void report_sessions(MetricsState& metrics_state, ReceiverOptions* opt) {
-  opt->on_session_end = [&metrics_state](const SessionReport& r) {
+// Every ended session is one line on stdout (udp: with the datagram counters) and leaves the metrics;
+// events go to stderr.
+void report_sessions(MetricsState& metrics_state, bool udp, ReceiverOptions* opt) {
+  opt->on_session_end = [&metrics_state, udp](const SessionReport& r) {
     metrics_state.session_ended(r);
-    print_line(stdout, session_line(r));
+    print_line(stdout, udp ? datagram_session_line(r) : session_line(r));
   };
   opt->on_event = [](const std::string& text) { log_info(text); };
   opt->on_warning = [](const std::string& text) { log_warning(text); };
@@ -256,8 +257,13 @@ int start_metrics(const RecvArgs& args, Receiver& rx, MetricsState& metrics_stat
   // Workers are checked only where this receiver runs them (--worker), not with --worker-dir alone.
   ReadyFn ready = [&rx, out = args.discard ? std::string() : args.out,
                    managed = args.worker.empty() ? nullptr : workers] { return receiver_readiness(rx, out, managed); };
-  if (Status st = MetricsServer::start(args.metrics, rx, metrics_state, workers, std::move(ready), metrics);
-      !st.is_ok()) {
+  Status st = args.transport == "udp"
+                  ? MetricsServer::start(
+                        args.metrics,
+                        [&rx, &metrics_state, workers] { return collect_datagram_metrics(rx, metrics_state, workers); },
+                        metrics, std::move(ready))
+                  : MetricsServer::start(args.metrics, rx, metrics_state, workers, std::move(ready), metrics);
+  if (!st.is_ok()) {
     print_error("recv", "--metrics: " + st.message());
     return kExitError;
   }
@@ -267,14 +273,20 @@ int start_metrics(const RecvArgs& args, Receiver& rx, MetricsState& metrics_stat
 
 }  // namespace
 
-int run_recv(const RecvArgs& args) {
+int run_recv(const RecvArgs& args, const DgramArgs& dgram) {
+  const bool udp = args.transport == "udp";
   ReceiverOptions opt;
   if (int rc = check_receiver_options(args, &opt); rc != kExitOk) return rc;
+  if (Status st = udp ? datagram_receive_options(dgram, &opt.datagram) : Status::ok(); !st.is_ok()) {
+    print_error("recv", st.message());
+    return kExitUsage;
+  }
   if (int rc = check_sink_options(args); rc != kExitOk) return rc;
   std::unique_ptr<pipeline::WorkerManager> workers;
   if (int rc = set_up_sinks(args, &opt, &workers); rc != kExitOk) return rc;
-  MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after)};
-  report_sessions(metrics_state, &opt);
+  MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after),
+                             udp ? datagram_families() : ExtraFamilies{}};
+  report_sessions(metrics_state, udp, &opt);
 
   // Signals are taken synchronously by the main thread; every other thread inherits the mask.
   const sigset_t sigs = block_stop_signals();
@@ -303,9 +315,11 @@ int run_recv(const RecvArgs& args) {
     }
   }
 
-  // A receiver whose platform name another one took (registration.h) leaves: its senders move on.
+  // A receiver whose platform name another one took (registration.h) leaves: its senders move on. After
+  // the last sender, the receiver settles (udp: a finished sender may still repeat its FIN), then exits.
   wait_for_stop(sigs, [&] {
-    return (args.exit_after > 0 && rx->sessions_ended() >= args.exit_after) || (registration && registration->lost());
+    return (args.exit_after > 0 && rx->sessions_ended() >= args.exit_after && rx->settled()) ||
+           (registration && registration->lost());
   });
   const bool lost = registration && registration->lost();
   registration.reset();  // off the platform first: no sender is scheduled here any more

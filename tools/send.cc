@@ -24,6 +24,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "dgram_cli.h"
 #include "interrupt.h"
 #include "log.h"
 #include "send_plan.h"
@@ -529,13 +530,45 @@ Status choose_receiver(const std::string& list, std::string* host, uint16_t* por
   return Status::ok();
 }
 
+namespace {
+
+// The largest message of the plan: what a datagram sender announces (the receiver's regions' size).
+uint64_t largest_message(const Plan& plan) {
+  uint64_t m = 1;
+  for (const auto& [_, paths] : plan.files) {
+    for (const auto& p : paths) {
+      std::error_code ec;
+      m = std::max<uint64_t>(m, fs::file_size(p, ec));
+    }
+  }
+  for (const auto& [_, v] : plan.videos) m = std::max<uint64_t>(m, v.frame_bytes());
+  if (plan.synthetic) m = std::max(m, plan.synthetic->frame_bytes);
+  return m;
+}
+
+// The datagram transport's part of the options: one receiver, --segment-size, --ttl, --interface,
+// --inject-*, and the plan's largest message.
+Status datagram_sender_options(const SendArgs& a, const DgramArgs* dgram, const Plan& plan, SenderOptions* opt) {
+  SLOTSTREAM_RETURN_IF_ERROR(check_datagram_protocol(a));
+  if (a.to.find(',') != std::string::npos) {
+    return {Code::kInvalidArgument, "--to: the datagram transport sends to one receiver"};
+  }
+  if (dgram) SLOTSTREAM_RETURN_IF_ERROR(datagram_send_options(*dgram, &opt->datagram));
+  opt->datagram.max_message = largest_message(plan);
+  return Status::ok();
+}
+
+}  // namespace
+
 // Everything `send` needs before connecting, checked before anything touches the network: the
 // plan of what each device sends (every file opened, every video's size known), the sender's name
 // and options, the protocol, the token; then the receiver (one, or the least loaded of a list,
 // which asks each; none with --platform, which chooses).
-Status check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
+Status check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt, const DgramArgs* dgram) {
   SLOTSTREAM_RETURN_IF_ERROR(plan_send(a, plan, &opt->name));
-  opt->protocol = a.protocol;
+  const bool datagram = is_dgram_send(a);
+  // Not given: the transport's default (the library's: udp has its own).
+  opt->protocol = datagram && !a.protocol_given ? "" : a.protocol;
   opt->transport = *parse_transport(a.transport);
   if (auto why = misplaced_rdma_options(a.transport, a.rdma_transport, a.rdma_device)) {
     return {Code::kInvalidArgument, *why};
@@ -548,7 +581,12 @@ Status check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt) {
   if (!a.token_file.empty()) {
     if (Status st = read_token(a.token_file, &opt->token); !st.is_ok()) return {Code::kInvalidArgument, st.message()};
   }
+  if (datagram) SLOTSTREAM_RETURN_IF_ERROR(datagram_sender_options(a, dgram, *plan, opt));
   SLOTSTREAM_RETURN_IF_ERROR(Sender::validate(*opt));
+  if (datagram) {
+    Status st = parse_address(a.to, &opt->host, &opt->port);
+    return st.is_ok() ? st : Status{Code::kInvalidArgument, "--to: " + st.message()};
+  }
   return a.to.empty() ? Status::ok() : choose_receiver(a.to, &opt->host, &opt->port);
 }
 
@@ -647,18 +685,22 @@ nlohmann::json sender_counters(const SenderStats& s) {
 
 }  // namespace
 
-int run_send(const SendArgs& a) {
+int run_send(const SendArgs& a, const DgramArgs& dgram) {
   Interrupt interrupt("send");  // before any thread: they all inherit its blocked signals
   SenderOptions opt;
   Plan plan;
-  if (Status st = check_sender_options(a, &plan, &opt); !st.is_ok()) return send_failed(a, st, exit_code_of(st));
+  if (Status st = check_sender_options(a, &plan, &opt, &dgram); !st.is_ok()) {
+    return send_failed(a, st, exit_code_of(st));
+  }
+  const bool datagram = is_dgram_send(a);
   describe_videos(plan);
 
   std::unique_ptr<Sender> sender;
   if (Status st = Sender::connect(opt, &sender); !st.is_ok()) return send_failed(a, st, exit_code_of(st));
   interrupt.arm();
-  // Which transport the receiver chose, and why (what failed before it, the UCX environment).
-  print_line(stderr, "slotstream send: transport " + sender->transport_reason());
+  // Which transport the receiver chose, and why (what failed before it, the UCX environment). The
+  // datagram transport has no choice to explain.
+  if (!datagram) print_line(stderr, "slotstream send: transport " + sender->transport_reason());
   const auto t0 = Clock::now();
   const double cpu0 = cpu_seconds();
 
@@ -666,20 +708,27 @@ int run_send(const SendArgs& a) {
       plan, a,
       [&](uint16_t d) -> std::unique_ptr<MessageOut> { return std::make_unique<StreamOut>(*sender->device(d)); },
       &interrupt.stop());
-  ProgressLine progress(*sender, t0, opt.stall_timeout);
+  std::optional<ProgressLine> progress;  // a stall notice speaks of receiver blocks: not the datagram transport's
+  if (!datagram) progress.emplace(*sender, t0, opt.stall_timeout);
   Status st = fillers.join();
   Status fin = sender->finish();
   if (st.is_ok()) st = fin;
-  progress.stop();
+  if (progress) progress->stop();
   SendSummary summary;
   fill_summary(fillers, t0, cpu0, &summary);
   summary.transport = transport_name(sender->transport());
-  summary.transport_reason = sender->transport_reason();
-  summary.protocol = opt.protocol;
+  summary.protocol = a.protocol_given ? a.protocol : sender->protocol();
   summary.blocks = opt.blocks;
-  summary.block_size = opt.block_size;
   summary.interrupted = interrupt.signal();
-  summary.extra = sender_counters(sender->stats());
+  const SenderStats stats = sender->stats();
+  if (datagram) {
+    summary.extra = datagram_send_extras(opt, stats);
+    if (st.is_ok()) summary.extra["receiver"] = datagram_receiver_report(stats, sender->protocol());
+  } else {
+    summary.transport_reason = sender->transport_reason();
+    summary.block_size = opt.block_size;
+    summary.extra = sender_counters(stats);
+  }
   return report_send(a, plan, summary, st);
 }
 

@@ -151,7 +151,8 @@ class Fillers {
 void warn_late_frames(uint64_t late, const Plan& plan);
 // send's options as SenderOptions (with --to: the receiver, or the least loaded of a list), and
 // the plan; an error says what is wrong (exit_code_of: kInvalidArgument for a usage error).
-Status check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt);
+// With `dgram` (send --transport udp's own options), the datagram transport's part too.
+Status check_sender_options(const SendArgs& a, Plan* plan, SenderOptions* opt, const DgramArgs* dgram = nullptr);
 
 // What `send` reports at its end, whichever transport carried it (--platform too): one schema.
 struct SendSummary {

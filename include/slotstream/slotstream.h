@@ -30,13 +30,20 @@
 
 namespace slotstream {
 
+namespace engine {  // what Sender and Receiver dispatch to (internal: src/engine/contract.h)
+class SenderEngine;
+class ReceiverEngine;
+}  // namespace engine
+
 // This library's version, "MAJOR.MINOR.PATCH" (CMake's project VERSION).
 const char* version();
 
 // kAuto: shm when both ends share a host and its shared memory, else rdma when both ends have a
 // usable RDMA device, else tcp (the receiver decides from the HELLO and says why). kUdp is the
-// datagram transport (RDMA over UDP datagrams: `slotstream recv|send --transport udp`, its own stack;
-// docs/design.md): it appears in reports (SenderInfo::transport), and Sender and Receiver refuse it.
+// datagram transport (RDMA over UDP datagrams, docs/datagram.md): the datagram engine behind the same
+// Sender and Receiver, with its own protocols (write_record, dgram_send, dgram_rd, rd_write_record;
+// its RC baseline dgram_rc runs over tcp) and settings (SenderOptions::datagram,
+// ReceiverOptions::datagram). kAuto never chooses it.
 enum class Transport { kAuto, kShm, kTcp, kRdma, kUdp };
 std::optional<Transport> parse_transport(std::string_view text);  // "auto", "shm", "tcp", "rdma", "udp"
 const char* transport_name(Transport t);
@@ -111,10 +118,14 @@ Status parse_address(std::string_view text, std::string* host, uint16_t* port);
 // A --token-file: the whole file without trailing whitespace; a missing, unreadable or empty file is an error.
 Status read_token_file(const std::string& path, std::string* token);
 
-// The protocols this build knows, for --help, `slotstream protocols` and the benchmark.
+// The protocols this build knows, both engines', for --help, `slotstream protocols` and the benchmark.
 struct ProtocolInfo {
   std::string name;
   std::string summary;
+  // Which engine runs it: "ucx" (the block protocols, src/protocol) or "dgram" (the datagram
+  // transport's, src/dgram), and the transports it runs on ("shm", "tcp", "rdma"; "udp"; dgram_rc: "tcp").
+  std::string engine;
+  std::vector<std::string> transports;
   std::string options;                 // the options it takes (NAME:key=value,...), for people
   bool reference = false;              // a benchmark reference, not a protocol for data
   bool holds = false;                  // the receiver can hold single blocks (back-pressure, paper §3.3)
@@ -125,23 +136,60 @@ struct ProtocolInfo {
   bool packs = false;                  // small messages share a block by default (pack=on|off)
   // Whether the receiver's CPU takes part in transfers on each transport (the protocol's own
   // receiver_progress, or a transport whose RMA needs the target's progress: tcp, rdma over ud):
-  // keys "shm", "tcp", "rdma:rc", "rdma:dc", "rdma:ud". False everywhere for a passive receiver.
+  // keys "shm", "tcp", "rdma:rc", "rdma:dc", "rdma:ud" (datagram protocols: their transport, always
+  // true: the kernel's sockets). False everywhere for a passive receiver.
   std::map<std::string, bool> receiver_progress_on;
+  // The datagram engine's capabilities (false for block protocols, which deliver every message in
+  // order or fail): every segment arrives (RD's retransmission, RC's stream); an incomplete message
+  // can be kept (RDMA Write-Record, ReceiverOptions::datagram.keep_partial); messages are placed
+  // one-sided into the receiver's tagged regions; it can send to an IP multicast group.
+  bool reliable = false;
+  bool partial = false;
+  bool one_sided = false;
+  bool multicast = false;
 };
-// Every protocol; references (benchmark ceilings) only when asked.
+// Every protocol of both engines (UCX's first); references (benchmark ceilings) only when asked.
 std::vector<ProtocolInfo> protocols(bool with_references = false);
 
 // ------------------------------------------------------------------------------------ Sender
 
+// The datagram transport's default protocol (kUdp with SenderOptions::protocol empty).
+inline constexpr const char* kDefaultDatagramProtocol = "write_record";
+
+// Faults injected on the datagrams one end sends or receives (the datagram transport; tests and
+// benchmarks): fractions 0..1 of the datagrams, seeded (the same seed, the same faults).
+struct DatagramFaults {
+  double loss = 0;
+  double reorder = 0;
+  double duplicate = 0;
+  double corrupt = 0;  // one bit flipped: the CRC must catch it
+  uint64_t seed = 1;
+};
+
+// What the datagram transport's sender needs beyond SenderOptions (docs/datagram.md). Its message
+// slots per device are SenderOptions::blocks (STags, or receives posted; 1..1024); block_size
+// does not apply.
+struct DatagramOptions {
+  uint32_t segment_size = 8192;    // payload bytes per datagram (64..65,407; 1408 fits a 1500-byte MTU)
+  uint64_t max_message = 1 << 20;  // the largest message this sender will send (its receiver regions' size)
+  int ttl = 0;                     // to an IP multicast group: its hop limit (0: 1, this network only)
+  std::string interface;           // to an IP multicast group: where its datagrams leave (empty: by route)
+  DatagramFaults faults;           // testing: faults on the datagrams this end sends
+};
+
 struct SenderOptions {
-  std::string host;
+  std::string host;  // receiver (udp: also an IP multicast group 239.x.y.z, UD protocols only)
   uint16_t port = 0;
-  std::string name;                         // see invalid_sender_name()
-  std::string protocol = kDefaultProtocol;  // NAME or NAME:key=value,... (e.g. "carc:budget=2M")
+  std::string name;  // see invalid_sender_name()
+  // NAME or NAME:key=value,... (e.g. "carc:budget=2M"); a datagram protocol (write_record, dgram_rd,
+  // ...) with transport udp (dgram_rc: tcp). Empty: the transport's default, kDefaultProtocol, or
+  // kDefaultDatagramProtocol over udp.
+  std::string protocol;
   Transport transport = Transport::kAuto;
   RdmaOptions rdma;  // for transport rdma, and for auto (whether this end offers rdma)
   uint32_t blocks = kDefaultBlocks;
   uint32_t block_size = kDefaultBlockSize;
+  DatagramOptions datagram;       // for the datagram transport (udp, and dgram_rc)
   std::string token;              // empty: no authentication
   std::vector<uint16_t> devices;  // every device this sender will use
   bool allow_reference = false;   // benchmark only: permit reference "protocols"
@@ -163,6 +211,25 @@ struct SenderOptions {
   std::chrono::milliseconds stall_timeout{kDefaultStallTimeout};
 };
 
+// What became of one device's messages: the same report for every transport. A block transport
+// (shm, tcp, rdma) delivers every message or breaks it with a gap; the datagram transport (udp, and
+// its RC baseline) may also keep a message partial, drop it, or lose it whole, and says which.
+struct DeviceStats {
+  uint64_t messages = 0;    // complete messages stored
+  uint64_t bytes = 0;       // payload bytes stored (datagram: also the valid bytes of kept partial messages)
+  uint64_t gaps = 0;        // missing packet numbers (datagram: messages of which nothing arrived, = lost)
+  uint64_t duplicates = 0;  // duplicate packets dropped (datagram: segments whose bytes were all there)
+  uint64_t partial = 0;     // incomplete messages kept (datagram RDMA Write-Record, recv --partial keep)
+  uint64_t dropped = 0;     // incomplete messages (or ones not storable in time) discarded
+  uint64_t lost = 0;        // messages of which nothing arrived (datagram)
+  uint64_t pauses = 0;      // times the device was paused because its sink was busy (worker backlog)
+  bool paused = false;      // paused right now
+
+  // Adds another report of the same device (a lane, or another device for a total): counters
+  // summed, paused if either is.
+  void add(const DeviceStats& o);
+};
+
 struct SenderStats {
   uint64_t messages = 0;
   uint64_t bytes = 0;            // payload bytes
@@ -180,6 +247,12 @@ struct SenderStats {
   std::vector<uint64_t> wait_samples_ns;              // one per wait
   std::vector<uint64_t> sync_op_samples_ns;           // one per synchronisation operation (its own cost)
   std::map<std::string, uint64_t> protocol_counters;  // the protocol's own, by name
+  // The datagram transport: what the receiver made of every message, as it said when finish()
+  // returned (its FIN_ACK), per device: messages = complete, partial, dropped, lost, bytes = the
+  // valid bytes. Empty for a block transport (it delivers every message or fails) and for a
+  // multicast group (each of its receivers accounts on its own).
+  std::map<uint16_t, DeviceStats> delivered;
+  bool multicast = false;  // the datagram transport sent to an IP multicast group
 };
 
 class Sender;
@@ -218,6 +291,8 @@ class DeviceStream {
   friend class Sender;
   using Deadline = std::optional<std::chrono::steady_clock::time_point>;
   DeviceStream(Sender& sender, uint16_t device, void* lane) : sender_(sender), device_(device), lane_(lane) {}
+  // A device of an engine other than UCX's (lane_ nullptr): its messages go through the engine.
+  Status send_other(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
   static FillFn copy_from(std::span<const std::byte> message);
   Status send_until(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
   Status send_packed(uint64_t length, const FillFn& fill, Deadline deadline);
@@ -225,7 +300,7 @@ class DeviceStream {
   uint32_t take_packet();
   Sender& sender_;
   uint16_t device_;
-  void* lane_;  // the connection that carries this device (internal)
+  void* lane_;  // the UCX connection that carries this device (internal); nullptr: another engine's
   uint32_t next_packet_ = 0;
   // Completed send()s and their bytes: written by the device's one filler thread (no atomic
   // read-modify-write per message), read by any thread.
@@ -270,7 +345,8 @@ class Sender {
   };
   Confirmed confirmed(uint16_t device) const;
   // How long since the receiver last said anything on the control connection (the longest of its
-  // connections; a live receiver says something at least every second). Any thread.
+  // connections; a live receiver says something at least every second; 0 over the datagram transport,
+  // which does not track it). Any thread.
   std::chrono::steady_clock::duration receiver_silence() const;
   // Moves `device`'s numbers on the receiver's disk forward: its next message is stored as `number`
   // (never behind its last one), and confirmed() counts it from there. For a stream whose numbers
@@ -279,13 +355,16 @@ class Sender {
   // the other devices keep flowing. Waits for the receiver's answer (kRefused: its sink cannot
   // number, or the number is behind; the connection goes on). Any thread, one call at a time.
   Status continue_at(uint16_t device, uint64_t number, std::chrono::milliseconds timeout);
+  // The protocol in use: SenderOptions::protocol's name, or the transport's default.
+  const std::string& protocol() const;
 
-  struct Impl;
+  struct Impl;  // the UCX engine (src/sender.cc)
 
  private:
   friend class DeviceStream;
-  explicit Sender(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Sender(std::unique_ptr<engine::SenderEngine> engine);
+  std::unique_ptr<engine::SenderEngine> engine_;  // the engine the options chose
+  Impl* impl_ = nullptr;  // engine_ when it is UCX's: the fillers' path goes to it without a virtual call
 };
 
 // ---------------------------------------------------------------------------------- Receiver
@@ -330,6 +409,20 @@ class MessageSink {
     uint64_t already_stored = 0;
   };
   virtual std::optional<Numbering> numbering(uint16_t /*device*/) { return std::nullopt; }
+
+  // One message of the datagram transport (Transport::kUdp), which may lose messages or keep incomplete
+  // ones: each with its sender's number, so that a sink can leave a lost one's number unused (DirSink
+  // does: the loss is visible on disk). Same thread and retry contract as above (kBusy pauses the
+  // device). The default stores a complete message with begin/append/commit and discards a partial one
+  // (it still counts as partial in the report); DirSink stores it as <SEQ>.partial beside <SEQ>.valid.
+  struct DatagramMessage {
+    uint16_t device = 0;
+    uint32_t number = 0;   // the sender's message number of `device` on this connection: 0, 1, 2, ...
+    bool partial = false;  // incomplete, kept (DatagramReceiveOptions::keep_partial): holes are zero
+    std::span<const std::byte> data;
+    std::vector<std::pair<uint64_t, uint64_t>> valid;  // partial: the [offset, length] ranges that arrived
+  };
+  virtual Status deliver_datagram(const DatagramMessage& m);
 };
 
 // ------------------------------------------------------------- zero-copy receive (issue 22)
@@ -418,25 +511,6 @@ struct SenderInfo {
   std::map<uint16_t, uint64_t> first_message;
 };
 
-// What became of one device's messages: the same report for every transport. A block transport
-// (shm, tcp, rdma) delivers every message or breaks it with a gap; the datagram transport (udp, and
-// its RC baseline) may also keep a message partial, drop it, or lose it whole, and says which.
-struct DeviceStats {
-  uint64_t messages = 0;    // complete messages stored
-  uint64_t bytes = 0;       // payload bytes stored (datagram: also the valid bytes of kept partial messages)
-  uint64_t gaps = 0;        // missing packet numbers (datagram: messages of which nothing arrived, = lost)
-  uint64_t duplicates = 0;  // duplicate packets dropped (datagram: segments whose bytes were all there)
-  uint64_t partial = 0;     // incomplete messages kept (datagram RDMA Write-Record, recv --partial keep)
-  uint64_t dropped = 0;     // incomplete messages (or ones not storable in time) discarded
-  uint64_t lost = 0;        // messages of which nothing arrived (datagram)
-  uint64_t pauses = 0;      // times the device was paused because its sink was busy (worker backlog)
-  bool paused = false;      // paused right now
-
-  // Adds another report of the same device (a lane, or another device for a total): counters
-  // summed, paused if either is.
-  void add(const DeviceStats& o);
-};
-
 // How long the receiver took to store a sender's messages: from the consumer pass that first took
 // up a message's first block to the sink's commit (reassembly of fragments, back-pressure waits,
 // the write itself). Not end to end: a block header carries no send time, and two hosts' clocks
@@ -498,6 +572,23 @@ struct HoldSpec {  // hold receiver block `index` from `from_ms` to `to_ms`
   uint32_t to_ms = 0;
 };
 
+// What the datagram transport's receiver needs beyond ReceiverOptions (docs/datagram.md).
+struct DatagramReceiveOptions {
+  // With a multicast group as ReceiverOptions::host (239.x.y.z): the interface to join it on (empty:
+  // the one the kernel routes the group to).
+  std::string interface;
+  // An RDMA Write-Record message still incomplete when its timer fires is handed to the sink as
+  // partial (MessageSink::deliver_datagram) instead of being counted and discarded.
+  bool keep_partial = false;
+  // From a message's first segment until it is given up as incomplete (and from a later message until
+  // one of which nothing arrived counts as lost).
+  std::chrono::nanoseconds message_timeout = std::chrono::milliseconds(200);
+  // Silence after which a sender is lost, and a reliable protocol's message without a new byte is given up.
+  std::chrono::nanoseconds session_timeout = std::chrono::seconds(30);
+  uint64_t max_message = 64ull << 20;  // the largest message (region) a sender may announce
+  DatagramFaults faults;               // testing: faults on the datagrams this end receives
+};
+
 struct ReceiverOptions {
   std::string host = "0.0.0.0";
   uint16_t port = 0;
@@ -530,6 +621,10 @@ struct ReceiverOptions {
   uint64_t max_memory = 0;
   // Unprocessed bytes waiting for workers, reported to capacity queries (optional).
   std::function<uint64_t()> backlog_bytes;
+  // transport udp: the datagram receiver's settings. It serves UD and RD senders on a UDP port and
+  // dgram_rc senders on the TCP port of the same number; make_view_sink does not apply (no blocks to
+  // lend: with make_sink set its messages are copied to it, without it start() refuses).
+  DatagramReceiveOptions datagram;
 };
 
 // What a receiver reports to `send --to A,B,C` when asked for its capacity.
@@ -561,7 +656,8 @@ class Receiver {
   // Stops accepting, ends every session (discarding partial messages). Any thread. Each connected
   // sender is told, before the receiver's memory goes, that the receiver stopped — with `reason`
   // when given (e.g. "the receiver's worker failed: ...") — and reports that rather than a
-  // transport error. The first stop's reason is the one told.
+  // transport error. The first stop's reason is the one told (shm, tcp, rdma; the datagram transport
+  // ends its sessions without it).
   void stop();
   void stop(const std::string& reason);
   // Number of accepted sessions that have ended.
@@ -579,12 +675,22 @@ class Receiver {
   // (ReceiverOptions::max_memory, or its default). Any thread.
   uint64_t memory_in_use() const;
   uint64_t memory_budget() const;
+  // The receiver's own counters beyond its senders' reports: for udp the datagrams that belonged to no
+  // session ("unattributed:<key>", keys as SessionReport::protocol_counters), and what it turned away
+  // or cut short ("hellos_refused", "challenges", "auth_failures", "announces_refused:<reason>",
+  // "connections", ...: docs/datagram.md). Empty over UCX (refusals() says what it refused). Any thread.
+  std::map<std::string, uint64_t> counters() const;
+  // False while a sender that finished may still repeat its FIN: udp answers a FIN with a FIN_ACK that
+  // can be lost, and the sender repeats its FIN every 200 ms until it hears one — a receiver about to
+  // exit after its last sender waits for this (about a second after the last FIN it answered). Always
+  // true over UCX. Any thread.
+  bool settled() const;
 
-  struct Impl;
+  struct Impl;  // the UCX engine (src/receiver.cc)
 
  private:
-  explicit Receiver(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Receiver(std::unique_ptr<engine::ReceiverEngine> engine);
+  std::unique_ptr<engine::ReceiverEngine> engine_;
 };
 
 }  // namespace slotstream

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "clock.h"
+#include "dgram/protocol.h"
 
 namespace slotstream::dgram {
 namespace {
@@ -265,7 +266,15 @@ bool Admission::vet(const Hello& hello, const Request& rq, bool authenticated, H
     return false;
   }
   if (!o_.make_store) return true;
-  if (Status st = o_.make_store(hello.name, store); !st.is_ok()) {
+  SenderInfo info;
+  info.name = hello.name;
+  info.peer = rq.from.str();
+  info.protocol = std::string(terms->protocol->name);
+  info.transport = terms->protocol->over_tcp ? Transport::kTcp : Transport::kUdp;
+  info.blocks = hello.ring;
+  info.block_size = uint32_t(std::min<uint64_t>(hello.max_message, UINT32_MAX));
+  info.devices = hello.devices;
+  if (Status st = o_.make_store(info, store); !st.is_ok()) {
     refuse(rq, hello.name, {AnnounceRefusal::kStore, st.message()});
     return false;
   }

@@ -10,7 +10,7 @@
 //   dgram_rd      RD + Send/Recv: reliable and in order per source (sequence, ack, credits,
 //                 retransmission: rd.h)
 //   rd_write_record  RD + RDMA Write-Record: one-sided like write_record, every lost segment
-//                 retransmitted by RD below the placement (issue 25)
+//                 retransmitted by RD below the placement
 //   dgram_rc      RC + RDMA Write, then a Send that says it is there (rc_write.h): the same RDMAP
 //                 over a TCP stream (iWARP as standardised), the patent's comparison point
 //
@@ -30,6 +30,7 @@
 
 #include "dgram/placement.h"
 #include "dgram/wire.h"
+#include "slotstream/slotstream.h"
 
 namespace slotstream::dgram {
 
@@ -136,7 +137,10 @@ struct Descriptor {
 // The registry: every datagram protocol, in the order --help and the benchmark list them.
 std::span<const Descriptor* const> protocols();
 const Descriptor* find_protocol(std::string_view name);
-inline constexpr const char* kDefaultProtocol = "write_record";
+inline constexpr const char* kDefaultProtocol = kDefaultDatagramProtocol;
+// The registry as the public ProtocolInfo (engine "dgram"): what slotstream::protocols() lists after
+// the block protocols.
+std::vector<ProtocolInfo> infos();
 
 // The placement spec of an accepted hello under `d`: its timer is the UD message timeout, or the
 // reliable services' silence timeout.

@@ -71,7 +71,7 @@ struct DatagramReceiverOptions {
   // Message slots held in a window after each sender's session starts (recv --hold-block; Session::hold).
   std::vector<HoldSpec> holds;
   // Creates the store of a newly accepted sender (nullptr store, or no function: nothing is stored).
-  std::function<Status(const std::string& name, std::unique_ptr<MessageStore>*)> make_store;
+  std::function<Status(const SenderInfo& sender, std::unique_ptr<MessageStore>*)> make_store;
   std::function<void(const SessionReport&)> on_session_end;  // from the network thread
   std::function<void(const std::string&)> on_event;
 };

@@ -21,6 +21,28 @@ const Descriptor* find_protocol(std::string_view name) {
   return nullptr;
 }
 
+std::vector<ProtocolInfo> infos() {
+  std::vector<ProtocolInfo> out;
+  for (const Descriptor* d : kAll) {
+    ProtocolInfo info;
+    info.name = d->name;
+    info.summary = d->summary;
+    info.engine = "dgram";
+    const std::string transport = d->over_tcp ? "tcp" : "udp";
+    info.transports = {transport};
+    // The kernel's sockets take every datagram (or the TCP stream): the receiver's CPU always takes part.
+    info.receiver_progress = true;
+    info.receiver_progress_on[transport] = true;
+    info.reliable = d->reliable;
+    info.partial = d->partial;
+    info.one_sided = d->tagged;
+    // A group cannot acknowledge: only the unreliable datagram protocols send to one (dgram/admission.h).
+    info.multicast = !d->reliable && !d->over_tcp;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 PlacementSpec placement_spec(const Descriptor& d, const Hello& h, uint32_t first_stag, int64_t message_timeout_ns,
                              int64_t reliable_timeout_ns) {
   PlacementSpec s;

@@ -298,6 +298,8 @@ DatagramSender::~DatagramSender() {
                        (impl_->last_error.empty() ? std::string() : ": " + impl_->last_error));
 }
 
+Status DatagramSender::validate(const DatagramSenderOptions& o) { return check_options(o, find_protocol(o.protocol)); }
+
 Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<DatagramSender>* out) {
   auto impl = std::make_unique<Impl>();
   impl->o = o;

@@ -73,6 +73,8 @@ class DatagramSender {
  public:
   using FillFn = std::function<Status(uint64_t offset, std::span<std::byte> dst)>;
 
+  // What connect() checks before it touches the network (the protocol, devices, ring, segment size).
+  static Status validate(const DatagramSenderOptions& options);
   // Resolves, binds, and runs the handshake. *out is set only on success.
   static Status connect(const DatagramSenderOptions& options, std::unique_ptr<DatagramSender>* out);
   ~DatagramSender();

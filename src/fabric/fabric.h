@@ -7,6 +7,10 @@
 // Worker.
 #pragma once
 
+#ifdef SLOTSTREAM_UCX_FREE
+#error "the datagram engine (src/dgram) is UCX-free: it must not include the UCX wrapper (src/fabric)"
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>

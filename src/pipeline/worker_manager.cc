@@ -455,6 +455,19 @@ class PipelineSink final : public MessageSink, public sink::SkippableSink {
   }
   std::optional<Numbering> numbering(uint16_t device) override { return files_.numbering(device); }
   Status skip_to(uint16_t device, uint64_t seq) override { return files_.skip_to(device, seq); }
+  // The datagram transport's: paused while the device's backlog is over its limit (a partial message
+  // too); a complete message stored is its worker's (a partial one is not: workers process SEQ.bin
+  // files and skip a missing number, docs/workers.md).
+  Status deliver_datagram(const DatagramMessage& m) override {
+    std::string why;
+    if (manager_.over_limit(sender_, m.device, &why)) return {Code::kBusy, "worker backlog: " + why};
+    SLOTSTREAM_RETURN_IF_ERROR(files_.deliver_datagram(m));
+    if (!m.partial) {
+      const auto last = files_.last_committed(m.device);
+      manager_.stored(sender_, m.device, last.seq, last.bytes);
+    }
+    return Status::ok();
+  }
 
  private:
   WorkerManager::Backlog& backlog_of(uint16_t device) {

@@ -271,6 +271,8 @@ Status read_keyed_setup(std::span<const uint8_t> setup, std::string_view protoco
 // The registry: every protocol this build has, in a fixed order.
 std::span<const Descriptor* const> all();
 const Descriptor* find(std::string_view name);
+// The registry as the public ProtocolInfo (engine "ucx"): what slotstream::protocols() lists first.
+std::vector<ProtocolInfo> infos(bool with_references);
 // `options` against the protocol's check_options (none allowed without one), `pack` against the
 // stream layer's rule.
 Status check_options(const Descriptor& d, const Options& options);

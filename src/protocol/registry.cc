@@ -91,9 +91,9 @@ void PollBackoff::pause(fabric::Worker& worker) {
 
 }  // namespace slotstream::protocol
 
-namespace slotstream {
+namespace slotstream::protocol {
 
-std::vector<ProtocolInfo> protocols(bool with_references) {
+std::vector<ProtocolInfo> infos(bool with_references) {
   // Every transport the fabric configures, for receiver_progress_on.
   static const fabric::FabricSpec kSpecs[] = {{Transport::kShm},
                                               {Transport::kTcp},
@@ -101,20 +101,22 @@ std::vector<ProtocolInfo> protocols(bool with_references) {
                                               {Transport::kRdma, RdmaTransport::kDc},
                                               {Transport::kRdma, RdmaTransport::kUd}};
   std::vector<ProtocolInfo> out;
-  for (const auto* d : protocol::all()) {
+  for (const auto* d : all()) {
     if (d->reference && !with_references) continue;
-    std::string options(d->options_help);
-    if (!d->reference) options += (options.empty() ? "" : "; ") + std::string(protocol::kPackHelp);
-    ProtocolInfo info{std::string(d->name),
-                      std::string(d->summary),
-                      options,
-                      d->reference,
-                      d->holds,
-                      d->connection_per_device,
-                      d->receiver_progress,
-                      d->receiver_endpoint,
-                      d->sender_wakeup,
-                      d->packs};
+    ProtocolInfo info;
+    info.name = d->name;
+    info.summary = d->summary;
+    info.engine = "ucx";
+    info.transports = {"shm", "tcp", "rdma"};
+    info.options = d->options_help;
+    if (!d->reference) info.options += (info.options.empty() ? "" : "; ") + std::string(kPackHelp);
+    info.reference = d->reference;
+    info.holds = d->holds;
+    info.connection_per_device = d->connection_per_device;
+    info.receiver_progress = d->receiver_progress;
+    info.receiver_endpoint = d->receiver_endpoint;
+    info.sender_wakeup = d->sender_wakeup;
+    info.packs = d->packs;
     // The receiver takes part where the protocol needs it or the transport's RMA does.
     for (const auto& spec : kSpecs) {
       info.receiver_progress_on[fabric::spec_name(spec)] = d->receiver_progress || fabric::traits(spec).target_progress;
@@ -124,4 +126,4 @@ std::vector<ProtocolInfo> protocols(bool with_references) {
   return out;
 }
 
-}  // namespace slotstream
+}  // namespace slotstream::protocol

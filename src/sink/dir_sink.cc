@@ -328,4 +328,29 @@ void DirSink::abort(uint16_t device) {
   fs::remove(temp_path(it->second), ec);
 }
 
+Status DirSink::deliver_datagram(const DatagramMessage& m) {
+  auto it = datagram_base_.find(m.device);
+  if (it == datagram_base_.end()) {
+    uint64_t next = 0;
+    SLOTSTREAM_RETURN_IF_ERROR(next_seq(m.device, &next));
+    // The first message stored may not be message 0 (0 was lost): number from where 0 would be.
+    it = datagram_base_.emplace(m.device, next).first;
+  }
+  SLOTSTREAM_RETURN_IF_ERROR(skip_to(m.device, it->second + m.number));
+  if (m.partial) return store_partial(m.device, m.data, valid_json(m.valid));
+  SLOTSTREAM_RETURN_IF_ERROR(begin(m.device));
+  Status st = append(m.device, m.data);
+  if (st.is_ok()) st = commit(m.device);
+  if (!st.is_ok()) abort(m.device);
+  return st;
+}
+
+std::string DirSink::valid_json(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  std::string s = "[";
+  for (const auto& [offset, length] : ranges) {
+    s += (s.size() > 1 ? ",[" : "[") + std::to_string(offset) + "," + std::to_string(length) + "]";
+  }
+  return s + "]";
+}
+
 }  // namespace slotstream::sink

@@ -20,6 +20,8 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "slotstream/slotstream.h"
 
@@ -76,6 +78,13 @@ class DirSink final : public MessageSink, public SkippableSink {
   // Stores an incomplete message as <SEQ>.partial (holes zero-filled) beside <SEQ>.valid (the
   // JSON list of [offset, length] ranges that arrived), both atomically, .valid first.
   Status store_partial(uint16_t device, std::span<const std::byte> data, std::string_view valid_json);
+  // The datagram transport's messages: SEQ is the sender's number plus where the device's directory
+  // stood when its first message of this sender came (a message that was lost or dropped leaves its
+  // number unused: the loss is visible on disk); a partial one is stored as <SEQ>.partial beside
+  // <SEQ>.valid (store_partial).
+  Status deliver_datagram(const DatagramMessage& m) override;
+  // [[offset, length], ...]: the text of a <SEQ>.valid file.
+  static std::string valid_json(const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
 
  private:
   struct Device {
@@ -97,6 +106,7 @@ class DirSink final : public MessageSink, public SkippableSink {
   std::filesystem::path dir_;
   std::map<uint16_t, uint64_t> first_;
   std::map<uint16_t, Device> devices_;
+  std::map<uint16_t, uint64_t> datagram_base_;  // per device: the SEQ of the datagram sender's message 0
   uint64_t recreated_ = 0;
 };
 

@@ -1,4 +1,5 @@
-// MessageSink's batch call for sinks that take one message at a time (slotstream.h).
+// MessageSink's batch call for sinks that take one message at a time, and its datagram call for sinks
+// that keep no partial messages (slotstream.h).
 #include "slotstream/slotstream.h"
 
 namespace slotstream {
@@ -15,6 +16,15 @@ Status MessageSink::deliver(std::span<const Message> batch, size_t* stored) {
     }
   }
   return Status::ok();
+}
+
+Status MessageSink::deliver_datagram(const DatagramMessage& m) {
+  if (m.partial) return Status::ok();  // not kept here (the report counts it as partial)
+  SLOTSTREAM_RETURN_IF_ERROR(begin(m.device));
+  Status st = append(m.device, m.data);
+  if (st.is_ok()) st = commit(m.device);
+  if (!st.is_ok()) abort(m.device);
+  return st;
 }
 
 }  // namespace slotstream

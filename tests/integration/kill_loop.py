@@ -142,7 +142,7 @@ def main():
     args = ap.parse_args()
     protocols = args.protocol or [p["name"] for p in json.loads(
         subprocess.run([args.bin, "protocols", "--json"], capture_output=True, text=True, check=True).stdout)
-        if not p["reference"]]
+        if not p["reference"] and p["engine"] == "ucx"]
     started = time.monotonic()
     result = run(args.bin, args.transport or ["shm", "tcp"], protocols, args.kills, args.max_delay, args.seed)
     result["seconds"] = round(time.monotonic() - started, 1)

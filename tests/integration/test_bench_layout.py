@@ -50,6 +50,25 @@ def test_the_shared_modules_import_only_what_is_below_them():
         assert imported(BENCH / shared) & local <= allowed, shared
 
 
+def test_no_two_bench_modules_import_each_other():
+    # dgram_plot and shim_plot did (a deferred import dodged the cycle): a cycle among the modules is a layering
+    # mistake even where Python tolerates it.
+    local = {p.stem for p in modules()}
+    graph = {p.stem: imported(p) & local for p in modules()}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(path)
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    assert cycles == []
+
+
 def test_measuring_needs_no_matplotlib():
     # A machine without python3-matplotlib still measures (plot.py then says what is missing).
     code = ("import sys; sys.path.insert(0, %r); import builtins; real = builtins.__import__\n"

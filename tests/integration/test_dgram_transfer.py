@@ -132,7 +132,7 @@ def test_usage_errors(tmp_path):
         ([BIN, "recv", "--listen", "127.0.0.1:0", "--out", tmp_path, "--transport", "udp", "--inject-loss", "x"], "--inject-loss"),
         ([BIN, "send", "--to", "127.0.0.1:9", "--transport", "udp", "--block-size", "100", "--file", f"0={f}"], "--block-size"),
         ([BIN, "send", "--to", "127.0.0.1:9", "--inject-corrupt", "5", "--file", f"0={f}"], "--inject-corrupt"),
-        ([BIN, "send", "--to", "127.0.0.1:9", "--transport", "udp", "--segment-size", "10", "--file", f"0={f}"], "segment size"),
+        ([BIN, "send", "--to", "127.0.0.1:9", "--transport", "udp", "--segment-size", "10", "--file", f"0={f}"], "--segment-size: 10 B is below the least, 64 B"),
         ([BIN, "send", "--to", "127.0.0.1:9", "--transport", "tcp", "--protocol", "dgram_rc", "--inject-loss", "1",
           "--file", f"0={f}"], "fault injection"),
     ]

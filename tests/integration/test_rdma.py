@@ -186,7 +186,7 @@ def test_auto_sender_whose_shared_memory_set_up_fails_tells_the_receiver_and_fal
 def test_protocols_say_on_which_transports_the_receiver_is_passive():
     p = run("protocols", "--json")
     assert p.returncode == 0, p.stderr
-    protocols = {e["name"]: e for e in json.loads(p.stdout)}
+    protocols = {e["name"]: e for e in json.loads(p.stdout) if e["engine"] == "ucx"}  # the datagram ones: udp
     keys = {"shm", "tcp", "rdma:rc", "rdma:dc", "rdma:ud"}
     for name, e in protocols.items():
         on = e["receiver_progress_on"]

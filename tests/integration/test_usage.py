@@ -248,7 +248,7 @@ def test_durations_take_units_everywhere(tmp_path):
 RANGE_CASES = {
     # Each used to say only "Could not convert", or to be taken as a huge unsigned number.
     "blocks_negative": (["send", "--to", "127.0.0.1:1", "--blocks", "-1", "--file", "0=/etc/hostname"],
-                        "--blocks: Value -1 not in range 1 to 4096"),
+                        "--blocks: -1 is not in range 1..4096"),
     # Sizes are said in units (it used to be "Value 1099511627776 not in range 64 to 67108864").
     "block_size_1T": (["send", "--to", "127.0.0.1:1", "--block-size", "1T", "--file", "0=/etc/hostname"],
                       "--block-size: 1 TiB is above the most, 64 MiB"),
@@ -262,7 +262,7 @@ RANGE_CASES = {
                             "--exit-after-senders: Value -1 not in range"),
     # Used to be accepted and never held: a sender has at most 4096 blocks.
     "hold_block_beyond_blocks": (["recv", "--listen", "127.0.0.1:0", "--discard", "--hold-block", "99999:0:10"],
-                                 "--hold-block: block index 99999 not in range 0 to 4095"),
+                                 "--hold-block: block index 99999 is not in range 0..4095"),
     "worker_cpus_zero": (["recv", "--listen", "127.0.0.1:0", "--discard", "--worker", "true", "--worker-cpus", "0"],
                          "--worker-cpus: Value 0 not in range"),
 }

@@ -101,6 +101,32 @@ def test_messages_of_a_reconnecting_sender_continue_its_sequence(tmp_path):
     assert got == [(i, p.read_bytes()) for i, p in enumerate(files)]
 
 
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("protocol", ["write_record", "dgram_rd"])
+def test_udp_receiver_yields_every_message_byte_exact(tmp_path, protocol):
+    """transport="udp": the datagram engine behind the same Receiver (Receiver refused udp before)."""
+    dev0 = make_files(tmp_path, [0, 1, 1408, 70_000, 300_000], "d0")
+    dev7 = make_files(tmp_path, [123, 8193], "d7")
+    with slotstream.Receiver("127.0.0.1:0", transport="udp", exit_after_senders=1) as rx:
+        sender = subprocess.Popen([BIN, "send", "--to", rx.address, "--name", "cli", "--transport", "udp",
+                                   "--protocol", protocol, "--segment-size", "1408",
+                                   *file_args(0, dev0), *file_args(7, dev7)],
+                                  stderr=subprocess.PIPE, text=True)
+        got = [(s, d, q, bytes(data)) for s, d, q, data in rx]  # ends by itself after the sender's session
+        assert sender.wait(30) == 0, sender.stderr.read()
+        sessions = rx.sessions()
+    want = ([("cli", 0, i, p.read_bytes()) for i, p in enumerate(dev0)] +
+            [("cli", 7, i, p.read_bytes()) for i, p in enumerate(dev7)])
+    assert sorted(got, key=lambda m: (m[1], m[2])) == want
+    assert len(sessions) == 1 and sessions[0]["finished"] and sessions[0]["messages"] == 7
+    assert sessions[0]["transport"] == "udp" and sessions[0]["sender"] == "cli"
+
+
+def test_udp_receiver_refuses_zero_copy():
+    with pytest.raises(slotstream.InvalidArgument, match="zero-copy"):
+        slotstream.Receiver("127.0.0.1:0", transport="udp", zero_copy=True)
+
+
 def test_receiver_errors_are_exceptions():
     with pytest.raises(slotstream.InvalidArgument, match="HOST:PORT"):
         slotstream.Receiver("nowhere")

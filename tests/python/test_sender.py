@@ -76,6 +76,53 @@ def test_every_buffer_type_is_sent_as_its_bytes(start_receiver, tmp_path, transp
     assert len(tree(out)) == len(payloads), "a rejected send() must send nothing"
 
 
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("protocol", ["write_record", "dgram_rd"])
+def test_udp_frames_arrive_byte_exact(start_receiver, tmp_path, protocol):
+    """transport="udp": the datagram engine behind the same Sender (Sender refused udp before)."""
+    out = tmp_path / "out"
+    rx = start_receiver(out, "udp", "--exit-after-senders", 1)
+    rng = np.random.default_rng(3)
+    sent = {}  # (device, seq) -> the bytes sent
+    with slotstream.Sender(rx.addr, name="py-udp", transport="udp", protocol=protocol, devices=[0, 5],
+                           segment_size=1408, max_message=1 << 20) as tx:
+        assert tx.transport == "udp" and tx.protocol == protocol
+        for k in range(5):
+            for cam in (0, 5):
+                frame = rng.integers(0, 256, 200_000 + 1000 * k + cam, dtype=np.uint8)
+                tx.send(cam, frame)
+                sent[cam, k] = frame.tobytes()
+        tx.send(5, b"")  # an empty message is a message
+        sent[5, 5] = b""
+        tx.finish()
+        stats = tx.stats()
+    assert stats["messages"] == len(sent) and stats["bytes"] == sum(map(len, sent.values()))
+    # What the receiver made of every message, as it said at finish() (its FIN_ACK).
+    assert stats["delivered"] == {0: {"complete": 5, "partial": 0, "dropped": 0, "lost": 0,
+                                      "valid_bytes": sum(len(v) for (d, _), v in sent.items() if d == 0)},
+                                  5: {"complete": 6, "partial": 0, "dropped": 0, "lost": 0,
+                                      "valid_bytes": sum(len(v) for (d, _), v in sent.items() if d == 5)}}
+    report = rx.stdout.next_line(15)
+    assert report.startswith("sender py-udp finished: messages=11 "), report
+    for (cam, k), want in sent.items():
+        assert stored(out, "py-udp", cam, k) == want, f"device {cam} message {k} differs"
+    assert len(tree(out)) == len(sent)
+
+
+@pytest.mark.deadline(30)
+def test_udp_refuses_what_the_datagram_transport_cannot_do(start_receiver, tmp_path):
+    rx = start_receiver(tmp_path / "out", "udp")
+    with pytest.raises(slotstream.InvalidArgument, match="rdma options"):
+        slotstream.Sender(rx.addr, name="n", transport="udp", rdma_transport="rc")
+    with pytest.raises(slotstream.InvalidArgument, match="protocol dgram_rc runs over tcp"):
+        slotstream.Sender(rx.addr, name="n", transport="udp", protocol="dgram_rc")
+    with slotstream.Sender(rx.addr, name="small", transport="udp", max_message=1000) as tx:
+        with pytest.raises(slotstream.InvalidArgument, match="message of 1001 B is larger than the declared 1000 B"):
+            tx.send(0, b"x" * 1001)  # larger than it announced: the receiver's regions are that size
+        tx.send(0, b"y" * 1000)  # the connection goes on
+    assert (tmp_path / "out" / "small" / "device-0" / seq_name(0)).read_bytes() == b"y" * 1000
+
+
 def array_module_buffer():
     import array
     return array.array("d", [1.5, -2.25, 1e300])
@@ -107,11 +154,14 @@ def test_connection_errors_are_exceptions_with_the_librarys_message(start_receiv
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"to": "no-port"}, "HOST:PORT"),
-    ({"to": "127.0.0.1:1", "transport": "udp"}, "transport udp is the datagram transport"),
-    ({"to": "127.0.0.1:1", "transport": "ib"}, "transport must be 'auto', 'shm', 'tcp' or 'rdma'"),
+    ({"to": "127.0.0.1:1", "transport": "udp", "protocol": "status_byte"}, "protocol status_byte runs over UCX"),
+    ({"to": "127.0.0.1:1", "transport": "udp", "block_size": 4096}, "block_size does not apply to the datagram"),
+    ({"to": "127.0.0.1:1", "transport": "udp", "segment_size": 10}, "segment_size 10 B is below the least, 64 B"),
+    ({"to": "127.0.0.1:1", "transport": "tcp", "segment_size": 1408}, "datagram options .* apply to transport udp"),
+    ({"to": "127.0.0.1:1", "transport": "ib"}, "transport must be 'auto', 'shm', 'tcp', 'rdma' or 'udp'"),
     ({"to": "127.0.0.1:1", "transport": "rdma", "rdma_transport": "xrc"}, "rdma_transport must be 'rc', 'dc' or 'ud'"),
     ({"to": "127.0.0.1:1", "name": "has space"}, "sender name may only contain"),
-    ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, r"block_size 8 is not in range 64\.\.67108864 \(an int number of bytes\)"),
+    ({"to": "127.0.0.1:1", "name": "n", "block_size": 8}, r"block_size 8 B is below the least, 64 B"),
     ({"to": "127.0.0.1:1", "name": "n", "protocol": "nope"}, "unknown protocol 'nope'"),
     ({"to": "127.0.0.1:1", "name": "n", "devices": []}, "no devices declared"),
     ({"to": "127.0.0.1:1", "name": "n", "devices": [1, 1]}, "declared twice"),
@@ -254,7 +304,8 @@ def test_a_blocked_send_releases_the_gil(tmp_path):
 @pytest.mark.parametrize("kwargs,needle", [
     ({"blocks": -1}, "blocks -1 is not in range 1..4096"),
     ({"blocks": 5000}, "blocks 5000 is not in range 1..4096"),
-    ({"block_size": -64}, r"block_size -64 is not in range 64..67108864 \(an int number of bytes\)"),
+    ({"block_size": -64}, r"block_size -64 B is below the least, 64 B"),
+    ({"block_size": 1 << 30}, r"block_size 1 GiB is above the most, 64 MiB"),
 ])
 def test_a_negative_or_out_of_range_number_is_invalid_argument_naming_the_range(kwargs, needle):
     # Checked before connecting (port 1: nothing listens); negative numbers used to be nanobind's TypeError.
