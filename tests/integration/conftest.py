@@ -375,11 +375,11 @@ def start_receiver(receiver):
 
 @pytest.fixture
 def spawn():
-    """spawn(argv) -> Proc running in the background; killed at test end."""
+    """spawn(argv, env=None) -> Proc running in the background; killed at test end."""
     procs = []
 
-    def start(argv):
-        p = Proc(argv)
+    def start(argv, env=None):
+        p = Proc(argv, env=env)
         procs.append(p)
         return p
 

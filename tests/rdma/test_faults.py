@@ -25,39 +25,19 @@ def stopped_at(proc, phase, timeout=180):
     helpers.wait_until(lambda: helpers.all_threads_stopped(proc.pid), 30, "all its threads to stop")
 
 
-@pytest.fixture
-def procs():
-    """procs(argv, env=None) -> Proc in the background (stdout, stderr collected); killed at test end."""
-    started = []
-
-    def start(argv, env=None):
-        p = helpers.Proc([str(a) for a in argv], env=env)
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        if p.poll() is None:
-            p.sigkill()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def sender_proc(procs, addr, name, phase=None, args=STREAM):
+def sender_proc(spawn, addr, name, phase=None, args=STREAM):
     """`send --transport rdma ARGS` in the background; stopping itself at `phase` when given."""
     env = env_with(SLOTSTREAM_TEST_STOP_AT=phase) if phase else None
-    return procs([BIN, "send", "--to", addr, "--name", name, "--transport", "rdma", *args], env=env)
+    return spawn([BIN, "send", "--to", addr, "--name", name, "--transport", "rdma", *args], env=env)
 
 
 @pytest.mark.deadline(900)
 @pytest.mark.parametrize("phase", ["hello", "wireup", "data", "fin"])
-def test_a_sender_killed_at_each_phase_ends_only_its_session(receiver, procs, tmp_path, phase):
+def test_a_sender_killed_at_each_phase_ends_only_its_session(receiver, spawn, tmp_path, phase):
     out = tmp_path / "out"
     rx = receiver("--out", out, "--transport", "rdma")
     args = STREAM if phase != "fin" else ["--file", f"0={helpers.make_files(tmp_path, [50_000], 'f')[0]}"]
-    victim = sender_proc(procs, rx.addr, "victim", None if phase == "data" else phase, args)
+    victim = sender_proc(spawn, rx.addr, "victim", None if phase == "data" else phase, args)
     if phase == "data":
         helpers.wait_until(lambda: any("sender victim" in l for l in rx.stderr.lines + rx.stdout.lines) or
                            (out / "victim" / "device-0" / helpers.seq_name(3)).exists(), 240, "data to flow")
@@ -78,15 +58,15 @@ def test_a_sender_killed_at_each_phase_ends_only_its_session(receiver, procs, tm
 
 @pytest.mark.deadline(900)
 @pytest.mark.parametrize("phase", ["hello", "accept", "data", "fin"])
-def test_a_receiver_killed_at_each_phase_is_a_clear_error_of_the_sender(procs, tmp_path, phase):
+def test_a_receiver_killed_at_each_phase_is_a_clear_error_of_the_sender(spawn, tmp_path, phase):
     out = tmp_path / "out"
     env = env_with(SLOTSTREAM_TEST_STOP_AT=phase) if phase != "data" else None
-    rx = procs([BIN, "recv", "--listen", f"{HOST}:0", "--out", out, "--transport", "rdma"], env=env)
+    rx = spawn([BIN, "recv", "--listen", f"{HOST}:0", "--out", out, "--transport", "rdma"], env=env)
     _, line = rx.stdout.wait_for(r"^listening on ", 120)
     addr = line.split()[-1]
     args = STREAM if phase in ("data", "accept", "hello") else \
         ["--file", f"0={helpers.make_files(tmp_path, [50_000], 'f')[0]}"]
-    tx = procs([BIN, "send", "--to", addr, "--name", "s", "--transport", "rdma", *args])
+    tx = spawn([BIN, "send", "--to", addr, "--name", "s", "--transport", "rdma", *args])
     if phase == "data":
         helpers.wait_until(lambda: (out / "s" / "device-0" / helpers.seq_name(3)).exists(), 240, "data to flow")
     else:
@@ -104,13 +84,13 @@ def test_a_receiver_killed_at_each_phase_is_a_clear_error_of_the_sender(procs, t
 
 
 @pytest.mark.deadline(1200)
-def test_the_queue_pairs_of_senders_that_have_gone_are_gone(receiver, procs, tmp_path):
+def test_the_queue_pairs_of_senders_that_have_gone_are_gone(receiver, spawn, tmp_path):
     """`rdma resource show qp` before and after 20 senders (5 at a time) of a passive protocol: the receiver keeps none
     of theirs. While one sender is connected, its queue pairs are there (the count can tell)."""
     rx = receiver("--out", tmp_path / "out", "--transport", "rdma")
     before = qps()
     f = helpers.make_files(tmp_path, [20_000], "q")[0]
-    held = sender_proc(procs, rx.addr, "held", "fin", args=["--file", f"0={f}"])
+    held = sender_proc(spawn, rx.addr, "held", "fin", args=["--file", f"0={f}"])
     stopped_at(held, "fin")
     during = qps()
     assert len(during) > len(before), (before, during)
@@ -139,7 +119,7 @@ def under_limit(kib, argv):
 
 
 @pytest.mark.deadline(600)
-def test_a_low_locked_memory_limit_is_one_clear_error_before_ucx_pins(receiver, procs, tmp_path):
+def test_a_low_locked_memory_limit_is_one_clear_error_before_ucx_pins(receiver, spawn, tmp_path):
     # A receiver that cannot pin even its own worker's buffers: exit 2 at start, one line naming the limit.
     r = subprocess.run(under_limit(16384, [BIN, "recv", "--listen", f"{HOST}:0", "--discard", "--transport", "rdma"]),
                        capture_output=True, text=True, timeout=180)
@@ -157,7 +137,7 @@ def test_a_low_locked_memory_limit_is_one_clear_error_before_ucx_pins(receiver, 
     assert len(lines) == 1 and "the locked-memory limit (ulimit -l) is 16.0 MiB" in lines[0] and \
         "UCX's buffers of a worker" in lines[0], s.stderr
     # A receiver whose limit covers its start but not a sender's blocks and worker refuses that sender, saying why.
-    low = procs(under_limit(100 * 1024, [BIN, "recv", "--listen", f"{HOST}:0", "--discard", "--transport", "rdma"]))
+    low = spawn(under_limit(100 * 1024, [BIN, "recv", "--listen", f"{HOST}:0", "--discard", "--transport", "rdma"]))
     _, line = low.stdout.wait_for(r"^listening on ", 120)
     p = send(line.split()[-1], "--name", "big", "--transport", "rdma", "--blocks", 32, "--block-size", "1M",
              "--synthetic", "0:5:64x64x1", "--duration", 1)
