@@ -21,20 +21,27 @@ def file_args(device, paths):
     return [x for p in paths for x in ("--file", f"{device}={p}")]
 
 
-@pytest.mark.deadline(60)
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_iterator_yields_every_message_in_order(tmp_path, transport):
-    dev0 = make_files(tmp_path, [0, 1, 70_000, 5000, 300_000], "d0")  # some span several 64 KiB blocks
-    dev7 = make_files(tmp_path, [123, 65_536 - 16, 65_536], "d7")
+def receive_from_cli(transport, send_args, dev0, dev7):
+    """Runs `slotstream send` of dev0's files to device 0 and dev7's to device 7 into a Receiver on `transport`;
+    returns what the Receiver yielded (in its order), what it should be (by device, then seq), and its sessions."""
     with slotstream.Receiver("127.0.0.1:0", transport=transport, exit_after_senders=1) as rx:
         sender = subprocess.Popen([BIN, "send", "--to", rx.address, "--name", "cli", "--transport", transport,
-                                   "--block-size", "65536", *file_args(0, dev0), *file_args(7, dev7)],
+                                   *send_args, *file_args(0, dev0), *file_args(7, dev7)],
                                   stderr=subprocess.PIPE, text=True)
         got = [(s, d, q, bytes(data)) for s, d, q, data in rx]  # ends by itself after the sender's session
         assert sender.wait(30) == 0, sender.stderr.read()
         sessions = rx.sessions()
     want = ([("cli", 0, i, p.read_bytes()) for i, p in enumerate(dev0)] +
             [("cli", 7, i, p.read_bytes()) for i, p in enumerate(dev7)])
+    return got, want, sessions
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_iterator_yields_every_message_in_order(tmp_path, transport):
+    dev0 = make_files(tmp_path, [0, 1, 70_000, 5000, 300_000], "d0")  # some span several 64 KiB blocks
+    dev7 = make_files(tmp_path, [123, 65_536 - 16, 65_536], "d7")
+    got, want, sessions = receive_from_cli(transport, ["--block-size", "65536"], dev0, dev7)
     assert sorted(got, key=lambda m: (m[1], m[2])) == want
     per_device = {d: [q for _, dd, q, _ in got if dd == d] for d in (0, 7)}
     assert per_device == {0: list(range(5)), 7: list(range(3))}, "per-device order"
@@ -107,16 +114,7 @@ def test_udp_receiver_yields_every_message_byte_exact(tmp_path, protocol):
     """transport="udp": the datagram engine behind the same Receiver (Receiver refused udp before)."""
     dev0 = make_files(tmp_path, [0, 1, 1408, 70_000, 300_000], "d0")
     dev7 = make_files(tmp_path, [123, 8193], "d7")
-    with slotstream.Receiver("127.0.0.1:0", transport="udp", exit_after_senders=1) as rx:
-        sender = subprocess.Popen([BIN, "send", "--to", rx.address, "--name", "cli", "--transport", "udp",
-                                   "--protocol", protocol, "--segment-size", "1408",
-                                   *file_args(0, dev0), *file_args(7, dev7)],
-                                  stderr=subprocess.PIPE, text=True)
-        got = [(s, d, q, bytes(data)) for s, d, q, data in rx]  # ends by itself after the sender's session
-        assert sender.wait(30) == 0, sender.stderr.read()
-        sessions = rx.sessions()
-    want = ([("cli", 0, i, p.read_bytes()) for i, p in enumerate(dev0)] +
-            [("cli", 7, i, p.read_bytes()) for i, p in enumerate(dev7)])
+    got, want, sessions = receive_from_cli("udp", ["--protocol", protocol, "--segment-size", "1408"], dev0, dev7)
     assert sorted(got, key=lambda m: (m[1], m[2])) == want
     assert len(sessions) == 1 and sessions[0]["finished"] and sessions[0]["messages"] == 7
     assert sessions[0]["transport"] == "udp" and sessions[0]["sender"] == "cli"
