@@ -157,7 +157,15 @@ fi
 
 # 5. The passive receiver: status_byte's receiver makes no progress call on rc or dc.
 echo "== passive receiver: status_byte, 64 KiB x 2000 over $KIND"
-peer_pair status_byte 65536 2000 3 "$OUT/passive.json" || { echo "passive check: the pair failed"; failed=1; }
+peer_pair status_byte 65536 2000 3 "$OUT/passive.json"
+rc=$?
+if [ "$rc" -eq 124 ]; then  # timeout's: still running after 300 s (Soft-RoCE: docs/rdma.md, "A stall in Soft-RoCE")
+  echo "passive check: the pair failed: the sender was still running after 300 s (a stall)"
+  failed=1
+elif [ "$rc" -ne 0 ]; then
+  echo "passive check: the pair failed (sender exit $rc): $(tail -n 1 "$OUT/passive.json.err")"
+  failed=1
+fi
 
 # 6. Content: every message carries a payload derived from its device and number (send --synthetic,
 # tools/synthetic.h); `slotstream verify` checks each one stored: a torn or stale block, a message in

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Inside the Soft-RoCE VM: rdma-check's passive pair (status_byte, 64 KiB x 2,000 messages, 3 blocks, rc) run N times;
 # a pair still running after 90 s is a stall: both processes' backtraces (gdb), the rxe0 port counters and the
-# sender's stderr go to $OUT_DIR. Once seen in a full-suite run on a loaded host (1,117 of 2,000 delivered, then
-# nothing for 300 s); 9 of 9 runs of this loop completed. Usage, from the checkout:
+# sender's stderr and the queue pairs (`rdma resource show qp`) go to $OUT_DIR. Seen in a full-suite run on a loaded
+# host (1,117 of 2,000 delivered, then nothing for 300 s), then in this loop on a loaded host (load 9-15): 3 stalls in
+# 28 runs of main, 1 in 20 with an attempted fix, 1 in 12 with UCX_RC_FENCE_MODE=none, each with the sender waiting
+# for its status read (docs/rdma.md, "A stall in Soft-RoCE"); none in 15 runs at load ~4. Usage:
 #   OUT_DIR=/tmp/passive bash scripts/softroce-vm.sh 'N=10 bash tests/rdma/passive_loop.sh'
 set -u
 N=${N:-6}
@@ -22,9 +24,12 @@ for i in $(seq "$N"); do
   if kill -0 "$tx" 2>/dev/null; then
     stalls=$((stalls + 1))
     echo "passive loop: run $i STALLED after $((SECONDS - start)) s"
+    # The queue pairs and counters first: gdb stops each process for minutes under emulation, after which the sender
+    # gives the stopped receiver up (its stall timeout, 30 s) and both close their queue pairs.
+    for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do echo "$(basename "$f") $(cat "$f")"; done >"$OUT_DIR/hw$i.txt"
+    rdma -d resource show qp >"$OUT_DIR/qp$i.txt" 2>&1
     gdb -p "$tx" -batch -ex "thread apply all bt" >"$OUT_DIR/tx$i.bt" 2>&1
     gdb -p "$rx" -batch -ex "thread apply all bt" >"$OUT_DIR/rx$i.bt" 2>&1
-    for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do echo "$(basename "$f") $(cat "$f")"; done >"$OUT_DIR/hw$i.txt"
     kill -9 "$tx"
   fi
   wait "$tx"
