@@ -16,7 +16,7 @@ namespace {
 // The datagram transport's largest segment payload: a UDP datagram less the largest header and trailer.
 constexpr double kMaxSegmentSize = double(dgram::kMaxSegmentPayload);
 
-constexpr std::array<OptionSpec, 10> kSchema = {{
+constexpr std::array<OptionSpec, 11> kSchema = {{
     {"blocks", OptionKind::kCount, 1, kMaxBlocks, "", "send",
      "blocks the receiver gives the sender (udp: message slots per device, at most 1024)"},
     {"block_size", OptionKind::kSize, kMinBlockSize, kMaxBlockSize, "B", "send",
@@ -34,6 +34,10 @@ constexpr std::array<OptionSpec, 10> kSchema = {{
      "most blocks of one sender that zero-copy views hold at once (0: half its blocks)"},
     {"hold_block", OptionKind::kCount, 0, kMaxBlocks - 1, "", "recv",
      "a receiver block index to hold (testing; a sender has at most 4096 blocks)"},
+    {"stall_timeout", OptionKind::kDuration, double(kMinStallTimeout.count()) / 1000, 86400.0 * 365, "s", "send",
+     "silence of a receiver (a live one says it is alive every second) after which the sender takes it as stopped "
+     "or hung (0: wait for ever)",
+     /*zero_off=*/true},
 }};
 
 std::string number(double v) {
@@ -72,10 +76,14 @@ const OptionSpec* find_option(std::string_view name) {
 }
 
 std::optional<std::string> out_of_range(const OptionSpec& s, double value) {
-  if (value >= s.min && value <= s.max) return std::nullopt;
-  if (s.kind == OptionKind::kCount) return number(value) + " is not in range " + number(s.min) + ".." + number(s.max);
-  return value > s.max ? with_unit(s, value) + " is above the most, " + with_unit(s, s.max)
-                       : with_unit(s, value) + " is below the least, " + with_unit(s, s.min);
+  if ((value >= s.min && value <= s.max) || (s.zero_off && value == 0)) return std::nullopt;
+  const std::string off = s.zero_off ? " (or 0: off)" : "";
+  if (s.kind == OptionKind::kCount) {
+    return number(value) + " is not in range " + number(s.min) + ".." + number(s.max) + off;
+  }
+  return (value > s.max ? with_unit(s, value) + " is above the most, " + with_unit(s, s.max)
+                        : with_unit(s, value) + " is below the least, " + with_unit(s, s.min)) +
+         off;
 }
 
 Status check_option(std::string_view name, double value) {
@@ -87,6 +95,7 @@ Status check_option(std::string_view name, double value) {
 
 Status check_sender_options(const SenderOptions& o) {
   SLOTSTREAM_RETURN_IF_ERROR(check_option("blocks", o.blocks));
+  SLOTSTREAM_RETURN_IF_ERROR(check_option("stall_timeout", double(o.stall_timeout.count()) / 1000));
   if (engine::engine_for(o.transport, o.protocol) == engine::Kind::kUcx) {
     if (!is_default(o.datagram)) {
       return {Code::kInvalidArgument,

@@ -45,12 +45,6 @@ Status validate_common(const SenderOptions& o) {
 // UCX's checks, and its protocol resolved ("NAME[:key=value,...]"; empty: kDefaultProtocol).
 Status validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
   SLOTSTREAM_RETURN_IF_ERROR(validate_common(o));
-  if (o.stall_timeout.count() < 0 || (o.stall_timeout.count() > 0 && o.stall_timeout < kMinStallTimeout)) {
-    return {Code::kInvalidArgument, "stall timeout must be 0 (wait for ever) or at least " +
-                                        std::to_string(kMinStallTimeout.count()) +
-                                        " ms (a receiver says it is alive every second), got " +
-                                        std::to_string(o.stall_timeout.count()) + " ms"};
-  }
   if (!o.first_message.empty()) {
     for (uint16_t d : o.devices) {
       if (!o.first_message.contains(d)) {

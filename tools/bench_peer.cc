@@ -1,6 +1,7 @@
 // `slotstream bench-peer recv|send`: the two measuring processes behind `slotstream bench`
 // (contract: docs/bench-peer.md). Each prints JSON; the orchestrator (bench/) does the rest.
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/prctl.h>
@@ -21,12 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_peer.h"
-#include "clock.h"
 #include "commands.h"
-#include "fabric/fabric.h"
-#include "net/control_socket.h"
-#include "stream/trace.h"
-#include "wire/block_header.h"
+#include "slotstream/instruments.h"
 
 namespace slotstream::tools {
 namespace {
@@ -45,7 +42,7 @@ Usage usage() {
 }
 
 json resources_json(uint64_t connections) {
-  fabric::Counters c = fabric::counters();
+  const TransportCounters c = transport_counters();
   return {{"endpoints", c.endpoints},
           {"registered_bytes", c.registered_bytes},
           {"puts", c.puts},
@@ -66,11 +63,9 @@ json resources_json(uint64_t connections) {
 
 // The per-stage trace (--trace): [stage, device, packet, ns] per event, null when off.
 json trace_json() {
-  if (!stream::tracing()) return nullptr;
+  if (!tracing()) return nullptr;
   json events = json::array();
-  for (const stream::TraceEvent& e : stream::trace_events()) {
-    events.push_back({stream::trace_stage_name(e.stage), e.device, e.packet, e.ns});
-  }
+  for (const TraceEvent& e : trace_events()) events.push_back({e.stage, e.device, e.packet, e.ns});
   return events;
 }
 
@@ -136,13 +131,13 @@ struct Recording {
   uint64_t first_ns = 0;
   uint64_t last_ns = 0;
   void message(uint64_t stamp) {
-    uint64_t t = now_ns();
+    uint64_t t = monotonic_ns();
     std::lock_guard lock(mutex);
     arrivals_ns.push_back(t);
     latencies_ns.push_back(stamp != 0 && t > stamp ? t - stamp : 0);
   }
   void arrived(uint64_t n) {
-    const uint64_t t = now_ns();
+    const uint64_t t = monotonic_ns();
     std::lock_guard lock(mutex);
     if (counted == 0) first_ns = t;
     counted += n;
@@ -200,7 +195,7 @@ class StampSink final : public MessageSink {
   void abort(uint16_t) override {}
   // Every message of a batch arrived when the batch did: one clock read, one lock.
   Status deliver(std::span<const Message> batch, size_t* stored) override {
-    const uint64_t t = now_ns();
+    const uint64_t t = monotonic_ns();
     for (const Message& m : batch) {
       if (processing_) processing_->run(m.data);
     }
@@ -306,20 +301,65 @@ int blocking(int fd) {
   return fd;
 }
 
-int recv_tcp_socket(net::Listener& listener, const BenchRecvArgs& a) {
+// A socket that closes itself.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// HOST:PORT of a bound or connected socket, the numeric host in brackets for IPv6.
+std::string socket_address(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+  getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof host, port, sizeof port,
+              NI_NUMERICHOST | NI_NUMERICSERV);
+  return ss.ss_family == AF_INET6 ? std::string("[") + host + "]:" + port : std::string(host) + ":" + port;
+}
+
+// The reference is the kernel's TCP alone: plain sockets, nothing of slotstream's.
+Status tcp_socket_to(const std::string& host, uint16_t port, bool listen, int* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = listen ? AI_PASSIVE : 0;
+  addrinfo* res = nullptr;
+  const char* node = listen && (host.empty() || host == "*") ? nullptr : host.c_str();
+  if (int rc = getaddrinfo(node, std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    return {Code::kInvalidArgument, "cannot resolve '" + host + "': " + gai_strerror(rc)};
+  }
+  Status st;
+  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  int one = 1;
+  if (fd >= 0 && listen) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd < 0 || (listen ? ::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 64) != 0
+                        : ::connect(fd, res->ai_addr, res->ai_addrlen) != 0)) {
+    st = {listen ? Code::kIoError : Code::kConnectFailed,
+          std::string(listen ? "cannot listen on " : "cannot connect to ") + host + ":" + std::to_string(port) + ": " +
+              strerror(errno)};
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  *out = fd;
+  return st;
+}
+
+int recv_tcp_socket(int listener, const BenchRecvArgs& a) {
   for (uint64_t s = 0; s < a.sessions; ++s) {
-    std::unique_ptr<net::ControlSocket> conn;
-    while (!conn) {
-      if (Status st = listener.accept(net::Millis(1000), &conn); !st.is_ok()) {
-        print_error("bench-peer", st.to_string());
-        return kExitError;
-      }
+    Fd conn{::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)};
+    if (conn.fd < 0) {
+      print_error("bench-peer", std::string("accept: ") + strerror(errno));
+      return kExitError;
     }
-    int fd = blocking(conn->fd());
+    int fd = blocking(conn.fd);
     Recording rec;
     rec.connections = 1;
     rec.cpu_start = usage().cpu_seconds;
-    rec.start_ns = now_ns();
+    rec.start_ns = monotonic_ns();
     auto t0 = Clock::now();
     uint64_t messages = 0, bytes = 0;
     std::vector<std::byte> buf;
@@ -370,7 +410,7 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"send_times_ns", send_times},
           {"size", a.size},
           {"blocks", a.blocks},
-          {"block_size", a.block_size ? a.block_size : a.size + wire::kBlockHeaderSize},
+          {"block_size", a.block_size ? a.block_size : a.size + kBlockHeaderBytes},
           {"resources", resources_json(connections)}};
 }
 
@@ -394,12 +434,12 @@ class Pacer {
 };
 
 int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t port) {
-  std::unique_ptr<net::ControlSocket> conn;
-  if (Status st = net::ControlSocket::connect(host, port, net::Millis(5000), &conn); !st.is_ok()) {
+  Fd conn;
+  if (Status st = tcp_socket_to(host, port, /*listen=*/false, &conn.fd); !st.is_ok()) {
     print_error("bench-peer", st.message());
     return kExitError;
   }
-  int fd = blocking(conn->fd());
+  int fd = blocking(conn.fd);
   std::vector<std::byte> msg(a.size);
   std::vector<uint64_t> send_times;
   send_times.reserve(std::min(a.count * a.devices, kReservedSamples));
@@ -409,7 +449,7 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
   for (uint64_t k = 0; k < a.count; ++k) {
     pacer.before(k);
     for (uint32_t d = 0; d < a.devices; ++d) {
-      uint64_t stamp = now_ns();
+      uint64_t stamp = monotonic_ns();
       send_times.push_back(stamp);
       fill_payload(0, msg, stamp);
       uint32_t len = uint32_t(a.size);
@@ -445,8 +485,8 @@ class Recordings {
     if (!rec) {
       rec = std::make_shared<Recording>();
       rec->cpu_start = usage().cpu_seconds;
-      rec->start_ns = now_ns();
-      fabric::reset_counters();
+      rec->start_ns = monotonic_ns();
+      reset_transport_counters();
     }
     ++rec->connections;
     std::shared_ptr<Processing> processing;
@@ -489,13 +529,13 @@ class Recordings {
 };
 
 int listen_tcp_socket(const BenchRecvArgs& a, const std::string& host, uint16_t port) {
-  std::unique_ptr<net::Listener> listener;
-  if (Status st = net::Listener::open(host, port, &listener); !st.is_ok()) {
+  Fd listener;
+  if (Status st = tcp_socket_to(host, port, /*listen=*/true, &listener.fd); !st.is_ok()) {
     print_error("bench-peer", st.message());
     return kExitError;
   }
-  print_json_line("listening on " + listener->address());
-  return recv_tcp_socket(*listener, a);
+  print_json_line("listening on " + socket_address(listener.fd));
+  return recv_tcp_socket(listener.fd, a);
 }
 
 }  // namespace
@@ -510,7 +550,7 @@ int run_bench_recv(const BenchRecvArgs& a) {
   opt.transport = *parse_transport(a.transport);
   opt.rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt.busy_poll = a.busy_poll;
-  if (a.trace) stream::enable_trace(a.trace);
+  if (a.trace) enable_trace(a.trace);
   opt.round_robin = a.round_robin;
   for (const auto& h : a.holds) {
     HoldSpec spec;
@@ -572,7 +612,7 @@ void send_paced(DeviceStream* dev, const BenchSendArgs& a, uint32_t d, Clock::ti
   for (uint64_t k = 0; k < a.count; ++k) {
     if (a.seconds > 0 && Clock::now() >= stop_at) break;
     pacer.before(k);
-    uint64_t stamp = now_ns();
+    uint64_t stamp = monotonic_ns();
     log->send_times[d].push_back(stamp);
     Status st = dev->send_with(a.size, [&](uint64_t off, std::span<std::byte> dst) {
       fill_payload(off, dst, stamp);
@@ -585,7 +625,7 @@ void send_paced(DeviceStream* dev, const BenchSendArgs& a, uint32_t d, Clock::ti
       // loop took the core the sending thread and the receiver need (status_byte's last
       // message of a burst then arrived up to the whole computation late), which the paper's
       // separate nodes never had. Timer slack 1 ns keeps the sleep close to C.
-      log->burst_ends[d].push_back(now_ns());
+      log->burst_ends[d].push_back(monotonic_ns());
       prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
       std::this_thread::sleep_until(Clock::now() + std::chrono::microseconds(a.compute_us));
     }
@@ -619,7 +659,7 @@ SenderOptions bench_sender_options(const BenchSendArgs& a, const std::string& ho
   opt.transport = *parse_transport(a.transport);
   opt.rdma = rdma_options(a.rdma_transport, a.rdma_device);
   opt.blocks = a.blocks;
-  opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + wire::kBlockHeaderSize);
+  opt.block_size = a.block_size ? a.block_size : uint32_t(a.size + kBlockHeaderBytes);
   opt.allow_reference = true;
   opt.skip_packet_every = a.skip_packet_every;
   for (uint32_t d = 0; d < a.devices; ++d) opt.devices.push_back(uint16_t(d));
@@ -653,7 +693,7 @@ int run_bench_send(const BenchSendArgs& a) {
   uint16_t port = 0;
   if (auto usage_error = check_bench_send(a, &host, &port)) return *usage_error;
   if (a.tcp_socket) return send_tcp_socket(a, host, port);
-  if (a.trace) stream::enable_trace(a.trace);
+  if (a.trace) enable_trace(a.trace);
   std::unique_ptr<Sender> sender;
   if (Status st = Sender::connect(bench_sender_options(a, host, port), &sender); !st.is_ok()) {
     print_error("bench-peer", st.message());
@@ -662,7 +702,7 @@ int run_bench_send(const BenchSendArgs& a) {
   SendLog log(a);
   // CPU, UCX counters and elapsed time all start here, after the connection is set up: the
   // same window for every figure (connecting is not what the experiments measure).
-  fabric::reset_counters();
+  reset_transport_counters();
   const double cpu0 = usage().cpu_seconds;
   const auto t0 = Clock::now();
   const auto stop_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <sstream>
 
@@ -263,6 +264,16 @@ std::string unknown_config_key(const CLI::App& app, const std::vector<std::strin
   if (std::string m = closest_match(key, keys); !m.empty()) return out + " (did you mean '" + m + "'?)";
   return out + " (a key is one of `slotstream " + (cmd == &app ? std::string("COMMAND") : cmd->get_name()) +
          " --help`'s long options without its dashes)";
+}
+
+std::optional<double> parse_percent(const std::string& text) {
+  std::string t = text;
+  if (!t.empty() && t.back() == '%') t.pop_back();
+  if (t.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(t.c_str(), &end);
+  if (end != t.c_str() + t.size() || !(v >= 0 && v <= 100)) return std::nullopt;
+  return v / 100;
 }
 
 }  // namespace slotstream::tools

@@ -2,6 +2,7 @@
 // `recv|send --config FILE` (TOML, the command line wins), and a suggestion for a mistyped flag.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,5 +62,9 @@ std::string suggest_flags(const CLI::App& app, const std::vector<std::string>& a
 // For an unknown key in --config FILE (CLI11: "INI was not able to parse send.blok-size"): "unknown
 // key 'blok-size' in FILE (did you mean 'block-size'?)"; "" for any other error.
 std::string unknown_config_key(const CLI::App& app, const std::vector<std::string>& argv, const CLI::ParseError& e);
+
+// A percentage "0".."100" (an optional trailing '%') as a fraction: --inject-loss 5 -> 0.05. nullopt if
+// it is not one.
+std::optional<double> parse_percent(const std::string& text);
 
 }  // namespace slotstream::tools

@@ -13,10 +13,7 @@
 #include <vector>
 
 #include "slotstream/slotstream.h"
-
-namespace slotstream::pipeline {
-class WorkerManager;
-}  // namespace slotstream::pipeline
+#include "slotstream/workers.h"
 
 namespace slotstream::tools {
 
@@ -136,7 +133,7 @@ int parse_holds(const RecvArgs& args, std::vector<HoldSpec>* holds);
 // kExitUsage after printing what is wrong); the manager that runs them.
 bool uses_workers(const RecvArgs& args);
 int check_sink_options(const RecvArgs& args);
-std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args);
+std::unique_ptr<DirectoryWorkers> start_workers(const RecvArgs& args);
 
 // Prints "slotstream <cmd>: error: <message>" to stderr.
 void print_error(const char* cmd, const std::string& message);

@@ -7,9 +7,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "dgram/injector.h"
-#include "dgram/report.h"
-#include "dgram/wire.h"
+#include "slotstream/datagram.h"
+#include "slotstream/options.h"
 
 namespace slotstream::tools {
 
@@ -62,7 +61,9 @@ Status parse_faults(const DgramArgs& a, DatagramFaults* o) {
                {a.inject_corrupt, &o->corrupt, "--inject-corrupt"}};
   for (auto& it : items) {
     if (it.text.empty()) continue;
-    if (!dgram::parse_percent(it.text, it.out)) {
+    if (auto fraction = parse_percent(it.text)) {
+      *it.out = *fraction;
+    } else {
       return {Code::kInvalidArgument, std::string(it.name) + " expects a percentage 0..100, got '" + it.text + "'"};
     }
   }
@@ -75,8 +76,12 @@ Status parse_faults(const DgramArgs& a, DatagramFaults* o) {
 // The block receiver's line (docs/cli-contract.md) with the datagram counters after it: messages =
 // complete ones, gaps = messages of which nothing arrived.
 std::string datagram_session_line(const SessionReport& r) {
-  const DeviceStats t = dgram::device_totals(r);
-  auto counter = [&r](const char* key) { return dgram::counter(r, key); };
+  DeviceStats t;
+  for (const auto& [_, s] : r.per_device) t.add(s);
+  auto counter = [&r](const std::string& key) {
+    auto it = r.protocol_counters.find(key);
+    return it == r.protocol_counters.end() ? uint64_t(0) : it->second;
+  };
   std::ostringstream o;
   if (r.finished) {
     o << "sender " << r.sender.name << " finished: messages=" << t.messages << " bytes=" << t.bytes
@@ -97,14 +102,14 @@ std::string datagram_session_line(const SessionReport& r) {
 }
 
 // What /metrics shows of the datagram receiver beyond the families every receiver has: the devices'
-// partial, dropped and lost messages, and the session counters (dgram/report.h counter_docs()).
+// partial, dropped and lost messages, and the session counters (slotstream/datagram.h).
 ExtraFamilies datagram_families() {
   ExtraFamilies x;
   x.per_device = {{"slotstream_dgram_partial_total", "Incomplete RDMA Write-Record messages kept (--partial keep).",
                    &DeviceStats::partial},
                   {"slotstream_dgram_dropped_total", "Incomplete messages discarded.", &DeviceStats::dropped},
                   {"slotstream_dgram_lost_total", "Messages of which no segment arrived.", &DeviceStats::lost}};
-  for (const dgram::CounterDoc& d : dgram::counter_docs()) {
+  for (const DatagramCounterDoc& d : datagram_counter_docs()) {
     if (d.metric) x.per_sender.push_back({d.key, d.metric, std::string(d.help) + " (sender=\"\": no session's)"});
   }
   return x;
@@ -119,7 +124,7 @@ uint64_t counter_value(const std::map<std::string, uint64_t>& counters, const st
 
 // The datagrams that belonged to no session, as the sender="" sample of each session counter family.
 void unattributed_samples(const std::map<std::string, uint64_t>& counters, std::vector<prometheus::MetricFamily>* out) {
-  for (const dgram::CounterDoc& d : dgram::counter_docs()) {
+  for (const DatagramCounterDoc& d : datagram_counter_docs()) {
     if (!d.metric) continue;
     for (auto& f : *out) {
       if (f.name == d.metric) {
@@ -170,8 +175,7 @@ void receiver_metrics(const std::map<std::string, uint64_t>& counters, std::vect
                                    "told: a group's sender hears nothing back).",
                                    MetricType::Counter,
                                    {}};
-  for (size_t i = 0; i < dgram::kAnnounceRefusals; ++i) {
-    const char* label = dgram::refusal_label(dgram::AnnounceRefusal(i));
+  for (const char* label : announce_refusal_reasons()) {
     refused.metric.push_back(sample({{"reason", label}}, MetricType::Counter,
                                     double(counter_value(counters, std::string("announces_refused:") + label))));
   }
@@ -189,7 +193,7 @@ void receiver_metrics(const std::map<std::string, uint64_t>& counters, std::vect
 }  // namespace
 
 std::vector<prometheus::MetricFamily> collect_datagram_metrics(const Receiver& rx, MetricsState& state,
-                                                               const pipeline::WorkerManager* workers) {
+                                                               const DirectoryWorkers* workers) {
   std::vector<prometheus::MetricFamily> out = state.collect(rx.live_sessions(), workers);
   const std::map<std::string, uint64_t> counters = rx.counters();
   unattributed_samples(counters, &out);
@@ -229,7 +233,8 @@ void add_dgram_options(CLI::App* recv, CLI::App* send, DgramArgs* a) {
       ->group(kGroup);
   add_inject_options(recv, a, "receives");
   send->add_option("--segment-size", a->segment_size,
-                   "SIZE: payload bytes per datagram segment (udp: 64.." + std::to_string(dgram::kMaxSegmentPayload) +
+                   "SIZE: payload bytes per datagram segment (udp: 64.." +
+                       std::to_string(uint64_t(find_option("segment_size")->max)) +
                        "; 1408 fits a 1500-byte Ethernet MTU, 1392 with --token-file)")
       ->transform(schema_value("segment_size"))
       ->default_str("8192")

@@ -55,7 +55,7 @@ std::string datagram_session_line(const SessionReport& r);
 // (Receiver::counters()).
 ExtraFamilies datagram_families();
 std::vector<prometheus::MetricFamily> collect_datagram_metrics(const Receiver& rx, MetricsState& state,
-                                                               const pipeline::WorkerManager* workers);
+                                                               const DirectoryWorkers* workers);
 
 // What the datagram transport adds to `send --json` (docs/cli-contract.md).
 nlohmann::json datagram_send_extras(const SenderOptions& o, const SenderStats& s);

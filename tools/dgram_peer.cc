@@ -16,40 +16,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "dgram/llp.h"
-#include "dgram/receiver.h"
-#include "dgram/sender.h"
 #include "dgram_cli.h"
 #include "send_plan.h"
+#include "slotstream/datagram_probe.h"
+#include "slotstream/instruments.h"
 
 namespace slotstream::tools {
 namespace {
-
-struct Samples {
-  std::mutex mu;
-  std::vector<int64_t> arrivals_ns, latencies_ns;
-  int64_t first_ns = 0;
-};
-
-// Counts and times messages; stores nothing.
-class MeasuringStore final : public dgram::MessageStore {
- public:
-  explicit MeasuringStore(std::shared_ptr<Samples> s) : s_(std::move(s)) {}
-  Status store(const dgram::Delivered& m) override {
-    std::lock_guard lock(s_->mu);
-    if (s_->first_ns == 0 || m.first_ns < s_->first_ns) s_->first_ns = m.first_ns;
-    s_->arrivals_ns.push_back(m.done_ns);
-    if (!m.partial && m.data.size() >= 8) {
-      int64_t stamp = 0;
-      std::memcpy(&stamp, m.data.data(), 8);
-      s_->latencies_ns.push_back(m.done_ns - stamp);
-    }
-    return Status::ok();
-  }
-
- private:
-  std::shared_ptr<Samples> s_;
-};
 
 long peak_rss_kb() {
   rusage ru{};
@@ -58,10 +31,14 @@ long peak_rss_kb() {
 }
 
 // What both roles take alike: injected loss and the token; false (reported) when malformed.
-bool peer_common_options(const DgramPeerArgs& a, dgram::InjectOptions* inject, std::string* token) {
-  if (!a.faults.inject_loss.empty() && !dgram::parse_percent(a.faults.inject_loss, &inject->loss)) {
-    print_error("dgram-peer", "--inject-loss expects a percentage");
-    return false;
+bool peer_common_options(const DgramPeerArgs& a, DatagramFaults* inject, std::string* token) {
+  if (!a.faults.inject_loss.empty()) {
+    if (auto fraction = parse_percent(a.faults.inject_loss)) {
+      inject->loss = *fraction;
+    } else {
+      print_error("dgram-peer", "--inject-loss expects a percentage");
+      return false;
+    }
   }
   inject->seed = a.faults.inject_seed;
   if (Status st = read_token_if_given(a.token_file, token); !st.is_ok()) {
@@ -71,11 +48,15 @@ bool peer_common_options(const DgramPeerArgs& a, dgram::InjectOptions* inject, s
   return true;
 }
 
-// One line of JSON per ended session: the receiver's counts and the store's samples.
-nlohmann::json peer_session_json(const SessionReport& r, Samples* x, double cpu_seconds_used) {
+// One line of JSON per ended session: the receiver's counts and the probe's times.
+nlohmann::json peer_session_json(const SessionReport& r, const DatagramProbeTimes& x, double cpu_seconds_used) {
   nlohmann::json j;
-  const DeviceStats t = dgram::device_totals(r);
-  auto counter = [&r](const char* key) { return dgram::counter(r, key); };
+  DeviceStats t;
+  for (const auto& [_, s] : r.per_device) t.add(s);
+  auto counter = [&r](const std::string& key) {
+    auto it = r.protocol_counters.find(key);
+    return it == r.protocol_counters.end() ? uint64_t(0) : it->second;
+  };
   j["name"] = r.sender.name;
   j["protocol"] = r.sender.protocol;
   j["finished"] = r.finished;
@@ -93,77 +74,60 @@ nlohmann::json peer_session_json(const SessionReport& r, Samples* x, double cpu_
   j["seconds"] = r.seconds;
   j["cpu_seconds"] = cpu_seconds_used;
   j["peak_rss_kb"] = peak_rss_kb();
-  if (x) {
-    std::lock_guard lock(x->mu);
-    j["first_ns"] = x->first_ns;
-    j["arrivals_ns"] = x->arrivals_ns;
-    j["latencies_ns"] = x->latencies_ns;
-  }
+  j["first_ns"] = x.first_ns;
+  j["arrivals_ns"] = x.arrivals_ns;
+  j["latencies_ns"] = x.latencies_ns;
   return j;
 }
 
 int run_peer_recv(const DgramPeerArgs& a) {
-  dgram::DatagramReceiverOptions o;
+  DatagramProbeReceiverOptions o;
   if (Status st = parse_address(a.listen, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
   }
   o.keep_partial = a.faults.partial == "keep";
-  o.message_timeout_ns = int64_t(a.faults.message_timeout_ms * 1e6);
-  o.session_timeout_ns = 10'000'000'000;
-  if (!peer_common_options(a, &o.inject, &o.token)) return kExitUsage;
-  std::mutex mu;
-  std::map<std::string, std::shared_ptr<Samples>> samples;
-  o.make_store = [&](const SenderInfo& info, std::unique_ptr<dgram::MessageStore>* s) {
-    auto x = std::make_shared<Samples>();
-    std::lock_guard lock(mu);
-    samples[info.name] = x;
-    *s = std::make_unique<MeasuringStore>(x);
-    return Status::ok();
-  };
+  o.message_timeout = std::chrono::nanoseconds(int64_t(a.faults.message_timeout_ms * 1e6));
+  o.session_timeout = std::chrono::seconds(10);
+  if (!peer_common_options(a, &o.faults, &o.token)) return kExitUsage;
   const double cpu0 = cpu_seconds();
-  o.on_session_end = [&](const SessionReport& r) {
-    std::shared_ptr<Samples> x;
-    {
-      std::lock_guard lock(mu);
-      x = samples[r.sender.name];
-      samples.erase(r.sender.name);
-    }
-    print_line(stdout, peer_session_json(r, x.get(), cpu_seconds() - cpu0).dump());
+  o.on_session_end = [&](const SessionReport& r, const DatagramProbeTimes& x) {
+    print_line(stdout, peer_session_json(r, x, cpu_seconds() - cpu0).dump());
   };
   o.on_event = [](const std::string& text) { print_line(stderr, "dgram-peer recv: " + text); };
   const sigset_t sigs = block_stop_signals();
-  std::unique_ptr<dgram::DatagramReceiver> rx;
-  if (Status st = dgram::DatagramReceiver::start(std::move(o), &rx); !st.is_ok()) {
+  std::unique_ptr<DatagramProbeReceiver> rx;
+  if (Status st = DatagramProbeReceiver::start(std::move(o), &rx); !st.is_ok()) {
     print_error("dgram-peer", st.to_string());
     return kExitError;
   }
   print_line(stdout, "listening on " + rx->listen_address());
-  // Linger while FINs are repeated (a lost FIN_ACK): see DatagramReceiver::since_last_fin_ack_ns.
-  wait_for_stop(sigs,
-                [&] { return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack_ns() > 1'000'000'000; });
+  // Linger while FINs are repeated (a lost FIN_ACK): see DatagramProbeReceiver::since_last_fin_ack.
+  wait_for_stop(
+      sigs, [&] { return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack() > std::chrono::seconds(1); });
   rx->stop();
   return kExitOk;
 }
 
 // --count messages of --size bytes, each starting with its send time, --gap-us apart, for at most
 // --max-seconds from t0; their send times in *sends.
-Status send_stamped(const DgramPeerArgs& a, dgram::DatagramSender& tx, int64_t t0, std::vector<int64_t>* sends) {
+Status send_stamped(const DgramPeerArgs& a, DatagramProbeSender& tx, int64_t t0, std::vector<int64_t>* sends) {
   std::vector<std::byte> msg(a.size);
   for (size_t i = 8; i < msg.size(); ++i) msg[i] = std::byte(i * 131);
   sends->reserve(a.count);
   const int64_t stop = t0 + int64_t(a.max_seconds * 1e9);
   for (uint64_t i = 0; i < a.count; ++i) {
-    const int64_t now = now_ns();
+    const int64_t now = monotonic_ns();
     if (now > stop) break;
     std::memcpy(msg.data(), &now, 8);
     sends->push_back(now);
-    SLOTSTREAM_RETURN_IF_ERROR(tx.send(0, msg));
+    SLOTSTREAM_RETURN_IF_ERROR(tx.send(msg));
     if (a.gap_us > 0) {
       // Sleep most of the gap, spin the rest: one message in flight at a time, no drift.
       const int64_t until = now + int64_t(a.gap_us * 1000);
-      if (until - now_ns() > 200'000) std::this_thread::sleep_for(std::chrono::nanoseconds(until - now_ns() - 100'000));
-      while (now_ns() < until) {
+      if (until - monotonic_ns() > 200'000)
+        std::this_thread::sleep_for(std::chrono::nanoseconds(until - monotonic_ns() - 100'000));
+      while (monotonic_ns() < until) {
       }
     }
   }
@@ -171,7 +135,7 @@ Status send_stamped(const DgramPeerArgs& a, dgram::DatagramSender& tx, int64_t t
 }
 
 int run_peer_send(const DgramPeerArgs& a) {
-  dgram::DatagramSenderOptions o;
+  DatagramProbeSenderOptions o;
   if (Status st = parse_address(a.to, &o.host, &o.port); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitUsage;
@@ -180,29 +144,27 @@ int run_peer_send(const DgramPeerArgs& a) {
     print_error("dgram-peer", "--size must be at least 8 (the send time stamp)");
     return kExitUsage;
   }
-  if (!peer_common_options(a, &o.inject, &o.token)) return kExitUsage;
+  if (!peer_common_options(a, &o.faults, &o.token)) return kExitUsage;
   o.name = "peer";
   o.protocol = a.protocol;
-  o.devices = {0};
-  o.ring = a.ring;
+  o.slots = a.ring;
   o.segment_size = a.segment_size;
   o.max_message = a.size;
-  o.finish_timeout_ns = int64_t((a.max_seconds + 30) * 1e9);
-  std::unique_ptr<dgram::DatagramSender> tx;
-  if (Status st = dgram::DatagramSender::connect(o, &tx); !st.is_ok()) {
+  o.finish_timeout = std::chrono::nanoseconds(int64_t((a.max_seconds + 30) * 1e9));
+  std::unique_ptr<DatagramProbeSender> tx;
+  if (Status st = DatagramProbeSender::connect(o, &tx); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitError;
   }
   std::vector<int64_t> sends;
   const double cpu0 = cpu_seconds();
-  const int64_t t0 = now_ns();
+  const int64_t t0 = monotonic_ns();
   if (Status st = send_stamped(a, *tx, t0, &sends); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitError;
   }
-  const int64_t t_sent = now_ns();
-  dgram::FinAck report;
-  if (Status st = tx->finish(&report); !st.is_ok()) {
+  const int64_t t_sent = monotonic_ns();
+  if (Status st = tx->finish(); !st.is_ok()) {
     print_error("dgram-peer", st.message());
     return kExitError;
   }
@@ -210,7 +172,7 @@ int run_peer_send(const DgramPeerArgs& a) {
   nlohmann::json j;
   j["messages"] = s.messages;
   j["bytes"] = s.bytes;
-  j["seconds"] = double(now_ns() - t0) / 1e9;
+  j["seconds"] = double(monotonic_ns() - t0) / 1e9;
   j["send_seconds"] = double(t_sent - t0) / 1e9;
   j["cpu_seconds"] = cpu_seconds() - cpu0;
   j["datagrams"] = s.datagrams;

@@ -1,7 +1,7 @@
 // `slotstream edge`: an edge server that processes its own devices (their messages stored under
 // OUT/<NAME>/device-<D>, per-device workers as `recv --worker` runs them) and, when its load
 // passes a threshold, offloads devices one at a time to a receiver the platform schedules — taking
-// them back when the load falls below another (src/platform/offload.h). A device's messages keep
+// them back when the load falls below another (slotstream/platform.h: OffloadPolicy). A device's messages keep
 // their numbers across every move: an offloaded device's next message is numbered on the receiver
 // from the local directory's next one (NUMBER on the open connection), and a device coming back
 // continues locally after the last one the receiver confirmed stored, so every message is stored
@@ -19,11 +19,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "pipeline/worker_manager.h"
-#include "platform/host.h"
-#include "platform/offload.h"
 #include "platform_cli.h"
-#include "sink/dir_sink.h"
+#include "slotstream/platform.h"
+#include "slotstream/sinks.h"
+#include "slotstream/workers.h"
 
 namespace slotstream::tools {
 
@@ -82,7 +81,7 @@ namespace {
 // Where the edge's load comes from.
 class LoadSource {
  public:
-  static Status parse(const std::string& spec, pipeline::WorkerManager* workers, std::unique_ptr<LoadSource>* out) {
+  static Status parse(const std::string& spec, DirectoryWorkers* workers, std::unique_ptr<LoadSource>* out) {
     auto s = std::make_unique<LoadSource>();
     if (spec == "cpu") {
       s->kind_ = Kind::kCpu;
@@ -118,8 +117,8 @@ class LoadSource {
  private:
   enum class Kind { kCpu, kBacklog, kFile } kind_ = Kind::kCpu;
   std::string path_;
-  pipeline::WorkerManager* workers_ = nullptr;
-  platform::CpuMeter meter_;
+  DirectoryWorkers* workers_ = nullptr;
+  CpuMeter meter_;
 };
 
 // Messages a device produces while a move changes where it goes wait in the edge instead of
@@ -159,7 +158,7 @@ class Edge {
     routes_[d]->local = std::move(sink);
   }
   Status send_with(uint16_t d, uint64_t length, const DeviceStream::FillFn& fill);
-  void control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done);
+  void control(LoadSource& load, const OffloadPolicy& policy, const std::atomic<bool>& done);
   Status finish();
   nlohmann::json summary(const Fillers& fillers) const;
 
@@ -169,7 +168,7 @@ class Edge {
   }
   Status deliver(Route& r, uint16_t d, std::span<const std::byte> message);
   bool hold(Route& r, std::vector<std::byte>& message);
-  void move(platform::Move m, double load);
+  void move(OffloadMove m, double load);
   void hold_route(uint16_t t);
   void land(uint16_t d, const std::map<uint16_t, uint64_t>& removed, bool offloaded);
   Status check_numbers(uint16_t d, Route& r, const std::map<uint16_t, uint64_t>& removed);
@@ -244,7 +243,7 @@ void Edge::land(uint16_t d, const std::map<uint16_t, uint64_t>& removed, bool of
   if (auto it = removed.find(d); it != removed.end()) {
     r.remote = false;
     std::erase(offloaded_, d);
-    auto* numbered = dynamic_cast<sink::SkippableSink*>(r.local.get());
+    auto* numbered = dynamic_cast<SkippableSink*>(r.local.get());
     Status st = numbered ? numbered->skip_to(d, it->second)
                          : Status{Code::kInvalidArgument, "its local sink cannot continue at a number"};
     if (!st.is_ok()) {
@@ -281,9 +280,9 @@ void Edge::hold_route(uint16_t t) {
 // end or NUMBER on the open connection) — unless the move must reconnect (its receiver has no room
 // for one more device, or a take-back of the last one ends the connection): then they hold theirs
 // too, so that none goes either way meanwhile and no filler stalls.
-void Edge::move(platform::Move m, double load) {
+void Edge::move(OffloadMove m, double load) {
   uint16_t d = 0;
-  if (m == platform::Move::kOffload) {
+  if (m == OffloadMove::kOffload) {
     for (auto& [dev, r] : routes_) {
       if (!r->remote) d = dev;  // the highest-numbered local device
     }
@@ -293,7 +292,7 @@ void Edge::move(platform::Move m, double load) {
   std::vector<uint16_t> set = offloaded_, touched = {d};
   std::map<uint16_t, uint64_t> next, removed;
   char why[128];
-  if (m == platform::Move::kOffload) {
+  if (m == OffloadMove::kOffload) {
     set.push_back(d);
     std::snprintf(why, sizeof why, "load %.1f above %.1f: offloading device %u", load, args_.above, unsigned(d));
   } else {
@@ -303,7 +302,7 @@ void Edge::move(platform::Move m, double load) {
   print_line(stderr, std::string("slotstream edge: ") + why);
   const auto t0 = Clock::now();
   hold_route(d);
-  if (m == platform::Move::kOffload) {
+  if (m == OffloadMove::kOffload) {
     Route& r = route(d);
     std::lock_guard lock(r.mutex);
     next[d] = r.local->numbering(d)->next;  // no local message now
@@ -323,13 +322,13 @@ void Edge::move(platform::Move m, double load) {
     ++refused_;
     print_line(stderr, "slotstream edge: no receiver for the move, processing here: " + st.message());
   }
-  const bool offloaded = st.is_ok() && m == platform::Move::kOffload;
+  const bool offloaded = st.is_ok() && m == OffloadMove::kOffload;
   if (offloaded) offloaded_.push_back(d);
   for (uint16_t t : touched) land(t, removed, offloaded && t == d);
   move_ms_.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
-void Edge::control(LoadSource& load, const platform::OffloadPolicy& policy, const std::atomic<bool>& done) {
+void Edge::control(LoadSource& load, const OffloadPolicy& policy, const std::atomic<bool>& done) {
   std::optional<Clock::time_point> last_move;
   while (!done.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -337,8 +336,8 @@ void Edge::control(LoadSource& load, const platform::OffloadPolicy& policy, cons
     std::optional<Clock::duration> since;
     if (last_move) since = Clock::now() - *last_move;
     const size_t remote = offloaded_.size(), local = routes_.size() - remote;
-    const platform::Move m = platform::decide(policy, l, local, remote, since);
-    if (m == platform::Move::kNone) continue;
+    const OffloadMove m = decide_offload(policy, l, local, remote, since);
+    if (m == OffloadMove::kNone) continue;
     move(m, l);
     last_move = Clock::now();
   }
@@ -391,14 +390,14 @@ nlohmann::json Edge::summary(const Fillers& fillers) const {
           {"schedule_ms", s.schedule_ms}};
 }
 
-std::unique_ptr<pipeline::WorkerManager> edge_workers(const EdgeArgs& args) {
+std::unique_ptr<DirectoryWorkers> edge_workers(const EdgeArgs& args) {
   if (args.worker.empty()) return nullptr;
-  pipeline::WorkerOptions wo;
+  DirectoryWorkersOptions wo;
   wo.out = args.out;
   wo.command = args.worker;
   wo.backlog_messages = args.backlog_messages;
   wo.on_event = [](const std::string& text) { print_line(stderr, "slotstream edge: " + text); };
-  return std::make_unique<pipeline::WorkerManager>(std::move(wo));
+  return std::make_unique<DirectoryWorkers>(std::move(wo));
 }
 
 // The edge's platform sender, with no device offloaded yet; `*devices` all its devices and
@@ -431,8 +430,8 @@ int connect_edge(const EdgeArgs& args, SendArgs& a, Plan* plan, std::vector<uint
 }  // namespace
 
 int run_edge(const EdgeArgs& args) {
-  platform::OffloadPolicy policy{args.above, args.below, std::chrono::milliseconds(int64_t(args.settle * 1000))};
-  if (Status st = platform::check(policy); !st.is_ok()) {
+  OffloadPolicy policy{args.above, args.below, std::chrono::milliseconds(int64_t(args.settle * 1000))};
+  if (Status st = check_offload_policy(policy); !st.is_ok()) {
     print_error("edge", st.message());
     return kExitUsage;
   }
@@ -454,9 +453,9 @@ int run_edge(const EdgeArgs& args) {
   Edge edge(args, name, *remote, per_device);
   for (uint16_t d : devices) {
     if (workers) {
-      edge.add(d, pipeline::make_pipeline_sink(fs::path(args.out) / name, name, *workers));
+      edge.add(d, workers->make_sink(fs::path(args.out) / name, name));
     } else {
-      edge.add(d, std::make_unique<sink::DirSink>(fs::path(args.out) / name));
+      edge.add(d, make_directory_sink({.dir = fs::path(args.out) / name}));
     }
   }
   std::atomic<bool> done{false};

@@ -142,7 +142,7 @@ Readiness store_readiness(const std::string& out) {
   return r;
 }
 
-Readiness receiver_readiness(const Receiver& rx, const std::string& out, const pipeline::WorkerManager* workers) {
+Readiness receiver_readiness(const Receiver& rx, const std::string& out, const DirectoryWorkers* workers) {
   Readiness r = store_readiness(out);
   r.check("listening", rx.accepting(), rx.accepting() ? rx.listen_address() : "the control listener is closed");
   if (workers) {
@@ -178,22 +178,22 @@ void MetricsState::session_ended(const SessionReport& r) {
 
 namespace {
 
-void worker_families(const pipeline::WorkerManager& workers, std::vector<MetricFamily>* out) {
+void worker_families(const DirectoryWorkers& workers, std::vector<MetricFamily>* out) {
   const auto ws = workers.stats();
   struct Worker {
     const char* name;
     MetricType type;
     const char* help;
-    uint64_t pipeline::WorkerStats::*field;
+    uint64_t DirectoryWorkerStats::*field;
   };
   for (Worker w : {Worker{"slotstream_worker_backlog_messages", MetricType::Gauge,
-                          "Stored messages the worker has not finished.", &pipeline::WorkerStats::backlog_messages},
+                          "Stored messages the worker has not finished.", &DirectoryWorkerStats::backlog_messages},
                    Worker{"slotstream_worker_backlog_bytes", MetricType::Gauge, "Bytes of those messages.",
-                          &pipeline::WorkerStats::backlog_bytes},
+                          &DirectoryWorkerStats::backlog_bytes},
                    Worker{"slotstream_worker_processed_total", MetricType::Counter,
-                          "Messages the worker recorded as done.", &pipeline::WorkerStats::processed},
+                          "Messages the worker recorded as done.", &DirectoryWorkerStats::processed},
                    Worker{"slotstream_worker_restarts_total", MetricType::Counter, "Times the worker was restarted.",
-                          &pipeline::WorkerStats::restarts}}) {
+                          &DirectoryWorkerStats::restarts}}) {
     MetricFamily f{w.name, w.help, w.type, {}};
     for (const auto& s : ws) {
       f.metric.push_back(
@@ -324,15 +324,15 @@ MetricFamily MetricsState::store_latency_family(const Totals& totals) {
   return latency;
 }
 
-std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const pipeline::WorkerManager* workers,
+std::vector<MetricFamily> MetricsState::collect(const Receiver& rx, const DirectoryWorkers* workers,
                                                 MetricsClock::time_point now) {
   std::vector<MetricFamily> out = collect(rx.live_sessions(), workers, now);
   append_refusals(rx.refusals(), &out);
   return out;
 }
 
-std::vector<MetricFamily> MetricsState::collect(const std::vector<SessionReport>& live,
-                                                const pipeline::WorkerManager* workers, MetricsClock::time_point now) {
+std::vector<MetricFamily> MetricsState::collect(const std::vector<SessionReport>& live, const DirectoryWorkers* workers,
+                                                MetricsClock::time_point now) {
   std::lock_guard lock(mutex_);
   const Totals all = totals(live, now);
   std::vector<MetricFamily> out;
@@ -397,8 +397,7 @@ MetricsServer::~MetricsServer() {
 }
 
 Status MetricsServer::start(const std::string& address, const Receiver& rx, MetricsState& state,
-                            const pipeline::WorkerManager* workers, ReadyFn ready,
-                            std::unique_ptr<MetricsServer>* out) {
+                            const DirectoryWorkers* workers, ReadyFn ready, std::unique_ptr<MetricsServer>* out) {
   return start(
       address, [&rx, &state, workers] { return state.collect(rx, workers); }, out, std::move(ready));
 }

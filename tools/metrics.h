@@ -20,8 +20,8 @@
 #include <prometheus/metric_family.h>
 #include <nlohmann/json.hpp>
 
-#include "pipeline/worker_manager.h"
 #include "slotstream/slotstream.h"
+#include "slotstream/workers.h"
 
 namespace prometheus {
 class Exposer;
@@ -46,7 +46,7 @@ using ReadyFn = std::function<Readiness()>;
 // The receiver's readiness: its control listener accepts, `out` takes a file (a real write and
 // delete, so a read-only, full or vanished directory shows; empty `out`: nothing is stored), and
 // every worker it started is running (not waiting to be restarted after a crash).
-Readiness receiver_readiness(const Receiver& rx, const std::string& out, const pipeline::WorkerManager* workers);
+Readiness receiver_readiness(const Receiver& rx, const std::string& out, const DirectoryWorkers* workers);
 // The output directory part alone (the datagram receiver's /ready: it serves while it runs).
 Readiness store_readiness(const std::string& out);
 // `dir` takes a new file now (created, written, deleted). Empty: why not. Any thread.
@@ -86,11 +86,10 @@ class MetricsState {
   // From the receiver's on_session_end. Reports of senders that were never accepted are ignored.
   void session_ended(const SessionReport& r);
   // Every metric family, now (for the exposer, or a test): `live` is the receiver's live_sessions().
-  std::vector<prometheus::MetricFamily> collect(const std::vector<SessionReport>& live,
-                                                const pipeline::WorkerManager* workers,
+  std::vector<prometheus::MetricFamily> collect(const std::vector<SessionReport>& live, const DirectoryWorkers* workers,
                                                 MetricsClock::time_point now = MetricsClock::now());
   // The same for a block receiver, with its refusal counters.
-  std::vector<prometheus::MetricFamily> collect(const Receiver& rx, const pipeline::WorkerManager* workers,
+  std::vector<prometheus::MetricFamily> collect(const Receiver& rx, const DirectoryWorkers* workers,
                                                 MetricsClock::time_point now = MetricsClock::now());
 
  private:
@@ -120,7 +119,7 @@ class MetricsServer {
  public:
   // Serves /metrics, /health and /ready on HOST:PORT (port 0: any free port, see address()).
   static Status start(const std::string& address, const Receiver& rx, MetricsState& state,
-                      const pipeline::WorkerManager* workers, ReadyFn ready, std::unique_ptr<MetricsServer>* out);
+                      const DirectoryWorkers* workers, ReadyFn ready, std::unique_ptr<MetricsServer>* out);
   // Serves what `collect` returns on /metrics (called on the server's threads, possibly two at
   // once, so `collect` must be safe to call concurrently), and what `ready` says on /ready (none:
   // ready while serving).

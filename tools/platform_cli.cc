@@ -16,14 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
-#include "common.h"
 #include "interrupt.h"
 #include "log.h"
-#include "platform/etcd.h"
-#include "platform/host.h"
-#include "platform/model.h"
-#include "platform/registration.h"
-#include "platform/reservation.h"
 #include "send_plan.h"
 #include "slotstream/platform.h"
 
@@ -59,7 +53,7 @@ void add_stall_timeout(CLI::App* app, double* seconds) {
                   "while it holds its blocks): then it is taken as stopped or hung and the sender exits 1 (--platform: "
                   "moves on); at least 2s, 0 waits for ever (default 30s)")
       ->transform(duration_value("s"))
-      ->check(CLI::Number)
+      ->check(schema_value("stall_timeout"))
       ->default_str("30s");
 }
 
@@ -145,8 +139,8 @@ Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out)
       return {Code::kInvalidArgument, "--need-bandwidth expects bytes/s such as 25M, got '" + *p.need_bandwidth + "'"};
     n.bandwidth = double(*bytes);
   }
-  if (auto why = platform::invalid_amount({n.cpu, n.bandwidth, n.fps, 0})) {
-    return {Code::kInvalidArgument, "--need-cpu, --need-bandwidth, --need-fps: " + *why};
+  if (Status st = check_platform_need(n); !st.is_ok()) {
+    return {Code::kInvalidArgument, "--need-cpu, --need-bandwidth, --need-fps: " + st.message()};
   }
   *out = n;
   return Status::ok();
@@ -154,61 +148,19 @@ Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out)
 
 // ------------------------------------------------------------------------------------ recv
 
-namespace {
-
-// What the receiver serves, for the platform's choice: its --transport, or under auto shm and tcp,
-// and rdma when this host has a usable RDMA device (the receiver offers it then).
-std::vector<std::string> served_transports(const RecvArgs& args) {
-  if (args.transport != "auto") return {args.transport};
-  std::vector<std::string> out = {"shm", "tcp"};
-  for (const TransportInfo& t : host_transports(rdma_options(args.rdma_transport, args.rdma_device))) {
-    if (t.name == "rdma" && t.available) out.push_back("rdma");
-  }
-  return out;
-}
-
-// The address senders use: --advertise, or --listen with the port the listener bound (a
-// wildcard host becomes this host's name).
-Status advertised_address(const RecvArgs& args, const Receiver& rx, std::string* out) {
-  if (!args.platform.advertise.empty()) {
-    std::string host;
-    uint16_t port = 0;
-    SLOTSTREAM_RETURN_IF_ERROR(parse_address(args.platform.advertise, &host, &port));
-    *out = args.platform.advertise;
-    return Status::ok();
-  }
-  std::string host, bound_host;
-  uint16_t port = 0, bound_port = 0;
-  SLOTSTREAM_RETURN_IF_ERROR(parse_address(args.listen, &host, &port));
-  SLOTSTREAM_RETURN_IF_ERROR(parse_address(rx.listen_address(), &bound_host, &bound_port));
-  if (host == "0.0.0.0" || host == "::" || host.empty()) host = default_name();
-  *out = host + ":" + std::to_string(bound_port);
-  return Status::ok();
-}
-
-}  // namespace
-
-int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint64_t()> backlog,
-                         std::unique_ptr<platform::Registration>* out) {
-  platform::RegistrationOptions ro;
-  PlatformSecurity security;
-  if (Status st = platform_security(args.platform.access, &security); !st.is_ok()) {
+int register_on_platform(const RecvArgs& args, const Receiver& rx, std::function<uint64_t()> backlog,
+                         std::unique_ptr<PlatformRegistration>* out) {
+  PlatformReceiverOptions ro;
+  if (Status st = platform_security(args.platform.access, &ro.security); !st.is_ok()) {
     print_error("recv", st.message());
     return kExitUsage;
   }
-  if (Status st = platform::etcd_config(args.platform.url, security, &ro.etcd); !st.is_ok()) {
-    print_error("recv", "--platform: " + st.message());
-    return kExitUsage;
-  }
-  platform::ReceiverRecord& rec = ro.record;
-  if (Status st = advertised_address(args, rx, &rec.address); !st.is_ok()) {
-    print_error("recv", "--advertise: " + st.message());
-    return kExitUsage;
-  }
-  rec.name = args.platform.name.empty() ? rec.address : args.platform.name;
-  rec.transports = served_transports(args);
-  rec.host_id = host_id();
-  rec.capacity.cpu = args.platform.capacity_cpu.value_or(platform::online_cpus());
+  ro.platform = args.platform.url;
+  ro.address = args.platform.advertise;
+  ro.name = args.platform.name;
+  ro.transport = *parse_transport(args.transport);
+  ro.rdma = rdma_options(args.rdma_transport, args.rdma_device);
+  ro.capacity.cpu = args.platform.capacity_cpu;
   if (args.platform.capacity_bandwidth) {
     auto bytes = parse_size(*args.platform.capacity_bandwidth);
     if (!bytes) {
@@ -216,28 +168,19 @@ int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint6
                   "--capacity-bandwidth expects bytes/s such as 500M, got '" + *args.platform.capacity_bandwidth + "'");
       return kExitUsage;
     }
-    rec.capacity.bandwidth = double(*bytes);
+    ro.capacity.bandwidth = double(*bytes);
   }
-  rec.capacity.fps = args.platform.capacity_fps;
-  rec.capacity.memory = double(rx.memory_budget());
-  ro.ttl_seconds = args.platform.ttl;
-  auto meter = std::make_shared<platform::CpuMeter>();
-  ro.measure = [&rx, backlog, meter](platform::ReceiverRecord* r) {
-    r->free_cpu = meter->read().idle_cores;
-    r->free_memory = platform::available_memory();
-    const uint64_t used = rx.memory_in_use(), budget = rx.memory_budget();
-    r->free_receive_memory = used < budget ? budget - used : 0;
-    r->senders = uint32_t(rx.live_sessions().size());
-    r->backlog_bytes = backlog ? backlog() : 0;
-  };
+  ro.capacity.fps = args.platform.capacity_fps;
+  ro.lease_ttl_seconds = args.platform.ttl;
+  ro.backlog_bytes = std::move(backlog);
   ro.on_event = [](const std::string& text) { print_line(stderr, "slotstream recv: platform: " + text); };
   ro.on_lost = [](const std::string& text) { print_error("recv", "platform: " + text); };
-  const std::string name = rec.name, address = rec.address;
-  if (Status st = platform::Registration::start(std::move(ro), out); !st.is_ok()) {
+  if (Status st = PlatformRegistration::start(rx, std::move(ro), out); !st.is_ok()) {
     print_error("recv", "--platform: " + st.message());
     return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
-  print_line(stderr, "slotstream recv: registered on the platform as " + name + " (" + address + ")");
+  print_line(stderr,
+             "slotstream recv: registered on the platform as " + (*out)->name() + " (" + (*out)->address() + ")");
   return kExitOk;
 }
 
@@ -305,48 +248,51 @@ CLI::App* add_platform_status(CLI::App& app, PlatformStatusArgs* args) {
   return p;
 }
 
+namespace {
+
+// "512 MiB", "15.6 GiB": a size at a glance (the JSON has the bytes).
+std::string approx_size(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  for (; v >= 1024 && u < 4; ++u) v /= 1024;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+}  // namespace
+
 int run_platform_status(const PlatformStatusArgs& args) {
-  platform::EtcdConfig config;
   PlatformSecurity security;
   if (Status st = platform_security(args.access, &security); !st.is_ok()) {
     print_error("platform", st.message());
     return kExitUsage;
   }
-  std::unique_ptr<platform::EtcdClient> etcd;
-  Status st = platform::etcd_config(args.url, security, &config);
-  if (!st.is_ok()) {
+  PlatformState state;
+  if (Status st = read_platform_state(args.url, security, &state); !st.is_ok()) {
     print_error("platform", st.message());
-    return kExitUsage;
+    return st.code() == Code::kInvalidArgument ? kExitUsage : kExitError;
   }
-  std::vector<platform::ReceiverRecord> receivers;
-  std::vector<platform::Reservation> reservations;
-  std::vector<std::string> skipped;
-  int64_t revision = 0;
-  st = platform::EtcdClient::create(std::move(config), &etcd);
-  if (st.is_ok()) st = platform::read_platform(*etcd, &receivers, &reservations, &revision, &skipped);
-  if (!st.is_ok()) {
-    print_error("platform", st.message());
-    return kExitError;
-  }
-  for (const auto& line : skipped) print_line(stderr, "slotstream platform: warning: " + line);
+  for (const auto& line : state.skipped) print_line(stderr, "slotstream platform: warning: " + line);
   if (args.json) {
-    nlohmann::json j = {
-        {"revision", revision}, {"receivers", nlohmann::json::array()}, {"reservations", nlohmann::json::array()}};
-    for (const auto& r : receivers) j["receivers"].push_back(nlohmann::json::parse(platform::encode(r)));
-    for (const auto& r : reservations) j["reservations"].push_back(nlohmann::json::parse(platform::encode(r)));
+    nlohmann::json j = {{"revision", state.revision},
+                        {"receivers", nlohmann::json::array()},
+                        {"reservations", nlohmann::json::array()}};
+    for (const auto& r : state.receivers) j["receivers"].push_back(nlohmann::json::parse(r.json));
+    for (const auto& r : state.reservations) j["reservations"].push_back(nlohmann::json::parse(r.json));
     std::printf("%s\n", j.dump().c_str());
     return kExitOk;
   }
-  std::printf("%zu receivers, %zu reservations (etcd revision %lld)\n", receivers.size(), reservations.size(),
-              (long long)revision);
-  for (const auto& r : receivers) {
+  std::printf("%zu receivers, %zu reservations (etcd revision %lld)\n", state.receivers.size(),
+              state.reservations.size(), (long long)state.revision);
+  for (const auto& r : state.receivers) {
     std::printf("receiver %s at %s: free cpu %.2f, %s free memory, %s free receive memory, %u senders\n",
-                r.name.c_str(), r.address.c_str(), r.free_cpu, format_bytes(r.free_memory).c_str(),
-                format_bytes(r.free_receive_memory).c_str(), r.senders);
+                r.name.c_str(), r.address.c_str(), r.free_cpu, approx_size(r.free_memory).c_str(),
+                approx_size(r.free_receive_memory).c_str(), r.senders);
   }
-  for (const auto& r : reservations) {
-    std::printf("reservation %s -> %s: %s\n", r.sender.c_str(), r.receiver.c_str(),
-                platform::describe(r.amount).c_str());
+  for (const auto& r : state.reservations) {
+    std::printf("reservation %s -> %s: %s\n", r.sender.c_str(), r.receiver.c_str(), r.amount.c_str());
   }
   return kExitOk;
 }

@@ -10,10 +10,6 @@
 #include "send_plan.h"
 #include "slotstream/platform.h"
 
-namespace slotstream::platform {
-class Registration;
-}
-
 namespace slotstream::tools {
 
 void add_platform_recv(CLI::App* recv, PlatformArgs* p);
@@ -37,8 +33,8 @@ Status platform_need(const PlatformArgs& p, const Plan& plan, PlatformNeed* out)
 Status platform_sender_options(const SendArgs& a, Plan* plan, PlatformSenderOptions* po, const std::string& cmd);
 
 // recv --platform: registers the started receiver. kExitOk, or the exit code after printing why not.
-int register_on_platform(const RecvArgs& args, Receiver& rx, std::function<uint64_t()> backlog,
-                         std::unique_ptr<platform::Registration>* out);
+int register_on_platform(const RecvArgs& args, const Receiver& rx, std::function<uint64_t()> backlog,
+                         std::unique_ptr<PlatformRegistration>* out);
 
 struct PlatformStatusArgs {
   std::string url;

@@ -11,12 +11,9 @@
 #include "dgram_cli.h"
 #include "log.h"
 #include "metrics.h"
-#include "pipeline/worker_manager.h"
-#include "platform/registration.h"
 #include "platform_cli.h"
-#include "retention.h"
-#include "sink/dir_sink.h"
-#include "sink/null_sink.h"
+#include "slotstream/sinks.h"
+#include "slotstream/workers.h"
 
 namespace slotstream::tools {
 namespace fs = std::filesystem;
@@ -131,12 +128,12 @@ int check_sink_options(const RecvArgs& args) {
   return kExitOk;
 }
 
-std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args) {
-  pipeline::WorkerOptions wo;
+std::unique_ptr<DirectoryWorkers> start_workers(const RecvArgs& args) {
+  DirectoryWorkersOptions wo;
   wo.out = args.out;
   wo.progress = args.worker_dir;
   wo.command = args.worker;
-  wo.runtime = args.worker_runtime == "podman" ? pipeline::Runtime::kPodman : pipeline::Runtime::kProcess;
+  wo.runtime = args.worker_runtime == "podman" ? WorkerRuntime::kPodman : WorkerRuntime::kProcess;
   wo.image = args.worker_image;
   wo.cpus = args.worker_cpus;
   wo.memory = args.worker_memory;
@@ -145,7 +142,7 @@ std::unique_ptr<pipeline::WorkerManager> start_workers(const RecvArgs& args) {
   wo.keep_processed = args.keep_processed;
   wo.keep = args.keep;
   wo.on_event = [](const std::string& text) { log_info(text); };
-  return std::make_unique<pipeline::WorkerManager>(std::move(wo));
+  return std::make_unique<DirectoryWorkers>(std::move(wo));
 }
 
 namespace {
@@ -204,10 +201,10 @@ int check_receiver_options(const RecvArgs& args, ReceiverOptions* opt) {
 // Each sender's sink: nothing (--discard), its directory below --out, or its directory feeding
 // the per-device workers (started here, into *workers). kExitOk, or kExitError if --out cannot
 // be used.
-int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<pipeline::WorkerManager>* workers) {
+int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<DirectoryWorkers>* workers) {
   if (args.discard) {
     opt->make_sink = [](const SenderInfo&, std::unique_ptr<MessageSink>* sink) {
-      *sink = std::make_unique<sink::NullSink>();
+      *sink = make_null_sink();
       return Status::ok();
     };
     return kExitOk;
@@ -219,21 +216,16 @@ int set_up_sinks(const RecvArgs& args, ReceiverOptions* opt, std::unique_ptr<pip
   const fs::path out = args.out;
   if (!uses_workers(args)) {
     opt->make_sink = [out, keep = args.keep](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-      auto dir = std::make_unique<sink::DirSink>(out / info.name, info.first_message);
-      if (keep) {
-        *sink = keep_newest(std::move(dir), out / info.name, keep);
-      } else {
-        *sink = std::move(dir);
-      }
+      *sink = make_directory_sink({.dir = out / info.name, .first = info.first_message, .keep = keep});
       return Status::ok();
     };
     return kExitOk;
   }
   *workers = start_workers(args);
-  pipeline::WorkerManager* wm = workers->get();
+  DirectoryWorkers* wm = workers->get();
   opt->backlog_bytes = [wm] { return wm->total_backlog_bytes(); };
   opt->make_sink = [out, wm](const SenderInfo& info, std::unique_ptr<MessageSink>* sink) {
-    *sink = pipeline::make_pipeline_sink(out / info.name, info.name, *wm, info.first_message);
+    *sink = wm->make_sink(out / info.name, info.name, info.first_message);
     return Status::ok();
   };
   return kExitOk;
@@ -251,7 +243,7 @@ void report_sessions(MetricsState& metrics_state, bool udp, ReceiverOptions* opt
 }
 
 // --metrics: the /metrics and /health server. kExitOk (also without --metrics), or kExitError.
-int start_metrics(const RecvArgs& args, Receiver& rx, MetricsState& metrics_state, pipeline::WorkerManager* workers,
+int start_metrics(const RecvArgs& args, Receiver& rx, MetricsState& metrics_state, DirectoryWorkers* workers,
                   std::unique_ptr<MetricsServer>* metrics) {
   if (args.metrics.empty()) return kExitOk;
   // Workers are checked only where this receiver runs them (--worker), not with --worker-dir alone.
@@ -282,7 +274,7 @@ int run_recv(const RecvArgs& args, const DgramArgs& dgram) {
     return kExitUsage;
   }
   if (int rc = check_sink_options(args); rc != kExitOk) return rc;
-  std::unique_ptr<pipeline::WorkerManager> workers;
+  std::unique_ptr<DirectoryWorkers> workers;
   if (int rc = set_up_sinks(args, &opt, &workers); rc != kExitOk) return rc;
   MetricsState metrics_state{std::chrono::seconds(args.metrics_prune_after),
                              udp ? datagram_families() : ExtraFamilies{}};
@@ -305,7 +297,7 @@ int run_recv(const RecvArgs& args, const DgramArgs& dgram) {
     return rc;
   }
   print_line(stdout, "listening on " + rx->listen_address());
-  std::unique_ptr<platform::Registration> registration;
+  std::unique_ptr<PlatformRegistration> registration;
   if (!args.platform.url.empty()) {
     std::function<uint64_t()> backlog;
     if (workers) backlog = [wm = workers.get()] { return wm->total_backlog_bytes(); };

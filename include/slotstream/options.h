@@ -38,6 +38,8 @@ struct OptionSpec {
   std::string_view unit;   // "", "B", "ms" or "s"
   std::string_view where;  // which end and transport takes it: "send", "recv", "send udp", ...
   std::string_view doc;    // one line for people
+  // 0 is taken besides the range and turns the option off (stall_timeout 0: wait for ever).
+  bool zero_off = false;
 };
 
 // Every option with a range, in a stable order.
@@ -45,14 +47,16 @@ std::span<const OptionSpec> option_schema();
 // The spec of `name` (nullptr for a name the schema does not have).
 const OptionSpec* find_option(std::string_view name);
 
-// nullopt when `value` is within the option's range; else the one message for it, without the option's
-// name, which each front end puts before it: "0 is not in range 1..4096", "1 TiB is above the most,
-// 64 MiB", "0.05 s is below the least, 0.1 s".
+// nullopt when `value` is within the option's range (or 0 for a zero_off option); else the one message
+// for it, without the option's name, which each front end puts before it: "0 is not in range 1..4096",
+// "1 TiB is above the most, 64 MiB", "0.05 s is below the least, 0.1 s", "0.5 s is below the least, 2 s
+// (or 0: off)".
 std::optional<std::string> out_of_range(const OptionSpec& spec, double value);
 // The same as a Status: kInvalidArgument "NAME: message" (for the options of a program).
 Status check_option(std::string_view name, double value);
 
-// SenderOptions' ranged fields, each against its spec: the first mistake as check_option says it.
+// SenderOptions' ranged fields, each against its spec: the first mistake as check_option says it
+// (stall_timeout in seconds, as the schema has it).
 // For the datagram transport (udp, dgram_rc) the datagram fields (segment_size, max_message, ttl)
 // are checked, and block_size, which does not apply there, is not. Sender::validate says the rest
 // (name, devices, protocol, what a transport cannot do).

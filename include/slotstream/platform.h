@@ -5,13 +5,18 @@
 // same numbers (docs/platform.md).
 //
 //   PlatformSender: connect -> send(device, ...) per filler thread -> finish()
+//   PlatformRegistration: start(receiver, ...) -> lost()? -> destroy (the record goes at once)
+//   read_platform_state: what the platform holds (`slotstream platform`)
+//   OffloadPolicy, decide_offload, CpuMeter: the edge's decisions (`slotstream edge`)
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +32,9 @@ struct PlatformNeed {
   double bandwidth = 0;
   double fps = 0;
 };
+// kInvalidArgument for a need the platform does not take ("cpu -100: must be 0..1048576"): negative,
+// not finite, or beyond the platform's most.
+Status check_platform_need(const PlatformNeed& need);
 
 // How to reach a protected etcd (docs/platform.md, "Protecting the platform"). All empty: plain
 // HTTP, no authentication — only for a network where nobody else can reach etcd.
@@ -119,6 +127,126 @@ class PlatformSender {
  private:
   explicit PlatformSender(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// ------------------------------------------------------------------------ the receiver's side
+
+// What a receiver offers platform senders; an unset dimension is not limited. Its receive memory is
+// its Receiver's budget (ReceiverOptions::max_memory).
+struct PlatformCapacity {
+  std::optional<double> cpu;        // CPU cores for processing (PlatformRegistration: unset is the online CPUs)
+  std::optional<double> bandwidth;  // bytes/s
+  std::optional<double> fps;        // messages/s
+};
+
+struct PlatformReceiverOptions {
+  std::string platform;  // etcd://HOST:PORT[,HOST:PORT...]
+  PlatformSecurity security;
+  // HOST:PORT senders reach the receiver at. Empty: its listen address, a wildcard host (0.0.0.0, ::)
+  // replaced by this host's name.
+  std::string address;
+  std::string name;  // its name on the platform (1-64 of [A-Za-z0-9._:-]); empty: the address
+  // What the receiver was started with (ReceiverOptions::transport and rdma): it serves that transport,
+  // or under kAuto shm and tcp, and rdma where this host has a usable RDMA device.
+  Transport transport = Transport::kAuto;
+  RdmaOptions rdma;
+  PlatformCapacity capacity;
+  int64_t lease_ttl_seconds = 5;  // a dead receiver's record lasts this long
+  // Bytes waiting for the receiver's workers (DirectoryWorkers::total_backlog_bytes), published with the
+  // rest of what it measures about every second; empty: 0. Called from the registration's thread.
+  std::function<uint64_t()> backlog_bytes;
+  // Registration, renewals, a record made again (any thread; may be empty).
+  std::function<void(const std::string&)> on_event;
+  // Another receiver took the name while this one's record had lapsed: called once, from the
+  // registration's thread. The receiver should stop (its senders then move on); lost() says so too.
+  std::function<void(const std::string&)> on_lost;
+};
+
+// A receiver on the platform: its record, held by a lease the registration keeps alive and refreshed
+// with what it measures about every second (free CPU, memory and receive memory, senders, backlog).
+// The name is one receiver's at a time (docs/platform.md). Threading: any thread.
+class PlatformRegistration {
+ public:
+  // Registers the started `receiver`, which must outlive the registration. kInvalidArgument: options
+  // that are not usable (the platform's address, an address, a name, a capacity); kRefused: a name another
+  // live receiver holds.
+  static Status start(const Receiver& receiver, PlatformReceiverOptions options,
+                      std::unique_ptr<PlatformRegistration>* out);
+  ~PlatformRegistration();  // removes the record at once: no sender is scheduled here any more
+  bool lost() const;        // another receiver took the name (on_lost was called)
+  const std::string& name() const;
+  const std::string& address() const;
+
+  struct Impl;
+
+ private:
+  explicit PlatformRegistration(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ------------------------------------------------------------------------ what the platform holds
+
+struct PlatformReceiverState {
+  std::string name;
+  std::string address;
+  double free_cpu = 0;  // idle cores
+  uint64_t free_memory = 0;
+  uint64_t free_receive_memory = 0;
+  uint32_t senders = 0;
+  std::string json;  // the record as stored (docs/platform.md)
+};
+
+struct PlatformReservationState {
+  std::string sender;
+  std::string receiver;
+  std::string amount;  // "cpu 1.5, 46.1 MB/s, 300 fps, 32.0 MiB"
+  std::string json;    // the reservation as stored
+};
+
+struct PlatformState {
+  int64_t revision = 0;  // etcd's, of the reading
+  std::vector<PlatformReceiverState> receivers;
+  std::vector<PlatformReservationState> reservations;
+  std::vector<std::string> skipped;  // records no live process wrote, each with why (left out above)
+};
+
+// One consistent reading of the platform. kInvalidArgument: `platform` or `security` is not usable;
+// other codes: etcd could not be read (the message says what to do).
+Status read_platform_state(const std::string& platform, const PlatformSecurity& security, PlatformState* out);
+
+// ------------------------------------------------------------------------ the edge's decisions
+
+// When an edge server moves one device's processing to a receiver the platform schedules, and takes one
+// back (status-byte paper §3.1: a server whose processing needs exceed its capacity asks for resources).
+// Hysteresis: offload above `above`, take back below `below` (< above), nothing in between, at most one
+// move per `settle` (the load needs time to show what the last move did).
+struct OffloadPolicy {
+  double above = 80;
+  double below = 50;
+  std::chrono::milliseconds settle{2000};
+};
+// kInvalidArgument unless below < above and settle >= 0.
+Status check_offload_policy(const OffloadPolicy& p);
+
+enum class OffloadMove { kNone, kOffload, kTakeBack };
+// One device per move: the caller offloads its highest-numbered local device, and takes back the one it
+// offloaded last. `since_last_move`: time since the last move (or attempt); nullopt before the first.
+OffloadMove decide_offload(const OffloadPolicy& p, double load, size_t local_devices, size_t offloaded_devices,
+                           std::optional<std::chrono::steady_clock::duration> since_last_move);
+
+// Idle and busy CPU time of this host between calls (/proc/stat). Threading: one thread at a time.
+class CpuMeter {
+ public:
+  CpuMeter();
+  struct Reading {
+    double busy = 0;        // the busy fraction of all CPUs, 0..1
+    double idle_cores = 0;  // the busy fraction's complement times the online CPUs
+  };
+  // Since the last call (or construction).
+  Reading read();
+
+ private:
+  uint64_t busy_ = 0, total_ = 0;
 };
 
 }  // namespace slotstream

@@ -140,3 +140,18 @@ DeviceStats device_totals(const SessionReport& r) {
 }
 
 }  // namespace slotstream::dgram
+
+namespace slotstream {
+
+std::span<const DatagramCounterDoc> datagram_counter_docs() { return dgram::counter_docs(); }
+
+std::span<const char* const> announce_refusal_reasons() {
+  static const auto kReasons = [] {
+    std::array<const char*, dgram::kAnnounceRefusals> out{};
+    for (size_t i = 0; i < out.size(); ++i) out[i] = dgram::refusal_label(dgram::AnnounceRefusal(i));
+    return out;
+  }();
+  return kReasons;
+}
+
+}  // namespace slotstream

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "slotstream/datagram.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream::dgram {
@@ -88,12 +89,8 @@ struct ReceiverCounters {
 };
 
 // A key of SessionReport::protocol_counters, what it counts, and the /metrics counter family it
-// becomes (`metric`, one sample per sender; nullptr: reports and the recv line only).
-struct CounterDoc {
-  const char* key;
-  const char* metric;
-  const char* help;
-};
+// becomes (public: slotstream/datagram.h).
+using CounterDoc = DatagramCounterDoc;
 std::span<const CounterDoc> counter_docs();
 
 // The session's counters and its devices' totals (retired, sent, bytes_sent) as protocol_counters.

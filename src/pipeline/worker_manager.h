@@ -22,38 +22,14 @@
 #include <vector>
 
 #include "slotstream/slotstream.h"
+#include "slotstream/workers.h"
 
 namespace slotstream::pipeline {
 
-enum class Runtime { kProcess, kPodman };
-
-struct WorkerOptions {
-  std::filesystem::path out;       // the receiver's output directory
-  std::filesystem::path progress;  // where workers keep worker-<D>/done (default: out)
-  std::string command;             // run by /bin/sh -c; empty: workers run elsewhere
-                                   // (e.g. pods) and are only watched
-  Runtime runtime = Runtime::kProcess;
-  std::string image = "localhost/slotstream:latest";  // podman
-  std::string cpus;                                   // podman --cpus (empty: no limit)
-  std::string memory;                                 // podman --memory (empty: no limit)
-  uint64_t backlog_messages = 0;                      // 0: no limit
-  uint64_t backlog_bytes = 0;                         // 0: no limit
-  bool keep_processed = false;                        // keep message files the worker has finished
-  // recv --keep N: a finished message file stays while it is among the device's N newest (0: removed
-  // at once, or kept for good with keep_processed); an unfinished one is never removed.
-  uint64_t keep = 0;
-  std::function<void(const std::string&)> on_event;
-};
-
-struct WorkerStats {
-  std::string sender;
-  uint16_t device = 0;
-  uint64_t backlog_messages = 0;
-  uint64_t backlog_bytes = 0;
-  uint64_t processed = 0;  // messages the worker recorded as done since the receiver started
-  uint64_t restarts = 0;
-  bool running = false;
-};
+// The options and stats are the public ones (slotstream/workers.h, whose DirectoryWorkers wraps this).
+using Runtime = WorkerRuntime;
+using WorkerOptions = DirectoryWorkersOptions;
+using WorkerStats = DirectoryWorkerStats;
 
 class WorkerManager {
  public:

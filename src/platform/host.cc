@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace slotstream::platform {
+namespace slotstream {
 
 namespace {
 
@@ -32,15 +32,19 @@ CpuMeter::Reading CpuMeter::read() {
   uint64_t busy = 0, total = 0;
   Reading r;
   if (!cpu_times(&busy, &total) || total <= total_) {
-    r.idle_cores = online_cpus();
+    r.idle_cores = platform::online_cpus();
     return r;
   }
   r.busy = double(busy - busy_) / double(total - total_);
-  r.idle_cores = (1 - r.busy) * online_cpus();
+  r.idle_cores = (1 - r.busy) * platform::online_cpus();
   busy_ = busy;
   total_ = total;
   return r;
 }
+
+}  // namespace slotstream
+
+namespace slotstream::platform {
 
 uint64_t available_memory() {
   FILE* f = std::fopen("/proc/meminfo", "r");

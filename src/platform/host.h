@@ -4,23 +4,12 @@
 
 #include <cstdint>
 
+#include "slotstream/platform.h"
+
 namespace slotstream::platform {
 
-// Idle and busy CPU time between calls. Threading: one thread at a time.
-class CpuMeter {
- public:
-  CpuMeter();
-  // Since the last call (or construction): the busy fraction of all CPUs (0..1) and the idle
-  // cores (busy fraction's complement times the online CPUs).
-  struct Reading {
-    double busy = 0;
-    double idle_cores = 0;
-  };
-  Reading read();
-
- private:
-  uint64_t busy_ = 0, total_ = 0;
-};
+// Idle and busy CPU time between calls: public (slotstream/platform.h).
+using CpuMeter = slotstream::CpuMeter;
 
 // MemAvailable from /proc/meminfo, bytes (0 when unreadable).
 uint64_t available_memory();

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "net/control_socket.h"
+#include "slotstream/platform.h"
 
 namespace slotstream::platform {
 
@@ -222,3 +223,12 @@ std::optional<std::string> invalid_platform_name(const std::string& name) {
 }
 
 }  // namespace slotstream::platform
+
+namespace slotstream {
+
+Status check_platform_need(const PlatformNeed& n) {
+  if (auto why = platform::invalid_amount({n.cpu, n.bandwidth, n.fps, 0})) return {Code::kInvalidArgument, *why};
+  return Status::ok();
+}
+
+}  // namespace slotstream

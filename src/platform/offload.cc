@@ -20,3 +20,14 @@ Move decide(const OffloadPolicy& p, double load, size_t local_devices, size_t of
 }
 
 }  // namespace slotstream::platform
+
+namespace slotstream {
+
+Status check_offload_policy(const OffloadPolicy& p) { return platform::check(p); }
+
+OffloadMove decide_offload(const OffloadPolicy& p, double load, size_t local_devices, size_t offloaded_devices,
+                           std::optional<std::chrono::steady_clock::duration> since_last_move) {
+  return platform::decide(p, load, local_devices, offloaded_devices, since_last_move);
+}
+
+}  // namespace slotstream

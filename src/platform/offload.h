@@ -13,20 +13,17 @@
 #include <optional>
 #include <string>
 
+#include "slotstream/platform.h"
 #include "slotstream/status.h"
 
 namespace slotstream::platform {
 
-struct OffloadPolicy {
-  double above = 80;
-  double below = 50;
-  std::chrono::milliseconds settle{2000};
-};
+// The policy and its moves are public (slotstream/platform.h: check_offload_policy, decide_offload).
+using OffloadPolicy = slotstream::OffloadPolicy;
+using Move = slotstream::OffloadMove;
 
 // kInvalidArgument unless below < above and settle >= 0.
 Status check(const OffloadPolicy& p);
-
-enum class Move { kNone, kOffload, kTakeBack };
 
 // `since_last_move`: time since the last move (or attempt); nullopt before the first.
 Move decide(const OffloadPolicy& p, double load, size_t local_devices, size_t offloaded_devices,

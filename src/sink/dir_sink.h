@@ -23,19 +23,14 @@
 #include <utility>
 #include <vector>
 
+#include "slotstream/sinks.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream::sink {
 
-// A sink whose numbers its owner may move forward past messages stored elsewhere: the edge's
-// local sink when a device comes back from a receiver that stored the numbers in between
-// (tools/edge.cc). DirSink, and the pipeline's sink that stores through one.
-class SkippableSink {
- public:
-  virtual ~SkippableSink() = default;
-  // Never moves backwards and needs no message in progress (kInvalidArgument otherwise).
-  virtual Status skip_to(uint16_t device, uint64_t seq) = 0;
-};
+// A sink whose numbers its owner may move forward (the edge's local sink when a device comes back):
+// DirSink, and the pipeline's sink that stores through one. Public: slotstream/sinks.h.
+using SkippableSink = slotstream::SkippableSink;
 
 class DirSink final : public MessageSink, public SkippableSink {
  public:

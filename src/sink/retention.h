@@ -2,6 +2,7 @@
 // the one N before it is removed. Bounded disk for a receiver that nobody empties (12 cameras of
 // 640x480x3 at 25 fps write 16.6 GB a minute). With workers the manager does the same, but never
 // removes a message its worker has not finished (src/pipeline/worker_manager.h, WorkerOptions::keep).
+// Public as DirectorySinkOptions::keep (slotstream/sinks.h).
 #pragma once
 
 #include <cstdint>
@@ -10,11 +11,11 @@
 
 #include "sink/dir_sink.h"
 
-namespace slotstream::tools {
+namespace slotstream::sink {
 
 // `inner` (a sender's DirSink, storing into `sender_dir`) with the oldest messages of each device
 // removed beyond the newest `keep` (> 0). The same threading as a MessageSink.
-std::unique_ptr<MessageSink> keep_newest(std::unique_ptr<sink::DirSink> inner, std::filesystem::path sender_dir,
+std::unique_ptr<MessageSink> keep_newest(std::unique_ptr<DirSink> inner, std::filesystem::path sender_dir,
                                          uint64_t keep);
 
-}  // namespace slotstream::tools
+}  // namespace slotstream::sink

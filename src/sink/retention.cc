@@ -1,4 +1,4 @@
-#include "retention.h"
+#include "sink/retention.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 #include <string>
 #include <system_error>
 
-namespace slotstream::tools {
+namespace slotstream::sink {
 namespace fs = std::filesystem;
 
 namespace {
@@ -15,9 +15,9 @@ namespace {
 // between receivers), the directory is listed instead of trying each number.
 constexpr uint64_t kListAbove = 4096;
 
-class KeepNewest final : public MessageSink, public sink::SkippableSink {
+class KeepNewest final : public MessageSink, public SkippableSink {
  public:
-  KeepNewest(std::unique_ptr<sink::DirSink> inner, fs::path dir, uint64_t keep)
+  KeepNewest(std::unique_ptr<DirSink> inner, fs::path dir, uint64_t keep)
       : inner_(std::move(inner)),
         dir_(std::move(dir)),
         keep_(keep) {}
@@ -59,12 +59,12 @@ class KeepNewest final : public MessageSink, public sink::SkippableSink {
         if (std::strtoull(n.c_str(), nullptr, 10) < below) fs::remove(e.path(), ec);
       }
     } else {
-      for (uint64_t s = low; s < below; ++s) fs::remove(dir / sink::DirSink::file_name(s), ec);
+      for (uint64_t s = low; s < below; ++s) fs::remove(dir / DirSink::file_name(s), ec);
     }
     low = std::max(low, below);
   }
 
-  std::unique_ptr<sink::DirSink> inner_;
+  std::unique_ptr<DirSink> inner_;
   fs::path dir_;
   uint64_t keep_;
   std::map<uint16_t, uint64_t> low_;  // per device: every number below it has been removed
@@ -72,8 +72,8 @@ class KeepNewest final : public MessageSink, public sink::SkippableSink {
 
 }  // namespace
 
-std::unique_ptr<MessageSink> keep_newest(std::unique_ptr<sink::DirSink> inner, fs::path sender_dir, uint64_t keep) {
+std::unique_ptr<MessageSink> keep_newest(std::unique_ptr<DirSink> inner, fs::path sender_dir, uint64_t keep) {
   return std::make_unique<KeepNewest>(std::move(inner), std::move(sender_dir), keep);
 }
 
-}  // namespace slotstream::tools
+}  // namespace slotstream::sink
