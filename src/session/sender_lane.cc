@@ -461,9 +461,9 @@ Status SenderLane::drain_st(bool filler, bool wait_whole, size_t budget, size_t*
     // No receiver room: a filler does not wait where records pack (the lane is busy: others'
     // records pack meanwhile); the sending thread waits before it seals the open block, so that
     // they leave with it. A block claimed whole (a large record, pack=off) has nothing to gain from
-    // the hand-off: its filler waits itself, as the paper's sender does. Handing it over made the
+    // the hand-off: its filler waits itself, as the paper's sender does. Handing it over would make the
     // sending thread a third busy thread beside the filler and the receiver — on two cores 64 KiB
-    // at 3 blocks fell from ~29 to ~3.5 GB/s in most runs (issue 32). Not a filler with a deadline
+    // at 3 blocks falls from ~29 to ~3.5 GB/s in most runs (docs/benchmarks.md). Not a filler with a deadline
     // (`wait_whole` false): the protocol's wait cannot give up in time, so it hands over as before.
     if (filler) {
       bool ready = true;
