@@ -14,6 +14,7 @@
 #include "common.h"
 #include "dgram/engine.h"
 #include "engine/contract.h"
+#include "engine/hello_rules.h"
 #include "fabric/fabric.h"
 #include "protocol/protocol.h"
 #include "random.h"
@@ -36,6 +37,8 @@ Status validate_common(const SenderOptions& o) {
   if (auto why = invalid_sender_name(o.name)) return {Code::kInvalidArgument, *why + " ('" + o.name + "')"};
   SLOTSTREAM_RETURN_IF_ERROR(check_sender_options(o));
   if (o.devices.empty()) return {Code::kInvalidArgument, "no devices declared"};
+  // The receiver refuses such a hello too (engine/hello_rules.h): said here before connecting.
+  if (auto why = engine::check_devices(o.devices)) return {Code::kInvalidArgument, *why};
   return Status::ok();
 }
 

@@ -252,6 +252,13 @@ std::string unknown_config_key(const CLI::App& app, const std::vector<std::strin
       if (l != "help" && l != "config") keys.push_back(l);
     }
   }
+  // CLI11 reads a "[name]" line as the key "name.++" (a section opened) and its end as "name.--".
+  if (key.ends_with("++") || key.ends_with("--")) {
+    const std::string section = key.substr(0, key.size() < 3 ? 0 : key.size() - 3);
+    return "'[" + section + "]' in " + file +
+           ": the file is flat, with no sections (the command says what it is for): " +
+           "remove that line and keep its keys (docs/config.md)";
+  }
   std::string out = "unknown key '" + key + "' in " + file;
   if (std::string m = closest_match(key, keys); !m.empty()) return out + " (did you mean '" + m + "'?)";
   return out + " (a key is one of `slotstream " + (cmd == &app ? std::string("COMMAND") : cmd->get_name()) +

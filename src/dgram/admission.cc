@@ -6,6 +6,7 @@
 
 #include "clock.h"
 #include "dgram/protocol.h"
+#include "engine/hello_rules.h"
 
 namespace slotstream::dgram {
 namespace {
@@ -261,7 +262,7 @@ bool Admission::vet(const Hello& hello, const Request& rq, bool authenticated, H
     refuse(rq, hello.name, *refusal);
     return false;
   }
-  if (auto over = check_budget(terms->reservation, table_.promised(), o_.max_memory)) {
+  if (auto over = engine::check_budget(terms->reservation, table_.promised(), o_.max_memory)) {
     refuse(rq, hello.name, {AnnounceRefusal::kMemory, *over});
     return false;
   }

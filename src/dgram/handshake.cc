@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "engine/hello_rules.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream::dgram {
@@ -20,11 +21,6 @@ uint64_t mul_sat(uint64_t a, uint64_t b) {
 }
 uint64_t add_sat(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
 
-bool has_repeats(std::vector<uint16_t> devices) {
-  std::sort(devices.begin(), devices.end());
-  return std::adjacent_find(devices.begin(), devices.end()) != devices.end();
-}
-
 std::optional<std::string> check_auth(const Hello& h, const HelloLimits& limits) {
   if (limits.token && !h.auth()) {
     return "this receiver requires authentication: give the sender the receiver's token (send --token-file)";
@@ -36,9 +32,7 @@ std::optional<std::string> check_auth(const Hello& h, const HelloLimits& limits)
 }
 
 std::optional<std::string> check_geometry(const Hello& h, const HelloLimits& limits) {
-  if (h.devices.empty()) return "no devices";
-  if (h.devices.size() > kMaxHelloDevices) return "more than " + std::to_string(kMaxHelloDevices) + " devices";
-  if (has_repeats(h.devices)) return "a device is listed twice";
+  if (auto why = engine::check_devices(h.devices)) return why;
   if (h.ring == 0 || h.ring > limits.max_ring) {
     return "ring of " + std::to_string(h.ring) + " STags per device; this receiver allows 1.." +
            std::to_string(limits.max_ring);
@@ -62,7 +56,7 @@ std::optional<std::string> check_hello(const Hello& h, const HelloLimits& limits
   if (proto->over_tcp != limits.over_tcp) {
     return "protocol " + std::string(proto->name) + " runs over " + (proto->over_tcp ? "TCP" : "UDP");
   }
-  if (auto why = invalid_sender_name(h.name)) return "sender name: " + *why;
+  if (auto why = engine::check_sender_name(h.name)) return why;
   if (auto why = check_auth(h, limits)) return why;
   if (auto why = check_geometry(h, limits)) return why;
   terms->protocol = proto;
@@ -79,14 +73,6 @@ uint64_t reservation_bytes(const Hello& h, const Descriptor& p, uint32_t rd_wind
     total = add_sat(total, mul_sat(rd_window, add_sat(h.segment_size, kMaxHeaderSize + kMaxTrailerSize)));
   }
   return total;
-}
-
-std::optional<std::string> check_budget(uint64_t want, uint64_t in_use, uint64_t budget) {
-  if (want <= budget && in_use <= budget - want) return std::nullopt;
-  return "not enough receiver memory: this sender may need " + format_bytes(want) + " (devices x STags x largest " +
-         "message), " + format_bytes(in_use) + " of the receiver's " + format_bytes(budget) +
-         " budget are promised; give the receiver more (recv --max-memory) or ask for less (send --blocks, " +
-         "smaller messages)";
 }
 
 std::vector<uint8_t> refuse_within(const std::string& reason, size_t room) {

@@ -3,7 +3,10 @@
 // and fuzzed (fuzz/dgram_session_fuzz.cc). The receiver (dgram/receiver.h) applies them in this order:
 //
 //   HELLO -> (token: CHALLENGE; AUTH -> cookie and proof, dgram/auth.h) -> check_hello -> name and
-//   session caps -> check_budget(reservation_bytes) -> the session (dgram/session.h) -> ACCEPT
+//   session caps -> engine::check_budget(reservation_bytes) -> the session (dgram/session.h) -> ACCEPT
+//
+// The rules that do not depend on the engine (the sender name, the device list, the memory budget)
+// are engine/hello_rules.h's, shared with the block engine's check_hello.
 //
 // A refusal before authentication is answered with at most as many bytes as the request carried
 // (refuse_within), so a forged source address gains no amplification.
@@ -43,9 +46,6 @@ std::optional<std::string> check_hello(const Hello& h, const HelloLimits& limits
 // device with a message of the largest size in it, the bookkeeping of each, and RD's buffer beyond a
 // hole. Regions are allocated only as data arrives; this is what may be promised. Saturates.
 uint64_t reservation_bytes(const Hello& h, const Descriptor& p, uint32_t rd_window);
-
-// Nullopt if `want` more bytes fit a budget of `budget` with `in_use` promised already; else why not.
-std::optional<std::string> check_budget(uint64_t want, uint64_t in_use, uint64_t budget);
 
 // A REFUSE payload of at most `room` bytes: the reason, cut short with "..." if it must be; empty
 // when not even a REFUSE with an empty reason fits.

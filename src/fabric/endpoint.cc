@@ -124,11 +124,14 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
       return st;
     }
     if (spinning && ((spins & 15) == 0)) spinning = Clock::now() < spin_until;
-    if (!spinning && !progressed) {
+    const bool sleeping = !spinning && !progressed;
+    if (sleeping) {
       worker.wait_or_sleep(sleep);
       sleep = std::min(kMaxSleep, sleep * 2);
     }
-    if (alive && (spins & 255) == 0 && Clock::now() >= next_check) {
+    // Spinning, the clock is read every 256 turns; sleeping, every turn: 256 sleeps of "1 ms" are
+    // 0.3 s on an idle host and seconds on a loaded one, late for a stall timeout.
+    if (alive && (sleeping || (spins & 255) == 0) && Clock::now() >= next_check) {
       SLOTSTREAM_RETURN_IF_ERROR(alive());
       next_check = Clock::now() + std::chrono::milliseconds(1);
     }

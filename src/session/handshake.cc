@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common.h"
+#include "engine/hello_rules.h"
 #include "session/receiver_session.h"
 #include "session/transport_choice.h"
 
@@ -32,11 +33,8 @@ std::optional<Refusal> check_hello(const wire::Hello& hello, const ReceiverTerms
         "unsupported block geometry " + std::to_string(hello.blocks) + " x " + std::to_string(hello.block_size) + " B",
         "geometry"};
   }
-  if (auto why = invalid_sender_name(hello.name))
-    return Refusal{Code::kRefused, "invalid sender name: " + *why, "name"};
-  if (hello.devices.empty() || hello.devices.size() > kMaxDevices) {
-    return Refusal{Code::kRefused, "a sender must declare 1.." + std::to_string(kMaxDevices) + " devices", "devices"};
-  }
+  if (auto why = engine::check_sender_name(hello.name)) return Refusal{Code::kRefused, *why, "name"};
+  if (auto why = engine::check_devices(hello.devices)) return Refusal{Code::kRefused, *why, "devices"};
   TransportChoice choice = choose_transport(receiver.allowed, hello.transport, sender_facts(hello), receiver.facts);
   if (!choice.transport) return Refusal{Code::kRefused, choice.refusal, "transport"};
   if (*choice.transport == Transport::kRdma && hello.rdma_transport && *hello.rdma_transport != receiver.rdma) {

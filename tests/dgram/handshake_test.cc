@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/hello_rules.h"
+
 namespace slotstream::dgram {
 namespace {
 
@@ -39,7 +41,7 @@ TEST(DgramHandshake, RefusesEachBound) {
   EXPECT_NE(with([](Hello& h) { h.protocol = "status_byte"; }), std::nullopt);
   EXPECT_NE(with([](Hello& h) { h.name = "../x"; }), std::nullopt);
   EXPECT_NE(with([](Hello& h) { h.devices.clear(); }), std::nullopt);
-  EXPECT_EQ(with([](Hello& h) { h.devices.push_back(3); }), "a device is listed twice");
+  EXPECT_EQ(with([](Hello& h) { h.devices.push_back(3); }), "device 3 is listed twice");
   EXPECT_NE(with([](Hello& h) { h.ring = 0; }), std::nullopt);
   EXPECT_NE(with([](Hello& h) { h.ring = 257; }), std::nullopt);
   EXPECT_NE(with([](Hello& h) { h.max_message = (64ull << 20) + 1; }), std::nullopt);
@@ -71,13 +73,13 @@ TEST(DgramHandshake, AHugeHelloIsChargedItsWorstCaseAndRefusedByTheBudget) {
   HelloTerms t;
   ASSERT_EQ(check_hello(h, {}, &t), std::nullopt);
   EXPECT_GE(t.reservation, 4096ull * 256 * (64 << 10));
-  auto why = check_budget(t.reservation, 0, 6ull << 30);
+  auto why = engine::check_budget(t.reservation, 0, 6ull << 30);
   ASSERT_TRUE(why);
   EXPECT_NE(why->find("not enough receiver memory"), std::string::npos);
   EXPECT_NE(why->find("--max-memory"), std::string::npos);
-  EXPECT_EQ(check_budget(100, 0, 100), std::nullopt);
-  EXPECT_NE(check_budget(100, 1, 100), std::nullopt);
-  EXPECT_NE(check_budget(UINT64_MAX, 1, 100), std::nullopt);  // no wrap-around
+  EXPECT_EQ(engine::check_budget(100, 0, 100), std::nullopt);
+  EXPECT_NE(engine::check_budget(100, 1, 100), std::nullopt);
+  EXPECT_NE(engine::check_budget(UINT64_MAX, 1, 100), std::nullopt);  // no wrap-around
 }
 
 TEST(DgramHandshake, ReservationSaturatesAndCountsRdBuffers) {

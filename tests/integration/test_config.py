@@ -71,6 +71,12 @@ def test_an_unknown_key_is_an_error_naming_the_closest_option(tmp_path):
     assert p.returncode == 2, p.stderr
     assert f"unknown key 'zzz-nothing-like-it' in {conf} (a key is one of `slotstream recv --help`'s long options" \
         in p.stderr, p.stderr
+    # A "[recv]" section (the file is flat) was "unknown key 'recv.++'", CLI11's name for an opened section.
+    conf.write_text('[recv]\nlisten = "127.0.0.1:0"\n')
+    p = subprocess.run([BIN, "recv", "--config", conf, "--discard"], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 2, p.stderr
+    assert f"'[recv]' in {conf}: the file is flat, with no sections" in p.stderr, p.stderr
+    assert "++" not in p.stderr, p.stderr
     p = subprocess.run([BIN, "send", "--config", tmp_path / "missing.toml", "--to", "127.0.0.1:1"],
                        capture_output=True, text=True, timeout=20)
     assert p.returncode == 2 and "missing.toml" in p.stderr, p.stderr

@@ -413,6 +413,18 @@ def test_two_senders_with_one_name_and_group_are_not_merged(start_receiver, tmp_
 
 
 @pytest.mark.deadline(60)
+def test_a_hello_that_lists_a_device_twice_is_refused(start_receiver, tmp_path):
+    """One device twice in one HELLO would give it two streams into one directory. The rule is the
+    datagram engine's too (engine/hello_rules.h): one message, whichever engine judges the hello."""
+    rx = start_receiver(tmp_path / "out")
+    s, t, body = open_lane(rx.addr, name=b"twice", devices=(3, 7, 3))
+    s.close()
+    assert t == REFUSE, f"a hello listing device 3 twice was not refused (type {t})"
+    assert "device 3 is listed twice" in decode_refuse(body)[1], body
+    still_serves(rx, tmp_path)
+
+
+@pytest.mark.deadline(60)
 def test_a_sender_of_many_lanes_declares_at_most_4096_devices_in_all(start_receiver, tmp_path):
     rx = start_receiver(tmp_path / "out")
     first, t, _ = open_lane(rx.addr, name=b"many", group=5, lane=0, lanes=2, devices=tuple(range(4096)))

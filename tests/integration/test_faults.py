@@ -172,10 +172,12 @@ def test_a_stopped_receiver_is_given_up_after_the_stall_timeout(start_receiver, 
         rc = quick.wait(10)
         waited = time.monotonic() - stopped
         assert rc == 1, quick.stderr.text
-        assert 1.5 < waited < 3 + 1.5, f"gave up {waited:.1f} s after the receiver stopped (--stall-timeout 3s)"
-        assert re.search(r"error: lost the receiver \(it has said nothing for 3\.\d s, .*stopped, hung",
-                         quick.stderr.text), quick.stderr.text
-        time.sleep(4 - (time.monotonic() - stopped))
+        # The last keepalive came up to 1 s before the stop; the rest is the time to notice and exit,
+        # which a loaded host (CTest -j2 beside 1,000 idle senders) stretches.
+        assert 1.5 < waited < 3 + 2.5, f"gave up {waited:.1f} s after the receiver stopped (--stall-timeout 3s)"
+        assert re.search(r"error: lost the receiver \(it has said nothing for \d+\.\d s, .*stopped, hung.*"
+                         r"\(stall timeout 3\.0 s\)", quick.stderr.text), quick.stderr.text
+        time.sleep(max(0.0, 4 - (time.monotonic() - stopped)))
         assert patient.poll() is None, f"--stall-timeout 0 gave up: {patient.stderr.text}"
     finally:
         rx.signal(signal.SIGCONT)

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 namespace slotstream::session {
 namespace {
 
@@ -86,10 +88,14 @@ TEST(Handshake, RefusesBadNamesAndDeviceCounts) {
   EXPECT_EQ(refused(h).rfind("invalid sender name: ", 0), 0u);
   h = good_hello();
   h.devices.clear();
-  EXPECT_EQ(refused(h), "a sender must declare 1..4096 devices");
+  EXPECT_EQ(refused(h), "no devices: a sender declares 1..4096 devices");
   h.devices.resize(kMaxDevices + 1);
-  EXPECT_EQ(refused(h), "a sender must declare 1..4096 devices");
+  std::iota(h.devices.begin(), h.devices.end(), uint16_t{0});
+  EXPECT_EQ(refused(h), "more than 4096 devices (4097): a sender declares 1..4096 devices");
+  h.devices = {4, 9, 4};  // one device twice would be two streams into one directory
+  EXPECT_EQ(refused(h), "device 4 is listed twice");
   h.devices.resize(kMaxDevices);
+  std::iota(h.devices.begin(), h.devices.end(), uint16_t{0});
   HelloTerms terms;
   EXPECT_FALSE(check_hello(h, receiver(), &terms));
 }
