@@ -577,8 +577,8 @@ Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill, Deadline d
     wire::encode_block_header(h, slot.block.first<wire::kBlockHeaderSize>());
     ring.commit(slot, uint32_t(wire::kBlockHeaderSize + f.length));
     stream::trace(stream::TraceStage::kCommitted, device_, h.packet);
-    // Without a deadline the filler waits for receiver room itself (issue 32: a hand-off per block
-    // made the sending thread a third busy thread). With one it transmits only while the receiver
+    // Without a deadline the filler waits for receiver room itself (a hand-off per block would make
+    // the sending thread a third busy thread). With one it transmits only while the receiver
     // has room (SenderLane::help hands the lane to the sending thread otherwise), so it waits only
     // in claim() and wait_unpaused(), which give up in time.
     SLOTSTREAM_RETURN_IF_ERROR(lane.help(/*wait_whole=*/!deadline));

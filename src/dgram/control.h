@@ -39,7 +39,7 @@
 // types are an error (no silent forward compatibility); the layouts are wire version 2's
 // (dgram/wire.h).
 //
-// ANNOUNCE (issue 25) starts a multicast session: a sender to an IP multicast group cannot shake hands
+// ANNOUNCE starts a multicast session: a sender to an IP multicast group cannot shake hands
 // with receivers it does not know, and a group has no one to ACCEPT. So it announces what a HELLO
 // would ask and what an ACCEPT would grant (its STags: device i's ring is first + i*K ...) to the
 // group, three times before its first segment and every 200 ms while it sends (a receiver that joins
@@ -49,7 +49,7 @@
 // session by the sender's address and QP, and accounts for it on its own. Only UD protocols
 // (write_record, dgram_send) announce; without a handshake there is no token either.
 //
-// TERMINATE is not a control-queue Send but RDMAP's own message (opcode 7, RFC 5040 §4.8; issue 25):
+// TERMINATE is not a control-queue Send but RDMAP's own message (opcode 7, RFC 5040 §4.8):
 // an untagged segment on queue number kTerminateQueue (2, RFC 5040's), MSN the sender's count of
 // TERMINATEs, MO 0, L set; over UDP with service UD even in an RD session (it is not sequenced: the
 // session it ends will retransmit nothing), over TCP RC; signed like any datagram of an authenticated
@@ -66,9 +66,9 @@
 // lost: the receiver answers a terminated session's later datagrams with it again (at most every
 // 100 ms, for 10 s). Unknown layers or codes are malformed (no silent forward compatibility).
 //
-// ANNOUNCE and TERMINATE's payload came with issue 25 within wire version 2: a peer from before it
-// misreads neither (an ANNOUNCE is an unknown control type to it, a TERMINATE an opcode it does not
-// act on: both are dropped), so the version did not change.
+// ANNOUNCE and TERMINATE's payload are part of wire version 2: a peer without them misreads neither
+// (an ANNOUNCE is an unknown control type to it, a TERMINATE an opcode it does not act on: both are
+// dropped), so they need no version of their own.
 #pragma once
 
 #include <array>

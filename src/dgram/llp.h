@@ -36,7 +36,7 @@ struct Address {
   // Family, port and address as bytes: equal for equal addresses (a map key; what a cookie names).
   std::string identity() const;
 };
-// An IP multicast group: IPv4 224.0.0.0/4, IPv6 ff00::/8 (issue 25).
+// An IP multicast group: IPv4 224.0.0.0/4, IPv6 ff00::/8.
 bool is_multicast(const Address& a);
 // Resolves HOST:PORT parts (numeric or a name; IPv4 first) for UDP or TCP.
 Status resolve(const std::string& host, uint16_t port, Address* out);

@@ -1,6 +1,6 @@
 // Rate-limited logging for the datagram receiver: a flood of refused hellos, forged datagrams or
-// failed accepts must not become a flood of log lines (300,000 garbage datagrams used to print
-// ~10,000). Each kind of event may print kBurst lines per kWindow; the rest are counted (the
+// failed accepts must not become a flood of log lines (unlimited, 300,000 garbage datagrams
+// print ~10,000). Each kind of event may print kBurst lines per kWindow; the rest are counted (the
 // receiver's counters and /metrics keep the whole count), and the next line printed for that kind
 // says how many were left out. Pure: the caller passes the time. Threading: one thread.
 // EventLog is the receiver's: the limiter in front of its on_event callback, for any thread.

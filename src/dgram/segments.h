@@ -2,7 +2,7 @@
 // operations, MO for untagged ones; RFC 5041 §5), and the last one is flagged L — so the target can
 // place every segment on its own, in any order (patent: "multiple datagrams comprise a single message,
 // and they are recombined at the receiver"). Shared by the sender (`send --transport udp`, sender.cc) and
-// the preload shim's large datagrams (shim/udp_shim.cc). Pure; header only.
+// the preload shim's large datagrams (shim/send.cc). Pure; header only.
 #pragma once
 
 #include <algorithm>

@@ -54,7 +54,7 @@ const Descriptor kWriteRecord{
     .data_header = write_record_header,
 };
 
-// The same operation over RD (issue 25): the sequence layer below placement retransmits every lost
+// The same operation over RD: the sequence layer below placement retransmits every lost
 // segment and hands them over in order, so a message completes unless its sender falls silent for the
 // session timeout — then what arrived may still be kept as a partial message, as over UD.
 const Descriptor kRdWriteRecord{

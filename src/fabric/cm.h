@@ -6,16 +6,16 @@
 // initiator's REQUEST, the target's REPLY — and over tcp it queues them on the raw tcp endpoint
 // until that endpoint's connection is acknowledged. If the peer dies before that, UCX purges the
 // queue and asserts (ucp_request.c:684 "got REP message"; upstream dropped the assertion in
-// 1.14): a sender killed within the first milliseconds of its connection took the whole receiver
-// down with SIGABRT — 8 of 100 kills of sliding_window senders, 4 of 100 of status_byte senders
-// (docs/hardening.md). The connection manager exchanges addresses inside its own connection
-// (UCX_CM_USE_ALL_DEVICES=n: data lanes on the device the connection came over), so no wire-up
-// message is ever queued, and a peer may die at any moment.
+// 1.14): a sender killed within the first milliseconds of its connection takes the whole receiver
+// down with SIGABRT (measured without the connection manager: 8 of 100 kills of sliding_window
+// senders, 4 of 100 of status_byte senders; docs/hardening.md). The connection manager exchanges addresses inside its
+// own connection (UCX_CM_USE_ALL_DEVICES=n: data lanes on the device the connection came over), so no wire-up message
+// is ever queued, and a peer may die at any moment.
 //
-// rdma (issue 31): the same request and reply, sent over the ud ":aux" lane, met the same
-// assertion when the endpoint was closed with the REQUEST still queued — a sender whose receiver
-// did not answer (or died) during wire-up aborted with SIGABRT — and on NICs other than ConnectX
-// the ud lane dropped every reply anyway (transports.h, UD_ETH_DGID_CHECK). Through rdmacm the
+// rdma: the same request and reply, sent over the ud ":aux" lane, meet the same assertion when
+// the endpoint is closed with the REQUEST still queued — a sender whose receiver does not answer
+// (or dies) during wire-up aborts with SIGABRT — and on NICs other than ConnectX the ud lane drops
+// every reply anyway (transports.h, UD_ETH_DGID_CHECK). Through rdmacm the
 // rc (or dc) queue pairs are connected by the connection manager's own exchange, and nothing is
 // queued on a lane that may never connect.
 //

@@ -36,8 +36,8 @@ struct ucp_rkey;
 
 namespace slotstream::fabric {
 
-// Owns a UCX handle: the deleter is its UCX destroy call (defined in fabric.cc, the only file that
-// includes UCX). Handles never leave src/fabric.
+// Owns a UCX handle: the deleter is its UCX destroy call (defined in fabric.cc; only src/fabric's .cc
+// files include UCX). Handles never leave src/fabric.
 struct UcxDestroy {
   void operator()(ucp_context* h) const;
   void operator()(ucp_worker* h) const;

@@ -1,4 +1,4 @@
-// Nothing left in /dev/shm, however a process ends (issue 19).
+// Nothing left in /dev/shm, however a process ends.
 //
 // UCX 1.13's POSIX shared memory (src/uct/sm/mm/posix/mm_posix.c) creates a segment with
 // shm_open("/ucx_shm_posix_<random>", O_CREAT | O_EXCL), writes its whole length to check that

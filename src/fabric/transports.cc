@@ -91,7 +91,7 @@ const UcxSetting kTcpSettings[] = {
     {"UCX_SOCKADDR_TLS_PRIORITY", "SOCKADDR_TLS_PRIORITY", "tcp"},
 };
 
-// rdma (docs/rdma.md, issue 31; each checked on Soft-RoCE by tests/rdma):
+// rdma (docs/rdma.md; each checked on Soft-RoCE by tests/rdma):
 const UcxSetting kRdmaSettings[] = {
     // Endpoints connect through rdmacm (cm.h), data lanes on the device the connection came over.
     {"UCX_SOCKADDR_TLS_PRIORITY", "SOCKADDR_TLS_PRIORITY", "rdmacm"},
@@ -117,9 +117,10 @@ const UcxSetting kUdDgidCheck = {
 // memory, huge pages or plain mmap): UCX 1.13's default list without "heap" and "thp", which do
 // neither — both are posix_memalign, the process's heap, whose memory freed before comes back with
 // its old bytes ("thp" merely advises huge pages on it). A region is then zero without being cleared,
-// and 1 GiB of blocks costs what is written, not 1 GiB at once (Context::zero_filled_). With "thp"
-// a tcp receiver (no shared-memory allocator there) gave a new session a region whose status bytes
-// the last one had left "full", and delivered that session's data as the new sender's (issue 35).
+// and 1 GiB of blocks costs what is written, not 1 GiB at once (Context::zero_filled_). "thp" is
+// left out: it reuses memory unzeroed, so a tcp receiver (no shared-memory allocator there) would give a
+// new session a region whose status bytes the last one left "full", and deliver that data as the new
+// sender's.
 const UcxSetting kZeroFilledAllocators = {"UCX_ALLOC_PRIO", "ALLOC_PRIO", "md:sysv,md:posix,huge,md:*,mmap"};
 
 }  // namespace

@@ -1,4 +1,4 @@
-// In-process per-device workers on zero-copy receive (include/slotstream/view_workers.h; issue 22).
+// In-process per-device workers on zero-copy receive (include/slotstream/view_workers.h).
 //
 // One thread and one queue of views per (sender name, device), like the directory pipeline's one
 // worker process per device (worker_manager.h), keyed by the sender's name so that a reconnecting

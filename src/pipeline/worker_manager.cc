@@ -119,7 +119,7 @@ namespace {
 // Runs in the keeper process, after fork(): only async-signal-safe calls from here on.
 //
 // A worker command may start processes of its own (a compound shell command, a pipeline, a
-// daemon). PR_SET_PDEATHSIG reaches only the direct child, so a SIGKILLed receiver used to leave
+// daemon). PR_SET_PDEATHSIG reaches only the direct child, so a SIGKILLed receiver would leave
 // those grandchildren running. The keeper starts the command in a process group of its own,
 // adopts anything that double-forks (child subreaper), and kills the whole group when the
 // command ends, when the receiver stops the worker (SIGTERM) or when the receiver dies (the

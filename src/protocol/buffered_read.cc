@@ -209,9 +209,9 @@ class BufferedReadReceiver final : public ReceiverProtocol {
 
   ~BufferedReadReceiver() override {
     // A get still running writes into the mirror (a head write reads head_buf_): give them a
-    // moment — the sender answers until we close the connection (src/session/sender_lane.cc, SenderLane::fin) — then
-    // leave the memory UCX may still touch to the worker (only when the sender stopped answering
-    // but did not die: a dead one fails them).
+    // moment — the sender answers until we close the connection (src/session/sender_lane_send.cc, SenderLane::fin) —
+    // then leave the memory UCX may still touch to the worker (only when the sender stopped answering but did not die:
+    // a dead one fails them).
     const auto deadline = Clock::now() + kTeardownGrace;
     auto done = [](fabric::Request& r) { return r.check().code() != Code::kInProgress; };
     while (Clock::now() < deadline) {

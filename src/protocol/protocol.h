@@ -12,7 +12,7 @@
 //
 // What the sender hands to transmit_st is one *unit*, at most one block: a record (a 16-byte
 // block header and its payload), or several records behind a packed header when the stream layer
-// packed small messages (issue 21; wire/block_header.h, stream/send_ring.h). Block protocols put
+// packed small messages (wire/block_header.h, stream/send_ring.h). Block protocols put
 // each unit in a block of its own (status_byte, sliding_window, credit); ring protocols pack units
 // back to back (packed_ring, buffered_read). Every record keeps its header, so device, packet
 // number and length survive any packing; the receiver's stream layer unpacks (stream/delivery.h).

@@ -1,4 +1,4 @@
-// Which connections a receiver serves (issue 19): a connection counts as unauthenticated from its
+// Which connections a receiver serves: a connection counts as unauthenticated from its
 // accept until its sender has proven the token (without a token: until its hello was accepted),
 // and those have a budget of their own, far smaller than the authenticated connections':
 //

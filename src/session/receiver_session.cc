@@ -204,7 +204,7 @@ void ReceiverSession::consume(const std::function<bool()>& park) {
       std::this_thread::sleep_until(loop_.retry_at);
     } else if (!loop_.worked && lender_ && delivery_->lend_limited()) {
       // The application holds as many blocks as it may: wait for it to release one rather than poll
-      // (polling took half of a core the application's releasing thread shared; issue 22).
+      // (polling would take half of a core that the application's releasing thread shares).
       lender_->lending()->wait_release(kLendWait);
     } else if (now - loop_.last_work > kSpinIdle) {
       proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
@@ -252,7 +252,7 @@ bool ReceiverSession::step() {
 
 // The receiver stops: the sender hears so, and why, before close() frees the memory it writes —
 // else it learns only from what fails next (over tcp "the peer refused the read (outside its
-// registered memory)", issue 35). REFUSE mid-stream ends a sender's connection with its message.
+// registered memory)"). REFUSE mid-stream ends a sender's connection with its message.
 void ReceiverSession::tell_stopped() {
   std::string why = rx_.stop_reason();
   if (why.size() > kMaxStopReason) why = why.substr(0, kMaxStopReason) + "...";

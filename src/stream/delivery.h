@@ -10,13 +10,12 @@
 // progress over two consecutive passes while a later packet waits, the missing packets can
 // only be a gap: they are counted, the broken message is discarded and delivery moves on.
 //
-// One pass (issue 21: every ready unit in one pass, no allocation, system call or lock per
-// message): poll, unpack every unit, deliver each device's next records in the order found
-// (sorting only what came ahead of its predecessor), hand every whole message to the sink in one
-// MessageSink::deliver batch (messages spanning blocks go piece by piece, after the batch so far),
-// then release each unit whose records are all consumed — one release per unit. A unit some of
-// whose records must wait (ahead of a missing packet; a sink failure) stays unreleased, and the
-// records of it already consumed are remembered so the next pass skips them.
+// One pass (every ready unit in one pass, no allocation, system call or lock per message): poll, unpack every unit,
+// deliver each device's next records in the order found (sorting only what came ahead of its predecessor), hand every
+// whole message to the sink in one MessageSink::deliver batch (messages spanning blocks go piece by piece, after the
+// batch so far), then release each unit whose records are all consumed — one release per unit. A unit some of whose
+// records must wait (ahead of a missing packet; a sink failure) stays unreleased, and the records of it already
+// consumed are remembered so the next pass skips them.
 //
 // Back-pressure per device: a sink that answers kBusy for a message of device D (its worker is
 // behind) pauses D alone — D's records stay where they are, every other device goes on, D is

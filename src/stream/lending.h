@@ -1,4 +1,4 @@
-// Zero-copy receive's bookkeeping (issue 22; the public contract is MessageView in slotstream.h).
+// Zero-copy receive's bookkeeping (the public contract is MessageView in slotstream.h).
 //
 // The paper's status 2 (§3.3): "the receiver might need to retain data within a memory block" — it
 // marks the block 2 and the sender skips it (§4.2.7). Here the application retains it: a unit
@@ -13,7 +13,7 @@
 // record is consumed end the lease (the unit is then released as any other); its later records
 // get a new one. So held() is exactly the units the application's views keep — never units the
 // delivery itself waits on, which could fill the limit with blocks no view holds while the
-// records they wait for lie in blocks that can no longer be lent (issue 35).
+// records they wait for lie in blocks that can no longer be lent.
 //
 //   Lending     one session's: the protocol (kept alive, with the UCX context, while views live),
 //               the sender's name, the count of leased units and its limit.

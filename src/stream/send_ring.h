@@ -5,7 +5,7 @@
 // transmitted) and transmitted in ticket order from a cursor, so every device's packets leave in
 // the order its filler produced them, whatever the number of fillers.
 //
-// Two ways to fill a block (issue 21):
+// Two ways to fill a block:
 //   - packed: a small record (header + payload) is appended to the *open* block. A filler
 //     reserves its bytes with one atomic add on the ring's reservation word (below), writes its
 //     record and marks it written with a plain release store of a ready flag kept beside the data
@@ -33,7 +33,7 @@
 // lane is busy: a filler that reserved while the token was held leaves its record to the holder,
 // who cannot give the token back without seeing it (give_token re-reads the word it changes); one
 // that reserved while it was free takes the token itself and transmits (the latency path: no
-// hand-off to the sending thread, whose wake-up costs far more than a put, issue 11).
+// hand-off to the sending thread, whose wake-up costs far more than a put).
 //
 // Who transmits: whoever holds the token owns the lane's UCX worker and the protocol's sender half.
 // A filler that transmits hands the lane to the sending thread (hand_to_sender: the token stays

@@ -1,4 +1,4 @@
-// Per-stage timestamps of single packets: where one message's latency goes (issue 11; read by
+// Per-stage timestamps of single packets: where one message's latency goes (read by
 // `slotstream bench-peer --trace`). Off unless a process turns it on; then every stage of every
 // packet is recorded, up to a fixed number of events, into memory allocated up front.
 //

@@ -21,7 +21,7 @@
 // check word that catches a torn or garbage header. All integers are little-endian on every
 // platform. Unknown versions are rejected: no silent forward compatibility.
 //
-// A packed unit (version 2; issue 21): small messages that a busy lane collected while it was
+// A packed unit (version 2): small messages that a busy lane collected while it was
 // transmitting leave together, one block and one status byte for all of them.
 //
 //   byte  0        1        2        3        4        5        6        7

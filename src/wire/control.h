@@ -83,9 +83,9 @@
 // compatibility). Version 2 added protocol options, SETUP/READY and mutual authentication over
 // the whole handshake; version 3 HELLO's flags and first message numbers, and STORED; version 4
 // the rdma transport, the offers, the shm domain and ACCEPT's reason; version 5 says that blocks
-// may hold packed units (issue 21: a receiver of version 4 would count them as bad headers and lose
+// may hold packed units (a receiver of version 4 would count them as bad headers and lose
 // their messages, so it must refuse the sender instead); version 6 adds signed frames after the
-// handshake (issue 19; a sender of version 5 would not sign them); version 7 adds NUMBER/NUMBERED (a
+// handshake (a sender of version 5 would not sign them); version 7 adds NUMBER/NUMBERED (a
 // receiver of version 6 would end the session at an unexpected frame); version 8 adds KEEPALIVE (a
 // sender of version 7 would end the session at an unexpected frame, and a receiver of version 7 sends
 // none, so a version 8 sender would take it as hung). The block header

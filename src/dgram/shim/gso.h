@@ -3,7 +3,7 @@
 // UDP_SEGMENT control message names that size, so that the kernel cuts the buffer at exactly the segments'
 // boundaries — every datagram on the wire is still one self-contained DDP segment with its own header and CRC
 // (the wire format does not change, and a receiver sees the same datagrams as without GSO), for one trip through
-// UDP and IP per batch instead of one per segment. Pure (no system call), unit-tested; udp_shim.cc sends.
+// UDP and IP per batch instead of one per segment. Pure (no system call), unit-tested; send.cc sends.
 #pragma once
 
 #include <cstddef>

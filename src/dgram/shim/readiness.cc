@@ -3,7 +3,7 @@
 // application is there (patent: the socket interface delivers whole messages; a segment is not one).
 //
 // The design: the wrappers call the real function, then, for each UDP socket it reports readable, ask the
-// socket layer (udp_shim.cc, shim::readiness with drain) to take off the kernel's queue whatever precedes the
+// socket layer (receive.cc, shim::readiness with drain) to take off the kernel's queue whatever precedes the
 // first datagram for the application — segments of large datagrams (placed; one that completes its datagram
 // leaves it readable in the shim's queue) and datagrams the shim drops. A socket left with nothing is no
 // longer reported; when nothing at all is left to report and time remains, they wait again. Before waiting

@@ -1,5 +1,5 @@
 // What the shim's readiness wrappers (readiness.cc: poll, select, epoll) ask its socket layer
-// (udp_shim.cc). Internal to libslotstream_udp.so.
+// (receive.cc). Internal to libslotstream_udp.so.
 #pragma once
 
 #include <dlfcn.h>
