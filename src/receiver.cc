@@ -12,6 +12,8 @@
 // Receiver::Impl's declaration and its round-robin consumer are in receiver_impl.h.
 #include "receiver_impl.h"
 
+#include "engine/hello_rules.h"
+
 namespace slotstream {
 
 wire::CapacityInfo Receiver::Impl::capacity() {
@@ -61,14 +63,9 @@ std::optional<std::string> Receiver::Impl::register_lane(const wire::Hello& hell
 
 std::optional<std::string> Receiver::Impl::reserve_memory(uint64_t bytes) {
   std::lock_guard lock(mutex);
-  const uint64_t budget = options.max_memory;
-  if (bytes <= budget && memory_used <= budget - bytes) {
-    memory_used += bytes;
-    return std::nullopt;
-  }
-  return "not enough receiver memory: this connection asks for " + format_bytes(bytes) + ", " +
-         format_bytes(memory_used) + " of the receiver's " + format_bytes(budget) +
-         " budget are in use (recv --max-memory; fewer or smaller blocks on the sender)";
+  if (auto why = engine::check_budget(bytes, memory_used, options.max_memory)) return why;
+  memory_used += bytes;
+  return std::nullopt;
 }
 
 void Receiver::Impl::release_memory(uint64_t bytes) {
