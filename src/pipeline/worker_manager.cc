@@ -159,8 +159,15 @@ namespace {
     } else if (sig < 0 && stopping) {
       kill(-command, SIGKILL);  // it did not stop within the grace time
     }
-    for (pid_t r; (r = waitpid(-1, &status, WNOHANG)) > 0;) {
-      if (r == command) done = true;
+    // The command's own status only: the same pass may reap processes it left (adopted as subreaper)
+    // after it, whose statuses are not the worker's outcome.
+    for (int reaped = 0;;) {
+      const pid_t r = waitpid(-1, &reaped, WNOHANG);
+      if (r <= 0) break;
+      if (r == command) {
+        status = reaped;
+        done = true;
+      }
     }
   }
   // Whatever the command left behind in its group goes with it; then the adopted strays.
