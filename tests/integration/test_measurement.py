@@ -47,7 +47,10 @@ def test_the_status_array_is_read_only_when_no_block_is_free(start_receiver, tmp
     files = make_files(tmp_path / "src", [1000] * 24, "r")
 
     def send(n, name):
-        p = run_send(rx.addr, "--name", name, "--transport", transport, "--protocol", "status_byte", "--blocks", 8,
+        # pack=off: one message per block. Packed, 1,000-byte messages that come quickly enough share blocks,
+        # and 24 of them may fit the 8 blocks without a read (sync_operations 0, seen once over tcp).
+        p = run_send(rx.addr, "--name", name, "--transport", transport, "--protocol", "status_byte:pack=off",
+                     "--blocks", 8,
                      "--block-size", 4096, "--json", *[a for f in files[:n] for a in ("--file", f"0={f}")])
         return json.loads(p.stdout)
 
