@@ -7,6 +7,8 @@
 #include "slotstream/slotstream.h"
 
 namespace slotstream::dgram {
+
+static_assert(kMaxHelloDevices == engine::kMaxDevices, "the datagram HELLO's device limit is the engines' one");
 namespace {
 
 // Bookkeeping per message slot (a region's record or a posted receive, its assembly and ranges) and per

@@ -8,6 +8,7 @@
 #include "dgram/segments.h"
 #include "dgram/sender_handshake.h"
 #include "dgram/sender_link.h"
+#include "engine/hello_rules.h"
 
 namespace slotstream::dgram {
 namespace {
@@ -28,7 +29,7 @@ std::span<const uint8_t> as_u8(std::span<const std::byte> s) {
 
 Status check_options(const DatagramSenderOptions& o, const Descriptor* proto) {
   if (!proto) return {Code::kInvalidArgument, "unknown datagram protocol '" + o.protocol + "'"};
-  if (o.devices.empty()) return {Code::kInvalidArgument, "no devices"};
+  if (auto why = engine::check_devices(o.devices)) return {Code::kInvalidArgument, *why};
   if (o.ring == 0 || o.ring > 1024) return {Code::kInvalidArgument, "ring (STags per device) must be 1..1024"};
   if (o.segment_size < 64 || o.segment_size > kMaxSegmentPayload) {
     return {Code::kInvalidArgument,
@@ -38,9 +39,6 @@ Status check_options(const DatagramSenderOptions& o, const Descriptor* proto) {
     return {Code::kInvalidArgument,
             "fault injection applies to datagrams; dgram_rc runs over TCP "
             "(use an nftables rule for real loss on both)"};
-  }
-  if (o.devices.size() > kMaxHelloDevices) {
-    return {Code::kInvalidArgument, "at most " + std::to_string(kMaxHelloDevices) + " devices per datagram sender"};
   }
   return Status::ok();
 }
@@ -306,9 +304,7 @@ Status DatagramSender::connect(const DatagramSenderOptions& o, std::unique_ptr<D
   impl->proto = find_protocol(o.protocol);
   SLOTSTREAM_RETURN_IF_ERROR(check_options(o, impl->proto));
   for (size_t i = 0; i < o.devices.size(); ++i) {
-    auto [it, fresh] = impl->devices.try_emplace(o.devices[i]);
-    if (!fresh) return {Code::kInvalidArgument, "device " + std::to_string(o.devices[i]) + " is listed twice"};
-    it->second.index = i;
+    impl->devices[o.devices[i]].index = i;  // none twice: check_options
   }
   LinkOptions lo{o.host, o.port, o.socket_buffer, o.inject, o.handshake_timeout_ns, o.ttl, o.interface};
   SLOTSTREAM_RETURN_IF_ERROR(SenderLink::open(*impl->proto, lo, &impl->link));

@@ -11,6 +11,8 @@
 
 namespace slotstream::session {
 
+static_assert(kMaxDevices == engine::kMaxDevices, "the block HELLO's device limit is the engines' one");
+
 EndFacts sender_facts(const wire::Hello& hello) {
   return {hello.host_id, hello.shm_domain, (hello.offers & wire::kOfferShm) != 0,
           (hello.offers & wire::kOfferRdma) != 0};

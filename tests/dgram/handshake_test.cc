@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "dgram/sender.h"
 #include "engine/hello_rules.h"
 
 namespace slotstream::dgram {
@@ -30,6 +31,17 @@ TEST(DgramHandshake, AcceptsAGoodHelloAndChargesItsWorstCase) {
   // 12 devices x 32 STags x 921,600 B, plus bookkeeping.
   EXPECT_GE(t.reservation, 12ull * 32 * 921'600);
   EXPECT_LT(t.reservation, 12ull * 32 * 921'600 + (1 << 20));
+}
+
+// The sender says what its receiver would refuse, in the receiver's words, before it sends a HELLO.
+TEST(DgramHandshake, TheSenderChecksItsDevicesByTheSameRules) {
+  DatagramSenderOptions o;
+  o.devices = {2, 5, 2};
+  EXPECT_EQ(DatagramSender::validate(o).message(), "device 2 is listed twice");
+  o.devices.clear();
+  EXPECT_EQ(DatagramSender::validate(o).message(), "no devices: a sender declares 1..4096 devices");
+  o.devices = {2, 5};
+  EXPECT_TRUE(DatagramSender::validate(o).is_ok());
 }
 
 TEST(DgramHandshake, RefusesEachBound) {
