@@ -8,16 +8,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <ctime>
 #include <vector>
 
 namespace slotstream {
 
-inline int64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
+// CLOCK_MONOTONIC now, in nanoseconds: the library's own clock (src/clock.h's now_ns).
+int64_t monotonic_ns();
 
 // Every block starts with a header of this many bytes (SenderOptions::block_size counts it): a message
 // of N bytes fills one block of N + kBlockHeaderBytes.

@@ -2,6 +2,7 @@
 // trace.
 #include "slotstream/instruments.h"
 
+#include "clock.h"
 #include "fabric/fabric.h"
 #include "stream/trace.h"
 #include "wire/block_header.h"
@@ -9,6 +10,8 @@
 namespace slotstream {
 
 static_assert(kBlockHeaderBytes == wire::kBlockHeaderSize);
+
+int64_t monotonic_ns() { return now_ns(); }
 
 TransportCounters transport_counters() {
   const fabric::Counters c = fabric::counters();

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 
+#include "clock.h"
 #include "dgram/injector.h"
 #include "dgram/mac.h"
 #include "dgram/shim/ports.h"
@@ -155,15 +156,9 @@ inline size_t iov_total(const iovec* iov, size_t n) {
   return t;
 }
 
-inline int64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 // Milliseconds poll() should wait to reach `deadline_ns` (rounded up, so that the deadline has passed).
 inline int ms_until(int64_t deadline_ns) {
-  const int64_t left = deadline_ns - monotonic_ns();
+  const int64_t left = deadline_ns - now_ns();
   if (left <= 0) return 0;
   return int(std::min<int64_t>((left + 999'999) / 1'000'000, 1 << 30));
 }

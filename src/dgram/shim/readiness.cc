@@ -26,11 +26,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "clock.h"
 #include "dgram/shim/shim.h"
 
+using slotstream::now_ns;
 using slotstream::dgram::shim::any_held;
 using slotstream::dgram::shim::next;
-using slotstream::dgram::shim::now_ns;
 using slotstream::dgram::shim::readiness;
 
 namespace {

@@ -97,7 +97,7 @@ bool take_ready(int fd, SocketInfo& info, msghdr* msg, int flags, ssize_t* resul
   const auto st = info.rx ? info.rx : nullptr;
   if (!st) return false;
   std::lock_guard lock(st->mu);
-  st->reassembly.expire(monotonic_ns(), &st->ready);
+  st->reassembly.expire(now_ns(), &st->ready);
   if (st->ready.empty()) return false;
   const ShimDatagram& d = st->ready.front();
   *result = deliver(d.data, d.from, d.from_len, d.control, 0, msg, flags);
@@ -190,7 +190,7 @@ Fate judge(int fd, SocketInfo& info, const Received& r, bool peek, std::span<con
   }
   ++g_counters.segments_in;
   std::lock_guard lock(st->mu);
-  st->reassembly.feed(*seg, from, r.from_len, r.control, monotonic_ns(), &st->ready);
+  st->reassembly.feed(*seg, from, r.from_len, r.control, now_ns(), &st->ready);
   return Fate::kTaken;
 }
 
@@ -283,7 +283,7 @@ class RecvDeadline {
 
  private:
   static constexpr int64_t kUnarmed = INT64_MIN;
-  int64_t start_ = monotonic_ns();
+  int64_t start_ = now_ns();
   int64_t at_ = kUnarmed;
 };
 
@@ -312,7 +312,7 @@ Wait wait_for_data(int fd, const SocketInfo& info, int flags, const RecvDeadline
     if (deadline.at() != INT64_MAX) *read_flags |= MSG_DONTWAIT;
     return Wait::kRead;
   }
-  return monotonic_ns() >= wake ? Wait::kLook : Wait::kTimedOut;
+  return now_ns() >= wake ? Wait::kLook : Wait::kTimedOut;
 }
 
 }  // namespace
@@ -403,7 +403,7 @@ int shim_recvmmsg(int fd, SocketInfo& info, mmsghdr* vec, unsigned vlen, int fla
       errno = EINVAL;
       return -1;
     }
-    end = monotonic_ns() + int64_t(timeout->tv_sec) * 1'000'000'000 + timeout->tv_nsec;
+    end = now_ns() + int64_t(timeout->tv_sec) * 1'000'000'000 + timeout->tv_nsec;
   }
   int each = flags & ~MSG_WAITFORONE;
   unsigned i = 0;
@@ -416,7 +416,7 @@ int shim_recvmmsg(int fd, SocketInfo& info, mmsghdr* vec, unsigned vlen, int fla
     vec[i].msg_len = unsigned(n);
     if (flags & MSG_WAITFORONE) each |= MSG_DONTWAIT;
     if (timeout) {
-      const int64_t left = std::max<int64_t>(end - monotonic_ns(), 0);
+      const int64_t left = std::max<int64_t>(end - now_ns(), 0);
       timeout->tv_sec = time_t(left / 1'000'000'000);
       timeout->tv_nsec = long(left % 1'000'000'000);
       if (left == 0) {
@@ -445,8 +445,6 @@ bool looks_deliverable(const SocketInfo& info, std::span<const std::byte> head, 
 
 }  // namespace
 
-int64_t now_ns() { return monotonic_ns(); }
-
 bool any_held() { return g_rx_states.load(std::memory_order_relaxed) > 0; }
 
 Readiness readiness(int fd, bool drain) {
@@ -456,7 +454,7 @@ Readiness readiness(int fd, bool drain) {
   r.udp = true;
   if (info.rx) {
     std::lock_guard lock(info.rx->mu);
-    info.rx->reassembly.expire(monotonic_ns(), &info.rx->ready);
+    info.rx->reassembly.expire(now_ns(), &info.rx->ready);
     r.readable = !info.rx->ready.empty();
     r.wake_ns = info.rx->reassembly.wake_ns();
     if (r.readable) return r;

@@ -20,8 +20,6 @@ struct Readiness {
 // becomes readable), datagrams the shim drops are dropped — so that neither wakes the application.
 Readiness readiness(int fd, bool drain);
 
-int64_t now_ns();
-
 // No system call: whether any socket has recombination state. If none, no socket can be readable through
 // the shim alone, and the wrappers need not ask each one before waiting.
 bool any_held();
