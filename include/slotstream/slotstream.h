@@ -122,8 +122,8 @@ Status read_token_file(const std::string& path, std::string* token);
 struct ProtocolInfo {
   std::string name;
   std::string summary;
-  // Which engine runs it: "ucx" (the block protocols, src/protocol) or "dgram" (the datagram
-  // transport's, src/dgram), and the transports it runs on ("shm", "tcp", "rdma"; "udp"; dgram_rc: "tcp").
+  // Which engine runs it: "ucx" (the block protocols, src/engine/ucx/protocol) or "dgram" (the datagram
+  // transport's, src/engine/dgram), and the transports it runs on ("shm", "tcp", "rdma"; "udp"; dgram_rc: "tcp").
   std::string engine;
   std::vector<std::string> transports;
   std::string options;                 // the options it takes (NAME:key=value,...), for people
@@ -456,7 +456,7 @@ class MessageSink {
 // from any thread; one view is not to be used from two threads at once.
 class MessageView {
  public:
-  struct Lease;  // what keeps data() valid (internal: src/stream/lending.h)
+  struct Lease;  // what keeps data() valid (internal: src/engine/ucx/stream/lending.h)
   MessageView() = default;
   MessageView(MessageView&&) noexcept = default;
   MessageView& operator=(MessageView&& other) noexcept;
@@ -556,7 +556,7 @@ struct SessionReport {
   // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes,
   // buffered_read's reads and bytes read; the datagram transport's datagrams, CRC errors, ...),
   // summed over the sender's connections; documented where each protocol counts them (protocol.h,
-  // src/dgram/report.h).
+  // src/engine/dgram/recv/report.h).
   std::map<std::string, uint64_t> protocol_counters;
   LatencyHistogram store_latency;  // complete messages, from first block to stored
 
