@@ -375,8 +375,8 @@ struct Message {
   uint16_t device = 0;
   uint32_t packet = 0;  // the packet number of its record (per device, wraps at 2^32)
   // Which of the pass's receive blocks holds it (several small messages can share one: packing).
-  // A sink that keeps views of blocks instead of copying (zero-copy receive, issue 22) holds
-  // blocks by this index; today every block is released once the call returned.
+  // A sink that keeps views of blocks instead of copying (zero-copy receive, below) holds blocks by
+  // this index; for a sink that copies, every block is released once the call returned.
   uint32_t block = 0;
   std::span<const std::byte> data;
 };
@@ -425,7 +425,7 @@ class MessageSink {
   virtual Status deliver_datagram(const DatagramMessage& m);
 };
 
-// ------------------------------------------------------------- zero-copy receive (issue 22)
+// ------------------------------------------------------------------------ zero-copy receive
 //
 // The paper's status 2 (§3.3, §4.2.7) for applications: with ReceiverOptions::make_view_sink each
 // complete message is lent to the application where it arrived — a read-only view into the
