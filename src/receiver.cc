@@ -12,6 +12,8 @@
 // Receiver::Impl's declaration and its round-robin consumer are in receiver_impl.h.
 #include "receiver_impl.h"
 
+#include <sys/ioctl.h>
+
 #include "engine/hello_rules.h"
 
 namespace slotstream {
@@ -158,10 +160,13 @@ void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) 
   const std::string source = control->peer_host();
   std::string refused;
   {
-    std::lock_guard lock(mutex);
-    if (sessions.size() < kMaxSessionThreads) {
+    std::unique_lock lock(mutex);
+    wait_for_evicted_threads(lock);
+    if (sessions.size() - finished.size() < kMaxSessionThreads) {
       const uint64_t id = next_session++;
-      if (auto victim = admission.arrive(id, source)) evict(*victim);
+      if (auto victim = admission.arrive(id, source, [this](uint64_t v) { return has_unread_bytes(v); })) {
+        evict(*victim);
+      }
       unauthenticated_fds[id] = ::dup(control->fd());
       try {
         sessions.emplace(id, std::thread([this, id, c = std::move(control)]() mutable {
@@ -188,6 +193,20 @@ void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) 
   event(refused);
 }
 
+// At the thread cap because connections closed for room have not ended yet (a flood: each
+// arrival evicts one, and their threads wait for a core): the accept loop waits for them, while
+// new connections queue in the kernel, rather than refuse a sender for their sake.
+void Receiver::Impl::wait_for_evicted_threads(std::unique_lock<std::mutex>& lock) {
+  const auto until = Clock::now() + kEvictedWait;
+  while (sessions.size() - finished.size() >= kMaxSessionThreads && !evicted.empty() &&
+         !stopping.load(std::memory_order_acquire)) {
+    if (thread_done_cv.wait_until(lock, std::min(until, Clock::now() + Millis(100))) == std::cv_status::timeout &&
+        Clock::now() >= until) {
+      return;
+    }
+  }
+}
+
 // Closes an unauthenticated connection for room: its session's handshake read fails and it ends.
 void Receiver::Impl::evict(uint64_t id) {
   if (auto it = unauthenticated_fds.find(id); it != unauthenticated_fds.end() && it->second >= 0) {
@@ -206,6 +225,15 @@ void Receiver::Impl::evict(uint64_t id) {
   evictions = 0;
 }
 
+// Whether an unauthenticated connection has bytes its thread has not read yet: a sender's HELLO
+// that arrived while its thread waited for a core (the flood it competes with never sends any).
+bool Receiver::Impl::has_unread_bytes(uint64_t id) const {
+  const auto it = unauthenticated_fds.find(id);
+  int unread = 0;
+  return it != unauthenticated_fds.end() && it->second >= 0 && ::ioctl(it->second, FIONREAD, &unread) == 0 &&
+         unread > 0;
+}
+
 void Receiver::Impl::forget_unauthenticated_fd(uint64_t id) {
   if (auto it = unauthenticated_fds.find(id); it != unauthenticated_fds.end()) {
     if (it->second >= 0) ::close(it->second);
@@ -220,6 +248,7 @@ void Receiver::Impl::connection_ended(uint64_t id) {
   forget_unauthenticated_fd(id);
   evicted.erase(id);
   finished.push_back(id);
+  thread_done_cv.notify_all();
 }
 
 void Receiver::Impl::reap_sessions() {

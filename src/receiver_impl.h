@@ -41,6 +41,9 @@ namespace {
 // (engine/ucx/session/admission.h), and room for evicted connections whose threads are still ending. Beyond
 // this a new connection is closed at once instead of growing the process without bound.
 constexpr size_t kMaxSessionThreads = session::kMaxAuthenticated + 2 * session::kMaxUnauthenticated;
+// At the cap with evicted connections still ending, the accept loop waits this long for them
+// before it refuses a newcomer (busy).
+constexpr auto kEvictedWait = std::chrono::seconds(2);
 // Evictions are logged together, at most this often (a flood would otherwise flood stderr too).
 constexpr auto kEvictionLogInterval = std::chrono::seconds(10);
 
@@ -82,6 +85,7 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
   // reconnecting senders for days would run out of mappings (vm.max_map_count) and abort.
   std::map<uint64_t, std::thread> sessions;
   std::vector<uint64_t> finished;
+  std::condition_variable thread_done_cv;  // a connection's thread put itself in `finished`
   uint64_t next_session = 0;
   // Unauthenticated and authenticated connections (engine/ucx/session/admission.h), by session id. To close an
   // unauthenticated one for room, its socket is shut down through a duplicate of its descriptor
@@ -97,8 +101,10 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
 
   void accept_loop();
   void start_session(std::unique_ptr<net::ControlSocket> control);
+  void wait_for_evicted_threads(std::unique_lock<std::mutex>& lock);
   void evict(uint64_t id);                      // with mutex held
   void forget_unauthenticated_fd(uint64_t id);  // with mutex held
+  bool has_unread_bytes(uint64_t id) const;     // with mutex held
   void connection_ended(uint64_t id);
   void reap_sessions();
   void serve(uint64_t id, std::unique_ptr<net::ControlSocket> control);
@@ -120,9 +126,9 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
     return stopped_because;
   }
   wire::CapacityInfo capacity() override;
-  void said_hello(uint64_t connection) override {
+  void spoke(uint64_t connection) override {
     std::lock_guard lock(mutex);
-    admission.said_hello(connection);
+    admission.spoke(connection);
   }
   std::optional<std::string> authenticated(uint64_t connection) override {
     std::lock_guard lock(mutex);

@@ -278,6 +278,17 @@ Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uin
   return expect(type, std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())), body);
 }
 
+Status ControlSocket::wait_readable(Millis timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    pollfd pfd{fd_, POLLIN, 0};
+    const int rc = ::poll(&pfd, 1, remaining_ms(deadline));
+    if (rc > 0) return Status::ok();
+    if (rc < 0 && errno != EINTR) return sys_error("poll");
+    if (Clock::now() >= deadline) return {Code::kTimeout, "nothing received"};
+  }
+}
+
 Status ControlSocket::check_alive() {
   pollfd pfd{fd_, POLLIN, 0};
   int rc = ::poll(&pfd, 1, 0);
@@ -348,7 +359,11 @@ Status Listener::open(const std::string& host, uint16_t port, std::unique_ptr<Li
   }
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {
+  // The kernel's whole accept queue (net.core.somaxconn): under a flood of connections that never
+  // speak, a sender's connection waits its turn there, its HELLO already received (admission keeps
+  // such a connection, engine/ucx/session/admission.h), rather than its SYN being dropped until its connect
+  // times out.
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     const int err = errno;
     Status st = sys_error("cannot listen on " + host + ":" + port_str);
     st = {st.code(), st.message() + bind_error_hint(err)};

@@ -56,6 +56,8 @@ class ControlSocket {
   // expect(), calling `meanwhile` about every millisecond while no byte has come (a UCX worker
   // that must be progressed for the peer to get on: its endpoint connects to ours).
   Status expect(wire::MsgType type, Millis timeout, std::vector<uint8_t>* body, const std::function<void()>& meanwhile);
+  // Waits until something can be read (bytes, or the peer's close): ok, else kTimeout.
+  Status wait_readable(Millis timeout);
   // Non-blocking: kPeerGone if the peer closed (or reset) the connection, ok if still open,
   // kInProgress if a frame is waiting to be read.
   Status check_alive();

@@ -126,7 +126,8 @@ def test_two_thousand_half_open_connections_do_not_lock_out_a_sender_with_the_to
         for i in range(3):
             p = run_send(rx.addr, "--name", f"real-{i}", "--token-file", token, "--file", f"0={files[0]}",
                          check=False, timeout=60)
-            assert p.returncode == 0, f"a sender with the token was locked out (try {i}): {p.stderr}"
+            assert p.returncode == 0, (f"a sender with the token was locked out (try {i}): {p.stderr}\n"
+                                       f"receiver's log: {rx.stderr.text[-3000:]}")
         reopened = flood.reopened
     for i in range(3):
         assert_device(tmp_path / "out", f"real-{i}", 0, files)

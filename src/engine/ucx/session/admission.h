@@ -3,8 +3,10 @@
 // and those have a budget of their own, far smaller than the authenticated connections':
 //
 //   - at most kMaxUnauthenticated at once; a connection beyond that evicts one of them: one that
-//     has not sent a whole HELLO before one that has, of the address that has the most of them
-//     (the per-address cap: whoever floods pays first), the oldest first;
+//     has not spoken before one that has (sent any bytes: its thread marks it before it reads
+//     them, and until then the receiver finds them waiting in the kernel, so a sender whose
+//     thread is slow to run is never taken for a silent one), of the address that has the most
+//     of them (the per-address cap: whoever floods pays first), the oldest first;
 //   - at most kMaxAuthenticated authenticated connections; beyond that a sender is refused (busy).
 //
 // So connections that never authenticate — 2,000 half-open ones reopened as fast as they are
@@ -16,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -31,11 +34,15 @@ inline constexpr size_t kMaxUnauthenticated = 128;
 
 class Admission {
  public:
+  // Whether a connection not yet known to have spoken has bytes waiting to be read.
+  using HasSpoken = std::function<bool(uint64_t id)>;
+
   // A connection from `source` (its numeric address) was accepted; `id`s increase with arrival.
-  // Returns the id of an unauthenticated connection to close to make room for it, if any.
-  std::optional<uint64_t> arrive(uint64_t id, const std::string& source);
-  // The connection sent a whole HELLO: it is kept over those that have not.
-  void said_hello(uint64_t id);
+  // Returns the id of an unauthenticated connection to close to make room for it, if any; a
+  // candidate for which `has_spoken` says yes is kept as one that spoke, and another is chosen.
+  std::optional<uint64_t> arrive(uint64_t id, const std::string& source, const HasSpoken& has_spoken = {});
+  // The connection sent bytes (its HELLO, being read): it is kept over those that have not.
+  void spoke(uint64_t id);
   // The connection authenticated: nullopt when it may go on, else why it is refused (busy).
   std::optional<std::string> authenticate(uint64_t id);
   // The connection ended (also after being evicted: then nothing happens).
@@ -47,7 +54,7 @@ class Admission {
  private:
   struct Pending {
     std::string source;
-    bool said_hello = false;
+    bool spoke = false;
   };
   // The unauthenticated connection to evict for room (see above).
   std::optional<uint64_t> victim() const;

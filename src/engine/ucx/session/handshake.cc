@@ -120,7 +120,6 @@ std::optional<Refusal> ReceiverSession::handshake() {
   wire::Hello hello;
   if (auto r = read_hello(&hello)) return r;
   if (capacity_only_) return std::nullopt;
-  rx_.said_hello(connection_);
   HelloTerms terms;
   if (auto r = check_hello(hello, rx_.receiver_terms(), &terms)) return r;
   desc_ = terms.protocol;
@@ -137,7 +136,15 @@ std::optional<Refusal> ReceiverSession::handshake() {
 
 std::optional<Refusal> ReceiverSession::read_hello(wire::Hello* hello) {
   wire::Frame frame;
-  if (Status st = control_->receive(kHelloTimeout, &frame); !st.is_ok()) {
+  // Once bytes have come, this connection counts as one that spoke (session/admission.h): marked
+  // before they leave the kernel, where the accept loop saw them until now, so that no moment
+  // lets it pass for a silent one.
+  Status st = control_->wait_readable(kHelloTimeout);
+  if (st.is_ok()) {
+    rx_.spoke(connection_);
+    st = control_->receive(kHelloTimeout, &frame);
+  }
+  if (!st.is_ok()) {
     return Refusal{st.code(), "no valid hello: " + st.message(), st.code() == Code::kTimeout ? "timeout" : "bad_hello"};
   }
   fabric::test_stop_point("hello");

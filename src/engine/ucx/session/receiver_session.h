@@ -81,9 +81,9 @@ class SessionHost {
   // Why, as Receiver::stop(reason) was given it ("" when not said). Any thread.
   virtual std::string stop_reason() const = 0;
   virtual wire::CapacityInfo capacity() = 0;
-  // Admission of this connection (engine/ucx/session/admission.h): it sent a whole HELLO; it authenticated
+  // Admission of this connection (engine/ucx/session/admission.h): it sent bytes (its HELLO); it authenticated
   // (nullopt: go on, else why it is refused); it was closed to make room for others.
-  virtual void said_hello(uint64_t connection) = 0;
+  virtual void spoke(uint64_t connection) = 0;
   virtual std::optional<std::string> authenticated(uint64_t connection) = 0;
   virtual bool evicted_for_room(uint64_t connection) = 0;
   // Takes the sender name for this connection's group (nullopt, *group set), or says why not.

@@ -1,8 +1,11 @@
-// Which connections the receiver serves (issue 19, item 4): unauthenticated ones take turns in a
-// small budget of their own, so they can never lock out a sender that authenticates.
+// Which connections the receiver serves: unauthenticated ones take turns in a small budget of
+// their own, so they can never lock out a sender that authenticates.
 #include "engine/ucx/session/admission.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
 
 namespace slotstream::session {
 namespace {
@@ -24,7 +27,7 @@ TEST(Admission, HalfOpenConnectionsBeyondTheBudgetEvictTheOldestAndASenderThatAu
   // A real sender arrives, says HELLO (the flood never does) and authenticates while the flood goes on.
   const uint64_t real = id++;
   ASSERT_TRUE(a.arrive(real, "192.168.1.7"));
-  a.said_hello(real);
+  a.spoke(real);
   for (int i = 0; i < 500; ++i, ++id) {
     const auto victim = a.arrive(id, "10.0." + std::to_string(id % 200) + ".1");
     ASSERT_TRUE(victim);
@@ -55,11 +58,11 @@ TEST(Admission, UnderPressureTheAddressWithTheMostConnectionsPays) {
   }
 }
 
-TEST(Admission, AmongConnectionsThatSaidHelloTheOldestGoesFirst) {
+TEST(Admission, AmongConnectionsThatSpokeTheOldestGoesFirst) {
   Admission a;
   for (uint64_t id = 0; id < kMaxUnauthenticated; ++id) {
     a.arrive(id, "10.0." + std::to_string(id) + ".1");
-    a.said_hello(id);
+    a.spoke(id);
   }
   EXPECT_EQ(a.arrive(1000, "10.9.9.9"), std::optional<uint64_t>(0));
   EXPECT_EQ(a.arrive(1001, "10.9.9.8"), std::optional<uint64_t>(1000)) << "the newcomer has not said HELLO yet";
@@ -92,6 +95,43 @@ TEST(Admission, AnEvictedConnectionCannotAuthenticateAndItsEndChangesNothing) {
   a.ended(0);
   EXPECT_EQ(a.unauthenticated(), kMaxUnauthenticated);
   EXPECT_EQ(a.authenticated(), 0u);
+}
+
+TEST(Admission, AConnectionWhoseHelloWaitsUnreadIsKeptLikeOneThatSaidIt) {
+  // The receiver's thread for a real sender may not have run yet when the flood needs room: the
+  // kernel already holds its HELLO (`has_spoken`), and that keeps it.
+  Admission a;
+  uint64_t id = 0;
+  for (; id < kMaxUnauthenticated; ++id) a.arrive(id, "10.0." + std::to_string(id % 200) + ".1");
+  const uint64_t real = 5;  // in the middle of the budget; never marked spoke here
+  std::vector<uint64_t> asked;
+  const Admission::HasSpoken spoke = [&](uint64_t v) {
+    asked.push_back(v);
+    return v == real;
+  };
+  for (int i = 0; i < 1000; ++i, ++id) {
+    const auto victim = a.arrive(id, "10.0." + std::to_string(id % 200) + ".1", spoke);
+    ASSERT_TRUE(victim);
+    EXPECT_NE(*victim, real) << "evicted a connection whose HELLO had arrived";
+  }
+  EXPECT_EQ(std::count(asked.begin(), asked.end(), real), 1) << "once known to have spoken, it is not asked again";
+  EXPECT_EQ(a.authenticate(real), std::nullopt);
+  // Without the kernel's answer the same connection would have gone in the first turns.
+  Admission b;
+  for (uint64_t j = 0; j < kMaxUnauthenticated; ++j) b.arrive(j, "10.0." + std::to_string(j % 200) + ".1");
+  bool gone = false;
+  for (uint64_t j = kMaxUnauthenticated; j < kMaxUnauthenticated + 10; ++j) {
+    gone |= b.arrive(j, "10.0." + std::to_string(j % 200) + ".1") == std::optional<uint64_t>(real);
+  }
+  EXPECT_TRUE(gone);
+}
+
+TEST(Admission, WhenEveryCandidateHasSpokenOneOfThemStillMakesRoom) {
+  Admission a;
+  for (uint64_t id = 0; id < kMaxUnauthenticated; ++id) a.arrive(id, "10.0.0." + std::to_string(id % 250));
+  const auto victim = a.arrive(500, "10.9.9.9", [](uint64_t) { return true; });
+  EXPECT_EQ(victim, std::optional<uint64_t>(0)) << "the oldest of those that spoke";
+  EXPECT_EQ(a.unauthenticated(), kMaxUnauthenticated);
 }
 
 }  // namespace
