@@ -414,8 +414,8 @@ def latency_section(records):
             "Median as a multiple of ucx_raw_put's median:\n\n",
             table(records, "latency", "latency_p50_ratio_to_ucx", "{:.1f}", by_blocks=False),
             "Where the time goes, mean µs per stage over the messages traced with every event (both peers' "
-            "`--trace`, src/stream/trace.h): **fill** from the stamp until the block is committed (claim, copy, "
-            "header); **post** until the protocol's transmit returned (a hand-off to the sending thread shows "
+            "`--trace`, src/engine/ucx/stream/trace.h): **fill** from the stamp until the block is committed "
+            "(claim, copy, header); **post** until the protocol's transmit returned (a hand-off to the sending thread shows "
             "here); **fabric_poll** until the receiver's poll found the block; **deliver** until the sink committed "
             "the message; **total** their sum, each message's stamp-to-delivered time. An event is stamped after "
             "what it marks, so one can carry a later stamp than the next (the receiver found a packed record "
@@ -462,8 +462,8 @@ def cpu_section(records):
 
 def resources_section(records):
     md = ["## Resources (Fig. 16-17)\n",
-          "Counted where slotstream calls UCX (src/fabric): endpoints, registered bytes, puts, gets, active messages "
-          "sent and received, most operations in flight, completions polled, progress calls (all, and those that "
+          "Counted where slotstream calls UCX (src/engine/ucx/fabric): endpoints, registered bytes, puts, gets, "
+          "active messages sent and received, most operations in flight, completions polled, progress calls (all, and those that "
           "found work) and the time in them, control connections. First run.\n"]
     res = [r for r in records if r["experiment"] == "resources" and r.get("run", 0) == 0]
     if res:

@@ -1,13 +1,13 @@
 // The receiver: a facade that runs the engine its transport chooses (src/engine/contract.h): the datagram engine
-// (src/dgram/engine.h) for udp, else UCX's, here (Receiver::Impl).
+// (src/engine/dgram/engine.h) for udp, else UCX's, here (Receiver::Impl).
 //
 // UCX's receiver accepts senders on the control socket, gives each its own block region, and
 // runs one consumer thread per sender that polls that region's status bytes (paper §3.2.5) and
 // hands complete messages to the sender's sink. The receiver makes no network operation on the
 // data path; where RMA is not one-sided in hardware (tcp, rdma over ud) a progress thread serves
 // the sender's puts and gets (rdma over rc and dc needs none). Each connection is a session
-// (src/session/receiver_session.h: handshake and consumer loop); this file holds what sessions share: the accept loop,
-// sender groups (lanes), the memory budget, the transports' fabrics and the round-robin consumer.
+// (src/engine/ucx/session/receiver_session.h: handshake and consumer loop); this file holds what sessions share: the
+// accept loop, sender groups (lanes), the memory budget, the transports' fabrics and the round-robin consumer.
 //
 // Receiver::Impl's declaration and its round-robin consumer are in receiver_impl.h.
 #include "receiver_impl.h"
@@ -154,7 +154,7 @@ void Receiver::Impl::accept_loop() {
   }
 }
 
-// A new connection: it starts unauthenticated (session/admission.h), possibly closing another
+// A new connection: it starts unauthenticated (engine/ucx/session/admission.h), possibly closing another
 // unauthenticated one for room, and gets a thread of its own.
 void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) {
   const std::string source = control->peer_host();

@@ -18,13 +18,13 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "dgram/engine.h"
 #include "engine/contract.h"
-#include "fabric/fabric.h"
+#include "engine/dgram/engine.h"
+#include "engine/ucx/fabric/fabric.h"
+#include "engine/ucx/session/admission.h"
+#include "engine/ucx/session/capacity.h"
+#include "engine/ucx/session/receiver_session.h"
 #include "net/control_socket.h"
-#include "session/admission.h"
-#include "session/capacity.h"
-#include "session/receiver_session.h"
 #include "slotstream/options.h"
 #include "slotstream/slotstream.h"
 #include "wire/control.h"
@@ -38,7 +38,7 @@ using session::TransportFabric;
 namespace {
 
 // Threads for connections at once: the authenticated and unauthenticated budgets
-// (session/admission.h), and room for evicted connections whose threads are still ending. Beyond
+// (engine/ucx/session/admission.h), and room for evicted connections whose threads are still ending. Beyond
 // this a new connection is closed at once instead of growing the process without bound.
 constexpr size_t kMaxSessionThreads = session::kMaxAuthenticated + 2 * session::kMaxUnauthenticated;
 // At the cap with evicted connections still ending, the accept loop waits this long for them
@@ -87,7 +87,7 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
   std::vector<uint64_t> finished;
   std::condition_variable thread_done_cv;  // a connection's thread put itself in `finished`
   uint64_t next_session = 0;
-  // Unauthenticated and authenticated connections (session/admission.h), by session id. To close an
+  // Unauthenticated and authenticated connections (engine/ucx/session/admission.h), by session id. To close an
   // unauthenticated one for room, its socket is shut down through a duplicate of its descriptor
   // (the session's own descriptor may be closed meanwhile; the duplicate keeps the socket).
   session::Admission admission;

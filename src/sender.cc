@@ -1,6 +1,6 @@
 // The sender: a facade that checks its options and runs the engine they choose (src/engine/contract.h): the
-// datagram engine (src/dgram/engine.h) for transport udp and the datagram protocols, else UCX's, here.
-// UCX's engine (Sender::Impl) groups devices into lanes (connections; src/session/sender_lane.h:
+// datagram engine (src/engine/dgram/engine.h) for transport udp and the datagram protocols, else UCX's, here.
+// UCX's engine (Sender::Impl) groups devices into lanes (connections; src/engine/ucx/session/sender_lane.h:
 // handshake, fabric, send ring and the sending thread that owns the UCX worker, paper §3.2.4) and
 // owns what they share: the UCX context, per-device pauses, the first error, the counters.
 // Filler threads reach a lane only through DeviceStream, without a virtual call.
@@ -12,18 +12,18 @@
 #include <set>
 
 #include "common.h"
-#include "dgram/engine.h"
 #include "engine/contract.h"
+#include "engine/dgram/engine.h"
 #include "engine/hello_rules.h"
-#include "fabric/fabric.h"
-#include "protocol/protocol.h"
+#include "engine/ucx/fabric/fabric.h"
+#include "engine/ucx/protocol/protocol.h"
+#include "engine/ucx/session/sender_lane.h"
+#include "engine/ucx/stream/fragment.h"
+#include "engine/ucx/stream/send_ring.h"
+#include "engine/ucx/stream/trace.h"
 #include "random.h"
-#include "session/sender_lane.h"
 #include "slotstream/options.h"
 #include "slotstream/slotstream.h"
-#include "stream/fragment.h"
-#include "stream/send_ring.h"
-#include "stream/trace.h"
 #include "wire/block_header.h"
 #include "wire/control.h"
 
@@ -520,7 +520,7 @@ uint32_t DeviceStream::take_packet() {
   return next_packet_++;
 }
 
-// A small message: one record appended to the lane's open block (stream/send_ring.h) — one atomic
+// A small message: one record appended to the lane's open block (engine/ucx/stream/send_ring.h) — one atomic
 // add to reserve it, a copy, a store to publish it. It leaves with the block: at once if the lane
 // is idle (this filler transmits it), else with whatever the busy lane collects meanwhile.
 Status DeviceStream::send_packed(uint64_t length, const FillFn& fill, Deadline deadline) {
