@@ -358,7 +358,7 @@ class Sender {
   // The protocol in use: SenderOptions::protocol's name, or the transport's default.
   const std::string& protocol() const;
 
-  struct Impl;  // the UCX engine (src/sender.cc)
+  struct Impl;  // the UCX engine (src/engine/ucx/sender.h)
 
  private:
   friend class DeviceStream;
@@ -686,7 +686,7 @@ class Receiver {
   // true over UCX. Any thread.
   bool settled() const;
 
-  struct Impl;  // the UCX engine (src/receiver.cc)
+  struct Impl;  // the UCX engine (src/engine/ucx/receiver.h)
 
  private:
   explicit Receiver(std::unique_ptr<engine::ReceiverEngine> engine);

@@ -12,7 +12,7 @@
 // So connections that never authenticate — 2,000 half-open ones reopened as fast as they are
 // closed — can no longer fill the receiver and lock out every real sender: they take turns in the
 // small budget while a sender that authenticates moves on. Pure bookkeeping (no sockets, no
-// clock: arrival order is the id order); the receiver (src/receiver.cc) acts on its answers.
+// clock: arrival order is the id order); the receiver (src/engine/ucx/receiver.cc) acts on its answers.
 // Threading: not thread-safe; the receiver calls it under its lock.
 #pragma once
 

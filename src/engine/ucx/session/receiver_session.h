@@ -1,6 +1,6 @@
 // One sender's connection on the receiver: the handshake (handshake.h), then the consumer loop
 // that polls the sender's block region (paper §3.2.5), hands complete messages to its sink and
-// watches its control socket. The receiver (src/receiver.cc) accepts connections, owns what all
+// watches its control socket. UCX's receiver engine (src/engine/ucx/receiver.h) accepts connections, owns what all
 // sessions share (SessionHost) and decides which thread runs the loop.
 #pragma once
 

@@ -2,7 +2,7 @@
 // fabric it sets up from the receiver's ACCEPT, the send ring, the protocol, and the sending
 // thread that owns the lane's UCX worker (paper §3.2.4). Most protocols use one lane for every
 // device; one that cannot share a connection between devices (sliding window) gets one lane per
-// device. The Sender (src/sender.cc) groups devices into lanes and owns what they share
+// device. UCX's sender engine (src/engine/ucx/sender.h) groups devices into lanes and owns what they share
 // (LaneOwner); filler threads reach a lane only through DeviceStream.
 #pragma once
 

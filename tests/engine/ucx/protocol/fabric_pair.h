@@ -1,5 +1,5 @@
 // A receiver and a sender half of one protocol in one process, over real UCX on one transport,
-// wired the way src/receiver.cc and src/engine/ucx/session/sender_lane.cc wire them (two contexts, the
+// wired the way src/engine/ucx/receiver.cc and src/engine/ucx/session/sender_lane.cc wire them (two contexts, the
 // receiver's shared worker with its progress thread, an endpoint each way), so that a test can
 // drive transmit_st, poll and release itself and look at both halves' counters.
 #pragma once

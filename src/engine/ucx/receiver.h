@@ -1,6 +1,6 @@
 // UCX's receiver engine (Receiver::Impl: the accept loop, sender groups, the memory budget, the transports'
-// fabrics) and its round-robin consumer (Receiver::Impl::RoundRobin), as receiver.cc implements them.
-// Private to src/receiver.cc.
+// fabrics; receiver.cc) and its round-robin consumer (Receiver::Impl::RoundRobin). `Receiver`
+// (src/receiver.cc) starts it through Impl::start and runs it through engine::ReceiverEngine.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +19,6 @@
 
 #include "common.h"
 #include "engine/contract.h"
-#include "engine/dgram/engine.h"
 #include "engine/ucx/fabric/fabric.h"
 #include "engine/ucx/session/admission.h"
 #include "engine/ucx/session/capacity.h"
@@ -50,6 +49,9 @@ constexpr auto kEvictionLogInterval = std::chrono::seconds(10);
 }  // namespace
 
 struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
+  // Listens on options' address, brings up the transports they allow, starts the accept loop.
+  static Status start(ReceiverOptions options, std::unique_ptr<engine::ReceiverEngine>* out);
+
   ReceiverOptions options;
   std::unique_ptr<net::Listener> listener;
   session::ReceiverTerms terms;  // set by start(), before the first connection
