@@ -357,6 +357,21 @@ def mean_text(values, fmt):
             f"(n={len(values)})")
 
 
+def load_line(load):
+    """The machine's load around the run (the 1-minute load average; the run's own processes raise it as it goes)."""
+    if not load:
+        return "Load average: not recorded (a run older than the load gate).\n"
+    end = f", {load['end']:.2f} at the end (the run's own processes count)" if "end" in load else ""
+    if load["start"] <= load["limit"]:
+        forced = f" The run refuses to start above {load['limit']} unless forced."
+    elif load.get("forced"):
+        forced = f" **Forced** (`--force`) above the limit of {load['limit']}: other work shared the cores."
+    else:
+        forced = f" Above the limit of {load['limit']}: a `--tiny` run (a test; its figures mean nothing)."
+
+    return f"Load average (1 min): {load['start']:.2f} at the start{end}.{forced}\n"
+
+
 def report_header(doc):
     """The title: the command, the machine, the versions, the settings, and how to read a cell."""
     c = doc["config"]
@@ -365,6 +380,7 @@ def report_header(doc):
           f"`{c['command']}` on {c['host']} ({c['cpus']} CPUs, kernel {c['kernel']}), {c['slotstream']}, "
           f"UCX {c['ucx']}, {c['date']}.\n",
           ("Settings: " + "; ".join(f"{k} = {v}" for k, v in settings.items()) + ".\n") if settings else "",
+          load_line(c.get("load")),
           "`tcp_socket` (plain TCP over loopback) has no shared-memory variant: it is measured once, "
           "listed under the tcp transport, and is the TCP/IP reference for both.\n",
           "Every number comes from two real processes over real UCX (or plain TCP for `tcp_socket`); "
