@@ -261,7 +261,6 @@ void Receiver::Impl::reap_sessions() {
   for (auto& t : done) t.join();  // each has returned from serve() already
 }
 
-
 // What this receiver offers: rdma when a usable device is there (its absence is an error only when
 // rdma is the one transport allowed: nothing could ever connect).
 Status Receiver::Impl::decide_terms() {

@@ -17,7 +17,6 @@ using session::SenderLane;
 
 namespace {
 
-
 // Whether this sender offers rdma (auto), or can use it at all (rdma): a usable device, and a
 // locked-memory limit that covers the send blocks. Asked of UCX before anything connects, so that
 // `--transport rdma` on a host without a device fails at once with what to do.
@@ -42,7 +41,8 @@ Status check_rdma(const SenderOptions& o, bool* offer) {
 
 // UCX's checks beyond the facade's common ones, and its protocol resolved ("NAME[:key=value,...]"; empty:
 // kDefaultProtocol).
-Status Sender::Impl::validate(const SenderOptions& o, const protocol::Descriptor** desc, protocol::Options* proto_options) {
+Status Sender::Impl::validate(const SenderOptions& o, const protocol::Descriptor** desc,
+                              protocol::Options* proto_options) {
   if (!o.first_message.empty()) {
     for (uint16_t d : o.devices) {
       if (!o.first_message.contains(d)) {
@@ -337,6 +337,5 @@ Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill, Deadline d
   progress->next_fragment = 0;
   return Status::ok();
 }
-
 
 }  // namespace slotstream
