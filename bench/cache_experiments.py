@@ -65,7 +65,7 @@ def cache_levels(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
 
 def cache_share(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
     """The receiving core's share of its last-level cache, as carc's receiver computes its default
-    budget (src/protocol/carc.cc: cache_share_bytes); 0 when sysfs says nothing."""
+    budget (src/engine/ucx/protocol/carc.cc: cache_share_bytes); 0 when sysfs says nothing."""
     levels = cache_levels(cache_dir)
     if not levels:
         return 0

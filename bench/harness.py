@@ -28,7 +28,7 @@ PAPER_BLOCKS = 3       # paper section 4.2: three blocks per side
 DEFAULT_BLOCKS = 32    # slotstream's default (`slotstream send --help`)
 MODES = ("full", "quick", "tiny")  # --quick, --tiny (the tests' runs: seconds, not minutes)
 
-# What slotstream asks UCX for on each transport (src/fabric/transports.cc); ucx_perftest gets the same.
+# What slotstream asks UCX for on each transport (src/engine/ucx/fabric/transports.cc); ucx_perftest gets the same.
 # rdma: UCX's rc alias (rc_mlx5 or rc_verbs, with ud for wire-up), or dc/ud with --rdma-transport.
 UCX_TLS = {"shm": "posix,sysv,self", "tcp": "tcp,self", "rdma": "rc,self"}
 # --rdma-transport / --rdma-device: passed to every peer of the rdma transport (set by the entry script).

@@ -127,7 +127,7 @@ def group(res, experiment, metric, run=None):
 
 # ---------------------------------------------------------------------------- latency
 
-# Where one message's latency goes (bench-peer --trace, src/stream/trace.h): each stage runs from
+# Where one message's latency goes (bench-peer --trace, src/engine/ucx/stream/trace.h): each stage runs from
 # the first event to the second; "fill" starts at the stamp the sender peer puts in the message.
 LATENCY_STAGES = (("fill", "stamp", "committed"), ("post", "committed", "posted"),
                   ("fabric_poll", "posted", "polled"), ("deliver", "polled", "delivered"))

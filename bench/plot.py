@@ -357,6 +357,21 @@ def mean_text(values, fmt):
             f"(n={len(values)})")
 
 
+def load_line(load):
+    """The machine's load around the run (the 1-minute load average; the run's own processes raise it as it goes)."""
+    if not load:
+        return "Load average: not recorded (a run older than the load gate).\n"
+    end = f", {load['end']:.2f} at the end (the run's own processes count)" if "end" in load else ""
+    if load["start"] <= load["limit"]:
+        forced = f" The run refuses to start above {load['limit']} unless forced."
+    elif load.get("forced"):
+        forced = f" **Forced** (`--force`) above the limit of {load['limit']}: other work shared the cores."
+    else:
+        forced = f" Above the limit of {load['limit']}: a `--tiny` run (a test; its figures mean nothing)."
+
+    return f"Load average (1 min): {load['start']:.2f} at the start{end}.{forced}\n"
+
+
 def report_header(doc):
     """The title: the command, the machine, the versions, the settings, and how to read a cell."""
     c = doc["config"]
@@ -365,6 +380,7 @@ def report_header(doc):
           f"`{c['command']}` on {c['host']} ({c['cpus']} CPUs, kernel {c['kernel']}), {c['slotstream']}, "
           f"UCX {c['ucx']}, {c['date']}.\n",
           ("Settings: " + "; ".join(f"{k} = {v}" for k, v in settings.items()) + ".\n") if settings else "",
+          load_line(c.get("load")),
           "`tcp_socket` (plain TCP over loopback) has no shared-memory variant: it is measured once, "
           "listed under the tcp transport, and is the TCP/IP reference for both.\n",
           "Every number comes from two real processes over real UCX (or plain TCP for `tcp_socket`); "
@@ -414,8 +430,8 @@ def latency_section(records):
             "Median as a multiple of ucx_raw_put's median:\n\n",
             table(records, "latency", "latency_p50_ratio_to_ucx", "{:.1f}", by_blocks=False),
             "Where the time goes, mean µs per stage over the messages traced with every event (both peers' "
-            "`--trace`, src/stream/trace.h): **fill** from the stamp until the block is committed (claim, copy, "
-            "header); **post** until the protocol's transmit returned (a hand-off to the sending thread shows "
+            "`--trace`, src/engine/ucx/stream/trace.h): **fill** from the stamp until the block is committed "
+            "(claim, copy, header); **post** until the protocol's transmit returned (a hand-off to the sending thread shows "
             "here); **fabric_poll** until the receiver's poll found the block; **deliver** until the sink committed "
             "the message; **total** their sum, each message's stamp-to-delivered time. An event is stamped after "
             "what it marks, so one can carry a later stamp than the next (the receiver found a packed record "
@@ -462,8 +478,8 @@ def cpu_section(records):
 
 def resources_section(records):
     md = ["## Resources (Fig. 16-17)\n",
-          "Counted where slotstream calls UCX (src/fabric): endpoints, registered bytes, puts, gets, active messages "
-          "sent and received, most operations in flight, completions polled, progress calls (all, and those that "
+          "Counted where slotstream calls UCX (src/engine/ucx/fabric): endpoints, registered bytes, puts, gets, "
+          "active messages sent and received, most operations in flight, completions polled, progress calls (all, and those that "
           "found work) and the time in them, control connections. First run.\n"]
     res = [r for r in records if r["experiment"] == "resources" and r.get("run", 0) == 0]
     if res:

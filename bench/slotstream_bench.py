@@ -78,10 +78,28 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="fewer sizes, rounds, seconds and one run")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: seconds, not minutes
     ap.add_argument("--out", required=True, help="directory for results.json, plots and report.md")
+    ap.add_argument("--force", action="store_true",
+                    help=f"measure even when the load average is above {MAX_LOAD} (other work distorts the figures; "
+                         "the report says the run was forced)")
     a = ap.parse_args(argv)
     if a.runs is not None and a.runs < 1:
         ap.error("--runs must be at least 1")
     return a
+
+
+# Above this 1-minute load average at start, other work would share the cores with the measured
+# processes: the run refuses (unless --force). The load is recorded in the report either way.
+MAX_LOAD = 1.5
+
+
+def load_gate(a):
+    """None when measuring may start, else why not (one line)."""
+    load = os.getloadavg()[0]
+    if load <= MAX_LOAD or a.force or a.tiny:  # --tiny: the tests' mode, figures mean nothing
+        return None
+    return (f"the load average is {load:.2f} (above {MAX_LOAD}): other work would share the cores with the "
+            "measured processes and distort every figure; wait until the machine is quiet (`uptime`) or pass "
+            "--force (the report then says the run was forced)")
 
 
 def settings(a):
@@ -133,6 +151,9 @@ def measure(res, cfg, names):
 
 def main(argv):
     a = parse_args(argv)
+    if why := load_gate(a):
+        print(f"slotstream bench: error: {why}", file=sys.stderr)
+        return 2
     cfg = settings(a)
     out = pathlib.Path(a.out)
     try:
@@ -144,8 +165,10 @@ def main(argv):
     res = Results(out, argv)
     res.config["settings"] = {k: v for k, v in vars(cfg).items() if k != "registry"}
     res.config["settings"]["rdma"] = dict(RDMA)
+    res.config["load"] = {"start": round(os.getloadavg()[0], 2), "limit": MAX_LOAD, "forced": a.force}
     t0 = time.monotonic()
     measure(res, cfg, list(EXPERIMENTS) if a.experiment == "all" else [a.experiment])
+    res.config["load"]["end"] = round(os.getloadavg()[0], 2)
     check_cpu(res, os.cpu_count() or 1)
     res.save()
     log(f"== measured in {time.monotonic() - t0:.0f} s; results in {out / 'results.json'}")

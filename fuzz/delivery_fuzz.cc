@@ -1,5 +1,5 @@
-// In-order delivery (stream/delivery.h) fed arbitrary record sequences through a fake
-// ReceiverProtocol (blocks in memory, as tests/stream/delivery_test.cc does): the input is a
+// In-order delivery (engine/ucx/stream/delivery.h) fed arbitrary record sequences through a fake
+// ReceiverProtocol (blocks in memory, as tests/engine/ucx/stream/delivery_test.cc does): the input is a
 // script of sender and receiver events, and a model of what the sender sent checks the result.
 //
 // Configuration (first bytes): blocks (1..16), payload capacity per block (0..48), declared
@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "check.h"
-#include "stream/delivery.h"
+#include "engine/ucx/stream/delivery.h"
 
 namespace wire = slotstream::wire;
 namespace protocol = slotstream::protocol;

@@ -1,6 +1,6 @@
 // libFuzzer target: the datagram segment decoder (header checks and CRC32C) and the control messages it
-// carries (src/dgram/wire.h, src/dgram/control.h) — everything a receiver does with a datagram from
-// anyone before it trusts a byte of it.
+// carries (src/engine/dgram/wire/wire.h, src/engine/dgram/wire/control.h) — everything a receiver does with a datagram
+// from anyone before it trusts a byte of it.
 //
 // Properties checked on every input:
 //   - decoding never reads out of bounds or crashes (AddressSanitizer, UBSan);
@@ -15,9 +15,9 @@
 #include <span>
 #include <vector>
 
-#include "dgram/control.h"
-#include "dgram/crc32c.h"
-#include "dgram/wire.h"
+#include "engine/dgram/wire/control.h"
+#include "engine/dgram/wire/crc32c.h"
+#include "engine/dgram/wire/wire.h"
 
 using namespace slotstream::dgram;
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the datagram receiver's session and placement code (src/dgram/session.h and what it
+// libFuzzer target: the datagram receiver's session and placement code (src/engine/dgram/recv/session.h and what it
 // drives: handshake.h's check_hello, tagged.h, recv_queue.h, placement.h, device_order.h, rd.h) — everything
 // a sender controls once its HELLO is accepted, without sockets. The input is a script: a HELLO (protocol,
 // up to 4,096 devices, ring, largest message), then events — segments of the session's protocol (Write-
@@ -26,11 +26,11 @@
 #include <vector>
 
 #include "check.h"
-#include "dgram/control.h"
-#include "dgram/crc32c.h"
-#include "dgram/handshake.h"
-#include "dgram/session.h"
-#include "dgram/wire.h"
+#include "engine/dgram/recv/handshake.h"
+#include "engine/dgram/recv/session.h"
+#include "engine/dgram/wire/control.h"
+#include "engine/dgram/wire/crc32c.h"
+#include "engine/dgram/wire/wire.h"
 
 using namespace slotstream::dgram;
 

@@ -1,4 +1,4 @@
-// Protocol options (protocol/options.h) and byte sizes (parse_size) on arbitrary text: what a
+// Protocol options (engine/ucx/protocol/options.h) and byte sizes (parse_size) on arbitrary text: what a
 // user types after `--protocol NAME:` and what a peer sends in HELLO. Invariants:
 //   - parse either fails with kInvalidArgument and a message, or yields options whose canonical
 //     text() parses again to the same text (the receiver rebuilds what the sender meant);
@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "check.h"
-#include "protocol/options.h"
+#include "engine/ucx/protocol/options.h"
 #include "slotstream/slotstream.h"
 
 using slotstream::Code;

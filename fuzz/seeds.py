@@ -6,7 +6,7 @@ what a fuzz run finds goes to build-fuzz/corpus/ (fuzz/run.sh).
 Seeds are valid inputs, so that the fuzzers start from the real formats: one encoding of every
 control message (wire/control.h), a few block headers (wire/block_header.h), typical protocol
 options, for the delivery script a few fixed pseudo-random event scripts, one valid datagram
-segment of every shape src/dgram/wire.h defines (control payloads too), each with its CRC32C, and
+segment of every shape src/engine/dgram/wire/wire.h defines (control payloads too), each with its CRC32C, and
 the GStreamer plugin's messages (gst/frame.h).
 """
 import hashlib
@@ -84,8 +84,8 @@ assert crc32c(b"123456789") == 0xE3069283
 
 
 def segment(service, opcode, ddp_flags, extra, payload, rd=None, mac=False):
-    """A datagram segment (src/dgram/wire.h, version 2): common header, RD header, opcode fields, payload, [a
-    16-byte MAC, here a fixed one: only its place matters to the decoder], CRC32C."""
+    """A datagram segment (src/engine/dgram/wire/wire.h, version 2): common header, RD header, opcode fields,
+    payload, [a 16-byte MAC, here a fixed one: only its place matters to the decoder], CRC32C."""
     flags = ddp_flags | 1 | (0x10 if mac else 0)
     common = b"SD" + bytes([2, flags, 0x40 | opcode, service]) + struct.pack("<HI", len(payload), 0x1234)
     rdb = struct.pack("<IIIIQ", *rd) if rd else b""
@@ -94,7 +94,7 @@ def segment(service, opcode, ddp_flags, extra, payload, rd=None, mac=False):
 
 
 def dgram_hello(auth=False, devices=(0, 1)):
-    """A HELLO payload (src/dgram/control.h, wire version 2), padded to 256 bytes."""
+    """A HELLO payload (src/engine/dgram/wire/control.h, wire version 2), padded to 256 bytes."""
     body = bytes([1, 1 if auth else 0, 12]) + b"write_record" + bytes([3]) + b"cam" + \
         struct.pack("<IQIH", 4, 1 << 20, 8192, len(devices)) + b"".join(struct.pack("<H", d) for d in devices) + \
         bytes(range(32))

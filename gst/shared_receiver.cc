@@ -105,8 +105,8 @@ class SenderRoutes {
     unclaimed_.erase(device);
     // Back-pressure. A src pops its queue as fast as downstream takes buffers, typically within a
     // millisecond: a short wait spares the device a pause, which lasts Delivery::kBusyRetry (100 ms) —
-    // with 4 buffers a pause, a src of fast frames got about 40 a second (issue 35: two srcs of 64x48
-    // frames at 1000/1 made their sinks time out). Longer would hold up the sender's other devices.
+    // with 4 buffers a pause, a src of fast frames would get about 40 a second (two srcs of 64x48 frames
+    // at 1000/1 would make their sinks time out). Longer would hold up the sender's other devices.
     if (!outlet->has_room(kRoomWait)) return {Code::kBusy, "the slotstreamsrc's queue is full"};
     if (outlet->first_from(sender_)) {
       if (outlet->zero_copy() == ZeroCopy::kOn && !copy_reason_.empty()) {

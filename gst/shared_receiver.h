@@ -9,9 +9,9 @@
 // srcs may hold all of a sender's blocks: then the sender waits for a free block — back-pressure again, never
 // loss.
 //
-// Zero-copy (issue 22's MessageView): the receiver lends each sender's messages in place. A buffer message
-// for a src that lends (zero-copy auto or on) reaches it as the view itself — its receive block held with status
-// 2 until the src's GstMemory over it is freed, the sender writing other blocks meanwhile. A src with zero-copy
+// Zero-copy (MessageView, slotstream/slotstream.h): the receiver lends each sender's messages in place. A buffer
+// message for a src that lends (zero-copy auto or on) reaches it as the view itself — its receive block held with
+// status 2 until the src's GstMemory over it is freed, the sender writing other blocks meanwhile. A src with zero-copy
 // off, and every sender whose protocol cannot hold blocks (only status_byte can), take the copy path: the
 // payload is copied once, from the receive block into memory the src's PayloadFactory gives (a GstBuffer's),
 // and the block is given back at once. Each stream starts with a note saying which path it takes and why.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and runs the unit tests, the protocol tests (tests/protocol: every protocol over real
+# Builds and runs the unit tests, the protocol tests (tests/engine/ucx/protocol: every protocol over real
 # UCX, shm and tcp), the platform's etcd tests, the GStreamer plugin's core (tests/gst) and the library
 # examples (hello_stream; zero_copy_recv --self-send: zero-copy views) under a sanitizer, each in a build directory of its own:
 #   bash scripts/sanitize.sh thread     ThreadSanitizer                     -> build-tsan/

@@ -1,4 +1,4 @@
-// `slotstream transports`: what this host offers, asked of UCX (fabric/transports.h) and sysfs.
+// `slotstream transports`: what this host offers, asked of UCX (engine/ucx/fabric/transports.h) and sysfs.
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <set>
 
 #include "common.h"
-#include "fabric/transports.h"
+#include "engine/ucx/fabric/transports.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {

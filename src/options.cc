@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "dgram/wire.h"
 #include "engine/contract.h"
+#include "engine/dgram/wire/wire.h"
 
 namespace slotstream {
 

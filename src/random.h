@@ -1,6 +1,6 @@
 // Random numbers from the system's cryptographic generator (OpenSSL's RAND_bytes): authentication
 // nonces (net/auth.h), and identifiers a peer must not guess or meet twice — a sender's connection
-// group, the session id a protocol's notifications carry (protocol/). Any thread.
+// group, the session id a protocol's notifications carry (engine/ucx/protocol/). Any thread.
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-#include "fabric/transports.h"
+#include "engine/ucx/fabric/transports.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {

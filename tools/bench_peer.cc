@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -320,6 +321,34 @@ std::string socket_address(int fd) {
   return ss.ss_family == AF_INET6 ? std::string("[") + host + "]:" + port : std::string(host) + ":" + port;
 }
 
+// How long the plain-TCP reference's sender waits for its connection to be accepted: a receiver that is
+// not there, or a host that drops the SYN, is an error naming the address, not a hang.
+constexpr std::chrono::milliseconds kTcpConnectTimeout{5000};
+
+// connect(2) bounded by `timeout`: a non-blocking connect, then poll for writability. The socket is left
+// non-blocking (blocking() clears that). 0, or -1 with errno set (ETIMEDOUT when the time ran out).
+int connect_within(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return -1;
+  if (::connect(fd, addr, len) == 0) return 0;
+  if (errno != EINPROGRESS) return -1;
+  pollfd pfd{fd, POLLOUT, 0};
+  int rc;
+  do {
+    rc = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) return -1;
+  if (rc == 0) {
+    errno = ETIMEDOUT;
+    return -1;
+  }
+  int err = 0;
+  socklen_t err_len = sizeof err;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) != 0) return -1;
+  errno = err;
+  return err == 0 ? 0 : -1;
+}
+
 // The reference is the kernel's TCP alone: plain sockets, nothing of slotstream's.
 Status tcp_socket_to(const std::string& host, uint16_t port, bool listen, int* out) {
   addrinfo hints{};
@@ -336,10 +365,12 @@ Status tcp_socket_to(const std::string& host, uint16_t port, bool listen, int* o
   int one = 1;
   if (fd >= 0 && listen) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (fd < 0 || (listen ? ::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 64) != 0
-                        : ::connect(fd, res->ai_addr, res->ai_addrlen) != 0)) {
+                        : connect_within(fd, res->ai_addr, res->ai_addrlen, kTcpConnectTimeout) != 0)) {
+    const bool timed_out = !listen && errno == ETIMEDOUT;
     st = {listen ? Code::kIoError : Code::kConnectFailed,
           std::string(listen ? "cannot listen on " : "cannot connect to ") + host + ":" + std::to_string(port) + ": " +
-              strerror(errno)};
+              (timed_out ? "no answer within " + std::to_string(kTcpConnectTimeout.count() / 1000) + " s"
+                         : std::string(strerror(errno)))};
     if (fd >= 0) ::close(fd);
     fd = -1;
   }

@@ -20,7 +20,7 @@ struct BenchRecvArgs {
   // Receiver "processing": read every byte, then this many ns per byte of compute (0: read only;
   // negative: no processing).
   double process_ns_per_byte = -1;
-  uint64_t trace = 0;  // record per-stage timestamps of up to this many events (stream/trace.h)
+  uint64_t trace = 0;  // record per-stage timestamps of up to this many events (engine/ucx/stream/trace.h)
   bool rate = false;   // count messages; first and last arrival only (`bench message_rate`)
 };
 int run_bench_recv(const BenchRecvArgs& args);

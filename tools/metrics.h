@@ -57,7 +57,7 @@ prometheus::ClientMetric sample(std::vector<prometheus::ClientMetric::Label> lab
                                 double value);
 
 // Families a receiver shows beyond the ones every receiver has (the datagram receiver's, from
-// dgram/report.h): per-device counters of DeviceStats, and per-sender counters read from a
+// engine/dgram/recv/report.h): per-device counters of DeviceStats, and per-sender counters read from a
 // SessionReport's protocol_counters.
 struct ExtraFamilies {
   struct Device {

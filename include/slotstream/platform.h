@@ -7,7 +7,8 @@
 //   PlatformSender: connect -> send(device, ...) per filler thread -> finish()
 //   PlatformRegistration: start(receiver, ...) -> lost()? -> destroy (the record goes at once)
 //   read_platform_state: what the platform holds (`slotstream platform`)
-//   OffloadPolicy, decide_offload, CpuMeter: the edge's decisions (`slotstream edge`)
+//   OffloadPolicy, decide_offload, CpuMeter: the edge's decisions (`slotstream edge`; slotstream/edge.h's
+//   EdgeServer carries them out)
 #pragma once
 
 #include <chrono>

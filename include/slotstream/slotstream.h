@@ -122,8 +122,8 @@ Status read_token_file(const std::string& path, std::string* token);
 struct ProtocolInfo {
   std::string name;
   std::string summary;
-  // Which engine runs it: "ucx" (the block protocols, src/protocol) or "dgram" (the datagram
-  // transport's, src/dgram), and the transports it runs on ("shm", "tcp", "rdma"; "udp"; dgram_rc: "tcp").
+  // Which engine runs it: "ucx" (the block protocols, src/engine/ucx/protocol) or "dgram" (the datagram
+  // transport's, src/engine/dgram), and the transports it runs on ("shm", "tcp", "rdma"; "udp"; dgram_rc: "tcp").
   std::string engine;
   std::vector<std::string> transports;
   std::string options;                 // the options it takes (NAME:key=value,...), for people
@@ -358,7 +358,7 @@ class Sender {
   // The protocol in use: SenderOptions::protocol's name, or the transport's default.
   const std::string& protocol() const;
 
-  struct Impl;  // the UCX engine (src/sender.cc)
+  struct Impl;  // the UCX engine (src/engine/ucx/sender.h)
 
  private:
   friend class DeviceStream;
@@ -375,8 +375,8 @@ struct Message {
   uint16_t device = 0;
   uint32_t packet = 0;  // the packet number of its record (per device, wraps at 2^32)
   // Which of the pass's receive blocks holds it (several small messages can share one: packing).
-  // A sink that keeps views of blocks instead of copying (zero-copy receive, issue 22) holds
-  // blocks by this index; today every block is released once the call returned.
+  // A sink that keeps views of blocks instead of copying (zero-copy receive, below) holds blocks by
+  // this index; for a sink that copies, every block is released once the call returned.
   uint32_t block = 0;
   std::span<const std::byte> data;
 };
@@ -425,7 +425,7 @@ class MessageSink {
   virtual Status deliver_datagram(const DatagramMessage& m);
 };
 
-// ------------------------------------------------------------- zero-copy receive (issue 22)
+// ------------------------------------------------------------------------ zero-copy receive
 //
 // The paper's status 2 (§3.3, §4.2.7) for applications: with ReceiverOptions::make_view_sink each
 // complete message is lent to the application where it arrived — a read-only view into the
@@ -456,7 +456,7 @@ class MessageSink {
 // from any thread; one view is not to be used from two threads at once.
 class MessageView {
  public:
-  struct Lease;  // what keeps data() valid (internal: src/stream/lending.h)
+  struct Lease;  // what keeps data() valid (internal: src/engine/ucx/stream/lending.h)
   MessageView() = default;
   MessageView(MessageView&&) noexcept = default;
   MessageView& operator=(MessageView&& other) noexcept;
@@ -556,7 +556,7 @@ struct SessionReport {
   // The receiving protocol's own counters (e.g. credit updates sent, most unprocessed bytes,
   // buffered_read's reads and bytes read; the datagram transport's datagrams, CRC errors, ...),
   // summed over the sender's connections; documented where each protocol counts them (protocol.h,
-  // src/dgram/report.h).
+  // src/engine/dgram/recv/report.h).
   std::map<std::string, uint64_t> protocol_counters;
   LatencyHistogram store_latency;  // complete messages, from first block to stored
 
@@ -686,7 +686,7 @@ class Receiver {
   // true over UCX. Any thread.
   bool settled() const;
 
-  struct Impl;  // the UCX engine (src/receiver.cc)
+  struct Impl;  // the UCX engine (src/engine/ucx/receiver.h)
 
  private:
   explicit Receiver(std::unique_ptr<engine::ReceiverEngine> engine);

@@ -1,4 +1,4 @@
-// In-process per-device workers on zero-copy receive (issue 22): the edge pipeline's one worker per
+// In-process per-device workers on zero-copy receive (MessageView): the edge pipeline's one worker per
 // (sender, device) (docs/workers.md) as a function in this process, on a thread of its own, handed each
 // message as a MessageView in its receive block — no directory, no file, no copy.
 //

@@ -6,9 +6,9 @@
 #include <map>
 #include <mutex>
 
-#include "dgram/control.h"
-#include "dgram/receiver.h"
-#include "dgram/sender.h"
+#include "engine/dgram/recv/receiver.h"
+#include "engine/dgram/send/sender.h"
+#include "engine/dgram/wire/control.h"
 
 namespace slotstream {
 

@@ -3,8 +3,8 @@
 #include "slotstream/instruments.h"
 
 #include "clock.h"
-#include "fabric/fabric.h"
-#include "stream/trace.h"
+#include "engine/ucx/fabric/fabric.h"
+#include "engine/ucx/stream/trace.h"
 #include "wire/block_header.h"
 
 namespace slotstream {

@@ -1,6 +1,6 @@
 // The one contract behind Sender and Receiver (include/slotstream/slotstream.h). Each engine implements
-// it: UCX's block engine (Sender::Impl in src/sender.cc, Receiver::Impl in src/receiver.cc) and the
-// datagram engine (src/dgram/engine.h). Sender and Receiver are facades: they check the options, pick the
+// it: UCX's block engine (Sender::Impl and Receiver::Impl, src/engine/ucx/sender.h and receiver.h) and the
+// datagram engine (src/engine/dgram/engine.h). Sender and Receiver are facades: they check the options, pick the
 // engine by transport and protocol (engine_for) and forward every call.
 //
 // One exception keeps UCX's hot path as it was: a filler's DeviceStream::send on a UCX device goes

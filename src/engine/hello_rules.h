@@ -1,6 +1,6 @@
 // The rules of a sender's HELLO that do not depend on the engine. Both engines' judgement of a
-// hello applies them — the block engine's check_hello (session/handshake.h) and the datagram
-// engine's (dgram/handshake.h), each around its own framing and its own terms (block geometry and
+// hello applies them — the block engine's check_hello (engine/ucx/session/handshake.h) and the datagram
+// engine's (engine/dgram/recv/handshake.h), each around its own framing and its own terms (block geometry and
 // transport; ring, segments and message size) — so that one mistake gets one message, whichever
 // engine judges it. Pure functions; any thread.
 #pragma once

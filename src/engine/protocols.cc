@@ -1,9 +1,9 @@
 // The one protocol registry view (slotstream::protocols(), `slotstream protocols`): both engines'
-// registries — the block protocols of src/protocol and the datagram protocols of src/dgram — each entry
-// naming its engine and the transports it runs on; and which engine runs a sender's options.
-#include "dgram/protocol.h"
+// registries — the block protocols of src/engine/ucx/protocol and the datagram protocols of src/engine/dgram — each
+// entry naming its engine and the transports it runs on; and which engine runs a sender's options.
 #include "engine/contract.h"
-#include "protocol/protocol.h"
+#include "engine/dgram/protocol/protocol.h"
+#include "engine/ucx/protocol/protocol.h"
 #include "slotstream/slotstream.h"
 
 namespace slotstream {

@@ -361,7 +361,7 @@ Status Listener::open(const std::string& host, uint16_t port, std::unique_ptr<Li
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   // The kernel's whole accept queue (net.core.somaxconn): under a flood of connections that never
   // speak, a sender's connection waits its turn there, its HELLO already received (admission keeps
-  // such a connection, session/admission.h), rather than its SYN being dropped until its connect
+  // such a connection, engine/ucx/session/admission.h), rather than its SYN being dropped until its connect
   // times out.
   if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     const int err = errno;

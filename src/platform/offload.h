@@ -1,7 +1,7 @@
 // The overload trigger (paper §3.1: "when the data processing requirements of an edge server
 // exceed its processing capacity, the server sends a resource scheduling request"): when to move
 // one device's processing to a scheduled receiver, and when to take one back. Pure, so that it is
-// tested on its own; `slotstream edge` (tools/edge.cc) feeds it a load and carries out the moves.
+// tested on its own; the edge server (EdgeServer, src/platform/edge.cc) feeds it a load and carries out the moves.
 //
 // Hysteresis: offload above `above`, take back below `below` (< above), nothing in between, and
 // at most one move per `settle` — the load needs time to show what the last move did. One device

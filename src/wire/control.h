@@ -165,7 +165,7 @@ inline constexpr uint8_t kOfferMask = kOfferShm | kOfferRdma;
 struct Hello {
   uint16_t version = kProtocolVersion;
   std::string protocol;
-  std::string options;  // protocol options, "key=value,..." (protocol/options.h)
+  std::string options;  // protocol options, "key=value,..." (engine/ucx/protocol/options.h)
   uint32_t blocks = 0;
   uint32_t block_size = 0;
   Transport transport = Transport::kAuto;

@@ -1,8 +1,8 @@
-"""The datagram wire format (src/dgram/wire.h, control.h) written by hand, for tests that play a hostile or
+"""The datagram wire format (src/engine/dgram/wire/wire.h, control.h) written by hand, for tests that play a hostile or
 broken peer: forged hellos, floods, injected segments. Nothing here is taken from the C++ code; the layouts are
 the documented ones, so a test also checks that the documentation and the code agree.
 
-  crc32c(data)                           CRC32C (RFC 3720 test vectors in tests/dgram/crc32c_test.cc)
+  crc32c(data)                           CRC32C (RFC 3720 test vectors in tests/engine/dgram/wire/crc32c_test.cc)
   segment(version=2, ...)                one datagram: headers, payload, CRC32C
   hello(...), fin(...)                   control payloads of wire version 2 (or 1: the layout before issue 19)
   decode(datagram)                       (version, ddp flags, opcode, service, qp, payload) or None

@@ -121,3 +121,22 @@ def test_no_legend_covers_a_panel(tmp_path, monkeypatch):
         for lg in legends:
             assert not any(lg.overlaps(p) for p in panels), (lg, panels)
         real_close(fig)
+
+
+def test_a_benchmark_refuses_a_loaded_machine_unless_forced_and_the_report_says_which(monkeypatch, tmp_path, capsys):
+    import slotstream_bench
+    monkeypatch.setattr(slotstream_bench.os, "getloadavg", lambda: (3.2, 2.0, 1.0))
+    out = tmp_path / "never"
+    assert slotstream_bench.main(["latency", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "load average is 3.20" in err and "--force" in err, err
+    assert not out.exists(), "nothing is created or measured on a refused run"
+    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--force", "--out", "x"])) is None
+    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--tiny", "--out", "x"])) is None
+    monkeypatch.setattr(slotstream_bench.os, "getloadavg", lambda: (0.4, 0.5, 0.6))
+    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--out", "x"])) is None
+    # The report's header line for each case.
+    assert "Forced" in plot.load_line({"start": 3.2, "limit": 1.5, "forced": True, "end": 3.0})
+    assert "refuses to start above 1.5" in plot.load_line({"start": 0.4, "limit": 1.5, "forced": False, "end": 1.8})
+    assert "--tiny" in plot.load_line({"start": 3.2, "limit": 1.5, "forced": False})
+    assert "not recorded" in plot.load_line(None)

@@ -1,5 +1,5 @@
-"""Multicast (issue 25; src/dgram/control.h ANNOUNCE): a UD sender to an IP multicast group and three receivers,
-each in a network namespace of its own on one bridge. There is no handshake and no FIN_ACK: the sender announces
+"""Multicast (issue 25; src/engine/dgram/wire/control.h ANNOUNCE): a UD sender to an IP multicast group and three
+receivers, each in a network namespace of its own on one bridge. There is no handshake and no FIN_ACK: the sender announces
 itself to the group and each receiver stores the same stream with its own accounting."""
 import contextlib
 import json
@@ -109,7 +109,8 @@ def test_group_options_need_a_group(tmp_path):
     assert p.returncode == 2 and "a multicast group needs the port its sender sends to" in p.stderr, p.stderr
 
 
-# A multicast sender written from the documented layouts (src/dgram/control.h ANNOUNCE, FIN), run in the namespace.
+# A multicast sender written from the documented layouts (src/engine/dgram/wire/control.h ANNOUNCE, FIN), run in the
+# namespace.
 RAW_SENDER = """
 import socket, struct, sys
 import dgram_wire as w

@@ -1,5 +1,5 @@
-"""TERMINATE (issue 25; src/dgram/control.h): the side that detects a protocol error sends RDMAP's Terminate with a
-reason, and the other side reports it and stops. Hostile or broken peers are played by raw UDP (dgram_wire.py,
+"""TERMINATE (issue 25; src/engine/dgram/wire/control.h): the side that detects a protocol error sends RDMAP's
+Terminate with a reason, and the other side reports it and stops. Hostile or broken peers are played by raw UDP (dgram_wire.py,
 written from the documented layouts, not from the C++ code)."""
 import socket
 import struct

@@ -31,7 +31,7 @@ def cpu_share(pid, seconds=WINDOW):
 
 
 # Why 15 % of one core: an idle session's consumer sleeps 20 ms between looks once idle for 100 ms
-# (src/session/receiver_session.h, idle_nap), so 50 idle sessions cost 3-6 % of a core here (less under
+# (src/engine/ucx/session/receiver_session.h, idle_nap), so 50 idle sessions cost 3-6 % of a core here (less under
 # load: the naps only get longer). A consumer that polled every millisecond instead costs 25 % (status_byte)
 # and 43 % (sliding_window, a UCX worker per session) with the same 50 sessions — measured with
 # kLongIdleSleep set to 1 ms — and a busy-polling one a core per session: neither fits under the bound,
@@ -109,7 +109,7 @@ def test_a_thousand_idle_authenticated_senders_cost_a_small_share_of_a_core_and_
 # Why 8 % of one core: while its receiver is stopped the sender's blocks are all full and nothing frees one
 # (on tcp, reading the receiver's status array needs the receiver's UCX progress thread). A filler waits for a
 # block holding the transmit token (PollBackoff: sleeps of up to 2 ms once stalled), and the sending thread,
-# finding the token taken, naps 20 us doubling to 1 ms (src/session/sender_lane.cc, kTokenTakenNap): ~2 % of
+# finding the token taken, naps 20 us doubling to 1 ms (src/engine/ucx/session/sender_lane.cc, kTokenTakenNap): ~2 % of
 # a core here. With a fixed 20 us nap it cost 9-16 %, with none the sender spins (95 % measured); a fixed
 # poll fails this bound, and a sleeping process does not get busier on a loaded machine.
 STALLED_SENDER_BOUND = 0.08

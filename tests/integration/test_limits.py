@@ -116,7 +116,7 @@ def test_two_thousand_half_open_connections_do_not_lock_out_a_sender_with_the_to
                                                                                     sources):
     """Issue 19, item 4: the 1,024-connection cap filled before authentication. Unauthenticated connections now
     take turns in a budget of their own (128 handshakes; under pressure the address with the most pays first;
-    src/session/admission.h)."""
+    src/engine/ucx/session/admission.h)."""
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     rx = start_receiver(tmp_path / "out", None, "--token-file", token)

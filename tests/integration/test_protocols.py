@@ -1,6 +1,6 @@
 """`slotstream protocols --json` (docs/cli-contract.md): every protocol of both engines — the block protocols
-(src/protocol/protocol.h) and the datagram transport's (src/dgram/protocol.h) — each naming its engine and the
-transports it runs on, and every capability flag of its descriptor, so that scripts (bench/, conftest.PROTOCOLS)
+(src/engine/ucx/protocol/protocol.h) and the datagram transport's (src/engine/dgram/protocol/protocol.h) — each
+naming its engine and the transports it runs on, and every capability flag of its descriptor, so that scripts (bench/, conftest.PROTOCOLS)
 decide by flags, not by names."""
 import json
 import subprocess
@@ -11,7 +11,7 @@ from conftest import BIN
 
 FLAGS = {"reference", "holds", "connection_per_device", "receiver_progress", "receiver_endpoint", "sender_wakeup",
          "packs", "reliable", "partial", "one_sided", "multicast"}
-# The datagram transport's protocols and the transport each runs on (src/dgram/registry.cc).
+# The datagram transport's protocols and the transport each runs on (src/engine/dgram/protocol/registry.cc).
 DATAGRAM = {"write_record": "udp", "dgram_send": "udp", "dgram_rd": "udp", "rd_write_record": "udp", "dgram_rc": "tcp"}
 
 
@@ -45,7 +45,7 @@ def test_every_protocol_exports_every_descriptor_flag_as_a_boolean():
 @pytest.mark.deadline(30)
 def test_the_flags_are_the_descriptors():
     p = listing()
-    # What each descriptor declares (src/protocol/<name>.cc), one protocol per flag.
+    # What each descriptor declares (src/engine/ucx/protocol/<name>.cc), one protocol per flag.
     assert p["ucx_raw_put"]["reference"] and not p["status_byte"]["reference"]
     assert p["status_byte"]["holds"] and not p["status_byte"]["receiver_progress"], "the paper's passive receiver"
     assert p["sliding_window"]["connection_per_device"] and not p["status_byte"]["connection_per_device"]

@@ -1,7 +1,7 @@
 """Nothing left in /dev/shm however a process ends (issue 19, item 7): senders SIGKILLed at several points of their
 set-up (the first shared-memory segment, a 256 MiB ring being written, anywhere in the first 225 ms) and a receiver
-SIGKILLed while it writes a sender's region leave no segment and no directory behind (src/fabric/shm_dir.h). Before,
-UCX's `ucx_shm_posix_*` files of a process killed between their creation and their unlink stayed in /dev/shm.
+SIGKILLed while it writes a sender's region leave no segment and no directory behind
+(src/engine/ucx/fabric/shm_dir.h). Before, UCX's `ucx_shm_posix_*` files of a process killed between their creation and their unlink stayed in /dev/shm.
 
 The processes run in a private mount namespace with a /dev/shm of their own (other tests use the real one at the same
 time), which needs root and unshare(1), both part of every CI run."""

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "fabric/fabric.h"
+#include "engine/ucx/fabric/fabric.h"
 
 namespace slotstream::fabric {
 namespace {

@@ -1,0 +1,124 @@
+// Puts and gets over tcp as the fabric carries them (src/engine/ucx/fabric/soft_rma.h), over real UCX in one
+// process: an initiator worker driven by the test, a target worker with a progress thread.
+#include "engine/ucx/fabric/soft_rma.h"
+
+#include "loopback.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace slotstream::fabric {
+namespace {
+
+TEST(Context, NeedsAConcreteTransport) {
+  std::unique_ptr<Context> ctx;
+  Status st = Context::create(Transport::kAuto, &ctx);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.to_string();
+  EXPECT_EQ(ctx, nullptr);
+}
+
+class SoftRmaTest : public Loopback {
+ protected:
+  void SetUp() override {
+    open(Transport::kTcp);
+    for (size_t i = 0; i < kRegion; ++i) region_->data()[i] = std::byte(i * 13 + 1);
+  }
+};
+
+TEST_F(SoftRmaTest, AGetLargerThanOneReplyChunkArrivesWhole) {
+  serve();
+  std::vector<std::byte> dst(kRegion - 3);
+  Request r;
+  ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address() + 3, *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  EXPECT_EQ(std::memcmp(dst.data(), region_->data() + 3, dst.size()), 0);
+}
+
+TEST_F(SoftRmaTest, APutIsAppliedWhenFlushReturns) {
+  serve();
+  const char text[] = "written by a put";
+  Request r;
+  ASSERT_TRUE(ep_->put(text, sizeof text, region_->remote_address() + 100, *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  ASSERT_TRUE(ep_->flush([] { return Status::ok(); }).is_ok());
+  EXPECT_EQ(std::memcmp(region_->data() + 100, text, sizeof text), 0) << "flush returned before the put landed";
+}
+
+TEST_F(SoftRmaTest, TheMessagesThatCarryAGetAreCounted) {
+  serve();
+  std::vector<std::byte> dst(64);
+  reset_counters();
+  Request r;
+  ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &r).is_ok());
+  ASSERT_TRUE(wait(r).is_ok());
+  const Counters c = counters();
+  EXPECT_EQ(c.gets, 1u);
+  // The request and its reply, each sent by one worker and handled by the other (one process).
+  EXPECT_GE(c.am_sends, 2u);
+  EXPECT_GE(c.am_received, 2u);
+}
+
+TEST_F(SoftRmaTest, ReadingOrWritingOutsideRegisteredMemoryIsRefusedNotServed) {
+  serve();
+  std::vector<std::byte> dst(64, std::byte{0x55});
+  Request r;
+  // One byte past the end of the only region.
+  ASSERT_TRUE(ep_->get(dst.data(), 64, region_->remote_address() + kRegion - 63, *rkey_, &r).is_ok());
+  Status st = wait(r);
+  EXPECT_EQ(st.code(), Code::kProtocolError) << st.to_string();
+  EXPECT_EQ(dst[0], std::byte{0x55}) << "a refused read wrote its destination";
+  // A write there is dropped by the target (the flush behind it still completes).
+  uint64_t guard = 0;
+  std::memcpy(&guard, region_->data() + kRegion - 8, 8);
+  const char text[16] = "out of bounds!!";
+  Request w;
+  ASSERT_TRUE(ep_->put(text, sizeof text, region_->remote_address() + kRegion - 8, *rkey_, &w).is_ok());
+  ASSERT_TRUE(wait(w).is_ok());
+  ASSERT_TRUE(ep_->flush([] { return Status::ok(); }).is_ok());
+  uint64_t after = 0;
+  std::memcpy(&after, region_->data() + kRegion - 8, 8);
+  EXPECT_EQ(after, guard);
+}
+
+TEST_F(SoftRmaTest, ADroppedGetNeverWritesItsDestination) {
+  // The target is not progressed yet: the get cannot be answered before it is dropped.
+  std::vector<std::byte> dst(4096, std::byte{0});
+  {
+    Request r;
+    ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &r).is_ok());
+    ASSERT_TRUE(r.pending());
+  }  // dropped
+  serve();
+  for (int i = 0; i < 2000; ++i) {
+    initiator_->progress();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  EXPECT_EQ(dst[0], std::byte{0}) << "the late reply was written into a dropped get's destination";
+  // The endpoint still works afterwards.
+  Request again;
+  ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &again).is_ok());
+  ASSERT_TRUE(wait(again).is_ok());
+  EXPECT_EQ(std::memcmp(dst.data(), region_->data(), dst.size()), 0);
+}
+
+TEST_F(SoftRmaTest, AGetToAWorkerThatWentAwayFailsInsteadOfHanging) {
+  std::vector<std::byte> dst(64);
+  Request r;
+  ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &r).is_ok());
+  target_.reset();  // its sockets close: the initiator's endpoint fails
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  Status st{Code::kInProgress, ""};
+  while (st.code() == Code::kInProgress && std::chrono::steady_clock::now() < deadline) {
+    initiator_->progress();
+    st = r.check();
+  }
+  EXPECT_NE(st.code(), Code::kInProgress) << "still waiting for a reply from a worker that is gone";
+  EXPECT_FALSE(st.is_ok());
+}
+
+}  // namespace
+}  // namespace slotstream::fabric
