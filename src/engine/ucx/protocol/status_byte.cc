@@ -31,15 +31,11 @@ class StatusByteSender final : public SenderProtocol {
     SLOTSTREAM_RETURN_IF_ERROR(wait_space_st());
     const int64_t j = cache_.pick(&stats_.held_skips);
     const auto& g = fabric_.geometry;
-    cache_.mark_full(static_cast<uint32_t>(j));
-    // The last free block is taken: where a status read is a round trip through the receiver's
-    // thread, start it now, before this block's write, so that its answer travels while the block
-    // does (read_ahead_st).
-    if (cache_.pick(nullptr) < 0) SLOTSTREAM_RETURN_IF_ERROR(read_ahead_st(static_cast<uint32_t>(j)));
     // paper §3.2.2: two writes — the data (no completion of its own), then, behind a fence, the
     // status byte: the fence is what lets the receiver trust a status byte of 1.
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.endpoint.put_flagged(src, length, blocks_addr_ + uint64_t(j) * g.block_size,
                                                             &kFullByte, 1, status_addr_ + j, *rkey_, data_req));
+    cache_.mark_full(static_cast<uint32_t>(j));
     ++stats_.records;
     return Status::ok();
   }
@@ -47,7 +43,6 @@ class StatusByteSender final : public SenderProtocol {
   // paper §3.2.6: no free block in the cache. The sender is blocked from here until a block is
   // free: status reads, their fences and back-off all count as this one wait.
   Status wait_space_st() override {
-    SLOTSTREAM_RETURN_IF_ERROR(poll_ahead_st());
     if (cache_.pick(nullptr) >= 0) return Status::ok();
     WaitTimer wait(stats_);
     bool counted = false;
@@ -63,7 +58,6 @@ class StatusByteSender final : public SenderProtocol {
   // One status read when the cache has no free block: a filler that finds none leaves the wait
   // to the sending thread (which times it from there on).
   Status space_st(bool* ready) override {
-    SLOTSTREAM_RETURN_IF_ERROR(poll_ahead_st());
     *ready = cache_.pick(nullptr) >= 0;
     if (*ready) return Status::ok();
     WaitTimer wait(stats_);
@@ -75,20 +69,15 @@ class StatusByteSender final : public SenderProtocol {
     return Status::ok();
   }
 
-  Status finish_st() override {
-    if (ahead_.pending()) SLOTSTREAM_RETURN_IF_ERROR(complete_ahead_st());
-    return fabric_.endpoint.flush(fabric_.alive);
-  }
+  Status finish_st() override { return fabric_.endpoint.flush(fabric_.alive); }
 
   // sync_op_samples_ns: one status-array read each, from issuing the get to its completion.
   ProtocolStats stats() const override { return stats_; }
   uint64_t held_skips_st() const override { return stats_.held_skips; }
 
  private:
-  // paper §3.2.6: read all status bytes at once (one RDMA get, blocking). A read started ahead
-  // (read_ahead_st) is this read: its answer is taken instead of a new one.
+  // paper §3.2.6: read all status bytes at once (one RDMA get, blocking).
   Status synchronise_st() {
-    if (ahead_.pending()) return complete_ahead_st();
     ++stats_.sync_ops;
     // Ordered after our own earlier status puts, so the read cannot see them as still empty.
     SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
@@ -99,51 +88,6 @@ class StatusByteSender final : public SenderProtocol {
     SLOTSTREAM_RETURN_IF_ERROR(req.wait(fabric_.worker, fabric_.alive));
     add_sample(stats_.sync_op_samples_ns,
                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-    return fabric_.alive ? fabric_.alive() : Status::ok();
-  }
-
-  // The status read of §3.2.6, started as the sender takes its last free block `j` rather than at
-  // its next transmit: the same read of the same array, issued one block's write earlier. Only
-  // where a read is a round trip through the receiver's thread (the worker's typical completion,
-  // wait_policy::kPeerRoundTrip: tcp); where it is a local load (shm, rdma) it is read when needed,
-  // as the paper does. The answer lands in ahead_buf_ and replaces the cache when taken, except
-  // block j: written after the read was issued, it stays full whatever the answer says
-  // (StatusCache::start_read; no other block is written meanwhile: the cache offers none until
-  // the answer is taken). The sample in sync_op_samples_ns runs from the issue to when the answer
-  // was taken.
-  Status read_ahead_st(uint32_t j) {
-    if (ahead_.pending() || fabric_.worker.typical_completion() < fabric::wait_policy::kPeerRoundTrip)
-      return Status::ok();
-    ++stats_.sync_ops;
-    ++stats_.counters["read_ahead"];
-    SLOTSTREAM_RETURN_IF_ERROR(fabric_.worker.fence());
-    ahead_buf_.resize(cache_.size());
-    cache_.start_read(j);
-    ahead_t0_ = std::chrono::steady_clock::now();
-    return fabric_.endpoint.get(ahead_buf_.data(), ahead_buf_.size(), status_addr_, *rkey_, &ahead_);
-  }
-
-  // Takes the read started ahead if its answer is here (one progress call), else leaves it.
-  Status poll_ahead_st() {
-    if (!ahead_.pending()) return Status::ok();
-    fabric_.worker.progress();
-    Status st = ahead_.check();
-    if (st.code() == Code::kInProgress) return Status::ok();
-    SLOTSTREAM_RETURN_IF_ERROR(st);
-    return take_ahead_st();
-  }
-
-  // Waits for the read started ahead and takes its answer.
-  Status complete_ahead_st() {
-    SLOTSTREAM_RETURN_IF_ERROR(ahead_.wait(fabric_.worker, fabric_.alive));
-    return take_ahead_st();
-  }
-
-  Status take_ahead_st() {
-    add_sample(
-        stats_.sync_op_samples_ns,
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - ahead_t0_).count());
-    cache_.apply_read(ahead_buf_);
     return fabric_.alive ? fabric_.alive() : Status::ok();
   }
 
@@ -162,10 +106,6 @@ class StatusByteSender final : public SenderProtocol {
   std::unique_ptr<fabric::RemoteKey> rkey_;
   StatusCache cache_;
   ProtocolStats stats_;
-  std::vector<uint8_t> ahead_buf_;  // the answer of the read started ahead: declared before it, so
-  fabric::Request ahead_;           // that a read dropped pending (a sender that ends on an error)
-                                    // ends before its destination is freed
-  std::chrono::steady_clock::time_point ahead_t0_;
 };
 
 class StatusByteReceiver final : public ReceiverProtocol {
@@ -292,13 +232,6 @@ int64_t StatusCache::pick(uint64_t* held_skips) {
     if (policy_ == Pick::kPaper) return -1;  // paper §3.2.4: the next block is still full: synchronise
   }
   return -1;
-}
-
-void StatusCache::apply_read(std::span<const uint8_t> answer) {
-  for (size_t i = 0; i < status_.size() && i < answer.size(); ++i) {
-    if (written_.empty() || !written_[i]) status_[i] = answer[i];
-  }
-  written_.clear();
 }
 
 bool StatusCache::any_empty() const { return std::find(status_.begin(), status_.end(), kEmpty) != status_.end(); }

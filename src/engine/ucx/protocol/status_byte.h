@@ -37,16 +37,7 @@ class StatusCache {
   void mark_full(uint32_t index) {
     status_[index] = kFull;
     cursor_ = (index + 1) % status_.size();
-    if (!written_.empty()) written_[index] = 1;
   }
-  // A status read issued ahead, as block `index` (just marked full) is about to be written: its
-  // answer may predate that write, and any other block marked full until apply_read(). Those
-  // blocks stay full whatever the answer says; every other block takes the answer's status.
-  void start_read(uint32_t index) {
-    written_.assign(status_.size(), 0);
-    written_[index] = 1;
-  }
-  void apply_read(std::span<const uint8_t> answer);
   // Whether the cache shows an empty block anywhere (policy=paper may wait with one: not next).
   bool any_empty() const;
   Pick policy() const { return policy_; }
@@ -56,7 +47,6 @@ class StatusCache {
 
  private:
   std::vector<uint8_t> status_;
-  std::vector<uint8_t> written_;  // between start_read() and apply_read(): blocks marked full since
   Pick policy_;
   uint32_t cursor_ = 0;
 };

@@ -2,8 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include <vector>
-
 namespace slotstream::protocol {
 namespace {
 
@@ -95,32 +93,6 @@ TEST(StatusCache, PaperWithEveryOtherBlockHeldStillMoves) {
   EXPECT_EQ(c.pick(&held), 3);
   c.mark_full(3);
   EXPECT_EQ(c.pick(&held), -1);  // 0 held, 1 full: wait
-}
-
-// A read issued ahead (over tcp: as the last free block is taken, before its write) can answer
-// from before that write: the block must stay full, or the sender would write into it again while
-// the receiver may still be reading it.
-TEST(StatusCache, ReadIssuedAheadKeepsBlocksWrittenSinceFull) {
-  StatusCache c(3);
-  uint64_t held = 0;
-  c.mark_full(c.pick(&held));  // 0
-  c.mark_full(c.pick(&held));  // 1
-  const auto last = c.pick(&held);
-  ASSERT_EQ(last, 2);
-  c.mark_full(2);
-  ASSERT_EQ(c.pick(nullptr), -1);
-  c.start_read(2);  // issued before block 2's write
-  // The receiver's array when the read reached it: 0 consumed, 1 still full, 2 not written yet.
-  const std::vector<uint8_t> answer = {kEmpty, kFull, kEmpty};
-  c.apply_read(answer);
-  EXPECT_EQ(c.pick(&held), 0);
-  c.mark_full(0);
-  EXPECT_EQ(c.pick(&held), -1) << "block 2 was written after the read was issued: still full";
-  // A later read, not issued ahead, takes the receiver's word for every block.
-  c.apply_read(std::vector<uint8_t>{kFull, kEmpty, kHeld});
-  EXPECT_EQ(c.pick(&held), 1);
-  c.mark_full(1);
-  EXPECT_EQ(c.pick(&held), -1);  // 2 held, 0 full
 }
 
 TEST(StatusByteOptions, PolicyTakesAnyOrPaper) {
