@@ -151,10 +151,6 @@ def measure(res, cfg, names):
 
 def main(argv):
     a = parse_args(argv)
-    if why := load_gate(a):
-        print(f"slotstream bench: error: {why}", file=sys.stderr)
-        return 2
-    cfg = settings(a)
     out = pathlib.Path(a.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -162,6 +158,11 @@ def main(argv):
         print(f"slotstream bench: error: cannot create --out {out}: {e.strerror}; give a writable directory",
               file=sys.stderr)
         return 2
+    # After the usage errors (a machine's load is no reason to hide a mistake in the command).
+    if why := load_gate(a):
+        print(f"slotstream bench: error: {why}", file=sys.stderr)
+        return 2
+    cfg = settings(a)
     res = Results(out, argv)
     res.config["settings"] = {k: v for k, v in vars(cfg).items() if k != "registry"}
     res.config["settings"]["rdma"] = dict(RDMA)

@@ -130,7 +130,11 @@ def test_a_benchmark_refuses_a_loaded_machine_unless_forced_and_the_report_says_
     assert slotstream_bench.main(["latency", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "load average is 3.20" in err and "--force" in err, err
-    assert not out.exists(), "nothing is created or measured on a refused run"
+    assert not (out / "results.json").exists(), "nothing is measured on a refused run"
+    # A mistake in the command is said first, whatever the load.
+    (tmp_path / "file").write_text("")
+    assert slotstream_bench.main(["latency", "--out", str(tmp_path / "file" / "sub")]) == 2
+    assert "cannot create --out" in capsys.readouterr().err
     assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--force", "--out", "x"])) is None
     assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--tiny", "--out", "x"])) is None
     monkeypatch.setattr(slotstream_bench.os, "getloadavg", lambda: (0.4, 0.5, 0.6))
