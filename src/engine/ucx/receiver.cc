@@ -193,14 +193,10 @@ void Receiver::Impl::start_session(std::unique_ptr<net::ControlSocket> control) 
 // arrival evicts one, and their threads wait for a core): the accept loop waits for them, while
 // new connections queue in the kernel, rather than refuse a sender for their sake.
 void Receiver::Impl::wait_for_evicted_threads(std::unique_lock<std::mutex>& lock) {
-  const auto until = Clock::now() + kEvictedWait;
-  while (sessions.size() - finished.size() >= kMaxSessionThreads && !evicted.empty() &&
-         !stopping.load(std::memory_order_acquire)) {
-    if (thread_done_cv.wait_until(lock, std::min(until, Clock::now() + Millis(100))) == std::cv_status::timeout &&
-        Clock::now() >= until) {
-      return;
-    }
-  }
+  thread_done_cv.wait_for(lock, kEvictedWait, [this] {
+    return sessions.size() - finished.size() < kMaxSessionThreads || evicted.empty() ||
+           stopping.load(std::memory_order_acquire);
+  });
 }
 
 // Closes an unauthenticated connection for room: its session's handshake read fails and it ends.
@@ -305,6 +301,10 @@ void Receiver::Impl::stop(const std::string& reason) {
   if (im.stopping.exchange(true)) {
     if (im.accept_thread.joinable()) im.accept_thread.join();
     return;
+  }
+  {
+    std::lock_guard lock(im.mutex);
+    im.thread_done_cv.notify_all();  // an accept loop waiting for evicted threads stops waiting
   }
   if (im.accept_thread.joinable()) im.accept_thread.join();
   std::map<uint64_t, std::thread> sessions;

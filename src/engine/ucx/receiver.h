@@ -87,7 +87,7 @@ struct Receiver::Impl final : session::SessionHost, engine::ReceiverEngine {
   // reconnecting senders for days would run out of mappings (vm.max_map_count) and abort.
   std::map<uint64_t, std::thread> sessions;
   std::vector<uint64_t> finished;
-  std::condition_variable thread_done_cv;  // a connection's thread put itself in `finished`
+  std::condition_variable thread_done_cv;  // a connection's thread put itself in `finished`, or stop()
   uint64_t next_session = 0;
   // Unauthenticated and authenticated connections (engine/ucx/session/admission.h), by session id. To close an
   // unauthenticated one for room, its socket is shut down through a duplicate of its descriptor

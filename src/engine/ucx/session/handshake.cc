@@ -138,11 +138,13 @@ std::optional<Refusal> ReceiverSession::read_hello(wire::Hello* hello) {
   wire::Frame frame;
   // Once bytes have come, this connection counts as one that spoke (session/admission.h): marked
   // before they leave the kernel, where the accept loop saw them until now, so that no moment
-  // lets it pass for a silent one.
+  // lets it pass for a silent one. The two waits share one kHelloTimeout.
+  const auto deadline = Clock::now() + kHelloTimeout;
   Status st = control_->wait_readable(kHelloTimeout);
   if (st.is_ok()) {
     rx_.spoke(connection_);
-    st = control_->receive(kHelloTimeout, &frame);
+    st = control_->receive(std::max(net::Millis(0), std::chrono::duration_cast<net::Millis>(deadline - Clock::now())),
+                           &frame);
   }
   if (!st.is_ok()) {
     return Refusal{st.code(), "no valid hello: " + st.message(), st.code() == Code::kTimeout ? "timeout" : "bad_hello"};
