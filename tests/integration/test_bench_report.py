@@ -135,10 +135,9 @@ def test_a_benchmark_refuses_a_loaded_machine_unless_forced_and_the_report_says_
     (tmp_path / "file").write_text("")
     assert slotstream_bench.main(["latency", "--out", str(tmp_path / "file" / "sub")]) == 2
     assert "cannot create --out" in capsys.readouterr().err
-    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--force", "--out", "x"])) is None
-    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--tiny", "--out", "x"])) is None
-    monkeypatch.setattr(slotstream_bench.os, "getloadavg", lambda: (0.4, 0.5, 0.6))
-    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--out", "x"])) is None
+    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--force", "--out", "x"]), 3.2) is None
+    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--tiny", "--out", "x"]), 3.2) is None
+    assert slotstream_bench.load_gate(slotstream_bench.parse_args(["latency", "--out", "x"]), 0.4) is None
     # The report's header line for each case.
     assert "Forced" in plot.load_line({"start": 3.2, "limit": 1.5, "forced": True, "end": 3.0})
     assert "refuses to start above 1.5" in plot.load_line({"start": 0.4, "limit": 1.5, "forced": False, "end": 1.8})
