@@ -11,7 +11,10 @@ alternating BASE and HEAD run by run, for --rounds rounds (default 5; the side t
 every round). Per point it prints the median over the rounds of each side, HEAD/BASE, the A/A spread
 (max/min - 1 over BASE's rounds: how far two runs of the same binary fall apart here) and a verdict:
 REGRESSION where HEAD is worse than BASE by more than the spread (and at least SPREAD_FLOOR), better
-where it is better by as much, else ok.
+where it is better by as much, else ok. A point found worse is not yet a REGRESSION: the bench runs it comes
+from are run --confirm more rounds (default 4, alternated the same way) and the verdict is taken again over all
+rounds; only a point still worse beyond the spread of BASE's now longer series is reported (a slow minute of the
+machine during one side's runs otherwise reads as a regression).
 
 No verdict is given (the table is still printed) when the 1-minute load average is above LOAD_LIMIT
 when the panel starts, or when other processes took more than FOREIGN_LIMIT cores on average while it
@@ -20,7 +23,7 @@ ran (the load average cannot show that: the panel's own two peers keep it near 2
 Exit status: 0 no regression, 1 REGRESSION, 2 usage or build error, 3 no verdict (load).
 
 --tiny: the panel in `bench --tiny` form with one binary (SLOTSTREAM_BIN or build/slotstream) as both
-sides, 2 rounds, no build: the test of this script's parsing and verdict (tests/integration/
+sides, 2 rounds (1 to confirm), no build: the test of this script's parsing and verdict (tests/integration/
 test_perf_ab.py); its figures mean nothing.
 """
 import argparse
@@ -82,6 +85,7 @@ class Point:
     unit: str
     better: str  # "higher" or "lower"
     get: Callable
+    run: str  # the panel's bench run (PANEL's name) it is read from
 
 
 def size_name(s):
@@ -91,28 +95,30 @@ def size_name(s):
 def points():
     out = []
     lat = lambda R, p: value(R.get("latency", []), "latency", p, "shm", 64, "latency_p50")  # noqa: E731
-    out.append(Point("shm 64 B latency p50", "us", "lower", lambda R: lat(R, "status_byte")))
+    out.append(Point("shm 64 B latency p50", "us", "lower", lambda R: lat(R, "status_byte"), "latency"))
     out.append(Point("  / ucx_perftest put_lat", "x", "lower",
-                     lambda R: ratio(lat(R, "status_byte"), lat(R, "ucx_raw_put"))))
+                     lambda R: ratio(lat(R, "status_byte"), lat(R, "ucx_raw_put")), "latency"))
     for s in RATE_SIZES:
         def rate(R, p, s=s):
             return value(R.get("rate", []), "message_rate", p, "shm", s, "message_rate", devices=1)
         out.append(Point(f"shm {size_name(s)} rate, 1 device", "M msg/s", "higher",
-                         lambda R, rate=rate: (lambda v: v and v / 1e6)(rate(R, "status_byte"))))
+                         lambda R, rate=rate: (lambda v: v and v / 1e6)(rate(R, "status_byte")), "rate"))
         out.append(Point("  / ucx_perftest put_bw", "x", "higher",
-                         lambda R, rate=rate: ratio(rate(R, "status_byte"), rate(R, "ucx_perftest_put_bw"))))
+                         lambda R, rate=rate: ratio(rate(R, "status_byte"), rate(R, "ucx_perftest_put_bw")), "rate"))
     for t in ("shm", "tcp"):
         for b in BLOCKS:
             for s in THROUGHPUT_SIZES:
                 def tput(R, p, t=t, b=b, s=s):
                     return value(R.get(f"tput-{t}", []), "throughput", p, t, s, "throughput", blocks=b)
                 out.append(Point(f"{t} {size_name(s)} x{b} throughput", "MB/s", "higher",
-                                 lambda R, tput=tput: tput(R, "status_byte")))
+                                 lambda R, tput=tput: tput(R, "status_byte"), f"tput-{t}"))
                 out.append(Point("  / ucx_raw_put", "x", "higher",
-                                 lambda R, tput=tput: ratio(tput(R, "status_byte"), tput(R, "ucx_raw_put"))))
+                                 lambda R, tput=tput: ratio(tput(R, "status_byte"), tput(R, "ucx_raw_put")),
+                                 f"tput-{t}"))
                 if t == "tcp":
                     out.append(Point("  / tcp_socket", "x", "higher",
-                                     lambda R, tput=tput: ratio(tput(R, "status_byte"), tput(R, "tcp_socket"))))
+                                     lambda R, tput=tput: ratio(tput(R, "status_byte"), tput(R, "tcp_socket")),
+                                     f"tput-{t}"))
     for t in ("shm", "tcp"):
         for b in BLOCKS:
             for s in THROUGHPUT_SIZES:
@@ -120,7 +126,7 @@ def points():
                     out.append(Point(f"{t} {size_name(s)} x{b} {side} CPU", "ms/MB", "lower",
                                      lambda R, t=t, b=b, s=s, side=side: value(
                                          R.get(f"tput-{t}", []), "cpu", "status_byte", t, s, f"cpu_{side}_per_mb",
-                                         blocks=b)))
+                                         blocks=b), f"tput-{t}"))
     return out
 
 
@@ -154,8 +160,8 @@ def table(pts, rounds):
     for p in pts:
         if not p.label.startswith("  "):
             section = p.label
-        base = [p.get(R) for R in rounds["BASE"]]
-        head = [p.get(R) for R in rounds["HEAD"]]
+        base = [p.get(R) for R in rounds["BASE"] if p.run in R]  # confirming rounds make only some runs
+        head = [p.get(R) for R in rounds["HEAD"] if p.run in R]
         r, spread, word = verdict(base, head, p.better)
         bm = statistics.median([v for v in base if v is not None]) if any(v is not None for v in base) else None
         hm = statistics.median([v for v in head if v is not None]) if any(v is not None for v in head) else None
@@ -165,9 +171,15 @@ def table(pts, rounds):
         name = p.label if not p.label.startswith("  ") else f"{section} {p.label.strip()}"
         if word == "REGRESSION":
             regressions.append(name)
-        rows.append({"point": name, "unit": p.unit, "better": p.better, "base": base, "head": head,
+        rows.append({"point": name, "run": p.run, "unit": p.unit, "better": p.better, "base": base, "head": head,
                      "ratio": r, "spread": spread, "verdict": word})
     return lines, regressions, rows
+
+
+def runs_to_confirm(rows):
+    """The panel's bench runs (in PANEL's order) behind the points `table` found worse (its rows)."""
+    wanted = {r["run"] for r in rows if r["verdict"] == "REGRESSION"}
+    return [name for name, _ in PANEL if name in wanted]
 
 
 def fmt(v):
@@ -311,6 +323,9 @@ def main(argv):
     ap.add_argument("base", nargs="?", help="the commit to compare against (e.g. main)")
     ap.add_argument("head", nargs="?", help="the commit to measure (default: the working tree, built in build/)")
     ap.add_argument("--rounds", type=int, help="rounds of the panel per side (default 5; --tiny 2)")
+    ap.add_argument("--confirm", type=int,
+                    help="extra rounds of the bench runs behind a point found worse, before it is called a REGRESSION "
+                         "(default 4; --tiny 1; 0: the first verdict stands)")
     ap.add_argument("--build-only", action="store_true", help="build both sides and stop (run it under `heavy`)")
     ap.add_argument("--no-wait", action="store_true", help="start at once whatever the load")
     ap.add_argument("--tiny", action="store_true", help="one binary as both sides, the panel in tiny form, no build "
@@ -319,6 +334,9 @@ def main(argv):
     rounds_n = a.rounds or (2 if a.tiny else 5)
     if rounds_n < 1:
         ap.error("--rounds must be at least 1")
+    confirm_n = a.confirm if a.confirm is not None else (1 if a.tiny else 4)
+    if confirm_n < 0:
+        ap.error("--confirm must be 0 or more")
     if not a.tiny and not a.base:
         ap.error("give BASE (e.g. main)")
 
@@ -362,26 +380,40 @@ def main(argv):
     errors = []
     t0 = time.monotonic()
     busy0, own0 = busy_seconds(), own_seconds()
-    for r in range(rounds_n):
-        for side in ("BASE", "HEAD"):
-            rounds[side].append({})
-        for name, args in PANEL:
-            order = ("BASE", "HEAD") if r % 2 == 0 else ("HEAD", "BASE")
-            for side in order:
-                t1 = time.monotonic()
-                run_out = out_dir / f"r{r + 1}-{side.lower()}-{name}"
-                recs, errs = bench(harness, sides[side], args + MODE_ARGS[mode], run_out,
-                                   out_dir / f"r{r + 1}-{side.lower()}-{name}.log")
-                rounds[side][r][name] = recs
-                errors += [f"round {r + 1} {side} {name}: {e}" for e in errs]
-                log(f"[{time.monotonic() - t0:5.0f} s] round {r + 1}/{rounds_n} {side} {name:8} "
-                    f"{len(recs):4} records{', ' + str(len(errs)) + ' error(s)' if errs else ''} "
-                    f"({time.monotonic() - t1:.0f} s)")
+
+    def run_rounds(first, last, panel):
+        """Rounds first..last (1-based, inclusive) of the `panel` runs, each side's in turn."""
+        for r in range(first - 1, last):
+            for side in ("BASE", "HEAD"):
+                rounds[side].append({})
+            for name, args in panel:
+                order = ("BASE", "HEAD") if r % 2 == 0 else ("HEAD", "BASE")
+                for side in order:
+                    t1 = time.monotonic()
+                    recs, errs = bench(harness, sides[side], args + MODE_ARGS[mode],
+                                       out_dir / f"r{r + 1}-{side.lower()}-{name}",
+                                       out_dir / f"r{r + 1}-{side.lower()}-{name}.log")
+                    rounds[side][r][name] = recs
+                    errors.extend(f"round {r + 1} {side} {name}: {e}" for e in errs)
+                    log(f"[{time.monotonic() - t0:5.0f} s] round {r + 1}/{last} {side} {name:8} "
+                        f"{len(recs):4} records{', ' + str(len(errs)) + ' error(s)' if errs else ''} "
+                        f"({time.monotonic() - t1:.0f} s)")
+
+    run_rounds(1, rounds_n, PANEL)
+    lines, regressions, rows = table(points(), rounds)
+    confirm = runs_to_confirm(rows) if rounds_n >= 2 else []
+    confirmed_rounds = 0
+    if confirm and confirm_n > 0:
+        log(f"perf-ab: worse beyond the spread: {'; '.join(regressions)}; {confirm_n} more round(s) of "
+            f"{', '.join(confirm)} before a verdict")
+        run_rounds(rounds_n + 1, rounds_n + confirm_n, [(n, args) for n, args in PANEL if n in confirm])
+        confirmed_rounds = confirm_n
+        lines, regressions, rows = table(points(), rounds)
     wall = time.monotonic() - t0
     foreign = max(0.0, (busy_seconds() - busy0) - (own_seconds() - own0)) / max(wall, 1e-9)
-    lines, regressions, rows = table(points(), rounds)
     log("")
-    log(f"perf-ab: BASE {names['BASE']}, HEAD {names['HEAD']}; medians of {rounds_n} alternated rounds, "
+    log(f"perf-ab: BASE {names['BASE']}, HEAD {names['HEAD']}; medians of {rounds_n} alternated rounds"
+        f"{f' ({rounds_n + confirmed_rounds} for ' + ', '.join(confirm) + ')' if confirmed_rounds else ''}, "
         f"A/A = max/min - 1 over BASE's rounds")
     for line in lines:
         log(line)
@@ -392,7 +424,8 @@ def main(argv):
     status, line = overall(regressions, load_start, foreign, rounds_n)
     log(line)
     (out_dir / "perf-ab.json").write_text(json.dumps(
-        {"base": names["BASE"], "head": names["HEAD"], "rounds": rounds_n, "mode": mode, "load_start": load_start,
+        {"base": names["BASE"], "head": names["HEAD"], "rounds": rounds_n, "confirm_rounds": confirmed_rounds,
+         "confirmed_runs": confirm if confirmed_rounds else [], "mode": mode, "load_start": load_start,
          "foreign_cores": foreign, "seconds": wall, "errors": errors, "points": rows, "verdict": line}, indent=1))
     return status
 

@@ -86,7 +86,7 @@ def test_every_point_is_read_and_a_halved_point_is_the_regression():
     assert "REGRESSION" in lines[[r["point"] for r in rows].index("shm 64 KiB x3 throughput") + 1]
 
 
-@pytest.mark.deadline(280)  # 2 rounds x 2 sides x 4 tiny bench runs: ~40 s on a quiet 2-core machine
+@pytest.mark.deadline(280)  # 2 rounds x 2 sides x 4 tiny bench runs (+1 round of a flagged one): ~40 s quiet
 def test_tiny_run_reads_the_real_panel(tmp_path):
     env = dict(os.environ, SLOTSTREAM_BIN=BIN, PERF_AB_OUT=str(tmp_path))
     p = subprocess.run(["bash", str(REPO / "scripts" / "perf-ab.sh"), "--tiny", "--no-wait"], capture_output=True,
@@ -101,8 +101,62 @@ def test_tiny_run_reads_the_real_panel(tmp_path):
                   "shm 64 KiB x3 throughput", "shm 1 MiB x3 throughput / ucx_raw_put",
                   "tcp 64 KiB x3 throughput / tcp_socket", "tcp 1 MiB x3 receiver CPU", "shm 64 KiB x3 sender CPU"):
         assert None not in row[point]["base"] + row[point]["head"], (point, row[point])
-        assert len(row[point]["base"]) == 2 and row[point]["verdict"] in ("ok", "better", "REGRESSION"), row[point]
+        n = 2 + (doc["confirm_rounds"] if row[point]["run"] in doc["confirmed_runs"] else 0)  # --tiny: 1 to confirm
+        assert len(row[point]["base"]) == n and row[point]["verdict"] in ("ok", "better", "REGRESSION"), row[point]
     # The verdict line: a verdict, or a refusal that says why.
     last = p.stdout.strip().splitlines()[-1]
     assert re.match(r"perf-ab: (no regression|REGRESSION at \d+ point|NO VERDICT: .*load|NO VERDICT: other)", last), last
     assert {0: "no regression", 1: "REGRESSION", 3: "NO VERDICT"}[p.returncode] in last
+
+
+def fake_panel(monkeypatch, tmp_path, head_tput):
+    """perf_ab.main in --tiny form with its bench runs replaced by made-up records: HEAD's shm 64 KiB x3
+    throughput in round r is head_tput(r) (BASE's ~10,000), every other point equal on both sides.
+    Returns the bench runs made, as (round, side, run name)."""
+    runs = []
+
+    def bench(harness, binary, args, out, log_file):
+        r, side, name = out.name.split("-", 2)
+        runs.append((int(r[1:]), side, name))
+        R = records(head_tput(int(r[1:])) if side == "head" else 10_000.0 + 100 * (int(r[1:]) % 2))
+        return R[name], []
+
+    monkeypatch.setattr(perf_ab, "bench", bench)
+    # A quiet machine as far as the verdict goes: the made-up rounds are what is judged.
+    monkeypatch.setattr(perf_ab, "load1", lambda: 0.1)
+    monkeypatch.setattr(perf_ab, "busy_seconds", lambda: 0.0)
+    monkeypatch.setattr(perf_ab, "own_seconds", lambda: 0.0)
+    monkeypatch.setenv("SLOTSTREAM_BIN", BIN)
+    monkeypatch.setenv("PERF_AB_OUT", str(tmp_path))
+    return runs
+
+
+def test_a_point_worse_in_one_slow_spell_is_confirmed_away(monkeypatch, tmp_path, capsys):
+    # HEAD halved in the two panel rounds only (a slow spell), equal in the confirming ones.
+    runs = fake_panel(monkeypatch, tmp_path, lambda r: 5_000.0 if r <= 2 else 10_000.0)
+    status = perf_ab.main(["--tiny", "--no-wait", "--confirm", "3"])
+    out = capsys.readouterr().out
+    assert "3 more round(s) of tput-shm before a verdict" in out, out
+    # Only the run behind the flagged point was repeated, on both sides.
+    assert sorted({(r, n) for r, _, n in runs if r > 2}) == [(3, "tput-shm"), (4, "tput-shm"), (5, "tput-shm")]
+    doc = json.loads((tmp_path / "perf-ab.json").read_text())
+    row = {r["point"]: r for r in doc["points"]}["shm 64 KiB x3 throughput"]
+    assert len(row["head"]) == 5 and row["verdict"] == "ok", row
+    # A point of a run that was not repeated keeps its two rounds.
+    assert len({r["point"]: r for r in doc["points"]}["tcp 1 MiB x3 throughput"]["base"]) == 2
+    assert doc["confirm_rounds"] == 3 and doc["confirmed_runs"] == ["tput-shm"]
+    assert status == 0 and out.strip().splitlines()[-1] == "perf-ab: no regression beyond the A/A spread"
+
+
+def test_a_point_worse_in_every_round_stays_a_regression(monkeypatch, tmp_path, capsys):
+    runs = fake_panel(monkeypatch, tmp_path, lambda r: 5_000.0)
+    status = perf_ab.main(["--tiny", "--no-wait"])  # --tiny confirms with 1 round
+    out = capsys.readouterr().out
+    assert {n for r, _, n in runs if r > 2} == {"tput-shm"} and max(r for r, _, _ in runs) == 3
+    assert status == 1 and "REGRESSION at 2 point(s): shm 64 KiB x3 throughput;" in out.strip().splitlines()[-1]
+
+
+def test_confirming_can_be_turned_off(monkeypatch, tmp_path, capsys):
+    runs = fake_panel(monkeypatch, tmp_path, lambda r: 5_000.0)
+    assert perf_ab.main(["--tiny", "--no-wait", "--confirm", "0"]) == 1
+    assert max(r for r, _, _ in runs) == 2
