@@ -186,7 +186,8 @@ def main():
 
 def exp_zero_copy(res, cfg):
     """`slotstream bench zero_copy`: one run of every measurement per --runs round, on shm and tcp (--tiny: shm,
-    K = half only: records, not figures); records under experiment "zero_copy", the tables in OUT/zero_copy.md."""
+    K = half only: records, not figures); records under experiment "zero_copy", the tables in OUT/zero_copy.md
+    (rewritten after each run from every run's records: median [min–max] over the runs so far)."""
     sizes = ["640x480x3"] if cfg.quick or cfg.tiny else ["256x256x1", "640x480x3"]
     transports = [t for t in cfg.transports if t in (("shm",) if cfg.tiny else ("shm", "tcp"))]
 
@@ -195,29 +196,70 @@ def exp_zero_copy(res, cfg):
         measure_run(t, sizes, cfg.zero_copy_seconds, res.run, can_pin() and not cfg.tiny, results,
                     lambda s: print("  " + s, flush=True), tiny=cfg.tiny)
         record(res, t, results)
-        with open(res.out / "zero_copy.md", "a") as f:
-            f.write("\n".join(tables(results, t, 1)) + "\n\n")
+        write_tables(res.out / "zero_copy.md", res.records)
         return f"{t}: {len(results)} measurements (tables in zero_copy.md)"
 
     harness.for_each_point(res, cfg, "zero_copy", [(t,) for t in transports], measure, lambda t: t,
                            errors=(RuntimeError, OSError, subprocess.SubprocessError, ValueError))
 
 
+def frame_bytes(frame):
+    n = 1
+    for d in frame.split("x"):
+        n *= int(d)
+    return n
+
+
 def record(res, t, results):
-    """One record per measurement (the first of each key: a call measures each once)."""
+    """One record per measurement (the first of each key: a call measures each once); `frame` names the size."""
     for key, rs in results.items():
         r = rs[0]
-        n = 1
-        for d in key[2].split("x"):
-            n *= int(d)
+        n = frame_bytes(key[2])
         if key[0] == "saturation":
             v = f"{key[3]},{key[1]}"
-            res.add("zero_copy", "status_byte", t, n, BLOCKS, "frames_per_s", r["fps"], "frames/s", variant=v)
-            res.add("zero_copy", "status_byte", t, n, BLOCKS, "cpu_per_frame", r["cpu_us"], "µs", variant=v)
-            res.add("zero_copy", "status_byte", t, n, BLOCKS, "peak_rss", r["rss_mb"], "MiB", variant=v)
+            for metric, value, unit in (("frames_per_s", r["fps"], "frames/s"), ("cpu_per_frame", r["cpu_us"], "µs"),
+                                        ("peak_rss", r["rss_mb"], "MiB")):
+                res.add("zero_copy", "status_byte", t, n, BLOCKS, metric, value, unit, variant=v, frame=key[2])
         else:
             res.add("zero_copy", "status_byte", t, n, BLOCKS, "sender_frames_per_s", r["tx_fps"], "frames/s",
-                    variant=f"held={key[1]}")
+                    variant=f"held={key[1]}", frame=key[2])
+
+
+# Records written before they carried `frame`: the frame sizes bench zero_copy measures.
+KNOWN_FRAMES = {frame_bytes(f): f for f in ("256x256x1", "640x480x3")}
+
+
+def results_from_records(records, transport):
+    """tables()'s input rebuilt from the records of every run: {key: [one dict per run]}."""
+    by_run = {}
+    for r in records:
+        if r["experiment"] != "zero_copy" or r["transport"] != transport:
+            continue
+        frame = r.get("frame") or KNOWN_FRAMES.get(r["size_bytes"], f"{r['size_bytes']} B")
+        if r["variant"].startswith("held="):
+            key = ("held", int(r["variant"].split("=", 1)[1]), frame)
+            by_run.setdefault((key, r["run"]), {}).update(
+                tx_fps=r["value"], tx_mb_s=r["value"] * r["size_bytes"] / 1e6)
+        else:
+            mode, variant = r["variant"].split(",", 1)
+            key = ("saturation", variant, frame, mode)
+            name = {"frames_per_s": "fps", "cpu_per_frame": "cpu_us", "peak_rss": "rss_mb"}[r["metric"]]
+            by_run.setdefault((key, r["run"]), {})[name] = r["value"]
+    results = {}
+    for (key, _), values in sorted(by_run.items(), key=lambda kv: kv[0][1]):
+        results.setdefault(key, []).append(values)
+    return results
+
+
+def write_tables(path, records):
+    """zero_copy.md: per transport, the tables over every run in `records`."""
+    parts = []
+    for t in ("shm", "tcp"):
+        results = results_from_records(records, t)
+        if results:
+            runs = len({r["run"] for r in records if r["experiment"] == "zero_copy" and r["transport"] == t})
+            parts.append("\n".join(tables(results, t, runs)))
+    path.write_text("\n\n".join(parts) + "\n")
 
 
 EXPERIMENTS = {

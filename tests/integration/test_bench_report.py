@@ -6,6 +6,7 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "bench"))
 import paper_experiments  # noqa: E402
 import plot  # noqa: E402
+import zero_copy  # noqa: E402
 
 STAGES = ("fill", "post", "fabric_poll", "deliver")
 
@@ -143,3 +144,31 @@ def test_a_benchmark_refuses_a_loaded_machine_unless_forced_and_the_report_says_
     assert "refuses to start above 1.5" in plot.load_line({"start": 0.4, "limit": 1.5, "forced": False, "end": 1.8})
     assert "--tiny" in plot.load_line({"start": 3.2, "limit": 1.5, "forced": False})
     assert "not recorded" in plot.load_line(None)
+
+
+class FakeResults:
+    """harness.Results' add() and run, no files."""
+    def __init__(self):
+        self.records, self.run = [], 0
+
+    def add(self, experiment, protocol, transport, size, blocks, metric, value, unit, repeat=0, variant="", **dims):
+        self.records.append({"experiment": experiment, "protocol": protocol, "transport": transport,
+                             "size_bytes": int(size), "blocks": int(blocks), "metric": metric, "value": float(value),
+                             "unit": unit, "run": self.run, "repeat": repeat, "variant": variant, **dims})
+
+
+def test_zero_copy_tables_span_every_run_not_one_table_per_run(tmp_path):
+    # zero_copy.md used to get one "1 runs" table per run, every cell [x–x]: now median [min–max] over the runs.
+    res = FakeResults()
+    for run, fps in enumerate((1000.0, 3000.0, 2000.0)):
+        res.run = run
+        point = {"fps": fps, "cpu_us": 10.0, "rss_mb": 50.0, "tx_fps": fps, "tx_mb_s": 0.0}
+        zero_copy.record(res, "shm", {("saturation", "free", "640x480x3", "copy"): [point],
+                                      ("saturation", "free", "640x480x3", "view"): [dict(point, fps=2 * fps)],
+                                      ("held", 0, "640x480x3"): [point], ("held", 16, "640x480x3"): [point]})
+    zero_copy.write_tables(tmp_path / "zero_copy.md", res.records)
+    md = (tmp_path / "zero_copy.md").read_text()
+    assert "shm, 3 runs, median [min–max]" in md and "tcp" not in md, md
+    assert "| 640x480x3 | synthetic, shared CPUs | 2000 [1000–3000] | 4000 [2000–6000] | 2.00x [2.00–2.00] |" in md, md
+    # The held table's MB/s comes from the frame's bytes: 2000 frames/s of 921,600 bytes.
+    assert "| 16 | 640x480x3 | 2000 [1000–3000] | 1843 [922–2765] | 1.00x [1.00–1.00] |" in md, md
