@@ -19,7 +19,8 @@ Per run and transport it measures:
 The receiving side runs with each --zero-copy mode of slotstreamsrc, alternating within each run: auto (each frame
 is its receive block, lent in place) and off (each frame copied once into a pooled GstBuffer). In the same window, the CLI's
 figures for the same cameras: `slotstream send --synthetic` into `slotstream recv --discard` (no copy out). Needs python3-gst-1.0 (setup.sh)
-and the plugin in build/gst. Prints a Markdown table for docs/benchmarks.md and writes the raw runs to --out.
+and the plugin in build/gst. Prints a Markdown table and writes the raw runs to --out (commit them before quoting a figure
+in docs/benchmarks.md).
 """
 import argparse
 import json

@@ -10,7 +10,8 @@ Per transport, C++ and Python alternating, the median of the rounds reported:
   25 fps    12 cameras at 25 fps: both keep up; sender CPU per frame is what differs
   receive   the C++ loop unpaced into a Python Receiver that iterates every frame (one copy out of
             the block each) instead of `recv --discard`: frames/s the receiving side sustains
-Prints a Markdown table for docs/benchmarks.md and writes the raw runs to --out (JSON).
+Prints a Markdown table and writes the raw runs to --out (JSON): commit those records before quoting
+a figure in docs/benchmarks.md.
 """
 import argparse
 import json
