@@ -17,7 +17,7 @@ EXPERIMENTS = ["sync_latency", "latency", "throughput", "cpu", "resources", "hel
 # Experiments with axes of their own carry them as further keys of their records.
 DIMENSIONS = {"cache": {"devices": int, "process_ns_per_byte": float, "window_bytes": int, "window_of_cache": float},
               "fan_in_threads": {"senders": int}, "fan_in_round_robin": {"senders": int},
-              "message_rate": {"devices": int}}
+              "message_rate": {"devices": int}, "zero_copy": {"frame": str}}
 FIGURES = ["fig10_sync_latency.png", "fig11_sync_distribution.png", "fig12_latency.png", "fig12_latency_median.png",
            "fig13_throughput_3_blocks.png", "fig15_cpu_sender_3_blocks.png", "fig15_cpu_receiver_3_blocks.png",
            "fig16_resources_sender.png", "fig17_resources_receiver.png", "fig18_held_block.png", "fig19_cameras.png",
