@@ -275,6 +275,27 @@ def pct(values, q):
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
+def binary_source(binary):
+    """The measured binary and the commit of the git checkout it sits in when the run starts: {"binary", "commit",
+    "changed"}; commit None outside a checkout (an installed slotstream). `changed`: uncommitted changes to what a
+    binary is built from (src/, include/, tools/, CMakeLists.txt). The binary is whatever was last built there."""
+    path = pathlib.Path(binary).resolve()
+    out = {"binary": str(path), "commit": None, "changed": False}
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(path.parent), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        head = git("log", "-1", "--format=%h", "--abbrev=12")
+        if head.returncode == 0 and head.stdout.strip():
+            changed = git("status", "--porcelain", "--untracked-files=no", "--", ":/src", ":/include", ":/tools",
+                          ":/CMakeLists.txt")
+            out.update(commit=head.stdout.strip(), changed=bool(changed.stdout.strip()))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 class Results:
     def __init__(self, out, argv):
         self.out = out
@@ -289,6 +310,7 @@ class Results:
             "ucx": self._ucx_version(),
             "command": " ".join(["slotstream", "bench", *argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "source": binary_source(BIN),
         }
 
     @staticmethod

@@ -357,6 +357,17 @@ def mean_text(values, fmt):
             f"(n={len(values)})")
 
 
+def source_line(source):
+    """Which sources the measured binary came from: its checkout's commit when the run started."""
+    if not source:
+        return "Source: not recorded (a run older than the record of it).\n"
+    if not source.get("commit"):
+        return f"Source: `{source['binary']}`, outside a git checkout (an installed slotstream: see its version).\n"
+    changed = " with uncommitted changes to src/, include/, tools/ or CMakeLists.txt" if source.get("changed") else ""
+    return (f"Source: `{source['binary']}`, as built in a checkout at commit {source['commit']}{changed} when the "
+            "run started.\n")
+
+
 def load_line(load):
     """The machine's load around the run (the 1-minute load average; the run's own processes raise it as it goes)."""
     if not load:
@@ -381,6 +392,7 @@ def report_header(doc):
           f"UCX {c['ucx']}, {c['date']}.\n",
           ("Settings: " + "; ".join(f"{k} = {v}" for k, v in settings.items()) + ".\n") if settings else "",
           load_line(c.get("load")),
+          source_line(c.get("source")),
           "`tcp_socket` (plain TCP over loopback) has no shared-memory variant: it is measured once, "
           "listed under the tcp transport, and is the TCP/IP reference for both.\n",
           "Every number comes from two real processes over real UCX (or plain TCP for `tcp_socket`); "

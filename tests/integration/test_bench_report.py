@@ -1,9 +1,11 @@
 """The bench report's own arithmetic (issue 32 item 3), on made-up records: no run, no binary."""
+import subprocess
 import sys
 
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
+import harness  # noqa: E402
 import paper_experiments  # noqa: E402
 import plot  # noqa: E402
 import zero_copy  # noqa: E402
@@ -172,3 +174,31 @@ def test_zero_copy_tables_span_every_run_not_one_table_per_run(tmp_path):
     assert "| 640x480x3 | synthetic, shared CPUs | 2000 [1000–3000] | 4000 [2000–6000] | 2.00x [2.00–2.00] |" in md, md
     # The held table's MB/s comes from the frame's bytes: 2000 frames/s of 921,600 bytes.
     assert "| 16 | 640x480x3 | 2000 [1000–3000] | 1843 [922–2765] | 1.00x [1.00–1.00] |" in md, md
+
+
+def test_the_report_names_the_commit_of_the_measured_binary(tmp_path):
+    # A binary in a git checkout: its commit, and whether src/ had uncommitted changes when the run started.
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "build").mkdir()
+    (repo / "src" / "a.cc").write_text("int a;\n")
+    (repo / "build" / "slotstream").write_text("")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "src/a.cc"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    commit = subprocess.run([*git, "log", "-1", "--format=%h", "--abbrev=12"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    src = harness.binary_source(repo / "build" / "slotstream")
+    assert src["commit"] == commit and src["changed"] is False, src
+    assert f"at commit {commit} when the run started" in plot.source_line(src)
+    (repo / "src" / "a.cc").write_text("int b;\n")
+    src = harness.binary_source(repo / "build" / "slotstream")
+    assert src["changed"] is True and "with uncommitted changes" in plot.source_line(src)
+    # Outside a checkout (installed), and a record from before this field.
+    outside = tmp_path / "bin" / "slotstream"
+    outside.parent.mkdir()
+    outside.write_text("")
+    assert harness.binary_source(outside)["commit"] is None
+    assert "outside a git checkout" in plot.source_line(harness.binary_source(outside))
+    assert "not recorded" in plot.source_line(None)
