@@ -401,7 +401,7 @@ def main(argv):
 
     run_rounds(1, rounds_n, PANEL)
     lines, regressions, rows = table(points(), rounds)
-    confirm = runs_to_confirm(rows) if rounds_n >= 2 else []
+    confirm = runs_to_confirm(rows)  # empty with one round: no spread, no REGRESSION
     confirmed_rounds = 0
     if confirm and confirm_n > 0:
         log(f"perf-ab: worse beyond the spread: {'; '.join(regressions)}; {confirm_n} more round(s) of "
