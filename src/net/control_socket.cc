@@ -39,10 +39,7 @@ void tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
 }
 
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
-  return left < 0 ? 0 : static_cast<int>(left);
-}
+int remaining_ms(Clock::time_point deadline) { return static_cast<int>(time_left(deadline).count()); }
 
 std::string format_addr(const sockaddr_storage& ss) {
   char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
@@ -275,7 +272,7 @@ Status ControlSocket::expect(wire::MsgType type, Millis timeout, std::vector<uin
     if (Clock::now() >= deadline) return {Code::kTimeout, "timed out waiting for the peer"};
     meanwhile();
   }
-  return expect(type, std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())), body);
+  return expect(type, time_left(deadline), body);
 }
 
 Status ControlSocket::wait_readable(Millis timeout) {

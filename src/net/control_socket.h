@@ -2,6 +2,7 @@
 // the liveness check that tells a sender its receiver is gone (EOF) without reading data.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -19,6 +20,12 @@
 namespace slotstream::net {
 
 using Millis = std::chrono::milliseconds;
+
+// What is left of a timeout that ends at `deadline` (steady clock), never negative: for one deadline
+// shared by several waits.
+inline Millis time_left(std::chrono::steady_clock::time_point deadline) {
+  return std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
+}
 
 // How long a peer that vanished without closing its control connection (host down, network cut)
 // takes to be noticed: TCP keepalive and user timeout on every control socket.

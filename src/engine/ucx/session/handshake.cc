@@ -143,8 +143,7 @@ std::optional<Refusal> ReceiverSession::read_hello(wire::Hello* hello) {
   Status st = control_->wait_readable(kHelloTimeout);
   if (st.is_ok()) {
     rx_.spoke(connection_);
-    st = control_->receive(std::max(net::Millis(0), std::chrono::duration_cast<net::Millis>(deadline - Clock::now())),
-                           &frame);
+    st = control_->receive(net::time_left(deadline), &frame);
   }
   if (!st.is_ok()) {
     return Refusal{st.code(), "no valid hello: " + st.message(), st.code() == Code::kTimeout ? "timeout" : "bad_hello"};
