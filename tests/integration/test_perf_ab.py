@@ -17,20 +17,50 @@ spec.loader.exec_module(perf_ab)
 
 def test_verdict_against_the_aa_spread():
     # Higher is better: 10 % worse with BASE's rounds 2 % apart is a regression; 1 % worse is not.
-    r, spread, word = perf_ab.verdict([100, 101, 102], [90, 90, 91], "higher")
+    r, spread, p, word = perf_ab.verdict([100, 101, 102], [90, 90, 91], "higher")
     assert word == "REGRESSION" and r == pytest.approx(0.891, abs=1e-3) and spread == pytest.approx(0.02)
-    assert perf_ab.verdict([100, 101, 102], [100, 100, 99], "higher")[2] == "ok"
-    assert perf_ab.verdict([100, 101, 102], [120, 119, 121], "higher")[2] == "better"
+    assert p == pytest.approx(0.05)  # three rounds a side, all below: 1 in 20 arrangements
+    assert perf_ab.verdict([100, 101, 102], [100, 100, 99], "higher")[3] == "ok"
+    assert perf_ab.verdict([100, 101, 102], [120, 119, 121], "higher")[3] == "better"
     # The same 10 % inside a spread of 30 % between BASE's own rounds is noise.
-    assert perf_ab.verdict([100, 130, 110], [99, 100, 98], "higher")[2] == "ok"
+    assert perf_ab.verdict([100, 130, 110], [99, 100, 98], "higher")[3] == "ok"
     # Lower is better (latency, CPU): up is worse.
-    assert perf_ab.verdict([5.0, 5.1, 5.0], [6.0, 6.1, 6.0], "lower")[2] == "REGRESSION"
-    assert perf_ab.verdict([5.0, 5.1, 5.0], [4.0, 4.1, 4.0], "lower")[2] == "better"
+    assert perf_ab.verdict([5.0, 5.1, 5.0], [6.0, 6.1, 6.0], "lower")[3] == "REGRESSION"
+    assert perf_ab.verdict([5.0, 5.1, 5.0], [4.0, 4.1, 4.0], "lower")[3] == "better"
     # Below the floor nothing is a verdict, however tight BASE's rounds are.
-    assert perf_ab.verdict([100, 100, 100], [98, 98, 98], "higher")[2] == "ok"
+    assert perf_ab.verdict([100, 100, 100], [98, 98, 98], "higher")[3] == "ok"
     # No value on a side, or a single BASE round (no spread): no verdict.
-    assert perf_ab.verdict([None, None], [1, 2], "higher")[2] == "n/a"
-    assert perf_ab.verdict([100], [50], "higher") == (0.5, None, "n/a")
+    assert perf_ab.verdict([None, None], [1, 2], "higher")[3] == "n/a"
+    assert perf_ab.verdict([100], [50], "higher") == (0.5, None, None, "n/a")
+
+
+# Rounds of a point that falls in one of two modes a factor 2 apart, as small-message rates and 32-block throughput
+# do on the 2-core VM: BASE's A/A spread is over 100 %, so no loss can be worse than the spread.
+BIMODAL = [20.3, 10.1, 19.8, 10.4, 20.9, 9.9, 20.1, 10.2, 19.5]
+HALVED = [10.0, 5.1, 9.7, 5.0, 9.9, 4.9, 9.6, 5.2, 9.8]
+
+
+def test_rank_test_counts_the_rounds_that_rank_worse():
+    assert perf_ab.rank_p([1, 2, 3], [4, 5, 6], "higher") == pytest.approx(1 / 20)  # all below: 1 of C(6,3)
+    assert perf_ab.rank_p([4, 5, 6], [1, 2, 3], "higher") == 1.0
+    assert perf_ab.rank_p([4, 5, 6], [1, 2, 3], "lower") == pytest.approx(1 / 20)
+    assert perf_ab.rank_p([1, 5], [2, 3, 4], "higher") == pytest.approx(6 / 10)  # 3 pairs no worse: 6 of C(5,2)
+    assert perf_ab.rank_p([2, 2, 2], [2, 2, 2], "higher") == 1.0  # ties are never worse
+
+
+def test_a_halved_point_is_a_regression_where_the_spread_is_wider_than_the_loss():
+    r, spread, p, word = perf_ab.verdict(BIMODAL, HALVED, "higher")
+    assert spread > 1 and r == pytest.approx(0.49, abs=0.01)  # the spread rule alone: ok
+    assert p <= perf_ab.RANK_P and word == "REGRESSION"
+    assert perf_ab.verdict(HALVED, BIMODAL, "higher")[3] == "better"
+    assert perf_ab.verdict([1 / v for v in BIMODAL], [1 / v for v in HALVED], "lower")[3] == "REGRESSION"
+    # Equal binaries: the same two modes, drawn in another order.
+    assert perf_ab.verdict(BIMODAL, [10.3, 20.2, 9.8, 19.9, 10.0, 20.6, 10.5, 19.7, 20.0], "higher")[3] == "ok"
+    # Ranked below in every round, but by less than RANK_EFFECT: no verdict from the rank rule.
+    assert perf_ab.verdict(BIMODAL, [v * 0.95 for v in BIMODAL], "higher")[3] == "ok"
+    # Five rounds a side never reach RANK_P (1 in 252 at best); the looser RANK_P_FLAG sends them to be confirmed.
+    assert perf_ab.verdict(BIMODAL[:5], HALVED[:5], "higher")[3] == "ok"
+    assert perf_ab.verdict(BIMODAL[:5], HALVED[:5], "higher", p_limit=perf_ab.RANK_P_FLAG)[3] == "REGRESSION"
 
 
 def test_no_verdict_on_a_loaded_machine():
@@ -109,16 +139,16 @@ def test_tiny_run_reads_the_real_panel(tmp_path):
     assert {0: "no regression", 1: "REGRESSION", 3: "NO VERDICT"}[p.returncode] in last
 
 
-def fake_panel(monkeypatch, tmp_path, head_tput):
-    """perf_ab.main in --tiny form with its bench runs replaced by made-up records: HEAD's shm 64 KiB x3
-    throughput in round r is head_tput(r) (BASE's ~10,000), every other point equal on both sides.
+def fake_panel(monkeypatch, tmp_path, head_tput, base_tput=lambda r: 10_000.0 + 100 * (r % 2)):
+    """perf_ab.main in --tiny form with its bench runs replaced by made-up records: the shm 64 KiB x3 throughput
+    in round r is head_tput(r) for HEAD and base_tput(r) for BASE, every other point equal on both sides.
     Returns the bench runs made, as (round, side, run name)."""
     runs = []
 
     def bench(harness, binary, args, out, log_file):
         r, side, name = out.name.split("-", 2)
         runs.append((int(r[1:]), side, name))
-        R = records(head_tput(int(r[1:])) if side == "head" else 10_000.0 + 100 * (int(r[1:]) % 2))
+        R = records(head_tput(int(r[1:])) if side == "head" else base_tput(int(r[1:])))
         return R[name], []
 
     monkeypatch.setattr(perf_ab, "bench", bench)
@@ -145,7 +175,7 @@ def test_a_point_worse_in_one_slow_spell_is_confirmed_away(monkeypatch, tmp_path
     # A point of a run that was not repeated keeps its two rounds.
     assert len({r["point"]: r for r in doc["points"]}["tcp 1 MiB x3 throughput"]["base"]) == 2
     assert doc["confirm_rounds"] == 3 and doc["confirmed_runs"] == ["tput-shm"]
-    assert status == 0 and out.strip().splitlines()[-1] == "perf-ab: no regression beyond the A/A spread"
+    assert status == 0 and out.strip().splitlines()[-1] == perf_ab.NO_REGRESSION
 
 
 def test_a_point_worse_in_every_round_stays_a_regression(monkeypatch, tmp_path, capsys):
@@ -160,3 +190,27 @@ def test_confirming_can_be_turned_off(monkeypatch, tmp_path, capsys):
     runs = fake_panel(monkeypatch, tmp_path, lambda r: 5_000.0)
     assert perf_ab.main(["--tiny", "--no-wait", "--confirm", "0"]) == 1
     assert max(r for r, _, _ in runs) == 2
+
+
+def test_a_halved_binary_on_a_bimodal_point_is_confirmed_as_a_regression(monkeypatch, tmp_path, capsys):
+    # The loss issue 32 found (half the throughput at 64 KiB) on a point whose rounds fall in two modes: the five
+    # panel rounds flag it by rank, the four confirming ones make it a REGRESSION.
+    runs = fake_panel(monkeypatch, tmp_path, lambda r: 1000 * HALVED[r - 1], lambda r: 1000 * BIMODAL[r - 1])
+    status = perf_ab.main(["--tiny", "--no-wait", "--rounds", "5", "--confirm", "4"])
+    out = capsys.readouterr().out
+    assert "4 more round(s) of tput-shm before a verdict" in out, out
+    row = {r["point"]: r for r in json.loads((tmp_path / "perf-ab.json").read_text())["points"]}
+    row = row["shm 64 KiB x3 throughput"]
+    assert len(row["head"]) == 9 and row["spread"] > 1 and row["p_worse"] <= perf_ab.RANK_P, row
+    assert status == 1 and "REGRESSION at 2 point(s): shm 64 KiB x3 throughput;" in out.strip().splitlines()[-1]
+    assert max(r for r, _, _ in runs) == 9
+
+
+def test_the_looser_rank_test_only_picks_what_to_confirm(monkeypatch, tmp_path, capsys):
+    # HEAD twice as fast in each of five bimodal rounds: all but 3 of 25 pairs better (p = 7/252), a spread of
+    # over 100 %. Not worse, so nothing is confirmed — and the verdict is taken at RANK_P, not RANK_P_FLAG: ok.
+    fake_panel(monkeypatch, tmp_path, lambda r: 2000 * BIMODAL[r - 1], lambda r: 1000 * BIMODAL[r - 1])
+    assert perf_ab.main(["--tiny", "--no-wait", "--rounds", "5", "--confirm", "4"]) == 0
+    row = {r["point"]: r for r in json.loads((tmp_path / "perf-ab.json").read_text())["points"]}
+    assert row["shm 64 KiB x3 throughput"]["verdict"] == "ok" and len(row["shm 64 KiB x3 throughput"]["base"]) == 5
+    assert "more round(s)" not in capsys.readouterr().out
