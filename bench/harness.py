@@ -68,6 +68,27 @@ def rdma_args(transport):
         ([f"--rdma-device={RDMA['device']}"] if RDMA["device"] else [])
 
 
+# `slotstream bench --pin`: the CPUs the receiving and the sending side of every peer pair (and ucx_perftest's
+# server and client) run on; None: unpinned, wherever the scheduler puts them.
+PIN = {"receiver": None, "sender": None}
+
+
+def pin_halves(cpus):
+    """--pin's layout over `cpus` (those this process may use): the receiving side on the upper half, the sending
+    side on the lower half — on 2 CPUs the receiver on the second, the sender on the first. ValueError below 2."""
+    cpus = sorted(cpus)
+    if len(cpus) < 2:
+        raise ValueError(f"--pin needs at least 2 CPUs to give each side its own; this process may use {len(cpus)}")
+    half = len(cpus) // 2
+    return {"receiver": cpus[half:], "sender": cpus[:half]}
+
+
+def pinned(side):
+    """The preexec_fn that puts a child on `side`'s CPUs (PIN), or None when unpinned."""
+    cpus = PIN[side]
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
 def ucx_env(transport):
     """ucx_perftest's environment on `transport`: the UCX transports (and device) slotstream uses there."""
     env = dict(os.environ, UCX_TLS=UCX_TLS[transport])
@@ -155,14 +176,14 @@ def run_peers(rx_cmd, tx_cmd, timeout, kind=""):
     and a sender process (tx_cmd(ADDR) -> its command line; it prints one JSON report and exits).
     Returns (sender, receiver) reports; raises PeerError, with the receiver's stderr, when either fails.
     kind: what the errors call the peers ("dgram " for `slotstream dgram-peer`)."""
-    rx = subprocess.Popen(rx_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    rx = subprocess.Popen(rx_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=pinned("receiver"))
     try:
         line = read_line(rx, 20)
         if not line.startswith("listening on "):
             raise PeerError(f"{kind}receiver peer did not start: {line!r}")
         cmd = tx_cmd(line.split()[-1])
         try:
-            tx = subprocess.run(cmd, capture_output=True, timeout=timeout)
+            tx = subprocess.run(cmd, capture_output=True, timeout=timeout, preexec_fn=pinned("sender"))
         except subprocess.TimeoutExpired:
             raise PeerError(f"{kind}sender peer timed out after {timeout} s: {' '.join(cmd)}")
         if tx.returncode != 0:
@@ -221,7 +242,7 @@ def perftest(transport, test, size, iters, extra=(), timeout=120, warmup=10):
     last = ""
     for _ in range(3):  # the port can be taken between free_port() and the server's bind
         port = str(free_port())
-        srv = subprocess.Popen(["ucx_perftest", "-p", port, *args], env=env,
+        srv = subprocess.Popen(["ucx_perftest", "-p", port, *args], env=env, preexec_fn=pinned("receiver"),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             out = ""
@@ -229,7 +250,7 @@ def perftest(transport, test, size, iters, extra=(), timeout=120, warmup=10):
                 time.sleep(0.25)
                 try:
                     cli = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", port, *args], env=env,
-                                         capture_output=True, text=True, timeout=timeout)
+                                         preexec_fn=pinned("sender"), capture_output=True, text=True, timeout=timeout)
                 except subprocess.TimeoutExpired:
                     raise PeerError(f"ucx_perftest timed out after {timeout} s ({transport}, {test}, {size} B)")
                 out = cli.stdout + cli.stderr

@@ -24,8 +24,8 @@ import ring_experiments
 import shim_experiments
 import sip_experiments
 import zero_copy
-from harness import DEFAULT_BLOCKS, HERE, PAPER_BLOCKS, RDMA, TRANSPORTS, Results, by_mode, host_transports, log, \
-    registry
+from harness import DEFAULT_BLOCKS, HERE, PAPER_BLOCKS, PIN, RDMA, TRANSPORTS, Results, by_mode, host_transports, log, \
+    pin_halves, registry
 
 FULL_SIZES = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 8 << 20]
 QUICK_SIZES = [64, 256, 4096, 65536, 1 << 20]
@@ -81,9 +81,21 @@ def parse_args(argv):
     ap.add_argument("--force", action="store_true",
                     help=f"measure even when the load average is above {MAX_LOAD} (other work distorts the figures; "
                          "the report says the run was forced)")
+    ap.add_argument("--pin", action="store_true",
+                    help="run the receiving side of every peer pair (and ucx_perftest's server) on the upper half of "
+                         "the CPUs this process may use and the sending side (ucx_perftest's client) on the lower "
+                         "half: on 2 CPUs one each. Steadier figures on a small machine, where which threads share a "
+                         "core decides small-message rates (docs/benchmarks.md, issue 32 item 4). Experiments that start "
+                         "processes other than a peer pair (fan_in, cameras, the datagram loss, shim and SIPp runs) "
+                         "stay unpinned; zero_copy pins its own. Default: unpinned, wherever the scheduler puts them")
     a = ap.parse_args(argv)
     if a.runs is not None and a.runs < 1:
         ap.error("--runs must be at least 1")
+    if a.pin:
+        try:
+            a.pin = pin_halves(os.sched_getaffinity(0))
+        except ValueError as e:
+            ap.error(str(e))
     return a
 
 
@@ -106,6 +118,8 @@ def settings(a):
     (full, --quick, --tiny) and each experiment's own defaults for that mode."""
     cfg = argparse.Namespace()
     RDMA.update(transport=a.rdma_transport, device=a.rdma_device)
+    PIN.update(a.pin or {"receiver": None, "sender": None})
+    cfg.pin = a.pin or None  # the report's settings line says where the sides ran
     cfg.registry = registry()
     data_protocols = [n for n, p in cfg.registry.items() if not p["reference"]]
     cfg.protocols = [p for p in a.protocols.split(",") if p] if a.protocols else data_protocols

@@ -209,3 +209,38 @@ def test_an_experiment_run_alone_writes_a_report_without_empty_sections(tmp_path
             assert "latency_p99" not in v, "ucx_perftest's p99 would come from another run"
         elif "latency_p99" in v:
             assert v["latency_p99"] >= v["latency_p50"], (point, v)
+
+
+@pytest.mark.deadline(200)
+def test_pin_puts_each_side_on_its_own_cpus(tmp_path):
+    """--pin: the receiving side of a peer pair (and ucx_perftest's server) on the upper half of the CPUs the bench
+    may use, the sending side on the lower half; the report's settings say where. One CPU: a usage error."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import harness
+    cpus = sorted(os.sched_getaffinity(0))
+    one = subprocess.run([BIN, "bench", "latency", "--tiny", "--pin", "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=60, preexec_fn=lambda: os.sched_setaffinity(0, cpus[:1]))
+    assert one.returncode == 2 and "--pin needs at least 2 CPUs" in one.stderr, one.stderr
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to pin apart")  # the usage error above is what such a host gets
+    layout = harness.pin_halves(cpus)
+    assert layout["receiver"] and layout["sender"] and sorted(layout["sender"] + layout["receiver"]) == cpus
+    assert max(layout["sender"]) < min(layout["receiver"])
+    # A child started for each side runs where the side belongs (what run_peers and perftest pass to Popen).
+    harness.PIN.update(layout)
+    try:
+        for side in ("receiver", "sender"):
+            p = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, timeout=30, preexec_fn=harness.pinned(side))
+            assert json.loads(p.stdout) == layout[side], (side, p.stdout)
+    finally:
+        harness.PIN.update(receiver=None, sender=None)
+    assert harness.pinned("sender") is None  # unpinned by default
+    out = tmp_path / "pinned"
+    p = subprocess.run([BIN, "bench", "latency", "--tiny", "--pin", "--transport", "shm", "--protocols", "status_byte",
+                        "--out", str(out)], capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["settings"]["pin"] == layout
+    assert any(r["protocol"] == "status_byte" and r["metric"] == "latency_p50" for r in doc["records"])
+    assert "pin = {'receiver'" in (out / "report.md").read_text()
