@@ -20,6 +20,10 @@ verdict is taken again over all rounds. Before that, a point counts as worse wit
 RANK_P_FLAG: five rounds a side can never reach RANK_P); only a point still worse over the now longer series is
 reported (a slow minute of the machine during one side's runs otherwise reads as a regression).
 
+--pin passes `bench --pin` to every bench run (each peer pair's receiver on the upper half of the CPUs, its sender on
+the lower half): steadier small-message points on a small machine; the default measures unpinned, as the committed
+records are.
+
 No verdict is given (the table is still printed) when the 1-minute load average is above LOAD_LIMIT
 when the panel starts, or when other processes took more than FOREIGN_LIMIT cores on average while it
 ran (the load average cannot show that: the panel's own two peers keep it near 2).
@@ -368,6 +372,9 @@ def main(argv):
     ap.add_argument("--confirm", type=int,
                     help="extra rounds of the bench runs behind a point found worse, before it is called a REGRESSION "
                          "(default 4; --tiny 1; 0: the first verdict stands)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pass --pin to every bench run: each peer pair's receiver on the upper half of the CPUs, its "
+                         "sender on the lower half (steadier small-message rates on a small machine; default unpinned)")
     ap.add_argument("--build-only", action="store_true", help="build both sides and stop (run it under `heavy`)")
     ap.add_argument("--no-wait", action="store_true", help="start at once whatever the load")
     ap.add_argument("--tiny", action="store_true", help="one binary as both sides, the panel in tiny form, no build "
@@ -414,10 +421,13 @@ def main(argv):
             return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = "tiny" if a.tiny else "full"
+    extra = ["--pin"] if a.pin else []
+    if a.pin and "--pin" not in (harness / "slotstream_bench.py").read_text():
+        raise SystemExit(f"perf-ab: error: the harness in {harness} has no --pin (HEAD predates it)")
 
     load_start = load1() if a.no_wait else wait_for_load(LOAD_LIMIT, LOAD_WAIT_S, log)
     log(f"perf-ab: BASE {names['BASE']} vs HEAD {names['HEAD']}: {rounds_n} round(s) of {len(PANEL)} bench runs "
-        f"per side, alternating; 1-minute load {load_start:.2f}; harness {harness}")
+        f"per side, alternating{', pinned (--pin)' if a.pin else ''}; 1-minute load {load_start:.2f}; harness {harness}")
     rounds = {"BASE": [], "HEAD": []}
     errors = []
     t0 = time.monotonic()
@@ -432,7 +442,7 @@ def main(argv):
                 order = ("BASE", "HEAD") if r % 2 == 0 else ("HEAD", "BASE")
                 for side in order:
                     t1 = time.monotonic()
-                    recs, errs = bench(harness, sides[side], args + MODE_ARGS[mode],
+                    recs, errs = bench(harness, sides[side], args + MODE_ARGS[mode] + extra,
                                        out_dir / f"r{r + 1}-{side.lower()}-{name}",
                                        out_dir / f"r{r + 1}-{side.lower()}-{name}.log")
                     rounds[side][r][name] = recs
@@ -468,7 +478,7 @@ def main(argv):
     log(line)
     (out_dir / "perf-ab.json").write_text(json.dumps(
         {"base": names["BASE"], "head": names["HEAD"], "rounds": rounds_n, "confirm_rounds": confirmed_rounds,
-         "confirmed_runs": confirm if confirmed_rounds else [], "mode": mode, "load_start": load_start,
+         "confirmed_runs": confirm if confirmed_rounds else [], "mode": mode, "pin": a.pin, "load_start": load_start,
          "foreign_cores": foreign, "seconds": wall, "errors": errors, "points": rows, "verdict": line}, indent=1))
     return status
 

@@ -139,15 +139,20 @@ def test_tiny_run_reads_the_real_panel(tmp_path):
     assert {0: "no regression", 1: "REGRESSION", 3: "NO VERDICT"}[p.returncode] in last
 
 
+pinned = []
+
+
 def fake_panel(monkeypatch, tmp_path, head_tput, base_tput=lambda r: 10_000.0 + 100 * (r % 2)):
     """perf_ab.main in --tiny form with its bench runs replaced by made-up records: the shm 64 KiB x3 throughput
     in round r is head_tput(r) for HEAD and base_tput(r) for BASE, every other point equal on both sides.
-    Returns the bench runs made, as (round, side, run name)."""
+    Returns the bench runs made, as (round, side, run name); `pinned` (module-level) whether each had --pin."""
     runs = []
+    pinned.clear()
 
     def bench(harness, binary, args, out, log_file):
         r, side, name = out.name.split("-", 2)
         runs.append((int(r[1:]), side, name))
+        pinned.append("--pin" in args)
         R = records(head_tput(int(r[1:])) if side == "head" else base_tput(int(r[1:])))
         return R[name], []
 
@@ -214,3 +219,14 @@ def test_the_looser_rank_test_only_picks_what_to_confirm(monkeypatch, tmp_path, 
     row = {r["point"]: r for r in json.loads((tmp_path / "perf-ab.json").read_text())["points"]}
     assert row["shm 64 KiB x3 throughput"]["verdict"] == "ok" and len(row["shm 64 KiB x3 throughput"]["base"]) == 5
     assert "more round(s)" not in capsys.readouterr().out
+
+
+def test_pin_is_passed_to_every_bench_run(monkeypatch, tmp_path, capsys):
+    fake_panel(monkeypatch, tmp_path, lambda r: 10_000.0)
+    assert perf_ab.main(["--tiny", "--no-wait", "--pin"]) == 0
+    assert pinned and all(pinned), pinned
+    assert "pinned (--pin)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "perf-ab.json").read_text())["pin"] is True
+    fake_panel(monkeypatch, tmp_path, lambda r: 10_000.0)
+    assert perf_ab.main(["--tiny", "--no-wait"]) == 0
+    assert pinned and not any(pinned)
