@@ -109,11 +109,13 @@ Status SenderLane::drain_st(bool filler, bool wait_whole, size_t budget, size_t*
     }
     // No receiver room: a filler does not wait where records pack (the lane is busy: others'
     // records pack meanwhile); the sending thread waits before it seals the open block, so that
-    // they leave with it. A block claimed whole (a large record, pack=off) has nothing to gain from
+    // they leave with it (a filler waiting itself there made the 256 B rate worse: docs/benchmarks.md,
+    // issue 32 item 4). A block claimed whole (a large record, pack=off) has nothing to gain from
     // the hand-off: its filler waits itself, as the paper's sender does. Handing it over would make the
-    // sending thread a third busy thread beside the filler and the receiver — on two cores 64 KiB
-    // at 3 blocks falls from ~29 to ~3.5 GB/s in most runs (docs/benchmarks.md). Not a filler with a deadline
-    // (`wait_whole` false): the protocol's wait cannot give up in time, so it hands over as before.
+    // sending thread a third busy thread beside the filler and the receiver — on two cores that cost most
+    // of the throughput at 64 KiB x 3 blocks (docs/benchmarks.md, "a hand-off per block"). Not a filler
+    // with a deadline (`wait_whole` false): the protocol's wait cannot give up in time, so it hands over
+    // as before.
     if (filler) {
       bool ready = true;
       SLOTSTREAM_RETURN_IF_ERROR(proto_->space_st(&ready));
