@@ -55,10 +55,12 @@ SPREAD_FLOOR = 0.03  # a difference below 3 % is never a verdict, however close 
 # The rank rule (verdict): HEAD's rounds rank worse than BASE's with a one-sided exact Mann-Whitney p at most RANK_P
 # (RANK_P_FLAG before the confirming rounds), and the medians differ by at least RANK_EFFECT. With 9 rounds a side
 # (5 + 4 confirming) and rounds drawn half from each of two modes a factor 2 apart, a simulated halving was reported
-# in about half of the runs (the spread rule: 1 in 400) and equal binaries in none of 1,000.
+# in about half of the runs (the spread rule: 1 in 400) and equal binaries in none of 1,000. RANK_EFFECT: two builds
+# of one source, measured against each other, had a point 14 % apart in all 9 rounds (docs/benchmarks.md) — a
+# difference the code did not make, which the rank rule must not call a regression.
 RANK_P = 0.002
 RANK_P_FLAG = 0.05
-RANK_EFFECT = 0.10
+RANK_EFFECT = 0.15
 NO_REGRESSION = "perf-ab: no regression (beyond the A/A spread, or by rank)"
 LOAD_WAIT_S = 180  # how long to wait for the load to fall to LOAD_LIMIT before starting
 
