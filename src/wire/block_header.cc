@@ -21,21 +21,29 @@ Words words(const std::byte* p) {
   return out;
 }
 
-uint32_t check_word(const std::byte* p) {
-  const Words x = words(p);
-  return ~(x.w[0] ^ x.w[1] ^ x.w[2]);
+uint32_t check_word(const Words& x) { return ~(x.w[0] ^ x.w[1] ^ x.w[2]); }
+
+// Writes a header's first three words and their check word with one 16-byte store. The check word comes
+// from the values, never from reading the header back: a 4-byte load of bytes just stored one or two at a
+// time cannot be forwarded from the store buffer, so it waits until those stores reach the cache — and a
+// filler writes its headers into send-block lines that the sending thread's put last read on the other
+// core, so each header waited for a cache-line ownership transfer (perf placed 62 % of a 256 B filler's
+// samples in this function before; the measured effect is in docs/benchmarks.md).
+void store_words(std::byte* p, uint32_t w0, uint32_t w1, uint32_t w2) {
+  Words x{{w0, w1, w2, 0}};
+  x.w[3] = check_word(x);
+  if constexpr (std::endian::native == std::endian::big) {
+    for (uint32_t& v : x.w) v = __builtin_bswap32(v);
+  }
+  std::memcpy(p, x.w, sizeof x.w);
 }
 
 }  // namespace
 
 void encode_block_header(const BlockHeader& h, std::span<std::byte, kBlockHeaderSize> out) {
-  std::byte* p = out.data();
-  p[0] = static_cast<std::byte>(kBlockHeaderVersion);
-  p[1] = static_cast<std::byte>(h.flags);
-  put_le(p + 2, h.device, 2);
-  put_le(p + 4, h.packet, 4);
-  put_le(p + 8, h.payload_length, 4);
-  put_le(p + 12, check_word(p), 4);
+  // Byte 0 the version, 1 the flags, 2-3 the device (little-endian), as decode_block_header reads them.
+  store_words(out.data(), uint32_t(kBlockHeaderVersion) | uint32_t(h.flags) << 8 | uint32_t(h.device) << 16, h.packet,
+              h.payload_length);
 }
 
 std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlockHeaderSize> in, size_t payload_capacity,
@@ -46,7 +54,7 @@ std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlock
     return std::nullopt;
   };
   if ((x.w[0] & 0xFF) != kBlockHeaderVersion) return fail(HeaderError::kVersion);
-  if (x.w[3] != ~(x.w[0] ^ x.w[1] ^ x.w[2])) return fail(HeaderError::kCheck);
+  if (x.w[3] != check_word(x)) return fail(HeaderError::kCheck);
   BlockHeader h;
   h.flags = uint8_t(x.w[0] >> 8);
   if (h.flags & ~kKnownFlags) return fail(HeaderError::kFlags);
@@ -59,13 +67,7 @@ std::optional<BlockHeader> decode_block_header(std::span<const std::byte, kBlock
 }
 
 void encode_packed_header(const PackedHeader& h, std::span<std::byte, kPackedHeaderSize> out) {
-  std::byte* p = out.data();
-  p[0] = static_cast<std::byte>(kPackedVersion);
-  p[1] = std::byte{0};
-  put_le(p + 2, 0, 2);
-  put_le(p + 4, h.records, 4);
-  put_le(p + 8, h.length, 4);
-  put_le(p + 12, check_word(p), 4);
+  store_words(out.data(), uint32_t(kPackedVersion), h.records, h.length);  // bytes 1-3 zero
 }
 
 std::optional<PackedHeader> decode_packed_header(std::span<const std::byte, kPackedHeaderSize> in, size_t capacity,
@@ -76,7 +78,7 @@ std::optional<PackedHeader> decode_packed_header(std::span<const std::byte, kPac
     return std::nullopt;
   };
   if (std::to_integer<uint8_t>(p[0]) != kPackedVersion) return fail(HeaderError::kVersion);
-  if (static_cast<uint32_t>(get_le(p + 12, 4)) != check_word(p)) return fail(HeaderError::kCheck);
+  if (static_cast<uint32_t>(get_le(p + 12, 4)) != check_word(words(p))) return fail(HeaderError::kCheck);
   if (std::to_integer<uint8_t>(p[1]) != 0 || get_le(p + 2, 2) != 0) return fail(HeaderError::kFlags);
   PackedHeader h;
   h.records = static_cast<uint32_t>(get_le(p + 4, 4));
