@@ -293,10 +293,16 @@ class DeviceStream {
   DeviceStream(Sender& sender, uint16_t device, void* lane) : sender_(sender), device_(device), lane_(lane) {}
   // A device of an engine other than UCX's (lane_ nullptr): its messages go through the engine.
   Status send_other(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
-  static FillFn copy_from(std::span<const std::byte> message);
-  Status send_until(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
-  Status send_packed(uint64_t length, const FillFn& fill, Deadline deadline);
-  Status send_blocks(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress);
+  // Where a message's bytes come from: `fill` (send_with), or, without one, copied from `message` (send) —
+  // a plain copy, not a std::function call per message.
+  struct Source {
+    const FillFn* fill = nullptr;
+    std::span<const std::byte> message;
+    Status write(uint64_t offset, std::span<std::byte> dst) const;
+  };
+  Status send_until(uint64_t length, const Source& source, Deadline deadline, Progress* progress);
+  Status send_packed(uint64_t length, const Source& source, Deadline deadline);
+  Status send_blocks(uint64_t length, const Source& source, Deadline deadline, Progress* progress);
   uint32_t take_packet();
   Sender& sender_;
   uint16_t device_;

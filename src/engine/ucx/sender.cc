@@ -210,35 +210,37 @@ Sender::Confirmed Sender::Impl::confirmed(uint16_t device) const {
 Status DeviceStream::send(std::span<const std::byte> message) {
   Progress progress;
   if (lane_ == nullptr) return sender_.engine_->send(device_, message, std::nullopt, &progress);
-  return send_until(message.size(), copy_from(message), std::nullopt, &progress);
+  return send_until(message.size(), Source{nullptr, message}, std::nullopt, &progress);
 }
 
 Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
   Progress progress;
-  return send_until(length, fill, std::nullopt, &progress);
+  return send_until(length, Source{&fill, {}}, std::nullopt, &progress);
 }
 
 Status DeviceStream::send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline,
                           Progress* progress) {
   if (lane_ == nullptr) return sender_.engine_->send(device_, message, deadline, progress);
-  return send_until(message.size(), copy_from(message), deadline, progress);
+  return send_until(message.size(), Source{nullptr, message}, deadline, progress);
 }
 
 Status DeviceStream::send_with(uint64_t length, const FillFn& fill, std::chrono::steady_clock::time_point deadline,
                                Progress* progress) {
-  return send_until(length, fill, deadline, progress);
+  return send_until(length, Source{&fill, {}}, deadline, progress);
 }
 
-DeviceStream::FillFn DeviceStream::copy_from(std::span<const std::byte> message) {
-  return [message](uint64_t offset, std::span<std::byte> dst) {
-    std::memcpy(dst.data(), message.data() + offset, dst.size());
-    return Status::ok();
-  };
+Status DeviceStream::Source::write(uint64_t offset, std::span<std::byte> dst) const {
+  if (fill) return (*fill)(offset, dst);
+  std::memcpy(dst.data(), message.data() + offset, dst.size());
+  return Status::ok();
 }
 
-Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
+Status DeviceStream::send_until(uint64_t length, const Source& source,
                                 std::optional<std::chrono::steady_clock::time_point> deadline, Progress* progress) {
-  if (lane_ == nullptr) return send_other(length, fill, deadline, progress);
+  if (lane_ == nullptr) {  // send() gave the engine its message already: only send_with comes here
+    return source.fill ? send_other(length, *source.fill, deadline, progress)
+                       : sender_.engine_->send(device_, source.message, deadline, progress);
+  }
   Sender::Impl& im = *sender_.impl_;
   // A failed sender (its receiver lost: the sending thread saw the control socket close) refuses at
   // once. A small message would otherwise be packed into the ring's open block, which nothing
@@ -252,8 +254,8 @@ Status DeviceStream::send_until(uint64_t length, const FillFn& fill,
   auto& lane = *static_cast<SenderLane*>(lane_);
   const bool small = length <= im.options.block_size - wire::kBlockHeaderSize &&
                      wire::packed_record_size(length) <= lane.ring().max_packed();
-  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, fill, deadline)
-                                   : send_blocks(length, fill, deadline, progress));
+  SLOTSTREAM_RETURN_IF_ERROR(small ? send_packed(length, source, deadline)
+                                   : send_blocks(length, source, deadline, progress));
   // One thread per device writes these: a load and a store, no locked instruction.
   messages_.store(messages_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   bytes_.store(bytes_.load(std::memory_order_relaxed) + length, std::memory_order_relaxed);
@@ -274,7 +276,7 @@ uint32_t DeviceStream::take_packet() {
 // A small message: one record appended to the lane's open block (engine/ucx/stream/send_ring.h) — one atomic
 // add to reserve it, a copy, a store to publish it. It leaves with the block: at once if the lane
 // is idle (this filler transmits it), else with whatever the busy lane collects meanwhile.
-Status DeviceStream::send_packed(uint64_t length, const FillFn& fill, Deadline deadline) {
+Status DeviceStream::send_packed(uint64_t length, const Source& source, Deadline deadline) {
   Sender::Impl& im = *sender_.impl_;
   auto& lane = *static_cast<SenderLane*>(lane_);
   stream::SendRing& ring = lane.ring();
@@ -284,7 +286,7 @@ Status DeviceStream::send_packed(uint64_t length, const FillFn& fill, Deadline d
     return err.is_ok() ? st : err;
   }
   // paper §3.2.3: fill the payload, write device and packet number, then mark the record written.
-  Status filled = fill(0, {r.record + wire::kBlockHeaderSize, size_t(length)});
+  Status filled = source.write(0, {r.record + wire::kBlockHeaderSize, size_t(length)});
   wire::BlockHeader h{wire::kFirstFragment | wire::kLastFragment, device_, 0, uint32_t(length)};
   if (filled.is_ok()) {
     h.packet = take_packet();
@@ -303,7 +305,7 @@ Status DeviceStream::send_packed(uint64_t length, const FillFn& fill, Deadline d
 }
 
 // A message too large to pack (or packing off): a block per fragment, as the paper does.
-Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill, Deadline deadline, Progress* progress) {
+Status DeviceStream::send_blocks(uint64_t length, const Source& source, Deadline deadline, Progress* progress) {
   Sender::Impl& im = *sender_.impl_;
   auto& lane = *static_cast<SenderLane*>(lane_);
   stream::SendRing& ring = lane.ring();
@@ -318,7 +320,7 @@ Status DeviceStream::send_blocks(uint64_t length, const FillFn& fill, Deadline d
       return err.is_ok() ? st : err;
     }
     // paper §3.2.3: fill the payload, write device and packet number, then mark the block full.
-    Status st = fill(f.offset, slot.block.subspan(wire::kBlockHeaderSize, f.length));
+    Status st = source.write(f.offset, slot.block.subspan(wire::kBlockHeaderSize, f.length));
     if (!st.is_ok()) {
       ring.commit(slot, 0);  // gives the block back unsent; the receiver drops the partial message
       (void)lane.help();
