@@ -25,10 +25,9 @@ uint32_t check_word(const Words& x) { return ~(x.w[0] ^ x.w[1] ^ x.w[2]); }
 
 // Writes a header's first three words and their check word with one 16-byte store. The check word comes
 // from the values, never from reading the header back: a 4-byte load of bytes just stored one or two at a
-// time cannot be forwarded from the store buffer, so it waits until those stores reach the cache — and a
-// filler writes its headers into send-block lines that the sending thread's put last read on the other
-// core, so each header waited for a cache-line ownership transfer (perf placed 62 % of a 256 B filler's
-// samples in this function before; the measured effect is in docs/benchmarks.md).
+// time cannot be forwarded from the store buffer and waits until they reach the cache (perf placed 62 % of a
+// 256 B filler's samples here). The filler still waits for the send-block line it first writes, which the
+// sending thread's put last read; the read-back is what went (docs/benchmarks.md, issue 32 item 4).
 void store_words(std::byte* p, uint32_t w0, uint32_t w1, uint32_t w2) {
   Words x{{w0, w1, w2, 0}};
   x.w[3] = check_word(x);
