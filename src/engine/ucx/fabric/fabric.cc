@@ -177,14 +177,18 @@ void Context::park(std::unique_ptr<MemoryRegion> region) {
 }
 
 uint64_t Context::registered_bytes() const {
-  std::lock_guard lock(regions_mutex_);
+  std::shared_lock lock(regions_mutex_);
   uint64_t sum = 0;
   for (const auto& [base, size] : regions_) sum += size;
   return sum;
 }
 
 bool Context::registered(uint64_t address, uint64_t length) const {
-  std::lock_guard lock(regions_mutex_);
+  auto hold = hold_registrations();
+  return registered_held(address, length);
+}
+
+bool Context::registered_held(uint64_t address, uint64_t length) const {
   for (const auto& [base, size] : regions_) {
     if (address >= base && length <= size && address - base <= size - length) return true;
   }

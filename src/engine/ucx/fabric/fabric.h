@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -116,6 +117,12 @@ class Context {
   // context: what a peer may read or write where the fabric carries puts and gets (soft_rma.h).
   // Any thread.
   bool registered(uint64_t address, uint64_t length) const;
+  // Keeps every registration as it is while held: a MemoryRegion leaves the registrations under the
+  // same lock before its memory is unmapped, so memory found registered_held() stays mapped until the
+  // hold ends. A peer's put or get is checked and applied under one hold (soft_rma.cc): checked, then
+  // applied after the lock was let go, it wrote into a region its owner had freed in between.
+  std::shared_lock<std::shared_mutex> hold_registrations() const { return std::shared_lock(regions_mutex_); }
+  bool registered_held(uint64_t address, uint64_t length) const;  // with hold_registrations() held
 
   // Keeps `region` mapped until this context goes, i.e. until after every worker of it: for
   // memory a peer may still write into after its owner gave up on it (a receive still being
@@ -135,8 +142,8 @@ class Context {
   UcxHandle<ucp_context> handle_;
   FabricSpec spec_;
   std::vector<std::string> overrides_;
-  bool zero_filled_ = false;  // UCX allocates only zero-filled pages (MemoryRegion::allocate)
-  mutable std::mutex regions_mutex_;
+  bool zero_filled_ = false;                            // UCX allocates only zero-filled pages (MemoryRegion::allocate)
+  mutable std::shared_mutex regions_mutex_;             // shared: holds (puts, gets); exclusive: regions come and go
   std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
   std::mutex parked_mutex_;
   std::vector<std::unique_ptr<MemoryRegion>> parked_;

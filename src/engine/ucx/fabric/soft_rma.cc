@@ -294,7 +294,9 @@ void SoftRma::on_get_request(const void* header, size_t header_len, void* reply_
   internal::count_am_received();
   GetReq h;
   if (!read_header(header, header_len, &h)) return;
-  const bool ok = worker_.context().registered(h.address, h.length);
+  // Checked and handed to the send calls under one hold of the registrations.
+  const auto hold = worker_.context().hold_registrations();
+  const bool ok = worker_.context().registered_held(h.address, h.length);
   if (!ok)
     spdlog::warn("fabric: refused a peer's read of {} bytes at 0x{:x}: not registered memory", h.length, h.address);
   const auto* src = reinterpret_cast<const std::byte*>(h.address);
@@ -328,8 +330,8 @@ void SoftRma::on_get_reply(const void* header, size_t header_len, const void* da
   ops_.erase(it);
 }
 
-bool SoftRma::writable(uint64_t address, uint64_t length) const {
-  if (worker_.context().registered(address, length)) return true;
+bool SoftRma::writable(uint64_t address, uint64_t length) const {  // with the registrations held
+  if (worker_.context().registered_held(address, length)) return true;
   spdlog::warn("fabric: refused a peer's write of {} bytes at 0x{:x}: not registered memory", length, address);
   return false;
 }
@@ -337,7 +339,9 @@ bool SoftRma::writable(uint64_t address, uint64_t length) const {
 void SoftRma::on_put(const void* header, size_t header_len, const void* data, size_t length, bool rndv) {
   internal::count_am_received();
   Put h;
-  if (!read_header(header, header_len, &h) || rndv || h.length != length || !writable(h.address, h.length)) return;
+  if (!read_header(header, header_len, &h) || rndv || h.length != length) return;
+  const auto hold = worker_.context().hold_registrations();  // the region cannot go between check and write
+  if (!writable(h.address, h.length)) return;
   place(reinterpret_cast<std::byte*>(h.address), static_cast<const std::byte*>(data), length);
 }
 
@@ -346,7 +350,9 @@ void SoftRma::on_put_flag(const void* header, size_t header_len, const void* dat
   PutFlag h;
   if (!read_header(header, header_len, &h) || rndv || h.length != length) return;
   if (h.flag_length == 0 || h.flag_length > sizeof h.flag || !std::has_single_bit(h.flag_length)) return;
-  // Both checked before either is written: a refused flag must not follow placed data, nor the reverse.
+  // Both checked before either is written: a refused flag must not follow placed data, nor the reverse. Under one
+  // hold of the registrations: the region cannot go between the check and the writes.
+  const auto hold = worker_.context().hold_registrations();
   if (!writable(h.address, h.length) || !writable(h.flag_address, h.flag_length)) return;
   place(reinterpret_cast<std::byte*>(h.address), static_cast<const std::byte*>(data), length);
   place(reinterpret_cast<std::byte*>(h.flag_address), reinterpret_cast<const std::byte*>(&h.flag), h.flag_length);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -82,6 +83,49 @@ TEST_F(SoftRmaTest, ReadingOrWritingOutsideRegisteredMemoryIsRefusedNotServed) {
   uint64_t after = 0;
   std::memcpy(&after, region_->data() + kRegion - 8, 8);
   EXPECT_EQ(after, guard);
+}
+
+TEST_F(SoftRmaTest, ARegionIsNotReleasedWhileAPeersWriteHoldsTheRegistrations) {
+  // The target checks a put against the registrations and writes it under one hold (soft_rma.cc): a region whose
+  // owner lets go meanwhile (a receiver that stops) leaves them only after the write, never between the check and
+  // it — that wrote into unmapped memory.
+  const uint64_t address = region_->remote_address();
+  std::atomic<bool> released{false};
+  auto hold = ctx_->hold_registrations();
+  ASSERT_TRUE(ctx_->registered_held(address, kRegion));
+  std::thread owner([&] {
+    region_.reset();
+    released.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(released.load()) << "the region was released while a write held the registrations";
+  EXPECT_TRUE(ctx_->registered_held(address, kRegion));
+  hold.unlock();
+  owner.join();
+  EXPECT_TRUE(released.load());
+  EXPECT_FALSE(ctx_->registered(address, 1)) << "a released region is still registered";
+}
+
+TEST_F(SoftRmaTest, PutsThatRaceTheirRegionsReleaseNeverWriteUnmappedMemory) {
+  // A receiver that stops frees its blocks while a sender's puts still arrive: each round releases a region
+  // while the target's progress thread is still writing the puts into it. Those that arrive after it went are
+  // refused; none may write into the memory once it is unmapped (before the hold: SIGSEGV within a few rounds).
+  serve();
+  std::vector<std::byte> block(256 << 10, std::byte{7});
+  constexpr int kPuts = 16;
+  for (int round = 0; round < 40; ++round) {
+    std::unique_ptr<MemoryRegion> r;
+    ASSERT_TRUE(MemoryRegion::allocate(*ctx_, kPuts * block.size(), &r).is_ok());
+    std::vector<Request> puts(kPuts);
+    for (int i = 0; i < kPuts; ++i) {
+      ASSERT_TRUE(
+          ep_->put(block.data(), block.size(), r->remote_address() + i * block.size(), *rkey_, &puts[i]).is_ok());
+    }
+    initiator_->progress();
+    r.reset();  // while the target is still placing them
+    for (auto& p : puts) ASSERT_TRUE(wait(p).is_ok());
+  }
+  ASSERT_TRUE(flush().is_ok());
 }
 
 TEST_F(SoftRmaTest, ADroppedGetNeverWritesItsDestination) {
