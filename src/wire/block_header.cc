@@ -3,8 +3,6 @@
 #include <bit>
 #include <cstring>
 
-#include "wire/codec.h"
-
 namespace slotstream::wire {
 namespace {
 
@@ -12,12 +10,16 @@ namespace {
 struct Words {
   uint32_t w[4];
 };
+// Little-endian bytes to native words, and back (the same swap either way; none on little-endian hosts).
+void swap_if_big_endian(Words& x) {
+  if constexpr (std::endian::native == std::endian::big) {
+    for (uint32_t& v : x.w) v = __builtin_bswap32(v);
+  }
+}
 Words words(const std::byte* p) {
   Words out;
   std::memcpy(out.w, p, sizeof out.w);
-  if constexpr (std::endian::native == std::endian::big) {
-    for (uint32_t& v : out.w) v = __builtin_bswap32(v);
-  }
+  swap_if_big_endian(out);
   return out;
 }
 
@@ -31,9 +33,7 @@ uint32_t check_word(const Words& x) { return ~(x.w[0] ^ x.w[1] ^ x.w[2]); }
 void store_words(std::byte* p, uint32_t w0, uint32_t w1, uint32_t w2) {
   Words x{{w0, w1, w2, 0}};
   x.w[3] = check_word(x);
-  if constexpr (std::endian::native == std::endian::big) {
-    for (uint32_t& v : x.w) v = __builtin_bswap32(v);
-  }
+  swap_if_big_endian(x);
   std::memcpy(p, x.w, sizeof x.w);
 }
 
@@ -71,17 +71,17 @@ void encode_packed_header(const PackedHeader& h, std::span<std::byte, kPackedHea
 
 std::optional<PackedHeader> decode_packed_header(std::span<const std::byte, kPackedHeaderSize> in, size_t capacity,
                                                  HeaderError* why) {
-  const std::byte* p = in.data();
+  const Words x = words(in.data());
   auto fail = [&](HeaderError e) -> std::optional<PackedHeader> {
     if (why) *why = e;
     return std::nullopt;
   };
-  if (std::to_integer<uint8_t>(p[0]) != kPackedVersion) return fail(HeaderError::kVersion);
-  if (static_cast<uint32_t>(get_le(p + 12, 4)) != check_word(words(p))) return fail(HeaderError::kCheck);
-  if (std::to_integer<uint8_t>(p[1]) != 0 || get_le(p + 2, 2) != 0) return fail(HeaderError::kFlags);
+  if ((x.w[0] & 0xFF) != kPackedVersion) return fail(HeaderError::kVersion);
+  if (x.w[3] != check_word(x)) return fail(HeaderError::kCheck);
+  if ((x.w[0] >> 8) != 0) return fail(HeaderError::kFlags);  // bytes 1-3
   PackedHeader h;
-  h.records = static_cast<uint32_t>(get_le(p + 4, 4));
-  h.length = static_cast<uint32_t>(get_le(p + 8, 4));
+  h.records = x.w[1];
+  h.length = x.w[2];
   if (h.records < 2) return fail(HeaderError::kCount);
   const uint64_t least = kPackedHeaderSize + uint64_t(h.records) * kBlockHeaderSize;
   if (h.length > capacity || h.length < least || h.length % kRecordAlign != 0) return fail(HeaderError::kLength);

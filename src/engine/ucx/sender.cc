@@ -209,7 +209,6 @@ Sender::Confirmed Sender::Impl::confirmed(uint16_t device) const {
 
 Status DeviceStream::send(std::span<const std::byte> message) {
   Progress progress;
-  if (lane_ == nullptr) return sender_.engine_->send(device_, message, std::nullopt, &progress);
   return send_until(message.size(), Source{nullptr, message}, std::nullopt, &progress);
 }
 
@@ -220,7 +219,6 @@ Status DeviceStream::send_with(uint64_t length, const FillFn& fill) {
 
 Status DeviceStream::send(std::span<const std::byte> message, std::chrono::steady_clock::time_point deadline,
                           Progress* progress) {
-  if (lane_ == nullptr) return sender_.engine_->send(device_, message, deadline, progress);
   return send_until(message.size(), Source{nullptr, message}, deadline, progress);
 }
 
@@ -237,7 +235,7 @@ Status DeviceStream::Source::write(uint64_t offset, std::span<std::byte> dst) co
 
 Status DeviceStream::send_until(uint64_t length, const Source& source,
                                 std::optional<std::chrono::steady_clock::time_point> deadline, Progress* progress) {
-  if (lane_ == nullptr) {  // send() gave the engine its message already: only send_with comes here
+  if (lane_ == nullptr) {  // another engine's device: it takes the message, or send_with's fill function
     return source.fill ? send_other(length, *source.fill, deadline, progress)
                        : sender_.engine_->send(device_, source.message, deadline, progress);
   }
