@@ -169,14 +169,18 @@ def test_a_stopped_receiver_is_given_up_after_the_stall_timeout(start_receiver, 
     rx.signal(signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        rc = quick.wait(10)
+        rc = quick.wait(15)
         waited = time.monotonic() - stopped
         assert rc == 1, quick.stderr.text
-        # The last keepalive came up to 1 s before the stop; the rest is the time to notice and exit,
-        # which a loaded host (CTest -j2 beside 1,000 idle senders) stretches.
-        assert 1.5 < waited < 3 + 2.5, f"gave up {waited:.1f} s after the receiver stopped (--stall-timeout 3s)"
-        assert re.search(r"error: lost the receiver \(it has said nothing for \d+\.\d s, .*stopped, hung.*"
-                         r"\(stall timeout 3\.0 s\)", quick.stderr.text), quick.stderr.text
+        said = re.search(r"error: lost the receiver \(it has said nothing for (\d+\.\d) s, .*stopped, hung.*"
+                         r"\(stall timeout 3\.0 s\)", quick.stderr.text)
+        assert said, quick.stderr.text
+        # When it gave up, by its own clock: the silence it measured is the timeout and a scheduling delay, not
+        # more (a liveness check runs every few milliseconds while it waits for the receiver, every ~20 ms idle).
+        assert 3.0 <= float(said.group(1)) < 4.5, quick.stderr.text
+        # By ours: the last keepalive came up to 1 s before the stop; the rest is the time to notice, end the
+        # threads and exit, which a loaded host (CTest -j2 beside 1,000 idle senders) stretched to 9.2 s once.
+        assert 1.5 < waited < 3 + 9, f"gave up {waited:.1f} s after the receiver stopped (--stall-timeout 3s)"
         time.sleep(max(0.0, 4 - (time.monotonic() - stopped)))
         assert patient.poll() is None, f"--stall-timeout 0 gave up: {patient.stderr.text}"
     finally:

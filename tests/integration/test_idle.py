@@ -107,11 +107,13 @@ def test_a_thousand_idle_authenticated_senders_cost_a_small_share_of_a_core_and_
 
 
 # Why 8 % of one core: while its receiver is stopped the sender's blocks are all full and nothing frees one
-# (on tcp, reading the receiver's status array needs the receiver's UCX progress thread). A filler waits for a
-# block holding the transmit token (PollBackoff: sleeps of up to 2 ms once stalled), and the sending thread,
-# finding the token taken, naps 20 us doubling to 1 ms (src/engine/ucx/session/sender_lane.cc, kTokenTakenNap): ~2 % of
-# a core here. With a fixed 20 us nap it cost 9-16 %, with none the sender spins (95 % measured); a fixed
-# poll fails this bound, and a sleeping process does not get busier on a loaded machine.
+# (on tcp, reading the receiver's status array needs the receiver's UCX progress thread). The thread that waits for
+# the status read sleeps in its worker's event wait, up to 1 ms at a time and 8 ms once the wait has lasted 100 ms
+# (fabric Request::wait); fillers waiting for a block sleep 1 ms, doubling to 8 ms while nothing changes
+# (stream/send_ring.cc, wait_turn); the sending thread, finding the token taken, naps 20 us doubling to 8 ms
+# (session/sender_lane_timing.h, kMaxTokenTakenNap): ~2 % of a core here. With all of them capped at 1 ms it cost
+# 10-12 %, with a fixed 20 us nap 9-16 %, with none the sender spins (95 % measured); a fixed poll fails this bound,
+# and a sleeping process does not get busier on a loaded machine.
 STALLED_SENDER_BOUND = 0.08
 
 

@@ -101,14 +101,17 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
   // Spin first, for a bounded time, when operations on this worker normally complete within
   // microseconds (shm, rdma); where they take a round trip through the peer's progress thread (a
   // status read over tcp: ~25-100 µs), sleep in the worker's event wait at once (wait_policy).
-  // Then sleep up to 1 ms at a time: the answer that completes the operation ends the sleep, and a
-  // stalled or stopped peer costs no core. The spin is bounded in time because the answer may need
-  // the core this thread spins on: the receiver's progress thread waits for one on a busy host.
+  // Then sleep up to 1 ms at a time, and up to 8 ms once the wait has lasted 100 ms: the answer that
+  // completes the operation ends the sleep (the worker's event wait), and a stalled or stopped peer
+  // costs no core. The spin is bounded in time because the answer may need the core this thread
+  // spins on: the receiver's progress thread waits for one on a busy host.
   // (Spinning 2,048 progress calls, ~0.9 ms over tcp, then sleeping blind, put a millisecond into
   // 1 % of the one-message latencies on two cores; spinning 100 µs per status read over tcp made
   // status_byte's sender cost more CPU per MB than the sliding window's, docs/benchmarks.md.)
   using Clock = std::chrono::steady_clock;
   constexpr auto kMaxSleep = std::chrono::microseconds(1000);
+  constexpr auto kLongWait = std::chrono::milliseconds(100);
+  constexpr auto kMaxLongSleep = std::chrono::microseconds(8000);
   Status st = check();
   if (st.code() != Code::kInProgress) return st;
   const auto start = Clock::now();
@@ -127,7 +130,7 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
     const bool sleeping = !spinning && !progressed;
     if (sleeping) {
       worker.wait_or_sleep(sleep);
-      sleep = std::min(kMaxSleep, sleep * 2);
+      sleep = std::min(Clock::now() - start < kLongWait ? kMaxSleep : kMaxLongSleep, sleep * 2);
     }
     // Spinning, the clock is read every 256 turns; sleeping, every turn: 256 sleeps of "1 ms" are
     // 0.3 s on an idle host and seconds on a loaded one, late for a stall timeout.

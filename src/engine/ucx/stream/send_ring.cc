@@ -11,7 +11,11 @@ namespace {
 // A filler that waits for a block spins this many times (yielding: on a machine with fewer cores
 // than busy threads the thread it waits for may need this core) before it sleeps.
 constexpr int kSpinTurns = 64;
+// Then it sleeps until a block is freed (release() wakes it), at most kFillerSleep at first and twice
+// as long after each sleep in which nothing changed, up to kFillerSleep << kFillerSleepDoublings: a
+// receiver that stalls for good (stopped, hung) then costs its sender's fillers ~nothing.
 constexpr auto kFillerSleep = std::chrono::milliseconds(1);
+constexpr int kFillerSleepDoublings = 3;
 }  // namespace
 
 SendRing::SendRing(std::byte* base, uint32_t blocks, uint32_t block_size, bool pack)
@@ -109,8 +113,9 @@ bool SendRing::try_open(uint64_t w) {
 
 Status SendRing::wait_turn(int* spins, Deadline deadline) {
   if (aborted_.load(std::memory_order_acquire)) return {Code::kCancelled, "sender closed"};
-  // Checked once per turn: a turn sleeps at most kFillerSleep, so a deadline is kept to ~1 ms.
-  if (deadline && std::chrono::steady_clock::now() >= *deadline) {
+  // Checked once per turn; a turn sleeps no longer than the deadline leaves.
+  const auto now = std::chrono::steady_clock::now();
+  if (deadline && now >= *deadline) {
     return {Code::kTimeout, "no send block became free in time (every block is in flight)"};
   }
   if (++*spins < kSpinTurns) {
@@ -120,16 +125,24 @@ Status SendRing::wait_turn(int* spins, Deadline deadline) {
     return Status::ok();
   }
   if (helper_) helper_();
+  // *spins - kSpinTurns: the sleeps before this one that ended with nothing changed.
+  std::chrono::steady_clock::duration sleep =
+      kFillerSleep * (1 << std::min(*spins - kSpinTurns, kFillerSleepDoublings));
+  if (deadline) sleep = std::min(sleep, *deadline - now);
   const uint64_t seen = word_.load(std::memory_order_seq_cst);
   std::unique_lock lock(mutex_);
   fillers_waiting_.fetch_add(1, std::memory_order_seq_cst);  // pairs with release()'s turn store
-  freed_.wait_for(lock, kFillerSleep, [&] {
+  const bool moved = freed_.wait_for(lock, sleep, [&] {
     const uint64_t w = word_.load(std::memory_order_seq_cst);
     if (w != seen || aborted_.load()) return true;
     return is_pending(w) && (slots_[index(w)].turn.load(std::memory_order_seq_cst) & kGenMask) == gen(w);
   });
   fillers_waiting_.fetch_sub(1, std::memory_order_relaxed);
-  *spins = kSpinTurns / 2;
+  // Woken by a change: spin again for the block that comes next. A sleep that ended with nothing
+  // changed (a stalled receiver) is followed by a longer one at once (*spins counts it): spinning
+  // half the turns after every 1 ms sleep made the two fillers of a sender whose receiver was
+  // stopped yield ~5,000 times a second.
+  if (moved) *spins = kSpinTurns / 2;
   return aborted_.load(std::memory_order_acquire) ? Status{Code::kCancelled, "sender closed"} : Status::ok();
 }
 

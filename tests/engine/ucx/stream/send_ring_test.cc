@@ -291,6 +291,40 @@ TEST(SendRing, AFullRingMakesAFillerWaitUntilABlockIsReleasedAndAbortFailsIt) {
   EXPECT_EQ(result.code(), Code::kCancelled);
 }
 
+// A filler whose receiver stalls for good (stopped, hung) looks again less and less often — sleeps of
+// 1, 2, 4, then 8 ms — instead of spinning again after every 1 ms sleep (two such fillers made a
+// sender with a stopped receiver cost 10 % of a core), and it still takes the block freed next.
+TEST(SendRing, AFillerThatWaitsLongSleepsLongerAndStillTakesTheNextFreeBlock) {
+  Memory m(2, 128);
+  SendRing ring(m.bytes.data(), 2, 128);
+  std::atomic<int> looks{0};
+  ring.set_helper([&] { ++looks; });
+  SendRing::Slot s;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(ring.claim(&s).is_ok());
+    ring.commit(s, 7);
+  }
+  ASSERT_TRUE(ring.try_take_token());
+  SendRing::Unit first = take(ring);
+  std::atomic<bool> done{false};
+  std::thread filler([&] {
+    SendRing::Slot slot;
+    EXPECT_TRUE(ring.claim(&slot).is_ok());
+    done = true;
+    ring.commit(slot, 7);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done) << "no block is free";
+  // 64 spins with a look every 8, then a look per sleep: ~45 in 300 ms. A 1 ms sleep followed by
+  // 32 spins each time made ~1,500.
+  EXPECT_LT(looks.load(), 150);
+  const auto freed = std::chrono::steady_clock::now();
+  ring.release(first.ticket);
+  filler.join();
+  // release() wakes it; its sleeps end by themselves within 8 ms in any case (100 ms: a loaded host).
+  EXPECT_LT(std::chrono::steady_clock::now() - freed, std::chrono::milliseconds(100));
+}
+
 TEST(SendRing, HandingTheLaneToTheSendingThreadWakesItOnceAndKeepsTheToken) {
   Memory m(4, 1024);
   SendRing ring(m.bytes.data(), 4, 1024);
