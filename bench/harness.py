@@ -317,6 +317,19 @@ def binary_source(binary):
     return out
 
 
+def cpu_model():
+    """The processor's name as the kernel gives it (/proc/cpuinfo), or None: the same command gives different figures
+    on different processors (and its ucx_perftest references with them), so a record says which it ran on."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return None
+
+
 class Results:
     def __init__(self, out, argv):
         self.out = out
@@ -326,6 +339,7 @@ class Results:
         self.config = {
             "host": platform.node(),
             "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(),
             "kernel": platform.release(),
             "slotstream": subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout.strip(),
             "ucx": self._ucx_version(),

@@ -390,7 +390,8 @@ def report_header(doc):
     c = doc["config"]
     settings = c.get("settings", {})
     md = [f"# slotstream bench report\n",
-          f"`{c['command']}` on {c['host']} ({c['cpus']} CPUs, kernel {c['kernel']}), {c['slotstream']}, "
+          f"`{c['command']}` on {c['host']} ({c['cpus']} CPUs{', ' + c['cpu_model'] if c.get('cpu_model') else ''}, "
+          f"kernel {c['kernel']}), {c['slotstream']}, "
           f"UCX {c['ucx']}, {c['date']}.\n",
           ("Settings: " + "; ".join(f"{k} = {v}" for k, v in settings.items()) + ".\n") if settings else "",
           load_line(c.get("load")),
