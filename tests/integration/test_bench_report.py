@@ -200,3 +200,16 @@ def test_the_report_names_the_commit_of_the_measured_binary(tmp_path):
     assert harness.binary_source(outside)["commit"] is None
     assert "outside a git checkout" in plot.source_line(harness.binary_source(outside))
     assert "not recorded" in plot.source_line(None)
+
+
+def test_a_record_names_its_processor_and_the_report_says_it():
+    """The same command gives other figures on another processor (the references too): a record says which."""
+    model = harness.cpu_model()
+    with open("/proc/cpuinfo") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == "model name"]
+    assert model == (names[0] if names and names[0] else None)
+    config = {"command": "slotstream bench x", "host": "h", "cpus": 2, "kernel": "k", "slotstream": "s", "ucx": "u",
+              "date": "d"}
+    assert "(2 CPUs, kernel k)" in "".join(plot.report_header({"config": config}))  # a record older than the field
+    config["cpu_model"] = "Some CPU 9000"
+    assert "(2 CPUs, Some CPU 9000, kernel k)" in "".join(plot.report_header({"config": config}))
