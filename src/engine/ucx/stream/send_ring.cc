@@ -114,8 +114,7 @@ bool SendRing::try_open(uint64_t w) {
 Status SendRing::wait_turn(int* spins, Deadline deadline) {
   if (aborted_.load(std::memory_order_acquire)) return {Code::kCancelled, "sender closed"};
   // Checked once per turn; a turn sleeps no longer than the deadline leaves.
-  const auto now = std::chrono::steady_clock::now();
-  if (deadline && now >= *deadline) {
+  if (deadline && std::chrono::steady_clock::now() >= *deadline) {
     return {Code::kTimeout, "no send block became free in time (every block is in flight)"};
   }
   if (++*spins < kSpinTurns) {
@@ -128,7 +127,7 @@ Status SendRing::wait_turn(int* spins, Deadline deadline) {
   // *spins - kSpinTurns: the sleeps before this one that ended with nothing changed.
   std::chrono::steady_clock::duration sleep =
       kFillerSleep * (1 << std::min(*spins - kSpinTurns, kFillerSleepDoublings));
-  if (deadline) sleep = std::min(sleep, *deadline - now);
+  if (deadline) sleep = std::min(sleep, *deadline - std::chrono::steady_clock::now());
   const uint64_t seen = word_.load(std::memory_order_seq_cst);
   std::unique_lock lock(mutex_);
   fillers_waiting_.fetch_add(1, std::memory_order_seq_cst);  // pairs with release()'s turn store
