@@ -527,6 +527,27 @@ class ProgressThread {
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
 
+  // A thread that polls the worker itself while data flows (a receiver's consumer between its
+  // passes) takes the progress thread's place: while any Driver holds it, the progress thread
+  // stands down instead of being woken from the kernel for every message (one thread fewer on
+  // the receiving path); it resumes once the last Driver lets go. Each Driver on one thread.
+  class Driver {
+   public:
+    explicit Driver(ProgressThread* thread) : thread_(thread) {}
+    ~Driver() { release(); }
+    Driver(const Driver&) = delete;
+    Driver& operator=(const Driver&) = delete;
+    // Progresses the worker (taking over first if not held yet); what Worker::progress returns.
+    // With no progress thread (a transport that needs no target progress) nothing: 0.
+    unsigned poll();
+    // Lets go, before this thread sleeps or does anything slow: the progress thread resumes.
+    void release();
+
+   private:
+    ProgressThread* thread_;
+    bool held_ = false;
+  };
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -17,8 +17,10 @@
 #include <atomic>
 #include <bit>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -233,10 +235,19 @@ Status Worker::install_am_handler(unsigned id, AmHandler handler) {
 struct ProgressThread::Impl {
   Worker& worker;
   std::atomic<bool> stop{false};
+  std::mutex mutex;
+  std::condition_variable resume;
+  int drivers = 0;  // Drivers holding the worker (guarded by mutex)
   std::thread thread;
   explicit Impl(Worker& w) : worker(w) {
     thread = std::thread([this] {
       while (!stop.load(std::memory_order_acquire)) {
+        {
+          std::unique_lock lock(mutex);
+          resume.wait(lock, [this] { return drivers == 0 || stop.load(std::memory_order_acquire); });
+        }
+        if (stop.load(std::memory_order_acquire)) break;
+        // A Driver taking over meanwhile costs one wake-up at most: the next event ends this wait.
         Status st = worker.wait_for_event();
         if (!st.is_ok()) {
           spdlog::error("receiver progress thread: {}", st.to_string());
@@ -250,9 +261,34 @@ struct ProgressThread::Impl {
 ProgressThread::ProgressThread(Worker& worker) : impl_(std::make_unique<Impl>(worker)) {}
 
 ProgressThread::~ProgressThread() {
-  impl_->stop.store(true, std::memory_order_release);
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stop.store(true, std::memory_order_release);
+  }
+  impl_->resume.notify_one();
   impl_->worker.signal();
   impl_->thread.join();
+}
+
+unsigned ProgressThread::Driver::poll() {
+  if (thread_ == nullptr) return 0;
+  if (!held_) {
+    std::lock_guard lock(thread_->impl_->mutex);
+    ++thread_->impl_->drivers;
+    held_ = true;
+  }
+  return thread_->impl_->worker.progress();
+}
+
+void ProgressThread::Driver::release() {
+  if (!held_) return;
+  held_ = false;
+  bool last = false;
+  {
+    std::lock_guard lock(thread_->impl_->mutex);
+    last = --thread_->impl_->drivers == 0;
+  }
+  if (last) thread_->impl_->resume.notify_one();
 }
 
 }  // namespace slotstream::fabric

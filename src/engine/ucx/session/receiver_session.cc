@@ -192,22 +192,39 @@ void ReceiverSession::begin_consume() {
 // receiver stalls a sender whose blocks are all full); once idle for kSpinIdle it sleeps, longer
 // the longer it has been idle (idle_nap) — so an idle receiver costs ~no CPU and a burst is picked
 // up within ~1 ms (20 ms after a long pause).
+//
+// Where the transport needs the receiver's progress for the sender's puts (tcp: the fabric carries
+// them), the consumer progresses the shared worker itself while it polls, and the transport's
+// progress thread stands down meanwhile (ProgressThread::Driver): else that thread is woken from
+// the kernel for every block, a third thread on the receiving path. A progress call that did
+// something counts as work: a block still arriving (1 MiB is many reads of its socket) keeps the
+// consumer polling until it is in place. The consumer lets go before it sleeps.
 void ReceiverSession::consume(const std::function<bool()>& park) {
   begin_consume();
+  fabric::ProgressThread::Driver drive(fabric_->progress.get());
   while (step()) {
-    if (rx_options_.busy_poll) continue;
+    if (rx_options_.busy_poll) {
+      drive.poll();
+      continue;
+    }
     const auto now = loop_.now;
     if (can_park(now)) {
+      drive.release();
       if (!park()) return;  // ended while parked
       loop_.last_work = Clock::now();
     } else if (loop_.stalled && now < loop_.retry_at) {
+      drive.release();
       std::this_thread::sleep_until(loop_.retry_at);
     } else if (!loop_.worked && lender_ && delivery_->lend_limited()) {
       // The application holds as many blocks as it may: wait for it to release one rather than poll
       // (polling would take half of a core that the application's releasing thread shares).
+      drive.release();
       lender_->lending()->wait_release(kLendWait);
     } else if (now - loop_.last_work > kSpinIdle) {
+      drive.release();
       proto_->wait(std::chrono::duration_cast<std::chrono::microseconds>(idle_nap(now - loop_.last_work)));
+    } else if (drive.poll() != 0) {
+      loop_.last_work = Clock::now();  // data is arriving: keep driving until it is here
     } else if (!loop_.worked) {
       std::this_thread::yield();  // let the sender (maybe on this core) fill the next block
     }

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -47,6 +48,41 @@ TEST_F(SoftRmaTest, APutIsAppliedWhenFlushReturns) {
   ASSERT_TRUE(wait(r).is_ok());
   ASSERT_TRUE(ep_->flush([] { return Status::ok(); }).is_ok());
   EXPECT_EQ(std::memcmp(region_->data() + 100, text, sizeof text), 0) << "flush returned before the put landed";
+}
+
+// Progresses the initiator for up to `for_ms` (and `drive` each turn, when given): the get's status then.
+Status settle(Worker& initiator, Request& r, int for_ms, ProgressThread::Driver* drive = nullptr) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(for_ms);
+  Status st = r.check();
+  while (st.code() == Code::kInProgress && std::chrono::steady_clock::now() < until) {
+    initiator.progress();
+    if (drive != nullptr) drive->poll();
+    st = r.check();
+  }
+  return st;
+}
+
+// A receiver's consumer that polls the worker itself (ReceiverSession::consume) takes the progress
+// thread's place: while it holds the worker nobody else serves the peer's reads — the progress thread
+// stands down rather than being woken for every message — and once it lets go the thread serves again.
+TEST_F(SoftRmaTest, AProgressThreadStandsDownWhileADriverHoldsTheWorker) {
+  serve();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the progress thread waits for events
+  std::vector<std::byte> dst(64);
+  {
+    ProgressThread::Driver drive(progress_.get());
+    drive.poll();  // takes over
+    Request r;
+    ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &r).is_ok());
+    EXPECT_EQ(settle(*initiator_, r, 300).code(), Code::kInProgress) << "served while a driver held the worker";
+    ASSERT_TRUE(settle(*initiator_, r, 5000, &drive).is_ok()) << "the driver's own polls serve the read";
+    EXPECT_EQ(std::memcmp(dst.data(), region_->data(), dst.size()), 0);
+  }  // lets go
+  std::fill(dst.begin(), dst.end(), std::byte{0});
+  Request r;
+  ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address() + 64, *rkey_, &r).is_ok());
+  ASSERT_TRUE(settle(*initiator_, r, 5000).is_ok()) << "the progress thread serves again once the driver let go";
+  EXPECT_EQ(std::memcmp(dst.data(), region_->data() + 64, dst.size()), 0);
 }
 
 TEST_F(SoftRmaTest, TheMessagesThatCarryAGetAreCounted) {
