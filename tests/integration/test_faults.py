@@ -113,19 +113,23 @@ def test_receiver_killed_sender_exits_quickly(start_receiver, spawn, tmp_path, t
                          "--synthetic", "0-3:25:320x240x3", "--duration", 10))
     wait_until(lambda: count_bins(out) >= 8 or tx.poll() is not None, 15, "frames to flow")
     assert tx.poll() is None, f"sender ended early: {tx.stderr.text}"
+    start = len(tx.stderr.lines)
     rx.sigkill()
     killed = time.monotonic()
+    # Noticing is the error line; exiting after it (thread joins, UCX teardown) is the host's scheduling:
+    # beside CTest's other tests (1,000 idle senders) it took 2.4 s once on the 2-core VM.
+    _, line = tx.stderr.wait_for(re.escape(ERROR_PREFIX), 10, start)
+    noticed = time.monotonic() - killed
     try:
         rc = tx.wait(10)
     except subprocess.TimeoutExpired:
         raise AssertionError("sender still running 10 s after the receiver was killed") from None
-    waited = time.monotonic() - killed
+    exited = time.monotonic() - killed
+    err = tx.stderr.text
     assert rc != 0, "sender exited 0 although its receiver died mid-stream"
     assert rc == 1, f"runtime failure should exit 1, got {rc}"
-    assert waited < 2.0, f"sender took {waited:.2f} s to notice the dead receiver"
-    err = tx.stderr.text
-    assert ERROR_PREFIX in err, f"no `{ERROR_PREFIX}` line: {err!r}"
-    line = next(l for l in err.splitlines() if ERROR_PREFIX in l)
+    assert noticed < 2.0, f"sender took {noticed:.2f} s to notice the dead receiver: {err}"
+    assert exited < 6.0, f"sender noticed after {noticed:.2f} s but exited only after {exited:.2f} s: {err}"
     assert re.search(r"(?i)receiver|connection|peer|closed|lost|gone", line), f"unclear error: {line!r}"
 
 
