@@ -531,6 +531,10 @@ class ProgressThread {
   // passes) takes the progress thread's place: while any Driver holds it, the progress thread
   // stands down instead of being woken from the kernel for every message (one thread fewer on
   // the receiving path); it resumes once the last Driver lets go. Each Driver on one thread.
+  // Standing down, it looks every kDriverLook whether any Driver polled since its last look, and
+  // progresses the worker itself when none did (a consumer busy in its sink, while other
+  // sessions' data arrives): no session waits longer than that for another's Driver.
+  static constexpr std::chrono::milliseconds kDriverLook{10};
   class Driver {
    public:
     explicit Driver(ProgressThread* thread) : thread_(thread) {}
@@ -547,6 +551,9 @@ class ProgressThread {
     ProgressThread* thread_;
     bool held_ = false;
   };
+
+  // How many times this thread waited for events or looked at the worker itself (tests).
+  uint64_t turns() const;
 
  private:
   struct Impl;

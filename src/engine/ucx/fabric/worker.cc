@@ -23,6 +23,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -237,24 +238,39 @@ struct ProgressThread::Impl {
   std::atomic<bool> stop{false};
   std::mutex mutex;
   std::condition_variable resume;
-  int drivers = 0;  // Drivers holding the worker (guarded by mutex)
+  int drivers = 0;                  // Drivers holding the worker (guarded by mutex)
+  std::atomic<uint64_t> driven{0};  // Driver::poll calls
+  std::atomic<uint64_t> turns{0};   // this thread's event waits and looks (turns())
   std::thread thread;
   explicit Impl(Worker& w) : worker(w) {
     thread = std::thread([this] {
+      uint64_t seen = 0;
       while (!stop.load(std::memory_order_acquire)) {
         {
           std::unique_lock lock(mutex);
-          resume.wait(lock, [this] { return drivers == 0 || stop.load(std::memory_order_acquire); });
+          // Standing down; every kDriverLook it looks whether the Drivers still poll: one that is
+          // busy elsewhere (its sink's write) would leave every other session's data unplaced.
+          const bool stood_down = resume.wait_for(
+              lock, kDriverLook, [this] { return drivers == 0 || stop.load(std::memory_order_acquire); });
+          if (!stood_down) {
+            const uint64_t now = driven.load(std::memory_order_relaxed);
+            if (now != std::exchange(seen, now)) continue;  // polled since the last look
+          }
         }
         if (stop.load(std::memory_order_acquire)) break;
+        turns.fetch_add(1, std::memory_order_relaxed);
         // A Driver taking over meanwhile costs one wake-up at most: the next event ends this wait.
-        Status st = worker.wait_for_event();
+        Status st = worker.wait_for_event(drivers_now() ? kDriverLook : std::chrono::seconds(1));
         if (!st.is_ok()) {
           spdlog::error("receiver progress thread: {}", st.to_string());
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
       }
     });
+  }
+  bool drivers_now() {
+    std::lock_guard lock(mutex);
+    return drivers > 0;
   }
 };
 
@@ -277,8 +293,11 @@ unsigned ProgressThread::Driver::poll() {
     ++thread_->impl_->drivers;
     held_ = true;
   }
+  thread_->impl_->driven.fetch_add(1, std::memory_order_relaxed);
   return thread_->impl_->worker.progress();
 }
+
+uint64_t ProgressThread::turns() const { return impl_->turns.load(std::memory_order_relaxed); }
 
 void ProgressThread::Driver::release() {
   if (!held_) return;
