@@ -552,7 +552,7 @@ class ProgressThread {
     bool held_ = false;
   };
 
-  // How many times this thread waited for events or looked at the worker itself (tests).
+  // How many times this thread waited for events (and progressed the worker): tests.
   uint64_t turns() const;
 
  private:

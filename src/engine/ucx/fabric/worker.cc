@@ -240,12 +240,15 @@ struct ProgressThread::Impl {
   std::condition_variable resume;
   int drivers = 0;                  // Drivers holding the worker (guarded by mutex)
   std::atomic<uint64_t> driven{0};  // Driver::poll calls
-  std::atomic<uint64_t> turns{0};   // this thread's event waits and looks (turns())
+  std::atomic<uint64_t> turns{0};   // this thread's event waits (turns())
   std::thread thread;
   explicit Impl(Worker& w) : worker(w) {
     thread = std::thread([this] {
       uint64_t seen = 0;
       while (!stop.load(std::memory_order_acquire)) {
+        // Alone: wait for events up to a second. Standing in for a Driver that stopped polling:
+        // only until the next look.
+        std::chrono::microseconds wait = std::chrono::seconds(1);
         {
           std::unique_lock lock(mutex);
           // Standing down; every kDriverLook it looks whether the Drivers still poll: one that is
@@ -255,22 +258,19 @@ struct ProgressThread::Impl {
           if (!stood_down) {
             const uint64_t now = driven.load(std::memory_order_relaxed);
             if (now != std::exchange(seen, now)) continue;  // polled since the last look
+            wait = kDriverLook;
           }
         }
         if (stop.load(std::memory_order_acquire)) break;
         turns.fetch_add(1, std::memory_order_relaxed);
         // A Driver taking over meanwhile costs one wake-up at most: the next event ends this wait.
-        Status st = worker.wait_for_event(drivers_now() ? kDriverLook : std::chrono::seconds(1));
+        Status st = worker.wait_for_event(wait);
         if (!st.is_ok()) {
           spdlog::error("receiver progress thread: {}", st.to_string());
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
       }
     });
-  }
-  bool drivers_now() {
-    std::lock_guard lock(mutex);
-    return drivers > 0;
   }
 };
 
