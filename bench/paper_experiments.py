@@ -48,33 +48,49 @@ def throughput_count(size, blocks, cfg):
     return max(2 * blocks, min(1000, cfg.round_bytes // size))
 
 
+def throughput_transfers(size, count, cfg):
+    """How many transfers a point's sender is asked for: the counted rounds, one more round, and
+    `throughput_warm_bytes` more. The sender also stops after `throughput_seconds`, whichever comes
+    first, so a slow point (tcp at 64 B) costs no more than that."""
+    return count * (cfg.repeats + 1) + -(-cfg.throughput_warm_bytes // size)
+
+
+def counted_rounds(cfg, count, sent):
+    """(first transfer counted, rounds): the last `repeats` whole rounds of the `sent` transfers, or as
+    many as fit after one uncounted round when the time bound stopped the sender early."""
+    rounds = min(cfg.repeats, sent // count - 1)
+    if rounds < 1:
+        raise PeerError(f"the sender stopped after {sent} transfers, fewer than two rounds of {count}")
+    return sent - rounds * count, rounds
+
+
 def round_rates(cfg, protocol, size, count, snd, rcv):
     """MB/s of each counted round of `count` consecutive transfers: from its first send to its last
-    arrival (a registry reference delivers nothing, so its rounds are timed by the sender's own sends)."""
+    arrival. The counted rounds are the stream's last ones; what came before them warmed up.
+    A registry reference delivers nothing, so its rounds are timed by its own sends: a round ends when
+    the next one starts (the put loop never waits but for its periodic flushes), and the transfer
+    after the last counted round only marks that end. (Its last round used to end when the sender's
+    finish() returned, end handshake included: at 256 B one round in three fell to a tenth.)"""
     sends = snd["send_times_ns"]
     arrivals = rcv["arrivals_ns"]
+    by_sends = delivers_nothing(cfg, protocol)
+    first, rounds = counted_rounds(cfg, count, len(sends) - 1 if by_sends else len(sends))
     rates = []
-    if delivers_nothing(cfg, protocol):
-        # Nothing arrives: a round ends when the next one starts (the put loop never waits),
-        # the last one when the final flush returned.
-        end = sends[0] + snd["seconds"] * 1e9
-        for r in range(1, cfg.repeats + 1):
-            first = sends[r * count]
-            last = sends[(r + 1) * count] if (r + 1) * count < len(sends) else end
-            rates.append(count * size / (max(last - first, 1) / 1e9) / 1e6)
-    else:
-        for r in range(1, cfg.repeats + 1):
-            first = sends[r * count]
-            last = arrivals[min(len(arrivals), (r + 1) * count) - 1]
-            rates.append(count * size / (max(last - first, 1) / 1e9) / 1e6)
+    for r in range(rounds):
+        start = first + r * count
+        end = sends[start + count] if by_sends else arrivals[min(len(arrivals), start + count) - 1]
+        rates.append(count * size / (max(end - sends[start], 1) / 1e9) / 1e6)
     return rates
 
 
 def throughput_point(res, cfg, ceiling, t, p, s, b):
     count = throughput_count(s, b, cfg)
-    # One extra round first, not counted: it pays for first-touch page faults in freshly
-    # allocated blocks, the same for every protocol.
-    snd, rcv = run_pair(t, p, s, count * (cfg.repeats + 1), b)
+    # The counted rounds come after a warm-up of at least one round and throughput_warm_bytes: the first
+    # round pays for first-touch page faults in freshly allocated blocks, and on a small machine the
+    # scheduler settles where the peers' threads run within tens of milliseconds. Before the warm-up
+    # grew past one round, a run of 4,000 x 256 B lasted a few milliseconds and some ran entirely in
+    # the first placement (docs/benchmarks.md, "Throughput: rounds after a warm-up").
+    snd, rcv = run_pair(t, p, s, throughput_transfers(s, count, cfg), b, seconds=cfg.throughput_seconds)
     rates = round_rates(cfg, p, s, count, snd, rcv)
     for r, rate in enumerate(rates):
         res.add("throughput", p, t, s, b, "throughput", rate, "MB/s", r)
@@ -473,6 +489,11 @@ def exp_idle(res, cfg):
 
 # Each experiment's own settings by mode (full, quick, tiny); the shared ones (sizes, blocks, repeats,
 # round_bytes) are the entry script's, since its options set them.
+THROUGHPUT_DEFAULTS = {
+    # (full, quick, tiny). The warm-up before the counted rounds, in bytes beyond one round, and the
+    # time after which a point's sender stops even if it has not sent them all (tiny: no bound).
+    "throughput_warm_bytes": (32 << 20, 8 << 20, 0), "throughput_seconds": (1.5, 0.5, 0.0)}
+
 LATENCY_DEFAULTS = {
     # A warm-up the figures leave out (first touches of blocks and code, the receiver's first passes;
     # ucx_perftest gets the same), then a time-budgeted number of timed messages.
@@ -484,8 +505,10 @@ EXPERIMENTS = {
                                exp_sync_latency, {"sync_blocks": (SYNC_BLOCKS, [3, 16, 128], [3, 32]),
                                                   "sync_count": (5000, 5000, 500)}),
     "latency": Experiment("Fig. 12", "one-block transmission latency, 64 B to 8 MiB", exp_latency, LATENCY_DEFAULTS),
-    "throughput": Experiment("Fig. 13-14", "throughput 64 B to 8 MiB, 3 blocks and the default 32", exp_throughput),
-    "cpu": Experiment("Fig. 15", "sender and receiver CPU during the throughput runs", exp_throughput),
+    "throughput": Experiment("Fig. 13-14", "throughput 64 B to 8 MiB, 3 blocks and the default 32", exp_throughput,
+                             THROUGHPUT_DEFAULTS),
+    "cpu": Experiment("Fig. 15", "sender and receiver CPU during the throughput runs", exp_throughput,
+                      THROUGHPUT_DEFAULTS),
     "resources": Experiment("Fig. 16-17", "endpoints, registered memory, operations, completions, progress calls "
                                           "per side", exp_resources),
     "held_block": Experiment("Fig. 18", "3 blocks, saturated; block 3 held from 100 to 200 ms: throughput over time",

@@ -459,8 +459,11 @@ def throughput_section(records):
     md = ["## Throughput, MB/s (Fig. 13-14)\n",
           "Median over rounds; a round is `count` consecutive transfers (1,000; for large messages fewer, so "
           "that a round moves a bounded number of bytes, but at least two passes over every block), timed "
-          "from its first send to its last arrival. A first round per run warms the blocks up and is not "
-          "counted. ucx_raw_put delivers nothing: its rounds are timed by the sender (flush included).\n"]
+          "from its first send to its last arrival. The counted rounds are the last of each run's stream; "
+          "before them one round and `throughput_warm_bytes` more warm up (first touches, and where the "
+          "scheduler settles the peers' threads) and are not counted. A sender also stops after "
+          "`throughput_seconds`, with fewer rounds then. ucx_raw_put delivers nothing: its rounds are timed by "
+          "the sender's own sends (its periodic flushes included, its final one not).\n"]
     for b in sorted({r["blocks"] for r in records if r["experiment"] == "throughput"}):
         md += [f"### {b} blocks\n", table(records, "throughput", "throughput", blocks=b),
                "Ratio to ucx_raw_put:\n\n", table(records, "throughput", "throughput_ratio_to_ucx", "{:.2f}", blocks=b)]

@@ -445,6 +445,11 @@ json sender_json(const BenchSendArgs& a, const std::string& protocol, const std:
           {"resources", resources_json(connections)}};
 }
 
+// When a sender started at t0 stops with --seconds (checked only when a.seconds > 0).
+Clock::time_point stop_time(const BenchSendArgs& a, Clock::time_point t0) {
+  return t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));
+}
+
 // Paces message k of a run: fps spacing and/or a fixed gap after each message.
 class Pacer {
  public:
@@ -476,9 +481,12 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
   send_times.reserve(std::min(a.count * a.devices, kReservedSamples));
   const double cpu0 = usage().cpu_seconds;
   auto t0 = Clock::now();
+  const auto stop_at = stop_time(a, t0);
   Pacer pacer(a);
-  for (uint64_t k = 0; k < a.count; ++k) {
-    pacer.before(k);
+  uint64_t sent = 0;  // per device, as --count
+  for (; sent < a.count; ++sent) {
+    if (a.seconds > 0 && Clock::now() >= stop_at) break;
+    pacer.before(sent);
     for (uint32_t d = 0; d < a.devices; ++d) {
       uint64_t stamp = monotonic_ns();
       send_times.push_back(stamp);
@@ -495,7 +503,7 @@ int send_tcp_socket(const BenchSendArgs& a, const std::string& host, uint16_t po
   bool eof = false;
   (void)read_full(fd, &ack, 1, &eof);
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  uint64_t messages = a.count * a.devices;
+  uint64_t messages = sent * a.devices;
   print_json(sender_json(a, "tcp_socket", "tcp", messages, messages * a.size, secs, usage().cpu_seconds - cpu0,
                          SenderStats{}, send_times, 1));
   return ack == 1 ? kExitOk : kExitError;
@@ -736,7 +744,7 @@ int run_bench_send(const BenchSendArgs& a) {
   reset_transport_counters();
   const double cpu0 = usage().cpu_seconds;
   const auto t0 = Clock::now();
-  const auto stop_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.seconds));
+  const auto stop_at = stop_time(a, t0);
   std::vector<std::byte> payload(a.rate ? a.size : 0, std::byte{0xA5});
   std::vector<std::thread> fillers;
   for (uint32_t d = 0; d < a.devices; ++d) {

@@ -213,3 +213,42 @@ def test_a_record_names_its_processor_and_the_report_says_it():
     assert "(2 CPUs, kernel k)" in "".join(plot.report_header({"config": config}))  # a record older than the field
     config["cpu_model"] = "Some CPU 9000"
     assert "(2 CPUs, Some CPU 9000, kernel k)" in "".join(plot.report_header({"config": config}))
+
+
+def rounds_cfg(repeats=3):
+    return types.SimpleNamespace(repeats=repeats, registry={"ucx_raw_put": {"reference": True}})
+
+
+def test_the_counted_throughput_rounds_are_the_last_ones_after_the_warm_up():
+    # 10 rounds of 100 transfers of 1,000 B: the first six slow (10 µs apart, a first thread placement that
+    # shares a core), then fast (1 µs apart). Every counted round is fast, however long the slow start.
+    count, size = 100, 1000
+    gaps = [10_000] * 600 + [1_000] * 400
+    sends = [sum(gaps[:i]) for i in range(len(gaps))]
+    arrivals = [t + 500 for t in sends]
+    rates = paper_experiments.round_rates(rounds_cfg(), "status_byte", size, count, {"send_times_ns": sends},
+                                          {"arrivals_ns": arrivals})
+    assert len(rates) == 3, rates
+    assert all(900 < r < 1100 for r in rates), rates  # ~1,000 MB/s; a slow round would be ~100
+
+
+def test_a_time_bounded_sender_gives_fewer_rounds_and_too_few_transfers_give_an_error():
+    cfg = rounds_cfg(repeats=3)
+    assert paper_experiments.counted_rounds(cfg, 100, 1000) == (700, 3)
+    assert paper_experiments.counted_rounds(cfg, 100, 250) == (150, 1)  # what precedes the last whole round warms up
+    try:
+        paper_experiments.counted_rounds(cfg, 100, 150)
+    except harness.PeerError as e:
+        assert "fewer than two rounds of 100" in str(e)
+    else:
+        raise AssertionError("150 transfers cannot make a warm-up round and a counted one")
+
+
+def test_a_reference_round_ends_at_the_next_send_not_at_the_senders_finish():
+    # ucx_raw_put delivers nothing, so its sends time it. Its last transfer only marks the end of the last
+    # counted round; the sender's finish (end handshake, 5 ms here) is in no round.
+    count = 100
+    sends = list(range(0, 400 * 1000, 1000))  # 400 transfers, 1 µs apart: a warm-up round and three more
+    snd = {"send_times_ns": sends, "seconds": (sends[-1] + 5_000_000) / 1e9}
+    rates = paper_experiments.round_rates(rounds_cfg(), "ucx_raw_put", 1000, count, snd, {"arrivals_ns": []})
+    assert rates and all(abs(r - 1000) < 1 for r in rates), rates  # with the finish in it a round made ~20 MB/s
