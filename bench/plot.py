@@ -688,8 +688,9 @@ def sdp_report(records):
     for bs in _variants(records, "small_messages", "buffers"):
         where = {"variant": f"buffers={bs}"}
         md += [f"### Throughput, MB/s, 8 x {human(bs)} buffers (Fig. 4b)\n",
-               "One device sends messages of one size back to back; from the first send after a tenth of the run "
-               "(warm-up) to the last arrival.\n",
+               "One device sends messages of one size back to back; counted over the run's last messages, from "
+               "the first counted send to the last arrival, after an uncounted warm-up (8 MiB with --quick, or "
+               "0.5 s, whichever ends first, and a tenth of the counted budget).\n",
                table(records, "small_messages", "throughput", "{:.2f}", by_blocks=False, **where),
                f"### Buffer utilisation, %, 8 x {human(bs)} buffers (Fig. 6)\n",
                "Payload bytes held in the receiver's buffer / the buffer's size (8 buffers), time-averaged over "
