@@ -169,6 +169,44 @@ Status Context::create(const FabricSpec& spec, std::unique_ptr<Context>* out) {
 
 Context::~Context() {
   parked_.clear();  // before the handle: UCX refuses to clean up while memory is still mapped
+  // Every worker is gone, and with it every send that still read a released region.
+  for (const WaitingUnmap& w : waiting_unmaps_) unmap(w.mem, w.length);
+}
+
+void Context::unmap(ucp_mem* mem, uint64_t length) {
+  ucp_mem_unmap(handle(), mem);
+  g_counters.registered_now.fetch_sub(length);
+  if (traits().registers_memory) g_pinned_regions.fetch_sub(length);
+}
+
+uint64_t Context::in_flight(uint64_t address, uint64_t length) {
+  std::lock_guard lock(flight_mutex_);
+  in_flight_.push_back({next_ticket_, address, length});
+  return next_ticket_++;
+}
+
+bool Context::in_flight_within(uint64_t address, uint64_t length) const {
+  return std::any_of(in_flight_.begin(), in_flight_.end(),
+                     [&](const InFlight& f) { return f.address < address + length && address < f.address + f.length; });
+}
+
+void Context::done_in_flight(uint64_t ticket) {
+  std::vector<WaitingUnmap> ready;
+  {
+    std::lock_guard lock(flight_mutex_);
+    std::erase_if(in_flight_, [&](const InFlight& f) { return f.ticket == ticket; });
+    std::erase_if(waiting_unmaps_, [&](const WaitingUnmap& w) {
+      if (in_flight_within(w.address, w.length)) return false;
+      ready.push_back(w);
+      return true;
+    });
+  }
+  for (const WaitingUnmap& w : ready) unmap(w.mem, w.length);
+}
+
+size_t Context::unmaps_waiting() const {
+  std::lock_guard lock(flight_mutex_);
+  return waiting_unmaps_.size();
 }
 
 void Context::park(std::unique_ptr<MemoryRegion> region) {
@@ -245,7 +283,7 @@ Status MemoryRegion::allocate(Context& ctx, size_t length, std::unique_ptr<Memor
   if (!ctx.zero_filled_) std::memset(attr.address, 0, length);
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
   if (ctx.traits().registers_memory) g_pinned_regions.fetch_add(length);
-  out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length));
+  out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(attr.address), length, /*allocated=*/true));
   {
     std::lock_guard lock(ctx.regions_mutex_);
     ctx.regions_.emplace_back(reinterpret_cast<uint64_t>(attr.address), length);
@@ -264,7 +302,7 @@ Status MemoryRegion::map(Context& ctx, void* address, size_t length, std::unique
   if (st != UCS_OK) return from_ucs(st, map_failure(ctx));
   raise_max(g_counters.registered_max, g_counters.registered_now.fetch_add(length) + length);
   if (ctx.traits().registers_memory) g_pinned_regions.fetch_add(length);
-  out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(address), length));
+  out->reset(new MemoryRegion(ctx, mem, static_cast<std::byte*>(address), length, /*allocated=*/false));
   {
     std::lock_guard lock(ctx.regions_mutex_);
     ctx.regions_.emplace_back(reinterpret_cast<uint64_t>(address), length);
@@ -273,15 +311,23 @@ Status MemoryRegion::map(Context& ctx, void* address, size_t length, std::unique
 }
 
 MemoryRegion::~MemoryRegion() {
+  const uint64_t address = reinterpret_cast<uint64_t>(data_);
   {
     std::lock_guard lock(ctx_.regions_mutex_);
     auto& r = ctx_.regions_;
-    auto it = std::find(r.begin(), r.end(), std::make_pair(reinterpret_cast<uint64_t>(data_), uint64_t(size_)));
+    auto it = std::find(r.begin(), r.end(), std::make_pair(address, uint64_t(size_)));
     if (it != r.end()) r.erase(it);
   }
-  ucp_mem_unmap(ctx_.handle(), mem_);
-  g_counters.registered_now.fetch_sub(size_);
-  if (ctx_.traits().registers_memory) g_pinned_regions.fetch_sub(size_);
+  // No send starts reading it from here on (a peer's get is checked against the registrations, and
+  // its reply marked in flight, under one hold of them); one that already does keeps it mapped.
+  if (allocated_) {
+    std::lock_guard lock(ctx_.flight_mutex_);
+    if (ctx_.in_flight_within(address, size_)) {
+      ctx_.waiting_unmaps_.push_back({mem_, address, size_});
+      return;
+    }
+  }
+  ctx_.unmap(mem_, size_);
 }
 
 Status MemoryRegion::allocate_exposed(Context& ctx, size_t length, ExposedRegion* out) {

@@ -131,9 +131,29 @@ class Context {
   // Any thread.
   void park(std::unique_ptr<MemoryRegion> region);
 
+  // Memory that a message still being sent reads from: the reply to a peer's get leaves from the
+  // target's exposed region (soft_rma.cc), and over tcp it waits in UCX's queue for as long as the
+  // peer reads slowly. While [address, address + length) is in flight, a region that allocate() made
+  // is not unmapped when its owner releases it, but when the last send reading it ended (or with the
+  // context): unmapped under a queued reply, it was read after it was gone. in_flight() returns the
+  // ticket that done_in_flight() ends. Any thread.
+  uint64_t in_flight(uint64_t address, uint64_t length);
+  void done_in_flight(uint64_t ticket);
+  // Released regions whose unmapping waits for a send (for tests and counters).
+  size_t unmaps_waiting() const;
+
  private:
   friend class MemoryRegion;
   friend class Worker;
+  struct InFlight {
+    uint64_t ticket, address, length;
+  };
+  struct WaitingUnmap {
+    ucp_mem* mem;
+    uint64_t address, length;
+  };
+  bool in_flight_within(uint64_t address, uint64_t length) const;  // with flight_mutex_ held
+  void unmap(ucp_mem* mem, uint64_t length);
   Context(ucp_context* handle, FabricSpec spec, std::vector<std::string> overrides)
       : handle_(handle),
         spec_(std::move(spec)),
@@ -147,6 +167,10 @@ class Context {
   std::vector<std::pair<uint64_t, uint64_t>> regions_;  // (address, length) of live MemoryRegions
   std::mutex parked_mutex_;
   std::vector<std::unique_ptr<MemoryRegion>> parked_;
+  mutable std::mutex flight_mutex_;  // after regions_mutex_ where both are taken
+  std::vector<InFlight> in_flight_;
+  std::vector<WaitingUnmap> waiting_unmaps_;
+  uint64_t next_ticket_ = 1;
 };
 
 class Worker;
@@ -175,15 +199,17 @@ class MemoryRegion {
   Status pack_rkey(std::vector<uint8_t>* out) const;
 
  private:
-  MemoryRegion(Context& ctx, ucp_mem* mem, std::byte* data, size_t size)
+  MemoryRegion(Context& ctx, ucp_mem* mem, std::byte* data, size_t size, bool allocated)
       : ctx_(ctx),
         mem_(mem),
         data_(data),
-        size_(size) {}
+        size_(size),
+        allocated_(allocated) {}
   Context& ctx_;
   ucp_mem* mem_;  // not a UcxHandle: unmapping needs the context (and updates its region list)
   std::byte* data_;
   size_t size_;
+  bool allocated_;  // allocate(): UCX's memory, kept mapped while a send reads it; map(): the caller's
 };
 
 class Endpoint;

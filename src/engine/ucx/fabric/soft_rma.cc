@@ -128,10 +128,13 @@ SoftRma::~SoftRma() {
     replies.swap(replies_);
   }
   // UCX completes (or purges) these later and reads their headers until then: a header of a send
-  // still running is left behind (only sends to a peer that stopped answering are).
+  // still running is left behind (only sends to a peer that stopped answering are), and so is the
+  // memory its data comes from (unmapped with the context).
   for (Reply& r : replies) {
-    if (ucp_request_check_status(r.req) == UCS_INPROGRESS) (void)r.header.release();
+    const bool running = ucp_request_check_status(r.req) == UCS_INPROGRESS;
+    if (running) (void)r.header.release();
     ucp_request_free(r.req);
+    if (!running && r.in_flight != 0) worker_.context().done_in_flight(r.in_flight);
   }
 }
 
@@ -268,7 +271,10 @@ void SoftRma::reap() {
     }
     reply_count_.store(replies_.size(), std::memory_order_relaxed);
   }
-  for (Reply& r : done) ucp_request_free(r.req);  // with mutex_ released (see ~SoftRma)
+  for (Reply& r : done) {
+    ucp_request_free(r.req);  // with mutex_ released (see ~SoftRma)
+    if (r.in_flight != 0) worker_.context().done_in_flight(r.in_flight);
+  }
 }
 
 void SoftRma::reply(void* reply_ep, unsigned id, const void* header, size_t header_len, const void* data,
@@ -285,8 +291,11 @@ void SoftRma::reply(void* reply_ep, unsigned id, const void* header, size_t head
     return;
   }
   if (p == nullptr) return;
+  // Still being sent, from the peer's readable memory: its owner may release it meanwhile (a receiver
+  // that stops), and the queued reply would read it after it was unmapped.
+  const uint64_t ticket = length > 0 ? worker_.context().in_flight(reinterpret_cast<uint64_t>(data), length) : 0;
   std::lock_guard lock(mutex_);
-  replies_.push_back({p, std::move(copy)});
+  replies_.push_back({p, std::move(copy), ticket});
   reply_count_.store(replies_.size(), std::memory_order_relaxed);
 }
 

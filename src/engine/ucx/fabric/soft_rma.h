@@ -95,7 +95,9 @@ class SoftRma {
   static void place(std::byte* dst, const std::byte* src, size_t length);
   void on_flush_request(const void* header, size_t header_len, void* reply_ep);
   void on_flush_ack(const void* header, size_t header_len);
-  // Sends a reply and keeps its header until the send completed (or failed: then dropped).
+  // Sends a reply and keeps its header until the send completed (or failed: then dropped); the
+  // registered memory its data comes from stays mapped until then (Context::in_flight). Called
+  // with the registrations held.
   void reply(void* reply_ep, unsigned id, const void* header, size_t header_len, const void* data, size_t length);
 
   Worker& worker_;
@@ -105,6 +107,7 @@ class SoftRma {
   struct Reply {
     void* req = nullptr;
     std::unique_ptr<uint8_t[]> header;
+    uint64_t in_flight = 0;  // a get's reply: its data's ticket (Context::in_flight), 0 for none
   };
   std::list<Reply> replies_;            // replies still being sent
   std::atomic<size_t> reply_count_{0};  // replies_.size(), read without the lock by reap()

@@ -188,6 +188,44 @@ TEST_F(SoftRmaTest, PutsThatRaceTheirRegionsReleaseNeverWriteUnmappedMemory) {
   ASSERT_TRUE(flush().is_ok());
 }
 
+TEST_F(SoftRmaTest, AReplyQueuedForASlowReaderKeepsItsRegionMappedPastItsRelease) {
+  // A receiver that stops releases its blocks while the reply to its peer's read still waits in UCX's queue (the
+  // peer reads slowly, or not at all): the queued chunks must leave from memory that is still mapped, with the bytes
+  // it had. Unmapped at once, they were read from unmapped memory.
+  constexpr size_t kBig = 64 << 20;  // far more than a loopback socket's buffers hold
+  std::unique_ptr<MemoryRegion> big;
+  ASSERT_TRUE(MemoryRegion::allocate(*ctx_, kBig, &big).is_ok());
+  auto pattern = [](size_t i) { return std::byte((i * 13 + (i >> 12)) & 0xff); };
+  for (size_t i = 0; i < kBig; ++i) big->data()[i] = pattern(i);
+  std::vector<uint8_t> packed;
+  ASSERT_TRUE(big->pack_rkey(&packed).is_ok());
+  std::unique_ptr<RemoteKey> key;
+  ASSERT_TRUE(RemoteKey::unpack(*ep_, packed, &key).is_ok());
+  serve();
+  reset_counters();
+  std::vector<std::byte> dst(kBig);
+  Request r;
+  ASSERT_TRUE(ep_->get(dst.data(), kBig, big->remote_address(), *key, &r).is_ok());
+  // Until the target has the request; then the initiator reads nothing for a while and the reply backs up.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (counters().am_received == 0 && std::chrono::steady_clock::now() < until) initiator_->progress();
+  ASSERT_GT(counters().am_received, 0u) << "the target never got the read";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const uint64_t address = big->remote_address();
+  big.reset();
+  EXPECT_EQ(ctx_->unmaps_waiting(), 1u) << "released while its reply was queued, and unmapped at once";
+  EXPECT_FALSE(ctx_->registered(address, 1)) << "a released region still serves reads";
+  ASSERT_TRUE(wait(r).is_ok());
+  size_t wrong = 0;
+  for (size_t i = 0; i < kBig; ++i) wrong += dst[i] != pattern(i);
+  EXPECT_EQ(wrong, 0u) << "bytes of the reply differ from the region's";
+  const auto unmapped_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (ctx_->unmaps_waiting() != 0 && std::chrono::steady_clock::now() < unmapped_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(ctx_->unmaps_waiting(), 0u) << "the region stayed mapped after its reply was sent";
+}
+
 TEST_F(SoftRmaTest, ADroppedGetNeverWritesItsDestination) {
   // The target is not progressed yet: the get cannot be answered before it is dropped.
   std::vector<std::byte> dst(4096, std::byte{0});
