@@ -36,7 +36,8 @@ struct DatagramProbeReceiverOptions {
   std::chrono::nanoseconds session_timeout = std::chrono::seconds(10);
   DatagramFaults faults;  // on the datagrams this end receives
   std::string token;      // non-empty: senders must prove it
-  // Each ended sender, with its times (from the engine's thread).
+  // Each ended sender, with its times, from the engine's network thread: it must not wait (for a reader of a
+  // pipe, say), for that thread also repeats the FIN_ACK a sender did not get.
   std::function<void(const SessionReport&, const DatagramProbeTimes&)> on_session_end;
   std::function<void(const std::string&)> on_event;
 };

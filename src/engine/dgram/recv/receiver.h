@@ -72,7 +72,9 @@ struct DatagramReceiverOptions {
   std::vector<HoldSpec> holds;
   // Creates the store of a newly accepted sender (nullptr store, or no function: nothing is stored).
   std::function<Status(const SenderInfo& sender, std::unique_ptr<MessageStore>*)> make_store;
-  std::function<void(const SessionReport&)> on_session_end;  // from the network thread
+  // From the network thread (a finished session's FIN_ACK has gone out): it must not block, for that thread
+  // repeats a FIN_ACK that was lost, and serves every other sender.
+  std::function<void(const SessionReport&)> on_session_end;
   std::function<void(const std::string&)> on_event;
 };
 
