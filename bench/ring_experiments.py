@@ -31,10 +31,10 @@ SMALL_SIZES = {"full": [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536],
 # Messages per point: the byte budget, within [lo, hi] messages (1 B messages are bounded by
 # count, 64 KiB ones by bytes).
 SMALL_BUDGET = {"full": (32 << 20, 500, 20000), "quick": (8 << 20, 200, 5000), "tiny": (1 << 20, 100, 1000)}
-# Before those messages, a warm-up that is not counted: this many bytes, at most 20 x hi messages, and the
-# sender stops after the seconds given whatever it has sent (bench throughput's warm-up, bench/paper_experiments.py:
-# a run of a few milliseconds can end before the scheduler has settled the peers' threads on a small machine).
-SMALL_WARM = {"full": (32 << 20, 1.5), "quick": (8 << 20, 0.5), "tiny": (0, 0.0)}
+# Before those messages, bench throughput's warm-up, which is not counted (cfg.throughput_warm_bytes, at most
+# 20 x hi messages here), and its time bound: the sender stops after cfg.throughput_seconds whatever it has sent
+# (bench/paper_experiments.py THROUGHPUT_DEFAULTS: a run of a few milliseconds can end before the scheduler has
+# settled the peers' threads on a small machine).
 
 PROGRESS_SIZE = 4096
 PROGRESS_BURST = 100
@@ -83,11 +83,11 @@ def receiver_processing(binary):
 
 # --------------------------------------------------------------------------- small_messages
 
-def small_point(res, budget, lo, hi, warm, t, bs, s, p):
+def small_point(res, cfg, budget, lo, hi, t, bs, s, p):
     count = max(lo, min(hi, budget // s))
-    warm_bytes, seconds = warm
-    extra = min(-(-warm_bytes // s), 20 * hi)
-    snd, rcv = run_pair(t, p, s, count + extra, SDP_BUFFERS, seconds=seconds, tx_extra=["--block-size", str(bs)])
+    extra = min(-(-cfg.throughput_warm_bytes // s), 20 * hi)
+    snd, rcv = run_pair(t, p, s, count + extra, SDP_BUFFERS, seconds=cfg.throughput_seconds,
+                        tx_extra=["--block-size", str(bs)])
     sends, arrivals = snd["send_times_ns"], rcv["arrivals_ns"]
     # The last count - count / 10 messages are counted (all but a tenth when the time bound came first).
     first = len(sends) - (count - count // 10) if len(sends) >= count else len(sends) // 10
@@ -113,17 +113,17 @@ def small_point(res, budget, lo, hi, warm, t, bs, s, p):
 
 def exp_small_messages(res, cfg):
     """Fig. 4b (throughput) and Fig. 6 (buffer utilisation): one device streams messages of one
-    size back to back into 8 buffers of 8 KiB or 32 KiB; throughput over the run's last messages (a
-    warm-up of SMALL_WARM and a tenth of the budget before them is not counted), from the first counted
-    send to the last arrival; utilisation = payload bytes held in the
-    receiver's buffer / the buffer's size, time-averaged over the session (the paper's "percentage
-    usage of the buffer space"); packing = payload bytes / buffer memory held by records."""
+    size back to back into 8 buffers of 8 KiB or 32 KiB; throughput over the run's last messages (bench
+    throughput's warm-up and a tenth of the budget before them are not counted), from the first counted
+    send to the last arrival; utilisation = payload bytes held in the receiver's buffer / the buffer's
+    size, time-averaged over the session (the paper's "percentage usage of the buffer space");
+    packing = payload bytes / buffer memory held by records."""
     m = mode(cfg)
     protocols = available(SMALL_PROTOCOLS, cfg)
     geometries = GEOMETRIES[:1] if m == "tiny" else GEOMETRIES
     budget, lo, hi = SMALL_BUDGET[m]
     points = [(t, bs, s, p) for t in cfg.transports for bs in geometries for s in SMALL_SIZES[m] for p in protocols]
-    for_each_point(res, cfg, "small_messages", points, lambda *pt: small_point(res, budget, lo, hi, SMALL_WARM[m], *pt),
+    for_each_point(res, cfg, "small_messages", points, lambda *pt: small_point(res, cfg, budget, lo, hi, *pt),
                    lambda t, bs, s, p: f"{t} {p} {s} B {buffers(bs)}", run_tag=False)
 
 
