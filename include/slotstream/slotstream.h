@@ -610,7 +610,10 @@ struct ReceiverOptions {
   // Most blocks of one sender that views may hold at once (0: half its blocks, at least 1; more
   // than its blocks counts as all of them).
   uint32_t max_held_blocks = 0;
-  // Called (from the session's thread) when a sender's session ends.
+  // Called when a sender's session ends: from the session's thread (UCX transports), or (udp) from the
+  // receiver's callback thread, in order with on_event — never from its network thread, so a callback
+  // that blocks (a stdout nobody reads) holds back only the reports and events after it, not the senders.
+  // sessions_ended() and wait_sessions() count a session once this has returned.
   std::function<void(const SessionReport&)> on_session_end;
   // Called when a connection is refused or a sink reports an error (for logs/CLI).
   std::function<void(const std::string&)> on_event;

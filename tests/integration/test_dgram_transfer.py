@@ -1,5 +1,6 @@
 """The datagram transport at 0 % loss: `slotstream recv --transport udp` and `send --transport udp` (and the RC
 baseline over TCP) move files and synthetic cameras byte-exact, on loopback and between two network namespaces."""
+import fcntl
 import hashlib
 import json
 import os
@@ -224,3 +225,30 @@ def test_a_slow_worker_pauses_its_device_and_rd_holds_the_sender_back(tmp_path):
     m = re.search(r'slotstream_device_pauses_total\{sender="slow",device="0"\} (\d+)', text)
     assert m and int(m.group(1)) >= 1, text
     rx.stop()
+
+
+@pytest.mark.deadline(120)
+def test_the_receiver_serves_on_while_nobody_reads_its_stdout(tmp_path):
+    """`recv --transport udp` printed each session's line from its network thread, the thread that also answers
+    every sender: once its stdout pipe was full and nobody read it, the next sender got no answer at all. The lines
+    now leave from a thread of their own; they wait there, none lost, and senders are served meanwhile."""
+    src = make_files(tmp_path / "src", [10], "m")[0]
+    err_path = tmp_path / "recv.err"
+    with open(err_path, "w") as err:
+        rx = subprocess.Popen([BIN, "recv", "--transport", "udp", "--listen", "127.0.0.1:0", "--discard"],
+                              stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
+    try:
+        fcntl.fcntl(rx.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)  # one page: some twenty session lines fill it
+        # `listening on HOST:PORT`, and nothing more read from here on
+        addr = os.read(rx.stdout.fileno(), 200).decode().splitlines()[0].split()[-1]
+        senders = 60
+        for i in range(senders):
+            p, _ = dgram_send(addr, "--name", f"s{i}", f"--file=0={src}", timeout=30, check=False)
+            assert p.returncode == 0, f"sender {i} of {senders}: {p.stderr}\nreceiver:\n{err_path.read_text()}"
+        rx.terminate()
+        out, _ = rx.communicate(timeout=30)
+    finally:
+        rx.kill()
+        rx.wait()
+    finished = re.findall(r"^sender (s\d+) finished:", out.decode(), re.M)
+    assert sorted(finished) == sorted(f"s{i}" for i in range(senders)), out.decode()[-2000:]
