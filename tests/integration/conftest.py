@@ -126,13 +126,14 @@ def make_files(directory, sizes, tag):
     return paths
 
 
-def wait_until(pred, timeout, what, interval=0.05):
+def wait_until(pred, timeout, what, interval=0.05, detail=None):
+    """Polls pred until it holds; a timeout fails with `what`, and with detail() (say, the peers' stderr) if given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{detail()}" if detail else ""))
 
 
 def all_threads_stopped(pid):

@@ -24,6 +24,15 @@ def count_bins(directory):
     return sum(1 for f in tree(directory) if f.endswith(".bin"))
 
 
+def flow_detail(out, rx, *senders):
+    """For a wait on frames to flow that timed out: what was stored, and what each peer said."""
+    def detail():
+        said = "".join(f"\nsender {i} (exit {tx.poll()}) stderr:\n{tx.stderr.text[-3000:]}"
+                       for i, tx in enumerate(senders))
+        return f"{count_bins(out)} frames stored{said}\nreceiver stderr:\n{rx.stderr.text[-3000:]}"
+    return detail
+
+
 # ------------------------------------------------------------------ names
 
 @pytest.mark.deadline(60)
@@ -111,7 +120,8 @@ def test_receiver_killed_sender_exits_quickly(start_receiver, spawn, tmp_path, t
     rx = start_receiver(out, transport)
     tx = spawn(send_argv(rx.addr, "--name", "cams", "--transport", transport, "--protocol", protocol,
                          "--synthetic", "0-3:25:320x240x3", "--duration", 10))
-    wait_until(lambda: count_bins(out) >= 8 or tx.poll() is not None, 15, "frames to flow")
+    wait_until(lambda: count_bins(out) >= 8 or tx.poll() is not None, 15, "frames to flow",
+               detail=flow_detail(out, rx, tx))
     assert tx.poll() is None, f"sender ended early: {tx.stderr.text}"
     start = len(tx.stderr.lines)
     rx.sigkill()
@@ -143,7 +153,8 @@ def test_receiver_killed_while_small_messages_flow_sender_exits_quickly(start_re
     rx = start_receiver(out, transport)
     tx = spawn(send_argv(rx.addr, "--name", "small", "--transport", transport, "--synthetic", "0:25:64x48x3",
                          "--duration", 60))
-    wait_until(lambda: count_bins(out) >= 10 or tx.poll() is not None, 15, "frames to flow")
+    wait_until(lambda: count_bins(out) >= 10 or tx.poll() is not None, 15, "frames to flow",
+               detail=flow_detail(out, rx, tx))
     assert tx.poll() is None, f"sender ended early: {tx.stderr.text}"
     rx.sigkill()
     killed = time.monotonic()
@@ -169,7 +180,8 @@ def test_a_stopped_receiver_is_given_up_after_the_stall_timeout(start_receiver, 
                             "--duration", 60, "--stall-timeout", "3s"))
     patient = spawn(send_argv(rx.addr, "--name", "patient", "--transport", transport, "--synthetic",
                               "0:25:64x48x3", "--duration", 8, "--stall-timeout", 0, "--json"))
-    wait_until(lambda: all(count_bins(out / n) >= 10 for n in ("quick", "patient")), 15, "frames to flow")
+    wait_until(lambda: all(count_bins(out / n) >= 10 for n in ("quick", "patient")), 15, "frames to flow",
+               detail=flow_detail(out, rx, quick, patient))
     rx.signal(signal.SIGSTOP)
     stopped = time.monotonic()
     try:
@@ -340,7 +352,7 @@ def test_output_removed_mid_stream_is_made_again(start_receiver, spawn, tmp_path
     rx = start_receiver(out, transport)
     tx = spawn(send_argv(rx.addr, "--name", "cams", "--transport", transport,
                          "--synthetic", "0-1:25:64x48x3", "--duration", 3, "--json"))
-    wait_until(lambda: count_bins(out) >= 6, 15, "frames to flow")
+    wait_until(lambda: count_bins(out) >= 6, 15, "frames to flow", detail=flow_detail(out, rx, tx))
     gone = tmp_path / "gone"
     os.rename(out, gone)  # the whole tree disappears at once (rmtree races the receiver's next file)
     shutil.rmtree(gone)
