@@ -4,7 +4,10 @@
 // slotstream.InvalidArgument. And what Sender::connect knows when it returns (confirm_stored).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "engine/ucx/fabric/transports.h"
@@ -99,6 +102,85 @@ TEST(ConfirmStored, ConnectReturnsKnowingWhereTheNumbersStart) {
   ASSERT_TRUE(tx->finish().is_ok());
   tx.reset();
   rx->stop();
+}
+
+// The udp receiver runs on_session_end off its one network thread (src/engine/dgram/engine.cc,
+// CallbackThread): a callback that blocks holds back the reports after it, not the senders. Called on the
+// network thread, the first blocked callback left the second sender without an answer.
+struct UdpPair {
+  std::unique_ptr<Receiver> rx;
+  std::string address;
+  Status send(const std::string& name) {
+    SenderOptions so;
+    so.host = "127.0.0.1";
+    so.port = uint16_t(std::stoi(address.substr(address.rfind(':') + 1)));
+    so.name = name;
+    so.transport = Transport::kUdp;
+    so.devices = {0};
+    std::unique_ptr<Sender> tx;
+    SLOTSTREAM_RETURN_IF_ERROR(Sender::connect(so, &tx));
+    SLOTSTREAM_RETURN_IF_ERROR(tx->device(0)->send(std::as_bytes(std::span("x", 1))));
+    return tx->finish();
+  }
+};
+
+ReceiverOptions udp_receiver() {
+  ReceiverOptions ro;
+  ro.host = "127.0.0.1";
+  ro.transport = Transport::kUdp;
+  ro.make_sink = [](const SenderInfo&, std::unique_ptr<MessageSink>* out) {
+    *out = std::make_unique<NumberingSink>();
+    return Status::ok();
+  };
+  return ro;
+}
+
+TEST(UdpReceiverCallbacks, ABlockedSessionEndHoldsBackReportsNotSenders) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::vector<std::string> reported;
+  ReceiverOptions ro = udp_receiver();
+  ro.on_session_end = [&](const SessionReport& r) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });  // the first report blocks until the second sender is done
+    reported.push_back(r.sender.name);
+  };
+  UdpPair pair;
+  ASSERT_TRUE(Receiver::start(ro, &pair.rx).is_ok());
+  pair.address = pair.rx->listen_address();
+  Status first = pair.send("first");
+  ASSERT_TRUE(first.is_ok()) << first.to_string();
+  Status second = pair.send("second");
+  EXPECT_TRUE(second.is_ok()) << second.to_string();
+  EXPECT_EQ(pair.rx->sessions_ended(), 0u) << "a session counts as ended once its report has been given";
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  pair.rx->wait_sessions(2);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(reported, (std::vector<std::string>{"first", "second"}));
+  pair.rx->stop();
+}
+
+// Receiver::stop() is any thread's, on_session_end's too: there it cannot wait for the thread it runs on.
+TEST(UdpReceiverCallbacks, StopFromOnSessionEnd) {
+  UdpPair pair;
+  std::atomic<bool> stopped = false;
+  ReceiverOptions ro = udp_receiver();
+  ro.on_session_end = [&](const SessionReport&) {
+    pair.rx->stop();
+    stopped = true;
+  };
+  ASSERT_TRUE(Receiver::start(ro, &pair.rx).is_ok());
+  pair.address = pair.rx->listen_address();
+  Status st = pair.send("only");
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  pair.rx->wait_sessions(1);  // returns: the receiver stopped
+  pair.rx.reset();            // joins the callback thread, which has ended
+  EXPECT_TRUE(stopped.load());
 }
 
 }  // namespace

@@ -258,13 +258,16 @@ class CallbackThread {
     }
     f();  // after stop(): nothing may be dropped, so here, in the caller's thread
   }
-  // Runs everything posted so far, then ends (any thread but this one's; again: nothing).
+  // Runs everything posted so far, then ends; again: nothing. From a callback (Receiver::stop() called in
+  // on_session_end) it cannot wait for itself: the thread ends once that callback and the rest have run,
+  // and the destructor joins it.
   void stop() {
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
       cv_.notify_one();
     }
+    if (std::this_thread::get_id() == thread_.get_id()) return;
     std::lock_guard join(join_mu_);
     if (thread_.joinable()) thread_.join();
   }
