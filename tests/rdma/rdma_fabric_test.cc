@@ -84,6 +84,8 @@ TEST(RdmaFabric, AnRcEndpointPutsAndGetsInTheNic) {
   ASSERT_TRUE(MemoryRegion::allocate_exposed(*p.ctx, 1 << 20, &region).is_ok());
   std::unique_ptr<RemoteKey> key;
   ASSERT_TRUE(RemoteKey::unpack(*p.ep, region.rkey, &key).is_ok());
+  // Shared memory's mapping (RemoteKey) is not taken here: an rc key maps nothing into this process.
+  EXPECT_FALSE(key->mapped(region.region->remote_address())) << "puts would bypass the NIC";
   std::vector<uint8_t> data(1 << 20);
   for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(i * 7 + 3);
   const auto alive = [] { return Status::ok(); };

@@ -357,4 +357,15 @@ Status RemoteKey::unpack(Endpoint& ep, std::span<const uint8_t> packed, std::uni
   return Status::ok();
 }
 
+std::byte* RemoteKey::local(uint64_t remote_addr) {
+  if (unmapped_.load(std::memory_order_relaxed)) return nullptr;
+  void* ptr = nullptr;
+  if (ucp_rkey_ptr(handle(), remote_addr, &ptr) != UCS_OK) {
+    // UNREACHABLE/UNSUPPORTED: no transport of this key maps memory (tcp, rdma, self).
+    unmapped_.store(true, std::memory_order_relaxed);
+    return nullptr;
+  }
+  return static_cast<std::byte*>(ptr);
+}
+
 }  // namespace slotstream::fabric

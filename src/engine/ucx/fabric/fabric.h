@@ -214,6 +214,12 @@ class MemoryRegion {
 
 class Endpoint;
 
+// A peer's region as this side reaches it. Where UCX maps the region into this process
+// (ucp_rkey_ptr: shared memory, whose segments UCX attaches when it unpacks the key), the
+// endpoint's puts and gets through this key are plain copies into and out of that mapping,
+// completed on return, and a flag is a release store: what UCX's shared-memory transports do
+// inside ucp_put_nbx, without the request machinery around it. Elsewhere (tcp, rdma: no
+// mapping) they go through UCX or the fabric's own carrier as before.
 class RemoteKey {
  public:
   static Status unpack(Endpoint& ep, std::span<const uint8_t> packed, std::unique_ptr<RemoteKey>* out);
@@ -221,11 +227,19 @@ class RemoteKey {
   RemoteKey& operator=(const RemoteKey&) = delete;
   ~RemoteKey() = default;
 
+  // Whether this process reaches the region through a mapping (tests, diagnostics). Asks UCX
+  // once, at `remote_addr`.
+  bool mapped(uint64_t remote_addr) { return local(remote_addr) != nullptr; }
+
  private:
   friend class Endpoint;
   explicit RemoteKey(ucp_rkey* handle) : handle_(handle) {}
   ucp_rkey* handle() const { return handle_.get(); }
+  // Where `remote_addr` is mapped in this process, or null where UCX maps nothing (known after
+  // the first refusal; the key's whole region is mapped or none of it).
+  std::byte* local(uint64_t remote_addr);
   UcxHandle<ucp_rkey> handle_;
+  std::atomic<bool> unmapped_{false};  // relaxed: set once, and a stale false only asks UCX again
 };
 
 struct SoftOp;

@@ -180,6 +180,40 @@ TEST_P(APut, IsAMessageOnlyWhereTheFabricCarriesIt) {
   EXPECT_EQ(counters().am_sends > 0, GetParam() == Transport::kTcp) << counters().am_sends;
 }
 
+// Where UCX maps the peer's region into this process (shared memory: RemoteKey), a put and a get
+// are copies through that mapping, done when the call returns: no request, nothing for the worker
+// to progress. Elsewhere the key maps nothing and they go as before.
+TEST_P(APut, AndAGetAreCopiesThroughAMappingOnSharedMemoryOnly) {
+  open(GetParam());
+  serve();
+  const bool shm = GetParam() == Transport::kShm;
+  EXPECT_EQ(rkey_->mapped(remote(0)), shm);
+  const char data[] = "one block";
+  reset_counters();
+  Request put;
+  ASSERT_TRUE(ep_->put(data, sizeof data, remote(64), *rkey_, &put).is_ok());
+  if (shm) {
+    EXPECT_FALSE(put.pending());
+    EXPECT_EQ(std::memcmp(region_->data() + 64, data, sizeof data), 0) << "not in the region when put() returned";
+  }
+  ASSERT_TRUE(wait(put).is_ok());
+  ASSERT_TRUE(flush().is_ok());
+  std::memcpy(region_->data() + 128, "written by its owner", 21);
+  char back[21] = {};
+  Request get;
+  ASSERT_TRUE(ep_->get(back, sizeof back, remote(128), *rkey_, &get).is_ok());
+  if (shm) {
+    EXPECT_FALSE(get.pending());
+  }
+  ASSERT_TRUE(wait(get).is_ok());
+  EXPECT_STREQ(back, "written by its owner");
+  EXPECT_EQ(counters().puts, 1u);
+  EXPECT_EQ(counters().gets, 1u);
+  if (shm) {
+    EXPECT_EQ(counters().max_outstanding, 0u) << "a request was made";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, APut, testing::Values(Transport::kShm, Transport::kTcp),
                          [](const testing::TestParamInfo<Transport>& p) {
                            return std::string(transport_name(p.param));
