@@ -104,9 +104,10 @@ TEST(ConfirmStored, ConnectReturnsKnowingWhereTheNumbersStart) {
   rx->stop();
 }
 
-// The udp receiver runs on_session_end off its one network thread (src/engine/dgram/engine.cc,
-// CallbackThread): a callback that blocks holds back the reports after it, not the senders. Called on the
-// network thread, the first blocked callback left the second sender without an answer.
+// The udp receiver runs on_session_end off its one network thread, on the datagram receiver's callback
+// thread (src/engine/dgram/recv/callback_thread.h): a callback that blocks holds back the reports after it,
+// not the senders. Called on the network thread, the first blocked callback left the second sender without
+// an answer.
 struct UdpPair {
   std::unique_ptr<Receiver> rx;
   std::string address;

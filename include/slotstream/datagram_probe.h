@@ -36,8 +36,10 @@ struct DatagramProbeReceiverOptions {
   std::chrono::nanoseconds session_timeout = std::chrono::seconds(10);
   DatagramFaults faults;  // on the datagrams this end receives
   std::string token;      // non-empty: senders must prove it
-  // Each ended sender, with its times, from the engine's network thread: it must not wait (for a reader of a
-  // pipe, say), for that thread also repeats the FIN_ACK a sender did not get.
+  // Each ended sender, with its times. Both callbacks run on the engine's callback thread, one at a time and in
+  // order, never on its network thread: one that waits (for a reader of a pipe, say) holds back only the
+  // callbacks after it, while senders are served and a FIN_ACK a sender did not get is repeated. sessions_ended()
+  // counts a sender once this has returned.
   std::function<void(const SessionReport&, const DatagramProbeTimes&)> on_session_end;
   std::function<void(const std::string&)> on_event;
 };
@@ -51,6 +53,8 @@ class DatagramProbeReceiver {
   // Since a FIN was last answered: a receiver about to exit waits until this passes a second or so (a
   // lost FIN_ACK makes the sender repeat its FIN).
   std::chrono::nanoseconds since_last_fin_ack() const;
+  // Ends every session; returns once the callbacks still waiting (the reports of those sessions too) have run,
+  // or at once when called from a callback.
   void stop();
 
   struct Impl;

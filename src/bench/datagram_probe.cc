@@ -2,9 +2,12 @@
 // times messages, and the engine's sender.
 #include "slotstream/datagram_probe.h"
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "engine/dgram/recv/receiver.h"
 #include "engine/dgram/send/sender.h"
@@ -48,7 +51,11 @@ class MeasuringStore final : public dgram::MessageStore {
 
 struct DatagramProbeReceiver::Impl {
   std::mutex mu;
-  std::map<std::string, std::shared_ptr<Samples>> samples;  // per sender name, until its session ends
+  // Per sender name, the samples of its sessions not reported yet, oldest first, each with the address it came
+  // from. A report is given on the receiver's callback thread, maybe after the next session of its name has
+  // started (behind a report that is still being written): it takes its own session's samples, and drops those
+  // of older sessions of that name, which ended without a report (a hello never followed by data).
+  std::map<std::string, std::deque<std::pair<std::string, std::shared_ptr<Samples>>>> samples;
   std::unique_ptr<dgram::DatagramReceiver> rx;
 };
 
@@ -69,7 +76,7 @@ Status DatagramProbeReceiver::start(DatagramProbeReceiverOptions o, std::unique_
   d.make_store = [self](const SenderInfo& info, std::unique_ptr<dgram::MessageStore>* s) {
     auto x = std::make_shared<Samples>();
     std::lock_guard lock(self->mu);
-    self->samples[info.name] = x;
+    self->samples[info.name].emplace_back(info.peer, x);
     *s = std::make_unique<MeasuringStore>(x);
     return Status::ok();
   };
@@ -78,8 +85,14 @@ Status DatagramProbeReceiver::start(DatagramProbeReceiverOptions o, std::unique_
     {
       std::lock_guard lock(self->mu);
       if (auto it = self->samples.find(r.sender.name); it != self->samples.end()) {
-        x = it->second;
-        self->samples.erase(it);
+        auto& sessions = it->second;
+        auto own = std::find_if(sessions.begin(), sessions.end(),
+                                [&](const auto& entry) { return entry.first == r.sender.peer; });
+        if (own != sessions.end()) {
+          x = own->second;
+          sessions.erase(sessions.begin(), own + 1);
+        }
+        if (sessions.empty()) self->samples.erase(it);
       }
     }
     if (!report) return;

@@ -1,11 +1,8 @@
 #include "engine/dgram/engine.h"
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <functional>
 #include <mutex>
-#include <thread>
 
 #include "engine/dgram/protocol/protocol.h"
 #include "engine/dgram/recv/receiver.h"
@@ -234,68 +231,6 @@ class SinkStore final : public MessageStore {
 // hears one): Receiver::settled().
 constexpr int64_t kLingerNs = 1'000'000'000;
 
-// The application's callbacks (on_session_end, on_event), in the order they were posted, on a thread of
-// their own. The datagram receiver has one network thread, which also answers every sender's FINs and
-// repeats lost FIN_ACKs: a callback that blocked there (`slotstream recv --transport udp` prints each
-// session's line to stdout, a pipe nobody may be reading) stopped it, and with it every sender's end
-// handshake and every new session. Now a callback that blocks delays only the callbacks after it, which
-// wait here (one small report or line each) until it returns.
-class CallbackThread {
- public:
-  CallbackThread() : thread_([this] { run(); }) {}
-  ~CallbackThread() { stop(); }
-  CallbackThread(const CallbackThread&) = delete;
-  CallbackThread& operator=(const CallbackThread&) = delete;
-
-  void post(std::function<void()> f) {
-    {
-      std::lock_guard lock(mu_);
-      if (!ended_) {
-        queue_.push_back(std::move(f));
-        cv_.notify_one();
-        return;
-      }
-    }
-    f();  // after stop(): nothing may be dropped, so here, in the caller's thread
-  }
-  // Runs everything posted so far, then ends; again: nothing. From a callback (Receiver::stop() called in
-  // on_session_end) it cannot wait for itself: the thread ends once that callback and the rest have run,
-  // and the destructor joins it.
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-      cv_.notify_one();
-    }
-    if (std::this_thread::get_id() == thread_.get_id()) return;
-    std::lock_guard join(join_mu_);
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void run() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) break;  // stopping, and everything has run
-      std::function<void()> f = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      f();
-      lock.lock();
-    }
-    ended_ = true;
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  bool ended_ = false;
-  std::mutex join_mu_;
-  std::thread thread_;  // last: starts once the members above exist
-};
-
 class EngineReceiver final : public engine::ReceiverEngine {
  public:
   static Status start(ReceiverOptions o, std::unique_ptr<EngineReceiver>* out) {
@@ -320,21 +255,10 @@ class EngineReceiver final : public engine::ReceiverEngine {
         return Status::ok();
       };
     }
-    EngineReceiver* self = e.get();
-    // Off the network thread (CallbackThread). A session counts as ended once its report has been given.
-    x.on_session_end = [self, end = o.on_session_end](const SessionReport& r) {
-      self->callbacks_.post([self, end, r] {
-        if (end) end(r);
-        std::lock_guard lock(self->mu_);
-        ++self->reported_;
-        self->ended_cv_.notify_all();
-      });
-    };
-    if (o.on_event) {
-      x.on_event = [self, event = o.on_event](const std::string& text) {
-        self->callbacks_.post([event, text] { event(text); });
-      };
-    }
+    // Both run on the datagram receiver's callback thread, never on its network thread; it counts a session
+    // as ended once on_session_end has returned (engine/dgram/recv/receiver.h).
+    x.on_session_end = o.on_session_end;
+    x.on_event = o.on_event;
     SLOTSTREAM_RETURN_IF_ERROR(DatagramReceiver::start(std::move(x), &e->rx_));
     *out = std::move(e);
     return Status::ok();
@@ -343,28 +267,14 @@ class EngineReceiver final : public engine::ReceiverEngine {
 
   std::string listen_address() const override { return rx_->listen_address(); }
   void stop(const std::string& /*reason*/) override {
-    {
-      std::lock_guard lock(mu_);
-      stopped_ = true;
-      ended_cv_.notify_all();
-    }
-    if (rx_) rx_->stop();  // (none when start failed)
-    callbacks_.stop();     // the reports and events of the sessions the stop ended, too
+    stopped_ = true;
+    if (rx_) rx_->stop();  // (none when start failed) returns once the ended sessions' reports were given
   }
-  uint64_t sessions_ended() const override {
-    std::lock_guard lock(mu_);
-    return reported_;
-  }
+  uint64_t sessions_ended() const override { return rx_->sessions_ended(); }
   std::vector<SessionReport> live_sessions() const override { return rx_->live_sessions(); }
-  void wait_sessions(uint64_t n) override {
-    std::unique_lock lock(mu_);
-    ended_cv_.wait(lock, [&] { return stopped_ || reported_ >= n; });
-  }
+  void wait_sessions(uint64_t n) override { rx_->wait_sessions(n); }
   RefusalCounts refusals() const override { return {}; }  // counters() has the datagram receiver's
-  bool accepting() const override {
-    std::lock_guard lock(mu_);
-    return !stopped_;
-  }
+  bool accepting() const override { return !stopped_.load(); }
   uint64_t memory_in_use() const override { return rx_->counters().memory_promised; }
   uint64_t memory_budget() const override { return rx_->counters().memory_budget; }
   std::map<std::string, uint64_t> counters() const override {
@@ -395,11 +305,7 @@ class EngineReceiver final : public engine::ReceiverEngine {
 
  private:
   EngineReceiver() = default;
-  mutable std::mutex mu_;
-  std::condition_variable ended_cv_;
-  bool stopped_ = false;
-  uint64_t reported_ = 0;     // sessions ended whose on_session_end has returned (under mu_)
-  CallbackThread callbacks_;  // before rx_: destroyed after the network thread that posts to it
+  std::atomic<bool> stopped_ = false;
   std::unique_ptr<DatagramReceiver> rx_;
 };
 

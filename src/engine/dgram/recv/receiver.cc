@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "clock.h"
 #include "engine/dgram/recv/admission.h"
+#include "engine/dgram/recv/callback_thread.h"
 #include "engine/dgram/recv/net_loop.h"
 #include "engine/dgram/recv/replies.h"
 #include "engine/dgram/recv/session_table.h"
@@ -71,14 +73,22 @@ SessionReport report(const Peer& p, bool finished_ok, const std::string& reason)
 }  // namespace
 
 // The network thread's receiver: datagrams to sessions, their timers and ends, and what they report.
-// Sockets are NetLoop's, the handshake Admission's, the stores StoreQueue's (the storing thread).
+// Sockets are NetLoop's, the handshake Admission's, the stores StoreQueue's (the storing thread), the
+// application's callbacks CallbackThread's.
 struct DatagramReceiver::Impl final : NetLoop::Handler {
   explicit Impl(DatagramReceiverOptions options)
       : o(std::move(options)),
-        log(o.on_event),
+        log(event_sink()),
         store(log, [this] { net->wake(); }) {}
 
   DatagramReceiverOptions o;
+  // Sessions whose on_session_end has returned (sessions_ended(), wait_sessions()); changed under ended_mu.
+  std::mutex ended_mu;
+  std::condition_variable ended_cv;
+  std::atomic<uint64_t> ended{0};
+  // After what its callbacks use (o, ended), before what posts to it (the log, the storing and network
+  // threads): destroyed once those are gone, while these still exist.
+  CallbackThread callbacks;
   EventLog log;
   ReceiverCounters rc;
   DatagramCounters unattributed;
@@ -87,9 +97,9 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
   std::unique_ptr<Replies> replies;
   std::unique_ptr<Admission> admission;
   StoreQueue store;
-  std::atomic<bool> stopping{false};
-  std::atomic<uint64_t> ended{0};
+  std::atomic<bool> stopping{false};  // set under ended_mu, so that wait_sessions() wakes for it
   std::atomic<int64_t> last_fin_ack_ns{0};
+  std::mutex join_mu;  // stop() from two threads at once: both wait for the network and storing threads
   std::thread net_thread;
   uint64_t expired_seen = 0;  // messages expired in all sessions, at the last check
   bool memory_freed = false;  // messages expired or a session ended since the last trim
@@ -98,6 +108,30 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
   mutable std::mutex snap_mu;  // the live reports and counters, as the network thread last published them
   std::vector<SessionReport> live;
   Counters snap;
+
+  // ------------------------------------------------------------------ the application's callbacks
+
+  // on_event through the callback thread, in order with the reports (none given: the log writes nothing).
+  std::function<void(const std::string&)> event_sink() {
+    if (!o.on_event) return nullptr;
+    return [this](const std::string& line) { callbacks.post([this, line] { o.on_event(line); }); };
+  }
+
+  // An ended session's report, on the callback thread; it counts as ended once on_session_end has returned
+  // (as over UCX), so that a program which exits after N senders has given all N reports.
+  void report_end(SessionReport r) {
+    if (!o.on_session_end) return count_ended();
+    callbacks.post([this, r = std::move(r)] {
+      o.on_session_end(r);
+      count_ended();
+    });
+  }
+
+  void count_ended() {
+    std::lock_guard lock(ended_mu);
+    ++ended;
+    ended_cv.notify_all();
+  }
 
   // ------------------------------------------------------------------ datagrams (NetLoop::Handler)
 
@@ -348,8 +382,7 @@ struct DatagramReceiver::Impl final : NetLoop::Handler {
     }
     if (!sender) return;
     publish();  // it leaves the live reports before it is reported as ended
-    if (o.on_session_end) o.on_session_end(r);
-    ++ended;
+    report_end(std::move(r));
   }
 
   // ------------------------------------------------------------------ the loop and its reports
@@ -436,12 +469,32 @@ Status DatagramReceiver::start(DatagramReceiverOptions o, std::unique_ptr<Datagr
 std::string DatagramReceiver::listen_address() const { return impl_->net->address(); }
 
 void DatagramReceiver::stop() {
-  if (impl_->stopping.exchange(true)) return;
-  impl_->store.stop();  // what is not stored yet is discarded
-  if (impl_->net_thread.joinable()) impl_->net_thread.join();
+  Impl& im = *impl_;
+  {
+    std::lock_guard lock(im.ended_mu);
+    im.stopping = true;
+    im.ended_cv.notify_all();
+  }
+  {
+    // Every stop() waits for both threads, a second one too (the destructor's, or one from a callback while
+    // another runs): the callback thread then ends after them, and no report is left behind it. Neither
+    // thread waits for a callback, so a stop() from one waits here only for the network loop's last turn.
+    std::lock_guard join(im.join_mu);
+    im.store.stop();  // what is not stored yet is discarded
+    if (im.net_thread.joinable()) im.net_thread.join();
+  }
+  // The callbacks still waiting, the reports of the sessions the stop ended among them. From a callback this
+  // returns at once; the thread gives the rest when that callback returns.
+  im.callbacks.stop();
 }
 
 uint64_t DatagramReceiver::sessions_ended() const { return impl_->ended.load(); }
+
+void DatagramReceiver::wait_sessions(uint64_t n) {
+  Impl& im = *impl_;
+  std::unique_lock lock(im.ended_mu);
+  im.ended_cv.wait(lock, [&] { return im.stopping.load() || im.ended.load() >= n; });
+}
 
 int64_t DatagramReceiver::since_last_fin_ack_ns() const { return now_ns() - impl_->last_fin_ack_ns.load(); }
 

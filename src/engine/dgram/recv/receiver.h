@@ -28,8 +28,9 @@
 //     or connection (the oldest without a session); a connection without a session after
 //     hello_timeout is closed, a session silent for session_timeout is lost.
 // Its reports are slotstream's (SessionReport: engine/dgram/recv/report.h says how the datagram counts map).
-// Threading: a network thread (engine/dgram/recv/net_loop.h: sockets, placement, timers) and a storing thread
-// (the stores); the public functions may be called from any thread.
+// Threading: a network thread (engine/dgram/recv/net_loop.h: sockets, placement, timers), a storing thread
+// (the stores) and a callback thread (on_session_end and on_event, in order: engine/dgram/recv/callback_thread.h);
+// the public functions may be called from any thread, the callbacks included.
 #pragma once
 
 #include <cstdint>
@@ -72,8 +73,10 @@ struct DatagramReceiverOptions {
   std::vector<HoldSpec> holds;
   // Creates the store of a newly accepted sender (nullptr store, or no function: nothing is stored).
   std::function<Status(const SenderInfo& sender, std::unique_ptr<MessageStore>*)> make_store;
-  // From the network thread (a finished session's FIN_ACK has gone out): it must not block, for that thread
-  // repeats a FIN_ACK that was lost, and serves every other sender.
+  // Both run on the receiver's callback thread, one at a time, in the order the network and storing threads
+  // gave them (a finished session's report after its FIN_ACK has gone out). One that blocks (a stdout nobody
+  // reads) holds back only the callbacks after it: the network thread, which repeats a lost FIN_ACK and serves
+  // every other sender, goes on.
   std::function<void(const SessionReport&)> on_session_end;
   std::function<void(const std::string&)> on_event;
 };
@@ -83,11 +86,16 @@ class DatagramReceiver {
   static Status start(DatagramReceiverOptions options, std::unique_ptr<DatagramReceiver>* out);
   ~DatagramReceiver();  // stops
   std::string listen_address() const;
-  // Ends every session (their reports say "stopped") and the threads. Any thread.
+  // Ends every session (their reports say "stopped") and the threads, then runs the callbacks still waiting,
+  // those reports among them, before it returns. Any thread; from a callback it returns without waiting for
+  // the callbacks after that one (they run once it returns; the destructor waits for them).
   void stop();
   // Senders whose session has ended, and that were senders: authenticated, finished or carried data
-  // (a hello that was refused, evicted or never followed by data is not one).
+  // (a hello that was refused, evicted or never followed by data is not one). A session counts once its
+  // on_session_end has returned.
   uint64_t sessions_ended() const;
+  // Blocks until `sessions_ended() >= n` or stop() was called. Any thread.
+  void wait_sessions(uint64_t n);
   // Nanoseconds since a FIN was last answered. A receiver about to exit after its last sender waits until
   // this passes a second or so: the FIN_ACK may have been lost, and the sender repeats its FIN until it
   // hears one (a closed port would answer it with "port unreachable" instead).
