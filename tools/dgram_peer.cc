@@ -94,29 +94,12 @@ int run_peer_recv(const DgramPeerArgs& a) {
   o.session_timeout = std::chrono::seconds(10);
   if (!peer_common_options(a, &o.faults, &o.token)) return kExitUsage;
   const double cpu0 = cpu_seconds();
-  // Reports are written by this thread, never by the receiver's network thread that ends a session: a report
-  // of thousands of messages (their times) is more than a pipe holds, and bench/harness.py reads our stdout
-  // only once the sender has exited. A network thread waiting on that pipe would not repeat a FIN_ACK lost on
-  // the way, and the sender would wait out its finish timeout.
-  std::mutex reports_mu;
-  std::vector<std::string> reports;
-  o.on_session_end = [&](const SessionReport& r, const DatagramProbeTimes& x) {
-    std::string line = peer_session_json(r, x, cpu_seconds() - cpu0).dump();
-    std::lock_guard lock(reports_mu);
-    reports.push_back(std::move(line));
-  };
-  auto print_reports = [&] {
-    std::vector<std::string> ready;
-    {
-      std::lock_guard lock(reports_mu);
-      ready.swap(reports);
-    }
-    // Not print_line: the network thread takes its lock for every event line, and this write may wait for
-    // a reader as long as it likes. Only this thread writes stdout.
-    for (const std::string& line : ready) {
-      std::fprintf(stdout, "%s\n", line.c_str());
-      std::fflush(stdout);
-    }
+  // Both callbacks run on the probe's callback thread, in order, never on its network thread: a report of
+  // thousands of messages (their times) is more than a pipe holds, and bench/harness.py reads our stdout only
+  // once the sender has exited. While this write waits for that reader, the network thread still repeats a
+  // FIN_ACK lost on the way and serves the next sender; the reports after it wait their turn.
+  o.on_session_end = [cpu0](const SessionReport& r, const DatagramProbeTimes& x) {
+    print_line(stdout, peer_session_json(r, x, cpu_seconds() - cpu0).dump());
   };
   o.on_event = [](const std::string& text) { print_line(stderr, "dgram-peer recv: " + text); };
   const sigset_t sigs = block_stop_signals();
@@ -127,12 +110,10 @@ int run_peer_recv(const DgramPeerArgs& a) {
   }
   print_line(stdout, "listening on " + rx->listen_address());
   // Linger while FINs are repeated (a lost FIN_ACK): see DatagramProbeReceiver::since_last_fin_ack.
-  wait_for_stop(sigs, [&] {
-    print_reports();
-    return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack() > std::chrono::seconds(1);
-  });
-  rx->stop();
-  print_reports();  // sessions that ended since, or that stop() ended
+  // sessions_ended() counts a sender once its report is written.
+  wait_for_stop(
+      sigs, [&] { return rx->sessions_ended() >= a.sessions && rx->since_last_fin_ack() > std::chrono::seconds(1); });
+  rx->stop();  // writes the reports of the sessions it ended before it returns
   return kExitOk;
 }
 
