@@ -30,7 +30,8 @@
 // Its reports are slotstream's (SessionReport: engine/dgram/recv/report.h says how the datagram counts map).
 // Threading: a network thread (engine/dgram/recv/net_loop.h: sockets, placement, timers), a storing thread
 // (the stores) and a callback thread (on_session_end and on_event, in order: engine/dgram/recv/callback_thread.h);
-// the public functions may be called from any thread, the callbacks included.
+// the public functions may be called from any thread, stop() from a callback too (wait_sessions() there would
+// wait for the callback it runs in).
 #pragma once
 
 #include <cstdint>
@@ -94,7 +95,7 @@ class DatagramReceiver {
   // (a hello that was refused, evicted or never followed by data is not one). A session counts once its
   // on_session_end has returned.
   uint64_t sessions_ended() const;
-  // Blocks until `sessions_ended() >= n` or stop() was called. Any thread.
+  // Blocks until `sessions_ended() >= n` or stop() was called. Any thread but the callbacks'.
   void wait_sessions(uint64_t n);
   // Nanoseconds since a FIN was last answered. A receiver about to exit after its last sender waits until
   // this passes a second or so: the FIN_ACK may have been lost, and the sender repeats its FIN until it
