@@ -192,6 +192,7 @@ class Delivery {
   void detect_gaps();
   void consume(const Entry& e, size_t* consumed);
   void delivered(DeviceState& dev, uint64_t bytes, uint32_t packet, std::chrono::steady_clock::time_point stored_at);
+  void counted(DeviceState& dev, uint64_t bytes, uint32_t packet);
   bool is_consumed(const Entry& e) const;
   // Applies one in-order fragment from `stage` on; on error records where to resume.
   Status apply(const Entry& e, Stage stage, uint64_t unit_id);

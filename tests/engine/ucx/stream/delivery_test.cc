@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <string>
@@ -486,6 +487,7 @@ TEST(Delivery, StoreLatencyOfABatchCountsEveryMessageAndAPausedDevicesWait) {
   const LatencyHistogram& h = f.delivery.counters().store_latency;
   EXPECT_EQ(h.count, 2u) << "b0 and b1";
   EXPECT_LT(h.sum_seconds, 0.090) << "they did not wait for device 0";
+  EXPECT_EQ(*std::max_element(h.buckets.begin(), h.buckets.end()), 2u) << "one batch, one store latency: one bucket";
   f.sink.busy.clear();
   std::this_thread::sleep_for(Delivery::kBusyRetry + std::chrono::milliseconds(10));
   f.pass();
