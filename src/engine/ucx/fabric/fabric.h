@@ -219,7 +219,10 @@ class Endpoint;
 // endpoint's puts and gets through this key are plain copies into and out of that mapping,
 // completed on return, and a flag is a release store: what UCX's shared-memory transports do
 // inside ucp_put_nbx, without the request machinery around it. Elsewhere (tcp, rdma: no
-// mapping) they go through UCX or the fabric's own carrier as before.
+// mapping) they go through UCX or the fabric's own carrier as before. Every region a peer
+// exposes comes from MemoryRegion::allocate, so on one transport all keys map or none: a copy is
+// never issued behind a UCX put to the same peer that is still in flight (Worker::fence orders
+// UCX's operations, not these copies, which are done when they return).
 class RemoteKey {
  public:
   static Status unpack(Endpoint& ep, std::span<const uint8_t> packed, std::unique_ptr<RemoteKey>* out);
