@@ -164,7 +164,7 @@ TEST(FabricWorkers, OnlyATcpWorkerHasTheSoftwareRma) {
 }
 
 // What the software RMA means in operation: over tcp a put is an active message the fabric sends;
-// on shared memory it is UCX's own one-sided put (the CPU copies, no message).
+// on shared memory a one-sided copy (the CPU copies through UCX's mapping of the region, no message).
 class APut : public Loopback, public testing::WithParamInterface<Transport> {};
 
 TEST_P(APut, IsAMessageOnlyWhereTheFabricCarriesIt) {
