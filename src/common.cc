@@ -115,11 +115,12 @@ std::optional<std::string> invalid_sender_name(std::string_view name) {
   return std::nullopt;
 }
 
-void LatencyHistogram::observe(double seconds) {
+void LatencyHistogram::observe(double seconds, uint64_t n) {
+  if (n == 0) return;
   const auto it = std::lower_bound(kBounds.begin(), kBounds.end(), seconds);  // first bound >= seconds
-  ++buckets[size_t(it - kBounds.begin())];
-  ++count;
-  sum_seconds += seconds;
+  buckets[size_t(it - kBounds.begin())] += n;
+  count += n;
+  sum_seconds += seconds * double(n);
 }
 
 void LatencyHistogram::merge(const LatencyHistogram& other) {

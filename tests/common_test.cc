@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include <gtest/gtest.h>
 
@@ -67,6 +68,18 @@ TEST(LatencyHistogram, CountsEachObservationInTheFirstBucketThatHoldsItAndMerges
   h.merge(other);
   EXPECT_EQ(h.buckets[at(0.001)], 2u);
   EXPECT_EQ(h.count, 5u);
+}
+
+TEST(LatencyHistogram, CountsNObservationsOfOneValueAsNAndNoneAsNothing) {
+  LatencyHistogram h;
+  h.observe(0.003, 7);  // a batch of 7 messages stored with one latency
+  h.observe(0.5, 0);    // an empty batch
+  const auto& b = LatencyHistogram::kBounds;
+  const size_t at = size_t(std::find(b.begin(), b.end(), 0.005) - b.begin());
+  EXPECT_EQ(h.buckets[at], 7u);
+  EXPECT_EQ(h.count, 7u);
+  EXPECT_NEAR(h.sum_seconds, 0.021, 1e-12);
+  EXPECT_EQ(std::accumulate(h.buckets.begin(), h.buckets.end(), uint64_t(0)), 7u) << "one bucket only";
 }
 
 TEST(SessionReportMerge, KeepsEveryLanesDevicesAndCounters) {

@@ -207,7 +207,9 @@ struct SenderOptions {
   // A receiver says something on the control connection at least every second (KEEPALIVE), also
   // while it holds its blocks on purpose (a full disk, a busy worker: the sender then waits, nothing
   // is dropped). One that says nothing for this long is stopped or hung: the sender fails with
-  // kPeerGone ("lost the receiver"), as when it dies. At least 2 s (kMinStallTimeout); 0: wait for ever.
+  // kPeerGone ("lost the receiver"), as when it dies. The same limit ends a wait for one operation of
+  // the transport during which nothing at all moved on the connection while the receiver kept talking
+  // (a read whose response the NIC lost): kTransportError. At least 2 s (kMinStallTimeout); 0: wait for ever.
   std::chrono::milliseconds stall_timeout{kDefaultStallTimeout};
 };
 
@@ -528,7 +530,9 @@ struct LatencyHistogram {
   std::array<uint64_t, kBounds.size() + 1> buckets{};  // per bucket, not cumulative
   uint64_t count = 0;
   double sum_seconds = 0;
-  void observe(double seconds);
+  // `n` observations of one value (the messages a receiver's pass stores in one batch share their
+  // store latency: one bucket lookup for all of them).
+  void observe(double seconds, uint64_t n = 1);
   void merge(const LatencyHistogram& other);
 };
 

@@ -137,11 +137,13 @@ unsigned Worker::progress_setup() {
 
 Status Worker::fence() { return from_ucs(ucp_worker_fence(handle()), "ucp_worker_fence"); }
 
-Status Worker::wait_for_event(std::chrono::microseconds timeout) {
+Status Worker::wait_for_event(std::chrono::microseconds timeout, bool* worked_out) {
+  if (worked_out != nullptr) *worked_out = false;
   if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
   // Drain everything first; arm only when UCX says it is idle (UCS_ERR_BUSY means: progress more).
   bool worked = false;
   while (progress() != 0) worked = true;
+  if (worked_out != nullptr) *worked_out = worked;
   if (worked) return Status::ok();
   ucs_status_t st = ucp_worker_arm(handle());
   if (st == UCS_ERR_BUSY) return Status::ok();
@@ -156,8 +158,10 @@ Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   return Status::ok();
 }
 
-void Worker::wait_or_sleep(std::chrono::microseconds timeout) {
-  if (!wait_for_event(timeout).is_ok()) std::this_thread::sleep_for(timeout);
+bool Worker::wait_or_sleep(std::chrono::microseconds timeout) {
+  bool worked = false;
+  if (!wait_for_event(timeout, &worked).is_ok()) std::this_thread::sleep_for(timeout);
+  return worked;
 }
 
 void Worker::signal() { ucp_worker_signal(handle()); }

@@ -247,6 +247,32 @@ TEST_F(SoftRmaTest, ADroppedGetNeverWritesItsDestination) {
   EXPECT_EQ(std::memcmp(dst.data(), region_->data(), dst.size()), 0);
 }
 
+// A read nobody answers while its peer stays alive (a response a NIC lost; here: a target worker that
+// nobody progresses) ends once nothing moved on the initiator's worker for its silence limit, with an
+// error that says so, instead of a wait for ever; the same read is answered at once by a served target.
+TEST_F(SoftRmaTest, AGetNothingAnswersEndsAfterTheWorkersSilenceLimit) {
+  constexpr auto kLimit = std::chrono::milliseconds(300);
+  initiator_->set_silence_limit(kLimit);
+  std::vector<std::byte> dst(64, std::byte{0});
+  {
+    Request r;
+    ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &r).is_ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = wait(r);  // the peer is alive: the liveness says ok throughout
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(st.code(), Code::kTransportError) << st.to_string();
+    EXPECT_NE(st.message().find("has not completed a read of the peer's memory"), std::string::npos) << st.to_string();
+    EXPECT_GE(waited, kLimit);
+    EXPECT_LT(waited, std::chrono::seconds(10)) << "the limit did not end the wait in time";
+    EXPECT_TRUE(r.pending()) << "the wait gave up; the request is dropped here";
+  }
+  serve();
+  Request again;
+  ASSERT_TRUE(ep_->get(dst.data(), dst.size(), region_->remote_address(), *rkey_, &again).is_ok());
+  ASSERT_TRUE(wait(again).is_ok()) << "a read that is answered is not cut off by the limit";
+  EXPECT_EQ(std::memcmp(dst.data(), region_->data(), dst.size()), 0);
+}
+
 TEST_F(SoftRmaTest, AGetToAWorkerThatWentAwayFailsInsteadOfHanging) {
   std::vector<std::byte> dst(64);
   Request r;
