@@ -138,10 +138,9 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
   if (st.code() != Code::kInProgress) return st;
   const auto start = Clock::now();
   const auto spin_until = start + wait_policy::spin_budget(worker.typical_completion());
-  const auto silence_limit = worker.silence_limit();
+  const auto read_timeout =
+      worker.read_timeout().count() > 0 && is_read() ? worker.read_timeout() : std::chrono::milliseconds(0);
   auto next_check = start;
-  auto last_moved = start;  // the last look that found something progressed since the one before
-  bool moved = false;
   auto sleep = std::chrono::microseconds(10);
   bool spinning = true;
   for (unsigned spins = 0;; ++spins) {
@@ -151,25 +150,17 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
       worker.note_completion(Clock::now() - start);
       return st;
     }
-    moved = moved || progressed;
     if (spinning && ((spins & 15) == 0)) spinning = Clock::now() < spin_until;
     const bool sleeping = !spinning && !progressed;
     if (sleeping) {
-      if (worker.wait_or_sleep(sleep)) moved = true;
+      worker.wait_or_sleep(sleep);
       sleep = std::min(Clock::now() - start < kLongWait ? kMaxSleep : kMaxLongSleep, sleep * 2);
     }
     // Spinning, the clock is read every 256 turns; sleeping, every turn: 256 sleeps of "1 ms" are
     // 0.3 s on an idle host and seconds on a loaded one, late for a stall timeout.
     if (!sleeping && (spins & 255) != 0) continue;
     const auto now = Clock::now();
-    if (silence_limit.count() > 0) {
-      if (moved) {
-        last_moved = now;
-        moved = false;
-      } else if (now - last_moved >= silence_limit) {
-        return lost(now - start);
-      }
-    }
+    if (read_timeout.count() > 0 && now - start >= read_timeout) return lost(now - start);
     if (alive && now >= next_check) {
       SLOTSTREAM_RETURN_IF_ERROR(alive());
       next_check = Clock::now() + std::chrono::milliseconds(1);
@@ -177,16 +168,18 @@ Status Request::wait(Worker& worker, const Liveness& alive) {
   }
 }
 
-// The peer is alive (the caller's liveness says so) and nothing moved on the worker for its silence
-// limit: the transport lost this operation. The request stays pending; dropping it ends it (release()).
+bool Request::is_read() const {
+  return get_of_ != nullptr || (op_ != nullptr && op_->dst != nullptr);  // a soft get has a destination
+}
+
+// The peer is alive (the caller's liveness says so) and a read has not been answered for the worker's
+// read timeout: the transport lost it. The request stays pending; dropping it ends it (release()).
 Status Request::lost(std::chrono::steady_clock::duration waited) const {
-  const bool read = get_of_ != nullptr || (op_ != nullptr && op_->dst != nullptr);  // a soft get has a destination
-  const char* what = read ? "a read of the peer's memory" : "a write or flush";
   char text[320];
   std::snprintf(text, sizeof text,
-                "the transport has not completed %s in %.1f s, and nothing else moved on this connection meanwhile, "
-                "while the peer is alive: it was lost on the way (a NIC or driver that dropped a response?)",
-                what, std::chrono::duration<double>(waited).count());
+                "the transport has not answered a read of the peer's memory in %.1f s while the peer is alive: "
+                "it was lost on the way (a NIC or driver that dropped a response?)",
+                std::chrono::duration<double>(waited).count());
   return {Code::kTransportError, text};
 }
 

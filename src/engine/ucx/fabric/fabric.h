@@ -301,15 +301,16 @@ class Request {
   bool pending() const { return req_ != nullptr || op_ != nullptr; }
   // Ok when complete, kInProgress while running, an error if it failed. Frees it when done.
   Status check();
-  // Progresses `worker` until complete; `alive` is consulted about every millisecond. An operation
-  // the transport lost never completes while its peer stays alive (a read whose response a Soft-RoCE
-  // NIC dropped under load): where the worker has a silence limit, a wait during which nothing at
-  // all moved on the worker for that long ends with kTransportError (Worker::set_silence_limit).
+  // Progresses `worker` until complete; `alive` is consulted about every millisecond. A read the
+  // transport lost never completes while its peer stays alive (a response a Soft-RoCE NIC dropped
+  // under load): where the worker has a read timeout, a wait for a read ends with kTransportError
+  // after that long (Worker::set_read_timeout).
   Status wait(Worker& worker, const Liveness& alive);
 
  private:
   void release();
-  Status lost(std::chrono::steady_clock::duration waited) const;  // wait(): past the silence limit
+  bool is_read() const;
+  Status lost(std::chrono::steady_clock::duration waited) const;  // wait(): a read past the read timeout
   void* req_ = nullptr;
   Endpoint* get_of_ = nullptr;
   std::shared_ptr<SoftOp> op_;
@@ -506,11 +507,10 @@ class Worker {
   // Blocks until the worker has an event, `signal()` is called (also before this call: a signal
   // is kept until the next wait) or `timeout` passes (a worker created with wakeup). Progresses
   // first: returns at once if there was work.
-  // `*worked` (if given): whether it progressed anything.
-  Status wait_for_event(std::chrono::microseconds timeout = std::chrono::seconds(1), bool* worked = nullptr);
+  Status wait_for_event(std::chrono::microseconds timeout = std::chrono::seconds(1));
   // wait_for_event(timeout), or a plain sleep of `timeout` where that fails (a worker without a
-  // wake-up fd): a backing-off waiter that an event may end early. True if it progressed anything.
-  bool wait_or_sleep(std::chrono::microseconds timeout);
+  // wake-up fd): a backing-off waiter that an event may end early.
+  void wait_or_sleep(std::chrono::microseconds timeout);
   // Any thread.
   void signal();
   // The typical time from Request::wait to completion of operations that were not complete when
@@ -519,12 +519,14 @@ class Worker {
     return std::chrono::nanoseconds(typical_completion_ns_.load(std::memory_order_relaxed));
   }
   void note_completion(std::chrono::nanoseconds sample);
-  // How long Request::wait waits for an operation while nothing at all moves on this worker (no
-  // completion, no message: progress() finds nothing) before it calls the operation lost. The
-  // owner of the worker decides; a sender gives its stall timeout, the time it also gives a
-  // receiver that says nothing. Zero (the default): no limit. Set before the worker is used.
-  void set_silence_limit(std::chrono::milliseconds limit) { silence_limit_ = limit; }
-  std::chrono::milliseconds silence_limit() const { return silence_limit_; }
+  // How long Request::wait waits for a read (a get) of a peer that is alive before it calls the read
+  // lost (kTransportError). A read's answer needs nothing of the peer's application (its NIC, or over
+  // tcp its progress thread, answers) and waits at most behind the puts issued before it, so one this
+  // late was lost on the way. Puts and flushes are not bounded: they go at the link's pace. The owner
+  // of the worker decides: a sender gives its stall timeout. Zero (the default): no limit. Set before
+  // the worker is used.
+  void set_read_timeout(std::chrono::milliseconds limit) { read_timeout_ = limit; }
+  std::chrono::milliseconds read_timeout() const { return read_timeout_; }
 
   // Registers an active-message handler for `id` (one per id per worker: a later one replaces
   // it); `*out` unhooks it when destroyed. UCX runs the handler inside progress() of this worker.
@@ -563,7 +565,7 @@ class Worker {
   std::unique_ptr<MemoryRegion> probe_;  // rdma: the word peers read to prove reachability (cm.h)
   int event_fd_ = -1;
   std::atomic<int64_t> typical_completion_ns_{0};  // note_completion(); racing updates may lose one
-  std::chrono::milliseconds silence_limit_{0};
+  std::chrono::milliseconds read_timeout_{0};
   // Every handler ever installed, kept until the worker goes: a replaced one may still be running
   // in another thread's progress() of a shared worker while it is replaced.
   std::vector<std::unique_ptr<AmHandler>> am_handlers_;

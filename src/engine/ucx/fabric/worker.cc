@@ -137,13 +137,11 @@ unsigned Worker::progress_setup() {
 
 Status Worker::fence() { return from_ucs(ucp_worker_fence(handle()), "ucp_worker_fence"); }
 
-Status Worker::wait_for_event(std::chrono::microseconds timeout, bool* worked_out) {
-  if (worked_out != nullptr) *worked_out = false;
+Status Worker::wait_for_event(std::chrono::microseconds timeout) {
   if (event_fd_ < 0) return {Code::kInvalidArgument, "worker created without wakeup"};
   // Drain everything first; arm only when UCX says it is idle (UCS_ERR_BUSY means: progress more).
   bool worked = false;
   while (progress() != 0) worked = true;
-  if (worked_out != nullptr) *worked_out = worked;
   if (worked) return Status::ok();
   ucs_status_t st = ucp_worker_arm(handle());
   if (st == UCS_ERR_BUSY) return Status::ok();
@@ -158,10 +156,8 @@ Status Worker::wait_for_event(std::chrono::microseconds timeout, bool* worked_ou
   return Status::ok();
 }
 
-bool Worker::wait_or_sleep(std::chrono::microseconds timeout) {
-  bool worked = false;
-  if (!wait_for_event(timeout, &worked).is_ok()) std::this_thread::sleep_for(timeout);
-  return worked;
+void Worker::wait_or_sleep(std::chrono::microseconds timeout) {
+  if (!wait_for_event(timeout).is_ok()) std::this_thread::sleep_for(timeout);
 }
 
 void Worker::signal() { ucp_worker_signal(handle()); }

@@ -266,10 +266,10 @@ Status SenderLane::setup_fabric(const wire::Accept& accept) {
     }
     return unreachable(st);
   }
-  // From here an operation nothing answers while the receiver keeps talking (a read whose response
-  // the NIC lost) ends the lane after the stall timeout, as a receiver that says nothing does,
-  // instead of a wait for ever (Request::wait).
-  worker_->set_silence_limit(options.stall_timeout);
+  // From here a read nothing answers while the receiver keeps talking (a response the NIC lost) ends
+  // the lane after the stall timeout, as a receiver that says nothing does, instead of a wait for ever
+  // (Request::wait).
+  worker_->set_read_timeout(options.stall_timeout);
   if (!endpoint_->lanes().empty()) owner_.connected_over(endpoint_->lanes());
   SLOTSTREAM_RETURN_IF_ERROR(check_lanes());
   if (Status st = fabric::MemoryRegion::allocate(*context, local_size, &local_); !st.is_ok()) {
