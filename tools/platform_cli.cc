@@ -51,8 +51,8 @@ void add_stall_timeout(CLI::App* app, double* seconds) {
   app->add_option("--stall-timeout", *seconds,
                   "DURATION to wait on a receiver that says nothing (a live one says it is alive every second, also "
                   "while it holds its blocks): then it is taken as stopped or hung and the sender exits 1 (--platform: "
-                  "moves on); also how long one transport operation may go unanswered with nothing else moving (a "
-                  "read the NIC lost); at least 2s, 0 waits for ever (default 30s)")
+                  "moves on); also how long a read of the receiver's memory may go unanswered (one the NIC lost); at "
+                  "least 2s, 0 waits for ever (default 30s)")
       ->transform(duration_value("s"))
       ->check(schema_value("stall_timeout"))
       ->default_str("30s");

@@ -207,9 +207,9 @@ struct SenderOptions {
   // A receiver says something on the control connection at least every second (KEEPALIVE), also
   // while it holds its blocks on purpose (a full disk, a busy worker: the sender then waits, nothing
   // is dropped). One that says nothing for this long is stopped or hung: the sender fails with
-  // kPeerGone ("lost the receiver"), as when it dies. The same limit ends a wait for one operation of
-  // the transport during which nothing at all moved on the connection while the receiver kept talking
-  // (a read whose response the NIC lost): kTransportError. At least 2 s (kMinStallTimeout); 0: wait for ever.
+  // kPeerGone ("lost the receiver"), as when it dies. The same limit ends a wait for a read of the
+  // receiver's memory (the status read) that the transport has not answered while the receiver kept
+  // talking (a response the NIC lost): kTransportError. At least 2 s (kMinStallTimeout); 0: wait for ever.
   std::chrono::milliseconds stall_timeout{kDefaultStallTimeout};
 };
 
